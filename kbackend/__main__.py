@@ -1,0 +1,3 @@
+from kbackend.cli import entrypoint
+
+entrypoint()

@@ -1,0 +1,76 @@
+"""The one place that reads and validates the backend choice (``KERAS_BACKEND``).
+
+Keras picks its backend once, when it is first imported, so the choice must be made before
+anything imports Keras. ``use_backend`` sets it and refuses to pretend when Keras was already
+imported with another backend.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import ModuleType
+
+from kbackend.errors import BackendError
+
+BACKENDS: tuple[str, ...] = ("jax", "tensorflow")
+DEFAULT_BACKEND = "jax"
+ENV_VAR = "KERAS_BACKEND"
+
+
+def validate_backend(name: str) -> str:
+    """Return ``name`` normalized if it is a supported backend, else raise ``BackendError``."""
+    normalized = name.strip().lower()
+    if normalized in ("torch", "pytorch"):
+        raise BackendError(
+            f"Invalid backend {name!r}: kbackend is PyTorch-free. "
+            f"Expected one of {set(BACKENDS)}; set {ENV_VAR}=jax or {ENV_VAR}=tensorflow."
+        )
+    if normalized == "tf":
+        normalized = "tensorflow"
+    if normalized not in BACKENDS:
+        raise BackendError(
+            f"Invalid backend. Expected one of {set(BACKENDS)}. Received: backend={name!r}."
+        )
+    return normalized
+
+
+def requested_backend(name: str | None = None) -> str:
+    """The backend asked for: ``name`` if given, else ``$KERAS_BACKEND``, else the default."""
+    if name is None:
+        name = os.environ.get(ENV_VAR) or DEFAULT_BACKEND
+    return validate_backend(name)
+
+
+def use_backend(name: str | None = None) -> str:
+    """Select the backend for this process and return its name.
+
+    Must run before Keras is imported. If Keras is already imported with a different backend,
+    raise ``BackendError`` instead of silently running on the wrong one.
+    """
+    backend = requested_backend(name)
+    keras_module = sys.modules.get("keras")
+    if keras_module is not None:
+        active = keras_module.backend.backend()
+        if active != backend:
+            raise BackendError(
+                f"Keras was already imported with backend {active!r}; it cannot switch to "
+                f"{backend!r} in this process. Set {ENV_VAR}={backend} before starting Python."
+            )
+    os.environ[ENV_VAR] = backend
+    # TensorFlow's C++ start-up logging drowns kbackend's output; users can still override it.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return backend
+
+
+def keras() -> ModuleType:
+    """Import and return Keras on the selected backend (selecting the default if none was)."""
+    use_backend(os.environ.get(ENV_VAR))
+    import keras as keras_module
+
+    return keras_module
+
+
+def active_backend() -> str:
+    """The backend Keras runs on in this process (imports Keras if needed)."""
+    return keras().backend.backend()

@@ -1,0 +1,68 @@
+"""The ``kbackend`` command line: build the parser, ``main(argv) -> int``, ``entrypoint()``.
+
+Each subcommand lives in ``kbackend/commands/<name>.py`` and exposes ``register(subparsers,
+parents)``, which adds its parser and sets ``func`` to a ``run(args) -> int``. Bad flags and
+``KBackendError``s are one-line errors with exit status 2, never tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from collections.abc import Sequence
+
+from kbackend import __version__, commands
+from kbackend.backend import BACKENDS, use_backend
+from kbackend.errors import KBackendError
+
+PROG = "kbackend"
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line on stderr and exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser: global options plus one subparser per module in ``kbackend.commands``."""
+    common = OneLineErrorParser(add_help=False)
+    common.add_argument(
+        "--backend", default=None, metavar="NAME",
+        help=f"Keras backend: one of {', '.join(BACKENDS)} (default: $KERAS_BACKEND, else jax)",
+    )
+    parser = OneLineErrorParser(prog=PROG, description="Hardware-aware training with Keras 3 on JAX or TensorFlow.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineErrorParser)
+    subparsers.required = True
+    for module_info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        if module_info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{commands.__name__}.{module_info.name}")
+        module.register(subparsers, [common])
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with ``argv`` and return the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if getattr(args, "needs_backend", True):
+            use_backend(args.backend)
+        return int(args.func(args) or 0)
+    except KBackendError as error:
+        sys.stderr.write(f"{PROG}: error: {error}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{PROG}: interrupted\n")
+        return 130
+
+
+def entrypoint() -> None:
+    """Console-script entry point."""
+    raise SystemExit(main())

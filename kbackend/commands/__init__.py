@@ -1,0 +1,1 @@
+"""One module per ``kbackend`` subcommand; ``kbackend.cli`` discovers them."""

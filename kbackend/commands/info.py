@@ -1,0 +1,31 @@
+"""``kbackend info``: backend, versions, devices, image data format and XLA-related flags."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from kbackend.envinfo import device_summary, environment
+
+
+def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
+    parser = subparsers.add_parser("info", parents=parents, help="show backend, versions and devices")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    env = environment()
+    if args.json:
+        print(json.dumps(env, indent=2))
+        return 0
+    print(f"backend:            {env['backend']}")
+    for name, version in env["versions"].items():
+        print(f"{name + ':':<20}{version}")
+    print(f"devices:            {device_summary(env['devices'])}")
+    for device in env["devices"]:
+        print(f"  - id {device['id']}: platform={device['platform']} kind={device['kind']}")
+    print(f"image data format:  {env['image_data_format']}")
+    print(f"cpu count:          {env['cpu_count']}")
+    print("XLA-related env:    " + (", ".join(f"{k}={v}" for k, v in env["env"].items()) or "(none set)"))
+    return 0

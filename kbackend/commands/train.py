@@ -1,0 +1,108 @@
+"""``kbackend train``: train a model on a dataset and report validation and test metrics."""
+
+from __future__ import annotations
+
+import argparse
+
+from kbackend.data import DATASETS
+from kbackend.models import MODELS, ModelOptions
+from kbackend.optim import OPTIMIZERS, SCHEDULES, OptimizerSpec
+from kbackend.training import MONITORS, TrainConfig
+
+
+def _widths(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(w) for w in text.split(",") if w)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def add_training_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags shared by every command that trains (train, and later ones such as study)."""
+    from kbackend.engines import engine_names
+
+    data = parser.add_argument_group("data")
+    data.add_argument("--dataset", default="digits", choices=sorted(DATASETS))
+    data.add_argument("--data-dir", default=None, help="folder with MNIST / Fashion-MNIST files")
+    data.add_argument("--validation-fraction", type=float, default=0.1)
+    model = parser.add_argument_group("model")
+    model.add_argument("--model", default="seed_mlp", choices=sorted(MODELS))
+    model.add_argument("--data-format", default="channels_last", choices=["channels_last", "channels_first"])
+    model.add_argument("--dropout", type=float, default=0.0)
+    model.add_argument("--batch-norm", action="store_true")
+    model.add_argument("--l2", type=float, default=0.0)
+    model.add_argument("--widths", type=_widths, default=(256, 128), help="hidden widths of --model mlp, e.g. 512,256")
+    optim = parser.add_argument_group("optimizer")
+    optim.add_argument("--optimizer", default="adam", choices=list(OPTIMIZERS))
+    optim.add_argument("--lr", "--learning-rate", dest="lr", type=float, default=1e-3)
+    optim.add_argument("--schedule", default="constant", choices=list(SCHEDULES))
+    optim.add_argument("--warmup-steps", type=int, default=0)
+    optim.add_argument("--momentum", type=float, default=0.9)
+    optim.add_argument("--weight-decay", type=float, default=1e-4)
+    run = parser.add_argument_group("run")
+    run.add_argument("--engine", default="keras", choices=engine_names())
+    run.add_argument("--batch-size", type=int, default=32)
+    run.add_argument("--epochs", type=int, default=5)
+    run.add_argument("--no-jit", dest="jit_compile", action="store_false", help="turn off jit_compile (XLA)")
+    run.add_argument("--steps-per-execution", type=int, default=1)
+    run.add_argument("--early-stopping", type=int, default=0, metavar="PATIENCE",
+                     help="stop after PATIENCE epochs without improvement of --monitor (0: off)")
+    run.add_argument("--monitor", default="val_accuracy", choices=list(MONITORS))
+    run.add_argument("--seed", type=int, default=0)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The ``TrainConfig`` the parsed flags describe (validated)."""
+    spec = OptimizerSpec(
+        name=args.optimizer, learning_rate=args.lr, schedule=args.schedule,
+        warmup_steps=args.warmup_steps, momentum=args.momentum, weight_decay=args.weight_decay,
+    )
+    options = ModelOptions(
+        dropout=args.dropout, batch_norm=args.batch_norm, l2=args.l2, seed=args.seed,
+        data_format=args.data_format, widths=args.widths,
+    )
+    return TrainConfig(
+        model=args.model, dataset=args.dataset, optimizer=spec, batch_size=args.batch_size,
+        epochs=args.epochs, engine=args.engine, jit_compile=args.jit_compile,
+        steps_per_execution=args.steps_per_execution, early_stopping=args.early_stopping,
+        monitor=args.monitor, seed=args.seed, model_options=options,
+        validation_fraction=args.validation_fraction, data_dir=args.data_dir,
+    )
+
+
+def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
+    parser = subparsers.add_parser("train", parents=parents, help="train a model and report metrics")
+    add_training_arguments(parser)
+    parser.add_argument("--save", default=None, metavar="MODEL.keras", help="save the trained model")
+    parser.add_argument("--history", default=None, metavar="HISTORY.json", help="write the history as JSON")
+    parser.add_argument("--quiet", action="store_true", help="no per-epoch lines")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kbackend.backend import active_backend
+    from kbackend.progress import EpochReporter
+    from kbackend.training import train
+
+    config = config_from_args(args)
+    reporter = None if args.quiet else EpochReporter()
+    result = train(config, reporter=reporter, save=args.save, history_path=args.history)
+    history = result.history
+    info = result.dataset.info
+    print(
+        f"{config.model} on {info.name} ({info.num_train} train / {info.num_val} val / "
+        f"{info.num_test} test), {config.optimizer.name} lr={config.optimizer.learning_rate:g}, "
+        f"batch {config.batch_size}, engine {config.engine}, backend {active_backend()}"
+    )
+    best = history.best("val_accuracy")
+    last = history.evals[-1] if history.evals else {}
+    print(
+        f"val_accuracy {last.get('val_accuracy', float('nan')):.4f} (best {best if best is not None else float('nan'):.4f})  "
+        f"test_accuracy {history.test['test_accuracy']:.4f}  test_loss {history.test['test_loss']:.4f}  "
+        f"train_time {history.timing.get('train_time', float('nan')):.2f}s  steps {history.steps_run}"
+    )
+    if args.save:
+        print(f"saved model to {args.save}")
+    if args.history:
+        print(f"wrote history to {args.history}")
+    return 0

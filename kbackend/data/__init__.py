@@ -1,0 +1,165 @@
+"""Datasets: one registry, ``load(name, ...)`` -> train / validation / test splits plus metadata.
+
+Every split is validated before it is returned (labels in range, finite inputs, matching
+lengths, non-empty), so no training ever starts on bad data.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from kbackend.data import sources
+from kbackend.data.sources import RawData
+from kbackend.data.validation import check_batch_size, validate_split
+from kbackend.errors import DataError
+
+LAYOUTS = ("flat", "image", "sequence")
+DATA_FORMATS = ("channels_last", "channels_first")
+
+# name -> (loader, whether it reads files and so takes data_dir)
+DATASETS: dict[str, tuple[Callable[..., RawData], bool]] = {
+    "digits": (lambda **_: sources.load_digits(), False),
+    "mnist1d": (lambda **_: sources.load_mnist1d(), False),
+    "mnist": (lambda data_dir=None, **_: sources.load_mnist(data_dir), True),
+    "fashion_mnist": (lambda data_dir=None, **_: sources.load_fashion_mnist(data_dir), True),
+    "synthetic": (lambda synthetic=None, **_: sources.load_synthetic(**(synthetic or {})), False),
+}
+
+__all__ = ["DATASETS", "Dataset", "DatasetInfo", "check_batch_size", "from_arrays", "load",
+           "validate_split"]
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a model needs to know about a dataset."""
+
+    name: str
+    input_shape: tuple[int, ...]
+    num_classes: int
+    source: str
+    layout: str
+    data_format: str | None
+    num_train: int
+    num_val: int
+    num_test: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Dataset:
+    """Train / validation / test splits as float32 inputs and int32 labels."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_val: np.ndarray
+    y_val: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    info: DatasetInfo
+
+    def split(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """``(x, y)`` of the split called ``name`` (train, val or test)."""
+        if name not in ("train", "val", "test"):
+            raise DataError(f"Invalid split. Expected one of {{'train', 'val', 'test'}}. Received: {name!r}.")
+        return getattr(self, f"x_{name}"), getattr(self, f"y_{name}")
+
+
+def _arrange(x: np.ndarray, kind: str, layout: str, data_format: str, name: str) -> np.ndarray:
+    """Reshape raw (N, H, W, C) images or (N, T, F) sequences into ``layout``."""
+    if layout == "flat":
+        return x.reshape(len(x), -1)
+    if layout == "image":
+        if kind != "image":
+            raise DataError(
+                f"Dataset {name!r} holds {kind} data, not images: use layout 'flat' or 'sequence'."
+            )
+        return np.transpose(x, (0, 3, 1, 2)) if data_format == "channels_first" else x
+    if kind == "image":  # rows as time steps: (N, H, W * C)
+        return x.reshape(x.shape[0], x.shape[1], -1)
+    if kind == "flat":
+        return x.reshape(len(x), -1, 1)
+    return x
+
+
+def _validation_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    if not 0.0 < fraction < 1.0:
+        raise DataError(f"Invalid validation fraction {fraction!r}: expected a value in (0, 1).")
+    n_val = max(1, round(n * fraction))
+    if n_val >= n:
+        raise DataError(f"Validation fraction {fraction} leaves no training data out of {n} samples.")
+    order = np.random.default_rng(seed).permutation(n)
+    return np.sort(order[n_val:]), np.sort(order[:n_val])
+
+
+def from_arrays(
+    name: str,
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_test: np.ndarray,
+    y_test: np.ndarray,
+    *,
+    num_classes: int,
+    validation_fraction: float = 0.1,
+    seed: int = 0,
+    source: str = "arrays",
+    layout: str = "flat",
+    data_format: str | None = None,
+) -> Dataset:
+    """Build a validated ``Dataset`` from user arrays; the validation split is held out of train."""
+    for split, (x, y) in {"train": (x_train, y_train), "test": (x_test, y_test)}.items():
+        validate_split(np.asarray(x), np.asarray(y), num_classes, split)
+    train_idx, val_idx = _validation_indices(len(x_train), validation_fraction, seed)
+    x_train = np.asarray(x_train, dtype=np.float32)
+    y_train = np.asarray(y_train).astype(np.int32)
+    dataset = Dataset(
+        x_train[train_idx], y_train[train_idx], x_train[val_idx], y_train[val_idx],
+        np.asarray(x_test, dtype=np.float32), np.asarray(y_test).astype(np.int32),
+        DatasetInfo(name, tuple(int(d) for d in x_train.shape[1:]), int(num_classes), source,
+                    layout, data_format, len(train_idx), len(val_idx), len(x_test)),
+    )
+    validate_split(dataset.x_val, dataset.y_val, num_classes, "validation")
+    return dataset
+
+
+def load(
+    name: str,
+    *,
+    layout: str = "flat",
+    data_format: str = "channels_last",
+    validation_fraction: float = 0.1,
+    seed: int = 0,
+    data_dir: str | os.PathLike | None = None,
+    synthetic: dict[str, Any] | None = None,
+) -> Dataset:
+    """Load dataset ``name`` as validated float32 splits in ``layout``.
+
+    ``layout``: ``flat`` (N, D) for MLPs, ``image`` (N, H, W, C) or (N, C, H, W) per
+    ``data_format`` for CNNs, ``sequence`` (N, T, F) for recurrent models (image rows as steps).
+    The validation split is drawn from the training data, deterministically for ``seed``.
+    ``synthetic`` passes options to the synthetic generator (input_shape, num_classes, ...).
+    """
+    if name not in DATASETS:
+        raise DataError(f"Unknown dataset. Expected one of {sorted(DATASETS)}. Received: {name!r}.")
+    if layout not in LAYOUTS:
+        raise DataError(f"Invalid layout. Expected one of {list(LAYOUTS)}. Received: {layout!r}.")
+    if data_format not in DATA_FORMATS:
+        raise DataError(
+            f"Invalid data_format. Expected one of {list(DATA_FORMATS)}. Received: {data_format!r}."
+        )
+    loader, _ = DATASETS[name]
+    raw = loader(data_dir=data_dir, synthetic=synthetic)
+    x_train = _arrange(raw.x_train.astype(np.float32) / raw.scale, raw.kind, layout, data_format, name)
+    x_test = _arrange(raw.x_test.astype(np.float32) / raw.scale, raw.kind, layout, data_format, name)
+    return from_arrays(
+        name, x_train, raw.y_train, x_test, raw.y_test,
+        num_classes=raw.num_classes, validation_fraction=validation_fraction, seed=seed,
+        source=raw.source, layout=layout,
+        data_format=data_format if layout == "image" else None,
+    )

@@ -1,0 +1,65 @@
+"""Checks that run before any training: JAX trains silently on out-of-range labels (loss 0.0)
+and an empty split gives a bare ``StopIteration``, so bad data is caught here, by name."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kbackend.errors import DataError
+
+
+def validate_split(x: np.ndarray, y: np.ndarray, num_classes: int, split: str) -> None:
+    """Raise ``DataError`` if ``(x, y)`` is not a valid ``split`` for ``num_classes`` classes."""
+    if len(x) == 0 or len(y) == 0:
+        raise DataError(
+            f"Empty {split} split: x has {len(x)} samples and y has {len(y)}; "
+            "expected at least 1. Check the data source or the split fractions."
+        )
+    if len(x) != len(y):
+        raise DataError(
+            f"Mismatched lengths in the {split} split: x has {len(x)} samples but y has {len(y)}."
+        )
+    y = np.asarray(y)
+    if y.ndim != 1:
+        raise DataError(
+            f"Invalid labels in the {split} split: expected a 1-D array of class indices. "
+            f"Received: y.shape={y.shape}."
+        )
+    if not np.issubdtype(y.dtype, np.integer):
+        if not np.issubdtype(y.dtype, np.floating) or not np.all(np.isfinite(y)):
+            raise DataError(f"Invalid labels in the {split} split: dtype {y.dtype} is not integer.")
+        if not np.all(np.equal(np.mod(y, 1), 0)):
+            raise DataError(
+                f"Invalid labels in the {split} split: expected integer class indices. "
+                f"Received non-integer values such as {y[np.mod(y, 1) != 0][0]!r}."
+            )
+    low, high = int(y.min()), int(y.max())
+    if low < 0 or high >= num_classes:
+        bad = low if low < 0 else high
+        raise DataError(
+            f"Invalid label {bad} in the {split} split: labels must lie in [0, {num_classes}) "
+            f"for {num_classes} classes. Received labels in [{low}, {high}]."
+        )
+    x = np.asarray(x)
+    if np.issubdtype(x.dtype, np.floating):
+        finite = np.isfinite(x)
+        if not finite.all():
+            bad_rows = np.unique(np.nonzero(~finite.reshape(len(x), -1))[0])
+            kind = "NaN" if np.isnan(x).any() else "Inf"
+            raise DataError(
+                f"Non-finite inputs ({kind}) in the {split} split: {len(bad_rows)} sample(s), "
+                f"first at index {int(bad_rows[0])}. Clean or drop them before training."
+            )
+    elif not np.issubdtype(x.dtype, np.integer) and not np.issubdtype(x.dtype, np.bool_):
+        raise DataError(f"Invalid inputs in the {split} split: dtype {x.dtype} is not numeric.")
+
+
+def check_batch_size(batch_size: int, num_train: int) -> None:
+    """Raise ``DataError`` unless ``1 <= batch_size <= num_train``."""
+    if not isinstance(batch_size, int | np.integer) or batch_size < 1:
+        raise DataError(f"Invalid batch size {batch_size!r}: expected a positive integer.")
+    if batch_size > num_train:
+        raise DataError(
+            f"Batch size {batch_size} is larger than the training split ({num_train} samples): "
+            f"use a batch size of at most {num_train}."
+        )

@@ -1,0 +1,137 @@
+"""The Keras ``fit`` engine: ``model.compile`` + ``model.fit`` with a recording callback."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from kbackend.backend import keras as import_keras
+from kbackend.errors import ConfigError
+from kbackend.history import History
+
+
+def _recorder_class() -> Any:
+    keras = import_keras()
+
+    class Recorder(keras.callbacks.Callback):
+        """Records per-step train losses and training time with evaluation time excluded.
+
+        Keras reports the running mean of the loss over the epoch, weighted by batch size; the
+        loss of each executed interval is recovered exactly from consecutive running means.
+        With ``steps_per_execution`` > 1 callbacks fire once per execution, so each recorded
+        point is the mean loss of that execution's steps.
+        """
+
+        def __init__(self, history: History, batch_sizes: list[int], steps_per_epoch: int,
+                     steps_per_execution: int, reporter: Any, epochs: int,
+                     max_steps: int = 0, target: Any = None) -> None:
+            super().__init__()
+            self.history = history
+            self.batch_sizes = batch_sizes
+            self.steps_per_epoch = steps_per_epoch
+            self.steps_per_execution = steps_per_execution
+            self.reporter = reporter
+            self.epochs = epochs
+            self.eval_time = 0.0
+            self.epoch = 0
+            self.max_steps = max_steps
+            self.target = target
+
+        def _train_time(self) -> float:
+            return time.perf_counter() - self.start - self.eval_time
+
+        def on_train_begin(self, logs=None):
+            self.start = time.perf_counter()
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+            self.seen_samples = 0
+            self.seen_loss_sum = 0.0
+            self.last_batch = -1
+
+        def on_train_batch_end(self, batch, logs=None):
+            running_mean = float(logs["loss"])
+            elapsed = self._train_time()
+            first, last = self.last_batch + 1, batch
+            interval_samples = sum(self.batch_sizes[first:last + 1])
+            total = self.seen_samples + interval_samples
+            interval_loss = (running_mean * total - self.seen_loss_sum) / interval_samples
+            self.seen_samples, self.seen_loss_sum = total, running_mean * total
+            self.last_batch = batch
+            step = self.epoch * self.steps_per_epoch + batch + 1
+            self.history.record_steps([step], [interval_loss], [elapsed])
+            if self.max_steps and step >= self.max_steps:
+                self.model.stop_training = True
+
+        def on_test_begin(self, logs=None):
+            self.test_start = time.perf_counter()
+
+        def on_test_end(self, logs=None):
+            self.eval_time += time.perf_counter() - self.test_start
+
+        def on_epoch_end(self, epoch, logs=None):
+            logs = logs or {}
+            record = {"step": (epoch + 1) * self.steps_per_epoch, "epoch": epoch + 1,
+                      "train_time": self._train_time()}
+            for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
+                if key in logs:
+                    record["train_" + key if not key.startswith("val") else key] = float(logs[key])
+            self.history.record_eval(**record)
+            if self.target is not None and self.target.reached(record) and \
+                    "target_reached" not in self.history.extra:
+                self.history.extra["target_reached"] = {"step": record["step"], "epoch": epoch + 1,
+                                                        "train_time": record["train_time"]}
+                self.model.stop_training = True
+            if self.reporter is not None:
+                self.reporter.epoch_end(epoch + 1, self.epochs, record)
+
+        def on_train_end(self, logs=None):
+            self.history.timing["train_time"] = self._train_time()
+            self.history.timing["eval_time"] = self.eval_time
+
+    return Recorder
+
+
+def compile_model(model: Any, spec: Any, config: Any) -> None:
+    """Compile ``model`` for sparse categorical cross-entropy with ``spec``'s optimizer."""
+    model.compile(
+        optimizer=spec.to_keras(),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+        jit_compile=config.jit_compile,
+        steps_per_execution=config.steps_per_execution,
+    )
+
+
+def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None) -> History:
+    """Train ``model`` with ``model.fit`` and return the history in kbackend's format."""
+    keras = import_keras()
+    n_train = len(dataset.x_train)
+    steps_per_epoch = -(-n_train // config.batch_size)
+    batch_sizes = [config.batch_size] * (n_train // config.batch_size)
+    if n_train % config.batch_size:
+        batch_sizes.append(n_train % config.batch_size)
+    compile_model(model, spec, config)
+    history = History()
+    if config.eval_every and config.eval_every % steps_per_epoch:
+        raise ConfigError(
+            f"The keras engine validates once per epoch ({steps_per_epoch} steps); "
+            f"eval_every={config.eval_every} needs --engine native."
+        )
+    callbacks = [_recorder_class()(history, batch_sizes, steps_per_epoch,
+                                   config.steps_per_execution, reporter, config.epochs,
+                                   config.max_steps, config.target)]
+    if config.early_stopping:
+        callbacks.append(keras.callbacks.EarlyStopping(
+            monitor=config.monitor, patience=config.early_stopping, restore_best_weights=True,
+            mode="max" if "acc" in config.monitor else "min"))
+    keras.utils.set_random_seed(config.seed)
+    fit_history = model.fit(
+        dataset.x_train, dataset.y_train, batch_size=config.batch_size, epochs=config.epochs,
+        validation_data=(dataset.x_val, dataset.y_val), shuffle=True, callbacks=callbacks,
+        verbose=0,
+    )
+    history.stopped_early = len(fit_history.epoch) < config.epochs and not config.max_steps
+    history.extra["epochs_run"] = len(fit_history.epoch)
+    history.extra["losses_are_execution_means"] = config.steps_per_execution > 1
+    return history

@@ -1,0 +1,169 @@
+"""Training as a Python API: ``train(TrainConfig(...))`` -> trained model + ``History``.
+
+This is what ``kbackend train`` calls. It loads and validates the data, builds the model,
+runs the chosen engine, evaluates on the test split, and optionally saves the model and the
+history (atomically).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kbackend import data as data_module
+from kbackend.backend import keras as import_keras
+from kbackend.errors import ConfigError
+from kbackend.history import History
+from kbackend.io import atomic_write
+from kbackend.models import ModelOptions, build_model, model_layout
+from kbackend.optim import OptimizerSpec
+
+MONITORS = ("val_accuracy", "val_loss")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Stop training once validation ``metric`` reaches ``value`` (>= for accuracy, <= for loss)."""
+
+    metric: str = "val_accuracy"
+    value: float = 0.9
+
+    def __post_init__(self) -> None:
+        if self.metric not in MONITORS:
+            raise ConfigError(f"Invalid target metric. Expected one of {list(MONITORS)}. Received: {self.metric!r}.")
+        if self.metric == "val_accuracy" and not 0.0 < self.value <= 1.0:
+            raise ConfigError(
+                f"Invalid target val_accuracy={self.value!r}: accuracy can only reach values in (0, 1]."
+            )
+        if self.metric == "val_loss" and self.value <= 0.0:
+            raise ConfigError(f"Invalid target val_loss={self.value!r}: cross-entropy targets must be > 0.")
+
+    def reached(self, record: dict[str, float]) -> bool:
+        """Whether an evaluation record meets the target."""
+        if self.metric not in record:
+            return False
+        if self.metric == "val_accuracy":
+            return record[self.metric] >= self.value
+        return record[self.metric] <= self.value
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a training run."""
+
+    model: str = "seed_mlp"
+    dataset: str = "digits"
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    batch_size: int = 32
+    epochs: int = 5
+    engine: str = "keras"
+    jit_compile: bool = True
+    steps_per_execution: int = 1
+    early_stopping: int = 0
+    monitor: str = "val_accuracy"
+    seed: int = 0
+    model_options: ModelOptions = field(default_factory=ModelOptions)
+    validation_fraction: float = 0.1
+    data_dir: str | None = None
+    # Steps per compiled call of the native engine (K train steps fused into one device call).
+    fused_steps: int = 1
+    # Validate every this many steps (0: once per epoch). The Keras engine validates per epoch.
+    eval_every: int = 0
+    # Stop after this many steps (0: ``epochs`` decides).
+    max_steps: int = 0
+    # Stop as soon as an evaluation reaches this target (None: train to the end).
+    target: Target | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("fused_steps",):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ConfigError(f"Invalid {name} {getattr(self, name)!r}: expected an integer >= 1.")
+        for name in ("eval_every", "max_steps"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ConfigError(f"Invalid {name} {getattr(self, name)!r}: expected an integer >= 0.")
+        if not isinstance(self.epochs, int) or self.epochs < 1:
+            raise ConfigError(f"Invalid epochs {self.epochs!r}: expected a positive integer.")
+        if not isinstance(self.steps_per_execution, int) or self.steps_per_execution < 1:
+            raise ConfigError(
+                f"Invalid steps_per_execution {self.steps_per_execution!r}: expected >= 1."
+            )
+        if self.early_stopping < 0:
+            raise ConfigError(f"Invalid early_stopping patience {self.early_stopping!r}: expected >= 0.")
+        if self.monitor not in MONITORS:
+            raise ConfigError(f"Invalid monitor. Expected one of {list(MONITORS)}. Received: {self.monitor!r}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class TrainResult:
+    """A trained Keras model, its history and the dataset it was trained on."""
+
+    model: Any
+    history: History
+    dataset: data_module.Dataset
+
+
+def load_dataset(config: TrainConfig) -> data_module.Dataset:
+    """The dataset of ``config`` in the layout its model takes."""
+    return data_module.load(
+        config.dataset,
+        layout=model_layout(config.model),
+        data_format=config.model_options.data_format,
+        validation_fraction=config.validation_fraction,
+        seed=config.seed,
+        data_dir=config.data_dir,
+    )
+
+
+def train(
+    config: TrainConfig,
+    *,
+    dataset: data_module.Dataset | None = None,
+    model: Any = None,
+    reporter: Any = None,
+    save: str | os.PathLike | None = None,
+    history_path: str | os.PathLike | None = None,
+) -> TrainResult:
+    """Train ``config.model`` on ``config.dataset`` with ``config.engine``.
+
+    All input checks (data, batch size, options) run before any training starts. ``dataset`` and
+    ``model`` may be passed to reuse them; the model is trained in place.
+    """
+    from kbackend.engines import get_engine
+    from kbackend.envinfo import environment
+
+    engine = get_engine(config.engine)
+    dataset = dataset if dataset is not None else load_dataset(config)
+    data_module.check_batch_size(config.batch_size, len(dataset.x_train))
+    if save is not None and not str(save).endswith(".keras"):
+        raise ConfigError(f"Invalid --save path {str(save)!r}: expected a file name ending in .keras.")
+    steps_per_epoch = -(-len(dataset.x_train) // config.batch_size)
+    spec = config.optimizer.with_total_steps(steps_per_epoch * config.epochs)
+    if model is None:
+        model = build_model(config.model, dataset.info, config.model_options)
+    start = time.perf_counter()
+    history = engine(model, dataset, spec, config, reporter)
+    history.timing["wall_time"] = time.perf_counter() - start
+    test_loss, test_accuracy = model.evaluate(
+        dataset.x_test, dataset.y_test, batch_size=max(config.batch_size, 256), verbose=0
+    )
+    history.test = {"test_loss": float(test_loss), "test_accuracy": float(test_accuracy)}
+    history.config = {**config.to_dict(), "optimizer": spec.to_dict(),
+                      "dataset_info": dataset.info.to_dict(), "params": int(model.count_params())}
+    history.env = environment()
+    if save is not None:
+        save_model(model, save)
+    if history_path is not None:
+        history.save(history_path)
+    return TrainResult(model, history, dataset)
+
+
+def save_model(model: Any, path: str | os.PathLike) -> Path:
+    """Save ``model`` as a ``.keras`` file, atomically (a crash never leaves a partial file)."""
+    import_keras()
+    return atomic_write(path, lambda tmp: model.save(tmp))

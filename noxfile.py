@@ -1,0 +1,80 @@
+"""Test sessions. Dependencies come from pyproject.toml (the project and its dependency groups).
+
+    nox                      # default: tests for both backends, equivalence, slow, lint
+    nox -s tests-jax         # one backend
+    nox -s bench             # quick versions of the benchmark scripts
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import nox
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["tests", "equivalence", "slow", "lint"]
+
+BACKENDS = ["jax", "tensorflow"]
+PYPROJECT = nox.project.load_toml("pyproject.toml")
+SHARED_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "shared", "data")
+
+
+def _env(backend: str) -> dict[str, str]:
+    env = {"KERAS_BACKEND": backend, "KBACKEND_OFFLINE": "1", "PYTHONHASHSEED": "0"}
+    if "KBACKEND_DATA_DIR" not in os.environ and os.path.isdir(SHARED_DATA):
+        env["KBACKEND_DATA_DIR"] = os.path.normpath(SHARED_DATA)
+    return env
+
+
+def _install(session: nox.Session, *groups: str) -> None:
+    session.install("-e", ".")
+    for group in groups:
+        session.install(*nox.project.dependency_groups(PYPROJECT, group))
+
+
+def _redis_available() -> bool:
+    return shutil.which("redis-server") is not None
+
+
+@nox.session
+@nox.parametrize("backend", BACKENDS, ids=BACKENDS)
+def tests(session: nox.Session, backend: str) -> None:
+    """Unit and integration tests under one backend (slow and equivalence tests excluded)."""
+    _install(session, "test")
+    session.run("pytest", "-m", "not slow and not equivalence", *session.posargs, env=_env(backend))
+
+
+@nox.session
+def equivalence(session: nox.Session) -> None:
+    """Cross-backend property suite (hypothesis profile `ci` unless HYPOTHESIS_PROFILE is set)."""
+    _install(session, "test")
+    env = _env("jax") | {"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")}
+    session.run("pytest", "-m", "equivalence", *session.posargs, env=env, success_codes=[0, 5])
+
+
+@nox.session
+@nox.parametrize("backend", BACKENDS, ids=BACKENDS)
+def slow(session: nox.Session, backend: str) -> None:
+    """Long-running tests (real-data accuracy, end-to-end studies) under one backend."""
+    _install(session, "test")
+    session.run("pytest", "-m", "slow and not equivalence", *session.posargs, env=_env(backend),
+                success_codes=[0, 5])
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over the package, tests, scripts and this file."""
+    session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
+    session.run("ruff", "check", "kbackend", "tests", "scripts", "noxfile.py")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Quick versions of every benchmark in scripts/ (both backends, side by side)."""
+    _install(session, "test")
+    out = os.path.join(session.create_tmp(), "bench")
+    for script in sorted(os.listdir("scripts")):
+        if script.startswith("bench_") and script.endswith(".py"):
+            session.run("python", f"scripts/{script}", "--quick", "--out", out, env=_env("jax"))

@@ -1,0 +1,59 @@
+"""Shared test fixtures. Each nox session runs one backend (KERAS_BACKEND); tests never switch
+the Keras backend inside one process: other backends run in subprocesses."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("KBACKEND_OFFLINE", "1")  # tests never reach the internet
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from kbackend.backend import use_backend
+
+BACKEND = use_backend()
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def mnist_dir() -> Path | None:
+    """The folder holding mnist.npz ($KBACKEND_DATA_DIR, else ../shared/data), or None."""
+    for candidate in (os.environ.get("KBACKEND_DATA_DIR"), SHARED_DATA):
+        if candidate and (Path(candidate) / "mnist.npz").is_file():
+            return Path(candidate)
+    return None
+
+
+@pytest.fixture
+def backend() -> str:
+    """The backend this test process runs on."""
+    return BACKEND
+
+
+@pytest.fixture
+def data_dir() -> Path:
+    """The folder with the real MNIST files; skips the test when they are not there."""
+    found = mnist_dir()
+    if found is None:
+        pytest.skip("real MNIST files not found: set KBACKEND_DATA_DIR or provide ../shared/data")
+    return found
+
+
+def run_cli(*args: str, backend: str | None = None, env: dict | None = None,
+            timeout: float = 300, cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m kbackend ARGS`` in a subprocess with KERAS_BACKEND set."""
+    full_env = {**os.environ, "KERAS_BACKEND": backend or BACKEND, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "kbackend", *args], capture_output=True, text=True,
+        env=full_env, timeout=timeout, cwd=cwd or ROOT,
+    )
+
+
+@pytest.fixture
+def cli():
+    """``cli(*args, backend=None, env=None)`` runs the kbackend command line in a subprocess."""
+    return run_cli

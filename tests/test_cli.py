@@ -1,0 +1,54 @@
+"""The command line end to end, in subprocesses."""
+
+from __future__ import annotations
+
+import json
+
+from kbackend.history import History
+
+
+def test_train_saves_model_and_history(cli, tmp_path, backend):
+    model_path, history_path = tmp_path / "m.keras", tmp_path / "h.json"
+    result = cli("train", "--dataset", "digits", "--epochs", "6", "--batch-size", "32",
+                 "--save", str(model_path), "--history", str(history_path))
+    assert result.returncode == 0, result.stderr
+    assert "epoch 6/6" in result.stderr  # per-epoch progress lines
+    assert "test_accuracy" in result.stdout
+    history = History.load(history_path)
+    assert history.best("val_accuracy") >= 0.90
+    assert history.env["backend"] == backend and history.config["model"] == "seed_mlp"
+    assert json.loads(history_path.read_text())["test"]["test_accuracy"] > 0.85
+    assert not list(tmp_path.glob(".*tmp*")), "no temporary files left behind"
+
+    import keras
+
+    from kbackend import data
+
+    model = keras.saving.load_model(model_path)
+    ds = data.load("digits", seed=0)
+    _, accuracy = model.evaluate(ds.x_test, ds.y_test, verbose=0)
+    assert abs(accuracy - history.test["test_accuracy"]) < 1e-5
+
+
+def test_bad_flag_is_one_line_error(cli):
+    result = cli("train", "--epochs", "many")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--epochs" in lines[0], result.stderr
+
+
+def test_unknown_choice_is_one_line_error(cli):
+    result = cli("train", "--optimizer", "lamb")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_bad_value_is_one_line_error_not_traceback(cli):
+    result = cli("train", "--batch-size", "100000", "--quiet")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "larger than the training split" in result.stderr.strip().splitlines()[-1]
+
+
+def test_save_path_must_be_keras(cli, tmp_path):
+    result = cli("train", "--epochs", "1", "--save", str(tmp_path / "m.h5"))
+    assert result.returncode == 2 and ".keras" in result.stderr

@@ -12,9 +12,10 @@ the other in one run. Configurations, per backend and batch size:
   one ``jax.lax.scan`` over pre-stacked batches with ``optax.sgd`` (JAX) or one XLA
   ``tf.function`` loop with ``assign_sub`` (TF), a whole epoch per call.
 
-Each configuration trains ``repeats + 1`` epochs; the first (compiling) epoch is excluded and the
-median of the others is reported as us/step and samples/s, with the ratio to ``fit spe=1`` and the
-compile time separately. Writes ``bench_engines.json`` (figures + environment of each backend)
+Each configuration first runs one (compiling) epoch, excluded; then every configuration runs one
+epoch in turn, ``repeats`` rounds (interleaved, so a busy machine slows all alike), and the median
+epoch is reported as us/step and samples/s, with the ratio to ``fit spe=1`` and the compile time
+separately (exact for the native engine; first epoch minus the median for the others). Writes ``bench_engines.json`` (figures + environment of each backend)
 and ``bench_engines.md`` (the table) to ``--out``.
 """
 
@@ -61,14 +62,8 @@ def synthetic(batch_size: int, steps: int, seed: int = 0) -> Any:
                                    num_classes=10, validation_fraction=VAL_SAMPLES / n, seed=seed)
 
 
-def _summary(epoch_seconds: list[float], steps: int, batch_size: int, compile_s: float) -> dict:
-    timed = epoch_seconds[1:]  # the first epoch compiles
-    median = statistics.median(timed)
-    return {"us_per_step": median / steps * 1e6, "samples_per_s": steps * batch_size / median,
-            "compile_s": compile_s, "epoch_s": timed}
-
-
-def time_fit(dataset: Any, batch_size: int, steps: int, repeats: int, spe: int) -> dict:
+def fit_runner(dataset: Any, batch_size: int, spe: int) -> Any:
+    """One epoch of ``model.fit`` per call (its per-call setup is part of fit's cost)."""
     import keras
 
     from kbackend.models import ModelOptions, build_model
@@ -77,50 +72,52 @@ def time_fit(dataset: Any, batch_size: int, steps: int, repeats: int, spe: int) 
     model.compile(optimizer=keras.optimizers.SGD(LEARNING_RATE),
                   loss="sparse_categorical_crossentropy", jit_compile=True,
                   steps_per_execution=spe)
-    marks: list[float] = []
-
-    class EpochClock(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            marks.append(time.perf_counter())
-
-        def on_epoch_end(self, epoch, logs=None):  # logs hold the loss: the epoch has finished
-            marks.append(time.perf_counter())
-
-    model.fit(dataset.x_train, dataset.y_train, batch_size=batch_size, epochs=repeats + 1,
-              shuffle=False, verbose=0, callbacks=[EpochClock()])
-    epochs = [end - begin for begin, end in zip(marks[::2], marks[1::2], strict=True)]
-    return _summary(epochs, steps, batch_size, epochs[0] - statistics.median(epochs[1:]))
+    return lambda: model.fit(dataset.x_train, dataset.y_train, batch_size=batch_size,
+                             epochs=1, shuffle=False, verbose=0)
 
 
-def time_native(dataset: Any, batch_size: int, steps: int, repeats: int, fused: int) -> dict:
-    from kbackend.engines import native
+def native_runner(dataset: Any, batch_size: int, fused: int) -> Any:
+    """One epoch of the native engine per call (``kbackend.engines.native.EpochRunner``)."""
+    from kbackend.engines.native import EpochRunner
     from kbackend.models import ModelOptions, build_model
     from kbackend.optim import OptimizerSpec
-    from kbackend.training import TrainConfig
 
     model = build_model("seed_mlp", dataset.info, ModelOptions())
-    spec = OptimizerSpec("sgd", LEARNING_RATE)
-    config = TrainConfig(optimizer=spec, batch_size=batch_size, epochs=repeats + 1,
-                         fused_steps=fused)
-    history = native.train(model, dataset, spec, config)
-    # Cumulative training time (evaluation excluded) at the end of each epoch.
-    ends = [history.time[steps * (e + 1) - 1] for e in range(repeats + 1)]
-    epochs = np.diff([0.0, *ends]).tolist()
-    return _summary(epochs, steps, batch_size, history.timing["compile_time"])
+    return EpochRunner(model, dataset, OptimizerSpec("sgd", LEARNING_RATE), batch_size, fused)
 
 
-def time_reference(dataset: Any, batch_size: int, steps: int, repeats: int) -> dict:
+def reference_runner(dataset: Any, batch_size: int, steps: int) -> Any:
     from kbackend.backends import impl
 
     x = dataset.x_train.reshape(steps, batch_size, 784)
     y = dataset.y_train.reshape(steps, batch_size)
-    run_epoch = impl_reference(impl().__name__)(x, y)
-    epochs = []
-    for _ in range(repeats + 1):
+    return impl_reference(impl().__name__)(x, y)
+
+
+def measure(runners: dict[str, Any], steps: int, batch_size: int, repeats: int) -> dict:
+    """Time one epoch of every runner, round-robin, ``repeats`` times after a compiling epoch.
+
+    Interleaving spreads the load of a shared machine evenly over the configurations.
+    """
+    first, epochs = {}, {name: [] for name in runners}
+    for name, run in runners.items():
         start = time.perf_counter()
-        run_epoch()
-        epochs.append(time.perf_counter() - start)
-    return _summary(epochs, steps, batch_size, epochs[0] - statistics.median(epochs[1:]))
+        run()
+        first[name] = time.perf_counter() - start
+    names = list(runners)
+    for repeat in range(repeats):
+        for name in names[repeat % len(names):] + names[:repeat % len(names)]:
+            start = time.perf_counter()
+            runners[name]()
+            epochs[name].append(time.perf_counter() - start)
+    figures = {}
+    for name, seconds in epochs.items():
+        median = statistics.median(seconds)
+        compile_s = getattr(runners[name], "compile_time", first[name] - median)
+        figures[name] = {"us_per_step": median / steps * 1e6,
+                         "samples_per_s": steps * batch_size / median,
+                         "compile_s": compile_s, "epoch_s": seconds}
+    return figures
 
 
 def impl_reference(module_name: str) -> Any:
@@ -202,14 +199,14 @@ def worker(batch_sizes: list[int], repeats: int, quick: bool) -> dict:
     for batch_size in batch_sizes:
         steps = steps_per_epoch(batch_size, quick)
         dataset = synthetic(batch_size, steps)
-        for name in CONFIGS:
-            fused = {"native K=1": 1, "native K=32": min(32, steps), "native K=epoch": steps}
-            if name.startswith("fit"):
-                figures = time_fit(dataset, batch_size, steps, repeats, int(name.split("=")[1]))
-            elif name.startswith("native"):
-                figures = time_native(dataset, batch_size, steps, repeats, fused[name])
-            else:
-                figures = time_reference(dataset, batch_size, steps, repeats)
+        fused = {"native K=1": 1, "native K=32": min(32, steps), "native K=epoch": steps}
+        runners = {
+            "fit spe=1": fit_runner(dataset, batch_size, 1),
+            "fit spe=32": fit_runner(dataset, batch_size, 32),
+            **{name: native_runner(dataset, batch_size, k) for name, k in fused.items()},
+            "reference": reference_runner(dataset, batch_size, steps),
+        }
+        for name, figures in measure(runners, steps, batch_size, repeats).items():
             row = {"batch_size": batch_size, "config": name, "steps_per_epoch": steps,
                    "fused_steps": fused.get(name), **figures}
             rows.append(row)

@@ -52,7 +52,7 @@ class NativeTrainer:
 
     def __init__(self, model: Any, spec: Any, dataset: Any) -> None:
         self.model = model
-        self.optimizer = model.optimizer if model.optimizer is not None else spec.to_keras()
+        self.optimizer = getattr(model, "optimizer", None) or spec.to_keras()
         self.optimizer.build(model.trainable_variables)
         self.train_step = make_train_step(model, self.optimizer)
         self.x_train = _on_device(dataset.x_train)

@@ -72,8 +72,9 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
     if config.max_steps:
         total_steps = min(total_steps, config.max_steps)
     if config.optimizer.decay_steps is None:
-        # Schedules span the steps this engine really runs (it drops partial batches).
-        spec = replace(spec, decay_steps=None).with_total_steps(total_steps)
+        # Schedules span the epochs this engine really runs (it drops partial batches); like
+        # the Keras engine's, the horizon ignores max_steps and targets (they only stop early).
+        spec = replace(spec, decay_steps=None).with_total_steps(steps_per_epoch * config.epochs)
     # Compiled for evaluate/predict/save afterwards; the TF loop trains with this optimizer.
     compile_model(model, spec, config)
     trainer = impl().native_trainer(model, spec, dataset)
@@ -162,3 +163,33 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
     history.extra["epochs_run"] = epoch
     history.extra["trace_counts"] = {str(k): v for k, v in trainer.trace_counts.items()}
     return history
+
+
+class EpochRunner:
+    """Whole epochs of the native loop without history bookkeeping (for benchmarks).
+
+    ``runner()`` trains one epoch exactly as ``train`` does (same batches, call lengths and
+    compiled programs) and returns its per-step losses; ``compile_time`` accumulates the
+    seconds spent compiling.
+    """
+
+    def __init__(self, model: Any, dataset: Any, spec: Any, batch_size: int, fused_steps: int,
+                 seed: int = 0) -> None:
+        self.n_train, self.batch_size, self.seed = len(dataset.x_train), batch_size, seed
+        steps = batching.steps_per_epoch(self.n_train, batch_size)
+        batching.check_fused_steps(fused_steps, steps, self.n_train, batch_size)
+        self.lengths = batching.call_lengths(steps, fused_steps)
+        self.trainer = impl().native_trainer(model, spec, dataset)
+        self.epoch = 0
+        self.compile_time = 0.0
+
+    def __call__(self) -> np.ndarray:
+        rows = self.trainer.put_epoch(
+            batching.epoch_batches(self.n_train, self.batch_size, self.seed, self.epoch))
+        self.epoch += 1
+        handles, start = [], 0
+        for length in self.lengths:
+            self.compile_time += self.trainer.compile(length, rows)
+            handles.append(self.trainer.run(rows, start, length))
+            start += length
+        return np.concatenate([self.trainer.fetch(handle) for handle in handles])

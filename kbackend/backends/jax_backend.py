@@ -36,3 +36,10 @@ def to_numpy(value: Any) -> np.ndarray:
 def supports_channels_first_conv() -> bool:
     """XLA on every JAX platform implements NCHW convolutions."""
     return True
+
+
+def native_trainer(model: Any, spec: Any, dataset: Any) -> Any:
+    """The fused native train loop for this backend (driven by ``kbackend.engines.native``)."""
+    from kbackend.backends.jax_native import NativeTrainer
+
+    return NativeTrainer(model, spec, dataset)

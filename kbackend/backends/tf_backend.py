@@ -45,3 +45,10 @@ def to_numpy(value: Any) -> np.ndarray:
 def supports_channels_first_conv() -> bool:
     """TF's CPU kernels implement Conv2D and pooling only for NHWC (keras issues 20414, 19591)."""
     return bool(tf.config.list_physical_devices("GPU"))
+
+
+def native_trainer(model: Any, spec: Any, dataset: Any) -> Any:
+    """The fused native train loop for this backend (driven by ``kbackend.engines.native``)."""
+    from kbackend.backends.tf_native import NativeTrainer
+
+    return NativeTrainer(model, spec, dataset)

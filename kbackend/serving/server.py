@@ -151,6 +151,7 @@ class PredictionServer(ThreadingHTTPServer):
         self.verbose = verbose
         self.started = time.time()
         self.rejected = 0
+        self._rejected_lock = threading.Lock()
         self.batcher = MicroBatcher(predict, max_batch=max_batch, max_wait_s=max_wait_ms / 1000)
         super().__init__((check_loopback(host), port), _Handler)
 
@@ -199,7 +200,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def _error(self, status: HTTPStatus, message: str) -> None:
-        self.server.rejected += 1
+        with self.server._rejected_lock:
+            self.server.rejected += 1
         self._send(status, {"error": message, "status": int(status)})
 
     def do_GET(self) -> None:

@@ -7,7 +7,14 @@ import sqlite3
 import numpy as np
 import pytest
 
-from kbackend.cache import CacheError, PredictionCache, Rounding, model_fingerprint, open_store, parse_grid
+from kbackend.cache import (
+    CacheError,
+    PredictionCache,
+    Rounding,
+    model_fingerprint,
+    open_store,
+    parse_grid,
+)
 from kbackend.errors import ConfigError, DataError
 from kbackend.serving.model import BatchPredictor, ModelError, bucket_size, load_model
 
@@ -136,7 +143,7 @@ def test_bad_inputs_are_refused_with_clear_errors(model, store):
         cache.predict(np.zeros((2, 5), np.float32))
     bad = rows(3)
     bad[1, 2] = np.nan
-    with pytest.raises(DataError, match="NaN in 1 row.*first: row 1"):
+    with pytest.raises(DataError, match=r"NaN in 1 row.*first: row 1"):
         cache.predict(bad)
     with pytest.raises(DataError, match="expected numbers"):
         cache.predict(np.array([["a", "b", "c", "d"]]))

@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 from kbackend.backend import BACKENDS
-from kbackend.serving.export import DEFAULT_ATOL, SAMPLE_FILE, ExportError, check_artifact, export_model
+from kbackend.serving.export import (
+    DEFAULT_ATOL,
+    SAMPLE_FILE,
+    ExportError,
+    check_artifact,
+    export_model,
+)
 from kbackend.serving.model import ModelError
 
 

@@ -3,7 +3,7 @@
     python scripts/bench_cache.py [--quick] [--out DIR] [--backends jax,tensorflow]
 
 One subprocess per backend, side by side in one run. Per backend:
-1. latency (median over repeats, first call excluded) and throughput of
+1. latency (median over repeats, first call excluded, methods interleaved) and throughput of
    ``model.predict``, ``predict_on_batch`` (kbackend's bucketed BatchPredictor), cache lookups that
    all hit (SQLite, and Redis when ``redis-server`` is installed) and lookups that all miss (SQLite),
    at batch 1 and batch 1024, for the seed MLP (64-786-256-160-10) trained briefly on digits;
@@ -35,17 +35,20 @@ BATCHES = (1, 1024)
 NOISE = (0.0, 0.01)  # sensor noise added to each request (features are in [0, 1])
 
 
-def _timed(fn, repeats: int) -> float:
-    """Median seconds of ``fn()`` over ``repeats`` calls, after one excluded warm-up call."""
+def _timed(methods: dict, repeats: int) -> dict[str, float]:
+    """Median seconds per call of each method over ``repeats`` calls, after one excluded warm-up
+    call each; the methods take turns within every repeat, so drifting machine load hits all alike."""
     import numpy as np
 
-    fn()
-    times = []
+    for fn in methods.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in methods}
     for _ in range(repeats):
-        start = time.perf_counter()
-        np.asarray(fn())  # results are host arrays: the computation has finished
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+        for name, fn in methods.items():
+            start = time.perf_counter()
+            np.asarray(fn())  # results are host arrays: the computation has finished
+            times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(values)) for name, values in times.items()}
 
 
 def _train_model(quick: bool, folder: Path):
@@ -99,8 +102,7 @@ def worker(quick: bool, redis_url: str | None) -> dict:
             offsets = iter(range(1, 10_000))
             methods["cache miss (sqlite)"] = (  # a new offset each call: every row is new
                 lambda x=x, cache=miss_cache, offsets=offsets: cache.predict(x + np.float32(next(offsets))))
-            for method, fn in methods.items():
-                seconds = _timed(fn, repeats)
+            for method, seconds in _timed(methods, repeats).items():
                 latency.append({"method": method, "batch": batch, "repeats": repeats,
                                 "median_ms": seconds * 1e3, "rows_per_s": batch / seconds})
             for _, store in stores:
@@ -151,7 +153,7 @@ def _start_redis() -> tuple[subprocess.Popen | None, str | None]:
 
 def markdown(results: dict) -> str:
     lines = ["# Prediction cache benchmark", "",
-             "Median latency over repeats (first call excluded); throughput = rows / median latency. "
+             "Median latency over repeats (first call excluded; the methods take turns within each repeat); throughput = rows / median latency. "
              "A shared, noisy machine: compare rows side by side, not across runs.", "",
              "| backend | method | batch | median latency (ms) | rows/s | vs model.predict |",
              "| --- | --- | ---: | ---: | ---: | ---: |"]

@@ -155,15 +155,16 @@ def markdown(results: dict) -> str:
     lines = ["# Prediction cache benchmark", "",
              "Median latency over repeats (first call excluded; the methods take turns within each repeat); throughput = rows / median latency. "
              "A shared, noisy machine: compare rows side by side, not across runs.", "",
-             "| backend | method | batch | median latency (ms) | rows/s | vs model.predict |",
-             "| --- | --- | ---: | ---: | ---: | ---: |"]
+             "| backend | method | batch | median latency (ms) | rows/s | vs model.predict | vs predict_on_batch |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for backend, result in results.items():
         for batch in BATCHES:
             rows = [r for r in result["latency"] if r["batch"] == batch]
             base = next(r["median_ms"] for r in rows if r["method"] == "model.predict")
+            jitted = next(r["median_ms"] for r in rows if r["method"].startswith("predict_on_batch"))
             for r in rows:
                 lines.append(f"| {backend} | {r['method']} | {batch} | {r['median_ms']:.3f} | "
-                             f"{r['rows_per_s']:,.0f} | {base / r['median_ms']:.1f}x |")
+                             f"{r['rows_per_s']:,.0f} | {base / r['median_ms']:.1f}x | {jitted / r['median_ms']:.1f}x |")
     lines += ["", "Hit rate vs decimals (digits test rows drawn Zipf-popular, with Gaussian noise of the given "
               "sigma; batches of 32). Class agreement and max abs prob diff: cached answers vs the exact "
               "model on the unrounded requests.", "",

@@ -151,6 +151,11 @@ def _start_redis() -> tuple[subprocess.Popen | None, str | None]:
     return None, None
 
 
+def _ratio(baseline_ms: float, ms: float) -> str:
+    ratio = baseline_ms / ms
+    return f"{ratio:.1f}x" if ratio >= 1 else f"{ratio:.2g}x"
+
+
 def markdown(results: dict) -> str:
     lines = ["# Prediction cache benchmark", "",
              "Median latency over repeats (first call excluded; the methods take turns within each repeat); throughput = rows / median latency. "
@@ -164,7 +169,7 @@ def markdown(results: dict) -> str:
             jitted = next(r["median_ms"] for r in rows if r["method"].startswith("predict_on_batch"))
             for r in rows:
                 lines.append(f"| {backend} | {r['method']} | {batch} | {r['median_ms']:.3f} | "
-                             f"{r['rows_per_s']:,.0f} | {base / r['median_ms']:.1f}x | {jitted / r['median_ms']:.1f}x |")
+                             f"{r['rows_per_s']:,.0f} | {_ratio(base, r['median_ms'])} | {_ratio(jitted, r['median_ms'])} |")
     lines += ["", "Hit rate vs decimals (digits test rows drawn Zipf-popular, with Gaussian noise of the given "
               "sigma; batches of 32). Class agreement and max abs prob diff: cached answers vs the exact "
               "model on the unrounded requests.", "",

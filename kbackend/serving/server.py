@@ -186,6 +186,7 @@ def _reject_constant(name: str) -> float:
 class _Handler(BaseHTTPRequestHandler):
     server: PredictionServer
     server_version = "kbackend-serve"
+    timeout = 30  # seconds a client may stall mid-request before its thread gives up
 
     def log_message(self, format: str, *args: Any) -> None:
         if self.server.verbose:

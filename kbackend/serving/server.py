@@ -139,6 +139,9 @@ class PredictionServer(ThreadingHTTPServer):
     """The HTTP server: a thread per connection, all predictions through one ``MicroBatcher``."""
 
     daemon_threads = True
+    # socketserver's default listen backlog is 5: a burst of connections beyond it while the
+    # accept loop is busy gets reset. 128 matches common kernel defaults (somaxconn).
+    request_queue_size = 128
 
     def __init__(self, host: str, port: int, *, predict: Callable[[np.ndarray], np.ndarray],
                  row_shape: tuple[int | None, ...], info: dict[str, Any],

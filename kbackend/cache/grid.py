@@ -1,0 +1,122 @@
+"""The grid SPEC of ``kbackend cache warm``: a discrete set of input rows to precompute.
+
+Syntax: axis clauses separated by ``;``, each ``FEATURES=VALUES``:
+
+- FEATURES: a feature index ``3``, an inclusive range ``0-7``, or ``*`` (every feature no other
+  clause names). Features are counted over the flattened input row.
+- VALUES: a comma-separated list ``0,0.5,1``, or ``START:STOP:COUNT``: COUNT evenly spaced values
+  from START to STOP inclusive (``0:1:11`` = 0, 0.1, ..., 1).
+
+Every feature must get values; the grid is the Cartesian product of the features' value lists.
+Example for 4 features: ``0=0:1:11; 1=0,0.5,1; *=0`` gives 11 x 3 = 33 rows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from kbackend.errors import ConfigError
+
+_EXAMPLE = "e.g. '0=0:1:11; 1=0,0.5,1; *=0'"
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    """One array of candidate values per feature (of the flattened row)."""
+
+    values: tuple[np.ndarray, ...]
+
+    @property
+    def size(self) -> int:
+        return math.prod(len(v) for v in self.values)
+
+    def chunks(self, chunk: int = 1024) -> Iterator[np.ndarray]:
+        """The grid's rows, ``chunk`` at a time, as float32 arrays of shape (rows, features)."""
+        shape = tuple(len(v) for v in self.values)
+        for start in range(0, self.size, chunk):
+            flat = np.arange(start, min(start + chunk, self.size))
+            indices = np.unravel_index(flat, shape)
+            yield np.stack([v[i] for v, i in zip(self.values, indices, strict=True)], axis=1).astype(np.float32)
+
+
+def _parse_values(text: str, clause: str) -> np.ndarray:
+    try:
+        if ":" in text:
+            parts = text.split(":")
+            if len(parts) != 3:
+                raise ValueError
+            start, stop, count = float(parts[0]), float(parts[1]), int(parts[2])
+            if count < 1:
+                raise ValueError
+            values = np.linspace(start, stop, count)
+        else:
+            values = np.array([float(v) for v in text.split(",")])
+    except ValueError:
+        raise ConfigError(
+            f"Invalid grid clause {clause!r}: expected values as 'a,b,c' or 'START:STOP:COUNT' "
+            f"(COUNT >= 1), {_EXAMPLE}."
+        ) from None
+    if not np.isfinite(values).all():
+        raise ConfigError(f"Invalid grid clause {clause!r}: values must be finite numbers.")
+    return np.unique(values)
+
+
+def _parse_features(text: str, clause: str, features: int) -> list[int] | None:
+    if text == "*":
+        return None
+    try:
+        if "-" in text:
+            low, high = (int(p) for p in text.split("-"))
+        else:
+            low = high = int(text)
+    except ValueError:
+        raise ConfigError(
+            f"Invalid grid clause {clause!r}: expected features as an index '3', a range '0-7' or '*', {_EXAMPLE}."
+        ) from None
+    if not 0 <= low <= high < features:
+        raise ConfigError(
+            f"Invalid grid clause {clause!r}: feature indices must lie in 0-{features - 1} "
+            f"(the model takes {features} features), received {low}-{high}."
+        )
+    return list(range(low, high + 1))
+
+
+def parse_grid(spec: str, features: int, max_rows: int = 1_000_000) -> GridSpec:
+    """Parse ``spec`` for rows of ``features`` features; refuse grids over ``max_rows`` rows."""
+    assigned: dict[int, np.ndarray] = {}
+    rest: np.ndarray | None = None
+    clauses = [c.strip() for c in spec.split(";") if c.strip()]
+    if not clauses:
+        raise ConfigError(f"Invalid grid {spec!r}: expected clauses FEATURES=VALUES separated by ';', {_EXAMPLE}.")
+    for clause in clauses:
+        if clause.count("=") != 1:
+            raise ConfigError(f"Invalid grid clause {clause!r}: expected FEATURES=VALUES, {_EXAMPLE}.")
+        left, right = (part.strip() for part in clause.split("="))
+        values = _parse_values(right, clause)
+        indices = _parse_features(left, clause, features)
+        if indices is None:
+            if rest is not None:
+                raise ConfigError(f"Invalid grid {spec!r}: '*' appears in more than one clause.")
+            rest = values
+            continue
+        for index in indices:
+            if index in assigned:
+                raise ConfigError(f"Invalid grid {spec!r}: feature {index} appears in more than one clause.")
+            assigned[index] = values
+    missing = [i for i in range(features) if i not in assigned]
+    if missing and rest is None:
+        raise ConfigError(
+            f"Invalid grid {spec!r}: features {missing[:10]}{'...' if len(missing) > 10 else ''} have no values; "
+            "add a clause such as '*=0' for the features held constant."
+        )
+    grid = GridSpec(tuple(assigned.get(i, rest) for i in range(features)))
+    if grid.size > max_rows:
+        raise ConfigError(
+            f"Invalid grid {spec!r}: it has {grid.size:.3g} rows, more than the limit of {max_rows} "
+            "(raise --max-rows, or use fewer values)."
+        )
+    return grid

@@ -1,0 +1,123 @@
+"""``kbackend cache warm|stats|clear``: precompute a grid of inputs, inspect or empty a cache."""
+
+from __future__ import annotations
+
+import argparse
+
+from kbackend.commands.predict import add_cache_arguments
+
+
+def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
+    parser = subparsers.add_parser("cache", help="warm, inspect or clear a prediction cache")
+    actions = parser.add_subparsers(dest="cache_action", metavar="ACTION", parser_class=type(parser))
+    actions.required = True
+
+    warm = actions.add_parser("warm", parents=parents, help="precompute predictions for a grid of inputs")
+    warm.add_argument("--model", required=True, metavar="MODEL.keras")
+    add_cache_arguments(warm, required=True)
+    source = warm.add_mutually_exclusive_group(required=True)
+    source.add_argument("--grid", metavar="SPEC",
+                        help="FEATURES=VALUES clauses separated by ';': features '3', '0-7' or '*'; "
+                             "values 'a,b,c' or 'START:STOP:COUNT', e.g. '0=0:1:11; 1=0,0.5,1; *=0'")
+    source.add_argument("--input", metavar="X.npy", help="warm with the rows of a .npy array instead")
+    warm.add_argument("--max-rows", type=int, default=1_000_000, help="refuse larger grids (default 1e6)")
+    warm.add_argument("--chunk", type=int, default=1024, help="rows per lookup")
+    warm.set_defaults(func=run_warm)
+
+    stats = actions.add_parser("stats", parents=parents, help="entries, hits and misses per model")
+    stats.add_argument("--cache", required=True, metavar="PATH|URL")
+    stats.add_argument("--json", action="store_true")
+    stats.set_defaults(func=run_stats, needs_backend=False)
+
+    clear = actions.add_parser("clear", parents=parents, help="delete cached predictions")
+    clear.add_argument("--cache", required=True, metavar="PATH|URL")
+    clear.add_argument("--fingerprint", default=None, help="only this model's entries (a prefix is enough)")
+    clear.set_defaults(func=run_clear, needs_backend=False)
+
+
+def run_warm(args: argparse.Namespace) -> int:
+    import math
+
+    from rich.progress import Progress
+
+    from kbackend.cache import PredictionCache, Rounding, open_store, parse_grid
+    from kbackend.commands.predict import load_array
+    from kbackend.serving.model import load_model
+
+    rounding = Rounding.parse(args.decimals)
+    store = open_store(args.cache)
+    try:
+        model = load_model(args.model)
+        cache = PredictionCache(model, store, rounding)
+        row_shape = cache.input_shape
+        if args.grid is not None:
+            features = math.prod(d or 0 for d in row_shape)
+            grid = parse_grid(args.grid, features, max_rows=args.max_rows)
+            total, chunks = grid.size, (c.reshape(len(c), *row_shape) for c in grid.chunks(args.chunk))
+        else:
+            rows = load_array(args.input)
+            total = len(rows)
+            chunks = (rows[i:i + args.chunk] for i in range(0, len(rows), args.chunk))
+        with Progress(transient=True) as progress:
+            task = progress.add_task("warming", total=total)
+            for chunk in chunks:
+                cache.lookup(chunk)
+                progress.advance(task, len(chunk))
+        cache.flush_stats()
+        stats = cache.stats()
+    finally:
+        store.close()
+    print(f"warmed {store.describe()} for model {cache.fingerprint[:16]} ({rounding.describe()}): "
+          f"{stats.rows} rows, {stats.stored} new entries, {stats.hits} already cached")
+    return 0
+
+
+def run_stats(args: argparse.Namespace) -> int:
+    import json
+
+    from kbackend.cache import open_store
+
+    store = open_store(args.cache, create=False)
+    try:
+        infos = store.namespaces()
+        extra = {}
+        if hasattr(store, "integrity_check"):
+            extra = {"integrity_check": store.integrity_check(), "bytes": store.path.stat().st_size}
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps({"store": store.describe(), **extra,
+                          "models": [info.__dict__ for info in infos]}, indent=2))
+        return 0
+    print(f"cache {store.describe()}" + (f"  ({extra['bytes']} bytes, integrity {extra['integrity_check']})" if extra else ""))
+    if not infos:
+        print("  (empty)")
+    for info in infos:
+        lookups = info.hits + info.misses
+        rate = f"{info.hits / lookups:.1%}" if lookups else "n/a"
+        name = info.model.get("name", "?")
+        print(f"  model {info.namespace[:16]} ({name}, in {info.model.get('input_shape')} out "
+              f"{info.model.get('output_shape')}): {info.entries} entries, {info.hits} hits, "
+              f"{info.misses} misses, hit rate {rate}")
+    return 0
+
+
+def run_clear(args: argparse.Namespace) -> int:
+    from kbackend.cache import CacheError, open_store
+
+    store = open_store(args.cache, create=False)
+    try:
+        if args.fingerprint is None:
+            deleted = store.clear()
+        else:
+            matches = [i.namespace for i in store.namespaces() if i.namespace.startswith(args.fingerprint)]
+            if len(matches) != 1:
+                raise CacheError(
+                    f"Invalid --fingerprint {args.fingerprint!r}: expected it to match one model, "
+                    f"matched {len(matches)} (see kbackend cache stats)."
+                )
+            deleted = store.clear(matches[0])
+    finally:
+        store.close()
+    print(f"cleared {deleted} entries from {store.describe()}")
+    return 0

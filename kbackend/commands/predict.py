@@ -1,0 +1,75 @@
+"""``kbackend predict``: predict a .npy batch with a model, optionally through the prediction cache."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from kbackend.errors import DataError
+
+
+def load_array(path: str, flag: str = "--input") -> np.ndarray:
+    """A .npy array from ``path`` (never unpickling), with a one-line error."""
+    file = Path(path)
+    if not file.is_file():
+        raise DataError(f"Invalid {flag} {path!r}: file not found (expected a .npy array).")
+    try:
+        return np.load(file, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as error:
+        raise DataError(f"Invalid {flag} {path!r}: not a readable .npy array ({error}).") from None
+
+
+def add_cache_arguments(parser: argparse.ArgumentParser, required: bool = False) -> None:
+    """``--cache`` and ``--decimals``, shared by predict, serve and cache warm."""
+    parser.add_argument("--cache", required=required, default=None, metavar="PATH|URL",
+                        help="prediction cache: an SQLite file (created if missing) or redis://host:port/db")
+    parser.add_argument("--decimals", default=None, metavar="D",
+                        help="round each feature to D decimals before lookup: an integer, 'exact' "
+                             "(default), or one value per feature, e.g. 2,2,exact,0")
+
+
+def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
+    parser = subparsers.add_parser("predict", parents=parents, help="predict a .npy batch (optionally cached)")
+    parser.add_argument("--model", required=True, metavar="MODEL.keras")
+    parser.add_argument("--input", required=True, metavar="X.npy", help="inputs, batch first")
+    parser.add_argument("--out", required=True, metavar="Y.npy", help="where to write the predictions")
+    add_cache_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kbackend.cache import PredictionCache, Rounding, open_store
+    from kbackend.io import atomic_write
+    from kbackend.serving.model import BatchPredictor, input_shape, load_model, validate_inputs
+
+    rounding = Rounding.parse(args.decimals)
+    if args.decimals is not None and args.cache is None:
+        raise DataError("--decimals only applies with --cache (rounding decides the cache key).")
+    x = load_array(args.input)
+    store = open_store(args.cache) if args.cache else None  # a bad cache fails before the model loads
+    try:
+        model = load_model(args.model)
+        batch = validate_inputs(x, input_shape(model), f"--input {args.input}")
+        if store is None:
+            predictions = BatchPredictor(model)(batch)
+        else:
+            cache = PredictionCache(model, store, rounding)
+            predictions = cache.predict(batch)
+            cache.flush_stats()
+            stats = cache.stats()
+        atomic_write(args.out, lambda tmp: _save_npy(tmp, predictions))
+    finally:
+        if store is not None:
+            store.close()
+    print(f"predicted {len(batch)} rows -> {args.out} {predictions.shape}")
+    if store is not None:
+        print(f"cache {store.describe()} ({rounding.describe()}): hit rate {stats.hit_rate:.1%} "
+              f"({stats.hits} hits, {stats.misses} misses, {stats.stored} stored) in {stats.latency_ms_mean:.1f} ms")
+    return 0
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    with open(path, "wb") as handle:  # a file object: np.save would append .npy to the temp name
+        np.save(handle, array)

@@ -1,0 +1,180 @@
+"""Export a model as ``.keras`` or TF SavedModel and check the artifact under every backend.
+
+The check: the source model's predictions on a sample are stored beside the artifact
+(``export_check.npz``); the artifact is then loaded and run on that sample in this process and,
+in a subprocess, under the other backend (``python -m kbackend.serving.check``); the largest
+absolute difference of each must be within ``atol``.
+
+A ``.keras`` artifact is loaded by Keras on the checking backend (the real cross-backend test:
+weights trained under JAX predicting under TensorFlow or the reverse). A SavedModel is a
+TensorFlow graph: it is loaded with ``tf.saved_model.load`` whatever the Keras backend, so its
+check shows it serves from a process of either backend (``model.export`` needs TensorFlow
+installed on JAX too: it converts the JAX function with jax2tf).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kbackend.backend import BACKENDS, active_backend
+from kbackend.errors import ConfigError, KBackendError
+from kbackend.io import atomic_write, atomic_write_json
+
+FORMATS = ("keras", "savedmodel")
+DEFAULT_ATOL = 1e-5  # float32 predictions of the same weights on two XLA builds differ by ~1e-7
+SAMPLE_FILE = "export_check.npz"
+MANIFEST_FILE = "export.json"
+
+
+class ExportError(KBackendError):
+    """An export failed, or its artifact does not reproduce the source model's predictions."""
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """The artifact's largest difference from the source model under one backend."""
+
+    backend: str
+    max_abs_diff: float
+    rows: int
+    ok: bool
+    error: str | None = None
+
+
+def artifact_path(out_dir: Path, fmt: str) -> Path:
+    """Where the artifact of format ``fmt`` lives inside ``out_dir``."""
+    return out_dir / ("model.keras" if fmt == "keras" else "saved_model")
+
+
+def load_artifact(path: str | os.PathLike, fmt: str) -> Any:
+    """A callable ``f(x: float32 array) -> predictions`` for an exported artifact."""
+    if fmt == "keras":
+        from kbackend.serving.model import load_model
+
+        model = load_model(path)
+        return lambda x: np.asarray(model.predict_on_batch(x))
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(str(path))
+    return lambda x: np.asarray(loaded.serve(tf.constant(x)))
+
+
+def check_artifact(path: str | os.PathLike, fmt: str, sample_file: str | os.PathLike,
+                   atol: float = DEFAULT_ATOL) -> CheckResult:
+    """Run the artifact on the stored sample in this process and compare with the reference."""
+    with np.load(sample_file) as data:
+        x, reference = data["x"], data["reference"]
+    predict = load_artifact(path, fmt)
+    got = predict(x).astype(np.float32)
+    if got.shape != reference.shape:
+        return CheckResult(active_backend(), float("inf"), len(x), False,
+                           f"output shape {got.shape} differs from the source's {reference.shape}")
+    diff = float(np.max(np.abs(got - reference)))
+    return CheckResult(active_backend(), diff, len(x), diff <= atol)
+
+
+def check_under(backend: str, path: Path, fmt: str, sample_file: Path, atol: float,
+                timeout_s: float = 300) -> CheckResult:
+    """``check_artifact`` in a subprocess whose Keras runs on ``backend``."""
+    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    command = [sys.executable, "-m", "kbackend.serving.check", "--artifact", str(path), "--format", fmt,
+               "--sample", str(sample_file), "--atol", repr(atol)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return CheckResult(backend, float("inf"), 0, False, f"check timed out after {timeout_s:.0f}s")
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        reason = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return CheckResult(backend, float("inf"), 0, False, f"check process failed: {reason}")
+    return CheckResult(**json.loads(lines[-1]))
+
+
+def _sample(row_shape: tuple[int | None, ...], rows: int, seed: int) -> np.ndarray:
+    if any(d is None for d in row_shape):
+        raise ConfigError(f"Cannot draw a check sample for inputs of shape {row_shape}: pass --sample x.npy.")
+    return np.random.default_rng(seed).random((rows, *row_shape), dtype=np.float32)
+
+
+def _write_savedmodel(model: Any, target: Path) -> None:
+    """``model.export`` into a temporary folder, then swap it in (no half-written artifact)."""
+    staging = Path(tempfile.mkdtemp(prefix=".saved_model.", dir=target.parent))
+    try:
+        model.export(str(staging / "artifact"), format="tf_saved_model", verbose=False)
+        if target.exists():
+            old = target.with_name(f".{target.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(target, old)
+            os.replace(staging / "artifact", target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging / "artifact", target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def export_model(model_path: str | os.PathLike, fmt: str, out_dir: str | os.PathLike, *,
+                 sample: np.ndarray | None = None, rows: int = 64, seed: int = 0,
+                 atol: float = DEFAULT_ATOL, check_backends: tuple[str, ...] = BACKENDS) -> dict[str, Any]:
+    """Export ``model_path`` as ``fmt`` into ``out_dir`` and check it; return the manifest.
+
+    Raises ``ExportError`` when a check fails (the artifact is kept for inspection).
+    """
+    from kbackend.cache.keys import model_fingerprint
+    from kbackend.serving.model import input_shape, load_model, validate_inputs
+
+    if fmt not in FORMATS:
+        raise ConfigError(f"Invalid export format. Expected one of {list(FORMATS)}. Received: {fmt!r}.")
+    model = load_model(model_path)
+    row_shape = input_shape(model)
+    x = validate_inputs(sample, row_shape, "--sample") if sample is not None else _sample(row_shape, rows, seed)
+    reference = np.asarray(model.predict_on_batch(x), dtype=np.float32)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    target = artifact_path(out, fmt)
+    try:
+        if fmt == "keras":
+            atomic_write(target, lambda tmp: model.save(tmp))
+        else:
+            _write_savedmodel(model, target)
+    except KBackendError:
+        raise
+    except Exception as error:
+        raise ExportError(f"Export of {str(model_path)!r} as {fmt} failed: {type(error).__name__}: {error}") from None
+    sample_file = out / SAMPLE_FILE
+    atomic_write(sample_file, lambda tmp: _save_npz(tmp, x, reference))
+    here = active_backend()
+    checks = []
+    for backend in check_backends:
+        if backend == here:
+            checks.append(check_artifact(target, fmt, sample_file, atol))
+        else:
+            checks.append(check_under(backend, target, fmt, sample_file, atol))
+    manifest = {
+        "source": str(model_path), "format": fmt, "artifact": str(target), "source_backend": here,
+        "fingerprint": model_fingerprint(model), "sample_rows": len(x), "atol": atol,
+        "checks": [asdict(c) for c in checks], "ok": all(c.ok for c in checks),
+    }
+    atomic_write_json(out / MANIFEST_FILE, manifest)
+    if not manifest["ok"]:
+        failed = "; ".join(
+            f"{c.backend}: max |diff| {c.max_abs_diff:.3g}" + (f" ({c.error})" if c.error else "")
+            for c in checks if not c.ok
+        )
+        raise ExportError(f"Exported {target} does not reproduce the source predictions within atol {atol:g}: {failed}.")
+    return manifest
+
+
+def _save_npz(path: Path, x: np.ndarray, reference: np.ndarray) -> None:
+    with open(path, "wb") as handle:  # a file object: np.savez would append .npz to the temp name
+        np.savez(handle, x=x, reference=reference)

@@ -1,0 +1,139 @@
+"""Loading a model for serving, checking request inputs, and predicting in shape buckets.
+
+``BatchPredictor`` pads every batch to the next power of two (at most ``max_batch`` rows per call)
+before ``predict_on_batch``: a jit-compiled predict function compiles once per input shape, so
+without buckets every new request size would pay a compile (~0.1 s measured here on both
+backends) while serving.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kbackend.backend import keras as import_keras
+from kbackend.errors import DataError, KBackendError
+
+
+class ModelError(KBackendError):
+    """A model file is missing, does not load, or is not a model kbackend can serve."""
+
+
+def load_model(path: str | os.PathLike) -> Any:
+    """Load a ``.keras`` model for inference (without its optimizer), with a one-line error."""
+    path = Path(path)
+    if not path.exists():
+        raise ModelError(f"Model file {str(path)!r} not found: expected a .keras file saved by kbackend train --save.")
+    if path.is_dir() or path.suffix != ".keras":
+        raise ModelError(
+            f"Invalid model {str(path)!r}: expected a .keras file (a SavedModel folder is an export "
+            "format for TF Serving, not an input of this command)."
+        )
+    keras = import_keras()
+    try:
+        model = keras.saving.load_model(path, compile=False)
+    except Exception as error:  # Keras raises many types for a bad file; all mean "does not load"
+        reason = " ".join(str(error).split())[:300]
+        raise ModelError(f"Model file {str(path)!r} does not load as a Keras model: {type(error).__name__}: {reason}") from None
+    check_servable(model, str(path))
+    return model
+
+
+def check_servable(model: Any, name: str = "model") -> None:
+    """Raise ``ModelError`` unless ``model`` has one input and one output tensor."""
+    if len(model.inputs or []) != 1 or len(model.outputs or []) != 1:
+        raise ModelError(
+            f"Invalid {name}: expected a model with one input and one output, received "
+            f"{len(model.inputs or [])} inputs and {len(model.outputs or [])} outputs."
+        )
+
+
+def input_shape(model: Any) -> tuple[int | None, ...]:
+    """The shape of one input row (without the batch axis)."""
+    return tuple(model.inputs[0].shape[1:])
+
+
+def output_shape(model: Any) -> tuple[int | None, ...]:
+    """The shape of one output row (without the batch axis)."""
+    return tuple(model.outputs[0].shape[1:])
+
+
+def _describe_shape(shape: tuple[int | None, ...]) -> str:
+    return "(N, " + ", ".join("?" if d is None else str(d) for d in shape) + ")"
+
+
+def validate_inputs(x: Any, row_shape: tuple[int | None, ...], name: str = "inputs") -> np.ndarray:
+    """``x`` as a float32 batch of rows of ``row_shape``; ``DataError`` naming what is wrong.
+
+    Refused: non-numeric dtypes, a wrong number of axes or features, an empty batch, NaN or inf.
+    """
+    array = np.asarray(x)
+    if array.dtype.kind not in "iuf":
+        raise DataError(
+            f"Invalid {name}: expected numbers (int or float), received dtype {array.dtype}."
+        )
+    expected = _describe_shape(row_shape)
+    if array.ndim != len(row_shape) + 1 or any(
+        want is not None and got != want for got, want in zip(array.shape[1:], row_shape, strict=False)
+    ):
+        features = f" ({row_shape[0]} features per row)" if len(row_shape) == 1 else ""
+        raise DataError(f"Invalid {name}: expected shape {expected}{features}, received {array.shape}.")
+    if array.shape[0] == 0:
+        raise DataError(f"Invalid {name}: expected at least one row of shape {expected}, received 0 rows.")
+    array = array.astype(np.float32, copy=False)
+    finite = np.isfinite(array.reshape(len(array), -1)).all(axis=1)
+    if not finite.all():
+        bad = np.flatnonzero(~finite)
+        kind = "NaN" if np.isnan(array[bad[0]]).any() else "inf"
+        raise DataError(
+            f"Invalid {name}: expected finite numbers, received {kind} in {len(bad)} row(s) "
+            f"(first: row {int(bad[0])})."
+        )
+    return array
+
+
+def bucket_size(rows: int, max_batch: int) -> int:
+    """The padded size of a call with ``rows`` rows: the next power of two, at most ``max_batch``."""
+    return min(max_batch, 1 << max(0, int(rows - 1).bit_length()))
+
+
+class BatchPredictor:
+    """Predicts with a Keras model in power-of-two shape buckets (one compile per bucket).
+
+    Thread-safe: calls into the model are serialized by a lock.
+    """
+
+    def __init__(self, model: Any, max_batch: int = 1024) -> None:
+        if max_batch < 1 or max_batch & (max_batch - 1):
+            raise DataError(f"Invalid max_batch {max_batch}: expected a power of two >= 1.")
+        check_servable(model)
+        self.model = model
+        self.max_batch = max_batch
+        self.input_shape = input_shape(model)
+        self.output_shape = output_shape(model)
+        self._lock = threading.Lock()
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        """Predictions for the float32 batch ``x`` (already validated) as a float32 array."""
+        outputs = []
+        for start in range(0, len(x), self.max_batch):
+            chunk = x[start:start + self.max_batch]
+            size = bucket_size(len(chunk), self.max_batch)
+            if size != len(chunk):
+                pad = np.zeros((size - len(chunk), *chunk.shape[1:]), dtype=chunk.dtype)
+                chunk = np.concatenate([chunk, pad])
+            with self._lock:
+                result = self.model.predict_on_batch(chunk)
+            outputs.append(np.asarray(result, dtype=np.float32)[: min(self.max_batch, len(x) - start)])
+        return np.concatenate(outputs)
+
+    def warm_up(self, sizes: tuple[int, ...] = (1,)) -> None:
+        """Compile the buckets of ``sizes`` rows now, so no request pays for it."""
+        if any(d is None for d in self.input_shape):
+            return
+        for rows in sizes:
+            self(np.zeros((rows, *self.input_shape), dtype=np.float32))

@@ -45,3 +45,137 @@ def to_numpy(value: Any) -> np.ndarray:
 def supports_channels_first_conv() -> bool:
     """TF's CPU kernels implement Conv2D and pooling only for NHWC (keras issues 20414, 19591)."""
     return bool(tf.config.list_physical_devices("GPU"))
+
+
+# --- parallel (issue 6) ---
+# Device counts, virtual devices, data-parallel scopes and multi-process start-up for TensorFlow.
+# kbackend.parallel calls these through ``impl()``; jax_backend has the same functions.
+
+import json as _json  # noqa: E402
+import os as _os  # noqa: E402
+from collections.abc import Iterator as _Iterator  # noqa: E402
+from contextlib import contextmanager as _contextmanager  # noqa: E402
+from contextlib import suppress as _suppress  # noqa: E402
+
+VIRTUAL_DEVICES_ENV = "KBACKEND_VIRTUAL_DEVICES"
+_STRATEGY: Any = None  # the MultiWorkerMirroredStrategy of a multi-process job
+
+
+def setup_virtual_devices(count: int) -> None:
+    """Split the host CPU into ``count`` logical devices (must run before TF starts its runtime)."""
+    from kbackend.errors import ConfigError
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    current = tf.config.get_logical_device_configuration(cpu)
+    if current is not None and len(current) == count:
+        return
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(int(count))])
+    except RuntimeError:
+        have = len(tf.config.list_logical_devices("CPU"))
+        if have == count:
+            return
+        raise ConfigError(
+            f"Cannot create {count} virtual CPU devices: TensorFlow already started with {have}. "
+            f"Set {VIRTUAL_DEVICES_ENV}={count} before starting Python."
+        ) from None
+
+
+def _compute_devices() -> list[Any]:
+    gpus = tf.config.list_logical_devices("GPU")
+    return gpus or tf.config.list_logical_devices("CPU")
+
+
+def device_count() -> int:
+    """How many devices (all processes together) computations can run on."""
+    if _STRATEGY is not None:
+        return int(_STRATEGY.num_replicas_in_sync)
+    return len(_compute_devices())
+
+
+def local_device_count() -> int:
+    """How many devices this process drives."""
+    return len(_compute_devices())
+
+
+def platform() -> str:
+    """The platform of the devices computations run on (cpu or gpu)."""
+    return _compute_devices()[0].device_type.lower()
+
+
+@_contextmanager
+def data_parallel_scope(count: int) -> _Iterator[Any]:
+    """A scope in which Keras models built, compiled and fit run data parallel on ``count`` devices.
+
+    ``tf.distribute.MirroredStrategy`` in one process (Keras's own TF distribution is an
+    unfinished prototype); the job's ``MultiWorkerMirroredStrategy`` when several processes run.
+    """
+    strategy = _STRATEGY
+    if strategy is None:
+        strategy = tf.distribute.MirroredStrategy(
+            devices=[d.name for d in _compute_devices()[:count]],
+            cross_device_ops=tf.distribute.ReductionToOneDevice())
+    with strategy.scope():
+        yield strategy
+
+
+def initialize_processes(coordinator: str, num_processes: int, process_id: int,
+                         timeout_s: int, heartbeat_s: int) -> None:
+    """Join a multi-worker job: ``TF_CONFIG`` + ``MultiWorkerMirroredStrategy``.
+
+    Without a ``TF_CONFIG`` in the environment, worker ``i`` listens on ``HOST:PORT+i`` of
+    ``coordinator`` (enough for ``kbackend launch`` on one machine). Collectives time out after
+    ``timeout_s``; peers are health-checked every ``heartbeat_s`` seconds.
+    """
+    global _STRATEGY
+    from kbackend.errors import ConfigError
+
+    if _STRATEGY is not None:
+        return
+    if "TF_CONFIG" not in _os.environ:
+        host, _, port = coordinator.rpartition(":")
+        workers = [f"{host}:{int(port) + i}" for i in range(num_processes)]
+        _os.environ["TF_CONFIG"] = _json.dumps(
+            {"cluster": {"worker": workers}, "task": {"type": "worker", "index": process_id}})
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=float(timeout_s))
+    try:
+        _STRATEGY = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    except Exception as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ConfigError(
+            f"Worker {process_id} of {num_processes} could not join the job at {coordinator} "
+            f"within {timeout_s}s: {first_line[:300]}."
+        ) from None
+
+
+def process_index() -> int:
+    """This worker's index in a multi-worker job (0 when alone)."""
+    if _STRATEGY is None:
+        return 0
+    return int(_STRATEGY.cluster_resolver.task_id)
+
+
+def process_count() -> int:
+    """How many workers the job has (1 when alone)."""
+    if _STRATEGY is None:
+        return 1
+    return len(_STRATEGY.cluster_resolver.cluster_spec().as_dict().get("worker", [])) or 1
+
+
+def native_data_parallel_train(model: Any, dataset: Any, spec: Any, config: Any,
+                               reporter: Any = None) -> Any:
+    """The native data-parallel engine is JAX-only; TF data parallelism runs through Keras fit."""
+    from kbackend.errors import ConfigError
+
+    raise ConfigError(
+        "The data_parallel engine (jax.shard_map) needs KERAS_BACKEND=jax. On TensorFlow use "
+        "--engine keras --data-parallel (tf.distribute.MirroredStrategy)."
+    )
+
+
+if _os.environ.get(VIRTUAL_DEVICES_ENV):
+    # Honour the request as early as possible, so ``kbackend info`` and every run see the devices.
+    # A failure is reported by kbackend.parallel.prepare when a run asks for the devices.
+    with _suppress(Exception):
+        setup_virtual_devices(int(_os.environ[VIRTUAL_DEVICES_ENV]))

@@ -154,3 +154,32 @@ def native_data_parallel_train(model: Any, dataset: Any, spec: Any, config: Any,
 if _os.environ.get(VIRTUAL_DEVICES_ENV) and not _backends_initialized():
     # Honour the request as early as possible, so ``kbackend info`` and every run see the devices.
     jax.config.update("jax_num_cpu_devices", int(_os.environ[VIRTUAL_DEVICES_ENV]))
+
+
+def keras_fit_inputs(x: Any, y: Any, batch_size: int) -> tuple[Any, Any, int]:
+    """What this process passes to ``fit`` under ``DataParallel``: its own block of the data.
+
+    Keras on JAX assembles each global batch from the per-process batches, so process p feeds
+    the p-th block of samples with a per-process batch of ``batch_size / processes``.
+    """
+    processes, index = jax.process_count(), jax.process_index()
+    if processes == 1:
+        return x, y, batch_size
+    block = len(x) // processes
+    return (x[index * block:(index + 1) * block], y[index * block:(index + 1) * block],
+            batch_size // processes)
+
+
+def data_parallel_jit_compile(requested: bool) -> bool:
+    """Keras on JAX always compiles with XLA; ``DataParallel`` keeps what was asked for."""
+    return requested
+
+
+
+def data_parallel_clone_layer(layer: Any) -> Any:
+    """A fresh copy of ``layer`` for a data-parallel replica of its model.
+
+    Under ``DataParallel`` XLA partitions one global computation, so BatchNormalization already
+    sees the whole batch: plain copies.
+    """
+    return layer.__class__.from_config(layer.get_config())

@@ -179,3 +179,35 @@ if _os.environ.get(VIRTUAL_DEVICES_ENV):
     # A failure is reported by kbackend.parallel.prepare when a run asks for the devices.
     with _suppress(Exception):
         setup_virtual_devices(int(_os.environ[VIRTUAL_DEVICES_ENV]))
+
+
+def keras_fit_inputs(x: Any, y: Any, batch_size: int) -> tuple[Any, Any, int]:
+    """What this worker passes to ``fit``: all of it, with the global batch size.
+
+    ``MultiWorkerMirroredStrategy`` shards the input itself (auto-shard by data): each worker
+    reads its own part of every global batch.
+    """
+    return x, y, batch_size
+
+
+def data_parallel_jit_compile(requested: bool) -> bool:
+    """False: XLA-compiled Keras steps cannot read the per-replica variables of a
+    ``MirroredStrategy`` on other devices (TF's XLA known issue "tf.Variable on a different
+    device"), so mirrored training runs as a plain ``tf.function`` graph."""
+    return False
+
+
+
+def data_parallel_clone_layer(layer: Any) -> Any:
+    """A fresh copy of ``layer`` for a data-parallel replica of its model.
+
+    Each ``MirroredStrategy`` replica runs its own forward pass, so BatchNormalization is copied
+    with ``synchronized=True``: its batch statistics are all-reduced across replicas, as in the
+    single-device run over the global batch.
+    """
+    import keras
+
+    config = layer.get_config()
+    if isinstance(layer, keras.layers.BatchNormalization):
+        config["synchronized"] = True
+    return layer.__class__.from_config(config)

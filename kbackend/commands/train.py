@@ -103,9 +103,11 @@ def run(args: argparse.Namespace) -> int:
         f"test_accuracy {history.test['test_accuracy']:.4f}  test_loss {history.test['test_loss']:.4f}  "
         f"train_time {history.timing.get('train_time', float('nan')):.2f}s  steps {history.steps_run}"
     )
-    if args.save:
+    from kbackend.parallel import is_chief
+
+    if args.save and is_chief():  # in a multi-process job only process 0 writes
         print(f"saved model to {args.save}")
-    if args.history:
+    if args.history and is_chief():
         print(f"wrote history to {args.history}")
     return 0
 

@@ -91,6 +91,8 @@ def prepare(config: Any) -> None:
     if config.virtual_devices:
         backend.setup_virtual_devices(config.virtual_devices)
     if config.num_processes > 1:
+        check_coordinator(config.coordinator, config.process_id, config.num_processes,
+                          config.coordinator_timeout)
         backend.initialize_processes(config.coordinator, config.num_processes, config.process_id,
                                      config.coordinator_timeout, config.heartbeat_timeout)
     if is_parallel(config):
@@ -144,3 +146,78 @@ def process_index() -> int:
 def is_chief() -> bool:
     """Whether this process writes results and the saved model (process 0 only)."""
     return process_index() == 0
+
+
+def abort_job(error: BaseException, process: int, processes: int, code: int = 3) -> None:
+    """End this process of a multi-process job at once, with a one-line reason.
+
+    Called when a collective fails, which in practice means a peer died. The frameworks' orderly
+    shutdown would wait on the dead peer's barrier and then abort with a C++ stack trace, so the
+    process prints why and exits with ``code`` without running exit handlers.
+    """
+    import os
+    import sys
+
+    text = str(error).strip()
+    first_line = text.splitlines()[0] if text else type(error).__name__
+    sys.stdout.flush()
+    sys.stderr.write(
+        f"kbackend: error: process {process} of {processes} stopped: a collective failed "
+        f"({first_line[:240]}). Another process of the job probably died; see its output.\n")
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run_guarded(function: Any, *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)``; in a multi-process job, a failure other than bad input
+    (a lost peer) ends this process with a clear message instead of a hang or an abort."""
+    from kbackend.backends import impl
+    from kbackend.errors import KBackendError
+
+    backend = impl()
+    try:
+        return function(*args, **kwargs)
+    except KBackendError:
+        raise
+    except Exception as error:
+        if backend.process_count() > 1:
+            abort_job(error, backend.process_index(), backend.process_count())
+        raise
+
+
+def check_coordinator(coordinator: str, process_id: int, processes: int, timeout_s: float) -> None:
+    """Fail with a clear ``ConfigError`` before joining a job whose coordinator cannot work.
+
+    Process 0 must be able to listen on the coordinator's port; every other process retries a TCP
+    connection to it for up to ``timeout_s`` seconds. (The frameworks' own clients terminate
+    the process with a C++ stack trace when the coordinator is unreachable.)
+    """
+    import socket
+    import time
+
+    host, _, port_text = coordinator.rpartition(":")
+    host, port = host.strip("[]"), int(port_text)
+    if process_id == 0:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, port))
+            except OSError as error:
+                raise ConfigError(
+                    f"Process 0 cannot host the coordinator at {coordinator}: {error.strerror}. "
+                    "Pick a free port (kbackend launch finds one)."
+                ) from None
+        return
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=min(2.0, timeout_s)):
+                return
+        except OSError as error:
+            if time.monotonic() >= deadline:
+                raise ConfigError(
+                    f"Process {process_id} of {processes} could not reach the coordinator at "
+                    f"{coordinator} within {timeout_s:g}s ({error.strerror or error}). Start process 0 "
+                    "first, check the address, or raise --coordinator-timeout."
+                ) from None
+            time.sleep(0.25)

@@ -14,5 +14,6 @@ from kbackend.history import History
 def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None) -> History:
     """Train ``model`` data parallel with the backend's native engine and return the history."""
     from kbackend.backends import impl
+    from kbackend.parallel import run_guarded
 
-    return impl().native_data_parallel_train(model, dataset, spec, config, reporter)
+    return run_guarded(impl().native_data_parallel_train, model, dataset, spec, config, reporter)

@@ -27,6 +27,12 @@ def whole_batches(dataset: Any, batch_size: int) -> Any:
 
 def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None) -> History:
     """Train ``model`` with ``fit`` data parallel over ``config.devices`` devices."""
+    from kbackend.parallel import run_guarded
+
+    return run_guarded(_train, model, dataset, spec, config, reporter)
+
+
+def _train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None) -> History:
     from kbackend.backends import impl
     from kbackend.engines import keras_fit
 

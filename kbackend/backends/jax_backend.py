@@ -112,9 +112,11 @@ def initialize_processes(coordinator: str, num_processes: int, process_id: int,
     the coordination service stop the others.
     """
     from kbackend.errors import ConfigError
+    from kbackend.parallel import check_coordinator
 
     if jax.distributed.is_initialized():
         return
+    check_coordinator(coordinator, process_id, num_processes, timeout_s)
     if _backends_initialized():
         raise ConfigError("Multi-process training must start before JAX runs anything in this process.")
     try:

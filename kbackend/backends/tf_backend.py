@@ -51,14 +51,12 @@ def supports_channels_first_conv() -> bool:
 # Device counts, virtual devices, data-parallel scopes and multi-process start-up for TensorFlow.
 # kbackend.parallel calls these through ``impl()``; jax_backend has the same functions.
 
-import json as _json  # noqa: E402
 import os as _os  # noqa: E402
 from collections.abc import Iterator as _Iterator  # noqa: E402
 from contextlib import contextmanager as _contextmanager  # noqa: E402
 from contextlib import suppress as _suppress  # noqa: E402
 
 VIRTUAL_DEVICES_ENV = "KBACKEND_VIRTUAL_DEVICES"
-_STRATEGY: Any = None  # the MultiWorkerMirroredStrategy of a multi-process job
 
 
 def setup_virtual_devices(count: int) -> None:
@@ -89,8 +87,6 @@ def _compute_devices() -> list[Any]:
 
 def device_count() -> int:
     """How many devices (all processes together) computations can run on."""
-    if _STRATEGY is not None:
-        return int(_STRATEGY.num_replicas_in_sync)
     return len(_compute_devices())
 
 
@@ -108,59 +104,42 @@ def platform() -> str:
 def data_parallel_scope(count: int) -> _Iterator[Any]:
     """A scope in which Keras models built, compiled and fit run data parallel on ``count`` devices.
 
-    ``tf.distribute.MirroredStrategy`` in one process (Keras's own TF distribution is an
-    unfinished prototype); the job's ``MultiWorkerMirroredStrategy`` when several processes run.
+    ``tf.distribute.MirroredStrategy`` (Keras's own TF distribution is an unfinished prototype).
     """
-    strategy = _STRATEGY
-    if strategy is None:
-        strategy = tf.distribute.MirroredStrategy(
-            devices=[d.name for d in _compute_devices()[:count]],
-            cross_device_ops=tf.distribute.ReductionToOneDevice())
+    strategy = tf.distribute.MirroredStrategy(
+        devices=[d.name for d in _compute_devices()[:count]],
+        cross_device_ops=tf.distribute.ReductionToOneDevice())
     with strategy.scope():
         yield strategy
 
 
 def initialize_processes(coordinator: str, num_processes: int, process_id: int,
                          timeout_s: int, heartbeat_s: int) -> None:
-    """Join a multi-worker job: ``TF_CONFIG`` + ``MultiWorkerMirroredStrategy``.
+    """Multi-process training is not available on TensorFlow with Keras 3.15 (raises).
 
-    Without a ``TF_CONFIG`` in the environment, worker ``i`` listens on ``HOST:PORT+i`` of
-    ``coordinator`` (enough for ``kbackend launch`` on one machine). Collectives time out after
-    ``timeout_s``; peers are health-checked every ``heartbeat_s`` seconds.
+    ``MultiWorkerMirroredStrategy`` starts and connects the workers, but Keras 3.15's TF
+    trainer cannot run ``fit`` under it: its symbolic build MEAN-reduces a PerReplica input
+    ("Attempt to convert a value (PerReplica...) to a Tensor") and, past that, its
+    ``reduce_per_replica`` concatenates scalar metrics across workers ("Invalid reduction
+    dimension 0 for input with 0 dimensions"). Single-process ``MirroredStrategy`` works.
     """
-    global _STRATEGY
     from kbackend.errors import ConfigError
 
-    if _STRATEGY is not None:
-        return
-    if "TF_CONFIG" not in _os.environ:
-        host, _, port = coordinator.rpartition(":")
-        workers = [f"{host}:{int(port) + i}" for i in range(num_processes)]
-        _os.environ["TF_CONFIG"] = _json.dumps(
-            {"cluster": {"worker": workers}, "task": {"type": "worker", "index": process_id}})
-    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=float(timeout_s))
-    try:
-        _STRATEGY = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-    except Exception as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ConfigError(
-            f"Worker {process_id} of {num_processes} could not join the job at {coordinator} "
-            f"within {timeout_s}s: {first_line[:300]}."
-        ) from None
+    raise ConfigError(
+        "Multi-process training needs KERAS_BACKEND=jax: Keras 3.15's TensorFlow trainer fails "
+        "under MultiWorkerMirroredStrategy. On TensorFlow use one process with --data-parallel "
+        "(MirroredStrategy over the local devices)."
+    )
 
 
 def process_index() -> int:
-    """This worker's index in a multi-worker job (0 when alone)."""
-    if _STRATEGY is None:
-        return 0
-    return int(_STRATEGY.cluster_resolver.task_id)
+    """This process's index: always 0 (TF runs single-process jobs, see initialize_processes)."""
+    return 0
 
 
 def process_count() -> int:
-    """How many workers the job has (1 when alone)."""
-    if _STRATEGY is None:
-        return 1
-    return len(_STRATEGY.cluster_resolver.cluster_spec().as_dict().get("worker", [])) or 1
+    """How many processes the job has: always 1 on TensorFlow."""
+    return 1
 
 
 def native_data_parallel_train(model: Any, dataset: Any, spec: Any, config: Any,
@@ -182,11 +161,8 @@ if _os.environ.get(VIRTUAL_DEVICES_ENV):
 
 
 def keras_fit_inputs(x: Any, y: Any, batch_size: int) -> tuple[Any, Any, int]:
-    """What this worker passes to ``fit``: all of it, with the global batch size.
-
-    ``MultiWorkerMirroredStrategy`` shards the input itself (auto-shard by data): each worker
-    reads its own part of every global batch.
-    """
+    """What this process passes to ``fit``: all of it, with the global batch size
+    (``MirroredStrategy`` splits every batch over the local devices itself)."""
     return x, y, batch_size
 
 

@@ -91,8 +91,6 @@ def prepare(config: Any) -> None:
     if config.virtual_devices:
         backend.setup_virtual_devices(config.virtual_devices)
     if config.num_processes > 1:
-        check_coordinator(config.coordinator, config.process_id, config.num_processes,
-                          config.coordinator_timeout)
         backend.initialize_processes(config.coordinator, config.num_processes, config.process_id,
                                      config.coordinator_timeout, config.heartbeat_timeout)
     if is_parallel(config):
@@ -161,9 +159,14 @@ def abort_job(error: BaseException, process: int, processes: int, code: int = 3)
     text = str(error).strip()
     first_line = text.splitlines()[0] if text else type(error).__name__
     sys.stdout.flush()
+    if os.environ.get("KBACKEND_DEBUG"):
+        import traceback
+
+        traceback.print_exception(error)
     sys.stderr.write(
-        f"kbackend: error: process {process} of {processes} stopped: a collective failed "
-        f"({first_line[:240]}). Another process of the job probably died; see its output.\n")
+        f"kbackend: error: process {process} of {processes} stopped: {type(error).__name__}: "
+        f"{first_line[:240]}. If another process of the job died, see its output "
+        "(KBACKEND_DEBUG=1 prints the traceback).\n")
     sys.stderr.flush()
     os._exit(code)
 

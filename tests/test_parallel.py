@@ -98,6 +98,7 @@ def test_single_device_step_matches_keras_train_on_batch():
     np.testing.assert_allclose(np.asarray(metrics.loss)[0], losses[0], rtol=1e-5)
 
 
+@pytest.mark.skipif(BACKEND != "jax", reason="multi-process training runs on JAX")
 def test_unreachable_coordinator_fails_after_the_timeout(cli):
     result = cli("train", "--epochs", "1", "--num-processes", "2", "--process-id", "1",
                  "--coordinator", f"127.0.0.1:{_free_port()}", "--coordinator-timeout", "2",

@@ -123,3 +123,12 @@ def test_multi_device_suite():
     print(result.stdout[-4000:])
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert " passed" in result.stdout
+
+
+def test_info_shows_virtual_devices(cli):
+    import json
+
+    result = cli("info", "--json", env={"KBACKEND_VIRTUAL_DEVICES": "4"}, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    devices = json.loads(result.stdout)["devices"]
+    assert len(devices) == 4 and {d["platform"] for d in devices} == {"cpu"}

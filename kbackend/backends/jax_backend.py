@@ -99,6 +99,8 @@ def data_parallel_scope(count: int) -> _Iterator[Any]:
     import keras
 
     distribution = keras.distribution.DataParallel(devices=jax.devices()[:count])
+    # In a multi-process job each process already feeds its own block (keras_fit_inputs).
+    distribution.auto_shard_dataset = False
     with distribution.scope():
         yield distribution
 

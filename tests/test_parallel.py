@@ -32,6 +32,7 @@ def _free_port() -> int:
     ({"num_processes": 2, "process_id": 1}, "needs --coordinator HOST:PORT"),
     ({"num_processes": 2, "coordinator": "localhost"}, "Invalid coordinator 'localhost'"),
     ({"num_processes": 2, "coordinator": "127.0.0.1:70000"}, "port 70000"),
+    ({"heartbeat_timeout": 0}, "Invalid heartbeat_timeout 0"),
 ])
 def test_bad_parallel_options_are_rejected(fields, message):
     with pytest.raises(ConfigError, match=message):
@@ -115,7 +116,6 @@ def test_launch_refuses_flags_it_sets_itself(cli):
 def test_multi_device_suite():
     """Run tests/test_parallel_devices.py in a fresh process that has 8 virtual CPU devices."""
     env = {**os.environ, "KBACKEND_VIRTUAL_DEVICES": "8", "KERAS_BACKEND": BACKEND}
-    env.setdefault("HYPOTHESIS_PROFILE", os.environ.get("HYPOTHESIS_PROFILE", "default"))
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-s",
          "tests/test_parallel_devices.py"],

@@ -37,27 +37,11 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     parser.set_defaults(func=run)
 
 
-def free_port(count: int = 1) -> int:
-    """A port p on 127.0.0.1 such that p .. p+count-1 are free now (TF workers use one each)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count >= 65536:
-            continue
-        try:
-            sockets = []
-            for offset in range(count):
-                s = socket.socket()
-                sockets.append(s)
-                s.bind(("127.0.0.1", base + offset))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in sockets:
-                s.close()
-    raise ConfigError(f"Could not find {count} consecutive free ports on 127.0.0.1; pass --port.")
+def free_port() -> int:
+    """A port on 127.0.0.1 that is free now (the OS picks it)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def _forward(stream: object, prefix: str, sink: object) -> None:
@@ -91,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"kbackend launch sets {', '.join(_OWN_FLAGS)} itself; remove {clashing}.")
     if train_args and train_args[0] == "train":
         train_args = train_args[1:]
-    port = args.port or free_port(args.num_processes)
+    port = args.port or free_port()
     coordinator = f"127.0.0.1:{port}"
     env = dict(os.environ)
     processes: list[subprocess.Popen] = []

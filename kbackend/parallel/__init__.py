@@ -56,8 +56,10 @@ def validate_options(config: Any) -> None:
         port = int(config.coordinator.rsplit(":", 1)[1])
         if not 0 < port < 65536:
             raise ConfigError(f"Invalid coordinator port {port}: expected 1-65535.")
-    if config.coordinator_timeout < 1:
-        raise ConfigError(f"Invalid coordinator_timeout {config.coordinator_timeout!r}: expected >= 1 s.")
+    for name in ("coordinator_timeout", "heartbeat_timeout"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"Invalid {name} {value!r}: expected an integer >= 1 (seconds).")
 
 
 def is_parallel(config: Any) -> bool:

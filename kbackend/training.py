@@ -76,6 +76,23 @@ class TrainConfig:
     max_steps: int = 0
     # Stop as soon as an evaluation reaches this target (None: train to the end).
     target: Target | None = None
+    # --- parallel (issue 6); see kbackend/parallel and docs/parallel.md ---
+    # Devices to split each batch over (0: all the job has); > 1 implies data parallelism.
+    devices: int = 0
+    # Run the data-parallel version of ``engine`` (keras -> keras_data_parallel, native -> data_parallel).
+    data_parallel: bool = False
+    # How the native data-parallel engine maps the step onto devices: shard_map or pmap.
+    dp_impl: str = "shard_map"
+    # Split the host CPU into this many virtual devices before the runtime starts (0: leave it).
+    virtual_devices: int = 0
+    # Multi-process job: this process is ``process_id`` of ``num_processes``; process 0 hosts
+    # the coordinator at ``coordinator`` (HOST:PORT).
+    num_processes: int = 1
+    process_id: int = 0
+    coordinator: str | None = None
+    # Seconds to wait for the coordinator / a collective; seconds without heartbeat = dead peer.
+    coordinator_timeout: int = 60
+    heartbeat_timeout: int = 10
 
     def __post_init__(self) -> None:
         for name in ("fused_steps",):
@@ -94,6 +111,9 @@ class TrainConfig:
             raise ConfigError(f"Invalid early_stopping patience {self.early_stopping!r}: expected >= 0.")
         if self.monitor not in MONITORS:
             raise ConfigError(f"Invalid monitor. Expected one of {list(MONITORS)}. Received: {self.monitor!r}.")
+        from kbackend.parallel import validate_options
+
+        validate_options(self)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -134,10 +154,12 @@ def train(
     All input checks (data, batch size, options) run before any training starts. ``dataset`` and
     ``model`` may be passed to reuse them; the model is trained in place.
     """
+    from kbackend import parallel
     from kbackend.engines import get_engine
     from kbackend.envinfo import environment
 
-    engine = get_engine(config.engine)
+    parallel.prepare(config)  # virtual devices, multi-process start-up, device and batch checks
+    engine = get_engine(parallel.engine_name(config))
     dataset = dataset if dataset is not None else load_dataset(config)
     data_module.check_batch_size(config.batch_size, len(dataset.x_train))
     if save is not None and not str(save).endswith(".keras"):
@@ -156,9 +178,9 @@ def train(
     history.config = {**config.to_dict(), "optimizer": spec.to_dict(),
                       "dataset_info": dataset.info.to_dict(), "params": int(model.count_params())}
     history.env = environment()
-    if save is not None:
+    if save is not None and parallel.is_chief():  # only process 0 writes
         save_model(model, save)
-    if history_path is not None:
+    if history_path is not None and parallel.is_chief():
         history.save(history_path)
     return TrainResult(model, history, dataset)
 

@@ -43,3 +43,154 @@ def native_trainer(model: Any, spec: Any, dataset: Any) -> Any:
     from kbackend.backends.jax_native import NativeTrainer
 
     return NativeTrainer(model, spec, dataset)
+
+
+# --- parallel (issue 6) ---
+# Device counts, virtual devices, data-parallel scopes and multi-process start-up for JAX.
+# kbackend.parallel calls these through ``impl()``; tf_backend has the same functions.
+
+import os as _os  # noqa: E402
+from collections.abc import Iterator as _Iterator  # noqa: E402
+from contextlib import contextmanager as _contextmanager  # noqa: E402
+
+VIRTUAL_DEVICES_ENV = "KBACKEND_VIRTUAL_DEVICES"
+
+
+def _backends_initialized() -> bool:
+    from jax._src import xla_bridge
+
+    return bool(xla_bridge.backends_are_initialized())
+
+
+def setup_virtual_devices(count: int) -> None:
+    """Split the host CPU into ``count`` virtual devices (must run before JAX starts its runtime).
+
+    The JAX equivalent of ``XLA_FLAGS=--xla_force_host_platform_device_count=N``. A no-op when the
+    runtime already has ``count`` CPU devices; an error when it started with a different number.
+    """
+    from kbackend.errors import ConfigError
+
+    if _backends_initialized():
+        have = len(jax.devices("cpu"))
+        if have != count:
+            raise ConfigError(
+                f"Cannot create {count} virtual CPU devices: JAX already started with {have}. "
+                f"Set {VIRTUAL_DEVICES_ENV}={count} (or JAX_NUM_CPU_DEVICES={count}) before starting Python."
+            )
+        return
+    jax.config.update("jax_num_cpu_devices", int(count))
+
+
+def device_count() -> int:
+    """How many devices (all processes together) computations can run on."""
+    return jax.device_count()
+
+
+def local_device_count() -> int:
+    """How many devices this process drives."""
+    return jax.local_device_count()
+
+
+def platform() -> str:
+    """The platform of the default devices (cpu, gpu, tpu)."""
+    return jax.devices()[0].platform
+
+
+@_contextmanager
+def data_parallel_scope(count: int) -> _Iterator[Any]:
+    """A scope in which Keras models built, compiled and fit run data parallel on ``count`` devices.
+
+    ``keras.distribution.DataParallel``: variables replicated, every batch split along its first
+    axis across the devices, gradients reduced by XLA's SPMD partitioner.
+    """
+    import keras
+
+    distribution = keras.distribution.DataParallel(devices=jax.devices()[:count])
+    # In a multi-process job each process already feeds its own block (keras_fit_inputs).
+    distribution.auto_shard_dataset = False
+    with distribution.scope():
+        yield distribution
+
+
+def initialize_processes(coordinator: str, num_processes: int, process_id: int,
+                         timeout_s: int, heartbeat_s: int) -> None:
+    """Join a ``num_processes``-process job (``jax.distributed``; gloo collectives on CPU).
+
+    Process 0 hosts the coordination service at ``coordinator``. A process that cannot reach it
+    within ``timeout_s`` raises; a process that stops sending heartbeats for ``heartbeat_s`` makes
+    the coordination service stop the others.
+    """
+    from kbackend.errors import ConfigError
+    from kbackend.parallel import check_coordinator
+
+    if jax.distributed.is_initialized():
+        return
+    check_coordinator(coordinator, process_id, num_processes, timeout_s)
+    if _backends_initialized():
+        raise ConfigError("Multi-process training must start before JAX runs anything in this process.")
+    try:
+        jax.distributed.initialize(
+            coordinator_address=coordinator, num_processes=num_processes, process_id=process_id,
+            initialization_timeout=int(timeout_s), heartbeat_timeout_seconds=int(heartbeat_s),
+            shutdown_timeout_seconds=int(timeout_s),
+        )
+        jax.devices()  # connect now, so an unreachable coordinator fails here, after the timeout
+    except Exception as error:  # jax raises XlaRuntimeError / RuntimeError with long C++ text
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ConfigError(
+            f"Process {process_id} of {num_processes} could not join the job at coordinator "
+            f"{coordinator} within {timeout_s}s: {first_line[:300]}. Is process 0 running and the "
+            "address reachable?"
+        ) from None
+
+
+def process_index() -> int:
+    """This process's index in a multi-process job (0 when alone)."""
+    return jax.process_index()
+
+
+def process_count() -> int:
+    """How many processes the job has (1 when alone)."""
+    return jax.process_count()
+
+
+def native_data_parallel_train(model: Any, dataset: Any, spec: Any, config: Any,
+                               reporter: Any = None) -> Any:
+    """The pmap-style native data-parallel engine (``jax.shard_map``, ``lax.pmean``)."""
+    from kbackend.parallel.jax_engine import train
+
+    return train(model, dataset, spec, config, reporter)
+
+
+if _os.environ.get(VIRTUAL_DEVICES_ENV) and not _backends_initialized():
+    # Honour the request as early as possible, so ``kbackend info`` and every run see the devices.
+    jax.config.update("jax_num_cpu_devices", int(_os.environ[VIRTUAL_DEVICES_ENV]))
+
+
+def keras_fit_inputs(x: Any, y: Any, batch_size: int) -> tuple[Any, Any, int]:
+    """What this process passes to ``fit`` under ``DataParallel``: its own block of the data.
+
+    Keras on JAX assembles each global batch from the per-process batches, so process p feeds
+    the p-th block of samples with a per-process batch of ``batch_size / processes``.
+    """
+    processes, index = jax.process_count(), jax.process_index()
+    if processes == 1:
+        return x, y, batch_size
+    block = len(x) // processes
+    return (x[index * block:(index + 1) * block], y[index * block:(index + 1) * block],
+            batch_size // processes)
+
+
+def data_parallel_jit_compile(requested: bool) -> bool:
+    """Keras on JAX always compiles with XLA; ``DataParallel`` keeps what was asked for."""
+    return requested
+
+
+
+def data_parallel_clone_layer(layer: Any) -> Any:
+    """A fresh copy of ``layer`` for a data-parallel replica of its model.
+
+    Under ``DataParallel`` XLA partitions one global computation, so BatchNormalization already
+    sees the whole batch: plain copies.
+    """
+    return layer.__class__.from_config(layer.get_config())

@@ -52,3 +52,145 @@ def native_trainer(model: Any, spec: Any, dataset: Any) -> Any:
     from kbackend.backends.tf_native import NativeTrainer
 
     return NativeTrainer(model, spec, dataset)
+
+
+# --- parallel (issue 6) ---
+# Device counts, virtual devices, data-parallel scopes and multi-process start-up for TensorFlow.
+# kbackend.parallel calls these through ``impl()``; jax_backend has the same functions.
+
+import os as _os  # noqa: E402
+from collections.abc import Iterator as _Iterator  # noqa: E402
+from contextlib import contextmanager as _contextmanager  # noqa: E402
+from contextlib import suppress as _suppress  # noqa: E402
+
+VIRTUAL_DEVICES_ENV = "KBACKEND_VIRTUAL_DEVICES"
+
+
+def setup_virtual_devices(count: int) -> None:
+    """Split the host CPU into ``count`` logical devices (must run before TF starts its runtime)."""
+    from kbackend.errors import ConfigError
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    current = tf.config.get_logical_device_configuration(cpu)
+    if current is not None and len(current) == count:
+        return
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(int(count))])
+    except RuntimeError:
+        have = len(tf.config.list_logical_devices("CPU"))
+        if have == count:
+            return
+        raise ConfigError(
+            f"Cannot create {count} virtual CPU devices: TensorFlow already started with {have}. "
+            f"Set {VIRTUAL_DEVICES_ENV}={count} before starting Python."
+        ) from None
+
+
+def _compute_devices() -> list[Any]:
+    gpus = tf.config.list_logical_devices("GPU")
+    return gpus or tf.config.list_logical_devices("CPU")
+
+
+def device_count() -> int:
+    """How many devices (all processes together) computations can run on."""
+    return len(_compute_devices())
+
+
+def local_device_count() -> int:
+    """How many devices this process drives."""
+    return len(_compute_devices())
+
+
+def platform() -> str:
+    """The platform of the devices computations run on (cpu or gpu)."""
+    return _compute_devices()[0].device_type.lower()
+
+
+@_contextmanager
+def data_parallel_scope(count: int) -> _Iterator[Any]:
+    """A scope in which Keras models built, compiled and fit run data parallel on ``count`` devices.
+
+    ``tf.distribute.MirroredStrategy`` (Keras's own TF distribution is an unfinished prototype).
+    """
+    strategy = tf.distribute.MirroredStrategy(
+        devices=[d.name for d in _compute_devices()[:count]],
+        cross_device_ops=tf.distribute.ReductionToOneDevice())
+    with strategy.scope():
+        yield strategy
+
+
+def initialize_processes(coordinator: str, num_processes: int, process_id: int,
+                         timeout_s: int, heartbeat_s: int) -> None:
+    """Multi-process training is not available on TensorFlow with Keras 3.15 (raises).
+
+    ``MultiWorkerMirroredStrategy`` starts and connects the workers, but Keras 3.15's TF
+    trainer cannot run ``fit`` under it: its symbolic build MEAN-reduces a PerReplica input
+    ("Attempt to convert a value (PerReplica...) to a Tensor") and, past that, its
+    ``reduce_per_replica`` concatenates scalar metrics across workers ("Invalid reduction
+    dimension 0 for input with 0 dimensions"). Single-process ``MirroredStrategy`` works.
+    """
+    from kbackend.errors import ConfigError
+
+    raise ConfigError(
+        "Multi-process training needs KERAS_BACKEND=jax: Keras 3.15's TensorFlow trainer fails "
+        "under MultiWorkerMirroredStrategy. On TensorFlow use one process with --data-parallel "
+        "(MirroredStrategy over the local devices)."
+    )
+
+
+def process_index() -> int:
+    """This process's index: always 0 (TF runs single-process jobs, see initialize_processes)."""
+    return 0
+
+
+def process_count() -> int:
+    """How many processes the job has: always 1 on TensorFlow."""
+    return 1
+
+
+def native_data_parallel_train(model: Any, dataset: Any, spec: Any, config: Any,
+                               reporter: Any = None) -> Any:
+    """The native data-parallel engine is JAX-only; TF data parallelism runs through Keras fit."""
+    from kbackend.errors import ConfigError
+
+    raise ConfigError(
+        "The data_parallel engine (jax.shard_map) needs KERAS_BACKEND=jax. On TensorFlow use "
+        "--engine keras --data-parallel (tf.distribute.MirroredStrategy)."
+    )
+
+
+if _os.environ.get(VIRTUAL_DEVICES_ENV):
+    # Honour the request as early as possible, so ``kbackend info`` and every run see the devices.
+    # A failure is reported by kbackend.parallel.prepare when a run asks for the devices.
+    with _suppress(Exception):
+        setup_virtual_devices(int(_os.environ[VIRTUAL_DEVICES_ENV]))
+
+
+def keras_fit_inputs(x: Any, y: Any, batch_size: int) -> tuple[Any, Any, int]:
+    """What this process passes to ``fit``: all of it, with the global batch size
+    (``MirroredStrategy`` splits every batch over the local devices itself)."""
+    return x, y, batch_size
+
+
+def data_parallel_jit_compile(requested: bool) -> bool:
+    """False: XLA-compiled Keras steps cannot read the per-replica variables of a
+    ``MirroredStrategy`` on other devices (TF's XLA known issue "tf.Variable on a different
+    device"), so mirrored training runs as a plain ``tf.function`` graph."""
+    return False
+
+
+
+def data_parallel_clone_layer(layer: Any) -> Any:
+    """A fresh copy of ``layer`` for a data-parallel replica of its model.
+
+    Each ``MirroredStrategy`` replica runs its own forward pass, so BatchNormalization is copied
+    with ``synchronized=True``: its batch statistics are all-reduced across replicas, as in the
+    single-device run over the global batch.
+    """
+    import keras
+
+    config = layer.get_config()
+    if isinstance(layer, keras.layers.BatchNormalization):
+        config["synchronized"] = True
+    return layer.__class__.from_config(config)

@@ -51,6 +51,7 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--fused-steps", type=int, default=1, metavar="K",
                      help="--engine native: train steps per compiled device call (K)")
+    add_parallel_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -70,6 +71,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         monitor=args.monitor, seed=args.seed, model_options=options,
         validation_fraction=args.validation_fraction, data_dir=args.data_dir,
         fused_steps=args.fused_steps,
+        **parallel_config_fields(args),
     )
 
 
@@ -104,8 +106,44 @@ def run(args: argparse.Namespace) -> int:
         f"test_accuracy {history.test['test_accuracy']:.4f}  test_loss {history.test['test_loss']:.4f}  "
         f"train_time {history.timing.get('train_time', float('nan')):.2f}s  steps {history.steps_run}"
     )
-    if args.save:
+    from kbackend.parallel import is_chief
+
+    if args.save and is_chief():  # in a multi-process job only process 0 writes
         print(f"saved model to {args.save}")
-    if args.history:
+    if args.history and is_chief():
         print(f"wrote history to {args.history}")
     return 0
+
+
+# --- parallel (issue 6) ---
+def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
+    """Data-parallel and multi-process flags (see docs/parallel.md)."""
+    group = parser.add_argument_group("parallel")
+    group.add_argument("--devices", type=int, default=0, metavar="N",
+                       help="split each batch over N devices (0: all; > 1 implies --data-parallel)")
+    group.add_argument("--data-parallel", action="store_true",
+                       help="run the data-parallel version of --engine (keras: DataParallel / "
+                            "MirroredStrategy; native: the shard_map engine)")
+    group.add_argument("--dp-impl", default="shard_map", choices=["shard_map", "pmap"],
+                       help="how the data_parallel engine maps its step onto devices")
+    group.add_argument("--virtual-devices", type=int, default=0, metavar="N",
+                       help="split the host CPU into N virtual devices (for trying it on a laptop)")
+    group.add_argument("--num-processes", type=int, default=1, metavar="N",
+                       help="processes in a multi-process job (see kbackend launch)")
+    group.add_argument("--process-id", type=int, default=0, metavar="I", help="this process's index")
+    group.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                       help="address of process 0 in a multi-process job")
+    group.add_argument("--coordinator-timeout", type=int, default=60, metavar="SECONDS",
+                       help="how long to wait for the coordinator or a collective")
+    group.add_argument("--heartbeat-timeout", type=int, default=10, metavar="SECONDS",
+                       help="a peer silent this long counts as dead and stops the job")
+
+
+def parallel_config_fields(args: argparse.Namespace) -> dict:
+    """The ``TrainConfig`` fields of the parallel flags."""
+    return {
+        "devices": args.devices, "data_parallel": args.data_parallel, "dp_impl": args.dp_impl,
+        "virtual_devices": args.virtual_devices, "num_processes": args.num_processes,
+        "process_id": args.process_id, "coordinator": args.coordinator,
+        "coordinator_timeout": args.coordinator_timeout, "heartbeat_timeout": args.heartbeat_timeout,
+    }

@@ -14,6 +14,9 @@ from kbackend.errors import ConfigError
 
 # name -> module exposing ``train(model, dataset, spec, config, reporter) -> History``
 _ENGINE_MODULES = {"keras": "kbackend.engines.keras_fit", "native": "kbackend.engines.native"}
+# Data-parallel engines (issue 6): kbackend/parallel.
+_ENGINE_MODULES["data_parallel"] = "kbackend.parallel.engine"
+_ENGINE_MODULES["keras_data_parallel"] = "kbackend.parallel.keras_engine"
 
 
 def engine_names() -> list[str]:

@@ -1,0 +1,118 @@
+"""``kbackend launch``: start a multi-process training job on this machine and watch it.
+
+``kbackend launch --num-processes N -- <train args>`` runs ``kbackend train <train args>
+--num-processes N --process-id I --coordinator 127.0.0.1:PORT`` for I = 0 .. N-1, prefixes each
+process's output lines with ``[I]``, and waits. If one process fails (or is killed) the launcher
+stops the others and exits non-zero naming the process that failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from kbackend.errors import ConfigError
+
+# Flags the launcher sets on every process; the train arguments must not set them.
+_OWN_FLAGS = ("--num-processes", "--process-id", "--coordinator")
+GRACE_S = 5.0
+
+
+def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
+    parser = subparsers.add_parser(
+        "launch", parents=parents,
+        help="run a multi-process training job on this machine (kbackend launch -N 2 -- ...)")
+    parser.add_argument("-N", "--num-processes", type=int, default=2, metavar="N",
+                        help="how many training processes to start (default 2)")
+    parser.add_argument("--port", type=int, default=0,
+                        help="coordinator port on 127.0.0.1 (default: a free one)")
+    parser.add_argument("train_args", nargs=argparse.REMAINDER, metavar="-- TRAIN_ARGS",
+                        help="arguments of kbackend train, after --")
+    parser.set_defaults(func=run)
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that is free now (the OS picks it)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _forward(stream: object, prefix: str, sink: object) -> None:
+    for line in iter(stream.readline, ""):  # type: ignore[attr-defined]
+        sink.write(f"{prefix}{line}")  # type: ignore[attr-defined]
+        sink.flush()  # type: ignore[attr-defined]
+
+
+def _stop(processes: list[subprocess.Popen]) -> None:
+    """SIGTERM every live process, then SIGKILL whatever is left after a grace period."""
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    deadline = time.monotonic() + GRACE_S
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def run(args: argparse.Namespace) -> int:
+    train_args = list(args.train_args)
+    if train_args and train_args[0] == "--":
+        train_args = train_args[1:]
+    if args.num_processes < 1:
+        raise ConfigError(f"Invalid --num-processes {args.num_processes}: expected >= 1.")
+    clashing = [a for a in train_args if a.split("=")[0] in _OWN_FLAGS]
+    if clashing:
+        raise ConfigError(f"kbackend launch sets {', '.join(_OWN_FLAGS)} itself; remove {clashing}.")
+    if train_args and train_args[0] == "train":
+        train_args = train_args[1:]
+    port = args.port or free_port()
+    coordinator = f"127.0.0.1:{port}"
+    env = dict(os.environ)
+    processes: list[subprocess.Popen] = []
+    threads = []
+    for index in range(args.num_processes):
+        command = [sys.executable, "-m", "kbackend", "train", *train_args,
+                   "--num-processes", str(args.num_processes), "--process-id", str(index),
+                   "--coordinator", coordinator]
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, bufsize=1)
+        processes.append(process)
+        thread = threading.Thread(target=_forward, args=(process.stdout, f"[{index}] ", sys.stdout),
+                                  daemon=True)
+        thread.start()
+        threads.append(thread)
+    sys.stderr.write(f"kbackend launch: {args.num_processes} processes, coordinator {coordinator}\n")
+    previous = signal.signal(signal.SIGTERM, lambda *_: (_stop(processes), sys.exit(143)))
+    try:
+        while True:
+            codes = [p.poll() for p in processes]
+            failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                index, code = failed[0]
+                _stop(processes)
+                for thread in threads:
+                    thread.join(timeout=2)
+                how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+                sys.stderr.write(f"kbackend launch: error: process {index} {how}; "
+                                 f"stopped the other {len(processes) - 1} process(es).\n")
+                return 1
+            if all(c == 0 for c in codes):
+                for thread in threads:
+                    thread.join(timeout=2)
+                return 0
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        _stop(processes)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)

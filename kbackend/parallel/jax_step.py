@@ -1,0 +1,222 @@
+"""The pmap-style data-parallel train step for JAX, as a pure function ``(state, batch) -> (state, metrics)``.
+
+Semantics (those of ``jax.pmap`` with a named axis, written with ``jax.shard_map``):
+
+- the global batch ``(K, B, ...)`` of K fused steps is split along B into equal per-device shards
+  (``PartitionSpec(None, "batch")``); the state is replicated (``PartitionSpec()``);
+- every device computes the loss and gradients of its shard; ``lax.pmean`` over ``"batch"`` turns
+  the per-shard mean gradients into the gradient of the global-batch mean loss (shards are equal);
+- BatchNormalization computes its batch statistics across all shards (``synced_batch_norm``), so
+  normalization, moving statistics and gradients are those of the single-device global batch;
+- every device applies the same optax update to the same parameters, so they stay identical;
+- ``lax.scan`` runs K steps inside one compiled call.
+
+With ``mesh=None`` the same code runs without any collective: the single-device reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+AXIS = "batch"
+
+
+class TrainState(NamedTuple):
+    """Everything a train step reads and writes."""
+
+    trainable: list[Any]
+    non_trainable: list[Any]
+    opt_state: Any
+
+
+class StepMetrics(NamedTuple):
+    """Per-step metrics of the global batch, shape ``(K,)`` for K fused steps."""
+
+    loss: Any
+    accuracy: Any
+
+
+def initial_state(model: Any, tx: Any) -> TrainState:
+    """The state of a built Keras model and a fresh optax state for ``tx``."""
+    trainable = [jnp.asarray(v.value) for v in model.trainable_variables]
+    non_trainable = [jnp.asarray(v.value) for v in model.non_trainable_variables]
+    return TrainState(trainable, non_trainable, tx.init(trainable))
+
+
+def _synced_moments(layer: Any, axis_name: str) -> Callable[..., Any]:
+    """BatchNormalization moments over the whole batch, all shards together (sync BN).
+
+    Two collectives, both exact for equal shards: the global mean is the mean of shard means;
+    the global variance is the mean over shards of the shard's mean squared deviation from the
+    *global* mean. This is the same two-pass formula ``jnp.var`` uses on one device.
+    """
+
+    def moments(inputs: Any, mask: Any) -> tuple[Any, Any]:
+        if mask is not None:
+            raise NotImplementedError("Synchronized BatchNormalization with a mask is not supported.")
+        axes = tuple(layer._reduction_axes)
+        x = inputs.astype(jnp.float32) if inputs.dtype in (jnp.float16, jnp.bfloat16) else inputs
+        mean = lax.pmean(jnp.mean(x, axes, keepdims=True), axis_name)
+        variance = lax.pmean(jnp.mean(jnp.square(x - mean), axes, keepdims=True), axis_name)
+        return (jnp.squeeze(mean, axes).astype(inputs.dtype),
+                jnp.squeeze(variance, axes).astype(inputs.dtype))
+
+    return moments
+
+
+@contextmanager
+def synced_batch_norm(model: Any, axis_name: str | None) -> Iterator[None]:
+    """While tracing inside ``shard_map``, make every BatchNormalization layer use global moments.
+
+    A layer-level hook: ``BatchNormalization._moments`` is replaced on the instances for the
+    duration of the trace and restored afterwards. Does nothing without an axis.
+    """
+    if axis_name is None:
+        yield
+        return
+    import keras
+
+    layers = [layer for layer in model._flatten_layers()
+              if isinstance(layer, keras.layers.BatchNormalization)]
+    for layer in layers:
+        object.__setattr__(layer, "_moments", _synced_moments(layer, axis_name))
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.__dict__.pop("_moments", None)
+
+
+def make_loss_fn(model: Any) -> Callable[..., Any]:
+    """``loss(trainable, non_trainable, x, y) -> (loss, (non_trainable, accuracy))``.
+
+    The loss Keras ``fit`` minimizes for kbackend's models: mean sparse categorical cross-entropy
+    of the softmax outputs plus the layers' regularization losses.
+    """
+    import keras
+
+    def loss_fn(trainable: list, non_trainable: list, x: Any, y: Any) -> tuple[Any, Any]:
+        probs, non_trainable, reg_losses = model.stateless_call(
+            trainable, non_trainable, x, training=True, return_losses=True)
+        loss = jnp.mean(keras.losses.sparse_categorical_crossentropy(y, probs))
+        if reg_losses:
+            loss = loss + sum(reg_losses)
+        accuracy = jnp.mean((jnp.argmax(probs, axis=-1) == y).astype(jnp.float32))
+        return loss, (non_trainable, accuracy)
+
+    return loss_fn
+
+
+def make_step_body(model: Any, tx: Any, axis_name: str | None) -> Callable[..., Any]:
+    """K fused steps ``(state, (xs, ys)) -> (state, StepMetrics)`` on one device's shard.
+
+    With ``axis_name`` the gradients, metrics and BatchNorm statistics are averaged over that
+    axis (run it under ``shard_map`` / ``pmap``); without it this is the single-device step.
+    """
+    import optax
+
+    loss_fn = make_loss_fn(model)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def mean_over_devices(value: Any) -> Any:
+        return value if axis_name is None else lax.pmean(value, axis_name)
+
+    def one_step(state: TrainState, batch: tuple[Any, Any]) -> tuple[TrainState, StepMetrics]:
+        x, y = batch
+        with synced_batch_norm(model, axis_name):
+            (loss, (non_trainable, accuracy)), grads = grad_fn(
+                state.trainable, state.non_trainable, x, y)
+        grads = mean_over_devices(grads)
+        updates, opt_state = tx.update(grads, state.opt_state, state.trainable)
+        trainable = optax.apply_updates(state.trainable, updates)
+        metrics = StepMetrics(mean_over_devices(loss), mean_over_devices(accuracy))
+        return TrainState(trainable, non_trainable, opt_state), metrics
+
+    def fused_steps(state: TrainState, batches: tuple[Any, Any]) -> tuple[TrainState, StepMetrics]:
+        return lax.scan(one_step, state, batches)
+
+    return fused_steps
+
+
+def make_mesh(devices: list[Any]) -> Mesh:
+    """A one-axis mesh named ``"batch"`` over ``devices``."""
+    return Mesh(np.asarray(devices), (AXIS,))
+
+
+def make_train_step(model: Any, tx: Any, mesh: Mesh | None = None,
+                    impl: str = "shard_map") -> Callable[..., Any]:
+    """The jitted train step ``(state, (xs, ys)) -> (state, StepMetrics)``; the state is donated.
+
+    ``mesh=None``: single device, no collectives. ``impl="shard_map"``: ``xs`` of shape
+    ``(K, B, ...)`` sharded along B over the mesh (see ``shard_batch``), state replicated
+    (``replicate``). ``impl="pmap"``: the same body under ``jax.pmap``; state and batches carry a
+    leading device axis (``replicate_for_pmap``, ``split_for_pmap``).
+    """
+    if mesh is None:
+        return jax.jit(make_step_body(model, tx, None), donate_argnums=0)
+    body = make_step_body(model, tx, AXIS)
+    if impl == "pmap":
+        return jax.pmap(body, axis_name=AXIS, devices=list(mesh.devices.flat), donate_argnums=0)
+    # check_vma=False: pmap semantics, where gradients of replicated parameters are per-device
+    # values that the body averages explicitly with lax.pmean.
+    sharded = jax.shard_map(body, mesh=mesh, in_specs=(P(), P(None, AXIS)),
+                            out_specs=(P(), P()), check_vma=False)
+    return jax.jit(sharded, donate_argnums=0)
+
+
+def replicate(value: Any, mesh: Mesh) -> Any:
+    """Place ``value`` (a pytree of host or device arrays, equal in every process) on every device."""
+    sharding = NamedSharding(mesh, P())
+
+    def put(leaf: Any) -> Any:
+        host = np.asarray(leaf)
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+    return jax.tree.map(put, value)
+
+
+def shard_batch(local: Any, mesh: Mesh) -> Any:
+    """Assemble global ``(K, B, ...)`` arrays from this process's rows ``(K, B / processes, ...)``."""
+    sharding = NamedSharding(mesh, P(None, AXIS))
+    processes = jax.process_count()
+
+    def put(leaf: Any) -> Any:
+        host = np.asarray(leaf)
+        global_shape = (host.shape[0], host.shape[1] * processes, *host.shape[2:])
+        return jax.make_array_from_process_local_data(sharding, host, global_shape)
+
+    return jax.tree.map(put, local)
+
+
+def replicate_for_pmap(value: Any, count: int) -> Any:
+    """``value`` stacked once per device, as ``jax.pmap`` takes replicated arguments."""
+    return jax.tree.map(lambda leaf: np.stack([np.asarray(leaf)] * count), value)
+
+
+def split_for_pmap(batch: Any, count: int) -> Any:
+    """``(K, B, ...)`` -> ``(devices, K, B / devices, ...)``: device d gets rows d*b .. (d+1)*b."""
+    def split(leaf: Any) -> Any:
+        host = np.asarray(leaf)
+        k, b = host.shape[0], host.shape[1]
+        return np.swapaxes(host.reshape(k, count, b // count, *host.shape[2:]), 0, 1)
+
+    return jax.tree.map(split, batch)
+
+
+def to_host(value: Any) -> Any:
+    """NumPy copies of replicated arrays (this process's copy; works in multi-process jobs)."""
+    def fetch(leaf: Any) -> Any:
+        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+            return np.asarray(leaf.addressable_data(0))
+        return np.asarray(leaf)
+
+    return jax.tree.map(fetch, value)

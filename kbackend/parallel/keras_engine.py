@@ -1,0 +1,57 @@
+"""Engine ``keras_data_parallel``: Keras ``fit`` spread over several devices (and processes).
+
+The backend supplies the scope (``impl().data_parallel_scope``): ``keras.distribution
+.DataParallel`` on JAX, ``tf.distribute.MirroredStrategy`` (``MultiWorkerMirroredStrategy`` in a
+multi-process job) on TensorFlow. Variables must be created inside that scope, so the engine
+trains a clone of the model built in the scope and copies the trained weights back.
+
+The training split is cut to a whole number of global batches: a last partial batch could not be
+split evenly over the devices (the single-device run it is compared with gets the same cut).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from kbackend.backend import keras as import_keras
+from kbackend.history import History
+from kbackend.parallel import check_batch_split, device_count
+
+
+def whole_batches(dataset: Any, batch_size: int) -> Any:
+    """``dataset`` with its training split cut to a multiple of ``batch_size`` samples."""
+    keep = len(dataset.x_train) - len(dataset.x_train) % batch_size
+    return replace(dataset, x_train=dataset.x_train[:keep], y_train=dataset.y_train[:keep])
+
+
+def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None) -> History:
+    """Train ``model`` with ``fit`` data parallel over ``config.devices`` devices."""
+    from kbackend.parallel import run_guarded
+
+    return run_guarded(_train, model, dataset, spec, config, reporter)
+
+
+def _train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None) -> History:
+    from kbackend.backends import impl
+    from kbackend.engines import keras_fit
+
+    keras = import_keras()
+    backend = impl()
+    count = device_count(config)
+    per_device = check_batch_split(config.batch_size, count, config.num_processes)
+    trimmed = whole_batches(dataset, config.batch_size)
+    x, y, batch_size = backend.keras_fit_inputs(trimmed.x_train, trimmed.y_train, config.batch_size)
+    local = replace(trimmed, x_train=x, y_train=y)
+    with backend.data_parallel_scope(count):
+        replica = keras.models.clone_model(model, clone_function=backend.data_parallel_clone_layer)
+        replica.set_weights(model.get_weights())
+        fit_config = replace(config, batch_size=batch_size,
+                             jit_compile=backend.data_parallel_jit_compile(config.jit_compile))
+        history = keras_fit.train(replica, local, spec, fit_config, reporter)
+    model.set_weights(replica.get_weights())
+    keras_fit.compile_model(model, spec, config)  # so model.evaluate works on the trained weights
+    history.extra.update({"devices": count, "per_device_batch": per_device,
+                          "processes": backend.process_count(),
+                          "dropped_per_epoch": len(dataset.x_train) - len(trimmed.x_train)})
+    return history

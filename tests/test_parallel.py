@@ -1,0 +1,134 @@
+"""Data parallelism, single-process parts: option checks, engine choice, bad input, and the
+multi-device suite (tests/test_parallel_devices.py) run in a subprocess with 8 virtual devices."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from kbackend import parallel
+from kbackend.errors import ConfigError
+from kbackend.optim import OptimizerSpec
+from kbackend.training import TrainConfig, train
+from tests.conftest import BACKEND, ROOT
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"dp_impl": "vmap"}, "Invalid dp_impl"),
+    ({"devices": -1}, "Invalid devices"),
+    ({"num_processes": 0}, "Invalid num_processes"),
+    ({"num_processes": 2, "process_id": 2, "coordinator": "127.0.0.1:1234"}, r"process_id 2.*\[0, 2\)"),
+    ({"num_processes": 2, "process_id": 1}, "needs --coordinator HOST:PORT"),
+    ({"num_processes": 2, "coordinator": "localhost"}, "Invalid coordinator 'localhost'"),
+    ({"num_processes": 2, "coordinator": "127.0.0.1:70000"}, "port 70000"),
+    ({"heartbeat_timeout": 0}, "Invalid heartbeat_timeout 0"),
+])
+def test_bad_parallel_options_are_rejected(fields, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(**fields)
+
+
+def test_batch_split_error_names_both_numbers():
+    assert parallel.check_batch_split(64, 8) == 8
+    with pytest.raises(ConfigError, match=r"batch size 30 does not divide evenly over 4 devices.*multiple of 4"):
+        parallel.check_batch_split(30, 4)
+
+
+@pytest.mark.parametrize(("fields", "engine"), [
+    ({}, "keras"),
+    ({"data_parallel": True}, "keras_data_parallel"),
+    ({"devices": 2}, "keras_data_parallel"),
+    ({"engine": "data_parallel"}, "data_parallel"),
+    ({"num_processes": 2, "coordinator": "127.0.0.1:1234"}, "keras_data_parallel"),
+])
+def test_engine_choice(fields, engine):
+    assert parallel.engine_name(TrainConfig(**fields)) == engine
+
+
+def test_more_devices_than_exist_is_a_clear_error():
+    from kbackend.backends import impl
+
+    have = impl().device_count()
+    with pytest.raises(ConfigError, match=rf"Requested 64 devices, but only {have} .*--virtual-devices 64"):
+        train(TrainConfig(devices=64, batch_size=64, epochs=1))
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="the native data-parallel engine is JAX's")
+def test_native_data_parallel_engine_points_tf_users_to_mirrored_fit():
+    with pytest.raises(ConfigError, match="--engine keras --data-parallel"):
+        train(TrainConfig(engine="data_parallel", batch_size=32, epochs=1))
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="the native data-parallel step is JAX code")
+def test_single_device_step_matches_keras_train_on_batch():
+    """The reference the N-device runs are compared with is itself Keras's own training math."""
+    import keras
+
+    from kbackend.parallel.jax_step import initial_state, make_train_step, to_host
+    from kbackend.parallel.optax_adapter import optax_transform
+
+    def build():
+        keras.utils.set_random_seed(3)
+        inputs = keras.Input((6,))
+        x = keras.layers.Dense(8, activation="relu", kernel_regularizer=keras.regularizers.L2(0.01))(inputs)
+        return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(x))
+
+    rng = np.random.default_rng(0)
+    xs = rng.normal(size=(3, 10, 6)).astype("float32")
+    ys = rng.integers(0, 3, size=(3, 10)).astype("int32")
+    spec = OptimizerSpec("momentum", 0.05)
+    model = build()
+    tx = optax_transform(spec)
+    state, metrics = make_train_step(model, tx)(initial_state(model, tx), (xs, ys))
+    reference = build()
+    reference.compile(optimizer=spec.to_keras(), loss="sparse_categorical_crossentropy")
+    losses = [float(reference.train_on_batch(x, y)) for x, y in zip(xs, ys, strict=True)]
+    for ours, theirs in zip(to_host(state).trainable, reference.trainable_weights, strict=True):
+        np.testing.assert_allclose(ours, np.asarray(theirs), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(metrics.loss)[0], losses[0], rtol=1e-5)
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="multi-process training runs on JAX")
+def test_unreachable_coordinator_fails_after_the_timeout(cli):
+    result = cli("train", "--epochs", "1", "--num-processes", "2", "--process-id", "1",
+                 "--coordinator", f"127.0.0.1:{_free_port()}", "--coordinator-timeout", "2",
+                 timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "could not reach the coordinator" in result.stderr and "within 2s" in result.stderr
+
+
+def test_launch_refuses_flags_it_sets_itself(cli):
+    result = cli("launch", "-N", "2", "--", "--epochs", "1", "--process-id", "1", timeout=120)
+    assert result.returncode == 2 and "sets --num-processes" in result.stderr
+
+
+def test_multi_device_suite():
+    """Run tests/test_parallel_devices.py in a fresh process that has 8 virtual CPU devices."""
+    env = {**os.environ, "KBACKEND_VIRTUAL_DEVICES": "8", "KERAS_BACKEND": BACKEND}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-s",
+         "tests/test_parallel_devices.py"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    print(result.stdout[-4000:])
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert " passed" in result.stdout
+
+
+def test_info_shows_virtual_devices(cli):
+    import json
+
+    result = cli("info", "--json", env={"KBACKEND_VIRTUAL_DEVICES": "4"}, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    devices = json.loads(result.stdout)["devices"]
+    assert len(devices) == 4 and {d["platform"] for d in devices} == {"cpu"}

@@ -1,0 +1,191 @@
+"""Data parallelism on several devices: N-device training computes what 1-device training does.
+
+Needs 8 devices, which on a CPU must be created before the runtime starts, so this file runs in
+its own process: ``tests/test_parallel.py::test_multi_device_suite`` starts
+``KBACKEND_VIRTUAL_DEVICES=8 pytest tests/test_parallel_devices.py``. Run directly without that
+variable, every test here is skipped.
+
+Tolerance: the N-device runs add the same numbers in a different order (per-shard sums, then a
+cross-device mean), so parameters agree to float32 rounding, not bit for bit. After up to 3 steps
+on these small models the measured gap is below 1e-6; the assertions allow 1e-5 (absolute and
+relative), an order of magnitude above it and many orders below any semantic error (a missing
+pmean or unsynchronized BatchNorm moves parameters by 1e-3 or more, see the negative controls).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from kbackend.errors import ConfigError
+from kbackend.optim import OptimizerSpec
+from tests.conftest import BACKEND
+
+DEVICES = int(os.environ.get("KBACKEND_VIRTUAL_DEVICES") or 0)
+pytestmark = pytest.mark.skipif(
+    DEVICES < 8, reason="needs KBACKEND_VIRTUAL_DEVICES=8 set before the runtime starts "
+    "(tests/test_parallel.py::test_multi_device_suite runs this file that way)")
+jax_only = pytest.mark.skipif(BACKEND != "jax", reason="the native data-parallel step is JAX code")
+ATOL = RTOL = 1e-5
+LARGEST_GAP: list[float] = [0.0]
+
+
+def test_virtual_devices_exist():
+    from kbackend.backends import impl
+
+    assert impl().device_count() == 8
+
+
+def _build(widths: tuple[int, ...], batch_norm: bool, inputs: int = 6, classes: int = 3, seed: int = 0):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    x = model_inputs = keras.Input((inputs,))
+    for width in widths:
+        x = keras.layers.Dense(width, use_bias=not batch_norm)(x)
+        if batch_norm:
+            x = keras.layers.BatchNormalization()(x)
+        x = keras.layers.Activation("relu")(x)
+    return keras.Model(model_inputs, keras.layers.Dense(classes, activation="softmax")(x))
+
+
+def _largest_gap(a, b) -> float:
+    import jax
+
+    gaps = [float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+            for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)]
+    return max(gaps)
+
+
+def _run_both(model, spec, devices, xs, ys, impl="shard_map"):
+    """(single-device state, N-device state, single losses, N losses) after K = len(xs) steps."""
+    import jax
+
+    from kbackend.parallel import jax_step
+    from kbackend.parallel.optax_adapter import optax_transform
+
+    tx = optax_transform(spec)
+    start = jax_step.initial_state(model, tx)
+    host_start = jax_step.to_host(start)
+    single, single_metrics = jax_step.make_train_step(model, tx)(host_start, (xs, ys))
+    mesh = jax_step.make_mesh(jax.devices()[:devices])
+    step = jax_step.make_train_step(model, tx, mesh, impl)
+    if impl == "pmap":
+        state = jax_step.replicate_for_pmap(host_start, devices)
+        multi, metrics = step(state, jax_step.split_for_pmap((xs, ys), devices))
+        multi, metrics = jax.tree.map(lambda leaf: leaf[0], (multi, metrics))
+    else:
+        multi, metrics = step(jax_step.replicate(host_start, mesh), jax_step.shard_batch((xs, ys), mesh))
+    return (jax_step.to_host(single), jax_step.to_host(multi),
+            np.asarray(single_metrics.loss), np.asarray(jax_step.to_host(metrics.loss)))
+
+
+@jax_only
+@settings(max_examples=int(os.environ.get("KBACKEND_PARALLEL_EXAMPLES", "6")), deadline=None,
+          derandomize=True, suppress_health_check=list(HealthCheck),
+          phases=[Phase.explicit, Phase.generate])  # no shrinking: each example compiles twice
+@given(
+    devices=st.sampled_from([2, 4, 8]),
+    per_device=st.integers(1, 3),
+    fused=st.integers(1, 3),
+    widths=st.lists(st.integers(2, 12), min_size=1, max_size=2).map(tuple),
+    batch_norm=st.booleans(),
+    optimizer=st.sampled_from(["sgd", "adam"]),
+    seed=st.integers(0, 2**16),
+)
+def test_n_devices_train_like_one_device(devices, per_device, fused, widths, batch_norm, optimizer, seed):
+    model = _build(widths, batch_norm, seed=seed)
+    rng = np.random.default_rng(seed)
+    batch = devices * per_device
+    if batch_norm and per_device == 1 and devices == 2:
+        batch, per_device = 4, 2  # BatchNorm over 2 samples is degenerate (variance ~ 0)
+    xs = rng.normal(size=(fused, batch, 6)).astype("float32")
+    ys = rng.integers(0, 3, size=(fused, batch)).astype("int32")
+    lr = 0.1 if optimizer == "sgd" else 0.01
+    single, multi, single_loss, multi_loss = _run_both(model, OptimizerSpec(optimizer, lr), devices, xs, ys)
+    gap = _largest_gap(single, multi)
+    LARGEST_GAP[0] = max(LARGEST_GAP[0], gap)
+    print(f"devices={devices} batch={batch} K={fused} widths={widths} bn={batch_norm} "
+          f"{optimizer}: largest parameter gap {gap:.3g} (largest so far {LARGEST_GAP[0]:.3g})")
+    import jax
+
+    for x, y in zip(jax.tree.leaves(single), jax.tree.leaves(multi), strict=True):
+        np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(multi_loss, single_loss, rtol=RTOL, atol=ATOL)
+
+
+@jax_only
+def test_pmap_impl_shares_the_step():
+    model = _build((8,), True)
+    rng = np.random.default_rng(1)
+    xs, ys = rng.normal(size=(2, 16, 6)).astype("float32"), rng.integers(0, 3, (2, 16)).astype("int32")
+    single, multi, _, _ = _run_both(model, OptimizerSpec("adam", 0.01), 4, xs, ys, impl="pmap")
+    assert _largest_gap(single, multi) < ATOL
+
+
+@jax_only
+def test_negative_control_without_synced_batch_norm(monkeypatch):
+    """Per-shard BatchNorm statistics would make N devices differ: the sync hook is what matters."""
+    from contextlib import nullcontext
+
+    from kbackend.parallel import jax_step
+
+    model = _build((8,), True)
+    rng = np.random.default_rng(2)
+    xs = rng.normal(size=(2, 16, 6)).astype("float32") * rng.uniform(0.5, 3, size=(1, 16, 1)).astype("float32")
+    ys = rng.integers(0, 3, (2, 16)).astype("int32")
+    monkeypatch.setattr(jax_step, "synced_batch_norm", lambda model, axis: nullcontext())
+    single, multi, _, _ = _run_both(model, OptimizerSpec("sgd", 0.1), 4, xs, ys)
+    assert _largest_gap(single, multi) > 100 * ATOL
+
+
+@jax_only
+@pytest.mark.parametrize("dp_impl", ["shard_map", "pmap"])
+def test_engine_on_4_devices_matches_1_device(dp_impl):
+    """The whole engine (data order, sharding, fused calls, write-back) against 1 device."""
+    from kbackend.models import ModelOptions
+    from kbackend.training import TrainConfig, train
+
+    def run(devices):
+        config = TrainConfig(model="mlp", engine="data_parallel", devices=devices, batch_size=64,
+                             epochs=2, fused_steps=5, optimizer=OptimizerSpec("momentum", 0.05),
+                             model_options=ModelOptions(widths=(32,), batch_norm=True), dp_impl=dp_impl)
+        return train(config)
+
+    one, four = run(1), run(4)
+    assert four.history.extra["devices"] == 4 and four.history.extra["per_device_batch"] == 16
+    assert one.history.step == four.history.step
+    np.testing.assert_allclose(four.history.loss, one.history.loss, rtol=1e-4, atol=1e-5)
+    for a, b in zip(one.model.get_weights(), four.model.get_weights(), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+    assert four.history.test["test_accuracy"] == pytest.approx(one.history.test["test_accuracy"], abs=0.01)
+
+
+@pytest.mark.parametrize(("devices", "batch_norm"), [(2, False), (4, True)])
+def test_keras_fit_data_parallel_matches_single_device(devices, batch_norm):
+    from kbackend.models import ModelOptions
+    from kbackend.parallel.keras_engine import whole_batches
+    from kbackend.training import TrainConfig, load_dataset, train
+
+    def config(**fields):
+        return TrainConfig(model="mlp", batch_size=64, epochs=1, optimizer=OptimizerSpec("sgd", 0.1),
+                           model_options=ModelOptions(widths=(32,), batch_norm=batch_norm), **fields)
+
+    single_config = config()
+    single = train(single_config, dataset=whole_batches(load_dataset(single_config), 64))
+    multi = train(config(devices=devices, data_parallel=True))
+    assert multi.history.extra["devices"] == devices
+    np.testing.assert_allclose(multi.history.loss, single.history.loss, rtol=1e-4, atol=1e-5)
+    for a, b in zip(single.model.get_weights(), multi.model.get_weights(), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_batch_not_divisible_by_devices_is_rejected():
+    from kbackend.training import TrainConfig, train
+
+    with pytest.raises(ConfigError, match="batch size 30 does not divide evenly over 4 devices"):
+        train(TrainConfig(devices=4, batch_size=30, epochs=1))

@@ -1,0 +1,109 @@
+"""Multi-process training on one machine: ``kbackend launch`` and ``kbackend train --num-processes``.
+
+Each test starts several Python processes (each imports Keras and a framework), so they are
+few and small; the two heaviest are marked slow.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import BACKEND, ROOT
+
+TRAIN = ["--model", "mlp", "--widths", "16", "--batch-size", "64", "--optimizer", "sgd",
+         "--lr", "0.1", "--quiet"]
+# A peer that dies must stop the others within this many seconds (heartbeat 5 s + start-up slack).
+DEAD_PEER_BOUND_S = 90
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "KERAS_BACKEND": BACKEND, "KBACKEND_OFFLINE": "1"}
+
+
+def _kbackend(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kbackend", *args], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _weights(path) -> list[np.ndarray]:
+    import keras
+
+    return keras.saving.load_model(path, compile=False).get_weights()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(BACKEND != "jax", reason="bit-for-bit data order across processes is the native JAX engine's")
+def test_two_processes_train_like_one(tmp_path):
+    engine = ["--engine", "data_parallel", "--epochs", "2"]
+    two = _kbackend("launch", "-N", "2", "--", *TRAIN, *engine, "--save", str(tmp_path / "two.keras"),
+                    "--history", str(tmp_path / "two.json"))
+    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
+    one = _kbackend("train", *TRAIN, *engine, "--save", str(tmp_path / "one.keras"))
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert "[0] " in two.stdout and "[1] " in two.stdout
+    # Only process 0 writes: one model file, one history, and only [0] says so.
+    assert "[0] saved model" in two.stdout and "[1] saved model" not in two.stdout
+    gaps = [float(np.max(np.abs(a - b))) for a, b in
+            zip(_weights(tmp_path / "one.keras"), _weights(tmp_path / "two.keras"), strict=True)]
+    print(f"largest parameter gap, 2 processes vs 1: {max(gaps):.3g}")
+    assert max(gaps) < 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(BACKEND != "jax", reason="multi-process training runs on JAX (see docs/parallel.md)")
+def test_a_dead_process_stops_the_others(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    common = [sys.executable, "-m", "kbackend", "train", *TRAIN[:-1], "--engine", "data_parallel",
+              "--epochs", "1000",
+              "--num-processes", "2", "--coordinator", f"127.0.0.1:{port}",
+              "--heartbeat-timeout", "5", "--coordinator-timeout", "30"]
+    logs = [open(tmp_path / f"p{i}.log", "w+") for i in range(2)]  # noqa: SIM115
+    processes = [subprocess.Popen([*common, "--process-id", str(i)], cwd=ROOT, env=_env(),
+                                  stdout=logs[i], stderr=subprocess.STDOUT, text=True)
+                 for i in range(2)]
+    try:
+        deadline = time.monotonic() + 300
+        while "epoch 1/" not in (tmp_path / "p0.log").read_text():  # both are training
+            assert processes[0].poll() is None, (tmp_path / "p0.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "training never started"
+            time.sleep(0.5)
+        processes[1].send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        code = processes[0].wait(timeout=DEAD_PEER_BOUND_S)
+        waited = time.monotonic() - killed_at
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        for log in logs:
+            log.close()
+    output = (tmp_path / "p0.log").read_text()
+    print(f"surviving process exited with {code} {waited:.1f}s after its peer was killed")
+    assert code != 0
+    assert "kbackend: error: process 0 of 2 stopped" in output, output[-3000:]
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="the TensorFlow limitation")
+def test_multi_process_on_tensorflow_is_a_clear_error():
+    result = _kbackend("train", "--epochs", "1", "--num-processes", "2", "--coordinator", "127.0.0.1:12355",
+                       timeout=300)
+    assert result.returncode == 2 and "Multi-process training needs KERAS_BACKEND=jax" in result.stderr
+
+
+def test_launch_stops_everything_when_a_process_fails():
+    # Every process fails its own option check after start-up; the launcher reports it, non-zero.
+    result = _kbackend("launch", "-N", "2", "--", "--epochs", "1", "--devices", "5", "--batch-size", "10",
+                       timeout=300)
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "kbackend launch: error: process" in result.stderr and "exited with status 2" in result.stderr

@@ -76,7 +76,6 @@ def test_single_device_step_matches_keras_train_on_batch():
     import keras
 
     from kbackend.parallel.jax_step import initial_state, make_train_step, to_host
-    from kbackend.parallel.optax_adapter import optax_transform
 
     def build():
         keras.utils.set_random_seed(3)
@@ -89,7 +88,7 @@ def test_single_device_step_matches_keras_train_on_batch():
     ys = rng.integers(0, 3, size=(3, 10)).astype("int32")
     spec = OptimizerSpec("momentum", 0.05)
     model = build()
-    tx = optax_transform(spec)
+    tx = spec.to_optax()
     state, metrics = make_train_step(model, tx)(initial_state(model, tx), (xs, ys))
     reference = build()
     reference.compile(optimizer=spec.to_keras(), loss="sparse_categorical_crossentropy")

@@ -66,9 +66,8 @@ def _run_both(model, spec, devices, xs, ys, impl="shard_map"):
     import jax
 
     from kbackend.parallel import jax_step
-    from kbackend.parallel.optax_adapter import optax_transform
 
-    tx = optax_transform(spec)
+    tx = spec.to_optax()
     start = jax_step.initial_state(model, tx)
     host_start = jax_step.to_host(start)
     single, single_metrics = jax_step.make_train_step(model, tx)(host_start, (xs, ys))

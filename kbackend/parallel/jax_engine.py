@@ -30,7 +30,6 @@ from kbackend.parallel.jax_step import (
     split_for_pmap,
     to_host,
 )
-from kbackend.parallel.optax_adapter import optax_transform
 
 
 def _evaluator(model: Any) -> Any:
@@ -71,7 +70,7 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
     local_rows = batch // processes
     devices = jax.devices()[:count]
     mesh = make_mesh(devices)
-    tx = optax_transform(spec)
+    tx = spec.to_optax()
     step_fn = make_train_step(model, tx, mesh, config.dp_impl)
     if config.dp_impl == "pmap":
         if processes > 1:

@@ -15,7 +15,8 @@ the other in one run. Configurations, per backend and batch size:
 Each configuration first runs one (compiling) epoch, excluded; then every configuration runs one
 epoch in turn, ``repeats`` rounds (interleaved, so a busy machine slows all alike), and the median
 epoch is reported as us/step and samples/s, with the ratio to ``fit spe=1`` and the compile time
-separately (exact for the native engine; first epoch minus the median for the others). Writes ``bench_engines.json`` (figures + environment of each backend)
+separately (exact for the native engine; first epoch minus the median for the others), and the
+spread (slowest / fastest timed epoch) that shows how noisy the machine was. Writes ``bench_engines.json`` (figures + environment of each backend)
 and ``bench_engines.md`` (the table) to ``--out``.
 """
 
@@ -113,10 +114,12 @@ def measure(runners: dict[str, Any], steps: int, batch_size: int, repeats: int) 
     figures = {}
     for name, seconds in epochs.items():
         median = statistics.median(seconds)
-        compile_s = getattr(runners[name], "compile_time", first[name] - median)
+        # Exact for the native engine; else the first epoch's excess (noise can hide it: >= 0).
+        compile_s = getattr(runners[name], "compile_time", max(0.0, first[name] - median))
         figures[name] = {"us_per_step": median / steps * 1e6,
                          "samples_per_s": steps * batch_size / median,
-                         "compile_s": compile_s, "epoch_s": seconds}
+                         "compile_s": compile_s, "epoch_s": seconds,
+                         "spread": max(seconds) / min(seconds)}
     return figures
 
 
@@ -217,8 +220,9 @@ def worker(batch_sizes: list[int], repeats: int, quick: bool) -> dict:
 
 
 def markdown(results: list[dict]) -> str:
-    lines = ["| backend | batch | config | us/step | samples/s | x fit spe=1 | x reference | compile s |",
-             "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| backend | batch | config | us/step | samples/s | x fit spe=1 | x reference | "
+             "compile s | spread |",
+             "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for result in results:
         by_batch: dict[int, dict[str, dict]] = {}
         for row in result["rows"]:
@@ -232,7 +236,8 @@ def markdown(results: list[dict]) -> str:
                 lines.append(
                     f"| {result['backend']} | {batch_size} | {label} | {row['us_per_step']:.1f} | "
                     f"{row['samples_per_s']:.0f} | {row['samples_per_s'] / base:.2f} | "
-                    f"{row['samples_per_s'] / floor:.2f} | {row['compile_s']:.2f} |")
+                    f"{row['samples_per_s'] / floor:.2f} | {row['compile_s']:.2f} | "
+                    f"{row['spread']:.2f} |")
     return "\n".join(lines) + "\n"
 
 

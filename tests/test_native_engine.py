@@ -181,7 +181,7 @@ def test_early_stopping_restores_best(dataset):
     (lambda ds: OptimizerSpec("sgd", 0.0), "learning rate"),
     (lambda ds: OptimizerSpec("sgd", -1e-3), "learning rate"),
     (lambda ds: OptimizerSpec("lion"), "Unknown optimizer"),
-    (lambda ds: TrainConfig(fused_steps=0), "fused_steps"),
+    (lambda ds: TrainConfig(fused_steps=-1), "fused_steps"),
 ])
 def test_bad_input_is_refused(dataset, make, message):
     with pytest.raises(ConfigError, match=message):
@@ -202,3 +202,19 @@ def test_cli_refuses_a_too_large_k(cli):
     bad = cli("train", "--engine", "native", "--fused-steps", "1000", "--epochs", "1")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert "Invalid fused_steps 1000" in bad.stderr.strip().splitlines()[-1]
+
+
+def test_fused_steps_auto_picks_a_measured_k(dataset):
+    model = toy_model(dataset)
+    before = weights_of(model)
+    best, timings = native.probe_fused_steps(model, dataset, OptimizerSpec("sgd", 0.1), 32)
+    assert set(timings) == {1, 8, 10} and best in timings  # 32 is capped at the epoch's 10
+    assert all(v > 0 for v in timings.values())
+    for got, want in zip(weights_of(model), before, strict=True):
+        np.testing.assert_array_equal(got, want)  # the probe trains a clone
+    history = run_native(model, dataset, OptimizerSpec("sgd", 0.1), batch_size=32, epochs=1,
+                         fused_steps=0)
+    probe = history.extra["fused_steps_probe"]
+    assert history.extra["fused_steps"] == int(min(probe["us_per_step"],
+                                                   key=probe["us_per_step"].get))
+    assert history.steps_run == 10

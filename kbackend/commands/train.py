@@ -17,6 +17,19 @@ def _widths(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def _fused_steps(text: str) -> int:
+    """``--fused-steps``: a positive integer, or ``auto`` (0: chosen by a measured probe)."""
+    if text == "auto":
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {text!r}")
+    return value
+
+
 def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags shared by every command that trains (train, and later ones such as study)."""
     from kbackend.engines import engine_names
@@ -49,8 +62,9 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                      help="stop after PATIENCE evaluations without improvement of --early-stopping-metric (0: off)")
     run.add_argument("--early-stopping-metric", dest="monitor", default="val_accuracy", choices=list(MONITORS))
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--fused-steps", type=int, default=1, metavar="K",
-                     help="--engine native: train steps per compiled device call (K)")
+    run.add_argument("--fused-steps", type=_fused_steps, default=1, metavar="K",
+                     help="--engine native: train steps per compiled device call (K), or "
+                          "'auto' (the fastest of a few, measured on a short probe)")
     add_parallel_arguments(parser)
 
 

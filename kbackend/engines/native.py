@@ -16,6 +16,9 @@ How a run goes:
 * Calls are dispatched asynchronously; the host waits only at evaluation points and epoch ends.
   Per-step times are the measured times at those waits, spread evenly over the steps between
   them (a fused call has no finer clock).
+* ``fused_steps=0`` (``--fused-steps auto``) picks K by measurement: ``probe_fused_steps`` times
+  one short epoch per candidate on a throwaway clone of the model and keeps the fastest (its
+  figures go to ``history.extra["fused_steps_probe"]``; the probe runs before the clock starts).
 * Validation runs once per epoch (``eval_every`` 0) or after the first call that reaches each
   multiple of ``eval_every`` steps (so with K > 1 it is rounded up to a call boundary), and at the
   end. Targets, early stopping (patience in evaluations, best values restored) and the reporter
@@ -67,7 +70,13 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
     """
     n_train, batch_size = len(dataset.x_train), config.batch_size
     steps_per_epoch = batching.steps_per_epoch(n_train, batch_size)
-    batching.check_fused_steps(config.fused_steps, steps_per_epoch, n_train, batch_size)
+    fused_steps, probe = config.fused_steps, None
+    if fused_steps == 0:  # auto: measure a few K on a throwaway copy of the model
+        probe_start = time.perf_counter()
+        fused_steps, probe = probe_fused_steps(model, dataset, spec, batch_size, config.seed)
+        probe = {"us_per_step": {str(k): v for k, v in probe.items()},
+                 "seconds": time.perf_counter() - probe_start}
+    batching.check_fused_steps(fused_steps, steps_per_epoch, n_train, batch_size)
     total_steps = steps_per_epoch * config.epochs
     if config.max_steps:
         total_steps = min(total_steps, config.max_steps)
@@ -80,10 +89,12 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
     trainer = impl().native_trainer(model, spec, dataset)
     eval_every = config.eval_every or steps_per_epoch
     history = History()
-    history.extra.update(engine="native", fused_steps=config.fused_steps,
+    history.extra.update(engine="native", fused_steps=fused_steps,
                          steps_per_epoch=steps_per_epoch, eval_every=eval_every,
                          dropped_per_epoch=n_train - steps_per_epoch * batch_size,
                          decay_steps=spec.decay_steps)
+    if probe is not None:
+        history.extra["fused_steps_probe"] = probe
     stopper = (_EarlyStopping(config.monitor, config.early_stopping)
                if config.early_stopping else None)
 
@@ -133,7 +144,7 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
         rows = trainer.put_epoch(batching.epoch_batches(n_train, batch_size, config.seed,
                                                         epoch - 1, shuffle))
         start = 0
-        for length in batching.call_lengths(steps_per_epoch, config.fused_steps):
+        for length in batching.call_lengths(steps_per_epoch, fused_steps):
             length = min(length, total_steps - step)
             if length <= 0:
                 break
@@ -193,3 +204,37 @@ class EpochRunner:
             handles.append(self.trainer.run(rows, start, length))
             start += length
         return np.concatenate([self.trainer.fetch(handle) for handle in handles])
+
+
+PROBE_CANDIDATES = (1, 8, 32)
+
+
+def probe_fused_steps(model: Any, dataset: Any, spec: Any, batch_size: int, seed: int = 0,
+                      candidates: tuple[int, ...] = PROBE_CANDIDATES) -> tuple[int, dict]:
+    """The fastest K among ``candidates`` (capped at one epoch), measured, and us/step of each.
+
+    Each candidate trains a clone of ``model`` (same weights; ``model`` is not touched) on a
+    probe epoch of ``max(candidates)`` batches: once to compile and warm up, once timed. Where
+    per-call overhead dominates (small batches) large K wins; where the step's arithmetic
+    dominates, K barely matters and the probe keeps whichever program XLA made fastest.
+    """
+    from dataclasses import replace as replace_fields
+
+    from kbackend.backend import keras as import_keras
+
+    keras = import_keras()
+    steps = batching.steps_per_epoch(len(dataset.x_train), batch_size)
+    ks = sorted({min(k, steps) for k in candidates})
+    probe_steps = max(ks)
+    subset = replace_fields(dataset, x_train=dataset.x_train[: probe_steps * batch_size],
+                            y_train=dataset.y_train[: probe_steps * batch_size])
+    timings: dict[int, float] = {}
+    for k in ks:
+        clone = keras.models.clone_model(model)
+        clone.set_weights(model.get_weights())
+        runner = EpochRunner(clone, subset, spec, batch_size, k, seed)
+        runner()  # compiles
+        start = time.perf_counter()
+        runner()
+        timings[k] = (time.perf_counter() - start) / probe_steps * 1e6
+    return min(timings, key=timings.get), timings

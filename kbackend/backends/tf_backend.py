@@ -45,3 +45,28 @@ def to_numpy(value: Any) -> np.ndarray:
 def supports_channels_first_conv() -> bool:
     """TF's CPU kernels implement Conv2D and pooling only for NHWC (keras issues 20414, 19591)."""
     return bool(tf.config.list_physical_devices("GPU"))
+
+
+
+def training_gradients(model: Any, x: Any, y: Any) -> tuple[Any, list[Any]]:
+    """One training-mode loss and its gradients for a compiled Keras model (backend tensors).
+
+    The computation of Keras' TF ``train_step``: a ``GradientTape`` around the training call and
+    ``compute_loss``. The training call updates BatchNormalization's moving statistics in place,
+    as a train step does. Gradients come in the order of ``model.trainable_variables``, as TF
+    returns them (an Embedding's gradient is a sparse ``tf.IndexedSlices``; None where the loss
+    does not depend on a variable).
+    """
+    with tf.GradientTape() as tape:
+        y_pred = model(x, training=True)
+        loss = model.compute_loss(x=x, y=y, y_pred=y_pred, training=True)
+    return loss, tape.gradient(loss, model.trainable_variables)
+
+
+def loss_and_gradients(model: Any, x: Any, y: Any) -> tuple[float, list[np.ndarray]]:
+    """``training_gradients`` as a float and dense NumPy arrays (zeros for None)."""
+    loss, grads = training_gradients(model, x, y)
+    return float(loss), [
+        np.zeros(v.shape, v.dtype) if g is None else np.asarray(tf.convert_to_tensor(g))
+        for g, v in zip(grads, model.trainable_variables, strict=True)
+    ]

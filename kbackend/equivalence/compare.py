@@ -1,0 +1,229 @@
+"""Run one model on every backend and compare: forward, loss, gradients, optimizer steps, and a
+model saved on each backend loaded on the others.
+
+``compare_model(pool, source, x, y)`` returns a ``Report``: one row per output, gradient and
+weight after each optimizer step, with max absolute / relative differences and pass/fail against
+``kbackend.equivalence.tolerances.TOLERANCES``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kbackend.equivalence.pool import WorkerFailed, WorkerPool
+from kbackend.equivalence.tolerances import TOLERANCES, divergence_for_error
+
+# Optimizers the step comparisons run by default: kbackend OptimizerSpec fields plus a label.
+DEFAULT_OPTIMIZERS: tuple[dict[str, Any], ...] = (
+    {"label": "sgd", "name": "sgd", "learning_rate": 0.01},
+    {"label": "momentum", "name": "momentum", "learning_rate": 0.01, "momentum": 0.9},
+    {"label": "adam", "name": "adam", "learning_rate": 0.001},
+)
+DEFAULT_STEPS = 3
+
+
+@dataclass
+class Row:
+    """One compared quantity (an output, a gradient, a weight after a step...)."""
+
+    quantity: str  # a key of TOLERANCES
+    name: str
+    max_abs: float
+    max_rel: float
+    passed: bool
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+@dataclass
+class Report:
+    """Every row of one comparison between a reference backend and the others."""
+
+    reference: str
+    others: tuple[str, ...]
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.rows) and all(r.passed for r in self.rows)
+
+    @property
+    def failures(self) -> list[Row]:
+        return [r for r in self.rows if not r.passed]
+
+    def largest(self) -> dict[str, Row]:
+        """The row with the largest relative difference, per quantity."""
+        worst: dict[str, Row] = {}
+        for row in self.rows:
+            if row.quantity not in worst or _order(row) > _order(worst[row.quantity]):
+                worst[row.quantity] = row
+        return worst
+
+    def table(self, only_failures: bool = False) -> str:
+        """A plain-text table: quantity, name, max abs, max rel, tolerance, pass/fail."""
+        header = f"{'quantity':<12} {'name':<52} {'max abs':>10} {'max rel':>10} {'rtol':>8}  result"
+        lines = [header, "-" * len(header)]
+        for row in self.rows:
+            if only_failures and row.passed:
+                continue
+            tol = TOLERANCES[row.quantity]
+            lines.append(f"{row.quantity:<12} {row.name[:52]:<52} {row.max_abs:>10.3g} "
+                         f"{row.max_rel:>10.3g} {tol.rtol:>8.0e}  {'pass' if row.passed else 'FAIL'}"
+                         + (f"  ({row.note})" if row.note else ""))
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        verdict = "all pass" if self.passed else f"{len(self.failures)} of {len(self.rows)} FAIL"
+        return (f"{self.reference} vs {', '.join(self.others)}: {len(self.rows)} comparisons, "
+                f"{verdict}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reference": self.reference, "others": list(self.others), "passed": self.passed,
+                "rows": [r.to_dict() for r in self.rows], "notes": self.notes}
+
+
+def _order(row: Row) -> float:
+    return math.inf if not math.isfinite(row.max_rel) else row.max_rel
+
+
+def difference(a: Any, b: Any) -> tuple[float, float]:
+    """Max absolute difference and the same divided by the larger of the two tensors' max |x|.
+
+    Matching NaNs and matching infinities count as equal; any other non-finite mismatch gives inf.
+    """
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        return math.inf, math.inf
+    if a.size == 0:
+        return 0.0, 0.0
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    diff = np.where(same, 0.0, np.abs(a - b))
+    diff = np.where(np.isnan(diff), np.inf, diff)
+    max_abs = float(diff.max())
+    finite = np.concatenate([np.abs(a[np.isfinite(a)]), np.abs(b[np.isfinite(b)])])
+    scale = float(finite.max()) if finite.size else 0.0
+    if max_abs == 0.0:
+        return 0.0, 0.0
+    return max_abs, (max_abs / scale if scale > 0 else math.inf)
+
+
+def within(quantity: str, max_abs: float, max_rel: float) -> bool:
+    """Whether a difference passes the tolerance of ``quantity``."""
+    tol = TOLERANCES[quantity]
+    return max_abs <= tol.atol or max_rel <= tol.rtol
+
+
+def compare_arrays(quantity: str, name: str, a: Any, b: Any, note: str = "") -> Row:
+    """One report row for arrays ``a`` (reference) and ``b``."""
+    a_arr, b_arr = np.asarray(a), np.asarray(b)
+    if a_arr.shape != b_arr.shape:
+        return Row(quantity, name, math.inf, math.inf, False,
+                   f"shapes differ: {a_arr.shape} vs {b_arr.shape}")
+    max_abs, max_rel = difference(a_arr, b_arr)
+    return Row(quantity, name, max_abs, max_rel, within(quantity, max_abs, max_rel), note)
+
+
+def compare_results(reference: dict[str, Any], other: dict[str, Any], output_names: list[str],
+                    label: str = "") -> list[Row]:
+    """Rows comparing two ``runner.evaluate`` results (reference first)."""
+    rows = []
+    suffix = f" [{label}]" if label else ""
+    for name, a, b in zip(output_names, reference["outputs"], other["outputs"], strict=True):
+        rows.append(compare_arrays("forward", f"output {name}{suffix}", a, b))
+    if "loss" not in reference:
+        return rows
+    rows.append(compare_arrays("loss", f"loss{suffix}", reference["loss"], other["loss"]))
+    for name, a, b in zip(reference["trainable_names"], reference["gradients"], other["gradients"],
+                          strict=True):
+        rows.append(compare_arrays("gradient", f"d loss / d {name}{suffix}", a, b))
+    for label_opt, ref_steps in reference["steps"].items():
+        other_steps = other["steps"][label_opt]
+        for step, ref_params in sorted(ref_steps["params"].items()):
+            quantity = "step1" if step == 1 else "stepK"
+            for name, a, b in zip(reference["weight_names"], ref_params,
+                                  other_steps["params"][step], strict=True):
+                rows.append(compare_arrays(quantity, f"{label_opt} step {step}: {name}{suffix}", a, b))
+    return rows
+
+
+@dataclass
+class Case:
+    """Everything that defines one comparison: model source, weights, data, loss, optimizers."""
+
+    source: dict[str, Any]
+    x: list[np.ndarray]
+    y: list[np.ndarray] | None
+    loss: Any = "mse"
+    weights: list[np.ndarray] | None = None
+    optimizers: tuple[dict[str, Any], ...] = DEFAULT_OPTIMIZERS
+    steps: int = DEFAULT_STEPS
+    check_saved: bool = True
+
+
+def compare_model(pool: WorkerPool, case: Case, reference: str | None = None,
+                  save_dir: str | Path | None = None) -> Report:
+    """Run ``case`` on every backend of ``pool`` and compare each against ``reference``.
+
+    Weights come from ``case.weights`` or, if None, from the model as the reference worker
+    builds or loads it; either way every backend gets the same arrays.
+    """
+    backends = pool.backends
+    reference = reference or backends[0]
+    others = tuple(b for b in backends if b != reference)
+    report = Report(reference, others)
+    description = pool.call(reference, "describe", source=case.source)
+    weights = case.weights if case.weights is not None else description["weights"]
+    output_names = [o["name"] for o in description["outputs"]]
+    save_dir = Path(save_dir or pool.work_dir)
+    saved = {b: str(save_dir / f"model-saved-on-{b}.keras") for b in backends}
+    args = {b: {"source": case.source, "weights": weights, "x": case.x, "y": case.y,
+                "loss": case.loss, "optimizers": list(case.optimizers), "steps": case.steps,
+                "save_path": saved[b] if case.check_saved else None} for b in backends}
+    try:
+        results = pool.call_each(args, "evaluate")
+    except WorkerFailed as error:
+        divergence = divergence_for_error(error.error)
+        note = (f"known divergence {divergence.name!r}: {divergence.what}" if divergence
+                else "the model does not run on this backend")
+        report.rows.append(Row("forward", f"run on {error.backend}", math.inf, math.inf, False,
+                               f"{note} [{error.error}]"))
+        return report
+    inert = results[reference].get("inert") or []
+    if inert:
+        report.notes.append("stochastic layers made inert for loss/gradients/steps (compared in "
+                            f"inference mode): {', '.join(inert)}")
+    for other in others:
+        report.rows.extend(compare_results(results[reference], results[other], output_names,
+                                           "" if len(others) == 1 else other))
+    if case.check_saved:
+        report.rows.extend(_compare_saved(pool, case, weights, saved, results, output_names))
+    return report
+
+
+def _compare_saved(pool: WorkerPool, case: Case, weights: list[np.ndarray], saved: dict[str, str],
+                   results: dict[str, Any], output_names: list[str]) -> list[Row]:
+    """Each backend loads the file another one saved; compare to the saver's own predictions."""
+    backends = pool.backends
+    loader_of = {b: backends[(i + 1) % len(backends)] for i, b in enumerate(backends)}
+    loads = pool.call_each({loader_of[b]: {"path": saved[b], "x": case.x} for b in backends},
+                           "predict_saved")
+    rows = []
+    for saver, loader in loader_of.items():
+        loaded = loads[loader]
+        for name, a, b in zip(output_names, results[saver]["outputs"], loaded["outputs"], strict=True):
+            rows.append(compare_arrays("saved", f"saved on {saver}, loaded on {loader}: {name}", a, b))
+        worst = max((difference(w, v) for w, v in zip(weights, loaded["weights"], strict=True)),
+                    default=(0.0, 0.0))
+        count_ok = len(weights) == len(loaded["weights"])
+        rows.append(Row("weights", f"weights saved on {saver}, loaded on {loader}", *worst,
+                        count_ok and within("weights", *worst),
+                        "" if count_ok else "a different number of weights came back"))
+    return rows

@@ -1,0 +1,108 @@
+"""Float32 tolerances per compared quantity and the known divergences between backends: the ONE
+place both are stated (docs/equivalence.md gives the reasoning at length).
+
+A pair of arrays ``a`` (reference backend) and ``b`` passes when
+
+    max|a - b| <= atol   or   max|a - b| / max(max|a|, max|b|) <= rtol
+
+i.e. the error is measured relative to the tensor's own scale, not element by element: float32
+sums of many terms carry errors proportional to the largest terms, so an element that cancels to
+nearly zero is not held to a relative tolerance it cannot meet, and the test means the same for
+inputs of magnitude 1e-3 and 1e3. ``atol`` only matters for tensors that are (nearly) all zero.
+NaN matches NaN and an infinity matches the same infinity; anything else against NaN/inf fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Pass when the max abs difference <= atol or the scale-relative difference <= rtol."""
+
+    atol: float
+    rtol: float
+    why: str
+
+
+# float32 machine epsilon is 1.19e-7. A forward pass of a few layers accumulates a few hundred
+# ulps at worst when two libraries order their sums differently (XLA vs Eigen/oneDNN).
+TOLERANCES: dict[str, Tolerance] = {
+    "forward": Tolerance(1e-6, 1e-5, "inference outputs: a few layers of float32 sums in different "
+                         "orders (XLA vs TF/oneDNN kernels), ~100 ulps of the output scale"),
+    "loss": Tolerance(1e-6, 1e-5, "a mean over the batch of the forward error"),
+    "gradient": Tolerance(1e-6, 1e-4, "backward passes differ more: different reduction orders for "
+                          "weight gradients (sums over batch and space) and recurrent chains"),
+    "step1": Tolerance(1e-6, 1e-5, "weights after one step: w - lr*update, dominated by w"),
+    "stepK": Tolerance(1e-6, 1e-4, "weights after K steps: gradient differences compound, and "
+                       "Adam's normalized update amplifies them where sqrt(v) ~ epsilon"),
+    "saved": Tolerance(1e-6, 1e-5, "a model saved on one backend and loaded on the other predicts "
+                       "with bit-identical weights, so as close as the forward pass"),
+    "weights": Tolerance(0.0, 0.0, "saving and loading copies float32 weights exactly"),
+    "data_format": Tolerance(1e-6, 1e-5, "same backend, same weights, transposed layout: only "
+                             "the kernels' summation order differs"),
+    "engine": Tolerance(1e-6, 1e-5, "same backend, same data and initial weights: only fusion and "
+                        "compilation boundaries differ"),
+}
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """A real difference between the backends, recognized by name and handled explicitly."""
+
+    name: str
+    what: str
+    handling: str
+    # A substring of the worker's error message that identifies this divergence (None: the
+    # divergence is avoided by construction, never observed as an error).
+    error_marker: str | None = None
+
+
+KNOWN_DIVERGENCES: dict[str, Divergence] = {
+    d.name: d for d in (
+        Divergence(
+            "tf-cpu-channels-first",
+            "TensorFlow's CPU kernels implement convolution and pooling only for channels_last "
+            "(keras issues 20414, 19591); JAX (XLA) runs both layouts on every device.",
+            "Strategies generate channels_first models only where both workers report support "
+            "(supports_channels_first_conv); the data-format property runs on JAX. A user's "
+            "channels_first model fails on TF CPU with this divergence named in the report.",
+            error_marker="channels_first",
+        ),
+        Divergence(
+            "stochastic-layers",
+            "Dropout (and RNN dropout, GaussianNoise...) draws from each backend's own RNG in "
+            "training mode: no two backends produce the same mask.",
+            "Forward outputs are compared in inference mode; for loss, gradients and optimizer "
+            "steps the workers make such layers inert (rate 0) and the report lists them.",
+        ),
+        Divergence(
+            "seeded-initialization",
+            "The same seed gives different initial weights on JAX and TF (different RNGs).",
+            "Weights are always copied from one backend to the other, never re-seeded.",
+        ),
+        Divergence(
+            "adam-epsilon",
+            "Keras Adam adds epsilon to the uncorrected sqrt(v); optax to the bias-corrected one.",
+            "Step comparisons build every optimizer from one OptimizerSpec through "
+            "runner.make_optimizer (Keras optimizers on both backends), so both use one convention.",
+        ),
+        Divergence(
+            "embedding-out-of-range",
+            "An Embedding lookup with an id >= input_dim raises on TF but silently returns "
+            "clipped/zero rows on JAX.",
+            "Random integer inputs are drawn below the Embedding's input_dim; user inputs with "
+            "out-of-range ids fail on TF with the worker's error in the report.",
+            error_marker="indices",
+        ),
+    )
+}
+
+
+def divergence_for_error(message: str) -> Divergence | None:
+    """The known divergence a worker error message shows, if any."""
+    for divergence in KNOWN_DIVERGENCES.values():
+        if divergence.error_marker and divergence.error_marker in message:
+            return divergence
+    return None

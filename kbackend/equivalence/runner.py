@@ -154,14 +154,16 @@ def run_optimizer_steps(model: Any, weights: list[np.ndarray], spec: OptimizerSp
     """
     model.set_weights(weights)
     optimizer = make_optimizer(spec)
-    snapshots, losses = {}, []
+    snapshots, losses, sparse = {}, [], []
     for step in range(1, steps + 1):
         loss, grads = impl().training_gradients(model, x, y)
+        # A sparse gradient (tf.IndexedSlices for an Embedding on TF) is applied as it comes.
+        sparse = [i for i, g in enumerate(grads) if hasattr(g, "indices")]
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         losses.append(float(np.asarray(loss)))
         if step in (1, steps):
             snapshots[step] = [np.asarray(w) for w in model.get_weights()]
-    return {"losses": losses, "params": snapshots}
+    return {"losses": losses, "params": snapshots, "sparse_gradients": sparse}
 
 
 def evaluate(source: dict[str, Any], weights: list[np.ndarray], x: list[np.ndarray],
@@ -197,6 +199,8 @@ def evaluate(source: dict[str, Any], weights: list[np.ndarray], x: list[np.ndarr
         spec = OptimizerSpec(**{k: v for k, v in spec_dict.items() if k != "label"})
         label = spec_dict.get("label", spec.name)
         result["steps"][label] = run_optimizer_steps(model, weights, spec, xs, ys, steps)
+        result["sparse_gradients"] = [result["trainable_names"][i]
+                                      for i in result["steps"][label]["sparse_gradients"]]
     return result
 
 

@@ -40,8 +40,6 @@ TOLERANCES: dict[str, Tolerance] = {
     "saved": Tolerance(1e-6, 1e-5, "a model saved on one backend and loaded on the other predicts "
                        "with bit-identical weights, so as close as the forward pass"),
     "weights": Tolerance(0.0, 0.0, "saving and loading copies float32 weights exactly"),
-    "data_format": Tolerance(1e-6, 1e-5, "same backend, same weights, transposed layout: only "
-                             "the kernels' summation order differs"),
     "engine": Tolerance(1e-6, 1e-5, "same backend, same data and initial weights: only fusion and "
                         "compilation boundaries differ"),
 }
@@ -87,6 +85,19 @@ KNOWN_DIVERGENCES: dict[str, Divergence] = {
             "Keras Adam adds epsilon to the uncorrected sqrt(v); optax to the bias-corrected one.",
             "Step comparisons build every optimizer from one OptimizerSpec through "
             "runner.make_optimizer (Keras optimizers on both backends), so both use one convention.",
+        ),
+        Divergence(
+            "tf-sparse-adam-duplicate-ids",
+            "On TF an Embedding's gradient is a sparse tf.IndexedSlices with one slice per "
+            "looked-up id, and Keras' Adam squares it slice by slice (keras.ops.square is "
+            "sparse-aware) before scatter-adding into v: an id repeated in a batch gets "
+            "sum(g_i^2) instead of (sum g_i)^2. JAX's dense gradient gives the latter. Found by "
+            "this suite (found with lr 0.1: 0.08 after two steps; 2e-2 relative after one).",
+            "Reported by name for the step rows it explains (Adam/AdamW, a sparse gradient, a "
+            "repeated id): the step1 rows of the embedding and the stepK rows of that run. "
+            "Everything else must still pass. SGD and momentum are linear in the gradient and "
+            "agree. To train identically on TF, densify the gradient before the update "
+            "(tf.convert_to_tensor), which the JAX side does implicitly.",
         ),
         Divergence(
             "embedding-out-of-range",

@@ -56,6 +56,7 @@ class Worker:
         self.startup_timeout = startup_timeout
         self.process: subprocess.Popen | None = None
         self.starts = 0
+        self.busy_with: str | None = None  # the operation in flight, if any
 
     @property
     def pid(self) -> int | None:
@@ -108,6 +109,7 @@ class Worker:
             raise WorkerCrashed(f"The {self.backend} worker is not running.")
         try:
             send(self.process.stdin, {"op": op, "args": args})
+            self.busy_with = op
         except (BrokenPipeError, OSError):
             raise WorkerCrashed(self._died_message(op)) from None
 
@@ -115,6 +117,7 @@ class Worker:
         """The reply to the request in flight; raises on a crash, a timeout or a remote error."""
         try:
             reply = receive(self.process.stdout.fileno(), timeout)
+            self.busy_with = None
         except ChannelTimeout:
             self.kill()
             raise WorkerTimeout(f"The {self.backend} worker did not answer {op!r} within "
@@ -144,7 +147,7 @@ class Worker:
             self.process.kill()
             self.process.wait()
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float = 3.0) -> None:
         """Ask the worker to exit; kill it if it does not."""
         if self.alive():
             try:

@@ -204,6 +204,28 @@ def evaluate(source: dict[str, Any], weights: list[np.ndarray], x: list[np.ndarr
     return result
 
 
+def channels_first_probe() -> str | None:
+    """Run Conv1D, Conv2D and pooling in channels_first, forward and backward, on this backend.
+
+    Returns None when they run, else the error. kbackend's ``supports_channels_first_conv`` states
+    what a backend is documented to support; this checks what this installation actually does.
+    """
+    keras = import_keras()
+    try:
+        for rank, conv, pool in ((1, keras.layers.Conv1D, keras.layers.MaxPooling1D),
+                                 (2, keras.layers.Conv2D, keras.layers.AveragePooling2D)):
+            inputs = keras.Input((2, *([4] * rank)))
+            x = pool(2, data_format="channels_first")(conv(3, 3, padding="same",
+                                                           data_format="channels_first")(inputs))
+            model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Flatten()(x)))
+            _compile(model, "mse")
+            data = np.ones((2, 2, *([4] * rank)), np.float32)
+            impl().loss_and_gradients(model, data, np.ones((2, 1), np.float32))
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
 def predict_saved(path: str, x: list[np.ndarray]) -> dict[str, Any]:
     """Load a ``.keras`` file saved by another backend; its weights and inference outputs."""
     keras = import_keras()

@@ -17,10 +17,16 @@ from typing import Any
 from kbackend.equivalence.protocol import ChannelClosed, receive, send
 
 
-def _ping() -> dict[str, Any]:
+def _ping(probe: bool = False) -> dict[str, Any]:
+    """The worker's pid, the backend's declared channels_first support and, with ``probe``,
+    whether channels_first convolution and pooling actually run here (None) or the error."""
     from kbackend.backends import impl
+    from kbackend.equivalence.runner import channels_first_probe
 
-    return {"pid": os.getpid(), "supports_channels_first": impl().supports_channels_first_conv()}
+    reply = {"pid": os.getpid(), "supports_channels_first": impl().supports_channels_first_conv()}
+    if probe:
+        reply["channels_first_error"] = channels_first_probe()
+    return reply
 
 
 def _sleep(seconds: float) -> dict[str, Any]:

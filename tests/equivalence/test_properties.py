@@ -63,3 +63,13 @@ def test_channels_first_equals_channels_last_on_transposed_inputs(pool, case):
     failures = [r for r in rows if not r.passed]
     assert not failures, "\n".join(f"{r.name}: abs {r.max_abs:.3g} rel {r.max_rel:.3g}"
                                    for r in failures) + f"\nmodel case: {case.to_json()}"
+
+
+@given(case=cases(families=IMAGE_FAMILIES, data_format="channels_first", max_layers=3))
+def test_backends_agree_on_channels_first_models(pool, case, channels_first_everywhere):
+    """channels_first conv / pooling models: JAX == TF (where TF runs them; see the
+    tf-cpu-channels-first entry of KNOWN_DIVERGENCES)."""
+    weights, x, y = _prepare(pool, case)
+    report = compare_model(pool, Case(case.source, x, y, loss=case.keras_loss(), weights=weights,
+                                      check_saved=False))
+    assert_no_unexplained_failures(report, pool, case, weights, x, y)

@@ -70,18 +70,29 @@ def _loss(args: argparse.Namespace, compiled: Any) -> Any:
     return name
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Reject bad arguments before any worker starts."""
+    model_path = Path(args.model)
+    if model_path.suffix != ".keras" or not model_path.is_file():
+        raise DataError(f"Model file not found or not a .keras file: {args.model!r}. "
+                        "Expected a file written by model.save('NAME.keras').")
+    for name in ("steps", "batch_size"):
+        if getattr(args, name) < 1:
+            raise DataError(f"Invalid --{name.replace('_', '-')} {getattr(args, name)}: "
+                            "expected an integer >= 1.")
+    for option in ("inputs", "targets"):
+        path = getattr(args, option)
+        if path is not None and not Path(path).is_file():
+            raise DataError(f"{option} file not found: {path!r}. Expected a .npy or .npz file.")
+
+
 def compare_file(args: argparse.Namespace, pool: Any) -> Any:
     """The ``Report`` for the command's arguments, computed with ``pool``."""
     from kbackend.equivalence import Case, compare_model
     from kbackend.equivalence.randomdata import random_inputs, random_targets
 
-    model_path = Path(args.model)
-    if model_path.suffix != ".keras" or not model_path.is_file():
-        raise DataError(f"Model file not found or not a .keras file: {args.model!r}. "
-                        "Expected a file written by model.save('NAME.keras').")
-    if args.steps < 1:
-        raise DataError(f"Invalid --steps {args.steps}: expected an integer >= 1.")
-    source = {"kind": "keras_file", "path": str(model_path.resolve())}
+    check_args(args)
+    source = {"kind": "keras_file", "path": str(Path(args.model).resolve())}
     description = pool.call(pool.backends[0], "describe", source=source)
     loss = _loss(args, description["loss"])
     x = _load_arrays(args.inputs, "inputs")
@@ -102,6 +113,7 @@ def run(args: argparse.Namespace, pool: Any = None) -> int:
     from kbackend.equivalence import KNOWN_DIVERGENCES, WorkerPool
     from kbackend.io import atomic_write_json
 
+    check_args(args)
     own_pool = pool is None
     if own_pool:
         sys.stderr.write("starting one worker per backend (jax, tensorflow)...\n")

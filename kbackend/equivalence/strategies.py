@@ -55,8 +55,9 @@ class ModelCase:
         return self.loss
 
 
-def _spatial_options(family: str, spatial: list[int], data_format: str) -> list[str]:
-    options = ["activation", "batchnorm", "layernorm", "dropout"]
+def _spatial_options(family: str, spatial: list[int], data_format: str,
+                     dropout: bool = True) -> list[str]:
+    options = ["activation", "batchnorm", "layernorm"] + (["dropout"] if dropout else [])
     if not spatial:
         return [*options, "dense", "residual"]
     options += ["conv", "residual"]
@@ -83,8 +84,11 @@ def _conv(draw: Any, spatial: list[int], filters: Any = None) -> tuple[dict[str,
 
 @st.composite
 def architectures(draw: Any, families: tuple[str, ...] = FAMILIES, data_format: str = "channels_last",
-                  max_layers: int = 4, output_activation: str | None = None) -> dict[str, Any]:
-    """A random valid architecture of ``kbackend.equivalence.grammar`` (head: Dense logits)."""
+                  max_layers: int = 4, output_activation: str | None = None,
+                  dropout: bool = True) -> dict[str, Any]:
+    """A random valid architecture of ``kbackend.equivalence.grammar`` (head: Dense logits,
+    or ``output_activation`` after it). ``dropout=False`` leaves out Dropout layers (for
+    comparisons of training runs, where two engines draw different masks)."""
     family = draw(st.sampled_from(families))
     layers: list[dict[str, Any]] = []
     if family == "dense":
@@ -102,7 +106,7 @@ def architectures(draw: Any, families: tuple[str, ...] = FAMILIES, data_format: 
         shape = [channels, *spatial] if data_format == "channels_first" else [*spatial, channels]
         input_spec = {"shape": shape, "dtype": "float32"}
     for _ in range(draw(st.integers(0, max_layers))):
-        kind = draw(st.sampled_from(_spatial_options(family, spatial, data_format)))
+        kind = draw(st.sampled_from(_spatial_options(family, spatial, data_format, dropout)))
         if kind == "activation":
             layers.append({"type": "activation", "activation": draw(st.sampled_from(ACTIVATIONS))})
         elif kind in ("batchnorm", "layernorm"):

@@ -43,7 +43,22 @@ def _operations() -> dict[str, Any]:
             "engine_run": runner.engine_run}
 
 
+def _die_with_parent() -> None:
+    """On Linux, have the kernel kill this worker when the harness process dies, so a crashed or
+    killed caller never leaves workers behind (elsewhere they exit at their next request)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def main() -> int:
+    _die_with_parent()
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr

@@ -233,7 +233,24 @@ def compare_model(pool: WorkerPool, case: Case, reference: str | None = None,
     _attribute_adam_roundoff(report.rows, case)
     if case.check_saved:
         report.rows.extend(_compare_saved(pool, case, weights, saved, results, output_names))
+    _attribute_misrouted_adds(report, results)
     return report
+
+
+def _attribute_misrouted_adds(report: Report, results: dict[str, Any]) -> None:
+    """Mark every failure of a model in which Keras' TF ``add`` put a bias on the wrong axis.
+
+    The wrong numbers start in the forward pass, so every quantity downstream of it differs;
+    the rule applies only when the TF worker actually observed such an add in this model.
+    """
+    misrouted = {b: r.get("misrouted_adds") for b, r in results.items() if r.get("misrouted_adds")}
+    if not misrouted:
+        return
+    report.notes.extend(f"{backend}: additions with the bias on the wrong axis: {', '.join(adds)}"
+                        for backend, adds in misrouted.items())
+    for row in report.failures:
+        if not row.known:
+            row.known = "keras-tf-add-bias-heuristic"
 
 
 def _attribute_sparse_adam(rows: list[Row], case: Case, results: dict[str, Any]) -> None:

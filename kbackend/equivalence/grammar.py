@@ -60,6 +60,8 @@ def _layer(spec: dict[str, Any], name: str, x: Any, data_format: str) -> Any:
     if kind == "dropout":
         return keras.layers.Dropout(spec.get("rate", 0.5), seed=0, name=name)(x)
     if kind == "activation":
+        if spec["activation"] == "softmax":  # over the channels, whatever the data format
+            return keras.layers.Softmax(axis=_channel_axis(data_format, rank), name=name)(x)
         return keras.layers.Activation(spec["activation"], name=name)(x)
     if kind == "embedding":
         return keras.layers.Embedding(spec["input_dim"], spec["output_dim"], name=name)(x)

@@ -184,6 +184,7 @@ def evaluate(source: dict[str, Any], weights: list[np.ndarray], x: list[np.ndarr
         model.save(tmp)
         os.replace(tmp, save_path)
     result["outputs"] = forward(model, x)
+    result["misrouted_adds"] = impl().bias_add_misroutes(model, _inputs(model, x))
     if y is None:
         return result
     result["inert"] = inert_stochastic_layers(model)

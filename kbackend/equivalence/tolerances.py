@@ -105,6 +105,20 @@ KNOWN_DIVERGENCES: dict[str, Divergence] = {
             "(tf.convert_to_tensor), which the JAX side does implicitly.",
         ),
         Divergence(
+            "keras-tf-add-bias-heuristic",
+            "Found by this suite; a Keras bug on the TF backend. keras.ops.add turns x1 + x2 into "
+            "tf.nn.bias_add when x2 squeezes to a vector and guesses the channel axis from shapes "
+            "(NHWC whenever x1.shape[-1] equals the vector's length). A channels_first Conv1D/"
+            "Conv2D adds its bias as shape (1, C, 1...), so when the output's last spatial size "
+            "equals the number of filters TF adds the bias along the wrong axis, silently (any "
+            "device). E.g. Conv1D(2, 1, data_format='channels_first') on inputs of shape (1, 2).",
+            "The TF worker records the additions that take the wrong branch "
+            "(tf_backend.bias_add_misroutes); when a model has any, its failing rows are "
+            "labelled with this name and the report lists the shapes. Models without such an "
+            "addition must pass. Avoid it by keeping channels_first spatial sizes != filters, or "
+            "use channels_last on TF.",
+        ),
+        Divergence(
             "adam-roundoff-gradient",
             "A gradient that is exactly zero in exact arithmetic (e.g. the offset of a "
             "BatchNormalization followed by another normalization) comes out as float32 round-off "

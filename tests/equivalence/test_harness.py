@@ -128,3 +128,24 @@ def test_a_model_that_fails_on_one_backend_is_a_failed_row_naming_the_error(pool
     assert not report.passed
     (row,) = report.rows
     assert row.name == "run on tensorflow" and "Embedding" in row.note
+
+
+def test_keras_tf_bias_heuristic_divergence_is_named_and_precise(pool, channels_first_everywhere):
+    """A channels_first Conv1D whose output length equals its filter count: Keras' TF add puts
+    the bias on the wrong axis. The same layer with another output length agrees."""
+    def conv_model(length):
+        return {"input": {"shape": [1, length]}, "data_format": "channels_first", "outputs": 1,
+                "layers": [{"type": "conv1d", "filters": 2, "kernel": 1, "padding": "same"},
+                           {"type": "flatten"}]}
+
+    case, description = _case(pool, conv_model(2), batch=2, check_saved=False)
+    bias = description["weight_names"].index("l0_conv1d/bias")
+    case.weights[bias] = np.array([1.0, -1.0], np.float32)  # a bias that cannot hide
+    report = compare_model(pool, case)
+    assert "output head" in {r.name for r in report.failures}
+    assert report.known_divergences() == ["keras-tf-add-bias-heuristic"]
+    assert any("(2, 2, 2) + (1, 2, 1)" in n for n in report.notes), report.notes
+    ok_case, ok_description = _case(pool, conv_model(3), batch=2, check_saved=False)
+    ok_case.weights[ok_description["weight_names"].index("l0_conv1d/bias")] = np.array(
+        [1.0, -1.0], np.float32)
+    assert compare_model(pool, ok_case).passed

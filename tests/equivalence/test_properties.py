@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given, note
+from hypothesis import strategies as st
 
 from kbackend.equivalence import Case, compare_model
 from kbackend.equivalence.compare import compare_results
 from kbackend.equivalence.grammar import with_data_format
-from kbackend.equivalence.strategies import IMAGE_FAMILIES, ModelCase, cases, materialize
+from kbackend.equivalence.strategies import (
+    FAMILIES,
+    IMAGE_FAMILIES,
+    ModelCase,
+    cases,
+    materialize,
+)
 from tests.equivalence.conftest import assert_no_unexplained_failures
 
 pytestmark = pytest.mark.equivalence
@@ -24,10 +31,13 @@ def _prepare(pool, case: ModelCase):
     return materialize(case, description)
 
 
-@given(case=cases())
-def test_backends_agree_forward_loss_gradients_and_steps(pool, case):
+@pytest.mark.parametrize("family", FAMILIES)
+@given(data=st.data())
+def test_backends_agree_forward_loss_gradients_and_steps(pool, family, data):
     """Forward (inference), training loss, gradients, params after 1 and K steps of sgd /
-    momentum / adam: JAX == TF within TOLERANCES, except rows a known divergence explains."""
+    momentum / adam: JAX == TF within TOLERANCES, except rows a known divergence explains.
+    One run per input family, so every family gets its examples in the ``ci`` profile."""
+    case = data.draw(cases(families=(family,)), label="case")
     weights, x, y = _prepare(pool, case)
     report = compare_model(pool, Case(case.source, x, y, loss=case.keras_loss(), weights=weights,
                                       check_saved=False))

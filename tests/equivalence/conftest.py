@@ -23,7 +23,7 @@ REPRO_DIR = ROOT / ".hypothesis" / "equivalence"
 
 _COMMON = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow,
                                                        HealthCheck.function_scoped_fixture]}
-settings.register_profile("ci", max_examples=4, derandomize=True, print_blob=True, **_COMMON)
+settings.register_profile("ci", max_examples=3, derandomize=True, print_blob=True, **_COMMON)
 # KBACKEND_EQUIV_EXAMPLES sets the number of examples of the thorough profile (default 200).
 settings.register_profile("thorough", max_examples=int(os.environ.get("KBACKEND_EQUIV_EXAMPLES", "200")),
                           **_COMMON)

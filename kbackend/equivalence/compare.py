@@ -231,6 +231,7 @@ def compare_model(pool: WorkerPool, case: Case, reference: str | None = None,
                                            "" if len(others) == 1 else other))
     _attribute_sparse_adam(report.rows, case, results)
     _attribute_adam_roundoff(report.rows, case)
+    _attribute_batchnorm_cancellation(report, results)
     if case.check_saved:
         report.rows.extend(_compare_saved(pool, case, weights, saved, results, output_names))
     _attribute_misrouted_adds(report, results)
@@ -273,6 +274,35 @@ def _attribute_sparse_adam(rows: list[Row], case: Case, results: dict[str, Any])
             continue
         if row.quantity == "stepK" or (row.quantity == "step1" and row.weight in sparse):
             row.known = "tf-sparse-adam-duplicate-ids"
+
+
+# Below this relative spread (std / max|x|) of a BatchNormalization input, one ulp of round-off
+# in the input exceeds 1e-5 of the normalized output: float32 epsilon 1.2e-7 / 1e-2 ~ 1e-5.
+BATCHNORM_SPREAD_LIMIT = 1e-2
+TRAINING_QUANTITIES = ("loss", "gradient", "step1", "stepK")
+
+
+def _attribute_batchnorm_cancellation(report: Report, results: dict[str, Any]) -> None:
+    """Mark training-mode failures of a model whose BatchNormalization normalizes a batch that
+    barely varies (``x - mean`` cancels; see ``batchnorm-cancellation``).
+
+    Applies only when every inference-mode row passes (moving statistics involve no
+    cancellation) and some BatchNormalization input has a spread below BATCHNORM_SPREAD_LIMIT.
+    """
+    spread = {name: value for r in results.values()
+              for name, value in (r.get("batchnorm_spread") or {}).items()}
+    tight = sorted(name for name, value in spread.items() if value < BATCHNORM_SPREAD_LIMIT)
+    if not tight or any(not r.passed for r in report.rows if r.quantity == "forward"):
+        return
+    explained = False
+    for row in report.failures:
+        if not row.known and row.quantity in TRAINING_QUANTITIES:
+            row.known = "batchnorm-cancellation"
+            explained = True
+    if explained:
+        report.notes.append("BatchNormalization inputs that barely vary over the batch "
+                            f"(std / max|x| < {BATCHNORM_SPREAD_LIMIT:g}): "
+                            + ", ".join(f"{n} {spread[n]:.2g}" for n in tight))
 
 
 def _attribute_adam_roundoff(rows: list[Row], case: Case) -> None:

@@ -130,6 +130,37 @@ def _integer_input_bound(model: Any, tensor: Any) -> int | None:
     return min(bounds) if bounds else 2
 
 
+def batchnorm_input_spread(model: Any, x: Any) -> dict[str, float]:
+    """For each BatchNormalization layer: the smallest, over its channels, spread of its input
+    batch relative to its size, std(x) / max|x| (training mode uses these batch statistics).
+
+    A tiny value means ``x - mean`` cancels: the input's round-off (one ulp of max|x|) becomes
+    a relative error of about ulp / std in everything the training-mode layer computes.
+    Functional models only (others return an empty dict).
+    """
+    keras = import_keras()
+    layers = [layer for layer in model._flatten_layers(include_self=False, recursive=True)
+              if isinstance(layer, keras.layers.BatchNormalization)]
+    if not layers:
+        return {}
+    try:
+        probe = keras.Model(model.inputs, [layer.input for layer in layers])
+        values = probe(x, training=False)
+    except Exception:  # subclassed or shared layers: no symbolic inputs to tap
+        return {}
+    values = values if isinstance(values, list | tuple) else [values]
+    spread = {}
+    for layer, value in zip(layers, values, strict=True):
+        array = np.asarray(keras.ops.convert_to_numpy(value), np.float64)
+        axis = layer.axis if isinstance(layer.axis, int) else layer.axis[0]
+        channels = np.moveaxis(array, axis, -1).reshape(-1, array.shape[axis])
+        size = np.abs(channels).max(axis=0)
+        std = channels.std(axis=0)
+        ratio = np.where(size > 0, std / np.where(size > 0, size, 1.0), 1.0)
+        spread[layer.name] = float(ratio.min())
+    return spread
+
+
 def make_optimizer(spec: OptimizerSpec) -> Any:
     """The optimizer a spec trains with in the step comparisons (one place to switch to optax)."""
     return spec.to_keras()
@@ -188,6 +219,7 @@ def evaluate(source: dict[str, Any], weights: list[np.ndarray], x: list[np.ndarr
     if y is None:
         return result
     result["inert"] = inert_stochastic_layers(model)
+    result["batchnorm_spread"] = batchnorm_input_spread(model, _inputs(model, x))
     xs, ys = _inputs(model, x), _targets(model, y)
     _compile(model, loss)
     trainable_ids = {id(v) for v in model.trainable_variables}

@@ -174,3 +174,27 @@ def test_batchnorm_cancellation_divergence_is_named_and_precise(pool):
     if tiny.failures:  # the size of the ulp differences depends on the kernels of this machine
         assert any("l1_batchnorm" in note for note in tiny.notes)
     assert reports[1.0].passed, reports[1.0].table(only_failures=True)
+
+
+def test_unstable_training_divergence_is_named_and_precise(pool):
+    """The example the property suite shrank to: inputs of size 1e3 make SGD at lr 0.01
+    diverge; only stepK rows of exploding runs may differ (named), and at size 1 all pass."""
+    from kbackend.equivalence.strategies import ModelCase, materialize
+
+    arch = {"input": {"shape": [2, 5, 1], "dtype": "float32"}, "data_format": "channels_last",
+            "outputs": 1, "layers": [{"type": "dropout", "rate": 0.5},
+                                     {"type": "dense", "units": 1, "activation": None},
+                                     {"type": "flatten"}]}
+    reports = {}
+    for scale in (1e3, 1.0):
+        case = ModelCase(arch, batch_size=1, loss="mse", weight_seed=0, weight_scale=1.0,
+                         data_seed=0, input_scale=scale)
+        description = pool.call("jax", "describe", source=case.source)
+        weights, x, y = materialize(case, description)
+        reports[scale] = compare_model(pool, Case(case.source, x, y, weights=weights,
+                                                  check_saved=False))
+    large = reports[1e3]
+    assert not large.unexplained, large.table(only_failures=True)
+    assert set(large.known_divergences()) <= {"unstable-training"}
+    assert all(r.passed for r in large.rows if r.quantity != "stepK")
+    assert reports[1.0].passed, reports[1.0].table(only_failures=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -194,3 +195,40 @@ def data_parallel_clone_layer(layer: Any) -> Any:
     sees the whole batch: plain copies.
     """
     return layer.__class__.from_config(layer.get_config())
+
+
+
+def training_gradients(model: Any, x: Any, y: Any) -> tuple[Any, list[Any]]:
+    """One training-mode loss and its gradients for a compiled Keras model (backend arrays).
+
+    Differentiates Keras' own stateless loss (``compute_loss_and_updates``, what ``fit``
+    differentiates on JAX; regularization losses count), jitted once per model, and writes the
+    updated non-trainable state (BatchNormalization's moving statistics) back as a train step
+    does. Gradients come in the order of ``model.trainable_variables``.
+    """
+    grad_fn = getattr(model, "_kbackend_grad_fn", None)
+    if grad_fn is None:
+        loss_fn = functools.partial(model.compute_loss_and_updates, training=True)
+        grad_fn = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))
+        model._kbackend_grad_fn = grad_fn  # lives and dies with the model
+    (loss, aux), grads = grad_fn(
+        [v.value for v in model.trainable_variables],
+        [v.value for v in model.non_trainable_variables],
+        [v.value for v in model.metrics_variables],
+        x, y, None,
+        optimizer_variables=[v.value for v in model.optimizer.variables],
+    )
+    for variable, value in zip(model.non_trainable_variables, aux[2], strict=True):
+        variable.assign(value)
+    return loss, list(grads)
+
+
+def loss_and_gradients(model: Any, x: Any, y: Any) -> tuple[float, list[np.ndarray]]:
+    """``training_gradients`` as a float and NumPy arrays (state updates applied, see there)."""
+    loss, grads = training_gradients(model, x, y)
+    return float(loss), [np.asarray(g) for g in grads]
+
+
+def bias_add_misroutes(model: Any, x: Any) -> list[str]:
+    """Always empty: JAX's ``add`` broadcasts and never guesses a bias axis (see tf_backend)."""
+    return []

@@ -194,3 +194,59 @@ def data_parallel_clone_layer(layer: Any) -> Any:
     if isinstance(layer, keras.layers.BatchNormalization):
         config["synchronized"] = True
     return layer.__class__.from_config(config)
+
+
+
+def training_gradients(model: Any, x: Any, y: Any) -> tuple[Any, list[Any]]:
+    """One training-mode loss and its gradients for a compiled Keras model (backend tensors).
+
+    The computation of Keras' TF ``train_step``: a ``GradientTape`` around the training call and
+    ``compute_loss``. The training call updates BatchNormalization's moving statistics in place,
+    as a train step does. Gradients come in the order of ``model.trainable_variables``, as TF
+    returns them (an Embedding's gradient is a sparse ``tf.IndexedSlices``; None where the loss
+    does not depend on a variable).
+    """
+    with tf.GradientTape() as tape:
+        y_pred = model(x, training=True)
+        loss = model.compute_loss(x=x, y=y, y_pred=y_pred, training=True)
+    return loss, tape.gradient(loss, model.trainable_variables)
+
+
+def loss_and_gradients(model: Any, x: Any, y: Any) -> tuple[float, list[np.ndarray]]:
+    """``training_gradients`` as a float and dense NumPy arrays (zeros for None)."""
+    loss, grads = training_gradients(model, x, y)
+    return float(loss), [
+        np.zeros(v.shape, v.dtype) if g is None else np.asarray(tf.convert_to_tensor(g))
+        for g, v in zip(grads, model.trainable_variables, strict=True)
+    ]
+
+
+def bias_add_misroutes(model: Any, x: Any) -> list[str]:
+    """The additions in an inference call of ``model`` that Keras' TF ``add`` gets wrong.
+
+    Keras 3's TF ``ops.add`` (keras/src/backend/tensorflow/numpy.py) turns ``x1 + x2`` into
+    ``tf.nn.bias_add`` when ``x2`` squeezes to a vector, guessing the channel axis from shapes:
+    NHWC whenever ``x1.shape[-1]`` equals the vector's length. For a channels_first bias
+    (shape ``(1, C, 1, ...)``) on an output whose last spatial size happens to equal C, that adds
+    the bias along the wrong axis, silently. Returns one ``"x1 shape + x2 shape"`` per such add.
+    """
+    import keras.src.backend.tensorflow.numpy as tf_numpy
+
+    found: list[str] = []
+    original = tf_numpy.add
+
+    def recording_add(x1: Any, x2: Any) -> Any:
+        s1, s2 = getattr(x1, "shape", ()), getattr(x2, "shape", ())
+        if len(s2) > 1 and len(s1) == len(s2):
+            big = [i for i, d in enumerate(s2) if d is None or d > 1]
+            if (len(big) == 1 and big[0] != len(s2) - 1 and s2[big[0]] is not None
+                    and s1[-1] == s2[big[0]]):
+                found.append(f"{tuple(s1)} + {tuple(s2)}")
+        return original(x1, x2)
+
+    tf_numpy.add = recording_add
+    try:
+        model(x, training=False)
+    finally:
+        tf_numpy.add = original
+    return found

@@ -1,0 +1,170 @@
+"""Hypothesis strategies: random valid Keras models (as ``grammar`` architectures) and data.
+
+``cases()`` draws a ``ModelCase``: an architecture from a grammar of layers (Dense, Conv1D, Conv2D,
+pooling, BatchNormalization, LayerNormalization, Dropout, Embedding, GRU, LSTM, activations,
+residual adds), a batch size, a loss, and seeds and magnitudes for weights and inputs (tiny,
+unit and large). Everything is plain JSON, so a failing example shrinks to a small model and
+prints as a reproducer. Weights and data are made with NumPy in the calling process
+(``materialize``) and copied to every backend.
+
+Needs hypothesis (a test dependency); nothing else in kbackend imports this module.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from hypothesis import strategies as st
+
+from kbackend.equivalence.randomdata import random_inputs, random_targets, random_weights
+
+FAMILIES = ("dense", "conv1d", "conv2d", "sequence", "tokens")
+IMAGE_FAMILIES = ("conv1d", "conv2d")
+# Simplest first: hypothesis shrinks a sampled_from towards its first element.
+ACTIVATIONS = ("relu", "tanh", "sigmoid", "gelu", "softplus", "elu", "selu", "swish", "softmax")
+MAGNITUDES = (1.0, 1e-3, 1e3)
+WEIGHT_SCALES = (1.0, 0.01, 10.0)
+LOSSES = ("mse", "sparse_categorical_crossentropy_from_logits")
+
+
+@dataclass(frozen=True)
+class ModelCase:
+    """One drawn example: architecture, data sizes and the seeds / scales of weights and data."""
+
+    arch: dict[str, Any]
+    batch_size: int
+    loss: str
+    weight_seed: int
+    weight_scale: float
+    data_seed: int
+    input_scale: float
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @property
+    def source(self) -> dict[str, Any]:
+        return {"kind": "arch", "arch": self.arch}
+
+    def keras_loss(self) -> Any:
+        """The loss as ``keras.losses.get`` takes it."""
+        if self.loss.endswith("_from_logits"):
+            return {"class_name": "SparseCategoricalCrossentropy", "config": {"from_logits": True}}
+        return self.loss
+
+
+def _spatial_options(family: str, spatial: list[int], data_format: str,
+                     dropout: bool = True) -> list[str]:
+    options = ["activation", "batchnorm", "layernorm"] + (["dropout"] if dropout else [])
+    if not spatial:
+        return [*options, "dense", "residual"]
+    options += ["conv", "residual"]
+    if data_format == "channels_last":
+        options.append("dense")  # Dense acts on the last axis: the channels only in channels_last
+    if min(spatial) >= 2:
+        options += ["maxpool", "avgpool"]
+    if family in ("sequence", "tokens"):
+        options += ["gru", "lstm"]
+    return options
+
+
+@st.composite
+def _conv(draw: Any, spatial: list[int], filters: Any = None) -> tuple[dict[str, Any], list[int]]:
+    padding = draw(st.sampled_from(["same", "valid"])) if filters is None else "same"
+    kernel = draw(st.integers(1, min(3, *spatial)))
+    spec = {"type": "conv1d" if len(spatial) == 1 else "conv2d",
+            "filters": filters if filters is not None else draw(st.integers(1, 4)),
+            "kernel": kernel, "padding": padding,
+            "activation": draw(st.sampled_from([None, "relu", "tanh"]))}
+    new_spatial = spatial if padding == "same" else [d - kernel + 1 for d in spatial]
+    return spec, new_spatial
+
+
+@st.composite
+def architectures(draw: Any, families: tuple[str, ...] = FAMILIES, data_format: str = "channels_last",
+                  max_layers: int = 4, output_activation: str | None = None,
+                  dropout: bool = True) -> dict[str, Any]:
+    """A random valid architecture of ``kbackend.equivalence.grammar`` (head: Dense logits,
+    or ``output_activation`` after it). ``dropout=False`` leaves out Dropout layers (for
+    comparisons of training runs, where two engines draw different masks)."""
+    family = draw(st.sampled_from(families))
+    layers: list[dict[str, Any]] = []
+    if family == "dense":
+        spatial, channels = [], draw(st.integers(1, 6))
+        input_spec = {"shape": [channels], "dtype": "float32"}
+    elif family == "tokens":
+        length, vocab = draw(st.integers(2, 6)), draw(st.integers(2, 10))
+        spatial, channels = [length], draw(st.integers(1, 4))
+        input_spec = {"shape": [length], "dtype": "int32", "vocab": vocab}
+        layers.append({"type": "embedding", "input_dim": vocab, "output_dim": channels})
+    else:
+        rank = 2 if family == "conv2d" else 1
+        spatial = [draw(st.integers(2, 7)) for _ in range(rank)]
+        channels = draw(st.integers(1, 3))
+        shape = [channels, *spatial] if data_format == "channels_first" else [*spatial, channels]
+        input_spec = {"shape": shape, "dtype": "float32"}
+    for _ in range(draw(st.integers(0, max_layers))):
+        kind = draw(st.sampled_from(_spatial_options(family, spatial, data_format, dropout)))
+        if kind == "activation":
+            layers.append({"type": "activation", "activation": draw(st.sampled_from(ACTIVATIONS))})
+        elif kind in ("batchnorm", "layernorm"):
+            layers.append({"type": kind})
+        elif kind == "dropout":
+            layers.append({"type": "dropout", "rate": draw(st.sampled_from([0.5, 0.1]))})
+        elif kind == "dense":
+            channels = draw(st.integers(1, 6))
+            layers.append({"type": "dense", "units": channels,
+                           "activation": draw(st.sampled_from([None, "relu", "tanh"]))})
+        elif kind == "conv":
+            spec, spatial = draw(_conv(spatial))
+            channels = spec["filters"]
+            layers.append(spec)
+        elif kind in ("maxpool", "avgpool"):
+            layers.append({"type": kind, "pool": 2})
+            spatial = [d // 2 for d in spatial]
+        elif kind in ("gru", "lstm"):
+            channels = draw(st.integers(1, 4))
+            layers.append({"type": kind, "units": channels, "return_sequences": True})
+        elif kind == "residual":
+            body = ([draw(_conv(spatial, filters="same"))[0]] if spatial else
+                    [{"type": "dense", "units": "same",
+                      "activation": draw(st.sampled_from([None, "relu", "tanh"]))}])
+            if draw(st.booleans()):
+                body.append({"type": draw(st.sampled_from(["batchnorm", "layernorm"]))})
+            layers.append({"type": "residual", "body": body})
+    if spatial:
+        heads = ["flatten", "gap"]
+        if family in ("sequence", "tokens"):
+            heads += ["gru", "lstm"]
+        head = draw(st.sampled_from(heads))
+        layers.append({"type": head, "units": draw(st.integers(1, 4))} if head in ("gru", "lstm")
+                      else {"type": head})
+    arch = {"input": input_spec, "data_format": data_format, "layers": layers,
+            "outputs": draw(st.integers(1, 4))}
+    if output_activation:
+        arch["output_activation"] = output_activation
+    return arch
+
+
+@st.composite
+def cases(draw: Any, families: tuple[str, ...] = FAMILIES, data_format: str = "channels_last",
+          losses: tuple[str, ...] = LOSSES, max_layers: int = 4) -> ModelCase:
+    """A ``ModelCase``: architecture, batch size, loss, seeds and magnitudes."""
+    arch = draw(architectures(families, data_format, max_layers))
+    return ModelCase(
+        arch=arch, batch_size=draw(st.integers(1, 5)), loss=draw(st.sampled_from(losses)),
+        weight_seed=draw(st.integers(0, 2**16)), weight_scale=draw(st.sampled_from(WEIGHT_SCALES)),
+        data_seed=draw(st.integers(0, 2**16)), input_scale=draw(st.sampled_from(MAGNITUDES)),
+    )
+
+
+def materialize(case: ModelCase, description: dict[str, Any]) -> tuple[list, list, list]:
+    """Weights, inputs and targets of ``case`` for the model a worker described."""
+    weights = random_weights(description["weight_names"], [w.shape for w in description["weights"]],
+                             case.weight_seed, case.weight_scale)
+    x = random_inputs(description, case.batch_size, case.data_seed, case.input_scale)
+    y = random_targets(description, case.batch_size, case.data_seed,
+                       sparse_classes=case.loss.startswith("sparse"))
+    return weights, x, y

@@ -1,0 +1,92 @@
+"""Entry point of a worker process: ``python -m kbackend.equivalence.worker`` with KERAS_BACKEND set.
+
+Keras picks its backend once per process, so the harness runs one long-lived worker per backend
+and feeds it requests over stdin; replies go over a private copy of the original stdout. The
+worker points file descriptor 1 at stderr first, so whatever TensorFlow, XLA or Keras print can
+never corrupt the protocol.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+from kbackend.equivalence.protocol import ChannelClosed, receive, send
+
+
+def _ping(probe: bool = False) -> dict[str, Any]:
+    """The worker's pid, the backend's declared channels_first support and, with ``probe``,
+    whether channels_first convolution and pooling actually run here (None) or the error."""
+    from kbackend.backends import impl
+    from kbackend.equivalence.runner import channels_first_probe
+
+    reply = {"pid": os.getpid(), "supports_channels_first": impl().supports_channels_first_conv()}
+    if probe:
+        reply["channels_first_error"] = channels_first_probe()
+    return reply
+
+
+def _sleep(seconds: float) -> dict[str, Any]:
+    """Stay busy for ``seconds`` (lets tests exercise timeouts and killed workers)."""
+    time.sleep(seconds)
+    return {"slept": seconds}
+
+
+def _operations() -> dict[str, Any]:
+    from kbackend.equivalence import runner
+
+    return {"ping": _ping, "sleep": _sleep, "describe": runner.describe,
+            "evaluate": runner.evaluate, "predict_saved": runner.predict_saved,
+            "engine_run": runner.engine_run}
+
+
+def _die_with_parent() -> None:
+    """On Linux, have the kernel kill this worker when the harness process dies, so a crashed or
+    killed caller never leaves workers behind (elsewhere they exit at their next request)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def main() -> int:
+    _die_with_parent()
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    from kbackend.backend import active_backend, use_backend
+
+    use_backend()
+    backend = active_backend()
+    operations = _operations()
+    send(replies, {"ready": True, "backend": backend, "pid": os.getpid()})
+    requests = sys.stdin.fileno()
+    while True:
+        try:
+            request = receive(requests)
+        except ChannelClosed:
+            return 0
+        op = request.get("op")
+        if op == "exit":
+            send(replies, {"ok": True, "result": None})
+            return 0
+        try:
+            if op not in operations:
+                raise ValueError(f"unknown operation {op!r}; expected one of {sorted(operations)}")
+            reply = {"ok": True, "result": operations[op](**request.get("args", {}))}
+        except Exception as error:
+            reply = {"ok": False, "error": f"{type(error).__name__}: {error}",
+                     "traceback": traceback.format_exc()}
+        send(replies, reply)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

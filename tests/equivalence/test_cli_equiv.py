@@ -1,0 +1,79 @@
+"""``kbackend equiv``: the table, the exit status, and one-line errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kbackend.cli import build_parser
+from kbackend.commands import equiv
+from kbackend.equivalence.randomdata import random_inputs
+
+pytestmark = pytest.mark.equivalence
+
+CNN = {"input": {"shape": [6, 6, 2]}, "outputs": 3, "layers": [
+    {"type": "conv2d", "filters": 3, "kernel": 3, "padding": "same", "activation": "relu"},
+    {"type": "batchnorm"}, {"type": "maxpool", "pool": 2}, {"type": "dropout", "rate": 0.5},
+    {"type": "flatten"}]}
+TOKENS = {"input": {"shape": [4], "dtype": "int32"}, "outputs": 2, "layers": [
+    {"type": "embedding", "input_dim": 6, "output_dim": 3}, {"type": "gap"}]}
+
+
+def _save(pool, arch, path):
+    source = {"kind": "arch", "arch": arch}
+    description = pool.call("jax", "describe", source=source)
+    pool.call("tensorflow", "evaluate", source=source, weights=description["weights"],
+              x=random_inputs(description, 2, 0), y=None, loss=None, optimizers=[],
+              save_path=str(path))
+    return description
+
+
+def test_equiv_prints_the_table_and_exits_0_when_all_pass(pool, tmp_path, capsys):
+    model = tmp_path / "cnn.keras"
+    description = _save(pool, CNN, model)
+    np.save(tmp_path / "x.npy", random_inputs(description, 5, 1)[0])
+    args = build_parser().parse_args(["equiv", str(model), "--inputs", str(tmp_path / "x.npy"),
+                                      "--json", str(tmp_path / "report.json")])
+    assert equiv.run(args, pool=pool) == 0
+    out = capsys.readouterr().out
+    assert "max abs" in out and "max rel" in out
+    for name in ("output head", "d loss / d l0_conv2d/kernel", "adam step 3: l0_conv2d/kernel",
+                 "saved on jax, loaded on tensorflow", "saved on tensorflow, loaded on jax"):
+        assert name in out
+    assert "FAIL" not in out and "all pass" in out.splitlines()[-1]
+    assert "l3_dropout.rate" in out  # Dropout was made inert for the training comparisons
+    assert (tmp_path / "report.json").is_file()
+
+
+def test_equiv_exits_1_and_names_the_divergence_when_a_row_fails(pool, tmp_path, capsys):
+    model = tmp_path / "tokens.keras"
+    _save(pool, TOKENS, model)
+    np.save(tmp_path / "ids.npy", np.array([[0, 0, 1, 2], [3, 3, 3, 5]], np.int32))
+    args = build_parser().parse_args(["equiv", str(model), "--inputs", str(tmp_path / "ids.npy")])
+    assert equiv.run(args, pool=pool) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  (known divergence: tf-sparse-adam-duplicate-ids)" in out
+    assert "FAIL" in out.splitlines()[-1]
+
+
+def test_equiv_end_to_end_in_a_subprocess(pool, cli, tmp_path):
+    """The real command: its own workers, random inputs of the model's input shape."""
+    model = tmp_path / "cnn.keras"
+    _save(pool, CNN, model)
+    result = cli("equiv", str(model), "--steps", "2", "--failures-only", timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip().splitlines()[-1].endswith("all pass")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["equiv", "missing.keras"], "Model file not found"),
+    (["equiv", "__MODEL__", "--inputs", "nope.npy"], "inputs file not found"),
+    (["equiv", "__MODEL__", "--steps", "0"], "Invalid --steps 0"),
+])
+def test_equiv_bad_input_is_a_one_line_error(cli, tmp_path, argv, message):
+    model = tmp_path / "m.keras"
+    model.write_bytes(b"not checked before the arguments")
+    result = cli(*[str(model) if a == "__MODEL__" else a for a in argv])
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr

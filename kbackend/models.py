@@ -97,8 +97,9 @@ def mlp(info: DatasetInfo, options: ModelOptions) -> Any:
 def cnn(info: DatasetInfo, options: ModelOptions) -> Any:
     """Two conv + max-pool blocks and a dense layer, in ``options.data_format``.
 
-    TensorFlow on a CPU implements Conv2D and pooling only for channels_last: asking for
-    channels_first there raises ``ConfigError`` (kbackend does not transpose behind your back).
+    Older TensorFlow CPU builds implement Conv2D only for channels_last; where a probe
+    (``supports_channels_first_conv``) finds that, channels_first raises ``ConfigError``
+    (kbackend does not transpose behind your back). TF 2.21 runs NCHW on the CPU.
     """
     from kbackend.backends import impl
 
@@ -109,8 +110,8 @@ def cnn(info: DatasetInfo, options: ModelOptions) -> Any:
         )
     if options.data_format == "channels_first" and not impl().supports_channels_first_conv():
         raise ConfigError(
-            "channels_first convolutions are not supported by TensorFlow on a CPU (only "
-            "channels_last is); use data_format='channels_last' or the JAX backend."
+            "channels_first convolutions are not supported by this TensorFlow build on a CPU "
+            "(only channels_last is); use data_format='channels_last' or the JAX backend."
         )
     if info.data_format not in (None, options.data_format):
         raise ConfigError(

@@ -47,7 +47,7 @@ def test_cnn_channels_first_runs_or_is_refused_clearly():
     ds = data.load("digits", layout="image", data_format="channels_first")
     options = ModelOptions(data_format="channels_first")
     if not impl().supports_channels_first_conv():
-        with pytest.raises(ConfigError, match="channels_first convolutions are not supported by TensorFlow on a CPU"):
+        with pytest.raises(ConfigError, match="channels_first convolutions are not supported by this TensorFlow build"):
             build_model("cnn", ds.info, options)
         return
     first = build_model("cnn", ds.info, options)
@@ -69,3 +69,13 @@ def test_model_rejects_wrong_layout():
 def test_bad_model_options():
     with pytest.raises(ConfigError, match="dropout"):
         ModelOptions(dropout=1.5)
+
+
+def test_channels_first_refusal_is_a_clear_error(monkeypatch):
+    """Where the probe finds no NCHW convolutions, building the CNN fails with a one-line error."""
+    backend_impl = impl()
+    monkeypatch.setattr(backend_impl, "supports_channels_first_conv", lambda: False)
+    ds = data.load("digits", layout="image", data_format="channels_first")
+    with pytest.raises(ConfigError, match="channels_first convolutions are not supported") as error:
+        build_model("cnn", ds.info, ModelOptions(data_format="channels_first"))
+    assert "\n" not in str(error.value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -42,9 +43,25 @@ def to_numpy(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
+@functools.cache
 def supports_channels_first_conv() -> bool:
-    """TF's CPU kernels implement Conv2D and pooling only for NHWC (keras issues 20414, 19591)."""
-    return bool(tf.config.list_physical_devices("GPU"))
+    """Whether this TF build runs NCHW Conv2D forward and backward here (probed once).
+
+    Older TF CPU kernels implement Conv2D only for NHWC (keras issues 20414, 19591); TF 2.21 with
+    oneDNN runs NCHW on the CPU too. A probe tells the truth for the installed build.
+    """
+    if tf.config.list_physical_devices("GPU"):
+        return True
+    try:
+        inputs, kernel = tf.ones((1, 2, 5, 5)), tf.ones((3, 3, 2, 3))
+        with tf.GradientTape() as tape:
+            tape.watch(kernel)
+            total = tf.reduce_sum(tf.nn.conv2d(inputs, kernel, 1, "SAME", data_format="NCHW"))
+        gradient = tape.gradient(total, kernel)
+        # 3 filters x 2 channels x (sum over positions of the in-bounds 3x3 window: 169) = 1014.
+        return float(total) == 1014.0 and gradient is not None
+    except (tf.errors.OpError, ValueError, RuntimeError):
+        return False
 
 
 def native_trainer(model: Any, spec: Any, dataset: Any) -> Any:

@@ -80,7 +80,7 @@ class StudyConfig:
     seed: int = 0
     prune: bool = True
     noise_points: int = 4
-    noise_draws: int = 16
+    noise_draws: int = 24
     noise_small_batch: int = 0
     noise_big_batch: int = 0
 

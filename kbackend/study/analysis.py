@@ -25,6 +25,8 @@ from typing import Any
 PERFECT_SCALING_EXPONENT = 0.7
 SATURATION_EXPONENT = 0.2
 THROUGHPUT_KNEE_FRACTION = 0.8
+# A fitted knee more than this factor outside the studied batch sizes is reported as outside.
+KNEE_EXTRAPOLATION = 2.0
 
 
 def _by_optimizer(cells: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -72,12 +74,14 @@ def fit_critical_batch(points: list[tuple[int, float]]) -> dict[str, Any]:
         return {"s_min": None, "b_crit": None, "note": "degenerate fit"}
     a = (sa_y * sbb - sab * sb_y) / det
     b = (saa * sb_y - sab * sa_y) / det
-    if a <= 0:
+    smallest, largest = min(p[0] for p in points), max(p[0] for p in points)
+    # A knee far outside the grid is an extrapolation, not a measurement.
+    if a <= 1e-9 * max(p[1] for p in points) or b / a > KNEE_EXTRAPOLATION * largest:
         return {"s_min": None, "b_crit": None, "beyond_grid": "above",
-                "note": f"no saturation within the grid: B_crit > {max(p[0] for p in points)}"}
-    if b <= 0:
+                "note": f"no saturation within the grid: B_crit > {largest}"}
+    if b <= 0 or b / a < smallest / KNEE_EXTRAPOLATION:
         return {"s_min": a, "b_crit": None, "beyond_grid": "below",
-                "note": f"saturated over the whole grid: B_crit < {min(p[0] for p in points)}"}
+                "note": f"saturated over the whole grid: B_crit < {smallest}"}
     return {"s_min": a, "b_crit": b / a, "note": ""}
 
 

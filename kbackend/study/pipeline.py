@@ -30,17 +30,27 @@ def report_dir(out: Path, study: dict[str, Any]) -> Path:
 class _ProgressEvents:
     """Feeds runner events to a rich progress bar over the grid (with an ETA)."""
 
-    def __init__(self, progress: Any, task: Any) -> None:
-        self.progress, self.task = progress, task
+    def __init__(self, progress: Any, task: Any, console: Any, lines: bool) -> None:
+        self.progress, self.task, self.console = progress, task, console
+        self.lines = lines  # one line per run where no live bar can be drawn (logs, CI)
         self.skipped = 0
+        self.label = ""
 
     def __call__(self, event: str, plan: Any = None, record: Any = None) -> None:
         if event in ("start", "start_noise"):
-            label = plan.label() if event == "start" else f"noise scale along {plan.label()}"
-            self.progress.update(self.task, description=label)
+            self.label = plan.label() if event == "start" else f"noise scale along {plan.label()}"
+            self.progress.update(self.task, description=self.label)
         elif event in ("finished", "finished_noise", "skipped", "skipped_noise"):
             self.skipped += event.startswith("skipped")
             self.progress.advance(self.task)
+            if self.lines and event == "finished":
+                result = record["result"]
+                outcome = (f"reached in {result['steps_to_target']} steps, "
+                           f"{result['time_to_target']:.2f} s" if result["reached"] else
+                           f"not reached in {result['steps_run']} steps")
+                done = int(self.progress.tasks[0].completed)
+                self.console.print(f"[{done}/{int(self.progress.tasks[0].total)}] {self.label}: "
+                                   f"{outcome}", highlight=False)
 
 
 def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool = True,
@@ -71,7 +81,8 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
                       TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
                       console=console, disable=not show_progress, transient=False) as progress:
             task = progress.add_task("study", total=total)
-            events = _ProgressEvents(progress, task)
+            events = _ProgressEvents(progress, task, console,
+                                     lines=show_progress and not console.is_terminal)
             runner.on_event = events
             study = runner.run()
         wall_time = time.perf_counter() - start

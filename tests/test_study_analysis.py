@@ -82,7 +82,7 @@ def test_default_batch_sizes_are_powers_of_two_that_fit():
 def test_learning_rate_grid_is_log_spaced_around_a_scaled_centre():
     grid = StudyConfig(lr_grid_size=3, lr_factor=10.0).learning_rate_grid("sgd", 32)
     assert grid == (0.2, 0.02, 2.0)  # centre first: with pruning the likely winner runs first
-    assert StudyConfig().learning_rate_grid("adam", 128)[0] == pytest.approx(2e-3)
+    assert StudyConfig().learning_rate_grid("adam", 128)[0] == pytest.approx(4e-3)
     assert StudyConfig(learning_rates={"sgd": (0.5,)}).learning_rate_grid("sgd", 8) == (0.5,)
     assert len(StudyConfig(lr_grid_size=4).learning_rate_grid("adam", 8)) == 4
 

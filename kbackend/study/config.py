@@ -30,7 +30,7 @@ DEFAULT_TARGETS: dict[str, Target] = {
 # size and for Adam, Malladi et al. 2022); the grid around it is what decides, and a best rate
 # on the grid's edge is flagged in the report.
 REFERENCE_BATCH = 32
-CENTRE_LR = {"sgd": 0.2, "momentum": 0.02, "nesterov": 0.02, "adam": 1e-3, "adamw": 1e-3}
+CENTRE_LR = {"sgd": 0.2, "momentum": 0.02, "nesterov": 0.02, "adam": 2e-3, "adamw": 2e-3}
 LR_BATCH_EXPONENT = 0.5
 
 

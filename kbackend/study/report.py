@@ -36,7 +36,8 @@ def table_rows(study: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             _fmt(c["steps_to_target"], "d"), _fmt(c["epochs_to_target"], ".2f"),
             _fmt(c["samples_to_target"], "d"), _fmt(c["time_to_target"], ".2f"),
             _fmt(c["best_metric"], ".4f"), _fmt(c["test_accuracy"], ".4f"),
-            _fmt(c["samples_per_s"], ",.0f"), _fmt(c["compile_time"], ".2f"),
+            _fmt(c["samples_per_s"], ",.0f"),
+            _fmt(c["compile_time"], ".2f") + ("~" if c.get("compile_time_estimated") else ""),
         ])
     return header, rows
 
@@ -119,8 +120,10 @@ def markdown(study: dict[str, Any], analysis: dict[str, Any], wall_time: float |
               "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     lines += ["", "\"(edge)\": the best rate is at the edge of the cell's grid; a wider grid may do "
-              "better. Time to target counts training time only; compile time is listed apart "
-              "when the engine reports it.", "", "## Findings", ""]
+              "better. Time to target counts training time only: evaluation and compilation are "
+              "excluded (compile time is listed apart; \"~\": estimated as the first step's time "
+              "minus the median step time, for engines that do not time their compilation).",
+              "", "## Findings", ""]
     lines += [f"- {line}" for line in conclusions(study, analysis)]
     lines += ["", "## Plots", ""]
     lines += [f"![{name}](plots/{name})" for name in PLOTS]

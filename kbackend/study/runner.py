@@ -53,44 +53,76 @@ def default_engine() -> str:
 
 
 def steps_per_epoch(num_train: int, batch_size: int) -> int:
+    """Steps in an epoch whose last batch is partial (Keras fit)."""
     return -(-num_train // batch_size)
 
 
-def samples_seen(step: int, num_train: int, batch_size: int) -> int:
-    """Training samples processed by the end of ``step`` (the last batch of an epoch is partial)."""
+def full_batches(num_train: int, batch_size: int) -> int:
+    """Steps in an epoch that drops the partial batch (the native engine: one batch shape)."""
+    return max(1, num_train // batch_size)
+
+
+def samples_seen(step: int, num_train: int, batch_size: int, drops_remainder: bool = False) -> int:
+    """Training samples processed by the end of ``step``."""
+    if drops_remainder:
+        return int(step) * batch_size
     per_epoch = steps_per_epoch(num_train, batch_size)
     full_epochs, rest = divmod(int(step), per_epoch)
     return full_epochs * num_train + rest * batch_size
 
 
-def steady_throughput(history: History, num_train: int, batch_size: int) -> float:
-    """Samples/s after the first device call (which includes compilation), or over the whole run
-    when it made only one call."""
-    if not history.step:
+def _drops_remainder(history: History) -> bool:
+    # The native engine records how many samples each epoch drops; Keras fit drops none.
+    return "dropped_per_epoch" in history.extra
+
+
+def steady_throughput(history: History, num_train: int, batch_size: int,
+                      compile_time: float = 0.0) -> float:
+    """Samples/s over the run's training time with compilation taken out."""
+    seconds = (history.timing.get("train_time") or 0.0) - compile_time
+    if not history.step or seconds <= 0:
         return math.nan
-    steps, times = np.asarray(history.step), np.asarray(history.time)
-    first = int(np.flatnonzero(times == times[0])[-1])  # steps fused into the first call
-    if first < len(steps) - 1 and times[-1] > times[first]:
-        done = samples_seen(steps[-1], num_train, batch_size) - samples_seen(steps[first], num_train, batch_size)
-        return done / float(times[-1] - times[first])
-    total = history.timing.get("train_time") or times[-1]
-    return samples_seen(steps[-1], num_train, batch_size) / total if total > 0 else math.nan
+    return samples_seen(history.steps_run, num_train, batch_size, _drops_remainder(history)) / seconds
+
+
+def compile_seconds(history: History) -> tuple[float, bool]:
+    """Compilation time inside the training time, and whether it is estimated.
+
+    Engines that time their compilation report it (``timing["compile_time"]``). For Keras fit,
+    where the first step compiles, it is estimated as the first step's time minus the median
+    step time.
+    """
+    reported = history.timing.get("compile_time")
+    if reported is not None:
+        return float(reported), False
+    times = np.asarray(history.time, dtype=float)
+    if times.size < 3:
+        return 0.0, True
+    return max(0.0, float(times[0] - np.median(np.diff(times)))), True
 
 
 def summarize_run(history: History, plan: RunPlan, target: Target, num_train: int) -> dict[str, Any]:
-    """The figures of one finished run. Time to target is training time only (the engines
-    exclude evaluation from ``train_time``)."""
+    """The figures of one finished run.
+
+    Time to target is training time only: the engines exclude evaluation from ``train_time``,
+    and compilation (reported by the engine or estimated, ``compile_time``) is subtracted too,
+    so runs of a few seconds are not ranked by their compile times; ``time_to_target_raw``
+    keeps it in.
+    """
     metric = target.metric
     reached = history.extra.get("target_reached")
     losses = np.asarray(history.loss, dtype=float)
+    drops = _drops_remainder(history)
+    compile_time, estimated = compile_seconds(history)
     result: dict[str, Any] = {
         "reached": reached is not None,
         "steps_run": history.steps_run,
         "train_time": history.timing.get("train_time"),
         "eval_time": history.timing.get("eval_time"),
         "wall_time": history.timing.get("wall_time"),
-        "compile_time": history.timing.get("compile_time"),
-        "samples_per_s": steady_throughput(history, num_train, plan.batch_size),
+        "compile_time": compile_time,
+        "compile_time_estimated": estimated,
+        "samples_per_s": steady_throughput(history, num_train, plan.batch_size, compile_time),
         "best_val_accuracy": history.best("val_accuracy"),
         "best_val_loss": history.best("val_loss"),
         "best_metric": history.best(metric),
@@ -99,18 +131,18 @@ def summarize_run(history: History, plan: RunPlan, target: Target, num_train: in
         "test_accuracy": history.test.get("test_accuracy"),
         "test_loss": history.test.get("test_loss"),
         "evaluations": len(history.evals),
+        "drops_partial_batch": drops,
     }
     if reached is not None:
         step = int(reached["step"])
-        result.update(
-            steps_to_target=step,
-            samples_to_target=samples_seen(step, num_train, plan.batch_size),
-            epochs_to_target=samples_seen(step, num_train, plan.batch_size) / num_train,
-            time_to_target=float(reached["train_time"]),
-        )
+        samples = samples_seen(step, num_train, plan.batch_size, drops)
+        raw = float(reached["train_time"])
+        result.update(steps_to_target=step, samples_to_target=samples,
+                      epochs_to_target=samples / num_train, time_to_target_raw=raw,
+                      time_to_target=max(raw - compile_time, 0.0))
     else:
         result.update(steps_to_target=None, samples_to_target=None, epochs_to_target=None,
-                      time_to_target=None)
+                      time_to_target=None, time_to_target_raw=None)
     return result
 
 
@@ -199,10 +231,15 @@ class StudyRunner:
         return small, big
 
     def eval_every(self, batch_size: int) -> int:
-        per_epoch = steps_per_epoch(self.num_train, batch_size)
+        """Steps between evaluations: about ``evals_per_epoch`` per epoch, preferably a divisor of
+        the epoch so that every fused call has the same length (one compilation per run)."""
         if self.config.engine in EPOCH_EVAL_ENGINES:
-            return per_epoch
-        return max(1, round(per_epoch / self.config.evals_per_epoch))
+            return steps_per_epoch(self.num_train, batch_size)
+        per_epoch = full_batches(self.num_train, batch_size)
+        wanted = max(1, round(per_epoch / self.config.evals_per_epoch))
+        divisors = [d for d in range(1, per_epoch + 1) if per_epoch % d == 0]
+        nearest = min(divisors, key=lambda d: (abs(math.log(d / wanted)), d))
+        return nearest if wanted / 2 <= nearest <= wanted * 2 else wanted
 
     def plan(self, optimizer: str, batch_size: int, learning_rate: float,
              budget: int | None = None) -> RunPlan:
@@ -211,7 +248,7 @@ class StudyRunner:
         steps = -(-steps // every) * every  # whole evaluation intervals
         fused = self.config.fused_steps or every
         return RunPlan(optimizer, batch_size, learning_rate, steps, every,
-                       min(fused, steps_per_epoch(self.num_train, batch_size)))
+                       min(fused, full_batches(self.num_train, batch_size)))
 
     def run_key_config(self, plan: RunPlan) -> dict[str, Any]:
         """Everything that determines a run's outcome: its store key is a hash of this."""
@@ -295,7 +332,7 @@ class StudyRunner:
         history = self.execute(plan)
         result = summarize_run(history, plan, self.config.resolved_target, self.num_train)
         trajectory = {"step": history.step, "loss": history.loss, "time": history.time,
-                      "evals": history.evals, "timing": history.timing}
+                      "evals": history.evals, "timing": history.timing, "extra": history.extra}
         self.store.put(key, "run", self.study_id, self.env["backend"], key_config, result, trajectory)
         self.executed += 1
         record = self.store.get(key)
@@ -306,7 +343,8 @@ class StudyRunner:
                      target: Target | bool | None = True, seed: int | None = None) -> TrainConfig:
         config = self.config
         max_steps = plan.max_steps if max_steps is None else max_steps
-        per_epoch = steps_per_epoch(self.num_train, plan.batch_size)
+        # Enough epochs for the budget even when the engine drops each epoch's partial batch.
+        per_epoch = full_batches(self.num_train, plan.batch_size)
         return TrainConfig(
             model=config.model, dataset=config.dataset, data_dir=config.data_dir,
             validation_fraction=config.validation_fraction,

@@ -89,7 +89,9 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
         analysis = analyze(study)
         paths = write_report(study, analysis, report_dir(out, study), wall_time)
         summary = json.loads(paths["summary"].read_text())
-        store.put_summary(study["study"], study["env"]["backend"], study["env"]["device"], summary)
+        # One summary per backend, engine and device: what `study compare` puts side by side.
+        store.put_summary(study["study"], f"{study['env']['backend']}/{config.engine}",
+                          study["env"]["device"], summary)
     if print_results:
         stdout = Console() if Console().is_terminal else Console(width=200)
         print_table(study, analysis, console=stdout)

@@ -104,8 +104,9 @@ def markdown(study: dict[str, Any], analysis: dict[str, Any], wall_time: float |
     lines = [
         f"# Batch-size x optimizer study: {config['model']} on {info['name']}",
         "",
-        f"Question: which batch size and optimizer reach validation {target['metric']} "
-        f"{target['value']:g} in the least training time (evaluation excluded) on this machine?",
+        f"Question: which batch size and optimizer reach {target['metric']} "
+        f"{'>=' if 'acc' in target['metric'] else '<='} {target['value']:g} in the least training "
+        "time (evaluation and compilation excluded) on this machine?",
         "",
         f"- backend: {env['backend']}, engine: {config['engine']}, device: {env['device']}",
         f"- data: {info['num_train']} train / {info['num_val']} validation / {info['num_test']} test",

@@ -24,17 +24,18 @@ from kbackend.study.store import ResultStore
 from kbackend.training import Target
 from tests.conftest import BACKEND, ROOT
 
-# 2 optimizers x 2 batch sizes, a 60-step budget. SGD at lr 1e-4 cannot reach the target in
-# 60 steps (a never-reached cell); Adam has two rates so pruning is exercised.
+# 2 optimizers x 2 batch sizes, a 60-step budget, one learning rate each (the search and its
+# pruning are tested with a stand-in engine below). SGD at lr 1e-4 cannot reach the target in
+# 60 steps: a never-reached cell.
 TINY = StudyConfig(
     optimizers=("sgd", "adam"), batch_sizes=(64, 256),
-    learning_rates={"sgd": (1e-4,), "adam": (3e-3, 1e-3)}, max_steps=60, engine="keras",
+    learning_rates={"sgd": (1e-4,), "adam": (3e-3,)}, max_steps=60, engine="keras",
     target=Target("val_accuracy", 0.9), noise_points=2, noise_draws=4,
 )
 TINY_ARGS = ["study", "--optimizers", "sgd,adam", "--batch-sizes", "64,256", "--lrs", "sgd=0.0001",
-             "--lrs", "adam=0.003,0.001", "--max-steps", "60", "--engine", "keras", "--target", "0.9",
+             "--lrs", "adam=0.003", "--max-steps", "60", "--engine", "keras", "--target", "0.9",
              "--noise-points", "2", "--noise-draws", "4", "--no-progress"]
-TINY_RUNS = 6
+TINY_RUNS = 4
 
 
 def _outcomes(out_dir) -> dict[str, tuple]:
@@ -106,7 +107,7 @@ def test_resume_after_an_exception_mid_grid(tmp_path, baseline, monkeypatch):
         run_study(TINY, tmp_path, show_progress=False, print_results=False)
     with ResultStore(tmp_path / "study.db") as store:
         finished = {r["key"]: r["finished_at"] for r in store.records(kind="run")}
-    assert len(finished) == 2
+    assert len(finished) == 2  # the third run was in flight
 
     monkeypatch.setattr(StudyRunner, "execute", original)
     resumed = run_study(TINY, tmp_path, show_progress=False, print_results=False)
@@ -183,6 +184,43 @@ def test_time_to_target_excludes_evaluation(tmp_path, monkeypatch):
     assert result["time_to_target"] <= result["wall_time"] - len(evals) * delay
     assert result["time_to_target_raw"] == evals[-1]["train_time"]
     assert result["time_to_target"] == pytest.approx(result["time_to_target_raw"] - result["compile_time"])
+
+
+def _fake_history(plan, steps_to_target):
+    """A finished run's history as an engine returns it, without training."""
+    from kbackend.history import History
+
+    history = History()
+    steps = min(plan.max_steps, steps_to_target or plan.max_steps)
+    history.record_steps(list(range(1, steps + 1)), [1.0] * steps, [0.01 * s for s in range(1, steps + 1)])
+    history.record_eval(step=steps, epoch=1, train_time=0.01 * steps, val_loss=0.1,
+                        val_accuracy=0.95 if steps_to_target and steps_to_target <= plan.max_steps else 0.5)
+    if steps_to_target and steps_to_target <= plan.max_steps:
+        history.extra["target_reached"] = {"step": steps, "epoch": 1, "train_time": 0.01 * steps}
+    history.timing.update(train_time=0.01 * steps, eval_time=0.0, wall_time=0.01 * steps)
+    history.test = {"test_accuracy": 0.9, "test_loss": 0.3}
+    return history
+
+
+def test_learning_rate_search_prunes_and_picks_the_fewest_steps(tmp_path, monkeypatch):
+    # Stand-in engine: steps to target by learning rate (None: never reached).
+    outcome = {0.1: 300, 0.01: None, 1.0: 120, 0.3: 200}
+    budgets = []
+
+    def execute(self, plan):
+        budgets.append((plan.learning_rate, plan.max_steps))
+        return _fake_history(plan, outcome[plan.learning_rate])
+
+    monkeypatch.setattr(StudyRunner, "execute", execute)
+    config = StudyConfig(optimizers=("sgd",), batch_sizes=(1294,), max_steps=1000, engine="keras",
+                         learning_rates={"sgd": (0.1, 0.01, 1.0, 0.3)}, noise_points=0)
+    with ResultStore(tmp_path / "study.db") as store:
+        study = StudyRunner(config, store).run()
+    # One step per epoch at batch 1294 (the keras engine evaluates every epoch).
+    assert budgets == [(0.1, 1000), (0.01, 300), (1.0, 300), (0.3, 120)]
+    (cell,) = study["cells"]
+    assert cell["learning_rate"] == 1.0 and cell["steps_to_target"] == 120
+    assert cell["lr_at_grid_edge"] and len(study["runs"]) == 4 and study["noise"] is None
 
 
 @pytest.fixture

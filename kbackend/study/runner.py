@@ -210,7 +210,7 @@ class StudyRunner:
             model=config.model, dataset=config.dataset, data_dir=config.data_dir,
             validation_fraction=config.validation_fraction, seed=config.seed))
         self.batch_sizes = config.resolved_batch_sizes(self.num_train)
-        self.noise_batches = self._noise_batches()
+        self.noise_batches = self._noise_batches() if config.noise_points else (0, 0)
 
     @property
     def num_train(self) -> int:

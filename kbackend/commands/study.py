@@ -93,7 +93,8 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     output.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 
-    actions = parser.add_subparsers(dest="study_action", metavar="ACTION")
+    actions = parser.add_subparsers(dest="study_action", metavar="[compare]",
+                                    title="actions (optional)")
     compare = actions.add_parser("compare", parents=parents,
                                  help="compare studies (e.g. a JAX and a TF run) side by side")
     compare.add_argument("reports", nargs="*", help="report folders or summary.json files "

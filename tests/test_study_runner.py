@@ -183,7 +183,32 @@ def test_time_to_target_excludes_evaluation(tmp_path, monkeypatch):
     assert result["eval_time"] >= len(evals) * delay
     assert result["time_to_target"] <= result["wall_time"] - len(evals) * delay
     assert result["time_to_target_raw"] == evals[-1]["train_time"]
-    assert result["time_to_target"] == pytest.approx(result["time_to_target_raw"] - result["compile_time"])
+    assert result["time_to_target"] == pytest.approx(result["time_to_target_raw"] - result["startup_time"])
+
+
+@pytest.mark.parametrize(("reported", "expected", "estimated"), [
+    (None, 4.5, True), (3.0, 4.5, True), (5.0, 5.0, False),
+])
+def test_startup_is_taken_out_of_time_to_target(reported, expected, estimated):
+    from kbackend.history import History
+    from kbackend.study.runner import RunPlan, summarize_run
+
+    history = History()
+    history.record_steps(list(range(1, 31)), [1.0] * 30, [4.5 + 0.05 * s for s in range(1, 31)])
+    for step in (10, 20, 30):  # 0.05 s per step after a start-up of 4.5 s
+        history.record_eval(step=step, epoch=step // 10, train_time=4.5 + 0.05 * step,
+                            val_loss=0.1, val_accuracy=0.5 + 0.015 * step)
+    history.extra["target_reached"] = {"step": 30, "epoch": 3, "train_time": 6.0}
+    history.timing.update(train_time=6.0, eval_time=1.0)
+    if reported is not None:
+        history.timing["compile_time"] = reported
+    plan = RunPlan("sgd", 10, 0.1, 30, 10, 10)
+    result = summarize_run(history, plan, Target("val_accuracy", 0.9), num_train=100)
+    assert result["startup_time"] == pytest.approx(expected)
+    assert result["startup_time_estimated"] is estimated
+    assert result["time_to_target"] == pytest.approx(6.0 - expected)
+    assert result["samples_to_target"] == 300 and result["epochs_to_target"] == pytest.approx(3.0)
+    assert result["samples_per_s"] == pytest.approx(300 / (6.0 - expected))
 
 
 def _fake_history(plan, steps_to_target):

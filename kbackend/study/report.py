@@ -27,7 +27,7 @@ def table_rows(study: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the per-cell table (terminal and markdown)."""
     metric = study["config"]["target"]["metric"]
     header = ["optimizer", "batch", "best lr", "reached", "steps", "epochs", "samples",
-              "time to target (s)", f"best {metric}", "test acc", "samples/s", "compile (s)"]
+              "time to target (s)", f"best {metric}", "test acc", "samples/s", "start-up (s)"]
     rows = []
     for c in study["cells"]:
         lr = _fmt(c["learning_rate"]) + (" (edge)" if c.get("lr_at_grid_edge") else "")
@@ -37,7 +37,7 @@ def table_rows(study: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             _fmt(c["samples_to_target"], "d"), _fmt(c["time_to_target"], ".2f"),
             _fmt(c["best_metric"], ".4f"), _fmt(c["test_accuracy"], ".4f"),
             _fmt(c["samples_per_s"], ",.0f"),
-            _fmt(c["compile_time"], ".2f") + ("~" if c.get("compile_time_estimated") else ""),
+            _fmt(c.get("startup_time"), ".2f") + ("~" if c.get("startup_time_estimated") else ""),
         ])
     return header, rows
 
@@ -121,9 +121,10 @@ def markdown(study: dict[str, Any], analysis: dict[str, Any], wall_time: float |
               "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     lines += ["", "\"(edge)\": the best rate is at the edge of the cell's grid; a wider grid may do "
-              "better. Time to target counts training time only: evaluation and compilation are "
-              "excluded (compile time is listed apart; \"~\": estimated as the first step's time "
-              "minus the median step time, for engines that do not time their compilation).",
+              "better. Time to target counts training time only: evaluation and the per-run start-up "
+              "(compilation, first-call overhead) are excluded; start-up is listed apart "
+              "(\"~\": estimated from the first evaluation interval against the later ones, "
+              "when that exceeds the compile time the engine reports).",
               "", "## Findings", ""]
     lines += [f"- {line}" for line in conclusions(study, analysis)]
     lines += ["", "## Plots", ""]

@@ -8,6 +8,7 @@ backend, package versions and device), so an interrupted study resumes where it 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -77,22 +78,35 @@ def _drops_remainder(history: History) -> bool:
 
 
 def steady_throughput(history: History, num_train: int, batch_size: int,
-                      compile_time: float = 0.0) -> float:
-    """Samples/s over the run's training time with compilation taken out."""
-    seconds = (history.timing.get("train_time") or 0.0) - compile_time
+                      startup: float = 0.0) -> float:
+    """Samples/s over the run's training time with its start-up (compilation) taken out."""
+    seconds = (history.timing.get("train_time") or 0.0) - startup
     if not history.step or seconds <= 0:
         return math.nan
     return samples_seen(history.steps_run, num_train, batch_size, _drops_remainder(history)) / seconds
 
 
-def compile_seconds(history: History) -> tuple[float, bool]:
-    """Compilation time inside the training time, and whether it is estimated.
+def startup_seconds(history: History) -> tuple[float, bool]:
+    """Per-run start-up time inside the training time (compilation and first-call overhead),
+    and whether it is estimated rather than reported by the engine.
 
-    Engines that time their compilation report it (``timing["compile_time"]``). For Keras fit,
-    where the first step compiles, it is estimated as the first step's time minus the median
-    step time.
+    Engines that time their compilation report it (``timing["compile_time"]``), but a first
+    call can cost more than its compilation (Keras fit compiles inside its first step; a first
+    XLA call on TF also pays for allocation and autotuning). With two or more evaluations the
+    start-up is estimated as the training time at the first evaluation minus its steps at the
+    median per-step time of the later evaluation intervals; the larger of that and the reported
+    compile time is used. Without them: the reported compile time, or for engines that report
+    none, the first step's time minus the median step time.
     """
     reported = history.timing.get("compile_time")
+    evals = [e for e in history.evals if "step" in e and "train_time" in e]
+    rates = [(b["train_time"] - a["train_time"]) / (b["step"] - a["step"])
+             for a, b in itertools.pairwise(evals) if b["step"] > a["step"]]
+    if rates:
+        estimate = max(0.0, evals[0]["train_time"] - evals[0]["step"] * float(np.median(rates)))
+        if reported is None or estimate > reported:
+            return estimate, True
+        return float(reported), False
     if reported is not None:
         return float(reported), False
     times = np.asarray(history.time, dtype=float)
@@ -101,28 +115,44 @@ def compile_seconds(history: History) -> tuple[float, bool]:
     return max(0.0, float(times[0] - np.median(np.diff(times)))), True
 
 
+def history_from_trajectory(trajectory: dict[str, Any], result: dict[str, Any]) -> History:
+    """Rebuild a run's ``History`` from its stored trajectory (to re-derive its figures)."""
+    history = History(step=list(trajectory["step"]), loss=list(trajectory["loss"]),
+                      time=list(trajectory["time"]), evals=list(trajectory["evals"]),
+                      timing=dict(trajectory.get("timing", {})),
+                      extra=dict(trajectory.get("extra", {})))
+    history.test = {k: result[k] for k in ("test_accuracy", "test_loss") if result.get(k) is not None}
+    if "target_reached" not in history.extra and result.get("reached"):
+        # Stored before the engine's extra was kept: the reaching evaluation is the last one.
+        last = history.evals[-1]
+        history.extra["target_reached"] = {"step": last["step"], "epoch": last.get("epoch"),
+                                           "train_time": last["train_time"]}
+    return history
+
+
 def summarize_run(history: History, plan: RunPlan, target: Target, num_train: int) -> dict[str, Any]:
     """The figures of one finished run.
 
     Time to target is training time only: the engines exclude evaluation from ``train_time``,
-    and compilation (reported by the engine or estimated, ``compile_time``) is subtracted too,
-    so runs of a few seconds are not ranked by their compile times; ``time_to_target_raw``
-    keeps it in.
+    and the per-run start-up (compilation, first-call overhead: ``startup_seconds``) is
+    subtracted too, so runs of a few seconds are not ranked by their compile times;
+    ``time_to_target_raw`` keeps it in.
     """
     metric = target.metric
     reached = history.extra.get("target_reached")
     losses = np.asarray(history.loss, dtype=float)
     drops = _drops_remainder(history)
-    compile_time, estimated = compile_seconds(history)
+    startup, estimated = startup_seconds(history)
     result: dict[str, Any] = {
         "reached": reached is not None,
         "steps_run": history.steps_run,
         "train_time": history.timing.get("train_time"),
         "eval_time": history.timing.get("eval_time"),
         "wall_time": history.timing.get("wall_time"),
-        "compile_time": compile_time,
-        "compile_time_estimated": estimated,
-        "samples_per_s": steady_throughput(history, num_train, plan.batch_size, compile_time),
+        "compile_time": history.timing.get("compile_time"),
+        "startup_time": startup,
+        "startup_time_estimated": estimated,
+        "samples_per_s": steady_throughput(history, num_train, plan.batch_size, startup),
         "best_val_accuracy": history.best("val_accuracy"),
         "best_val_loss": history.best("val_loss"),
         "best_metric": history.best(metric),
@@ -139,7 +169,7 @@ def summarize_run(history: History, plan: RunPlan, target: Target, num_train: in
         raw = float(reached["train_time"])
         result.update(steps_to_target=step, samples_to_target=samples,
                       epochs_to_target=samples / num_train, time_to_target_raw=raw,
-                      time_to_target=max(raw - compile_time, 0.0))
+                      time_to_target=max(raw - startup, 0.0))
     else:
         result.update(steps_to_target=None, samples_to_target=None, epochs_to_target=None,
                       time_to_target=None, time_to_target_raw=None)
@@ -326,6 +356,10 @@ class StudyRunner:
         key = config_key(key_config)
         stored = self.store.get(key)
         if stored is not None:
+            if stored["trajectory"]:  # figures are re-derived, so stored runs follow this code
+                history = history_from_trajectory(stored["trajectory"], stored["result"])
+                stored["result"] = {**stored["result"], **summarize_run(
+                    history, plan, self.config.resolved_target, self.num_train)}
             self.on_event("skipped", plan=plan, record=stored)
             return stored
         self.on_event("start", plan=plan)

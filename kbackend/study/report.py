@@ -228,14 +228,19 @@ def _plot_trajectories(study: dict[str, Any], path: Path) -> Path:
             label = f"B={cell['batch_size']}" + ("" if cell["reached"] else " (not reached)")
             style = "-" if cell["reached"] else ":"
             axes[0, column].plot(steps, loss, style, color=colour[cell["batch_size"]], label=label)
-            axes[1, column].plot(trajectory["time"], loss, style, color=colour[cell["batch_size"]])
+            # Wall time after the run's start-up (compilation), as time to target counts it.
+            startup = cell.get("startup_time") or 0.0
+            times = np.maximum(np.asarray(trajectory["time"], dtype=float) - startup, 0.0)
+            axes[1, column].plot(times, loss, style, color=colour[cell["batch_size"]])
             evals = [e for e in trajectory["evals"] if metric in e]
-            axes[2, column].plot([e["train_time"] for e in evals], [e[metric] for e in evals],
-                                 style, marker=".", color=colour[cell["batch_size"]])
+            axes[2, column].plot([max(e["train_time"] - startup, 0.0) for e in evals],
+                                 [e[metric] for e in evals], style, marker=".",
+                                 color=colour[cell["batch_size"]])
         axes[0, column].set_title(optimizer)
         axes[0, column].set(xscale="log", yscale="log", xlabel="step", ylabel="train loss (smoothed)")
-        axes[1, column].set(yscale="log", xlabel="training time (s)", ylabel="train loss (smoothed)")
-        axes[2, column].set(xlabel="training time (s)", ylabel=f"validation {metric}")
+        axes[1, column].set(yscale="log", xlabel="training time after start-up (s)",
+                            ylabel="train loss (smoothed)")
+        axes[2, column].set(xlabel="training time after start-up (s)", ylabel=f"validation {metric}")
         axes[2, column].axhline(study["config"]["target"]["value"], color="grey", ls="--", lw=1)
         axes[0, column].legend(fontsize=7)
     fig.suptitle("Trajectories of each cell's best learning rate")

@@ -74,6 +74,17 @@ def test_throughput_curve_and_knee():
     assert throughput_knee(curve) == 128
 
 
+def test_noise_scale_over_training_is_a_ratio_of_averages():
+    from kbackend.study.analysis import training_noise_scale
+
+    points = [{"step": 0, "grad_sq": 1.0, "trace_sigma": 1000.0},
+              {"step": 10, "grad_sq": 2.0, "trace_sigma": 40.0},
+              {"step": 20, "grad_sq": 0.01, "trace_sigma": 20.0}]
+    assert training_noise_scale({"points": points}) == pytest.approx(60.0 / 2.01)
+    assert training_noise_scale({"points": points[:1]}) == pytest.approx(1000.0)
+    assert training_noise_scale(None) is None
+
+
 def test_default_batch_sizes_are_powers_of_two_that_fit():
     assert default_batch_sizes(1294) == (8, 16, 32, 64, 128, 256, 512)
     assert default_batch_sizes(20) == (8,)

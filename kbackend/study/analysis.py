@@ -169,5 +169,16 @@ def analyze(study: dict[str, Any]) -> dict[str, Any]:
             "learning_rate": best["learning_rate"], "time_to_target": best["time_to_target"],
             "steps_to_target": best["steps_to_target"]},
         "crossovers": crossovers,
-        "b_simple": None if not noise else noise.get("b_simple_final"),
+        "b_simple": training_noise_scale(noise),
     }
+
+
+def training_noise_scale(noise: dict[str, Any] | None) -> float | None:
+    """B_simple over training: the ratio of the tr(Sigma) and |G|^2 estimates averaged over the
+    measurement points after initialization. One point's |G|^2 near the target is small and
+    noisy, so its ratio alone can be off by an order of magnitude."""
+    if not noise or not noise.get("points"):
+        return None
+    points = [p for p in noise["points"] if p["step"] > 0] or noise["points"]
+    grad_sq = sum(p["grad_sq"] for p in points)
+    return sum(p["trace_sigma"] for p in points) / grad_sq if grad_sq > 0 else math.inf

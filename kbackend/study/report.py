@@ -67,8 +67,8 @@ def conclusions(study: dict[str, Any], analysis: dict[str, Any]) -> list[str]:
     noise = study.get("noise")
     if noise:
         lines.append(
-            f"Gradient noise scale B_simple ~ {_fmt(noise['b_simple_final'], '.0f')} near the "
-            f"target ({noise['optimizer']}, batch {noise['batch_size']}; per point: "
+            f"Gradient noise scale B_simple ~ {_fmt(analysis['b_simple'], '.0f')} over training "
+            f"({noise['optimizer']}, batch {noise['batch_size']}; per point: "
             + ", ".join(f"step {p['step']}: {_fmt(p['b_simple'], '.0f')}" for p in noise["points"])
             + ").")
     for x in analysis["crossovers"]:

@@ -232,3 +232,36 @@ def loss_and_gradients(model: Any, x: Any, y: Any) -> tuple[float, list[np.ndarr
 def bias_add_misroutes(model: Any, x: Any) -> list[str]:
     """Always empty: JAX's ``add`` broadcasts and never guesses a bias axis (see tf_backend)."""
     return []
+
+
+# --- study (issue 4) ---
+_GRADIENT_FUNCTIONS: Any = None
+
+
+def batch_gradients(model: Any, x: np.ndarray, y: np.ndarray) -> list[np.ndarray]:
+    """Gradient of the mean sparse categorical cross-entropy of ``model`` on the batch ``(x, y)``
+    with respect to its trainable variables, one NumPy array per variable.
+
+    The forward pass runs with ``training=False`` (no dropout noise, batch-norm moving
+    statistics), so the gradient is a function of the weights and the batch alone. One jitted
+    function per model, compiled once per batch shape.
+    """
+    import weakref
+
+    import keras
+
+    global _GRADIENT_FUNCTIONS
+    if _GRADIENT_FUNCTIONS is None:
+        _GRADIENT_FUNCTIONS = weakref.WeakKeyDictionary()
+    gradient = _GRADIENT_FUNCTIONS.get(model)
+    if gradient is None:
+        def mean_loss(trainable, non_trainable, inputs, labels):
+            probabilities, _ = model.stateless_call(trainable, non_trainable, inputs, training=False)
+            return jax.numpy.mean(keras.losses.sparse_categorical_crossentropy(labels, probabilities))
+
+        gradient = jax.jit(jax.grad(mean_loss))
+        _GRADIENT_FUNCTIONS[model] = gradient
+    grads = gradient([v.value for v in model.trainable_variables],
+                     [v.value for v in model.non_trainable_variables],
+                     jax.numpy.asarray(x), jax.numpy.asarray(y))
+    return [np.asarray(g) for g in grads]

@@ -267,3 +267,40 @@ def bias_add_misroutes(model: Any, x: Any) -> list[str]:
     finally:
         tf_numpy.add = original
     return found
+
+
+    """TF's CPU kernels implement Conv2D and pooling only for NHWC (keras issues 20414, 19591)."""
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
+# --- study (issue 4) ---
+_GRADIENT_FUNCTIONS: Any = None
+
+
+def batch_gradients(model: Any, x: np.ndarray, y: np.ndarray) -> list[np.ndarray]:
+    """Gradient of the mean sparse categorical cross-entropy of ``model`` on the batch ``(x, y)``
+    with respect to its trainable variables, one NumPy array per variable.
+
+    The forward pass runs with ``training=False`` (no dropout noise, batch-norm moving
+    statistics), so the gradient is a function of the weights and the batch alone. One XLA
+    ``tf.function`` per model, traced once per batch shape.
+    """
+    import weakref
+
+    import keras
+
+    global _GRADIENT_FUNCTIONS
+    if _GRADIENT_FUNCTIONS is None:
+        _GRADIENT_FUNCTIONS = weakref.WeakKeyDictionary()
+    gradient = _GRADIENT_FUNCTIONS.get(model)
+    if gradient is None:
+        @tf.function(jit_compile=True)
+        def gradient(inputs, labels):
+            with tf.GradientTape() as tape:
+                probabilities = model(inputs, training=False)
+                loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, probabilities))
+            return tape.gradient(loss, model.trainable_variables)
+
+        _GRADIENT_FUNCTIONS[model] = gradient
+    grads = gradient(tf.convert_to_tensor(x), tf.convert_to_tensor(y))
+    return [g.numpy() for g in grads]

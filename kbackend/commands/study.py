@@ -1,0 +1,151 @@
+"""``kbackend study``: which batch size and optimizer reach a validation target fastest here.
+
+``kbackend study [options]`` runs (or resumes) the grid and writes the report;
+``kbackend study compare [REPORT_DIR ...]`` puts studies from different backends or devices
+side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from kbackend.data import DATASETS
+from kbackend.models import MODELS
+from kbackend.optim import OPTIMIZERS
+
+DEFAULT_OUT = "runs/study"
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+def _lr_entry(text: str) -> tuple[str, tuple[float, ...]]:
+    """``OPT=lr1,lr2`` -> (OPT, (lr1, lr2)); a bare ``lr1,lr2`` applies to every optimizer ('*')."""
+    name, _, values = text.rpartition("=")
+    try:
+        return name.strip() or "*", tuple(float(v) for v in values.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected OPTIMIZER=LR,LR,... or LR,LR,..., got {text!r}") from None
+
+
+def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
+    from kbackend.engines import engine_names
+
+    parser = subparsers.add_parser(
+        "study", parents=parents,
+        help="batch-size x optimizer study: time to a validation target, noise scale, report",
+        description="Run (or resume) a grid of optimizers x batch sizes, each cell with its "
+                    "learning rate tuned, and report which reaches the validation target in the "
+                    "least training time on this machine. `kbackend study compare` compares "
+                    "studies across backends.")
+    grid = parser.add_argument_group("grid")
+    grid.add_argument("--dataset", default="digits", choices=sorted(DATASETS))
+    grid.add_argument("--data-dir", default=None, help="folder with MNIST / Fashion-MNIST files")
+    grid.add_argument("--model", default="seed_mlp", choices=sorted(MODELS))
+    grid.add_argument("--optimizers", type=_names, default=("sgd", "momentum", "adam"),
+                      help=f"comma-separated, from {', '.join(OPTIMIZERS)} (default: sgd,momentum,adam)")
+    grid.add_argument("--batch-sizes", type=_int_list, default=None,
+                      help="comma-separated (default: powers of two from 8 to half the training split)")
+    grid.add_argument("--max-batch-size", type=int, default=0,
+                      help="cap the default batch sizes (0: no cap)")
+    grid.add_argument("--lrs", type=_lr_entry, action="append", default=None, metavar="[OPT=]LR,LR",
+                      help="explicit learning-rate grid, per optimizer (repeatable) or for all")
+    grid.add_argument("--lr-grid-size", type=int, default=3,
+                      help="learning rates tried per cell when --lrs is not given (default 3)")
+    grid.add_argument("--lr-factor", type=float, default=math.sqrt(10.0),
+                      help="ratio between neighbouring learning rates (default sqrt(10))")
+    grid.add_argument("--no-prune", dest="prune", action="store_false",
+                      help="give every learning rate the full budget (default: later rates of a "
+                           "cell get the best steps-to-target so far as budget)")
+    grid.add_argument("--seed", type=int, default=0)
+    target = parser.add_argument_group("target and budget")
+    target.add_argument("--target", type=float, default=None,
+                        help="validation target value (default per dataset: digits 0.95, mnist 0.97)")
+    target.add_argument("--target-metric", default="val_accuracy", choices=["val_accuracy", "val_loss"])
+    target.add_argument("--max-steps", type=int, default=1000, help="step budget per run (default 1000)")
+    target.add_argument("--evals-per-epoch", type=int, default=8,
+                        help="how often the target is checked (engines that validate once per "
+                             "epoch ignore it)")
+    target.add_argument("--engine", default=None, choices=engine_names(),
+                        help="training engine (default: native when available, else keras)")
+    target.add_argument("--fused-steps", type=int, default=0,
+                        help="steps per compiled call for the native engine (0: one evaluation interval)")
+    noise = parser.add_argument_group("gradient noise scale")
+    noise.add_argument("--noise-points", type=int, default=4,
+                       help="points along training where B_simple is measured (0: skip)")
+    noise.add_argument("--noise-draws", type=int, default=24, help="batch pairs per point")
+    noise.add_argument("--noise-batches", type=_int_list, default=(0, 0), metavar="SMALL,BIG",
+                       help="the two batch sizes of the estimator (default: smallest and largest of the grid)")
+    output = parser.add_argument_group("output")
+    output.add_argument("--out", default=DEFAULT_OUT,
+                        help=f"folder for study.db and the reports (default {DEFAULT_OUT})")
+    output.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+    actions = parser.add_subparsers(dest="study_action", metavar="[compare]",
+                                    title="actions (optional)")
+    compare = actions.add_parser("compare", parents=parents,
+                                 help="compare studies (e.g. a JAX and a TF run) side by side")
+    compare.add_argument("reports", nargs="*", help="report folders or summary.json files "
+                         "(default: every study stored in --out)")
+    compare.add_argument("--out", default=DEFAULT_OUT, help=f"study folder (default {DEFAULT_OUT})")
+    compare.set_defaults(func=run_compare, needs_backend=False)
+
+
+def config_from_args(args: argparse.Namespace):
+    """The ``StudyConfig`` the flags describe (validated)."""
+    from kbackend.errors import ConfigError
+    from kbackend.study.config import StudyConfig, default_target
+    from kbackend.study.runner import default_engine
+    from kbackend.training import Target
+
+    learning_rates: dict[str, tuple[float, ...]] = {}
+    for name, values in args.lrs or []:
+        for optimizer in (args.optimizers if name == "*" else (name,)):
+            learning_rates[optimizer] = values
+    if args.target is None:
+        target = default_target(args.dataset)
+        if target.metric != args.target_metric:
+            raise ConfigError(f"--target-metric {args.target_metric} needs an explicit --target value.")
+    else:
+        target = Target(args.target_metric, args.target)
+    if len(args.noise_batches) != 2:
+        raise ConfigError(f"Invalid --noise-batches {args.noise_batches}: expected SMALL,BIG.")
+    return StudyConfig(
+        model=args.model, dataset=args.dataset, data_dir=args.data_dir,
+        optimizers=args.optimizers, batch_sizes=args.batch_sizes,
+        max_batch_size=args.max_batch_size, learning_rates=learning_rates,
+        lr_grid_size=args.lr_grid_size, lr_factor=args.lr_factor, target=target,
+        max_steps=args.max_steps, evals_per_epoch=args.evals_per_epoch,
+        engine=args.engine or default_engine(), fused_steps=args.fused_steps, seed=args.seed,
+        prune=args.prune, noise_points=args.noise_points, noise_draws=args.noise_draws,
+        noise_small_batch=args.noise_batches[0], noise_big_batch=args.noise_batches[1],
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from kbackend.study.pipeline import run_study
+
+    run_study(config_from_args(args), args.out, show_progress=not args.no_progress)
+    return 0
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from kbackend.study.pipeline import compare, load_summaries, write_comparison
+
+    summaries = load_summaries(args.reports, args.out)
+    print(compare(summaries))
+    path = write_comparison(summaries, Path(args.out) / "compare.md")
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,184 @@
+"""What a batch-size x optimizer study runs: the grid, the learning-rate search, the target and
+the budgets. Everything here is validated before any training starts."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kbackend.data import check_batch_size
+from kbackend.errors import ConfigError, DataError
+from kbackend.optim import OPTIMIZERS, OptimizerSpec
+from kbackend.training import Target
+
+DEFAULT_OPTIMIZERS = ("sgd", "momentum", "adam")
+SMALLEST_DEFAULT_BATCH = 8
+
+# A target per dataset that seed_mlp reaches with a tuned learning rate within the default
+# budget at every default batch size, yet late enough that the optimizers differ.
+DEFAULT_TARGETS: dict[str, Target] = {
+    "digits": Target("val_accuracy", 0.95),
+    "mnist": Target("val_accuracy", 0.97),
+    "fashion_mnist": Target("val_accuracy", 0.85),
+    "mnist1d": Target("val_accuracy", 0.6),
+    "synthetic": Target("val_accuracy", 0.9),
+}
+
+# Centre of each optimizer's learning-rate grid at REFERENCE_BATCH. The centre moves with the
+# batch size by square-root scaling (a heuristic that holds for SGD below the critical batch
+# size and for Adam, Malladi et al. 2022); the grid around it is what decides, and a best rate
+# on the grid's edge is flagged in the report.
+REFERENCE_BATCH = 32
+CENTRE_LR = {"sgd": 0.2, "momentum": 0.02, "nesterov": 0.02, "adam": 2e-3, "adamw": 2e-3}
+LR_BATCH_EXPONENT = 0.5
+
+
+def default_target(dataset: str) -> Target:
+    """The default validation target for ``dataset`` (val_accuracy 0.9 when none is listed)."""
+    return DEFAULT_TARGETS.get(dataset, Target("val_accuracy", 0.9))
+
+
+def default_batch_sizes(num_train: int) -> tuple[int, ...]:
+    """Powers of two from 8 up to the largest that still gives two steps per epoch."""
+    sizes = []
+    size = SMALLEST_DEFAULT_BATCH
+    while size <= num_train // 2:
+        sizes.append(size)
+        size *= 2
+    return tuple(sizes) or (max(1, num_train // 2),)
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """A batch-size x optimizer study.
+
+    ``batch_sizes=None`` picks powers of two that fit the training split; an explicit empty
+    tuple is an error. ``learning_rates`` maps an optimizer to its explicit grid (otherwise a
+    ``lr_grid_size``-point grid spaced by ``lr_factor`` around ``CENTRE_LR`` scaled to the
+    batch size). ``max_steps`` is each run's step budget; ``evals_per_epoch`` sets how often the
+    target is checked (engines that validate once per epoch do that instead). With ``prune``, a
+    later learning rate of a cell gets the steps-to-target of the best earlier one as its budget:
+    it can only win by reaching the target in fewer steps.
+    """
+
+    model: str = "seed_mlp"
+    dataset: str = "digits"
+    data_dir: str | None = None
+    validation_fraction: float = 0.1
+    optimizers: tuple[str, ...] = DEFAULT_OPTIMIZERS
+    batch_sizes: tuple[int, ...] | None = None
+    max_batch_size: int = 0
+    learning_rates: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    lr_grid_size: int = 3
+    lr_factor: float = math.sqrt(10.0)
+    target: Target | None = None
+    max_steps: int = 1000
+    evals_per_epoch: int = 8
+    engine: str = "keras"
+    fused_steps: int = 0
+    seed: int = 0
+    prune: bool = True
+    noise_points: int = 4
+    noise_draws: int = 24
+    noise_small_batch: int = 0
+    noise_big_batch: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.optimizers:
+            raise ConfigError("Empty optimizer list: expected at least one of "
+                              f"{list(OPTIMIZERS)}.")
+        for name in self.optimizers:
+            if name not in OPTIMIZERS:
+                raise ConfigError(
+                    f"Unknown optimizer. Expected one of {list(OPTIMIZERS)}. Received: {name!r}."
+                )
+        if len(set(self.optimizers)) != len(self.optimizers):
+            raise ConfigError(f"Duplicate optimizers in {list(self.optimizers)}.")
+        if self.batch_sizes is not None:
+            if len(self.batch_sizes) == 0:
+                raise ConfigError(
+                    "Empty batch-size list: expected at least one batch size, e.g. 8,32,128 "
+                    "(or leave it out for powers of two that fit the data)."
+                )
+            for size in self.batch_sizes:
+                if not isinstance(size, int) or size < 1:
+                    raise ConfigError(f"Invalid batch size {size!r}: expected a positive integer.")
+            if len(set(self.batch_sizes)) != len(self.batch_sizes):
+                raise ConfigError(f"Duplicate batch sizes in {list(self.batch_sizes)}.")
+        for name, rates in self.learning_rates.items():
+            if name not in self.optimizers:
+                raise ConfigError(
+                    f"Learning rates given for {name!r}, which is not in the study's optimizers "
+                    f"{list(self.optimizers)}."
+                )
+            if not rates:
+                raise ConfigError(f"Empty learning-rate list for {name!r}.")
+            for rate in rates:
+                OptimizerSpec(name, rate)  # raises for a rate that is not finite and > 0
+        if not isinstance(self.lr_grid_size, int) or self.lr_grid_size < 1:
+            raise ConfigError(f"Invalid lr_grid_size {self.lr_grid_size!r}: expected an integer >= 1.")
+        if not self.lr_factor > 1.0:
+            raise ConfigError(f"Invalid lr_factor {self.lr_factor!r}: expected a ratio > 1.")
+        for name in ("max_steps", "evals_per_epoch", "noise_draws"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"Invalid {name} {value!r}: expected an integer >= 1.")
+        for name in ("fused_steps", "noise_points", "noise_small_batch", "noise_big_batch",
+                     "max_batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ConfigError(f"Invalid {name} {value!r}: expected an integer >= 0.")
+        if self.noise_small_batch and self.noise_big_batch and \
+                self.noise_small_batch >= self.noise_big_batch:
+            raise ConfigError(
+                f"Invalid noise batch sizes: the small batch ({self.noise_small_batch}) must be "
+                f"smaller than the big one ({self.noise_big_batch})."
+            )
+
+    @property
+    def resolved_target(self) -> Target:
+        return self.target if self.target is not None else default_target(self.dataset)
+
+    def resolved_batch_sizes(self, num_train: int) -> tuple[int, ...]:
+        """The grid's batch sizes, sorted, each checked against the training split's size."""
+        if self.batch_sizes is None:
+            sizes = default_batch_sizes(num_train)
+            if self.max_batch_size:
+                sizes = tuple(s for s in sizes if s <= self.max_batch_size) or sizes[:1]
+            return sizes
+        too_big = [s for s in self.batch_sizes if s > num_train]
+        if too_big:
+            raise DataError(
+                f"Batch sizes {too_big} are larger than the training split ({num_train} samples "
+                f"of {self.dataset!r}): use batch sizes of at most {num_train}."
+            )
+        for size in self.batch_sizes:
+            check_batch_size(size, num_train)
+        return tuple(sorted(self.batch_sizes))
+
+    def learning_rate_grid(self, optimizer: str, batch_size: int) -> tuple[float, ...]:
+        """The learning rates tried for one cell, in the order they are tried (centre first)."""
+        if optimizer in self.learning_rates:
+            return tuple(self.learning_rates[optimizer])
+        centre = CENTRE_LR.get(optimizer, 1e-2) * (batch_size / REFERENCE_BATCH) ** LR_BATCH_EXPONENT
+        # Centre, then alternately below and above: with pruning the likely winner runs first.
+        offsets = [0]
+        for k in range(1, self.lr_grid_size):
+            offsets.append(-((k + 1) // 2) if k % 2 else (k + 1) // 2)
+        if self.lr_grid_size % 2 == 0:  # an even grid is centred between two points
+            offsets = [o + 0.5 for o in offsets]
+        return tuple(float(f"{centre * self.lr_factor ** o:.4g}") for o in offsets)
+
+    def to_dict(self) -> dict[str, Any]:
+        payload = asdict(self)
+        payload["target"] = asdict(self.resolved_target)
+        payload["learning_rates"] = {k: list(v) for k, v in sorted(self.learning_rates.items())}
+        return payload
+
+    def identity(self) -> dict[str, Any]:
+        """What makes two studies the same question, whatever backend or device answers it."""
+        payload = self.to_dict()
+        for name in ("data_dir", "engine", "fused_steps"):
+            payload.pop(name)
+        return payload

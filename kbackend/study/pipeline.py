@@ -1,0 +1,180 @@
+"""A whole study from the outside: run (or resume) it with a progress bar, analyse it, write the
+report; and compare studies run on different backends or devices side by side."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from kbackend.errors import ConfigError
+from kbackend.io import atomic_write_text
+from kbackend.study.analysis import analyze
+from kbackend.study.config import StudyConfig
+from kbackend.study.report import print_table, write_report
+from kbackend.study.runner import StudyRunner
+from kbackend.study.store import ResultStore
+
+DB_NAME = "study.db"
+
+
+def report_dir(out: Path, study: dict[str, Any]) -> Path:
+    """Where one study's report goes: one folder per dataset, model, backend and engine."""
+    config = study["config"]
+    return out / f"{config['dataset']}_{config['model']}_{study['env']['backend']}_{config['engine']}"
+
+
+class _ProgressEvents:
+    """Feeds runner events to a rich progress bar over the grid (with an ETA)."""
+
+    def __init__(self, progress: Any, task: Any, console: Any, lines: bool) -> None:
+        self.progress, self.task, self.console = progress, task, console
+        self.lines = lines  # one line per run where no live bar can be drawn (logs, CI)
+        self.skipped = 0
+        self.label = ""
+
+    def __call__(self, event: str, plan: Any = None, record: Any = None) -> None:
+        if event in ("start", "start_noise"):
+            self.label = plan.label() if event == "start" else f"noise scale along {plan.label()}"
+            self.progress.update(self.task, description=self.label)
+        elif event in ("finished", "finished_noise", "skipped", "skipped_noise"):
+            self.skipped += event.startswith("skipped")
+            self.progress.advance(self.task)
+            if self.lines and event == "finished":
+                result = record["result"]
+                outcome = (f"reached in {result['steps_to_target']} steps, "
+                           f"{result['time_to_target']:.2f} s" if result["reached"] else
+                           f"not reached in {result['steps_run']} steps")
+                done = int(self.progress.tasks[0].completed)
+                self.console.print(f"[{done}/{int(self.progress.tasks[0].total)}] {self.label}: "
+                                   f"{outcome}", highlight=False)
+
+
+def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool = True,
+              console: Any = None, print_results: bool = True) -> dict[str, Any]:
+    """Run or resume ``config`` with its results in ``out_dir/study.db``; write the report.
+
+    Returns ``{"study", "analysis", "paths", "wall_time", "executed", "skipped"}``. All input
+    checks run before any training.
+    """
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    console = console or Console(stderr=True)
+    out = Path(out_dir)
+    start = time.perf_counter()
+    with ResultStore(out / DB_NAME) as store:
+        runner = StudyRunner(config, store)
+        runner.prepare()
+        total = runner.total_runs() + (1 if config.noise_points else 0)
+        with Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                      console=console, disable=not show_progress, transient=False) as progress:
+            task = progress.add_task("study", total=total)
+            events = _ProgressEvents(progress, task, console,
+                                     lines=show_progress and not console.is_terminal)
+            runner.on_event = events
+            study = runner.run()
+        wall_time = time.perf_counter() - start
+        analysis = analyze(study)
+        paths = write_report(study, analysis, report_dir(out, study), wall_time)
+        summary = json.loads(paths["summary"].read_text())
+        # One summary per backend, engine and device: what `study compare` puts side by side.
+        store.put_summary(study["study"], f"{study['env']['backend']}/{config.engine}",
+                          study["env"]["device"], summary)
+    if print_results:
+        stdout = Console() if Console().is_terminal else Console(width=200)
+        print_table(study, analysis, console=stdout)
+        stdout.print(f"{runner.executed} runs trained, {events.skipped} reused from "
+                        f"{out / DB_NAME}; wall time {wall_time:.1f} s; report: {paths['report']}",
+                        highlight=False)
+    return {"study": study, "analysis": analysis, "paths": paths, "wall_time": wall_time,
+            "executed": runner.executed, "skipped": events.skipped}
+
+
+# -- comparison across backends / devices --------------------------------------------------------
+
+def load_summaries(paths: Iterable[str | Path], out_dir: str | Path | None = None) -> list[dict[str, Any]]:
+    """Summaries from report folders / summary.json files, or every one stored in
+    ``out_dir/study.db`` when no path is given."""
+    summaries = []
+    for path in map(Path, paths):
+        file = path / "summary.json" if path.is_dir() else path
+        if not file.is_file():
+            raise ConfigError(f"No study summary at {str(file)!r}: expected a study report folder "
+                              "or its summary.json.")
+        summaries.append(json.loads(file.read_text()))
+    if not summaries and out_dir is not None:
+        db = Path(out_dir) / DB_NAME
+        if not db.is_file():
+            raise ConfigError(f"No study results at {str(db)!r}: run `kbackend study --out "
+                              f"{out_dir}` first, or pass report folders to compare.")
+        with ResultStore(db) as store:
+            summaries = store.summaries()
+    if not summaries:
+        raise ConfigError("Nothing to compare: no study summaries found.")
+    return summaries
+
+
+def _column(summary: dict[str, Any]) -> str:
+    return f"{summary['env']['backend']}/{summary['config']['engine']}"
+
+
+def compare(summaries: list[dict[str, Any]]) -> str:
+    """A markdown comparison of studies of the same question (grouped by study id)."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for summary in summaries:
+        groups.setdefault(summary["study"], []).append(summary)
+    lines = []
+    for study_id, group in groups.items():
+        config = group[0]["config"]
+        target = config["target"]
+        lines += [f"## Study {study_id}: {config['model']} on {config['dataset']}, "
+                  f"{target['metric']} >= {target['value']:g}" if "acc" in target["metric"] else
+                  f"## Study {study_id}: {config['model']} on {config['dataset']}, "
+                  f"{target['metric']} <= {target['value']:g}", ""]
+        columns = [_column(s) for s in group]
+        header = ["optimizer", "batch"] + [f"{c} time (s)" for c in columns] + \
+                 [f"{c} steps" for c in columns] + [f"{c} samples/s" for c in columns]
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        keys = sorted({(c["optimizer"], c["batch_size"]) for s in group for c in s["cells"]},
+                      key=lambda k: (config["optimizers"].index(k[0]) if k[0] in config["optimizers"] else 99, k[1]))
+        cells = [{(c["optimizer"], c["batch_size"]): c for c in s["cells"]} for s in group]
+        for key in keys:
+            times, steps, speeds = [], [], []
+            for by_key in cells:
+                cell = by_key.get(key)
+                reached = cell is not None and cell["reached"]
+                times.append(f"{cell['time_to_target']:.2f}" if reached else "not reached")
+                steps.append(str(cell["steps_to_target"]) if reached else "-")
+                speed = None if cell is None else cell.get("samples_per_s")
+                speeds.append(f"{speed:,.0f}" if speed and math.isfinite(speed) else "-")
+            lines.append("| " + " | ".join([key[0], str(key[1]), *times, *steps, *speeds]) + " |")
+        lines.append("")
+        for summary in group:
+            analysis = summary["analysis"]
+            best = analysis["best"]
+            best_text = (f"fastest {best['optimizer']} at batch {best['batch_size']} "
+                         f"({best['time_to_target']:.2f} s)") if best else "no cell reached the target"
+            cross = "; ".join(f"{x['challenger']} vs {x['incumbent']}: {x['note']}"
+                              for x in analysis["crossovers"])
+            b_simple = analysis.get("b_simple")
+            noise = f"B_simple ~ {b_simple:.0f}" if b_simple and math.isfinite(b_simple) else "B_simple n/a"
+            lines.append(f"- {_column(summary)} on {summary['env']['device']}: {best_text}; "
+                         f"throughput knee {analysis['throughput_knee']}; {noise}; {cross}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_comparison(summaries: list[dict[str, Any]], out: str | Path) -> Path:
+    return atomic_write_text(Path(out), "# Study comparison\n\n" + compare(summaries))

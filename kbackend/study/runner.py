@@ -1,0 +1,463 @@
+"""Run a study: every (optimizer, batch size) cell, a learning-rate search per cell, a
+noise-scale measurement, each finished run committed to the results store.
+
+Re-running the same study skips every run already stored (the key is the run's full
+configuration: model, data, optimizer, batch size, learning rate, seed, budget, target, engine,
+backend, package versions and device), so an interrupted study resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from kbackend import __version__
+from kbackend.data import Dataset
+from kbackend.errors import ConfigError
+from kbackend.history import History
+from kbackend.models import ModelOptions, build_model, model_layout
+from kbackend.optim import OptimizerSpec
+from kbackend.study.config import REFERENCE_BATCH, StudyConfig
+from kbackend.study.noise import measure_noise_scale
+from kbackend.study.store import ResultStore, config_key
+from kbackend.training import Target, TrainConfig, load_dataset, train
+
+# Engines that validate once per epoch, whatever eval_every asks (Keras fit).
+EPOCH_EVAL_ENGINES = frozenset({"keras"})
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """One training run of the grid."""
+
+    optimizer: str
+    batch_size: int
+    learning_rate: float
+    max_steps: int
+    eval_every: int
+    fused_steps: int
+
+    def label(self) -> str:
+        return f"{self.optimizer} B={self.batch_size} lr={self.learning_rate:g}"
+
+
+def default_engine() -> str:
+    """The native engine when it is registered, else Keras fit."""
+    from kbackend.engines import engine_names
+
+    return "native" if "native" in engine_names() else "keras"
+
+
+def steps_per_epoch(num_train: int, batch_size: int) -> int:
+    """Steps in an epoch whose last batch is partial (Keras fit)."""
+    return -(-num_train // batch_size)
+
+
+def full_batches(num_train: int, batch_size: int) -> int:
+    """Steps in an epoch that drops the partial batch (the native engine: one batch shape)."""
+    return max(1, num_train // batch_size)
+
+
+def samples_seen(step: int, num_train: int, batch_size: int, drops_remainder: bool = False) -> int:
+    """Training samples processed by the end of ``step``."""
+    if drops_remainder:
+        return int(step) * batch_size
+    per_epoch = steps_per_epoch(num_train, batch_size)
+    full_epochs, rest = divmod(int(step), per_epoch)
+    return full_epochs * num_train + rest * batch_size
+
+
+def _drops_remainder(history: History) -> bool:
+    # The native engine records how many samples each epoch drops; Keras fit drops none.
+    return "dropped_per_epoch" in history.extra
+
+
+def steady_throughput(history: History, num_train: int, batch_size: int,
+                      startup: float = 0.0) -> float:
+    """Samples/s over the run's training time with its start-up (compilation) taken out."""
+    seconds = (history.timing.get("train_time") or 0.0) - startup
+    if not history.step or seconds <= 0:
+        return math.nan
+    return samples_seen(history.steps_run, num_train, batch_size, _drops_remainder(history)) / seconds
+
+
+def startup_seconds(history: History) -> tuple[float, bool]:
+    """Per-run start-up time inside the training time (compilation and first-call overhead),
+    and whether it is estimated rather than reported by the engine.
+
+    Engines that time their compilation report it (``timing["compile_time"]``), but a first
+    call can cost more than its compilation (Keras fit compiles inside its first step; a first
+    XLA call on TF also pays for allocation and autotuning). With two or more evaluations the
+    start-up is estimated as the training time at the first evaluation minus its steps at the
+    median per-step time of the later evaluation intervals; the larger of that and the reported
+    compile time is used. Without them: the reported compile time, or for engines that report
+    none, the first step's time minus the median step time.
+    """
+    reported = history.timing.get("compile_time")
+    evals = [e for e in history.evals if "step" in e and "train_time" in e]
+    rates = [(b["train_time"] - a["train_time"]) / (b["step"] - a["step"])
+             for a, b in itertools.pairwise(evals) if b["step"] > a["step"]]
+    if rates:
+        estimate = max(0.0, evals[0]["train_time"] - evals[0]["step"] * float(np.median(rates)))
+        if reported is None or estimate > reported:
+            return estimate, True
+        return float(reported), False
+    if reported is not None:
+        return float(reported), False
+    times = np.asarray(history.time, dtype=float)
+    if times.size < 3:
+        return 0.0, True
+    return max(0.0, float(times[0] - np.median(np.diff(times)))), True
+
+
+def history_from_trajectory(trajectory: dict[str, Any], result: dict[str, Any]) -> History:
+    """Rebuild a run's ``History`` from its stored trajectory (to re-derive its figures)."""
+    history = History(step=list(trajectory["step"]), loss=list(trajectory["loss"]),
+                      time=list(trajectory["time"]), evals=list(trajectory["evals"]),
+                      timing=dict(trajectory.get("timing", {})),
+                      extra=dict(trajectory.get("extra", {})))
+    history.test = {k: result[k] for k in ("test_accuracy", "test_loss") if result.get(k) is not None}
+    if "target_reached" not in history.extra and result.get("reached"):
+        # Stored before the engine's extra was kept: the reaching evaluation is the last one.
+        last = history.evals[-1]
+        history.extra["target_reached"] = {"step": last["step"], "epoch": last.get("epoch"),
+                                           "train_time": last["train_time"]}
+    return history
+
+
+def summarize_run(history: History, plan: RunPlan, target: Target, num_train: int) -> dict[str, Any]:
+    """The figures of one finished run.
+
+    Time to target is training time only: the engines exclude evaluation from ``train_time``,
+    and the per-run start-up (compilation, first-call overhead: ``startup_seconds``) is
+    subtracted too, so runs of a few seconds are not ranked by their compile times;
+    ``time_to_target_raw`` keeps it in.
+    """
+    metric = target.metric
+    reached = history.extra.get("target_reached")
+    losses = np.asarray(history.loss, dtype=float)
+    drops = _drops_remainder(history)
+    startup, estimated = startup_seconds(history)
+    result: dict[str, Any] = {
+        "reached": reached is not None,
+        "steps_run": history.steps_run,
+        "train_time": history.timing.get("train_time"),
+        "eval_time": history.timing.get("eval_time"),
+        "wall_time": history.timing.get("wall_time"),
+        "compile_time": history.timing.get("compile_time"),
+        "startup_time": startup,
+        "startup_time_estimated": estimated,
+        "samples_per_s": steady_throughput(history, num_train, plan.batch_size, startup),
+        "best_val_accuracy": history.best("val_accuracy"),
+        "best_val_loss": history.best("val_loss"),
+        "best_metric": history.best(metric),
+        "final_train_loss": float(losses[-1]) if losses.size else None,
+        "diverged": bool(losses.size and not np.all(np.isfinite(losses))),
+        "test_accuracy": history.test.get("test_accuracy"),
+        "test_loss": history.test.get("test_loss"),
+        "evaluations": len(history.evals),
+        "drops_partial_batch": drops,
+    }
+    if reached is not None:
+        step = int(reached["step"])
+        samples = samples_seen(step, num_train, plan.batch_size, drops)
+        raw = float(reached["train_time"])
+        result.update(steps_to_target=step, samples_to_target=samples,
+                      epochs_to_target=samples / num_train, time_to_target_raw=raw,
+                      time_to_target=max(raw - startup, 0.0))
+    else:
+        result.update(steps_to_target=None, samples_to_target=None, epochs_to_target=None,
+                      time_to_target=None, time_to_target_raw=None)
+    return result
+
+
+def best_run(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The run a cell reports: fewest steps to target (ties: less training time); when no run
+    reached it, the one with the best validation metric (reported as not reached)."""
+    if not runs:
+        return None
+    reached = [r for r in runs if r["result"]["reached"]]
+    if reached:
+        return min(reached, key=lambda r: (r["result"]["steps_to_target"], r["result"]["time_to_target"]))
+    larger_is_better = "acc" in runs[0]["config"]["target"]["metric"]
+
+    def score(run: dict[str, Any]) -> float:
+        value = run["result"]["best_metric"]
+        if value is None or not math.isfinite(value):
+            return -math.inf
+        return value if larger_is_better else -value
+
+    return max(runs, key=score)
+
+
+def environment_identity() -> dict[str, Any]:
+    """Backend, package versions and device: part of every run's key."""
+    import os
+    import platform
+
+    from kbackend.backend import active_backend
+    from kbackend.backends import impl
+    from kbackend.envinfo import device_summary, package_versions
+
+    backend_impl = impl()
+    return {
+        "backend": active_backend(),
+        "versions": {**package_versions(), **backend_impl.framework_versions(), "kbackend": __version__},
+        "device": f"{device_summary(backend_impl.devices())}; {os.cpu_count()} cpus; "
+                  f"{platform.processor() or platform.machine()}",
+    }
+
+
+class StudyRunner:
+    """Plans, validates and runs a study against a results store."""
+
+    def __init__(self, config: StudyConfig, store: ResultStore,
+                 on_event: Callable[..., None] | None = None) -> None:
+        self.config = config
+        self.store = store
+        self.on_event = on_event or (lambda *args, **kwargs: None)
+        self.dataset: Dataset | None = None
+        self.env = environment_identity()
+        self.study_id = config_key(config.identity())[:12]
+        self.executed = 0
+
+    # -- validation and planning (everything here runs before any training) ------------------
+
+    def prepare(self) -> None:
+        """Load the data and check every option; raise a ``KBackendError`` on bad input."""
+        from kbackend.engines import get_engine
+
+        config = self.config
+        get_engine(config.engine)
+        model_layout(config.model)
+        config.resolved_target  # noqa: B018 - validated on construction, resolved here
+        self.dataset = load_dataset(TrainConfig(
+            model=config.model, dataset=config.dataset, data_dir=config.data_dir,
+            validation_fraction=config.validation_fraction, seed=config.seed))
+        self.batch_sizes = config.resolved_batch_sizes(self.num_train)
+        self.noise_batches = self._noise_batches() if config.noise_points else (0, 0)
+
+    @property
+    def num_train(self) -> int:
+        assert self.dataset is not None
+        return len(self.dataset.x_train)
+
+    def _noise_batches(self) -> tuple[int, int]:
+        config, sizes = self.config, self.batch_sizes
+        small = config.noise_small_batch or min(sizes)
+        big = config.noise_big_batch or max(sizes)
+        if big <= small:
+            big = min(self.num_train, small * 8)
+        if big <= small:
+            raise ConfigError(
+                f"Cannot measure the noise scale: need a big batch larger than the small one "
+                f"({small}) within the training split ({self.num_train} samples)."
+            )
+        return small, big
+
+    def eval_every(self, batch_size: int) -> int:
+        """Steps between evaluations: about ``evals_per_epoch`` per epoch, preferably a divisor of
+        the epoch so that every fused call has the same length (one compilation per run)."""
+        if self.config.engine in EPOCH_EVAL_ENGINES:
+            return steps_per_epoch(self.num_train, batch_size)
+        per_epoch = full_batches(self.num_train, batch_size)
+        wanted = max(1, round(per_epoch / self.config.evals_per_epoch))
+        divisors = [d for d in range(1, per_epoch + 1) if per_epoch % d == 0]
+        nearest = min(divisors, key=lambda d: (abs(math.log(d / wanted)), d))
+        return nearest if wanted / 2 <= nearest <= wanted * 2 else wanted
+
+    def plan(self, optimizer: str, batch_size: int, learning_rate: float,
+             budget: int | None = None) -> RunPlan:
+        every = self.eval_every(batch_size)
+        steps = budget if budget is not None else self.config.max_steps
+        steps = -(-steps // every) * every  # whole evaluation intervals
+        fused = self.config.fused_steps or every
+        return RunPlan(optimizer, batch_size, learning_rate, steps, every,
+                       min(fused, full_batches(self.num_train, batch_size)))
+
+    def run_key_config(self, plan: RunPlan) -> dict[str, Any]:
+        """Everything that determines a run's outcome: its store key is a hash of this."""
+        assert self.dataset is not None
+        config = self.config
+        info = self.dataset.info
+        return {
+            "kind": "run",
+            "model": config.model,
+            "model_options": asdict(ModelOptions(seed=config.seed)),
+            "data": {"name": info.name, "source": info.source, "num_train": info.num_train,
+                     "num_val": info.num_val, "num_test": info.num_test,
+                     "validation_fraction": config.validation_fraction},
+            "optimizer": OptimizerSpec(plan.optimizer, plan.learning_rate).to_dict(),
+            "batch_size": plan.batch_size,
+            "learning_rate": plan.learning_rate,
+            "seed": config.seed,
+            "max_steps": plan.max_steps,
+            "eval_every": plan.eval_every,
+            "fused_steps": plan.fused_steps,
+            "target": asdict(config.resolved_target),
+            "engine": config.engine,
+            **self.env,
+        }
+
+    def total_runs(self) -> int:
+        """Runs the grid holds (pruned runs included: they still run, on a smaller budget)."""
+        return sum(len(self.config.learning_rate_grid(o, b))
+                   for o in self.config.optimizers for b in self.batch_sizes)
+
+    # -- running -------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        """Run (or resume) the whole study; return its cells, runs and noise-scale estimate."""
+        if self.dataset is None:
+            self.prepare()
+        cells, runs = [], []
+        for optimizer in self.config.optimizers:
+            for batch_size in self.batch_sizes:
+                cell_runs = self.run_cell(optimizer, batch_size)
+                runs.extend(cell_runs)
+                best = best_run(cell_runs)
+                grid = self.config.learning_rate_grid(optimizer, batch_size)
+                cells.append({
+                    "optimizer": optimizer, "batch_size": batch_size,
+                    "learning_rate": best["config"]["learning_rate"],
+                    "lr_grid": list(grid),
+                    "lr_at_grid_edge": len(grid) > 1 and best["config"]["learning_rate"] in (min(grid), max(grid)),
+                    "run_key": best["key"],
+                    **best["result"],
+                })
+        noise = self.run_noise(cells)
+        return {"study": self.study_id, "config": self.config.to_dict(), "env": self.env,
+                "dataset": self.dataset.info.to_dict(), "batch_sizes": list(self.batch_sizes),
+                "cells": cells, "runs": runs, "noise": noise}
+
+    def run_cell(self, optimizer: str, batch_size: int) -> list[dict[str, Any]]:
+        """Every learning rate of one cell; with pruning, later rates get the best steps so far."""
+        records = []
+        best_steps: int | None = None
+        for learning_rate in self.config.learning_rate_grid(optimizer, batch_size):
+            budget = self.config.max_steps
+            if self.config.prune and best_steps is not None:
+                budget = min(budget, best_steps)
+            record = self.run_one(self.plan(optimizer, batch_size, learning_rate, budget))
+            records.append(record)
+            if record["result"]["reached"]:
+                steps = record["result"]["steps_to_target"]
+                best_steps = steps if best_steps is None else min(best_steps, steps)
+        return records
+
+    def run_one(self, plan: RunPlan) -> dict[str, Any]:
+        """Run ``plan`` unless the store already has it; return the stored record."""
+        key_config = self.run_key_config(plan)
+        key = config_key(key_config)
+        stored = self.store.get(key)
+        if stored is not None:
+            if stored["trajectory"]:  # figures are re-derived, so stored runs follow this code
+                history = history_from_trajectory(stored["trajectory"], stored["result"])
+                stored["result"] = {**stored["result"], **summarize_run(
+                    history, plan, self.config.resolved_target, self.num_train)}
+            self.on_event("skipped", plan=plan, record=stored)
+            return stored
+        self.on_event("start", plan=plan)
+        history = self.execute(plan)
+        result = summarize_run(history, plan, self.config.resolved_target, self.num_train)
+        trajectory = {"step": history.step, "loss": history.loss, "time": history.time,
+                      "evals": history.evals, "timing": history.timing, "extra": history.extra}
+        self.store.put(key, "run", self.study_id, self.env["backend"], key_config, result, trajectory)
+        self.executed += 1
+        record = self.store.get(key)
+        self.on_event("finished", plan=plan, record=record)
+        return record
+
+    def train_config(self, plan: RunPlan, *, max_steps: int | None = None,
+                     target: Target | bool | None = True, seed: int | None = None) -> TrainConfig:
+        config = self.config
+        max_steps = plan.max_steps if max_steps is None else max_steps
+        # Enough epochs for the budget even when the engine drops each epoch's partial batch.
+        per_epoch = full_batches(self.num_train, plan.batch_size)
+        return TrainConfig(
+            model=config.model, dataset=config.dataset, data_dir=config.data_dir,
+            validation_fraction=config.validation_fraction,
+            optimizer=OptimizerSpec(plan.optimizer, plan.learning_rate),
+            batch_size=plan.batch_size, epochs=max(1, -(-max_steps // per_epoch)),
+            engine=config.engine, max_steps=max_steps,
+            eval_every=0 if config.engine in EPOCH_EVAL_ENGINES else plan.eval_every,
+            fused_steps=plan.fused_steps,
+            target=config.resolved_target if target is True else (target or None),
+            seed=config.seed if seed is None else seed,
+            model_options=ModelOptions(seed=config.seed),
+        )
+
+    def build_model(self) -> Any:
+        """A fresh model; the same seed gives the same initial weights on one backend."""
+        assert self.dataset is not None
+        return build_model(self.config.model, self.dataset.info, ModelOptions(seed=self.config.seed))
+
+    def execute(self, plan: RunPlan) -> History:
+        """Train one run from fresh initial weights and return its history."""
+        return train(self.train_config(plan), dataset=self.dataset, model=self.build_model()).history
+
+    # -- gradient noise scale ----------------------------------------------------------------
+
+    def noise_reference(self, cells: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The cell whose training run the noise scale is measured along: plain SGD if studied
+        (its update has no state, so training in segments is exact), at the grid's batch size
+        nearest 32, with its tuned learning rate, up to its steps to target."""
+        if self.config.noise_points == 0 or not cells:
+            return None
+        optimizer = "sgd" if "sgd" in self.config.optimizers else self.config.optimizers[0]
+        batch = min(self.batch_sizes, key=lambda b: (abs(math.log(b / REFERENCE_BATCH)), b))
+        return next(c for c in cells if c["optimizer"] == optimizer and c["batch_size"] == batch)
+
+    def run_noise(self, cells: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """Measure B_simple at ``noise_points`` points along the reference cell's training."""
+        cell = self.noise_reference(cells)
+        if cell is None:
+            return None
+        small, big = self.noise_batches
+        horizon = cell["steps_to_target"] or cell["steps_run"]
+        plan = self.plan(cell["optimizer"], cell["batch_size"], cell["learning_rate"])
+        points = self.config.noise_points
+        checkpoints = sorted({round(horizon * i / max(1, points - 1)) for i in range(points)})
+        key_config = {**self.run_key_config(plan), "kind": "noise", "checkpoints": checkpoints,
+                      "small_batch": small, "big_batch": big, "draws": self.config.noise_draws}
+        key = config_key(key_config)
+        stored = self.store.get(key)
+        if stored is not None:
+            self.on_event("skipped_noise", record=stored)
+            return stored["result"]
+        self.on_event("start_noise", plan=plan)
+        result = {"optimizer": plan.optimizer, "batch_size": plan.batch_size,
+                  "learning_rate": plan.learning_rate, "small_batch": small, "big_batch": big,
+                  "draws": self.config.noise_draws, "points": self.measure_noise(plan, checkpoints)}
+        estimates = [p for p in result["points"] if p["step"] > 0]
+        final = estimates[-1] if estimates else result["points"][-1]
+        result["b_simple_final"] = final["b_simple"]
+        self.store.put(key, "noise", self.study_id, self.env["backend"], key_config, result)
+        self.on_event("finished_noise", record=self.store.get(key))
+        return result
+
+    def measure_noise(self, plan: RunPlan, checkpoints: list[int]) -> list[dict[str, Any]]:
+        """Train in segments to each checkpoint and estimate the noise scale there."""
+        from kbackend.backends import impl
+
+        assert self.dataset is not None
+        model = self.build_model()
+        rng = np.random.default_rng(self.config.seed)
+        x, y = self.dataset.x_train, self.dataset.y_train
+        small, big = self.noise_batches
+        points, done = [], 0
+        for index, checkpoint in enumerate(checkpoints):
+            if checkpoint > done:
+                # A fresh seed per segment so segments do not replay the same shuffle.
+                config = self.train_config(plan, max_steps=checkpoint - done, target=False,
+                                           seed=self.config.seed + index)
+                done += train(config, dataset=self.dataset, model=model).history.steps_run
+            estimate = measure_noise_scale(lambda xb, yb: impl().batch_gradients(model, xb, yb),
+                                           x, y, small, big, self.config.noise_draws, rng)
+            points.append({"step": done, **estimate.to_dict()})
+        return points

@@ -1,0 +1,167 @@
+"""Study analysis on made-up cells, the learning-rate grid, and the SQLite results store."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import threading
+
+import pytest
+
+from kbackend.errors import ConfigError, DataError
+from kbackend.study.analysis import (
+    crossover,
+    fit_critical_batch,
+    scaling_regions,
+    throughput_curve,
+    throughput_knee,
+)
+from kbackend.study.config import StudyConfig, default_batch_sizes
+from kbackend.study.store import ResultStore, config_key
+
+
+def _cell(optimizer, batch, time_to_target):
+    reached = time_to_target is not None
+    return {"optimizer": optimizer, "batch_size": batch, "reached": reached,
+            "time_to_target": time_to_target, "steps_to_target": 10 if reached else None}
+
+
+def test_knee_fit_recovers_a_known_critical_batch_size():
+    s_min, b_crit = 40.0, 100.0
+    points = [(b, s_min * (1 + b_crit / b)) for b in (8, 16, 32, 64, 128, 256, 512)]
+    knee = fit_critical_batch(points)
+    assert knee["s_min"] == pytest.approx(s_min, rel=1e-9)
+    assert knee["b_crit"] == pytest.approx(b_crit, rel=1e-9)
+
+
+def test_knee_fit_says_when_the_knee_is_outside_the_grid():
+    perfect = [(b, 6400.0 / b) for b in (8, 16, 32)]  # steps halve every doubling
+    assert fit_critical_batch(perfect)["b_crit"] is None
+    assert fit_critical_batch([(8, 100.0), (16, 101.0), (32, 102.0)])["beyond_grid"] == "below"
+    assert fit_critical_batch([(8, 100.0)])["b_crit"] is None
+
+
+def test_scaling_regions_follow_the_exponent():
+    points = [(8, 800.0), (16, 400.0), (32, 260.0), (64, 250.0)]
+    regions = [s["region"] for s in scaling_regions(points)]
+    assert regions == ["perfect scaling", "diminishing returns", "saturation"]
+
+
+@pytest.mark.parametrize(("adam", "sgd", "expected", "note"), [
+    ([5, 3, 2, 1], [4, 2, 3, 2], 32, "from batch size 32"),
+    ([1, 1, 1, 1], [2, 2, 2, 2], None, "every batch size"),
+    ([5, 5, 1, 5], [1, 1, 2, 1], None, "does not overtake"),
+    ([5, 5, 1, 1], [1, None, None, None], 16, "from batch size 16"),  # SGD never reached there
+])
+def test_crossover_where_adam_overtakes_sgd(adam, sgd, expected, note):
+    sizes = [8, 16, 32, 64]
+    cells = [_cell("adam", b, t) for b, t in zip(sizes, adam, strict=True)]
+    cells += [_cell("sgd", b, t) for b, t in zip(sizes, sgd, strict=True)]
+    result = crossover(cells, "adam", "sgd")
+    assert result["batch_size"] == expected and note in result["note"]
+
+
+def test_crossover_needs_both_optimizers():
+    assert crossover([_cell("adam", 8, 1.0)], "adam", "sgd") is None
+
+
+def test_throughput_curve_and_knee():
+    runs = [{"config": {"batch_size": b}, "result": {"samples_per_s": v}}
+            for b, v in [(8, 100.0), (8, 120.0), (32, 500.0), (128, 900.0), (512, 1000.0),
+                         (512, math.nan)]]
+    curve = throughput_curve(runs)
+    assert [p["samples_per_s"] for p in curve] == [110.0, 500.0, 900.0, 1000.0]
+    assert throughput_knee(curve) == 128
+
+
+def test_noise_scale_over_training_is_a_ratio_of_averages():
+    from kbackend.study.analysis import training_noise_scale
+
+    points = [{"step": 0, "grad_sq": 1.0, "trace_sigma": 1000.0},
+              {"step": 10, "grad_sq": 2.0, "trace_sigma": 40.0},
+              {"step": 20, "grad_sq": 0.01, "trace_sigma": 20.0}]
+    assert training_noise_scale({"points": points}) == pytest.approx(60.0 / 2.01)
+    assert training_noise_scale({"points": points[:1]}) == pytest.approx(1000.0)
+    assert training_noise_scale(None) is None
+
+
+def test_default_batch_sizes_are_powers_of_two_that_fit():
+    assert default_batch_sizes(1294) == (8, 16, 32, 64, 128, 256, 512)
+    assert default_batch_sizes(20) == (8,)
+
+
+def test_learning_rate_grid_is_log_spaced_around_a_scaled_centre():
+    grid = StudyConfig(lr_grid_size=3, lr_factor=10.0).learning_rate_grid("sgd", 32)
+    assert grid == (0.2, 0.02, 2.0)  # centre first: with pruning the likely winner runs first
+    assert StudyConfig().learning_rate_grid("adam", 128)[0] == pytest.approx(4e-3)
+    assert StudyConfig(learning_rates={"sgd": (0.5,)}).learning_rate_grid("sgd", 8) == (0.5,)
+    assert len(StudyConfig(lr_grid_size=4).learning_rate_grid("adam", 8)) == 4
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"batch_sizes": ()}, "Empty batch-size list"),
+    ({"optimizers": ("sgd", "lion")}, "Unknown optimizer"),
+    ({"optimizers": ()}, "Empty optimizer list"),
+    ({"batch_sizes": (8, 0)}, "Invalid batch size"),
+    ({"learning_rates": {"adam": (0.0,)}}, "learning rate"),
+    ({"learning_rates": {"adamw": (0.1,)}}, "not in the study's optimizers"),
+    ({"max_steps": 0}, "max_steps"),
+    ({"noise_small_batch": 64, "noise_big_batch": 8}, "smaller than the big one"),
+])
+def test_bad_study_configs_are_rejected(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        StudyConfig(**kwargs)
+
+
+def test_batch_sizes_larger_than_the_training_split_are_rejected():
+    with pytest.raises(DataError, match=r"\[2048\] are larger than the training split \(1294"):
+        StudyConfig(batch_sizes=(8, 2048)).resolved_batch_sizes(1294)
+
+
+def test_config_key_ignores_key_order_and_sees_every_value():
+    assert config_key({"a": 1, "b": [1, 2]}) == config_key({"b": [1, 2], "a": 1})
+    assert config_key({"a": 1, "b": [1, 2]}) != config_key({"a": 1, "b": [2, 1]})
+
+
+def test_store_keeps_the_first_result_and_survives_reopening(tmp_path):
+    path = tmp_path / "study.db"
+    with ResultStore(path) as store:
+        assert store.put("k1", "run", "s", "jax", {"lr": 0.1}, {"reached": True, "x": math.nan},
+                         {"step": [1, 2]})
+        assert not store.put("k1", "run", "s", "jax", {"lr": 0.1}, {"reached": False})
+    with ResultStore(path) as store:
+        record = store.get("k1")
+        assert record["result"]["reached"] is True and math.isnan(record["result"]["x"])
+        assert record["trajectory"] == {"step": [1, 2]} and store.get("missing") is None
+        assert [r["key"] for r in store.records(study="s", backend="jax")] == ["k1"]
+        assert store.records(backend="tensorflow") == []
+    assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_store_concurrent_writers_store_each_key_once(tmp_path):
+    path = tmp_path / "study.db"
+    ResultStore(path).close()
+    stored = []
+
+    def writer(index):
+        with ResultStore(path) as store:
+            for key in range(20):
+                if store.put(f"k{key}", "run", "s", "jax", {}, {"writer": index}):
+                    stored.append(key)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(stored) == list(range(20))
+    with ResultStore(path) as store:
+        assert len(store.records()) == 20
+
+
+def test_store_summaries_replace_per_backend_and_device(tmp_path):
+    with ResultStore(tmp_path / "study.db") as store:
+        store.put_summary("s", "jax", "cpu", {"v": 1})
+        store.put_summary("s", "jax", "cpu", {"v": 2})
+        store.put_summary("s", "tensorflow", "cpu", {"v": 3})
+        assert [p["v"] for p in store.summaries("s")] == [2, 3]

@@ -1,0 +1,294 @@
+"""The study end to end on the active backend: report and plots, resume after an exception or a
+kill, time to target without evaluation, never-reached cells, bad input before training."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from kbackend.cli import main
+from kbackend.errors import ConfigError, DataError
+from kbackend.study.config import StudyConfig
+from kbackend.study.pipeline import compare, run_study
+from kbackend.study.report import PLOTS
+from kbackend.study.runner import StudyRunner
+from kbackend.study.store import ResultStore
+from kbackend.training import Target
+from tests.conftest import BACKEND, ROOT
+
+# 2 optimizers x 2 batch sizes, a 60-step budget, one learning rate each (the search and its
+# pruning are tested with a stand-in engine below). SGD at lr 1e-4 cannot reach the target in
+# 60 steps: a never-reached cell.
+TINY = StudyConfig(
+    optimizers=("sgd", "adam"), batch_sizes=(64, 256),
+    learning_rates={"sgd": (1e-4,), "adam": (3e-3,)}, max_steps=60, engine="keras",
+    target=Target("val_accuracy", 0.9), noise_points=2, noise_draws=4,
+)
+TINY_ARGS = ["study", "--optimizers", "sgd,adam", "--batch-sizes", "64,256", "--lrs", "sgd=0.0001",
+             "--lrs", "adam=0.003", "--max-steps", "60", "--engine", "keras", "--target", "0.9",
+             "--noise-points", "2", "--noise-draws", "4", "--no-progress"]
+TINY_RUNS = 4
+
+
+def _outcomes(out_dir) -> dict[str, tuple]:
+    """Every stored run: key -> (reached, steps to target)."""
+    with ResultStore(out_dir / "study.db") as store:
+        return {r["key"]: (r["result"]["reached"], r["result"]["steps_to_target"])
+                for r in store.records(kind="run")}
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    """The tiny study, uninterrupted."""
+    out = tmp_path_factory.mktemp("baseline")
+    return out, run_study(TINY, out, show_progress=False, print_results=False)
+
+
+def test_tiny_study_writes_report_plots_and_reports_unreached_cells(baseline):
+    import matplotlib.image
+
+    _, result = baseline
+    study = result["study"]
+    assert result["executed"] == TINY_RUNS and result["skipped"] == 0
+    cells = {(c["optimizer"], c["batch_size"]): c for c in study["cells"]}
+    assert sorted(cells) == [("adam", 64), ("adam", 256), ("sgd", 64), ("sgd", 256)]
+    for batch in (64, 256):
+        sgd, adam = cells["sgd", batch], cells["adam", batch]
+        assert not sgd["reached"] and sgd["steps_to_target"] is None and sgd["time_to_target"] is None
+        assert sgd["best_metric"] < 0.9 and sgd["steps_run"] >= 60
+        assert adam["reached"] and adam["best_metric"] >= 0.9 and adam["steps_to_target"] <= 60 + 21
+        assert adam["samples_to_target"] == pytest.approx(adam["epochs_to_target"] * study["dataset"]["num_train"])
+        assert adam["samples_per_s"] > 0 and 0.0 < adam["test_accuracy"] <= 1.0
+    assert result["analysis"]["best"]["optimizer"] == "adam"
+    assert all(len(r["trajectory"]["step"]) == r["result"]["steps_run"] for r in study["runs"])
+    noise = study["noise"]
+    assert noise["points"][0]["step"] == 0 and len(noise["points"]) == 2
+    assert all(np.isfinite(p["trace_sigma"]) for p in noise["points"])
+
+    folder = result["paths"]["report"].parent
+    report = (folder / "report.md").read_text()
+    assert report.count("NOT REACHED") == 2 and "| adam | 64 |" in report
+    summary = json.loads((folder / "summary.json").read_text())
+    assert len(summary["cells"]) == 4 and summary["env"]["backend"] == BACKEND
+    for name in PLOTS:
+        data = (folder / "plots" / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        image = matplotlib.image.imread(folder / "plots" / name)
+        assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+
+
+def test_rerun_skips_every_finished_run(baseline):
+    out, first = baseline
+    again = run_study(TINY, out, show_progress=False, print_results=False)
+    assert again["executed"] == 0 and again["skipped"] == TINY_RUNS + 1  # + the noise scale
+    assert [c["run_key"] for c in again["study"]["cells"]] == [c["run_key"] for c in first["study"]["cells"]]
+
+
+def test_resume_after_an_exception_mid_grid(tmp_path, baseline, monkeypatch):
+    original = StudyRunner.execute
+    calls = []
+
+    def failing_third_run(self, plan):
+        calls.append(plan)
+        if len(calls) == 3:
+            raise RuntimeError("simulated crash")
+        return original(self, plan)
+
+    monkeypatch.setattr(StudyRunner, "execute", failing_third_run)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_study(TINY, tmp_path, show_progress=False, print_results=False)
+    with ResultStore(tmp_path / "study.db") as store:
+        finished = {r["key"]: r["finished_at"] for r in store.records(kind="run")}
+    assert len(finished) == 2  # the third run was in flight
+
+    monkeypatch.setattr(StudyRunner, "execute", original)
+    resumed = run_study(TINY, tmp_path, show_progress=False, print_results=False)
+    assert resumed["executed"] == TINY_RUNS - 2
+    with ResultStore(tmp_path / "study.db") as store:
+        after = {r["key"]: r["finished_at"] for r in store.records(kind="run")}
+    assert all(after[key] == stamp for key, stamp in finished.items())  # not redone
+    assert _outcomes(tmp_path) == _outcomes(baseline[0])
+
+
+@pytest.mark.slow
+def test_resume_after_the_process_is_killed(tmp_path, baseline):
+    env = {**os.environ, "KERAS_BACKEND": BACKEND, "KBACKEND_OFFLINE": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "kbackend", *TINY_ARGS, "--out", str(tmp_path)],
+                               cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    db = tmp_path / "study.db"
+    deadline = time.monotonic() + 600
+    finished: dict[str, float] = {}
+    while time.monotonic() < deadline and process.poll() is None:
+        if db.exists():
+            with ResultStore(db) as store:
+                finished = {r["key"]: r["finished_at"] for r in store.records(kind="run")}
+            if finished:
+                break
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert 1 <= len(finished) < TINY_RUNS, "the study finished before it could be killed"
+
+    resumed = run_study(TINY, tmp_path, show_progress=False, print_results=False)
+    with ResultStore(db) as store:
+        after = {r["key"]: r["finished_at"] for r in store.records(kind="run")}
+    assert all(after[key] == stamp for key, stamp in finished.items())
+    assert resumed["executed"] <= TINY_RUNS - len(finished)
+    assert resumed["study"]["study"] == baseline[1]["study"]["study"]
+    assert _outcomes(tmp_path) == _outcomes(baseline[0])
+
+
+def test_time_to_target_excludes_evaluation(tmp_path, monkeypatch):
+    delay = 0.3
+    original_build = StudyRunner.build_model
+
+    def model_with_slow_evaluation(self):
+        # Slow down every validation batch (the validation split fits in one batch of 256):
+        # the delay runs inside Keras's evaluation loop, as a slow evaluation would.
+        model = original_build(self)
+        make_test_function = model.make_test_function
+
+        def make_slow_test_function(force=False):
+            function = make_test_function(force)
+            if not getattr(model.test_function, "slowed", False):
+                inner = model.test_function
+
+                def slow(*args, **kwargs):
+                    time.sleep(delay)
+                    return inner(*args, **kwargs)
+
+                slow.slowed = True
+                model.test_function = slow
+            return function
+
+        model.make_test_function = make_slow_test_function
+        return model
+
+    monkeypatch.setattr(StudyRunner, "build_model", model_with_slow_evaluation)
+    with ResultStore(tmp_path / "study.db") as store:
+        runner = StudyRunner(TINY, store)
+        runner.prepare()
+        record = runner.run_one(runner.plan("adam", 256, 3e-3))
+    result, evals = record["result"], record["trajectory"]["evals"]
+    assert result["reached"] and len(evals) >= 2
+    # Every validation slept `delay` inside the engine's wall time; none of it is training time.
+    assert result["eval_time"] >= len(evals) * delay
+    assert result["time_to_target"] <= result["wall_time"] - len(evals) * delay
+    assert result["time_to_target_raw"] == evals[-1]["train_time"]
+    assert result["time_to_target"] == pytest.approx(result["time_to_target_raw"] - result["startup_time"])
+
+
+@pytest.mark.parametrize(("reported", "expected", "estimated"), [
+    (None, 4.5, True), (3.0, 4.5, True), (5.0, 5.0, False),
+])
+def test_startup_is_taken_out_of_time_to_target(reported, expected, estimated):
+    from kbackend.history import History
+    from kbackend.study.runner import RunPlan, summarize_run
+
+    history = History()
+    history.record_steps(list(range(1, 31)), [1.0] * 30, [4.5 + 0.05 * s for s in range(1, 31)])
+    for step in (10, 20, 30):  # 0.05 s per step after a start-up of 4.5 s
+        history.record_eval(step=step, epoch=step // 10, train_time=4.5 + 0.05 * step,
+                            val_loss=0.1, val_accuracy=0.5 + 0.015 * step)
+    history.extra["target_reached"] = {"step": 30, "epoch": 3, "train_time": 6.0}
+    history.timing.update(train_time=6.0, eval_time=1.0)
+    if reported is not None:
+        history.timing["compile_time"] = reported
+    plan = RunPlan("sgd", 10, 0.1, 30, 10, 10)
+    result = summarize_run(history, plan, Target("val_accuracy", 0.9), num_train=100)
+    assert result["startup_time"] == pytest.approx(expected)
+    assert result["startup_time_estimated"] is estimated
+    assert result["time_to_target"] == pytest.approx(6.0 - expected)
+    assert result["samples_to_target"] == 300 and result["epochs_to_target"] == pytest.approx(3.0)
+    assert result["samples_per_s"] == pytest.approx(300 / (6.0 - expected))
+
+
+def _fake_history(plan, steps_to_target):
+    """A finished run's history as an engine returns it, without training."""
+    from kbackend.history import History
+
+    history = History()
+    steps = min(plan.max_steps, steps_to_target or plan.max_steps)
+    history.record_steps(list(range(1, steps + 1)), [1.0] * steps, [0.01 * s for s in range(1, steps + 1)])
+    history.record_eval(step=steps, epoch=1, train_time=0.01 * steps, val_loss=0.1,
+                        val_accuracy=0.95 if steps_to_target and steps_to_target <= plan.max_steps else 0.5)
+    if steps_to_target and steps_to_target <= plan.max_steps:
+        history.extra["target_reached"] = {"step": steps, "epoch": 1, "train_time": 0.01 * steps}
+    history.timing.update(train_time=0.01 * steps, eval_time=0.0, wall_time=0.01 * steps)
+    history.test = {"test_accuracy": 0.9, "test_loss": 0.3}
+    return history
+
+
+def test_learning_rate_search_prunes_and_picks_the_fewest_steps(tmp_path, monkeypatch):
+    # Stand-in engine: steps to target by learning rate (None: never reached).
+    outcome = {0.1: 300, 0.01: None, 1.0: 120, 0.3: 200}
+    budgets = []
+
+    def execute(self, plan):
+        budgets.append((plan.learning_rate, plan.max_steps))
+        return _fake_history(plan, outcome[plan.learning_rate])
+
+    monkeypatch.setattr(StudyRunner, "execute", execute)
+    config = StudyConfig(optimizers=("sgd",), batch_sizes=(1294,), max_steps=1000, engine="keras",
+                         learning_rates={"sgd": (0.1, 0.01, 1.0, 0.3)}, noise_points=0)
+    with ResultStore(tmp_path / "study.db") as store:
+        study = StudyRunner(config, store).run()
+    # One step per epoch at batch 1294 (the keras engine evaluates every epoch).
+    assert budgets == [(0.1, 1000), (0.01, 300), (1.0, 300), (0.3, 120)]
+    (cell,) = study["cells"]
+    assert cell["learning_rate"] == 1.0 and cell["steps_to_target"] == 120
+    assert cell["lr_at_grid_edge"] and len(study["runs"]) == 4 and study["noise"] is None
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("training started despite bad input")
+
+    monkeypatch.setattr("kbackend.study.runner.train", forbidden)
+
+
+@pytest.mark.parametrize(("make", "error", "message"), [
+    (lambda: StudyConfig(batch_sizes=(8, 4096)), DataError, "larger than the training split"),
+    (lambda: StudyConfig(target=Target("val_accuracy", 1.5)), ConfigError, "can only reach"),
+    (lambda: StudyConfig(target=Target("val_loss", 0.0)), ConfigError, "must be > 0"),
+    (lambda: StudyConfig(batch_sizes=()), ConfigError, "Empty batch-size list"),
+    (lambda: StudyConfig(optimizers=("sgd", "lamb")), ConfigError, "Unknown optimizer"),
+])
+def test_bad_input_fails_before_any_training(tmp_path, no_training, make, error, message):
+    with pytest.raises(error, match=message):
+        run_study(make(), tmp_path, show_progress=False, print_results=False)
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--target", "1.5"], "accuracy can only reach"),
+    (["--batch-sizes", ""], "Empty batch-size list"),
+    (["--batch-sizes", "8,4096"], "larger than the training split"),
+    (["--optimizers", "sgd,lion"], "Unknown optimizer"),
+])
+def test_cli_bad_input_is_a_one_line_error(tmp_path, no_training, capsys, flags, message):
+    assert main(["study", "--out", str(tmp_path), "--no-progress", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_compare_puts_backends_side_by_side(baseline, tmp_path, capsys):
+    folder = baseline[1]["paths"]["report"].parent
+    other = copy.deepcopy(json.loads((folder / "summary.json").read_text()))
+    other["env"]["backend"] = "other"
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    assert main(["study", "compare", str(folder), str(tmp_path / "other.json"),
+                 "--out", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert f"{BACKEND}/keras time (s)" in text and "other/keras time (s)" in text
+    assert text.count("| sgd | 64 |") == 1 and "not reached" in text
+    assert (tmp_path / "compare.md").is_file()
+    assert "fastest adam" in compare([other])

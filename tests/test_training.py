@@ -104,3 +104,8 @@ def test_unreachable_target_is_rejected():
 
     with pytest.raises(ConfigError, match="accuracy can only reach"):
         Target("val_accuracy", 1.2)
+
+
+def test_evaluation_after_a_mid_epoch_stop_names_the_last_step():
+    history = train(TrainConfig(epochs=2, batch_size=32, max_steps=10)).history
+    assert history.evals[-1]["step"] == 10

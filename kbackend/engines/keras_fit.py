@@ -71,7 +71,8 @@ def _recorder_class() -> Any:
 
         def on_epoch_end(self, epoch, logs=None):
             logs = logs or {}
-            record = {"step": (epoch + 1) * self.steps_per_epoch, "epoch": epoch + 1,
+            # The last step run, not the epoch boundary: max_steps can stop an epoch early.
+            record = {"step": self.history.steps_run, "epoch": epoch + 1,
                       "train_time": self._train_time()}
             for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
                 if key in logs:

@@ -131,7 +131,7 @@ def test_negative_control_without_synced_batch_norm(monkeypatch):
     """Per-shard BatchNorm statistics would make N devices differ: the sync hook is what matters."""
     from contextlib import nullcontext
 
-    from kbackend.parallel import jax_step
+    from kbackend.backends import jax_step  # where the shared step looks the hook up
 
     model = _build((8,), True)
     rng = np.random.default_rng(2)

@@ -25,25 +25,55 @@ from kbackend.data.batching import pad_to_chunks
 EVAL_CHUNK = 1024  # validation samples per forward pass (the split is padded to a multiple)
 
 
+def make_evaluator(model: Any, dataset: Any) -> Any:
+    """``evaluate(trainable, non_trainable) -> (val_loss, val_accuracy)`` on ``dataset``'s
+    validation split, which goes to the (default) device once, padded into chunks.
+
+    The loss is mean cross-entropy plus the regularization losses, as Keras reports it.
+    """
+    import keras
+
+    val = tuple(jax.device_put(a) for a in pad_to_chunks(dataset.x_val, dataset.y_val, EVAL_CHUNK))
+
+    @jax.jit
+    def evaluate_chunks(trainable, non_trainable, x_chunks, y_chunks, mask_chunks):
+        def chunk_sums(carry, chunk):
+            x, y, mask = chunk
+            probs, _, extra = model.stateless_call(
+                trainable, non_trainable, x, training=False, return_losses=True)
+            per_sample = keras.losses.sparse_categorical_crossentropy(y, probs)
+            correct = (jnp.argmax(probs, axis=-1) == y).astype(jnp.float32)
+            penalty = sum((jnp.sum(loss) for loss in extra), jnp.float32(0.0))
+            return (carry[0] + jnp.sum(per_sample * mask), carry[1] + jnp.sum(correct * mask),
+                    penalty), None
+
+        zero = jnp.float32(0.0)
+        (loss_sum, correct, penalty), _ = jax.lax.scan(
+            chunk_sums, (zero, zero, zero), (x_chunks, y_chunks, mask_chunks))
+        count = jnp.sum(mask_chunks)
+        return loss_sum / count + penalty, correct / count
+
+    def evaluate(trainable: Any, non_trainable: Any) -> tuple[float, float]:
+        loss, accuracy = evaluate_chunks(trainable, non_trainable, *val)
+        return float(loss), float(accuracy)
+
+    return evaluate
+
+
 class NativeTrainer:
     """Runs fused train calls on one model; see ``kbackend.engines.native`` for the driver."""
 
     def __init__(self, model: Any, spec: Any, dataset: Any) -> None:
-        import keras
-
         self.model = model
-        self.keras = keras
         tx = spec.to_optax()
         self.train_step = make_step(model, tx)
         self.state = initial_state(model, tx)
         # The training split goes to the device once; steps gather their batches there.
         self.x_train = jax.device_put(dataset.x_train)
         self.y_train = jax.device_put(dataset.y_train)
-        self._val = tuple(jax.device_put(a) for a in
-                          pad_to_chunks(dataset.x_val, dataset.y_val, EVAL_CHUNK))
         self._compiled: dict[int, Any] = {}
         self.trace_counts: dict[int, int] = {}
-        self._evaluate = jax.jit(self._evaluate_fn)
+        self._evaluate = make_evaluator(model, dataset)
 
     # -- training -------------------------------------------------------------------------
     def _run_fn(self, length: int) -> Any:
@@ -84,27 +114,9 @@ class NativeTrainer:
         return np.asarray(jax.block_until_ready(losses))
 
     # -- evaluation -----------------------------------------------------------------------
-    def _evaluate_fn(self, trainable, non_trainable, x_chunks, y_chunks, mask_chunks):
-        def chunk_sums(carry, chunk):
-            x, y, mask = chunk
-            probs, _, extra = self.model.stateless_call(
-                trainable, non_trainable, x, training=False, return_losses=True)
-            per_sample = self.keras.losses.sparse_categorical_crossentropy(y, probs)
-            correct = (jnp.argmax(probs, axis=-1) == y).astype(jnp.float32)
-            penalty = sum((jnp.sum(loss) for loss in extra), jnp.float32(0.0))
-            return (carry[0] + jnp.sum(per_sample * mask), carry[1] + jnp.sum(correct * mask),
-                    penalty), None
-
-        zero = jnp.float32(0.0)
-        (loss_sum, correct, penalty), _ = jax.lax.scan(
-            chunk_sums, (zero, zero, zero), (x_chunks, y_chunks, mask_chunks))
-        count = jnp.sum(mask_chunks)
-        return loss_sum / count + penalty, correct / count
-
     def evaluate(self) -> tuple[float, float]:
         """Validation loss (cross-entropy + regularization, as Keras reports it) and accuracy."""
-        loss, accuracy = self._evaluate(self.state.trainable, self.state.non_trainable, *self._val)
-        return float(loss), float(accuracy)
+        return self._evaluate(self.state.trainable, self.state.non_trainable)
 
     # -- model values ---------------------------------------------------------------------
     def snapshot(self) -> Any:

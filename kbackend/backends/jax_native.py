@@ -7,7 +7,8 @@ training split that lives on the device for the whole run.
 The state buffers are donated, so XLA updates the parameters in place. Each call's length is
 compiled once, ahead of time (``jit(...).lower(...).compile()``), which also times compilation.
 
-Reached only through ``kbackend.backends.jax_backend`` (the dispatch point).
+Reached through ``kbackend.backends.jax_backend`` (the dispatch point); the data-parallel engine
+(itself reached only through it) reuses ``make_evaluator``.
 """
 
 from __future__ import annotations

@@ -43,7 +43,6 @@ def child(args: argparse.Namespace) -> None:
     from kbackend.models import ModelOptions, build_model
     from kbackend.optim import OptimizerSpec
     from kbackend.parallel import jax_step
-    from kbackend.parallel.optax_adapter import optax_transform
 
     use_backend("jax")
     if jax.device_count() < args.devices:
@@ -51,7 +50,7 @@ def child(args: argparse.Namespace) -> None:
         return
     info = DatasetInfo("synthetic", (784,), 10, "synthetic", "flat", None, 1, 1, 1)
     model = build_model("seed_mlp", info, ModelOptions(seed=0))
-    tx = optax_transform(OptimizerSpec("sgd", 0.01))
+    tx = OptimizerSpec("sgd", 0.01).to_optax()
     mesh = jax_step.make_mesh(jax.devices()[:args.devices])
     step = jax_step.make_train_step(model, tx, mesh)
     rng = np.random.default_rng(0)

@@ -131,7 +131,7 @@ def test_negative_control_without_synced_batch_norm(monkeypatch):
     """Per-shard BatchNorm statistics would make N devices differ: the sync hook is what matters."""
     from contextlib import nullcontext
 
-    from kbackend.parallel import jax_step
+    from kbackend.backends import jax_step  # where the shared step looks the hook up
 
     model = _build((8,), True)
     rng = np.random.default_rng(2)
@@ -188,3 +188,38 @@ def test_batch_not_divisible_by_devices_is_rejected():
 
     with pytest.raises(ConfigError, match="batch size 30 does not divide evenly over 4 devices"):
         train(TrainConfig(devices=4, batch_size=30, epochs=1))
+
+
+@jax_only
+def test_data_parallel_engine_runs_the_native_driver():
+    """2 devices through the native driver: the single-device native engine's batches, losses,
+    evaluation points, regularized val_loss and early stopping, and its history format."""
+    from kbackend.models import ModelOptions
+    from kbackend.training import TrainConfig, train
+
+    def run(**fields):
+        return train(TrainConfig(model="mlp", batch_size=64, epochs=3, fused_steps=4, eval_every=6,
+                                 early_stopping=1, monitor="val_loss",
+                                 optimizer=OptimizerSpec("adam", 0.05),
+                                 model_options=ModelOptions(widths=(32,), batch_norm=True, l2=1e-2),
+                                 **fields)).history
+
+    single, multi = run(engine="native"), run(engine="data_parallel", devices=2)
+    assert multi.extra["engine"] == "data_parallel" and multi.extra["devices"] == 2
+    assert multi.step == single.step
+    np.testing.assert_allclose(multi.loss, single.loss, rtol=1e-4, atol=1e-5)
+    assert [e["step"] for e in multi.evals] == [e["step"] for e in single.evals]
+    np.testing.assert_allclose([e["val_loss"] for e in multi.evals],
+                               [e["val_loss"] for e in single.evals], rtol=1e-4, atol=1e-5)
+    assert multi.stopped_early == single.stopped_early
+    assert set(multi.extra["trace_counts"]) == set(single.extra["trace_counts"])
+    assert multi.timing["compile_time"] > 0
+
+
+@jax_only
+def test_data_parallel_rejects_fused_steps_auto():
+    from kbackend.training import TrainConfig, train
+
+    with pytest.raises(ConfigError, match="--fused-steps auto is single-device only"):
+        train(TrainConfig(model="mlp", engine="data_parallel", devices=2, batch_size=64, epochs=1,
+                          fused_steps=0))

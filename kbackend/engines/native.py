@@ -28,6 +28,7 @@ How a run goes:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -63,10 +64,13 @@ class _EarlyStopping:
 
 
 def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None, *,
-          shuffle: bool = True) -> History:
+          shuffle: bool = True, trainer_factory: Callable[..., Any] | None = None) -> History:
     """Train ``model`` in place with fused native steps; the history in kbackend's format.
 
     ``shuffle=False`` keeps the data order (for comparisons with other engines).
+    ``trainer_factory(model, spec, dataset)`` makes the trainer that runs the compiled calls
+    (default: the backend's single-device ``native_trainer``; the data-parallel engine passes
+    its sharded one). A trainer's optional ``history_extra`` dict goes into ``history.extra``.
     """
     n_train, batch_size = len(dataset.x_train), config.batch_size
     steps_per_epoch = batching.steps_per_epoch(n_train, batch_size)
@@ -86,13 +90,14 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
         spec = replace(spec, decay_steps=None).with_total_steps(steps_per_epoch * config.epochs)
     # Compiled for evaluate/predict/save afterwards; the TF loop trains with this optimizer.
     compile_model(model, spec, config)
-    trainer = impl().native_trainer(model, spec, dataset)
+    trainer = (trainer_factory or impl().native_trainer)(model, spec, dataset)
     eval_every = config.eval_every or steps_per_epoch
     history = History()
     history.extra.update(engine="native", fused_steps=fused_steps,
                          steps_per_epoch=steps_per_epoch, eval_every=eval_every,
                          dropped_per_epoch=n_train - steps_per_epoch * batch_size,
                          decay_steps=spec.decay_steps)
+    history.extra.update(getattr(trainer, "history_extra", {}))
     if probe is not None:
         history.extra["fused_steps_probe"] = probe
     stopper = (_EarlyStopping(config.monitor, config.early_stopping)

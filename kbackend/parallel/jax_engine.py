@@ -1,12 +1,14 @@
-"""The JAX data-parallel native engine: the loop around ``jax_step``'s pure train step.
+"""The JAX data-parallel native engine: the native driver with a sharded trainer.
 
-Each epoch draws one permutation of the training split from ``config.seed`` (the same in every
-process), cuts it into global batches of ``config.batch_size`` (a last partial batch is dropped:
-it could not be split evenly over the devices), and runs ``config.fused_steps`` steps per
-compiled call. In a multi-process job each process reads only its own contiguous block of rows of
-every global batch; the devices of process p hold block p, so the global batch, and therefore the
-training, is the same as in one process. Validation runs on this process's copy of the
-(replicated) parameters.
+The loop (epochs, fused calls, evaluation points, targets, early stopping, history, compile
+timing) is ``kbackend.engines.native.train``'s; this module supplies its trainer,
+``DataParallelTrainer``, which runs ``jax_step``'s sharded train step instead of the
+single-device one. Batches are as in the native engine: each epoch a permutation fixed by
+``(seed, epoch)`` cut into full global batches of ``config.batch_size`` (the last partial batch
+is dropped: it could not be split evenly over the devices). In a multi-process job each process
+gathers only its own contiguous block of columns of every global batch; the devices of process
+p hold block p, so the global batch, and therefore the training, is the same as in one process.
+Validation runs on this process's copy of the (replicated) parameters.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from kbackend.history import History
@@ -32,117 +33,108 @@ from kbackend.parallel.jax_step import (
 )
 
 
-def _evaluator(model: Any) -> Any:
-    import keras
+class DataParallelTrainer:
+    """The native driver's trainer for a data-parallel run (see ``kbackend.engines.native``)."""
 
-    @jax.jit
-    def evaluate(trainable: list, non_trainable: list, x: Any, y: Any) -> tuple[Any, Any]:
-        probs, _ = model.stateless_call(trainable, non_trainable, x, training=False)
-        loss = jnp.sum(keras.losses.sparse_categorical_crossentropy(y, probs))
-        return loss, jnp.sum(jnp.argmax(probs, axis=-1) == y)
+    def __init__(self, model: Any, spec: Any, dataset: Any, config: Any) -> None:
+        from kbackend.backends.jax_native import make_evaluator
+        from kbackend.errors import ConfigError
 
-    def run(trainable: list, non_trainable: list, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
-        loss = correct = 0.0
-        for start in range(0, len(x), 1024):
-            part_loss, part_correct = evaluate(trainable, non_trainable, x[start:start + 1024],
-                                               y[start:start + 1024])
-            loss, correct = loss + float(part_loss), correct + float(part_correct)
-        return {"val_loss": loss / len(x), "val_accuracy": correct / len(x)}
+        count = device_count(config)
+        batch = config.batch_size
+        per_device = check_batch_split(batch, count, config.num_processes)
+        processes, process = jax.process_count(), jax.process_index()
+        if config.dp_impl == "pmap" and processes > 1:
+            raise ConfigError("--dp-impl pmap runs in one process; use --dp-impl shard_map for "
+                              "multi-process jobs.")
+        self.model, self.pmap, self.count = model, config.dp_impl == "pmap", count
+        self.mesh = make_mesh(jax.devices()[:count])
+        tx = spec.to_optax()
+        self.step = make_train_step(model, tx, self.mesh, config.dp_impl)
+        start = initial_state(model, tx)
+        self.state = self._place_state(start)
+        self.columns = slice(process * (batch // processes), (process + 1) * (batch // processes))
+        self.x_train, self.y_train = dataset.x_train, dataset.y_train
+        self._evaluate = make_evaluator(model, dataset)
+        self._compiled: dict[int, Any] = {}
+        self.trace_counts: dict[int, int] = {}
+        self.history_extra = {"engine": "data_parallel", "devices": count,
+                              "per_device_batch": per_device, "processes": processes,
+                              "dp_impl": config.dp_impl, "losses_are_global_batch_means": True}
 
-    return run
+    def _place_state(self, state: Any) -> Any:
+        return replicate_for_pmap(state, self.count) if self.pmap else replicate(state, self.mesh)
 
+    def _batches(self, epoch_rows: np.ndarray, start: int, length: int) -> Any:
+        rows = epoch_rows[start:start + length]
+        xs, ys = self.x_train[rows], self.y_train[rows]
+        return split_for_pmap((xs, ys), self.count) if self.pmap else shard_batch((xs, ys), self.mesh)
 
-def _write_back(model: Any, host_state: Any) -> None:
-    for variable, value in zip(model.trainable_variables, host_state.trainable, strict=True):
-        variable.assign(value)
-    for variable, value in zip(model.non_trainable_variables, host_state.non_trainable, strict=True):
-        variable.assign(value)
+    def _host_state(self) -> Any:
+        host = to_host(self.state)
+        return jax.tree.map(lambda leaf: leaf[0], host) if self.pmap else host
+
+    # -- training -------------------------------------------------------------------------
+    def put_epoch(self, rows: np.ndarray) -> np.ndarray:
+        """This process's columns of the epoch's ``(steps, global batch)`` index matrix (host)."""
+        return rows[:, self.columns]
+
+    def compile(self, length: int, epoch_rows: np.ndarray) -> float:
+        """Compile the ``length``-step call if needed; the seconds it took (0.0 if cached)."""
+        if length in self._compiled:
+            return 0.0
+        started = time.perf_counter()
+        self.trace_counts[length] = self.trace_counts.get(length, 0) + 1
+        batches = self._batches(epoch_rows, 0, length)
+        self._compiled[length] = self.step.lower(self.state, batches).compile()
+        return time.perf_counter() - started
+
+    def run(self, epoch_rows: np.ndarray, start: int, length: int) -> Any:
+        """Dispatch ``length`` steps from row ``start``; their global-batch losses (device)."""
+        self.state, metrics = self._compiled[length](self.state,
+                                                     self._batches(epoch_rows, start, length))
+        return metrics.loss
+
+    def fetch(self, losses: Any) -> np.ndarray:
+        """Wait for a call's losses; this process's host copy."""
+        values = to_host(jax.block_until_ready(losses))
+        return values[0] if self.pmap else values
+
+    # -- evaluation and model values ------------------------------------------------------
+    def evaluate(self) -> tuple[float, float]:
+        """Validation loss (cross-entropy + regularization) and accuracy, on this process."""
+        current = self._host_state()
+        return self._evaluate(current.trainable, current.non_trainable)
+
+    def snapshot(self) -> Any:
+        """A host copy of the model's values (for restoring the best ones)."""
+        current = self._host_state()
+        return current.trainable, current.non_trainable
+
+    def restore(self, snapshot: Any) -> None:
+        host = self._host_state()
+        trainable, non_trainable = snapshot
+        self.state = self._place_state(host._replace(trainable=trainable,
+                                                     non_trainable=non_trainable))
+
+    def finish(self) -> None:
+        """Write the trained values back into the Keras model (save/evaluate/predict use them)."""
+        current = self._host_state()
+        pairs = [*zip(self.model.trainable_variables, current.trainable, strict=True),
+                 *zip(self.model.non_trainable_variables, current.non_trainable, strict=True)]
+        for variable, value in pairs:
+            variable.assign(value)
 
 
 def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None) -> History:
     """Train ``model`` data parallel over ``config.devices`` devices; return the history."""
-    from kbackend.engines.keras_fit import compile_model
+    from kbackend.engines import native
+    from kbackend.errors import ConfigError
 
-    count = device_count(config)
-    batch = config.batch_size
-    per_device = check_batch_split(batch, count, config.num_processes)
-    processes, process = jax.process_count(), jax.process_index()
-    local_rows = batch // processes
-    devices = jax.devices()[:count]
-    mesh = make_mesh(devices)
-    tx = spec.to_optax()
-    step_fn = make_train_step(model, tx, mesh, config.dp_impl)
-    if config.dp_impl == "pmap":
-        if processes > 1:
-            from kbackend.errors import ConfigError
-
-            raise ConfigError("--dp-impl pmap runs in one process; use --dp-impl shard_map for multi-process jobs.")
-        state = replicate_for_pmap(initial_state(model, tx), count)
-
-        def place(xs: np.ndarray, ys: np.ndarray) -> Any:
-            return split_for_pmap((xs, ys), count)
-    else:
-        state = replicate(initial_state(model, tx), mesh)
-
-        def place(xs: np.ndarray, ys: np.ndarray) -> Any:
-            return shard_batch((xs, ys), mesh)
-
-    def host_state() -> Any:
-        host = to_host(state)
-        return jax.tree.map(lambda leaf: leaf[0], host) if config.dp_impl == "pmap" else host
-
-    def first(metric: Any) -> np.ndarray:
-        values = to_host(metric)
-        return values[0] if config.dp_impl == "pmap" else values
-
-    evaluate = _evaluator(model)
-    x_train, y_train = dataset.x_train, dataset.y_train
-    steps_per_epoch = len(x_train) // batch
-    total = steps_per_epoch * config.epochs
-    if config.max_steps:
-        total = min(total, config.max_steps)
-    rng = np.random.default_rng(config.seed)
-    history = History()
-    history.extra.update({"devices": count, "per_device_batch": per_device, "processes": processes,
-                          "dp_impl": config.dp_impl, "dropped_per_epoch": len(x_train) % batch,
-                          "losses_are_global_batch_means": True})
-    train_time, step = 0.0, 0
-    for epoch in range(1, config.epochs + 1):
-        order = rng.permutation(len(x_train))[:steps_per_epoch * batch].reshape(steps_per_epoch, batch)
-        mine = order[:, process * local_rows:(process + 1) * local_rows]  # this process's rows
-        position = 0
-        while position < steps_per_epoch and step < total:
-            k = min(config.fused_steps, steps_per_epoch - position, total - step)
-            if config.eval_every:
-                k = min(k, config.eval_every - step % config.eval_every)
-            rows = mine[position:position + k]
-            batches = place(x_train[rows], y_train[rows])
-            started = time.perf_counter()
-            state, metrics = step_fn(state, batches)
-            losses = first(metrics.loss)  # waits for the device: honest timing
-            elapsed = time.perf_counter() - started
-            times = train_time + elapsed * np.arange(1, k + 1) / k
-            history.record_steps(list(range(step + 1, step + k + 1)), list(losses), list(times))
-            train_time += elapsed
-            step, position = step + k, position + k
-            epoch_end = position == steps_per_epoch or step == total
-            if (config.eval_every and step % config.eval_every == 0) or epoch_end:
-                current = host_state()
-                record = {"step": step, "epoch": epoch, "train_time": train_time,
-                          "train_loss": float(np.mean(losses)),
-                          **evaluate(current.trainable, current.non_trainable,
-                                     dataset.x_val, dataset.y_val)}
-                history.record_eval(**record)
-                if reporter is not None and epoch_end:
-                    reporter.epoch_end(epoch, config.epochs, record)
-                if config.target is not None and config.target.reached(record):
-                    history.extra["target_reached"] = {"step": step, "epoch": epoch,
-                                                       "train_time": train_time}
-                    total = step
-        if step >= total:
-            break
-    _write_back(model, host_state())
-    compile_model(model, spec, config)  # so model.evaluate works on the trained weights
-    history.timing["train_time"] = train_time
-    history.extra["epochs_run"] = epoch
-    return history
+    if config.fused_steps == 0:
+        # The probe measures one device, and each process would pick its own K: the processes'
+        # compiled programs (and their collectives) must match.
+        raise ConfigError("--fused-steps auto is single-device only: pass a number of fused "
+                          "steps with --engine data_parallel.")
+    return native.train(model, dataset, spec, config, reporter,
+                        trainer_factory=lambda m, s, d: DataParallelTrainer(m, s, d, config))

@@ -12,108 +12,30 @@ Semantics (those of ``jax.pmap`` with a named axis, written with ``jax.shard_map
 - ``lax.scan`` runs K steps inside one compiled call.
 
 With ``mesh=None`` the same code runs without any collective: the single-device reference.
+The step itself (state, loss, sync BN) is the one shared with the single-device native engine,
+``kbackend.backends.jax_step``; this module adds the mesh, the sharding and ``shard_map``/``pmap``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from kbackend.backends.jax_step import (  # noqa: F401 (re-exported: the parallel step's API)
+    StepMetrics,
+    TrainState,
+    initial_state,
+    make_step,
+    synced_batch_norm,
+)
+
 AXIS = "batch"
-
-
-class TrainState(NamedTuple):
-    """Everything a train step reads and writes."""
-
-    trainable: list[Any]
-    non_trainable: list[Any]
-    opt_state: Any
-
-
-class StepMetrics(NamedTuple):
-    """Per-step metrics of the global batch, shape ``(K,)`` for K fused steps."""
-
-    loss: Any
-    accuracy: Any
-
-
-def initial_state(model: Any, tx: Any) -> TrainState:
-    """The state of a built Keras model and a fresh optax state for ``tx``."""
-    trainable = [jnp.asarray(v.value) for v in model.trainable_variables]
-    non_trainable = [jnp.asarray(v.value) for v in model.non_trainable_variables]
-    return TrainState(trainable, non_trainable, tx.init(trainable))
-
-
-def _synced_moments(layer: Any, axis_name: str) -> Callable[..., Any]:
-    """BatchNormalization moments over the whole batch, all shards together (sync BN).
-
-    Two collectives, both exact for equal shards: the global mean is the mean of shard means;
-    the global variance is the mean over shards of the shard's mean squared deviation from the
-    *global* mean. This is the same two-pass formula ``jnp.var`` uses on one device.
-    """
-
-    def moments(inputs: Any, mask: Any) -> tuple[Any, Any]:
-        if mask is not None:
-            raise NotImplementedError("Synchronized BatchNormalization with a mask is not supported.")
-        axes = tuple(layer._reduction_axes)
-        x = inputs.astype(jnp.float32) if inputs.dtype in (jnp.float16, jnp.bfloat16) else inputs
-        mean = lax.pmean(jnp.mean(x, axes, keepdims=True), axis_name)
-        variance = lax.pmean(jnp.mean(jnp.square(x - mean), axes, keepdims=True), axis_name)
-        return (jnp.squeeze(mean, axes).astype(inputs.dtype),
-                jnp.squeeze(variance, axes).astype(inputs.dtype))
-
-    return moments
-
-
-@contextmanager
-def synced_batch_norm(model: Any, axis_name: str | None) -> Iterator[None]:
-    """While tracing inside ``shard_map``, make every BatchNormalization layer use global moments.
-
-    A layer-level hook: ``BatchNormalization._moments`` is replaced on the instances for the
-    duration of the trace and restored afterwards. Does nothing without an axis.
-    """
-    if axis_name is None:
-        yield
-        return
-    import keras
-
-    layers = [layer for layer in model._flatten_layers()
-              if isinstance(layer, keras.layers.BatchNormalization)]
-    for layer in layers:
-        object.__setattr__(layer, "_moments", _synced_moments(layer, axis_name))
-    try:
-        yield
-    finally:
-        for layer in layers:
-            layer.__dict__.pop("_moments", None)
-
-
-def make_loss_fn(model: Any) -> Callable[..., Any]:
-    """``loss(trainable, non_trainable, x, y) -> (loss, (non_trainable, accuracy))``.
-
-    The loss Keras ``fit`` minimizes for kbackend's models: mean sparse categorical cross-entropy
-    of the softmax outputs plus the layers' regularization losses.
-    """
-    import keras
-
-    def loss_fn(trainable: list, non_trainable: list, x: Any, y: Any) -> tuple[Any, Any]:
-        probs, non_trainable, reg_losses = model.stateless_call(
-            trainable, non_trainable, x, training=True, return_losses=True)
-        loss = jnp.mean(keras.losses.sparse_categorical_crossentropy(y, probs))
-        if reg_losses:
-            loss = loss + sum(reg_losses)
-        accuracy = jnp.mean((jnp.argmax(probs, axis=-1) == y).astype(jnp.float32))
-        return loss, (non_trainable, accuracy)
-
-    return loss_fn
 
 
 def make_step_body(model: Any, tx: Any, axis_name: str | None) -> Callable[..., Any]:
@@ -122,24 +44,7 @@ def make_step_body(model: Any, tx: Any, axis_name: str | None) -> Callable[..., 
     With ``axis_name`` the gradients, metrics and BatchNorm statistics are averaged over that
     axis (run it under ``shard_map`` / ``pmap``); without it this is the single-device step.
     """
-    import optax
-
-    loss_fn = make_loss_fn(model)
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-
-    def mean_over_devices(value: Any) -> Any:
-        return value if axis_name is None else lax.pmean(value, axis_name)
-
-    def one_step(state: TrainState, batch: tuple[Any, Any]) -> tuple[TrainState, StepMetrics]:
-        x, y = batch
-        with synced_batch_norm(model, axis_name):
-            (loss, (non_trainable, accuracy)), grads = grad_fn(
-                state.trainable, state.non_trainable, x, y)
-        grads = mean_over_devices(grads)
-        updates, opt_state = tx.update(grads, state.opt_state, state.trainable)
-        trainable = optax.apply_updates(state.trainable, updates)
-        metrics = StepMetrics(mean_over_devices(loss), mean_over_devices(accuracy))
-        return TrainState(trainable, non_trainable, opt_state), metrics
+    one_step = make_step(model, tx, axis_name)
 
     def fused_steps(state: TrainState, batches: tuple[Any, Any]) -> tuple[TrainState, StepMetrics]:
         return lax.scan(one_step, state, batches)

@@ -76,6 +76,10 @@ class TrainConfig:
     max_steps: int = 0
     # Stop as soon as an evaluation reaches this target (None: train to the end).
     target: Target | None = None
+    # Keras dtype policy the model is built under: float32, mixed_bfloat16 or mixed_float16.
+    precision: str = "float32"
+    # Record per-step input wait vs compute, utilization and memory (history.extra["monitor"]).
+    hardware_monitor: bool = False
 
     def __post_init__(self) -> None:
         for name in ("fused_steps",):
@@ -94,6 +98,11 @@ class TrainConfig:
             raise ConfigError(f"Invalid early_stopping patience {self.early_stopping!r}: expected >= 0.")
         if self.monitor not in MONITORS:
             raise ConfigError(f"Invalid monitor. Expected one of {list(MONITORS)}. Received: {self.monitor!r}.")
+        from kbackend.hardware.precision import PRECISIONS
+
+        if self.precision not in PRECISIONS:
+            raise ConfigError(
+                f"Invalid precision. Expected one of {list(PRECISIONS)}. Received: {self.precision!r}.")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -145,7 +154,10 @@ def train(
     steps_per_epoch = -(-len(dataset.x_train) // config.batch_size)
     spec = config.optimizer.with_total_steps(steps_per_epoch * config.epochs)
     if model is None:
-        model = build_model(config.model, dataset.info, config.model_options)
+        from kbackend.hardware.precision import precision_scope
+
+        with precision_scope(config.precision):
+            model = build_model(config.model, dataset.info, config.model_options)
     start = time.perf_counter()
     history = engine(model, dataset, spec, config, reporter)
     history.timing["wall_time"] = time.perf_counter() - start

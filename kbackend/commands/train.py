@@ -49,6 +49,13 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                      help="stop after PATIENCE epochs without improvement of --monitor (0: off)")
     run.add_argument("--monitor", default="val_accuracy", choices=list(MONITORS))
     run.add_argument("--seed", type=int, default=0)
+    hardware = parser.add_argument_group("hardware (see docs/hardware.md)")
+    hardware.add_argument("--precision", default="float32",
+                          choices=["float32", "mixed_bfloat16", "mixed_float16"],
+                          help="Keras dtype policy (mixed_float16 adds loss scaling)")
+    hardware.add_argument("--hardware-monitor", action="store_true",
+                          help="record per-step input wait vs compute, utilization and device "
+                               "memory; print a verdict (input- or compute-bound)")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -67,6 +74,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         steps_per_execution=args.steps_per_execution, early_stopping=args.early_stopping,
         monitor=args.monitor, seed=args.seed, model_options=options,
         validation_fraction=args.validation_fraction, data_dir=args.data_dir,
+        precision=getattr(args, "precision", "float32"),
+        hardware_monitor=getattr(args, "hardware_monitor", False),
     )
 
 
@@ -101,6 +110,10 @@ def run(args: argparse.Namespace) -> int:
         f"test_accuracy {history.test['test_accuracy']:.4f}  test_loss {history.test['test_loss']:.4f}  "
         f"train_time {history.timing.get('train_time', float('nan')):.2f}s  steps {history.steps_run}"
     )
+    if "monitor" in history.extra:
+        from kbackend.hardware.monitor import format_summary
+
+        print(format_summary(history.extra["monitor"]))
     if args.save:
         print(f"saved model to {args.save}")
     if args.history:

@@ -84,8 +84,9 @@ def precision_support() -> dict[str, dict[str, bool]]:
     return result
 
 
-def matmul_flops(n: int = 1024, dtype: str = "float32", repeats: int = 10) -> dict[str, float]:
-    """Measured FLOP/s of a jitted ``n x n`` matmul: median over ``repeats`` calls after compiling."""
+def matmul_flops(n: int = 1024, dtype: str = "float32", repeats: int = 10,
+                 jit: bool = True) -> dict[str, float]:
+    """Measured FLOP/s of an ``n x n`` matmul (jitted or op by op): median over ``repeats`` calls."""
     import time
 
     import jax.numpy as jnp
@@ -93,7 +94,7 @@ def matmul_flops(n: int = 1024, dtype: str = "float32", repeats: int = 10) -> di
     key_a, key_b = jax.random.split(jax.random.PRNGKey(0))
     a = jax.random.normal(key_a, (n, n), dtype=dtype)
     b = jax.random.normal(key_b, (n, n), dtype=dtype)
-    matmul = jax.jit(jnp.matmul)
+    matmul = jax.jit(jnp.matmul) if jit else jnp.matmul
     start = time.perf_counter()
     jax.block_until_ready(matmul(a, b))
     compile_s = time.perf_counter() - start
@@ -103,5 +104,5 @@ def matmul_flops(n: int = 1024, dtype: str = "float32", repeats: int = 10) -> di
         jax.block_until_ready(matmul(a, b))
         times.append(time.perf_counter() - start)
     median = float(np.median(times))
-    return {"n": n, "dtype": dtype, "median_s": median, "flops": 2.0 * n**3 / median,
+    return {"n": n, "dtype": dtype, "jit": jit, "median_s": median, "flops": 2.0 * n**3 / median,
             "compile_s": compile_s}

@@ -98,13 +98,14 @@ def precision_support() -> dict[str, dict[str, bool]]:
     return result
 
 
-def matmul_flops(n: int = 1024, dtype: str = "float32", repeats: int = 10) -> dict[str, float]:
-    """Measured FLOP/s of an XLA-compiled ``n x n`` matmul: median over ``repeats`` after compiling."""
+def matmul_flops(n: int = 1024, dtype: str = "float32", repeats: int = 10,
+                 jit: bool = True) -> dict[str, float]:
+    """Measured FLOP/s of an ``n x n`` matmul (XLA-compiled or TF's own kernel): median of ``repeats``."""
     import time
 
     a = tf.random.stateless_normal((n, n), seed=(0, 1), dtype=dtype)
     b = tf.random.stateless_normal((n, n), seed=(0, 2), dtype=dtype)
-    matmul = tf.function(tf.linalg.matmul, jit_compile=True)
+    matmul = tf.function(tf.linalg.matmul, jit_compile=jit)
     start = time.perf_counter()
     matmul(a, b).numpy()
     compile_s = time.perf_counter() - start
@@ -115,5 +116,5 @@ def matmul_flops(n: int = 1024, dtype: str = "float32", repeats: int = 10) -> di
         matmul(a, b)[0, 0].numpy()
         times.append(time.perf_counter() - start)
     median = float(np.median(times))
-    return {"n": n, "dtype": dtype, "median_s": median, "flops": 2.0 * n**3 / median,
+    return {"n": n, "dtype": dtype, "jit": jit, "median_s": median, "flops": 2.0 * n**3 / median,
             "compile_s": compile_s}

@@ -1,0 +1,251 @@
+"""Measurements shared by the benchmark scripts and ``kbackend advise``.
+
+Every function builds what it measures, excludes the first (compiling) call, waits for results
+before reading a clock (a Keras callback reads the step's loss, which blocks until it is
+computed) and returns plain dicts ready for JSON.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from kbackend.backend import keras as import_keras
+from kbackend.data import DatasetInfo
+from kbackend.errors import KBackendError
+from kbackend.hardware.precision import precision_scope
+from kbackend.hardware.timing import summarize
+from kbackend.models import ModelOptions, build_model, model_layout
+from kbackend.optim import OptimizerSpec
+
+# Input shapes of the MNIST-shaped synthetic workload, per model layout.
+_SYNTHETIC_SHAPES = {"flat": (784,), "sequence": (28, 28)}
+
+
+class OutOfMemory(KBackendError):
+    """A measurement ran out of device memory (the batch is too large for this device)."""
+
+
+@dataclass
+class Workload:
+    """A model name, the dataset description it is built for, and samples to feed it."""
+
+    model: str
+    info: DatasetInfo
+    x: np.ndarray
+    y: np.ndarray
+    options: ModelOptions
+
+
+def workload(model: str, dataset: str = "synthetic", *, data_dir: str | None = None,
+             data_format: str = "channels_last", samples: int = 4096, seed: int = 0,
+             options: ModelOptions | None = None) -> Workload:
+    """Samples for ``model``: MNIST-shaped random data (``synthetic``) or a real dataset's train split."""
+    from kbackend import data as data_module
+
+    layout = model_layout(model)
+    options = replace(options or ModelOptions(), data_format=data_format)
+    if dataset == "synthetic":
+        shape = _SYNTHETIC_SHAPES.get(layout) or ((28, 28, 1) if data_format == "channels_last" else (1, 28, 28))
+        rng = np.random.default_rng(seed)
+        x = rng.normal(size=(samples, *shape)).astype(np.float32)
+        y = rng.integers(0, 10, size=samples).astype(np.int32)
+        info = DatasetInfo("synthetic", shape, 10, "random", layout,
+                           data_format if layout == "image" else None, samples, 0, 0)
+        return Workload(model, info, x, y, options)
+    loaded = data_module.load(dataset, layout=layout, data_format=data_format, data_dir=data_dir, seed=seed)
+    return Workload(model, loaded.info, loaded.x_train, loaded.y_train, options)
+
+
+def _is_oom(error: BaseException) -> bool:
+    text = str(error)
+    return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "OOM" in text
+
+
+def _step_timer(times: list[float]) -> Any:
+    keras = import_keras()
+
+    class StepTimer(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            times.append(time.perf_counter())
+
+        def on_train_batch_end(self, batch, logs=None):
+            float((logs or {}).get("loss", 0.0))  # waits for the step's results
+            times.append(time.perf_counter())
+
+    return StepTimer()
+
+
+def optimizer_state_bytes(model: Any) -> int:
+    """Bytes held by ``model``'s optimizer variables (moments, momenta, counters)."""
+    return int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize for v in model.optimizer.variables))
+
+
+def fit_throughput(work: Workload, batch_size: int, *, steps: int = 20, precision: str = "float32",
+                   jit_compile: bool | str = True, run_eagerly: bool = False,
+                   steps_per_execution: int = 1, optimizer: OptimizerSpec | None = None,
+                   build: Callable[[Workload], Any] | None = None, x: np.ndarray | None = None,
+                   source: Callable[[np.ndarray, np.ndarray, int], Any] | None = None) -> dict[str, Any]:
+    """Median time of a Keras ``fit`` train step at ``batch_size`` and the samples/s it gives.
+
+    ``steps`` steps run after one compiling execution (``steps_per_execution`` steps per call);
+    ``build`` replaces the model builder, ``x`` the inputs (e.g. raw uint8 pixels) and
+    ``source(x, y, batch_size)`` the batch source handed to ``fit`` (e.g. a host-preprocessing
+    ``PyDataset``). Raises ``OutOfMemory`` when the device cannot hold the batch.
+    """
+    keras = import_keras()
+    x_all = work.x if x is None else x
+    calls = max(2, -(-steps // steps_per_execution) + 1)
+    n = calls * steps_per_execution * batch_size
+    index = np.arange(n) % len(x_all)
+    xs, ys = x_all[index], work.y[index]
+    spec = optimizer or OptimizerSpec("sgd", 0.01)
+    try:
+        with precision_scope(precision):
+            model = build(work) if build is not None else build_model(work.model, work.info, work.options)
+        model.compile(optimizer=spec.to_keras(), loss="sparse_categorical_crossentropy",
+                      jit_compile=jit_compile, run_eagerly=run_eagerly,
+                      steps_per_execution=steps_per_execution)
+        times: list[float] = []
+        inputs = {"x": source(xs, ys, batch_size)} if source is not None else \
+            {"x": xs, "y": ys, "batch_size": batch_size}
+        model.fit(**inputs, epochs=1, shuffle=False, verbose=0, callbacks=[_step_timer(times)])
+    except Exception as error:
+        if _is_oom(error):
+            raise OutOfMemory(f"batch {batch_size} does not fit in device memory") from error
+        raise
+    intervals = np.diff(times)
+    timing = summarize(intervals[0], intervals[1:] / steps_per_execution)
+    return {
+        "batch_size": batch_size,
+        "step_ms": 1e3 * timing.median_s,
+        "step_ms_p10": 1e3 * timing.p10_s,
+        "step_ms_p90": 1e3 * timing.p90_s,
+        "samples_per_s": batch_size / timing.median_s,
+        "compile_s": max(0.0, timing.first_call_s - steps_per_execution * timing.median_s),
+        "steps": int(timing.repeats * steps_per_execution),
+        "optimizer_state_bytes": optimizer_state_bytes(model),
+        "params": int(model.count_params()),
+        "variable_dtypes": sorted({str(v.dtype) for v in model.trainable_variables}),
+    }
+
+
+def throughput_curve(work: Workload, batch_sizes: list[int], *, steps: int = 20,
+                     budget_s: float | None = None, **options: Any) -> list[dict[str, Any]]:
+    """``fit_throughput`` at each batch size, stopping at the first that runs out of memory or
+    once ``budget_s`` seconds are spent (the rows say which)."""
+    rows: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    for batch_size in batch_sizes:
+        if budget_s is not None and time.perf_counter() - start > budget_s:
+            rows.append({"batch_size": batch_size, "note": "skipped: time budget spent"})
+            break
+        try:
+            rows.append(fit_throughput(work, batch_size, steps=steps, **options))
+        except OutOfMemory:
+            rows.append({"batch_size": batch_size, "note": "out of memory"})
+            break
+    return rows
+
+
+def engine_throughput(work: Workload, batch_size: int, engine: str, *, steps: int = 20,
+                      fused_steps: int = 1, optimizer: OptimizerSpec | None = None) -> dict[str, Any]:
+    """Median train-step time of a registered kbackend engine (e.g. ``native``) via ``train()``.
+
+    Uses the per-step cumulative training times the engine records in its ``History``; the first
+    call (compiling) is excluded.
+    """
+    from kbackend import data as data_module
+    from kbackend.training import TrainConfig, train
+
+    calls = max(3, -(-steps // fused_steps) + 1)
+    n = calls * fused_steps * batch_size
+    index = np.arange(n) % len(work.x)
+    held = np.arange(min(len(work.x), 256))  # small validation / test splits: evaluation is not timed
+    info = replace(work.info, num_train=n, num_val=len(held), num_test=len(held))
+    dataset = data_module.Dataset(work.x[index], work.y[index], work.x[held], work.y[held],
+                                  work.x[held], work.y[held], info)
+    config = TrainConfig(model=work.model, dataset=work.info.name, batch_size=batch_size, epochs=1,
+                         engine=engine, fused_steps=fused_steps, optimizer=optimizer or OptimizerSpec("sgd", 0.01),
+                         model_options=work.options)
+    history = train(config, dataset=dataset).history
+    ends = np.unique(np.asarray(history.time))
+    per_call = np.diff(ends)
+    step_s = float(np.median(per_call)) / fused_steps if per_call.size else float("nan")
+    return {"batch_size": batch_size, "engine": engine, "fused_steps": fused_steps,
+            "step_ms": 1e3 * step_s, "samples_per_s": batch_size / step_s,
+            "compile_s": max(0.0, float(ends[0]) - fused_steps * step_s), "steps": int(per_call.size * fused_steps)}
+
+
+def dense_train_flops(widths: list[int], batch_size: int) -> float:
+    """FLOPs of one train step of a dense net with layer widths ``widths`` (inputs first).
+
+    Forward: 2*B*in*out per layer; backward: twice that (gradients of inputs and of weights).
+    Biases, activations and the optimizer update are O(B*width) and left out.
+    """
+    return 6.0 * batch_size * sum(a * b for a, b in zip(widths, widths[1:], strict=False))
+
+
+def numpy_matmul_flops(n: int = 2048, repeats: int = 10) -> dict[str, float]:
+    """Measured FLOP/s of NumPy's (BLAS) float32 ``n x n`` matmul, median over ``repeats``."""
+    rng = np.random.default_rng(0)
+    a, b = (rng.normal(size=(n, n)).astype(np.float32) for _ in range(2))
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    median = float(np.median(times[1:]))
+    return {"n": n, "median_s": median, "flops": 2.0 * n**3 / median}
+
+
+def matmul_peak(n: int = 2048, repeats: int = 10) -> dict[str, Any]:
+    """This machine's measured float32 matmul peak: the best of the backend's compiled and
+    op-by-op matmul and NumPy's BLAS (a train step may use any of these kernels)."""
+    from kbackend.backends import impl
+
+    candidates = {
+        "backend_jit": impl().matmul_flops(n, "float32", repeats=repeats, jit=True)["flops"],
+        "backend_eager": impl().matmul_flops(n, "float32", repeats=repeats, jit=False)["flops"],
+        "numpy": numpy_matmul_flops(n, repeats)["flops"],
+    }
+    best = max(candidates, key=candidates.get)
+    return {"n": n, "peak_flops": candidates[best], "peak_source": best,
+            **{f"{k}_gflops": v / 1e9 for k, v in candidates.items()}}
+
+
+def roofline(batch_size: int = 1024, *, steps: int = 20, matmul_n: int = 2048,
+             steps_per_execution: int = 8) -> dict[str, Any]:
+    """The seed MLP's train-step FLOP rate as a fraction of this device's measured matmul peak
+    (peak and step measured in the same process, one after the other)."""
+    from kbackend.models import SEED_MLP_WIDTHS
+
+    before = matmul_peak(matmul_n)
+    work = workload("seed_mlp", samples=batch_size * 4)
+    step = fit_throughput(work, batch_size, steps=steps, steps_per_execution=steps_per_execution)
+    # Measured on both sides of the step: other load on a shared machine only lowers a reading.
+    after = matmul_peak(matmul_n)
+    peak = max(before, after, key=lambda p: p["peak_flops"])
+    widths = [784, *SEED_MLP_WIDTHS, 10]
+    flops = dense_train_flops(widths, batch_size)
+    rate = flops / (step["step_ms"] / 1e3)
+    return {"batch_size": batch_size, "train_step_flop": flops, "step_ms": step["step_ms"],
+            "model_gflops": rate / 1e9, "peak_gflops": peak["peak_flops"] / 1e9,
+            "peak_source": peak["peak_source"], "matmul_n": matmul_n,
+            "fraction_of_peak": rate / peak["peak_flops"], "steps_per_execution": steps_per_execution,
+            **{k: v for k, v in peak.items() if k.endswith("_gflops")}}
+
+
+def platforms() -> list[str]:
+    """The device platforms present (``cpu`` always; ``gpu``/``tpu`` when found), deduplicated."""
+    from kbackend.backends import impl
+
+    found = []
+    for device in impl().devices():
+        if device["platform"] not in found:
+            found.append(device["platform"])
+    return found

@@ -68,6 +68,8 @@ class StepMonitor:
     def start(self) -> StepMonitor:
         """Start the utilization sampler and the step clock."""
         self._train_thread = threading.get_ident()
+        if self.memory_every:
+            _device_memory()  # imports the backend now, not during the first step
         self._sampler = UtilizationSampler(self.utilization_interval).start()
         self.reset_clock()
         return self
@@ -134,9 +136,12 @@ class StepMonitor:
         self.steps.append({"step_s": step_s, "input_wait_s": wait_s, "compute_s": step_s - wait_s,
                            "samples": int(samples), "steps": int(steps)})
         if self.memory_every and len(self.steps) % self.memory_every == 1:
+            read_start = time.perf_counter()
             used = _device_memory()
             if used is not None:
                 self.memory.append(used)
+            with self._lock:  # the read is the monitor's own cost: keep it out of the next step
+                self._last_end += time.perf_counter() - read_start
 
     # --- summary ---------------------------------------------------------------------------
     def summary(self, utilization: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -43,9 +43,9 @@ def side_by_side(rows: Sequence[dict[str, Any]], keys: Sequence[str], values: Se
     for row in rows:
         key = tuple(row.get(k) for k in keys)
         target = merged.setdefault(key, dict(zip(keys, key, strict=True)))
-        for value in values:
+        for position, value in enumerate(values):
             cell = row.get(value)
-            if row.get("note") and cell is None:
+            if row.get("note") and cell is None and position == 0:
                 cell = row["note"]
             target[f"{value} ({row['backend']})"] = cell
     columns = list(keys) + [f"{v} ({b})" for v in values for b in backends]

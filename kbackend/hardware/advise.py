@@ -1,0 +1,221 @@
+"""``kbackend advise``: a short, bounded probe of this machine that recommends training settings.
+
+It measures, on the active backend and the devices present: throughput vs batch size (and its
+knee), fused steps (the native engine's ``fused_steps`` when that engine is registered, else Keras
+``steps_per_execution``), the data format (image models) and the precision policy; with more than
+one device platform, each platform. Every recommendation carries the figures behind it. Batch size
+also changes what a run converges to, so the advice ends with the ``kbackend study`` command that
+checks the recommended batch size for accuracy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kbackend.hardware import probe
+from kbackend.hardware.knee import DEFAULT_MIN_GAIN, find_knee
+
+# A setting other than the default is recommended only when it is at least this much faster:
+# shared machines make smaller differences noise.
+MIN_SPEEDUP = 1.10
+# Each measurement aims at about this many seconds of steady steps (bounded below and above).
+TARGET_MEASURE_S = 1.5
+
+
+@dataclass
+class Advice:
+    """Measurements, recommendations (each with its evidence) and the commands to run next."""
+
+    model: str
+    dataset: str
+    backend: str
+    quick: bool
+    measurements: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    recommendations: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    train_command: str = ""
+    study_command: str = ""
+    elapsed_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def recommend(self, setting: str, value: Any, evidence: str) -> None:
+        self.recommendations.append({"setting": setting, "value": value, "evidence": evidence})
+
+
+def _steps_for(previous_step_ms: float | None, quick: bool) -> int:
+    """Enough steps for about TARGET_MEASURE_S of timing, given the last measured step time."""
+    low, high = (4, 10) if quick else (6, 30)
+    if not previous_step_ms:
+        return low
+    return int(min(high, max(low, TARGET_MEASURE_S * 1e3 / previous_step_ms)))
+
+
+def _fmt(row: dict[str, Any]) -> str:
+    return f"{row['samples_per_s']:,.0f} samples/s ({row['step_ms']:.2f} ms/step)"
+
+
+def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool = False,
+           budget_s: float = 100.0, log: Callable[[str], None] = print) -> Advice:
+    """Run the probe within about ``budget_s`` seconds (stages left over are skipped and listed)."""
+    from kbackend.backend import active_backend
+    from kbackend.backends import impl
+    from kbackend.engines import engine_names
+    from kbackend.models import model_layout
+
+    start = time.perf_counter()
+    advice = Advice(model, dataset, active_backend(), quick)
+
+    def left() -> float:
+        return budget_s - (time.perf_counter() - start)
+
+    work = probe.workload(model, dataset, data_dir=data_dir, samples=8192)
+    num_train = len(work.x)
+
+    # 1. Throughput vs batch size, and the knee.
+    sizes = [32, 128, 512] if quick else [2**k for k in range(4, 13)]
+    sizes = [b for b in sizes if b <= num_train] or [num_train]
+    curve: list[dict[str, Any]] = []
+    previous = None
+    for batch in sizes:
+        if left() < budget_s * 0.5:  # keep half the budget for the other settings
+            advice.skipped.append(f"batch sizes >= {batch} (time budget)")
+            break
+        steps = _steps_for(previous and previous * batch / curve[-1]["batch_size"], quick)
+        try:
+            row = probe.fit_throughput(work, batch, steps=steps)
+        except probe.OutOfMemory:
+            advice.skipped.append(f"batch sizes >= {batch} (out of device memory)")
+            break
+        curve.append(row)
+        previous = row["step_ms"]
+        log(f"  batch {batch:>5}: {_fmt(row)}, compile {row['compile_s']:.1f}s")
+    advice.measurements["batch_size"] = curve
+    knee = find_knee([r["batch_size"] for r in curve], [r["samples_per_s"] for r in curve])
+    best = max(curve, key=lambda r: r["samples_per_s"])
+    gains = ", ".join(f"{g:+.0%}" for g in knee.gains)
+    advice.recommend(
+        "batch_size", knee.batch_size,
+        f"throughput knee: {knee.throughput:,.0f} samples/s at batch {knee.batch_size}; per-doubling "
+        f"gains {gains or 'n/a'} (knee: next doubling < {DEFAULT_MIN_GAIN:.0%}); best measured "
+        f"{best['samples_per_s']:,.0f} samples/s at batch {best['batch_size']}"
+        + ("" if knee.plateau_reached else "; no plateau yet: larger batches may still help"))
+    batch = knee.batch_size
+
+    # 2. Fused steps per device call.
+    native = "native" in engine_names()
+    fused_name = "fused_steps (native engine)" if native else "steps_per_execution"
+    rows = []
+    if left() > 0:
+        for fused in (1, 8):
+            steps = max(2 * fused, _steps_for(previous, quick))
+            if native:
+                row = probe.engine_throughput(work, batch, "native", steps=steps, fused_steps=fused)
+            else:
+                row = probe.fit_throughput(work, batch, steps=steps, steps_per_execution=fused)
+            rows.append({"fused": fused, **row})
+            log(f"  {fused_name}={fused}: {_fmt(row)}")
+        advice.measurements["fused"] = rows
+        speedup = rows[1]["samples_per_s"] / rows[0]["samples_per_s"]
+        value = 8 if speedup >= MIN_SPEEDUP else 1
+        advice.recommend(fused_name.split(" ")[0], value,
+                         f"at batch {batch}: 1 -> {_fmt(rows[0])}, 8 -> {_fmt(rows[1])} "
+                         f"(x{speedup:.2f}; recommended when >= x{MIN_SPEEDUP:.2f})")
+    else:
+        advice.skipped.append("fused steps (time budget)")
+
+    # 3. Data format (image models only).
+    data_format = "channels_last"
+    if model_layout(model) == "image":
+        if not impl().supports_channels_first_conv():
+            advice.recommend("data_format", "channels_last",
+                             "channels_first is unsupported here (TF Conv2D on CPU is NHWC only)")
+        elif left() > 0:
+            rows = [{"data_format": "channels_last", **probe.fit_throughput(work, batch, steps=_steps_for(previous, quick))}]
+            first = probe.workload(model, dataset, data_dir=data_dir, samples=8192, data_format="channels_first")
+            rows.append({"data_format": "channels_first",
+                         **probe.fit_throughput(first, batch, steps=_steps_for(previous, quick))})
+            for row in rows:
+                log(f"  {row['data_format']}: {_fmt(row)}")
+            advice.measurements["data_format"] = rows
+            speedup = rows[1]["samples_per_s"] / rows[0]["samples_per_s"]
+            data_format = "channels_first" if speedup >= MIN_SPEEDUP else "channels_last"
+            advice.recommend("data_format", data_format,
+                             f"channels_last {_fmt(rows[0])}, channels_first {_fmt(rows[1])} (x{speedup:.2f})")
+        else:
+            advice.skipped.append("data format (time budget)")
+
+    # 4. Precision policy.
+    precision = "float32"
+    support = impl().precision_support()
+    candidates = ["float32"] + [p for p in ("mixed_bfloat16", "mixed_float16")
+                                if support.get(p, {}).get("runs") and (not quick or support[p]["accelerated"]
+                                                                       or p == "mixed_bfloat16")]
+    rows = []
+    for name in candidates:
+        if left() <= 0:
+            advice.skipped.append(f"precision {name} (time budget)")
+            continue
+        row = {"precision": name, "accelerated": support.get(name, {}).get("accelerated"),
+               **probe.fit_throughput(work, batch, steps=_steps_for(previous, quick), precision=name)}
+        rows.append(row)
+        log(f"  precision {name}: {_fmt(row)}")
+    advice.measurements["precision"] = rows
+    if rows:
+        base = rows[0]
+        fastest = max(rows, key=lambda r: r["samples_per_s"])
+        speedup = fastest["samples_per_s"] / base["samples_per_s"]
+        precision = fastest["precision"] if speedup >= MIN_SPEEDUP else "float32"
+        figures = "; ".join(f"{r['precision']} {_fmt(r)}" for r in rows)
+        advice.recommend("precision", precision,
+                         f"{figures} (x{speedup:.2f} for the fastest; hardware support: "
+                         + ", ".join(f"{k} {'accelerated' if v['accelerated'] else 'emulated'}"
+                                     for k, v in support.items() if k != "float32") + ")")
+
+    # 5. Device platforms (only when there is a choice).
+    platforms = probe.platforms()
+    if len(platforms) > 1 and left() > 0:
+        rows = []
+        for platform in platforms:
+            with impl().device_scope(platform):
+                row = probe.fit_throughput(work, batch, steps=_steps_for(previous, quick))
+            rows.append({"device": platform, **row})
+            log(f"  device {platform}: {_fmt(row)}")
+        advice.measurements["device"] = rows
+        fastest = max(rows, key=lambda r: r["samples_per_s"])
+        advice.recommend("device", fastest["device"],
+                         "; ".join(f"{r['device']} {_fmt(r)}" for r in rows))
+    else:
+        advice.recommend("device", platforms[0], f"only {platforms[0]} devices are present")
+
+    fused_value = next(r["value"] for r in advice.recommendations if r["setting"] in ("fused_steps", "steps_per_execution")) \
+        if any(r["setting"] in ("fused_steps", "steps_per_execution") for r in advice.recommendations) else 1
+    fused_flag = (f"--engine native --fused-steps {fused_value}" if native
+                  else f"--steps-per-execution {fused_value}")
+    advice.train_command = (f"kbackend train --model {model} --dataset {dataset} --batch-size {batch} "
+                            f"{fused_flag} --precision {precision}"
+                            + (f" --data-format {data_format}" if model_layout(model) == "image" else ""))
+    study_sizes = sorted({max(1, batch // 4), batch, min(num_train, batch * 4)})
+    advice.study_command = (f"kbackend study --model {model} --dataset {dataset} "
+                            f"--batch-sizes {','.join(str(b) for b in study_sizes)}")
+    advice.elapsed_s = time.perf_counter() - start
+    return advice
+
+
+def format_advice(advice: Advice) -> str:
+    """The recommendations as text: one block per setting with its evidence, then the commands."""
+    lines = [f"Recommended settings for {advice.model} on {advice.dataset} ({advice.backend} backend, "
+             f"probe took {advice.elapsed_s:.0f}s):"]
+    for item in advice.recommendations:
+        lines.append(f"  {item['setting']:<20} {item['value']}")
+        lines.append(f"  {'':<20} because: {item['evidence']}")
+    if advice.skipped:
+        lines.append("Not measured: " + "; ".join(advice.skipped))
+    lines.append(f"Train with:  {advice.train_command}")
+    lines.append("Batch size changes what training converges to; confirm it for accuracy with:")
+    lines.append(f"  {advice.study_command}")
+    return "\n".join(lines)

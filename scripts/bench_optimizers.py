@@ -8,8 +8,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-from kbackend.hardware.bench import main  # noqa: E402
-from kbackend.hardware.benchmarks import BENCHMARKS  # noqa: E402
+from kbackend.hardware.bench import main
+from kbackend.hardware.benchmarks import BENCHMARKS
 
 if __name__ == "__main__":
     raise SystemExit(main(BENCHMARKS["bench_optimizers"], __file__))

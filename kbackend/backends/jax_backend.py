@@ -77,7 +77,7 @@ def precision_support() -> dict[str, dict[str, bool]]:
         if platform == "gpu":
             accelerated = gpu_accelerates(policy, getattr(jax.devices()[0], "compute_capability", None))
         else:
-            accelerated = platform == "tpu" and policy == "mixed_bfloat16" or (
+            accelerated = (platform == "tpu" and policy == "mixed_bfloat16") or (
                 platform == "cpu" and cpu_accelerates(policy))
         result[policy] = {"runs": runs, "accelerated": bool(runs and accelerated)}
     result["float32"] = {"runs": True, "accelerated": True}

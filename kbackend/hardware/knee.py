@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -43,14 +44,13 @@ def find_knee(batch_sizes: Sequence[int], throughputs: Sequence[float],
             f"Invalid throughput curve: expected equally long, non-empty batch sizes and throughputs. "
             f"Received {len(batch_sizes)} batch sizes and {len(throughputs)} throughputs."
         )
-    if any(b2 <= b1 for b1, b2 in zip(batch_sizes, batch_sizes[1:], strict=False)) or batch_sizes[0] < 1:
+    if any(b2 <= b1 for b1, b2 in itertools.pairwise(batch_sizes)) or batch_sizes[0] < 1:
         raise ConfigError(f"Invalid batch sizes {list(batch_sizes)}: expected positive, increasing values.")
     if any(not (t > 0 and math.isfinite(t)) for t in throughputs):
         raise ConfigError(f"Invalid throughputs {list(throughputs)}: expected finite values > 0.")
     gains = tuple(
-        (t2 / t1) ** (1.0 / math.log2(b2 / b1)) - 1.0
-        for (b1, t1), (b2, t2) in zip(zip(batch_sizes, throughputs, strict=True),
-                                      zip(batch_sizes[1:], throughputs[1:], strict=True), strict=True)
+        (throughputs[i + 1] / throughputs[i]) ** (1.0 / math.log2(batch_sizes[i + 1] / batch_sizes[i])) - 1.0
+        for i in range(len(batch_sizes) - 1)
     )
     for index, gain in enumerate(gains):
         if gain < min_gain:

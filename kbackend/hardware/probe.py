@@ -7,6 +7,7 @@ computed) and returns plain dicts ready for JSON.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -97,7 +98,7 @@ def fit_throughput(work: Workload, batch_size: int, *, steps: int = 20, precisio
     ``source(x, y, batch_size)`` the batch source handed to ``fit`` (e.g. a host-preprocessing
     ``PyDataset``). Raises ``OutOfMemory`` when the device cannot hold the batch.
     """
-    keras = import_keras()
+    import_keras()
     x_all = work.x if x is None else x
     calls = max(2, -(-steps // steps_per_execution) + 1)
     n = calls * steps_per_execution * batch_size
@@ -187,7 +188,7 @@ def dense_train_flops(widths: list[int], batch_size: int) -> float:
     Forward: 2*B*in*out per layer; backward: twice that (gradients of inputs and of weights).
     Biases, activations and the optimizer update are O(B*width) and left out.
     """
-    return 6.0 * batch_size * sum(a * b for a, b in zip(widths, widths[1:], strict=False))
+    return 6.0 * batch_size * sum(a * b for a, b in itertools.pairwise(widths))
 
 
 def numpy_matmul_flops(n: int = 2048, repeats: int = 10) -> dict[str, float]:

@@ -98,3 +98,11 @@ def test_keras_fit_with_hardware_monitor_stores_summary(tmp_path):
     assert summary["steps"] == 2 * 21 - 1  # 1294 samples / 64 per batch = 21 steps per epoch
     assert 0.0 <= summary["input_wait_share"] <= 1.0
     assert result.history.best("val_accuracy") > 0.8  # monitored training still trains
+
+
+def test_train_cli_hardware_monitor_prints_verdict(cli, tmp_path):
+    completed = cli("train", "--epochs", "1", "--batch-size", "128", "--hardware-monitor", "--quiet",
+                    "--history", str(tmp_path / "h.json"))
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert "monitor: " in completed.stdout and "-bound" in completed.stdout
+    assert "monitor" in (tmp_path / "h.json").read_text()

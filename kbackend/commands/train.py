@@ -32,6 +32,13 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--batch-norm", action="store_true")
     model.add_argument("--l2", type=float, default=0.0)
     model.add_argument("--widths", type=_widths, default=(256, 128), help="hidden widths of --model mlp, e.g. 512,256")
+    hardware = parser.add_argument_group("hardware (see docs/hardware.md)")
+    hardware.add_argument("--precision", default="float32",
+                          choices=["float32", "mixed_bfloat16", "mixed_float16"],
+                          help="Keras dtype policy (mixed_float16 adds loss scaling)")
+    hardware.add_argument("--hardware-monitor", action="store_true",
+                          help="record per-step input wait vs compute, utilization and device "
+                               "memory; print a verdict (input- or compute-bound)")
     optim = parser.add_argument_group("optimizer")
     optim.add_argument("--optimizer", default="adam", choices=list(OPTIMIZERS))
     optim.add_argument("--lr", "--learning-rate", dest="lr", type=float, default=1e-3)
@@ -49,13 +56,6 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                      help="stop after PATIENCE epochs without improvement of --monitor (0: off)")
     run.add_argument("--monitor", default="val_accuracy", choices=list(MONITORS))
     run.add_argument("--seed", type=int, default=0)
-    hardware = parser.add_argument_group("hardware (see docs/hardware.md)")
-    hardware.add_argument("--precision", default="float32",
-                          choices=["float32", "mixed_bfloat16", "mixed_float16"],
-                          help="Keras dtype policy (mixed_float16 adds loss scaling)")
-    hardware.add_argument("--hardware-monitor", action="store_true",
-                          help="record per-step input wait vs compute, utilization and device "
-                               "memory; print a verdict (input- or compute-bound)")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -71,11 +71,11 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(
         model=args.model, dataset=args.dataset, optimizer=spec, batch_size=args.batch_size,
         epochs=args.epochs, engine=args.engine, jit_compile=args.jit_compile,
+        precision=getattr(args, "precision", "float32"),
+        hardware_monitor=getattr(args, "hardware_monitor", False),
         steps_per_execution=args.steps_per_execution, early_stopping=args.early_stopping,
         monitor=args.monitor, seed=args.seed, model_options=options,
         validation_fraction=args.validation_fraction, data_dir=args.data_dir,
-        precision=getattr(args, "precision", "float32"),
-        hardware_monitor=getattr(args, "hardware_monitor", False),
     )
 
 

@@ -49,10 +49,7 @@ class Advice:
 
 def _steps_for(previous_step_ms: float | None, quick: bool) -> int:
     """Enough steps for about TARGET_MEASURE_S of timing, given the last measured step time."""
-    low, high = (4, 10) if quick else (6, 30)
-    if not previous_step_ms:
-        return low
-    return int(min(high, max(low, TARGET_MEASURE_S * 1e3 / previous_step_ms)))
+    return probe.steps_for(TARGET_MEASURE_S, previous_step_ms, *((4, 10) if quick else (6, 30)))
 
 
 def _fmt(row: dict[str, Any]) -> str:
@@ -110,6 +107,7 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
     native = "native" in engine_names()
     fused_name = "fused_steps (native engine)" if native else "steps_per_execution"
     rows = []
+    fused_value = 1
     if left() > 0:
         for fused in (1, 8):
             steps = max(2 * fused, _steps_for(previous, quick))
@@ -121,8 +119,8 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
             log(f"  {fused_name}={fused}: {_fmt(row)}")
         advice.measurements["fused"] = rows
         speedup = rows[1]["samples_per_s"] / rows[0]["samples_per_s"]
-        value = 8 if speedup >= MIN_SPEEDUP else 1
-        advice.recommend(fused_name.split(" ")[0], value,
+        fused_value = 8 if speedup >= MIN_SPEEDUP else 1
+        advice.recommend(fused_name.split(" ")[0], fused_value,
                          f"at batch {batch}: 1 -> {_fmt(rows[0])}, 8 -> {_fmt(rows[1])} "
                          f"(x{speedup:.2f}; recommended when >= x{MIN_SPEEDUP:.2f})")
     else:
@@ -192,8 +190,6 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
     else:
         advice.recommend("device", platforms[0], f"only {platforms[0]} devices are present")
 
-    fused_value = next(r["value"] for r in advice.recommendations if r["setting"] in ("fused_steps", "steps_per_execution")) \
-        if any(r["setting"] in ("fused_steps", "steps_per_execution") for r in advice.recommendations) else 1
     fused_flag = (f"--engine native --fused-steps {fused_value}" if native
                   else f"--steps-per-execution {fused_value}")
     advice.train_command = (f"kbackend train --model {model} --dataset {dataset} --batch-size {batch} "

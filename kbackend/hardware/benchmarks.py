@@ -32,7 +32,8 @@ def measure_throughput(quick: bool) -> Rows:
     sizes = [16, 64, 256, 1024] if quick else [2**k for k in range(3, 16)]
     work = probe.workload("seed_mlp", samples=4096)
     rows = probe.throughput_curve(work, sizes, steps=8 if quick else 30,
-                                  budget_s=None if quick else 240.0)
+                                  budget_s=None if quick else 240.0,
+                                  seconds_per_point=None if quick else 3.0)
     measured = [r for r in rows if "samples_per_s" in r]
     knee = find_knee([r["batch_size"] for r in measured], [r["samples_per_s"] for r in measured])
     for row in rows:
@@ -101,7 +102,7 @@ def measure_precision(quick: bool) -> Rows:
     fixed budget of steps."""
     from kbackend.backends import impl
 
-    batch, steps, budget = (128, 6, 80) if quick else (512, 30, 400)
+    batch, steps, budget = (128, 6, 40) if quick else (512, 30, 400)
     support = impl().precision_support()
     work = probe.workload("seed_mlp", samples=4096)
     rows = []

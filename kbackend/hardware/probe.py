@@ -135,18 +135,31 @@ def fit_throughput(work: Workload, batch_size: int, *, steps: int = 20, precisio
     }
 
 
+def steps_for(seconds: float, step_ms: float | None, low: int, high: int) -> int:
+    """How many steps of ``step_ms`` fill about ``seconds`` of timing, within [low, high]."""
+    if not step_ms:
+        return low
+    return int(min(high, max(low, seconds * 1e3 / step_ms)))
+
+
 def throughput_curve(work: Workload, batch_sizes: list[int], *, steps: int = 20,
-                     budget_s: float | None = None, **options: Any) -> list[dict[str, Any]]:
+                     budget_s: float | None = None, seconds_per_point: float | None = None,
+                     **options: Any) -> list[dict[str, Any]]:
     """``fit_throughput`` at each batch size, stopping at the first that runs out of memory or
-    once ``budget_s`` seconds are spent (the rows say which)."""
+    once ``budget_s`` seconds are spent (the rows say which). With ``seconds_per_point``, the
+    step count adapts (at most ``steps``, at least 3) so each point times about that long."""
     rows: list[dict[str, Any]] = []
     start = time.perf_counter()
     for batch_size in batch_sizes:
         if budget_s is not None and time.perf_counter() - start > budget_s:
             rows.append({"batch_size": batch_size, "note": "skipped: time budget spent"})
             break
+        count = steps
+        if seconds_per_point is not None and rows:
+            last = rows[-1]
+            count = steps_for(seconds_per_point, last["step_ms"] * batch_size / last["batch_size"], 3, steps)
         try:
-            rows.append(fit_throughput(work, batch_size, steps=steps, **options))
+            rows.append(fit_throughput(work, batch_size, steps=count, **options))
         except OutOfMemory:
             rows.append({"batch_size": batch_size, "note": "out of memory"})
             break

@@ -39,6 +39,7 @@ class Advice:
     train_command: str = ""
     study_command: str = ""
     elapsed_s: float = 0.0
+    budget_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -64,22 +65,21 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
     from kbackend.engines import engine_names
     from kbackend.models import model_layout
 
-    start = time.perf_counter()
     advice = Advice(model, dataset, active_backend(), quick)
+    work = probe.workload(model, dataset, data_dir=data_dir, samples=8192)
+    num_train = len(work.x)
+    start = time.perf_counter()  # the budget covers measurements, not loading the data
 
     def left() -> float:
         return budget_s - (time.perf_counter() - start)
 
-    work = probe.workload(model, dataset, data_dir=data_dir, samples=8192)
-    num_train = len(work.x)
-
     # 1. Throughput vs batch size, and the knee.
-    sizes = [32, 128, 512] if quick else [2**k for k in range(4, 13)]
+    sizes = [32, 256] if quick else [2**k for k in range(4, 13)]
     sizes = [b for b in sizes if b <= num_train] or [num_train]
     curve: list[dict[str, Any]] = []
     previous = None
     for batch in sizes:
-        if left() < budget_s * 0.5:  # keep half the budget for the other settings
+        if len(curve) >= 2 and left() < budget_s * 0.5:  # keep half the budget for the rest
             advice.skipped.append(f"batch sizes >= {batch} (time budget)")
             break
         steps = _steps_for(previous and previous * batch / curve[-1]["batch_size"], quick)
@@ -102,29 +102,28 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
         f"{best['samples_per_s']:,.0f} samples/s at batch {best['batch_size']}"
         + ("" if knee.plateau_reached else "; no plateau yet: larger batches may still help"))
     batch = knee.batch_size
+    base = curve[knee.index]  # float32, one step per call, at the recommended batch
+    previous = base["step_ms"]
 
-    # 2. Fused steps per device call.
+    # 2. Fused steps per device call (always measured: one or two compiles).
     native = "native" in engine_names()
     fused_name = "fused_steps (native engine)" if native else "steps_per_execution"
     rows = []
-    fused_value = 1
-    if left() > 0:
-        for fused in (1, 8):
+    for fused in (1, 8):
+        if fused == 1 and not native:
+            row = base
+        else:
             steps = max(2 * fused, _steps_for(previous, quick))
-            if native:
-                row = probe.engine_throughput(work, batch, "native", steps=steps, fused_steps=fused)
-            else:
-                row = probe.fit_throughput(work, batch, steps=steps, steps_per_execution=fused)
-            rows.append({"fused": fused, **row})
-            log(f"  {fused_name}={fused}: {_fmt(row)}")
-        advice.measurements["fused"] = rows
-        speedup = rows[1]["samples_per_s"] / rows[0]["samples_per_s"]
-        fused_value = 8 if speedup >= MIN_SPEEDUP else 1
-        advice.recommend(fused_name.split(" ")[0], fused_value,
-                         f"at batch {batch}: 1 -> {_fmt(rows[0])}, 8 -> {_fmt(rows[1])} "
-                         f"(x{speedup:.2f}; recommended when >= x{MIN_SPEEDUP:.2f})")
-    else:
-        advice.skipped.append("fused steps (time budget)")
+            row = (probe.engine_throughput(work, batch, "native", steps=steps, fused_steps=fused)
+                   if native else probe.fit_throughput(work, batch, steps=steps, steps_per_execution=fused))
+        rows.append({"fused": fused, **row})
+        log(f"  {fused_name}={fused}: {_fmt(row)}")
+    advice.measurements["fused"] = rows
+    speedup = rows[1]["samples_per_s"] / rows[0]["samples_per_s"]
+    fused_value = 8 if speedup >= MIN_SPEEDUP else 1
+    advice.recommend(fused_name.split(" ")[0], fused_value,
+                     f"at batch {batch}: 1 -> {_fmt(rows[0])}, 8 -> {_fmt(rows[1])} "
+                     f"(x{speedup:.2f}; recommended when >= x{MIN_SPEEDUP:.2f})")
 
     # 3. Data format (image models only).
     data_format = "channels_last"
@@ -153,9 +152,11 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
     candidates = ["float32"] + [p for p in ("mixed_bfloat16", "mixed_float16")
                                 if support.get(p, {}).get("runs") and (not quick or support[p]["accelerated"]
                                                                        or p == "mixed_bfloat16")]
-    rows = []
-    for name in candidates:
-        if left() <= 0:
+    rows = [{"precision": "float32", "accelerated": True, **base}]
+    log(f"  precision float32: {_fmt(base)}")
+    for name in candidates[1:]:
+        # mixed_bfloat16 is always measured; the others only while budget is left.
+        if name != "mixed_bfloat16" and left() <= 0:
             advice.skipped.append(f"precision {name} (time budget)")
             continue
         row = {"precision": name, "accelerated": support.get(name, {}).get("accelerated"),
@@ -163,16 +164,15 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
         rows.append(row)
         log(f"  precision {name}: {_fmt(row)}")
     advice.measurements["precision"] = rows
-    if rows:
-        base = rows[0]
-        fastest = max(rows, key=lambda r: r["samples_per_s"])
-        speedup = fastest["samples_per_s"] / base["samples_per_s"]
-        precision = fastest["precision"] if speedup >= MIN_SPEEDUP else "float32"
-        figures = "; ".join(f"{r['precision']} {_fmt(r)}" for r in rows)
-        advice.recommend("precision", precision,
-                         f"{figures} (x{speedup:.2f} for the fastest; hardware support: "
-                         + ", ".join(f"{k} {'accelerated' if v['accelerated'] else 'emulated'}"
-                                     for k, v in support.items() if k != "float32") + ")")
+    fastest = max(rows, key=lambda r: r["samples_per_s"])
+    speedup = fastest["samples_per_s"] / base["samples_per_s"]
+    precision = fastest["precision"] if speedup >= MIN_SPEEDUP else "float32"
+    figures = "; ".join(f"{r['precision']} {_fmt(r)}" for r in rows)
+    advice.recommend("precision", precision,
+                     f"{figures} (x{speedup:.2f} for the fastest; hardware support: "
+                     + ", ".join(f"{k} {'accelerated' if v['accelerated'] else 'emulated'}"
+                                 for k, v in support.items() if k != "float32")
+                     + "; check accuracy: reduced precision can cost some)")
 
     # 5. Device platforms (only when there is a choice).
     platforms = probe.platforms()
@@ -199,13 +199,14 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
     advice.study_command = (f"kbackend study --model {model} --dataset {dataset} "
                             f"--batch-sizes {','.join(str(b) for b in study_sizes)}")
     advice.elapsed_s = time.perf_counter() - start
+    advice.budget_s = budget_s
     return advice
 
 
 def format_advice(advice: Advice) -> str:
     """The recommendations as text: one block per setting with its evidence, then the commands."""
     lines = [f"Recommended settings for {advice.model} on {advice.dataset} ({advice.backend} backend, "
-             f"probe took {advice.elapsed_s:.0f}s):"]
+             f"measurements took {advice.elapsed_s:.0f}s of a {advice.budget_s:.0f}s budget):"]
     for item in advice.recommendations:
         lines.append(f"  {item['setting']:<20} {item['value']}")
         lines.append(f"  {'':<20} because: {item['evidence']}")

@@ -81,6 +81,17 @@ def _step_timer(times: list[float]) -> Any:
     return StepTimer()
 
 
+def warm_up() -> float:
+    """Pay the one-time costs of a process's first ``fit`` (framework and data-adapter imports,
+    backend start-up) on a tiny model, so no measurement includes them; the seconds it took."""
+    start = time.perf_counter()
+    keras = import_keras()
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    model.fit(np.zeros((16, 4), np.float32), np.zeros(16, np.int32), batch_size=8, epochs=1, verbose=0)
+    return time.perf_counter() - start
+
+
 def optimizer_state_bytes(model: Any) -> int:
     """Bytes held by ``model``'s optimizer variables (moments, momenta, counters)."""
     return int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize for v in model.optimizer.variables))

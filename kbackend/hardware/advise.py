@@ -57,9 +57,23 @@ def _fmt(row: dict[str, Any]) -> str:
     return f"{row['samples_per_s']:,.0f} samples/s ({row['step_ms']:.2f} ms/step)"
 
 
+def _round_robin(probes: list[probe.FitProbe], left: Callable[[], float], reserve_s: float,
+                 max_rounds: int) -> int:
+    """Re-time every probe in turn, round after round, while more than ``reserve_s`` of the budget
+    is left (at most ``max_rounds`` rounds); the number of extra rounds run."""
+    rounds = 0
+    while rounds < max_rounds and left() > reserve_s:
+        for item in probes:
+            item.again()
+        rounds += 1
+    return rounds
+
+
 def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool = False,
            budget_s: float = 100.0, log: Callable[[str], None] = print) -> Advice:
-    """Run the probe within about ``budget_s`` seconds (stages left over are skipped and listed)."""
+    """Run the probe within about ``budget_s`` seconds (measurements left over are skipped and
+    listed). Configurations are compiled once and timed round-robin (``FitProbe``), so a change
+    of machine load hits all of them alike."""
     from kbackend.backend import active_backend
     from kbackend.backends import impl
     from kbackend.engines import engine_names
@@ -77,21 +91,26 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
     # 1. Throughput vs batch size, and the knee.
     sizes = [32, 256] if quick else [2**k for k in range(4, 13)]
     sizes = [b for b in sizes if b <= num_train] or [num_train]
-    curve: list[dict[str, Any]] = []
+    probes: list[probe.FitProbe] = []
     previous = None
     for batch in sizes:
-        if len(curve) >= 2 and left() < budget_s * 0.5:  # keep half the budget for the rest
+        if len(probes) >= 2 and left() < budget_s * 0.6:  # keep time for rounds and the rest
             advice.skipped.append(f"batch sizes >= {batch} (time budget)")
             break
-        steps = _steps_for(previous and previous * batch / curve[-1]["batch_size"], quick)
+        steps = _steps_for(previous and previous * batch / probes[-1].batch_size, quick)
         try:
-            row = probe.fit_throughput(work, batch, steps=steps)
+            probes.append(probe.FitProbe(work, batch, steps=steps))
         except probe.OutOfMemory:
             advice.skipped.append(f"batch sizes >= {batch} (out of device memory)")
             break
-        curve.append(row)
+        row = probes[-1].result()
         previous = row["step_ms"]
         log(f"  batch {batch:>5}: {_fmt(row)}, compile {row['compile_s']:.1f}s")
+    extra = _round_robin(probes, left, budget_s * 0.45, 1 if quick else 4)
+    curve = [item.result() for item in probes]
+    if extra:
+        log(f"  re-timed every batch size {extra} more time(s), round-robin: "
+            + ", ".join(f"{r['batch_size']}: {r['samples_per_s']:,.0f}/s" for r in curve))
     advice.measurements["batch_size"] = curve
     knee = find_knee([r["batch_size"] for r in curve], [r["samples_per_s"] for r in curve])
     best = max(curve, key=lambda r: r["samples_per_s"])
@@ -100,25 +119,48 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
         "batch_size", knee.batch_size,
         f"throughput knee: {knee.throughput:,.0f} samples/s at batch {knee.batch_size}; per-doubling "
         f"gains {gains or 'n/a'} (knee: next doubling < {DEFAULT_MIN_GAIN:.0%}); best measured "
-        f"{best['samples_per_s']:,.0f} samples/s at batch {best['batch_size']}"
+        f"{best['samples_per_s']:,.0f} samples/s at batch {best['batch_size']} (medians of "
+        f"{curve[0]['rounds']} interleaved round(s))"
         + ("" if knee.plateau_reached else "; no plateau yet: larger batches may still help"))
     batch = knee.batch_size
-    base = curve[knee.index]  # float32, one step per call, at the recommended batch
-    previous = base["step_ms"]
+    base_probe = probes[knee.index]  # float32, one step per call, at the recommended batch
+    previous = curve[knee.index]["step_ms"]
+    steps = _steps_for(previous, quick)
 
-    # 2. Fused steps per device call (always measured: one or two compiles).
+    # 2.-4. Fused steps, data format and precision at that batch, compared with the base probe.
     native = "native" in engine_names()
     fused_name = "fused_steps (native engine)" if native else "steps_per_execution"
-    rows = []
-    for fused in (1, 8):
-        if fused == 1 and not native:
-            row = base
+    compare: dict[str, probe.FitProbe] = {}
+    native_rows: list[dict[str, Any]] = []
+    if native:  # the native engine is timed through train(); its two runs are not interleaved
+        for fused in (1, 8):
+            native_rows.append({"fused": fused, **probe.engine_throughput(
+                work, batch, "native", steps=max(2 * fused, steps), fused_steps=fused)})
+    else:
+        compare["steps_per_execution=8"] = probe.FitProbe(work, batch, steps=max(16, steps),
+                                                          steps_per_execution=8)
+    layout_is_image = model_layout(model) == "image"
+    if layout_is_image and impl().supports_channels_first_conv():
+        first = probe.workload(model, dataset, data_dir=data_dir, samples=8192, data_format="channels_first")
+        compare["channels_first"] = probe.FitProbe(first, batch, steps=steps)
+    support = impl().precision_support()
+    for name in ("mixed_bfloat16", "mixed_float16"):
+        if not support.get(name, {}).get("runs"):
+            advice.skipped.append(f"precision {name} (does not run on this device)")
+        elif name == "mixed_bfloat16" or left() > budget_s * 0.2:
+            compare[name] = probe.FitProbe(work, batch, steps=steps, precision=name)
         else:
-            steps = max(2 * fused, _steps_for(previous, quick))
-            row = (probe.engine_throughput(work, batch, "native", steps=steps, fused_steps=fused)
-                   if native else probe.fit_throughput(work, batch, steps=steps, steps_per_execution=fused))
-        rows.append({"fused": fused, **row})
-        log(f"  {fused_name}={fused}: {_fmt(row)}")
+            advice.skipped.append(f"precision {name} (time budget)")
+    _round_robin([base_probe, *compare.values()], left, 0.0, 1 if quick else 3)
+    base = base_probe.result()
+    results = {name: item.result() for name, item in compare.items()}
+    log(f"  at batch {batch}: base (float32, 1 step per call) {_fmt(base)}; "
+        + "; ".join(f"{name} {_fmt(row)}" for name, row in results.items()))
+
+    if native:
+        rows = native_rows
+    else:
+        rows = [{"fused": 1, **base}, {"fused": 8, **results["steps_per_execution=8"]}]
     advice.measurements["fused"] = rows
     speedup = rows[1]["samples_per_s"] / rows[0]["samples_per_s"]
     fused_value = 8 if speedup >= MIN_SPEEDUP else 1
@@ -126,44 +168,23 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
                      f"at batch {batch}: 1 -> {_fmt(rows[0])}, 8 -> {_fmt(rows[1])} "
                      f"(x{speedup:.2f}; recommended when >= x{MIN_SPEEDUP:.2f})")
 
-    # 3. Data format (image models only).
     data_format = "channels_last"
-    if model_layout(model) == "image":
-        if not impl().supports_channels_first_conv():
+    if layout_is_image:
+        if "channels_first" not in results:
             advice.recommend("data_format", "channels_last",
                              "channels_first is unsupported here (TF Conv2D on CPU is NHWC only)")
-        elif left() > 0:
-            rows = [{"data_format": "channels_last", **probe.fit_throughput(work, batch, steps=_steps_for(previous, quick))}]
-            first = probe.workload(model, dataset, data_dir=data_dir, samples=8192, data_format="channels_first")
-            rows.append({"data_format": "channels_first",
-                         **probe.fit_throughput(first, batch, steps=_steps_for(previous, quick))})
-            for row in rows:
-                log(f"  {row['data_format']}: {_fmt(row)}")
+        else:
+            rows = [{"data_format": "channels_last", **base},
+                    {"data_format": "channels_first", **results["channels_first"]}]
             advice.measurements["data_format"] = rows
             speedup = rows[1]["samples_per_s"] / rows[0]["samples_per_s"]
             data_format = "channels_first" if speedup >= MIN_SPEEDUP else "channels_last"
             advice.recommend("data_format", data_format,
                              f"channels_last {_fmt(rows[0])}, channels_first {_fmt(rows[1])} (x{speedup:.2f})")
-        else:
-            advice.skipped.append("data format (time budget)")
 
-    # 4. Precision policy.
-    precision = "float32"
-    support = impl().precision_support()
-    candidates = ["float32"] + [p for p in ("mixed_bfloat16", "mixed_float16")
-                                if support.get(p, {}).get("runs") and (not quick or support[p]["accelerated"]
-                                                                       or p == "mixed_bfloat16")]
-    rows = [{"precision": "float32", "accelerated": True, **base}]
-    log(f"  precision float32: {_fmt(base)}")
-    for name in candidates[1:]:
-        # mixed_bfloat16 is always measured; the others only while budget is left.
-        if name != "mixed_bfloat16" and left() <= 0:
-            advice.skipped.append(f"precision {name} (time budget)")
-            continue
-        row = {"precision": name, "accelerated": support.get(name, {}).get("accelerated"),
-               **probe.fit_throughput(work, batch, steps=_steps_for(previous, quick), precision=name)}
-        rows.append(row)
-        log(f"  precision {name}: {_fmt(row)}")
+    rows = [{"precision": "float32", "accelerated": True, **base}] + [
+        {"precision": name, "accelerated": support[name]["accelerated"], **results[name]}
+        for name in ("mixed_bfloat16", "mixed_float16") if name in results]
     advice.measurements["precision"] = rows
     fastest = max(rows, key=lambda r: r["samples_per_s"])
     speedup = fastest["samples_per_s"] / base["samples_per_s"]
@@ -181,13 +202,15 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
         rows = []
         for platform in platforms:
             with impl().device_scope(platform):
-                row = probe.fit_throughput(work, batch, steps=_steps_for(previous, quick))
+                row = probe.fit_throughput(work, batch, steps=steps)
             rows.append({"device": platform, **row})
             log(f"  device {platform}: {_fmt(row)}")
         advice.measurements["device"] = rows
         fastest = max(rows, key=lambda r: r["samples_per_s"])
         advice.recommend("device", fastest["device"],
                          "; ".join(f"{r['device']} {_fmt(r)}" for r in rows))
+    elif len(platforms) > 1:
+        advice.skipped.append("device comparison (time budget)")
     else:
         advice.recommend("device", platforms[0], f"only {platforms[0]} devices are present")
 
@@ -195,7 +218,7 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
                   else f"--steps-per-execution {fused_value}")
     advice.train_command = (f"kbackend train --model {model} --dataset {dataset} --batch-size {batch} "
                             f"{fused_flag} --precision {precision}"
-                            + (f" --data-format {data_format}" if model_layout(model) == "image" else ""))
+                            + (f" --data-format {data_format}" if layout_is_image else ""))
     study_sizes = sorted({max(1, batch // 4), batch, min(num_train, batch * 4)})
     advice.study_command = (f"kbackend study --model {model} --dataset {dataset} "
                             f"--batch-sizes {','.join(str(b) for b in study_sizes)}")

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -19,7 +20,6 @@ from kbackend.backend import keras as import_keras
 from kbackend.data import DatasetInfo
 from kbackend.errors import KBackendError
 from kbackend.hardware.precision import precision_scope
-from kbackend.hardware.timing import summarize
 from kbackend.models import ModelOptions, build_model, model_layout
 from kbackend.optim import OptimizerSpec
 
@@ -97,53 +97,92 @@ def optimizer_state_bytes(model: Any) -> int:
     return int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize for v in model.optimizer.variables))
 
 
-def fit_throughput(work: Workload, batch_size: int, *, steps: int = 20, precision: str = "float32",
-                   jit_compile: bool | str = True, run_eagerly: bool = False,
-                   steps_per_execution: int = 1, optimizer: OptimizerSpec | None = None,
-                   build: Callable[[Workload], Any] | None = None, x: np.ndarray | None = None,
-                   source: Callable[[np.ndarray, np.ndarray, int], Any] | None = None) -> dict[str, Any]:
-    """Median time of a Keras ``fit`` train step at ``batch_size`` and the samples/s it gives.
+class FitProbe:
+    """One compiled model at one batch size, its train step timed with Keras ``fit``.
 
-    ``steps`` steps run after one compiling execution (``steps_per_execution`` steps per call);
-    ``build`` replaces the model builder, ``x`` the inputs (e.g. raw uint8 pixels) and
-    ``source(x, y, batch_size)`` the batch source handed to ``fit`` (e.g. a host-preprocessing
-    ``PyDataset``). Raises ``OutOfMemory`` when the device cannot hold the batch.
+    Construction builds and compiles the model and times a first ``fit`` (its first execution
+    compiles and is timed apart). ``again()`` times another round on the same compiled model, so
+    configurations can be measured round-robin: on a shared machine whose load changes over
+    time, the median of interleaved rounds is steadier than one long measurement each.
+
+    ``steps`` steps run per round (``steps_per_execution`` steps per call); ``build`` replaces
+    the model builder, ``x`` the inputs (e.g. raw uint8 pixels) and ``source(x, y, batch_size)``
+    the batch source handed to ``fit`` (e.g. a host-preprocessing ``PyDataset``). Raises
+    ``OutOfMemory`` when the device cannot hold the batch.
     """
-    import_keras()
-    x_all = work.x if x is None else x
-    calls = max(2, -(-steps // steps_per_execution) + 1)
-    n = calls * steps_per_execution * batch_size
-    index = np.arange(n) % len(x_all)
-    xs, ys = x_all[index], work.y[index]
-    spec = optimizer or OptimizerSpec("sgd", 0.01)
-    try:
-        with precision_scope(precision):
-            model = build(work) if build is not None else build_model(work.model, work.info, work.options)
-        model.compile(optimizer=spec.to_keras(), loss="sparse_categorical_crossentropy",
-                      jit_compile=jit_compile, run_eagerly=run_eagerly,
-                      steps_per_execution=steps_per_execution)
+
+    def __init__(self, work: Workload, batch_size: int, *, steps: int = 20, precision: str = "float32",
+                 jit_compile: bool | str = True, run_eagerly: bool = False,
+                 steps_per_execution: int = 1, optimizer: OptimizerSpec | None = None,
+                 build: Callable[[Workload], Any] | None = None, x: np.ndarray | None = None,
+                 source: Callable[[np.ndarray, np.ndarray, int], Any] | None = None) -> None:
+        import_keras()
+        self.batch_size = batch_size
+        self.steps_per_execution = steps_per_execution
+        x_all = work.x if x is None else x
+        calls = max(2, -(-steps // steps_per_execution) + 1)
+        index = np.arange(calls * steps_per_execution * batch_size) % len(x_all)
+        xs, ys = x_all[index], work.y[index]
+        spec = optimizer or OptimizerSpec("sgd", 0.01)
+        with self._oom_as_error():
+            with precision_scope(precision):
+                self.model = build(work) if build is not None else build_model(work.model, work.info, work.options)
+            self.model.compile(optimizer=spec.to_keras(), loss="sparse_categorical_crossentropy",
+                               jit_compile=jit_compile, run_eagerly=run_eagerly,
+                               steps_per_execution=steps_per_execution)
+            self.inputs = {"x": source(xs, ys, batch_size)} if source is not None else \
+                {"x": xs, "y": ys, "batch_size": batch_size}
+            intervals = self._fit()
+        self.first_call_s = float(intervals[0])
+        self.rounds = [intervals[1:] / steps_per_execution]
+
+    @contextmanager
+    def _oom_as_error(self) -> Iterator[None]:
+        try:
+            yield
+        except Exception as error:
+            if _is_oom(error):
+                raise OutOfMemory(f"batch {self.batch_size} does not fit in device memory") from error
+            raise
+
+    def _fit(self) -> np.ndarray:
         times: list[float] = []
-        inputs = {"x": source(xs, ys, batch_size)} if source is not None else \
-            {"x": xs, "y": ys, "batch_size": batch_size}
-        model.fit(**inputs, epochs=1, shuffle=False, verbose=0, callbacks=[_step_timer(times)])
-    except Exception as error:
-        if _is_oom(error):
-            raise OutOfMemory(f"batch {batch_size} does not fit in device memory") from error
-        raise
-    intervals = np.diff(times)
-    timing = summarize(intervals[0], intervals[1:] / steps_per_execution)
-    return {
-        "batch_size": batch_size,
-        "step_ms": 1e3 * timing.median_s,
-        "step_ms_p10": 1e3 * timing.p10_s,
-        "step_ms_p90": 1e3 * timing.p90_s,
-        "samples_per_s": batch_size / timing.median_s,
-        "compile_s": max(0.0, timing.first_call_s - steps_per_execution * timing.median_s),
-        "steps": int(timing.repeats * steps_per_execution),
-        "optimizer_state_bytes": optimizer_state_bytes(model),
-        "params": int(model.count_params()),
-        "variable_dtypes": sorted({str(v.dtype) for v in model.trainable_variables}),
-    }
+        self.model.fit(**self.inputs, epochs=1, shuffle=False, verbose=0, callbacks=[_step_timer(times)])
+        return np.diff(times)
+
+    def again(self) -> float:
+        """Time one more round; returns its median seconds per step."""
+        with self._oom_as_error():
+            intervals = self._fit()
+        # A repeated fit's first execution holds fit's own setup (data adapter, callbacks).
+        self.rounds.append(intervals[1:] / self.steps_per_execution)
+        return float(np.median(self.rounds[-1]))
+
+    def result(self) -> dict[str, Any]:
+        """Median step time (the median of the rounds' medians), spread, samples/s, compile time."""
+        medians = [float(np.median(r)) for r in self.rounds]
+        pooled = np.concatenate(self.rounds)
+        step_s = float(np.median(medians))
+        spe = self.steps_per_execution
+        return {
+            "batch_size": self.batch_size,
+            "step_ms": 1e3 * step_s,
+            "step_ms_p10": 1e3 * float(np.percentile(pooled, 10)),
+            "step_ms_p90": 1e3 * float(np.percentile(pooled, 90)),
+            "samples_per_s": self.batch_size / step_s,
+            "compile_s": max(0.0, self.first_call_s - spe * step_s),
+            "steps": int(pooled.size * spe),
+            "rounds": len(self.rounds),
+            "optimizer_state_bytes": optimizer_state_bytes(self.model),
+            "params": int(self.model.count_params()),
+            "variable_dtypes": sorted({str(v.dtype) for v in self.model.trainable_variables}),
+        }
+
+
+def fit_throughput(work: Workload, batch_size: int, **options: Any) -> dict[str, Any]:
+    """Median time of a Keras ``fit`` train step at ``batch_size`` and the samples/s it gives
+    (one round of ``FitProbe``; see it for the options)."""
+    return FitProbe(work, batch_size, **options).result()
 
 
 def steps_for(seconds: float, step_ms: float | None, low: int, high: int) -> int:

@@ -28,12 +28,15 @@ def _engine_registered(name: str) -> bool:
 
 
 def measure_throughput(quick: bool) -> Rows:
-    """Samples/s of the seed MLP vs batch size (powers of two up to memory or budget), and the knee."""
+    """Samples/s of the seed MLP vs batch size (powers of two up to memory or budget), and the knee.
+
+    Full mode times every size in 3 interleaved rounds (medians of the round medians)."""
     sizes = [16, 64, 256, 1024] if quick else [2**k for k in range(3, 16)]
     work = probe.workload("seed_mlp", samples=4096)
     rows = probe.throughput_curve(work, sizes, steps=8 if quick else 30,
                                   budget_s=None if quick else 240.0,
-                                  seconds_per_point=None if quick else 3.0)
+                                  seconds_per_point=None if quick else 2.0,
+                                  rounds=1 if quick else 3)
     measured = [r for r in rows if "samples_per_s" in r]
     knee = find_knee([r["batch_size"] for r in measured], [r["samples_per_s"] for r in measured])
     for row in rows:

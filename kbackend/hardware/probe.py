@@ -194,26 +194,31 @@ def steps_for(seconds: float, step_ms: float | None, low: int, high: int) -> int
 
 def throughput_curve(work: Workload, batch_sizes: list[int], *, steps: int = 20,
                      budget_s: float | None = None, seconds_per_point: float | None = None,
-                     **options: Any) -> list[dict[str, Any]]:
-    """``fit_throughput`` at each batch size, stopping at the first that runs out of memory or
-    once ``budget_s`` seconds are spent (the rows say which). With ``seconds_per_point``, the
-    step count adapts (at most ``steps``, at least 3) so each point times about that long."""
-    rows: list[dict[str, Any]] = []
+                     rounds: int = 1, **options: Any) -> list[dict[str, Any]]:
+    """Keras ``fit`` throughput at each batch size, stopping at the first that runs out of memory
+    or once ``budget_s`` seconds are spent (the rows say which). With ``seconds_per_point``, the
+    step count adapts (at most ``steps``, at least 3) so each point times about that long. With
+    ``rounds`` > 1, every size is re-timed round-robin that many times in all (``FitProbe``)."""
+    probes: list[FitProbe] = []
+    notes: list[dict[str, Any]] = []
     start = time.perf_counter()
     for batch_size in batch_sizes:
         if budget_s is not None and time.perf_counter() - start > budget_s:
-            rows.append({"batch_size": batch_size, "note": "skipped: time budget spent"})
+            notes.append({"batch_size": batch_size, "note": "skipped: time budget spent"})
             break
         count = steps
-        if seconds_per_point is not None and rows:
-            last = rows[-1]
+        if seconds_per_point is not None and probes:
+            last = probes[-1].result()
             count = steps_for(seconds_per_point, last["step_ms"] * batch_size / last["batch_size"], 3, steps)
         try:
-            rows.append(fit_throughput(work, batch_size, steps=count, **options))
+            probes.append(FitProbe(work, batch_size, steps=count, **options))
         except OutOfMemory:
-            rows.append({"batch_size": batch_size, "note": "out of memory"})
+            notes.append({"batch_size": batch_size, "note": "out of memory"})
             break
-    return rows
+    for _ in range(rounds - 1):
+        for item in probes:
+            item.again()
+    return [item.result() for item in probes] + notes
 
 
 def engine_throughput(work: Workload, batch_size: int, engine: str, *, steps: int = 20,

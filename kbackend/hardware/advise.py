@@ -135,7 +135,7 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
     if native:  # the native engine is timed through train(); its two runs are not interleaved
         for fused in (1, 8):
             native_rows.append({"fused": fused, **probe.engine_throughput(
-                work, batch, "native", steps=max(2 * fused, steps), fused_steps=fused)})
+                work, batch, "native", steps=max(32, steps), fused_steps=fused)})
     else:
         compare["steps_per_execution=8"] = probe.FitProbe(work, batch, steps=max(16, steps),
                                                           steps_per_execution=8)

@@ -27,6 +27,17 @@ def _engine_registered(name: str) -> bool:
     return name in engine_names()
 
 
+def interleaved(factories: dict[str, Any], quick: bool) -> dict[str, dict[str, Any]]:
+    """Compile every case (``name -> () -> FitProbe``), then time them round-robin: 3 rounds in
+    full mode (medians of the round medians), 1 in quick mode. On a shared machine a change of
+    load then hits every case alike."""
+    probes = {name: make() for name, make in factories.items()}
+    for _ in range(0 if quick else 2):
+        for item in probes.values():
+            item.again()
+    return {name: item.result() for name, item in probes.items()}
+
+
 def measure_throughput(quick: bool) -> Rows:
     """Samples/s of the seed MLP vs batch size (powers of two up to memory or budget), and the knee.
 
@@ -82,14 +93,15 @@ def measure_data_format(quick: bool) -> Rows:
     from kbackend.backends import impl
 
     batch, steps = (32, 6) if quick else (128, 30)
-    rows = []
+    rows, factories = [], {}
     for data_format in ("channels_last", "channels_first"):
         if data_format == "channels_first" and not impl().supports_channels_first_conv():
             rows.append({"data_format": data_format, "batch_size": batch,
                          "note": "unsupported (TF Conv2D on CPU is NHWC only)"})
             continue
         work = probe.workload("cnn", data_format=data_format, samples=1024)
-        rows.append({"data_format": data_format, **probe.fit_throughput(work, batch, steps=steps)})
+        factories[data_format] = lambda work=work: probe.FitProbe(work, batch, steps=steps)
+    rows += [{"data_format": name, **row} for name, row in interleaved(factories, quick).items()]
     return rows, {"model": "cnn", "batch_size": batch}
 
 
@@ -113,15 +125,17 @@ def measure_precision(quick: bool) -> Rows:
     batch, steps, budget = (128, 6, 40) if quick else (512, 30, 400)
     support = impl().precision_support()
     work = probe.workload("seed_mlp", samples=4096)
-    rows = []
+    rows, factories = [], {}
     for precision in ("float32", "mixed_bfloat16", "mixed_float16"):
         if not support.get(precision, {}).get("runs", True):
             rows.append({"precision": precision, "note": "unsupported on this device"})
             continue
-        row = {"precision": precision, **probe.fit_throughput(work, batch, steps=steps, precision=precision),
-               "hardware_accelerated": support.get(precision, {}).get("accelerated")}
-        row.update(precision_accuracy(precision, budget))
-        rows.append(row)
+        factories[precision] = lambda precision=precision: probe.FitProbe(
+            work, batch, steps=steps, precision=precision)
+    for precision, row in interleaved(factories, quick).items():
+        rows.append({"precision": precision, **row,
+                     "hardware_accelerated": support.get(precision, {}).get("accelerated"),
+                     **precision_accuracy(precision, budget)})
     return rows, {"batch_size": batch, "accuracy_budget_steps": budget}
 
 
@@ -132,8 +146,10 @@ def measure_optimizers(quick: bool) -> Rows:
     rows = []
     for size, widths in sizes.items():
         work = probe.workload("mlp", samples=1024, options=ModelOptions(widths=widths))
-        for name in ("sgd", "momentum", "adam"):
-            row = probe.fit_throughput(work, batch, steps=steps, optimizer=OptimizerSpec(name, 0.01))
+        factories = {name: lambda work=work, name=name: probe.FitProbe(
+            work, batch, steps=steps, optimizer=OptimizerSpec(name, 0.01))
+            for name in ("sgd", "momentum", "adam")}
+        for name, row in interleaved(factories, quick).items():
             rows.append({"model": size, "optimizer": name, **row,
                          "optimizer_state_mib": row["optimizer_state_bytes"] / 2**20})
     return rows, {"batch_size": batch}
@@ -166,13 +182,14 @@ def measure_preprocessing(quick: bool) -> Rows:
     def source(transform):
         return lambda x, y, b: monitored_batches(x, y, b, transform=transform)
 
-    rows = [
-        {"preprocessing": "host (NumPy per batch)",
-         **probe.fit_throughput(work, batch, steps=steps, x=raw, source=source(host))},
-        {"preprocessing": "device (layers in the model)",
-         **probe.fit_throughput(work, batch, steps=steps, x=raw, source=source(None),
-                                build=lambda w: _preprocessed_model(w, mean, std))},
-    ]
+    factories = {
+        "host (NumPy per batch)": lambda: probe.FitProbe(work, batch, steps=steps, x=raw,
+                                                         source=source(host)),
+        "device (layers in the model)": lambda: probe.FitProbe(
+            work, batch, steps=steps, x=raw, source=source(None),
+            build=lambda w: _preprocessed_model(w, mean, std)),
+    }
+    rows = [{"preprocessing": name, **row} for name, row in interleaved(factories, quick).items()]
     return rows, {"batch_size": batch}
 
 

@@ -1,15 +1,36 @@
 """Optimizer specs: one description of an optimizer and its learning-rate schedule.
 
-``OptimizerSpec.to_keras()`` builds the Keras optimizer (used by the Keras ``fit`` engine).
-Learning-rate schedules are one formula (``schedule_value``) written with ``keras.ops``, so
-they compute the same values on every backend.
+``OptimizerSpec.to_keras()`` builds the Keras optimizer (the Keras ``fit`` engine and the native
+TF engine use it); ``OptimizerSpec.to_optax()`` builds an optax ``GradientTransformation`` (the
+native JAX engine uses it). Both compute the same math, operation for operation, so the same
+gradients give the same parameters (tests/test_optim_parity.py, rtol 1e-6 in float32).
+
+The one convention, Keras 3's (``lr_t`` is ``schedule_value`` at the count ``t`` of updates
+already applied; ``g`` the gradient; all arithmetic in float32):
+
+* ``sgd``:       ``p -= g * lr_t``
+* ``momentum``:  ``m = m * mu - g * lr_t;  p += m``            (the rate lives in the velocity)
+* ``nesterov``:  ``m = m * mu - g * lr_t;  p += m * mu - g * lr_t``
+* ``adam``:      ``m += (g - m) * (1 - b1);  v += (g**2 - v) * (1 - b2)``;
+  ``alpha = lr_t * sqrt(1 - b2**(t+1)) / (1 - b1**(t+1))``;  ``p -= m * alpha / (sqrt(v) + eps)``.
+  Epsilon is added to the *uncorrected* ``sqrt(v)`` ("epsilon hat", Kingma & Ba sec. 2), as
+  Keras does. optax's ``adam`` adds it to the bias-corrected one, so it would differ at large
+  epsilon (optax issue 571): ``to_optax`` therefore uses kbackend's own transform, not
+  ``optax.adam``. Default epsilon 1e-7 (Keras's).
+* ``adamw``:     ``p -= p * wd * lr_t`` first (decoupled decay, scaled by the rate as in Keras
+  and ``optax.adamw``), then the ``adam`` step.
+
+optax's own ``sgd(momentum=...)`` multiplies the rate outside the velocity, which differs from
+Keras as soon as the rate changes over time; that is why every optimizer here has its own
+transform. Learning-rate schedules are one formula (``schedule_value``) written against an array
+namespace (``keras.ops`` or ``jax.numpy``), so they compute the same values on every backend.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from kbackend.backend import keras as import_keras
 from kbackend.errors import ConfigError
@@ -100,6 +121,79 @@ class OptimizerSpec:
                                       beta_1=self.beta1, beta_2=self.beta2, epsilon=self.epsilon)
 
 
+    def to_optax(self) -> Any:
+        """The optax ``GradientTransformation`` with exactly the math of ``to_keras()``.
+
+        Its updates are added to the parameters (``optax.apply_updates``); the learning rate,
+        schedule included, is applied inside, so no ``optax.scale`` follows it.
+        """
+        return keras_compatible_optax(self)
+
+
+class KerasOptState(NamedTuple):
+    """State of ``keras_compatible_optax``: the update count and the slot variables."""
+
+    count: Any  # int32 scalar: updates applied so far (Keras's ``optimizer.iterations``)
+    momentum: Any  # velocity (momentum / nesterov) or first moment (adam / adamw); () for sgd
+    velocity: Any  # second moment (adam / adamw); () otherwise
+
+
+def keras_compatible_optax(spec: OptimizerSpec) -> Any:
+    """An optax transform computing ``spec``'s update in the order Keras 3.15's optimizers do.
+
+    Mirroring the order of operations (not only the formula) keeps float32 results within a few
+    ulps of Keras's after many steps.
+    """
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    f32 = jnp.float32
+    uses_momentum = spec.name in ("momentum", "nesterov")
+    uses_adam = spec.name in ("adam", "adamw")
+
+    def init(params: Any) -> KerasOptState:
+        return KerasOptState(
+            count=jnp.zeros((), jnp.int32),
+            momentum=jax.tree.map(jnp.zeros_like, params) if uses_momentum or uses_adam else (),
+            velocity=jax.tree.map(jnp.zeros_like, params) if uses_adam else (),
+        )
+
+    def update(grads: Any, state: KerasOptState, params: Any = None) -> tuple[Any, KerasOptState]:
+        lr = f32(schedule_value(spec, state.count, jnp))
+        count = state.count + 1
+        if spec.name == "sgd":
+            return jax.tree.map(lambda g: -(g * lr), grads), state._replace(count=count)
+        if uses_momentum:
+            mu = f32(spec.momentum)
+            velocity = jax.tree.map(lambda m, g: m * mu - g * lr, state.momentum, grads)
+            if spec.name == "nesterov":
+                updates = jax.tree.map(lambda m, g: m * mu - g * lr, velocity, grads)
+            else:
+                updates = velocity
+            return updates, state._replace(count=count, momentum=velocity)
+        step = count.astype(f32)
+        beta1_power = jnp.power(f32(spec.beta1), step)
+        beta2_power = jnp.power(f32(spec.beta2), step)
+        alpha = lr * jnp.sqrt(1 - beta2_power) / (1 - beta1_power)
+        m = jax.tree.map(lambda m, g: m + (g - m) * (1 - spec.beta1), state.momentum, grads)
+        v = jax.tree.map(lambda v, g: v + (jnp.square(g) - v) * (1 - spec.beta2),
+                         state.velocity, grads)
+        steps = jax.tree.map(lambda m, v: (m * alpha) / (jnp.sqrt(v) + spec.epsilon), m, v)
+        if spec.name == "adam":
+            updates = jax.tree.map(lambda s: -s, steps)
+        else:
+            if params is None:
+                raise ValueError("adamw's weight decay needs the parameters: pass params=.")
+            decay = f32(spec.weight_decay)
+            # Keras decays first, then takes the Adam step. Written as (new - old), adding the
+            # update back gives Keras's value exactly whenever it is within 2x of the old one.
+            updates = jax.tree.map(lambda s, p: ((p - p * decay * lr) - s) - p, steps, params)
+        return updates, KerasOptState(count=count, momentum=m, velocity=v)
+
+    return optax.GradientTransformation(init, update)
+
+
 def schedule_value(spec: OptimizerSpec, step: Any, ops: Any = None) -> Any:
     """The learning rate at ``step`` (0-based count of updates already applied).
 
@@ -108,7 +202,8 @@ def schedule_value(spec: OptimizerSpec, step: Any, ops: Any = None) -> Any:
     """
     if ops is None:
         ops = import_keras().ops
-    step = ops.cast(step, "float32")
+    # keras.ops casts with ``cast``; NumPy-like namespaces (jax.numpy) with ``asarray``.
+    step = ops.cast(step, "float32") if hasattr(ops, "cast") else ops.asarray(step, "float32")
     lr = spec.learning_rate
     if spec.schedule == "constant":
         value = ops.ones_like(step) * lr

@@ -47,6 +47,13 @@ def supports_channels_first_conv() -> bool:
     return bool(tf.config.list_physical_devices("GPU"))
 
 
+def native_trainer(model: Any, spec: Any, dataset: Any) -> Any:
+    """The fused native train loop for this backend (driven by ``kbackend.engines.native``)."""
+    from kbackend.backends.tf_native import NativeTrainer
+
+    return NativeTrainer(model, spec, dataset)
+
+
 # --- hardware (issue 7) ---
 # Device memory, device transfer, mixed-precision support and matmul peak, used by
 # kbackend.hardware (monitor, benchmarks, advise). jax_backend.py has the same functions.

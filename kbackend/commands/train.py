@@ -53,9 +53,11 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--no-jit", dest="jit_compile", action="store_false", help="turn off jit_compile (XLA)")
     run.add_argument("--steps-per-execution", type=int, default=1)
     run.add_argument("--early-stopping", type=int, default=0, metavar="PATIENCE",
-                     help="stop after PATIENCE epochs without improvement of --monitor (0: off)")
-    run.add_argument("--monitor", default="val_accuracy", choices=list(MONITORS))
+                     help="stop after PATIENCE evaluations without improvement of --early-stopping-metric (0: off)")
+    run.add_argument("--early-stopping-metric", dest="monitor", default="val_accuracy", choices=list(MONITORS))
     run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--fused-steps", type=int, default=1, metavar="K",
+                     help="--engine native: train steps per compiled device call (K)")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -76,6 +78,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         steps_per_execution=args.steps_per_execution, early_stopping=args.early_stopping,
         monitor=args.monitor, seed=args.seed, model_options=options,
         validation_fraction=args.validation_fraction, data_dir=args.data_dir,
+        fused_steps=args.fused_steps,
     )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from kbackend.errors import ConfigError
 
 # name -> module exposing ``train(model, dataset, spec, config, reporter) -> History``
-_ENGINE_MODULES = {"keras": "kbackend.engines.keras_fit"}
+_ENGINE_MODULES = {"keras": "kbackend.engines.keras_fit", "native": "kbackend.engines.native"}
 
 
 def engine_names() -> list[str]:

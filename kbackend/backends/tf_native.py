@@ -1,0 +1,135 @@
+"""The native TF train loop: ``GradientTape`` and the Keras optimizer in one XLA-compiled loop.
+
+``K`` train steps run in one ``tf.function(jit_compile=True)`` call: a loop over ``K`` rows of
+sample indices, each row gathered from the training split that lives on the device for the
+whole run. The optimizer is the model's compiled Keras optimizer (``OptimizerSpec.to_keras()``),
+so the math is the one documented in ``kbackend.optim``.
+
+The loop's trip count is a tensor, not a Python int: calling a fresh loop with 0 steps compiles
+it (and times the compilation) without training, and the real calls reuse that program.
+
+Reached only through ``kbackend.backends.tf_backend`` (the dispatch point).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from kbackend.data.batching import pad_to_chunks
+
+EVAL_CHUNK = 1024  # validation samples per forward pass (the split is padded to a multiple)
+
+
+def _on_device(array: np.ndarray) -> tf.Tensor:
+    """A copy of ``array`` on the default device (the accelerator when there is one)."""
+    return tf.identity(tf.convert_to_tensor(array))
+
+
+def make_train_step(model: Any, optimizer: Any) -> Any:
+    """``train_step(x, y) -> loss``: one update of ``model``'s variables, in place."""
+    import keras
+
+    def train_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            probs = model(x, training=True)
+            per_sample = keras.losses.sparse_categorical_crossentropy(y, probs)
+            loss = tf.reduce_sum(per_sample) / tf.cast(tf.size(per_sample), per_sample.dtype)
+            if model.losses:  # regularization, summed as keras.Model.compute_loss does
+                loss = tf.reduce_sum(tf.stack([loss, *(tf.reduce_sum(x) for x in model.losses)]))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+        return loss
+
+    return train_step
+
+
+class NativeTrainer:
+    """Runs fused train calls on one model; see ``kbackend.engines.native`` for the driver."""
+
+    def __init__(self, model: Any, spec: Any, dataset: Any) -> None:
+        self.model = model
+        self.optimizer = getattr(model, "optimizer", None) or spec.to_keras()
+        self.optimizer.build(model.trainable_variables)
+        self.train_step = make_train_step(model, self.optimizer)
+        self.x_train = _on_device(dataset.x_train)
+        self.y_train = _on_device(dataset.y_train)
+        self._val = tuple(_on_device(a) for a in
+                          pad_to_chunks(dataset.x_val, dataset.y_val, EVAL_CHUNK))
+        self._compiled: dict[int, Any] = {}
+        self.trace_counts: dict[int, int] = {}
+        self._evaluate = tf.function(self._evaluate_fn, jit_compile=True)
+
+    # -- training -------------------------------------------------------------------------
+    def _run_fn(self, length: int) -> Any:
+        def run(x_all, y_all, epoch_rows, start, n_steps):
+            self.trace_counts[length] = self.trace_counts.get(length, 0) + 1
+            losses = tf.zeros([length], tf.float32)
+            for i in tf.range(n_steps):
+                row = tf.gather(epoch_rows, start + i)  # dynamic index: no per-value compile
+                loss = self.train_step(tf.gather(x_all, row), tf.gather(y_all, row))
+                losses = tf.tensor_scatter_nd_update(losses, [[i]], [tf.cast(loss, tf.float32)])
+            return losses
+
+        return tf.function(run, jit_compile=True)
+
+    def put_epoch(self, rows: np.ndarray) -> tf.Tensor:
+        """Move an epoch's ``(steps, batch)`` index matrix to the device, ahead of its steps."""
+        return _on_device(rows)
+
+    def compile(self, length: int, epoch_rows: Any) -> float:
+        """Compile the ``length``-step call if needed (a 0-step call); the seconds it took."""
+        if length in self._compiled:
+            return 0.0
+        start = time.perf_counter()
+        fn = self._run_fn(length)
+        fn(self.x_train, self.y_train, epoch_rows, tf.constant(0), tf.constant(0)).numpy()
+        self._compiled[length] = fn
+        return time.perf_counter() - start
+
+    def run(self, epoch_rows: Any, start: int, length: int) -> tf.Tensor:
+        """Run ``length`` steps from row ``start``; their losses."""
+        return self._compiled[length](self.x_train, self.y_train, epoch_rows,
+                                      tf.constant(start), tf.constant(length))
+
+    def fetch(self, losses: tf.Tensor) -> np.ndarray:
+        return losses.numpy()
+
+    # -- evaluation -----------------------------------------------------------------------
+    def _evaluate_fn(self, x_chunks, y_chunks, mask_chunks):
+        import keras
+
+        loss_sum = tf.constant(0.0)
+        correct = tf.constant(0.0)
+        for i in tf.range(tf.shape(x_chunks)[0]):
+            probs = self.model(x_chunks[i], training=False)
+            per_sample = keras.losses.sparse_categorical_crossentropy(y_chunks[i], probs)
+            hits = tf.cast(tf.argmax(probs, axis=-1, output_type=tf.int32) == y_chunks[i],
+                           tf.float32)
+            loss_sum += tf.reduce_sum(per_sample * mask_chunks[i])
+            correct += tf.reduce_sum(hits * mask_chunks[i])
+        penalty = tf.add_n([tf.reduce_sum(x) for x in self.model.losses] or [tf.constant(0.0)])
+        count = tf.reduce_sum(mask_chunks)
+        return loss_sum / count + penalty, correct / count
+
+    def evaluate(self) -> tuple[float, float]:
+        """Validation loss (cross-entropy + regularization, as Keras reports it) and accuracy."""
+        loss, accuracy = self._evaluate(*self._val)
+        return float(loss), float(accuracy)
+
+    # -- model values ---------------------------------------------------------------------
+    def _variables(self) -> list[Any]:
+        return [*self.model.trainable_variables, *self.model.non_trainable_variables]
+
+    def snapshot(self) -> list[np.ndarray]:
+        return [np.array(v.numpy()) for v in self._variables()]
+
+    def restore(self, snapshot: list[np.ndarray]) -> None:
+        for variable, value in zip(self._variables(), snapshot, strict=True):
+            variable.assign(value)
+
+    def finish(self) -> None:
+        """Nothing to write back: the loop updated the Keras variables in place."""

@@ -1,0 +1,75 @@
+"""Batch plans for the native engines: which samples each step takes, in which compiled call.
+
+The native engines keep the training split on the device and gather each batch there from a
+matrix of sample indices (one row per step). These helpers build those matrices on the host,
+deterministically from the seed, and split an epoch into fused calls of at most K steps.
+
+Every batch has the same shape (a fused loop needs one shape): the last ``n % batch_size``
+samples of each epoch's shuffled order are dropped. Because the order is reshuffled every epoch,
+a different few are dropped each time, so no sample is left out for good.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kbackend.errors import ConfigError, DataError
+
+
+def steps_per_epoch(num_samples: int, batch_size: int) -> int:
+    """Full batches in one epoch (the remainder is dropped)."""
+    if batch_size < 1 or num_samples < batch_size:
+        raise DataError(
+            f"Batch size {batch_size} needs at least {batch_size} training samples; "
+            f"received {num_samples}."
+        )
+    return num_samples // batch_size
+
+
+def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+    """The sample order of ``epoch``: a permutation fixed by ``(seed, epoch)``, or 0..n-1."""
+    if not shuffle:
+        return np.arange(num_samples, dtype=np.int32)
+    return np.random.default_rng([seed, epoch]).permutation(num_samples).astype(np.int32)
+
+
+def epoch_batches(num_samples: int, batch_size: int, seed: int, epoch: int,
+                  shuffle: bool = True) -> np.ndarray:
+    """An ``(steps_per_epoch, batch_size)`` int32 matrix: row ``i`` holds step ``i``'s samples."""
+    steps = steps_per_epoch(num_samples, batch_size)
+    order = epoch_order(num_samples, seed, epoch, shuffle)
+    return order[: steps * batch_size].reshape(steps, batch_size)
+
+
+def check_fused_steps(fused_steps: int, steps: int, num_samples: int, batch_size: int) -> None:
+    """Refuse a K that does not fit in one epoch (a fused call never spans two epochs)."""
+    if not isinstance(fused_steps, int) or not 1 <= fused_steps <= steps:
+        raise ConfigError(
+            f"Invalid fused_steps {fused_steps!r}: one epoch of {num_samples} samples holds only "
+            f"{steps} full batches of {batch_size}; expected an integer in [1, {steps}]."
+        )
+
+
+def call_lengths(steps: int, fused_steps: int) -> list[int]:
+    """Split an epoch of ``steps`` steps into fused calls of ``fused_steps`` (the last shorter).
+
+    At most two distinct lengths appear, so a run compiles at most two loops (plus one more
+    if ``max_steps`` cuts the last call short).
+    """
+    full, rest = divmod(steps, fused_steps)
+    return [fused_steps] * full + ([rest] if rest else [])
+
+
+def pad_to_chunks(x: np.ndarray, y: np.ndarray, chunk: int) -> tuple[np.ndarray, ...]:
+    """``(x, y, mask)`` padded to whole chunks and shaped ``(chunks, chunk, ...)``.
+
+    Used for evaluation only (inference has no cross-sample statistics, so padding rows with
+    zero weight in ``mask`` changes nothing), letting one compiled loop cover any split size.
+    """
+    chunk = max(1, min(chunk, len(x)))
+    chunks = -(-len(x) // chunk)
+    pad = chunks * chunk - len(x)
+    mask = np.concatenate([np.ones(len(x), np.float32), np.zeros(pad, np.float32)])
+    x = np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)])
+    y = np.concatenate([y, np.zeros(pad, y.dtype)])
+    return tuple(a.reshape(chunks, chunk, *a.shape[1:]) for a in (x, y, mask))

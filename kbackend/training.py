@@ -103,6 +103,12 @@ class TrainConfig:
         if self.precision not in PRECISIONS:
             raise ConfigError(
                 f"Invalid precision. Expected one of {list(PRECISIONS)}. Received: {self.precision!r}.")
+        from kbackend.hardware.monitor import MONITORED_ENGINES
+
+        if self.hardware_monitor and self.engine not in MONITORED_ENGINES:
+            raise ConfigError(
+                f"The hardware monitor is supported with engines {list(MONITORED_ENGINES)} "
+                f"(see docs/hardware.md). Received: engine={self.engine!r}.")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

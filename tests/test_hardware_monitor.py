@@ -87,6 +87,17 @@ def test_prefetch_reraises_source_errors_and_rejects_bad_depth():
         Prefetcher([], depth=0)
 
 
+def test_monitor_with_an_unmonitored_engine_is_a_clear_error():
+    from kbackend.engines import engine_names
+    from kbackend.training import TrainConfig
+
+    others = [name for name in engine_names() if name != "keras"]
+    if not others:
+        pytest.skip("only the keras engine is registered")
+    with pytest.raises(ConfigError, match=r"hardware monitor.*Received: engine="):
+        TrainConfig(engine=others[0], hardware_monitor=True)
+
+
 def test_keras_fit_with_hardware_monitor_stores_summary(tmp_path):
     from kbackend.history import History
     from kbackend.training import TrainConfig, train

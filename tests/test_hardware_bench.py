@@ -92,8 +92,8 @@ def test_benchmark_script_quick_mode_writes_valid_json(name, tmp_path):
     if name == "bench_roofline":
         assert all(r["fraction_of_peak"] > 0 for r in payload["rows"])
     if name == "bench_precision":
-        float32 = [r for r in payload["rows"] if r["precision"] == "mixed_bfloat16"]
-        assert all(r["variable_dtypes"] == ["float32"] for r in float32)
+        bf16 = [r for r in payload["rows"] if r["precision"] == "mixed_bfloat16"]
+        assert all(r["variable_dtypes"] == ["float32"] for r in bf16)  # float32 variables
 
 
 def test_advise_quick_prints_recommendations(cli, tmp_path):

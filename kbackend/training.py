@@ -94,6 +94,10 @@ class TrainConfig:
     # Seconds to wait for the coordinator / a collective; seconds without heartbeat = dead peer.
     coordinator_timeout: int = 60
     heartbeat_timeout: int = 10
+    # Keras dtype policy the model is built under: float32, mixed_bfloat16 or mixed_float16.
+    precision: str = "float32"
+    # Record per-step input wait vs compute, utilization and memory (history.extra["monitor"]).
+    hardware_monitor: bool = False
 
     def __post_init__(self) -> None:
         for name in ("fused_steps", "eval_every", "max_steps"):
@@ -112,6 +116,17 @@ class TrainConfig:
         from kbackend.parallel import validate_options
 
         validate_options(self)
+        from kbackend.hardware.precision import PRECISIONS
+
+        if self.precision not in PRECISIONS:
+            raise ConfigError(
+                f"Invalid precision. Expected one of {list(PRECISIONS)}. Received: {self.precision!r}.")
+        from kbackend.hardware.monitor import MONITORED_ENGINES
+
+        if self.hardware_monitor and self.engine not in MONITORED_ENGINES:
+            raise ConfigError(
+                f"The hardware monitor is supported with engines {list(MONITORED_ENGINES)} "
+                f"(see docs/hardware.md). Received: engine={self.engine!r}.")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -165,7 +180,10 @@ def train(
     steps_per_epoch = -(-len(dataset.x_train) // config.batch_size)
     spec = config.optimizer.with_total_steps(steps_per_epoch * config.epochs)
     if model is None:
-        model = build_model(config.model, dataset.info, config.model_options)
+        from kbackend.hardware.precision import precision_scope
+
+        with precision_scope(config.precision):
+            model = build_model(config.model, dataset.info, config.model_options)
     start = time.perf_counter()
     history = engine(model, dataset, spec, config, reporter)
     history.timing["wall_time"] = time.perf_counter() - start

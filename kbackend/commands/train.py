@@ -45,6 +45,13 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--batch-norm", action="store_true")
     model.add_argument("--l2", type=float, default=0.0)
     model.add_argument("--widths", type=_widths, default=(256, 128), help="hidden widths of --model mlp, e.g. 512,256")
+    hardware = parser.add_argument_group("hardware (see docs/hardware.md)")
+    hardware.add_argument("--precision", default="float32",
+                          choices=["float32", "mixed_bfloat16", "mixed_float16"],
+                          help="Keras dtype policy (mixed_float16 adds loss scaling)")
+    hardware.add_argument("--monitor", "--hardware-monitor", dest="hardware_monitor", action="store_true",
+                          help="record per-step input wait vs compute, utilization and device "
+                               "memory; print a verdict (input- or compute-bound)")
     optim = parser.add_argument_group("optimizer")
     optim.add_argument("--optimizer", default="adam", choices=list(OPTIMIZERS))
     optim.add_argument("--lr", "--learning-rate", dest="lr", type=float, default=1e-3)
@@ -81,6 +88,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(
         model=args.model, dataset=args.dataset, optimizer=spec, batch_size=args.batch_size,
         epochs=args.epochs, engine=args.engine, jit_compile=args.jit_compile,
+        precision=getattr(args, "precision", "float32"),
+        hardware_monitor=getattr(args, "hardware_monitor", False),
         steps_per_execution=args.steps_per_execution, early_stopping=args.early_stopping,
         monitor=args.monitor, seed=args.seed, model_options=options,
         validation_fraction=args.validation_fraction, data_dir=args.data_dir,
@@ -120,6 +129,10 @@ def run(args: argparse.Namespace) -> int:
         f"test_accuracy {history.test['test_accuracy']:.4f}  test_loss {history.test['test_loss']:.4f}  "
         f"train_time {history.timing.get('train_time', float('nan')):.2f}s  steps {history.steps_run}"
     )
+    if "monitor" in history.extra:
+        from kbackend.hardware.monitor import format_summary
+
+        print(format_summary(history.extra["monitor"]))
     from kbackend.parallel import is_chief
 
     if args.save and is_chief():  # in a multi-process job only process 0 writes

@@ -127,11 +127,24 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
             monitor=config.monitor, patience=config.early_stopping, restore_best_weights=True,
             mode="max" if "acc" in config.monitor else "min"))
     keras.utils.set_random_seed(config.seed)
+    inputs = {"x": dataset.x_train, "y": dataset.y_train, "batch_size": config.batch_size}
+    monitor = None
+    if getattr(config, "hardware_monitor", False):
+        # The monitor times input through a batch source it can see into (kbackend.hardware).
+        from kbackend.hardware.inputs import monitored_batches
+        from kbackend.hardware.monitor import StepMonitor, keras_callback
+
+        monitor = StepMonitor()
+        inputs = {"x": monitored_batches(dataset.x_train, dataset.y_train, config.batch_size,
+                                         monitor=monitor, seed=config.seed)}
+        callbacks.append(keras_callback(monitor, config.batch_size, config.steps_per_execution))
     fit_history = model.fit(
-        dataset.x_train, dataset.y_train, batch_size=config.batch_size, epochs=config.epochs,
+        **inputs, epochs=config.epochs,
         validation_data=(dataset.x_val, dataset.y_val), shuffle=True, callbacks=callbacks,
         verbose=0,
     )
+    if monitor is not None:
+        history.extra["monitor"] = monitor.stop()
     history.stopped_early = len(fit_history.epoch) < config.epochs and not config.max_steps
     history.extra["epochs_run"] = len(fit_history.epoch)
     history.extra["losses_are_execution_means"] = config.steps_per_execution > 1

@@ -1,0 +1,242 @@
+"""``kbackend advise``: a short, bounded probe of this machine that recommends training settings.
+
+It measures, on the active backend and the devices present: throughput vs batch size (and its
+knee), fused steps (the native engine's ``fused_steps`` when that engine is registered, else Keras
+``steps_per_execution``), the data format (image models) and the precision policy; with more than
+one device platform, each platform. Every recommendation carries the figures behind it. Batch size
+also changes what a run converges to, so the advice ends with the ``kbackend study`` command that
+checks the recommended batch size for accuracy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kbackend.hardware import probe
+from kbackend.hardware.knee import DEFAULT_MIN_GAIN, find_knee
+
+# A setting other than the default is recommended only when it is at least this much faster:
+# shared machines make smaller differences noise.
+MIN_SPEEDUP = 1.10
+# Each measurement aims at about this many seconds of steady steps (bounded below and above).
+TARGET_MEASURE_S = 1.5
+
+
+@dataclass
+class Advice:
+    """Measurements, recommendations (each with its evidence) and the commands to run next."""
+
+    model: str
+    dataset: str
+    backend: str
+    quick: bool
+    measurements: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    recommendations: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    train_command: str = ""
+    study_command: str = ""
+    elapsed_s: float = 0.0
+    budget_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def recommend(self, setting: str, value: Any, evidence: str) -> None:
+        self.recommendations.append({"setting": setting, "value": value, "evidence": evidence})
+
+
+def _steps_for(previous_step_ms: float | None, quick: bool) -> int:
+    """Enough steps for about TARGET_MEASURE_S of timing, given the last measured step time."""
+    return probe.steps_for(TARGET_MEASURE_S, previous_step_ms, *((4, 10) if quick else (6, 30)))
+
+
+def _fmt(row: dict[str, Any]) -> str:
+    return f"{row['samples_per_s']:,.0f} samples/s ({row['step_ms']:.2f} ms/step)"
+
+
+def _round_robin(probes: list[probe.FitProbe], left: Callable[[], float], reserve_s: float,
+                 max_rounds: int) -> int:
+    """Re-time every probe in turn, round after round, while more than ``reserve_s`` of the budget
+    is left (at most ``max_rounds`` rounds); the number of extra rounds run."""
+    rounds = 0
+    while rounds < max_rounds and left() > reserve_s:
+        for item in probes:
+            item.again()
+        rounds += 1
+    return rounds
+
+
+def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool = False,
+           budget_s: float = 100.0, log: Callable[[str], None] = print) -> Advice:
+    """Run the probe within about ``budget_s`` seconds (measurements left over are skipped and
+    listed). Configurations are compiled once and timed round-robin (``FitProbe``), so a change
+    of machine load hits all of them alike."""
+    from kbackend.backend import active_backend
+    from kbackend.backends import impl
+    from kbackend.engines import engine_names
+    from kbackend.models import model_layout
+
+    advice = Advice(model, dataset, active_backend(), quick)
+    work = probe.workload(model, dataset, data_dir=data_dir, samples=8192)
+    num_train = len(work.x)
+    probe.warm_up()
+    start = time.perf_counter()  # the budget covers measurements, not start-up and data loading
+
+    def left() -> float:
+        return budget_s - (time.perf_counter() - start)
+
+    # 1. Throughput vs batch size, and the knee.
+    sizes = [32, 256] if quick else [2**k for k in range(4, 13)]
+    sizes = [b for b in sizes if b <= num_train] or [num_train]
+    probes: list[probe.FitProbe] = []
+    previous = None
+    for batch in sizes:
+        if len(probes) >= 2 and left() < budget_s * 0.6:  # keep time for rounds and the rest
+            advice.skipped.append(f"batch sizes >= {batch} (time budget)")
+            break
+        steps = _steps_for(previous and previous * batch / probes[-1].batch_size, quick)
+        try:
+            probes.append(probe.FitProbe(work, batch, steps=steps))
+        except probe.OutOfMemory:
+            advice.skipped.append(f"batch sizes >= {batch} (out of device memory)")
+            break
+        row = probes[-1].result()
+        previous = row["step_ms"]
+        log(f"  batch {batch:>5}: {_fmt(row)}, compile {row['compile_s']:.1f}s")
+    extra = _round_robin(probes, left, budget_s * 0.45, 1 if quick else 4)
+    curve = [item.result() for item in probes]
+    if extra:
+        log(f"  re-timed every batch size {extra} more time(s), round-robin: "
+            + ", ".join(f"{r['batch_size']}: {r['samples_per_s']:,.0f}/s" for r in curve))
+    advice.measurements["batch_size"] = curve
+    knee = find_knee([r["batch_size"] for r in curve], [r["samples_per_s"] for r in curve])
+    best = max(curve, key=lambda r: r["samples_per_s"])
+    gains = ", ".join(f"{g:+.0%}" for g in knee.gains)
+    advice.recommend(
+        "batch_size", knee.batch_size,
+        f"throughput knee: {knee.throughput:,.0f} samples/s at batch {knee.batch_size}; per-doubling "
+        f"gains {gains or 'n/a'} (knee: next doubling < {DEFAULT_MIN_GAIN:.0%}); best measured "
+        f"{best['samples_per_s']:,.0f} samples/s at batch {best['batch_size']} (medians of "
+        f"{curve[0]['rounds']} interleaved round(s))"
+        + ("" if knee.plateau_reached else "; no plateau yet: larger batches may still help"))
+    batch = knee.batch_size
+    base_probe = probes[knee.index]  # float32, one step per call, at the recommended batch
+    previous = curve[knee.index]["step_ms"]
+    steps = _steps_for(previous, quick)
+
+    # 2.-4. Fused steps, data format and precision at that batch, compared with the base probe.
+    native = "native" in engine_names()
+    fused_name = "fused_steps (native engine)" if native else "steps_per_execution"
+    compare: dict[str, probe.FitProbe] = {}
+    native_rows: list[dict[str, Any]] = []
+    if native:  # the native engine is timed through train(); its two runs are not interleaved
+        for fused in (1, 8):
+            native_rows.append({"fused": fused, **probe.engine_throughput(
+                work, batch, "native", steps=max(32, steps), fused_steps=fused)})
+    else:
+        compare["steps_per_execution=8"] = probe.FitProbe(work, batch, steps=max(16, steps),
+                                                          steps_per_execution=8)
+    layout_is_image = model_layout(model) == "image"
+    if layout_is_image and impl().supports_channels_first_conv():
+        first = probe.workload(model, dataset, data_dir=data_dir, samples=8192, data_format="channels_first")
+        compare["channels_first"] = probe.FitProbe(first, batch, steps=steps)
+    support = impl().precision_support()
+    for name in ("mixed_bfloat16", "mixed_float16"):
+        if not support.get(name, {}).get("runs"):
+            advice.skipped.append(f"precision {name} (does not run on this device)")
+        elif name == "mixed_bfloat16" or left() > budget_s * 0.2:
+            compare[name] = probe.FitProbe(work, batch, steps=steps, precision=name)
+        else:
+            advice.skipped.append(f"precision {name} (time budget)")
+    _round_robin([base_probe, *compare.values()], left, 0.0, 1 if quick else 3)
+    base = base_probe.result()
+    results = {name: item.result() for name, item in compare.items()}
+    log(f"  at batch {batch}: base (float32, 1 step per call) {_fmt(base)}; "
+        + "; ".join(f"{name} {_fmt(row)}" for name, row in results.items()))
+
+    if native:
+        rows = native_rows
+    else:
+        rows = [{"fused": 1, **base}, {"fused": 8, **results["steps_per_execution=8"]}]
+    advice.measurements["fused"] = rows
+    speedup = rows[1]["samples_per_s"] / rows[0]["samples_per_s"]
+    fused_value = 8 if speedup >= MIN_SPEEDUP else 1
+    advice.recommend(fused_name.split(" ")[0], fused_value,
+                     f"at batch {batch}: 1 -> {_fmt(rows[0])}, 8 -> {_fmt(rows[1])} "
+                     f"(x{speedup:.2f}; recommended when >= x{MIN_SPEEDUP:.2f})")
+
+    data_format = "channels_last"
+    if layout_is_image:
+        if "channels_first" not in results:
+            advice.recommend("data_format", "channels_last",
+                             "channels_first is unsupported here (TF Conv2D on CPU is NHWC only)")
+        else:
+            rows = [{"data_format": "channels_last", **base},
+                    {"data_format": "channels_first", **results["channels_first"]}]
+            advice.measurements["data_format"] = rows
+            speedup = rows[1]["samples_per_s"] / rows[0]["samples_per_s"]
+            data_format = "channels_first" if speedup >= MIN_SPEEDUP else "channels_last"
+            advice.recommend("data_format", data_format,
+                             f"channels_last {_fmt(rows[0])}, channels_first {_fmt(rows[1])} (x{speedup:.2f})")
+
+    rows = [{"precision": "float32", "accelerated": True, **base}] + [
+        {"precision": name, "accelerated": support[name]["accelerated"], **results[name]}
+        for name in ("mixed_bfloat16", "mixed_float16") if name in results]
+    advice.measurements["precision"] = rows
+    fastest = max(rows, key=lambda r: r["samples_per_s"])
+    speedup = fastest["samples_per_s"] / base["samples_per_s"]
+    precision = fastest["precision"] if speedup >= MIN_SPEEDUP else "float32"
+    figures = "; ".join(f"{r['precision']} {_fmt(r)}" for r in rows)
+    advice.recommend("precision", precision,
+                     f"{figures} (x{speedup:.2f} for the fastest; hardware support: "
+                     + ", ".join(f"{k} {'accelerated' if v['accelerated'] else 'emulated'}"
+                                 for k, v in support.items() if k != "float32")
+                     + "; check accuracy: reduced precision can cost some)")
+
+    # 5. Device platforms (only when there is a choice).
+    platforms = probe.platforms()
+    if len(platforms) > 1 and left() > 0:
+        rows = []
+        for platform in platforms:
+            with impl().device_scope(platform):
+                row = probe.fit_throughput(work, batch, steps=steps)
+            rows.append({"device": platform, **row})
+            log(f"  device {platform}: {_fmt(row)}")
+        advice.measurements["device"] = rows
+        fastest = max(rows, key=lambda r: r["samples_per_s"])
+        advice.recommend("device", fastest["device"],
+                         "; ".join(f"{r['device']} {_fmt(r)}" for r in rows))
+    elif len(platforms) > 1:
+        advice.skipped.append("device comparison (time budget)")
+    else:
+        advice.recommend("device", platforms[0], f"only {platforms[0]} devices are present")
+
+    fused_flag = (f"--engine native --fused-steps {fused_value}" if native
+                  else f"--steps-per-execution {fused_value}")
+    advice.train_command = (f"kbackend train --model {model} --dataset {dataset} --batch-size {batch} "
+                            f"{fused_flag} --precision {precision}"
+                            + (f" --data-format {data_format}" if layout_is_image else ""))
+    study_sizes = sorted({max(1, batch // 4), batch, min(num_train, batch * 4)})
+    advice.study_command = (f"kbackend study --model {model} --dataset {dataset} "
+                            f"--batch-sizes {','.join(str(b) for b in study_sizes)}")
+    advice.elapsed_s = time.perf_counter() - start
+    advice.budget_s = budget_s
+    return advice
+
+
+def format_advice(advice: Advice) -> str:
+    """The recommendations as text: one block per setting with its evidence, then the commands."""
+    lines = [f"Recommended settings for {advice.model} on {advice.dataset} ({advice.backend} backend, "
+             f"measurements took {advice.elapsed_s:.0f}s of a {advice.budget_s:.0f}s budget):"]
+    for item in advice.recommendations:
+        lines.append(f"  {item['setting']:<20} {item['value']}")
+        lines.append(f"  {'':<20} because: {item['evidence']}")
+    if advice.skipped:
+        lines.append("Not measured: " + "; ".join(advice.skipped))
+    lines.append(f"Train with:  {advice.train_command}")
+    lines.append("Batch size changes what training converges to; confirm it for accuracy with:")
+    lines.append(f"  {advice.study_command}")
+    return "\n".join(lines)

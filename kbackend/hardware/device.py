@@ -1,0 +1,104 @@
+"""What the hardware is and how busy it is: CPU features, GPU capability, utilization sampling.
+
+Utilization comes from NVML (``nvidia-ml-py``) when an NVIDIA GPU is present and from ``psutil``
+(CPU) otherwise. Both imports are guarded: nothing here needs a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from pathlib import Path
+from typing import Any
+
+# CPU flags that make a reduced precision faster than float32 on a CPU (Intel AMX / AVX-512).
+_CPU_FLAGS = {"mixed_bfloat16": ("amx_bf16", "avx512_bf16"), "mixed_float16": ("amx_fp16", "avx512_fp16")}
+# Lowest NVIDIA compute capability with tensor cores for each policy (Volta fp16, Ampere bf16).
+_GPU_CAPABILITY = {"mixed_float16": (7, 0), "mixed_bfloat16": (8, 0)}
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU feature flags from /proc/cpuinfo (empty where that file does not exist)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def cpu_accelerates(policy: str) -> bool:
+    """Whether this CPU has instructions that make ``policy`` faster than float32."""
+    return any(flag in cpu_flags() for flag in _CPU_FLAGS.get(policy, ()))
+
+
+def gpu_accelerates(policy: str, capability: Any) -> bool:
+    """Whether an NVIDIA GPU of compute ``capability`` (``"8.0"`` or ``(8, 0)``) has tensor cores for ``policy``."""
+    if capability is None or policy not in _GPU_CAPABILITY:
+        return False
+    if isinstance(capability, str):
+        capability = tuple(int(p) for p in capability.split(".")[:2])
+    return tuple(capability) >= _GPU_CAPABILITY[policy]
+
+
+def _nvml() -> Any:
+    """The initialized ``pynvml`` module with at least one GPU, or None."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        if pynvml.nvmlDeviceGetCount() < 1:
+            return None
+    except Exception:  # NVML raises its own error types when no driver is loaded
+        return None
+    return pynvml
+
+
+class UtilizationSampler:
+    """Samples device utilization (%) in a background thread every ``interval`` seconds.
+
+    Source: NVML GPU utilization of device 0 when available, else the process-wide CPU
+    system-wide CPU utilization from psutil (all cores, 0-100; other processes count too).
+    """
+
+    def __init__(self, interval: float = 0.2) -> None:
+        self.interval = interval
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        nvml = _nvml()
+        if nvml is not None:
+            handle = nvml.nvmlDeviceGetHandleByIndex(0)
+            self.source = "nvml:gpu0"
+            self._read = lambda: float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        else:
+            import psutil
+
+            psutil.cpu_percent(None)  # the first call only starts the measuring interval
+            self.source = "psutil:cpu"
+            self._read = lambda: float(psutil.cpu_percent(None))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.samples.append(self._read())
+
+    def start(self) -> UtilizationSampler:
+        self._thread = threading.Thread(target=self._loop, name="kbackend-utilization", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, Any]:
+        """Stop sampling; returns the source, mean and max utilization and the sample count."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if not self.samples:
+            self.samples.append(self._read())
+        return {"source": self.source, "mean_percent": sum(self.samples) / len(self.samples),
+                "max_percent": max(self.samples), "samples": len(self.samples)}
+

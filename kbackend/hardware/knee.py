@@ -1,0 +1,59 @@
+"""The knee of a throughput-vs-batch-size curve: where doubling the batch stops paying off."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kbackend.errors import ConfigError
+
+# Doubling the batch must raise samples/s by at least this fraction to count as worth it.
+DEFAULT_MIN_GAIN = 0.10
+
+
+@dataclass(frozen=True)
+class Knee:
+    """The knee batch size, its throughput and whether the curve actually flattened."""
+
+    batch_size: int
+    throughput: float
+    index: int
+    plateau_reached: bool
+    min_gain: float
+    gains: tuple[float, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def find_knee(batch_sizes: Sequence[int], throughputs: Sequence[float],
+              min_gain: float = DEFAULT_MIN_GAIN) -> Knee:
+    """The smallest batch size after which the next larger batch raises throughput by < ``min_gain``.
+
+    ``batch_sizes`` must be increasing (usually powers of two); gains are normalized per doubling
+    (``(t2 / t1) ** (1 / log2(b2 / b1)) - 1``) so uneven grids compare fairly. When every step
+    gains at least ``min_gain``, the knee is the largest batch and ``plateau_reached`` is False:
+    the hardware might still be filled further.
+    """
+    import math
+
+    if len(batch_sizes) != len(throughputs) or not batch_sizes:
+        raise ConfigError(
+            f"Invalid throughput curve: expected equally long, non-empty batch sizes and throughputs. "
+            f"Received {len(batch_sizes)} batch sizes and {len(throughputs)} throughputs."
+        )
+    if any(b2 <= b1 for b1, b2 in itertools.pairwise(batch_sizes)) or batch_sizes[0] < 1:
+        raise ConfigError(f"Invalid batch sizes {list(batch_sizes)}: expected positive, increasing values.")
+    if any(not (t > 0 and math.isfinite(t)) for t in throughputs):
+        raise ConfigError(f"Invalid throughputs {list(throughputs)}: expected finite values > 0.")
+    gains = tuple(
+        (throughputs[i + 1] / throughputs[i]) ** (1.0 / math.log2(batch_sizes[i + 1] / batch_sizes[i])) - 1.0
+        for i in range(len(batch_sizes) - 1)
+    )
+    for index, gain in enumerate(gains):
+        if gain < min_gain:
+            return Knee(int(batch_sizes[index]), float(throughputs[index]), index, True, min_gain, gains)
+    last = len(batch_sizes) - 1
+    return Knee(int(batch_sizes[last]), float(throughputs[last]), last, False, min_gain, gains)

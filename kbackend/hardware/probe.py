@@ -1,0 +1,344 @@
+"""Measurements shared by the benchmark scripts and ``kbackend advise``.
+
+Every function builds what it measures, excludes the first (compiling) call, waits for results
+before reading a clock (a Keras callback reads the step's loss, which blocks until it is
+computed) and returns plain dicts ready for JSON.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from kbackend.backend import keras as import_keras
+from kbackend.data import DatasetInfo
+from kbackend.errors import KBackendError
+from kbackend.hardware.precision import precision_scope
+from kbackend.models import ModelOptions, build_model, model_layout
+from kbackend.optim import OptimizerSpec
+
+# Input shapes of the MNIST-shaped synthetic workload, per model layout.
+_SYNTHETIC_SHAPES = {"flat": (784,), "sequence": (28, 28)}
+
+
+class OutOfMemory(KBackendError):
+    """A measurement ran out of device memory (the batch is too large for this device)."""
+
+
+@dataclass
+class Workload:
+    """A model name, the dataset description it is built for, and samples to feed it."""
+
+    model: str
+    info: DatasetInfo
+    x: np.ndarray
+    y: np.ndarray
+    options: ModelOptions
+
+
+def workload(model: str, dataset: str = "synthetic", *, data_dir: str | None = None,
+             data_format: str = "channels_last", samples: int = 4096, seed: int = 0,
+             options: ModelOptions | None = None) -> Workload:
+    """Samples for ``model``: MNIST-shaped random data (``synthetic``) or a real dataset's train split."""
+    from kbackend import data as data_module
+
+    layout = model_layout(model)
+    options = replace(options or ModelOptions(), data_format=data_format)
+    if dataset == "synthetic":
+        shape = _SYNTHETIC_SHAPES.get(layout) or ((28, 28, 1) if data_format == "channels_last" else (1, 28, 28))
+        rng = np.random.default_rng(seed)
+        x = rng.normal(size=(samples, *shape)).astype(np.float32)
+        y = rng.integers(0, 10, size=samples).astype(np.int32)
+        info = DatasetInfo("synthetic", shape, 10, "random", layout,
+                           data_format if layout == "image" else None, samples, 0, 0)
+        return Workload(model, info, x, y, options)
+    loaded = data_module.load(dataset, layout=layout, data_format=data_format, data_dir=data_dir, seed=seed)
+    return Workload(model, loaded.info, loaded.x_train, loaded.y_train, options)
+
+
+def _is_oom(error: BaseException) -> bool:
+    text = str(error)
+    return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "OOM" in text
+
+
+def _step_timer(times: list[float]) -> Any:
+    keras = import_keras()
+
+    class StepTimer(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            times.append(time.perf_counter())
+
+        def on_train_batch_end(self, batch, logs=None):
+            float((logs or {}).get("loss", 0.0))  # waits for the step's results
+            times.append(time.perf_counter())
+
+    return StepTimer()
+
+
+def warm_up() -> float:
+    """Pay the one-time costs of a process's first ``fit`` (framework and data-adapter imports,
+    backend start-up) on a tiny model, so no measurement includes them; the seconds it took."""
+    start = time.perf_counter()
+    keras = import_keras()
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    model.fit(np.zeros((16, 4), np.float32), np.zeros(16, np.int32), batch_size=8, epochs=1, verbose=0)
+    return time.perf_counter() - start
+
+
+def optimizer_state_bytes(model: Any) -> int:
+    """Bytes held by ``model``'s optimizer variables (moments, momenta, counters)."""
+    return int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize for v in model.optimizer.variables))
+
+
+class FitProbe:
+    """One compiled model at one batch size, its train step timed with Keras ``fit``.
+
+    Construction builds and compiles the model and times a first ``fit`` (its first execution
+    compiles and is timed apart). ``again()`` times another round on the same compiled model, so
+    configurations can be measured round-robin: on a shared machine whose load changes over
+    time, the median of interleaved rounds is steadier than one long measurement each.
+
+    ``steps`` steps run per round (``steps_per_execution`` steps per call); ``build`` replaces
+    the model builder, ``x`` the inputs (e.g. raw uint8 pixels) and ``source(x, y, batch_size)``
+    the batch source handed to ``fit`` (e.g. a host-preprocessing ``PyDataset``). Raises
+    ``OutOfMemory`` when the device cannot hold the batch.
+    """
+
+    def __init__(self, work: Workload, batch_size: int, *, steps: int = 20, precision: str = "float32",
+                 jit_compile: bool | str = True, run_eagerly: bool = False,
+                 steps_per_execution: int = 1, optimizer: OptimizerSpec | None = None,
+                 build: Callable[[Workload], Any] | None = None, x: np.ndarray | None = None,
+                 source: Callable[[np.ndarray, np.ndarray, int], Any] | None = None) -> None:
+        import_keras()
+        self.batch_size = batch_size
+        self.steps_per_execution = steps_per_execution
+        x_all = work.x if x is None else x
+        calls = max(2, -(-steps // steps_per_execution) + 1)
+        index = np.arange(calls * steps_per_execution * batch_size) % len(x_all)
+        xs, ys = x_all[index], work.y[index]
+        spec = optimizer or OptimizerSpec("sgd", 0.01)
+        with self._oom_as_error():
+            with precision_scope(precision):
+                self.model = build(work) if build is not None else build_model(work.model, work.info, work.options)
+            self.model.compile(optimizer=spec.to_keras(), loss="sparse_categorical_crossentropy",
+                               jit_compile=jit_compile, run_eagerly=run_eagerly,
+                               steps_per_execution=steps_per_execution)
+            self.inputs = {"x": source(xs, ys, batch_size)} if source is not None else \
+                {"x": xs, "y": ys, "batch_size": batch_size}
+            intervals = self._fit()
+        self.first_call_s = float(intervals[0])
+        self.rounds = [intervals[1:] / steps_per_execution]
+
+    @contextmanager
+    def _oom_as_error(self) -> Iterator[None]:
+        try:
+            yield
+        except Exception as error:
+            if _is_oom(error):
+                raise OutOfMemory(f"batch {self.batch_size} does not fit in device memory") from error
+            raise
+
+    def _fit(self) -> np.ndarray:
+        times: list[float] = []
+        self.model.fit(**self.inputs, epochs=1, shuffle=False, verbose=0, callbacks=[_step_timer(times)])
+        return np.diff(times)
+
+    def again(self) -> float:
+        """Time one more round; returns its median seconds per step."""
+        with self._oom_as_error():
+            intervals = self._fit()
+        # A repeated fit's first execution holds fit's own setup (data adapter, callbacks).
+        self.rounds.append(intervals[1:] / self.steps_per_execution)
+        return float(np.median(self.rounds[-1]))
+
+    def result(self) -> dict[str, Any]:
+        """Median step time (the median of the rounds' medians), spread, samples/s, compile time."""
+        medians = [float(np.median(r)) for r in self.rounds]
+        pooled = np.concatenate(self.rounds)
+        step_s = float(np.median(medians))
+        spe = self.steps_per_execution
+        return {
+            "batch_size": self.batch_size,
+            "step_ms": 1e3 * step_s,
+            "step_ms_p10": 1e3 * float(np.percentile(pooled, 10)),
+            "step_ms_p90": 1e3 * float(np.percentile(pooled, 90)),
+            "samples_per_s": self.batch_size / step_s,
+            "compile_s": max(0.0, self.first_call_s - spe * step_s),
+            "steps": int(pooled.size * spe),
+            "rounds": len(self.rounds),
+            "optimizer_state_bytes": optimizer_state_bytes(self.model),
+            "params": int(self.model.count_params()),
+            "variable_dtypes": sorted({str(v.dtype) for v in self.model.trainable_variables}),
+        }
+
+
+def fit_throughput(work: Workload, batch_size: int, **options: Any) -> dict[str, Any]:
+    """Median time of a Keras ``fit`` train step at ``batch_size`` and the samples/s it gives
+    (one round of ``FitProbe``; see it for the options)."""
+    return FitProbe(work, batch_size, **options).result()
+
+
+def steps_for(seconds: float, step_ms: float | None, low: int, high: int) -> int:
+    """How many steps of ``step_ms`` fill about ``seconds`` of timing, within [low, high]."""
+    if not step_ms:
+        return low
+    return int(min(high, max(low, seconds * 1e3 / step_ms)))
+
+
+def throughput_curve(work: Workload, batch_sizes: list[int], *, steps: int = 20,
+                     budget_s: float | None = None, seconds_per_point: float | None = None,
+                     rounds: int = 1, **options: Any) -> list[dict[str, Any]]:
+    """Keras ``fit`` throughput at each batch size, stopping at the first that runs out of memory
+    or once ``budget_s`` seconds are spent (the rows say which). With ``seconds_per_point``, the
+    step count adapts (at most ``steps``, at least 3) so each point times about that long. With
+    ``rounds`` > 1, every size is re-timed round-robin that many times in all (``FitProbe``)."""
+    probes: list[FitProbe] = []
+    notes: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    for batch_size in batch_sizes:
+        if budget_s is not None and time.perf_counter() - start > budget_s:
+            notes.append({"batch_size": batch_size, "note": "skipped: time budget spent"})
+            break
+        count = steps
+        if seconds_per_point is not None and probes:
+            last = probes[-1].result()
+            count = steps_for(seconds_per_point, last["step_ms"] * batch_size / last["batch_size"], 3, steps)
+        try:
+            probes.append(FitProbe(work, batch_size, steps=count, **options))
+        except OutOfMemory:
+            notes.append({"batch_size": batch_size, "note": "out of memory"})
+            break
+    for _ in range(rounds - 1):
+        for item in probes:
+            item.again()
+    return [item.result() for item in probes] + notes
+
+
+def engine_throughput(work: Workload, batch_size: int, engine: str, *, steps: int = 20,
+                      fused_steps: int = 1, repeats: int = 3,
+                      optimizer: OptimizerSpec | None = None) -> dict[str, Any]:
+    """Median train-step time of a registered kbackend engine (e.g. ``native``) via ``train()``.
+
+    The training split is exactly ``steps`` batches (rounded up to whole fused calls), and the
+    run lasts ``1 + repeats`` epochs: the first compiles; each later epoch is one timed repeat,
+    read from the evaluation records' training time at epoch ends (evaluation excluded). Engines
+    may wait for results only at epoch ends (the native engine does), so per-epoch times are
+    the honest unit.
+    """
+    from kbackend import data as data_module
+    from kbackend.training import TrainConfig, train
+
+    steps = max(fused_steps, -(-steps // fused_steps) * fused_steps)
+    index = np.arange(steps * batch_size) % len(work.x)
+    held = np.arange(min(len(work.x), 256))  # small validation / test splits: evaluation is not timed
+    info = replace(work.info, num_train=len(index), num_val=len(held), num_test=len(held))
+    dataset = data_module.Dataset(work.x[index], work.y[index], work.x[held], work.y[held],
+                                  work.x[held], work.y[held], info)
+    config = TrainConfig(model=work.model, dataset=work.info.name, batch_size=batch_size,
+                         epochs=1 + repeats, engine=engine, fused_steps=fused_steps,
+                         optimizer=optimizer or OptimizerSpec("sgd", 0.01), model_options=work.options)
+    history = train(config, dataset=dataset).history
+    ends = [0.0] + [e["train_time"] for e in history.evals]
+    epochs = np.diff(ends)
+    step_s = float(np.median(epochs[1:])) / steps
+    compile_s = history.timing.get("compile_time", max(0.0, float(epochs[0]) - steps * step_s))
+    return {"batch_size": batch_size, "engine": engine, "fused_steps": fused_steps,
+            "step_ms": 1e3 * step_s, "samples_per_s": batch_size / step_s,
+            "compile_s": float(compile_s), "steps": int(steps * repeats), "rounds": repeats}
+
+
+def dense_train_flops(widths: list[int], batch_size: int) -> float:
+    """FLOPs of one train step of a dense net with layer widths ``widths`` (inputs first).
+
+    Forward: 2*B*in*out per layer; backward: twice that (gradients of inputs and of weights).
+    Biases, activations and the optimizer update are O(B*width) and left out.
+    """
+    return 6.0 * batch_size * sum(a * b for a, b in itertools.pairwise(widths))
+
+
+def numpy_matmul_flops(n: int = 2048, repeats: int = 10) -> dict[str, float]:
+    """Measured FLOP/s of NumPy's (BLAS) float32 ``n x n`` matmul: median and best of ``repeats``."""
+    rng = np.random.default_rng(0)
+    a, b = (rng.normal(size=(n, n)).astype(np.float32) for _ in range(2))
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    median = float(np.median(times[1:]))
+    return {"n": n, "median_s": median, "flops": 2.0 * n**3 / median,
+            "best_flops": 2.0 * n**3 / min(times[1:])}
+
+
+def matmul_peak(n: int = 2048, repeats: int = 10) -> dict[str, Any]:
+    """This machine's measured float32 matmul peak: the fastest call (a peak is the best the
+    hardware did, which other load on a shared machine can only lower) of the backend's compiled
+    and op-by-op matmul and NumPy's BLAS (a train step may use any of these kernels)."""
+    from kbackend.backends import impl
+
+    candidates = {
+        "backend_jit": impl().matmul_flops(n, "float32", repeats=repeats, jit=True)["best_flops"],
+        "backend_eager": impl().matmul_flops(n, "float32", repeats=repeats, jit=False)["best_flops"],
+        "numpy": numpy_matmul_flops(n, repeats)["best_flops"],
+    }
+    best = max(candidates, key=candidates.get)
+    return {"n": n, "peak_flops": candidates[best], "peak_source": best,
+            **{f"{k}_gflops": v / 1e9 for k, v in candidates.items()}}
+
+
+def roofline(batch_size: int = 1024, *, steps: int = 20, matmul_n: int = 2048,
+             steps_per_execution: int = 8, rounds: int = 3) -> dict[str, Any]:
+    """The seed MLP's train-step FLOP rate as a fraction of this device's measured matmul peak.
+
+    Peak and step are measured alternately for ``rounds`` rounds in one process (the model is
+    compiled once, before the first round), and the fraction is computed per round: on a shared
+    machine the load changes over time, and a ratio of neighbouring readings is steadier than a
+    ratio of readings taken minutes apart. The median round is reported, with the spread.
+    """
+    from kbackend.models import SEED_MLP_WIDTHS
+
+    import_keras()
+    work = workload("seed_mlp", samples=batch_size * 4)
+    model = build_model(work.model, work.info, work.options)
+    model.compile(optimizer=OptimizerSpec("sgd", 0.01).to_keras(), loss="sparse_categorical_crossentropy",
+                  jit_compile=True, steps_per_execution=steps_per_execution)
+    calls = max(2, -(-steps // steps_per_execution) + 1)
+    index = np.arange(calls * steps_per_execution * batch_size) % len(work.x)
+    xs, ys = work.x[index], work.y[index]
+    first: list[float] = []
+    model.fit(xs, ys, batch_size=batch_size, epochs=1, shuffle=False, verbose=0, callbacks=[_step_timer(first)])
+    flops = dense_train_flops([784, *SEED_MLP_WIDTHS, 10], batch_size)
+    per_round = []
+    for _ in range(rounds):
+        peak = matmul_peak(matmul_n, repeats=5)
+        times: list[float] = []
+        model.fit(xs, ys, batch_size=batch_size, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[_step_timer(times)])
+        step_s = float(np.median(np.diff(times)[1:])) / steps_per_execution  # [0]: fit's setup
+        per_round.append({"step_ms": 1e3 * step_s, "model_gflops": flops / step_s / 1e9,
+                          "peak_gflops": peak["peak_flops"] / 1e9, "peak_source": peak["peak_source"],
+                          "fraction_of_peak": flops / step_s / peak["peak_flops"]})
+    fractions = [r["fraction_of_peak"] for r in per_round]
+    median = sorted(per_round, key=lambda r: r["fraction_of_peak"])[len(per_round) // 2]
+    return {"batch_size": batch_size, "train_step_flop": flops, **median,
+            "fraction_min": min(fractions), "fraction_max": max(fractions), "rounds": rounds,
+            "matmul_n": matmul_n, "steps_per_execution": steps_per_execution,
+            "compile_s": max(0.0, first[1] - first[0] - steps_per_execution * median["step_ms"] / 1e3)}
+
+
+def platforms() -> list[str]:
+    """The device platforms present (``cpu`` always; ``gpu``/``tpu`` when found), deduplicated."""
+    from kbackend.backends import impl
+
+    found = []
+    for device in impl().devices():
+        if device["platform"] not in found:
+            found.append(device["platform"])
+    return found

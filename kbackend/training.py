@@ -121,6 +121,11 @@ class TrainConfig:
         if self.precision not in PRECISIONS:
             raise ConfigError(
                 f"Invalid precision. Expected one of {list(PRECISIONS)}. Received: {self.precision!r}.")
+        if self.precision == "mixed_float16" and self.engine != "keras":
+            raise ConfigError(
+                "mixed_float16 needs loss scaling, which only the keras engine applies "
+                f"(LossScaleOptimizer). Received: engine={self.engine!r}; use mixed_bfloat16 or "
+                "--engine keras.")
         from kbackend.hardware.monitor import MONITORED_ENGINES
 
         if self.hardware_monitor and self.engine not in MONITORED_ENGINES:

@@ -89,13 +89,32 @@ def test_prefetch_reraises_source_errors_and_rejects_bad_depth():
 
 def test_monitor_with_an_unmonitored_engine_is_a_clear_error():
     from kbackend.engines import engine_names
+    from kbackend.hardware.monitor import MONITORED_ENGINES
     from kbackend.training import TrainConfig
 
-    others = [name for name in engine_names() if name != "keras"]
+    others = [name for name in engine_names() if name not in MONITORED_ENGINES]
     if not others:
         pytest.skip("only the keras engine is registered")
     with pytest.raises(ConfigError, match=r"hardware monitor.*Received: engine="):
         TrainConfig(engine=others[0], hardware_monitor=True)
+
+
+def test_native_engine_with_monitor_counts_every_step():
+    from kbackend.training import TrainConfig, train
+
+    history = train(TrainConfig(engine="native", fused_steps=4, epochs=2, batch_size=64,
+                                hardware_monitor=True)).history
+    summary = history.extra["monitor"]
+    assert summary["steps"] == history.steps_run == 2 * 20  # 1294 // 64 full batches per epoch
+    assert summary["verdict"] == "compute-bound"  # the data lives on the device
+    assert history.best("val_accuracy") > 0.8
+
+
+def test_mixed_float16_needs_the_keras_engine():
+    from kbackend.training import TrainConfig
+
+    with pytest.raises(ConfigError, match="loss scaling"):
+        TrainConfig(engine="native", precision="mixed_float16")
 
 
 def test_keras_fit_with_hardware_monitor_stores_summary(tmp_path):

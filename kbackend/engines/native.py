@@ -28,6 +28,7 @@ How a run goes:
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -37,6 +38,7 @@ import numpy as np
 from kbackend.backends import impl
 from kbackend.data import batching
 from kbackend.engines.keras_fit import compile_model
+from kbackend.hardware.monitor import StepMonitor
 from kbackend.history import History
 
 
@@ -103,6 +105,9 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
     stopper = (_EarlyStopping(config.monitor, config.early_stopping)
                if config.early_stopping else None)
 
+    # Compilation runs ahead of time (and is excluded by reset_clock), so no call is skipped.
+    monitor = (StepMonitor(skip_first=0).start() if getattr(config, "hardware_monitor", False)
+               else None)
     step = 0  # steps dispatched so far
     pending: list[tuple[int, int, Any]] = []  # (first step, length, device losses) not yet read
     pending_losses: list[float] = []  # losses since the last evaluation (for train_loss)
@@ -135,6 +140,8 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
         pending_losses.clear()
         history.record_eval(**record)
         clock["eval"] += time.perf_counter() - eval_start
+        if monitor is not None:
+            monitor.reset_clock()  # evaluation is not a train step
         if reporter is not None:
             reporter.epoch_end(epoch, config.epochs, record)
         if config.target is not None and config.target.reached(record):
@@ -146,8 +153,9 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
     stop = False
     epoch = 0
     for epoch in range(1, config.epochs + 1):
-        rows = trainer.put_epoch(batching.epoch_batches(n_train, batch_size, config.seed,
-                                                        epoch - 1, shuffle))
+        with monitor.input_wait() if monitor is not None else nullcontext():
+            rows = trainer.put_epoch(batching.epoch_batches(n_train, batch_size, config.seed,
+                                                            epoch - 1, shuffle))
         start = 0
         for length in batching.call_lengths(steps_per_epoch, fused_steps):
             length = min(length, total_steps - step)
@@ -155,7 +163,12 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
                 break
             compile_seconds = trainer.compile(length, rows)
             clock["compile"] += compile_seconds
+            if monitor is not None and compile_seconds:
+                monitor.reset_clock()  # compilation is not a train step
             pending.append((step, length, trainer.run(rows, start, length)))
+            if monitor is not None:  # waits for the call: monitoring gives up dispatch overlap
+                monitor.step_end(samples=length * batch_size, steps=length,
+                                 result=pending[-1][2])
             step_before, step, start = step, step + length, start + length
             crossed_eval = step // eval_every > step_before // eval_every
             last_step = step >= total_steps
@@ -170,6 +183,8 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
     if history.evals and history.evals[-1]["step"] != step:
         evaluate(epoch)
     history.timing["train_time"] = train_time()
+    if monitor is not None:
+        history.extra["monitor"] = monitor.stop()
     history.timing["eval_time"] = clock["eval"]
     history.timing["compile_time"] = clock["compile"]
     history.stopped_early = bool(stopper and stop and "target_reached" not in history.extra)

@@ -28,8 +28,8 @@ How a run goes:
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any
 

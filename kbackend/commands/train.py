@@ -109,6 +109,7 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kbackend.backend import active_backend
+    from kbackend.parallel import engine_name
     from kbackend.progress import EpochReporter
     from kbackend.training import train
 
@@ -120,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"{config.model} on {info.name} ({info.num_train} train / {info.num_val} val / "
         f"{info.num_test} test), {config.optimizer.name} lr={config.optimizer.learning_rate:g}, "
-        f"batch {config.batch_size}, engine {config.engine}, backend {active_backend()}"
+        f"batch {config.batch_size}, engine {engine_name(config)}, backend {active_backend()}"
     )
     best = history.best("val_accuracy")
     last = history.evals[-1] if history.evals else {}

@@ -128,8 +128,15 @@ class SQLiteStore:
 
     def _validate(self, conn: sqlite3.Connection) -> None:
         """Refuse corrupt files and other applications' databases (reads only)."""
-        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        # One read transaction: both reads see the same snapshot. In autocommit mode another
+        # process could commit its schema between them (app_id 0 read before, tables after).
+        conn.execute("BEGIN")
+        try:
+            app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+            tables = {row[0] for row in
+                      conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            conn.execute("COMMIT")
         if app_id == 0 and not tables:
             return  # a new, empty database: ours to initialize
         if app_id != APPLICATION_ID:

@@ -89,7 +89,7 @@ def measure_jit(quick: bool) -> Rows:
 
 
 def measure_data_format(quick: bool) -> Rows:
-    """The CNN in channels_last vs channels_first (TF on a CPU: channels_first is unsupported)."""
+    """The CNN in channels_last vs channels_first (reported as unsupported where the backend lacks NCHW convolutions)."""
     from kbackend.backends import impl
 
     batch, steps = (32, 6) if quick else (128, 30)
@@ -97,7 +97,7 @@ def measure_data_format(quick: bool) -> Rows:
     for data_format in ("channels_last", "channels_first"):
         if data_format == "channels_first" and not impl().supports_channels_first_conv():
             rows.append({"data_format": data_format, "batch_size": batch,
-                         "note": "unsupported (TF Conv2D on CPU is NHWC only)"})
+                         "note": "unsupported (no NCHW Conv2D on this device and build)"})
             continue
         work = probe.workload("cnn", data_format=data_format, samples=1024)
         factories[data_format] = lambda work=work: probe.FitProbe(work, batch, steps=steps)

@@ -37,12 +37,12 @@ def child(args: argparse.Namespace) -> None:
     os.environ.setdefault("KERAS_BACKEND", "jax")
     import jax
     import numpy as np
+    from kbackend.parallel import jax_step
 
     from kbackend.backend import use_backend
     from kbackend.data import DatasetInfo
     from kbackend.models import ModelOptions, build_model
     from kbackend.optim import OptimizerSpec
-    from kbackend.parallel import jax_step
 
     use_backend("jax")
     if jax.device_count() < args.devices:

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from kbackend.data.prefetch import Prefetcher, prefetch
+from kbackend.hardware.prefetch import Prefetcher, prefetch
 from kbackend.errors import ConfigError
 from kbackend.hardware.monitor import INPUT_BOUND_SHARE, StepMonitor, format_summary
 
@@ -88,8 +88,8 @@ def test_prefetch_reraises_source_errors_and_rejects_bad_depth():
 
 
 def test_monitor_with_an_unmonitored_engine_is_a_clear_error():
+    from kbackend.config import MONITORED_ENGINES
     from kbackend.engines import engine_names
-    from kbackend.hardware.monitor import MONITORED_ENGINES
     from kbackend.training import TrainConfig
 
     others = [name for name in engine_names() if name not in MONITORED_ENGINES]

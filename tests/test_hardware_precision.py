@@ -42,7 +42,7 @@ def test_mixed_float16_trains_with_loss_scaling():
 def test_loss_scaled_wraps_only_float16():
     import keras
 
-    from kbackend.hardware.precision import loss_scaled
+    from kbackend.precision import loss_scaled
 
     assert isinstance(loss_scaled(keras.optimizers.SGD(), "mixed_float16"), keras.optimizers.LossScaleOptimizer)
     assert not isinstance(loss_scaled(keras.optimizers.SGD(), "mixed_bfloat16"),

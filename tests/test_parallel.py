@@ -11,7 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from kbackend import parallel
+from kbackend import distributed as parallel
+from kbackend.config import check_batch_split
 from kbackend.errors import ConfigError
 from kbackend.optim import OptimizerSpec
 from kbackend.training import TrainConfig, train
@@ -40,9 +41,9 @@ def test_bad_parallel_options_are_rejected(fields, message):
 
 
 def test_batch_split_error_names_both_numbers():
-    assert parallel.check_batch_split(64, 8) == 8
+    assert check_batch_split(64, 8) == 8
     with pytest.raises(ConfigError, match=r"batch size 30 does not divide evenly over 4 devices.*multiple of 4"):
-        parallel.check_batch_split(30, 4)
+        check_batch_split(30, 4)
 
 
 @pytest.mark.parametrize(("fields", "engine"), [
@@ -75,7 +76,7 @@ def test_single_device_step_matches_keras_train_on_batch():
     """The reference the N-device runs are compared with is itself Keras's own training math."""
     import keras
 
-    from kbackend.parallel.jax_step import initial_state, make_train_step, to_host
+    from kbackend.backends.jax.step import initial_state, make_train_step, to_host
 
     def build():
         keras.utils.set_random_seed(3)

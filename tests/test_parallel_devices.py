@@ -65,7 +65,7 @@ def _run_both(model, spec, devices, xs, ys, impl="shard_map"):
     """(single-device state, N-device state, single losses, N losses) after K = len(xs) steps."""
     import jax
 
-    from kbackend.parallel import jax_step
+    from kbackend.backends.jax import step as jax_step
 
     tx = spec.to_optax()
     start = jax_step.initial_state(model, tx)
@@ -131,7 +131,7 @@ def test_negative_control_without_synced_batch_norm(monkeypatch):
     """Per-shard BatchNorm statistics would make N devices differ: the sync hook is what matters."""
     from contextlib import nullcontext
 
-    from kbackend.backends import jax_step  # where the shared step looks the hook up
+    from kbackend.backends.jax import step as jax_step  # where the shared step looks the hook up
 
     model = _build((8,), True)
     rng = np.random.default_rng(2)
@@ -166,8 +166,8 @@ def test_engine_on_4_devices_matches_1_device(dp_impl):
 
 @pytest.mark.parametrize(("devices", "batch_norm"), [(2, False), (4, True)])
 def test_keras_fit_data_parallel_matches_single_device(devices, batch_norm):
+    from kbackend.engines.keras_data_parallel import whole_batches
     from kbackend.models import ModelOptions
-    from kbackend.parallel.keras_engine import whole_batches
     from kbackend.training import TrainConfig, load_dataset, train
 
     def config(**fields):

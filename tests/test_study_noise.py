@@ -100,7 +100,7 @@ def _softmax_regression(dim: int, classes: int):
     return keras.Model(inputs, outputs)
 
 
-def test_batch_gradients_match_the_analytic_softmax_regression_gradient(backend):
+def test_inference_gradients_match_the_analytic_softmax_regression_gradient(backend):
     from kbackend.backends import impl
 
     rng = np.random.default_rng(0)
@@ -113,7 +113,7 @@ def test_batch_gradients_match_the_analytic_softmax_regression_gradient(backend)
     probs = np.exp(logits - logits.max(1, keepdims=True))
     probs /= probs.sum(1, keepdims=True)
     delta = (probs - np.eye(classes)[y]) / batch
-    grads = impl().batch_gradients(model, x, y)
+    grads = impl().gradients(model, x, y, training=False)[1]
     # float32 forward and backward pass against a float64 reference.
     np.testing.assert_allclose(grads[0], x.T @ delta, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(grads[1], delta.sum(0), rtol=1e-4, atol=1e-6)
@@ -127,7 +127,7 @@ def test_measure_noise_scale_on_a_model_gives_finite_positive_estimates(backend)
     model = _softmax_regression(5, 3)
     x = rng.normal(size=(200, 5)).astype(np.float32)
     y = (x[:, 0] > 0).astype(np.int32) + (x[:, 1] > 1).astype(np.int32)
-    estimate = measure_noise_scale(lambda xb, yb: impl().batch_gradients(model, xb, yb),
+    estimate = measure_noise_scale(lambda xb, yb: impl().gradients(model, xb, yb, training=False)[1],
                                    x, y, 4, 64, 16, rng)
     assert estimate.draws == 16 and estimate.trace_sigma > 0 and estimate.grad_sq > 0
     assert math.isfinite(estimate.b_simple) and estimate.b_simple > 0

@@ -1,20 +1,105 @@
-"""The one dispatch point for backend-specific code.
+"""The one backend boundary: every JAX- or TensorFlow-specific operation kbackend uses.
 
-``impl()`` returns the module implementing kbackend's backend-specific operations for the
-active Keras backend (``jax_backend`` or ``tf_backend``). Both modules expose the same
-functions; code elsewhere calls ``impl().name(...)`` and never branches on the backend name.
+``impl()`` returns the package implementing ``BackendOps`` for the active Keras backend
+(``kbackend.backends.jax`` or ``kbackend.backends.tensorflow``, with the same module names
+inside). It is resolved once per process. Code elsewhere calls ``impl().name(...)`` and never
+branches on the backend name; a test checks that both packages expose every member below with
+the same signature.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
-from types import ModuleType
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+import numpy as np
 
 from kbackend.backend import active_backend
 
-_MODULES = {"jax": "kbackend.backends.jax_backend", "tensorflow": "kbackend.backends.tf_backend"}
+_PACKAGES = {"jax": "kbackend.backends.jax", "tensorflow": "kbackend.backends.tensorflow"}
 
 
-def impl() -> ModuleType:
-    """The backend-specific implementation module for the active backend."""
-    return importlib.import_module(_MODULES[active_backend()])
+class Trainer(Protocol):
+    """Runs compiled calls of K fused train steps for the one epoch loop (``kbackend.engines.loop``).
+
+    ``put_epoch`` takes the epoch's ``(steps, batch)`` sample-index matrix and returns it in
+    whatever form ``run`` consumes (on the device, or this process's columns). ``compile``
+    compiles the ``length``-step call if needed and returns the seconds it took (0.0 if cached);
+    ``run`` dispatches it asynchronously and returns a handle to its per-step losses, which
+    ``fetch`` waits for. ``evaluate`` returns (validation loss, validation accuracy);
+    ``snapshot``/``restore`` copy the model's values (for early stopping); ``finish`` writes the
+    trained values back into the Keras model. ``trace_counts`` counts compilations per call
+    length; ``history_extra`` holds what the trainer adds to ``history.extra``.
+    """
+
+    trace_counts: dict[int, int]
+    history_extra: dict[str, Any]
+
+    def put_epoch(self, rows: np.ndarray) -> Any: ...
+    def compile(self, length: int, epoch_rows: Any) -> float: ...
+    def run(self, epoch_rows: Any, start: int, length: int) -> Any: ...
+    def fetch(self, losses: Any) -> np.ndarray: ...
+    def evaluate(self) -> tuple[float, float]: ...
+    def snapshot(self) -> Any: ...
+    def restore(self, snapshot: Any) -> None: ...
+    def finish(self) -> None: ...
+
+
+class BackendOps(Protocol):
+    """What each backend package provides (module-level functions; see each package's modules)."""
+
+    # ops: versions, devices, processes, memory, transfers
+    def framework_versions(self) -> dict[str, str]: ...
+    def start(self) -> None: ...
+    def devices(self) -> list[dict[str, Any]]: ...
+    def block_until_ready(self, value: Any) -> Any: ...
+    def to_numpy(self, value: Any) -> np.ndarray: ...
+    def setup_virtual_devices(self, count: int) -> None: ...
+    def device_count(self) -> int: ...
+    def local_device_count(self) -> int: ...
+    def platform(self) -> str: ...
+    def initialize_processes(self, coordinator: str, num_processes: int, process_id: int,
+                             timeout_s: int, heartbeat_s: int,
+                             check_coordinator: Callable[[], None] = ...) -> None: ...
+    def process_index(self) -> int: ...
+    def process_count(self) -> int: ...
+    def device_memory_in_use(self) -> int | None: ...
+    def to_device(self, batch: Any) -> Any: ...
+    def device_scope(self, platform: str) -> Any: ...
+    # native: the fused single-device trainer
+    native_trainer: Callable[..., Trainer]
+    # data_parallel: the native data-parallel trainer and Keras fit's distribution pieces
+    data_parallel_trainer: Callable[..., Trainer]
+    def data_parallel_scope(self, count: int) -> AbstractContextManager[Any]: ...
+    def keras_fit_inputs(self, x: Any, y: Any, batch_size: int) -> tuple[Any, Any, int]: ...
+    def data_parallel_jit_compile(self, requested: bool) -> bool: ...
+    def data_parallel_clone_layer(self, layer: Any) -> Any: ...
+    # gradients
+    def gradients(self, model: Any, x: Any, y: Any, *, training: bool = True,
+                  as_numpy: bool = True) -> tuple[Any, list[Any]]: ...
+    def bias_add_misroutes(self, model: Any, x: Any) -> list[str]: ...
+    # probes: what this installation supports
+    def supports_channels_first_conv(self) -> bool: ...
+    def precision_support(self) -> dict[str, dict[str, bool]]: ...
+    def matmul_flops(self, n: int = 1024, dtype: str = "float32", repeats: int = 10,
+                     jit: bool = True) -> dict[str, float]: ...
+
+
+def backend_package(name: str) -> BackendOps:
+    """The package implementing ``BackendOps`` for backend ``name`` (imports its framework)."""
+    return importlib.import_module(_PACKAGES[name])  # type: ignore[return-value]
+
+
+@functools.cache
+def impl() -> BackendOps:
+    """The backend package of the active Keras backend, resolved once per process.
+
+    Keras cannot switch backends once imported (``kbackend.backend``), so the first
+    answer stays right for the life of the process.
+    """
+    package = backend_package(active_backend())
+    package.start()
+    return package

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from kbackend.config import MONITORS, TrainConfig
 from kbackend.data import DATASETS
 from kbackend.models import MODELS, ModelOptions
 from kbackend.optim import OPTIMIZERS, SCHEDULES, OptimizerSpec
-from kbackend.training import MONITORS, TrainConfig
 
 
 def _widths(text: str) -> tuple[int, ...]:
@@ -109,7 +109,7 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kbackend.backend import active_backend
-    from kbackend.parallel import engine_name
+    from kbackend.distributed import engine_name
     from kbackend.progress import EpochReporter
     from kbackend.training import train
 
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         from kbackend.hardware.monitor import format_summary
 
         print(format_summary(history.extra["monitor"]))
-    from kbackend.parallel import is_chief
+    from kbackend.distributed import is_chief
 
     if args.save and is_chief():  # in a multi-process job only process 0 writes
         print(f"saved model to {args.save}")

@@ -16,14 +16,20 @@ import numpy as np
 from kbackend.errors import ConfigError, DataError
 
 
-def steps_per_epoch(num_samples: int, batch_size: int) -> int:
-    """Full batches in one epoch (the remainder is dropped)."""
+def steps_per_epoch_dropping_last(num_samples: int, batch_size: int) -> int:
+    """Full batches in one epoch: ``floor(n / batch_size)`` (the remainder is dropped)."""
     if batch_size < 1 or num_samples < batch_size:
         raise DataError(
             f"Batch size {batch_size} needs at least {batch_size} training samples; "
             f"received {num_samples}."
         )
     return num_samples // batch_size
+
+
+def steps_per_epoch_keeping_last(num_samples: int, batch_size: int) -> int:
+    """Batches in one epoch when the last may be partial: ``ceil(n / batch_size)`` (Keras fit)."""
+    steps_per_epoch_dropping_last(num_samples, batch_size)  # same checks
+    return -(-num_samples // batch_size)
 
 
 def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
@@ -36,7 +42,7 @@ def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool = True) -
 def epoch_batches(num_samples: int, batch_size: int, seed: int, epoch: int,
                   shuffle: bool = True) -> np.ndarray:
     """An ``(steps_per_epoch, batch_size)`` int32 matrix: row ``i`` holds step ``i``'s samples."""
-    steps = steps_per_epoch(num_samples, batch_size)
+    steps = steps_per_epoch_dropping_last(num_samples, batch_size)
     order = epoch_order(num_samples, seed, epoch, shuffle)
     return order[: steps * batch_size].reshape(steps, batch_size)
 

@@ -1,31 +1,62 @@
 """Engines: how training steps run. Every engine takes the same inputs and returns a ``History``.
 
-An engine is a callable ``(model, dataset, spec, config, reporter) -> History``; it trains
-``model`` in place (the trained values end up in the Keras model's variables).
+An engine's ``train(model, dataset, spec, config, reporter) -> History`` trains ``model`` in
+place (the trained values end up in the Keras model's variables). All engines are registered in
+``ENGINES``, the one table; the native ones share ``kbackend.engines.loop``.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from kbackend.data import batching
+from kbackend.engines import data_parallel, keras_data_parallel, keras_fit, native
 from kbackend.errors import ConfigError
+from kbackend.history import History
 
-# name -> module exposing ``train(model, dataset, spec, config, reporter) -> History``
-_ENGINE_MODULES = {"keras": "kbackend.engines.keras_fit", "native": "kbackend.engines.native"}
-# Data-parallel engines (issue 6): kbackend/parallel.
-_ENGINE_MODULES["data_parallel"] = "kbackend.parallel.engine"
-_ENGINE_MODULES["keras_data_parallel"] = "kbackend.parallel.keras_engine"
+
+@dataclass(frozen=True)
+class Engine:
+    """One engine: its train function and the facts the run's checks need."""
+
+    train: Callable[..., History]
+    # Runs floor(n / batch) steps per epoch (a fused loop or an even device split needs one batch
+    # shape); otherwise ceil(n / batch), the last batch partial, as Keras fit does.
+    drops_last_batch: bool
+    # Runs K fused steps per device call (``fused_steps``); the others take only K = 1.
+    fuses_steps: bool
+
+    def __call__(self, *args: Any, **kwargs: Any) -> History:
+        """Train: ``train(model, dataset, spec, config, reporter)``."""
+        return self.train(*args, **kwargs)
+
+    def steps_per_epoch(self, n_train: int, batch_size: int) -> int:
+        """The optimizer steps one epoch of ``n_train`` samples takes with this engine."""
+        if self.drops_last_batch:
+            return batching.steps_per_epoch_dropping_last(n_train, batch_size)
+        return batching.steps_per_epoch_keeping_last(n_train, batch_size)
+
+
+ENGINES: dict[str, Engine] = {
+    "keras": Engine(keras_fit.train, drops_last_batch=False, fuses_steps=False),
+    "native": Engine(native.train, drops_last_batch=True, fuses_steps=True),
+    "data_parallel": Engine(data_parallel.train, drops_last_batch=True, fuses_steps=True),
+    "keras_data_parallel": Engine(keras_data_parallel.train, drops_last_batch=True,
+                                  fuses_steps=False),
+}
 
 
 def engine_names() -> list[str]:
     """The engines ``--engine`` accepts."""
-    return list(_ENGINE_MODULES)
+    return list(ENGINES)
 
 
-def get_engine(name: str) -> Callable[..., Any]:
-    """The ``train`` function of engine ``name``."""
-    if name not in _ENGINE_MODULES:
+def get_engine(name: str) -> Engine:
+    """The engine registered as ``name``."""
+    if name not in ENGINES:
         raise ConfigError(f"Unknown engine. Expected one of {engine_names()}. Received: {name!r}.")
-    return importlib.import_module(_ENGINE_MODULES[name]).train
+    return ENGINES[name]
+
+

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from kbackend.backend import keras as import_keras
+from kbackend.data import batching
 from kbackend.errors import ConfigError
 from kbackend.history import History
 
@@ -108,7 +109,7 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
     """Train ``model`` with ``model.fit`` and return the history in kbackend's format."""
     keras = import_keras()
     n_train = len(dataset.x_train)
-    steps_per_epoch = -(-n_train // config.batch_size)
+    steps_per_epoch = batching.steps_per_epoch_keeping_last(n_train, config.batch_size)
     batch_sizes = [config.batch_size] * (n_train // config.batch_size)
     if n_train % config.batch_size:
         batch_sizes.append(n_train % config.batch_size)

@@ -187,7 +187,7 @@ def run_optimizer_steps(model: Any, weights: list[np.ndarray], spec: OptimizerSp
     optimizer = make_optimizer(spec)
     snapshots, losses, sparse = {}, [], []
     for step in range(1, steps + 1):
-        loss, grads = impl().training_gradients(model, x, y)
+        loss, grads = impl().gradients(model, x, y, as_numpy=False)
         # A sparse gradient (tf.IndexedSlices for an Embedding on TF) is applied as it comes.
         sparse = [i for i, g in enumerate(grads) if hasattr(g, "indices")]
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
@@ -225,7 +225,7 @@ def evaluate(source: dict[str, Any], weights: list[np.ndarray], x: list[np.ndarr
     trainable_ids = {id(v) for v in model.trainable_variables}
     result["trainable_names"] = [n for n, v in zip(result["weight_names"], model.weights, strict=True)
                                  if id(v) in trainable_ids]
-    result["loss"], result["gradients"] = impl().loss_and_gradients(model, xs, ys)
+    result["loss"], result["gradients"] = impl().gradients(model, xs, ys)
     model.set_weights(weights)  # the TF training call moved BatchNormalization's statistics
     result["steps"] = {}
     for spec_dict in optimizers:
@@ -253,7 +253,7 @@ def channels_first_probe() -> str | None:
             model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Flatten()(x)))
             _compile(model, "mse")
             data = np.ones((2, 2, *([4] * rank)), np.float32)
-            impl().loss_and_gradients(model, data, np.ones((2, 1), np.float32))
+            impl().gradients(model, data, np.ones((2, 1), np.float32))
     except Exception as error:
         return f"{type(error).__name__}: {error}"
     return None

@@ -229,7 +229,7 @@ def slow_host_preprocessing(delay_s: float) -> Any:
 def prefetch_loop(work: probe.Workload, raw: np.ndarray, batch: int, steps: int, delay_s: float,
                   mode: str) -> dict[str, Any]:
     """``train_on_batch`` over a slow host pipeline, without prefetch or with it; monitored."""
-    from kbackend.data.prefetch import Prefetcher
+    from kbackend.hardware.prefetch import Prefetcher
     from kbackend.hardware.inputs import iterate_batches
     from kbackend.hardware.monitor import StepMonitor
     from kbackend.models import build_model

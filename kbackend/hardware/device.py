@@ -1,4 +1,4 @@
-"""What the hardware is and how busy it is: CPU features, GPU capability, utilization sampling.
+"""How busy the hardware is: utilization sampling (CPU features: ``kbackend.backends.capabilities``).
 
 Utilization comes from NVML (``nvidia-ml-py``) when an NVIDIA GPU is present and from ``psutil``
 (CPU) otherwise. Both imports are guarded: nothing here needs a GPU.
@@ -6,42 +6,8 @@ Utilization comes from NVML (``nvidia-ml-py``) when an NVIDIA GPU is present and
 
 from __future__ import annotations
 
-import functools
 import threading
-from pathlib import Path
 from typing import Any
-
-# CPU flags that make a reduced precision faster than float32 on a CPU (Intel AMX / AVX-512).
-_CPU_FLAGS = {"mixed_bfloat16": ("amx_bf16", "avx512_bf16"), "mixed_float16": ("amx_fp16", "avx512_fp16")}
-# Lowest NVIDIA compute capability with tensor cores for each policy (Volta fp16, Ampere bf16).
-_GPU_CAPABILITY = {"mixed_float16": (7, 0), "mixed_bfloat16": (8, 0)}
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU feature flags from /proc/cpuinfo (empty where that file does not exist)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
-
-
-def cpu_accelerates(policy: str) -> bool:
-    """Whether this CPU has instructions that make ``policy`` faster than float32."""
-    return any(flag in cpu_flags() for flag in _CPU_FLAGS.get(policy, ()))
-
-
-def gpu_accelerates(policy: str, capability: Any) -> bool:
-    """Whether an NVIDIA GPU of compute ``capability`` (``"8.0"`` or ``(8, 0)``) has tensor cores for ``policy``."""
-    if capability is None or policy not in _GPU_CAPABILITY:
-        return False
-    if isinstance(capability, str):
-        capability = tuple(int(p) for p in capability.split(".")[:2])
-    return tuple(capability) >= _GPU_CAPABILITY[policy]
 
 
 def _nvml() -> Any:

@@ -28,7 +28,6 @@ import numpy as np
 from kbackend.hardware.device import UtilizationSampler
 
 # Engines that feed a StepMonitor when TrainConfig.hardware_monitor is set.
-MONITORED_ENGINES = ("keras", "native")
 # A run whose steps spend more than this share of their time waiting for input is input-bound:
 # the device is then busy less than 80 % of the time, below the usual 80-100 % goal.
 INPUT_BOUND_SHARE = 0.20

@@ -19,9 +19,9 @@ import numpy as np
 from kbackend.backend import keras as import_keras
 from kbackend.data import DatasetInfo
 from kbackend.errors import KBackendError
-from kbackend.hardware.precision import precision_scope
 from kbackend.models import ModelOptions, build_model, model_layout
 from kbackend.optim import OptimizerSpec
+from kbackend.precision import precision_scope
 
 # Input shapes of the MNIST-shaped synthetic workload, per model layout.
 _SYNTHETIC_SHAPES = {"flat": (784,), "sequence": (28, 28)}

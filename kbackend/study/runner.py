@@ -457,7 +457,7 @@ class StudyRunner:
                 config = self.train_config(plan, max_steps=checkpoint - done, target=False,
                                            seed=self.config.seed + index)
                 done += train(config, dataset=self.dataset, model=model).history.steps_run
-            estimate = measure_noise_scale(lambda xb, yb: impl().batch_gradients(model, xb, yb),
+            estimate = measure_noise_scale(lambda xb, yb: impl().gradients(model, xb, yb, training=False)[1],
                                            x, y, small, big, self.config.noise_draws, rng)
             points.append({"step": done, **estimate.to_dict()})
         return points

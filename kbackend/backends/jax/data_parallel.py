@@ -1,27 +1,27 @@
-"""The JAX data-parallel native engine: the native driver with a sharded trainer.
+"""JAX data parallelism: the native engine's sharded trainer and Keras ``fit`` under ``DataParallel``.
 
-The loop (epochs, fused calls, evaluation points, targets, early stopping, history, compile
-timing) is ``kbackend.engines.native.train``'s; this module supplies its trainer,
-``DataParallelTrainer``, which runs ``jax_step``'s sharded train step instead of the
-single-device one. Batches are as in the native engine: each epoch a permutation fixed by
-``(seed, epoch)`` cut into full global batches of ``config.batch_size`` (the last partial batch
-is dropped: it could not be split evenly over the devices). In a multi-process job each process
-gathers only its own contiguous block of columns of every global batch; the devices of process
-p hold block p, so the global batch, and therefore the training, is the same as in one process.
-Validation runs on this process's copy of the (replicated) parameters.
+``DataParallelTrainer`` is the trainer of the one epoch loop (``kbackend.engines.loop``) for a
+data-parallel run: it runs ``step.py``'s sharded train step instead of the single-device one.
+Batches are as in the native engine: each epoch a permutation fixed by ``(seed, epoch)`` cut into
+full global batches (the last partial batch is dropped: it could not be split evenly over the
+devices). In a multi-process job each process gathers only its own contiguous block of columns
+of every global batch; the devices of process p hold block p, so the global batch, and therefore
+the training, is the same as in one process. Validation runs on this process's copy of the
+(replicated) parameters.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import jax
 import numpy as np
 
-from kbackend.history import History
-from kbackend.parallel import check_batch_split, device_count
-from kbackend.parallel.jax_step import (
+from kbackend.backends.jax.native import make_evaluator
+from kbackend.backends.jax.step import (
     initial_state,
     make_mesh,
     make_train_step,
@@ -31,26 +31,23 @@ from kbackend.parallel.jax_step import (
     split_for_pmap,
     to_host,
 )
+from kbackend.errors import ConfigError
 
 
 class DataParallelTrainer:
-    """The native driver's trainer for a data-parallel run (see ``kbackend.engines.native``)."""
+    """A ``Trainer`` (``kbackend.engines.loop``) for a data-parallel run over ``devices`` devices."""
 
-    def __init__(self, model: Any, spec: Any, dataset: Any, config: Any) -> None:
-        from kbackend.backends.jax_native import make_evaluator
-        from kbackend.errors import ConfigError
-
-        count = device_count(config)
-        batch = config.batch_size
-        per_device = check_batch_split(batch, count, config.num_processes)
+    def __init__(self, model: Any, spec: Any, dataset: Any, *, devices: int, batch_size: int,
+                 dp_impl: str) -> None:
+        count, batch = devices, batch_size
         processes, process = jax.process_count(), jax.process_index()
-        if config.dp_impl == "pmap" and processes > 1:
+        if dp_impl == "pmap" and processes > 1:
             raise ConfigError("--dp-impl pmap runs in one process; use --dp-impl shard_map for "
                               "multi-process jobs.")
-        self.model, self.pmap, self.count = model, config.dp_impl == "pmap", count
+        self.model, self.pmap, self.count = model, dp_impl == "pmap", count
         self.mesh = make_mesh(jax.devices()[:count])
         tx = spec.to_optax()
-        self.step = make_train_step(model, tx, self.mesh, config.dp_impl)
+        self.step = make_train_step(model, tx, self.mesh, dp_impl)
         start = initial_state(model, tx)
         self.state = self._place_state(start)
         self.columns = slice(process * (batch // processes), (process + 1) * (batch // processes))
@@ -59,8 +56,8 @@ class DataParallelTrainer:
         self._compiled: dict[int, Any] = {}
         self.trace_counts: dict[int, int] = {}
         self.history_extra = {"engine": "data_parallel", "devices": count,
-                              "per_device_batch": per_device, "processes": processes,
-                              "dp_impl": config.dp_impl, "losses_are_global_batch_means": True}
+                              "per_device_batch": batch // count, "processes": processes,
+                              "dp_impl": dp_impl, "losses_are_global_batch_means": True}
 
     def _place_state(self, state: Any) -> Any:
         return replicate_for_pmap(state, self.count) if self.pmap else replicate(state, self.mesh)
@@ -126,15 +123,45 @@ class DataParallelTrainer:
             variable.assign(value)
 
 
-def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None) -> History:
-    """Train ``model`` data parallel over ``config.devices`` devices; return the history."""
-    from kbackend.engines import native
-    from kbackend.errors import ConfigError
+@contextmanager
+def data_parallel_scope(count: int) -> Iterator[Any]:
+    """A scope in which Keras models built, compiled and fit run data parallel on ``count`` devices.
 
-    if config.fused_steps == 0:
-        # The probe measures one device, and each process would pick its own K: the processes'
-        # compiled programs (and their collectives) must match.
-        raise ConfigError("--fused-steps auto is single-device only: pass a number of fused "
-                          "steps with --engine data_parallel.")
-    return native.train(model, dataset, spec, config, reporter,
-                        trainer_factory=lambda m, s, d: DataParallelTrainer(m, s, d, config))
+    ``keras.distribution.DataParallel``: variables replicated, every batch split along its first
+    axis across the devices, gradients reduced by XLA's SPMD partitioner.
+    """
+    import keras  # deferred: Keras is imported once the backend is chosen
+
+    distribution = keras.distribution.DataParallel(devices=jax.devices()[:count])
+    # In a multi-process job each process already feeds its own block (keras_fit_inputs).
+    distribution.auto_shard_dataset = False
+    with distribution.scope():
+        yield distribution
+
+
+def keras_fit_inputs(x: Any, y: Any, batch_size: int) -> tuple[Any, Any, int]:
+    """What this process passes to ``fit`` under ``DataParallel``: its own block of the data.
+
+    Keras on JAX assembles each global batch from the per-process batches, so process p feeds
+    the p-th block of samples with a per-process batch of ``batch_size / processes``.
+    """
+    processes, index = jax.process_count(), jax.process_index()
+    if processes == 1:
+        return x, y, batch_size
+    block = len(x) // processes
+    return (x[index * block:(index + 1) * block], y[index * block:(index + 1) * block],
+            batch_size // processes)
+
+
+def data_parallel_jit_compile(requested: bool) -> bool:
+    """Keras on JAX always compiles with XLA; ``DataParallel`` keeps what was asked for."""
+    return requested
+
+
+def data_parallel_clone_layer(layer: Any) -> Any:
+    """A fresh copy of ``layer`` for a data-parallel replica of its model.
+
+    Under ``DataParallel`` XLA partitions one global computation, so BatchNormalization already
+    sees the whole batch: plain copies.
+    """
+    return layer.__class__.from_config(layer.get_config())

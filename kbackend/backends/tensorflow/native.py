@@ -8,7 +8,7 @@ so the math is the one documented in ``kbackend.optim``.
 The loop's trip count is a tensor, not a Python int: calling a fresh loop with 0 steps compiles
 it (and times the compilation) without training, and the real calls reuse that program.
 
-Reached only through ``kbackend.backends.tf_backend`` (the dispatch point).
+Reached only through ``kbackend.backends.ops()`` (the dispatch point).
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ class NativeTrainer:
                           pad_to_chunks(dataset.x_val, dataset.y_val, EVAL_CHUNK))
         self._compiled: dict[int, Any] = {}
         self.trace_counts: dict[int, int] = {}
+        self.history_extra: dict[str, Any] = {}
         self._evaluate = tf.function(self._evaluate_fn, jit_compile=True)
 
     # -- training -------------------------------------------------------------------------

@@ -14,9 +14,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from kbackend import distributed
 from kbackend.backend import keras as import_keras
+from kbackend.backends import impl
+from kbackend.config import check_batch_split
+from kbackend.engines import keras_fit
 from kbackend.history import History
-from kbackend.parallel import check_batch_split, device_count
 
 
 def whole_batches(dataset: Any, batch_size: int) -> Any:
@@ -27,18 +30,13 @@ def whole_batches(dataset: Any, batch_size: int) -> Any:
 
 def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None) -> History:
     """Train ``model`` with ``fit`` data parallel over ``config.devices`` devices."""
-    from kbackend.parallel import run_guarded
-
-    return run_guarded(_train, model, dataset, spec, config, reporter)
+    return distributed.run_guarded(_train, model, dataset, spec, config, reporter)
 
 
 def _train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None) -> History:
-    from kbackend.backends import impl
-    from kbackend.engines import keras_fit
-
     keras = import_keras()
     backend = impl()
-    count = device_count(config)
+    count = distributed.device_count(config)
     per_device = check_batch_split(config.batch_size, count, config.num_processes)
     trimmed = whole_batches(dataset, config.batch_size)
     x, y, batch_size = backend.keras_fit_inputs(trimmed.x_train, trimmed.y_train, config.batch_size)

@@ -1,14 +1,14 @@
 """The native JAX train loop: Keras's stateless API, ``jax.value_and_grad``, optax, ``lax.scan``.
 
-The train step is the shared one in ``backends/jax_step.py`` (``(state, batch) -> (state,
+The train step is the shared one in ``step.py`` (``(state, batch) -> (state,
 metrics)``, also used by the data-parallel engine); this module only feeds it. ``K`` steps run
 in one compiled call: ``lax.scan`` over ``K`` rows of sample indices, each row gathered from the
 training split that lives on the device for the whole run.
 The state buffers are donated, so XLA updates the parameters in place. Each call's length is
 compiled once, ahead of time (``jit(...).lower(...).compile()``), which also times compilation.
 
-Reached through ``kbackend.backends.jax_backend`` (the dispatch point); the data-parallel engine
-(itself reached only through it) reuses ``make_evaluator``.
+Reached through ``kbackend.backends.ops()`` (the dispatch point); ``data_parallel.py`` reuses
+``make_evaluator``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kbackend.backends.jax_step import initial_state, make_step
+from kbackend.backends.jax.step import initial_state, make_step
 from kbackend.data.batching import pad_to_chunks
 
 EVAL_CHUNK = 1024  # validation samples per forward pass (the split is padded to a multiple)
@@ -74,6 +74,7 @@ class NativeTrainer:
         self.y_train = jax.device_put(dataset.y_train)
         self._compiled: dict[int, Any] = {}
         self.trace_counts: dict[int, int] = {}
+        self.history_extra: dict[str, Any] = {}
         self._evaluate = make_evaluator(model, dataset)
 
     # -- training -------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from kbackend.backends import impl
 from kbackend.errors import ConfigError
 
 _DONE = object()
@@ -36,8 +37,6 @@ class Prefetcher:
         if not isinstance(depth, int) or depth < 1:
             raise ConfigError(f"Invalid prefetch depth {depth!r}: expected an integer >= 1.")
         if to_device and transfer is None:
-            from kbackend.backends import impl
-
             transfer = impl().to_device
         self.depth = depth
         self._transfer = transfer

@@ -5,61 +5,37 @@ global batch is split into equal per-device shards, every device holds the same 
 gradients are averaged, and every device applies the same update.
 
 - ``--engine data_parallel`` (JAX): a pmap-style native engine written with ``jax.shard_map``
-  (``kbackend.parallel.jax_engine``); ``--dp-impl pmap`` runs the same step under ``jax.pmap``.
+  (``kbackend.engines.data_parallel``, trainer in ``kbackend.backends.jax.data_parallel``);
+  ``--dp-impl pmap`` runs the same step under ``jax.pmap``.
 - ``--engine keras --data-parallel``: Keras ``fit`` under ``keras.distribution.DataParallel``
-  (JAX) or ``tf.distribute.MirroredStrategy`` (TF) (``kbackend.parallel.keras_engine``).
+  (JAX) or ``tf.distribute.MirroredStrategy`` (TF) (``kbackend.engines.keras_data_parallel``).
 - ``--num-processes N --process-id I --coordinator HOST:PORT``: the same engines across processes
   (``jax.distributed`` with gloo on CPU; ``MultiWorkerMirroredStrategy`` on TF), each process
   feeding its own shard of every batch; ``kbackend launch`` starts such a job on one machine.
 
-This module holds the backend-independent parts: option checks, device resolution, engine
-choice and "only process 0 writes". Backend-specific pieces live in ``kbackend.backends``.
+This module holds the backend-free job plumbing: option checks, device resolution, engine
+choice, the coordinator check, "only process 0 writes" and ending a process whose peer died.
+Backend-specific pieces live in ``kbackend.backends``.
 """
 
 from __future__ import annotations
 
-import re
+import os
+import socket
+import sys
+import time
+import traceback
 from typing import Any
 
-from kbackend.errors import ConfigError
+from kbackend.backends import impl
+from kbackend.config import validate_parallel_options
+from kbackend.errors import ConfigError, KBackendError
 
-DP_IMPLS = ("shard_map", "pmap")
 NATIVE_ENGINE = "data_parallel"
 KERAS_ENGINE = "keras_data_parallel"
 # Engines whose data-parallel version is one of the above.
 _DATA_PARALLEL_ENGINES = {"keras": KERAS_ENGINE, "native": NATIVE_ENGINE,
                           NATIVE_ENGINE: NATIVE_ENGINE, KERAS_ENGINE: KERAS_ENGINE}
-_COORDINATOR = re.compile(r"^[A-Za-z0-9_.\-]+:\d{1,5}$|^\[[0-9A-Fa-f:]+\]:\d{1,5}$")
-
-
-def validate_options(config: Any) -> None:
-    """Check the parallel fields of a ``TrainConfig`` (raises ``ConfigError``)."""
-    for name in ("devices", "virtual_devices"):
-        value = getattr(config, name)
-        if not isinstance(value, int) or value < 0:
-            raise ConfigError(f"Invalid {name} {value!r}: expected an integer >= 0 (0: all / none).")
-    if config.dp_impl not in DP_IMPLS:
-        raise ConfigError(f"Invalid dp_impl. Expected one of {list(DP_IMPLS)}. Received: {config.dp_impl!r}.")
-    if not isinstance(config.num_processes, int) or config.num_processes < 1:
-        raise ConfigError(f"Invalid num_processes {config.num_processes!r}: expected an integer >= 1.")
-    if not isinstance(config.process_id, int) or not 0 <= config.process_id < config.num_processes:
-        raise ConfigError(
-            f"Invalid process_id {config.process_id!r}: expected an integer in "
-            f"[0, {config.num_processes}) for num_processes={config.num_processes}."
-        )
-    if config.num_processes > 1:
-        if not config.coordinator or not _COORDINATOR.match(config.coordinator):
-            raise ConfigError(
-                f"Invalid coordinator {config.coordinator!r}: multi-process training needs "
-                "--coordinator HOST:PORT (e.g. 127.0.0.1:12355)."
-            )
-        port = int(config.coordinator.rsplit(":", 1)[1])
-        if not 0 < port < 65536:
-            raise ConfigError(f"Invalid coordinator port {port}: expected 1-65535.")
-    for name in ("coordinator_timeout", "heartbeat_timeout"):
-        value = getattr(config, name)
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"Invalid {name} {value!r}: expected an integer >= 1 (seconds).")
 
 
 def is_parallel(config: Any) -> bool:
@@ -83,26 +59,25 @@ def engine_name(config: Any) -> str:
 def prepare(config: Any) -> None:
     """Set up what a parallel run needs before anything runs on a device.
 
-    Creates virtual CPU devices, joins a multi-process job, and checks the device count and the
-    batch split. Runs at the start of ``kbackend.training.train``.
+    Creates virtual CPU devices and joins a multi-process job. Runs at the start of
+    ``kbackend.training.train``, before its data and batch checks (``kbackend.config.check_run``).
     """
-    from kbackend.backends import impl
-
-    validate_options(config)
+    validate_parallel_options(config)
     backend = impl()
     if config.virtual_devices:
         backend.setup_virtual_devices(config.virtual_devices)
     if config.num_processes > 1:
+        def coordinator_reachable() -> None:
+            check_coordinator(config.coordinator, config.process_id, config.num_processes,
+                              config.coordinator_timeout)
+
         backend.initialize_processes(config.coordinator, config.num_processes, config.process_id,
-                                     config.coordinator_timeout, config.heartbeat_timeout)
-    if is_parallel(config):
-        check_batch_split(config.batch_size, device_count(config), config.num_processes)
+                                     config.coordinator_timeout, config.heartbeat_timeout,
+                                     coordinator_reachable)
 
 
 def device_count(config: Any) -> int:
     """The number of devices a run of ``config`` uses (``devices``, or all of them when 0)."""
-    from kbackend.backends import impl
-
     backend = impl()
     available = backend.device_count()
     if config.devices == 0:
@@ -122,24 +97,8 @@ def device_count(config: Any) -> int:
     return config.devices
 
 
-def check_batch_split(batch_size: int, devices: int, processes: int = 1) -> int:
-    """The per-device batch; ``ConfigError`` naming both numbers unless the split is even."""
-    if batch_size % devices:
-        raise ConfigError(
-            f"Global batch size {batch_size} does not divide evenly over {devices} devices: "
-            f"use a batch size that is a multiple of {devices} (e.g. {devices * max(1, batch_size // devices)})."
-        )
-    if batch_size % processes:
-        raise ConfigError(
-            f"Global batch size {batch_size} does not divide evenly over {processes} processes."
-        )
-    return batch_size // devices
-
-
 def process_index() -> int:
     """This process's index in a multi-process job (0 when alone)."""
-    from kbackend.backends import impl
-
     return impl().process_index()
 
 
@@ -155,15 +114,10 @@ def abort_job(error: BaseException, process: int, processes: int, code: int = 3)
     shutdown would wait on the dead peer's barrier and then abort with a C++ stack trace, so the
     process prints why and exits with ``code`` without running exit handlers.
     """
-    import os
-    import sys
-
     text = str(error).strip()
     first_line = text.splitlines()[0] if text else type(error).__name__
     sys.stdout.flush()
     if os.environ.get("KBACKEND_DEBUG"):
-        import traceback
-
         traceback.print_exception(error)
     sys.stderr.write(
         f"kbackend: error: process {process} of {processes} stopped: {type(error).__name__}: "
@@ -176,9 +130,6 @@ def abort_job(error: BaseException, process: int, processes: int, code: int = 3)
 def run_guarded(function: Any, *args: Any, **kwargs: Any) -> Any:
     """``function(*args, **kwargs)``; in a multi-process job, a failure other than bad input
     (a lost peer) ends this process with a clear message instead of a hang or an abort."""
-    from kbackend.backends import impl
-    from kbackend.errors import KBackendError
-
     backend = impl()
     try:
         return function(*args, **kwargs)
@@ -197,9 +148,6 @@ def check_coordinator(coordinator: str, process_id: int, processes: int, timeout
     connection to it for up to ``timeout_s`` seconds. (The frameworks' own clients terminate
     the process with a C++ stack trace when the coordinator is unreachable.)
     """
-    import socket
-    import time
-
     host, _, port_text = coordinator.rpartition(":")
     host, port = host.strip("[]"), int(port_text)
     if process_id == 0:

@@ -1,0 +1,65 @@
+"""JAX: the one gradient helper (training-mode Keras loss or inference-mode cross-entropy)."""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import Any
+
+import jax
+import numpy as np
+
+# model -> {training flag -> jitted value-and-grad}; entries live and die with their model.
+_GRADIENT_FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _gradient_function(model: Any, training: bool) -> Any:
+    functions = _GRADIENT_FUNCTIONS.setdefault(model, {})
+    if training not in functions:
+        if training:
+            loss_fn = functools.partial(model.compute_loss_and_updates, training=True)
+            functions[training] = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))
+        else:
+            import keras  # deferred: Keras is imported once the backend is chosen
+
+            def mean_loss(trainable, non_trainable, inputs, labels):
+                probabilities, _ = model.stateless_call(trainable, non_trainable, inputs,
+                                                        training=False)
+                return jax.numpy.mean(
+                    keras.losses.sparse_categorical_crossentropy(labels, probabilities))
+
+            functions[training] = jax.jit(jax.value_and_grad(mean_loss))
+    return functions[training]
+
+
+def gradients(model: Any, x: Any, y: Any, *, training: bool = True,
+              as_numpy: bool = True) -> tuple[Any, list[Any]]:
+    """The loss of ``model`` on ``(x, y)`` and its gradients, in ``model.trainable_variables`` order.
+
+    ``training=True``: Keras's own compiled loss in training mode (``compute_loss_and_updates``,
+    what ``fit`` differentiates on JAX; regularization losses count); the updated non-trainable
+    state (BatchNormalization's moving statistics) is written back, as a train step does. The
+    model must be compiled. ``training=False``: the mean sparse categorical cross-entropy of an
+    inference-mode forward pass (no dropout noise, moving statistics), a function of the weights
+    and the batch alone. ``as_numpy=False`` returns backend arrays. One jitted function per
+    (model, mode), compiled once per batch shape.
+    """
+    function = _gradient_function(model, training)
+    trainable = [v.value for v in model.trainable_variables]
+    non_trainable = [v.value for v in model.non_trainable_variables]
+    if training:
+        (loss, aux), grads = function(
+            trainable, non_trainable, [v.value for v in model.metrics_variables], x, y, None,
+            optimizer_variables=[v.value for v in model.optimizer.variables])
+        for variable, value in zip(model.non_trainable_variables, aux[2], strict=True):
+            variable.assign(value)
+    else:
+        loss, grads = function(trainable, non_trainable, jax.numpy.asarray(x), jax.numpy.asarray(y))
+    if as_numpy:
+        return float(loss), [np.asarray(g) for g in grads]
+    return loss, list(grads)
+
+
+def bias_add_misroutes(model: Any, x: Any) -> list[str]:
+    """Always empty: JAX's ``add`` broadcasts and never guesses a bias axis (see the TF backend)."""
+    return []

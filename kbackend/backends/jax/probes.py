@@ -1,0 +1,54 @@
+"""JAX: what this installation and its hardware support (data formats, precisions, matmul peak)."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kbackend.backends.capabilities import precision_accelerated
+
+
+def supports_channels_first_conv() -> bool:
+    """XLA on every JAX platform implements NCHW convolutions."""
+    return True
+
+
+def precision_support() -> dict[str, dict[str, bool]]:
+    """For each Keras dtype policy: whether it runs here and whether the hardware accelerates it."""
+    device = jax.devices()[0]
+    result = {}
+    for policy, dtype in (("mixed_bfloat16", jnp.bfloat16), ("mixed_float16", jnp.float16)):
+        try:
+            x = jnp.ones((8, 8), dtype)
+            jax.block_until_ready(x @ x)
+            runs = True
+        except Exception:  # an unsupported dtype fails in many ways across platforms
+            runs = False
+        accelerated = precision_accelerated(policy, device.platform,
+                                            getattr(device, "compute_capability", None))
+        result[policy] = {"runs": runs, "accelerated": bool(runs and accelerated)}
+    result["float32"] = {"runs": True, "accelerated": True}
+    return result
+
+
+def matmul_flops(n: int = 1024, dtype: str = "float32", repeats: int = 10,
+                 jit: bool = True) -> dict[str, float]:
+    """Measured FLOP/s of an ``n x n`` matmul (jitted or op by op): median over ``repeats`` calls."""
+    key_a, key_b = jax.random.split(jax.random.PRNGKey(0))
+    a = jax.random.normal(key_a, (n, n), dtype=dtype)
+    b = jax.random.normal(key_b, (n, n), dtype=dtype)
+    matmul = jax.jit(jnp.matmul) if jit else jnp.matmul
+    start = time.perf_counter()
+    jax.block_until_ready(matmul(a, b))
+    compile_s = time.perf_counter() - start
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(matmul(a, b))
+        times.append(time.perf_counter() - start)
+    median = float(np.median(times))
+    return {"n": n, "dtype": dtype, "jit": jit, "median_s": median, "flops": 2.0 * n**3 / median,
+            "best_flops": 2.0 * n**3 / min(times), "compile_s": compile_s}

@@ -1,0 +1,71 @@
+"""The tensorflow backend: every member of ``kbackend.backends.BackendOps``, from its modules.
+
+Same module names in ``backends/jax`` and ``backends/tensorflow``: ``ops`` (devices, processes,
+memory, transfers), ``native`` (the fused single-device trainer), ``data_parallel``, ``gradients``,
+``probes`` (what the installation supports). Reached only through ``kbackend.backends.impl()``.
+"""
+
+from kbackend.backends.tensorflow.data_parallel import (
+    DataParallelTrainer,
+    data_parallel_clone_layer,
+    data_parallel_jit_compile,
+    data_parallel_scope,
+    keras_fit_inputs,
+)
+from kbackend.backends.tensorflow.gradients import bias_add_misroutes, gradients
+from kbackend.backends.tensorflow.native import NativeTrainer
+from kbackend.backends.tensorflow.ops import (
+    block_until_ready,
+    device_count,
+    device_memory_in_use,
+    device_scope,
+    devices,
+    framework_versions,
+    initialize_processes,
+    local_device_count,
+    platform,
+    process_count,
+    process_index,
+    setup_virtual_devices,
+    start,
+    to_device,
+    to_numpy,
+)
+from kbackend.backends.tensorflow.probes import (
+    matmul_flops,
+    precision_support,
+    supports_channels_first_conv,
+)
+
+# The Protocol's names for the two trainer factories.
+native_trainer = NativeTrainer
+data_parallel_trainer = DataParallelTrainer
+
+__all__ = [
+    "bias_add_misroutes",
+    "block_until_ready",
+    "data_parallel_clone_layer",
+    "data_parallel_jit_compile",
+    "data_parallel_scope",
+    "data_parallel_trainer",
+    "device_count",
+    "device_memory_in_use",
+    "device_scope",
+    "devices",
+    "framework_versions",
+    "gradients",
+    "initialize_processes",
+    "keras_fit_inputs",
+    "local_device_count",
+    "matmul_flops",
+    "native_trainer",
+    "platform",
+    "precision_support",
+    "process_count",
+    "process_index",
+    "setup_virtual_devices",
+    "start",
+    "supports_channels_first_conv",
+    "to_device",
+    "to_numpy",
+]

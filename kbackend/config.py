@@ -1,0 +1,226 @@
+"""A training run's configuration and every check that can fail, run once before any work.
+
+``TrainConfig`` checks each field on construction (types, ranges, names). ``check_run`` checks
+what needs the data and the engine too (batch size against the training split and the devices,
+fused steps against the engine and the epoch), and ``check_output_path`` that a file can be
+written where the user asked, so that a bad value is a one-line error in the first second, never
+a run lost after training.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kbackend.data import batching, check_batch_size
+from kbackend.errors import ConfigError
+from kbackend.models import ModelOptions
+from kbackend.optim import OptimizerSpec
+from kbackend.precision import PRECISIONS
+
+# Engines the utilization monitor can time (kbackend.hardware.monitor).
+MONITORED_ENGINES = ("keras", "native")
+DP_IMPLS = ("shard_map", "pmap")
+_COORDINATOR = re.compile(r"^[A-Za-z0-9_.\-]+:\d{1,5}$|^\[[0-9A-Fa-f:]+\]:\d{1,5}$")
+
+MONITORS = ("val_accuracy", "val_loss")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Stop training once validation ``metric`` reaches ``value`` (>= for accuracy, <= for loss)."""
+
+    metric: str = "val_accuracy"
+    value: float = 0.9
+
+    def __post_init__(self) -> None:
+        if self.metric not in MONITORS:
+            raise ConfigError(f"Invalid target metric. Expected one of {list(MONITORS)}. Received: {self.metric!r}.")
+        if self.metric == "val_accuracy" and not 0.0 < self.value <= 1.0:
+            raise ConfigError(
+                f"Invalid target val_accuracy={self.value!r}: accuracy can only reach values in (0, 1]."
+            )
+        if self.metric == "val_loss" and self.value <= 0.0:
+            raise ConfigError(f"Invalid target val_loss={self.value!r}: cross-entropy targets must be > 0.")
+
+    def reached(self, record: dict[str, float]) -> bool:
+        """Whether an evaluation record meets the target."""
+        if self.metric not in record:
+            return False
+        if self.metric == "val_accuracy":
+            return record[self.metric] >= self.value
+        return record[self.metric] <= self.value
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a training run."""
+
+    model: str = "seed_mlp"
+    dataset: str = "digits"
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    batch_size: int = 32
+    epochs: int = 5
+    engine: str = "keras"
+    jit_compile: bool = True
+    steps_per_execution: int = 1
+    early_stopping: int = 0
+    monitor: str = "val_accuracy"
+    seed: int = 0
+    model_options: ModelOptions = field(default_factory=ModelOptions)
+    validation_fraction: float = 0.1
+    data_dir: str | None = None
+    # Steps per compiled call of the native engine (K train steps fused into one device call);
+    # 0: chosen by a short measured probe (kbackend.engines.native.probe_fused_steps); only
+    # the engines that fuse steps (native, data_parallel) take a value other than 1..
+    fused_steps: int = 1
+    # Validate every this many steps (0: once per epoch). The Keras engine validates per epoch.
+    eval_every: int = 0
+    # Stop after this many steps (0: ``epochs`` decides).
+    max_steps: int = 0
+    # Stop as soon as an evaluation reaches this target (None: train to the end).
+    target: Target | None = None
+    # Parallel runs (kbackend.distributed, docs/parallel.md).
+    # Devices to split each batch over (0: all the job has); > 1 implies data parallelism.
+    devices: int = 0
+    # Run the data-parallel version of ``engine`` (keras -> keras_data_parallel, native -> data_parallel).
+    data_parallel: bool = False
+    # How the native data-parallel engine maps the step onto devices: shard_map or pmap.
+    dp_impl: str = "shard_map"
+    # Split the host CPU into this many virtual devices before the runtime starts (0: leave it).
+    virtual_devices: int = 0
+    # Multi-process job: this process is ``process_id`` of ``num_processes``; process 0 hosts
+    # the coordinator at ``coordinator`` (HOST:PORT).
+    num_processes: int = 1
+    process_id: int = 0
+    coordinator: str | None = None
+    # Seconds to wait for the coordinator / a collective; seconds without heartbeat = dead peer.
+    coordinator_timeout: int = 60
+    heartbeat_timeout: int = 10
+    # Keras dtype policy the model is built under: float32, mixed_bfloat16 or mixed_float16.
+    precision: str = "float32"
+    # Record per-step input wait vs compute, utilization and memory (history.extra["monitor"]).
+    hardware_monitor: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("fused_steps", "eval_every", "max_steps"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ConfigError(f"Invalid {name} {getattr(self, name)!r}: expected an integer >= 0.")
+        if not isinstance(self.epochs, int) or self.epochs < 1:
+            raise ConfigError(f"Invalid epochs {self.epochs!r}: expected a positive integer.")
+        if not isinstance(self.steps_per_execution, int) or self.steps_per_execution < 1:
+            raise ConfigError(
+                f"Invalid steps_per_execution {self.steps_per_execution!r}: expected >= 1."
+            )
+        if self.early_stopping < 0:
+            raise ConfigError(f"Invalid early_stopping patience {self.early_stopping!r}: expected >= 0.")
+        if self.monitor not in MONITORS:
+            raise ConfigError(f"Invalid monitor. Expected one of {list(MONITORS)}. Received: {self.monitor!r}.")
+        validate_parallel_options(self)
+        if self.precision not in PRECISIONS:
+            raise ConfigError(
+                f"Invalid precision. Expected one of {list(PRECISIONS)}. Received: {self.precision!r}.")
+        if self.precision == "mixed_float16" and self.engine != "keras":
+            raise ConfigError(
+                "mixed_float16 needs loss scaling, which only the keras engine applies "
+                f"(LossScaleOptimizer). Received: engine={self.engine!r}; use mixed_bfloat16 or "
+                "--engine keras.")
+        if self.hardware_monitor and self.engine not in MONITORED_ENGINES:
+            raise ConfigError(
+                f"The hardware monitor is supported with engines {list(MONITORED_ENGINES)} "
+                f"(see docs/hardware.md). Received: engine={self.engine!r}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def validate_parallel_options(config: Any) -> None:
+    """Check the parallel fields of a ``TrainConfig`` (raises ``ConfigError``)."""
+    for name in ("devices", "virtual_devices"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or value < 0:
+            raise ConfigError(f"Invalid {name} {value!r}: expected an integer >= 0 (0: all / none).")
+    if config.dp_impl not in DP_IMPLS:
+        raise ConfigError(f"Invalid dp_impl. Expected one of {list(DP_IMPLS)}. Received: {config.dp_impl!r}.")
+    if not isinstance(config.num_processes, int) or config.num_processes < 1:
+        raise ConfigError(f"Invalid num_processes {config.num_processes!r}: expected an integer >= 1.")
+    if not isinstance(config.process_id, int) or not 0 <= config.process_id < config.num_processes:
+        raise ConfigError(
+            f"Invalid process_id {config.process_id!r}: expected an integer in "
+            f"[0, {config.num_processes}) for num_processes={config.num_processes}."
+        )
+    if config.num_processes > 1:
+        if not config.coordinator or not _COORDINATOR.match(config.coordinator):
+            raise ConfigError(
+                f"Invalid coordinator {config.coordinator!r}: multi-process training needs "
+                "--coordinator HOST:PORT (e.g. 127.0.0.1:12355)."
+            )
+        port = int(config.coordinator.rsplit(":", 1)[1])
+        if not 0 < port < 65536:
+            raise ConfigError(f"Invalid coordinator port {port}: expected 1-65535.")
+    for name in ("coordinator_timeout", "heartbeat_timeout"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"Invalid {name} {value!r}: expected an integer >= 1 (seconds).")
+
+
+def check_run(config: TrainConfig, n_train: int, engine: Any, devices: int = 1) -> None:
+    """Everything about ``config`` that needs the data and the engine, checked before any work.
+
+    ``engine`` is the ``kbackend.engines.Engine`` that will run (its ``fuses_steps`` and
+    ``steps_per_epoch``); ``devices`` the devices each global batch is split over.
+    """
+    check_batch_size(config.batch_size, n_train)
+    if devices > 1 or config.num_processes > 1:
+        check_batch_split(config.batch_size, devices, config.num_processes)
+    if not engine.fuses_steps:
+        if config.fused_steps != 1:
+            shown = "auto" if config.fused_steps == 0 else config.fused_steps
+            raise ConfigError(
+                f"Invalid --fused-steps {shown}: the {config.engine} engine runs one step per "
+                "call; use --engine native to fuse steps, or --steps-per-execution with Keras fit.")
+        return
+    if config.fused_steps:
+        steps = batching.steps_per_epoch_dropping_last(n_train, config.batch_size)
+        batching.check_fused_steps(config.fused_steps, steps, n_train, config.batch_size)
+
+
+def check_batch_split(batch_size: int, devices: int, processes: int = 1) -> int:
+    """The per-device batch; ``ConfigError`` naming both numbers unless the split is even."""
+    if batch_size % devices:
+        raise ConfigError(
+            f"Global batch size {batch_size} does not divide evenly over {devices} devices: "
+            f"use a batch size that is a multiple of {devices} (e.g. {devices * max(1, batch_size // devices)})."
+        )
+    if batch_size % processes:
+        raise ConfigError(
+            f"Global batch size {batch_size} does not divide evenly over {processes} processes."
+        )
+    return batch_size // devices
+
+
+def check_output_path(path: str | os.PathLike, flag: str, suffix: str | None = None) -> Path:
+    """``path`` if a file can be written there, else a one-line ``ConfigError`` naming ``flag``.
+
+    Checked before any work: the folder exists (or can be created) and is writable, and the path
+    itself is not a folder. ``suffix`` (e.g. ``.keras``) is required where the format needs it.
+    """
+    target = Path(path)
+    shown = str(path)
+    if suffix is not None and target.suffix != suffix:
+        raise ConfigError(f"Invalid {flag} path {shown!r}: expected a file name ending in {suffix}.")
+    if target.is_dir():
+        raise ConfigError(f"Invalid {flag} path {shown!r}: it is a folder; expected a file path.")
+    folder = target.parent
+    existing = folder
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"Invalid {flag} path {shown!r}: {str(existing)!r} is a file, not a folder.")
+    if not os.access(existing, os.W_OK | os.X_OK) or (
+            target.exists() and not os.access(target, os.W_OK)):
+        raise ConfigError(f"Invalid {flag} path {shown!r}: {str(existing)!r} is not writable.")
+    return target

@@ -1,0 +1,241 @@
+"""The one epoch loop of the native engines: fused calls, evaluation points, targets, stopping.
+
+Every engine that drives its own compiled calls (``native``, ``data_parallel``) hands a
+``Trainer`` (the protocol in ``kbackend.backends``) to ``run``; the Keras ``fit`` engines use
+Keras's loop. How a run goes:
+
+* Each epoch, a permutation fixed by ``(seed, epoch)`` is cut into full batches (the last
+  ``n % batch_size`` samples of the shuffled order are dropped: a fused loop needs one batch
+  shape) and its index matrix goes to the trainer at the start of the epoch (``put_epoch``).
+* An epoch runs as calls of ``fused_steps`` (K) steps, the last one shorter when K does not
+  divide the epoch; a call never spans two epochs. Each distinct call length is compiled once
+  (at most two per run, three if ``max_steps`` cuts a call short); ``history.timing
+  ["compile_time"]`` is the part of ``train_time`` spent compiling.
+* Calls are dispatched asynchronously; the host waits only at evaluation points and epoch ends.
+  Per-step times are the measured times at those waits, spread evenly over the steps between
+  them (a fused call has no finer clock).
+* Validation runs once per epoch (``eval_every`` 0) or after the first call that reaches each
+  multiple of ``eval_every`` steps (so with K > 1 it is rounded up to a call boundary), and at the
+  end. Targets, early stopping (patience in evaluations, best values restored) and the reporter
+  act at those points. Training time excludes evaluation.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kbackend.backends import Trainer
+from kbackend.data import batching
+from kbackend.hardware.monitor import StepMonitor
+from kbackend.history import History
+
+__all__ = ["EarlyStopping", "EpochRunner", "Plan", "Trainer", "run"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How many steps a run takes and where it evaluates."""
+
+    n_train: int
+    batch_size: int
+    epochs: int
+    fused_steps: int
+    steps_per_epoch: int
+    total_steps: int
+    eval_every: int
+
+    @classmethod
+    def of(cls, config: Any, n_train: int, fused_steps: int) -> Plan:
+        """The plan of ``config`` on ``n_train`` samples with K = ``fused_steps`` (checked)."""
+        steps = batching.steps_per_epoch_dropping_last(n_train, config.batch_size)
+        batching.check_fused_steps(fused_steps, steps, n_train, config.batch_size)
+        total = steps * config.epochs
+        if config.max_steps:
+            total = min(total, config.max_steps)
+        return cls(n_train, config.batch_size, config.epochs, fused_steps, steps, total,
+                   config.eval_every or steps)
+
+    @property
+    def dropped_per_epoch(self) -> int:
+        return self.n_train - self.steps_per_epoch * self.batch_size
+
+
+class EarlyStopping:
+    """Patience counted in evaluations; remembers the best values to restore at the end."""
+
+    def __init__(self, monitor: str, patience: int) -> None:
+        self.monitor, self.patience = monitor, patience
+        self.best: float | None = None
+        self.best_snapshot: Any = None
+        self.waited = 0
+
+    def improved(self, value: float) -> bool:
+        if self.best is None:
+            return True
+        return value > self.best if "acc" in self.monitor else value < self.best
+
+    def should_stop(self, record: dict[str, float], trainer: Trainer) -> bool:
+        value = record[self.monitor]
+        if self.improved(value):
+            self.best, self.best_snapshot, self.waited = value, trainer.snapshot(), 0
+            return False
+        self.waited += 1
+        return self.waited >= self.patience
+
+
+class _Run:
+    """The state of one run of the loop: the clock, undelivered calls, the history."""
+
+    def __init__(self, trainer: Trainer, plan: Plan, config: Any, reporter: Any,
+                 history: History) -> None:
+        self.trainer, self.plan, self.config, self.reporter = trainer, plan, config, reporter
+        self.history = history
+        self.stopper = (EarlyStopping(config.monitor, config.early_stopping)
+                        if config.early_stopping else None)
+        # Compilation runs ahead of time (and is excluded by reset_clock), so no call is skipped.
+        self.monitor = (StepMonitor(skip_first=0).start()
+                        if getattr(config, "hardware_monitor", False) else None)
+        self.step = 0  # steps dispatched so far
+        self.pending: list[tuple[int, Any]] = []  # (first step, device losses) not yet read
+        self.losses_since_eval: list[float] = []  # for the evaluation record's train_loss
+        self.start = time.perf_counter()
+        self.eval_seconds = self.compile_seconds = self.synced_at = 0.0
+
+    def train_time(self) -> float:
+        return time.perf_counter() - self.start - self.eval_seconds
+
+    def sync(self) -> None:
+        """Wait for the dispatched calls; record their losses with interpolated times."""
+        if not self.pending:
+            return
+        losses = np.concatenate([self.trainer.fetch(handle) for _, handle in self.pending])
+        first = self.pending[0][0]
+        now = self.train_time()
+        times = np.linspace(self.synced_at, now, len(losses) + 1)[1:]
+        self.history.record_steps(list(range(first + 1, first + len(losses) + 1)), losses, times)
+        self.losses_since_eval.extend(float(v) for v in losses)
+        self.synced_at = now
+        self.pending.clear()
+
+    def evaluate(self, epoch: int) -> bool:
+        """Validate now; True if training should stop (target reached or patience spent)."""
+        self.sync()
+        record: dict[str, Any] = {"step": self.step, "epoch": epoch, "train_time": self.train_time()}
+        eval_start = time.perf_counter()
+        record["val_loss"], record["val_accuracy"] = self.trainer.evaluate()
+        if self.losses_since_eval:
+            record["train_loss"] = float(np.mean(self.losses_since_eval))
+        self.losses_since_eval.clear()
+        self.history.record_eval(**record)
+        self.eval_seconds += time.perf_counter() - eval_start
+        if self.monitor is not None:
+            self.monitor.reset_clock()  # evaluation is not a train step
+        if self.reporter is not None:
+            self.reporter.epoch_end(epoch, self.plan.epochs, record)
+        target = self.config.target
+        if target is not None and target.reached(record):
+            self.history.extra["target_reached"] = {"step": self.step, "epoch": epoch,
+                                                    "train_time": record["train_time"]}
+            return True
+        return self.stopper is not None and self.stopper.should_stop(record, self.trainer)
+
+    def dispatch(self, rows: Any, start: int, length: int) -> None:
+        """Compile (if new) and dispatch one call of ``length`` steps from row ``start``."""
+        compile_seconds = self.trainer.compile(length, rows)
+        self.compile_seconds += compile_seconds
+        if self.monitor is not None and compile_seconds:
+            self.monitor.reset_clock()  # compilation is not a train step
+        self.pending.append((self.step, self.trainer.run(rows, start, length)))
+        if self.monitor is not None:  # waits for the call: monitoring gives up dispatch overlap
+            self.monitor.step_end(samples=length * self.plan.batch_size, steps=length,
+                                  result=self.pending[-1][1])
+        self.step += length
+
+    def epoch(self, epoch: int, shuffle: bool) -> bool:
+        """Train one epoch; True if an evaluation asked to stop (target or patience)."""
+        plan = self.plan
+        with self.monitor.input_wait() if self.monitor is not None else nullcontext():
+            rows = self.trainer.put_epoch(batching.epoch_batches(
+                plan.n_train, plan.batch_size, self.config.seed, epoch - 1, shuffle))
+        start = 0
+        for length in batching.call_lengths(plan.steps_per_epoch, plan.fused_steps):
+            length = min(length, plan.total_steps - self.step)
+            if length <= 0:
+                break
+            step_before = self.step
+            self.dispatch(rows, start, length)
+            start += length
+            crossed_eval = self.step // plan.eval_every > step_before // plan.eval_every
+            if (crossed_eval or self.step >= plan.total_steps) and self.evaluate(epoch):
+                return True
+        return False
+
+
+def run(trainer: Trainer, plan: Plan, config: Any, reporter: Any = None, *,
+        shuffle: bool = True, history: History | None = None) -> History:
+    """Train with ``trainer`` as ``plan`` says; the history in kbackend's format.
+
+    ``config`` supplies the seed, target, early stopping (``monitor``, ``early_stopping``) and
+    ``hardware_monitor``; ``shuffle=False`` keeps the data order (comparisons with other engines).
+    """
+    history = history if history is not None else History()
+    history.extra.update(fused_steps=plan.fused_steps, steps_per_epoch=plan.steps_per_epoch,
+                         eval_every=plan.eval_every, dropped_per_epoch=plan.dropped_per_epoch)
+    history.extra.update(trainer.history_extra)
+    state = _Run(trainer, plan, config, reporter, history)
+    epoch, stop = 0, False
+    for epoch in range(1, plan.epochs + 1):
+        stop = state.epoch(epoch, shuffle)
+        if stop or state.step >= plan.total_steps:
+            break
+        state.sync()  # epoch end: bound the number of undelivered calls
+    state.sync()
+    if history.evals and history.evals[-1]["step"] != state.step:
+        state.evaluate(epoch)
+    history.timing["train_time"] = state.train_time()
+    if state.monitor is not None:
+        history.extra["monitor"] = state.monitor.stop()
+    history.timing["eval_time"] = state.eval_seconds
+    history.timing["compile_time"] = state.compile_seconds
+    stopper = state.stopper
+    history.stopped_early = bool(stopper and stop and "target_reached" not in history.extra)
+    if history.stopped_early and stopper.best_snapshot is not None:
+        trainer.restore(stopper.best_snapshot)
+    trainer.finish()
+    history.extra["epochs_run"] = epoch
+    history.extra["trace_counts"] = {str(k): v for k, v in trainer.trace_counts.items()}
+    return history
+
+
+class EpochRunner:
+    """Whole epochs of the loop without history bookkeeping (for benchmarks and the K probe).
+
+    ``runner()`` trains one epoch exactly as ``run`` does (same batches, call lengths and
+    compiled programs) and returns its per-step losses; ``compile_time`` accumulates the
+    seconds spent compiling.
+    """
+
+    def __init__(self, trainer: Trainer, n_train: int, batch_size: int, fused_steps: int,
+                 seed: int = 0) -> None:
+        self.trainer, self.n_train, self.batch_size, self.seed = trainer, n_train, batch_size, seed
+        steps = batching.steps_per_epoch_dropping_last(n_train, batch_size)
+        batching.check_fused_steps(fused_steps, steps, n_train, batch_size)
+        self.lengths = batching.call_lengths(steps, fused_steps)
+        self.epoch = 0
+        self.compile_time = 0.0
+
+    def __call__(self) -> np.ndarray:
+        rows = self.trainer.put_epoch(
+            batching.epoch_batches(self.n_train, self.batch_size, self.seed, self.epoch))
+        self.epoch += 1
+        handles, start = [], 0
+        for length in self.lengths:
+            self.compile_time += self.trainer.compile(length, rows)
+            handles.append(self.trainer.run(rows, start, length))
+            start += length
+        return np.concatenate([self.trainer.fetch(handle) for handle in handles])

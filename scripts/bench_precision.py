@@ -1,15 +1,11 @@
-"""precision benchmark: see kbackend/hardware/benchmarks.py and docs/hardware.md.
-
-    python scripts/bench_precision.py [--quick] [--out DIR] [--backends jax,tensorflow]
-"""
+"""Precision benchmark: kbackend/bench/hardware.py, docs/hardware.md (--help for options)."""
 
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-from kbackend.hardware.bench import main
-from kbackend.hardware.benchmarks import BENCHMARKS
+from kbackend.bench.runner import main
 
 if __name__ == "__main__":
-    raise SystemExit(main(BENCHMARKS["bench_precision"], __file__))
+    raise SystemExit(main("bench_precision"))

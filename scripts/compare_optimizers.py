@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Batch-size x optimizer study on one or more backends, side by side (a thin wrapper).
 
-Runs ``kbackend study`` once per backend, each in its own process (Keras picks its backend at
-import), into one results folder, then ``kbackend study compare`` over it. Every other flag
-goes to ``kbackend study`` unchanged.
+Runs ``kbackend study`` once per backend, each in its own child process (Keras picks its backend
+at import), into one results folder, then ``kbackend study compare`` over it. Every other flag
+goes to ``kbackend study`` unchanged. The children's output arrives on stderr.
 
     python scripts/compare_optimizers.py                          # default study, JAX
     python scripts/compare_optimizers.py --backends jax,tensorflow
@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+
+from kbackend.errors import KBackendError
+from kbackend.runtime.child import run_in_child
+
 QUICK = ["--optimizers", "sgd,adam", "--batch-sizes", "32,128", "--lr-grid-size", "1",
          "--max-steps", "200", "--noise-points", "2", "--noise-draws", "8"]
 
@@ -32,15 +35,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/compare_optimizers", help="results folder")
     parser.add_argument("--quick", action="store_true", help="a small grid (2 optimizers x 2 batch sizes)")
     args, study_args = parser.parse_known_args(argv)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    for backend in (b.strip() for b in args.backends.split(",") if b.strip()):
-        command = [sys.executable, "-m", "kbackend", "study", "--out", args.out,
-                   *(QUICK if args.quick else []), *study_args]
-        print(f"== {backend}: {' '.join(command[2:])}", flush=True)
-        status = subprocess.call(command, env={**env, "KERAS_BACKEND": backend})
-        if status:
-            return status
-    return subprocess.call([sys.executable, "-m", "kbackend", "study", "compare", "--out", args.out], env=env)
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    runs = [(b, ["study", "--out", args.out, *(QUICK if args.quick else []), *study_args]) for b in backends]
+    runs.append((backends[0], ["study", "compare", "--out", args.out]))
+    try:
+        for backend, command in runs:
+            print(f"== {backend}: kbackend {' '.join(command)}", file=sys.stderr, flush=True)
+            status = run_in_child("kbackend.cli:main", backend, {"argv": command}, echo=True)
+            if status:
+                return status
+    except KBackendError as error:
+        print(f"compare_optimizers: error: {error}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

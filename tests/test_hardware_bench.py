@@ -1,5 +1,6 @@
-"""Benchmark scripts: one subprocess per backend, valid JSON with the documented fields, a
-markdown table; and ``kbackend advise`` in quick mode. No timing thresholds anywhere."""
+"""Benchmarks: the one runner (one child process per worker, valid JSON with the documented
+fields, a markdown table), the registry every script stub goes through; and ``kbackend advise``
+in quick mode. No timing thresholds anywhere."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from kbackend.backend import BACKENDS
-from kbackend.hardware.benchmarks import BENCHMARKS
+from kbackend.bench.registry import BENCHMARKS
+from kbackend.bench.runner import run
+from kbackend.bench.spec import Benchmark, Settings
 from tests.conftest import BACKEND, ROOT
 
 # Fields every benchmark JSON has (docs/hardware.md, "Benchmark output").
@@ -21,61 +23,96 @@ TOP_LEVEL_FIELDS = {"benchmark", "description", "quick", "keys", "values", "rows
                     "backends", "note"}
 
 
-def run_script(script: Path, out: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+def run_script(script: Path, out: Path, timeout: float = 1200) -> subprocess.CompletedProcess:
     env = {**os.environ, "KBACKEND_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, str(script), "--quick", "--out", str(out)],
                           capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
 
 
-def check_report(out: Path, name: str) -> dict:
+def check_report(out: Path, name: str, bench: Benchmark | None = None) -> dict:
+    bench = bench or BENCHMARKS[name]
+    workers = bench.workers(Settings(quick=True), BACKENDS)
     payload = json.loads((out / f"{name}.json").read_text())
     assert set(payload) >= TOP_LEVEL_FIELDS
     assert payload["benchmark"] == name and payload["quick"] is True
-    assert set(payload["backends"]) == set(BACKENDS)
-    for backend, result in payload["backends"].items():
+    assert list(payload["backends"]) == [w.label for w in workers]
+    for worker in workers:
+        result = payload["backends"][worker.label]
         assert "error" not in result, result.get("error")
-        assert result["environment"]["backend"] == backend
+        assert result["environment"]["backend"] == worker.backend
         assert result["environment"]["versions"]["keras"]
-    assert {row["backend"] for row in payload["rows"]} == set(BACKENDS)
+    assert {row["backend"] for row in payload["rows"]} == {w.backend for w in workers}
     for row in payload["rows"]:
         assert all(key in row for key in payload["keys"])
         if "note" not in row:  # measured rows carry every value column
             assert all(value in row for value in payload["values"]), row
     table = (out / f"{name}.md").read_text()
-    assert all(f"({backend})" in table for backend in BACKENDS)
+    if bench.table is None:
+        assert all(f"({w.label})" in table for w in workers)
     return payload
 
 
-def test_runner_runs_each_backend_in_its_own_process(tmp_path):
-    script = tmp_path / "bench_tiny.py"
-    script.write_text(textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {str(ROOT)!r})
-        from kbackend.hardware.bench import Benchmark, main
+def measure_tiny(settings: Settings):
+    """A benchmark small enough for every test run (the child imports it from this module)."""
+    import keras
 
-        def measure(quick):
-            import keras
-            from kbackend.hardware.timing import time_calls
-            x = keras.ops.ones((64, 64))
-            timing = time_calls(lambda: keras.ops.matmul(x, x), repeats=3)
-            return [{{"case": "matmul64", "median_ms": 1e3 * timing.median_s, "pid": __import__("os").getpid()}}], {{"quick": quick}}
+    from kbackend.hardware.timing import time_calls
 
-        if __name__ == "__main__":
-            raise SystemExit(main(Benchmark("bench_tiny", "tiny", measure, ["case"], ["median_ms"], ["quick"]), __file__))
-    """))
-    completed = run_script(script, tmp_path / "out", timeout=300)
-    assert completed.returncode == 0, completed.stderr[-2000:]
-    payload = check_report(tmp_path / "out", "bench_tiny")
+    x = keras.ops.ones((64, 64))
+    timing = time_calls(lambda: keras.ops.matmul(x, x), repeats=3)
+    return [{"case": "matmul64", "median_ms": 1e3 * timing.median_s, "pid": os.getpid()}], \
+        {"quick": settings.quick}
+
+
+TINY = Benchmark("bench_tiny", "tiny", measure_tiny, ["case"], ["median_ms"], ["quick"])
+
+
+def test_runner_runs_each_backend_in_its_own_process(tmp_path, capsys):
+    assert run(TINY, ["--quick", "--out", str(tmp_path / "out")]) == 0
+    payload = check_report(tmp_path / "out", "bench_tiny", TINY)
     assert len({row["pid"] for row in payload["rows"]}) == 2  # two processes
+    assert os.getpid() not in {row["pid"] for row in payload["rows"]}
     assert [s["quick"] for s in payload["summaries"]] == [True, True]
-    assert "| case | median_ms (jax) | median_ms (tensorflow) |" in completed.stdout
+    assert "| case | median_ms (jax) | median_ms (tensorflow) |" in capsys.readouterr().out
 
 
-def test_every_script_is_a_registered_benchmark():
-    scripts = sorted(p.stem for p in (ROOT / "scripts").glob("bench_*.py"))
-    assert set(BENCHMARKS) <= set(scripts)
-    for name in scripts:
-        assert f'BENCHMARKS["{name}"]' in (ROOT / "scripts" / f"{name}.py").read_text() or name not in BENCHMARKS
+def test_runner_refuses_bad_options_before_starting_any_worker(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    assert run(TINY, ["--out", str(blocker / "out")]) == 2
+    assert run(TINY, ["--backends", "jax,torch", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "bench_tiny: error:" in err and "PyTorch-free" in err and "running" not in err
+    assert not list(tmp_path.glob("*.json"))
+
+
+def test_a_failing_worker_is_reported_and_the_run_exits_1(tmp_path):
+    broken = Benchmark("bench_broken", "broken", json.loads, ["case"], ["x"])  # takes no Settings
+    assert run(broken, ["--backends", BACKEND, "--out", str(tmp_path)]) == 1
+    payload = json.loads((tmp_path / "bench_broken.json").read_text())
+    assert "TypeError" in payload["backends"][BACKEND]["error"]
+
+
+def test_every_script_is_a_stub_of_a_registered_benchmark():
+    scripts = sorted((ROOT / "scripts").glob("bench_*.py"))
+    assert sorted(p.stem for p in scripts) == sorted(BENCHMARKS)
+    for script in scripts:
+        text = script.read_text()
+        assert len(text.splitlines()) <= 15, f"{script.name} is more than a stub"
+        assert "from kbackend.bench.runner import main" in text, script.name
+        assert f'raise SystemExit(main("{script.stem}"))' in text, script.name
+
+
+def test_scaling_efficiency_is_relative_to_one_device():
+    from kbackend.bench.parallel import efficiencies
+
+    rows = [{"devices": 1, "series": "per_device", "samples_per_s": 100.0, "step_time_ms": 1.0},
+            {"devices": 2, "series": "per_device", "samples_per_s": 150.0, "step_time_ms": 1.3},
+            {"devices": 1, "series": "global", "samples_per_s": 100.0, "step_time_ms": 2.0},
+            {"devices": 4, "series": "global", "samples_per_s": 200.0, "step_time_ms": 1.0},
+            {"devices": 8, "series": "global", "note": "skipped: only 4 devices"}]
+    efficiencies(rows)
+    assert [r.get("efficiency") for r in rows] == [1.0, 0.75, 1.0, 0.5, None]
 
 
 @pytest.mark.slow

@@ -7,9 +7,9 @@ import time
 import numpy as np
 import pytest
 
-from kbackend.hardware.prefetch import Prefetcher, prefetch
 from kbackend.errors import ConfigError
 from kbackend.hardware.monitor import INPUT_BOUND_SHARE, StepMonitor, format_summary
+from kbackend.hardware.prefetch import Prefetcher, prefetch
 
 DELAY_S = 0.03      # injected input delay per batch
 COMPUTE_S = 0.01    # simulated compute per step

@@ -86,6 +86,9 @@ class BackendOps(Protocol):
     def precision_support(self) -> dict[str, dict[str, bool]]: ...
     def matmul_flops(self, n: int = 1024, dtype: str = "float32", repeats: int = 10,
                      jit: bool = True) -> dict[str, float]: ...
+    # reference: the hand-written loop the engine benchmark measures the engines against
+    def reference_train_loop(self, params: Any, x: Any, y: Any,
+                             learning_rate: float) -> Callable[[], None]: ...
 
 
 def backend_package(name: str) -> BackendOps:

@@ -21,6 +21,7 @@ from typing import Any
 from kbackend.backend import BACKENDS, validate_backend
 from kbackend.equivalence.protocol import ChannelClosed, ChannelTimeout, receive, send
 from kbackend.errors import KBackendError
+from kbackend.runtime.child import child_environment
 
 DEFAULT_TIMEOUT = 300.0
 DEFAULT_STARTUP_TIMEOUT = 300.0
@@ -67,12 +68,7 @@ class Worker:
 
     def launch(self) -> None:
         """Start the process (without waiting for it to be ready; see ``wait_ready``)."""
-        # The worker imports this very kbackend, wherever the caller's working directory is.
-        package_root = str(Path(__file__).resolve().parents[2])
-        path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
-        env = {**os.environ, "KERAS_BACKEND": self.backend, "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": path}
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        env = child_environment(self.backend)
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
         try:
             self.process = subprocess.Popen(

@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 import sys
 import time
-import traceback
 from typing import Any
 
 from kbackend.equivalence.protocol import ChannelClosed, receive, send
+from kbackend.runtime.child import reply_error, reply_ok
 
 
 def _ping(probe: bool = False) -> dict[str, Any]:
@@ -81,10 +81,9 @@ def main() -> int:
         try:
             if op not in operations:
                 raise ValueError(f"unknown operation {op!r}; expected one of {sorted(operations)}")
-            reply = {"ok": True, "result": operations[op](**request.get("args", {}))}
+            reply = reply_ok(operations[op](**request.get("args", {})))
         except Exception as error:
-            reply = {"ok": False, "error": f"{type(error).__name__}: {error}",
-                     "traceback": traceback.format_exc()}
+            reply = reply_error(error)
         send(replies, reply)
 
 

@@ -2,7 +2,7 @@
 
 The check: the source model's predictions on a sample are stored beside the artifact
 (``export_check.npz``); the artifact is then loaded and run on that sample in this process and,
-in a subprocess, under the other backend (``python -m kbackend.serving.check``); the largest
+in a child process, under the other backend (``kbackend.runtime.child``); the largest
 absolute difference of each must be within ``atol``.
 
 A ``.keras`` artifact is loaded by Keras on the checking backend (the real cross-backend test:
@@ -14,11 +14,8 @@ installed on JAX too: it converts the JAX function with jax2tf).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,6 +26,7 @@ import numpy as np
 from kbackend.backend import BACKENDS, active_backend
 from kbackend.errors import ConfigError, KBackendError
 from kbackend.io import atomic_write, atomic_write_json
+from kbackend.runtime.child import ChildFailed, ChildTimeout, run_in_child
 
 FORMATS = ("keras", "savedmodel")
 DEFAULT_ATOL = 1e-5  # float32 predictions of the same weights on two XLA builds differ by ~1e-7
@@ -83,21 +81,28 @@ def check_artifact(path: str | os.PathLike, fmt: str, sample_file: str | os.Path
     return CheckResult(active_backend(), diff, len(x), diff <= atol)
 
 
+def check_in_this_process(artifact: str, fmt: str, sample_file: str, atol: float) -> dict[str, Any]:
+    """``check_artifact`` as a JSON-able dict, a kbackend error reported as a failed check
+    (what ``check_under`` runs in its child process)."""
+    try:
+        result = check_artifact(artifact, fmt, sample_file, atol)
+    except KBackendError as error:
+        result = CheckResult(active_backend(), float("inf"), 0, False, str(error))
+    return asdict(result)
+
+
 def check_under(backend: str, path: Path, fmt: str, sample_file: Path, atol: float,
                 timeout_s: float = 300) -> CheckResult:
-    """``check_artifact`` in a subprocess whose Keras runs on ``backend``."""
-    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    command = [sys.executable, "-m", "kbackend.serving.check", "--artifact", str(path), "--format", fmt,
-               "--sample", str(sample_file), "--atol", repr(atol)]
+    """``check_artifact`` in a child process whose Keras runs on ``backend``."""
     try:
-        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
+        result = run_in_child("kbackend.serving.export:check_in_this_process", backend,
+                              {"artifact": str(path), "fmt": fmt, "sample_file": str(sample_file),
+                               "atol": atol}, timeout_s=timeout_s)
+    except ChildTimeout:
         return CheckResult(backend, float("inf"), 0, False, f"check timed out after {timeout_s:.0f}s")
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if not lines:
-        reason = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return CheckResult(backend, float("inf"), 0, False, f"check process failed: {reason}")
-    return CheckResult(**json.loads(lines[-1]))
+    except ChildFailed as error:
+        return CheckResult(backend, float("inf"), 0, False, str(error))
+    return CheckResult(**result)
 
 
 def _sample(row_shape: tuple[int | None, ...], rows: int, seed: int) -> np.ndarray:

@@ -2,7 +2,8 @@
 
 Same module names in ``backends/jax`` and ``backends/tensorflow``: ``ops`` (devices, processes,
 memory, transfers), ``native`` (the fused single-device trainer), ``data_parallel``, ``gradients``,
-``probes`` (what the installation supports). Reached only through ``kbackend.backends.impl()``.
+``probes`` (what the installation supports), ``reference`` (a hand-written loop that
+benchmarks compare the engines with). Reached only through ``kbackend.backends.impl()``.
 """
 
 from kbackend.backends.tensorflow.data_parallel import (
@@ -36,6 +37,7 @@ from kbackend.backends.tensorflow.probes import (
     precision_support,
     supports_channels_first_conv,
 )
+from kbackend.backends.tensorflow.reference import reference_train_loop
 
 # The Protocol's names for the two trainer factories.
 native_trainer = NativeTrainer
@@ -63,6 +65,7 @@ __all__ = [
     "precision_support",
     "process_count",
     "process_index",
+    "reference_train_loop",
     "setup_virtual_devices",
     "start",
     "supports_channels_first_conv",

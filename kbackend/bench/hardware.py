@@ -1,8 +1,9 @@
-"""The benchmarks run by ``scripts/bench_*.py`` (each in one worker process per backend).
+"""Benchmarks of the hardware-facing training settings (docs/hardware.md): batch size, jit,
+data format, precision, optimizer, preprocessing, roofline, device choice and prefetch.
 
-Each ``measure_*`` function returns ``(rows, summary)`` for the active backend; ``BENCHMARKS``
-maps script names to their ``Benchmark`` description. Quick mode uses fewer and smaller cases
-so that ``nox -s bench`` stays short; the figures are then rough.
+Each ``measure_*`` function returns ``(rows, summary)`` for the active backend (one worker
+process per backend); ``BENCHMARKS`` describes them for the registry. Quick mode uses fewer and
+smaller cases so that ``nox -s bench`` stays short; the figures are then rough.
 """
 
 from __future__ import annotations
@@ -12,42 +13,34 @@ from typing import Any
 
 import numpy as np
 
+from kbackend.bench.spec import Benchmark, Rows, Settings
 from kbackend.hardware import probe
-from kbackend.hardware.bench import Benchmark
 from kbackend.hardware.knee import DEFAULT_MIN_GAIN, find_knee
 from kbackend.models import ModelOptions
 from kbackend.optim import OptimizerSpec
 
-Rows = tuple[list[dict[str, Any]], dict[str, Any]]
 
-
-def _engine_registered(name: str) -> bool:
-    from kbackend.engines import engine_names
-
-    return name in engine_names()
-
-
-def interleaved(factories: dict[str, Any], quick: bool) -> dict[str, dict[str, Any]]:
+def interleaved(factories: dict[str, Any], settings: Settings) -> dict[str, dict[str, Any]]:
     """Compile every case (``name -> () -> FitProbe``), then time them round-robin: 3 rounds in
-    full mode (medians of the round medians), 1 in quick mode. On a shared machine a change of
-    load then hits every case alike."""
+    full mode (medians of the round medians), 1 in quick mode, ``--repeats`` if given. On a
+    shared machine a change of load then hits every case alike."""
     probes = {name: make() for name, make in factories.items()}
-    for _ in range(0 if quick else 2):
+    for _ in range(settings.rounds(quick=1, full=3) - 1):
         for item in probes.values():
             item.again()
     return {name: item.result() for name, item in probes.items()}
 
 
-def measure_throughput(quick: bool) -> Rows:
+def measure_throughput(settings: Settings) -> Rows:
     """Samples/s of the seed MLP vs batch size (powers of two up to memory or budget), and the knee.
 
     Full mode times every size in 3 interleaved rounds (medians of the round medians)."""
-    sizes = [16, 64, 256, 1024] if quick else [2**k for k in range(3, 16)]
+    sizes = [16, 64, 256, 1024] if settings.quick else [2**k for k in range(3, 16)]
     work = probe.workload("seed_mlp", samples=4096)
-    rows = probe.throughput_curve(work, sizes, steps=8 if quick else 30,
-                                  budget_s=None if quick else 240.0,
-                                  seconds_per_point=None if quick else 2.0,
-                                  rounds=1 if quick else 3)
+    rows = probe.throughput_curve(work, sizes, steps=8 if settings.quick else 30,
+                                  budget_s=None if settings.quick else 240.0,
+                                  seconds_per_point=None if settings.quick else 2.0,
+                                  rounds=settings.rounds(quick=1, full=3))
     measured = [r for r in rows if "samples_per_s" in r]
     knee = find_knee([r["batch_size"] for r in measured], [r["samples_per_s"] for r in measured])
     for row in rows:
@@ -57,10 +50,10 @@ def measure_throughput(quick: bool) -> Rows:
                   "largest_measured": measured[-1]["batch_size"] if measured else None}
 
 
-def measure_jit(quick: bool) -> Rows:
+def measure_jit(settings: Settings) -> Rows:
     """Compiled vs eager train steps: Keras fit with jit_compile on/off, run_eagerly, fused steps,
     and the native engine when it is registered."""
-    batch, steps = (64, 8) if quick else (128, 40)
+    batch, steps = (64, 8) if settings.quick else (128, 40)
     work = probe.workload("seed_mlp", samples=2048)
     cases: list[tuple[str, dict[str, Any]]] = [
         ("fit jit_compile=True", {"jit_compile": True}),
@@ -75,24 +68,21 @@ def measure_jit(quick: bool) -> Rows:
         rows.append({"config": name, **probe.fit_throughput(work, batch, steps=max(eager_steps, 2 * spe), **options)})
     # Engines run through train() are timed per epoch (the native engine waits for results only
     # at epoch ends), so per-epoch overheads count: compare them with the keras engine timed alike.
-    engine_steps = 16 if quick else 64
+    engine_steps = 16 if settings.quick else 64
     rows.append({"config": "keras engine (train, per-epoch timing)",
                  **probe.engine_throughput(work, batch, "keras", steps=engine_steps)})
-    if _engine_registered("native"):
-        for fused in (1, 8):
-            rows.append({"config": f"native fused_steps={fused} (train, per-epoch timing)",
-                         **probe.engine_throughput(work, batch, "native", steps=engine_steps,
-                                                   fused_steps=fused)})
-    else:
-        rows.append({"config": "native engine", "note": "not registered in this build"})
+    for fused in (1, 8):
+        rows.append({"config": f"native fused_steps={fused} (train, per-epoch timing)",
+                     **probe.engine_throughput(work, batch, "native", steps=engine_steps,
+                                               fused_steps=fused)})
     return rows, {"batch_size": batch}
 
 
-def measure_data_format(quick: bool) -> Rows:
+def measure_data_format(settings: Settings) -> Rows:
     """The CNN in channels_last vs channels_first (reported as unsupported where the backend lacks NCHW convolutions)."""
     from kbackend.backends import impl
 
-    batch, steps = (32, 6) if quick else (128, 30)
+    batch, steps = (32, 6) if settings.quick else (128, 30)
     rows, factories = [], {}
     for data_format in ("channels_last", "channels_first"):
         if data_format == "channels_first" and not impl().supports_channels_first_conv():
@@ -101,7 +91,7 @@ def measure_data_format(quick: bool) -> Rows:
             continue
         work = probe.workload("cnn", data_format=data_format, samples=1024)
         factories[data_format] = lambda work=work: probe.FitProbe(work, batch, steps=steps)
-    rows += [{"data_format": name, **row} for name, row in interleaved(factories, quick).items()]
+    rows += [{"data_format": name, **row} for name, row in interleaved(factories, settings).items()]
     return rows, {"model": "cnn", "batch_size": batch}
 
 
@@ -117,12 +107,12 @@ def precision_accuracy(precision: str, steps: int) -> dict[str, Any]:
             "variable_dtypes": sorted({str(v.dtype) for v in result.model.trainable_variables})}
 
 
-def measure_precision(quick: bool) -> Rows:
+def measure_precision(settings: Settings) -> Rows:
     """float32 vs mixed_bfloat16 vs mixed_float16 (loss-scaled): step time, and accuracy in a
     fixed budget of steps."""
     from kbackend.backends import impl
 
-    batch, steps, budget = (128, 6, 40) if quick else (512, 30, 400)
+    batch, steps, budget = (128, 6, 40) if settings.quick else (512, 30, 400)
     support = impl().precision_support()
     work = probe.workload("seed_mlp", samples=4096)
     rows, factories = [], {}
@@ -132,16 +122,16 @@ def measure_precision(quick: bool) -> Rows:
             continue
         factories[precision] = lambda precision=precision: probe.FitProbe(
             work, batch, steps=steps, precision=precision)
-    for precision, row in interleaved(factories, quick).items():
+    for precision, row in interleaved(factories, settings).items():
         rows.append({"precision": precision, **row,
                      "hardware_accelerated": support.get(precision, {}).get("accelerated"),
                      **precision_accuracy(precision, budget)})
     return rows, {"batch_size": batch, "accuracy_budget_steps": budget}
 
 
-def measure_optimizers(quick: bool) -> Rows:
+def measure_optimizers(settings: Settings) -> Rows:
     """SGD vs momentum vs Adam: step time and optimizer-state memory on a small and a large MLP."""
-    batch, steps = (64, 6) if quick else (128, 30)
+    batch, steps = (64, 6) if settings.quick else (128, 30)
     sizes = {"small (784-64-10)": (64,), "large (784-2048-2048-10)": (2048, 2048)}
     rows = []
     for size, widths in sizes.items():
@@ -149,7 +139,7 @@ def measure_optimizers(quick: bool) -> Rows:
         factories = {name: lambda work=work, name=name: probe.FitProbe(
             work, batch, steps=steps, optimizer=OptimizerSpec(name, 0.01))
             for name in ("sgd", "momentum", "adam")}
-        for name, row in interleaved(factories, quick).items():
+        for name, row in interleaved(factories, settings).items():
             rows.append({"model": size, "optimizer": name, **row,
                          "optimizer_state_mib": row["optimizer_state_bytes"] / 2**20})
     return rows, {"batch_size": batch}
@@ -166,12 +156,12 @@ def _preprocessed_model(work: probe.Workload, mean: float, std: float) -> Any:
     return keras.Model(inputs, build_model(work.model, work.info, work.options)(x))
 
 
-def measure_preprocessing(quick: bool) -> Rows:
+def measure_preprocessing(settings: Settings) -> Rows:
     """Rescaling + normalization of raw uint8 pixels on the host (NumPy per batch) vs inside the
     model (Keras layers, on the device); the same batch source feeds both."""
     from kbackend.hardware.inputs import monitored_batches
 
-    batch, steps = (128, 8) if quick else (256, 40)
+    batch, steps = (128, 8) if settings.quick else (256, 40)
     work = probe.workload("seed_mlp", samples=4096)
     raw = np.random.default_rng(0).integers(0, 256, size=work.x.shape, dtype=np.uint8)
     mean, std = float(raw.mean() / 255.0), float(raw.std() / 255.0)
@@ -189,23 +179,24 @@ def measure_preprocessing(quick: bool) -> Rows:
             work, batch, steps=steps, x=raw, source=source(None),
             build=lambda w: _preprocessed_model(w, mean, std)),
     }
-    rows = [{"preprocessing": name, **row} for name, row in interleaved(factories, quick).items()]
+    rows = [{"preprocessing": name, **row} for name, row in interleaved(factories, settings).items()]
     return rows, {"batch_size": batch}
 
 
-def measure_roofline(quick: bool) -> Rows:
+def measure_roofline(settings: Settings) -> Rows:
     """The seed MLP's train-step FLOP rate as a fraction of the matmul peak measured in the same run."""
-    row = probe.roofline(256 if quick else 1024, steps=16 if quick else 40,
-                         matmul_n=1024 if quick else 2048, rounds=2 if quick else 5)
+    row = probe.roofline(256 if settings.quick else 1024, steps=16 if settings.quick else 40,
+                         matmul_n=1024 if settings.quick else 2048,
+                         rounds=settings.rounds(quick=2, full=5))
     return [{"model": "seed_mlp", **row}], {}
 
 
-def measure_device(quick: bool) -> Rows:
+def measure_device(settings: Settings) -> Rows:
     """Each available device: the MLP at batch 1024 and the GRU at batch 8 (small-batch recurrent)."""
     from kbackend.backends import impl
 
-    steps = 6 if quick else 30
-    cases = [("seed_mlp", 256 if quick else 1024), ("gru", 8)]
+    steps = 6 if settings.quick else 30
+    cases = [("seed_mlp", 256 if settings.quick else 1024), ("gru", 8)]
     rows = []
     for platform in probe.platforms():
         for model, batch in cases:
@@ -229,9 +220,9 @@ def slow_host_preprocessing(delay_s: float) -> Any:
 def prefetch_loop(work: probe.Workload, raw: np.ndarray, batch: int, steps: int, delay_s: float,
                   mode: str) -> dict[str, Any]:
     """``train_on_batch`` over a slow host pipeline, without prefetch or with it; monitored."""
-    from kbackend.hardware.prefetch import Prefetcher
     from kbackend.hardware.inputs import iterate_batches
     from kbackend.hardware.monitor import StepMonitor
+    from kbackend.hardware.prefetch import Prefetcher
     from kbackend.models import build_model
 
     model = build_model(work.model, work.info, work.options)
@@ -257,9 +248,9 @@ def prefetch_loop(work: probe.Workload, raw: np.ndarray, batch: int, steps: int,
             "input_wait_share": summary["input_wait_share"], "verdict": summary["verdict"]}
 
 
-def measure_prefetch(quick: bool) -> Rows:
+def measure_prefetch(settings: Settings) -> Rows:
     """A deliberately slow host preprocessing function with and without background prefetch."""
-    batch, steps, delay = (128, 10, 0.01) if quick else (256, 60, 0.02)
+    batch, steps, delay = (128, 10, 0.01) if settings.quick else (256, 60, 0.02)
     work = probe.workload("seed_mlp", samples=4096)
     raw = np.random.default_rng(0).integers(0, 256, size=work.x.shape, dtype=np.uint8)
     rows = [prefetch_loop(work, raw, batch, steps, delay, mode)
@@ -267,7 +258,7 @@ def measure_prefetch(quick: bool) -> Rows:
     return rows, {"host_delay_ms": 1e3 * delay}
 
 
-BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
+BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("bench_throughput", "Throughput (samples/s) of the seed MLP vs batch size, with the knee "
               f"(where doubling the batch gains < {DEFAULT_MIN_GAIN:.0%}).", measure_throughput,
               ["model", "batch_size"], ["samples_per_s", "step_ms", "compile_s"],
@@ -293,4 +284,4 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("bench_prefetch", "A slow host preprocessing function with and without background prefetch.",
               measure_prefetch, ["prefetch", "host_delay_ms"],
               ["samples_per_s", "step_ms", "input_wait_share", "verdict"]),
-)}
+)

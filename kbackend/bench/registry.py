@@ -1,0 +1,12 @@
+"""Every benchmark, by name: the one table ``scripts/bench_<name>.py`` and ``nox -s bench`` use."""
+
+from __future__ import annotations
+
+from kbackend.bench import cache, engines, hardware, parallel
+from kbackend.bench.spec import Benchmark
+
+BENCHMARKS: dict[str, Benchmark] = {
+    bench.name: bench
+    for module in (hardware, engines, cache, parallel)
+    for bench in module.BENCHMARKS
+}

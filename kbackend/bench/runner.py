@@ -1,0 +1,144 @@
+"""The one benchmark runner: one parser, one worker per process, one JSON + markdown writer.
+
+    python scripts/bench_throughput.py [--quick] [--out DIR] [--backends jax,tensorflow] [--repeats N]
+    python -m kbackend.bench bench_throughput [same options]
+
+The parent runs each worker (by default one per backend) in its own child process through
+``kbackend.runtime.child``, collects each worker's rows, summary and environment
+(``kbackend.envinfo.environment``), and writes ``DIR/<name>.json`` (figures + environments) and
+``DIR/<name>.md`` (a table). A worker that fails is reported in the JSON and makes the exit
+status 1; the other workers still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from kbackend.backend import BACKENDS, validate_backend
+from kbackend.bench.registry import BENCHMARKS
+from kbackend.bench.spec import Benchmark, Settings
+from kbackend.errors import KBackendError
+from kbackend.hardware.report import markdown_table, side_by_side, write_report
+from kbackend.runtime.child import ChildFailed, resolve, run_in_child
+
+DEFAULT_OUT = "runs/bench"
+
+
+def parser(bench: Benchmark) -> argparse.ArgumentParser:
+    """The command line of ``bench``: the shared options plus the benchmark's own."""
+    parser = argparse.ArgumentParser(prog=bench.name, description=bench.description)
+    parser.add_argument("--quick", action="store_true", help="a small, fast version (CI, nox -s bench)")
+    parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT}/)")
+    parser.add_argument("--backends", default=",".join(BACKENDS),
+                        help="comma-separated backends, each run in its own process")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="timed rounds per case (default: the benchmark's, fewer with --quick)")
+    for option in bench.options:
+        parser.add_argument(option.flag, dest=option.dest, type=option.parse, default=option.default,
+                            help=option.help)
+    return parser
+
+
+def run_worker(measure: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """Worker side (in the child process): run ``measure`` and describe where it ran."""
+    from kbackend.backend import use_backend
+    from kbackend.envinfo import environment
+    from kbackend.hardware.probe import warm_up
+
+    backend = use_backend()
+    start = time.perf_counter()
+    warm_up_s = warm_up()  # one-time process costs stay out of the first case's figures
+    rows, summary = resolve(measure)(Settings(**settings))
+    for row in rows:
+        row.setdefault("backend", backend)
+    return {"backend": backend, "rows": rows, "summary": summary, "environment": environment(),
+            "wall_s": time.perf_counter() - start, "warm_up_s": warm_up_s}
+
+
+def _target(bench: Benchmark) -> str:
+    module, name = bench.measure.__module__, bench.measure.__qualname__
+    if module == "__main__" or "<locals>" in name:
+        raise KBackendError(f"Invalid benchmark {bench.name!r}: its measure function must be "
+                            f"importable by name. Received: {module}:{name}.")
+    return f"{module}:{name}"
+
+
+def default_table(bench: Benchmark, payload: dict[str, Any]) -> str:
+    """The side-by-side table (one column per value and worker) plus the summaries."""
+    labels = list(payload["backends"])
+    rows, columns = side_by_side(payload["rows"], bench.keys, bench.values, labels)
+    table = markdown_table(rows, columns)
+    if bench.summary_fields:
+        table += "\n" + markdown_table(payload["summaries"], ["backend", *bench.summary_fields])
+    return table
+
+
+def run(bench: Benchmark, argv: Sequence[str] | None = None) -> int:
+    """Run ``bench`` with command-line ``argv``: 0 when every worker succeeded, 1 if one failed,
+    2 for bad options."""
+    args = parser(bench).parse_args(argv)
+    try:
+        backends = [validate_backend(b) for b in args.backends.split(",") if b.strip()]
+        Path(args.out).mkdir(parents=True, exist_ok=True)  # a bad --out fails now, not after the run
+    except (KBackendError, OSError) as error:
+        print(f"{bench.name}: error: {error}", file=sys.stderr)
+        return 2
+    settings = Settings(quick=args.quick, repeats=args.repeats,
+                        options={o.dest: getattr(args, o.dest) for o in bench.options})
+    results: dict[str, dict[str, Any]] = {}
+    resources = bench.resources(settings) if bench.resources else contextlib.nullcontext({})
+    with resources as extra:
+        settings = replace(settings, options={**settings.options, **extra})
+        for spec in bench.workers(settings, backends):
+            print(f"{bench.name}: running {spec.label} ({'quick' if args.quick else 'full'}) ...",
+                  file=sys.stderr, flush=True)
+            kwargs = {"measure": _target(bench),
+                      "settings": asdict(replace(settings, devices=spec.virtual_devices))}
+            try:
+                results[spec.label] = run_in_child("kbackend.bench.runner:run_worker", spec.backend,
+                                                   kwargs, virtual_devices=spec.virtual_devices,
+                                                   echo=True)
+                print(f"{bench.name}: {spec.label} done in {results[spec.label]['wall_s']:.1f}s",
+                      file=sys.stderr, flush=True)
+            except ChildFailed as error:
+                results[spec.label] = {"backend": spec.backend, "rows": [], "summary": {},
+                                       "error": str(error)}
+                print(f"{bench.name}: {spec.label} FAILED: {error}", file=sys.stderr, flush=True)
+    rows = [row for result in results.values() for row in result["rows"]]
+    if bench.derive is not None:
+        bench.derive(rows)
+    payload = {
+        "benchmark": bench.name, "description": bench.description, "quick": args.quick,
+        "settings": {"repeats": args.repeats, "options": settings.options},
+        "keys": list(bench.keys), "values": list(bench.values), "rows": rows,
+        "summaries": [{"backend": label, **result["summary"]} for label, result in results.items()],
+        "backends": {label: {k: v for k, v in r.items() if k != "rows"} for label, r in results.items()},
+        "note": bench.note,
+    }
+    table = bench.table(payload) if bench.table else default_table(bench, payload)
+    json_path, md_path = write_report(args.out, bench.name, payload, f"{bench.description}\n\n{table}")
+    print(table)
+    print(f"wrote {json_path} and {md_path}", file=sys.stderr)
+    return 1 if any("error" in r for r in results.values()) else 0
+
+
+def main(name: str, argv: Sequence[str] | None = None) -> int:
+    """Run the registered benchmark ``name`` (what every ``scripts/bench_*.py`` calls)."""
+    return run(BENCHMARKS[name], argv)
+
+
+def main_from_command_line(argv: Sequence[str]) -> int:
+    """``python -m kbackend.bench NAME ...``."""
+    if not argv or argv[0] not in BENCHMARKS:
+        received = argv[0] if argv else None
+        print(f"Invalid benchmark. Expected one of {sorted(BENCHMARKS)}. Received: {received!r}.",
+              file=sys.stderr)
+        return 2
+    return main(argv[0], argv[1:])

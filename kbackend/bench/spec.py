@@ -1,0 +1,88 @@
+"""What a benchmark is: its measurement, its table, its options and the processes it runs in."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+Rows = tuple[list[dict[str, Any]], dict[str, Any]]
+DEFAULT_NOTE = ("medians over repeated steps; first (compiling) call excluded and reported as "
+                "compile_s; shared machines make absolute figures noisy: compare within a run")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a worker is asked to measure: quick mode, timed repeats (None: the benchmark's
+    default), the benchmark's own options, and the worker's virtual device count."""
+
+    quick: bool = False
+    repeats: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    devices: int | None = None
+
+    def rounds(self, quick: int, full: int) -> int:
+        """``--repeats`` if given, else ``quick`` or ``full`` rounds by mode."""
+        return self.repeats or (quick if self.quick else full)
+
+
+@dataclass(frozen=True)
+class Option:
+    """A command-line option of one benchmark, e.g. ``--batch-sizes`` (dest ``batch_sizes``)."""
+
+    flag: str
+    help: str
+    parse: Callable[[str], Any] = str
+    default: Any = None
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One child process of a run: its label in the report, backend and virtual devices."""
+
+    label: str
+    backend: str
+    virtual_devices: int | None = None
+
+
+def one_per_backend(settings: Settings, backends: Sequence[str]) -> list[WorkerSpec]:
+    """The default: one worker per requested backend, side by side."""
+    return [WorkerSpec(backend, backend) for backend in backends]
+
+
+def int_list(text: str) -> list[int]:
+    """``'8,32,128'`` -> ``[8, 32, 128]`` (an option parser)."""
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A benchmark: what one worker measures and how the workers' rows become a report.
+
+    ``measure(settings)`` runs in each worker process and returns ``(rows, summary)``; it must be
+    a module-level function (the worker imports it by name). ``keys`` name the columns
+    identifying a case, ``values`` the measured columns shown per backend in the default table.
+    Optional: ``options`` (extra flags), ``workers`` (which processes; default one per backend),
+    ``resources`` (a context the parent holds while the workers run, yielding options for them,
+    e.g. a Redis server's URL), ``derive`` (adds columns computed across workers' rows) and
+    ``table`` (markdown from the payload, in place of the side-by-side table).
+    """
+
+    name: str
+    description: str
+    measure: Callable[[Settings], Rows]
+    keys: Sequence[str] = ()
+    values: Sequence[str] = ()
+    summary_fields: Sequence[str] = ()
+    options: Sequence[Option] = ()
+    workers: Callable[[Settings, Sequence[str]], list[WorkerSpec]] = one_per_backend
+    resources: Callable[[Settings], AbstractContextManager[dict[str, Any]]] | None = None
+    derive: Callable[[list[dict[str, Any]]], None] | None = None
+    table: Callable[[dict[str, Any]], str] | None = None
+    note: str = DEFAULT_NOTE
+

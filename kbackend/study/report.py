@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from kbackend.hardware.knee import DEFAULT_MIN_GAIN
 from kbackend.io import atomic_write, atomic_write_json, atomic_write_text
 
 PLOTS = ("loss_trajectories.png", "steps_to_target.png", "time_to_target.png",
@@ -63,7 +64,10 @@ def conclusions(study: dict[str, Any], analysis: dict[str, Any]) -> list[str]:
         missing = f"; not reached at {info['not_reached']}" if info["not_reached"] else ""
         lines.append(f"{optimizer}: {knee_text}. {regions or 'too few reached cells for regions'}{missing}.")
     if analysis["throughput_knee"] is not None:
-        lines.append(f"Throughput knee (80% of the best samples/s): batch {analysis['throughput_knee']}.")
+        plateau = "" if analysis.get("throughput_plateau_reached", True) else \
+            "; no plateau yet: larger batches may still gain"
+        lines.append(f"Throughput knee (next doubling gains < {DEFAULT_MIN_GAIN:.0%} samples/s): "
+                     f"batch {analysis['throughput_knee']}{plateau}.")
     noise = study.get("noise")
     if noise:
         lines.append(
@@ -308,7 +312,7 @@ def _plot_throughput(analysis: dict[str, Any], path: Path) -> Path:
         ax.plot([p["batch_size"] for p in curve], [p["samples_per_s"] for p in curve], "o-")
     if analysis["throughput_knee"]:
         ax.axvline(analysis["throughput_knee"], color="C1", ls="--",
-                   label=f"knee (80% of best): {analysis['throughput_knee']}")
+                   label=f"knee (next doubling < {DEFAULT_MIN_GAIN:.0%}): {analysis['throughput_knee']}")
         ax.legend()
     ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="samples/s (median over runs)",
            title="Training throughput")

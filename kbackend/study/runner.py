@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from kbackend import __version__
 from kbackend.data import Dataset
+from kbackend.envinfo import environment_identity
 from kbackend.errors import ConfigError
 from kbackend.history import History
 from kbackend.models import ModelOptions, build_model, model_layout
@@ -193,24 +193,6 @@ def best_run(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
         return value if larger_is_better else -value
 
     return max(runs, key=score)
-
-
-def environment_identity() -> dict[str, Any]:
-    """Backend, package versions and device: part of every run's key."""
-    import os
-    import platform
-
-    from kbackend.backend import active_backend
-    from kbackend.backends import impl
-    from kbackend.envinfo import device_summary, package_versions
-
-    backend_impl = impl()
-    return {
-        "backend": active_backend(),
-        "versions": {**package_versions(), **backend_impl.framework_versions(), "kbackend": __version__},
-        "device": f"{device_summary(backend_impl.devices())}; {os.cpu_count()} cpus; "
-                  f"{platform.processor() or platform.machine()}",
-    }
 
 
 class StudyRunner:

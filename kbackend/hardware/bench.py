@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kbackend.backend import BACKENDS
-from kbackend.hardware.report import markdown_table, side_by_side, write_report
+from kbackend.reports import markdown_table, side_by_side, write_report
 
 DEFAULT_OUT = "bench_results"
 

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from kbackend.hardware.knee import DEFAULT_MIN_GAIN
-from kbackend.io import atomic_write, atomic_write_json, atomic_write_text
+from kbackend.io import atomic_write
+from kbackend.reports import markdown_rows, write_json_and_markdown
 
 PLOTS = ("loss_trajectories.png", "steps_to_target.png", "time_to_target.png",
          "throughput.png", "noise_scale.png")
@@ -121,9 +122,7 @@ def markdown(study: dict[str, Any], analysis: dict[str, Any], wall_time: float |
     ]
     if wall_time is not None:
         lines.append(f"- wall time of this invocation: {wall_time:.1f} s")
-    lines += ["", "## Cells (best learning rate of each)", "",
-              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines += ["", "## Cells (best learning rate of each)", "", markdown_rows(header, rows).rstrip("\n")]
     lines += ["", "\"(edge)\": the best rate is at the edge of the cell's grid; a wider grid may do "
               "better. Time to target counts training time only: evaluation and the per-run start-up "
               "(compilation, first-call overhead) are excluded; start-up is listed apart "
@@ -140,9 +139,9 @@ def write_report(study: dict[str, Any], analysis: dict[str, Any], out_dir: str |
                  wall_time: float | None = None) -> dict[str, Path]:
     """Write report.md, summary.json and the plots under ``out_dir``; return their paths."""
     out = Path(out_dir)
-    summary = summary_payload(study, analysis, wall_time)
-    paths = {"report": atomic_write_text(out / "report.md", markdown(study, analysis, wall_time)),
-             "summary": atomic_write_json(out / "summary.json", summary)}
+    summary, report = write_json_and_markdown(out / "summary.json", summary_payload(study, analysis, wall_time),
+                                              out / "report.md", markdown(study, analysis, wall_time))
+    paths = {"report": report, "summary": summary}
     for name, path in write_plots(study, analysis, out / "plots").items():
         paths[name] = path
     return paths

@@ -17,9 +17,9 @@ import pytest
 from kbackend.cli import main
 from kbackend.errors import ConfigError, DataError
 from kbackend.study.config import StudyConfig
+from kbackend.study.executor import StudyRunner
 from kbackend.study.pipeline import compare, run_study
 from kbackend.study.report import PLOTS
-from kbackend.study.executor import StudyRunner
 from kbackend.study.store import ResultStore
 from kbackend.training import Target
 from tests.conftest import BACKEND, ROOT

@@ -15,8 +15,8 @@ from kbackend.io import atomic_write_text
 from kbackend.reports import markdown_rows
 from kbackend.study.analysis import analyze
 from kbackend.study.config import StudyConfig
-from kbackend.study.report import print_table, write_report
 from kbackend.study.executor import StudyRunner
+from kbackend.study.report import print_table, write_report
 from kbackend.study.store import ResultStore
 
 DB_NAME = "study.db"

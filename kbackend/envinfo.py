@@ -1,6 +1,9 @@
 """What a run ran on: backend, versions, devices, CPU count and XLA-related flags.
 
-Every benchmark and history file stores this beside its figures.
+kbackend's one description of the environment. ``environment_identity()`` is the part a result
+depends on (backend, versions, device line): the study keys every run by it, so a stored study
+is reused only on the same software and hardware. ``environment()`` is that identity plus the
+details every benchmark, history file and ``kbackend info`` show beside their figures.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import os
 import platform
 from typing import Any
 
+from kbackend import __version__
 from kbackend.backend import active_backend
 
 _PACKAGES = ("keras", "jax", "jaxlib", "tensorflow-cpu", "tensorflow", "optax", "numpy")
@@ -32,23 +36,41 @@ def relevant_env() -> dict[str, str]:
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)}
 
 
-def environment() -> dict[str, Any]:
-    """A JSON-ready description of this process's backend, devices and machine."""
+def environment_identity() -> dict[str, Any]:
+    """Backend, package versions (kbackend's included) and a one-line device description.
+
+    Part of every study run's key: changing what it holds makes stored studies re-run.
+    """
     from kbackend.backends import impl
 
-    keras = __import__("keras")
     backend_impl = impl()
     return {
         "backend": active_backend(),
-        "versions": package_versions(),
-        "devices": backend_impl.devices(),
+        "versions": {**package_versions(), **backend_impl.framework_versions(), "kbackend": __version__},
+        "device": f"{device_summary(backend_impl.devices())}; {os.cpu_count()} cpus; {_processor()}",
+    }
+
+
+def environment() -> dict[str, Any]:
+    """A JSON-ready description of this process's backend, devices and machine: the
+    ``environment_identity()`` plus the device list, image data format, machine and flags."""
+    from kbackend.backends import impl
+
+    keras = __import__("keras")
+    return {
+        **environment_identity(),
+        "devices": impl().devices(),
         "image_data_format": keras.config.image_data_format(),
         "cpu_count": os.cpu_count(),
         "machine": platform.machine(),
-        "processor": platform.processor() or platform.machine(),
+        "processor": _processor(),
         "python": platform.python_version(),
         "env": relevant_env(),
     }
+
+
+def _processor() -> str:
+    return platform.processor() or platform.machine()
 
 
 def device_summary(devices: list[dict[str, Any]]) -> str:

@@ -1,4 +1,5 @@
-"""The knee finder on synthetic throughput curves (hypothesis), plus its input checks."""
+"""The one definition of the throughput knee: a table of curves, synthetic curves (hypothesis),
+its input checks, and ``kbackend study`` and ``kbackend advise`` naming the same knee."""
 
 from __future__ import annotations
 
@@ -7,9 +8,51 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kbackend.errors import ConfigError
-from kbackend.hardware.knee import DEFAULT_MIN_GAIN, find_knee
+from kbackend.hardware.advise import Advice, recommend_batch_size
+from kbackend.hardware.knee import DEFAULT_MIN_GAIN, curve_knee, find_knee
+from kbackend.study.analysis import analyze
 
 MIN_GAIN = DEFAULT_MIN_GAIN
+POWERS = [2**k for k in range(3, 11)]  # 8 .. 1024
+
+# (name, batch sizes, samples/s, knee, plateau reached): the definition, one row per case.
+CURVES = [
+    ("flattens after 128", [8, 32, 128, 512], [110.0, 500.0, 900.0, 1000.0], 128, True),
+    # T(b) = b / (b + 64): the doubling 256 -> 512 still gains 11%, 512 -> 1024 only 6%.
+    # "80% of the best" (kbackend study's old rule) named 256 here, while advise named 512.
+    ("slow saturation", POWERS, [b / (b + 64) for b in POWERS], 512, True),
+    ("still rising", [8, 16, 32], [100.0, 200.0, 400.0], 32, False),
+    ("flat from the start", [8, 16, 32], [100.0, 101.0, 102.0], 8, True),
+    ("first flat doubling wins", [8, 16, 32, 64], [100.0, 190.0, 200.0, 400.0], 16, True),
+    ("gain exactly at the threshold counts", [8, 16, 32], [100.0, 110.0, 111.0], 16, True),
+    ("one point", [64], [500.0], 64, False),
+    ("uneven grid: gains per doubling", [16, 64, 128], [100.0, 121.0, 122.0], 64, True),
+]
+
+
+@pytest.mark.parametrize(("sizes", "throughput", "knee", "plateau"),
+                         [c[1:] for c in CURVES], ids=[c[0] for c in CURVES])
+def test_knee_definition(sizes, throughput, knee, plateau):
+    found = find_knee(sizes, throughput)
+    assert (found.batch_size, found.plateau_reached) == (knee, plateau)
+    assert found.throughput == throughput[found.index]
+    rows = [{"batch_size": b, "samples_per_s": t} for b, t in zip(sizes, throughput, strict=True)]
+    assert curve_knee(rows) == found
+
+
+@pytest.mark.parametrize(("sizes", "throughput", "knee"), [(c[1], c[2], c[3]) for c in CURVES],
+                         ids=[c[0] for c in CURVES])
+def test_study_and_advise_name_the_same_knee(sizes, throughput, knee):
+    """Both commands go from the same measured curve to the batch size they call the knee."""
+    runs = [{"config": {"batch_size": b}, "result": {"samples_per_s": t}}
+            for b, t in zip(sizes, throughput, strict=True)]
+    study_knee = analyze({"cells": [], "runs": runs, "noise": None})["throughput_knee"]
+    advice = Advice("seed_mlp", "digits", "jax", quick=True)
+    curve = [{"batch_size": b, "samples_per_s": t, "step_ms": 1000.0 * b / t, "rounds": 1}
+             for b, t in zip(sizes, throughput, strict=True)]
+    recommend_batch_size(advice, curve)
+    advised = [r["value"] for r in advice.recommendations if r["setting"] == "batch_size"]
+    assert study_knee == advised[0] == knee
 
 
 @st.composite

@@ -10,11 +10,11 @@ import pytest
 
 from kbackend.errors import ConfigError, DataError
 from kbackend.study.analysis import (
+    analyze,
     crossover,
     fit_critical_batch,
     scaling_regions,
     throughput_curve,
-    throughput_knee,
 )
 from kbackend.study.config import StudyConfig, default_batch_sizes
 from kbackend.study.store import ResultStore, config_key
@@ -66,12 +66,17 @@ def test_crossover_needs_both_optimizers():
 
 
 def test_throughput_curve_and_knee():
+    """Medians of the finite figures per batch size; the knee is kbackend.hardware.knee's (its
+    definition is tested from a table of curves in test_hardware_knee.py)."""
     runs = [{"config": {"batch_size": b}, "result": {"samples_per_s": v}}
             for b, v in [(8, 100.0), (8, 120.0), (32, 500.0), (128, 900.0), (512, 1000.0),
                          (512, math.nan)]]
     curve = throughput_curve(runs)
     assert [p["samples_per_s"] for p in curve] == [110.0, 500.0, 900.0, 1000.0]
-    assert throughput_knee(curve) == 128
+    analysis = analyze({"cells": [], "runs": runs, "noise": None})
+    assert (analysis["throughput_knee"], analysis["throughput_plateau_reached"]) == (128, True)
+    empty = analyze({"cells": [], "runs": [], "noise": None})
+    assert (empty["throughput_knee"], empty["throughput_plateau_reached"]) == (None, None)
 
 
 def test_noise_scale_over_training_is_a_ratio_of_averages():

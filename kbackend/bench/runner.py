@@ -25,7 +25,7 @@ from kbackend.backend import BACKENDS, validate_backend
 from kbackend.bench.registry import BENCHMARKS
 from kbackend.bench.spec import Benchmark, Settings
 from kbackend.errors import KBackendError
-from kbackend.hardware.report import markdown_table, side_by_side, write_report
+from kbackend.reports import markdown_table, side_by_side, write_report
 from kbackend.runtime.child import ChildFailed, resolve, run_in_child
 
 DEFAULT_OUT = "runs/bench"

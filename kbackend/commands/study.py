@@ -107,7 +107,7 @@ def config_from_args(args: argparse.Namespace):
     """The ``StudyConfig`` the flags describe (validated)."""
     from kbackend.errors import ConfigError
     from kbackend.study.config import StudyConfig, default_target
-    from kbackend.study.runner import default_engine
+    from kbackend.study.executor import default_engine
     from kbackend.training import Target
 
     learning_rates: dict[str, tuple[float, ...]] = {}

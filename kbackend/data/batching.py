@@ -1,12 +1,14 @@
-"""Batch plans for the native engines: which samples each step takes, in which compiled call.
+"""Batch plans: which samples each step takes (kbackend's one batch order), in which compiled call.
 
 The native engines keep the training split on the device and gather each batch there from a
 matrix of sample indices (one row per step). These helpers build those matrices on the host,
 deterministically from the seed, and split an epoch into fused calls of at most K steps.
 
-Every batch has the same shape (a fused loop needs one shape): the last ``n % batch_size``
-samples of each epoch's shuffled order are dropped. Because the order is reshuffled every epoch,
-a different few are dropped each time, so no sample is left out for good.
+The Keras engine reads the same order through ``kbackend.hardware.inputs`` (monitored or not).
+
+In the native engines every batch has the same shape (a fused loop needs one shape): the last
+``n % batch_size`` samples of each epoch's shuffled order are dropped. Because the order is
+reshuffled every epoch, a different few are dropped each time, so no sample is left out for good.
 """
 
 from __future__ import annotations
@@ -45,6 +47,15 @@ def epoch_batches(num_samples: int, batch_size: int, seed: int, epoch: int,
     steps = steps_per_epoch_dropping_last(num_samples, batch_size)
     order = epoch_order(num_samples, seed, epoch, shuffle)
     return order[: steps * batch_size].reshape(steps, batch_size)
+
+
+def epoch_batches_with_remainder(num_samples: int, batch_size: int, seed: int, epoch: int,
+                                 shuffle: bool = True) -> list[np.ndarray]:
+    """Every batch of ``epoch`` as sample indices, in ``epoch_order``: the rows of
+    ``epoch_batches``, then the ``num_samples % batch_size`` left-over samples as one short
+    batch (for Keras ``fit``, which takes every sample each epoch)."""
+    order = epoch_order(num_samples, seed, epoch, shuffle)
+    return [order[start:start + batch_size] for start in range(0, num_samples, batch_size)]
 
 
 def check_fused_steps(fused_steps: int, steps: int, num_samples: int, batch_size: int) -> None:

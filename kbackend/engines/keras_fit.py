@@ -8,6 +8,7 @@ from typing import Any
 from kbackend.backend import keras as import_keras
 from kbackend.data import batching
 from kbackend.errors import ConfigError
+from kbackend.hardware.inputs import monitored_batches
 from kbackend.history import History
 
 
@@ -128,20 +129,21 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
             monitor=config.monitor, patience=config.early_stopping, restore_best_weights=True,
             mode="max" if "acc" in config.monitor else "min"))
     keras.utils.set_random_seed(config.seed)
-    inputs = {"x": dataset.x_train, "y": dataset.y_train, "batch_size": config.batch_size}
+    # One batch source, monitored or not, in kbackend.data.batching's order: turning the monitor
+    # on does not change the batches (Keras's own shuffle would differ, and by backend).
     monitor = None
     if getattr(config, "hardware_monitor", False):
-        # The monitor times input through a batch source it can see into (kbackend.hardware).
-        from kbackend.hardware.inputs import monitored_batches
         from kbackend.hardware.monitor import StepMonitor, keras_callback
 
         monitor = StepMonitor()
-        inputs = {"x": monitored_batches(dataset.x_train, dataset.y_train, config.batch_size,
-                                         monitor=monitor, seed=config.seed)}
         callbacks.append(keras_callback(monitor, config.batch_size, config.steps_per_execution))
+    source = monitored_batches(dataset.x_train, dataset.y_train, config.batch_size,
+                               monitor=monitor, seed=config.seed)
+    callbacks.append(source.epoch_callback())
+    inputs = {"x": source, "shuffle": False}  # the source's order, not shuffled again by fit
     fit_history = model.fit(
         **inputs, epochs=config.epochs,
-        validation_data=(dataset.x_val, dataset.y_val), shuffle=True, callbacks=callbacks,
+        validation_data=(dataset.x_val, dataset.y_val), callbacks=callbacks,
         verbose=0,
     )
     if monitor is not None:

@@ -151,7 +151,7 @@ def compare_arrays(quantity: str, name: str, a: Any, b: Any, note: str = "") -> 
 
 def compare_results(reference: dict[str, Any], other: dict[str, Any], output_names: list[str],
                     label: str = "") -> list[Row]:
-    """Rows comparing two ``runner.evaluate`` results (reference first)."""
+    """Rows comparing two ``operations.evaluate`` results (reference first)."""
     rows = []
     suffix = f" [{label}]" if label else ""
     for name, a, b in zip(output_names, reference["outputs"], other["outputs"], strict=True):

@@ -21,7 +21,7 @@ def _ping(probe: bool = False) -> dict[str, Any]:
     """The worker's pid, the backend's declared channels_first support and, with ``probe``,
     whether channels_first convolution and pooling actually run here (None) or the error."""
     from kbackend.backends import impl
-    from kbackend.equivalence.runner import channels_first_probe
+    from kbackend.equivalence.operations import channels_first_probe
 
     reply = {"pid": os.getpid(), "supports_channels_first": impl().supports_channels_first_conv()}
     if probe:
@@ -36,11 +36,11 @@ def _sleep(seconds: float) -> dict[str, Any]:
 
 
 def _operations() -> dict[str, Any]:
-    from kbackend.equivalence import runner
+    from kbackend.equivalence import operations
 
-    return {"ping": _ping, "sleep": _sleep, "describe": runner.describe,
-            "evaluate": runner.evaluate, "predict_saved": runner.predict_saved,
-            "engine_run": runner.engine_run}
+    return {"ping": _ping, "sleep": _sleep, "describe": operations.describe,
+            "evaluate": operations.evaluate, "predict_saved": operations.predict_saved,
+            "engine_run": operations.engine_run}
 
 
 def _die_with_parent() -> None:

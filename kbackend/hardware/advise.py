@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kbackend.hardware import probe
-from kbackend.hardware.knee import DEFAULT_MIN_GAIN, find_knee
+from kbackend.hardware.knee import DEFAULT_MIN_GAIN, Knee, curve_knee
 
 # A setting other than the default is recommended only when it is at least this much faster:
 # shared machines make smaller differences noise.
@@ -69,6 +69,22 @@ def _round_robin(probes: list[probe.FitProbe], left: Callable[[], float], reserv
     return rounds
 
 
+def recommend_batch_size(advice: Advice, curve: list[dict[str, Any]]) -> Knee:
+    """Record the measured throughput ``curve`` and recommend its knee; return the knee."""
+    advice.measurements["batch_size"] = curve
+    knee = curve_knee(curve)
+    best = max(curve, key=lambda r: r["samples_per_s"])
+    gains = ", ".join(f"{g:+.0%}" for g in knee.gains)
+    advice.recommend(
+        "batch_size", knee.batch_size,
+        f"throughput knee: {knee.throughput:,.0f} samples/s at batch {knee.batch_size}; per-doubling "
+        f"gains {gains or 'n/a'} (knee: next doubling < {DEFAULT_MIN_GAIN:.0%}); best measured "
+        f"{best['samples_per_s']:,.0f} samples/s at batch {best['batch_size']} (medians of "
+        f"{curve[0]['rounds']} interleaved round(s))"
+        + ("" if knee.plateau_reached else "; no plateau yet: larger batches may still help"))
+    return knee
+
+
 def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool = False,
            budget_s: float = 100.0, log: Callable[[str], None] = print) -> Advice:
     """Run the probe within about ``budget_s`` seconds (measurements left over are skipped and
@@ -111,17 +127,7 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
     if extra:
         log(f"  re-timed every batch size {extra} more time(s), round-robin: "
             + ", ".join(f"{r['batch_size']}: {r['samples_per_s']:,.0f}/s" for r in curve))
-    advice.measurements["batch_size"] = curve
-    knee = find_knee([r["batch_size"] for r in curve], [r["samples_per_s"] for r in curve])
-    best = max(curve, key=lambda r: r["samples_per_s"])
-    gains = ", ".join(f"{g:+.0%}" for g in knee.gains)
-    advice.recommend(
-        "batch_size", knee.batch_size,
-        f"throughput knee: {knee.throughput:,.0f} samples/s at batch {knee.batch_size}; per-doubling "
-        f"gains {gains or 'n/a'} (knee: next doubling < {DEFAULT_MIN_GAIN:.0%}); best measured "
-        f"{best['samples_per_s']:,.0f} samples/s at batch {best['batch_size']} (medians of "
-        f"{curve[0]['rounds']} interleaved round(s))"
-        + ("" if knee.plateau_reached else "; no plateau yet: larger batches may still help"))
+    knee = recommend_batch_size(advice, curve)
     batch = knee.batch_size
     base_probe = probes[knee.index]  # float32, one step per call, at the recommended batch
     previous = curve[knee.index]["step_ms"]

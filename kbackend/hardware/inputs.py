@@ -1,5 +1,11 @@
-"""Batch sources for benchmarks and the monitored Keras engine: NumPy batches with an optional
-host-side transform, as a plain iterator or as a Keras ``PyDataset`` for ``model.fit``."""
+"""Batch sources for benchmarks and the Keras engine: NumPy batches with an optional host-side
+transform, as a plain iterator or as a Keras ``PyDataset`` for ``model.fit``.
+
+Both read each epoch in ``kbackend.data.batching.epoch_order`` (the native engine's order, fixed
+by seed and epoch), so the batches a model sees do not depend on whether a monitor watches them.
+Unlike the native engine they keep the last, shorter batch of an epoch
+(``batching.epoch_batches_with_remainder``).
+"""
 
 from __future__ import annotations
 
@@ -9,17 +15,15 @@ from typing import Any
 import numpy as np
 
 from kbackend.backend import keras as import_keras
+from kbackend.data.batching import epoch_batches_with_remainder, steps_per_epoch_keeping_last
 
 
 def iterate_batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, epochs: int = 1,
                     transform: Callable[[np.ndarray], np.ndarray] | None = None,
                     shuffle: bool = True, seed: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """``(x, y)`` batches for ``epochs`` passes; ``transform`` runs on each x batch on the host."""
-    rng = np.random.default_rng(seed)
-    for _ in range(epochs):
-        order = rng.permutation(len(x)) if shuffle else np.arange(len(x))
-        for start in range(0, len(x), batch_size):
-            index = order[start:start + batch_size]
+    for epoch in range(epochs):
+        for index in epoch_batches_with_remainder(len(x), batch_size, seed, epoch, shuffle):
             batch = x[index]
             yield (transform(batch) if transform is not None else batch), y[index]
 
@@ -27,7 +31,15 @@ def iterate_batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, epochs: in
 def monitored_batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, monitor: Any = None,
                       transform: Callable[[np.ndarray], np.ndarray] | None = None,
                       seed: int = 0) -> Any:
-    """A Keras ``PyDataset`` of shuffled batches; time spent building each counts as input wait.
+    """A Keras ``PyDataset`` of each epoch's batches; with a ``monitor``, the time spent building
+    each batch counts as input wait.
+
+    Batch ``i`` of epoch ``e`` is a pure function of ``(seed, e, i)``. The epoch is set by the
+    callback ``epoch_callback()`` returns (add it to ``fit``'s callbacks; without it every
+    ``fit`` epoch reads epoch 0's order), and ``fit`` must get ``shuffle=False``, or Keras
+    shuffles the batches once more. Keras's ``on_epoch_end`` hook is not used to count epochs:
+    its calls before training differ between backends, and TensorFlow creates the next epoch's
+    iterator before it.
 
     On JAX, ``fit`` reads a ``PyDataset`` on the training thread (the wait is exact); on
     TensorFlow ``fit`` reads it through ``tf.data`` on a producer thread, so the recorded time is
@@ -38,24 +50,40 @@ def monitored_batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, monitor:
     class Batches(keras.utils.PyDataset):
         def __init__(self) -> None:
             super().__init__(workers=1, use_multiprocessing=False)
-            self.rng = np.random.default_rng(seed)
-            self.order = self.rng.permutation(len(x))
+            self.epoch = 0
+            self._rows = (0, epoch_batches_with_remainder(len(x), batch_size, seed, 0))
 
         def __len__(self) -> int:
-            return -(-len(x) // batch_size)
+            return steps_per_epoch_keeping_last(len(x), batch_size)
 
-        def _batch(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-            rows = self.order[index * batch_size:(index + 1) * batch_size]
+        def rows(self, index: int) -> np.ndarray:
+            """The sample indices of batch ``index`` of the current epoch."""
+            epoch, rows = self._rows  # one tuple: tf.data reads from another thread
+            if epoch != self.epoch:
+                epoch = self.epoch
+                rows = epoch_batches_with_remainder(len(x), batch_size, seed, epoch)
+                self._rows = (epoch, rows)
+            return rows[index]
+
+        def _batch(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             batch = x[rows]
             return (transform(batch) if transform is not None else batch), y[rows]
 
         def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+            rows = self.rows(index)
             if monitor is None:
-                return self._batch(index)
+                return self._batch(rows)
             with monitor.input_wait():
-                return self._batch(index)
+                return self._batch(rows)
 
-        def on_epoch_end(self) -> None:
-            self.order = self.rng.permutation(len(x))
+        def epoch_callback(self) -> Any:
+            """A Keras callback that points this source at each epoch as ``fit`` begins it."""
+            source = self
+
+            class FollowEpochs(keras.callbacks.Callback):
+                def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+                    source.epoch = epoch
+
+            return FollowEpochs()
 
     return Batches()

@@ -1,9 +1,24 @@
-"""The knee of a throughput-vs-batch-size curve: where doubling the batch stops paying off."""
+"""The knee of a throughput-vs-batch-size curve: where doubling the batch stops paying off.
+
+This is kbackend's one definition of the throughput knee; ``kbackend advise`` and ``kbackend
+study`` both name it from here, so they agree on every curve.
+
+Definition: the smallest batch size from which the next doubling raises samples/s by less than
+``DEFAULT_MIN_GAIN`` (10%). It is the one batch-size tuning uses (e.g. Google's Deep Learning
+Tuning Playbook: raise the batch size while throughput still rises with it; once a doubling no
+longer buys a meaningful gain, the device is saturated and a bigger batch only changes what
+training converges to). A fraction-of-the-best rule ("the smallest batch reaching 80% of the
+best samples/s", which ``kbackend study`` used before) is not used: it moves whenever the grid
+is extended to larger batches, names a batch that still gains fast on a slowly saturating curve,
+and cannot tell whether the curve flattened at all. The per-doubling gain is local, compares
+uneven grids fairly and says when no plateau was reached.
+"""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -37,8 +52,6 @@ def find_knee(batch_sizes: Sequence[int], throughputs: Sequence[float],
     gains at least ``min_gain``, the knee is the largest batch and ``plateau_reached`` is False:
     the hardware might still be filled further.
     """
-    import math
-
     if len(batch_sizes) != len(throughputs) or not batch_sizes:
         raise ConfigError(
             f"Invalid throughput curve: expected equally long, non-empty batch sizes and throughputs. "
@@ -57,3 +70,9 @@ def find_knee(batch_sizes: Sequence[int], throughputs: Sequence[float],
             return Knee(int(batch_sizes[index]), float(throughputs[index]), index, True, min_gain, gains)
     last = len(batch_sizes) - 1
     return Knee(int(batch_sizes[last]), float(throughputs[last]), last, False, min_gain, gains)
+
+
+def curve_knee(curve: Sequence[Mapping[str, Any]], min_gain: float = DEFAULT_MIN_GAIN) -> Knee:
+    """The knee of measured rows, each with ``batch_size`` and ``samples_per_s``, in batch order."""
+    return find_knee([int(row["batch_size"]) for row in curve],
+                     [float(row["samples_per_s"]) for row in curve], min_gain)

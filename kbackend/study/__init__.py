@@ -2,7 +2,7 @@
 fastest on this hardware and backend.
 
 - ``config``: the grid, learning-rate search, target and budgets (``StudyConfig``).
-- ``runner``: runs the grid, one learning-rate search per cell, resumable via ``store``.
+- ``executor``: runs the grid, one learning-rate search per cell, resumable via ``store``.
 - ``store``: SQLite results store keyed by each run's full configuration.
 - ``noise``: the gradient noise scale B_simple (McCandlish et al. 2018).
 - ``analysis``: scaling regions, knees, the fastest cell, crossovers.

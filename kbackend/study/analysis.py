@@ -1,5 +1,6 @@
 """What a study's cells say: scaling regions of steps-to-target, the critical batch size, the
-throughput knee, the fastest cell and where Adam overtakes SGD.
+throughput knee (``kbackend.hardware.knee``'s one definition), the fastest cell and where Adam
+overtakes SGD.
 
 Everything here is plain Python over the cell records the runner returns (no training), so the
 conclusions can be recomputed from a stored study and tested on made-up numbers.
@@ -22,9 +23,10 @@ import math
 import statistics
 from typing import Any
 
+from kbackend.hardware.knee import curve_knee
+
 PERFECT_SCALING_EXPONENT = 0.7
 SATURATION_EXPONENT = 0.2
-THROUGHPUT_KNEE_FRACTION = 0.8
 # A fitted knee more than this factor outside the studied batch sizes is reported as outside.
 KNEE_EXTRAPOLATION = 2.0
 
@@ -96,15 +98,6 @@ def throughput_curve(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for b, v in sorted(by_batch.items())]
 
 
-def throughput_knee(curve: list[dict[str, Any]]) -> int | None:
-    """The smallest batch size reaching ``THROUGHPUT_KNEE_FRACTION`` of the best throughput:
-    beyond it a bigger batch buys little speed per sample on this hardware."""
-    if not curve:
-        return None
-    best = max(p["samples_per_s"] for p in curve)
-    return next(p["batch_size"] for p in curve if p["samples_per_s"] >= THROUGHPUT_KNEE_FRACTION * best)
-
-
 def _time(cell: dict[str, Any] | None) -> float:
     if cell is None or not cell["reached"]:
         return math.inf
@@ -155,6 +148,7 @@ def analyze(study: dict[str, Any]) -> dict[str, Any]:
             "not_reached": [c["batch_size"] for c in group if not c["reached"]],
         }
     curve = throughput_curve(study["runs"])
+    knee = curve_knee(curve) if curve else None
     reached = [c for c in cells if c["reached"]]
     best = min(reached, key=_time) if reached else None
     crossovers = [x for x in (crossover(cells, "adam", "sgd"), crossover(cells, "adam", "momentum"))
@@ -163,7 +157,8 @@ def analyze(study: dict[str, Any]) -> dict[str, Any]:
     return {
         "per_optimizer": per_optimizer,
         "throughput": curve,
-        "throughput_knee": throughput_knee(curve),
+        "throughput_knee": None if knee is None else knee.batch_size,
+        "throughput_plateau_reached": None if knee is None else knee.plateau_reached,
         "best": None if best is None else {
             "optimizer": best["optimizer"], "batch_size": best["batch_size"],
             "learning_rate": best["learning_rate"], "time_to_target": best["time_to_target"],

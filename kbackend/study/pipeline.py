@@ -12,10 +12,11 @@ from typing import Any
 
 from kbackend.errors import ConfigError
 from kbackend.io import atomic_write_text
+from kbackend.reports import markdown_rows
 from kbackend.study.analysis import analyze
 from kbackend.study.config import StudyConfig
+from kbackend.study.executor import StudyRunner
 from kbackend.study.report import print_table, write_report
-from kbackend.study.runner import StudyRunner
 from kbackend.study.store import ResultStore
 
 DB_NAME = "study.db"
@@ -146,7 +147,7 @@ def compare(summaries: list[dict[str, Any]]) -> str:
         columns = [_column(s) for s in group]
         header = ["optimizer", "batch"] + [f"{c} time (s)" for c in columns] + \
                  [f"{c} steps" for c in columns] + [f"{c} samples/s" for c in columns]
-        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        table = []
         keys = sorted({(c["optimizer"], c["batch_size"]) for s in group for c in s["cells"]},
                       key=lambda k: (config["optimizers"].index(k[0]) if k[0] in config["optimizers"] else 99, k[1]))
         cells = [{(c["optimizer"], c["batch_size"]): c for c in s["cells"]} for s in group]
@@ -159,8 +160,8 @@ def compare(summaries: list[dict[str, Any]]) -> str:
                 steps.append(str(cell["steps_to_target"]) if reached else "-")
                 speed = None if cell is None else cell.get("samples_per_s")
                 speeds.append(f"{speed:,.0f}" if speed and math.isfinite(speed) else "-")
-            lines.append("| " + " | ".join([key[0], str(key[1]), *times, *steps, *speeds]) + " |")
-        lines.append("")
+            table.append([key[0], str(key[1]), *times, *steps, *speeds])
+        lines += [markdown_rows(header, table)]
         for summary in group:
             analysis = summary["analysis"]
             best = analysis["best"]

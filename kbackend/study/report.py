@@ -9,7 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from kbackend.io import atomic_write, atomic_write_json, atomic_write_text
+from kbackend.hardware.knee import DEFAULT_MIN_GAIN
+from kbackend.io import atomic_write
+from kbackend.reports import markdown_rows, write_json_and_markdown
 
 PLOTS = ("loss_trajectories.png", "steps_to_target.png", "time_to_target.png",
          "throughput.png", "noise_scale.png")
@@ -63,7 +65,10 @@ def conclusions(study: dict[str, Any], analysis: dict[str, Any]) -> list[str]:
         missing = f"; not reached at {info['not_reached']}" if info["not_reached"] else ""
         lines.append(f"{optimizer}: {knee_text}. {regions or 'too few reached cells for regions'}{missing}.")
     if analysis["throughput_knee"] is not None:
-        lines.append(f"Throughput knee (80% of the best samples/s): batch {analysis['throughput_knee']}.")
+        plateau = "" if analysis.get("throughput_plateau_reached", True) else \
+            "; no plateau yet: larger batches may still gain"
+        lines.append(f"Throughput knee (next doubling gains < {DEFAULT_MIN_GAIN:.0%} samples/s): "
+                     f"batch {analysis['throughput_knee']}{plateau}.")
     noise = study.get("noise")
     if noise:
         lines.append(
@@ -117,9 +122,7 @@ def markdown(study: dict[str, Any], analysis: dict[str, Any], wall_time: float |
     ]
     if wall_time is not None:
         lines.append(f"- wall time of this invocation: {wall_time:.1f} s")
-    lines += ["", "## Cells (best learning rate of each)", "",
-              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines += ["", "## Cells (best learning rate of each)", "", markdown_rows(header, rows).rstrip("\n")]
     lines += ["", "\"(edge)\": the best rate is at the edge of the cell's grid; a wider grid may do "
               "better. Time to target counts training time only: evaluation and the per-run start-up "
               "(compilation, first-call overhead) are excluded; start-up is listed apart "
@@ -136,9 +139,9 @@ def write_report(study: dict[str, Any], analysis: dict[str, Any], out_dir: str |
                  wall_time: float | None = None) -> dict[str, Path]:
     """Write report.md, summary.json and the plots under ``out_dir``; return their paths."""
     out = Path(out_dir)
-    summary = summary_payload(study, analysis, wall_time)
-    paths = {"report": atomic_write_text(out / "report.md", markdown(study, analysis, wall_time)),
-             "summary": atomic_write_json(out / "summary.json", summary)}
+    summary, report = write_json_and_markdown(out / "summary.json", summary_payload(study, analysis, wall_time),
+                                              out / "report.md", markdown(study, analysis, wall_time))
+    paths = {"report": report, "summary": summary}
     for name, path in write_plots(study, analysis, out / "plots").items():
         paths[name] = path
     return paths
@@ -308,7 +311,7 @@ def _plot_throughput(analysis: dict[str, Any], path: Path) -> Path:
         ax.plot([p["batch_size"] for p in curve], [p["samples_per_s"] for p in curve], "o-")
     if analysis["throughput_knee"]:
         ax.axvline(analysis["throughput_knee"], color="C1", ls="--",
-                   label=f"knee (80% of best): {analysis['throughput_knee']}")
+                   label=f"knee (next doubling < {DEFAULT_MIN_GAIN:.0%}): {analysis['throughput_knee']}")
         ax.legend()
     ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="samples/s (median over runs)",
            title="Training throughput")

@@ -16,8 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from kbackend import __version__
 from kbackend.data import Dataset
+from kbackend.data.batching import steps_per_epoch_dropping_last, steps_per_epoch_keeping_last
+from kbackend.engines import get_engine
+from kbackend.envinfo import environment_identity
 from kbackend.errors import ConfigError
 from kbackend.history import History
 from kbackend.models import ModelOptions, build_model, model_layout
@@ -53,21 +55,11 @@ def default_engine() -> str:
     return "native" if "native" in engine_names() else "keras"
 
 
-def steps_per_epoch(num_train: int, batch_size: int) -> int:
-    """Steps in an epoch whose last batch is partial (Keras fit)."""
-    return -(-num_train // batch_size)
-
-
-def full_batches(num_train: int, batch_size: int) -> int:
-    """Steps in an epoch that drops the partial batch (the native engine: one batch shape)."""
-    return max(1, num_train // batch_size)
-
-
 def samples_seen(step: int, num_train: int, batch_size: int, drops_remainder: bool = False) -> int:
     """Training samples processed by the end of ``step``."""
     if drops_remainder:
         return int(step) * batch_size
-    per_epoch = steps_per_epoch(num_train, batch_size)
+    per_epoch = steps_per_epoch_keeping_last(num_train, batch_size)
     full_epochs, rest = divmod(int(step), per_epoch)
     return full_epochs * num_train + rest * batch_size
 
@@ -195,24 +187,6 @@ def best_run(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
     return max(runs, key=score)
 
 
-def environment_identity() -> dict[str, Any]:
-    """Backend, package versions and device: part of every run's key."""
-    import os
-    import platform
-
-    from kbackend.backend import active_backend
-    from kbackend.backends import impl
-    from kbackend.envinfo import device_summary, package_versions
-
-    backend_impl = impl()
-    return {
-        "backend": active_backend(),
-        "versions": {**package_versions(), **backend_impl.framework_versions(), "kbackend": __version__},
-        "device": f"{device_summary(backend_impl.devices())}; {os.cpu_count()} cpus; "
-                  f"{platform.processor() or platform.machine()}",
-    }
-
-
 class StudyRunner:
     """Plans, validates and runs a study against a results store."""
 
@@ -264,8 +238,8 @@ class StudyRunner:
         """Steps between evaluations: about ``evals_per_epoch`` per epoch, preferably a divisor of
         the epoch so that every fused call has the same length (one compilation per run)."""
         if self.config.engine in EPOCH_EVAL_ENGINES:
-            return steps_per_epoch(self.num_train, batch_size)
-        per_epoch = full_batches(self.num_train, batch_size)
+            return steps_per_epoch_keeping_last(self.num_train, batch_size)
+        per_epoch = steps_per_epoch_dropping_last(self.num_train, batch_size)
         wanted = max(1, round(per_epoch / self.config.evals_per_epoch))
         divisors = [d for d in range(1, per_epoch + 1) if per_epoch % d == 0]
         nearest = min(divisors, key=lambda d: (abs(math.log(d / wanted)), d))
@@ -276,9 +250,12 @@ class StudyRunner:
         every = self.eval_every(batch_size)
         steps = budget if budget is not None else self.config.max_steps
         steps = -(-steps // every) * every  # whole evaluation intervals
-        fused = self.config.fused_steps or every
-        return RunPlan(optimizer, batch_size, learning_rate, steps, every,
-                       min(fused, full_batches(self.num_train, batch_size)))
+        if not get_engine(self.config.engine).fuses_steps:
+            fused = 1
+        else:
+            fused = min(self.config.fused_steps or every,
+                        steps_per_epoch_dropping_last(self.num_train, batch_size))
+        return RunPlan(optimizer, batch_size, learning_rate, steps, every, fused)
 
     def run_key_config(self, plan: RunPlan) -> dict[str, Any]:
         """Everything that determines a run's outcome: its store key is a hash of this."""
@@ -378,7 +355,7 @@ class StudyRunner:
         config = self.config
         max_steps = plan.max_steps if max_steps is None else max_steps
         # Enough epochs for the budget even when the engine drops each epoch's partial batch.
-        per_epoch = full_batches(self.num_train, plan.batch_size)
+        per_epoch = steps_per_epoch_dropping_last(self.num_train, plan.batch_size)
         return TrainConfig(
             model=config.model, dataset=config.dataset, data_dir=config.data_dir,
             validation_fraction=config.validation_fraction,

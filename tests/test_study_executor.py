@@ -17,9 +17,9 @@ import pytest
 from kbackend.cli import main
 from kbackend.errors import ConfigError, DataError
 from kbackend.study.config import StudyConfig
+from kbackend.study.executor import StudyRunner
 from kbackend.study.pipeline import compare, run_study
 from kbackend.study.report import PLOTS
-from kbackend.study.runner import StudyRunner
 from kbackend.study.store import ResultStore
 from kbackend.training import Target
 from tests.conftest import BACKEND, ROOT
@@ -191,7 +191,7 @@ def test_time_to_target_excludes_evaluation(tmp_path, monkeypatch):
 ])
 def test_startup_is_taken_out_of_time_to_target(reported, expected, estimated):
     from kbackend.history import History
-    from kbackend.study.runner import RunPlan, summarize_run
+    from kbackend.study.executor import RunPlan, summarize_run
 
     history = History()
     history.record_steps(list(range(1, 31)), [1.0] * 30, [4.5 + 0.05 * s for s in range(1, 31)])
@@ -253,7 +253,7 @@ def no_training(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("training started despite bad input")
 
-    monkeypatch.setattr("kbackend.study.runner.train", forbidden)
+    monkeypatch.setattr("kbackend.study.executor.train", forbidden)
 
 
 @pytest.mark.parametrize(("make", "error", "message"), [

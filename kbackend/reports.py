@@ -1,9 +1,15 @@
-"""Benchmark output: JSON (figures + environment) and a markdown table a person can read."""
+"""Reports: a JSON file for programs beside a markdown file for people, both written atomically.
+
+kbackend's one report writer (``write_json_and_markdown``) and its table formatting: benchmarks
+write ``<name>.json`` + ``<name>.md`` through ``write_report``; a study writes ``summary.json`` +
+``report.md`` through ``write_json_and_markdown`` directly.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +31,16 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
+def markdown_rows(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A GitHub markdown table of already formatted cells, one sequence per row."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
 def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
     """A GitHub markdown table of ``rows`` restricted to ``columns`` (missing cells: '-')."""
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(" --- " for _ in columns) + "|"]
-    for row in rows:
-        lines.append("| " + " | ".join(format_value(row.get(c)) for c in columns) + " |")
-    return "\n".join(lines) + "\n"
+    return markdown_rows(columns, ([format_value(row.get(c)) for c in columns] for row in rows))
 
 
 def side_by_side(rows: Sequence[dict[str, Any]], keys: Sequence[str], values: Sequence[str],
@@ -52,9 +62,18 @@ def side_by_side(rows: Sequence[dict[str, Any]], keys: Sequence[str], values: Se
     return list(merged.values()), columns
 
 
-def write_report(out_dir: str | Path, name: str, payload: dict[str, Any], table: str) -> tuple[Path, Path]:
-    """Write ``<name>.json`` and ``<name>.md`` (atomically) under ``out_dir``; returns both paths."""
+def write_json_and_markdown(json_path: str | os.PathLike, payload: Any,
+                            markdown_path: str | os.PathLike, markdown: str) -> tuple[Path, Path]:
+    """Write ``payload`` as JSON, then ``markdown``, each atomically; returns both paths.
+
+    The JSON goes first, so a reader that finds the new markdown also finds its figures.
+    """
+    return atomic_write_json(json_path, payload), atomic_write_text(markdown_path, markdown)
+
+
+def write_report(out_dir: str | os.PathLike, name: str, payload: dict[str, Any],
+                 table: str) -> tuple[Path, Path]:
+    """``<name>.json`` and ``<name>.md`` (headed ``# <name>``) under ``out_dir``; both paths."""
     out = Path(out_dir)
-    json_path = atomic_write_json(out / f"{name}.json", payload)
-    md_path = atomic_write_text(out / f"{name}.md", f"# {name}\n\n{table}")
-    return json_path, md_path
+    return write_json_and_markdown(out / f"{name}.json", payload, out / f"{name}.md",
+                                   f"# {name}\n\n{table}")

@@ -1,0 +1,84 @@
+"""Every check that can fail runs before any training (kbackend.config), in-process.
+
+Each case must fail fast: no engine runs (a spy on every registered engine proves it) and no
+output file appears.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from kbackend import cli
+from kbackend.engines import ENGINES
+
+
+@pytest.fixture
+def engines_never_run(monkeypatch):
+    """Replace every engine's train function with one that fails the test if it is called."""
+    from dataclasses import replace
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("training started although a pre-run check should have failed")
+
+    for name, engine in list(ENGINES.items()):
+        monkeypatch.setitem(ENGINES, name, replace(engine, train=forbidden))
+
+
+def run_main(capsys, *argv: str) -> tuple[int, str]:
+    code = cli.main(list(argv))
+    return code, capsys.readouterr().err.strip()
+
+
+def bad_paths(tmp_path):
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    read_only.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    folder = tmp_path / "x.keras"
+    folder.mkdir()
+    return {"read-only folder": read_only / "m.keras", "under a file": a_file / "m.keras",
+            "a folder": folder}
+
+
+@pytest.mark.parametrize("case", ["read-only folder", "under a file", "a folder"])
+@pytest.mark.parametrize("flag", ["--save", "--history"])
+def test_bad_output_path_is_refused_before_training(case, flag, tmp_path, capsys,
+                                                    engines_never_run):
+    if case == "read-only folder" and os.geteuid() == 0:
+        pytest.skip("root writes into read-only folders")
+    path = bad_paths(tmp_path)[case]
+    if flag == "--history" and case != "a folder":
+        path = path.with_suffix(".json")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    code, err = run_main(capsys, "train", "--epochs", "1", "--quiet", flag, str(path))
+    assert code == 2
+    assert len(err.splitlines()) == 1 and f"Invalid {flag} path" in err, err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_fused_steps_with_an_engine_that_cannot_fuse_is_refused(capsys, engines_never_run):
+    code, err = run_main(capsys, "train", "--engine", "keras", "--fused-steps", "8", "--quiet")
+    assert code == 2 and "Invalid --fused-steps 8" in err and "--engine native" in err, err
+    code, err = run_main(capsys, "train", "--engine", "keras", "--fused-steps", "auto", "--quiet")
+    assert code == 2 and "Invalid --fused-steps auto" in err, err
+
+
+def test_fused_steps_longer_than_an_epoch_is_refused(capsys, engines_never_run):
+    code, err = run_main(capsys, "train", "--engine", "native", "--fused-steps", "100000",
+                         "--batch-size", "32", "--quiet")
+    assert code == 2 and "Invalid fused_steps 100000" in err, err
+
+
+def test_batch_size_larger_than_the_data_is_refused(capsys, engines_never_run):
+    code, err = run_main(capsys, "train", "--batch-size", "100000", "--quiet")
+    assert code == 2 and "larger than the training split" in err, err
+
+
+def test_a_valid_run_reaches_the_engine(capsys, engines_never_run):
+    """Positive control: with nothing wrong, the spy engine is called (the checks pass)."""
+    with pytest.raises(AssertionError, match="training started"):
+        cli.main(["train", "--epochs", "1", "--quiet"])

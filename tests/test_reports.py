@@ -1,0 +1,31 @@
+"""The one report writer: a JSON file and a markdown file, each written atomically, JSON first."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kbackend.reports import markdown_rows, markdown_table, write_json_and_markdown, write_report
+
+
+def test_json_and_markdown_are_written_side_by_side(tmp_path):
+    json_path, md_path = write_json_and_markdown(tmp_path / "out" / "summary.json", {"a": 1.5},
+                                                 tmp_path / "out" / "report.md", "# title\n")
+    assert json.loads(json_path.read_text()) == {"a": 1.5} and md_path.read_text() == "# title\n"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["report.md", "summary.json"]
+
+
+def test_a_payload_that_cannot_be_written_leaves_no_files(tmp_path):
+    with pytest.raises(TypeError):
+        write_json_and_markdown(tmp_path / "r.json", {"a": object()}, tmp_path / "r.md", "text")
+    assert list(tmp_path.iterdir()) == []  # no partial JSON, and no markdown without its figures
+
+
+def test_named_report_and_tables(tmp_path):
+    table = markdown_table([{"case": "a", "ms": 1.23456, "ok": True}, {"case": "b"}], ["case", "ms", "ok"])
+    assert table == "| case | ms | ok |\n| --- | --- | --- |\n| a | 1.235 | yes |\n| b | - | - |\n"
+    assert markdown_rows(["x", "y"], [["1", "2"]]) == "| x | y |\n| --- | --- |\n| 1 | 2 |\n"
+    json_path, md_path = write_report(tmp_path, "bench_x", {"rows": []}, table)
+    assert (json_path.name, md_path.name) == ("bench_x.json", "bench_x.md")
+    assert md_path.read_text() == f"# bench_x\n\n{table}"

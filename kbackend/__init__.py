@@ -1,7 +1,7 @@
 """kbackend: hardware-aware training with Keras 3 on JAX or TensorFlow, measured.
 
 Importing this package does not import Keras: the backend is chosen first
-(``kbackend.backend.use_backend``), because Keras reads ``KERAS_BACKEND`` once, at import.
+(``kbackend.backend_choice.use_backend``), because Keras reads ``KERAS_BACKEND`` once, at import.
 """
 
 __version__ = "0.1.0"

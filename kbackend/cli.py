@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from kbackend import __version__, commands
-from kbackend.backend import BACKENDS, use_backend
+from kbackend.backend_choice import BACKENDS, use_backend
 from kbackend.errors import KBackendError
 
 PROG = "kbackend"

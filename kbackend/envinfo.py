@@ -14,7 +14,7 @@ import platform
 from typing import Any
 
 from kbackend import __version__
-from kbackend.backend import active_backend
+from kbackend.backend_choice import active_backend
 
 _PACKAGES = ("keras", "jax", "jaxlib", "tensorflow-cpu", "tensorflow", "optax", "numpy")
 _ENV_PREFIXES = ("XLA_", "JAX_", "TF_", "KERAS_", "KBACKEND_", "CUDA_VISIBLE_DEVICES", "OMP_")

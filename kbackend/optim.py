@@ -32,7 +32,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any, NamedTuple
 
-from kbackend.backend import keras as import_keras
+from kbackend.backend_choice import keras as import_keras
 from kbackend.errors import ConfigError
 
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from kbackend.backend import keras as import_keras
+from kbackend.backend_choice import keras as import_keras
 from kbackend.errors import ConfigError
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")

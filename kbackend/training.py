@@ -15,7 +15,7 @@ from typing import Any
 
 from kbackend import data as data_module
 from kbackend import distributed
-from kbackend.backend import keras as import_keras
+from kbackend.backend_choice import keras as import_keras
 from kbackend.config import MONITORS, Target, TrainConfig, check_output_path, check_run
 from kbackend.engines import get_engine
 from kbackend.envinfo import environment

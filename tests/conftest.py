@@ -13,7 +13,7 @@ import pytest
 os.environ.setdefault("KBACKEND_OFFLINE", "1")  # tests never reach the internet
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from kbackend.backend import use_backend
+from kbackend.backend_choice import use_backend
 
 BACKEND = use_backend()
 ROOT = Path(__file__).resolve().parent.parent

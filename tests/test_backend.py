@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from kbackend.backend import BACKENDS, requested_backend, validate_backend
+from kbackend.backend_choice import BACKENDS, requested_backend, validate_backend
 from kbackend.errors import BackendError
 
 
@@ -63,7 +63,7 @@ def test_backend_flag_overrides_env(cli):
 def test_conflict_with_already_imported_keras_is_reported():
     code = (
         "import os; os.environ['KERAS_BACKEND']='jax'; import keras; "
-        "from kbackend.backend import use_backend; use_backend('tensorflow')"
+        "from kbackend.backend_choice import use_backend; use_backend('tensorflow')"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode != 0

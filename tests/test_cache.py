@@ -23,7 +23,7 @@ ATOL = 1e-6  # one model, two batch compositions: float32 XLA results may differ
 
 
 def tiny_model(seed: int = 0):
-    from kbackend.backend import keras as import_keras
+    from kbackend.backend_choice import keras as import_keras
 
     keras = import_keras()
     keras.utils.set_random_seed(seed)

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from kbackend.backend import BACKENDS
+from kbackend.backend_choice import BACKENDS
 from kbackend.serving.export import (
     DEFAULT_ATOL,
     SAMPLE_FILE,

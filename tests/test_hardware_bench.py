@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kbackend.backend import BACKENDS
+from kbackend.backend_choice import BACKENDS
 from kbackend.bench.registry import BENCHMARKS
 from kbackend.bench.runner import run
 from kbackend.bench.spec import Benchmark, Settings

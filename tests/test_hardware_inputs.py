@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kbackend.backend import keras as import_keras
+from kbackend.backend_choice import keras as import_keras
 from kbackend.data.batching import epoch_batches, epoch_batches_with_remainder, epoch_order
 from kbackend.hardware.inputs import iterate_batches, monitored_batches
 

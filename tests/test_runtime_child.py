@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from kbackend.backend import BACKENDS
+from kbackend.backend_choice import BACKENDS
 from kbackend.errors import BackendError, KBackendError
 from kbackend.runtime.child import (
     PACKAGE_ROOT,

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from kbackend.backend import active_backend
+from kbackend.backend_choice import active_backend
 
 _PACKAGES = {"jax": "kbackend.backends.jax", "tensorflow": "kbackend.backends.tensorflow"}
 
@@ -100,7 +100,7 @@ def backend_package(name: str) -> BackendOps:
 def impl() -> BackendOps:
     """The backend package of the active Keras backend, resolved once per process.
 
-    Keras cannot switch backends once imported (``kbackend.backend``), so the first
+    Keras cannot switch backends once imported (``kbackend.backend_choice``), so the first
     answer stays right for the life of the process.
     """
     package = backend_package(active_backend())

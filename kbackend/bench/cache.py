@@ -48,7 +48,7 @@ def _timed(methods: dict[str, Callable[[], Any]], repeats: int) -> dict[str, flo
 
 
 def _train_model(quick: bool, folder: Path) -> tuple[Any, Any, float]:
-    from kbackend.backend import keras as import_keras
+    from kbackend.backend_choice import keras as import_keras
     from kbackend.data import load
     from kbackend.models import ModelOptions, build_model
     from kbackend.serving.model import load_model

@@ -62,7 +62,7 @@ def synthetic(batch_size: int, steps: int, seed: int = 0) -> Any:
 
 def fit_runner(dataset: Any, batch_size: int, spe: int) -> Callable[[], Any]:
     """One epoch of ``model.fit`` per call (its per-call setup is part of fit's cost)."""
-    from kbackend.backend import keras as import_keras
+    from kbackend.backend_choice import keras as import_keras
     from kbackend.models import ModelOptions, build_model
 
     keras = import_keras()
@@ -130,7 +130,7 @@ def measure(runners: dict[str, Any], steps: int, batch_size: int, repeats: int) 
 
 def measure_engines(settings: Settings) -> Rows:
     """Every configuration at every batch size on the active backend (one row each)."""
-    from kbackend.backend import active_backend
+    from kbackend.backend_choice import active_backend
 
     batch_sizes = settings.options.get("batch_sizes") or list(BATCH_SIZES)
     repeats = settings.rounds(quick=2, full=5)

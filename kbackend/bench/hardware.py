@@ -146,7 +146,7 @@ def measure_optimizers(settings: Settings) -> Rows:
 
 
 def _preprocessed_model(work: probe.Workload, mean: float, std: float) -> Any:
-    from kbackend.backend import keras as import_keras
+    from kbackend.backend_choice import keras as import_keras
     from kbackend.models import build_model
 
     keras = import_keras()

@@ -21,7 +21,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from kbackend.backend import BACKENDS, validate_backend
+from kbackend.backend_choice import BACKENDS, validate_backend
 from kbackend.bench.registry import BENCHMARKS
 from kbackend.bench.spec import Benchmark, Settings
 from kbackend.errors import KBackendError
@@ -48,7 +48,7 @@ def parser(bench: Benchmark) -> argparse.ArgumentParser:
 
 def run_worker(measure: str, settings: dict[str, Any]) -> dict[str, Any]:
     """Worker side (in the child process): run ``measure`` and describe where it ran."""
-    from kbackend.backend import use_backend
+    from kbackend.backend_choice import use_backend
     from kbackend.envinfo import environment
     from kbackend.hardware.probe import warm_up
 

@@ -99,7 +99,7 @@ def model_fingerprint(model: Any) -> str:
     Independent of the backend: the same ``.keras`` file loaded under JAX or TensorFlow has the
     same fingerprint. Changing any weight by any amount changes it.
     """
-    from kbackend.backend import keras as import_keras
+    from kbackend.backend_choice import keras as import_keras
 
     keras = import_keras()
     digest = hashlib.sha256()

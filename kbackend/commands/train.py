@@ -108,7 +108,7 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kbackend.backend import active_backend
+    from kbackend.backend_choice import active_backend
     from kbackend.distributed import engine_name
     from kbackend.progress import EpochReporter
     from kbackend.training import train

@@ -183,7 +183,7 @@ def _fashion_from(root: Path) -> RawData | None:
 
 
 def _download(name: str) -> RawData:
-    from kbackend.backend import keras as import_keras
+    from kbackend.backend_choice import keras as import_keras
 
     keras = import_keras()
 

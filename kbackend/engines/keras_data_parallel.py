@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from kbackend import distributed
-from kbackend.backend import keras as import_keras
+from kbackend.backend_choice import keras as import_keras
 from kbackend.backends import impl
 from kbackend.config import check_batch_split
 from kbackend.engines import keras_fit

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kbackend.backend import keras as import_keras
+from kbackend.backend_choice import keras as import_keras
 from kbackend.data import batching
 from kbackend.errors import ConfigError
 from kbackend.hardware.inputs import monitored_batches

@@ -16,7 +16,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from kbackend.backend import keras as import_keras
+from kbackend.backend_choice import keras as import_keras
 from kbackend.backends import impl
 from kbackend.data import batching
 from kbackend.engines import loop

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kbackend.backend import keras as import_keras
+from kbackend.backend_choice import keras as import_keras
 from kbackend.errors import ConfigError
 
 LAYER_TYPES = ("dense", "conv1d", "conv2d", "maxpool", "avgpool", "batchnorm", "layernorm",

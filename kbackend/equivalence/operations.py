@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from kbackend.backend import keras as import_keras
+from kbackend.backend_choice import keras as import_keras
 from kbackend.backends import impl
 from kbackend.optim import OptimizerSpec
 

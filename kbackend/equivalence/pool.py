@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kbackend.backend import BACKENDS, validate_backend
+from kbackend.backend_choice import BACKENDS, validate_backend
 from kbackend.equivalence.protocol import ChannelClosed, ChannelTimeout, receive, send
 from kbackend.errors import KBackendError
 from kbackend.runtime.child import child_environment

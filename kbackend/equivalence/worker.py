@@ -62,7 +62,7 @@ def main() -> int:
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    from kbackend.backend import active_backend, use_backend
+    from kbackend.backend_choice import active_backend, use_backend
 
     use_backend()
     backend = active_backend()

@@ -90,7 +90,7 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
     """Run the probe within about ``budget_s`` seconds (measurements left over are skipped and
     listed). Configurations are compiled once and timed round-robin (``FitProbe``), so a change
     of machine load hits all of them alike."""
-    from kbackend.backend import active_backend
+    from kbackend.backend_choice import active_backend
     from kbackend.backends import impl
     from kbackend.engines import engine_names
     from kbackend.models import model_layout

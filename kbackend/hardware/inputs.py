@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from kbackend.backend import keras as import_keras
+from kbackend.backend_choice import keras as import_keras
 from kbackend.data.batching import epoch_batches_with_remainder, steps_per_epoch_keeping_last
 
 

@@ -210,7 +210,7 @@ def keras_callback(monitor: StepMonitor, batch_size: int, steps_per_execution: i
     step). Input wait comes from the input source: pass ``fit`` a ``monitored_batches`` dataset.
     Evaluation pauses are excluded by restarting the step clock after each validation.
     """
-    from kbackend.backend import keras as import_keras
+    from kbackend.backend_choice import keras as import_keras
 
     keras = import_keras()
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from kbackend.backend import keras as import_keras
+from kbackend.backend_choice import keras as import_keras
 from kbackend.data import DatasetInfo
 from kbackend.errors import KBackendError
 from kbackend.models import ModelOptions, build_model, model_layout

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from kbackend.backend import BACKENDS, active_backend
+from kbackend.backend_choice import BACKENDS, active_backend
 from kbackend.errors import ConfigError, KBackendError
 from kbackend.io import atomic_write, atomic_write_json
 from kbackend.runtime.child import ChildFailed, ChildTimeout, run_in_child

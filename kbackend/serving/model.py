@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from kbackend.backend import keras as import_keras
+from kbackend.backend_choice import keras as import_keras
 from kbackend.errors import DataError, KBackendError
 
 

@@ -34,8 +34,9 @@ def test_requested_backend_reads_env(monkeypatch):
 
 
 @pytest.mark.parametrize("name", BACKENDS)
-def test_info_runs_under_each_backend(cli, name):
-    result = cli("info", backend=name)
+def test_info_runs_under_each_backend(cli_process, name):
+    # A fresh process: this one has already imported Keras with the session's backend.
+    result = cli_process("info", backend=name)
     assert result.returncode == 0, result.stderr
     assert f"backend:            {name}" in result.stdout
     assert "keras:" in result.stdout and "optax:" in result.stdout
@@ -47,20 +48,23 @@ def test_info_runs_under_each_backend(cli, name):
     ("torch", "kbackend is PyTorch-free"),
     ("mxnet", "Expected one of"),
 ])
-def test_bad_backend_env_is_one_line_error(cli, value, message):
-    result = cli("info", backend=value)
+def test_bad_backend_env_is_one_line_error(cli_process, value, message):
+    # A fresh process: the bad KERAS_BACKEND must be refused before anything imports Keras.
+    result = cli_process("info", backend=value)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr
 
 
-def test_backend_flag_overrides_env(cli):
-    result = cli("info", "--backend", "tensorflow", backend="jax")
+def test_backend_flag_overrides_env(cli_process):
+    # A fresh process: --backend only works if it is applied before Keras is imported.
+    result = cli_process("info", "--backend", "tensorflow", backend="jax")
     assert result.returncode == 0, result.stderr
     assert "backend:            tensorflow" in result.stdout
 
 
 def test_conflict_with_already_imported_keras_is_reported():
+    # A fresh process, so that Keras can be imported there with a backend of the test's choosing.
     code = (
         "import os; os.environ['KERAS_BACKEND']='jax'; import keras; "
         "from kbackend.backend import use_backend; use_backend('tensorflow')"
@@ -71,6 +75,7 @@ def test_conflict_with_already_imported_keras_is_reported():
 
 
 def test_torch_is_not_importable_and_not_imported():
+    # A fresh process: sys.modules here holds whatever other tests imported.
     code = (
         "import importlib.util, sys; assert importlib.util.find_spec('torch') is None, 'torch installed'; "
         "import kbackend.training, kbackend.models, kbackend.data, kbackend.cli; "

@@ -29,6 +29,7 @@ def _env() -> dict[str, str]:
 
 
 def _kbackend(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """The command line in a fresh process: multi-process start-up is once per process."""
     return subprocess.run([sys.executable, "-m", "kbackend", *args], cwd=ROOT, env=_env(),
                           capture_output=True, text=True, timeout=timeout)
 
@@ -95,15 +96,14 @@ def test_a_dead_process_stops_the_others(tmp_path):
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="the TensorFlow limitation")
-def test_multi_process_on_tensorflow_is_a_clear_error():
-    result = _kbackend("train", "--epochs", "1", "--num-processes", "2", "--coordinator", "127.0.0.1:12355",
-                       timeout=300)
+def test_multi_process_on_tensorflow_is_a_clear_error(cli):
+    result = cli("train", "--epochs", "1", "--num-processes", "2", "--coordinator", "127.0.0.1:12355")
     assert result.returncode == 2 and "Multi-process training needs KERAS_BACKEND=jax" in result.stderr
 
 
-def test_launch_stops_everything_when_a_process_fails():
-    # Every process fails its own option check after start-up; the launcher reports it, non-zero.
-    result = _kbackend("launch", "-N", "2", "--", "--epochs", "1", "--devices", "5", "--batch-size", "10",
-                       timeout=300)
+def test_launch_stops_everything_when_a_process_fails(cli):
+    # Every process fails its own option check after start-up; the launcher (here, in this
+    # process) reports it, non-zero.
+    result = cli("launch", "-N", "2", "--", "--epochs", "1", "--devices", "5", "--batch-size", "10")
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     assert "kbackend launch: error: process" in result.stderr and "exited with status 2" in result.stderr

@@ -28,12 +28,6 @@ def _env() -> dict[str, str]:
     return {**os.environ, "KERAS_BACKEND": BACKEND, "KBACKEND_OFFLINE": "1"}
 
 
-def _kbackend(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """The command line in a fresh process: multi-process start-up is once per process."""
-    return subprocess.run([sys.executable, "-m", "kbackend", *args], cwd=ROOT, env=_env(),
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def _weights(path) -> list[np.ndarray]:
     import keras
 
@@ -42,12 +36,13 @@ def _weights(path) -> list[np.ndarray]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(BACKEND != "jax", reason="bit-for-bit data order across processes is the native JAX engine's")
-def test_two_processes_train_like_one(tmp_path):
+def test_two_processes_train_like_one(tmp_path, cli):
+    # The launcher and the one-process run are in this process; the two workers are fresh ones.
     engine = ["--engine", "data_parallel", "--epochs", "2"]
-    two = _kbackend("launch", "-N", "2", "--", *TRAIN, *engine, "--save", str(tmp_path / "two.keras"),
-                    "--history", str(tmp_path / "two.json"))
+    two = cli("launch", "-N", "2", "--", *TRAIN, *engine, "--save", str(tmp_path / "two.keras"),
+              "--history", str(tmp_path / "two.json"))
     assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
-    one = _kbackend("train", *TRAIN, *engine, "--save", str(tmp_path / "one.keras"))
+    one = cli("train", *TRAIN, *engine, "--save", str(tmp_path / "one.keras"))
     assert one.returncode == 0, one.stderr[-3000:]
     assert "[0] " in two.stdout and "[1] " in two.stdout
     # Only process 0 writes: one model file, one history, and only [0] says so.

@@ -1,8 +1,8 @@
 """Test sessions. Dependencies come from pyproject.toml (the project and its dependency groups).
 
     nox                      # default: tests and slow for both backends, devices, equivalence, lint
-    nox -s tests-jax         # one backend
-    nox -s devices-jax       # the multi-device tests, with 8 virtual CPU devices
+    nox -s "tests(jax)"      # one backend
+    nox -s "devices(jax)"    # the multi-device tests, with 8 virtual CPU devices
     nox -s bench             # quick versions of the benchmark scripts
 """
 
@@ -50,13 +50,11 @@ def devices(session: nox.Session, backend: str) -> None:
     """Tests marked `devices` under one backend, in a process started with 8 virtual CPU devices.
 
     CPU devices must be split before the framework starts its runtime, hence a session of its
-    own. kbackend reads KBACKEND_VIRTUAL_DEVICES when it loads a backend (JAX: jax_num_cpu_devices,
-    TensorFlow: logical devices); JAX_NUM_CPU_DEVICES does the same for JAX itself.
+    own. kbackend's own KBACKEND_VIRTUAL_DEVICES makes them when it loads a backend (JAX:
+    jax_num_cpu_devices, TensorFlow: logical CPU devices), so the session also tests that variable.
     """
     _install(session, "test")
     env = _env(backend) | {"KBACKEND_VIRTUAL_DEVICES": VIRTUAL_DEVICES}
-    if backend == "jax":
-        env["JAX_NUM_CPU_DEVICES"] = VIRTUAL_DEVICES
     session.run("pytest", "-m", "devices", *session.posargs, env=env)
 
 

@@ -1,7 +1,7 @@
 """Data parallelism on several devices: N-device training computes what 1-device training does.
 
 Needs 8 devices, which on a CPU must be created before the runtime starts, so these tests are
-marked `devices` and run in their own nox session (``nox -s devices-jax``, ``devices-tensorflow``),
+marked `devices` and run in their own nox session (``nox -s "devices(jax)"``, ``"devices(tensorflow)"``),
 which sets KBACKEND_VIRTUAL_DEVICES=8 in its environment. Anywhere else they are skipped.
 
 Tolerance: the N-device runs add the same numbers in a different order (per-shard sums, then a

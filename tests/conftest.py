@@ -1,11 +1,16 @@
 """Shared test fixtures. Each nox session runs one backend (KERAS_BACKEND); tests never switch
-the Keras backend inside one process: other backends run in subprocesses."""
+the Keras backend inside one process: other backends run in subprocesses.
+
+The command line runs in this process (``cli``) unless a fresh process is what a test checks
+(``cli_process``): backend selection before Keras is imported, multi-process start-up, crashes.
+"""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -43,6 +48,32 @@ def data_dir() -> Path:
     return found
 
 
+@dataclass(frozen=True)
+class CliResult:
+    """What one in-process run of the command line returned and printed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def cli(capsys):
+    """``cli(*args)`` runs ``kbackend.cli.main(args)`` in this process; returns a ``CliResult``."""
+    from kbackend.cli import main
+
+    def run(*args: str) -> CliResult:
+        capsys.readouterr()  # only this command's output
+        try:
+            code = main([str(arg) for arg in args])
+        except SystemExit as exit_:  # argparse errors and --help
+            code = 0 if exit_.code is None else exit_.code if isinstance(exit_.code, int) else 1
+        out, err = capsys.readouterr()
+        return CliResult(code, out, err)
+
+    return run
+
+
 def run_cli(*args: str, backend: str | None = None, env: dict | None = None,
             timeout: float = 300, cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
     """Run ``python -m kbackend ARGS`` in a subprocess with KERAS_BACKEND set."""
@@ -54,6 +85,7 @@ def run_cli(*args: str, backend: str | None = None, env: dict | None = None,
 
 
 @pytest.fixture
-def cli():
-    """``cli(*args, backend=None, env=None)`` runs the kbackend command line in a subprocess."""
+def cli_process():
+    """``cli_process(*args, backend=None, env=None, timeout=300)`` runs the command line in a
+    fresh Python process; only for tests where the fresh process is the point."""
     return run_cli

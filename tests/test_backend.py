@@ -9,6 +9,7 @@ import pytest
 
 from kbackend.backend_choice import BACKENDS, requested_backend, validate_backend
 from kbackend.errors import BackendError
+from tests.conftest import BACKEND
 
 
 @pytest.mark.parametrize("name", BACKENDS)
@@ -34,8 +35,13 @@ def test_requested_backend_reads_env(monkeypatch):
 
 
 @pytest.mark.parametrize("name", BACKENDS)
-def test_info_runs_under_each_backend(cli, name):
-    result = cli("info", backend=name)
+def test_info_runs_under_each_backend(cli, cli_process, name):
+    if name == BACKEND:
+        result = cli("info")
+    else:
+        # A fresh process: this one has imported Keras with the session's backend. The --backend
+        # flag must override KERAS_BACKEND (the session's) before anything imports Keras.
+        result = cli_process("info", "--backend", name, backend=BACKEND)
     assert result.returncode == 0, result.stderr
     assert f"backend:            {name}" in result.stdout
     assert "keras:" in result.stdout and "optax:" in result.stdout
@@ -47,20 +53,16 @@ def test_info_runs_under_each_backend(cli, name):
     ("torch", "kbackend is PyTorch-free"),
     ("mxnet", "Expected one of"),
 ])
-def test_bad_backend_env_is_one_line_error(cli, value, message):
-    result = cli("info", backend=value)
+def test_bad_backend_env_is_one_line_error(cli_process, value, message):
+    # A fresh process: the bad KERAS_BACKEND must be refused before anything imports Keras.
+    result = cli_process("info", backend=value)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr
 
 
-def test_backend_flag_overrides_env(cli):
-    result = cli("info", "--backend", "tensorflow", backend="jax")
-    assert result.returncode == 0, result.stderr
-    assert "backend:            tensorflow" in result.stdout
-
-
 def test_conflict_with_already_imported_keras_is_reported():
+    # A fresh process, so that Keras can be imported there with a backend of the test's choosing.
     code = (
         "import os; os.environ['KERAS_BACKEND']='jax'; import keras; "
         "from kbackend.backend_choice import use_backend; use_backend('tensorflow')"
@@ -71,6 +73,7 @@ def test_conflict_with_already_imported_keras_is_reported():
 
 
 def test_torch_is_not_importable_and_not_imported():
+    # A fresh process: sys.modules here holds whatever other tests imported.
     code = (
         "import importlib.util, sys; assert importlib.util.find_spec('torch') is None, 'torch installed'; "
         "import kbackend.training, kbackend.models, kbackend.data, kbackend.cli; "

@@ -1,4 +1,4 @@
-"""The command line end to end, in subprocesses."""
+"""The command line end to end (``kbackend.cli.main`` in this process)."""
 
 from __future__ import annotations
 

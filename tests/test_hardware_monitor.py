@@ -130,7 +130,7 @@ def test_keras_fit_with_hardware_monitor_stores_summary(tmp_path):
     assert result.history.best("val_accuracy") > 0.8  # monitored training still trains
 
 
-@pytest.mark.slow  # a CLI subprocess; test_keras_fit_with_hardware_monitor_stores_summary covers the engine
+@pytest.mark.slow  # a whole CLI training run; test_keras_fit_with_hardware_monitor_stores_summary covers the engine
 def test_train_cli_hardware_monitor_prints_verdict(cli, tmp_path):
     completed = cli("train", "--epochs", "1", "--batch-size", "128", "--monitor", "--quiet",
                     "--history", str(tmp_path / "h.json"))

@@ -1,12 +1,9 @@
-"""Data parallelism, single-process parts: option checks, engine choice, bad input, and the
-multi-device suite (tests/test_parallel_devices.py) run in a subprocess with 8 virtual devices."""
+"""Data parallelism, single-device parts: option checks, engine choice, bad input. The tests
+that need several devices are in tests/test_parallel_devices.py (the `devices` nox session)."""
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -16,7 +13,7 @@ from kbackend.config import check_batch_split
 from kbackend.errors import ConfigError
 from kbackend.optim import OptimizerSpec
 from kbackend.training import TrainConfig, train
-from tests.conftest import BACKEND, ROOT
+from tests.conftest import BACKEND
 
 
 def _free_port() -> int:
@@ -100,8 +97,9 @@ def test_single_device_step_matches_keras_train_on_batch():
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="multi-process training runs on JAX")
-def test_unreachable_coordinator_fails_after_the_timeout(cli):
-    result = cli("train", "--epochs", "1", "--num-processes", "2", "--process-id", "1",
+def test_unreachable_coordinator_fails_after_the_timeout(cli_process):
+    # A fresh process: jax.distributed start-up is once per process and cannot be undone.
+    result = cli_process("train", "--epochs", "1", "--num-processes", "2", "--process-id", "1",
                  "--coordinator", f"127.0.0.1:{_free_port()}", "--coordinator-timeout", "2",
                  timeout=120)
     assert result.returncode == 2, result.stderr[-2000:]
@@ -109,26 +107,5 @@ def test_unreachable_coordinator_fails_after_the_timeout(cli):
 
 
 def test_launch_refuses_flags_it_sets_itself(cli):
-    result = cli("launch", "-N", "2", "--", "--epochs", "1", "--process-id", "1", timeout=120)
+    result = cli("launch", "-N", "2", "--", "--epochs", "1", "--process-id", "1")
     assert result.returncode == 2 and "sets --num-processes" in result.stderr
-
-
-def test_multi_device_suite():
-    """Run tests/test_parallel_devices.py in a fresh process that has 8 virtual CPU devices."""
-    env = {**os.environ, "KBACKEND_VIRTUAL_DEVICES": "8", "KERAS_BACKEND": BACKEND}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-s",
-         "tests/test_parallel_devices.py"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
-    print(result.stdout[-4000:])
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert " passed" in result.stdout
-
-
-def test_info_shows_virtual_devices(cli):
-    import json
-
-    result = cli("info", "--json", env={"KBACKEND_VIRTUAL_DEVICES": "4"}, timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
-    devices = json.loads(result.stdout)["devices"]
-    assert len(devices) == 4 and {d["platform"] for d in devices} == {"cpu"}

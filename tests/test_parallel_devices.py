@@ -1,9 +1,8 @@
 """Data parallelism on several devices: N-device training computes what 1-device training does.
 
-Needs 8 devices, which on a CPU must be created before the runtime starts, so this file runs in
-its own process: ``tests/test_parallel.py::test_multi_device_suite`` starts
-``KBACKEND_VIRTUAL_DEVICES=8 pytest tests/test_parallel_devices.py``. Run directly without that
-variable, every test here is skipped.
+Needs 8 devices, which on a CPU must be created before the runtime starts, so these tests are
+marked `devices` and run in their own nox session (``nox -s "devices(jax)"``, ``"devices(tensorflow)"``),
+which sets KBACKEND_VIRTUAL_DEVICES=8 in its environment. Anywhere else they are skipped.
 
 Tolerance: the N-device runs add the same numbers in a different order (per-shard sums, then a
 cross-device mean), so parameters agree to float32 rounding, not bit for bit. After up to 3 steps
@@ -26,9 +25,9 @@ from kbackend.optim import OptimizerSpec
 from tests.conftest import BACKEND
 
 DEVICES = int(os.environ.get("KBACKEND_VIRTUAL_DEVICES") or 0)
-pytestmark = pytest.mark.skipif(
-    DEVICES < 8, reason="needs KBACKEND_VIRTUAL_DEVICES=8 set before the runtime starts "
-    "(tests/test_parallel.py::test_multi_device_suite runs this file that way)")
+pytestmark = [pytest.mark.devices, pytest.mark.skipif(
+    DEVICES != 8, reason="needs KBACKEND_VIRTUAL_DEVICES=8 set before the runtime starts "
+    "(the `devices` nox session sets it)")]
 jax_only = pytest.mark.skipif(BACKEND != "jax", reason="the native data-parallel step is JAX code")
 ATOL = RTOL = 1e-5
 LARGEST_GAP: list[float] = [0.0]
@@ -38,6 +37,15 @@ def test_virtual_devices_exist():
     from kbackend.backends import impl
 
     assert impl().device_count() == 8
+
+
+def test_info_shows_virtual_devices(cli):
+    import json
+
+    result = cli("info", "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    devices = json.loads(result.stdout)["devices"]
+    assert len(devices) == 8 and {d["platform"] for d in devices} == {"cpu"}
 
 
 def _build(widths: tuple[int, ...], batch_norm: bool, inputs: int = 6, classes: int = 3, seed: int = 0):

@@ -28,11 +28,6 @@ def _env() -> dict[str, str]:
     return {**os.environ, "KERAS_BACKEND": BACKEND, "KBACKEND_OFFLINE": "1"}
 
 
-def _kbackend(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kbackend", *args], cwd=ROOT, env=_env(),
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def _weights(path) -> list[np.ndarray]:
     import keras
 
@@ -41,12 +36,13 @@ def _weights(path) -> list[np.ndarray]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(BACKEND != "jax", reason="bit-for-bit data order across processes is the native JAX engine's")
-def test_two_processes_train_like_one(tmp_path):
+def test_two_processes_train_like_one(tmp_path, cli):
+    # The launcher and the one-process run are in this process; the two workers are fresh ones.
     engine = ["--engine", "data_parallel", "--epochs", "2"]
-    two = _kbackend("launch", "-N", "2", "--", *TRAIN, *engine, "--save", str(tmp_path / "two.keras"),
-                    "--history", str(tmp_path / "two.json"))
+    two = cli("launch", "-N", "2", "--", *TRAIN, *engine, "--save", str(tmp_path / "two.keras"),
+              "--history", str(tmp_path / "two.json"))
     assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
-    one = _kbackend("train", *TRAIN, *engine, "--save", str(tmp_path / "one.keras"))
+    one = cli("train", *TRAIN, *engine, "--save", str(tmp_path / "one.keras"))
     assert one.returncode == 0, one.stderr[-3000:]
     assert "[0] " in two.stdout and "[1] " in two.stdout
     # Only process 0 writes: one model file, one history, and only [0] says so.
@@ -95,15 +91,14 @@ def test_a_dead_process_stops_the_others(tmp_path):
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="the TensorFlow limitation")
-def test_multi_process_on_tensorflow_is_a_clear_error():
-    result = _kbackend("train", "--epochs", "1", "--num-processes", "2", "--coordinator", "127.0.0.1:12355",
-                       timeout=300)
+def test_multi_process_on_tensorflow_is_a_clear_error(cli):
+    result = cli("train", "--epochs", "1", "--num-processes", "2", "--coordinator", "127.0.0.1:12355")
     assert result.returncode == 2 and "Multi-process training needs KERAS_BACKEND=jax" in result.stderr
 
 
-def test_launch_stops_everything_when_a_process_fails():
-    # Every process fails its own option check after start-up; the launcher reports it, non-zero.
-    result = _kbackend("launch", "-N", "2", "--", "--epochs", "1", "--devices", "5", "--batch-size", "10",
-                       timeout=300)
+def test_launch_stops_everything_when_a_process_fails(cli):
+    # Every process fails its own option check (a parse error: it exits before importing a
+    # framework); the launcher, here in this process, reports it and exits non-zero.
+    result = cli("launch", "-N", "2", "--", "--epochs", "many")
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     assert "kbackend launch: error: process" in result.stderr and "exited with status 2" in result.stderr

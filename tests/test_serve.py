@@ -172,6 +172,7 @@ def test_serve_command_end_to_end(model, tmp_path, backend):
     model_file = tmp_path / "tiny.keras"
     model.save(model_file)
     cache_file = tmp_path / "cli.db"
+    # A fresh process: the server runs until SIGTERM, and its shutdown path is what flushes counters.
     proc = subprocess.Popen(
         [sys.executable, "-m", "kbackend", "serve", "--model", str(model_file), "--port", "0",
          "--cache", str(cache_file), "--decimals", "2"],

@@ -1,8 +1,8 @@
-"""Engine properties over random models and batch sizes (need the native engine of issue 3).
+"""Engine properties over random models and batch sizes.
 
 - fused K steps == K single steps (same engine, same backend);
 - the native engine follows the Keras ``fit`` trajectory (per-step losses and final weights).
-Both run in each backend's worker. Until ``native`` is a registered engine they are skipped.
+Both run in each backend's worker.
 """
 
 from __future__ import annotations
@@ -11,16 +11,11 @@ import pytest
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from kbackend.engines import engine_names
 from kbackend.equivalence.compare import compare_arrays
 from kbackend.equivalence.randomdata import random_inputs, random_targets, random_weights
 from kbackend.equivalence.strategies import architectures
 
 pytestmark = pytest.mark.equivalence
-needs_native = pytest.mark.skipif(
-    "native" not in engine_names(),
-    reason="needs the native engine (issue 3): 'native' is not in "
-           "kbackend.engines.engine_names() on this branch")
 TRAIN_FAMILIES = ("dense", "conv1d", "conv2d", "sequence")
 
 
@@ -56,7 +51,6 @@ def _assert_same_run(first, second, what):
                                    for r in failures)
 
 
-@needs_native
 @given(case=training_cases())
 def test_fused_k_steps_equal_k_single_steps(pool, case):
     note(f"case: {case}")
@@ -73,7 +67,6 @@ def test_fused_k_steps_equal_k_single_steps(pool, case):
         _assert_same_run(runs[1], runs[k], f"{backend}: fused {k} vs single")
 
 
-@needs_native
 @given(case=training_cases())
 def test_native_engine_follows_the_keras_fit_trajectory(pool, case):
     """Full-batch training (one batch per epoch), so both engines see the same batches

@@ -201,11 +201,11 @@ class PredictionServer(ThreadingHTTPServer):
         address = check_loopback(host)
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"Invalid port. Expected an integer from 0 to 65535. Received: {port!r}.")
+        self.batcher = MicroBatcher(predict, max_batch=max_batch, max_wait_s=max_wait_ms / 1000)
         try:
-            super().__init__((address, port), _Handler)
+            super().__init__((address, port), _Handler)  # on failure it closes itself and the batcher
         except OSError as error:
             raise _bind_error(host, port, error) from None
-        self.batcher = MicroBatcher(predict, max_batch=max_batch, max_wait_s=max_wait_ms / 1000)
 
     @property
     def url(self) -> str:
@@ -287,6 +287,9 @@ class _Handler(BaseHTTPRequestHandler):
     server: PredictionServer
     server_version = "kbackend-serve"
     timeout = 30  # seconds a client may stall mid-request before its thread gives up
+    # The base class answers an unparseable request line as HTTP/0.9: a body without status line
+    # or headers. Every answer here has a status and a JSON Content-Type.
+    default_request_version = "HTTP/1.0"
 
     def log_message(self, format: str, *args: Any) -> None:
         if self.server.verbose:

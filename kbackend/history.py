@@ -7,12 +7,11 @@ training time when it was taken. Training time excludes evaluation, as MLCommons
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kbackend.io import atomic_write_json
+from kbackend.io import atomic_write_json, read_json
 
 
 @dataclass
@@ -60,6 +59,4 @@ class History:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> History:
-        with open(path, encoding="utf-8") as handle:
-            payload = json.load(handle)
-        return cls(**payload)
+        return cls(**read_json(path))

@@ -1,13 +1,86 @@
-"""Crash-safe file writes: temp file in the same folder, flush, fsync, rename."""
+"""Crash-safe file writes: temp file in the same folder, flush, fsync, rename; strict JSON.
+
+Temporary files are named ``.{name}.{host}-{pid}-{random}.tmp{suffix}`` next to their target
+(``host`` is a short hash of the host name). A failed write removes its own; one left by a killed
+process is removed by the next write into the same folder (``remove_stale_temp_files``).
+
+Every JSON file is strict JSON (RFC 8259 has no NaN or Infinity; many parsers refuse them): a
+non-finite float is written as ``null``, and a top-level ``"non_finite"`` object records what each
+such null was, keyed by its JSON Pointer: ``{"loss": [0.5, null], "non_finite": {"/loss/1": "NaN"}}``.
+``read_json`` puts the values back.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
+import re
+import socket
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+
+NON_FINITE_KEY = "non_finite"
+# A temp file whose writer cannot be checked (another host, an older kbackend's name) is stale once
+# it is this old: no single write takes an hour, and removing it sooner could race a live writer.
+STALE_TEMP_AGE_S = 3600.0
+_TEMP_NAME = re.compile(r"\.(?P<name>.+)\.(?:(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]+)-)?[a-z0-9_]{8}\.tmp(?:\..*)?")
+_NON_FINITE_NAMES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _host_tag() -> str:
+    return hashlib.blake2b(socket.gethostname().encode(), digest_size=4).hexdigest()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists but belongs to someone else (EPERM), or cannot tell
+        return True
+    return True
+
+
+def remove_stale_temp_files(folder: str | os.PathLike, *, max_age_s: float = STALE_TEMP_AGE_S) -> list[Path]:
+    """Remove the temp files ``atomic_write`` left in ``folder`` when its process was killed.
+
+    A temp file is stale when it was made on this host by a process that no longer runs, or, when
+    that cannot be checked (another host sharing the folder, a name without a pid), when it is
+    older than ``max_age_s``. Files of running writers and anything not named like a temp file
+    are left alone. Best effort: a file that cannot be removed is skipped. Returns those removed.
+    """
+    removed: list[Path] = []
+    host, now = _host_tag(), time.time()
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _TEMP_NAME.fullmatch(entry.name)
+        if match is None:
+            continue
+        try:
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            same_host = match["host"] == host and match["pid"] is not None
+            if same_host and int(match["pid"]) == os.getpid():
+                continue  # this process's own write in progress (another thread)
+            if same_host and _pid_alive(int(match["pid"])):
+                continue
+            if not same_host and now - entry.stat(follow_symlinks=False).st_mtime < max_age_s:
+                continue
+            os.unlink(entry.path)
+            removed.append(Path(entry.path))
+        except OSError:
+            continue
+    return removed
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -26,12 +99,14 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path
 
     A crash at any point leaves either the old file or the complete new one, never a partial file.
     ``write`` gets a temporary path in the same directory (a rename across filesystems is not
-    atomic) and must leave the finished file there.
+    atomic) and must leave the finished file there. The temp file is removed if ``write`` fails;
+    stale temp files of killed processes in that directory are removed first.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_files(target.parent)
     fd, tmp_name = tempfile.mkstemp(
-        prefix=f".{target.name}.", suffix=f".tmp{target.suffix}", dir=target.parent
+        prefix=f".{target.name}.{_host_tag()}-{os.getpid()}-", suffix=f".tmp{target.suffix}", dir=target.parent
     )
     os.close(fd)
     tmp = Path(tmp_name)
@@ -58,6 +133,71 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def _pointer_token(key: Any) -> str:
+    return str(key).replace("~", "~0").replace("/", "~1")
+
+
+def _finite_copy(value: Any, pointer: str, non_finite: dict[str, str]) -> Any:
+    if isinstance(value, (float, np.floating)):
+        number = float(value)
+        if math.isfinite(number):
+            return number if isinstance(value, np.floating) else value
+        non_finite[pointer] = "NaN" if math.isnan(number) else ("Infinity" if number > 0 else "-Infinity")
+        return None
+    if isinstance(value, dict):
+        return {key: _finite_copy(item, f"{pointer}/{_pointer_token(key)}", non_finite)
+                for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_copy(item, f"{pointer}/{index}", non_finite) for index, item in enumerate(value)]
+    if isinstance(value, np.ndarray):
+        return _finite_copy(value.tolist(), pointer, non_finite)
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    return value
+
+
+def strict_json_payload(payload: Any) -> Any:
+    """``payload`` with every non-finite float as ``None`` and the ``"non_finite"`` record added.
+
+    Numpy scalars and arrays become plain numbers and lists. A payload with non-finite numbers
+    must be a dict (the record needs a place); one that already has a ``"non_finite"`` key is
+    refused (``ValueError``): the record would overwrite it.
+    """
+    non_finite: dict[str, str] = {}
+    converted = _finite_copy(payload, "", non_finite)
+    if isinstance(payload, dict) and NON_FINITE_KEY in payload:
+        raise ValueError(f"Cannot write strict JSON: the payload has its own {NON_FINITE_KEY!r} key, "
+                         "which the record of non-finite numbers would overwrite.")
+    if non_finite:
+        if not isinstance(converted, dict):
+            raise ValueError(f"Cannot write strict JSON: non-finite numbers at {sorted(non_finite)} need a "
+                             f"top-level object for their record. Received: {type(payload).__name__}.")
+        converted[NON_FINITE_KEY] = non_finite
+    return converted
+
+
 def atomic_write_json(path: str | os.PathLike, payload: Any) -> Path:
-    """Atomically write ``payload`` as indented JSON."""
-    return atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=False) + "\n")
+    """Atomically write ``payload`` as indented strict JSON (non-finite numbers: see the module doc)."""
+    text = json.dumps(strict_json_payload(payload), indent=2, sort_keys=False, allow_nan=False)
+    return atomic_write_text(path, text + "\n")
+
+
+def restore_non_finite(payload: Any) -> Any:
+    """``payload`` read from a file ``atomic_write_json`` wrote, with its non-finite numbers back."""
+    if not isinstance(payload, dict) or not isinstance(payload.get(NON_FINITE_KEY), dict):
+        return payload
+    for pointer, name in payload.pop(NON_FINITE_KEY).items():
+        *parents, last = [token.replace("~1", "/").replace("~0", "~") for token in pointer.split("/")[1:]]
+        container = payload
+        for token in parents:
+            container = container[int(token) if isinstance(container, list) else token]
+        container[int(last) if isinstance(container, list) else last] = _NON_FINITE_NAMES[name]
+    return payload
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """The JSON value in ``path`` (UTF-8), non-finite numbers restored (``restore_non_finite``)."""
+    with open(path, encoding="utf-8") as handle:
+        return restore_non_finite(json.load(handle))

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -21,8 +22,15 @@ import pytest
 
 from kbackend.cache import PredictionCache, Rounding, open_store
 from kbackend.errors import ConfigError
+from kbackend.serving import server as server_module
 from kbackend.serving.model import BatchPredictor
-from kbackend.serving.server import MicroBatcher, PredictionServer, check_loopback
+from kbackend.serving.server import (
+    MAX_BODY_BYTES,
+    MicroBatcher,
+    PredictionServer,
+    check_loopback,
+    check_port,
+)
 from tests.conftest import ROOT
 from tests.test_cache import ATOL, FEATURES, rows, tiny_model
 
@@ -92,6 +100,106 @@ def test_serve_rejects_bad_requests_with_4xx_and_a_clear_message(server, body, s
     assert got_status == status
     assert message in payload["error"]
     assert request(server, "GET", "/stats")[1]["requests"] == 0  # nothing reached the model
+
+
+def raw_request(srv: PredictionServer, head: str, body: bytes = b"", *, end_body: bool = True) -> tuple[int, dict]:
+    """Send ``head`` (request line and headers, CRLF added) and ``body`` on one socket; status, JSON body.
+
+    ``end_body=False`` keeps the sending side open: the answer must come without the client closing.
+    """
+    with socket.create_connection(srv.server_address[:2], timeout=30) as sock:
+        sock.sendall(head.replace("\n", "\r\n").encode() + b"\r\n\r\n" + body)
+        if end_body:
+            sock.shutdown(socket.SHUT_WR)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    response = b"".join(chunks)
+    assert response, "the server closed the connection without an answer"
+    header_block, _, content = response.partition(b"\r\n\r\n")
+    status_line, *headers = header_block.decode("latin-1").split("\r\n")
+    assert "content-type: application/json" in (h.lower() for h in headers), header_block
+    return int(status_line.split()[1]), json.loads(content)
+
+
+VALID = json.dumps({"inputs": [[0.1, 0.2, 0.3, 0.4]]})
+POST = "POST /predict HTTP/1.1\nHost: localhost\nContent-Type: application/json"
+
+
+def _nested(depth: int) -> bytes:
+    return ('{"inputs": ' + "[" * depth + "]" * depth + "}").encode()
+
+
+def _sized(body: bytes) -> tuple[str, bytes]:
+    return f"{POST}\nContent-Length: {len(body)}", body
+
+
+# (name, head, body, end_body, status, message). end_body=False: the client does not finish sending
+# (the body is longer than it says, or still coming): the server answers without reading it.
+BAD_REQUESTS = [
+    ("no Content-Length", POST, VALID.encode(), True, 411, "missing Content-Length header"),
+    ("chunked", POST + "\nTransfer-Encoding: chunked", b"5\r\nhello\r\n0\r\n\r\n", True, 411,
+     "Transfer-Encoding is not supported"),
+    ("negative length", POST + "\nContent-Length: -1", b"x" * 200_000, False, 400, "invalid Content-Length '-1'"),
+    ("text length", POST + "\nContent-Length: ten", VALID.encode(), False, 400, "invalid Content-Length 'ten'"),
+    ("signed length", POST + "\nContent-Length: +5", VALID.encode(), False, 400, "invalid Content-Length '+5'"),
+    ("underscored length", POST + "\nContent-Length: 1_0", VALID.encode(), False, 400, "invalid Content-Length"),
+    ("conflicting lengths", POST + "\nContent-Length: 3\nContent-Length: 4", b"{}", False, 400,
+     "conflicting Content-Length"),
+    ("length over the limit", POST + f"\nContent-Length: {MAX_BODY_BYTES + 1}", b"[" * 1000, False, 413,
+     f"exceeds the limit of {MAX_BODY_BYTES}"),
+    ("5,000-digit length", POST + "\nContent-Length: " + "9" * 5000, b"", False, 413, "exceeds the limit"),
+    ("incomplete body", POST + "\nContent-Length: 100", b'{"inputs": ', True, 400, "received 11 of 100 bytes"),
+    ("text/plain", POST.replace("application/json", "text/plain") + f"\nContent-Length: {len(VALID)}",
+     VALID.encode(), False, 415, "unsupported Content-Type 'text/plain'"),
+    ("form (curl -d default)", POST.replace("application/json", "application/x-www-form-urlencoded")
+     + f"\nContent-Length: {len(VALID)}", VALID.encode(), False, 415, "expected application/json"),
+    ("latin-1 JSON", POST + "; charset=latin-1" + f"\nContent-Length: {len(VALID)}", VALID.encode(), False,
+     415, "(UTF-8)"),
+    ("5,000-digit integer", *_sized(('{"inputs": [[' + "7" * 5000 + ", 1, 2, 3]]}").encode()), True, 400,
+     "invalid JSON: a number of 5000 characters; expected at most 400"),
+    ("5,000-digit float", *_sized(('{"inputs": [[0.' + "7" * 5000 + ", 1, 2, 3]]}").encode()), True, 400,
+     "a number of 5002 characters"),
+    ("nested 100,000 deep", *_sized(_nested(100_000)), True, 400, "invalid JSON: nested too deeply"),
+    ("nested 100 deep", *_sized(_nested(100)), True, 422, "expected a rectangular array"),
+    ("bad request line", "GARBAGE", b"", True, 400, "Bad request"),
+    ("unsupported method", "PUT /predict HTTP/1.1\nHost: localhost", b"", True, 501, "Unsupported method"),
+    ("unknown path", "POST /nope HTTP/1.1\nContent-Length: 100000", b"{", False, 404, "unknown path '/nope'"),
+]
+
+
+@pytest.mark.parametrize(("head", "body", "end_body", "status", "message"),
+                         [case[1:] for case in BAD_REQUESTS], ids=[case[0] for case in BAD_REQUESTS])
+def test_serve_answers_every_bad_request_with_a_json_error_and_keeps_serving(
+        server, capfd, head, body, end_body, status, message):
+    got_status, payload = raw_request(server, head, body, end_body=end_body)
+    assert (got_status, payload["status"]) == (status, status)
+    assert message in payload["error"]
+    assert "\n" not in payload["error"] and len(payload["error"]) < 400
+    assert request(server, "POST", "/predict", VALID)[0] == 200, "the server still answers"
+    stats = request(server, "GET", "/stats")[1]
+    assert (stats["requests"], stats["rejected"]) == (1, 1)
+    assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("content_type", [
+    "application/json", "application/json; charset=utf-8", 'Application/JSON;charset="UTF-8"',
+    "application/vnd.kbackend+json", None,
+])
+def test_serve_accepts_json_content_types_and_no_content_type(server, content_type):
+    header = "" if content_type is None else f"\nContent-Type: {content_type}"
+    head = f"POST /predict HTTP/1.1\nHost: localhost{header}\nContent-Length: {len(VALID)}"
+    status, payload = raw_request(server, head, VALID.encode())
+    assert status == 200 and np.array(payload["predictions"]).shape == (1, 3)
+
+
+def test_a_stalled_request_is_closed_after_the_timeout_without_a_traceback(server, capfd, monkeypatch):
+    monkeypatch.setattr(server_module._Handler, "timeout", 0.5)
+    with socket.create_connection(server.server_address[:2], timeout=30) as stalled:
+        stalled.sendall(f"{POST}\r\nContent-Length: 100\r\n\r\n{{".replace("\n", "\r\n").encode())
+        assert request(server, "POST", "/predict", VALID)[0] == 200, "others are served meanwhile"
+        assert stalled.recv(65536) == b"", "closed without an answer: the request never completed"
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def test_serve_unknown_path_and_too_many_rows(server):
@@ -211,3 +319,29 @@ def test_batch_predictor_is_used_without_cache(model):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_serve_port_out_of_range_is_one_line_exit_2(cli):
+    for port in ("99999", "65536"):
+        result = cli("serve", "--model", "missing.keras", "--port", port)
+        assert result.returncode == 2
+        assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+        assert f"Invalid --port. Expected an integer from 0 (any free port) to 65535. Received: {port}." in result.stderr
+    result = cli("serve", "--model", "missing.keras", "--port", "-1")
+    assert result.returncode == 2 and "Received: -1" in result.stderr  # before the model is looked at
+
+
+def test_serve_port_in_use_is_one_line_exit_2(cli):
+    with socket.socket() as taken:
+        taken.bind((LOOPBACK, 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = cli("serve", "--model", "missing.keras", "--port", port)
+        assert result.returncode == 2
+        assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+        assert f"Cannot listen on 127.0.0.1:{port}" in result.stderr and f"Received: --port {port}." in result.stderr
+        with pytest.raises(ConfigError, match=f"Cannot listen on 127.0.0.1:{port}"):
+            PredictionServer(LOOPBACK, port, predict=lambda x: x, row_shape=(FEATURES,), info={})
+        with pytest.raises(ConfigError, match=r"in use|another process"):
+            check_port(LOOPBACK, port)
+    assert check_port(LOOPBACK, 0) == 0

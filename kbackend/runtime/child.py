@@ -32,7 +32,7 @@ from typing import Any
 from kbackend.backend_choice import validate_backend
 from kbackend.backends.capabilities import VIRTUAL_DEVICES_ENV
 from kbackend.errors import KBackendError
-from kbackend.io import atomic_write_json
+from kbackend.io import atomic_write_json, read_json
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -120,7 +120,7 @@ def run_in_child(target: str, backend: str, kwargs: Mapping[str, Any] | None = N
         if not result.exists():
             raise ChildFailed(f"Child process {label} exited with status {status} and no result. "
                               f"Last output: {last_error_line(list(tail))}")
-        reply = json.loads(result.read_text(encoding="utf-8"))
+        reply = read_json(result)
     if not reply["ok"]:
         raise ChildFailed(f"Child process {label} failed: {last_error_line(reply['error'].splitlines()[:1])}")
     return reply["result"]

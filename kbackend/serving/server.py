@@ -4,8 +4,10 @@
     GET  /health    model fingerprint and input shape
     GET  /stats     requests, batches, rows per batch, cache hits and misses
 
-Each request is parsed and validated on its handler thread (bad JSON: 400; valid JSON with the
-wrong shape, dtype, NaN or inf: 422; too large: 413), then handed to the ``MicroBatcher``: one
+Each request is parsed and validated on its handler thread (the statuses are in ``docs/serving.md``:
+a missing length 411, a non-JSON Content-Type 415, bad JSON 400, valid JSON with the wrong shape,
+dtype, NaN or inf 422, too large 413; the body limit holds while reading, since the length is
+checked before a byte of the body is read), then handed to the ``MicroBatcher``: one
 worker thread collects the requests that arrive within ``max_wait_ms`` of the first (up to
 ``max_batch`` rows) and predicts them in one call, through the cache when there is one.
 Only loopback addresses are served.
@@ -13,10 +15,13 @@ Only loopback addresses are served.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import queue
+import re
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,9 +33,47 @@ from typing import Any
 import numpy as np
 
 from kbackend.errors import ConfigError, DataError
+from kbackend.serving.model import validate_inputs
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 REQUEST_TIMEOUT_S = 60.0
+# A float64 has at most 309 integer digits; a longer number literal can only be an attack (Python's
+# int() refuses more than 4300 digits anyway, with a ValueError from inside the JSON parser).
+MAX_NUMBER_CHARS = 400
+# After an error sent before the body was read, the unread rest is discarded (up to this much, for
+# at most LINGER_S) before closing: closing a socket with unread input sends a TCP reset, which can
+# destroy the error response before the client reads it.
+DRAIN_BYTES = 1024 * 1024
+LINGER_S = 2.0
+_JSON_MEDIA_TYPE = re.compile(r"application/(?:[a-z0-9.+-]+\+)?json")
+_CONTENT_LENGTH = re.compile(r"[0-9]+")
+
+
+def check_port(host: str, port: int) -> int:
+    """``port`` if it is a TCP port (0: any free one) that ``host`` can listen on, else ``ConfigError``.
+
+    Binding once here refuses a port in use before the model loads; the server binds again.
+    """
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError(f"Invalid --port. Expected an integer from 0 (any free port) to 65535. Received: {port!r}.")
+    if port:
+        probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does
+            probe.bind((check_loopback(host), port))
+        except OSError as error:
+            raise _bind_error(host, port, error) from None
+        finally:
+            probe.close()
+    return port
+
+
+def _bind_error(host: str, port: int, error: OSError) -> ConfigError:
+    reason = error.strerror or str(error)
+    hint = " (another process listens on it: pick another --port, or 0 for any free one)" \
+        if error.errno == errno.EADDRINUSE else ""
+    return ConfigError(f"Cannot listen on {host}:{port}: {reason}{hint}. "
+                       f"Expected a free port. Received: --port {port}.")
 
 
 def check_loopback(host: str) -> str:
@@ -155,8 +198,14 @@ class PredictionServer(ThreadingHTTPServer):
         self.started = time.time()
         self.rejected = 0
         self._rejected_lock = threading.Lock()
+        address = check_loopback(host)
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ConfigError(f"Invalid port. Expected an integer from 0 to 65535. Received: {port!r}.")
         self.batcher = MicroBatcher(predict, max_batch=max_batch, max_wait_s=max_wait_ms / 1000)
-        super().__init__((check_loopback(host), port), _Handler)
+        try:
+            super().__init__((address, port), _Handler)  # on failure it closes itself and the batcher
+        except OSError as error:
+            raise _bind_error(host, port, error) from None
 
     @property
     def url(self) -> str:
@@ -173,11 +222,30 @@ class PredictionServer(ThreadingHTTPServer):
         super().server_close()
         self.batcher.close()
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that hangs up or stalls is not the server's failure: no traceback in the log.
+        error = sys.exc_info()[1]
+        if isinstance(error, (ConnectionError, TimeoutError)):
+            if self.verbose:
+                sys.stderr.write(f"connection from {client_address[0]} closed: {type(error).__name__}\n")
+            return
+        sys.stderr.write(f"request from {client_address[0]} failed: {type(error).__name__}: "
+                         f"{_one_line(str(error))}\n")
+
 
 class _RequestError(Exception):
-    def __init__(self, status: HTTPStatus, message: str) -> None:
+    def __init__(self, status: HTTPStatus, message: str, *, body_unread: bool = False) -> None:
         super().__init__(message)
         self.status = status
+        self.body_unread = body_unread
+
+
+class _NumberTooLong(ValueError):
+    pass
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def _reject_constant(name: str) -> float:
@@ -186,10 +254,42 @@ def _reject_constant(name: str) -> float:
     return float(name.lower().replace("infinity", "inf"))
 
 
+def _parse_int(text: str) -> int | float:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise _NumberTooLong(f"a number of {len(text)} characters; expected at most {MAX_NUMBER_CHARS}")
+    # Beyond int64, numpy would make an object array; as a float it is a number (or inf: 422).
+    return int(text) if len(text) <= 18 else float(text)
+
+
+def _parse_float(text: str) -> float:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise _NumberTooLong(f"a number of {len(text)} characters; expected at most {MAX_NUMBER_CHARS}")
+    return float(text)
+
+
+def parse_json_body(body: bytes) -> Any:
+    """The JSON value in ``body``; ``ValueError`` with one line for anything that is not valid JSON.
+
+    Covers what ``json.loads`` raises besides syntax errors: over-long numbers (``int()`` has a
+    digit limit) and deep nesting (``RecursionError``).
+    """
+    try:
+        return json.loads(body, parse_constant=_reject_constant, parse_int=_parse_int, parse_float=_parse_float)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"not UTF-8 ({error.reason} at byte {error.start})") from None
+    except ValueError as error:  # JSONDecodeError, _NumberTooLong, int()'s digit limit
+        raise ValueError(_one_line(str(error))) from None
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: PredictionServer
     server_version = "kbackend-serve"
     timeout = 30  # seconds a client may stall mid-request before its thread gives up
+    # The base class answers an unparseable request line as HTTP/0.9: a body without status line
+    # or headers. Every answer here has a status and a JSON Content-Type.
+    default_request_version = "HTTP/1.0"
 
     def log_message(self, format: str, *args: Any) -> None:
         if self.server.verbose:
@@ -197,16 +297,43 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: HTTPStatus, payload: dict[str, Any]) -> None:
         body = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            if status >= 400:
+                self.send_header("Connection", "close")
+                self.close_connection = True
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+        except (ConnectionError, TimeoutError):  # the client left: nobody to answer
+            self.close_connection = True
 
     def _error(self, status: HTTPStatus, message: str) -> None:
         with self.server._rejected_lock:
             self.server.rejected += 1
-        self._send(status, {"error": message, "status": int(status)})
+        self._send(status, {"error": _one_line(message), "status": int(status)})
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The base class's errors (bad request line, header too long, unsupported method) as JSON."""
+        status = HTTPStatus(code)
+        self._error(status, message or status.phrase)
+
+    def _discard_unread_body(self) -> None:
+        # Lingering close: stop writing, then read and drop what the client is still sending (bounded
+        # in bytes and time), so the close does not reset the connection under the error response.
+        try:
+            self.connection.shutdown(socket.SHUT_WR)
+            self.connection.settimeout(LINGER_S)
+            deadline, discarded = time.monotonic() + LINGER_S, 0
+            while discarded < DRAIN_BYTES and time.monotonic() < deadline:
+                chunk = self.rfile.read1(65536)
+                if not chunk:
+                    break
+                discarded += len(chunk)
+        except OSError:
+            pass
 
     def do_GET(self) -> None:
         if self.path == "/health":
@@ -217,13 +344,23 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(HTTPStatus.NOT_FOUND, f"unknown path {self.path!r}: use POST /predict, GET /health or /stats")
 
     def do_POST(self) -> None:
-        if self.path != "/predict":
-            self._error(HTTPStatus.NOT_FOUND, f"unknown path {self.path!r}: use POST /predict")
-            return
         try:
+            self._post()
+        except (ConnectionError, TimeoutError):  # stalled or gone mid-body: closed, as the timeout says
+            self.close_connection = True
+        except Exception as error:  # a bug here must still answer the request, in one line
+            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"internal error: {type(error).__name__}: {error}")
+
+    def _post(self) -> None:
+        try:
+            if self.path != "/predict":
+                raise _RequestError(HTTPStatus.NOT_FOUND, f"unknown path {self.path!r}: use POST /predict",
+                                    body_unread=True)
             x = self._read_inputs()
         except _RequestError as error:
             self._error(error.status, str(error))
+            if error.body_unread:
+                self._discard_unread_body()
             return
         try:
             predictions = self.server.batcher.submit(x)
@@ -235,30 +372,55 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._send(HTTPStatus.OK, {"predictions": predictions.tolist()})
 
-    def _read_inputs(self) -> np.ndarray:
-        from kbackend.serving.model import validate_inputs
+    def _check_content_type(self) -> None:
+        content_type = self.headers.get("Content-Type")
+        if content_type is None:  # a client that does not say is taken to send JSON
+            return
+        media_type, *parameters = (part.strip().lower() for part in content_type.split(";"))
+        charset = next((p.partition("=")[2].strip('"') for p in parameters if p.startswith("charset=")), "utf-8")
+        if not _JSON_MEDIA_TYPE.fullmatch(media_type) or charset not in ("utf-8", "utf8"):
+            raise _RequestError(HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+                                f"unsupported Content-Type {content_type!r}: expected application/json "
+                                "(UTF-8)", body_unread=True)
 
-        length_header = self.headers.get("Content-Length")
-        if length_header is None:
-            raise _RequestError(HTTPStatus.LENGTH_REQUIRED, "missing Content-Length header")
+    def _body_length(self) -> int:
+        if self.headers.get("Transfer-Encoding") is not None:
+            raise _RequestError(HTTPStatus.LENGTH_REQUIRED, "Transfer-Encoding is not supported: expected "
+                                "a body with a Content-Length header", body_unread=True)
+        values = self.headers.get_all("Content-Length") or []
+        if not values:
+            raise _RequestError(HTTPStatus.LENGTH_REQUIRED, "missing Content-Length header: expected the "
+                                "body's length in bytes", body_unread=True)
+        if len(set(values)) > 1:
+            raise _RequestError(HTTPStatus.BAD_REQUEST, f"conflicting Content-Length headers {values!r}",
+                                body_unread=True)
+        text = values[0].strip()
+        if not _CONTENT_LENGTH.fullmatch(text):
+            raise _RequestError(HTTPStatus.BAD_REQUEST, f"invalid Content-Length {values[0][:40]!r}: expected "
+                                "a non-negative integer (bytes)", body_unread=True)
+        # Compare digit counts first: int() of a 5,000-digit header would itself fail.
+        if len(text.lstrip("0")) > len(str(MAX_BODY_BYTES)) or int(text) > MAX_BODY_BYTES:
+            raise _RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body of {text[:40]} bytes exceeds the "
+                                f"limit of {MAX_BODY_BYTES}", body_unread=True)
+        return int(text)
+
+    def _read_inputs(self) -> np.ndarray:
+        self._check_content_type()
+        length = self._body_length()
+        body = self.rfile.read(length)  # at most the checked length: the limit holds while reading
+        if len(body) < length:
+            raise _RequestError(HTTPStatus.BAD_REQUEST,
+                                f"incomplete body: received {len(body)} of {length} bytes")
         try:
-            length = int(length_header)
-        except ValueError:
-            raise _RequestError(HTTPStatus.BAD_REQUEST, f"invalid Content-Length {length_header!r}") from None
-        if length > MAX_BODY_BYTES:
-            raise _RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                                f"body of {length} bytes exceeds the limit of {MAX_BODY_BYTES}")
-        body = self.rfile.read(length)
-        try:
-            payload = json.loads(body, parse_constant=_reject_constant)
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            payload = parse_json_body(body)
+        except ValueError as error:
             raise _RequestError(HTTPStatus.BAD_REQUEST, f"invalid JSON: {error}") from None
         if not isinstance(payload, dict) or "inputs" not in payload:
             raise _RequestError(HTTPStatus.BAD_REQUEST,
                                 'expected a JSON object {"inputs": [[...], ...]} with one list per row')
         try:
             array = np.asarray(payload["inputs"])
-        except ValueError:
+        except (ValueError, RecursionError):
             raise _RequestError(HTTPStatus.UNPROCESSABLE_ENTITY,
                                 "invalid inputs: expected a rectangular array (every row the same shape)") from None
         if array.ndim >= 1 and len(array) > self.server.max_request_rows:

@@ -3,7 +3,6 @@ report; and compare studies run on different backends or devices side by side.""
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Iterable
@@ -11,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kbackend.errors import ConfigError
-from kbackend.io import atomic_write_text
+from kbackend.io import atomic_write_text, read_json
 from kbackend.reports import markdown_rows
 from kbackend.study.analysis import analyze
 from kbackend.study.config import StudyConfig
@@ -89,7 +88,7 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
         wall_time = time.perf_counter() - start
         analysis = analyze(study)
         paths = write_report(study, analysis, report_dir(out, study), wall_time)
-        summary = json.loads(paths["summary"].read_text())
+        summary = read_json(paths["summary"])
         # One summary per backend, engine and device: what `study compare` puts side by side.
         store.put_summary(study["study"], f"{study['env']['backend']}/{config.engine}",
                           study["env"]["device"], summary)
@@ -114,7 +113,7 @@ def load_summaries(paths: Iterable[str | Path], out_dir: str | Path | None = Non
         if not file.is_file():
             raise ConfigError(f"No study summary at {str(file)!r}: expected a study report folder "
                               "or its summary.json.")
-        summaries.append(json.loads(file.read_text()))
+        summaries.append(read_json(file))
     if not summaries and out_dir is not None:
         db = Path(out_dir) / DB_NAME
         if not db.is_file():

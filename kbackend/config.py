@@ -202,6 +202,23 @@ def check_batch_split(batch_size: int, devices: int, processes: int = 1) -> int:
     return batch_size // devices
 
 
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def check_output_folder(path: str | os.PathLike, flag: str) -> Path:
+    """``path`` if it is (or can become) a writable folder, else a one-line ``ConfigError``."""
+    target = Path(path)
+    existing = _nearest_existing(target)
+    if not existing.is_dir():
+        raise ConfigError(f"Invalid {flag} folder {str(path)!r}: {str(existing)!r} is a file, not a folder.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"Invalid {flag} folder {str(path)!r}: {str(existing)!r} is not writable.")
+    return target
+
+
 def check_output_path(path: str | os.PathLike, flag: str, suffix: str | None = None) -> Path:
     """``path`` if a file can be written there, else a one-line ``ConfigError`` naming ``flag``.
 
@@ -214,10 +231,7 @@ def check_output_path(path: str | os.PathLike, flag: str, suffix: str | None = N
         raise ConfigError(f"Invalid {flag} path {shown!r}: expected a file name ending in {suffix}.")
     if target.is_dir():
         raise ConfigError(f"Invalid {flag} path {shown!r}: it is a folder; expected a file path.")
-    folder = target.parent
-    existing = folder
-    while not existing.exists():
-        existing = existing.parent
+    existing = _nearest_existing(target.parent)
     if not existing.is_dir():
         raise ConfigError(f"Invalid {flag} path {shown!r}: {str(existing)!r} is a file, not a folder.")
     if not os.access(existing, os.W_OK | os.X_OK) or (

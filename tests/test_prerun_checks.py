@@ -82,3 +82,22 @@ def test_a_valid_run_reaches_the_engine(capsys, engines_never_run):
     """Positive control: with nothing wrong, the spy engine is called (the checks pass)."""
     with pytest.raises(AssertionError, match="training started"):
         cli.main(["train", "--epochs", "1", "--quiet"])
+
+
+@pytest.mark.parametrize("argv", [
+    ["study", "--out", "{file}/sub"],
+    ["export", "{missing}.keras", "--out", "{file}"],
+    ["predict", "--model", "{missing}.keras", "--input", "{missing}.npy", "--out", "{file}/y.npy"],
+    ["predict", "--model", "{missing}.keras", "--input", "{missing}.npy", "--out", "{folder}"],
+])
+def test_bad_out_is_refused_before_any_work(argv, tmp_path, capsys):
+    """--out under a file, or a file path that is a folder: one line, exit 2, nothing written."""
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    argv = [a.format(file=a_file, folder=folder, missing=tmp_path / "missing") for a in argv]
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    code, err = run_main(capsys, *argv)
+    assert code == 2 and len(err.splitlines()) == 1 and "Invalid --out" in err, err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before

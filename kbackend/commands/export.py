@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from kbackend.config import check_output_folder
 from kbackend.serving.export import DEFAULT_ATOL, FORMATS
 
 
@@ -29,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from kbackend.commands.predict import load_array
     from kbackend.serving.export import export_model
 
+    check_output_folder(args.out, "--out")
     sample = load_array(args.sample, "--sample") if args.sample else None
     manifest = export_model(args.model, args.format, args.out, sample=sample, rows=args.rows, atol=args.atol)
     if args.json:

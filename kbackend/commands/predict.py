@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kbackend.config import check_output_path
 from kbackend.errors import DataError
 
 
@@ -47,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     rounding = Rounding.parse(args.decimals)
     if args.decimals is not None and args.cache is None:
         raise DataError("--decimals only applies with --cache (rounding decides the cache key).")
+    check_output_path(args.out, "--out")
     x = load_array(args.input)
     store = open_store(args.cache) if args.cache else None  # a bad cache fails before the model loads
     try:

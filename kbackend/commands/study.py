@@ -11,6 +11,7 @@ import argparse
 import math
 from pathlib import Path
 
+from kbackend.config import check_output_folder, check_output_path
 from kbackend.data import DATASETS
 from kbackend.models import MODELS
 from kbackend.optim import OPTIMIZERS
@@ -137,6 +138,7 @@ def config_from_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from kbackend.study.pipeline import run_study
 
+    check_output_folder(args.out, "--out")
     run_study(config_from_args(args), args.out, show_progress=not args.no_progress)
     return 0
 
@@ -145,6 +147,7 @@ def run_compare(args: argparse.Namespace) -> int:
     from kbackend.study.pipeline import compare, load_summaries, write_comparison
 
     summaries = load_summaries(args.reports, args.out)
+    check_output_path(Path(args.out) / "compare.md", "--out")
     print(compare(summaries))
     path = write_comparison(summaries, Path(args.out) / "compare.md")
     print(f"wrote {path}")

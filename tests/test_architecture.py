@@ -17,9 +17,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "kbackend"
 # that is a prefix of its dotted name (relative to kbackend).
 LAYERS: list[tuple[str, ...]] = [
     ("__main__", "cli", "commands"),
-    ("study", "equivalence", "serving", "cache"),
+    # capabilities users run; benchmarks and the advisor measure everything below them
+    ("study", "equivalence", "serving", "cache", "bench", "hardware.advise", "hardware.probe"),
     ("engines", "training"),
-    ("hardware", "distributed", "bench", "runtime", "progress", "envinfo"),
+    ("hardware", "distributed", "runtime", "progress", "envinfo"),
     ("config", "models", "optim", "precision"),
     ("backends",),
     ("data",),

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 
-from kbackend.serving.export import DEFAULT_ATOL, FORMATS
+from kbackend.commands.predict import load_array
+from kbackend.serving.export import DEFAULT_ATOL, FORMATS, export_model
 
 
 def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
@@ -24,11 +26,6 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-
-    from kbackend.commands.predict import load_array
-    from kbackend.serving.export import export_model
-
     sample = load_array(args.sample, "--sample") if args.sample else None
     manifest = export_model(args.model, args.format, args.out, sample=sample, rows=args.rows, atol=args.atol)
     if args.json:

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import signal
+import threading
 
+from kbackend.cache import PredictionCache, Rounding, model_fingerprint, open_store
 from kbackend.commands.predict import add_cache_arguments
+from kbackend.errors import DataError
+from kbackend.serving.model import BatchPredictor, input_shape, load_model
+from kbackend.serving.server import PredictionServer, check_loopback
 
 
 def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
@@ -22,14 +28,6 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import signal
-    import threading
-
-    from kbackend.cache import PredictionCache, Rounding, model_fingerprint, open_store
-    from kbackend.errors import DataError
-    from kbackend.serving.model import BatchPredictor, input_shape, load_model
-    from kbackend.serving.server import PredictionServer, check_loopback
-
     check_loopback(args.host)
     rounding = Rounding.parse(args.decimals)
     if args.decimals is not None and args.cache is None:

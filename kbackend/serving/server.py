@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from kbackend.errors import ConfigError, DataError
+from kbackend.serving.model import validate_inputs
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 REQUEST_TIMEOUT_S = 60.0
@@ -236,8 +237,6 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(HTTPStatus.OK, {"predictions": predictions.tolist()})
 
     def _read_inputs(self) -> np.ndarray:
-        from kbackend.serving.model import validate_inputs
-
         length_header = self.headers.get("Content-Length")
         if length_header is None:
             raise _RequestError(HTTPStatus.LENGTH_REQUIRED, "missing Content-Length header")

@@ -66,7 +66,7 @@ def use_backend(name: str | None = None) -> str:
 def keras() -> ModuleType:
     """Import and return Keras on the selected backend (selecting the default if none was)."""
     use_backend(os.environ.get(ENV_VAR))
-    import keras as keras_module
+    import keras as keras_module  # deferred: the backend choice must precede it
 
     return keras_module
 

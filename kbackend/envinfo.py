@@ -15,6 +15,7 @@ from typing import Any
 
 from kbackend import __version__
 from kbackend.backend_choice import active_backend
+from kbackend.backends import impl
 
 _PACKAGES = ("keras", "jax", "jaxlib", "tensorflow-cpu", "tensorflow", "optax", "numpy")
 _ENV_PREFIXES = ("XLA_", "JAX_", "TF_", "KERAS_", "KBACKEND_", "CUDA_VISIBLE_DEVICES", "OMP_")
@@ -41,8 +42,6 @@ def environment_identity() -> dict[str, Any]:
 
     Part of every study run's key: changing what it holds makes stored studies re-run.
     """
-    from kbackend.backends import impl
-
     backend_impl = impl()
     return {
         "backend": active_backend(),
@@ -54,8 +53,6 @@ def environment_identity() -> dict[str, Any]:
 def environment() -> dict[str, Any]:
     """A JSON-ready description of this process's backend, devices and machine: the
     ``environment_identity()`` plus the device list, image data format, machine and flags."""
-    from kbackend.backends import impl
-
     keras = __import__("keras")
     return {
         **environment_identity(),

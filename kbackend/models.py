@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kbackend.backend_choice import keras as import_keras
+from kbackend.backends import impl
 from kbackend.data import DatasetInfo
 from kbackend.errors import ConfigError
 
@@ -101,8 +102,6 @@ def cnn(info: DatasetInfo, options: ModelOptions) -> Any:
     (``supports_channels_first_conv``) finds that, channels_first raises ``ConfigError``
     (kbackend does not transpose behind your back). TF 2.21 runs NCHW on the CPU.
     """
-    from kbackend.backends import impl
-
     keras = import_keras()
     if len(info.input_shape) != 3:
         raise ConfigError(

@@ -144,9 +144,10 @@ def keras_compatible_optax(spec: OptimizerSpec) -> Any:
     Mirroring the order of operations (not only the formula) keeps float32 results within a few
     ulps of Keras's after many steps.
     """
+    # deferred: JAX and optax are imported only when the JAX backend runs
     import jax
-    import jax.numpy as jnp
-    import optax
+    import jax.numpy as jnp  # deferred (as above)
+    import optax  # deferred (as above)
 
     f32 = jnp.float32
     uses_momentum = spec.name in ("momentum", "nesterov")

@@ -7,6 +7,9 @@ an import inside a function only defers a heavy or optional library, with a comm
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,9 +20,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "kbackend"
 # that is a prefix of its dotted name (relative to kbackend).
 LAYERS: list[tuple[str, ...]] = [
     ("__main__", "cli", "commands"),
-    ("study", "equivalence", "serving", "cache"),
+    # capabilities users run; benchmarks and the advisor measure everything below them
+    ("study", "equivalence", "serving", "cache", "bench", "hardware.advise", "hardware.probe"),
     ("engines", "training"),
-    ("hardware", "distributed", "bench", "runtime", "progress", "envinfo"),
+    ("hardware", "distributed", "runtime", "progress", "envinfo"),
     ("config", "models", "optim", "precision"),
     ("backends",),
     ("data",),
@@ -28,6 +32,10 @@ LAYERS: list[tuple[str, ...]] = [
 # Libraries an import inside a function may defer (slow to import, or optional extras).
 DEFERRABLE = {"keras", "tensorflow", "jax", "jaxlib", "optax", "matplotlib", "redis", "ray",
               "pynvml", "mnist1d", "sklearn"}
+# Frameworks no kbackend module may import when it is imported, outside the backend packages
+# (which only ``kbackend.backends.impl()`` imports, once the backend is chosen).
+HEAVY = ("keras", "jax", "tensorflow", "optax", "matplotlib")
+BACKEND_PACKAGES = ("backends.jax", "backends.tensorflow")
 
 
 def module_name(path: Path) -> str:
@@ -156,3 +164,31 @@ def test_every_module_follows_the_layer_rule():
 def test_the_rule_catches_each_kind_of_breach(modules, expected):
     """Negative controls: each kind of breach is reported."""
     assert any(expected in problem for problem in violations(modules))
+
+
+def heavy_modules_after_importing(modules: list[str]) -> list[str]:
+    """The HEAVY frameworks loaded once ``modules`` are imported, in a fresh Python process.
+
+    A fresh process is the point: this test process has long since imported Keras and the rest.
+    """
+    code = ("import importlib, json, sys\n"
+            f"for name in {modules!r}:\n"
+            "    importlib.import_module(name)\n"
+            f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_importing_kbackend_imports_no_framework():
+    """Every module but the backend packages (and ``__main__``, which runs the CLI) imports
+    cheaply, and none imports Keras before the backend is chosen."""
+    names = [f"kbackend.{name}" if name != "__init__" else "kbackend" for name in all_modules()
+             if name != "__main__" and not name.startswith(BACKEND_PACKAGES)]
+    assert heavy_modules_after_importing(names) == []
+
+
+def test_the_import_check_sees_a_framework():
+    """Negative control: importing a backend package's module loads its framework."""
+    assert "jax" in heavy_modules_after_importing(["kbackend.backends.jax.ops"])

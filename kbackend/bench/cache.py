@@ -24,7 +24,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from kbackend.backend_choice import keras as import_keras
 from kbackend.bench.spec import Benchmark, Rows, Settings
+from kbackend.cache import PredictionCache, Rounding, open_store
+from kbackend.data import load
+from kbackend.models import ModelOptions, build_model
+from kbackend.serving.model import BatchPredictor, load_model
 
 DECIMALS = ("exact", "3", "2", "1", "0")
 BATCHES = (1, 1024)
@@ -34,8 +41,6 @@ NOISE = (0.0, 0.01)  # sensor noise added to each request (features are in [0, 1
 def _timed(methods: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
     """Median seconds per call of each method over ``repeats`` calls, after one excluded warm-up
     call each; the methods take turns within every repeat, so drifting machine load hits all alike."""
-    import numpy as np
-
     for fn in methods.values():
         fn()
     times: dict[str, list[float]] = {name: [] for name in methods}
@@ -48,11 +53,6 @@ def _timed(methods: dict[str, Callable[[], Any]], repeats: int) -> dict[str, flo
 
 
 def _train_model(quick: bool, folder: Path) -> tuple[Any, Any, float]:
-    from kbackend.backend_choice import keras as import_keras
-    from kbackend.data import load
-    from kbackend.models import ModelOptions, build_model
-    from kbackend.serving.model import load_model
-
     keras = import_keras()
     data = load("digits", layout="flat")
     keras.utils.set_random_seed(0)
@@ -67,11 +67,6 @@ def _train_model(quick: bool, folder: Path) -> tuple[Any, Any, float]:
 
 def measure_cache(settings: Settings) -> Rows:
     """Latency rows (method x batch) and, in the summary, hit rate vs decimals."""
-    import numpy as np
-
-    from kbackend.cache import PredictionCache, Rounding, open_store
-    from kbackend.serving.model import BatchPredictor
-
     redis_url = settings.options.get("redis_url")
     folder = Path(tempfile.mkdtemp(prefix="bench_cache."))
     try:

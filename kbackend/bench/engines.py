@@ -32,7 +32,14 @@ from typing import Any
 
 import numpy as np
 
+from kbackend import data as data_module
+from kbackend.backend_choice import active_backend
+from kbackend.backend_choice import keras as import_keras
+from kbackend.backends import impl
 from kbackend.bench.spec import Benchmark, Option, Rows, Settings, int_list
+from kbackend.engines.native import epoch_runner
+from kbackend.models import ModelOptions, build_model
+from kbackend.optim import OptimizerSpec
 
 BATCH_SIZES = (8, 32, 128, 1024)
 LAYER_SIZES = (784, 786, 256, 160, 10)
@@ -50,8 +57,6 @@ def steps_per_epoch(batch_size: int, quick: bool) -> int:
 
 def synthetic(batch_size: int, steps: int, seed: int = 0) -> Any:
     """MNIST-shaped data: ``steps * batch_size`` training samples, 784 features, 10 classes."""
-    from kbackend import data as data_module
-
     rng = np.random.default_rng(seed)
     n = steps * batch_size + VAL_SAMPLES
     x = rng.random((n, 784), dtype=np.float32)
@@ -62,9 +67,6 @@ def synthetic(batch_size: int, steps: int, seed: int = 0) -> Any:
 
 def fit_runner(dataset: Any, batch_size: int, spe: int) -> Callable[[], Any]:
     """One epoch of ``model.fit`` per call (its per-call setup is part of fit's cost)."""
-    from kbackend.backend_choice import keras as import_keras
-    from kbackend.models import ModelOptions, build_model
-
     keras = import_keras()
     model = build_model("seed_mlp", dataset.info, ModelOptions())
     model.compile(optimizer=keras.optimizers.SGD(LEARNING_RATE),
@@ -76,10 +78,6 @@ def fit_runner(dataset: Any, batch_size: int, spe: int) -> Callable[[], Any]:
 
 def native_runner(dataset: Any, batch_size: int, fused: int) -> Callable[[], Any]:
     """One epoch of the native engine per call (``kbackend.engines.native.epoch_runner``)."""
-    from kbackend.engines.native import epoch_runner
-    from kbackend.models import ModelOptions, build_model
-    from kbackend.optim import OptimizerSpec
-
     model = build_model("seed_mlp", dataset.info, ModelOptions())
     return epoch_runner(model, dataset, OptimizerSpec("sgd", LEARNING_RATE), batch_size, fused)
 
@@ -93,8 +91,6 @@ def initial_params(seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
 
 def reference_runner(dataset: Any, batch_size: int, steps: int) -> Callable[[], None]:
     """One epoch of the active backend's hand-written loop per call."""
-    from kbackend.backends import impl
-
     x = dataset.x_train.reshape(steps, batch_size, 784)
     y = dataset.y_train.reshape(steps, batch_size)
     return impl().reference_train_loop(initial_params(), x, y, LEARNING_RATE)
@@ -130,8 +126,6 @@ def measure(runners: dict[str, Any], steps: int, batch_size: int, repeats: int) 
 
 def measure_engines(settings: Settings) -> Rows:
     """Every configuration at every batch size on the active backend (one row each)."""
-    from kbackend.backend_choice import active_backend
-
     batch_sizes = settings.options.get("batch_sizes") or list(BATCH_SIZES)
     repeats = settings.rounds(quick=2, full=5)
     rows = []

@@ -13,11 +13,17 @@ from typing import Any
 
 import numpy as np
 
+from kbackend.backend_choice import keras as import_keras
+from kbackend.backends import impl
 from kbackend.bench.spec import Benchmark, Rows, Settings
 from kbackend.hardware import probe
+from kbackend.hardware.inputs import iterate_batches, monitored_batches
 from kbackend.hardware.knee import DEFAULT_MIN_GAIN, find_knee
-from kbackend.models import ModelOptions
+from kbackend.hardware.monitor import StepMonitor
+from kbackend.hardware.prefetch import Prefetcher
+from kbackend.models import ModelOptions, build_model
 from kbackend.optim import OptimizerSpec
+from kbackend.training import TrainConfig, train
 
 
 def interleaved(factories: dict[str, Any], settings: Settings) -> dict[str, dict[str, Any]]:
@@ -80,8 +86,6 @@ def measure_jit(settings: Settings) -> Rows:
 
 def measure_data_format(settings: Settings) -> Rows:
     """The CNN in channels_last vs channels_first (reported as unsupported where the backend lacks NCHW convolutions)."""
-    from kbackend.backends import impl
-
     batch, steps = (32, 6) if settings.quick else (128, 30)
     rows, factories = [], {}
     for data_format in ("channels_last", "channels_first"):
@@ -97,8 +101,6 @@ def measure_data_format(settings: Settings) -> Rows:
 
 def precision_accuracy(precision: str, steps: int) -> dict[str, Any]:
     """Validation accuracy of the seed MLP on digits after ``steps`` Adam steps under ``precision``."""
-    from kbackend.training import TrainConfig, train
-
     config = TrainConfig(model="seed_mlp", dataset="digits", batch_size=32, epochs=100,
                          max_steps=steps, precision=precision, seed=0)
     result = train(config)
@@ -110,8 +112,6 @@ def precision_accuracy(precision: str, steps: int) -> dict[str, Any]:
 def measure_precision(settings: Settings) -> Rows:
     """float32 vs mixed_bfloat16 vs mixed_float16 (loss-scaled): step time, and accuracy in a
     fixed budget of steps."""
-    from kbackend.backends import impl
-
     batch, steps, budget = (128, 6, 40) if settings.quick else (512, 30, 400)
     support = impl().precision_support()
     work = probe.workload("seed_mlp", samples=4096)
@@ -146,9 +146,6 @@ def measure_optimizers(settings: Settings) -> Rows:
 
 
 def _preprocessed_model(work: probe.Workload, mean: float, std: float) -> Any:
-    from kbackend.backend_choice import keras as import_keras
-    from kbackend.models import build_model
-
     keras = import_keras()
     inputs = keras.Input(shape=work.info.input_shape, dtype="uint8", name="pixels")
     x = keras.layers.Rescaling(1.0 / 255.0)(inputs)
@@ -159,8 +156,6 @@ def _preprocessed_model(work: probe.Workload, mean: float, std: float) -> Any:
 def measure_preprocessing(settings: Settings) -> Rows:
     """Rescaling + normalization of raw uint8 pixels on the host (NumPy per batch) vs inside the
     model (Keras layers, on the device); the same batch source feeds both."""
-    from kbackend.hardware.inputs import monitored_batches
-
     batch, steps = (128, 8) if settings.quick else (256, 40)
     work = probe.workload("seed_mlp", samples=4096)
     raw = np.random.default_rng(0).integers(0, 256, size=work.x.shape, dtype=np.uint8)
@@ -193,8 +188,6 @@ def measure_roofline(settings: Settings) -> Rows:
 
 def measure_device(settings: Settings) -> Rows:
     """Each available device: the MLP at batch 1024 and the GRU at batch 8 (small-batch recurrent)."""
-    from kbackend.backends import impl
-
     steps = 6 if settings.quick else 30
     cases = [("seed_mlp", 256 if settings.quick else 1024), ("gru", 8)]
     rows = []
@@ -220,11 +213,6 @@ def slow_host_preprocessing(delay_s: float) -> Any:
 def prefetch_loop(work: probe.Workload, raw: np.ndarray, batch: int, steps: int, delay_s: float,
                   mode: str) -> dict[str, Any]:
     """``train_on_batch`` over a slow host pipeline, without prefetch or with it; monitored."""
-    from kbackend.hardware.inputs import iterate_batches
-    from kbackend.hardware.monitor import StepMonitor
-    from kbackend.hardware.prefetch import Prefetcher
-    from kbackend.models import build_model
-
     model = build_model(work.model, work.info, work.options)
     model.compile(optimizer=OptimizerSpec("sgd", 0.01).to_keras(), loss="sparse_categorical_crossentropy")
     epochs = -(-(steps + 1) * batch // len(raw))

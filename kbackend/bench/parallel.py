@@ -25,7 +25,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
+from kbackend.backends import impl
 from kbackend.bench.spec import Benchmark, Option, Rows, Settings, WorkerSpec, int_list
+from kbackend.data import from_arrays
+from kbackend.engines.loop import EpochRunner
+from kbackend.models import ModelOptions, build_model
+from kbackend.optim import OptimizerSpec
 
 SERIES = {"per_device": "fixed per-device batch", "global": "fixed global batch"}
 
@@ -42,14 +49,6 @@ def measure_parallel(settings: Settings) -> Rows:
     Each timed call is what ``--engine data_parallel`` runs: K fused steps, the batches gathered
     on the host and sharded over the devices, gradients averaged with ``lax.pmean``.
     """
-    import numpy as np
-
-    from kbackend.backends import impl
-    from kbackend.data import from_arrays
-    from kbackend.engines.loop import EpochRunner
-    from kbackend.models import ModelOptions, build_model
-    from kbackend.optim import OptimizerSpec
-
     devices, options = settings.devices or 1, settings.options
     fused = options.get("fused") or (5 if settings.quick else 20)
     repeats = settings.rounds(quick=3, full=7)

@@ -21,10 +21,12 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from kbackend.backend_choice import BACKENDS, validate_backend
+from kbackend.backend_choice import BACKENDS, use_backend, validate_backend
 from kbackend.bench.registry import BENCHMARKS
 from kbackend.bench.spec import Benchmark, Settings
+from kbackend.envinfo import environment
 from kbackend.errors import KBackendError
+from kbackend.hardware.probe import warm_up
 from kbackend.reports import markdown_table, side_by_side, write_report
 from kbackend.runtime.child import ChildFailed, resolve, run_in_child
 
@@ -48,10 +50,6 @@ def parser(bench: Benchmark) -> argparse.ArgumentParser:
 
 def run_worker(measure: str, settings: dict[str, Any]) -> dict[str, Any]:
     """Worker side (in the child process): run ``measure`` and describe where it ran."""
-    from kbackend.backend_choice import use_backend
-    from kbackend.envinfo import environment
-    from kbackend.hardware.probe import warm_up
-
     backend = use_backend()
     start = time.perf_counter()
     warm_up_s = warm_up()  # one-time process costs stay out of the first case's figures

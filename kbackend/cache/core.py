@@ -12,6 +12,7 @@ import numpy as np
 
 from kbackend.cache.keys import Rounding, decode_values, encode_value, model_fingerprint, row_keys
 from kbackend.cache.store import CacheError, CacheStore
+from kbackend.serving.model import BatchPredictor, output_shape, validate_inputs
 
 _LATENCY_WINDOW = 10_000  # latencies kept for percentiles (the most recent calls)
 
@@ -55,8 +56,6 @@ class PredictionCache:
 
     def __init__(self, model: Any, store: CacheStore, rounding: Rounding | None = None,
                  *, max_batch: int = 1024, predictor: Any = None) -> None:
-        from kbackend.serving.model import BatchPredictor, output_shape
-
         self.model = model
         self.store = store
         self.rounding = rounding or Rounding()
@@ -80,8 +79,6 @@ class PredictionCache:
 
     def lookup(self, x: Any) -> CachedResult:
         """Predictions for batch ``x`` (validated), hits from the store, misses predicted together."""
-        from kbackend.serving.model import validate_inputs
-
         start = time.perf_counter()
         batch = validate_inputs(x, self.input_shape)
         rounded = self.rounding.apply(batch)

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from kbackend.backend_choice import keras as import_keras
+from kbackend.cache.store import CacheError
 from kbackend.errors import ConfigError
 
 KEY_BYTES = 16  # blake2b digest size: collisions are out of reach at any realistic cache size
@@ -99,8 +101,6 @@ def model_fingerprint(model: Any) -> str:
     Independent of the backend: the same ``.keras`` file loaded under JAX or TensorFlow has the
     same fingerprint. Changing any weight by any amount changes it.
     """
-    from kbackend.backend_choice import keras as import_keras
-
     keras = import_keras()
     digest = hashlib.sha256()
     header = {"class": type(model).__name__, "config": _jsonable(model.get_config())}
@@ -123,8 +123,6 @@ def decode_values(values: Sequence[bytes], row_shape: tuple[int, ...]) -> np.nda
     expected = 4 * int(np.prod(row_shape))
     for value in values:
         if len(value) != expected:
-            from kbackend.cache.store import CacheError
-
             raise CacheError(
                 f"A cached prediction has {len(value)} bytes, expected {expected} for an output row of "
                 f"shape {row_shape}; the cache is damaged: run kbackend cache clear."

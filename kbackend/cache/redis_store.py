@@ -34,7 +34,7 @@ class RedisStore:
 
     def __init__(self, url: str, *, prefix: str = DEFAULT_PREFIX, socket_timeout_s: float = 10.0) -> None:
         try:
-            import redis
+            import redis  # deferred: an optional extra, needed only for Redis stores
         except ImportError:
             raise CacheError(
                 "The Redis cache needs the redis package: pip install 'kbackend[serve]' (or redis>=5)."

@@ -1,4 +1,4 @@
-"""The storage interface of the prediction cache, and ``open_store`` to pick an implementation.
+"""The storage interface of the prediction cache (``kbackend.cache.open_store`` picks an implementation).
 
 A store maps ``(namespace, key) -> value`` (all bytes, the namespace a model fingerprint) and
 keeps per-namespace hit/miss counters and a short description of each model. Entries are
@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from kbackend.errors import KBackendError
-
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 class CacheError(KBackendError):
@@ -68,16 +66,3 @@ class CacheStore(Protocol):
         """Release connections."""
         ...
 
-
-def open_store(spec: str, *, create: bool = True, busy_timeout_s: float = 30.0) -> CacheStore:
-    """Open the store ``spec`` names: a Redis URL (``redis://host:port/db``) or an SQLite path.
-
-    ``create=False`` refuses to create a missing SQLite file (for ``cache stats`` / ``clear``).
-    """
-    if spec.startswith(REDIS_SCHEMES):
-        from kbackend.cache.redis_store import RedisStore
-
-        return RedisStore(spec)
-    from kbackend.cache.sqlite_store import SQLiteStore
-
-    return SQLiteStore(spec, create=create, busy_timeout_s=busy_timeout_s)

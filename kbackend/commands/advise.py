@@ -7,6 +7,9 @@ import argparse
 import sys
 
 from kbackend.data import DATASETS
+from kbackend.errors import ConfigError
+from kbackend.hardware.advise import advise, format_advice
+from kbackend.io import atomic_write_json
 from kbackend.models import MODELS
 
 
@@ -24,10 +27,6 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kbackend.errors import ConfigError
-    from kbackend.hardware.advise import advise, format_advice
-    from kbackend.io import atomic_write_json
-
     budget = min(args.budget, 30.0) if args.quick and args.budget == 100.0 else args.budget
     if budget <= 0:
         raise ConfigError(f"Invalid --budget {args.budget!r}: expected a number of seconds > 0.")

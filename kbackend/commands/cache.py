@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
+import math
 
-from kbackend.commands.predict import add_cache_arguments
+from rich.progress import Progress
+
+from kbackend.cache import CacheError, PredictionCache, Rounding, open_store, parse_grid
+from kbackend.commands.predict import add_cache_arguments, load_array
+from kbackend.serving.model import load_model
 
 
 def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
@@ -36,14 +42,6 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
 
 
 def run_warm(args: argparse.Namespace) -> int:
-    import math
-
-    from rich.progress import Progress
-
-    from kbackend.cache import PredictionCache, Rounding, open_store, parse_grid
-    from kbackend.commands.predict import load_array
-    from kbackend.serving.model import load_model
-
     rounding = Rounding.parse(args.decimals)
     store = open_store(args.cache)
     try:
@@ -73,10 +71,6 @@ def run_warm(args: argparse.Namespace) -> int:
 
 
 def run_stats(args: argparse.Namespace) -> int:
-    import json
-
-    from kbackend.cache import open_store
-
     store = open_store(args.cache, create=False)
     try:
         infos = store.namespaces()
@@ -103,8 +97,6 @@ def run_stats(args: argparse.Namespace) -> int:
 
 
 def run_clear(args: argparse.Namespace) -> int:
-    from kbackend.cache import CacheError, open_store
-
     store = open_store(args.cache, create=False)
     try:
         if args.fingerprint is None:

@@ -15,7 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from kbackend.equivalence import KNOWN_DIVERGENCES, Case, WorkerPool, compare_model
+from kbackend.equivalence.randomdata import random_inputs, random_targets
 from kbackend.errors import DataError
+from kbackend.io import atomic_write_json
 
 
 def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
@@ -88,9 +91,6 @@ def check_args(args: argparse.Namespace) -> None:
 
 def compare_file(args: argparse.Namespace, pool: Any) -> Any:
     """The ``Report`` for the command's arguments, computed with ``pool``."""
-    from kbackend.equivalence import Case, compare_model
-    from kbackend.equivalence.randomdata import random_inputs, random_targets
-
     check_args(args)
     source = {"kind": "keras_file", "path": str(Path(args.model).resolve())}
     description = pool.call(pool.backends[0], "describe", source=source)
@@ -110,9 +110,6 @@ def compare_file(args: argparse.Namespace, pool: Any) -> Any:
 
 
 def run(args: argparse.Namespace, pool: Any = None) -> int:
-    from kbackend.equivalence import KNOWN_DIVERGENCES, WorkerPool
-    from kbackend.io import atomic_write_json
-
     check_args(args)
     own_pool = pool is None
     if own_pool:

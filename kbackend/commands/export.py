@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 
+from kbackend.commands.predict import load_array
 from kbackend.config import check_output_folder
-from kbackend.serving.export import DEFAULT_ATOL, FORMATS
+from kbackend.serving.export import DEFAULT_ATOL, FORMATS, export_model
 
 
 def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
@@ -25,11 +27,6 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-
-    from kbackend.commands.predict import load_array
-    from kbackend.serving.export import export_model
-
     check_output_folder(args.out, "--out")
     sample = load_array(args.sample, "--sample") if args.sample else None
     manifest = export_model(args.model, args.format, args.out, sample=sample, rows=args.rows, atol=args.atol)

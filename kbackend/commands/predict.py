@@ -7,8 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
+from kbackend.cache import PredictionCache, Rounding, open_store
 from kbackend.config import check_output_path
 from kbackend.errors import DataError
+from kbackend.io import atomic_write
+from kbackend.serving.model import BatchPredictor, input_shape, load_model, validate_inputs
 
 
 def load_array(path: str, flag: str = "--input") -> np.ndarray:
@@ -41,10 +44,6 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kbackend.cache import PredictionCache, Rounding, open_store
-    from kbackend.io import atomic_write
-    from kbackend.serving.model import BatchPredictor, input_shape, load_model, validate_inputs
-
     rounding = Rounding.parse(args.decimals)
     if args.decimals is not None and args.cache is None:
         raise DataError("--decimals only applies with --cache (rounding decides the cache key).")

@@ -13,8 +13,14 @@ from pathlib import Path
 
 from kbackend.config import check_output_folder, check_output_path
 from kbackend.data import DATASETS
+from kbackend.engines import engine_names
+from kbackend.errors import ConfigError
 from kbackend.models import MODELS
 from kbackend.optim import OPTIMIZERS
+from kbackend.study.config import StudyConfig, default_target
+from kbackend.study.executor import default_engine
+from kbackend.study.pipeline import compare, load_summaries, run_study, write_comparison
+from kbackend.training import Target
 
 DEFAULT_OUT = "runs/study"
 
@@ -41,8 +47,6 @@ def _lr_entry(text: str) -> tuple[str, tuple[float, ...]]:
 
 
 def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
-    from kbackend.engines import engine_names
-
     parser = subparsers.add_parser(
         "study", parents=parents,
         help="batch-size x optimizer study: time to a validation target, noise scale, report",
@@ -106,11 +110,6 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
 
 def config_from_args(args: argparse.Namespace):
     """The ``StudyConfig`` the flags describe (validated)."""
-    from kbackend.errors import ConfigError
-    from kbackend.study.config import StudyConfig, default_target
-    from kbackend.study.executor import default_engine
-    from kbackend.training import Target
-
     learning_rates: dict[str, tuple[float, ...]] = {}
     for name, values in args.lrs or []:
         for optimizer in (args.optimizers if name == "*" else (name,)):
@@ -136,16 +135,12 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from kbackend.study.pipeline import run_study
-
     check_output_folder(args.out, "--out")
     run_study(config_from_args(args), args.out, show_progress=not args.no_progress)
     return 0
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from kbackend.study.pipeline import compare, load_summaries, write_comparison
-
     summaries = load_summaries(args.reports, args.out)
     check_output_path(Path(args.out) / "compare.md", "--out")
     print(compare(summaries))

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import argparse
 
+from kbackend.backend_choice import active_backend
 from kbackend.config import MONITORS, TrainConfig
 from kbackend.data import DATASETS
+from kbackend.distributed import engine_name, is_chief
+from kbackend.engines import engine_names
+from kbackend.hardware.monitor import format_summary
 from kbackend.models import MODELS, ModelOptions
 from kbackend.optim import OPTIMIZERS, SCHEDULES, OptimizerSpec
+from kbackend.progress import EpochReporter
+from kbackend.training import train
 
 
 def _widths(text: str) -> tuple[int, ...]:
@@ -32,8 +38,6 @@ def _fused_steps(text: str) -> int:
 
 def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags shared by every command that trains (train, and later ones such as study)."""
-    from kbackend.engines import engine_names
-
     data = parser.add_argument_group("data")
     data.add_argument("--dataset", default="digits", choices=sorted(DATASETS))
     data.add_argument("--data-dir", default=None, help="folder with MNIST / Fashion-MNIST files")
@@ -108,11 +112,6 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kbackend.backend_choice import active_backend
-    from kbackend.distributed import engine_name
-    from kbackend.progress import EpochReporter
-    from kbackend.training import train
-
     config = config_from_args(args)
     reporter = None if args.quiet else EpochReporter()
     result = train(config, reporter=reporter, save=args.save, history_path=args.history)
@@ -131,10 +130,7 @@ def run(args: argparse.Namespace) -> int:
         f"train_time {history.timing.get('train_time', float('nan')):.2f}s  steps {history.steps_run}"
     )
     if "monitor" in history.extra:
-        from kbackend.hardware.monitor import format_summary
-
         print(format_summary(history.extra["monitor"]))
-    from kbackend.distributed import is_chief
 
     if args.save and is_chief():  # in a multi-process job only process 0 writes
         print(f"saved model to {args.save}")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kbackend.backend_choice import keras as import_keras
 from kbackend.errors import DataError
 from kbackend.io import atomic_write
 
@@ -60,6 +61,7 @@ def search_dirs(data_dir: str | os.PathLike | None) -> list[tuple[str, Path]]:
 
 def load_digits() -> RawData:
     """scikit-learn's 1,797 8x8 digits (embedded); a fixed 20% test split."""
+    # deferred: scikit-learn is slow to import and only this dataset needs it
     from sklearn.datasets import load_digits as sk_load_digits
 
     bunch = sk_load_digits()
@@ -73,6 +75,7 @@ def load_digits() -> RawData:
 
 def load_mnist1d() -> RawData:
     """MNIST-1D generated with the mnist1d package (never its download path), cached on disk."""
+    # deferred: mnist1d is needed only for this dataset
     from mnist1d.data import get_dataset_args, make_dataset
 
     args = get_dataset_args()
@@ -183,8 +186,6 @@ def _fashion_from(root: Path) -> RawData | None:
 
 
 def _download(name: str) -> RawData:
-    from kbackend.backend_choice import keras as import_keras
-
     keras = import_keras()
 
     module = {"mnist": keras.datasets.mnist, "fashion_mnist": keras.datasets.fashion_mnist}[name]

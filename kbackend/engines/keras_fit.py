@@ -9,6 +9,7 @@ from kbackend.backend_choice import keras as import_keras
 from kbackend.data import batching
 from kbackend.errors import ConfigError
 from kbackend.hardware.inputs import monitored_batches
+from kbackend.hardware.monitor import StepMonitor, keras_callback
 from kbackend.history import History
 
 
@@ -133,8 +134,6 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
     # on does not change the batches (Keras's own shuffle would differ, and by backend).
     monitor = None
     if getattr(config, "hardware_monitor", False):
-        from kbackend.hardware.monitor import StepMonitor, keras_callback
-
         monitor = StepMonitor()
         callbacks.append(keras_callback(monitor, config.batch_size, config.steps_per_execution))
     source = monitored_batches(dataset.x_train, dataset.y_train, config.batch_size,

@@ -19,9 +19,13 @@ from typing import Any
 
 import numpy as np
 
+from kbackend import data
 from kbackend.backend_choice import keras as import_keras
 from kbackend.backends import impl
+from kbackend.engines import get_engine
+from kbackend.equivalence.grammar import build_model
 from kbackend.optim import OptimizerSpec
+from kbackend.training import TrainConfig
 
 # Attributes that make a layer stochastic in training mode, and the inert value of each.
 _STOCHASTIC_ATTRIBUTES = {"rate": 0.0, "stddev": 0.0, "dropout": 0.0, "recurrent_dropout": 0.0}
@@ -36,8 +40,6 @@ def load_model(source: dict[str, Any]) -> Any:
     if kind == "config":
         return keras.models.model_from_json(source["config"])
     if kind == "arch":
-        from kbackend.equivalence.grammar import build_model
-
         return build_model(source["arch"])
     raise ValueError(f"Unknown model source kind {kind!r}: expected keras_file, config or arch.")
 
@@ -270,10 +272,6 @@ def predict_saved(path: str, x: list[np.ndarray]) -> dict[str, Any]:
 def engine_run(source: dict[str, Any], weights: list[np.ndarray], x: np.ndarray, y: np.ndarray,
                engine: str, spec: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     """Train with a kbackend engine on ``(x, y)``; the per-step losses and final weights."""
-    from kbackend import data
-    from kbackend.engines import get_engine
-    from kbackend.training import TrainConfig
-
     model = load_model(source)
     model.set_weights(weights)
     num_classes = int(model.outputs[0].shape[-1])

@@ -8,11 +8,18 @@ never corrupt the protocol.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import signal
 import sys
 import time
 from typing import Any
 
+from kbackend.backend_choice import active_backend, use_backend
+from kbackend.backends import impl
+from kbackend.equivalence import operations
+from kbackend.equivalence.operations import channels_first_probe
 from kbackend.equivalence.protocol import ChannelClosed, receive, send
 from kbackend.runtime.child import reply_error, reply_ok
 
@@ -20,9 +27,6 @@ from kbackend.runtime.child import reply_error, reply_ok
 def _ping(probe: bool = False) -> dict[str, Any]:
     """The worker's pid, the backend's declared channels_first support and, with ``probe``,
     whether channels_first convolution and pooling actually run here (None) or the error."""
-    from kbackend.backends import impl
-    from kbackend.equivalence.operations import channels_first_probe
-
     reply = {"pid": os.getpid(), "supports_channels_first": impl().supports_channels_first_conv()}
     if probe:
         reply["channels_first_error"] = channels_first_probe()
@@ -36,8 +40,6 @@ def _sleep(seconds: float) -> dict[str, Any]:
 
 
 def _operations() -> dict[str, Any]:
-    from kbackend.equivalence import operations
-
     return {"ping": _ping, "sleep": _sleep, "describe": operations.describe,
             "evaluate": operations.evaluate, "predict_saved": operations.predict_saved,
             "engine_run": operations.engine_run}
@@ -48,13 +50,8 @@ def _die_with_parent() -> None:
     killed caller never leaves workers behind (elsewhere they exit at their next request)."""
     if not sys.platform.startswith("linux"):
         return
-    try:
-        import ctypes
-        import signal
-
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def main() -> int:
@@ -62,11 +59,9 @@ def main() -> int:
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    from kbackend.backend_choice import active_backend, use_backend
-
     use_backend()
     backend = active_backend()
-    operations = _operations()
+    handlers = _operations()
     send(replies, {"ready": True, "backend": backend, "pid": os.getpid()})
     requests = sys.stdin.fileno()
     while True:
@@ -79,9 +74,9 @@ def main() -> int:
             send(replies, {"ok": True, "result": None})
             return 0
         try:
-            if op not in operations:
-                raise ValueError(f"unknown operation {op!r}; expected one of {sorted(operations)}")
-            reply = reply_ok(operations[op](**request.get("args", {})))
+            if op not in handlers:
+                raise ValueError(f"unknown operation {op!r}; expected one of {sorted(handlers)}")
+            reply = reply_ok(handlers[op](**request.get("args", {})))
         except Exception as error:
             reply = reply_error(error)
         send(replies, reply)

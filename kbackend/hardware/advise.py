@@ -15,8 +15,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kbackend.backend_choice import active_backend
+from kbackend.backends import impl
+from kbackend.engines import engine_names
 from kbackend.hardware import probe
 from kbackend.hardware.knee import DEFAULT_MIN_GAIN, Knee, curve_knee
+from kbackend.models import model_layout
 
 # A setting other than the default is recommended only when it is at least this much faster:
 # shared machines make smaller differences noise.
@@ -90,11 +94,6 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
     """Run the probe within about ``budget_s`` seconds (measurements left over are skipped and
     listed). Configurations are compiled once and timed round-robin (``FitProbe``), so a change
     of machine load hits all of them alike."""
-    from kbackend.backend_choice import active_backend
-    from kbackend.backends import impl
-    from kbackend.engines import engine_names
-    from kbackend.models import model_layout
-
     advice = Advice(model, dataset, active_backend(), quick)
     work = probe.workload(model, dataset, data_dir=data_dir, samples=8192)
     num_train = len(work.x)

@@ -9,11 +9,13 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import psutil
+
 
 def _nvml() -> Any:
     """The initialized ``pynvml`` module with at least one GPU, or None."""
     try:
-        import pynvml
+        import pynvml  # deferred: optional, and useful only on NVIDIA GPUs
     except ImportError:
         return None
     try:
@@ -43,8 +45,6 @@ class UtilizationSampler:
             self.source = "nvml:gpu0"
             self._read = lambda: float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
         else:
-            import psutil
-
             psutil.cpu_percent(None)  # the first call only starts the measuring interval
             self.source = "psutil:cpu"
             self._read = lambda: float(psutil.cpu_percent(None))

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from kbackend.backend_choice import keras as import_keras
+from kbackend.backends import impl
 from kbackend.hardware.device import UtilizationSampler
 
 # Engines that feed a StepMonitor when TrainConfig.hardware_monitor is set.
@@ -192,14 +194,10 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 def _backend_wait() -> Callable[[Any], Any]:
-    from kbackend.backends import impl
-
     return impl().block_until_ready
 
 
 def _device_memory() -> int | None:
-    from kbackend.backends import impl
-
     return impl().device_memory_in_use()
 
 
@@ -210,8 +208,6 @@ def keras_callback(monitor: StepMonitor, batch_size: int, steps_per_execution: i
     step). Input wait comes from the input source: pass ``fit`` a ``monitored_batches`` dataset.
     Evaluation pauses are excluded by restarting the step clock after each validation.
     """
-    from kbackend.backend_choice import keras as import_keras
-
     keras = import_keras()
 
     class MonitorCallback(keras.callbacks.Callback):

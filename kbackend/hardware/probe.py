@@ -16,12 +16,15 @@ from typing import Any
 
 import numpy as np
 
+from kbackend import data as data_module
 from kbackend.backend_choice import keras as import_keras
+from kbackend.backends import impl
 from kbackend.data import DatasetInfo
 from kbackend.errors import KBackendError
-from kbackend.models import ModelOptions, build_model, model_layout
+from kbackend.models import SEED_MLP_WIDTHS, ModelOptions, build_model, model_layout
 from kbackend.optim import OptimizerSpec
 from kbackend.precision import precision_scope
+from kbackend.training import TrainConfig, train
 
 # Input shapes of the MNIST-shaped synthetic workload, per model layout.
 _SYNTHETIC_SHAPES = {"flat": (784,), "sequence": (28, 28)}
@@ -46,8 +49,6 @@ def workload(model: str, dataset: str = "synthetic", *, data_dir: str | None = N
              data_format: str = "channels_last", samples: int = 4096, seed: int = 0,
              options: ModelOptions | None = None) -> Workload:
     """Samples for ``model``: MNIST-shaped random data (``synthetic``) or a real dataset's train split."""
-    from kbackend import data as data_module
-
     layout = model_layout(model)
     options = replace(options or ModelOptions(), data_format=data_format)
     if dataset == "synthetic":
@@ -232,9 +233,6 @@ def engine_throughput(work: Workload, batch_size: int, engine: str, *, steps: in
     may wait for results only at epoch ends (the native engine does), so per-epoch times are
     the honest unit.
     """
-    from kbackend import data as data_module
-    from kbackend.training import TrainConfig, train
-
     steps = max(fused_steps, -(-steps // fused_steps) * fused_steps)
     index = np.arange(steps * batch_size) % len(work.x)
     held = np.arange(min(len(work.x), 256))  # small validation / test splits: evaluation is not timed
@@ -281,8 +279,6 @@ def matmul_peak(n: int = 2048, repeats: int = 10) -> dict[str, Any]:
     """This machine's measured float32 matmul peak: the fastest call (a peak is the best the
     hardware did, which other load on a shared machine can only lower) of the backend's compiled
     and op-by-op matmul and NumPy's BLAS (a train step may use any of these kernels)."""
-    from kbackend.backends import impl
-
     candidates = {
         "backend_jit": impl().matmul_flops(n, "float32", repeats=repeats, jit=True)["best_flops"],
         "backend_eager": impl().matmul_flops(n, "float32", repeats=repeats, jit=False)["best_flops"],
@@ -302,8 +298,6 @@ def roofline(batch_size: int = 1024, *, steps: int = 20, matmul_n: int = 2048,
     machine the load changes over time, and a ratio of neighbouring readings is steadier than a
     ratio of readings taken minutes apart. The median round is reported, with the spread.
     """
-    from kbackend.models import SEED_MLP_WIDTHS
-
     import_keras()
     work = workload("seed_mlp", samples=batch_size * 4)
     model = build_model(work.model, work.info, work.options)
@@ -335,8 +329,6 @@ def roofline(batch_size: int = 1024, *, steps: int = 20, matmul_n: int = 2048,
 
 def platforms() -> list[str]:
     """The device platforms present (``cpu`` always; ``gpu``/``tpu`` when found), deduplicated."""
-    from kbackend.backends import impl
-
     found = []
     for device in impl().devices():
         if device["platform"] not in found:

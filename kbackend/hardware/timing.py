@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from kbackend.backends import impl
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -46,8 +48,6 @@ def time_calls(fn: Callable[[], Any], repeats: int = 10,
     stops a timer early.
     """
     if wait is None:
-        from kbackend.backends import impl
-
         wait = impl().block_until_ready
     start = time.perf_counter()
     wait(fn())

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kbackend.backend_choice import validate_backend
+from kbackend.backend_choice import use_backend, validate_backend
 from kbackend.backends.capabilities import VIRTUAL_DEVICES_ENV
 from kbackend.errors import KBackendError
 from kbackend.io import atomic_write_json, read_json
@@ -148,8 +148,6 @@ def resolve(target: str) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     """Child side: read the request file, call the target, write the reply; 0 on success."""
-    from kbackend.backend_choice import use_backend
-
     (request_path,) = sys.argv[1:] if argv is None else argv
     request = json.loads(Path(request_path).read_text(encoding="utf-8"))
     try:

@@ -24,9 +24,11 @@ from typing import Any
 import numpy as np
 
 from kbackend.backend_choice import BACKENDS, active_backend
+from kbackend.cache.keys import model_fingerprint
 from kbackend.errors import ConfigError, KBackendError
 from kbackend.io import atomic_write, atomic_write_json
 from kbackend.runtime.child import ChildFailed, ChildTimeout, run_in_child
+from kbackend.serving.model import input_shape, load_model, validate_inputs
 
 FORMATS = ("keras", "savedmodel")
 DEFAULT_ATOL = 1e-5  # float32 predictions of the same weights on two XLA builds differ by ~1e-7
@@ -57,11 +59,9 @@ def artifact_path(out_dir: Path, fmt: str) -> Path:
 def load_artifact(path: str | os.PathLike, fmt: str) -> Any:
     """A callable ``f(x: float32 array) -> predictions`` for an exported artifact."""
     if fmt == "keras":
-        from kbackend.serving.model import load_model
-
         model = load_model(path)
         return lambda x: np.asarray(model.predict_on_batch(x))
-    import tensorflow as tf
+    import tensorflow as tf  # deferred: heavy, and needed only for SavedModel artifacts
 
     loaded = tf.saved_model.load(str(path))
     return lambda x: np.asarray(loaded.serve(tf.constant(x)))
@@ -135,9 +135,6 @@ def export_model(model_path: str | os.PathLike, fmt: str, out_dir: str | os.Path
 
     Raises ``ExportError`` when a check fails (the artifact is kept for inspection).
     """
-    from kbackend.cache.keys import model_fingerprint
-    from kbackend.serving.model import input_shape, load_model, validate_inputs
-
     if fmt not in FORMATS:
         raise ConfigError(f"Invalid export format. Expected one of {list(FORMATS)}. Received: {fmt!r}.")
     model = load_model(model_path)

@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from kbackend.backends import impl
 from kbackend.data import Dataset
 from kbackend.data.batching import steps_per_epoch_dropping_last, steps_per_epoch_keeping_last
-from kbackend.engines import get_engine
+from kbackend.engines import engine_names, get_engine
 from kbackend.envinfo import environment_identity
 from kbackend.errors import ConfigError
 from kbackend.history import History
@@ -50,8 +51,6 @@ class RunPlan:
 
 def default_engine() -> str:
     """The native engine when it is registered, else Keras fit."""
-    from kbackend.engines import engine_names
-
     return "native" if "native" in engine_names() else "keras"
 
 
@@ -204,8 +203,6 @@ class StudyRunner:
 
     def prepare(self) -> None:
         """Load the data and check every option; raise a ``KBackendError`` on bad input."""
-        from kbackend.engines import get_engine
-
         config = self.config
         get_engine(config.engine)
         model_layout(config.model)
@@ -420,8 +417,6 @@ class StudyRunner:
 
     def measure_noise(self, plan: RunPlan, checkpoints: list[int]) -> list[dict[str, Any]]:
         """Train in segments to each checkpoint and estimate the noise scale there."""
-        from kbackend.backends import impl
-
         assert self.dataset is not None
         model = self.build_model()
         rng = np.random.default_rng(self.config.seed)

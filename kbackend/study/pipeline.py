@@ -9,6 +9,16 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
 from kbackend.errors import ConfigError
 from kbackend.io import atomic_write_text, read_json
 from kbackend.reports import markdown_rows
@@ -60,16 +70,6 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
     Returns ``{"study", "analysis", "paths", "wall_time", "executed", "skipped"}``. All input
     checks run before any training.
     """
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
     console = console or Console(stderr=True)
     out = Path(out_dir)
     start = time.perf_counter()

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.console import Console
+from rich.table import Table
 
 from kbackend.hardware.knee import DEFAULT_MIN_GAIN
 from kbackend.io import atomic_write
@@ -83,9 +85,6 @@ def conclusions(study: dict[str, Any], analysis: dict[str, Any]) -> list[str]:
 
 def print_table(study: dict[str, Any], analysis: dict[str, Any], console: Any = None) -> None:
     """The per-cell table and the conclusions, printed with rich."""
-    from rich.console import Console
-    from rich.table import Table
-
     console = console or Console()
     target = study["config"]["target"]
     header, rows = table_rows(study)
@@ -163,10 +162,10 @@ def summary_payload(study: dict[str, Any], analysis: dict[str, Any],
 # -- plots -----------------------------------------------------------------------------------
 
 def _pyplot() -> Any:
-    import matplotlib
+    import matplotlib  # deferred: heavy, and needed only for the plots
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred (as above), after choosing the Agg backend
 
     return plt
 
@@ -201,7 +200,7 @@ def write_plots(study: dict[str, Any], analysis: dict[str, Any], out: Path) -> d
 
 def _batch_ticks(ax: Any, sizes: list[int]) -> None:
     """Label a log batch-size axis with the batch sizes themselves."""
-    from matplotlib.ticker import NullFormatter, NullLocator
+    from matplotlib.ticker import NullFormatter, NullLocator  # deferred: heavy, plots only
 
     if sizes:
         ax.xaxis.set_minor_locator(NullLocator())

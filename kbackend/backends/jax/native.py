@@ -32,7 +32,7 @@ def make_evaluator(model: Any, dataset: Any) -> Any:
 
     The loss is mean cross-entropy plus the regularization losses, as Keras reports it.
     """
-    import keras
+    import keras  # deferred: Keras is imported once the backend is chosen
 
     val = tuple(jax.device_put(a) for a in pad_to_chunks(dataset.x_val, dataset.y_val, EVAL_CHUNK))
 

@@ -7,7 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jaxlib
 import numpy as np
+from jax._src import xla_bridge
 
 from kbackend.backends.capabilities import VIRTUAL_DEVICES_ENV
 from kbackend.errors import ConfigError
@@ -15,8 +17,6 @@ from kbackend.errors import ConfigError
 
 def framework_versions() -> dict[str, str]:
     """Versions of the framework packages behind this backend."""
-    import jaxlib
-
     return {"jax": jax.__version__, "jaxlib": jaxlib.__version__}
 
 
@@ -45,8 +45,6 @@ def to_numpy(value: Any) -> np.ndarray:
 
 
 def _backends_initialized() -> bool:
-    from jax._src import xla_bridge
-
     return bool(xla_bridge.backends_are_initialized())
 
 

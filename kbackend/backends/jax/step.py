@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -64,7 +65,7 @@ def initial_state(model: Any, tx: Any) -> TrainState:
 
 def mean_cross_entropy(labels: Any, probs: Any) -> Any:
     """Keras's ``sparse_categorical_crossentropy`` loss, reduced as ``compile`` reduces it."""
-    import keras
+    import keras  # deferred: Keras is imported once the backend is chosen
 
     per_sample = keras.losses.sparse_categorical_crossentropy(labels, probs)
     return jnp.sum(per_sample) / per_sample.shape[0]
@@ -126,7 +127,7 @@ def synced_batch_norm(model: Any, axis_name: str | None) -> Iterator[None]:
     if axis_name is None:
         yield
         return
-    import keras
+    import keras  # deferred: Keras is imported once the backend is chosen
 
     layers = [layer for layer in model._flatten_layers()
               if isinstance(layer, keras.layers.BatchNormalization)]
@@ -147,8 +148,6 @@ def make_step(model: Any, tx: Any, axis_name: str | None = None) -> Callable[...
     batch, and gradients and metrics are averaged over the axis, which for equal shards gives
     the gradient and loss of the global-batch mean.
     """
-    import optax
-
     grad_fn = jax.value_and_grad(make_loss_fn(model), has_aux=True)
 
     def mean_over_devices(value: Any) -> Any:

@@ -63,6 +63,7 @@ def bias_add_misroutes(model: Any, x: Any) -> list[str]:
     (shape ``(1, C, 1, ...)``) on an output whose last spatial size happens to equal C, that adds
     the bias along the wrong axis, silently. Returns one ``"x1 shape + x2 shape"`` per such add.
     """
+    # deferred: Keras is imported once the backend is chosen
     import keras.src.backend.tensorflow.numpy as tf_numpy
 
     found: list[str] = []

@@ -31,7 +31,7 @@ def _on_device(array: np.ndarray) -> tf.Tensor:
 
 def make_train_step(model: Any, optimizer: Any) -> Any:
     """``train_step(x, y) -> loss``: one update of ``model``'s variables, in place."""
-    import keras
+    import keras  # deferred: Keras is imported once the backend is chosen
 
     def train_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
@@ -101,7 +101,7 @@ class NativeTrainer:
 
     # -- evaluation -----------------------------------------------------------------------
     def _evaluate_fn(self, x_chunks, y_chunks, mask_chunks):
-        import keras
+        import keras  # deferred: Keras is imported once the backend is chosen
 
         loss_sum = tf.constant(0.0)
         correct = tf.constant(0.0)

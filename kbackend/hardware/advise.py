@@ -17,7 +17,6 @@ from typing import Any
 
 from kbackend.backend_choice import active_backend
 from kbackend.backends import impl
-from kbackend.engines import engine_names
 from kbackend.hardware import probe
 from kbackend.hardware.knee import DEFAULT_MIN_GAIN, Knee, curve_knee
 from kbackend.models import model_layout
@@ -133,17 +132,10 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
     steps = _steps_for(previous, quick)
 
     # 2.-4. Fused steps, data format and precision at that batch, compared with the base probe.
-    native = "native" in engine_names()
-    fused_name = "fused_steps (native engine)" if native else "steps_per_execution"
     compare: dict[str, probe.FitProbe] = {}
-    native_rows: list[dict[str, Any]] = []
-    if native:  # the native engine is timed through train(); its two runs are not interleaved
-        for fused in (1, 8):
-            native_rows.append({"fused": fused, **probe.engine_throughput(
-                work, batch, "native", steps=max(32, steps), fused_steps=fused)})
-    else:
-        compare["steps_per_execution=8"] = probe.FitProbe(work, batch, steps=max(16, steps),
-                                                          steps_per_execution=8)
+    # The native engine is timed through train(); its two runs are not interleaved.
+    native_rows = [{"fused": fused, **probe.engine_throughput(
+        work, batch, "native", steps=max(32, steps), fused_steps=fused)} for fused in (1, 8)]
     layout_is_image = model_layout(model) == "image"
     if layout_is_image and impl().supports_channels_first_conv():
         first = probe.workload(model, dataset, data_dir=data_dir, samples=8192, data_format="channels_first")
@@ -162,14 +154,11 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
     log(f"  at batch {batch}: base (float32, 1 step per call) {_fmt(base)}; "
         + "; ".join(f"{name} {_fmt(row)}" for name, row in results.items()))
 
-    if native:
-        rows = native_rows
-    else:
-        rows = [{"fused": 1, **base}, {"fused": 8, **results["steps_per_execution=8"]}]
+    rows = native_rows
     advice.measurements["fused"] = rows
     speedup = rows[1]["samples_per_s"] / rows[0]["samples_per_s"]
     fused_value = 8 if speedup >= MIN_SPEEDUP else 1
-    advice.recommend(fused_name.split(" ")[0], fused_value,
+    advice.recommend("fused_steps", fused_value,
                      f"at batch {batch}: 1 -> {_fmt(rows[0])}, 8 -> {_fmt(rows[1])} "
                      f"(x{speedup:.2f}; recommended when >= x{MIN_SPEEDUP:.2f})")
 
@@ -177,7 +166,7 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
     if layout_is_image:
         if "channels_first" not in results:
             advice.recommend("data_format", "channels_last",
-                             "channels_first is unsupported here (TF Conv2D on CPU is NHWC only)")
+                             "channels_first convolutions fail on this build (probed)")
         else:
             rows = [{"data_format": "channels_last", **base},
                     {"data_format": "channels_first", **results["channels_first"]}]
@@ -219,8 +208,7 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
     else:
         advice.recommend("device", platforms[0], f"only {platforms[0]} devices are present")
 
-    fused_flag = (f"--engine native --fused-steps {fused_value}" if native
-                  else f"--steps-per-execution {fused_value}")
+    fused_flag = f"--engine native --fused-steps {fused_value}"
     advice.train_command = (f"kbackend train --model {model} --dataset {dataset} --batch-size {batch} "
                             f"{fused_flag} --precision {precision}"
                             + (f" --data-format {data_format}" if layout_is_image else ""))

@@ -19,7 +19,7 @@ import numpy as np
 from kbackend.backends import impl
 from kbackend.data import Dataset
 from kbackend.data.batching import steps_per_epoch_dropping_last, steps_per_epoch_keeping_last
-from kbackend.engines import engine_names, get_engine
+from kbackend.engines import get_engine
 from kbackend.envinfo import environment_identity
 from kbackend.errors import ConfigError
 from kbackend.history import History
@@ -50,8 +50,8 @@ class RunPlan:
 
 
 def default_engine() -> str:
-    """The native engine when it is registered, else Keras fit."""
-    return "native" if "native" in engine_names() else "keras"
+    """The engine a study runs unless told otherwise: the native one (K fused steps per call)."""
+    return "native"
 
 
 def samples_seen(step: int, num_train: int, batch_size: int, drops_remainder: bool = False) -> int:

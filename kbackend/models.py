@@ -167,6 +167,5 @@ def build_model(name: str, info: DatasetInfo, options: ModelOptions | None = Non
     """Build model ``name`` for a dataset described by ``info``, seeded by ``options.seed``."""
     options = options or ModelOptions()
     model_layout(name)
-    keras = import_keras()
-    keras.utils.set_random_seed(options.seed)
+    impl().set_random_seed(options.seed)
     return MODELS[name][0](info, options)

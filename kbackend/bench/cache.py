@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from kbackend.backend_choice import keras as import_keras
+from kbackend.backends import impl
 from kbackend.bench.spec import Benchmark, Rows, Settings
 from kbackend.cache import PredictionCache, Rounding, open_store
 from kbackend.data import load
@@ -55,7 +56,7 @@ def _timed(methods: dict[str, Callable[[], Any]], repeats: int) -> dict[str, flo
 def _train_model(quick: bool, folder: Path) -> tuple[Any, Any, float]:
     keras = import_keras()
     data = load("digits", layout="flat")
-    keras.utils.set_random_seed(0)
+    impl().set_random_seed(0)
     model = build_model("seed_mlp", data.info, ModelOptions(seed=0))
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy",
                   metrics=["accuracy"])

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from kbackend.backend_choice import keras as import_keras
+from kbackend.backends import impl
 from kbackend.data import batching
 from kbackend.errors import ConfigError
 from kbackend.hardware.inputs import monitored_batches
@@ -129,7 +130,7 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
         callbacks.append(keras.callbacks.EarlyStopping(
             monitor=config.monitor, patience=config.early_stopping, restore_best_weights=True,
             mode="max" if "acc" in config.monitor else "min"))
-    keras.utils.set_random_seed(config.seed)
+    impl().set_random_seed(config.seed)
     # One batch source, monitored or not, in kbackend.data.batching's order: turning the monitor
     # on does not change the batches (Keras's own shuffle would differ, and by backend).
     monitor = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,23 @@ def start() -> None:
     """Apply ``KBACKEND_VIRTUAL_DEVICES`` before the runtime starts, so every run sees the devices."""
     if os.environ.get(VIRTUAL_DEVICES_ENV) and not _backends_initialized():
         jax.config.update("jax_num_cpu_devices", int(os.environ[VIRTUAL_DEVICES_ENV]))
+
+
+def set_random_seed(seed: int) -> None:
+    """Seed Python, NumPy and Keras's global seed, as ``keras.utils.set_random_seed`` does.
+
+    Keras's own function also seeds TensorFlow whenever it is installed, which imports it
+    (seconds of start-up and its C++ logs) in a JAX process that never uses it.
+    """
+    # deferred: Keras is imported once the backend is chosen
+    from keras.src.backend.common import global_state
+    from keras.src.random import seed_generator
+    from keras.src.utils import rng_utils
+
+    global_state.set_global_attribute(rng_utils.GLOBAL_RANDOM_SEED, seed)
+    global_state.set_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR, None)
+    random.seed(seed)
+    np.random.seed(seed)
 
 
 def devices() -> list[dict[str, Any]]:

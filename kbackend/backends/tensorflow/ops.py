@@ -29,6 +29,13 @@ def start() -> None:
             setup_virtual_devices(int(os.environ[VIRTUAL_DEVICES_ENV]))
 
 
+def set_random_seed(seed: int) -> None:
+    """Seed Python, NumPy, TensorFlow and Keras's global seed (``keras.utils.set_random_seed``)."""
+    import keras  # deferred: Keras is imported once the backend is chosen
+
+    keras.utils.set_random_seed(seed)
+
+
 def devices() -> list[dict[str, Any]]:
     """The logical devices computations can run on: kind, platform and id of each."""
     found = []

@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from kbackend.errors import ConfigError, DataError
+from kbackend.data.validation import check_batch_size
+from kbackend.errors import ConfigError
 
 
 def steps_per_epoch_dropping_last(num_samples: int, batch_size: int) -> int:
     """Full batches in one epoch: ``floor(n / batch_size)`` (the remainder is dropped)."""
-    if batch_size < 1 or num_samples < batch_size:
-        raise DataError(
-            f"Batch size {batch_size} needs at least {batch_size} training samples; "
-            f"received {num_samples}."
-        )
+    check_batch_size(batch_size, num_samples)
     return num_samples // batch_size
 
 

@@ -177,6 +177,12 @@ def check_run(config: TrainConfig, n_train: int, engine: Any, devices: int = 1) 
     if devices > 1 or config.num_processes > 1:
         check_batch_split(config.batch_size, devices, config.num_processes)
     if not engine.fuses_steps:
+        per_epoch = engine.steps_per_epoch(n_train, config.batch_size)
+        if config.eval_every and config.eval_every % per_epoch:
+            raise ConfigError(
+                f"Invalid --eval-every {config.eval_every}: the {config.engine} engine validates "
+                f"once per epoch ({per_epoch} steps); use a multiple of {per_epoch} or "
+                "--engine native.")
         if config.fused_steps != 1:
             shown = "auto" if config.fused_steps == 0 else config.fused_steps
             raise ConfigError(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kbackend.backend_choice import active_backend
-from kbackend.config import MONITORS, TrainConfig
+from kbackend.config import MONITORS, Target, TrainConfig
 from kbackend.data import DATASETS
 from kbackend.distributed import engine_name, is_chief
 from kbackend.engines import engine_names
@@ -76,6 +76,15 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--fused-steps", type=_fused_steps, default=1, metavar="K",
                      help="--engine native: train steps per compiled device call (K), or "
                           "'auto' (the fastest of a few, measured on a short probe)")
+    run.add_argument("--max-steps", type=int, default=0, metavar="N",
+                     help="stop after N train steps (0: --epochs decides)")
+    run.add_argument("--eval-every", type=int, default=0, metavar="STEPS",
+                     help="validate every STEPS steps (0: once per epoch; the keras engine "
+                          "validates per epoch only)")
+    run.add_argument("--target", type=float, default=None, metavar="VALUE",
+                     help="stop at the first evaluation that reaches VALUE of --target-metric")
+    run.add_argument("--target-metric", default="val_accuracy", choices=list(MONITORS),
+                     help="the metric --target applies to (accuracy: >=, loss: <=)")
     add_parallel_arguments(parser)
 
 
@@ -97,7 +106,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         steps_per_execution=args.steps_per_execution, early_stopping=args.early_stopping,
         monitor=args.monitor, seed=args.seed, model_options=options,
         validation_fraction=args.validation_fraction, data_dir=args.data_dir,
-        fused_steps=args.fused_steps,
+        fused_steps=args.fused_steps, max_steps=args.max_steps, eval_every=args.eval_every,
+        target=None if args.target is None else Target(args.target_metric, args.target),
         **parallel_config_fields(args),
     )
 
@@ -129,6 +139,13 @@ def run(args: argparse.Namespace) -> int:
         f"test_accuracy {history.test['test_accuracy']:.4f}  test_loss {history.test['test_loss']:.4f}  "
         f"train_time {history.timing.get('train_time', float('nan')):.2f}s  steps {history.steps_run}"
     )
+    if config.target is not None:
+        target = config.target
+        relation = ">=" if target.metric == "val_accuracy" else "<="
+        reached = history.extra.get("target_reached")
+        print(f"target {target.metric} {relation} {target.value:g}: " + (
+            f"reached at step {reached['step']} (train_time {reached['train_time']:.2f}s)"
+            if reached else f"not reached in {history.steps_run} steps"))
     if "monitor" in history.extra:
         print(format_summary(history.extra["monitor"]))
 

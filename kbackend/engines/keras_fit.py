@@ -8,7 +8,6 @@ from typing import Any
 from kbackend.backend_choice import keras as import_keras
 from kbackend.backends import impl
 from kbackend.data import batching
-from kbackend.errors import ConfigError
 from kbackend.hardware.inputs import monitored_batches
 from kbackend.hardware.monitor import StepMonitor, keras_callback
 from kbackend.history import History
@@ -118,11 +117,6 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
         batch_sizes.append(n_train % config.batch_size)
     compile_model(model, spec, config)
     history = History()
-    if config.eval_every and config.eval_every % steps_per_epoch:
-        raise ConfigError(
-            f"The keras engine validates once per epoch ({steps_per_epoch} steps); "
-            f"eval_every={config.eval_every} needs --engine native."
-        )
     callbacks = [_recorder_class()(history, batch_sizes, steps_per_epoch,
                                    config.steps_per_execution, reporter, config.epochs,
                                    config.max_steps, config.target)]

@@ -1,0 +1,62 @@
+"""``kbackend train``'s run flags: --target / --target-metric, --max-steps, --eval-every (in-process)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kbackend import cli
+
+
+def train_json(tmp_path, capsys, *flags: str) -> tuple[dict, str]:
+    history = tmp_path / "h.json"
+    code = cli.main(["train", "--dataset", "digits", "--quiet", "--history", str(history), *flags])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    return json.loads(history.read_text()), out
+
+
+def test_target_stops_at_the_first_evaluation_past_it(tmp_path, capsys):
+    history, out = train_json(tmp_path, capsys, "--engine", "native", "--batch-size", "32",
+                              "--epochs", "20", "--eval-every", "10", "--target", "0.9")
+    evals = history["evals"]
+    reached = [e for e in evals if e["val_accuracy"] >= 0.9]
+    assert reached and evals[-1]["step"] == reached[0]["step"]
+    assert all(e["val_accuracy"] < 0.9 for e in evals[:-1])
+    assert history["extra"]["target_reached"]["step"] == evals[-1]["step"]
+    assert evals[-1]["step"] < 20 * (1294 // 32)  # stopped long before the epochs ran out
+    assert f"reached at step {evals[-1]['step']}" in out
+
+
+def test_target_on_val_loss_and_not_reached(tmp_path, capsys):
+    history, out = train_json(tmp_path, capsys, "--engine", "native", "--epochs", "1",
+                              "--target", "1e-6", "--target-metric", "val_loss")
+    assert "target_reached" not in history["extra"]
+    assert "target val_loss <= 1e-06: not reached" in out
+
+
+@pytest.mark.parametrize("engine", ["keras", "native"])
+def test_max_steps_stops_there(tmp_path, capsys, engine):
+    history, _ = train_json(tmp_path, capsys, "--engine", engine, "--epochs", "3",
+                            "--max-steps", "7")
+    assert history["step"][-1] == 7
+
+
+def test_eval_every_sets_the_evaluation_points(tmp_path, capsys):
+    history, _ = train_json(tmp_path, capsys, "--engine", "native", "--epochs", "1",
+                            "--batch-size", "64", "--eval-every", "5")
+    assert [e["step"] for e in history["evals"]] == [5, 10, 15, 20]  # 1294 // 64 = 20 steps
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--target", "1.5"], "Invalid target val_accuracy=1.5"),
+    (["--target", "0", "--target-metric", "val_loss"], "Invalid target val_loss=0.0"),
+    (["--max-steps", "-1"], "Invalid max_steps -1"),
+    (["--eval-every", "-3"], "Invalid eval_every -3"),
+    (["--engine", "keras", "--eval-every", "7"], "Invalid --eval-every 7"),
+])
+def test_bad_run_flags_are_one_line_errors(flags, message, capsys):
+    code = cli.main(["train", "--quiet", *flags])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and message in err, err

@@ -33,10 +33,9 @@ def set_random_seed(seed: int) -> None:
     Keras's own function also seeds TensorFlow whenever it is installed, which imports it
     (seconds of start-up and its C++ logs) in a JAX process that never uses it.
     """
-    # deferred: Keras is imported once the backend is chosen
-    from keras.src.backend.common import global_state
-    from keras.src.random import seed_generator
-    from keras.src.utils import rng_utils
+    from keras.src.backend.common import global_state  # deferred: Keras after the backend choice
+    from keras.src.random import seed_generator  # deferred: as above
+    from keras.src.utils import rng_utils  # deferred: as above
 
     global_state.set_global_attribute(rng_utils.GLOBAL_RANDOM_SEED, seed)
     global_state.set_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR, None)

@@ -5,6 +5,18 @@ A run is written in one transaction when it finishes (its result and its whole t
 a killed study loses at most the run in flight, and a re-run skips every run already stored.
 Writes that read first (``put``: insert unless present) use ``BEGIN IMMEDIATE``: in WAL mode a
 deferred read-then-write transaction fails at once with "database is locked" under concurrency.
+
+Why opening is careful:
+- A file is inspected read-only before anything is written, and only a kbackend study store
+  (its SQLite application id), a new or empty file, or a store of an earlier kbackend is opened
+  for writing. Anything else is refused with one line and left byte-identical: no tables added,
+  no journal-mode switch, no ``-wal``/``-shm`` files beside it. The inspection opens the file
+  ``immutable`` (no locks, no side files); only when a ``-wal`` file already lies beside it is the
+  ordinary read-only mode needed to see the committed rows inside that journal.
+- A store of an earlier kbackend (no application id, the same tables) is stamped with the id
+  and schema version in one transaction, after re-checking its tables under the write lock.
+- Every commit is followed by a WAL checkpoint, so ``study.db`` alone holds every committed run
+  (a copy of that one file, or a kill, loses nothing that was committed).
 """
 
 from __future__ import annotations
@@ -14,16 +26,34 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from kbackend.cache.sqlite_store import APPLICATION_ID as CACHE_APPLICATION_ID
+from kbackend.errors import KBackendError
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+APPLICATION_ID = 0x6B62_7374  # "kbst": marks a file as a kbackend study store
 SCHEMA_VERSION = 1
+_HEADER_SIZE = 100
+_BUSY_TIMEOUT_S = 60.0
+_LOCK_WORDS = ("locked", "busy")
+
+# The tables and columns of every store so far (an earlier kbackend wrote the same ones, without
+# the application id); the migration check compares a file against exactly these.
+_COLUMNS = {
+    "meta": ("name", "value"),
+    "results": ("key", "kind", "study", "backend", "config", "result", "trajectory", "finished_at"),
+    "summaries": ("study", "backend", "device", "payload", "written_at"),
+}
+
+T = TypeVar("T")
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS results (
+CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE results (
     key TEXT PRIMARY KEY,
     kind TEXT NOT NULL,
     study TEXT NOT NULL,
@@ -33,8 +63,8 @@ CREATE TABLE IF NOT EXISTS results (
     trajectory TEXT,
     finished_at REAL NOT NULL
 );
-CREATE INDEX IF NOT EXISTS results_by_study ON results (study, backend, kind);
-CREATE TABLE IF NOT EXISTS summaries (
+CREATE INDEX results_by_study ON results (study, backend, kind);
+CREATE TABLE summaries (
     study TEXT NOT NULL,
     backend TEXT NOT NULL,
     device TEXT NOT NULL,
@@ -45,29 +75,179 @@ CREATE TABLE IF NOT EXISTS summaries (
 """
 
 
+class StudyStoreError(KBackendError):
+    """The study store cannot be used: not a kbackend study store, corrupt, or unreadable."""
+
+
 def config_key(config: dict[str, Any]) -> str:
     """A stable hash of a JSON-ready configuration (key order does not matter)."""
     text = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def _refuse(path: Path, what: str) -> StudyStoreError:
+    return StudyStoreError(
+        f"Study store {str(path)!r} {what}; it was left unchanged. Expected a kbackend study "
+        "store (or no file): pass another --out folder or move the file away."
+    )
+
+
+def inspect_store(path: str | os.PathLike) -> str:
+    """What ``path`` holds, read without writing: ``"new"`` (missing or empty: ours to create),
+    ``"current"`` (a study store of this kbackend) or ``"legacy"`` (one of an earlier kbackend,
+    to migrate). Raises ``StudyStoreError`` for anything else."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        return "new"
+    if not path.is_file():
+        raise _refuse(path, "is not a file (a directory, device or broken link)")
+    wal = Path(f"{path}-wal")
+    has_wal = wal.is_file() and wal.stat().st_size > 0
+    size = path.stat().st_size
+    if size == 0 and not has_wal:
+        return "new"
+    try:
+        with open(path, "rb") as handle:
+            header = handle.read(_HEADER_SIZE)
+    except OSError as error:
+        raise _refuse(path, f"cannot be read ({error.strerror})") from None
+    if size and not header.startswith(SQLITE_HEADER):
+        raise _refuse(path, f"is not an SQLite database (its first bytes are {header[:8]!r})")
+    if size and len(header) < _HEADER_SIZE:
+        raise _refuse(path, f"is truncated ({size} bytes, shorter than an SQLite header)")
+    if size and not has_wal:
+        _check_length(path, header, size)
+    # immutable: no locks and no -wal/-shm files are made. It would ignore a -wal file's
+    # committed rows, so with one present the ordinary read-only mode reads them too.
+    uri = path.resolve().as_uri() + ("?mode=ro" if has_wal else "?mode=ro&immutable=1")
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=_BUSY_TIMEOUT_S, isolation_level=None)
+    except sqlite3.Error as error:
+        raise _refuse(path, f"cannot be opened ({error})") from None
+    try:
+        conn.execute("BEGIN")  # one snapshot for every read below
+        verdict = _classify(conn, path)
+        problems = [row[0] for row in conn.execute("PRAGMA quick_check")]
+        conn.execute("COMMIT")
+    except sqlite3.DatabaseError as error:
+        raise _refuse(path, f"is not a usable SQLite database ({error})") from None
+    finally:
+        conn.close()
+    if problems != ["ok"]:
+        raise _refuse(path, f"is corrupt (SQLite's quick_check: {'; '.join(problems[:3])})")
+    return verdict
+
+
+def _check_length(path: Path, header: bytes, size: int) -> None:
+    """Refuse a file shorter than the page count its own header records (a truncated copy)."""
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    # The header's page count is valid only while its change counter matches (SQLite's rule).
+    if pages and header[24:28] == header[92:96] and size < pages * page_size:
+        raise _refuse(path, f"is truncated ({size} bytes; its header records {pages} pages of "
+                            f"{page_size} bytes)")
+
+
+def _classify(conn: sqlite3.Connection, path: Path) -> str:
+    """``"new"``, ``"current"`` or ``"legacy"`` for the database ``conn`` reads; raises for
+    anything that is not a kbackend study store."""
+    app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    names = [row[0] for row in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
+        "ORDER BY name")]
+    if app_id == APPLICATION_ID:
+        if version != SCHEMA_VERSION:
+            newer = " (written by a newer kbackend: upgrade kbackend)" if version > SCHEMA_VERSION else ""
+            raise _refuse(path, f"has schema version {version}, this kbackend reads version "
+                                f"{SCHEMA_VERSION}{newer}")
+        missing = sorted(set(_COLUMNS) - set(names))
+        if missing:
+            raise _refuse(path, f"is a kbackend study store missing tables {missing}")
+        return "current"
+    if app_id == CACHE_APPLICATION_ID:
+        raise _refuse(path, "is a kbackend prediction cache, not a study store")
+    if app_id:
+        raise _refuse(path, f"is an SQLite database of another application (application_id "
+                            f"{app_id:#x}, tables {names})")
+    if not names and not version:
+        return "new"  # an empty SQLite file: nothing in it to protect
+    if version or not set(names) & set(_COLUMNS):
+        raise _refuse(path, f"is an SQLite database of another application (user_version "
+                            f"{version}, tables {names})")
+    reason = _legacy_mismatch(conn, names)
+    if reason:
+        raise _refuse(path, f"looks like a study store of an earlier kbackend but cannot be "
+                            f"migrated: {reason}")
+    return "legacy"
+
+
+def _legacy_mismatch(conn: sqlite3.Connection, names: list[str]) -> str:
+    """Why the tables in ``conn`` are not exactly an earlier kbackend's store ('' if they are)."""
+    if set(names) != set(_COLUMNS):
+        return f"it has tables {names}, expected exactly {sorted(_COLUMNS)}"
+    for table, expected in _COLUMNS.items():
+        columns = tuple(row[1] for row in conn.execute(f"PRAGMA table_info({table})"))
+        if columns != expected:
+            return f"table {table!r} has columns {list(columns)}, expected {list(expected)}"
+    row = conn.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()
+    if row is None or row[0] != str(SCHEMA_VERSION):
+        found = "none" if row is None else repr(row[0])
+        return f"its meta schema_version is {found}, expected '{SCHEMA_VERSION}'"
+    return ""
+
+
 class ResultStore:
-    """Finished runs and noise-scale measurements of studies, in one SQLite file."""
+    """Finished runs and noise-scale measurements of studies, in one SQLite file.
+
+    Opening refuses (``StudyStoreError``, file unchanged) anything but a kbackend study store, a
+    new or empty file, or a store of an earlier kbackend (migrated in one transaction).
+    """
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
-        self._connection = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
-        self._connection.execute("PRAGMA journal_mode=WAL")
-        self._connection.execute("PRAGMA synchronous=FULL")  # a commit survives power loss
-        self._connection.execute("PRAGMA busy_timeout=60000")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise StudyStoreError(
+                f"Cannot create the folder of study store {str(self.path)!r}: {error.strerror}. "
+                "Expected a writable folder path: pass another --out folder.") from None
+        inspect_store(self.path)  # before the first write: a refused file is never touched
+        try:
+            # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
+            self._connection = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S,
+                                               isolation_level=None)
+        except sqlite3.Error as error:
+            raise StudyStoreError(f"Cannot open study store {str(self.path)!r}: {error}.") from None
+        try:
+            self._connection.execute(f"PRAGMA busy_timeout={int(_BUSY_TIMEOUT_S * 1000)}")
+            self._initialize()
+            # The busy handler does not cover a journal-mode switch: retry while it is locked.
+            self._retry(lambda: self._connection.execute("PRAGMA journal_mode=WAL").fetchone())
+            self._connection.execute("PRAGMA synchronous=FULL")  # a commit survives power loss
+        except sqlite3.Error as error:
+            self._connection.close()
+            raise StudyStoreError(f"Cannot open study store {str(self.path)!r}: {error}.") from None
+        except BaseException:
+            self._connection.close()
+            raise
+
+    def _initialize(self) -> None:
+        """Create a new store or migrate an earlier one, all in one transaction."""
         with self._write() as cursor:
-            for statement in _SCHEMA.strip().split(";"):
-                if statement.strip():
-                    cursor.execute(statement)
-            cursor.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
-                           (str(SCHEMA_VERSION),))
+            # Checked again under the write lock: another process may have changed the file
+            # since the read-only inspection.
+            verdict = _classify(self._connection, self.path)
+            if verdict == "new":
+                for statement in _SCHEMA.strip().split(";"):
+                    if statement.strip():
+                        cursor.execute(statement)
+                cursor.execute("INSERT INTO meta VALUES ('schema_version', ?)",
+                               (str(SCHEMA_VERSION),))
+            if verdict in ("new", "legacy"):
+                cursor.execute(f"PRAGMA application_id={APPLICATION_ID}")
+                cursor.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def close(self) -> None:
         self._connection.close()
@@ -78,28 +258,56 @@ class ResultStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _retry(self, action: Callable[[], T]) -> T:
+        deadline = time.monotonic() + _BUSY_TIMEOUT_S
+        delay = 0.001
+        while True:
+            try:
+                return action()
+            except sqlite3.OperationalError as error:
+                locked = any(word in str(error).lower() for word in _LOCK_WORDS)
+                if not locked or time.monotonic() > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 0.1)
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """SQLite's errors as one-line kbackend errors naming the store."""
+        try:
+            yield
+        except sqlite3.Error as error:
+            raise StudyStoreError(f"Study store {str(self.path)!r} failed: {error}.") from None
+
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Cursor]:
+        """One ``BEGIN IMMEDIATE`` transaction, then a checkpoint: the write lock is taken before
+        anything is read, and once committed the rows are in ``study.db`` itself."""
         cursor = self._connection.cursor()
         cursor.execute("BEGIN IMMEDIATE")
         try:
             yield cursor
         except BaseException:
-            cursor.execute("ROLLBACK")
+            if self._connection.in_transaction:  # SQLite may already have rolled back
+                cursor.execute("ROLLBACK")
             raise
         cursor.execute("COMMIT")
+        # FULL waits (busy handler) for other writers and for readers of older snapshots, so
+        # every committed frame is copied into the main file, not only those no reader needs.
+        cursor.execute("PRAGMA wal_checkpoint(FULL)").fetchone()
 
     def get(self, key: str) -> dict[str, Any] | None:
         """The stored record for ``key`` (config, result, trajectory), or None."""
-        row = self._connection.execute(
-            "SELECT key, kind, study, backend, config, result, trajectory, finished_at "
-            "FROM results WHERE key = ?", (key,)).fetchone()
+        with self._errors():
+            row = self._connection.execute(
+                "SELECT key, kind, study, backend, config, result, trajectory, finished_at "
+                "FROM results WHERE key = ?", (key,)).fetchone()
         return None if row is None else _record(row)
 
     def put(self, key: str, kind: str, study: str, backend: str, config: dict[str, Any],
             result: dict[str, Any], trajectory: dict[str, Any] | None = None) -> bool:
         """Store a finished run unless ``key`` is already stored; True if this call stored it."""
-        with self._write() as cursor:
+        with self._errors(), self._write() as cursor:
             if cursor.execute("SELECT 1 FROM results WHERE key = ?", (key,)).fetchone():
                 return False
             cursor.execute(
@@ -118,22 +326,24 @@ class ResultStore:
                 clauses.append(f"{column} = ?")
                 values.append(value)
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
-        rows = self._connection.execute(
-            "SELECT key, kind, study, backend, config, result, trajectory, finished_at "
-            f"FROM results{where} ORDER BY finished_at", values).fetchall()
+        with self._errors():
+            rows = self._connection.execute(
+                "SELECT key, kind, study, backend, config, result, trajectory, finished_at "
+                f"FROM results{where} ORDER BY finished_at", values).fetchall()
         return [_record(row) for row in rows]
 
     def put_summary(self, study: str, backend: str, device: str, payload: dict[str, Any]) -> None:
         """Store (replace) the analysed summary of a study on one backend and device."""
-        with self._write() as cursor:
+        with self._errors(), self._write() as cursor:
             cursor.execute("INSERT OR REPLACE INTO summaries VALUES (?, ?, ?, ?, ?)",
                            (study, backend, device, _dumps(payload), time.time()))
 
     def summaries(self, study: str | None = None) -> list[dict[str, Any]]:
         """Stored summaries (payload dicts), optionally of one study, oldest first."""
         where, values = ("WHERE study = ?", [study]) if study else ("", [])
-        rows = self._connection.execute(
-            f"SELECT payload FROM summaries {where} ORDER BY written_at", values).fetchall()
+        with self._errors():
+            rows = self._connection.execute(
+                f"SELECT payload FROM summaries {where} ORDER BY written_at", values).fetchall()
         return [json.loads(row[0]) for row in rows]
 
 

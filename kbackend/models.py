@@ -8,6 +8,8 @@ kept in float32 so mixed-precision policies stay numerically safe).
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +20,11 @@ from kbackend.data import DatasetInfo
 from kbackend.errors import ConfigError
 
 SEED_MLP_WIDTHS = (786, 256, 160)
+
+
+def _is_real(value: Any) -> bool:
+    """Whether ``value`` is a real number (not a bool, a string or NaN)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and not math.isnan(value)
 
 
 @dataclass(frozen=True)
@@ -34,10 +41,15 @@ class ModelOptions:
     units: int = 64
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"Invalid dropout {self.dropout!r}: expected a rate in [0, 1).")
-        if self.l2 < 0:
-            raise ConfigError(f"Invalid l2 {self.l2!r}: expected a factor >= 0.")
+        # NaN passes every comparison test, so each number is checked to be a finite real first.
+        if not (_is_real(self.dropout) and 0.0 <= self.dropout < 1.0):
+            raise ConfigError(
+                f"Invalid dropout: expected a rate in [0, 1). Received: {self.dropout!r}."
+            )
+        if not (_is_real(self.l2) and math.isfinite(self.l2) and self.l2 >= 0):
+            raise ConfigError(
+                f"Invalid l2: expected a finite factor >= 0. Received: {self.l2!r}."
+            )
         if self.data_format not in ("channels_last", "channels_first"):
             raise ConfigError(
                 "Invalid data_format. Expected one of ['channels_last', 'channels_first']. "

@@ -29,6 +29,7 @@ namespace (``keras.ops`` or ``jax.numpy``), so they compute the same values on e
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, replace
 from typing import Any, NamedTuple
 
@@ -37,6 +38,18 @@ from kbackend.errors import ConfigError
 
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
 SCHEDULES = ("constant", "cosine", "exponential")
+
+
+# field -> what it must be (each also finite: NaN passes every comparison, Inf diverges)
+_REAL_FIELDS = {
+    "learning_rate": "a finite number > 0",
+    "decay_rate": "a finite number in (0, 1]",
+    "momentum": "a finite number in [0, 1)",
+    "beta1": "a finite number in [0, 1)",
+    "beta2": "a finite number in [0, 1)",
+    "epsilon": "a finite number > 0",
+    "weight_decay": "a finite number >= 0",
+}
 
 
 @dataclass(frozen=True)
@@ -70,19 +83,30 @@ class OptimizerSpec:
             raise ConfigError(
                 f"Unknown schedule. Expected one of {list(SCHEDULES)}. Received: {self.schedule!r}."
             )
-        if not (isinstance(self.learning_rate, int | float) and math.isfinite(self.learning_rate)
-                and self.learning_rate > 0):
+        for field, expected in _REAL_FIELDS.items():
+            value = getattr(self, field)
+            if not (isinstance(value, numbers.Real) and not isinstance(value, bool)
+                    and math.isfinite(value)):
+                raise ConfigError(f"Invalid {field}: expected {expected}. Received: {value!r}.")
+        for field in ("decay_steps", "warmup_steps"):
+            value = getattr(self, field)
+            if value is not None and not (isinstance(value, numbers.Integral)
+                                          and not isinstance(value, bool)):
+                raise ConfigError(f"Invalid {field}: expected an integer. Received: {value!r}.")
+        if self.learning_rate <= 0:
             raise ConfigError(
-                f"Invalid learning rate {self.learning_rate!r}: expected a finite number > 0."
+                f"Invalid learning_rate: expected a finite number > 0. Received: {self.learning_rate!r}."
             )
         if self.decay_steps is not None and self.decay_steps < 1:
-            raise ConfigError(f"Invalid decay_steps {self.decay_steps!r}: expected >= 1.")
+            raise ConfigError(f"Invalid decay_steps: expected >= 1. Received: {self.decay_steps!r}.")
         if self.warmup_steps < 0:
-            raise ConfigError(f"Invalid warmup_steps {self.warmup_steps!r}: expected >= 0.")
+            raise ConfigError(f"Invalid warmup_steps: expected >= 0. Received: {self.warmup_steps!r}.")
         if not 0 <= self.momentum < 1:
-            raise ConfigError(f"Invalid momentum {self.momentum!r}: expected a value in [0, 1).")
+            raise ConfigError(f"Invalid momentum: expected a value in [0, 1). Received: {self.momentum!r}.")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
-            raise ConfigError(f"Invalid betas ({self.beta1}, {self.beta2}): expected values in [0, 1).")
+            raise ConfigError(
+                f"Invalid betas: expected values in [0, 1). Received: ({self.beta1}, {self.beta2})."
+            )
         if self.epsilon <= 0 or self.weight_decay < 0 or not 0 < self.decay_rate <= 1:
             raise ConfigError(
                 "Invalid epsilon, weight_decay or decay_rate: expected epsilon > 0, "

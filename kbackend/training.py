@@ -66,6 +66,8 @@ def train(
         check_output_path(save, "--save", suffix=".keras")
     if history_path is not None:
         check_output_path(history_path, "--history")
+    if dataset is not None:  # one built in Python skipped load()'s checks
+        data_module.validate_dataset(dataset)
     engine = get_engine(distributed.engine_name(config))
     distributed.prepare(config)  # virtual devices, multi-process start-up, device checks
     dataset = dataset if dataset is not None else load_dataset(config)

@@ -15,7 +15,7 @@ import numpy as np
 
 from kbackend.data import sources
 from kbackend.data.sources import RawData
-from kbackend.data.validation import check_batch_size, validate_split
+from kbackend.data.validation import check_batch_size, validate_dataset, validate_split
 from kbackend.errors import DataError
 
 LAYOUTS = ("flat", "image", "sequence")
@@ -31,7 +31,7 @@ DATASETS: dict[str, tuple[Callable[..., RawData], bool]] = {
 }
 
 __all__ = ["DATASETS", "Dataset", "DatasetInfo", "check_batch_size", "from_arrays", "load",
-           "validate_split"]
+           "validate_dataset", "validate_split"]
 
 
 @dataclass(frozen=True)

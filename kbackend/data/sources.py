@@ -5,7 +5,11 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import math
 import os
+import textwrap
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +23,19 @@ DATA_DIR_ENV = "KBACKEND_DATA_DIR"
 CACHE_DIR_ENV = "KBACKEND_CACHE_DIR"
 OFFLINE_ENV = "KBACKEND_OFFLINE"
 EMBEDDED = ("digits", "mnist1d", "synthetic")
+IDX_UNSIGNED_BYTE = 0x08
+NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+MNIST_FILE = "mnist.npz"
+FASHION_FILES = (
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+)
+FASHION_FOLDER = "fashion-mnist"
+DATA_DOC = "docs/data.md"
+# What reading a damaged file raises: numpy, zipfile, gzip and zlib each have their own errors.
+_READ_ERRORS = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error)
 
 
 @dataclass
@@ -88,8 +105,8 @@ def load_mnist1d() -> RawData:
         try:
             with np.load(path) as cached:
                 arrays = {k: cached[k] for k in ("x", "y", "x_test", "y_test")}
-        except (OSError, ValueError, KeyError):
-            arrays = None
+        except _READ_ERRORS:
+            arrays = None  # a damaged cache file is regenerated, not fatal
     else:
         arrays = None
     if arrays is None:
@@ -144,44 +161,150 @@ def load_synthetic(
                    f"synthetic (seed {seed})")
 
 
-def _read_idx(path: Path) -> np.ndarray:
-    """Read a gzip-compressed IDX file (the MNIST / Fashion-MNIST format)."""
-    with gzip.open(path, "rb") as handle:
-        data = handle.read()
-    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
-        raise DataError(f"Invalid IDX file {path}: expected unsigned-byte IDX data.")
-    ndim = data[3]
-    dims = np.frombuffer(data, dtype=">u4", count=ndim, offset=4).astype(int)
-    array = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
-    if array.size != int(np.prod(dims)):
-        raise DataError(f"Truncated IDX file {path}: expected {np.prod(dims)} values, got {array.size}.")
-    return array.reshape(tuple(dims))
+def _reason(error: BaseException) -> str:
+    """``error`` as a short phrase, never cut mid-word."""
+    first_line = (str(error).splitlines() or [""])[0]
+    text = textwrap.shorten(first_line, width=160, placeholder=" ...")
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-_FASHION_FILES = (
-    "train-images-idx3-ubyte.gz",
-    "train-labels-idx1-ubyte.gz",
-    "t10k-images-idx3-ubyte.gz",
-    "t10k-labels-idx1-ubyte.gz",
-)
+def _read_idx(path: Path, ndim: int) -> np.ndarray:
+    """Read a gzip-compressed IDX file of unsigned bytes with ``ndim`` dimensions (MNIST's format)."""
+    expected = f"a gzip-compressed IDX file of unsigned bytes with {ndim} dimension(s)"
+    try:
+        with gzip.open(path, "rb") as handle:
+            data = handle.read()
+    except _READ_ERRORS as error:
+        raise DataError(
+            f"Unreadable data file {path}: expected {expected}. Received: {_reason(error)}."
+        ) from None
+    if len(data) < 4 or data[0] != 0 or data[1] != 0:
+        raise DataError(
+            f"Invalid IDX file {path}: expected {expected}, whose first bytes are 00 00 08 "
+            f"{ndim:02x}. Received: {data[:4].hex(' ') or 'no data'}."
+        )
+    if data[2] != IDX_UNSIGNED_BYTE or data[3] != ndim:
+        raise DataError(
+            f"Invalid IDX file {path}: expected {expected} (type byte 08, {ndim} dimension(s)). "
+            f"Received: type byte {data[2]:02x}, {data[3]} dimension(s)."
+        )
+    header = 4 + 4 * ndim
+    if len(data) < header:
+        raise DataError(
+            f"Truncated IDX file {path}: expected a {header}-byte header. Received: {len(data)} bytes."
+        )
+    dims = tuple(int(d) for d in np.frombuffer(data, dtype=">u4", count=ndim, offset=4))
+    values = len(data) - header
+    if values != math.prod(dims):
+        raise DataError(
+            f"Invalid IDX file {path}: its header says shape {dims}, so expected "
+            f"{math.prod(dims)} values. Received: {values}."
+        )
+    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims)
+
+
+def check_raw(raw: RawData, where: str, num_classes: int = 10) -> RawData:
+    """Raise ``DataError`` naming ``where`` unless ``raw`` holds 28x28-style images and labels.
+
+    Checked here, before any reshaping or scaling, so that a bad file is reported by name (and an
+    empty split never reaches a reshape): inputs (N, H, W, 1) of unsigned bytes, the scale 255
+    assumes; labels a 1-D integer array with one label per input, in [0, num_classes).
+    """
+    for split, x, y in (("train", raw.x_train, raw.y_train), ("test", raw.x_test, raw.y_test)):
+        if x.ndim != 4 or x.shape[-1] != 1:
+            raise DataError(
+                f"Invalid x_{split} in {where}: expected images of shape (N, height, width). "
+                f"Received: shape {x.shape[:-1]}."
+            )
+        if x.dtype != np.uint8:
+            raise DataError(
+                f"Invalid x_{split} in {where}: expected uint8 pixels (0-255). Received: dtype {x.dtype}."
+            )
+        if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+            raise DataError(
+                f"Invalid y_{split} in {where}: expected a 1-D array of integer class labels. "
+                f"Received: shape {y.shape}, dtype {y.dtype}."
+            )
+        if len(x) == 0:
+            raise DataError(
+                f"Empty {split} split in {where}: expected at least 1 sample. Received: 0."
+            )
+        if len(x) != len(y):
+            raise DataError(
+                f"Mismatched {split} split in {where}: expected one label per image. "
+                f"Received: {len(x)} images and {len(y)} labels."
+            )
+        low, high = int(y.min()), int(y.max())
+        if low < 0 or high >= num_classes:
+            raise DataError(
+                f"Invalid y_{split} in {where}: expected labels in [0, {num_classes}). "
+                f"Received: labels in [{low}, {high}]."
+            )
+    if raw.x_train.shape[1:] != raw.x_test.shape[1:]:
+        raise DataError(
+            f"Mismatched image sizes in {where}: expected train and test images of one size. "
+            f"Received: {raw.x_train.shape[1:3]} and {raw.x_test.shape[1:3]}."
+        )
+    return raw
 
 
 def _mnist_from(root: Path) -> RawData | None:
-    path = root / "mnist.npz"
+    path = root / MNIST_FILE
     if not path.is_file():
         return None
-    with np.load(path) as npz:
-        arrays = [npz[k] for k in ("x_train", "y_train", "x_test", "y_test")]
-    return RawData(arrays[0][..., None], arrays[1].astype(np.int32), arrays[2][..., None],
-                   arrays[3].astype(np.int32), "image", 10, str(path), 255.0)
+    expected = f"a NumPy .npz archive with arrays {', '.join(NPZ_KEYS)}"
+    # np.load would read a non-zip file as a pickle and say "pickled data"; a zero-byte one, EOFError.
+    try:
+        is_zip = zipfile.is_zipfile(path)
+    except OSError as error:
+        raise DataError(f"Unreadable data file {path}: {_reason(error)}.") from None
+    if not is_zip:
+        raise DataError(
+            f"Invalid data file {path}: expected {expected}. Received: {path.stat().st_size} bytes "
+            "that are not a zip archive (truncated or not an .npz)."
+        )
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            missing = [key for key in NPZ_KEYS if key not in npz.files]
+            if missing:
+                raise DataError(
+                    f"Invalid data file {path}: expected {expected}. Received: arrays "
+                    f"{sorted(npz.files)} (missing {', '.join(missing)})."
+                )
+            arrays = {key: npz[key] for key in NPZ_KEYS}
+    except _READ_ERRORS as error:
+        if isinstance(error, DataError):
+            raise
+        raise DataError(
+            f"Unreadable data file {path}: expected {expected}. Received: {_reason(error)}."
+        ) from None
+    for key in ("x_train", "x_test"):
+        if arrays[key].ndim != 3:
+            raise DataError(
+                f"Invalid {key} in {path}: expected images of shape (N, height, width). "
+                f"Received: shape {arrays[key].shape}."
+            )
+    return check_raw(RawData(arrays["x_train"][..., None], arrays["y_train"],
+                             arrays["x_test"][..., None], arrays["y_test"], "image", 10, str(path),
+                             255.0), str(path))
 
 
 def _fashion_from(root: Path) -> RawData | None:
-    for folder in (root / "fashion-mnist", root):
-        if all((folder / name).is_file() for name in _FASHION_FILES):
-            x_train, y_train, x_test, y_test = (_read_idx(folder / n) for n in _FASHION_FILES)
-            return RawData(x_train[..., None], y_train.astype(np.int32), x_test[..., None],
-                           y_test.astype(np.int32), "image", 10, str(folder), 255.0)
+    for folder in (root / FASHION_FOLDER, root):
+        present = [name for name in FASHION_FILES if (folder / name).is_file()]
+        if present and len(present) < len(FASHION_FILES):
+            missing = [name for name in FASHION_FILES if name not in present]
+            raise DataError(
+                f"Incomplete Fashion-MNIST in {folder}: expected all of {', '.join(FASHION_FILES)}. "
+                f"Received: {', '.join(present)} (missing {', '.join(missing)})."
+            )
+        if present:
+            x_train, y_train, x_test, y_test = (
+                _read_idx(folder / name, 3 if "images" in name else 1) for name in FASHION_FILES
+            )
+            where = f"{folder} ({', '.join(FASHION_FILES)})"
+            return check_raw(RawData(x_train[..., None], y_train, x_test[..., None], y_test,
+                                     "image", 10, str(folder), 255.0), where)
     return None
 
 
@@ -190,11 +313,19 @@ def _download(name: str) -> RawData:
 
     module = {"mnist": keras.datasets.mnist, "fashion_mnist": keras.datasets.fashion_mnist}[name]
     (x_train, y_train), (x_test, y_test) = module.load_data()
-    return RawData(x_train[..., None], y_train.astype(np.int32), x_test[..., None],
-                   y_test.astype(np.int32), "image", 10, f"keras.datasets.{name} download", 255.0)
+    return RawData(np.asarray(x_train)[..., None], np.asarray(y_train), np.asarray(x_test)[..., None],
+                   np.asarray(y_test), "image", 10, f"keras.datasets.{name} download", 255.0)
 
 
-def _load_files(name: str, reader, data_dir: str | os.PathLike | None) -> RawData:
+# name -> (reader of one folder, the files it expects there)
+_FILES = {
+    "mnist": (_mnist_from, MNIST_FILE),
+    "fashion_mnist": (_fashion_from, f"{', '.join(FASHION_FILES)} (in {FASHION_FOLDER}/ or the folder itself)"),
+}
+
+
+def _load_files(name: str, data_dir: str | os.PathLike | None) -> RawData:
+    reader, files = _FILES[name]
     places = search_dirs(data_dir)
     for _, folder in places:
         raw = reader(folder)
@@ -202,24 +333,26 @@ def _load_files(name: str, reader, data_dir: str | os.PathLike | None) -> RawDat
             return raw
     tried = "; ".join(f"{label}: {folder}" for label, folder in places)
     if os.environ.get(OFFLINE_ENV, "") not in ("", "0"):
-        reason = f"download disabled by {OFFLINE_ENV}"
+        reason = f"the Keras download is disabled by {OFFLINE_ENV}"
     else:
         try:
-            return _download(name)
+            raw = _download(name)
         except Exception as error:  # any failure of the download is reported, not raised raw
-            reason = f"download failed ({type(error).__name__}: {str(error).splitlines()[0][:120]})"
+            reason = f"the Keras download failed ({_reason(error)})"
+        else:
+            return check_raw(raw, raw.source)
     raise DataError(
-        f"Dataset {name!r} not found. Looked in {tried}; {reason}. Put its files in one of these "
-        f"folders (see ../shared/data/README.md), or use an embedded dataset: "
-        f"{', '.join(EMBEDDED)}."
+        f"Dataset {name!r} not found: expected {files} in a folder given by --data-dir or "
+        f"{DATA_DIR_ENV}, or in the Keras cache. Looked in {tried}; {reason}. See {DATA_DOC} "
+        f"(where the files come from), or use a dataset that needs no files: {', '.join(EMBEDDED)}."
     )
 
 
 def load_mnist(data_dir: str | os.PathLike | None = None) -> RawData:
     """MNIST from ``mnist.npz`` in the search folders, else a Keras download."""
-    return _load_files("mnist", _mnist_from, data_dir)
+    return _load_files("mnist", data_dir)
 
 
 def load_fashion_mnist(data_dir: str | os.PathLike | None = None) -> RawData:
     """Fashion-MNIST from the four IDX files in the search folders, else a Keras download."""
-    return _load_files("fashion_mnist", _fashion_from, data_dir)
+    return _load_files("fashion_mnist", data_dir)

@@ -3,6 +3,8 @@ and an empty split gives a bare ``StopIteration``, so bad data is caught here, b
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from kbackend.errors import DataError
@@ -52,6 +54,31 @@ def validate_split(x: np.ndarray, y: np.ndarray, num_classes: int, split: str) -
             )
     elif not np.issubdtype(x.dtype, np.integer) and not np.issubdtype(x.dtype, np.bool_):
         raise DataError(f"Invalid inputs in the {split} split: dtype {x.dtype} is not numeric.")
+
+
+def validate_dataset(dataset: Any) -> None:
+    """Raise ``DataError`` unless every split of ``dataset`` (a ``kbackend.data.Dataset``) is valid.
+
+    ``load`` and ``from_arrays`` validate what they build; this checks a ``Dataset`` built or
+    changed by hand: each split as ``validate_split`` does, and one input shape, the
+    ``info.input_shape``, across the splits (else the model is built for the wrong shape).
+    """
+    info = getattr(dataset, "info", None)
+    num_classes = getattr(info, "num_classes", None)
+    if not isinstance(num_classes, int | np.integer) or isinstance(num_classes, bool) or num_classes < 1:
+        raise DataError(
+            "Invalid dataset: expected a kbackend.data.Dataset whose info.num_classes is a positive "
+            f"integer. Received: {type(dataset).__name__} with num_classes={num_classes!r}."
+        )
+    input_shape = tuple(getattr(info, "input_shape", ()))
+    for split, name in (("train", "train"), ("val", "validation"), ("test", "test")):
+        x, y = np.asarray(getattr(dataset, f"x_{split}")), np.asarray(getattr(dataset, f"y_{split}"))
+        validate_split(x, y, int(num_classes), name)
+        if x.shape[1:] != input_shape:
+            raise DataError(
+                f"Invalid inputs in the {name} split: expected samples of shape {input_shape} "
+                f"(the dataset's info.input_shape). Received: {x.shape[1:]}."
+            )
 
 
 def check_batch_size(batch_size: int, num_train: int) -> None:

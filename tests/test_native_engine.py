@@ -178,8 +178,8 @@ def test_early_stopping_restores_best(dataset):
 @pytest.mark.parametrize(("make", "message"), [
     (lambda ds: run_native(toy_model(ds), ds, OptimizerSpec("sgd", 0.1), batch_size=32,
                            fused_steps=11), r"fused_steps 11.*only 10 full batches"),
-    (lambda ds: OptimizerSpec("sgd", 0.0), "learning rate"),
-    (lambda ds: OptimizerSpec("sgd", -1e-3), "learning rate"),
+    (lambda ds: OptimizerSpec("sgd", 0.0), "learning.rate"),
+    (lambda ds: OptimizerSpec("sgd", -1e-3), "learning.rate"),
     (lambda ds: OptimizerSpec("lion"), "Unknown optimizer"),
     (lambda ds: TrainConfig(fused_steps=-1), "fused_steps"),
 ])

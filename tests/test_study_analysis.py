@@ -108,7 +108,7 @@ def test_learning_rate_grid_is_log_spaced_around_a_scaled_centre():
     ({"optimizers": ("sgd", "lion")}, "Unknown optimizer"),
     ({"optimizers": ()}, "Empty optimizer list"),
     ({"batch_sizes": (8, 0)}, "Invalid batch size"),
-    ({"learning_rates": {"adam": (0.0,)}}, "learning rate"),
+    ({"learning_rates": {"adam": (0.0,)}}, "learning.rate"),
     ({"learning_rates": {"adamw": (0.1,)}}, "not in the study's optimizers"),
     ({"max_steps": 0}, "max_steps"),
     ({"noise_small_batch": 64, "noise_big_batch": 8}, "smaller than the big one"),

@@ -73,8 +73,8 @@ def test_seed_mlp_one_epoch_on_mnist(data_dir):
 
 @pytest.mark.parametrize(("make", "error", "message"), [
     (lambda: OptimizerSpec("rmsprop"), ConfigError, "Unknown optimizer"),
-    (lambda: OptimizerSpec("sgd", 0.0), ConfigError, "learning rate"),
-    (lambda: OptimizerSpec("sgd", -1.0), ConfigError, "learning rate"),
+    (lambda: OptimizerSpec("sgd", 0.0), ConfigError, "learning.rate"),
+    (lambda: OptimizerSpec("sgd", -1.0), ConfigError, "learning.rate"),
     (lambda: TrainConfig(epochs=0), ConfigError, "epochs"),
     (lambda: train(TrainConfig(batch_size=5000)), DataError, "larger than the training split"),
     (lambda: train(TrainConfig(engine="warp")), ConfigError, "Unknown engine"),

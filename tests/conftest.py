@@ -89,3 +89,18 @@ def cli_process():
     """``cli_process(*args, backend=None, env=None, timeout=300)`` runs the command line in a
     fresh Python process; only for tests where the fresh process is the point."""
     return run_cli
+
+
+@pytest.fixture
+def engines_never_run(monkeypatch):
+    """Replace every engine's train function with one that fails the test if it is called
+    (a pre-run check must refuse the input before any training starts)."""
+    from dataclasses import replace
+
+    from kbackend.engines import ENGINES
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("training started although a pre-run check should have failed")
+
+    for name, engine in list(ENGINES.items()):
+        monkeypatch.setitem(ENGINES, name, replace(engine, train=forbidden))

@@ -21,7 +21,6 @@ import pytest
 from kbackend import cli, data
 from kbackend.config import TrainConfig
 from kbackend.data import sources
-from kbackend.engines import ENGINES
 from kbackend.errors import ConfigError, DataError
 from kbackend.models import ModelOptions
 from kbackend.optim import OptimizerSpec
@@ -29,16 +28,6 @@ from kbackend.training import train
 
 ROOT = Path(__file__).resolve().parent.parent
 N_TRAIN, N_TEST = 30, 10
-
-
-@pytest.fixture
-def engines_never_run(monkeypatch):
-    """Replace every engine's train function with one that fails the test if it is called."""
-    def forbidden(*args, **kwargs):
-        raise AssertionError("training started although a pre-run check should have failed")
-
-    for name, engine in list(ENGINES.items()):
-        monkeypatch.setitem(ENGINES, name, replace(engine, train=forbidden))
 
 
 def mnist_arrays(**changes) -> dict[str, np.ndarray]:

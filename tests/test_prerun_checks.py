@@ -12,19 +12,6 @@ import stat
 import pytest
 
 from kbackend import cli
-from kbackend.engines import ENGINES
-
-
-@pytest.fixture
-def engines_never_run(monkeypatch):
-    """Replace every engine's train function with one that fails the test if it is called."""
-    from dataclasses import replace
-
-    def forbidden(*args, **kwargs):
-        raise AssertionError("training started although a pre-run check should have failed")
-
-    for name, engine in list(ENGINES.items()):
-        monkeypatch.setitem(ENGINES, name, replace(engine, train=forbidden))
 
 
 def run_main(capsys, *argv: str) -> tuple[int, str]:

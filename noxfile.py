@@ -19,6 +19,11 @@ nox.options.sessions = ["tests", "devices", "equivalence", "slow", "lint"]
 BACKENDS = ["jax", "tensorflow"]
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 VIRTUAL_DEVICES = "8"
+# One pytest-xdist worker per core. Whole files go to one worker, so a module fixture is built
+# once (`--dist loadgroup` would be finer, but pytest 9.2 silently breaks its grouping:
+# pytest-xdist issue 1386). The slow tests share no module fixture worth keeping together.
+PARALLEL = ("-n", "auto", "--dist", "loadfile")
+PARALLEL_SLOW = ("-n", "auto", "--dist", "load")
 SHARED_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "shared", "data")
 
 
@@ -40,7 +45,8 @@ def _install(session: nox.Session, *groups: str) -> None:
 def tests(session: nox.Session, backend: str) -> None:
     """Unit and integration tests under one backend (slow, devices and equivalence tests excluded)."""
     _install(session, "test")
-    session.run("pytest", "-m", "not slow and not equivalence and not devices", *session.posargs,
+    session.run("pytest", *PARALLEL, "-m", "not slow and not equivalence and not devices",
+                *session.posargs,
                 env=_env(backend))
 
 
@@ -55,7 +61,7 @@ def devices(session: nox.Session, backend: str) -> None:
     """
     _install(session, "test")
     env = _env(backend) | {"KBACKEND_VIRTUAL_DEVICES": VIRTUAL_DEVICES}
-    session.run("pytest", "-m", "devices", *session.posargs, env=env)
+    session.run("pytest", *PARALLEL, "-m", "devices", *session.posargs, env=env)
 
 
 @nox.session
@@ -63,7 +69,7 @@ def equivalence(session: nox.Session) -> None:
     """Cross-backend property suite (hypothesis profile `ci` unless HYPOTHESIS_PROFILE is set)."""
     _install(session, "test")
     env = _env("jax") | {"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")}
-    session.run("pytest", "-m", "equivalence", *session.posargs, env=env)
+    session.run("pytest", *PARALLEL, "-m", "equivalence", *session.posargs, env=env)
 
 
 @nox.session
@@ -71,7 +77,8 @@ def equivalence(session: nox.Session) -> None:
 def slow(session: nox.Session, backend: str) -> None:
     """Long-running tests (real-data accuracy, end-to-end studies) under one backend."""
     _install(session, "test")
-    session.run("pytest", "-m", "slow and not equivalence and not devices", *session.posargs,
+    session.run("pytest", *PARALLEL_SLOW, "-m", "slow and not equivalence and not devices",
+                *session.posargs,
                 env=_env(backend))
 
 

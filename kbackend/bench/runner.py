@@ -23,7 +23,7 @@ from typing import Any
 
 from kbackend.backend_choice import BACKENDS, use_backend, validate_backend
 from kbackend.bench.registry import BENCHMARKS
-from kbackend.bench.spec import Benchmark, Settings
+from kbackend.bench.spec import Benchmark, Settings, WorkerSpec
 from kbackend.envinfo import environment
 from kbackend.errors import KBackendError
 from kbackend.hardware.probe import warm_up
@@ -78,9 +78,19 @@ def default_table(bench: Benchmark, payload: dict[str, Any]) -> str:
     return table
 
 
-def run(bench: Benchmark, argv: Sequence[str] | None = None) -> int:
+def _in_this_process(spec: WorkerSpec) -> bool:
+    """Whether ``spec`` can run here: same backend, already started, no virtual devices of its own."""
+    return spec.virtual_devices is None and spec.backend == use_backend()
+
+
+def run(bench: Benchmark, argv: Sequence[str] | None = None, *, in_process: bool = False) -> int:
     """Run ``bench`` with command-line ``argv``: 0 when every worker succeeded, 1 if one failed,
-    2 for bad options."""
+    2 for bad options.
+
+    ``in_process`` runs the workers of this process's backend (without virtual devices of their
+    own) here instead of in a child: the smoke tests use it to save a framework start-up per
+    worker. Figures measured that way share the process with whatever ran before them.
+    """
     args = parser(bench).parse_args(argv)
     try:
         backends = [validate_backend(b) for b in args.backends.split(",") if b.strip()]
@@ -100,9 +110,12 @@ def run(bench: Benchmark, argv: Sequence[str] | None = None) -> int:
             kwargs = {"measure": _target(bench),
                       "settings": asdict(replace(settings, devices=spec.virtual_devices))}
             try:
-                results[spec.label] = run_in_child("kbackend.bench.runner:run_worker", spec.backend,
-                                                   kwargs, virtual_devices=spec.virtual_devices,
-                                                   echo=True)
+                if in_process and _in_this_process(spec):
+                    results[spec.label] = run_worker(**kwargs)
+                else:
+                    results[spec.label] = run_in_child("kbackend.bench.runner:run_worker",
+                                                       spec.backend, kwargs, echo=True,
+                                                       virtual_devices=spec.virtual_devices)
                 print(f"{bench.name}: {spec.label} done in {results[spec.label]['wall_s']:.1f}s",
                       file=sys.stderr, flush=True)
             except ChildFailed as error:

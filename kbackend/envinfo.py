@@ -18,7 +18,13 @@ from kbackend.backend_choice import active_backend
 from kbackend.backends import impl
 
 _PACKAGES = ("keras", "jax", "jaxlib", "tensorflow-cpu", "tensorflow", "optax", "numpy")
-_ENV_PREFIXES = ("XLA_", "JAX_", "TF_", "KERAS_", "KBACKEND_", "CUDA_VISIBLE_DEVICES", "OMP_")
+# TensorFlow's variables are named one by one: a bare "TF_" prefix also matches other tools'
+# (TF_CLI_CONFIG_FILE, TF_VAR_* are Terraform's).
+_ENV_PREFIXES = ("XLA_", "JAX_", "KERAS_", "KBACKEND_", "CUDA_VISIBLE_DEVICES", "OMP_",
+                 "TF_CPP_", "TF_XLA_", "TF_GPU_", "TF_ENABLE_", "TF_NUM_INTEROP_THREADS",
+                 "TF_NUM_INTRAOP_THREADS", "TF_DETERMINISTIC_OPS", "TF_FORCE_GPU_ALLOW_GROWTH",
+                 "TF_USE_LEGACY_KERAS")
+_ENV_NAMES = ("TF_CONFIG",)
 
 
 def package_versions() -> dict[str, str]:
@@ -33,8 +39,9 @@ def package_versions() -> dict[str, str]:
 
 
 def relevant_env() -> dict[str, str]:
-    """Environment variables that change how XLA, JAX, TF or kbackend behave."""
-    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)}
+    """Environment variables that change how XLA, JAX, TensorFlow, Keras or kbackend behave."""
+    return {k: v for k, v in sorted(os.environ.items())
+            if k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES}
 
 
 def environment_identity() -> dict[str, Any]:

@@ -24,13 +24,13 @@ def validate_backend(name: str) -> str:
     if normalized in ("torch", "pytorch"):
         raise BackendError(
             f"Invalid backend {name!r}: kbackend is PyTorch-free. "
-            f"Expected one of {set(BACKENDS)}; set {ENV_VAR}=jax or {ENV_VAR}=tensorflow."
+            f"Expected one of {sorted(BACKENDS)}; set {ENV_VAR}=jax or {ENV_VAR}=tensorflow."
         )
     if normalized == "tf":
         normalized = "tensorflow"
     if normalized not in BACKENDS:
         raise BackendError(
-            f"Invalid backend. Expected one of {set(BACKENDS)}. Received: backend={name!r}."
+            f"Invalid backend. Expected one of {sorted(BACKENDS)}. Received: backend={name!r}."
         )
     return normalized
 

@@ -12,6 +12,7 @@ import importlib
 import pkgutil
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from kbackend import __version__, commands
 from kbackend.backend_choice import BACKENDS, use_backend
@@ -20,8 +21,25 @@ from kbackend.errors import KBackendError
 PROG = "kbackend"
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Appends "(default: X)" to an option's help unless it has no default, is an on/off flag or
+    already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (not action.option_strings or action.nargs == 0 or "default" in text
+                or action.default in (None, argparse.SUPPRESS)):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors are one line on stderr and exit status 2."""
+    """An ``ArgumentParser`` whose errors are one line on stderr and exit status 2, and whose
+    help shows every default."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")

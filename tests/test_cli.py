@@ -52,3 +52,12 @@ def test_bad_value_is_one_line_error_not_traceback(cli):
 def test_save_path_must_be_keras(cli, tmp_path):
     result = cli("train", "--epochs", "1", "--save", str(tmp_path / "m.h5"))
     assert result.returncode == 2 and ".keras" in result.stderr
+
+
+def test_help_shows_defaults_but_not_for_on_off_flags(cli):
+    result = cli("train", "--help")
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())  # argparse wraps lines
+    assert "--fused-steps K" in text and "(default: 1)" in text
+    assert "turn off jit_compile (XLA) (default" not in text  # a store_false flag has no default to show
+    assert "Keras backend: one of jax, tensorflow (default: $KERAS_BACKEND, else jax)" in text  # said once

@@ -28,7 +28,10 @@ SHARED_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sh
 
 
 def _env(backend: str) -> dict[str, str]:
-    env = {"KERAS_BACKEND": backend, "KBACKEND_OFFLINE": "1", "PYTHONHASHSEED": "0"}
+    # Tests time compilation from a cold start (compile_time, --fused-steps auto), so the
+    # persistent compilation cache is off; tests/test_compile_cache.py turns it on for itself.
+    env = {"KERAS_BACKEND": backend, "KBACKEND_OFFLINE": "1", "PYTHONHASHSEED": "0",
+           "KBACKEND_COMPILE_CACHE": "0"}
     if "KBACKEND_DATA_DIR" not in os.environ and os.path.isdir(SHARED_DATA):
         env["KBACKEND_DATA_DIR"] = os.path.normpath(SHARED_DATA)
     return env

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from typing import Any
 
 from kbackend import __version__, commands
 from kbackend.backend_choice import BACKENDS, use_backend
+from kbackend.backends.compile_cache import COMPILE_CACHE_ENV
 from kbackend.errors import KBackendError
 
 PROG = "kbackend"
@@ -53,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend", default=None, metavar="NAME",
         help=f"Keras backend: one of {', '.join(BACKENDS)} (default: $KERAS_BACKEND, else jax)",
     )
+    common.add_argument(
+        "--no-compile-cache", action="store_true",
+        help="do not keep compiled programs between runs (JAX's persistent compilation cache; "
+             f"the same as {COMPILE_CACHE_ENV}=0)",
+    )
     parser = OneLineErrorParser(prog=PROG, description="Hardware-aware training with Keras 3 on JAX or TensorFlow.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineErrorParser)
@@ -70,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.no_compile_cache:
+            os.environ[COMPILE_CACHE_ENV] = "0"  # read when the backend starts
         if getattr(args, "needs_backend", True):
             use_backend(args.backend)
         return int(args.func(args) or 0)

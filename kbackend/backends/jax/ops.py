@@ -13,6 +13,7 @@ import numpy as np
 from jax._src import xla_bridge
 
 from kbackend.backends.capabilities import VIRTUAL_DEVICES_ENV
+from kbackend.backends.compile_cache import COMPILE_CACHE_MAX_BYTES, compile_cache_folder
 from kbackend.errors import ConfigError
 
 
@@ -22,9 +23,17 @@ def framework_versions() -> dict[str, str]:
 
 
 def start() -> None:
-    """Apply ``KBACKEND_VIRTUAL_DEVICES`` before the runtime starts, so every run sees the devices."""
+    """Apply ``KBACKEND_VIRTUAL_DEVICES`` before the runtime starts, so every run sees the devices,
+    and turn on the persistent compilation cache (``kbackend.backends.compile_cache``)."""
     if os.environ.get(VIRTUAL_DEVICES_ENV) and not _backends_initialized():
         jax.config.update("jax_num_cpu_devices", int(os.environ[VIRTUAL_DEVICES_ENV]))
+    folder = compile_cache_folder("jax")
+    if folder is not None and jax.config.jax_compilation_cache_dir is None:
+        jax.config.update("jax_compilation_cache_dir", str(folder))
+        # Small programs too: kbackend's are mostly sub-second compiles, paid in every process.
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        # A size bound makes JAX lock the folder around reads and writes (concurrent processes).
+        jax.config.update("jax_compilation_cache_max_size", COMPILE_CACHE_MAX_BYTES)
 
 
 def set_random_seed(seed: int) -> None:

@@ -27,6 +27,10 @@ DP_IMPLS = ("shard_map", "pmap")
 _COORDINATOR = re.compile(r"^[A-Za-z0-9_.\-]+:\d{1,5}$|^\[[0-9A-Fa-f:]+\]:\d{1,5}$")
 
 MONITORS = ("val_accuracy", "val_loss")
+# What ``kbackend.training.train`` does when a loss becomes NaN or infinite (the run stops either
+# way, and no model is saved): raise ``Diverged``, or return the history with
+# ``extra["diverged"]`` (a study records the run as diverged and goes on).
+DIVERGENCE_ACTIONS = ("raise", "record")
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,8 @@ class TrainConfig:
     precision: str = "float32"
     # Record per-step input wait vs compute, utilization and memory (history.extra["monitor"]).
     hardware_monitor: bool = False
+    # On a NaN / infinite loss: "raise" ``kbackend.errors.Diverged`` or "record" it and return.
+    on_divergence: str = "raise"
 
     def __post_init__(self) -> None:
         for name in ("fused_steps", "eval_every", "max_steps"):
@@ -120,6 +126,9 @@ class TrainConfig:
         if self.monitor not in MONITORS:
             raise ConfigError(f"Invalid monitor. Expected one of {list(MONITORS)}. Received: {self.monitor!r}.")
         validate_parallel_options(self)
+        if self.on_divergence not in DIVERGENCE_ACTIONS:
+            raise ConfigError(f"Invalid on_divergence. Expected one of {list(DIVERGENCE_ACTIONS)}. "
+                              f"Received: {self.on_divergence!r}.")
         if self.precision not in PRECISIONS:
             raise ConfigError(
                 f"Invalid precision. Expected one of {list(PRECISIONS)}. Received: {self.precision!r}.")

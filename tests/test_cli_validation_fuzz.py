@@ -3,11 +3,12 @@ flag: each argument list is accepted, or refused with one line and exit status 2
 traceback, and nothing is written (issue 14, Tests).
 
 The seam is where each command's work begins: building the model (train), opening a cache or
-loading a model (predict, serve, cache), exporting (export), starting processes (launch), or
-joining a multi-process job / creating virtual devices (the runtime's start-up). Those are
+loading a model (predict, serve, cache), exporting (export), starting processes (launch, equiv's
+workers), probing (advise), or joining a multi-process job / creating virtual devices (the
+runtime's start-up). Those are
 replaced by ``ReachedWork``; reaching them means the flags were accepted. Flag values come from
 each parser's own actions, so a flag added later is covered without touching this file.
-``study`` (its own helper's), ``advise``, ``equiv`` and ``info`` are not driven here yet.
+``study`` (being reworked elsewhere) and ``info`` (no flag but ``--json``) are not driven here.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from hypothesis import strategies as st
 
 from kbackend import distributed, training
 from kbackend.cli import build_parser, main
+from kbackend.commands import advise as advise_command
 from kbackend.commands import cache as cache_command
+from kbackend.commands import equiv as equiv_command
 from kbackend.commands import export as export_command
 from kbackend.commands import predict as predict_command
 from kbackend.commands import serve as serve_command
@@ -116,12 +119,13 @@ def command_lines(draw, base):
     paths = _paths(base)
     root = build_parser()
     command = draw(st.sampled_from(["train", "train", "train", "predict", "serve", "cache warm",
-                                    "cache stats", "cache clear", "export", "launch"]))
+                                    "cache stats", "cache clear", "export", "launch", "advise",
+                                    "equiv"]))
     words = command.split()
     argv = [*words, *_argv(draw, _subparser(root, *words), paths)]
     if command in ("predict", "serve", "cache warm") and draw(st.booleans()):
         argv += ["--model", draw(st.sampled_from(paths))]
-    if command == "export":
+    if command in ("export", "equiv"):
         argv.insert(1, draw(st.sampled_from(paths)))
     if command == "launch":
         argv += ["--", *_argv(draw, _subparser(root, "train"), paths)]
@@ -153,6 +157,8 @@ def work_never_starts(monkeypatch):
         monkeypatch.setattr(module, "open_store", _reached)
         monkeypatch.setattr(module, "load_model", _reached)
     monkeypatch.setattr(export_command, "export_model", _reached)
+    monkeypatch.setattr(advise_command, "advise", _reached)
+    monkeypatch.setattr(equiv_command, "WorkerPool", _reached)
     monkeypatch.setattr(subprocess, "Popen", _reached)  # launch starts no process
 
 

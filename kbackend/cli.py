@@ -3,6 +3,10 @@
 Each subcommand lives in ``kbackend/commands/<name>.py`` and exposes ``register(subparsers,
 parents)``, which adds its parser and sets ``func`` to a ``run(args) -> int``. Bad flags and
 ``KBackendError``s are one-line errors with exit status 2, never tracebacks.
+
+Exit statuses: 0 success; 1 a check that ran and failed (``equiv``: a row over its tolerance);
+2 bad input (a flag, a file, an option: nothing was run); 3 a multi-process job lost a peer;
+4 training diverged (a loss became NaN or infinite: no model was saved); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -84,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KBackendError as error:
         sys.stderr.write(f"{PROG}: error: {error}\n")
-        return 2
+        return error.exit_status
     except KeyboardInterrupt:
         sys.stderr.write(f"{PROG}: interrupted\n")
         return 130

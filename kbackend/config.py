@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kbackend.data import batching, check_batch_size
-from kbackend.errors import ConfigError
+from kbackend.errors import ConfigError, KBackendError
 from kbackend.models import ModelOptions
 from kbackend.optim import OptimizerSpec
 from kbackend.precision import PRECISIONS
@@ -27,6 +29,10 @@ DP_IMPLS = ("shard_map", "pmap")
 _COORDINATOR = re.compile(r"^[A-Za-z0-9_.\-]+:\d{1,5}$|^\[[0-9A-Fa-f:]+\]:\d{1,5}$")
 
 MONITORS = ("val_accuracy", "val_loss")
+# What ``kbackend.training.train`` does when a loss becomes NaN or infinite (the run stops either
+# way, and no model is saved): raise ``Diverged``, or return the history with
+# ``extra["diverged"]`` (a study records the run as diverged and goes on).
+DIVERGENCE_ACTIONS = ("raise", "record")
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,8 @@ class TrainConfig:
     precision: str = "float32"
     # Record per-step input wait vs compute, utilization and memory (history.extra["monitor"]).
     hardware_monitor: bool = False
+    # On a NaN / infinite loss: "raise" ``kbackend.errors.Diverged`` or "record" it and return.
+    on_divergence: str = "raise"
 
     def __post_init__(self) -> None:
         for name in ("fused_steps", "eval_every", "max_steps"):
@@ -120,6 +128,9 @@ class TrainConfig:
         if self.monitor not in MONITORS:
             raise ConfigError(f"Invalid monitor. Expected one of {list(MONITORS)}. Received: {self.monitor!r}.")
         validate_parallel_options(self)
+        if self.on_divergence not in DIVERGENCE_ACTIONS:
+            raise ConfigError(f"Invalid on_divergence. Expected one of {list(DIVERGENCE_ACTIONS)}. "
+                              f"Received: {self.on_divergence!r}.")
         if self.precision not in PRECISIONS:
             raise ConfigError(
                 f"Invalid precision. Expected one of {list(PRECISIONS)}. Received: {self.precision!r}.")
@@ -214,8 +225,25 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
+@contextmanager
+def _path_errors(path: str | os.PathLike, flag: str) -> Iterator[None]:
+    """A path the system cannot even look at (a name too long, a NUL byte) as a ``ConfigError``."""
+    try:
+        yield
+    except KBackendError:
+        raise
+    except (OSError, ValueError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise ConfigError(f"Invalid {flag} path {str(path)[:80]!r}: {reason}.") from None
+
+
 def check_output_folder(path: str | os.PathLike, flag: str) -> Path:
     """``path`` if it is (or can become) a writable folder, else a one-line ``ConfigError``."""
+    with _path_errors(path, flag):
+        return _check_output_folder(path, flag)
+
+
+def _check_output_folder(path: str | os.PathLike, flag: str) -> Path:
     target = Path(path)
     existing = _nearest_existing(target)
     if not existing.is_dir():
@@ -231,6 +259,11 @@ def check_output_path(path: str | os.PathLike, flag: str, suffix: str | None = N
     Checked before any work: the folder exists (or can be created) and is writable, and the path
     itself is not a folder. ``suffix`` (e.g. ``.keras``) is required where the format needs it.
     """
+    with _path_errors(path, flag):
+        return _check_output_path(path, flag, suffix)
+
+
+def _check_output_path(path: str | os.PathLike, flag: str, suffix: str | None) -> Path:
     target = Path(path)
     shown = str(path)
     if suffix is not None and target.suffix != suffix:

@@ -5,6 +5,9 @@ what was expected, what was received, and what to do."""
 class KBackendError(ValueError):
     """Base class: a user-facing error the CLI prints as one line (exit status 2)."""
 
+    # The command line's exit status for this error (``kbackend.cli``'s documented statuses).
+    exit_status = 2
+
 
 class BackendError(KBackendError):
     """The backend choice is invalid or conflicts with an already imported Keras."""
@@ -16,3 +19,17 @@ class DataError(KBackendError):
 
 class ConfigError(KBackendError):
     """A training, model or optimizer option is invalid."""
+
+
+class Diverged(KBackendError):
+    """Training diverged: a train loss (or the trained weights) became NaN or infinite.
+
+    ``step`` is the first step whose loss was not finite. The CLI exits with status 4; nothing
+    made of NaN (model, prediction cache entry) was written.
+    """
+
+    exit_status = 4
+
+    def __init__(self, message: str, step: int) -> None:
+        super().__init__(message)
+        self.step = step

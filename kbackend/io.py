@@ -178,10 +178,15 @@ def strict_json_payload(payload: Any) -> Any:
     return converted
 
 
+def strict_json_text(payload: Any, indent: int | None = 2) -> str:
+    """``payload`` as strict JSON text (no bare NaN / Infinity: see ``strict_json_payload``), for
+    files and for JSON printed to stdout alike."""
+    return json.dumps(strict_json_payload(payload), indent=indent, sort_keys=False, allow_nan=False)
+
+
 def atomic_write_json(path: str | os.PathLike, payload: Any) -> Path:
     """Atomically write ``payload`` as indented strict JSON (non-finite numbers: see the module doc)."""
-    text = json.dumps(strict_json_payload(payload), indent=2, sort_keys=False, allow_nan=False)
-    return atomic_write_text(path, text + "\n")
+    return atomic_write_text(path, strict_json_text(payload) + "\n")
 
 
 def restore_non_finite(payload: Any) -> Any:

@@ -7,11 +7,14 @@ history (atomically).
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from kbackend import data as data_module
 from kbackend import distributed
@@ -19,12 +22,22 @@ from kbackend.backend_choice import keras as import_keras
 from kbackend.config import MONITORS, Target, TrainConfig, check_output_path, check_run
 from kbackend.engines import get_engine
 from kbackend.envinfo import environment
+from kbackend.errors import Diverged
 from kbackend.history import History
 from kbackend.io import atomic_write
 from kbackend.models import build_model, model_layout
 from kbackend.precision import precision_scope
 
-__all__ = ["MONITORS", "Target", "TrainConfig", "TrainResult", "load_dataset", "save_model", "train"]
+__all__ = ["MONITORS", "Diverged", "Target", "TrainConfig", "TrainResult", "load_dataset",
+           "save_model", "train"]
+
+# How each place a divergence can show (``history.extra["diverged"]["seen_in"]``) is reported.
+_DIVERGENCE_SIGNS = {
+    "train_loss": "the train loss became {loss}",
+    "test_loss": "the test loss became {loss}",
+    "weights": "the trained weights became NaN or infinite",
+}
+
 
 @dataclass
 class TrainResult:
@@ -61,6 +74,10 @@ def train(
     Every check that can fail (options, output paths, data, batch size against the data and the
     devices, fused steps against the engine) runs before any training starts. ``dataset`` and
     ``model`` may be passed to reuse them; the model is trained in place.
+
+    A run whose train loss becomes NaN or infinite stops (at most one compiled call late) and
+    saves no model; the history, if asked for, is written with ``extra["diverged"]``. Then
+    ``Diverged`` is raised, or with ``config.on_divergence == "record"`` the result returned.
     """
     if save is not None:
         check_output_path(save, "--save", suffix=".keras")
@@ -90,11 +107,35 @@ def train(
     history.config = {**config.to_dict(), "optimizer": spec.to_dict(),
                       "dataset_info": dataset.info.to_dict(), "params": int(model.count_params())}
     history.env = environment()
-    if save is not None and distributed.is_chief():  # only process 0 writes
+    diverged = (history.extra.get("diverged")
+                or non_finite_result(model, history, check_weights=save is not None))
+    if diverged:
+        history.extra["diverged"] = diverged
+    if save is not None and distributed.is_chief() and not diverged:  # only process 0 writes
         save_model(model, save)
     if history_path is not None and distributed.is_chief():
         history.save(history_path)
+    if diverged and config.on_divergence == "raise":
+        written = f"; the history was written to {history_path}" if history_path is not None else ""
+        seen_in = diverged.get("seen_in", "train_loss")
+        what = _DIVERGENCE_SIGNS[seen_in].format(loss=diverged["loss"])
+        raise Diverged(
+            f"Training diverged at step {diverged['step']}: {what}. "
+            f"Expected finite losses; lower the learning rate (received lr="
+            f"{config.optimizer.learning_rate:g}) or add warmup. No model was saved{written}.",
+            step=int(diverged["step"]))
     return TrainResult(model, history, dataset)
+
+
+def non_finite_result(model: Any, history: History, *, check_weights: bool) -> dict[str, Any] | None:
+    """The divergence the engine's losses did not show: a NaN test loss, or (when the model is to
+    be saved) NaN weights after a last step whose loss was still finite; None if all is finite."""
+    test_loss = history.test.get("test_loss", 0.0)
+    if not math.isfinite(test_loss):
+        return {"step": history.steps_run, "loss": str(test_loss), "seen_in": "test_loss"}
+    if check_weights and not all(np.isfinite(np.asarray(w)).all() for w in model.get_weights()):
+        return {"step": history.steps_run, "loss": None, "seen_in": "weights"}
+    return None
 
 
 def save_model(model: Any, path: str | os.PathLike) -> Path:

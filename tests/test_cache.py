@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import zipfile
 
 import numpy as np
 import pytest
@@ -195,8 +196,13 @@ def test_missing_cache_is_refused_when_not_creating(tmp_path):
 def test_model_file_that_does_not_load(tmp_path):
     broken = tmp_path / "broken.keras"
     broken.write_bytes(b"PK\x03\x04 not really a zip")
-    with pytest.raises(ModelError, match="does not load as a Keras model"):
+    with pytest.raises(ModelError, match=r"is not a \.keras archive"):
         load_model(broken)
+    not_keras = tmp_path / "zip.keras"
+    with zipfile.ZipFile(not_keras, "w") as archive:  # a sound zip without a Keras model in it
+        archive.writestr("readme.txt", "hello")
+    with pytest.raises(ModelError, match="does not load as a Keras model"):
+        load_model(not_keras)
     with pytest.raises(ModelError, match="not found"):
         load_model(tmp_path / "absent.keras")
 

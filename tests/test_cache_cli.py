@@ -92,7 +92,7 @@ def test_predict_refuses_a_model_that_does_not_load_and_wrong_features(cli, file
     broken = tmp_path / "broken.keras"
     broken.write_bytes(b"garbage")
     result = cli("predict", "--model", str(broken), "--input", str(files["x"]), "--out", str(tmp_path / "y.npy"))
-    assert result.returncode == 2 and "does not load as a Keras model" in result.stderr
+    assert result.returncode == 2 and "is not a .keras archive" in result.stderr
     assert one_line_error(result.stderr)
     wrong = tmp_path / "wrong.npy"
     np.save(wrong, np.zeros((3, FEATURES + 1), np.float32))

@@ -58,7 +58,7 @@ def test_check_detects_an_artifact_that_differs(model_file, tmp_path):
 def test_export_refuses_bad_model_and_format(tmp_path):
     broken = tmp_path / "broken.keras"
     broken.write_text("not a model")
-    with pytest.raises(ModelError, match="does not load"):
+    with pytest.raises(ModelError, match=r"is not a \.keras archive"):
         export_model(broken, "keras", tmp_path / "out")
     from kbackend.errors import ConfigError
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from kbackend.cache.keys import Rounding, decode_values, encode_value, model_fingerprint, row_keys
 from kbackend.cache.store import CacheError, CacheStore
+from kbackend.errors import ConfigError
 from kbackend.serving.model import BatchPredictor, output_shape, validate_inputs
 
 _LATENCY_WINDOW = 10_000  # latencies kept for percentiles (the most recent calls)
@@ -96,9 +97,12 @@ class PredictionCache:
                 first_of_key.setdefault(keys[index], int(index))
             unique_rows = list(first_of_key.values())
             fresh = self.predictor(rounded[unique_rows])
-            new = self.store.put_many(
-                self.fingerprint, [(keys[i], encode_value(row)) for i, row in zip(unique_rows, fresh, strict=True)]
-            )
+            # A NaN / infinite prediction (a diverged model) is returned but never stored: a
+            # cache entry outlives the request and would serve the NaN as an answer.
+            finite = np.isfinite(fresh.reshape(len(fresh), -1)).all(axis=1)
+            new = self.store.put_many(self.fingerprint, [
+                (keys[i], encode_value(row))
+                for i, row, ok in zip(unique_rows, fresh, finite, strict=True) if ok])
             by_key = dict(zip(first_of_key, fresh, strict=True))
             for index in np.flatnonzero(~hit):
                 predictions[index] = by_key[keys[index]]
@@ -120,6 +124,8 @@ class PredictionCache:
 
     def warm(self, x: Any, chunk: int = 1024, progress: Any = None) -> int:
         """Look up (and so store) every row of ``x`` in chunks; return how many entries were new."""
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ConfigError(f"Invalid chunk {chunk!r}: expected a positive number of rows.")
         before = self._stored
         array = np.asarray(x)
         for start in range(0, len(array), chunk):

@@ -21,6 +21,10 @@ from kbackend.errors import ConfigError
 
 KEY_BYTES = 16  # blake2b digest size: collisions are out of reach at any realistic cache size
 EXACT_WORDS = ("exact", "none", "-")
+# Decimals Rounding accepts. Rows are rounded in float64 as x * 10**d: beyond 15 the scale
+# overflows (10**400 is inf, so every key became NaN) or underflows to 0, and float32 inputs carry
+# no more than 9 significant digits anyway.
+MAX_DECIMALS = 15
 
 
 @dataclass(frozen=True)
@@ -28,10 +32,21 @@ class Rounding:
     """How request rows are rounded before lookup: exact, one number of decimals for every
     feature, or one per feature (``None`` for a feature left exact).
 
-    Decimals may be negative (``-1`` rounds to tens), as in ``numpy.round``.
+    Decimals may be negative (``-1`` rounds to tens), as in ``numpy.round``; each is within
+    ``-MAX_DECIMALS..MAX_DECIMALS``.
     """
 
     decimals: int | tuple[int | None, ...] | None = None
+
+    def __post_init__(self) -> None:
+        values = self.decimals if isinstance(self.decimals, tuple) else (self.decimals,)
+        for value in values:
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or abs(value) > MAX_DECIMALS):
+                raise ConfigError(
+                    f"Invalid decimals: expected integers between -{MAX_DECIMALS} and "
+                    f"{MAX_DECIMALS} (or 'exact'); more decimals overflow the float rounding and "
+                    f"give NaN keys. Received: {value!r}.")
 
     @classmethod
     def parse(cls, text: str | None) -> Rounding:

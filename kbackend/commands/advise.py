@@ -4,8 +4,10 @@ format, precision and device, each with the measured figures behind it."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
+from kbackend.config import check_output_path
 from kbackend.data import DATASETS
 from kbackend.errors import ConfigError
 from kbackend.hardware.advise import advise, format_advice
@@ -28,8 +30,10 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
 
 def run(args: argparse.Namespace) -> int:
     budget = min(args.budget, 30.0) if args.quick and args.budget == 100.0 else args.budget
-    if budget <= 0:
-        raise ConfigError(f"Invalid --budget {args.budget!r}: expected a number of seconds > 0.")
+    if not math.isfinite(budget) or budget <= 0:
+        raise ConfigError(f"Invalid --budget {args.budget!r}: expected a finite number of seconds > 0.")
+    if args.json is not None:
+        check_output_path(args.json, "--json")  # before the probe, not after it
     print(f"probing {args.model} on {args.dataset} (budget {budget:.0f}s) ...", file=sys.stderr, flush=True)
     advice = advise(args.model, args.dataset, data_dir=args.data_dir, quick=args.quick, budget_s=budget,
                     log=lambda line: print(line, file=sys.stderr, flush=True))

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
 from rich.progress import Progress
 
 from kbackend.cache import CacheError, PredictionCache, Rounding, open_store, parse_grid
 from kbackend.commands.predict import add_cache_arguments, load_array
-from kbackend.serving.model import load_model
+from kbackend.errors import ConfigError
+from kbackend.io import strict_json_text
+from kbackend.serving.model import check_model_file, load_model
 
 
 def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
@@ -43,6 +44,10 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
 
 def run_warm(args: argparse.Namespace) -> int:
     rounding = Rounding.parse(args.decimals)
+    for flag, value in (("--chunk", args.chunk), ("--max-rows", args.max_rows)):
+        if value < 1:
+            raise ConfigError(f"Invalid {flag} {value}: expected a positive number of rows.")
+    check_model_file(args.model)
     store = open_store(args.cache)
     try:
         model = load_model(args.model)
@@ -80,8 +85,8 @@ def run_stats(args: argparse.Namespace) -> int:
     finally:
         store.close()
     if args.json:
-        print(json.dumps({"store": store.describe(), **extra,
-                          "models": [info.__dict__ for info in infos]}, indent=2))
+        print(strict_json_text({"store": store.describe(), **extra,
+                                "models": [info.__dict__ for info in infos]}))
         return 0
     print(f"cache {store.describe()}" + (f"  ({extra['bytes']} bytes, integrity {extra['integrity_check']})" if extra else ""))
     if not infos:

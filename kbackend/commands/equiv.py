@@ -9,12 +9,14 @@ tolerances of ``kbackend.equivalence.tolerances``. Exit status 0 only when every
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from kbackend.config import check_output_path
 from kbackend.equivalence import KNOWN_DIVERGENCES, Case, WorkerPool, compare_model
 from kbackend.equivalence.randomdata import random_inputs, random_targets
 from kbackend.errors import DataError
@@ -73,10 +75,16 @@ def _loss(args: argparse.Namespace, compiled: Any) -> Any:
     return name
 
 
+def _is_file(path: str) -> bool:
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):  # a name the system cannot look at (too long, a NUL byte)
+        return False
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Reject bad arguments before any worker starts."""
-    model_path = Path(args.model)
-    if model_path.suffix != ".keras" or not model_path.is_file():
+    if Path(args.model).suffix != ".keras" or not _is_file(args.model):
         raise DataError(f"Model file not found or not a .keras file: {args.model!r}. "
                         "Expected a file written by model.save('NAME.keras').")
     for name in ("steps", "batch_size"):
@@ -85,8 +93,12 @@ def check_args(args: argparse.Namespace) -> None:
                             "expected an integer >= 1.")
     for option in ("inputs", "targets"):
         path = getattr(args, option)
-        if path is not None and not Path(path).is_file():
+        if path is not None and not _is_file(path):
             raise DataError(f"{option} file not found: {path!r}. Expected a .npy or .npz file.")
+    if not math.isfinite(args.timeout) or args.timeout <= 0:
+        raise DataError(f"Invalid --timeout {args.timeout!r}: expected a finite number of seconds > 0.")
+    if args.json is not None:
+        check_output_path(args.json, "--json")
 
 
 def compare_file(args: argparse.Namespace, pool: Any) -> Any:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from kbackend.commands.predict import load_array
 from kbackend.config import check_output_folder
-from kbackend.serving.export import DEFAULT_ATOL, FORMATS, export_model
+from kbackend.io import strict_json_text
+from kbackend.serving.export import DEFAULT_ATOL, FORMATS, check_export_options, export_model
 
 
 def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
@@ -27,11 +27,12 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_export_options(args.rows, args.atol)
     check_output_folder(args.out, "--out")
     sample = load_array(args.sample, "--sample") if args.sample else None
     manifest = export_model(args.model, args.format, args.out, sample=sample, rows=args.rows, atol=args.atol)
     if args.json:
-        print(json.dumps(manifest, indent=2))
+        print(strict_json_text(manifest))
         return 0
     print(f"exported {args.model} ({manifest['source_backend']}) as {args.format} to {manifest['artifact']}")
     for check in manifest["checks"]:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from kbackend.envinfo import device_summary, environment
+from kbackend.io import strict_json_text
 
 
 def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
 def run(args: argparse.Namespace) -> int:
     env = environment()
     if args.json:
-        print(json.dumps(env, indent=2))
+        print(strict_json_text(env))
         return 0
     print(f"backend:            {env['backend']}")
     for name, version in env["versions"].items():

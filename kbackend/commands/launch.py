@@ -17,6 +17,8 @@ import sys
 import threading
 import time
 
+from kbackend.cli import OneLineErrorParser
+from kbackend.commands import train as train_command
 from kbackend.errors import ConfigError
 
 # Flags the launcher sets on every process; the train arguments must not set them.
@@ -35,6 +37,17 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     parser.add_argument("train_args", nargs=argparse.REMAINDER, metavar="-- TRAIN_ARGS",
                         help="arguments of kbackend train, after --")
     parser.set_defaults(func=run)
+
+
+def check_train_args(train_args: list[str], num_processes: int, coordinator: str) -> None:
+    """Parse and check the train arguments as each process will, before any process starts:
+    a bad flag is one line (exit 2) here, not N failed processes."""
+    parser = OneLineErrorParser(prog="kbackend launch -- TRAIN_ARGS", add_help=False)
+    parser.add_argument("--backend", default=None)
+    train_command.add_train_arguments(parser)
+    args = parser.parse_args([*train_args, "--num-processes", str(num_processes),
+                              "--process-id", "0", "--coordinator", coordinator])
+    train_command.check_args(args)
 
 
 def free_port() -> int:
@@ -75,8 +88,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"kbackend launch sets {', '.join(_OWN_FLAGS)} itself; remove {clashing}.")
     if train_args and train_args[0] == "train":
         train_args = train_args[1:]
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"Invalid --port {args.port}: expected 1-65535 (0: a free one).")
     port = args.port or free_port()
     coordinator = f"127.0.0.1:{port}"
+    check_train_args(train_args, args.num_processes, coordinator)
     env = dict(os.environ)
     processes: list[subprocess.Popen] = []
     threads = []

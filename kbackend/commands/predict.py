@@ -11,7 +11,13 @@ from kbackend.cache import PredictionCache, Rounding, open_store
 from kbackend.config import check_output_path
 from kbackend.errors import DataError
 from kbackend.io import atomic_write
-from kbackend.serving.model import BatchPredictor, input_shape, load_model, validate_inputs
+from kbackend.serving.model import (
+    BatchPredictor,
+    check_model_file,
+    input_shape,
+    load_model,
+    validate_inputs,
+)
 
 
 def load_array(path: str, flag: str = "--input") -> np.ndarray:
@@ -49,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         raise DataError("--decimals only applies with --cache (rounding decides the cache key).")
     check_output_path(args.out, "--out")
     x = load_array(args.input)
+    check_model_file(args.model)
     store = open_store(args.cache) if args.cache else None  # a bad cache fails before the model loads
     try:
         model = load_model(args.model)

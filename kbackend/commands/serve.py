@@ -9,8 +9,8 @@ import threading
 from kbackend.cache import PredictionCache, Rounding, model_fingerprint, open_store
 from kbackend.commands.predict import add_cache_arguments
 from kbackend.errors import DataError
-from kbackend.serving.model import BatchPredictor, input_shape, load_model
-from kbackend.serving.server import PredictionServer, check_port
+from kbackend.serving.model import BatchPredictor, check_model_file, input_shape, load_model
+from kbackend.serving.server import PredictionServer, check_batching_options, check_port
 
 
 def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
@@ -32,6 +32,8 @@ def run(args: argparse.Namespace) -> int:
     rounding = Rounding.parse(args.decimals)
     if args.decimals is not None and args.cache is None:
         raise DataError("--decimals only applies with --cache (rounding decides the cache key).")
+    check_batching_options(args.max_batch, args.max_wait_ms, args.max_request_rows)
+    check_model_file(args.model)
     store = open_store(args.cache) if args.cache else None
     model = load_model(args.model)
     predictor = BatchPredictor(model, max_batch=args.max_batch)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kbackend.backend_choice import active_backend
-from kbackend.config import MONITORS, Target, TrainConfig
+from kbackend.config import MONITORS, Target, TrainConfig, check_output_path
 from kbackend.data import DATASETS
 from kbackend.distributed import engine_name, is_chief
 from kbackend.engines import engine_names
@@ -114,11 +114,26 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     parser = subparsers.add_parser("train", parents=parents, help="train a model and report metrics")
+    add_train_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every flag of ``kbackend train`` (also parsed by ``kbackend launch`` before it starts)."""
     add_training_arguments(parser)
     parser.add_argument("--save", default=None, metavar="MODEL.keras", help="save the trained model")
     parser.add_argument("--history", default=None, metavar="HISTORY.json", help="write the history as JSON")
     parser.add_argument("--quiet", action="store_true", help="no per-epoch lines")
-    parser.set_defaults(func=run)
+
+
+def check_args(args: argparse.Namespace) -> TrainConfig:
+    """The validated ``TrainConfig`` of the flags, with the output paths checked (no data needed)."""
+    config = config_from_args(args)
+    if args.save is not None:
+        check_output_path(args.save, "--save", suffix=".keras")
+    if args.history is not None:
+        check_output_path(args.history, "--history")
+    return config
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,7 +1,13 @@
-"""The Keras ``fit`` engine: ``model.compile`` + ``model.fit`` with a recording callback."""
+"""The Keras ``fit`` engine: ``model.compile`` + ``model.fit`` with a recording callback.
+
+The callback also stops ``fit`` at the first non-finite train loss (as ``keras.callbacks
+.TerminateOnNaN`` does) and records it in ``history.extra["diverged"]``; raising is
+``kbackend.training.train``'s decision, as for the native engines.
+"""
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -63,6 +69,11 @@ def _recorder_class() -> Any:
             self.last_batch = batch
             step = self.epoch * self.steps_per_epoch + batch + 1
             self.history.record_steps([step], [interval_loss], [elapsed])
+            if not math.isfinite(running_mean):
+                # With steps_per_execution > 1 this is the execution's last step: Keras reports
+                # no finer loss.
+                self.history.extra["diverged"] = {"step": step, "loss": str(interval_loss)}
+                self.model.stop_training = True
             if self.max_steps and step >= self.max_steps:
                 self.model.stop_training = True
 
@@ -73,6 +84,8 @@ def _recorder_class() -> Any:
             self.eval_time += time.perf_counter() - self.test_start
 
         def on_epoch_end(self, epoch, logs=None):
+            if "diverged" in self.history.extra:
+                return  # Keras validated the diverged weights anyway; nothing to record
             logs = logs or {}
             # The last step run, not the epoch boundary: max_steps can stop an epoch early.
             record = {"step": self.history.steps_run, "epoch": epoch + 1,
@@ -142,7 +155,8 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
     )
     if monitor is not None:
         history.extra["monitor"] = monitor.stop()
-    history.stopped_early = len(fit_history.epoch) < config.epochs and not config.max_steps
+    history.stopped_early = (len(fit_history.epoch) < config.epochs and not config.max_steps
+                             and "diverged" not in history.extra)
     history.extra["epochs_run"] = len(fit_history.epoch)
     history.extra["losses_are_execution_means"] = config.steps_per_execution > 1
     return history

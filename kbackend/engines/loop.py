@@ -11,13 +11,17 @@ Keras's loop. How a run goes:
   divide the epoch; a call never spans two epochs. Each distinct call length is compiled once
   (at most two per run, three if ``max_steps`` cuts a call short); ``history.timing
   ["compile_time"]`` is the part of ``train_time`` spent compiling.
-* Calls are dispatched asynchronously; the host waits only at evaluation points and epoch ends.
-  Per-step times are the measured times at those waits, spread evenly over the steps between
+* Calls are dispatched asynchronously; the host reads a call's losses once the next call is
+  dispatched (so the device always has work queued), and waits for all of them only at
+  evaluation points and epoch ends. Per-step times are the measured times at those waits, spread evenly over the steps between
   them (a fused call has no finer clock).
 * Validation runs once per epoch (``eval_every`` 0) or after the first call that reaches each
   multiple of ``eval_every`` steps (so with K > 1 it is rounded up to a call boundary), and at the
   end. Targets, early stopping (patience in evaluations, best values restored) and the reporter
   act at those points. Training time excludes evaluation.
+* Divergence: the first non-finite loss read stops the run, at most one call (K steps) after
+  the call it happened in; ``history.extra["diverged"]`` records its step and value and there is
+  no further evaluation. Raising is the caller's decision (``kbackend.training.train``).
 """
 
 from __future__ import annotations
@@ -101,7 +105,9 @@ class _Run:
         self.monitor = (StepMonitor(skip_first=0).start()
                         if getattr(config, "hardware_monitor", False) else None)
         self.step = 0  # steps dispatched so far
-        self.pending: list[tuple[int, Any]] = []  # (first step, device losses) not yet read
+        self.pending: list[tuple[int, Any]] = []  # (first step, device losses) not yet recorded
+        self.fetched: list[np.ndarray] = []  # host losses of the first len(fetched) pending calls
+        self.diverged: dict[str, Any] | None = None  # the first non-finite loss: step and value
         self.losses_since_eval: list[float] = []  # for the evaluation record's train_loss
         self.start = time.perf_counter()
         self.eval_seconds = self.compile_seconds = self.synced_at = 0.0
@@ -113,7 +119,8 @@ class _Run:
         """Wait for the dispatched calls; record their losses with interpolated times."""
         if not self.pending:
             return
-        losses = np.concatenate([self.trainer.fetch(handle) for _, handle in self.pending])
+        self.fetch_ready(len(self.pending))
+        losses = np.concatenate(self.fetched)
         first = self.pending[0][0]
         now = self.train_time()
         times = np.linspace(self.synced_at, now, len(losses) + 1)[1:]
@@ -121,10 +128,23 @@ class _Run:
         self.losses_since_eval.extend(float(v) for v in losses)
         self.synced_at = now
         self.pending.clear()
+        self.fetched.clear()
+
+    def fetch_ready(self, count: int) -> None:
+        """Read the losses of the first ``count`` pending calls to the host; note divergence."""
+        for first, handle in self.pending[len(self.fetched):count]:
+            losses = np.asarray(self.trainer.fetch(handle))
+            self.fetched.append(losses)
+            finite = np.isfinite(losses)
+            if self.diverged is None and not finite.all():
+                index = int(np.argmin(finite))
+                self.diverged = {"step": first + index + 1, "loss": str(float(losses[index]))}
 
     def evaluate(self, epoch: int) -> bool:
-        """Validate now; True if training should stop (target reached or patience spent)."""
+        """Validate now; True if training should stop (target reached, patience spent, diverged)."""
         self.sync()
+        if self.diverged is not None:
+            return True
         record: dict[str, Any] = {"step": self.step, "epoch": epoch, "train_time": self.train_time()}
         eval_start = time.perf_counter()
         record["val_loss"], record["val_accuracy"] = self.trainer.evaluate()
@@ -155,6 +175,9 @@ class _Run:
             self.monitor.step_end(samples=length * self.plan.batch_size, steps=length,
                                   result=self.pending[-1][1])
         self.step += length
+        # The previous call has (nearly) finished while this one is queued: reading its losses
+        # costs the device no idle time and finds a divergence one call later at most.
+        self.fetch_ready(len(self.pending) - 1)
 
     def epoch(self, epoch: int, shuffle: bool) -> bool:
         """Train one epoch; True if an evaluation asked to stop (target or patience)."""
@@ -170,6 +193,8 @@ class _Run:
             step_before = self.step
             self.dispatch(rows, start, length)
             start += length
+            if self.diverged is not None:
+                return True
             crossed_eval = self.step // plan.eval_every > step_before // plan.eval_every
             if (crossed_eval or self.step >= plan.total_steps) and self.evaluate(epoch):
                 return True
@@ -194,8 +219,12 @@ def run(trainer: Trainer, plan: Plan, config: Any, reporter: Any = None, *,
         if stop or state.step >= plan.total_steps:
             break
         state.sync()  # epoch end: bound the number of undelivered calls
+        if state.diverged is not None:
+            break
     state.sync()
-    if history.evals and history.evals[-1]["step"] != state.step:
+    if state.diverged is not None:
+        history.extra["diverged"] = state.diverged
+    elif history.evals and history.evals[-1]["step"] != state.step:
         state.evaluate(epoch)
     history.timing["train_time"] = state.train_time()
     if state.monitor is not None:
@@ -203,7 +232,8 @@ def run(trainer: Trainer, plan: Plan, config: Any, reporter: Any = None, *,
     history.timing["eval_time"] = state.eval_seconds
     history.timing["compile_time"] = state.compile_seconds
     stopper = state.stopper
-    history.stopped_early = bool(stopper and stop and "target_reached" not in history.extra)
+    history.stopped_early = bool(stopper and stop and "target_reached" not in history.extra
+                                 and state.diverged is None)
     if history.stopped_early and stopper.best_snapshot is not None:
         trainer.restore(stopper.best_snapshot)
     trainer.finish()

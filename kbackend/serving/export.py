@@ -14,6 +14,7 @@ installed on JAX too: it converts the JAX function with jax2tf).
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -128,6 +129,14 @@ def _write_savedmodel(model: Any, target: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def check_export_options(rows: int, atol: float) -> None:
+    """Raise ``ConfigError`` for a check sample of no rows or a negative / NaN tolerance."""
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        raise ConfigError(f"Invalid rows {rows!r}: expected a positive number of check rows.")
+    if not (isinstance(atol, (int, float)) and math.isfinite(atol) and atol >= 0):
+        raise ConfigError(f"Invalid atol {atol!r}: expected a finite tolerance >= 0.")
+
+
 def export_model(model_path: str | os.PathLike, fmt: str, out_dir: str | os.PathLike, *,
                  sample: np.ndarray | None = None, rows: int = 64, seed: int = 0,
                  atol: float = DEFAULT_ATOL, check_backends: tuple[str, ...] = BACKENDS) -> dict[str, Any]:
@@ -135,6 +144,7 @@ def export_model(model_path: str | os.PathLike, fmt: str, out_dir: str | os.Path
 
     Raises ``ExportError`` when a check fails (the artifact is kept for inspection).
     """
+    check_export_options(rows, atol)
     if fmt not in FORMATS:
         raise ConfigError(f"Invalid export format. Expected one of {list(FORMATS)}. Received: {fmt!r}.")
     model = load_model(model_path)

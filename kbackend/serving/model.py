@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +26,7 @@ class ModelError(KBackendError):
 
 def load_model(path: str | os.PathLike) -> Any:
     """Load a ``.keras`` model for inference (without its optimizer), with a one-line error."""
-    path = Path(path)
-    if not path.exists():
-        raise ModelError(f"Model file {str(path)!r} not found: expected a .keras file saved by kbackend train --save.")
-    if path.is_dir() or path.suffix != ".keras":
-        raise ModelError(
-            f"Invalid model {str(path)!r}: expected a .keras file (a SavedModel folder is an export "
-            "format for TF Serving, not an input of this command)."
-        )
+    path = check_model_file(path)
     keras = import_keras()
     try:
         model = keras.saving.load_model(path, compile=False)
@@ -41,6 +35,28 @@ def load_model(path: str | os.PathLike) -> Any:
         raise ModelError(f"Model file {str(path)!r} does not load as a Keras model: {type(error).__name__}: {reason}") from None
     check_servable(model, str(path))
     return model
+
+
+def check_model_file(path: str | os.PathLike) -> Path:
+    """``path`` if it is a non-empty ``.keras`` archive, else a one-line ``ModelError`` (cheap:
+    commands call it before they open a cache or import Keras)."""
+    path = Path(path)
+    if not path.exists():
+        raise ModelError(f"Model file {str(path)!r} not found: expected a .keras file saved by kbackend train --save.")
+    if path.is_dir() or path.suffix != ".keras":
+        raise ModelError(
+            f"Invalid model {str(path)!r}: expected a .keras file (a SavedModel folder is an export "
+            "format for TF Serving, not an input of this command)."
+        )
+    # Keras reports an empty or truncated archive as "File not found": say what it is.
+    size = path.stat().st_size
+    if size == 0:
+        raise ModelError(f"Model file {str(path)!r} is empty (0 bytes): expected a .keras archive "
+                         "saved by kbackend train --save.")
+    if not zipfile.is_zipfile(path):
+        raise ModelError(f"Model file {str(path)!r} is not a .keras archive ({size} bytes, no zip "
+                         "directory): the file is truncated or not a Keras model.")
+    return path
 
 
 def check_servable(model: Any, name: str = "model") -> None:

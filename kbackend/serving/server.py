@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from kbackend.errors import ConfigError, DataError
+from kbackend.io import strict_json_text
 from kbackend.serving.model import validate_inputs
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -47,6 +48,26 @@ DRAIN_BYTES = 1024 * 1024
 LINGER_S = 2.0
 _JSON_MEDIA_TYPE = re.compile(r"application/(?:[a-z0-9.+-]+\+)?json")
 _CONTENT_LENGTH = re.compile(r"[0-9]+")
+
+
+# The longest a first request may wait for others to join its batch: beyond it a request would
+# appear hung (and an infinite wait never answers).
+MAX_WAIT_MS_LIMIT = 10_000.0
+
+
+def check_batching_options(max_batch: int, max_wait_ms: float, max_request_rows: int) -> None:
+    """Raise ``ConfigError`` unless the batching limits can serve a request (before the model loads)."""
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1 \
+            or max_batch & (max_batch - 1):
+        raise ConfigError(f"Invalid --max-batch. Expected a power of two >= 1 (calls are padded to "
+                          f"powers of two). Received: {max_batch!r}.")
+    if not (isinstance(max_wait_ms, (int, float)) and 0 <= max_wait_ms <= MAX_WAIT_MS_LIMIT):
+        raise ConfigError(f"Invalid --max-wait-ms. Expected a number of milliseconds from 0 to "
+                          f"{MAX_WAIT_MS_LIMIT:g}. Received: {max_wait_ms!r}.")
+    if isinstance(max_request_rows, bool) or not isinstance(max_request_rows, int) \
+            or max_request_rows < 1:
+        raise ConfigError(f"Invalid --max-request-rows. Expected a positive number of rows. "
+                          f"Received: {max_request_rows!r}.")
 
 
 def check_port(host: str, port: int) -> int:
@@ -193,6 +214,7 @@ class PredictionServer(ThreadingHTTPServer):
         self.row_shape = row_shape
         self.info = info
         self.cache_stats = cache_stats
+        check_batching_options(max_batch, max_wait_ms, max_request_rows)
         self.max_request_rows = max_request_rows
         self.verbose = verbose
         self.started = time.time()
@@ -296,7 +318,8 @@ class _Handler(BaseHTTPRequestHandler):
             super().log_message(format, *args)
 
     def _send(self, status: HTTPStatus, payload: dict[str, Any]) -> None:
-        body = json.dumps(payload).encode()
+        # Strict JSON: a NaN prediction is null, recorded under "non_finite" (kbackend.io).
+        body = strict_json_text(payload, indent=None).encode()
         try:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")

@@ -1,0 +1,125 @@
+"""Small bad inputs of predict, serve, cache warm and export: each a one-line error with exit
+status 2 before any work, and no output file appears (issue 14, must hold 1 and 7).
+
+Every case runs the command line in this process; a model file is only loaded after the flags
+were checked, so most cases need none (the model path does not even exist).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from kbackend.cache import PredictionCache, Rounding, open_store
+from kbackend.errors import ConfigError
+from kbackend.io import strict_json_text
+from tests.test_cache import FEATURES, rows, tiny_model
+
+
+def one_line_error(stderr: str) -> bool:
+    """One ``kbackend: error:`` line and no traceback (TensorFlow may log other lines first)."""
+    errors = [line for line in stderr.splitlines() if line.startswith("kbackend: error:")]
+    return len(errors) == 1 and "Traceback" not in stderr
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bad_inputs")
+    tiny_model(seed=1).save(folder / "tiny.keras")
+    np.save(folder / "x.npy", rows(8))
+    (folder / "empty.keras").write_bytes(b"")
+    whole = (folder / "tiny.keras").read_bytes()
+    (folder / "truncated.keras").write_bytes(whole[: len(whole) // 2])
+    return folder
+
+
+# (argv with {model}/{x}/{out}/{cache} placeholders, what the one line must say)
+CASES = {
+    "predict decimals 400": (["predict", "--model", "{model}", "--input", "{x}", "--out", "{out}",
+                              "--cache", "{cache}", "--decimals", "400"], "between -15 and 15"),
+    "predict decimals -16": (["predict", "--model", "{model}", "--input", "{x}", "--out", "{out}",
+                              "--cache", "{cache}", "--decimals", "-16"], "Received: -16"),
+    "predict per-feature 99": (["predict", "--model", "{model}", "--input", "{x}", "--out", "{out}",
+                                "--cache", "{cache}", "--decimals", "2,exact,99,1"], "Received: 99"),
+    "serve decimals 16": (["serve", "--model", "{model}", "--cache", "{cache}", "--decimals", "16"],
+                          "between -15 and 15"),
+    "cache warm chunk 0": (["cache", "warm", "--model", "{model}", "--cache", "{cache}",
+                            "--input", "{x}", "--chunk", "0"], "Invalid --chunk 0"),
+    "cache warm chunk -2": (["cache", "warm", "--model", "{model}", "--cache", "{cache}",
+                             "--input", "{x}", "--chunk", "-2"], "Invalid --chunk -2"),
+    "cache warm max-rows 0": (["cache", "warm", "--model", "{model}", "--cache", "{cache}",
+                               "--grid", "*=0", "--max-rows", "0"], "Invalid --max-rows 0"),
+    "export rows 0": (["export", "{model}", "--out", "{out}", "--rows", "0"], "Invalid rows 0"),
+    "export atol -1": (["export", "{model}", "--out", "{out}", "--atol", "-1"], "Invalid atol -1"),
+    "export atol nan": (["export", "{model}", "--out", "{out}", "--atol", "nan"], "Invalid atol nan"),
+    "predict empty model": (["predict", "--model", "{empty}", "--input", "{x}", "--out", "{out}"],
+                            "is empty (0 bytes)"),
+    "predict truncated model": (["predict", "--model", "{truncated}", "--input", "{x}", "--out",
+                                 "{out}"], "is not a .keras archive"),
+    "cache warm truncated model": (["cache", "warm", "--model", "{truncated}", "--cache",
+                                    "{cache}", "--input", "{x}"], "is not a .keras archive"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(cli, files, tmp_path, case):
+    argv, message = CASES[case]
+    places = {"model": tmp_path / "never_loaded.keras", "x": files / "x.npy",
+              "out": tmp_path / "out", "cache": tmp_path / "cache.db",
+              "empty": files / "empty.keras", "truncated": files / "truncated.keras"}
+    if "model" in message or "archive" in message:
+        places["model"] = files / "tiny.keras"
+    result = cli(*[part.format(**{k: str(v) for k, v in places.items()}) for part in argv])
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert one_line_error(result.stderr), result.stderr
+    assert message in result.stderr, result.stderr
+    assert "File not found" not in result.stderr
+    assert list(tmp_path.iterdir()) == []  # no output, cache, folder or temp file appeared
+
+
+@pytest.mark.parametrize("decimals", [16, -16, 400, (2, 16), 1.5, True])
+def test_rounding_refuses_decimals_that_overflow(decimals):
+    with pytest.raises(ConfigError, match="Invalid decimals"):
+        Rounding(decimals)
+
+
+@pytest.mark.parametrize("decimals", [15, -15])
+def test_rounding_at_the_limits_never_gives_nan(decimals):
+    extremes = np.array([[3.4e38, -3.4e38, 1e-30, 0.123456789]], dtype=np.float32)
+    assert np.isfinite(Rounding(decimals).apply(extremes)).all()
+
+
+def test_cache_never_stores_a_nan_prediction(tmp_path):
+    model = tiny_model(seed=3)
+    model.set_weights([np.full_like(w, np.nan) for w in model.get_weights()])
+    with open_store(str(tmp_path / "c.db")) as store:
+        cache = PredictionCache(model, store)
+        result = cache.lookup(rows(5))
+        assert np.isnan(result.predictions).all()  # returned as the model gives it ...
+        assert cache.stats().stored == 0  # ... but not kept
+        assert not cache.lookup(rows(5)).hit.any()
+    with pytest.raises(ConfigError, match="Invalid chunk"):
+        PredictionCache(tiny_model(), open_store(str(tmp_path / "d.db"))).warm(rows(3), chunk=0)
+
+
+def test_json_printed_is_strict():
+    text = strict_json_text({"max_abs_diff": float("nan"), "rows": [1.0, float("inf")]})
+
+    def refuse(constant):
+        raise AssertionError(f"bare {constant}")
+
+    parsed = json.loads(text, parse_constant=refuse)
+    assert parsed["max_abs_diff"] is None and parsed["non_finite"] == {
+        "/max_abs_diff": "NaN", "/rows/1": "Infinity"}
+
+
+def test_cache_stats_json_is_strict(cli, files, tmp_path):
+    cache = tmp_path / "c.db"
+    assert cli("cache", "warm", "--model", files / "tiny.keras", "--cache", cache,
+               "--grid", "*=0,1").returncode == 0
+    result = cli("cache", "stats", "--cache", cache, "--json")
+    assert result.returncode == 0
+    json.loads(result.stdout, parse_constant=lambda c: pytest.fail(f"bare {c}"))
+    assert FEATURES == 4

@@ -1,0 +1,186 @@
+"""Every subcommand's parse-and-validate phase, driven in-process with generated values for every
+flag: each argument list is accepted, or refused with one line and exit status 2, never a
+traceback, and nothing is written (issue 14, Tests).
+
+The seam is where each command's work begins: building the model (train), opening a cache or
+loading a model (predict, serve, cache), exporting (export), starting processes (launch, equiv's
+workers), probing (advise), or joining a multi-process job / creating virtual devices (the
+runtime's start-up). Those are
+replaced by ``ReachedWork``; reaching them means the flags were accepted. Flag values come from
+each parser's own actions, so a flag added later is covered without touching this file.
+``study`` (being reworked elsewhere) and ``info`` (no flag but ``--json``) are not driven here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import subprocess
+import zipfile
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from kbackend import distributed, training
+from kbackend.cli import build_parser, main
+from kbackend.commands import advise as advise_command
+from kbackend.commands import cache as cache_command
+from kbackend.commands import equiv as equiv_command
+from kbackend.commands import export as export_command
+from kbackend.commands import predict as predict_command
+from kbackend.commands import serve as serve_command
+
+
+class ReachedWork(Exception):
+    """The command got past validation to its first piece of work."""
+
+
+def _reached(*args, **kwargs):
+    raise ReachedWork
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    base = tmp_path_factory.mktemp("fuzz")
+    (base / "existing_dir").mkdir()
+    (base / "dir.keras").mkdir()
+    (base / "file.txt").write_text("x")
+    (base / "empty.keras").write_bytes(b"")
+    np.save(base / "x.npy", np.zeros((3, 4), np.float32))
+    with zipfile.ZipFile(base / "model.keras", "w") as archive:  # passes the file check only
+        archive.writestr("config.json", "{}")
+    return base
+
+
+def _paths(base):
+    return [str(base / name) for name in (
+        "new.keras", "new.json", "new.npy", "new_dir", "existing_dir", "dir.keras", "file.txt",
+        "file.txt/child.keras", "empty.keras", "model.keras", "x.npy", "missing/deeper/out.keras")]
+
+
+# Values tried for flags without a type (paths, lists, specs): valid-looking and broken ones.
+TEXTS = ["", "0", "-1", "2", "1e400", "nan", "inf", "exact", "2,2,exact,0", "64,32", "a,b",
+         "*=0", "0=0:1:3", "0=0:1:0", "redis://127.0.0.1:1/0", "127.0.0.1:99999", "localhost:1234",
+         "::", "x" * 300]
+INTS = st.one_of(st.integers(-3, 70), st.sampled_from([0, 1, 2**31, -(2**63), 10**20]))
+FLOATS = st.one_of(st.sampled_from(["nan", "inf", "-inf", "1e30", "-0.0", "1e-30", "0", "1.5", "-2"]),
+                   st.floats(-10, 10).map(repr))
+
+
+def _wild_value(action: argparse.Action, paths: list[str]) -> st.SearchStrategy[str]:
+    if action.choices:
+        return st.sampled_from([*map(str, action.choices), "not-a-choice"])
+    if action.type is int:
+        return st.one_of(INTS.map(str), st.sampled_from(["x", "1.5", ""]))
+    if action.type is float:
+        return st.one_of(FLOATS, st.sampled_from(["x", ""]))
+    return st.sampled_from(TEXTS + paths)
+
+
+def _plausible_value(action: argparse.Action, paths: list[str]) -> st.SearchStrategy[str]:
+    if action.choices:
+        return st.sampled_from(list(map(str, action.choices)))
+    if action.type is int:
+        return st.integers(0, 64).map(str)
+    if action.type is float:
+        return st.sampled_from(["0", "0.1", "0.5", "1e-3", "1", "2.0"])
+    return st.sampled_from([*paths, "2", "exact", "64,32"])
+
+
+def _argv(draw, parser: argparse.ArgumentParser, paths: list[str]) -> list[str]:
+    """Some of the parser's flags (each with odds of 1 in 4), most with plausible values (so
+    that the checks after parsing are reached), one in five with a wild one."""
+    argv: list[str] = []
+    for action in parser._actions:
+        if not action.option_strings or action.dest in ("help", "backend"):
+            continue
+        if draw(st.integers(0, 3)) != 0:
+            continue
+        flag = action.option_strings[-1]
+        if action.nargs == 0:
+            argv.append(flag)
+            continue
+        wild = draw(st.integers(0, 4)) == 0
+        argv += [flag, draw((_wild_value if wild else _plausible_value)(action, paths))]
+    return argv
+
+
+def _subparser(parser: argparse.ArgumentParser, *names: str) -> argparse.ArgumentParser:
+    for name in names:
+        action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = action.choices[name]
+    return parser
+
+
+@st.composite
+def command_lines(draw, base):
+    paths = _paths(base)
+    root = build_parser()
+    command = draw(st.sampled_from(["train", "train", "train", "predict", "serve", "cache warm",
+                                    "cache stats", "cache clear", "export", "launch", "advise",
+                                    "equiv"]))
+    words = command.split()
+    argv = [*words, *_argv(draw, _subparser(root, *words), paths)]
+    if command in ("predict", "serve", "cache warm") and draw(st.booleans()):
+        argv += ["--model", draw(st.sampled_from(paths))]
+    if command in ("export", "equiv"):
+        argv.insert(1, draw(st.sampled_from(paths)))
+    if command == "launch":
+        argv += ["--", *_argv(draw, _subparser(root, "train"), paths)]
+    return argv
+
+
+@pytest.fixture
+def work_never_starts(monkeypatch):
+    real_prepare, real_load_dataset = distributed.prepare, training.load_dataset
+
+    def prepare(config):
+        if config.num_processes > 1 or config.virtual_devices:
+            raise ReachedWork  # joining a job or creating devices starts the runtime
+        real_prepare(config)
+
+    loaded = functools.lru_cache(maxsize=32)(
+        lambda key: real_load_dataset(training.TrainConfig(**dict(key))))
+
+    def load_dataset(config):  # the data checks run for real; each dataset is read once
+        return loaded(tuple(sorted({
+            "dataset": config.dataset, "model": config.model, "seed": config.seed,
+            "model_options": config.model_options, "data_dir": config.data_dir,
+            "validation_fraction": config.validation_fraction}.items())))
+
+    monkeypatch.setattr(training.distributed, "prepare", prepare)
+    monkeypatch.setattr(training, "build_model", _reached)
+    monkeypatch.setattr(training, "load_dataset", load_dataset)
+    for module in (predict_command, serve_command, cache_command):
+        monkeypatch.setattr(module, "open_store", _reached)
+        monkeypatch.setattr(module, "load_model", _reached)
+    monkeypatch.setattr(export_command, "export_model", _reached)
+    monkeypatch.setattr(advise_command, "advise", _reached)
+    monkeypatch.setattr(equiv_command, "WorkerPool", _reached)
+    monkeypatch.setattr(subprocess, "Popen", _reached)  # launch starts no process
+
+
+@settings(max_examples=250, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_every_command_line_is_accepted_or_one_line_exit_2(data, folder, work_never_starts,
+                                                          capsys):
+    argv = data.draw(command_lines(folder))
+    before = sorted(p.name for p in folder.rglob("*"))
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    except ReachedWork:
+        code = 0
+    except SystemExit as exit_:  # argparse: a bad flag or value
+        code = exit_.code
+    _, err = capsys.readouterr()
+    event(f"{argv[0]} {'accepted' if code == 0 else 'refused'}")  # --hypothesis-show-statistics
+    if code != 0:
+        lines = err.strip().splitlines()
+        assert code == 2, (argv, code, err)
+        assert len(lines) == 1 and "error:" in lines[0], (argv, err)
+    assert "Traceback" not in err
+    assert sorted(p.name for p in folder.rglob("*")) == before, argv  # nothing written

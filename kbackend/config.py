@@ -61,6 +61,10 @@ class Target:
         return record[self.metric] <= self.value
 
 
+# Seeds reach numpy.random.seed, which takes 0 <= seed < 2**32.
+MAX_SEED = 2**32 - 1
+
+
 @dataclass
 class TrainConfig:
     """Everything that defines a training run."""
@@ -123,6 +127,9 @@ class TrainConfig:
             raise ConfigError(
                 f"Invalid steps_per_execution {self.steps_per_execution!r}: expected >= 1."
             )
+        if not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"Invalid seed {self.seed!r}: expected an integer in [0, {MAX_SEED}] "
+                              "(NumPy's seed range).")
         if self.early_stopping < 0:
             raise ConfigError(f"Invalid early_stopping patience {self.early_stopping!r}: expected >= 0.")
         if self.monitor not in MONITORS:

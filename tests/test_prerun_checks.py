@@ -88,3 +88,10 @@ def test_bad_out_is_refused_before_any_work(argv, tmp_path, capsys):
     code, err = run_main(capsys, *argv)
     assert code == 2 and len(err.splitlines()) == 1 and "Invalid --out" in err, err
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32, -9223372036854775808])
+def test_a_seed_outside_numpys_range_is_a_one_line_error(cli, seed):
+    result = cli("train", "--seed", str(seed), "--epochs", "1")
+    assert result.returncode == 2 and "Invalid seed" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

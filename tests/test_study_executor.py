@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import signal
 import subprocess
@@ -24,18 +25,18 @@ from kbackend.study.store import ResultStore
 from kbackend.training import Target
 from tests.conftest import BACKEND, ROOT
 
-# 2 optimizers x 2 batch sizes, a 60-step budget, one learning rate each (the search and its
-# pruning are tested with a stand-in engine below). SGD at lr 1e-4 cannot reach the target in
-# 60 steps: a never-reached cell.
+# 2 optimizers x 2 batch sizes x 2 seeds, a 60-step budget, one learning rate each (the search,
+# its pruning and the grid's extension are tested with a stand-in engine below). SGD at lr 1e-4
+# cannot reach the target in 60 steps: a never-reached cell.
 TINY = StudyConfig(
     optimizers=("sgd", "adam"), batch_sizes=(64, 256),
     learning_rates={"sgd": (1e-4,), "adam": (3e-3,)}, max_steps=60, engine="keras",
-    target=Target("val_accuracy", 0.9), noise_points=2, noise_draws=4,
+    target=Target("val_accuracy", 0.9), noise_points=2, noise_draws=4, seeds=2,
 )
 TINY_ARGS = ["study", "--optimizers", "sgd,adam", "--batch-sizes", "64,256", "--lrs", "sgd=0.0001",
              "--lrs", "adam=0.003", "--max-steps", "60", "--engine", "keras", "--target", "0.9",
-             "--noise-points", "2", "--noise-draws", "4", "--no-progress"]
-TINY_RUNS = 4
+             "--noise-points", "2", "--noise-draws", "4", "--seeds", "2", "--no-progress"]
+TINY_RUNS = 8
 
 
 def _outcomes(out_dir) -> dict[str, tuple]:
@@ -75,9 +76,10 @@ def test_tiny_study_writes_report_plots_and_reports_unreached_cells(baseline):
 
     folder = result["paths"]["report"].parent
     report = (folder / "report.md").read_text()
-    assert report.count("NOT REACHED") == 2 and "| adam | 64 |" in report
+    assert report.count("NOT REACHED (0/2)") == 2 and "| adam | 64 |" in report
     summary = json.loads((folder / "summary.json").read_text())
     assert len(summary["cells"]) == 4 and summary["env"]["backend"] == BACKEND
+    assert sorted(r["config"]["seed"] for r in study["runs"]) == [0] * 4 + [1] * 4
     for name in PLOTS:
         data = (folder / "plots" / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n"
@@ -150,10 +152,10 @@ def test_time_to_target_excludes_evaluation(tmp_path, monkeypatch):
     delay = 0.3
     original_build = StudyRunner.build_model
 
-    def model_with_slow_evaluation(self):
+    def model_with_slow_evaluation(self, seed=None):
         # Slow down every validation batch (the validation split fits in one batch of 256):
         # the delay runs inside Keras's evaluation loop, as a slow evaluation would.
-        model = original_build(self)
+        model = original_build(self, seed)
         make_test_function = model.make_test_function
 
         def make_slow_test_function(force=False):
@@ -238,14 +240,16 @@ def test_learning_rate_search_prunes_and_picks_the_fewest_steps(tmp_path, monkey
 
     monkeypatch.setattr(StudyRunner, "execute", execute)
     config = StudyConfig(optimizers=("sgd",), batch_sizes=(1294,), max_steps=1000, engine="keras",
-                         learning_rates={"sgd": (0.1, 0.01, 1.0, 0.3)}, noise_points=0)
+                         learning_rates={"sgd": (0.1, 0.01, 1.0, 0.3)}, noise_points=0,
+                         seeds=1, lr_extend=0)
     with ResultStore(tmp_path / "study.db") as store:
         study = StudyRunner(config, store).run()
     # One step per epoch at batch 1294 (the keras engine evaluates every epoch).
     assert budgets == [(0.1, 1000), (0.01, 300), (1.0, 300), (0.3, 120)]
     (cell,) = study["cells"]
     assert cell["learning_rate"] == 1.0 and cell["steps_to_target"] == 120
-    assert cell["lr_at_grid_edge"] and len(study["runs"]) == 4 and study["noise"] is None
+    assert cell["lr_at_grid_edge"] and cell["lr_at_bound"] and len(study["runs"]) == 4
+    assert study["noise"] is None
 
 
 @pytest.fixture
@@ -262,6 +266,8 @@ def no_training(monkeypatch):
     (lambda: StudyConfig(target=Target("val_loss", 0.0)), ConfigError, "must be > 0"),
     (lambda: StudyConfig(batch_sizes=()), ConfigError, "Empty batch-size list"),
     (lambda: StudyConfig(optimizers=("sgd", "lamb")), ConfigError, "Unknown optimizer"),
+    (lambda: StudyConfig(seeds=0), ConfigError, "Invalid seeds 0"),
+    (lambda: StudyConfig(lr_extend=-1), ConfigError, "Invalid lr_extend -1"),
 ])
 def test_bad_input_fails_before_any_training(tmp_path, no_training, make, error, message):
     with pytest.raises(error, match=message):
@@ -273,6 +279,9 @@ def test_bad_input_fails_before_any_training(tmp_path, no_training, make, error,
     (["--batch-sizes", ""], "Empty batch-size list"),
     (["--batch-sizes", "8,4096"], "larger than the training split"),
     (["--optimizers", "sgd,lion"], "Unknown optimizer"),
+    (["--seeds", "0"], "Invalid seeds 0"),
+    (["--lr-extend", "-1"], "Invalid lr_extend -1"),
+    (["--target", "-0.5"], "val_accuracy"),
 ])
 def test_cli_bad_input_is_a_one_line_error(tmp_path, no_training, capsys, flags, message):
     assert main(["study", "--out", str(tmp_path), "--no-progress", *flags]) == 2
@@ -292,3 +301,88 @@ def test_compare_puts_backends_side_by_side(baseline, tmp_path, capsys):
     assert text.count("| sgd | 64 |") == 1 and "not reached" in text
     assert (tmp_path / "compare.md").is_file()
     assert "fastest adam" in compare([other])
+
+
+def _planted(monkeypatch, outcome):
+    """A stand-in engine: ``outcome(learning_rate, seed)`` is the run's steps to target (None:
+    never reached). Returns the list of (learning rate, seed, budget) it was asked to train."""
+    calls = []
+
+    def execute(self, plan):
+        calls.append((plan.learning_rate, plan.seed, plan.max_steps))
+        return _fake_history(plan, outcome(plan.learning_rate, plan.seed))
+
+    monkeypatch.setattr(StudyRunner, "execute", execute)
+    return calls
+
+
+def _one_cell(**overrides):
+    options = {"optimizers": ("sgd",), "batch_sizes": (1294,), "max_steps": 1000,
+               "engine": "keras", "noise_points": 0, "seeds": 3, "lr_extend": 0, **overrides}
+    return StudyConfig(**options)
+
+
+def test_seeds_pick_the_rate_with_the_best_median_and_give_intervals(tmp_path, monkeypatch):
+    # Rate 0.1 has the luckiest seed (50) but rate 1.0 the best median (200 < 300).
+    steps = {(0.1, 0): 50, (0.1, 1): 300, (0.1, 2): None, (1.0, 0): 250, (1.0, 1): 200,
+             (1.0, 2): 150}
+    calls = _planted(monkeypatch, lambda lr, seed: steps[lr, seed])
+    config = _one_cell(learning_rates={"sgd": (0.1, 1.0)}, prune=False)
+    with ResultStore(tmp_path / "study.db") as store:
+        study = StudyRunner(config, store).run()
+        assert sorted((lr, seed) for lr, seed, _ in calls) == sorted(steps)
+        (cell,) = study["cells"]
+        assert cell["learning_rate"] == 1.0 and cell["steps_to_target"] == 200
+        assert cell["reached"] and cell["seeds"] == 3 and cell["seeds_reached"] == 3
+        interval = cell["intervals"]["steps_to_target"]
+        assert (interval["low"], interval["median"], interval["high"]) == (150, 200, 250)
+        assert interval["coverage"] == pytest.approx(0.75)
+        # Every seed is its own stored run: a second pass trains nothing.
+        calls.clear()
+        again = StudyRunner(config, store)
+        again.run()
+        assert calls == [] and again.executed == 0
+        assert len({r["key"] for r in store.records(kind="run")}) == 6
+
+
+def test_a_cell_reaches_only_when_its_median_seed_does(tmp_path, monkeypatch):
+    _planted(monkeypatch, lambda lr, seed: 100 if seed == 0 else None)
+    with ResultStore(tmp_path / "study.db") as store:
+        (cell,) = StudyRunner(_one_cell(learning_rates={"sgd": (0.1,)}), store).run()["cells"]
+    assert not cell["reached"] and cell["steps_to_target"] is None and cell["seeds_reached"] == 1
+    assert math.isinf(cell["intervals"]["steps_to_target"]["high"])
+
+
+def test_pruning_with_seeds_keeps_the_winner_exact(tmp_path, monkeypatch):
+    # 0.1: median 300 (the budget of later rates). 1.0: two seeds reach under 300, one never
+    # does within the pruned budget: it wins on its median, and its cut-short seed is re-run on
+    # the full budget for the interval's upper end. 0.01: two misses, its last seed is skipped.
+    steps = {(0.1, 0): 300, (0.1, 1): 280, (0.1, 2): 400, (1.0, 0): 120, (1.0, 1): 700,
+             (1.0, 2): 200, (0.01, 0): None, (0.01, 1): 900, (0.01, 2): 10}
+    calls = _planted(monkeypatch, lambda lr, seed: steps[lr, seed])
+    config = _one_cell(learning_rates={"sgd": (0.1, 1.0, 0.01)})
+    with ResultStore(tmp_path / "study.db") as store:
+        (cell,) = StudyRunner(config, store).run()["cells"]
+    assert calls == [(0.1, 0, 1000), (0.1, 1, 1000), (0.1, 2, 1000),
+                     (1.0, 0, 300), (1.0, 1, 300), (1.0, 2, 300),
+                     (0.01, 0, 200), (0.01, 1, 200),
+                     (1.0, 1, 1000)]
+    assert cell["learning_rate"] == 1.0 and cell["steps_to_target"] == 200
+    interval = cell["intervals"]["steps_to_target"]
+    assert (interval["low"], interval["high"]) == (120, 700)
+
+
+def test_seeds_change_the_runs_and_the_same_seed_repeats_them(tmp_path):
+    config = StudyConfig(optimizers=("adam",), batch_sizes=(64,), learning_rates={"adam": (3e-3,)},
+                         max_steps=40, engine="native", target=Target("val_accuracy", 0.9),
+                         noise_points=0, seeds=2)
+    with ResultStore(tmp_path / "study.db") as store:
+        runner = StudyRunner(config, store)
+        runner.prepare()
+        first, again, other = (runner.execute(runner.plan("adam", 64, 3e-3, seed=seed))
+                               for seed in (0, 0, 1))
+    # Multi-threaded XLA reductions differ by ~1e-9 between identical calls: 1e-5 relative.
+    np.testing.assert_allclose(again.loss, first.loss, rtol=1e-5)
+    reached_at = [(h.extra.get("target_reached") or {}).get("step") for h in (first, again)]
+    assert reached_at[0] is not None and reached_at[0] == reached_at[1]
+    assert not np.allclose(other.loss[:5], first.loss[:5], rtol=1e-3)

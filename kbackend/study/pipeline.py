@@ -46,8 +46,12 @@ class _ProgressEvents:
         self.skipped = 0
         self.label = ""
 
-    def __call__(self, event: str, plan: Any = None, record: Any = None) -> None:
-        if event in ("start", "start_noise"):
+    def __call__(self, event: str, plan: Any = None, record: Any = None, runs: int = 0) -> None:
+        if event == "extend":  # a grid extension or a re-run: more runs than planned
+            self.progress.update(self.task, total=self.progress.tasks[0].total + runs)
+        elif event == "pruned":  # a seed a pruned rate no longer needs
+            self.progress.advance(self.task, runs)
+        elif event in ("start", "start_noise"):
             self.label = plan.label() if event == "start" else f"noise scale along {plan.label()}"
             self.progress.update(self.task, description=self.label)
         elif event in ("finished", "finished_noise", "skipped", "skipped_noise"):

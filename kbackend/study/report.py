@@ -27,6 +27,24 @@ def _fmt(value: Any, spec: str = ".3g", missing: str = "-") -> str:
     return format(value, spec)
 
 
+def _interval(cell: dict[str, Any], name: str, spec: str) -> str:
+    """``median [low, high]`` of one of a cell's figures (``not reached`` for an infinite end)."""
+    interval = (cell.get("intervals") or {}).get(name)
+    if not interval or not interval.get("n"):
+        return _fmt(cell.get(name), spec)
+    if interval["n"] == 1:
+        return _fmt(interval["median"], spec, missing="-")
+    ends = [_fmt(interval[end], spec, missing="never") for end in ("low", "high")]
+    return f"{_fmt(interval['median'], spec, missing='never')} [{ends[0]}, {ends[1]}]"
+
+
+def edge_label(cell: dict[str, Any]) -> str:
+    """Where the cell's best learning rate sits in its (extended) grid, if on an end."""
+    if not cell.get("lr_at_grid_edge"):
+        return ""
+    return " (edge, at the bound)" if cell.get("lr_at_bound") else " (edge)"
+
+
 def table_rows(study: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the per-cell table (terminal and markdown)."""
     metric = study["config"]["target"]["metric"]
@@ -34,12 +52,15 @@ def table_rows(study: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
               "time to target (s)", f"best {metric}", "test acc", "samples/s", "start-up (s)"]
     rows = []
     for c in study["cells"]:
-        lr = _fmt(c["learning_rate"]) + (" (edge)" if c.get("lr_at_grid_edge") else "")
+        seeds = c.get("seeds", 1)
+        reached = "yes" if c["reached"] else "NOT REACHED"
+        if seeds > 1:
+            reached += f" ({c.get('seeds_reached', 0)}/{seeds})"
         rows.append([
-            c["optimizer"], str(c["batch_size"]), lr, "yes" if c["reached"] else "NOT REACHED",
-            _fmt(c["steps_to_target"], "d"), _fmt(c["epochs_to_target"], ".2f"),
-            _fmt(c["samples_to_target"], "d"), _fmt(c["time_to_target"], ".2f"),
-            _fmt(c["best_metric"], ".4f"), _fmt(c["test_accuracy"], ".4f"),
+            c["optimizer"], str(c["batch_size"]), _fmt(c["learning_rate"]) + edge_label(c), reached,
+            _interval(c, "steps_to_target", ".0f"), _fmt(c["epochs_to_target"], ".2f"),
+            _fmt(c["samples_to_target"], ".0f"), _interval(c, "time_to_target", ".2f"),
+            _interval(c, "best_metric", ".4f"), _interval(c, "test_accuracy", ".4f"),
             _fmt(c["samples_per_s"], ",.0f"),
             _fmt(c.get("startup_time"), ".2f") + ("~" if c.get("startup_time_estimated") else ""),
         ])
@@ -94,7 +115,7 @@ def print_table(study: dict[str, Any], analysis: dict[str, Any], console: Any = 
     for name in header:
         table.add_column(name, justify="left" if name in ("optimizer", "reached") else "right")
     for row in rows:
-        table.add_row(*row, style=None if row[3] == "yes" else "dim")
+        table.add_row(*row, style=None if row[3].startswith("yes") else "dim")
     console.print(table)
     for line in conclusions(study, analysis):
         console.print(f"- {line}", highlight=False)

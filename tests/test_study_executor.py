@@ -386,3 +386,25 @@ def test_seeds_change_the_runs_and_the_same_seed_repeats_them(tmp_path):
     reached_at = [(h.extra.get("target_reached") or {}).get("step") for h in (first, again)]
     assert reached_at[0] is not None and reached_at[0] == reached_at[1]
     assert not np.allclose(other.loss[:5], first.loss[:5], rtol=1e-3)
+
+
+@pytest.mark.parametrize(("optimum", "extend", "tried", "best", "at_bound"), [
+    # The grid is 0.1272, 1.272, 12.72 (centre 0.2 at batch 32, square-root scaled to 1294).
+    (127.2, 2, [0.1272, 1.272, 12.72, 127.2, 1272.0], 127.2, False),  # moved inside
+    (1e6, 2, [0.1272, 1.272, 12.72, 127.2, 1272.0], 1272.0, True),   # stops at its bound
+    (1e-4, 1, [0.01272, 0.1272, 1.272, 12.72], 0.01272, True),
+    (1.272, 2, [0.1272, 1.272, 12.72], 1.272, False),                # interior: no extension
+])
+def test_grid_extends_until_the_best_rate_is_inside_or_at_its_bound(
+        tmp_path, monkeypatch, optimum, extend, tried, best, at_bound):
+    # Steps to target grow by 50 per decade away from the optimum learning rate.
+    calls = _planted(monkeypatch, lambda lr, seed: 100 + round(50 * abs(math.log10(lr / optimum))))
+    config = _one_cell(lr_grid_size=3, lr_factor=10.0, lr_extend=extend, seeds=1)
+    with ResultStore(tmp_path / "study.db") as store:
+        (cell,) = StudyRunner(config, store).run()["cells"]
+    assert cell["lr_tried"] == pytest.approx(tried) and cell["learning_rate"] == pytest.approx(best)
+    assert cell["lr_at_grid_edge"] is at_bound and cell["lr_at_bound"] is at_bound
+    assert len(calls) == len(tried)
+    from kbackend.study.report import edge_label
+
+    assert edge_label(cell) == (" (edge, at the bound)" if at_bound else "")

@@ -242,6 +242,7 @@ def summarize_cell(records: list[dict[str, Any]]) -> dict[str, Any]:
         "startup_time_estimated": any(r.get("startup_time_estimated") for r in results),
         "train_time": sum(r.get("train_time") or 0.0 for r in results),
         "wall_time": sum(r.get("wall_time") or 0.0 for r in results),
+        "seed_steps": {str(r["config"]["seed"]): _steps(r) for r in records},
         "run_key": middle["key"],
         "run_keys": [r["key"] for r in records],
         "intervals": {"steps_to_target": steps, "time_to_target": times,

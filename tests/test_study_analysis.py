@@ -278,3 +278,46 @@ def test_critical_batch_over_seeds_and_its_agreement_with_the_noise_scale():
     assert noise_agreement(b_crit, 50.0, 3)["agree"] is True
     assert noise_agreement(b_crit, 500.0, 3)["agree"] is False
     assert not noise_agreement(b_crit, None, 3)["resolved"]
+
+
+@pytest.mark.parametrize(("grad_sq", "trace", "reason"), [
+    (-0.5, 10.0, "|G|^2 estimate is not positive"),
+    (0.5, -10.0, "tr(Sigma) estimate is not positive"),
+])
+def test_a_negative_noise_scale_is_never_a_finding(grad_sq, trace, reason):
+    from kbackend.study.analysis import noise_scale_note, training_noise_scale
+
+    noise = {"small_batch": 8, "big_batch": 512, "draws": 24,
+             "points": [{"step": 0, "grad_sq": 1.0, "trace_sigma": 5.0},
+                        {"step": 10, "grad_sq": grad_sq, "trace_sigma": trace}]}
+    assert training_noise_scale(noise) is None
+    note = noise_scale_note(noise)
+    assert note.startswith("not estimated: ") and reason in note and "8/512" in note
+    analysis = analyze({"cells": [], "runs": [], "noise": noise})
+    assert analysis["b_simple"] is None and analysis["b_simple_note"] == note
+
+
+def _step_times(per_batch, spread):
+    """Made-up interleaved timings: samples/s per batch size, each timing off by +-spread."""
+    cells = []
+    for size, samples_per_s in per_batch.items():
+        seconds = [size / samples_per_s * f for f in (1 - spread, 1.0, 1 + spread)]
+        cells.append({"optimizer": "sgd", "batch_size": size, "seconds": seconds})
+    return {"cells": cells}
+
+
+def test_throughput_knee_is_stated_only_where_the_timings_separate():
+    from kbackend.study.analysis import (
+        measured_throughput,
+        step_time_spread,
+        throughput_knee_verdict,
+    )
+
+    curve = {8: 1000.0, 16: 2000.0, 32: 3000.0, 64: 3100.0, 128: 3150.0}
+    tight = throughput_knee_verdict(measured_throughput(_step_times(curve, 0.01)))
+    assert tight["resolved"] and tight["batch_size"] == 32 and "batch 32" in tight["text"]
+    loose = throughput_knee_verdict(measured_throughput(_step_times(curve, 0.2)))
+    assert not loose["resolved"] and "not resolved at 3 timings" in loose["text"]
+    spread = step_time_spread(_step_times(curve, 0.2))
+    assert spread["worst_ratio"] == pytest.approx(1.2 / 0.8)
+    assert "sgd 32/64" in spread["unranked_neighbours"] and "sgd 8/16" not in spread["unranked_neighbours"]

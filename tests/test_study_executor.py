@@ -90,7 +90,7 @@ def test_tiny_study_writes_report_plots_and_reports_unreached_cells(baseline):
 def test_rerun_skips_every_finished_run(baseline):
     out, first = baseline
     again = run_study(TINY, out, show_progress=False, print_results=False)
-    assert again["executed"] == 0 and again["skipped"] == TINY_RUNS + 1  # + the noise scale
+    assert again["executed"] == 0 and again["skipped"] == TINY_RUNS + 2  # + noise, step times
     assert [c["run_key"] for c in again["study"]["cells"]] == [c["run_key"] for c in first["study"]["cells"]]
 
 
@@ -241,7 +241,7 @@ def test_learning_rate_search_prunes_and_picks_the_fewest_steps(tmp_path, monkey
     monkeypatch.setattr(StudyRunner, "execute", execute)
     config = StudyConfig(optimizers=("sgd",), batch_sizes=(1294,), max_steps=1000, engine="keras",
                          learning_rates={"sgd": (0.1, 0.01, 1.0, 0.3)}, noise_points=0,
-                         seeds=1, lr_extend=0)
+                         seeds=1, lr_extend=0, step_time_repeats=0)
     with ResultStore(tmp_path / "study.db") as store:
         study = StudyRunner(config, store).run()
     # One step per epoch at batch 1294 (the keras engine evaluates every epoch).
@@ -318,7 +318,8 @@ def _planted(monkeypatch, outcome):
 
 def _one_cell(**overrides):
     options = {"optimizers": ("sgd",), "batch_sizes": (1294,), "max_steps": 1000,
-               "engine": "keras", "noise_points": 0, "seeds": 3, "lr_extend": 0, **overrides}
+               "engine": "keras", "noise_points": 0, "seeds": 3, "lr_extend": 0,
+               "step_time_repeats": 0, **overrides}
     return StudyConfig(**options)
 
 
@@ -408,3 +409,81 @@ def test_grid_extends_until_the_best_rate_is_inside_or_at_its_bound(
     from kbackend.study.report import edge_label
 
     assert edge_label(cell) == (" (edge, at the bound)" if at_bound else "")
+
+
+def test_time_model_times_cells_interleaved_and_multiplies_median_steps(tmp_path, monkeypatch):
+    _planted(monkeypatch, lambda lr, seed: {0: 100, 1: 120, 2: 90}[seed])
+    order = []
+
+    def step_timer(self, cell):
+        label = (cell["optimizer"], cell["batch_size"])
+        return lambda: order.append(label)
+
+    monkeypatch.setattr(StudyRunner, "step_timer", step_timer)
+    config = _one_cell(optimizers=("sgd", "adam"), batch_sizes=(647, 1294), step_time_repeats=3,
+                       learning_rates={"sgd": (0.1,), "adam": (0.01,)})
+    with ResultStore(tmp_path / "study.db") as store:
+        study = StudyRunner(config, store).run()
+        cells = [("sgd", 647), ("sgd", 1294), ("adam", 647), ("adam", 1294)]
+        # One untimed warm-up call each, then three rounds, each starting one cell later.
+        assert order == cells + cells + cells[1:] + cells[:1] + cells[2:] + cells[:2]
+        for cell in study["cells"]:
+            per_step = cell["seconds_per_step"]
+            assert per_step["n"] == 3 and cell["time_model"] == "steps x step time"
+            interval = cell["intervals"]["time_to_target"]
+            assert interval["median"] == pytest.approx(100 * per_step["median"])
+            assert interval["low"] == pytest.approx(90 * per_step["low"])
+            assert interval["high"] == pytest.approx(120 * per_step["high"])
+            assert cell["time_to_target_runs"] == pytest.approx(1.0)  # the runs' own clocks
+        order.clear()
+        again = StudyRunner(config, store).run()  # stored: not measured again
+        assert order == [] and again["step_times"] == study["step_times"]
+
+
+def test_an_undefined_noise_scale_retries_once_with_a_wider_batch_pair(tmp_path, monkeypatch):
+    _planted(monkeypatch, lambda lr, seed: 100)
+    pairs = []
+
+    def measure_noise(self, plan, checkpoints, small=None, big=None):
+        pairs.append((small, big))
+        grad_sq = -1.0 if len(pairs) == 1 else 2.0  # the first pair cannot tell |G|^2 apart
+        return [{"step": step, "grad_sq": grad_sq, "trace_sigma": 100.0, "b_simple": 100.0 / grad_sq}
+                for step in checkpoints]
+
+    monkeypatch.setattr(StudyRunner, "measure_noise", measure_noise)
+    config = _one_cell(batch_sizes=(16, 64), learning_rates={"sgd": (0.1,)}, noise_points=2,
+                       seeds=1)
+    with ResultStore(tmp_path / "study.db") as store:
+        noise = StudyRunner(config, store).run()["noise"]
+    assert pairs == [(16, 64), (4, 256)]
+    assert (noise["small_batch"], noise["big_batch"]) == (4, 256)
+    assert noise["first_try"]["small_batch"] == 16
+    from kbackend.study.analysis import training_noise_scale
+
+    assert training_noise_scale(noise) == pytest.approx(50.0)
+
+
+def test_report_states_sources_verdicts_and_caveats(tmp_path, monkeypatch):
+    # Planted: sgd needs half adam's steps at batch 16, adam a quarter of sgd's at batch 64.
+    steps = {("sgd", 16): 100, ("adam", 16): 200, ("sgd", 64): 80, ("adam", 64): 20}
+    spread = {0: 0.9, 1: 1.0, 2: 1.1}
+
+    def execute(self, plan):
+        return _fake_history(plan, round(steps[plan.optimizer, plan.batch_size] * spread[plan.seed]))
+
+    monkeypatch.setattr(StudyRunner, "execute", execute)
+    monkeypatch.setattr(StudyRunner, "step_timer", lambda self, cell: lambda: None)
+    config = _one_cell(optimizers=("sgd", "adam"), batch_sizes=(16, 64), step_time_repeats=3,
+                       learning_rates={"sgd": (0.1,), "adam": (0.01,)})
+    result = run_study(config, tmp_path, show_progress=False, print_results=False)
+    report = result["paths"]["report"].read_text()
+    assert "## What the sources claim, what this run shows" in report and "## Caveats" in report
+    for claim in ("**(a) SGD vs Adam", "**(b) Scaling regions", "**(c) Generalization",
+                  "**(d) The throughput knee"):
+        assert claim in report
+    assert "3 seeds, intervals of 75% coverage" in report
+    assert "Machine load (1-minute load average" in report
+    assert "first value past the target" in report
+    assert "| sgd | 16 | 0.1 | yes (3/3) | 100 [90, 110] |" in report
+    for name in PLOTS:
+        assert (result["paths"]["report"].parent / "plots" / name).read_bytes()[:4] == b"\x89PNG"

@@ -171,7 +171,9 @@ def analyze(study: dict[str, Any]) -> dict[str, Any]:
             {"batch_size": fastest["batch_size"], "time_to_target": fastest["time_to_target"]},
             "not_reached": [c["batch_size"] for c in group if not c["reached"]],
         }
-    curve = throughput_curve(study["runs"])
+    measured = measured_throughput(study.get("step_times"))
+    # The time model's interleaved timings when there are any; else the runs' own clocks.
+    curve = measured or throughput_curve(study["runs"])
     knee = curve_knee(curve) if curve else None
     reached = [c for c in cells if c["reached"]]
     best = min(reached, key=_time) if reached else None
@@ -187,6 +189,8 @@ def analyze(study: dict[str, Any]) -> dict[str, Any]:
                                    optimizer_comparison(cells, "adam", "momentum", seeds))
                        if x is not None],
         "per_optimizer": {},
+        "throughput_knee": throughput_knee_verdict(measured),
+        "step_time_spread": step_time_spread(study.get("step_times")),
     }
     for optimizer, group in _by_optimizer(cells).items():
         b_crit = critical_batch_over_seeds(group)
@@ -208,18 +212,42 @@ def analyze(study: dict[str, Any]) -> dict[str, Any]:
             "steps_to_target": best["steps_to_target"]},
         "crossovers": crossovers,
         "b_simple": b_simple,
+        "b_simple_note": noise_scale_note(noise),
     }
 
 
 def training_noise_scale(noise: dict[str, Any] | None) -> float | None:
     """B_simple over training: the ratio of the tr(Sigma) and |G|^2 estimates averaged over the
     measurement points after initialization. One point's |G|^2 near the target is small and
-    noisy, so its ratio alone can be off by an order of magnitude."""
+    noisy, so its ratio alone can be off by an order of magnitude. None when it is not a
+    finding: no measurement, or an average estimate that is not positive (``noise_scale_note``
+    says which)."""
     if not noise or not noise.get("points"):
         return None
     points = [p for p in noise["points"] if p["step"] > 0] or noise["points"]
     grad_sq = sum(p["grad_sq"] for p in points)
-    return sum(p["trace_sigma"] for p in points) / grad_sq if grad_sq > 0 else math.inf
+    trace = sum(p["trace_sigma"] for p in points)
+    if not (grad_sq > 0 and trace > 0 and math.isfinite(grad_sq) and math.isfinite(trace)):
+        return None
+    return trace / grad_sq
+
+
+def noise_scale_note(noise: dict[str, Any] | None) -> str:
+    """Why ``training_noise_scale`` gave no value ('' when it gave one)."""
+    if not noise or not noise.get("points"):
+        return "not estimated: no measurement (--noise-points 0)"
+    if training_noise_scale(noise) is not None:
+        return ""
+    points = [p for p in noise["points"] if p["step"] > 0] or noise["points"]
+    grad_sq = sum(p["grad_sq"] for p in points)
+    trace = sum(p["trace_sigma"] for p in points)
+    pair = f"batch pair {noise.get('small_batch')}/{noise.get('big_batch')}"
+    if not grad_sq > 0:
+        return (f"not estimated: the |G|^2 estimate is not positive ({grad_sq:.3g}) with the "
+                f"{pair}: the gradient is too small against its noise to measure with "
+                f"{noise.get('draws')} draws")
+    return (f"not estimated: the tr(Sigma) estimate is not positive ({trace:.3g}) with the "
+            f"{pair}")
 
 
 # -- verdicts: a finding is stated only where the intervals of the compared cells separate ------
@@ -276,7 +304,7 @@ def fastest_verdict(cells: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
     name = f"{leader['optimizer']} at batch {leader['batch_size']}"
     ties = [f"{c['optimizer']} at batch {c['batch_size']}" for c in cells
             if c is not leader and order(_time_interval(leader), _time_interval(c)) != -1]
-    span = _span(_time_interval(leader), ".2f")
+    span = _span(_time_interval(leader), ".3g")
     if not ties:
         text = (f"fastest: {name}, {span} s to target, below every other cell's interval "
                 f"({_seeds_text(seeds, coverage)})")
@@ -302,8 +330,8 @@ def optimizer_comparison(cells: list[dict[str, Any]], challenger: str, incumbent
         side = order(_time_interval(a[size]), _time_interval(b[size]))
         winner = challenger if side == -1 else incumbent if side == 1 else None
         per_batch.append({"batch_size": size, "faster": winner,
-                          challenger: _span(_time_interval(a[size]), ".2f"),
-                          incumbent: _span(_time_interval(b[size]), ".2f")})
+                          challenger: _span(_time_interval(a[size]), ".3g"),
+                          incumbent: _span(_time_interval(b[size]), ".3g")})
     winners = [p["faster"] for p in per_batch]
     result: dict[str, Any] = {"challenger": challenger, "incumbent": incumbent,
                               "per_batch": per_batch, "batch_size": None, "resolved": False}
@@ -323,7 +351,7 @@ def optimizer_comparison(cells: list[dict[str, Any]], challenger: str, incumbent
                                f"{challenger} from batch {size} up ({coverage})")
         else:
             settled = [f"{p['faster']} at {p['batch_size']}" for p in per_batch if p["faster"]]
-            result["text"] = (f"{challenger} vs {incumbent}: {not_resolved(seeds)}"
+            result["text"] = (f"{not_resolved(seeds)}"
                               + (f" (separated only: {', '.join(settled)})" if settled else
                                  " at any batch size"))
     return result
@@ -413,3 +441,75 @@ def generalization_verdict(group: list[dict[str, Any]], seeds: int) -> dict[str,
     return {"resolved": True, "larger_batch": direction,
             "text": f"{figures}: {direction} at the larger batch "
                     f"({_seeds_text(seeds, median_coverage(seeds))})"}
+
+
+def measured_throughput(step_times: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Samples/s per batch size from the time model's interleaved step timings, pooled over the
+    optimizers of that batch size: the median with its order-statistic interval."""
+    by_batch: dict[int, list[float]] = {}
+    for cell in (step_times or {}).get("cells", []):
+        by_batch.setdefault(cell["batch_size"], []).extend(
+            cell["batch_size"] / s for s in cell["seconds"] if s > 0)
+    curve = []
+    for size, values in sorted(by_batch.items()):
+        interval = median_interval(values)
+        curve.append({"batch_size": size, "samples_per_s": interval["median"],
+                      "low": interval["low"], "high": interval["high"], "n": interval["n"],
+                      "coverage": interval["coverage"]})
+    return curve
+
+
+def throughput_knee_verdict(curve: list[dict[str, Any]]) -> dict[str, Any]:
+    """The throughput knee (``kbackend.hardware.knee``'s definition) on the medians, resolved
+    when every per-doubling gain up to it is on the same side of the threshold over the whole
+    range the samples/s intervals allow."""
+    if len(curve) < 2 or any("low" not in p for p in curve):
+        return {"resolved": False, "batch_size": None,
+                "text": "not measured: needs step timings at two or more batch sizes"}
+    knee = curve_knee(curve)
+    resolved = True
+    for index, (p1, p2) in enumerate(itertools.pairwise(curve)):
+        if index > knee.index:
+            break
+        power = 1.0 / math.log2(p2["batch_size"] / p1["batch_size"])
+        low = (p2["low"] / p1["high"]) ** power - 1.0
+        high = (p2["high"] / p1["low"]) ** power - 1.0
+        below = index == knee.index and knee.plateau_reached
+        if (below and high >= knee.min_gain) or (not below and low < knee.min_gain):
+            resolved = False
+    n = min(p["n"] for p in curve)
+    where = (f"batch {knee.batch_size}" if knee.plateau_reached else
+             f"no plateau up to batch {knee.batch_size}")
+    coverage = f"samples/s intervals of >= {median_coverage(n):.0%} coverage over {n} timings"
+    text = (f"throughput knee (next doubling gains < {knee.min_gain:.0%}): {where} ({coverage})"
+            if resolved else
+            f"throughput knee: not resolved at {n} timings per batch size (median curve: "
+            f"{where}; the intervals allow another)")
+    return {"resolved": resolved, "batch_size": knee.batch_size,
+            "plateau_reached": knee.plateau_reached, "text": text}
+
+
+def step_time_spread(step_times: dict[str, Any] | None) -> dict[str, Any] | None:
+    """How much the measured step times moved: max/min per cell, and the neighbouring batch
+    sizes (same optimizer) whose samples/s intervals overlap, which cannot be ranked."""
+    cells = (step_times or {}).get("cells", [])
+    if not cells:
+        return None
+    ratios = {f"{c['optimizer']} B={c['batch_size']}": max(c["seconds"]) / min(c["seconds"])
+              for c in cells if c["seconds"] and min(c["seconds"]) > 0}
+    overlaps = []
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for cell in cells:
+        grouped.setdefault(cell["optimizer"], []).append(cell)
+    for optimizer, group in grouped.items():
+        group.sort(key=lambda c: c["batch_size"])
+        for c1, c2 in itertools.pairwise(group):
+            t1 = [c1["batch_size"] / s for s in c1["seconds"]]
+            t2 = [c2["batch_size"] / s for s in c2["seconds"]]
+            if min(t2) <= max(t1) and min(t1) <= max(t2):
+                overlaps.append(f"{optimizer} {c1['batch_size']}/{c2['batch_size']}")
+    values = sorted(ratios.values())
+    worst = max(ratios, key=ratios.get) if ratios else None
+    return {"median_ratio": statistics.median(values) if values else None,
+            "worst": worst, "worst_ratio": ratios.get(worst) if worst else None,
+            "unranked_neighbours": overlaps}

@@ -62,7 +62,9 @@ class StudyConfig:
     can only win by reaching the target in fewer steps. Each learning rate runs with ``seeds``
     seeds (``seed``, ``seed + 1``, ...: initial weights and data order); a cell's figures are
     medians over them with an order-statistic interval. A cell whose best rate sits on an end of
-    its grid extends the grid that way by up to ``lr_extend`` points.
+    its grid extends the grid that way by up to ``lr_extend`` points. Time to target is the
+    median steps to target times the cell's steady seconds per step, measured after training in
+    ``step_time_repeats`` interleaved rounds (0: each run's own clock instead).
     """
 
     model: str = "seed_mlp"
@@ -84,6 +86,7 @@ class StudyConfig:
     prune: bool = True
     seeds: int = 3
     lr_extend: int = 2
+    step_time_repeats: int = 5
     noise_points: int = 4
     noise_draws: int = 24
     noise_small_batch: int = 0
@@ -130,7 +133,7 @@ class StudyConfig:
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"Invalid {name} {value!r}: expected an integer >= 1.")
         for name in ("fused_steps", "noise_points", "noise_small_batch", "noise_big_batch",
-                     "max_batch_size", "lr_extend"):
+                     "max_batch_size", "lr_extend", "step_time_repeats"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ConfigError(f"Invalid {name} {value!r}: expected an integer >= 0.")
@@ -189,6 +192,6 @@ class StudyConfig:
     def identity(self) -> dict[str, Any]:
         """What makes two studies the same question, whatever backend or device answers it."""
         payload = self.to_dict()
-        for name in ("data_dir", "engine", "fused_steps"):
+        for name in ("data_dir", "engine", "fused_steps", "step_time_repeats"):
             payload.pop(name)
         return payload

@@ -11,8 +11,9 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -21,12 +22,13 @@ from kbackend.backends import impl
 from kbackend.data import Dataset
 from kbackend.data.batching import steps_per_epoch_dropping_last, steps_per_epoch_keeping_last
 from kbackend.engines import get_engine
+from kbackend.engines.native import epoch_runner
 from kbackend.envinfo import environment_identity
 from kbackend.errors import ConfigError
 from kbackend.history import History
 from kbackend.models import ModelOptions, build_model, model_layout
 from kbackend.optim import OptimizerSpec
-from kbackend.study.analysis import median_interval
+from kbackend.study.analysis import median_interval, training_noise_scale
 from kbackend.study.config import REFERENCE_BATCH, StudyConfig
 from kbackend.study.noise import measure_noise_scale
 from kbackend.study.store import ResultStore, config_key
@@ -34,6 +36,8 @@ from kbackend.training import Target, TrainConfig, load_dataset, train
 
 # Engines that validate once per epoch, whatever eval_every asks (Keras fit).
 EPOCH_EVAL_ENGINES = frozenset({"keras"})
+# Steps per timed call of the time model (rounded up to whole fused calls).
+STEP_TIME_STEPS = 32
 
 
 @dataclass(frozen=True)
@@ -250,6 +254,32 @@ def summarize_cell(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def apply_time_model(cells: list[dict[str, Any]], step_times: dict[str, Any] | None) -> None:
+    """Each cell's time to target = its median steps to target x its median measured seconds
+    per step; the interval is [low steps x fastest step time, high steps x slowest step time].
+    The runs' own clocks stay in ``time_to_target_runs``. Without a measurement the runs'
+    clocks remain the time to target (``time_model: "run clocks"``)."""
+    measured = {(c["optimizer"], c["batch_size"]): c["seconds_per_step"]
+                for c in (step_times or {}).get("cells", [])}
+    for cell in cells:
+        intervals = cell.setdefault("intervals", {})
+        intervals["time_to_target_runs"] = intervals.get("time_to_target")
+        cell["time_to_target_runs"] = cell.get("time_to_target")
+        per_step = measured.get((cell["optimizer"], cell["batch_size"]))
+        if per_step is None or not per_step.get("n"):
+            cell["time_model"] = "run clocks"
+            continue
+        steps = intervals["steps_to_target"]
+        cell["time_model"] = "steps x step time"
+        cell["seconds_per_step"] = per_step
+        cell["samples_per_s"] = cell["batch_size"] / per_step["median"]
+        intervals["time_to_target"] = {
+            "median": steps["median"] * per_step["median"],
+            "low": steps["low"] * per_step["low"], "high": steps["high"] * per_step["high"],
+            "n": steps["n"], "coverage": steps["coverage"]}
+        cell["time_to_target"] = (steps["median"] * per_step["median"]) if cell["reached"] else None
+
+
 class StudyRunner:
     """Plans, validates and runs a study against a results store."""
 
@@ -361,8 +391,10 @@ class StudyRunner:
                 cell = self.run_cell(optimizer, batch_size)
                 runs.extend(cell.pop("runs"))
                 cells.append(cell)
+        step_times = self.measure_step_times(cells)
+        apply_time_model(cells, step_times)
         noise = self.run_noise(cells)
-        return {"study": self.study_id, "config": self.config.to_dict(), "env": self.env,
+        return {"study": self.study_id, "step_times": step_times, "config": self.config.to_dict(), "env": self.env,
                 "dataset": self.dataset.info.to_dict(), "batch_sizes": list(self.batch_sizes),
                 "cells": cells, "runs": runs, "noise": noise}
 
@@ -511,6 +543,73 @@ class StudyRunner:
         return train(self.train_config(plan), dataset=self.dataset,
                      model=self.build_model(plan.seed)).history
 
+    # -- time model: steady seconds per step, measured apart ----------------------------------
+
+    def step_time_plan(self, cell: dict[str, Any]) -> tuple[int, int]:
+        """(steps per timed call, fused steps) for timing one cell: the native engine's compiled
+        step with the training's K when the study's engine fuses steps, else one step per call."""
+        fused = self.plan(cell["optimizer"], cell["batch_size"], cell["learning_rate"]).fused_steps
+        fused = max(1, min(fused, STEP_TIME_STEPS))
+        return fused * -(-STEP_TIME_STEPS // fused), fused
+
+    def step_timer(self, cell: dict[str, Any]) -> Callable[[], Any]:
+        """A callable that trains ``step_time_plan(cell)[0]`` steps of the cell's compiled native
+        step (its optimizer, batch size and best rate) on a copy of its model."""
+        assert self.dataset is not None
+        steps, fused = self.step_time_plan(cell)
+        batch = cell["batch_size"]
+        rows = np.arange(steps * batch) % self.num_train  # whole batches, wrapping the data
+        subset = replace(self.dataset, x_train=self.dataset.x_train[rows],
+                         y_train=self.dataset.y_train[rows])
+        return epoch_runner(self.build_model(), subset,
+                            OptimizerSpec(cell["optimizer"], cell["learning_rate"]),
+                            batch, fused, self.config.seed)
+
+    def measure_step_times(self, cells: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """Each cell's steady seconds per step, in ``step_time_repeats`` interleaved rounds: in
+        each round every cell times one call of ``STEP_TIME_STEPS`` steps, in an order rotated
+        by the round, so a load that comes and goes spreads over every cell alike. The first
+        call of each cell (compilation, warm-up) is not timed. Stored, so a resumed study
+        reuses it."""
+        repeats = self.config.step_time_repeats
+        if repeats == 0 or not cells:
+            return None
+        plans = [(c["optimizer"], c["batch_size"], c["learning_rate"], *self.step_time_plan(c))
+                 for c in cells]
+        key_config = {"kind": "steptime", "model": self.config.model, "seed": self.config.seed,
+                      "data": self.dataset.info.to_dict() if self.dataset else None,
+                      "cells": plans, "repeats": repeats, "engine": self.config.engine, **self.env}
+        key = config_key(key_config)
+        stored = self.store.get(key)
+        if stored is not None:
+            self.on_event("skipped_timing", record=stored)
+            return stored["result"]
+        self.on_event("start_timing", plan=None)
+        timers, seconds = [], [[] for _ in cells]
+        warm_up = []
+        for cell in cells:
+            start = time.perf_counter()
+            timer = self.step_timer(cell)
+            timer()
+            timers.append(timer)
+            warm_up.append(time.perf_counter() - start)
+        for round_index in range(repeats):
+            shift = round_index % len(cells)
+            for index in list(range(shift, len(cells))) + list(range(shift)):
+                start = time.perf_counter()
+                timers[index]()
+                seconds[index].append((time.perf_counter() - start) / plans[index][3])
+        result = {
+            "engine": "native", "study_engine": self.config.engine, "repeats": repeats,
+            "cells": [{"optimizer": p[0], "batch_size": p[1], "learning_rate": p[2],
+                       "steps_per_call": p[3], "fused_steps": p[4], "warm_up_s": w,
+                       "seconds": s, "seconds_per_step": median_interval(s)}
+                      for p, w, s in zip(plans, warm_up, seconds, strict=True)],
+        }
+        self.store.put(key, "steptime", self.study_id, self.env["backend"], key_config, result)
+        self.on_event("finished_timing", record=self.store.get(key))
+        return result
+
     # -- gradient noise scale ----------------------------------------------------------------
 
     def noise_reference(self, cells: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -541,23 +640,38 @@ class StudyRunner:
             self.on_event("skipped_noise", record=stored)
             return stored["result"]
         self.on_event("start_noise", plan=plan)
-        result = {"optimizer": plan.optimizer, "batch_size": plan.batch_size,
-                  "learning_rate": plan.learning_rate, "small_batch": small, "big_batch": big,
-                  "draws": self.config.noise_draws, "points": self.measure_noise(plan, checkpoints)}
-        estimates = [p for p in result["points"] if p["step"] > 0]
-        final = estimates[-1] if estimates else result["points"][-1]
-        result["b_simple_final"] = final["b_simple"]
+        result = self.noise_result(plan, checkpoints, small, big)
+        wider = (max(1, small // 4), min(self.num_train, big * 4))
+        if training_noise_scale(result) is None and wider != (small, big):
+            # A pair further apart separates the two squared norms more: one retry.
+            retry = self.noise_result(plan, checkpoints, *wider)
+            retry["first_try"] = {k: result[k] for k in ("small_batch", "big_batch", "b_simple_final")}
+            result = retry
         self.store.put(key, "noise", self.study_id, self.env["backend"], key_config, result)
         self.on_event("finished_noise", record=self.store.get(key))
         return result
 
-    def measure_noise(self, plan: RunPlan, checkpoints: list[int]) -> list[dict[str, Any]]:
+    def noise_result(self, plan: RunPlan, checkpoints: list[int], small: int,
+                     big: int) -> dict[str, Any]:
+        """One noise-scale measurement along ``plan`` with the batch pair (small, big)."""
+        result = {"optimizer": plan.optimizer, "batch_size": plan.batch_size,
+                  "learning_rate": plan.learning_rate, "small_batch": small, "big_batch": big,
+                  "draws": self.config.noise_draws,
+                  "points": self.measure_noise(plan, checkpoints, small, big)}
+        estimates = [p for p in result["points"] if p["step"] > 0]
+        final = estimates[-1] if estimates else result["points"][-1]
+        result["b_simple_final"] = final["b_simple"]
+        return result
+
+    def measure_noise(self, plan: RunPlan, checkpoints: list[int], small: int | None = None,
+                      big: int | None = None) -> list[dict[str, Any]]:
         """Train in segments to each checkpoint and estimate the noise scale there."""
         assert self.dataset is not None
         model = self.build_model()
         rng = np.random.default_rng(self.config.seed)
         x, y = self.dataset.x_train, self.dataset.y_train
-        small, big = self.noise_batches
+        if small is None or big is None:
+            small, big = self.noise_batches
         points, done = [], 0
         for index, checkpoint in enumerate(checkpoints):
             if checkpoint > done:

@@ -471,8 +471,16 @@ def test_report_states_sources_verdicts_and_caveats(tmp_path, monkeypatch):
     def execute(self, plan):
         return _fake_history(plan, round(steps[plan.optimizer, plan.batch_size] * spread[plan.seed]))
 
+    def measure_step_times(self, cells):  # planted: 10 ms per step, +-2% over three rounds
+        from kbackend.study.analysis import median_interval
+
+        seconds = [0.0098, 0.01, 0.0102]
+        return {"engine": "native", "study_engine": "keras", "repeats": 3, "cells": [
+            {"optimizer": c["optimizer"], "batch_size": c["batch_size"], "seconds": seconds,
+             "seconds_per_step": median_interval(seconds)} for c in cells]}
+
     monkeypatch.setattr(StudyRunner, "execute", execute)
-    monkeypatch.setattr(StudyRunner, "step_timer", lambda self, cell: lambda: None)
+    monkeypatch.setattr(StudyRunner, "measure_step_times", measure_step_times)
     config = _one_cell(optimizers=("sgd", "adam"), batch_sizes=(16, 64), step_time_repeats=3,
                        learning_rates={"sgd": (0.1,), "adam": (0.01,)})
     result = run_study(config, tmp_path, show_progress=False, print_results=False)
@@ -482,6 +490,8 @@ def test_report_states_sources_verdicts_and_caveats(tmp_path, monkeypatch):
                   "**(d) The throughput knee"):
         assert claim in report
     assert "3 seeds, intervals of 75% coverage" in report
+    assert "adam vs sgd: sgd is faster up to batch 16, adam from batch 64 up" in report
+    assert "whose own step time is not measured apart" in report  # keras: native step timed
     assert "Machine load (1-minute load average" in report
     assert "first value past the target" in report
     assert "| sgd | 16 | 0.1 | yes (3/3) | 100 [90, 110] |" in report

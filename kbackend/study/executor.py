@@ -1,5 +1,7 @@
-"""Run a study: every (optimizer, batch size) cell, a learning-rate search per cell, a
-noise-scale measurement, each finished run committed to the results store.
+"""Run a study: every (optimizer, batch size) cell, a learning-rate search per cell (every rate
+with every seed, the grid extended while its best rate sits on an end), the cells' steady step
+times measured apart (the time model), a noise-scale measurement; each finished run committed
+to the results store.
 
 Re-running the same study skips every run already stored (the key is the run's full
 configuration: model, data, optimizer, batch size, learning rate, seed, budget, target, engine,

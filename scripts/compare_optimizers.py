@@ -25,7 +25,8 @@ from kbackend.errors import KBackendError
 from kbackend.runtime.child import run_in_child
 
 QUICK = ["--optimizers", "sgd,adam", "--batch-sizes", "32,128", "--lr-grid-size", "1",
-         "--max-steps", "200", "--noise-points", "2", "--noise-draws", "8"]
+         "--max-steps", "200", "--noise-points", "2", "--noise-draws", "8", "--seeds", "2",
+         "--step-time-repeats", "2"]
 
 
 def main(argv: list[str] | None = None) -> int:

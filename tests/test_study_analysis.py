@@ -170,3 +170,154 @@ def test_store_summaries_replace_per_backend_and_device(tmp_path):
         store.put_summary("s", "jax", "cpu", {"v": 2})
         store.put_summary("s", "tensorflow", "cpu", {"v": 3})
         assert [p["v"] for p in store.summaries("s")] == [2, 3]
+
+
+# -- seeds, intervals and verdicts --------------------------------------------------------------
+
+@pytest.mark.parametrize(("n", "coverage"), [(1, 0.0), (2, 0.5), (3, 0.75), (5, 0.9375), (10, 1 - 2 / 1024)])
+def test_min_max_interval_covers_the_median_with_its_stated_probability(n, coverage):
+    from kbackend.study.analysis import median_coverage
+
+    assert median_coverage(n) == pytest.approx(coverage)
+
+
+def test_median_coverage_matches_simulation():
+    import numpy as np
+
+    from kbackend.study.analysis import median_coverage
+
+    rng = np.random.default_rng(0)
+    draws = rng.exponential(size=(20000, 3))  # the median of Exp(1) is log 2
+    covered = (draws.min(axis=1) <= math.log(2)) & (draws.max(axis=1) >= math.log(2))
+    assert covered.mean() == pytest.approx(median_coverage(3), abs=0.015)
+
+
+def test_median_interval_counts_never_reached_as_infinite():
+    from kbackend.study.analysis import median_interval
+
+    interval = median_interval([300.0, math.inf, 100.0])
+    assert (interval["low"], interval["median"], interval["high"]) == (100.0, 300.0, math.inf)
+    assert interval["n"] == 3 and interval["coverage"] == pytest.approx(0.75)
+    assert median_interval([4.0, 1.0, 2.0, 3.0])["median"] == 2.5
+    assert median_interval([])["n"] == 0
+
+
+def _seeded_cell(optimizer, batch, steps, seconds_per_step=0.01, test=(0.9, 0.9, 0.9)):
+    """A made-up cell: ``steps`` per seed (None: not reached), time = steps x seconds_per_step."""
+    from kbackend.study.analysis import median_interval
+
+    values = [math.inf if s is None else float(s) for s in steps]
+    interval = median_interval(values)
+    reached = math.isfinite(interval["median"])
+    times = median_interval([v * seconds_per_step for v in values])
+    return {"optimizer": optimizer, "batch_size": batch, "reached": reached,
+            "learning_rate": 0.1, "steps_to_target": interval["median"] if reached else None,
+            "time_to_target": times["median"] if reached else None,
+            "seed_steps": {str(i): v for i, v in enumerate(values)},
+            "intervals": {"steps_to_target": interval, "time_to_target": times,
+                          "test_accuracy": median_interval(list(test))}}
+
+
+def _study(cells, seeds=3, noise=None):
+    return {"cells": cells, "runs": [], "noise": noise, "config": {"seeds": seeds}}
+
+
+def test_verdicts_when_planted_intervals_separate():
+    """SGD is faster at small batches, Adam at large ones; steps halve per doubling up to 64."""
+    sizes = (8, 16, 32, 64, 128)
+    sgd = {8: 400, 16: 200, 32: 100, 64: 80, 128: 78}
+    adam = {8: 800, 16: 420, 32: 215, 64: 40, 128: 20}
+    cells = []
+    for size in sizes:
+        cells.append(_seeded_cell("sgd", size, [sgd[size] * f for f in (0.95, 1.0, 1.05)],
+                                  test=(0.95, 0.96, 0.97) if size == 8 else (0.90, 0.91, 0.92)))
+        cells.append(_seeded_cell("adam", size, [adam[size] * f for f in (0.95, 1.0, 1.05)]))
+    verdicts = analyze(_study(cells))["verdicts"]
+    assert verdicts["fastest"]["resolved"] and verdicts["fastest"]["cell"] == {
+        "optimizer": "adam", "batch_size": 128}
+    assert "3 seeds, intervals of 75% coverage" in verdicts["fastest"]["text"]
+    (adam_vs_sgd,) = [x for x in verdicts["optimizers"] if x["incumbent"] == "sgd"]
+    assert adam_vs_sgd["resolved"] and adam_vs_sgd["batch_size"] == 64
+    assert "sgd is faster up to batch 32, adam from batch 64 up" in adam_vs_sgd["text"]
+    regions = verdicts["per_optimizer"]["sgd"]["regions"]
+    assert [(r["region"], r["resolved"]) for r in regions] == [
+        ("perfect scaling", True), ("perfect scaling", True), ("diminishing returns", False),
+        ("saturation", True)]
+    generalization = verdicts["per_optimizer"]["sgd"]["generalization"]
+    assert generalization["resolved"] and generalization["larger_batch"] == "lower"
+
+
+def test_verdicts_are_not_resolved_when_intervals_overlap():
+    cells = []
+    for size in (8, 32):  # the same medians order, but each seed spread over a factor 3
+        cells.append(_seeded_cell("sgd", size, [100, 200, 300]))
+        cells.append(_seeded_cell("adam", size, [150, 250, 350]))
+    verdicts = analyze(_study(cells))["verdicts"]
+    assert not verdicts["fastest"]["resolved"]
+    assert verdicts["fastest"]["text"].startswith("fastest: not resolved at 3 seeds")
+    (adam_vs_sgd,) = verdicts["optimizers"]
+    assert not adam_vs_sgd["resolved"] and "not resolved at 3 seeds" in adam_vs_sgd["text"]
+    assert all(p["faster"] is None for p in adam_vs_sgd["per_batch"])
+    assert not verdicts["per_optimizer"]["sgd"]["regions"][0]["resolved"]
+    assert not verdicts["per_optimizer"]["sgd"]["generalization"]["resolved"]
+
+
+def test_one_seed_resolves_nothing():
+    cells = [_seeded_cell("sgd", 8, [100]), _seeded_cell("adam", 8, [900])]
+    verdicts = analyze(_study(cells, seeds=1))["verdicts"]
+    assert not verdicts["fastest"]["resolved"] and "one seed gives no interval" in verdicts["fastest"]["text"]
+
+
+def test_critical_batch_over_seeds_and_its_agreement_with_the_noise_scale():
+    from kbackend.study.analysis import critical_batch_over_seeds, noise_agreement
+
+    sizes = (8, 16, 32, 64, 128, 256)
+    cells = [_seeded_cell("sgd", b, [s_min * (1 + 64 / b) for s_min in (90, 100, 110)]) for b in sizes]
+    b_crit = critical_batch_over_seeds(cells)
+    assert b_crit["median"] == pytest.approx(64) and b_crit["n"] == 3
+    assert noise_agreement(b_crit, 50.0, 3)["agree"] is True
+    assert noise_agreement(b_crit, 500.0, 3)["agree"] is False
+    assert not noise_agreement(b_crit, None, 3)["resolved"]
+
+
+@pytest.mark.parametrize(("grad_sq", "trace", "reason"), [
+    (-0.5, 10.0, "|G|^2 estimate is not positive"),
+    (0.5, -10.0, "tr(Sigma) estimate is not positive"),
+])
+def test_a_negative_noise_scale_is_never_a_finding(grad_sq, trace, reason):
+    from kbackend.study.analysis import noise_scale_note, training_noise_scale
+
+    noise = {"small_batch": 8, "big_batch": 512, "draws": 24,
+             "points": [{"step": 0, "grad_sq": 1.0, "trace_sigma": 5.0},
+                        {"step": 10, "grad_sq": grad_sq, "trace_sigma": trace}]}
+    assert training_noise_scale(noise) is None
+    note = noise_scale_note(noise)
+    assert note.startswith("not estimated: ") and reason in note and "8/512" in note
+    analysis = analyze({"cells": [], "runs": [], "noise": noise})
+    assert analysis["b_simple"] is None and analysis["b_simple_note"] == note
+
+
+def _step_times(per_batch, spread):
+    """Made-up interleaved timings: samples/s per batch size, each timing off by +-spread."""
+    cells = []
+    for size, samples_per_s in per_batch.items():
+        seconds = [size / samples_per_s * f for f in (1 - spread, 1.0, 1 + spread)]
+        cells.append({"optimizer": "sgd", "batch_size": size, "seconds": seconds})
+    return {"cells": cells}
+
+
+def test_throughput_knee_is_stated_only_where_the_timings_separate():
+    from kbackend.study.analysis import (
+        measured_throughput,
+        step_time_spread,
+        throughput_knee_verdict,
+    )
+
+    curve = {8: 1000.0, 16: 2000.0, 32: 3000.0, 64: 3100.0, 128: 3150.0}
+    tight = throughput_knee_verdict(measured_throughput(_step_times(curve, 0.01)))
+    assert tight["resolved"] and tight["batch_size"] == 32 and "batch 32" in tight["text"]
+    loose = throughput_knee_verdict(measured_throughput(_step_times(curve, 0.2)))
+    assert not loose["resolved"] and "not resolved at 3 timings" in loose["text"]
+    spread = step_time_spread(_step_times(curve, 0.2))
+    assert spread["worst_ratio"] == pytest.approx(1.2 / 0.8)
+    assert "sgd 32/64" in spread["unranked_neighbours"] and "sgd 8/16" not in spread["unranked_neighbours"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import signal
 import subprocess
@@ -24,18 +25,18 @@ from kbackend.study.store import ResultStore
 from kbackend.training import Target
 from tests.conftest import BACKEND, ROOT
 
-# 2 optimizers x 2 batch sizes, a 60-step budget, one learning rate each (the search and its
-# pruning are tested with a stand-in engine below). SGD at lr 1e-4 cannot reach the target in
-# 60 steps: a never-reached cell.
+# 2 optimizers x 2 batch sizes x 2 seeds, a 60-step budget, one learning rate each (the search,
+# its pruning and the grid's extension are tested with a stand-in engine below). SGD at lr 1e-4
+# cannot reach the target in 60 steps: a never-reached cell.
 TINY = StudyConfig(
     optimizers=("sgd", "adam"), batch_sizes=(64, 256),
     learning_rates={"sgd": (1e-4,), "adam": (3e-3,)}, max_steps=60, engine="keras",
-    target=Target("val_accuracy", 0.9), noise_points=2, noise_draws=4,
+    target=Target("val_accuracy", 0.9), noise_points=2, noise_draws=4, seeds=2,
 )
 TINY_ARGS = ["study", "--optimizers", "sgd,adam", "--batch-sizes", "64,256", "--lrs", "sgd=0.0001",
              "--lrs", "adam=0.003", "--max-steps", "60", "--engine", "keras", "--target", "0.9",
-             "--noise-points", "2", "--noise-draws", "4", "--no-progress"]
-TINY_RUNS = 4
+             "--noise-points", "2", "--noise-draws", "4", "--seeds", "2", "--no-progress"]
+TINY_RUNS = 8
 
 
 def _outcomes(out_dir) -> dict[str, tuple]:
@@ -75,9 +76,10 @@ def test_tiny_study_writes_report_plots_and_reports_unreached_cells(baseline):
 
     folder = result["paths"]["report"].parent
     report = (folder / "report.md").read_text()
-    assert report.count("NOT REACHED") == 2 and "| adam | 64 |" in report
+    assert report.count("NOT REACHED (0/2)") == 2 and "| adam | 64 |" in report
     summary = json.loads((folder / "summary.json").read_text())
     assert len(summary["cells"]) == 4 and summary["env"]["backend"] == BACKEND
+    assert sorted(r["config"]["seed"] for r in study["runs"]) == [0] * 4 + [1] * 4
     for name in PLOTS:
         data = (folder / "plots" / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n"
@@ -88,7 +90,7 @@ def test_tiny_study_writes_report_plots_and_reports_unreached_cells(baseline):
 def test_rerun_skips_every_finished_run(baseline):
     out, first = baseline
     again = run_study(TINY, out, show_progress=False, print_results=False)
-    assert again["executed"] == 0 and again["skipped"] == TINY_RUNS + 1  # + the noise scale
+    assert again["executed"] == 0 and again["skipped"] == TINY_RUNS + 2  # + noise, step times
     assert [c["run_key"] for c in again["study"]["cells"]] == [c["run_key"] for c in first["study"]["cells"]]
 
 
@@ -150,10 +152,10 @@ def test_time_to_target_excludes_evaluation(tmp_path, monkeypatch):
     delay = 0.3
     original_build = StudyRunner.build_model
 
-    def model_with_slow_evaluation(self):
+    def model_with_slow_evaluation(self, seed=None):
         # Slow down every validation batch (the validation split fits in one batch of 256):
         # the delay runs inside Keras's evaluation loop, as a slow evaluation would.
-        model = original_build(self)
+        model = original_build(self, seed)
         make_test_function = model.make_test_function
 
         def make_slow_test_function(force=False):
@@ -238,14 +240,16 @@ def test_learning_rate_search_prunes_and_picks_the_fewest_steps(tmp_path, monkey
 
     monkeypatch.setattr(StudyRunner, "execute", execute)
     config = StudyConfig(optimizers=("sgd",), batch_sizes=(1294,), max_steps=1000, engine="keras",
-                         learning_rates={"sgd": (0.1, 0.01, 1.0, 0.3)}, noise_points=0)
+                         learning_rates={"sgd": (0.1, 0.01, 1.0, 0.3)}, noise_points=0,
+                         seeds=1, lr_extend=0, step_time_repeats=0)
     with ResultStore(tmp_path / "study.db") as store:
         study = StudyRunner(config, store).run()
     # One step per epoch at batch 1294 (the keras engine evaluates every epoch).
     assert budgets == [(0.1, 1000), (0.01, 300), (1.0, 300), (0.3, 120)]
     (cell,) = study["cells"]
     assert cell["learning_rate"] == 1.0 and cell["steps_to_target"] == 120
-    assert cell["lr_at_grid_edge"] and len(study["runs"]) == 4 and study["noise"] is None
+    assert cell["lr_at_grid_edge"] and cell["lr_at_bound"] and len(study["runs"]) == 4
+    assert study["noise"] is None
 
 
 @pytest.fixture
@@ -262,6 +266,8 @@ def no_training(monkeypatch):
     (lambda: StudyConfig(target=Target("val_loss", 0.0)), ConfigError, "must be > 0"),
     (lambda: StudyConfig(batch_sizes=()), ConfigError, "Empty batch-size list"),
     (lambda: StudyConfig(optimizers=("sgd", "lamb")), ConfigError, "Unknown optimizer"),
+    (lambda: StudyConfig(seeds=0), ConfigError, "Invalid seeds 0"),
+    (lambda: StudyConfig(lr_extend=-1), ConfigError, "Invalid lr_extend -1"),
 ])
 def test_bad_input_fails_before_any_training(tmp_path, no_training, make, error, message):
     with pytest.raises(error, match=message):
@@ -273,6 +279,9 @@ def test_bad_input_fails_before_any_training(tmp_path, no_training, make, error,
     (["--batch-sizes", ""], "Empty batch-size list"),
     (["--batch-sizes", "8,4096"], "larger than the training split"),
     (["--optimizers", "sgd,lion"], "Unknown optimizer"),
+    (["--seeds", "0"], "Invalid seeds 0"),
+    (["--lr-extend", "-1"], "Invalid lr_extend -1"),
+    (["--target", "-0.5"], "val_accuracy"),
 ])
 def test_cli_bad_input_is_a_one_line_error(tmp_path, no_training, capsys, flags, message):
     assert main(["study", "--out", str(tmp_path), "--no-progress", *flags]) == 2
@@ -292,3 +301,199 @@ def test_compare_puts_backends_side_by_side(baseline, tmp_path, capsys):
     assert text.count("| sgd | 64 |") == 1 and "not reached" in text
     assert (tmp_path / "compare.md").is_file()
     assert "fastest adam" in compare([other])
+
+
+def _planted(monkeypatch, outcome):
+    """A stand-in engine: ``outcome(learning_rate, seed)`` is the run's steps to target (None:
+    never reached). Returns the list of (learning rate, seed, budget) it was asked to train."""
+    calls = []
+
+    def execute(self, plan):
+        calls.append((plan.learning_rate, plan.seed, plan.max_steps))
+        return _fake_history(plan, outcome(plan.learning_rate, plan.seed))
+
+    monkeypatch.setattr(StudyRunner, "execute", execute)
+    return calls
+
+
+def _one_cell(**overrides):
+    options = {"optimizers": ("sgd",), "batch_sizes": (1294,), "max_steps": 1000,
+               "engine": "keras", "noise_points": 0, "seeds": 3, "lr_extend": 0,
+               "step_time_repeats": 0, **overrides}
+    return StudyConfig(**options)
+
+
+def test_seeds_pick_the_rate_with_the_best_median_and_give_intervals(tmp_path, monkeypatch):
+    # Rate 0.1 has the luckiest seed (50) but rate 1.0 the best median (200 < 300).
+    steps = {(0.1, 0): 50, (0.1, 1): 300, (0.1, 2): None, (1.0, 0): 250, (1.0, 1): 200,
+             (1.0, 2): 150}
+    calls = _planted(monkeypatch, lambda lr, seed: steps[lr, seed])
+    config = _one_cell(learning_rates={"sgd": (0.1, 1.0)}, prune=False)
+    with ResultStore(tmp_path / "study.db") as store:
+        study = StudyRunner(config, store).run()
+        assert sorted((lr, seed) for lr, seed, _ in calls) == sorted(steps)
+        (cell,) = study["cells"]
+        assert cell["learning_rate"] == 1.0 and cell["steps_to_target"] == 200
+        assert cell["reached"] and cell["seeds"] == 3 and cell["seeds_reached"] == 3
+        interval = cell["intervals"]["steps_to_target"]
+        assert (interval["low"], interval["median"], interval["high"]) == (150, 200, 250)
+        assert interval["coverage"] == pytest.approx(0.75)
+        # Every seed is its own stored run: a second pass trains nothing.
+        calls.clear()
+        again = StudyRunner(config, store)
+        again.run()
+        assert calls == [] and again.executed == 0
+        assert len({r["key"] for r in store.records(kind="run")}) == 6
+
+
+def test_a_cell_reaches_only_when_its_median_seed_does(tmp_path, monkeypatch):
+    _planted(monkeypatch, lambda lr, seed: 100 if seed == 0 else None)
+    with ResultStore(tmp_path / "study.db") as store:
+        (cell,) = StudyRunner(_one_cell(learning_rates={"sgd": (0.1,)}), store).run()["cells"]
+    assert not cell["reached"] and cell["steps_to_target"] is None and cell["seeds_reached"] == 1
+    assert math.isinf(cell["intervals"]["steps_to_target"]["high"])
+
+
+def test_pruning_with_seeds_keeps_the_winner_exact(tmp_path, monkeypatch):
+    # 0.1: median 300 (the budget of later rates). 1.0: two seeds reach under 300, one never
+    # does within the pruned budget: it wins on its median, and its cut-short seed is re-run on
+    # the full budget for the interval's upper end. 0.01: two misses, its last seed is skipped.
+    steps = {(0.1, 0): 300, (0.1, 1): 280, (0.1, 2): 400, (1.0, 0): 120, (1.0, 1): 700,
+             (1.0, 2): 200, (0.01, 0): None, (0.01, 1): 900, (0.01, 2): 10}
+    calls = _planted(monkeypatch, lambda lr, seed: steps[lr, seed])
+    config = _one_cell(learning_rates={"sgd": (0.1, 1.0, 0.01)})
+    with ResultStore(tmp_path / "study.db") as store:
+        (cell,) = StudyRunner(config, store).run()["cells"]
+    assert calls == [(0.1, 0, 1000), (0.1, 1, 1000), (0.1, 2, 1000),
+                     (1.0, 0, 300), (1.0, 1, 300), (1.0, 2, 300),
+                     (0.01, 0, 200), (0.01, 1, 200),
+                     (1.0, 1, 1000)]
+    assert cell["learning_rate"] == 1.0 and cell["steps_to_target"] == 200
+    interval = cell["intervals"]["steps_to_target"]
+    assert (interval["low"], interval["high"]) == (120, 700)
+
+
+def test_seeds_change_the_runs_and_the_same_seed_repeats_them(tmp_path):
+    config = StudyConfig(optimizers=("adam",), batch_sizes=(64,), learning_rates={"adam": (3e-3,)},
+                         max_steps=40, engine="native", target=Target("val_accuracy", 0.9),
+                         noise_points=0, seeds=2)
+    with ResultStore(tmp_path / "study.db") as store:
+        runner = StudyRunner(config, store)
+        runner.prepare()
+        first, again, other = (runner.execute(runner.plan("adam", 64, 3e-3, seed=seed))
+                               for seed in (0, 0, 1))
+    # Multi-threaded XLA reductions differ by ~1e-9 between identical calls: 1e-5 relative.
+    np.testing.assert_allclose(again.loss, first.loss, rtol=1e-5)
+    reached_at = [(h.extra.get("target_reached") or {}).get("step") for h in (first, again)]
+    assert reached_at[0] is not None and reached_at[0] == reached_at[1]
+    assert not np.allclose(other.loss[:5], first.loss[:5], rtol=1e-3)
+
+
+@pytest.mark.parametrize(("optimum", "extend", "tried", "best", "at_bound"), [
+    # The grid is 0.1272, 1.272, 12.72 (centre 0.2 at batch 32, square-root scaled to 1294).
+    (127.2, 2, [0.1272, 1.272, 12.72, 127.2, 1272.0], 127.2, False),  # moved inside
+    (1e6, 2, [0.1272, 1.272, 12.72, 127.2, 1272.0], 1272.0, True),   # stops at its bound
+    (1e-4, 1, [0.01272, 0.1272, 1.272, 12.72], 0.01272, True),
+    (1.272, 2, [0.1272, 1.272, 12.72], 1.272, False),                # interior: no extension
+])
+def test_grid_extends_until_the_best_rate_is_inside_or_at_its_bound(
+        tmp_path, monkeypatch, optimum, extend, tried, best, at_bound):
+    # Steps to target grow by 50 per decade away from the optimum learning rate.
+    calls = _planted(monkeypatch, lambda lr, seed: 100 + round(50 * abs(math.log10(lr / optimum))))
+    config = _one_cell(lr_grid_size=3, lr_factor=10.0, lr_extend=extend, seeds=1)
+    with ResultStore(tmp_path / "study.db") as store:
+        (cell,) = StudyRunner(config, store).run()["cells"]
+    assert cell["lr_tried"] == pytest.approx(tried) and cell["learning_rate"] == pytest.approx(best)
+    assert cell["lr_at_grid_edge"] is at_bound and cell["lr_at_bound"] is at_bound
+    assert len(calls) == len(tried)
+    from kbackend.study.report import edge_label
+
+    assert edge_label(cell) == (" (edge, at the bound)" if at_bound else "")
+
+
+def test_time_model_times_cells_interleaved_and_multiplies_median_steps(tmp_path, monkeypatch):
+    _planted(monkeypatch, lambda lr, seed: {0: 100, 1: 120, 2: 90}[seed])
+    order = []
+
+    def step_timer(self, cell):
+        label = (cell["optimizer"], cell["batch_size"])
+        return lambda: order.append(label)
+
+    monkeypatch.setattr(StudyRunner, "step_timer", step_timer)
+    config = _one_cell(optimizers=("sgd", "adam"), batch_sizes=(647, 1294), step_time_repeats=3,
+                       learning_rates={"sgd": (0.1,), "adam": (0.01,)})
+    with ResultStore(tmp_path / "study.db") as store:
+        study = StudyRunner(config, store).run()
+        cells = [("sgd", 647), ("sgd", 1294), ("adam", 647), ("adam", 1294)]
+        # One untimed warm-up call each, then three rounds, each starting one cell later.
+        assert order == cells + cells + cells[1:] + cells[:1] + cells[2:] + cells[:2]
+        for cell in study["cells"]:
+            per_step = cell["seconds_per_step"]
+            assert per_step["n"] == 3 and cell["time_model"] == "steps x step time"
+            interval = cell["intervals"]["time_to_target"]
+            assert interval["median"] == pytest.approx(100 * per_step["median"])
+            assert interval["low"] == pytest.approx(90 * per_step["low"])
+            assert interval["high"] == pytest.approx(120 * per_step["high"])
+            assert cell["time_to_target_runs"] == pytest.approx(1.0)  # the runs' own clocks
+        order.clear()
+        again = StudyRunner(config, store).run()  # stored: not measured again
+        assert order == [] and again["step_times"] == study["step_times"]
+
+
+def test_an_undefined_noise_scale_retries_once_with_a_wider_batch_pair(tmp_path, monkeypatch):
+    _planted(monkeypatch, lambda lr, seed: 100)
+    pairs = []
+
+    def measure_noise(self, plan, checkpoints, small=None, big=None):
+        pairs.append((small, big))
+        grad_sq = -1.0 if len(pairs) == 1 else 2.0  # the first pair cannot tell |G|^2 apart
+        return [{"step": step, "grad_sq": grad_sq, "trace_sigma": 100.0, "b_simple": 100.0 / grad_sq}
+                for step in checkpoints]
+
+    monkeypatch.setattr(StudyRunner, "measure_noise", measure_noise)
+    config = _one_cell(batch_sizes=(16, 64), learning_rates={"sgd": (0.1,)}, noise_points=2,
+                       seeds=1)
+    with ResultStore(tmp_path / "study.db") as store:
+        noise = StudyRunner(config, store).run()["noise"]
+    assert pairs == [(16, 64), (4, 256)]
+    assert (noise["small_batch"], noise["big_batch"]) == (4, 256)
+    assert noise["first_try"]["small_batch"] == 16
+    from kbackend.study.analysis import training_noise_scale
+
+    assert training_noise_scale(noise) == pytest.approx(50.0)
+
+
+def test_report_states_sources_verdicts_and_caveats(tmp_path, monkeypatch):
+    # Planted: sgd needs half adam's steps at batch 16, adam a quarter of sgd's at batch 64.
+    steps = {("sgd", 16): 100, ("adam", 16): 200, ("sgd", 64): 80, ("adam", 64): 20}
+    spread = {0: 0.9, 1: 1.0, 2: 1.1}
+
+    def execute(self, plan):
+        return _fake_history(plan, round(steps[plan.optimizer, plan.batch_size] * spread[plan.seed]))
+
+    def measure_step_times(self, cells):  # planted: 10 ms per step, +-2% over three rounds
+        from kbackend.study.analysis import median_interval
+
+        seconds = [0.0098, 0.01, 0.0102]
+        return {"engine": "native", "study_engine": "keras", "repeats": 3, "cells": [
+            {"optimizer": c["optimizer"], "batch_size": c["batch_size"], "seconds": seconds,
+             "seconds_per_step": median_interval(seconds)} for c in cells]}
+
+    monkeypatch.setattr(StudyRunner, "execute", execute)
+    monkeypatch.setattr(StudyRunner, "measure_step_times", measure_step_times)
+    config = _one_cell(optimizers=("sgd", "adam"), batch_sizes=(16, 64), step_time_repeats=3,
+                       learning_rates={"sgd": (0.1,), "adam": (0.01,)})
+    result = run_study(config, tmp_path, show_progress=False, print_results=False)
+    report = result["paths"]["report"].read_text()
+    assert "## What the sources claim, what this run shows" in report and "## Caveats" in report
+    for claim in ("**(a) SGD vs Adam", "**(b) Scaling regions", "**(c) Generalization",
+                  "**(d) The throughput knee"):
+        assert claim in report
+    assert "3 seeds, intervals of 75% coverage" in report
+    assert "adam vs sgd: sgd is faster up to batch 16, adam from batch 64 up" in report
+    assert "whose own step time is not measured apart" in report  # keras: native step timed
+    assert "Machine load (1-minute load average" in report
+    assert "first value past the target" in report
+    assert "| sgd | 16 | 0.1 | yes (3/3) | 100 [90, 110] |" in report
+    for name in PLOTS:
+        assert (result["paths"]["report"].parent / "plots" / name).read_bytes()[:4] == b"\x89PNG"

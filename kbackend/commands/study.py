@@ -73,7 +73,13 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     grid.add_argument("--no-prune", dest="prune", action="store_false",
                       help="give every learning rate the full budget (default: later rates of a "
                            "cell get the best steps-to-target so far as budget)")
-    grid.add_argument("--seed", type=int, default=0)
+    grid.add_argument("--lr-extend", type=int, default=2,
+                      help="extra learning rates a cell may add beyond each end of its grid while "
+                           "its best rate sits on that end (default 2; 0: never extend)")
+    grid.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
+    grid.add_argument("--seeds", type=int, default=3,
+                      help="seeds per learning rate (initial weights and data order): seed, "
+                           "seed+1, ...; figures are medians over them (default 3)")
     target = parser.add_argument_group("target and budget")
     target.add_argument("--target", type=float, default=None,
                         help="validation target value (default per dataset: digits 0.95, mnist 0.97)")
@@ -86,6 +92,9 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                         help="training engine (default: native when available, else keras)")
     target.add_argument("--fused-steps", type=int, default=0,
                         help="steps per compiled call for the native engine (0: one evaluation interval)")
+    target.add_argument("--step-time-repeats", type=int, default=5,
+                        help="interleaved rounds timing each cell's steady step apart: time to "
+                             "target = median steps x median step time (0: the runs' own clocks)")
     noise = parser.add_argument_group("gradient noise scale")
     noise.add_argument("--noise-points", type=int, default=4,
                        help="points along training where B_simple is measured (0: skip)")
@@ -129,6 +138,7 @@ def config_from_args(args: argparse.Namespace):
         lr_grid_size=args.lr_grid_size, lr_factor=args.lr_factor, target=target,
         max_steps=args.max_steps, evals_per_epoch=args.evals_per_epoch,
         engine=args.engine or default_engine(), fused_steps=args.fused_steps, seed=args.seed,
+        seeds=args.seeds, lr_extend=args.lr_extend, step_time_repeats=args.step_time_repeats,
         prune=args.prune, noise_points=args.noise_points, noise_draws=args.noise_draws,
         noise_small_batch=args.noise_batches[0], noise_big_batch=args.noise_batches[1],
     )

@@ -2,10 +2,12 @@
 fastest on this hardware and backend.
 
 - ``config``: the grid, learning-rate search, target and budgets (``StudyConfig``).
-- ``executor``: runs the grid, one learning-rate search per cell, resumable via ``store``.
+- ``executor``: runs the grid, one learning-rate search per cell over seeds, the step-time
+  model, resumable via ``store``.
 - ``store``: SQLite results store keyed by each run's full configuration.
 - ``noise``: the gradient noise scale B_simple (McCandlish et al. 2018).
-- ``analysis``: scaling regions, knees, the fastest cell, crossovers.
+- ``analysis``: medians with order-statistic intervals; scaling regions, knees, the fastest
+  cell, crossovers, each a verdict only where the intervals separate.
 - ``report``: terminal table, markdown report and PNG plots.
 """
 

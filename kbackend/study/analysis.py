@@ -31,6 +31,30 @@ SATURATION_EXPONENT = 0.2
 KNEE_EXTRAPOLATION = 2.0
 
 
+def median_coverage(n: int) -> float:
+    """The probability that [x_(1), x_(n)], the smallest and largest of ``n`` independent draws,
+    covers the median of their distribution: ``1 - 2 * 0.5 ** n`` (each draw falls below the
+    median with probability 1/2, and the interval misses it only when all ``n`` fall on one
+    side). 0 for one draw, 0.75 for three, 0.9375 for five."""
+    if n < 1:
+        return 0.0
+    return 1.0 - 2.0 * 0.5 ** n
+
+
+def median_interval(values: list[float]) -> dict[str, Any]:
+    """The median of ``values`` with the order-statistic interval [min, max] and its coverage
+    (``median_coverage``). Infinite values (a run that never reached the target) sort last, so
+    a median or upper end can be infinite."""
+    ordered = sorted(float(v) for v in values)
+    n = len(ordered)
+    if n == 0:
+        return {"median": math.nan, "low": math.nan, "high": math.nan, "n": 0, "coverage": 0.0}
+    middle = n // 2
+    median = ordered[middle] if n % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return {"median": median, "low": ordered[0], "high": ordered[-1], "n": n,
+            "coverage": median_coverage(n)}
+
+
 def _by_optimizer(cells: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     grouped: dict[str, list[dict[str, Any]]] = {}
     for cell in cells:
@@ -147,14 +171,37 @@ def analyze(study: dict[str, Any]) -> dict[str, Any]:
             {"batch_size": fastest["batch_size"], "time_to_target": fastest["time_to_target"]},
             "not_reached": [c["batch_size"] for c in group if not c["reached"]],
         }
-    curve = throughput_curve(study["runs"])
+    measured = measured_throughput(study.get("step_times"))
+    # The time model's interleaved timings when there are any; else the runs' own clocks.
+    curve = measured or throughput_curve(study["runs"])
     knee = curve_knee(curve) if curve else None
     reached = [c for c in cells if c["reached"]]
     best = min(reached, key=_time) if reached else None
     crossovers = [x for x in (crossover(cells, "adam", "sgd"), crossover(cells, "adam", "momentum"))
                   if x is not None]
     noise = study.get("noise")
+    seeds = int(study.get("config", {}).get("seeds", 1))
+    b_simple = training_noise_scale(noise)
+    verdicts: dict[str, Any] = {
+        "seeds": seeds, "coverage": median_coverage(seeds),
+        "fastest": fastest_verdict(cells, seeds),
+        "optimizers": [x for x in (optimizer_comparison(cells, "adam", "sgd", seeds),
+                                   optimizer_comparison(cells, "adam", "momentum", seeds))
+                       if x is not None],
+        "per_optimizer": {},
+        "throughput_knee": throughput_knee_verdict(measured),
+        "step_time_spread": step_time_spread(study.get("step_times")),
+    }
+    for optimizer, group in _by_optimizer(cells).items():
+        b_crit = critical_batch_over_seeds(group)
+        verdicts["per_optimizer"][optimizer] = {
+            "regions": region_verdicts(group, seeds),
+            "b_crit": b_crit,
+            "noise_agreement": noise_agreement(b_crit, b_simple, seeds),
+            "generalization": generalization_verdict(group, seeds),
+        }
     return {
+        "verdicts": verdicts,
         "per_optimizer": per_optimizer,
         "throughput": curve,
         "throughput_knee": None if knee is None else knee.batch_size,
@@ -164,16 +211,305 @@ def analyze(study: dict[str, Any]) -> dict[str, Any]:
             "learning_rate": best["learning_rate"], "time_to_target": best["time_to_target"],
             "steps_to_target": best["steps_to_target"]},
         "crossovers": crossovers,
-        "b_simple": training_noise_scale(noise),
+        "b_simple": b_simple,
+        "b_simple_note": noise_scale_note(noise),
     }
 
 
 def training_noise_scale(noise: dict[str, Any] | None) -> float | None:
     """B_simple over training: the ratio of the tr(Sigma) and |G|^2 estimates averaged over the
     measurement points after initialization. One point's |G|^2 near the target is small and
-    noisy, so its ratio alone can be off by an order of magnitude."""
+    noisy, so its ratio alone can be off by an order of magnitude. None when it is not a
+    finding: no measurement, or an average estimate that is not positive (``noise_scale_note``
+    says which)."""
     if not noise or not noise.get("points"):
         return None
     points = [p for p in noise["points"] if p["step"] > 0] or noise["points"]
     grad_sq = sum(p["grad_sq"] for p in points)
-    return sum(p["trace_sigma"] for p in points) / grad_sq if grad_sq > 0 else math.inf
+    trace = sum(p["trace_sigma"] for p in points)
+    if not (grad_sq > 0 and trace > 0 and math.isfinite(grad_sq) and math.isfinite(trace)):
+        return None
+    return trace / grad_sq
+
+
+def noise_scale_note(noise: dict[str, Any] | None) -> str:
+    """Why ``training_noise_scale`` gave no value ('' when it gave one)."""
+    if not noise or not noise.get("points"):
+        return "not estimated: no measurement (--noise-points 0)"
+    if training_noise_scale(noise) is not None:
+        return ""
+    points = [p for p in noise["points"] if p["step"] > 0] or noise["points"]
+    grad_sq = sum(p["grad_sq"] for p in points)
+    trace = sum(p["trace_sigma"] for p in points)
+    pair = f"batch pair {noise.get('small_batch')}/{noise.get('big_batch')}"
+    if not grad_sq > 0:
+        return (f"not estimated: the |G|^2 estimate is not positive ({grad_sq:.3g}) with the "
+                f"{pair}: the gradient is too small against its noise to measure with "
+                f"{noise.get('draws')} draws")
+    return (f"not estimated: the tr(Sigma) estimate is not positive ({trace:.3g}) with the "
+            f"{pair}")
+
+
+# -- verdicts: a finding is stated only where the intervals of the compared cells separate ------
+
+def order(a: dict[str, Any] | None, b: dict[str, Any] | None) -> int:
+    """-1 when interval ``a`` lies wholly below ``b``, 1 when wholly above, 0 when they overlap
+    (or either is missing or a single point: one seed gives no interval)."""
+    if not a or not b or a.get("n", 0) < 2 or b.get("n", 0) < 2:
+        return 0
+    if any(math.isnan(x[end]) for x in (a, b) for end in ("low", "high")):
+        return 0
+    if a["high"] < b["low"]:
+        return -1
+    if a["low"] > b["high"]:
+        return 1
+    return 0
+
+
+def _seeds_text(n: int, coverage: float) -> str:
+    return f"{n} seed{'s' if n != 1 else ''}, intervals of {coverage:.0%} coverage"
+
+
+def not_resolved(n: int) -> str:
+    """The phrase for a comparison the intervals do not settle."""
+    reason = " (one seed gives no interval)" if n < 2 else ""
+    return f"not resolved at {n} seed{'s' if n != 1 else ''}{reason}"
+
+
+def _span(interval: dict[str, Any] | None, spec: str = ".3g") -> str:
+    if not interval or not interval.get("n"):
+        return "-"
+
+    def text(value: float) -> str:
+        return "never" if math.isinf(value) else format(value, spec)
+
+    if interval["n"] == 1:
+        return text(interval["median"])
+    return f"{text(interval['median'])} [{text(interval['low'])}, {text(interval['high'])}]"
+
+
+def _time_interval(cell: dict[str, Any]) -> dict[str, Any] | None:
+    return (cell.get("intervals") or {}).get("time_to_target")
+
+
+def fastest_verdict(cells: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
+    """The fastest cell, stated only when its time-to-target interval lies below every other
+    cell's; otherwise the cells it cannot be told apart from."""
+    coverage = median_coverage(seeds)
+    reached = [c for c in cells if c["reached"]]
+    if not reached:
+        return {"resolved": False, "cell": None, "ties": [],
+                "text": "no cell reached the target"}
+    leader = min(reached, key=lambda c: c["time_to_target"])
+    name = f"{leader['optimizer']} at batch {leader['batch_size']}"
+    ties = [f"{c['optimizer']} at batch {c['batch_size']}" for c in cells
+            if c is not leader and order(_time_interval(leader), _time_interval(c)) != -1]
+    span = _span(_time_interval(leader), ".3g")
+    if not ties:
+        text = (f"fastest: {name}, {span} s to target, below every other cell's interval "
+                f"({_seeds_text(seeds, coverage)})")
+    else:
+        shown = ", ".join(ties[:6]) + (f" and {len(ties) - 6} more" if len(ties) > 6 else "")
+        text = (f"fastest: {not_resolved(seeds)}: {name} ({span} s) overlaps {shown}")
+    return {"resolved": not ties, "cell": {"optimizer": leader["optimizer"],
+                                           "batch_size": leader["batch_size"]},
+            "ties": ties, "text": text}
+
+
+def optimizer_comparison(cells: list[dict[str, Any]], challenger: str, incumbent: str,
+                         seeds: int) -> dict[str, Any] | None:
+    """Per batch size, which of two optimizers reaches the target in less time (where their
+    intervals separate), and the crossover batch size when the separated verdicts show one."""
+    grouped = _by_optimizer(cells)
+    if challenger not in grouped or incumbent not in grouped:
+        return None
+    a = {c["batch_size"]: c for c in grouped[challenger]}
+    b = {c["batch_size"]: c for c in grouped[incumbent]}
+    per_batch = []
+    for size in sorted(set(a) & set(b)):
+        side = order(_time_interval(a[size]), _time_interval(b[size]))
+        winner = challenger if side == -1 else incumbent if side == 1 else None
+        per_batch.append({"batch_size": size, "faster": winner,
+                          challenger: _span(_time_interval(a[size]), ".3g"),
+                          incumbent: _span(_time_interval(b[size]), ".3g")})
+    winners = [p["faster"] for p in per_batch]
+    result: dict[str, Any] = {"challenger": challenger, "incumbent": incumbent,
+                              "per_batch": per_batch, "batch_size": None, "resolved": False}
+    coverage = _seeds_text(seeds, median_coverage(seeds))
+    if winners and all(w == challenger for w in winners):
+        result.update(resolved=True, text=f"{challenger} is faster at every batch size ({coverage})")
+    elif winners and all(w == incumbent for w in winners):
+        result.update(resolved=True, text=f"{incumbent} is faster at every batch size ({coverage})")
+    else:
+        # A crossover: the incumbent resolved faster up to some batch size, the challenger from
+        # the next one up, every comparison resolved.
+        split = next((i for i, w in enumerate(winners) if w != incumbent), len(winners))
+        if 0 < split < len(winners) and all(w == challenger for w in winners[split:]):
+            size = per_batch[split]["batch_size"]
+            result.update(resolved=True, batch_size=size,
+                          text=f"{incumbent} is faster up to batch {per_batch[split - 1]['batch_size']}, "
+                               f"{challenger} from batch {size} up ({coverage})")
+        else:
+            settled = [f"{p['faster']} at {p['batch_size']}" for p in per_batch if p["faster"]]
+            result["text"] = (f"{not_resolved(seeds)}"
+                              + (f" (separated only: {', '.join(settled)})" if settled else
+                                 " at any batch size"))
+    return result
+
+
+def region_of(exponent: float) -> str:
+    """The scaling region a steps-vs-batch exponent falls in."""
+    if exponent >= PERFECT_SCALING_EXPONENT:
+        return "perfect scaling"
+    if exponent <= SATURATION_EXPONENT:
+        return "saturation"
+    return "diminishing returns"
+
+
+def region_verdicts(group: list[dict[str, Any]], seeds: int) -> list[dict[str, Any]]:
+    """Each segment between neighbouring reached batch sizes with the range of its scaling
+    exponent over the steps intervals; resolved when the whole range is one region."""
+    segments = []
+    reached = [c for c in group if c["reached"]]
+    for c1, c2 in itertools.pairwise(reached):
+        i1, i2 = ((c.get("intervals") or {}).get("steps_to_target") or {} for c in (c1, c2))
+        span = math.log(c2["batch_size"] / c1["batch_size"])
+        exponent = math.log(c1["steps_to_target"] / c2["steps_to_target"]) / span
+        ends = [i.get(end, math.nan) for i in (i1, i2) for end in ("low", "high")]
+        if seeds >= 2 and all(math.isfinite(v) and v > 0 for v in ends):
+            low = math.log(ends[0] / ends[3]) / span
+            high = math.log(ends[1] / ends[2]) / span
+            resolved = region_of(low) == region_of(high)
+        else:
+            low = high = math.nan
+            resolved = False
+        segments.append({"from": c1["batch_size"], "to": c2["batch_size"], "exponent": exponent,
+                         "exponent_low": low, "exponent_high": high,
+                         "region": region_of(exponent), "resolved": resolved})
+    return segments
+
+
+def critical_batch_over_seeds(group: list[dict[str, Any]]) -> dict[str, Any]:
+    """B_crit fitted to each seed's steps-to-target curve (the seeds are independent replicas of
+    the whole curve), as a median with its order-statistic interval; seeds whose curve has no
+    finite knee are counted apart."""
+    seeds = sorted({s for c in group for s in (c.get("seed_steps") or {})}, key=int)
+    values, missing = [], 0
+    for seed in seeds:
+        points = [(c["batch_size"], c["seed_steps"][seed]) for c in group
+                  if math.isfinite(c.get("seed_steps", {}).get(seed, math.inf))]
+        knee = fit_critical_batch(points)
+        if knee.get("b_crit"):
+            values.append(knee["b_crit"])
+        else:
+            missing += 1
+    return {**median_interval(values), "seeds_without_knee": missing}
+
+
+def noise_agreement(b_crit: dict[str, Any], b_simple: float | None, seeds: int) -> dict[str, Any]:
+    """Does the gradient-noise estimate predict the measured critical batch size within 2x?"""
+    if b_simple is None:
+        return {"resolved": False, "text": "B_simple not estimated: nothing to compare"}
+    if not b_crit.get("n"):
+        return {"resolved": False, "text": "no seed's steps curve has a knee inside the grid"}
+    low, high = b_simple / 2, b_simple * 2
+    interval = f"B_crit {_span(b_crit, '.0f')} over {b_crit['n']} seed fits"
+    if b_crit["n"] >= 2 and b_crit["seeds_without_knee"] == 0:
+        if low <= b_crit["low"] and b_crit["high"] <= high:
+            return {"resolved": True, "agree": True,
+                    "text": f"{interval} lies within 2x of B_simple {b_simple:.0f}"}
+        if b_crit["high"] < low or b_crit["low"] > high:
+            return {"resolved": True, "agree": False,
+                    "text": f"{interval} lies outside 2x of B_simple {b_simple:.0f}"}
+    return {"resolved": False,
+            "text": f"{interval} vs B_simple {b_simple:.0f}: {not_resolved(seeds)}"}
+
+
+def generalization_verdict(group: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
+    """Test accuracy at the target: the smallest against the largest batch size that reached it."""
+    reached = [c for c in group if c["reached"] and (c.get("intervals") or {}).get("test_accuracy")]
+    if len(reached) < 2:
+        return {"resolved": False, "text": "fewer than two batch sizes reached the target"}
+    small, big = reached[0], reached[-1]
+    a, b = small["intervals"]["test_accuracy"], big["intervals"]["test_accuracy"]
+    side = order(a, b)
+    figures = (f"test accuracy {_span(a, '.4f')} at batch {small['batch_size']}, "
+               f"{_span(b, '.4f')} at batch {big['batch_size']}")
+    if side == 0:
+        return {"resolved": False, "text": f"{figures}: {not_resolved(seeds)}"}
+    direction = "lower" if side == 1 else "higher"
+    return {"resolved": True, "larger_batch": direction,
+            "text": f"{figures}: {direction} at the larger batch "
+                    f"({_seeds_text(seeds, median_coverage(seeds))})"}
+
+
+def measured_throughput(step_times: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Samples/s per batch size from the time model's interleaved step timings, pooled over the
+    optimizers of that batch size: the median with its order-statistic interval."""
+    by_batch: dict[int, list[float]] = {}
+    for cell in (step_times or {}).get("cells", []):
+        by_batch.setdefault(cell["batch_size"], []).extend(
+            cell["batch_size"] / s for s in cell["seconds"] if s > 0)
+    curve = []
+    for size, values in sorted(by_batch.items()):
+        interval = median_interval(values)
+        curve.append({"batch_size": size, "samples_per_s": interval["median"],
+                      "low": interval["low"], "high": interval["high"], "n": interval["n"],
+                      "coverage": interval["coverage"]})
+    return curve
+
+
+def throughput_knee_verdict(curve: list[dict[str, Any]]) -> dict[str, Any]:
+    """The throughput knee (``kbackend.hardware.knee``'s definition) on the medians, resolved
+    when every per-doubling gain up to it is on the same side of the threshold over the whole
+    range the samples/s intervals allow."""
+    if len(curve) < 2 or any("low" not in p for p in curve):
+        return {"resolved": False, "batch_size": None,
+                "text": "not measured: needs step timings at two or more batch sizes"}
+    knee = curve_knee(curve)
+    resolved = True
+    for index, (p1, p2) in enumerate(itertools.pairwise(curve)):
+        if index > knee.index:
+            break
+        power = 1.0 / math.log2(p2["batch_size"] / p1["batch_size"])
+        low = (p2["low"] / p1["high"]) ** power - 1.0
+        high = (p2["high"] / p1["low"]) ** power - 1.0
+        below = index == knee.index and knee.plateau_reached
+        if (below and high >= knee.min_gain) or (not below and low < knee.min_gain):
+            resolved = False
+    n = min(p["n"] for p in curve)
+    where = (f"batch {knee.batch_size}" if knee.plateau_reached else
+             f"no plateau up to batch {knee.batch_size}")
+    coverage = f"samples/s intervals of >= {median_coverage(n):.0%} coverage over {n} timings"
+    text = (f"throughput knee (next doubling gains < {knee.min_gain:.0%}): {where} ({coverage})"
+            if resolved else
+            f"throughput knee: not resolved at {n} timings per batch size (median curve: "
+            f"{where}; the intervals allow another)")
+    return {"resolved": resolved, "batch_size": knee.batch_size,
+            "plateau_reached": knee.plateau_reached, "text": text}
+
+
+def step_time_spread(step_times: dict[str, Any] | None) -> dict[str, Any] | None:
+    """How much the measured step times moved: max/min per cell, and the neighbouring batch
+    sizes (same optimizer) whose samples/s intervals overlap, which cannot be ranked."""
+    cells = (step_times or {}).get("cells", [])
+    if not cells:
+        return None
+    ratios = {f"{c['optimizer']} B={c['batch_size']}": max(c["seconds"]) / min(c["seconds"])
+              for c in cells if c["seconds"] and min(c["seconds"]) > 0}
+    overlaps = []
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for cell in cells:
+        grouped.setdefault(cell["optimizer"], []).append(cell)
+    for optimizer, group in grouped.items():
+        group.sort(key=lambda c: c["batch_size"])
+        for c1, c2 in itertools.pairwise(group):
+            t1 = [c1["batch_size"] / s for s in c1["seconds"]]
+            t2 = [c2["batch_size"] / s for s in c2["seconds"]]
+            if min(t2) <= max(t1) and min(t1) <= max(t2):
+                overlaps.append(f"{optimizer} {c1['batch_size']}/{c2['batch_size']}")
+    values = sorted(ratios.values())
+    worst = max(ratios, key=ratios.get) if ratios else None
+    return {"median_ratio": statistics.median(values) if values else None,
+            "worst": worst, "worst_ratio": ratios.get(worst) if worst else None,
+            "unranked_neighbours": overlaps}

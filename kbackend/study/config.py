@@ -58,8 +58,13 @@ class StudyConfig:
     ``lr_grid_size``-point grid spaced by ``lr_factor`` around ``CENTRE_LR`` scaled to the
     batch size). ``max_steps`` is each run's step budget; ``evals_per_epoch`` sets how often the
     target is checked (engines that validate once per epoch do that instead). With ``prune``, a
-    later learning rate of a cell gets the steps-to-target of the best earlier one as its budget:
-    it can only win by reaching the target in fewer steps.
+    later learning rate of a cell gets the best median steps-to-target so far as its budget: it
+    can only win by reaching the target in fewer steps. Each learning rate runs with ``seeds``
+    seeds (``seed``, ``seed + 1``, ...: initial weights and data order); a cell's figures are
+    medians over them with an order-statistic interval. A cell whose best rate sits on an end of
+    its grid extends the grid that way by up to ``lr_extend`` points. Time to target is the
+    median steps to target times the cell's steady seconds per step, measured after training in
+    ``step_time_repeats`` interleaved rounds (0: each run's own clock instead).
     """
 
     model: str = "seed_mlp"
@@ -79,6 +84,9 @@ class StudyConfig:
     fused_steps: int = 0
     seed: int = 0
     prune: bool = True
+    seeds: int = 3
+    lr_extend: int = 2
+    step_time_repeats: int = 5
     noise_points: int = 4
     noise_draws: int = 24
     noise_small_batch: int = 0
@@ -120,12 +128,12 @@ class StudyConfig:
             raise ConfigError(f"Invalid lr_grid_size {self.lr_grid_size!r}: expected an integer >= 1.")
         if not self.lr_factor > 1.0:
             raise ConfigError(f"Invalid lr_factor {self.lr_factor!r}: expected a ratio > 1.")
-        for name in ("max_steps", "evals_per_epoch", "noise_draws"):
+        for name in ("max_steps", "evals_per_epoch", "noise_draws", "seeds"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"Invalid {name} {value!r}: expected an integer >= 1.")
         for name in ("fused_steps", "noise_points", "noise_small_batch", "noise_big_batch",
-                     "max_batch_size"):
+                     "max_batch_size", "lr_extend", "step_time_repeats"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ConfigError(f"Invalid {name} {value!r}: expected an integer >= 0.")
@@ -135,6 +143,11 @@ class StudyConfig:
                 f"Invalid noise batch sizes: the small batch ({self.noise_small_batch}) must be "
                 f"smaller than the big one ({self.noise_big_batch})."
             )
+
+    @property
+    def seed_values(self) -> tuple[int, ...]:
+        """The seeds every learning rate of a cell runs with."""
+        return tuple(self.seed + index for index in range(self.seeds))
 
     @property
     def resolved_target(self) -> Target:
@@ -179,6 +192,6 @@ class StudyConfig:
     def identity(self) -> dict[str, Any]:
         """What makes two studies the same question, whatever backend or device answers it."""
         payload = self.to_dict()
-        for name in ("data_dir", "engine", "fused_steps"):
+        for name in ("data_dir", "engine", "fused_steps", "step_time_repeats"):
             payload.pop(name)
         return payload

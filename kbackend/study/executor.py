@@ -1,5 +1,7 @@
-"""Run a study: every (optimizer, batch size) cell, a learning-rate search per cell, a
-noise-scale measurement, each finished run committed to the results store.
+"""Run a study: every (optimizer, batch size) cell, a learning-rate search per cell (every rate
+with every seed, the grid extended while its best rate sits on an end), the cells' steady step
+times measured apart (the time model), a noise-scale measurement; each finished run committed
+to the results store.
 
 Re-running the same study skips every run already stored (the key is the run's full
 configuration: model, data, optimizer, batch size, learning rate, seed, budget, target, engine,
@@ -10,8 +12,10 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
+import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -20,11 +24,13 @@ from kbackend.backends import impl
 from kbackend.data import Dataset
 from kbackend.data.batching import steps_per_epoch_dropping_last, steps_per_epoch_keeping_last
 from kbackend.engines import get_engine
+from kbackend.engines.native import epoch_runner
 from kbackend.envinfo import environment_identity
 from kbackend.errors import ConfigError
 from kbackend.history import History
 from kbackend.models import ModelOptions, build_model, model_layout
 from kbackend.optim import OptimizerSpec
+from kbackend.study.analysis import median_interval, training_noise_scale
 from kbackend.study.config import REFERENCE_BATCH, StudyConfig
 from kbackend.study.noise import measure_noise_scale
 from kbackend.study.store import ResultStore, config_key
@@ -32,6 +38,8 @@ from kbackend.training import Target, TrainConfig, load_dataset, train
 
 # Engines that validate once per epoch, whatever eval_every asks (Keras fit).
 EPOCH_EVAL_ENGINES = frozenset({"keras"})
+# Steps per timed call of the time model (rounded up to whole fused calls).
+STEP_TIME_STEPS = 32
 
 
 @dataclass(frozen=True)
@@ -44,9 +52,10 @@ class RunPlan:
     max_steps: int
     eval_every: int
     fused_steps: int
+    seed: int = 0
 
     def label(self) -> str:
-        return f"{self.optimizer} B={self.batch_size} lr={self.learning_rate:g}"
+        return f"{self.optimizer} B={self.batch_size} lr={self.learning_rate:g} seed={self.seed}"
 
 
 def default_engine() -> str:
@@ -167,23 +176,110 @@ def summarize_run(history: History, plan: RunPlan, target: Target, num_train: in
     return result
 
 
-def best_run(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The run a cell reports: fewest steps to target (ties: less training time); when no run
-    reached it, the one with the best validation metric (reported as not reached)."""
-    if not runs:
+def _steps(record: dict[str, Any]) -> float:
+    """A run's steps to target; a run that did not reach it counts as infinitely many."""
+    steps = record["result"]["steps_to_target"]
+    return math.inf if steps is None or not record["result"]["reached"] else float(steps)
+
+
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values)) if values else math.inf
+
+
+def rate_score(records: list[dict[str, Any]], larger_is_better: bool) -> tuple[float, float, float]:
+    """How one learning rate of a cell ranks (smaller is better): the median steps to target over
+    its seeds (not reached: infinite), then the median time to target, then (for rates whose
+    median seed did not reach) the median best validation metric."""
+    steps = _median([_steps(r) for r in records])
+    times = _median([r["result"]["time_to_target"] if _steps(r) < math.inf else math.inf
+                     for r in records])
+    metrics = [r["result"]["best_metric"] for r in records]
+    metric = _median([m for m in metrics if m is not None and math.isfinite(m)])
+    if math.isfinite(metric) and larger_is_better:
+        metric = -metric
+    return steps, times, metric
+
+
+def best_rate(by_rate: dict[float, list[dict[str, Any]]], larger_is_better: bool) -> float | None:
+    """The learning rate a cell reports: the best ``rate_score`` (None for an empty cell)."""
+    if not by_rate:
         return None
-    reached = [r for r in runs if r["result"]["reached"]]
-    if reached:
-        return min(reached, key=lambda r: (r["result"]["steps_to_target"], r["result"]["time_to_target"]))
-    larger_is_better = "acc" in runs[0]["config"]["target"]["metric"]
+    return min(by_rate, key=lambda rate: (rate_score(by_rate[rate], larger_is_better), rate))
 
-    def score(run: dict[str, Any]) -> float:
-        value = run["result"]["best_metric"]
-        if value is None or not math.isfinite(value):
-            return -math.inf
-        return value if larger_is_better else -value
 
-    return max(runs, key=score)
+def summarize_cell(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """A cell's figures from the runs of its best learning rate (one per seed): each a median
+    over the seeds, with the order-statistic interval of ``median_interval``. The cell reaches
+    the target when its median seed does."""
+    results = [r["result"] for r in records]
+    steps = median_interval([_steps(r) for r in records])
+    reached = math.isfinite(steps["median"])
+
+    def median_of(name: str, only_reached: bool = False) -> dict[str, Any]:
+        values = [r[name] for r in results if r.get(name) is not None and
+                  (not only_reached or r["reached"])]
+        return median_interval([float(v) for v in values if math.isfinite(float(v))])
+
+    def finite(value: float | None) -> float | None:
+        return value if value is not None and math.isfinite(value) else None
+
+    times = median_interval([r["time_to_target"] if _steps(rec) < math.inf else math.inf
+                             for r, rec in zip(results, records, strict=True)])
+    test = median_of("test_accuracy", only_reached=reached)
+    # The run drawn in the trajectory plot: the seed at the median (the lower one of two).
+    ordered = sorted(records, key=lambda r: (_steps(r), -(r["result"]["best_metric"] or 0.0)))
+    middle = ordered[(len(ordered) - 1) // 2]
+    return {
+        "learning_rate": middle["config"]["learning_rate"],
+        "seeds": len(records),
+        "seed_values": [r["config"]["seed"] for r in records],
+        "reached": reached,
+        "seeds_reached": sum(1 for r in records if _steps(r) < math.inf),
+        "steps_to_target": finite(steps["median"]) if reached else None,
+        "samples_to_target": finite(median_of("samples_to_target")["median"]) if reached else None,
+        "epochs_to_target": finite(median_of("epochs_to_target")["median"]) if reached else None,
+        "time_to_target": finite(times["median"]) if reached else None,
+        "time_to_target_raw": finite(median_of("time_to_target_raw")["median"]) if reached else None,
+        "steps_run": finite(median_of("steps_run")["median"]),
+        "best_metric": finite(median_of("best_metric")["median"]),
+        "test_accuracy": finite(test["median"]),
+        "samples_per_s": finite(median_of("samples_per_s")["median"]),
+        "startup_time": finite(median_of("startup_time")["median"]),
+        "startup_time_estimated": any(r.get("startup_time_estimated") for r in results),
+        "train_time": sum(r.get("train_time") or 0.0 for r in results),
+        "wall_time": sum(r.get("wall_time") or 0.0 for r in results),
+        "seed_steps": {str(r["config"]["seed"]): _steps(r) for r in records},
+        "run_key": middle["key"],
+        "run_keys": [r["key"] for r in records],
+        "intervals": {"steps_to_target": steps, "time_to_target": times,
+                      "test_accuracy": test, "best_metric": median_of("best_metric")},
+    }
+
+
+def apply_time_model(cells: list[dict[str, Any]], step_times: dict[str, Any] | None) -> None:
+    """Each cell's time to target = its median steps to target x its median measured seconds
+    per step; the interval is [low steps x fastest step time, high steps x slowest step time].
+    The runs' own clocks stay in ``time_to_target_runs``. Without a measurement the runs'
+    clocks remain the time to target (``time_model: "run clocks"``)."""
+    measured = {(c["optimizer"], c["batch_size"]): c["seconds_per_step"]
+                for c in (step_times or {}).get("cells", [])}
+    for cell in cells:
+        intervals = cell.setdefault("intervals", {})
+        intervals["time_to_target_runs"] = intervals.get("time_to_target")
+        cell["time_to_target_runs"] = cell.get("time_to_target")
+        per_step = measured.get((cell["optimizer"], cell["batch_size"]))
+        if per_step is None or not per_step.get("n"):
+            cell["time_model"] = "run clocks"
+            continue
+        steps = intervals["steps_to_target"]
+        cell["time_model"] = "steps x step time"
+        cell["seconds_per_step"] = per_step
+        cell["samples_per_s"] = cell["batch_size"] / per_step["median"]
+        intervals["time_to_target"] = {
+            "median": steps["median"] * per_step["median"],
+            "low": steps["low"] * per_step["low"], "high": steps["high"] * per_step["high"],
+            "n": steps["n"], "coverage": steps["coverage"]}
+        cell["time_to_target"] = (steps["median"] * per_step["median"]) if cell["reached"] else None
 
 
 class StudyRunner:
@@ -243,7 +339,7 @@ class StudyRunner:
         return nearest if wanted / 2 <= nearest <= wanted * 2 else wanted
 
     def plan(self, optimizer: str, batch_size: int, learning_rate: float,
-             budget: int | None = None) -> RunPlan:
+             budget: int | None = None, seed: int | None = None) -> RunPlan:
         every = self.eval_every(batch_size)
         steps = budget if budget is not None else self.config.max_steps
         steps = -(-steps // every) * every  # whole evaluation intervals
@@ -252,7 +348,8 @@ class StudyRunner:
         else:
             fused = min(self.config.fused_steps or every,
                         steps_per_epoch_dropping_last(self.num_train, batch_size))
-        return RunPlan(optimizer, batch_size, learning_rate, steps, every, fused)
+        return RunPlan(optimizer, batch_size, learning_rate, steps, every, fused,
+                       self.config.seed if seed is None else seed)
 
     def run_key_config(self, plan: RunPlan) -> dict[str, Any]:
         """Everything that determines a run's outcome: its store key is a hash of this."""
@@ -262,14 +359,14 @@ class StudyRunner:
         return {
             "kind": "run",
             "model": config.model,
-            "model_options": asdict(ModelOptions(seed=config.seed)),
+            "model_options": asdict(ModelOptions(seed=plan.seed)),
             "data": {"name": info.name, "source": info.source, "num_train": info.num_train,
                      "num_val": info.num_val, "num_test": info.num_test,
                      "validation_fraction": config.validation_fraction},
             "optimizer": OptimizerSpec(plan.optimizer, plan.learning_rate).to_dict(),
             "batch_size": plan.batch_size,
             "learning_rate": plan.learning_rate,
-            "seed": config.seed,
+            "seed": plan.seed,
             "max_steps": plan.max_steps,
             "eval_every": plan.eval_every,
             "fused_steps": plan.fused_steps,
@@ -279,9 +376,10 @@ class StudyRunner:
         }
 
     def total_runs(self) -> int:
-        """Runs the grid holds (pruned runs included: they still run, on a smaller budget)."""
-        return sum(len(self.config.learning_rate_grid(o, b))
-                   for o in self.config.optimizers for b in self.batch_sizes)
+        """Runs the grid holds before any extension (pruned runs included: they still run, on a
+        smaller budget; a pruned rate may skip its last seeds)."""
+        return self.config.seeds * sum(len(self.config.learning_rate_grid(o, b))
+                                       for o in self.config.optimizers for b in self.batch_sizes)
 
     # -- running -------------------------------------------------------------------------------
 
@@ -292,37 +390,107 @@ class StudyRunner:
         cells, runs = [], []
         for optimizer in self.config.optimizers:
             for batch_size in self.batch_sizes:
-                cell_runs = self.run_cell(optimizer, batch_size)
-                runs.extend(cell_runs)
-                best = best_run(cell_runs)
-                grid = self.config.learning_rate_grid(optimizer, batch_size)
-                cells.append({
-                    "optimizer": optimizer, "batch_size": batch_size,
-                    "learning_rate": best["config"]["learning_rate"],
-                    "lr_grid": list(grid),
-                    "lr_at_grid_edge": len(grid) > 1 and best["config"]["learning_rate"] in (min(grid), max(grid)),
-                    "run_key": best["key"],
-                    **best["result"],
-                })
+                cell = self.run_cell(optimizer, batch_size)
+                runs.extend(cell.pop("runs"))
+                cells.append(cell)
+        step_times = self.measure_step_times(cells)
+        apply_time_model(cells, step_times)
         noise = self.run_noise(cells)
-        return {"study": self.study_id, "config": self.config.to_dict(), "env": self.env,
+        return {"study": self.study_id, "step_times": step_times, "config": self.config.to_dict(), "env": self.env,
                 "dataset": self.dataset.info.to_dict(), "batch_sizes": list(self.batch_sizes),
                 "cells": cells, "runs": runs, "noise": noise}
 
-    def run_cell(self, optimizer: str, batch_size: int) -> list[dict[str, Any]]:
-        """Every learning rate of one cell; with pruning, later rates get the best steps so far."""
-        records = []
-        best_steps: int | None = None
-        for learning_rate in self.config.learning_rate_grid(optimizer, batch_size):
-            budget = self.config.max_steps
-            if self.config.prune and best_steps is not None:
-                budget = min(budget, best_steps)
-            record = self.run_one(self.plan(optimizer, batch_size, learning_rate, budget))
-            records.append(record)
-            if record["result"]["reached"]:
-                steps = record["result"]["steps_to_target"]
-                best_steps = steps if best_steps is None else min(best_steps, steps)
-        return records
+    @property
+    def larger_is_better(self) -> bool:
+        return "acc" in self.config.resolved_target.metric
+
+    def extension_factors(self, optimizer: str, grid: tuple[float, ...]) -> tuple[float, float]:
+        """The ratio a grid is extended by below and above: the study's ``lr_factor`` for a
+        generated grid, the ratio of the two outermost rates at that end for an explicit one."""
+        if optimizer not in self.config.learning_rates or len(grid) < 2:
+            return self.config.lr_factor, self.config.lr_factor
+        ordered = sorted(grid)
+        return ordered[1] / ordered[0], ordered[-1] / ordered[-2]
+
+    def run_cell(self, optimizer: str, batch_size: int) -> dict[str, Any]:
+        """Every learning rate of one cell, each with every seed, the grid extended while the
+        best rate sits on an end of it (``lr_extend`` points each way at most); the cell's
+        figures with their intervals, and under ``"runs"`` every run it made."""
+        config = self.config
+        grid = config.learning_rate_grid(optimizer, batch_size)
+        by_rate: dict[float, list[dict[str, Any]]] = {}
+        runs: list[dict[str, Any]] = []
+        for learning_rate in grid:
+            runs += self.run_rate(optimizer, batch_size, learning_rate, by_rate)
+        low_factor, high_factor = self.extension_factors(optimizer, grid)
+        extended = {"below": 0, "above": 0}
+        while len(grid) > 1:
+            best, tried = best_rate(by_rate, self.larger_is_better), sorted(by_rate)
+            if best == tried[0] and extended["below"] < config.lr_extend:
+                extended["below"] += 1
+                rate = float(f"{tried[0] / low_factor:.4g}")
+            elif best == tried[-1] and extended["above"] < config.lr_extend:
+                extended["above"] += 1
+                rate = float(f"{tried[-1] * high_factor:.4g}")
+            else:
+                break
+            self.on_event("extend", runs=config.seeds)
+            runs += self.run_rate(optimizer, batch_size, rate, by_rate)
+        best = best_rate(by_rate, self.larger_is_better)
+        runs += self.complete_censored(optimizer, batch_size, best, by_rate)
+        tried = sorted(by_rate)
+        edge = None
+        if len(tried) > 1 and best in (tried[0], tried[-1]):
+            edge = "below" if best == tried[0] else "above"
+        return {
+            "optimizer": optimizer, "batch_size": batch_size,
+            "lr_grid": list(grid), "lr_tried": tried, "lr_extended": extended,
+            "lr_at_grid_edge": edge is not None,
+            "lr_edge": edge,
+            "lr_at_bound": edge is not None and extended[edge] >= config.lr_extend,
+            **summarize_cell(by_rate[best]),
+            "runs": runs,
+        }
+
+    def run_rate(self, optimizer: str, batch_size: int, learning_rate: float,
+                 by_rate: dict[float, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        """One learning rate of a cell with every seed, into ``by_rate``; returns its runs.
+
+        With pruning, the rate's budget is the best median steps-to-target so far: a run that
+        does not reach the target within it counts as never reaching it, which can only make
+        this rate's median worse than the best one's, never better. Once too few seeds are left
+        for the median seed to reach, the remaining seeds are skipped: the rate cannot win.
+        """
+        config = self.config
+        best = best_rate(by_rate, self.larger_is_better)
+        best_median = rate_score(by_rate[best], self.larger_is_better)[0] if best is not None else math.inf
+        pruned = config.prune and math.isfinite(best_median)
+        budget = min(config.max_steps, math.ceil(best_median)) if pruned else None
+        needed = config.seeds // 2 + 1  # seeds that must reach for the median seed to reach
+        records: list[dict[str, Any]] = []
+        for seed in config.seed_values:
+            if pruned and sum(1 for r in records if not r["result"]["reached"]) > config.seeds - needed:
+                self.on_event("pruned", runs=1)
+                continue
+            records.append(self.run_one(self.plan(optimizer, batch_size, learning_rate, budget, seed)))
+        by_rate[learning_rate] = records
+        return list(records)
+
+    def complete_censored(self, optimizer: str, batch_size: int, rate: float | None,
+                          by_rate: dict[float, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        """Re-run, on the full budget, the seeds of the winning rate that a pruned budget cut
+        short: the median is exact without them, the upper end of the interval is not."""
+        if rate is None:
+            return []
+        full = self.plan(optimizer, batch_size, rate).max_steps
+        runs = []
+        for index, record in enumerate(by_rate[rate]):
+            if not record["result"]["reached"] and record["config"]["max_steps"] < full:
+                self.on_event("extend", runs=1)
+                record = self.run_one(self.plan(optimizer, batch_size, rate, seed=record["config"]["seed"]))
+                by_rate[rate][index] = record
+                runs.append(record)
+        return runs
 
     def run_one(self, plan: RunPlan) -> dict[str, Any]:
         """Run ``plan`` unless the store already has it; return the stored record."""
@@ -362,18 +530,87 @@ class StudyRunner:
             eval_every=0 if config.engine in EPOCH_EVAL_ENGINES else plan.eval_every,
             fused_steps=plan.fused_steps,
             target=config.resolved_target if target is True else (target or None),
-            seed=config.seed if seed is None else seed,
-            model_options=ModelOptions(seed=config.seed),
+            seed=plan.seed if seed is None else seed,
+            model_options=ModelOptions(seed=plan.seed),
         )
 
-    def build_model(self) -> Any:
+    def build_model(self, seed: int | None = None) -> Any:
         """A fresh model; the same seed gives the same initial weights on one backend."""
         assert self.dataset is not None
-        return build_model(self.config.model, self.dataset.info, ModelOptions(seed=self.config.seed))
+        seed = self.config.seed if seed is None else seed
+        return build_model(self.config.model, self.dataset.info, ModelOptions(seed=seed))
 
     def execute(self, plan: RunPlan) -> History:
-        """Train one run from fresh initial weights and return its history."""
-        return train(self.train_config(plan), dataset=self.dataset, model=self.build_model()).history
+        """Train one run from fresh initial weights (its seed's) and return its history."""
+        return train(self.train_config(plan), dataset=self.dataset,
+                     model=self.build_model(plan.seed)).history
+
+    # -- time model: steady seconds per step, measured apart ----------------------------------
+
+    def step_time_plan(self, cell: dict[str, Any]) -> tuple[int, int]:
+        """(steps per timed call, fused steps) for timing one cell: the native engine's compiled
+        step with the training's K when the study's engine fuses steps, else one step per call."""
+        fused = self.plan(cell["optimizer"], cell["batch_size"], cell["learning_rate"]).fused_steps
+        fused = max(1, min(fused, STEP_TIME_STEPS))
+        return fused * -(-STEP_TIME_STEPS // fused), fused
+
+    def step_timer(self, cell: dict[str, Any]) -> Callable[[], Any]:
+        """A callable that trains ``step_time_plan(cell)[0]`` steps of the cell's compiled native
+        step (its optimizer, batch size and best rate) on a copy of its model."""
+        assert self.dataset is not None
+        steps, fused = self.step_time_plan(cell)
+        batch = cell["batch_size"]
+        rows = np.arange(steps * batch) % self.num_train  # whole batches, wrapping the data
+        subset = replace(self.dataset, x_train=self.dataset.x_train[rows],
+                         y_train=self.dataset.y_train[rows])
+        return epoch_runner(self.build_model(), subset,
+                            OptimizerSpec(cell["optimizer"], cell["learning_rate"]),
+                            batch, fused, self.config.seed)
+
+    def measure_step_times(self, cells: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """Each cell's steady seconds per step, in ``step_time_repeats`` interleaved rounds: in
+        each round every cell times one call of ``STEP_TIME_STEPS`` steps, in an order rotated
+        by the round, so a load that comes and goes spreads over every cell alike. The first
+        call of each cell (compilation, warm-up) is not timed. Stored, so a resumed study
+        reuses it."""
+        repeats = self.config.step_time_repeats
+        if repeats == 0 or not cells:
+            return None
+        plans = [(c["optimizer"], c["batch_size"], c["learning_rate"], *self.step_time_plan(c))
+                 for c in cells]
+        key_config = {"kind": "steptime", "model": self.config.model, "seed": self.config.seed,
+                      "data": self.dataset.info.to_dict() if self.dataset else None,
+                      "cells": plans, "repeats": repeats, "engine": self.config.engine, **self.env}
+        key = config_key(key_config)
+        stored = self.store.get(key)
+        if stored is not None:
+            self.on_event("skipped_timing", record=stored)
+            return stored["result"]
+        self.on_event("start_timing", plan=None)
+        timers, seconds = [], [[] for _ in cells]
+        warm_up = []
+        for cell in cells:
+            start = time.perf_counter()
+            timer = self.step_timer(cell)
+            timer()
+            timers.append(timer)
+            warm_up.append(time.perf_counter() - start)
+        for round_index in range(repeats):
+            shift = round_index % len(cells)
+            for index in list(range(shift, len(cells))) + list(range(shift)):
+                start = time.perf_counter()
+                timers[index]()
+                seconds[index].append((time.perf_counter() - start) / plans[index][3])
+        result = {
+            "engine": "native", "study_engine": self.config.engine, "repeats": repeats,
+            "cells": [{"optimizer": p[0], "batch_size": p[1], "learning_rate": p[2],
+                       "steps_per_call": p[3], "fused_steps": p[4], "warm_up_s": w,
+                       "seconds": s, "seconds_per_step": median_interval(s)}
+                      for p, w, s in zip(plans, warm_up, seconds, strict=True)],
+        }
+        self.store.put(key, "steptime", self.study_id, self.env["backend"], key_config, result)
+        self.on_event("finished_timing", record=self.store.get(key))
+        return result
 
     # -- gradient noise scale ----------------------------------------------------------------
 
@@ -393,7 +630,7 @@ class StudyRunner:
         if cell is None:
             return None
         small, big = self.noise_batches
-        horizon = cell["steps_to_target"] or cell["steps_run"]
+        horizon = round(cell["steps_to_target"] or cell["steps_run"] or 0)
         plan = self.plan(cell["optimizer"], cell["batch_size"], cell["learning_rate"])
         points = self.config.noise_points
         checkpoints = sorted({round(horizon * i / max(1, points - 1)) for i in range(points)})
@@ -405,23 +642,38 @@ class StudyRunner:
             self.on_event("skipped_noise", record=stored)
             return stored["result"]
         self.on_event("start_noise", plan=plan)
-        result = {"optimizer": plan.optimizer, "batch_size": plan.batch_size,
-                  "learning_rate": plan.learning_rate, "small_batch": small, "big_batch": big,
-                  "draws": self.config.noise_draws, "points": self.measure_noise(plan, checkpoints)}
-        estimates = [p for p in result["points"] if p["step"] > 0]
-        final = estimates[-1] if estimates else result["points"][-1]
-        result["b_simple_final"] = final["b_simple"]
+        result = self.noise_result(plan, checkpoints, small, big)
+        wider = (max(1, small // 4), min(self.num_train, big * 4))
+        if training_noise_scale(result) is None and wider != (small, big):
+            # A pair further apart separates the two squared norms more: one retry.
+            retry = self.noise_result(plan, checkpoints, *wider)
+            retry["first_try"] = {k: result[k] for k in ("small_batch", "big_batch", "b_simple_final")}
+            result = retry
         self.store.put(key, "noise", self.study_id, self.env["backend"], key_config, result)
         self.on_event("finished_noise", record=self.store.get(key))
         return result
 
-    def measure_noise(self, plan: RunPlan, checkpoints: list[int]) -> list[dict[str, Any]]:
+    def noise_result(self, plan: RunPlan, checkpoints: list[int], small: int,
+                     big: int) -> dict[str, Any]:
+        """One noise-scale measurement along ``plan`` with the batch pair (small, big)."""
+        result = {"optimizer": plan.optimizer, "batch_size": plan.batch_size,
+                  "learning_rate": plan.learning_rate, "small_batch": small, "big_batch": big,
+                  "draws": self.config.noise_draws,
+                  "points": self.measure_noise(plan, checkpoints, small, big)}
+        estimates = [p for p in result["points"] if p["step"] > 0]
+        final = estimates[-1] if estimates else result["points"][-1]
+        result["b_simple_final"] = final["b_simple"]
+        return result
+
+    def measure_noise(self, plan: RunPlan, checkpoints: list[int], small: int | None = None,
+                      big: int | None = None) -> list[dict[str, Any]]:
         """Train in segments to each checkpoint and estimate the noise scale there."""
         assert self.dataset is not None
         model = self.build_model()
         rng = np.random.default_rng(self.config.seed)
         x, y = self.dataset.x_train, self.dataset.y_train
-        small, big = self.noise_batches
+        if small is None or big is None:
+            small, big = self.noise_batches
         points, done = [], 0
         for index, checkpoint in enumerate(checkpoints):
             if checkpoint > done:

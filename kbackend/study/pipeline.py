@@ -4,6 +4,7 @@ report; and compare studies run on different backends or devices side by side.""
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -46,11 +47,18 @@ class _ProgressEvents:
         self.skipped = 0
         self.label = ""
 
-    def __call__(self, event: str, plan: Any = None, record: Any = None) -> None:
-        if event in ("start", "start_noise"):
-            self.label = plan.label() if event == "start" else f"noise scale along {plan.label()}"
+    def __call__(self, event: str, plan: Any = None, record: Any = None, runs: int = 0) -> None:
+        if event == "extend":  # a grid extension or a re-run: more runs than planned
+            self.progress.update(self.task, total=self.progress.tasks[0].total + runs)
+        elif event == "pruned":  # a seed a pruned rate no longer needs
+            self.progress.advance(self.task, runs)
+        elif event in ("start", "start_noise", "start_timing"):
+            self.label = (plan.label() if event == "start" else
+                          f"noise scale along {plan.label()}" if event == "start_noise" else
+                          "steady step times, interleaved")
             self.progress.update(self.task, description=self.label)
-        elif event in ("finished", "finished_noise", "skipped", "skipped_noise"):
+        elif event in ("finished", "finished_noise", "skipped", "skipped_noise",
+                       "finished_timing", "skipped_timing"):
             self.skipped += event.startswith("skipped")
             self.progress.advance(self.task)
             if self.lines and event == "finished":
@@ -73,10 +81,12 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
     console = console or Console(stderr=True)
     out = Path(out_dir)
     start = time.perf_counter()
+    load_before = os.getloadavg()[0]
     with ResultStore(out / DB_NAME) as store:
         runner = StudyRunner(config, store)
         runner.prepare()
-        total = runner.total_runs() + (1 if config.noise_points else 0)
+        total = runner.total_runs() + (1 if config.noise_points else 0) + \
+            (1 if config.step_time_repeats else 0)
         with Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
                       console=console, disable=not show_progress, transient=False) as progress:
@@ -86,6 +96,8 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
             runner.on_event = events
             study = runner.run()
         wall_time = time.perf_counter() - start
+        study["machine_load"] = {"before": load_before, "after": os.getloadavg()[0],
+                                 "cpus": os.cpu_count()}
         analysis = analyze(study)
         paths = write_report(study, analysis, report_dir(out, study), wall_time)
         summary = read_json(paths["summary"])
@@ -156,7 +168,7 @@ def compare(summaries: list[dict[str, Any]]) -> str:
                 cell = by_key.get(key)
                 reached = cell is not None and cell["reached"]
                 times.append(f"{cell['time_to_target']:.2f}" if reached else "not reached")
-                steps.append(str(cell["steps_to_target"]) if reached else "-")
+                steps.append(f"{cell['steps_to_target']:.0f}" if reached else "-")
                 speed = None if cell is None else cell.get("samples_per_s")
                 speeds.append(f"{speed:,.0f}" if speed and math.isfinite(speed) else "-")
             table.append([key[0], str(key[1]), *times, *steps, *speeds])

@@ -27,6 +27,24 @@ def _fmt(value: Any, spec: str = ".3g", missing: str = "-") -> str:
     return format(value, spec)
 
 
+def _interval(cell: dict[str, Any], name: str, spec: str) -> str:
+    """``median [low, high]`` of one of a cell's figures (``not reached`` for an infinite end)."""
+    interval = (cell.get("intervals") or {}).get(name)
+    if not interval or not interval.get("n"):
+        return _fmt(cell.get(name), spec)
+    if interval["n"] == 1:
+        return _fmt(interval["median"], spec, missing="-")
+    ends = [_fmt(interval[end], spec, missing="never") for end in ("low", "high")]
+    return f"{_fmt(interval['median'], spec, missing='never')} [{ends[0]}, {ends[1]}]"
+
+
+def edge_label(cell: dict[str, Any]) -> str:
+    """Where the cell's best learning rate sits in its (extended) grid, if on an end."""
+    if not cell.get("lr_at_grid_edge"):
+        return ""
+    return " (edge, at the bound)" if cell.get("lr_at_bound") else " (edge)"
+
+
 def table_rows(study: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the per-cell table (terminal and markdown)."""
     metric = study["config"]["target"]["metric"]
@@ -34,52 +52,178 @@ def table_rows(study: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
               "time to target (s)", f"best {metric}", "test acc", "samples/s", "start-up (s)"]
     rows = []
     for c in study["cells"]:
-        lr = _fmt(c["learning_rate"]) + (" (edge)" if c.get("lr_at_grid_edge") else "")
+        seeds = c.get("seeds", 1)
+        reached = "yes" if c["reached"] else "NOT REACHED"
+        if seeds > 1:
+            reached += f" ({c.get('seeds_reached', 0)}/{seeds})"
         rows.append([
-            c["optimizer"], str(c["batch_size"]), lr, "yes" if c["reached"] else "NOT REACHED",
-            _fmt(c["steps_to_target"], "d"), _fmt(c["epochs_to_target"], ".2f"),
-            _fmt(c["samples_to_target"], "d"), _fmt(c["time_to_target"], ".2f"),
-            _fmt(c["best_metric"], ".4f"), _fmt(c["test_accuracy"], ".4f"),
+            c["optimizer"], str(c["batch_size"]), _fmt(c["learning_rate"]) + edge_label(c), reached,
+            _interval(c, "steps_to_target", ".0f"), _fmt(c["epochs_to_target"], ".2f"),
+            _fmt(c["samples_to_target"], ".0f"), _interval(c, "time_to_target", ".3g"),
+            _interval(c, "best_metric", ".4f"), _interval(c, "test_accuracy", ".4f"),
             _fmt(c["samples_per_s"], ",.0f"),
             _fmt(c.get("startup_time"), ".2f") + ("~" if c.get("startup_time_estimated") else ""),
         ])
     return header, rows
 
 
+def _regions_text(segments: list[dict[str, Any]]) -> str:
+    parts = []
+    for s in segments:
+        k = f"k={s['exponent']:.2f}"
+        if s.get("exponent_low") is not None and math.isfinite(s.get("exponent_low", math.nan)):
+            k += f" [{s['exponent_low']:.2f}, {s['exponent_high']:.2f}]"
+        label = s["region"] if s.get("resolved") else f"not resolved (median: {s['region']})"
+        parts.append(f"{s['from']}->{s['to']}: {label} ({k})")
+    return ", ".join(parts)
+
+
 def conclusions(study: dict[str, Any], analysis: dict[str, Any]) -> list[str]:
-    """One line per finding, for the terminal and the markdown report."""
+    """One line per finding, for the terminal and the markdown report: each verdict only where
+    the intervals of the compared cells separate."""
     target = study["config"]["target"]
+    verdicts = analysis.get("verdicts") or {}
     lines = []
     best = analysis["best"]
     if best:
         lines.append(
-            f"Fastest to {target['metric']} {target['value']:g}: {best['optimizer']} at batch "
-            f"{best['batch_size']} (lr {best['learning_rate']:g}), {best['time_to_target']:.2f} s "
-            f"of training, {best['steps_to_target']} steps.")
+            f"Fastest median to {target['metric']} {target['value']:g}: {best['optimizer']} at "
+            f"batch {best['batch_size']} (lr {best['learning_rate']:g}), "
+            f"{best['time_to_target']:.2f} s of training, {_fmt(best['steps_to_target'], '.0f')} steps.")
     else:
         lines.append(f"No cell reached {target['metric']} {target['value']:g} within its budget.")
+    if verdicts.get("fastest") and best:
+        lines.append(verdicts["fastest"]["text"][0].upper() + verdicts["fastest"]["text"][1:] + ".")
     for optimizer, info in analysis["per_optimizer"].items():
         knee = info["knee"]
-        knee_text = f"B_crit ~ {knee['b_crit']:.0f} (S_min ~ {knee['s_min']:.0f} steps)" \
+        knee_text = f"B_crit ~ {knee['b_crit']:.0f} (S_min ~ {knee['s_min']:.0f} steps, median fit)" \
             if knee.get("b_crit") else knee.get("note", "")
-        regions = ", ".join(f"{s['from']}->{s['to']}: {s['region']} (k={s['exponent']:.2f})"
-                            for s in info["regions"])
+        per = (verdicts.get("per_optimizer") or {}).get(optimizer, {})
+        segments = per.get("regions", info["regions"])
         missing = f"; not reached at {info['not_reached']}" if info["not_reached"] else ""
-        lines.append(f"{optimizer}: {knee_text}. {regions or 'too few reached cells for regions'}{missing}.")
-    if analysis["throughput_knee"] is not None:
+        lines.append(f"{optimizer}: {knee_text}. "
+                     f"{_regions_text(segments) or 'too few reached cells for regions'}{missing}.")
+    knee = verdicts.get("throughput_knee")
+    if knee and knee.get("batch_size") is not None:
+        lines.append(knee["text"][0].upper() + knee["text"][1:] + ".")
+    elif analysis["throughput_knee"] is not None:
         plateau = "" if analysis.get("throughput_plateau_reached", True) else \
             "; no plateau yet: larger batches may still gain"
-        lines.append(f"Throughput knee (next doubling gains < {DEFAULT_MIN_GAIN:.0%} samples/s): "
-                     f"batch {analysis['throughput_knee']}{plateau}.")
+        lines.append(f"Throughput knee (next doubling gains < {DEFAULT_MIN_GAIN:.0%} samples/s, "
+                     f"from the runs' own clocks): batch {analysis['throughput_knee']}{plateau}.")
     noise = study.get("noise")
     if noise:
+        b_simple = analysis.get("b_simple")
+        head = (f"Gradient noise scale B_simple ~ {b_simple:.0f} over training"
+                if b_simple is not None else
+                f"Gradient noise scale B_simple {analysis.get('b_simple_note') or 'not estimated'}")
         lines.append(
-            f"Gradient noise scale B_simple ~ {_fmt(analysis['b_simple'], '.0f')} over training "
-            f"({noise['optimizer']}, batch {noise['batch_size']}; per point: "
-            + ", ".join(f"step {p['step']}: {_fmt(p['b_simple'], '.0f')}" for p in noise["points"])
-            + ").")
-    for x in analysis["crossovers"]:
-        lines.append(f"{x['challenger']} vs {x['incumbent']}: {x['note']}.")
+            f"{head} ({noise['optimizer']}, batch {noise['batch_size']}, batch pair "
+            f"{noise['small_batch']}/{noise['big_batch']}; per point: "
+            + ", ".join(f"step {p['step']}: {_point_b_simple(p)}" for p in noise["points"]) + ").")
+    for x in verdicts.get("optimizers", []):
+        lines.append(f"{x['challenger']} vs {x['incumbent']}: {x['text']}.")
+    if not verdicts:
+        for x in analysis["crossovers"]:
+            lines.append(f"{x['challenger']} vs {x['incumbent']}: {x['note']}.")
+    return lines
+
+
+def _point_b_simple(point: dict[str, Any]) -> str:
+    value = point.get("b_simple")
+    if value is None or not math.isfinite(value) or value <= 0:
+        return "not estimated"
+    return f"{value:.0f}"
+
+
+def sources_section(study: dict[str, Any], analysis: dict[str, Any]) -> list[str]:
+    """"What the sources claim, what this run shows": each claim with this run's verdict."""
+    verdicts = analysis.get("verdicts") or {}
+    seeds, coverage = verdicts.get("seeds", 1), verdicts.get("coverage", 0.0)
+    lines = ["## What the sources claim, what this run shows", "",
+             f"Every figure below is a median over {seeds} seed(s) with the interval "
+             f"[smallest, largest], which covers the median with probability {coverage:.0%} "
+             "(1 - 2 x 0.5^N); a verdict is stated only where the intervals of the compared "
+             f"cells do not overlap, otherwise \"not resolved at {seeds} seeds\".", ""]
+    lines += ["**(a) SGD vs Adam across batch sizes.** Claim (the IPU article on batch sizes and "
+              "optimizers): plain mini-batch SGD is the better choice at small batches, Adam at "
+              "batches of hundreds.", ""]
+    comparisons = verdicts.get("optimizers") or []
+    if not comparisons:
+        lines.append("- Not measured: the study needs both adam and sgd (or momentum).")
+    for x in comparisons:
+        per_batch = "; ".join(
+            f"B={p['batch_size']}: {x['challenger']} {p[x['challenger']]} s vs {x['incumbent']} "
+            f"{p[x['incumbent']]} s -> {p['faster'] or 'overlap'}" for p in x["per_batch"])
+        lines.append(f"- {x['challenger']} vs {x['incumbent']}: {x['text']}. Per batch size (time "
+                     f"to target): {per_batch}.")
+    lines += ["", "**(b) Scaling regions and the critical batch size.** Claim (Shallue et al. "
+              "2018; McCandlish et al. 2018): steps to target first halve with every doubling of "
+              "the batch (perfect scaling), then fall less (diminishing returns), then not at all "
+              "(saturation); the gradient noise scale B_simple predicts the critical batch size "
+              "B_crit within a small factor.", ""]
+    for optimizer, per in (verdicts.get("per_optimizer") or {}).items():
+        regions = _regions_text(per["regions"]) or "too few reached cells"
+        lines.append(f"- {optimizer}: {regions}. {per['noise_agreement']['text']}.")
+    if analysis.get("b_simple") is None and study.get("noise"):
+        lines.append(f"- B_simple {analysis.get('b_simple_note')}.")
+    lines += ["", "**(c) Generalization.** Claim (Keskar et al. 2017, and the generalization-gap "
+              "literature): larger batches reach lower test accuracy. Here: test accuracy of the "
+              "runs stopped at the same validation target, smallest vs largest batch that reached "
+              "it.", ""]
+    for optimizer, per in (verdicts.get("per_optimizer") or {}).items():
+        lines.append(f"- {optimizer}: {per['generalization']['text']}.")
+    lines += ["", "**(d) The throughput knee of this hardware.** Claim: samples/s rise with the "
+              "batch size until the device is saturated; past the knee a bigger batch buys "
+              "little speed.", ""]
+    knee = verdicts.get("throughput_knee") or {}
+    lines.append(f"- {knee.get('text', 'not measured')}.")
+    curve = analysis.get("throughput") or []
+    if curve and "low" in curve[0]:
+        lines.append("- samples/s per batch size: " + "; ".join(
+            f"{p['batch_size']}: {p['samples_per_s']:,.0f} [{p['low']:,.0f}, {p['high']:,.0f}]"
+            for p in curve) + ".")
+    return lines
+
+
+def caveats_section(study: dict[str, Any], analysis: dict[str, Any]) -> list[str]:
+    """What may bias the figures: machine load, step-time spread, the target's granularity."""
+    lines = ["## Caveats", ""]
+    load = study.get("machine_load")
+    if load:
+        lines.append(f"- Machine load (1-minute load average, {load.get('cpus')} CPUs): "
+                     f"{load['before']:.2f} before the study, {load['after']:.2f} after. Time "
+                     "to target is steps x a step time measured apart in interleaved rounds, so "
+                     "load that comes and goes affects every cell alike; the runs' own clocks "
+                     "are kept in study.db but not ranked by.")
+    step_times = study.get("step_times")
+    spread = (analysis.get("verdicts") or {}).get("step_time_spread")
+    if step_times and spread:
+        engine = step_times.get("engine", "native")
+        study_engine = step_times.get("study_engine", study["config"]["engine"])
+        source = (f"the {engine} engine's compiled step" +
+                  ("" if engine == study_engine else
+                   f" (the study trained with the {study_engine} engine, whose own step time is "
+                   "not measured apart)"))
+        unranked = spread["unranked_neighbours"]
+        lines.append(
+            f"- Step times: {source}, {step_times['repeats']} interleaved rounds per cell. "
+            f"Their spread (slowest / fastest round) is {spread['median_ratio']:.2f}x at the "
+            f"median cell, {spread['worst_ratio']:.2f}x at worst ({spread['worst']})."
+            + (f" Neighbouring batch sizes whose samples/s overlap and cannot be ranked: "
+               f"{', '.join(unranked)}." if unranked else
+               " Every pair of neighbouring batch sizes is separated in samples/s."))
+    elif not step_times:
+        lines.append("- No step times were measured apart (--step-time-repeats 0): time to "
+                     "target comes from each run's own clock, which moves with machine load.")
+    info = study["dataset"]
+    metric = study["config"]["target"]["metric"]
+    if "acc" in metric and info.get("num_val"):
+        lines.append(
+            f"- \"best {metric}\" is the first value past the target, not the best a run would "
+            "reach: a run stops at the first evaluation that passes the target. With "
+            f"{info['num_val']} validation samples accuracy moves in steps of "
+            f"{1 / info['num_val']:.2%}, so many cells show the same value just over the target.")
     return lines
 
 
@@ -94,7 +238,7 @@ def print_table(study: dict[str, Any], analysis: dict[str, Any], console: Any = 
     for name in header:
         table.add_column(name, justify="left" if name in ("optimizer", "reached") else "right")
     for row in rows:
-        table.add_row(*row, style=None if row[3] == "yes" else "dim")
+        table.add_row(*row, style=None if row[3].startswith("yes") else "dim")
     console.print(table)
     for line in conclusions(study, analysis):
         console.print(f"- {line}", highlight=False)
@@ -116,19 +260,27 @@ def markdown(study: dict[str, Any], analysis: dict[str, Any], wall_time: float |
         f"- data: {info['num_train']} train / {info['num_val']} validation / {info['num_test']} test",
         f"- grid: optimizers {', '.join(config['optimizers'])}; batch sizes "
         f"{', '.join(map(str, study['batch_sizes']))}; {config['lr_grid_size']} learning rates per "
-        f"cell; budget {config['max_steps']} steps per run; seed {config['seed']}",
+        f"cell (extended by up to {config.get('lr_extend', 0)} each way); budget "
+        f"{config['max_steps']} steps per run; {config.get('seeds', 1)} seed(s) from "
+        f"{config['seed']}",
         f"- versions: {', '.join(f'{k} {v}' for k, v in sorted(env['versions'].items()))}",
     ]
     if wall_time is not None:
         lines.append(f"- wall time of this invocation: {wall_time:.1f} s")
     lines += ["", "## Cells (best learning rate of each)", "", markdown_rows(header, rows).rstrip("\n")]
-    lines += ["", "\"(edge)\": the best rate is at the edge of the cell's grid; a wider grid may do "
-              "better. Time to target counts training time only: evaluation and the per-run start-up "
-              "(compilation, first-call overhead) are excluded; start-up is listed apart "
-              "(\"~\": estimated from the first evaluation interval against the later ones, "
-              "when that exceeds the compile time the engine reports).",
+    seeds = config.get("seeds", 1)
+    lines += ["", f"Each figure is the median over {seeds} seed(s) of the cell's best learning rate "
+              "(the rate with the best median steps to target), with [smallest, largest] over the "
+              "seeds; \"never\": a seed that did not reach the target. \"reached (k/N)\": k of N "
+              "seeds reached it; a cell reaches when its median seed does. Time to target = "
+              "median steps x the cell's steady seconds per step measured apart (see Caveats); "
+              "evaluation and start-up are excluded. \"(edge)\": the best rate is on an end of "
+              "the cell's grid, \"at the bound\": after the grid was extended as far as "
+              f"--lr-extend ({config.get('lr_extend', 0)}) allows. Start-up is listed apart "
+              "(\"~\": estimated from the first evaluation interval against the later ones).",
               "", "## Findings", ""]
     lines += [f"- {line}" for line in conclusions(study, analysis)]
+    lines += ["", *sources_section(study, analysis), "", *caveats_section(study, analysis)]
     lines += ["", "## Plots", ""]
     lines += [f"![{name}](plots/{name})" for name in PLOTS]
     return "\n".join(lines) + "\n"
@@ -149,13 +301,14 @@ def write_report(study: dict[str, Any], analysis: dict[str, Any], out_dir: str |
 def summary_payload(study: dict[str, Any], analysis: dict[str, Any],
                     wall_time: float | None) -> dict[str, Any]:
     """The study without its trajectories, plus the analysis: what ``study compare`` reads."""
-    runs = [{"key": r["key"], "config": {k: r["config"][k] for k in ("batch_size", "learning_rate",
-                                                                     "max_steps", "eval_every")},
+    runs = [{"key": r["key"], "config": {k: r["config"].get(k) for k in (
+                 "batch_size", "learning_rate", "seed", "max_steps", "eval_every")},
              "optimizer": r["config"]["optimizer"]["name"], "result": r["result"]}
             for r in study["runs"]]
     return {"study": study["study"], "config": study["config"], "env": study["env"],
             "dataset": study["dataset"], "batch_sizes": study["batch_sizes"],
             "cells": study["cells"], "runs": runs, "noise": study["noise"],
+            "step_times": study.get("step_times"), "machine_load": study.get("machine_load"),
             "analysis": analysis, "wall_time": wall_time}
 
 
@@ -193,7 +346,7 @@ def write_plots(study: dict[str, Any], analysis: dict[str, Any], out: Path) -> d
         "loss_trajectories.png": _plot_trajectories(study, out / "loss_trajectories.png"),
         "steps_to_target.png": _plot_steps(study, analysis, out / "steps_to_target.png"),
         "time_to_target.png": _plot_time(study, out / "time_to_target.png"),
-        "throughput.png": _plot_throughput(analysis, out / "throughput.png"),
+        "throughput.png": _plot_throughput(study, analysis, out / "throughput.png"),
         "noise_scale.png": _plot_noise(study, analysis, out / "noise_scale.png"),
     }
 
@@ -212,38 +365,62 @@ def _optimizers(study: dict[str, Any]) -> list[str]:
     return list(study["config"]["optimizers"])
 
 
+def optimizer_colours(study: dict[str, Any]) -> dict[str, str]:
+    """One colour per optimizer, the same in every plot."""
+    return {name: f"C{index % 10}" for index, name in enumerate(_optimizers(study))}
+
+
+def _target_line(ax: Any, study: dict[str, Any]) -> None:
+    target = study["config"]["target"]
+    ax.axhline(target["value"], color="grey", ls="--", lw=1,
+               label=f"target {target['metric']} {target['value']:g}")
+
+
+def _error_bars(values: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """Medians and (below, above) distances to the interval ends (open ends drawn to the median)."""
+    medians = np.array([v["median"] for v in values], dtype=float)
+    lows = np.array([v["low"] if math.isfinite(v["low"]) else v["median"] for v in values])
+    highs = np.array([v["high"] if math.isfinite(v["high"]) else v["median"] for v in values])
+    return medians, np.vstack([np.maximum(medians - lows, 0), np.maximum(highs - medians, 0)])
+
+
 def _plot_trajectories(study: dict[str, Any], path: Path) -> Path:
     plt = _pyplot()
     optimizers = _optimizers(study)
+    colours = optimizer_colours(study)
     runs = {r["key"]: r for r in study["runs"]}
-    colours = plt.get_cmap("viridis")(np.linspace(0, 0.9, len(study["batch_sizes"])))
-    colour = dict(zip(study["batch_sizes"], colours, strict=True))
+    # The optimizer's colour, lighter for smaller batches.
+    shade = dict(zip(study["batch_sizes"], np.linspace(0.35, 1.0, len(study["batch_sizes"])),
+                     strict=True))
     metric = study["config"]["target"]["metric"]
     fig, axes = plt.subplots(3, len(optimizers), figsize=(4.2 * len(optimizers), 10), squeeze=False)
     for column, optimizer in enumerate(optimizers):
+        colour = colours[optimizer]
         for cell in (c for c in study["cells"] if c["optimizer"] == optimizer):
             trajectory = (runs.get(cell["run_key"]) or {}).get("trajectory")
             if not trajectory or not trajectory["step"]:
                 continue
+            alpha = float(shade[cell["batch_size"]])
             steps = np.asarray(trajectory["step"])
             loss = _smooth(np.asarray(trajectory["loss"], dtype=float))
             label = f"B={cell['batch_size']}" + ("" if cell["reached"] else " (not reached)")
             style = "-" if cell["reached"] else ":"
-            axes[0, column].plot(steps, loss, style, color=colour[cell["batch_size"]], label=label)
+            axes[0, column].plot(steps, loss, style, color=colour, alpha=alpha, label=label)
             # Wall time after the run's start-up (compilation), as time to target counts it.
             startup = cell.get("startup_time") or 0.0
             times = np.maximum(np.asarray(trajectory["time"], dtype=float) - startup, 0.0)
-            axes[1, column].plot(times, loss, style, color=colour[cell["batch_size"]])
+            axes[1, column].plot(times, loss, style, color=colour, alpha=alpha)
             evals = [e for e in trajectory["evals"] if metric in e]
             axes[2, column].plot([max(e["train_time"] - startup, 0.0) for e in evals],
-                                 [e[metric] for e in evals], style, marker=".",
-                                 color=colour[cell["batch_size"]])
-        axes[0, column].set_title(optimizer)
+                                 [e[metric] for e in evals], style, marker=".", color=colour,
+                                 alpha=alpha)
+        axes[0, column].set_title(f"{optimizer} (the median seed of each cell)")
         axes[0, column].set(xscale="log", yscale="log", xlabel="step", ylabel="train loss (smoothed)")
         axes[1, column].set(yscale="log", xlabel="training time after start-up (s)",
                             ylabel="train loss (smoothed)")
         axes[2, column].set(xlabel="training time after start-up (s)", ylabel=f"validation {metric}")
-        axes[2, column].axhline(study["config"]["target"]["value"], color="grey", ls="--", lw=1)
+        _target_line(axes[2, column], study)
+        axes[2, column].legend(fontsize=7)
         axes[0, column].legend(fontsize=7)
     fig.suptitle("Trajectories of each cell's best learning rate")
     return _save(fig, path)
@@ -252,6 +429,7 @@ def _plot_trajectories(study: dict[str, Any], path: Path) -> Path:
 def _plot_steps(study: dict[str, Any], analysis: dict[str, Any], path: Path) -> Path:
     plt = _pyplot()
     optimizers = _optimizers(study)
+    colours = optimizer_colours(study)
     fig, axes = plt.subplots(1, len(optimizers), figsize=(4.5 * len(optimizers), 4), squeeze=False)
     b_simple = analysis.get("b_simple")
     for ax, optimizer in zip(axes[0], optimizers, strict=True):
@@ -259,22 +437,26 @@ def _plot_steps(study: dict[str, Any], analysis: dict[str, Any], path: Path) -> 
         for segment in info["regions"]:
             ax.axvspan(segment["from"], segment["to"], color=REGION_COLOURS[segment["region"]],
                        alpha=0.15, lw=0)
-        points = [p for p in info["steps_to_target"] if p["reached"]]
-        if points:
-            sizes = np.array([p["batch_size"] for p in points], dtype=float)
-            steps = np.array([p["steps"] for p in points], dtype=float)
-            ax.plot(sizes, steps, "o-", color="k", label="steps to target")
+        reached = [c for c in study["cells"] if c["optimizer"] == optimizer and c["reached"]]
+        if reached:
+            sizes = np.array([c["batch_size"] for c in reached], dtype=float)
+            intervals = [(c.get("intervals") or {}).get("steps_to_target") or
+                         {"median": c["steps_to_target"], "low": c["steps_to_target"],
+                          "high": c["steps_to_target"]} for c in reached]
+            steps, bars = _error_bars(intervals)
+            ax.errorbar(sizes, steps, yerr=bars, fmt="o-", capsize=3, color=colours[optimizer],
+                        label="steps to target (median, [min, max] over seeds)")
             ax.plot(sizes, steps[0] * sizes[0] / sizes, ":", color="grey", label="perfect scaling")
             knee = info["knee"]
             if knee.get("b_crit"):
                 grid = np.geomspace(sizes.min(), sizes.max(), 50)
-                ax.plot(grid, knee["s_min"] * (1 + knee["b_crit"] / grid), "--", color="C0",
+                ax.plot(grid, knee["s_min"] * (1 + knee["b_crit"] / grid), "--", color="k", lw=1,
                         label=f"fit, B_crit={knee['b_crit']:.0f}")
-                ax.axvline(knee["b_crit"], color="C0", lw=1)
+                ax.axvline(knee["b_crit"], color="k", lw=1)
         missed = [c for c in study["cells"] if c["optimizer"] == optimizer and not c["reached"]]
         if missed:  # not reached: at least the steps run (the budget), drawn as open markers
-            ax.plot([c["batch_size"] for c in missed], [max(c["steps_run"], 1) for c in missed],
-                    "^", mfc="none", color="red", label="not reached (steps run)")
+            ax.plot([c["batch_size"] for c in missed], [max(c["steps_run"] or 1, 1) for c in missed],
+                    "^", mfc="none", color=colours[optimizer], label="not reached (steps run)")
         if b_simple and math.isfinite(b_simple) and b_simple > 0:
             ax.axvline(b_simple, color="purple", lw=1, label=f"B_simple={b_simple:.0f}")
         ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="steps to target",
@@ -289,54 +471,97 @@ def _plot_steps(study: dict[str, Any], analysis: dict[str, Any], path: Path) -> 
 
 def _plot_time(study: dict[str, Any], path: Path) -> Path:
     plt = _pyplot()
+    colours = optimizer_colours(study)
     fig, ax = plt.subplots(figsize=(6, 4))
     for optimizer in _optimizers(study):
         cells = [c for c in study["cells"] if c["optimizer"] == optimizer and c["reached"]]
         if cells:
-            ax.plot([c["batch_size"] for c in cells], [c["time_to_target"] for c in cells], "o-",
-                    label=optimizer)
-    ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="training time to target (s)",
-           title="Time to target (missing points: not reached)")
+            intervals = [(c.get("intervals") or {}).get("time_to_target") or
+                         {"median": c["time_to_target"], "low": c["time_to_target"],
+                          "high": c["time_to_target"]} for c in cells]
+            times, bars = _error_bars(intervals)
+            ax.errorbar([c["batch_size"] for c in cells], times, yerr=bars, fmt="o-", capsize=3,
+                        color=colours[optimizer], label=optimizer)
+    ax.set(xscale="log", yscale="log", xlabel="batch size",
+           ylabel="time to target (s): steps x step time",
+           title="Time to target, median and [min, max] (missing: not reached)")
     _batch_ticks(ax, study["batch_sizes"])
     ax.legend()
     return _save(fig, path)
 
 
-def _plot_throughput(analysis: dict[str, Any], path: Path) -> Path:
+def _plot_throughput(study: dict[str, Any], analysis: dict[str, Any], path: Path) -> Path:
     plt = _pyplot()
+    colours = optimizer_colours(study)
     fig, ax = plt.subplots(figsize=(6, 4))
+    timed = (study.get("step_times") or {}).get("cells", [])
+    for optimizer in _optimizers(study):
+        cells = sorted((c for c in timed if c["optimizer"] == optimizer),
+                       key=lambda c: c["batch_size"])
+        if not cells:
+            continue
+        sizes = np.array([c["batch_size"] for c in cells], dtype=float)
+        per_step = [c["seconds_per_step"] for c in cells]
+        ax.plot(sizes, sizes / np.array([p["median"] for p in per_step]), "o-",
+                color=colours[optimizer], label=optimizer)
+        ax.fill_between(sizes, sizes / np.array([p["high"] for p in per_step]),
+                        sizes / np.array([p["low"] for p in per_step]),
+                        color=colours[optimizer], alpha=0.2, lw=0)
     curve = analysis["throughput"]
-    if curve:
-        ax.plot([p["batch_size"] for p in curve], [p["samples_per_s"] for p in curve], "o-")
+    if not timed and curve:  # no timings apart: the runs' own clocks
+        ax.plot([p["batch_size"] for p in curve], [p["samples_per_s"] for p in curve], "o-",
+                color="k", label="median over runs (run clocks)")
     if analysis["throughput_knee"]:
-        ax.axvline(analysis["throughput_knee"], color="C1", ls="--",
+        ax.axvline(analysis["throughput_knee"], color="grey", ls="--",
                    label=f"knee (next doubling < {DEFAULT_MIN_GAIN:.0%}): {analysis['throughput_knee']}")
-        ax.legend()
-    ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="samples/s (median over runs)",
-           title="Training throughput")
+    ax.set(xscale="log", yscale="log", xlabel="batch size",
+           ylabel="samples/s (median, band: [min, max])", title="Training throughput")
     _batch_ticks(ax, [p["batch_size"] for p in curve])
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
     return _save(fig, path)
 
 
 def _plot_noise(study: dict[str, Any], analysis: dict[str, Any], path: Path) -> Path:
+    """B_simple at each measurement point: steps on a linear axis from 0 (no symlog, so no
+    ticks at negative steps and step 0 drawn at 0), every point inside the axes; points whose
+    estimate is not positive are marked "not estimated" along the bottom, never plotted as
+    values."""
     plt = _pyplot()
+    colours = optimizer_colours(study)
     fig, ax = plt.subplots(figsize=(6, 4))
     noise = study.get("noise")
+    estimated_values: list[float] = []
     if noise:
-        points = [p for p in noise["points"] if math.isfinite(p["b_simple"]) and p["b_simple"] > 0]
-        steps = [max(p["step"], 1) for p in points]
-        values = [p["b_simple"] for p in points]
-        errors = [p["b_simple"] * math.sqrt((p["trace_sigma_se"] / p["trace_sigma"]) ** 2
-                                            + (p["grad_sq_se"] / p["grad_sq"]) ** 2)
-                  if p["trace_sigma"] > 0 and math.isfinite(p["trace_sigma_se"]) else 0.0
-                  for p in points]
-        ax.errorbar(steps, values, yerr=[np.minimum(errors, np.array(values) * 0.99), errors],
-                    fmt="o-", capsize=3, label=f"B_simple ({noise['optimizer']}, B={noise['batch_size']})")
-    for index, (optimizer, info) in enumerate(analysis["per_optimizer"].items()):
+        colour = colours.get(noise["optimizer"], "k")
+        points = [p for p in noise["points"]
+                  if math.isfinite(p["b_simple"]) and p["b_simple"] > 0 and p["grad_sq"] > 0]
+        missing = [p for p in noise["points"] if p not in points]
+        if points:
+            values = np.array([p["b_simple"] for p in points])
+            estimated_values = list(values)
+            errors = np.array([p["b_simple"] * math.sqrt((p["trace_sigma_se"] / p["trace_sigma"]) ** 2
+                                                        + (p["grad_sq_se"] / p["grad_sq"]) ** 2)
+                               if p["trace_sigma"] > 0 and math.isfinite(p["trace_sigma_se"])
+                               and math.isfinite(p["grad_sq_se"]) else 0.0 for p in points])
+            ax.errorbar([p["step"] for p in points], values,
+                        yerr=[np.minimum(errors, values * 0.9), errors], fmt="o-", capsize=3,
+                        color=colour, label=f"B_simple ({noise['optimizer']}, B={noise['batch_size']})")
+        for p in missing:
+            ax.annotate("not estimated", (p["step"], 0.02), xycoords=("data", "axes fraction"),
+                        rotation=90, fontsize=7, ha="center", va="bottom", color=colour)
+        steps = [p["step"] for p in noise["points"]]
+        margin = max(1.0, 0.05 * (max(steps) - min(steps)))
+        ax.set_xlim(min(steps) - margin, max(steps) + margin)
+    for optimizer, info in analysis["per_optimizer"].items():
         if info["knee"].get("b_crit"):
-            ax.axhline(info["knee"]["b_crit"], color=f"C{index + 1}", ls="--",
+            estimated_values.append(info["knee"]["b_crit"])
+            ax.axhline(info["knee"]["b_crit"], color=colours.get(optimizer, "k"), ls="--",
                        label=f"measured knee B_crit ({optimizer})")
-    ax.set(xscale="symlog", yscale="log", xlabel="training step",
-           ylabel="batch size", title="Gradient noise scale vs measured knee")
-    ax.legend(fontsize=7)
+    if estimated_values:
+        ax.set_ylim(min(estimated_values) / 3, max(estimated_values) * 3)
+    ax.set(yscale="log", xlabel="training step", ylabel="batch size",
+           title="Gradient noise scale vs measured knee")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
     return _save(fig, path)

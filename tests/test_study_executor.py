@@ -32,10 +32,12 @@ TINY = StudyConfig(
     optimizers=("sgd", "adam"), batch_sizes=(64, 256),
     learning_rates={"sgd": (1e-4,), "adam": (3e-3,)}, max_steps=60, engine="keras",
     target=Target("val_accuracy", 0.9), noise_points=2, noise_draws=4, seeds=2,
+    step_time_repeats=1,
 )
 TINY_ARGS = ["study", "--optimizers", "sgd,adam", "--batch-sizes", "64,256", "--lrs", "sgd=0.0001",
              "--lrs", "adam=0.003", "--max-steps", "60", "--engine", "keras", "--target", "0.9",
-             "--noise-points", "2", "--noise-draws", "4", "--seeds", "2", "--no-progress"]
+             "--noise-points", "2", "--noise-draws", "4", "--seeds", "2", "--step-time-repeats", "1",
+             "--no-progress"]
 TINY_RUNS = 8
 
 
@@ -497,3 +499,14 @@ def test_report_states_sources_verdicts_and_caveats(tmp_path, monkeypatch):
     assert "| sgd | 16 | 0.1 | yes (3/3) | 100 [90, 110] |" in report
     for name in PLOTS:
         assert (result["paths"]["report"].parent / "plots" / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_diverged_run_is_recorded_and_the_study_goes_on(tmp_path):
+    config = StudyConfig(optimizers=("sgd",), batch_sizes=(128,), engine="native", max_steps=20,
+                         learning_rates={"sgd": (1e30, 0.1)}, noise_points=0, seeds=1,
+                         lr_extend=0, step_time_repeats=0, prune=False)
+    with ResultStore(tmp_path / "study.db") as store:
+        study = StudyRunner(config, store).run()
+    by_rate = {r["config"]["learning_rate"]: r["result"] for r in study["runs"]}
+    assert by_rate[1e30]["diverged"] and not by_rate[1e30]["reached"]
+    assert not by_rate[0.1]["diverged"] and by_rate[0.1]["steps_run"] > 0

@@ -157,7 +157,7 @@ def summarize_run(history: History, plan: RunPlan, target: Target, num_train: in
         "best_val_loss": history.best("val_loss"),
         "best_metric": history.best(metric),
         "final_train_loss": float(losses[-1]) if losses.size else None,
-        "diverged": bool(losses.size and not np.all(np.isfinite(losses))),
+        "diverged": "diverged" in history.extra or bool(losses.size and not np.all(np.isfinite(losses))),
         "test_accuracy": history.test.get("test_accuracy"),
         "test_loss": history.test.get("test_loss"),
         "evaluations": len(history.evals),
@@ -532,6 +532,8 @@ class StudyRunner:
             target=config.resolved_target if target is True else (target or None),
             seed=plan.seed if seed is None else seed,
             model_options=ModelOptions(seed=plan.seed),
+            # A diverged run is a result of the grid (recorded as diverged), not a failed study.
+            on_divergence="record",
         )
 
     def build_model(self, seed: int | None = None) -> Any:

@@ -96,9 +96,19 @@ def test_multi_process_on_tensorflow_is_a_clear_error(cli):
     assert result.returncode == 2 and "Multi-process training needs KERAS_BACKEND=jax" in result.stderr
 
 
-def test_launch_stops_everything_when_a_process_fails(cli):
-    # Every process fails its own option check (a parse error: it exits before importing a
-    # framework); the launcher, here in this process, reports it and exits non-zero.
+def test_launch_refuses_bad_train_arguments_before_starting_a_process(cli):
     result = cli("launch", "-N", "2", "--", "--epochs", "many")
+    assert result.returncode == 2 and "invalid int value: 'many'" in result.stderr
+    assert "processes, coordinator" not in result.stderr  # nothing was started
+
+
+def test_launch_stops_everything_when_a_process_fails(cli, tmp_path, monkeypatch):
+    # The arguments pass launch's own checks, but every process fails to find its data (a
+    # DataError, exit 2, before training); the launcher, here in this process, reports it.
+    monkeypatch.setenv("KBACKEND_OFFLINE", "1")
+    monkeypatch.delenv("KBACKEND_DATA_DIR", raising=False)
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras-home"))  # no cached download either
+    result = cli("launch", "-N", "2", "--", "--dataset", "mnist", "--data-dir", str(tmp_path),
+                 "--epochs", "1")
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     assert "kbackend launch: error: process" in result.stderr and "exited with status 2" in result.stderr

@@ -22,7 +22,7 @@ TOP_LEVEL_FIELDS = {"benchmark", "description", "quick", "keys", "values", "rows
 
 
 # Options that keep a quick run short where the script's quick mode still sweeps a grid.
-QUICKER = {"bench_engines": ("--batch-sizes", "32"), "bench_parallel": ("--devices", "1,2")}
+QUICKER = {"bench_engines": ("--batch-sizes", "32")}
 
 
 def check_report(out: Path, name: str, bench: Benchmark | None = None,

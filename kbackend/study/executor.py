@@ -583,12 +583,10 @@ class StudyRunner:
         key_config = {"kind": "steptime", "model": self.config.model, "seed": self.config.seed,
                       "data": self.dataset.info.to_dict() if self.dataset else None,
                       "cells": plans, "repeats": repeats, "engine": self.config.engine, **self.env}
-        key = config_key(key_config)
-        stored = self.store.get(key)
-        if stored is not None:
-            self.on_event("skipped_timing", record=stored)
-            return stored["result"]
-        self.on_event("start_timing", plan=None)
+        return self.stored_or_measured("steptime", "timing", key_config, None,
+                                       lambda: self._time_steps(cells, plans, repeats))
+
+    def _time_steps(self, cells: list[dict[str, Any]], plans: list[tuple], repeats: int) -> dict[str, Any]:
         timers, seconds = [], [[] for _ in cells]
         warm_up = []
         for cell in cells:
@@ -610,8 +608,21 @@ class StudyRunner:
                        "seconds": s, "seconds_per_step": median_interval(s)}
                       for p, w, s in zip(plans, warm_up, seconds, strict=True)],
         }
-        self.store.put(key, "steptime", self.study_id, self.env["backend"], key_config, result)
-        self.on_event("finished_timing", record=self.store.get(key))
+        return result
+
+    def stored_or_measured(self, kind: str, event: str, key_config: dict[str, Any],
+                           plan: RunPlan | None, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """The stored result of ``key_config``, or ``measure()`` committed to the store (with
+        the ``start_/finished_/skipped_<event>`` progress events)."""
+        key = config_key(key_config)
+        stored = self.store.get(key)
+        if stored is not None:
+            self.on_event(f"skipped_{event}", record=stored)
+            return stored["result"]
+        self.on_event(f"start_{event}", plan=plan)
+        result = measure()
+        self.store.put(key, kind, self.study_id, self.env["backend"], key_config, result)
+        self.on_event(f"finished_{event}", record=self.store.get(key))
         return result
 
     # -- gradient noise scale ----------------------------------------------------------------
@@ -638,12 +649,11 @@ class StudyRunner:
         checkpoints = sorted({round(horizon * i / max(1, points - 1)) for i in range(points)})
         key_config = {**self.run_key_config(plan), "kind": "noise", "checkpoints": checkpoints,
                       "small_batch": small, "big_batch": big, "draws": self.config.noise_draws}
-        key = config_key(key_config)
-        stored = self.store.get(key)
-        if stored is not None:
-            self.on_event("skipped_noise", record=stored)
-            return stored["result"]
-        self.on_event("start_noise", plan=plan)
+        return self.stored_or_measured("noise", "noise", key_config, plan,
+                                       lambda: self._noise_with_retry(plan, checkpoints, small, big))
+
+    def _noise_with_retry(self, plan: RunPlan, checkpoints: list[int], small: int,
+                          big: int) -> dict[str, Any]:
         result = self.noise_result(plan, checkpoints, small, big)
         wider = (max(1, small // 4), min(self.num_train, big * 4))
         if training_noise_scale(result) is None and wider != (small, big):
@@ -651,8 +661,6 @@ class StudyRunner:
             retry = self.noise_result(plan, checkpoints, *wider)
             retry["first_try"] = {k: result[k] for k in ("small_batch", "big_batch", "b_simple_final")}
             result = retry
-        self.store.put(key, "noise", self.study_id, self.env["backend"], key_config, result)
-        self.on_event("finished_noise", record=self.store.get(key))
         return result
 
     def noise_result(self, plan: RunPlan, checkpoints: list[int], small: int,

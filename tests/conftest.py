@@ -57,6 +57,12 @@ class CliResult:
     stderr: str
 
 
+def one_line_error(stderr: str) -> bool:
+    """One ``kbackend: error:`` line and no traceback (TensorFlow may log other lines first)."""
+    errors = [line for line in stderr.splitlines() if line.startswith("kbackend: error:")]
+    return len(errors) == 1 and "Traceback" not in stderr
+
+
 @pytest.fixture
 def cli(capsys):
     """``cli(*args)`` runs ``kbackend.cli.main(args)`` in this process; returns a ``CliResult``."""

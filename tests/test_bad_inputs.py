@@ -15,13 +15,8 @@ import pytest
 from kbackend.cache import PredictionCache, Rounding, open_store
 from kbackend.errors import ConfigError
 from kbackend.io import strict_json_text
+from tests.conftest import one_line_error
 from tests.test_cache import FEATURES, rows, tiny_model
-
-
-def one_line_error(stderr: str) -> bool:
-    """One ``kbackend: error:`` line and no traceback (TensorFlow may log other lines first)."""
-    errors = [line for line in stderr.splitlines() if line.startswith("kbackend: error:")]
-    return len(errors) == 1 and "Traceback" not in stderr
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,8 @@ iterator read each epoch in ``kbackend.data.batching``'s order, so ``--monitor``
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from kbackend.backend_choice import keras as import_keras
@@ -69,9 +71,11 @@ def test_fit_reads_every_epoch_in_the_batching_order():
 
 def test_monitor_does_not_change_a_keras_engine_run():
     from kbackend.training import TrainConfig, train
+    from tests.conftest import JIT_FOR_SMALL_RUNS
 
-    plain = train(TrainConfig(epochs=2, batch_size=64, seed=1)).history
-    monitored = train(TrainConfig(epochs=2, batch_size=64, seed=1, hardware_monitor=True)).history
+    config = TrainConfig(epochs=2, batch_size=64, seed=1, jit_compile=JIT_FOR_SMALL_RUNS)
+    plain = train(config).history
+    monitored = train(replace(config, hardware_monitor=True)).history
     assert "monitor" in monitored.extra and "monitor" not in plain.extra
     assert len(plain.loss) == len(monitored.loss) == 2 * 21  # 1294 samples: 21 batches per epoch
     np.testing.assert_allclose(monitored.loss, plain.loss, rtol=1e-6, atol=0)

@@ -7,6 +7,7 @@ import pytest
 from kbackend.errors import ConfigError
 from kbackend.optim import OptimizerSpec
 from kbackend.training import TrainConfig, train
+from tests.conftest import JIT_FOR_SMALL_RUNS
 
 # Adam at lr 3e-3 reaches ~0.94 validation accuracy on digits in 3 epochs under mixed_bfloat16
 # (float32: >= 0.90 in 8 epochs at lr 1e-3, test_training); the bound leaves room for seeds
@@ -18,7 +19,7 @@ def test_mixed_bfloat16_keeps_float32_variables_and_reaches_accuracy_bound():
     import keras
 
     result = train(TrainConfig(epochs=3, batch_size=32, seed=0, precision="mixed_bfloat16",
-                               optimizer=OptimizerSpec("adam", 3e-3)))
+                               optimizer=OptimizerSpec("adam", 3e-3), jit_compile=JIT_FOR_SMALL_RUNS))
     model = result.model
     assert {v.dtype for v in model.trainable_variables} == {"float32"}
     dense = [layer for layer in model.layers if isinstance(layer, keras.layers.Dense)]

@@ -23,7 +23,7 @@ from kbackend.study.pipeline import compare, run_study
 from kbackend.study.report import PLOTS
 from kbackend.study.store import ResultStore
 from kbackend.training import Target
-from tests.conftest import BACKEND, ROOT
+from tests.conftest import BACKEND, JIT_FOR_SMALL_RUNS, ROOT
 
 # 2 optimizers x 2 batch sizes x 2 seeds, a 60-step budget, one learning rate each (the search,
 # its pruning and the grid's extension are tested with a stand-in engine below). SGD at lr 1e-4
@@ -32,12 +32,12 @@ TINY = StudyConfig(
     optimizers=("sgd", "adam"), batch_sizes=(64, 256),
     learning_rates={"sgd": (1e-4,), "adam": (3e-3,)}, max_steps=60, engine="keras",
     target=Target("val_accuracy", 0.9), noise_points=2, noise_draws=4, seeds=2,
-    step_time_repeats=1,
+    step_time_repeats=1, jit_compile=JIT_FOR_SMALL_RUNS,
 )
 TINY_ARGS = ["study", "--optimizers", "sgd,adam", "--batch-sizes", "64,256", "--lrs", "sgd=0.0001",
              "--lrs", "adam=0.003", "--max-steps", "60", "--engine", "keras", "--target", "0.9",
              "--noise-points", "2", "--noise-draws", "4", "--seeds", "2", "--step-time-repeats", "1",
-             "--no-progress"]
+             "--no-progress", *([] if JIT_FOR_SMALL_RUNS else ["--no-jit"])]
 TINY_RUNS = 8
 
 
@@ -289,6 +289,28 @@ def test_cli_bad_input_is_a_one_line_error(tmp_path, no_training, capsys, flags,
     assert main(["study", "--out", str(tmp_path), "--no-progress", *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_no_jit_reaches_the_keras_engine_and_keys_only_the_runs_it_changes(tmp_path):
+    from kbackend.cli import build_parser
+    from kbackend.commands.study import config_from_args
+
+    args = build_parser().parse_args(["study", "--engine", "keras", "--no-jit"])
+    assert config_from_args(args).jit_compile is False
+    assert config_from_args(build_parser().parse_args(["study"])).jit_compile is True
+    keys = {}
+    for jit in (True, False):
+        config = StudyConfig(**{**TINY.__dict__, "jit_compile": jit})
+        with ResultStore(tmp_path / f"{jit}.db") as store:
+            runner = StudyRunner(config, store)
+            runner.prepare()
+            plan = runner.plan("adam", 64, 3e-3)
+            assert runner.train_config(plan).jit_compile is jit
+            keys[jit] = runner.run_key_config(plan)
+    # Off is part of what a run is; on keeps the keys runs had before the option existed.
+    assert "jit_compile" not in keys[True] and keys[False].pop("jit_compile") is False
+    assert keys[False] == keys[True]
+    assert config.identity() == StudyConfig(**{**TINY.__dict__, "jit_compile": True}).identity()
 
 
 def test_compare_puts_backends_side_by_side(baseline, tmp_path, capsys):

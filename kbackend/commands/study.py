@@ -92,6 +92,8 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                         help="training engine (default: native when available, else keras)")
     target.add_argument("--fused-steps", type=int, default=0,
                         help="steps per compiled call for the native engine (0: one evaluation interval)")
+    target.add_argument("--no-jit", dest="jit_compile", action="store_false",
+                        help="train the Keras engines without XLA (the native engines always compile)")
     target.add_argument("--step-time-repeats", type=int, default=5,
                         help="interleaved rounds timing each cell's steady step apart: time to "
                              "target = median steps x median step time (0: the runs' own clocks)")
@@ -137,7 +139,7 @@ def config_from_args(args: argparse.Namespace):
         max_batch_size=args.max_batch_size, learning_rates=learning_rates,
         lr_grid_size=args.lr_grid_size, lr_factor=args.lr_factor, target=target,
         max_steps=args.max_steps, evals_per_epoch=args.evals_per_epoch,
-        engine=args.engine or default_engine(), fused_steps=args.fused_steps, seed=args.seed,
+        engine=args.engine or default_engine(), fused_steps=args.fused_steps, jit_compile=args.jit_compile, seed=args.seed,
         seeds=args.seeds, lr_extend=args.lr_extend, step_time_repeats=args.step_time_repeats,
         prune=args.prune, noise_points=args.noise_points, noise_draws=args.noise_draws,
         noise_small_batch=args.noise_batches[0], noise_big_batch=args.noise_batches[1],

@@ -65,6 +65,8 @@ class StudyConfig:
     its grid extends the grid that way by up to ``lr_extend`` points. Time to target is the
     median steps to target times the cell's steady seconds per step, measured after training in
     ``step_time_repeats`` interleaved rounds (0: each run's own clock instead).
+    ``jit_compile=False`` trains the Keras engines without XLA (on a CPU, TensorFlow's XLA
+    compilation can cost more than a short run's training; the native engines always compile).
     """
 
     model: str = "seed_mlp"
@@ -82,6 +84,7 @@ class StudyConfig:
     evals_per_epoch: int = 8
     engine: str = "keras"
     fused_steps: int = 0
+    jit_compile: bool = True
     seed: int = 0
     prune: bool = True
     seeds: int = 3
@@ -192,6 +195,6 @@ class StudyConfig:
     def identity(self) -> dict[str, Any]:
         """What makes two studies the same question, whatever backend or device answers it."""
         payload = self.to_dict()
-        for name in ("data_dir", "engine", "fused_steps", "step_time_repeats"):
+        for name in ("data_dir", "engine", "fused_steps", "jit_compile", "step_time_repeats"):
             payload.pop(name)
         return payload

@@ -372,6 +372,8 @@ class StudyRunner:
             "fused_steps": plan.fused_steps,
             "target": asdict(config.resolved_target),
             "engine": config.engine,
+            # Only when off: the keys of runs stored before the option existed stay valid.
+            **({} if config.jit_compile else {"jit_compile": False}),
             **self.env,
         }
 
@@ -526,7 +528,7 @@ class StudyRunner:
             validation_fraction=config.validation_fraction,
             optimizer=OptimizerSpec(plan.optimizer, plan.learning_rate),
             batch_size=plan.batch_size, epochs=max(1, -(-max_steps // per_epoch)),
-            engine=config.engine, max_steps=max_steps,
+            engine=config.engine, jit_compile=config.jit_compile, max_steps=max_steps,
             eval_every=0 if config.engine in EPOCH_EVAL_ENGINES else plan.eval_every,
             fused_steps=plan.fused_steps,
             target=config.resolved_target if target is True else (target or None),

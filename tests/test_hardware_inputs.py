@@ -10,6 +10,7 @@ import numpy as np
 from kbackend.backend_choice import keras as import_keras
 from kbackend.data.batching import epoch_batches, epoch_batches_with_remainder, epoch_order
 from kbackend.hardware.inputs import iterate_batches, monitored_batches
+from tests.conftest import JIT_FOR_SMALL_RUNS
 
 N, BATCH, SEED, EPOCHS = 103, 10, 3, 3  # 10 full batches and a short one of 3 per epoch
 
@@ -71,7 +72,6 @@ def test_fit_reads_every_epoch_in_the_batching_order():
 
 def test_monitor_does_not_change_a_keras_engine_run():
     from kbackend.training import TrainConfig, train
-    from tests.conftest import JIT_FOR_SMALL_RUNS
 
     config = TrainConfig(epochs=2, batch_size=64, seed=1, jit_compile=JIT_FOR_SMALL_RUNS)
     plain = train(config).history

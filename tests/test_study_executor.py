@@ -4,6 +4,7 @@ kill, time to target without evaluation, never-reached cells, bad input before t
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -300,7 +301,7 @@ def test_no_jit_reaches_the_keras_engine_and_keys_only_the_runs_it_changes(tmp_p
     assert config_from_args(build_parser().parse_args(["study"])).jit_compile is True
     keys = {}
     for jit in (True, False):
-        config = StudyConfig(**{**TINY.__dict__, "jit_compile": jit})
+        config = dataclasses.replace(TINY, jit_compile=jit)
         with ResultStore(tmp_path / f"{jit}.db") as store:
             runner = StudyRunner(config, store)
             runner.prepare()
@@ -310,7 +311,7 @@ def test_no_jit_reaches_the_keras_engine_and_keys_only_the_runs_it_changes(tmp_p
     # Off is part of what a run is; on keeps the keys runs had before the option existed.
     assert "jit_compile" not in keys[True] and keys[False].pop("jit_compile") is False
     assert keys[False] == keys[True]
-    assert config.identity() == StudyConfig(**{**TINY.__dict__, "jit_compile": True}).identity()
+    assert config.identity() == dataclasses.replace(TINY, jit_compile=True).identity()
 
 
 def test_compare_puts_backends_side_by_side(baseline, tmp_path, capsys):

@@ -23,8 +23,9 @@ VIRTUAL_DEVICES = "8"
 # One pytest-xdist worker per core. Whole files go to one worker, so a module fixture is built
 # once (`--dist loadgroup` would be finer, but pytest 9.2 silently breaks its grouping:
 # pytest-xdist issue 1386). The slow tests share no module fixture worth keeping together.
-PARALLEL = ("-n", "auto", "--dist", "loadfile")
-PARALLEL_SLOW = ("-n", "auto", "--dist", "load")
+# The slowest tests are listed at the end of every session, so CI logs show where the time goes.
+PARALLEL = ("-n", "auto", "--dist", "loadfile", "--durations=15")
+PARALLEL_SLOW = ("-n", "auto", "--dist", "load", "--durations=15")
 SHARED_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "shared", "data")
 
 

@@ -91,6 +91,9 @@ class TrainConfig:
     eval_every: int = 0
     # Stop after this many steps (0: ``epochs`` decides).
     max_steps: int = 0
+    # Each epoch's batches in a fresh order drawn from the seed; False: the dataset's own order
+    # every epoch (the MNIST-1D paper's recipe; reproducing runs that did not shuffle).
+    shuffle: bool = True
     # Stop as soon as an evaluation reaches this target (None: train to the end).
     target: Target | None = None
     # Parallel runs (kbackend.distributed, docs/parallel.md).
@@ -130,6 +133,12 @@ class TrainConfig:
         if not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"Invalid seed {self.seed!r}: expected an integer in [0, {MAX_SEED}] "
                               "(NumPy's seed range).")
+        if not (isinstance(self.validation_fraction, (int, float)) and 0 <= self.validation_fraction < 1):
+            raise ConfigError(f"Invalid validation_fraction {self.validation_fraction!r}: expected a "
+                              "value in [0, 1) (0: no validation split, the test split stands in).")
+        if self.validation_fraction == 0 and (self.early_stopping or self.target is not None):
+            raise ConfigError("validation_fraction 0 validates on the test split: early stopping and "
+                              "targets would select on the test set; hold out a validation split.")
         if self.early_stopping < 0:
             raise ConfigError(f"Invalid early_stopping patience {self.early_stopping!r}: expected >= 0.")
         if self.monitor not in MONITORS:

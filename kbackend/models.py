@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from kbackend.backend_choice import keras as import_keras
@@ -20,6 +20,7 @@ from kbackend.data import DatasetInfo
 from kbackend.errors import ConfigError
 
 SEED_MLP_WIDTHS = (786, 256, 160)
+READOUTS = ("last", "all")
 
 
 def _is_real(value: Any) -> bool:
@@ -39,6 +40,12 @@ class ModelOptions:
     widths: tuple[int, ...] = (256, 128)
     filters: tuple[int, ...] = (32, 64)
     units: int = 64
+    # Dense stacks: add each hidden block's input to its output where the widths match.
+    residual: bool = False
+    # GRU: read the sequence both ways, and feed the classifier the last state ("last") or
+    # every step's state, flattened ("all", the MNIST-1D paper's GRU).
+    bidirectional: bool = False
+    readout: str = "last"
 
     def __post_init__(self) -> None:
         # NaN passes every comparison test, so each number is checked to be a finite real first.
@@ -57,13 +64,29 @@ class ModelOptions:
             )
         if not self.widths or any(w < 1 for w in self.widths):
             raise ConfigError(f"Invalid widths {self.widths!r}: expected positive layer widths.")
+        if not self.filters or any(f < 1 for f in self.filters):
+            raise ConfigError(f"Invalid filters {self.filters!r}: expected positive channel counts.")
+        if not isinstance(self.units, int) or self.units < 1:
+            raise ConfigError(f"Invalid units {self.units!r}: expected a positive integer.")
+        if self.readout not in READOUTS:
+            raise ConfigError(f"Invalid readout. Expected one of {list(READOUTS)}. Received: {self.readout!r}.")
+
+    def key(self) -> dict[str, Any]:
+        """The options as a dict for store keys: the fields added after stores existed appear
+        only when set, so the keys of runs stored before them stay valid."""
+        return {name: value for name, value in asdict(self).items()
+                if name not in _ADDED_LATER or value != _ADDED_LATER[name]}
+
+
+# ModelOptions fields added after study stores existed, with their defaults (ModelOptions.key).
+_ADDED_LATER = {"residual": False, "bidirectional": False, "readout": "last"}
 
 
 def _hidden_block(x: Any, layer: Any, options: ModelOptions, activation: str = "relu") -> Any:
     keras = import_keras()
     x = layer(x)
     if options.batch_norm:
-        axis = 1 if options.data_format == "channels_first" and len(x.shape) == 4 else -1
+        axis = 1 if options.data_format == "channels_first" and len(x.shape) >= 3 else -1
         x = keras.layers.BatchNormalization(axis=axis)(x)
     x = keras.layers.Activation(activation)(x)
     if options.dropout > 0:
@@ -93,8 +116,20 @@ def _dense_stack(info: DatasetInfo, widths: Sequence[int], options: ModelOptions
     for width in widths:
         layer = keras.layers.Dense(width, kernel_regularizer=_regularizer(options),
                                    use_bias=not options.batch_norm)
-        x = _hidden_block(x, layer, options)
+        h = _hidden_block(x, layer, options)
+        x = keras.layers.Add()([x, h]) if options.residual and x.shape[-1] == width else h
     return keras.Model(inputs, _classifier_head(x, info, options), name=name)
+
+
+def logistic(info: DatasetInfo, options: ModelOptions) -> Any:
+    """Multinomial logistic regression: the flat inputs straight into the softmax classifier."""
+    keras = import_keras()
+    if len(info.input_shape) != 1:
+        raise ConfigError(
+            f"Model 'logistic' needs flat inputs (layout 'flat'). Received input shape {info.input_shape}."
+        )
+    inputs = keras.Input(shape=info.input_shape, name="inputs")
+    return keras.Model(inputs, _classifier_head(inputs, info, options), name="logistic")
 
 
 def seed_mlp(info: DatasetInfo, options: ModelOptions) -> Any:
@@ -107,8 +142,23 @@ def mlp(info: DatasetInfo, options: ModelOptions) -> Any:
     return _dense_stack(info, options.widths, options, "mlp")
 
 
+def _check_conv_format(options: ModelOptions) -> None:
+    if options.data_format == "channels_first" and not impl().supports_channels_first_conv():
+        raise ConfigError(
+            "channels_first convolutions are not supported by this TensorFlow build on a CPU "
+            "(only channels_last is); use data_format='channels_last' or the JAX backend."
+        )
+
+
 def cnn(info: DatasetInfo, options: ModelOptions) -> Any:
-    """Two conv + max-pool blocks and a dense layer, in ``options.data_format``.
+    """The conv net that fits the data: ``cnn2d`` for images, ``cnn1d`` for sequences."""
+    if len(info.input_shape) == 2:
+        return cnn1d(info, options, name="cnn")
+    return cnn2d(info, options, name="cnn")
+
+
+def cnn2d(info: DatasetInfo, options: ModelOptions, name: str = "cnn2d") -> Any:
+    """Conv + max-pool blocks (``options.filters`` channels) and a dense layer, in ``options.data_format``.
 
     Older TensorFlow CPU builds implement Conv2D only for channels_last; where a probe
     (``supports_channels_first_conv``) finds that, channels_first raises ``ConfigError``
@@ -117,13 +167,9 @@ def cnn(info: DatasetInfo, options: ModelOptions) -> Any:
     keras = import_keras()
     if len(info.input_shape) != 3:
         raise ConfigError(
-            f"Model 'cnn' needs image inputs (layout 'image'). Received input shape {info.input_shape}."
+            f"Model {name!r} needs image inputs (layout 'image'). Received input shape {info.input_shape}."
         )
-    if options.data_format == "channels_first" and not impl().supports_channels_first_conv():
-        raise ConfigError(
-            "channels_first convolutions are not supported by this TensorFlow build on a CPU "
-            "(only channels_last is); use data_format='channels_last' or the JAX backend."
-        )
+    _check_conv_format(options)
     if info.data_format not in (None, options.data_format):
         raise ConfigError(
             f"Model data_format {options.data_format!r} does not match the dataset's "
@@ -140,18 +186,59 @@ def cnn(info: DatasetInfo, options: ModelOptions) -> Any:
             x = keras.layers.MaxPooling2D(2, data_format=options.data_format)(x)
     x = keras.layers.Flatten(data_format=options.data_format)(x)
     x = _hidden_block(x, keras.layers.Dense(128, kernel_regularizer=_regularizer(options)), options)
-    return keras.Model(inputs, _classifier_head(x, info, options), name="cnn")
+    return keras.Model(inputs, _classifier_head(x, info, options), name=name)
+
+
+def cnn1d(info: DatasetInfo, options: ModelOptions, name: str = "cnn1d") -> Any:
+    """The MNIST-1D paper's conv net over a (steps, features) sequence: per ``options.filters``
+    entry a strided 1-D convolution (kernel 5 first, then 3; stride 2; one step of zero padding
+    each side) and ReLU, then the flattened features into the classifier.
+
+    ``--filters 25,25,25`` is the paper's network (Greydanus 2020, ``ConvBase``). The inputs stay
+    (N, steps, features) in either data format; ``channels_first`` transposes them inside the
+    model and convolves in NCW (the layout choice, not the data, is what it measures).
+    """
+    keras = import_keras()
+    if len(info.input_shape) != 2:
+        raise ConfigError(
+            f"Model {name!r} needs sequence inputs (layout 'sequence'). Received input shape {info.input_shape}."
+        )
+    _check_conv_format(options)
+    inputs = keras.Input(shape=info.input_shape, name="inputs")
+    x = inputs
+    if options.data_format == "channels_first":
+        x = keras.layers.Permute((2, 1))(x)
+    for index, filters in enumerate(options.filters):
+        x = keras.layers.ZeroPadding1D(1, data_format=options.data_format)(x)
+        conv = keras.layers.Conv1D(filters, 5 if index == 0 else 3, strides=2,
+                                   data_format=options.data_format,
+                                   kernel_regularizer=_regularizer(options),
+                                   use_bias=not options.batch_norm)
+        x = _hidden_block(x, conv, options)
+    x = keras.layers.Flatten(data_format=options.data_format)(x)
+    return keras.Model(inputs, _classifier_head(x, info, options), name=name)
 
 
 def gru(info: DatasetInfo, options: ModelOptions) -> Any:
-    """A GRU over a sequence (image rows as time steps), its last state into a softmax."""
+    """A GRU of ``options.units`` over a sequence (image rows as time steps) into a softmax.
+
+    ``options.bidirectional`` reads the sequence both ways (states concatenated); ``readout``
+    "last" feeds the classifier the final state, "all" every step's state flattened (with
+    ``--units 6 --bidirectional``, the MNIST-1D paper's ``GRUBase``).
+    """
     keras = import_keras()
     if len(info.input_shape) != 2:
         raise ConfigError(
             f"Model 'gru' needs sequence inputs (layout 'sequence'). Received input shape {info.input_shape}."
         )
     inputs = keras.Input(shape=info.input_shape, name="inputs")
-    x = keras.layers.GRU(options.units, kernel_regularizer=_regularizer(options), seed=options.seed)(inputs)
+    layer = keras.layers.GRU(options.units, kernel_regularizer=_regularizer(options), seed=options.seed,
+                             return_sequences=options.readout == "all")
+    if options.bidirectional:
+        layer = keras.layers.Bidirectional(layer)
+    x = layer(inputs)
+    if options.readout == "all":
+        x = keras.layers.Flatten()(x)
     if options.batch_norm:
         x = keras.layers.BatchNormalization()(x)
     if options.dropout > 0:
@@ -161,15 +248,19 @@ def gru(info: DatasetInfo, options: ModelOptions) -> Any:
 
 # name -> (builder, the data layout it takes)
 MODELS: dict[str, tuple[Callable[[DatasetInfo, ModelOptions], Any], str]] = {
+    "logistic": (logistic, "flat"),
     "seed_mlp": (seed_mlp, "flat"),
     "mlp": (mlp, "flat"),
-    "cnn": (cnn, "image"),
+    "cnn": (cnn, "spatial"),
+    "cnn1d": (cnn1d, "sequence"),
+    "cnn2d": (cnn2d, "image"),
     "gru": (gru, "sequence"),
 }
 
 
 def model_layout(name: str) -> str:
-    """The data layout (flat, image, sequence) model ``name`` takes."""
+    """The data layout model ``name`` takes: flat, image, sequence, or spatial (the data's own:
+    images as images, sequences as sequences)."""
     if name not in MODELS:
         raise ConfigError(f"Unknown model. Expected one of {sorted(MODELS)}. Received: {name!r}.")
     return MODELS[name][1]

@@ -22,7 +22,8 @@ TOP_LEVEL_FIELDS = {"benchmark", "description", "quick", "keys", "values", "rows
 
 
 # Options that keep a quick run short where the script's quick mode still sweeps a grid.
-QUICKER = {"bench_engines": ("--batch-sizes", "32")}
+QUICKER = {"bench_engines": ("--batch-sizes", "32"),
+           "reproduce_mnist1d": ("--models", "cnn", "--steps", "40")}
 
 
 def check_report(out: Path, name: str, bench: Benchmark | None = None,
@@ -93,7 +94,7 @@ def test_a_failing_worker_is_reported_and_the_run_exits_1(tmp_path):
 
 
 def test_every_script_is_a_stub_of_a_registered_benchmark():
-    scripts = sorted((ROOT / "scripts").glob("bench_*.py"))
+    scripts = sorted([*(ROOT / "scripts").glob("bench_*.py"), *(ROOT / "scripts").glob("reproduce_*.py")])
     assert sorted(p.stem for p in scripts) == sorted(BENCHMARKS)
     for script in scripts:
         text = script.read_text()

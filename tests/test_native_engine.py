@@ -59,14 +59,15 @@ def test_native_matches_keras_train_steps(dataset, spec):
     native_model = toy_model(dataset, l2=1e-3)
     native_model.set_weights(keras_model.get_weights())
     batch = 16  # 20 steps = one epoch of 320 samples, no partial batch
-    config = TrainConfig(model="mlp", optimizer=spec, batch_size=batch, epochs=1, fused_steps=5)
+    config = TrainConfig(model="mlp", optimizer=spec, batch_size=batch, epochs=1, fused_steps=5,
+                         shuffle=False)
     compile_model(keras_model, spec, config)
     keras_losses = [
         float(keras_model.train_on_batch(dataset.x_train[i:i + batch], dataset.y_train[i:i + batch],
                                          return_dict=True)["loss"])
         for i in range(0, N_TRAIN, batch)
     ]
-    history = native.train(native_model, dataset, spec, config, shuffle=False)
+    history = native.train(native_model, dataset, spec, config)
     assert history.step == list(range(1, 21))
     # Float32 through ~40 layers of XLA-fused arithmetic, compiled differently by the two
     # engines (fusion, FMA contraction): agreement to ~1e-5 relative, far below any real change.

@@ -176,7 +176,7 @@ def test_store_summaries_replace_per_backend_and_device(tmp_path):
 
 @pytest.mark.parametrize(("n", "coverage"), [(1, 0.0), (2, 0.5), (3, 0.75), (5, 0.9375), (10, 1 - 2 / 1024)])
 def test_min_max_interval_covers_the_median_with_its_stated_probability(n, coverage):
-    from kbackend.study.analysis import median_coverage
+    from kbackend.stats import median_coverage
 
     assert median_coverage(n) == pytest.approx(coverage)
 
@@ -184,7 +184,7 @@ def test_min_max_interval_covers_the_median_with_its_stated_probability(n, cover
 def test_median_coverage_matches_simulation():
     import numpy as np
 
-    from kbackend.study.analysis import median_coverage
+    from kbackend.stats import median_coverage
 
     rng = np.random.default_rng(0)
     draws = rng.exponential(size=(20000, 3))  # the median of Exp(1) is log 2
@@ -193,7 +193,7 @@ def test_median_coverage_matches_simulation():
 
 
 def test_median_interval_counts_never_reached_as_infinite():
-    from kbackend.study.analysis import median_interval
+    from kbackend.stats import median_interval
 
     interval = median_interval([300.0, math.inf, 100.0])
     assert (interval["low"], interval["median"], interval["high"]) == (100.0, 300.0, math.inf)
@@ -204,7 +204,7 @@ def test_median_interval_counts_never_reached_as_infinite():
 
 def _seeded_cell(optimizer, batch, steps, seconds_per_step=0.01, test=(0.9, 0.9, 0.9)):
     """A made-up cell: ``steps`` per seed (None: not reached), time = steps x seconds_per_step."""
-    from kbackend.study.analysis import median_interval
+    from kbackend.stats import median_interval
 
     values = [math.inf if s is None else float(s) for s in steps]
     interval = median_interval(values)

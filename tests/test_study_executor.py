@@ -497,7 +497,7 @@ def test_report_states_sources_verdicts_and_caveats(tmp_path, monkeypatch):
         return _fake_history(plan, round(steps[plan.optimizer, plan.batch_size] * spread[plan.seed]))
 
     def measure_step_times(self, cells):  # planted: 10 ms per step, +-2% over three rounds
-        from kbackend.study.analysis import median_interval
+        from kbackend.stats import median_interval
 
         seconds = [0.0098, 0.01, 0.0102]
         return {"engine": "native", "study_engine": "keras", "repeats": 3, "cells": [

@@ -10,7 +10,7 @@ from kbackend.data import DATASETS
 from kbackend.distributed import engine_name, is_chief
 from kbackend.engines import engine_names
 from kbackend.hardware.monitor import format_summary
-from kbackend.models import MODELS, ModelOptions
+from kbackend.models import MODELS, READOUTS, ModelOptions
 from kbackend.optim import OPTIMIZERS, SCHEDULES, OptimizerSpec
 from kbackend.progress import EpochReporter
 from kbackend.training import train
@@ -41,7 +41,9 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("data")
     data.add_argument("--dataset", default="digits", choices=sorted(DATASETS))
     data.add_argument("--data-dir", default=None, help="folder with MNIST / Fashion-MNIST files")
-    data.add_argument("--validation-fraction", type=float, default=0.1)
+    data.add_argument("--validation-fraction", type=float, default=0.1,
+                      help="share of the training data held out for validation (0: none, the "
+                           "test split is evaluated instead; no early stopping or target then)")
     model = parser.add_argument_group("model")
     model.add_argument("--model", default="seed_mlp", choices=sorted(MODELS))
     model.add_argument("--data-format", default="channels_last", choices=["channels_last", "channels_first"])
@@ -49,6 +51,14 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--batch-norm", action="store_true")
     model.add_argument("--l2", type=float, default=0.0)
     model.add_argument("--widths", type=_widths, default=(256, 128), help="hidden widths of --model mlp, e.g. 512,256")
+    model.add_argument("--residual", action="store_true",
+                       help="--model mlp: add each hidden layer's input to its output where the widths match")
+    model.add_argument("--filters", type=_widths, default=(32, 64),
+                       help="channels of each conv layer of --model cnn/cnn1d/cnn2d, e.g. 25,25,25")
+    model.add_argument("--units", type=int, default=64, help="--model gru: state size")
+    model.add_argument("--bidirectional", action="store_true", help="--model gru: read both ways")
+    model.add_argument("--readout", default="last", choices=list(READOUTS),
+                       help="--model gru: the last state, or all steps' states flattened, into the classifier")
     hardware = parser.add_argument_group("hardware (see docs/hardware.md)")
     hardware.add_argument("--precision", default="float32",
                           choices=["float32", "mixed_bfloat16", "mixed_float16"],
@@ -78,6 +88,8 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                           "'auto' (the fastest of a few, measured on a short probe)")
     run.add_argument("--max-steps", type=int, default=0, metavar="N",
                      help="stop after N train steps (0: --epochs decides)")
+    run.add_argument("--no-shuffle", dest="shuffle", action="store_false",
+                     help="every epoch in the dataset's order (default: a fresh order per epoch from --seed)")
     run.add_argument("--eval-every", type=int, default=0, metavar="STEPS",
                      help="validate every STEPS steps (0: once per epoch; the keras engine "
                           "validates per epoch only)")
@@ -96,7 +108,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     )
     options = ModelOptions(
         dropout=args.dropout, batch_norm=args.batch_norm, l2=args.l2, seed=args.seed,
-        data_format=args.data_format, widths=args.widths,
+        data_format=args.data_format, widths=args.widths, residual=args.residual,
+        filters=args.filters, units=args.units, bidirectional=args.bidirectional,
+        readout=args.readout,
     )
     return TrainConfig(
         model=args.model, dataset=args.dataset, optimizer=spec, batch_size=args.batch_size,
@@ -107,6 +121,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         monitor=args.monitor, seed=args.seed, model_options=options,
         validation_fraction=args.validation_fraction, data_dir=args.data_dir,
         fused_steps=args.fused_steps, max_steps=args.max_steps, eval_every=args.eval_every,
+        shuffle=args.shuffle,
         target=None if args.target is None else Target(args.target_metric, args.target),
         **parallel_config_fields(args),
     )
@@ -143,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
     history = result.history
     info = result.dataset.info
     print(
-        f"{config.model} on {info.name} ({info.num_train} train / {info.num_val} val / "
+        f"{config.model} on {info.name} ({info.num_train} train / "
+        f"{'test split as val' if info.val_is_test else f'{info.num_val} val'} / "
         f"{info.num_test} test), {config.optimizer.name} lr={config.optimizer.learning_rate:g}, "
         f"batch {config.batch_size}, engine {engine_name(config)}, backend {active_backend()}"
     )

@@ -18,7 +18,9 @@ from kbackend.data.sources import RawData
 from kbackend.data.validation import check_batch_size, validate_dataset, validate_split
 from kbackend.errors import DataError
 
-LAYOUTS = ("flat", "image", "sequence")
+# "spatial": the data's own shape (images as images, sequences as sequences), for models such as
+# ``cnn`` that come in a 2-D and a 1-D form.
+LAYOUTS = ("flat", "image", "sequence", "spatial")
 DATA_FORMATS = ("channels_last", "channels_first")
 
 # name -> (loader, whether it reads files and so takes data_dir)
@@ -47,6 +49,8 @@ class DatasetInfo:
     num_train: int
     num_val: int
     num_test: int
+    # Validation fraction 0: no split is held out and the validation figures are the test split's.
+    val_is_test: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,6 +75,13 @@ class Dataset:
         return getattr(self, f"x_{name}"), getattr(self, f"y_{name}")
 
 
+def resolve_layout(layout: str, kind: str) -> str:
+    """The concrete layout ``layout`` means for raw data of ``kind`` (spatial -> image or sequence)."""
+    if layout != "spatial":
+        return layout
+    return "image" if kind == "image" else "sequence"
+
+
 def _arrange(x: np.ndarray, kind: str, layout: str, data_format: str, name: str) -> np.ndarray:
     """Reshape raw (N, H, W, C) images or (N, T, F) sequences into ``layout``."""
     if layout == "flat":
@@ -78,7 +89,8 @@ def _arrange(x: np.ndarray, kind: str, layout: str, data_format: str, name: str)
     if layout == "image":
         if kind != "image":
             raise DataError(
-                f"Dataset {name!r} holds {kind} data, not images: use layout 'flat' or 'sequence'."
+                f"Dataset {name!r} holds {kind} data, not images: a model that takes images cannot "
+                "train on it (use one that takes flat or sequence inputs, e.g. cnn or cnn1d)."
             )
         return np.transpose(x, (0, 3, 1, 2)) if data_format == "channels_first" else x
     if kind == "image":  # rows as time steps: (N, H, W * C)
@@ -90,7 +102,8 @@ def _arrange(x: np.ndarray, kind: str, layout: str, data_format: str, name: str)
 
 def _validation_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     if not 0.0 < fraction < 1.0:
-        raise DataError(f"Invalid validation fraction {fraction!r}: expected a value in (0, 1).")
+        raise DataError(f"Invalid validation fraction {fraction!r}: expected a value in [0, 1) "
+                        "(0: no validation split, the test split stands in).")
     n_val = max(1, round(n * fraction))
     if n_val >= n:
         raise DataError(f"Validation fraction {fraction} leaves no training data out of {n} samples.")
@@ -112,17 +125,29 @@ def from_arrays(
     layout: str = "flat",
     data_format: str | None = None,
 ) -> Dataset:
-    """Build a validated ``Dataset`` from user arrays; the validation split is held out of train."""
+    """Build a validated ``Dataset`` from user arrays; the validation split is held out of train.
+
+    ``validation_fraction=0`` holds nothing out: every sample trains and the test split stands in
+    for validation (``info.val_is_test``), as papers that report test curves do. Nothing may then
+    select on it (``TrainConfig`` refuses early stopping and targets).
+    """
     for split, (x, y) in {"train": (x_train, y_train), "test": (x_test, y_test)}.items():
         validate_split(np.asarray(x), np.asarray(y), num_classes, split)
-    train_idx, val_idx = _validation_indices(len(x_train), validation_fraction, seed)
     x_train = np.asarray(x_train, dtype=np.float32)
     y_train = np.asarray(y_train).astype(np.int32)
+    x_test = np.asarray(x_test, dtype=np.float32)
+    y_test = np.asarray(y_test).astype(np.int32)
+    val_is_test = validation_fraction == 0
+    if val_is_test:
+        x_val, y_val = x_test, y_test
+    else:
+        train_idx, val_idx = _validation_indices(len(x_train), validation_fraction, seed)
+        x_train, y_train, x_val, y_val = (x_train[train_idx], y_train[train_idx],
+                                          x_train[val_idx], y_train[val_idx])
     dataset = Dataset(
-        x_train[train_idx], y_train[train_idx], x_train[val_idx], y_train[val_idx],
-        np.asarray(x_test, dtype=np.float32), np.asarray(y_test).astype(np.int32),
+        x_train, y_train, x_val, y_val, x_test, y_test,
         DatasetInfo(name, tuple(int(d) for d in x_train.shape[1:]), int(num_classes), source,
-                    layout, data_format, len(train_idx), len(val_idx), len(x_test)),
+                    layout, data_format, len(x_train), len(x_val), len(x_test), val_is_test),
     )
     validate_split(dataset.x_val, dataset.y_val, num_classes, "validation")
     return dataset
@@ -141,7 +166,8 @@ def load(
     """Load dataset ``name`` as validated float32 splits in ``layout``.
 
     ``layout``: ``flat`` (N, D) for MLPs, ``image`` (N, H, W, C) or (N, C, H, W) per
-    ``data_format`` for CNNs, ``sequence`` (N, T, F) for recurrent models (image rows as steps).
+    ``data_format`` for CNNs, ``sequence`` (N, T, F) for recurrent and 1-D conv models (image
+    rows as steps), ``spatial`` the data's own (image data as images, the rest as sequences).
     The validation split is drawn from the training data, deterministically for ``seed``.
     ``synthetic`` passes options to the synthetic generator (input_shape, num_classes, ...).
     """
@@ -155,6 +181,7 @@ def load(
         )
     loader, _ = DATASETS[name]
     raw = loader(data_dir=data_dir, synthetic=synthetic)
+    layout = resolve_layout(layout, raw.kind)
     x_train = _arrange(raw.x_train.astype(np.float32) / raw.scale, raw.kind, layout, data_format, name)
     x_test = _arrange(raw.x_test.astype(np.float32) / raw.scale, raw.kind, layout, data_format, name)
     return from_arrays(

@@ -145,7 +145,7 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
         monitor = StepMonitor()
         callbacks.append(keras_callback(monitor, config.batch_size, config.steps_per_execution))
     source = monitored_batches(dataset.x_train, dataset.y_train, config.batch_size,
-                               monitor=monitor, seed=config.seed)
+                               monitor=monitor, seed=config.seed, shuffle=config.shuffle)
     callbacks.append(source.epoch_callback())
     inputs = {"x": source, "shuffle": False}  # the source's order, not shuffled again by fit
     fit_history = model.fit(

@@ -202,11 +202,11 @@ class _Run:
 
 
 def run(trainer: Trainer, plan: Plan, config: Any, reporter: Any = None, *,
-        shuffle: bool = True, history: History | None = None) -> History:
+        history: History | None = None) -> History:
     """Train with ``trainer`` as ``plan`` says; the history in kbackend's format.
 
     ``config`` supplies the seed, target, early stopping (``monitor``, ``early_stopping``) and
-    ``hardware_monitor``; ``shuffle=False`` keeps the data order (comparisons with other engines).
+    ``hardware_monitor``, and ``shuffle`` (False: every epoch in the dataset's order).
     """
     history = history if history is not None else History()
     history.extra.update(fused_steps=plan.fused_steps, steps_per_epoch=plan.steps_per_epoch,
@@ -215,7 +215,7 @@ def run(trainer: Trainer, plan: Plan, config: Any, reporter: Any = None, *,
     state = _Run(trainer, plan, config, reporter, history)
     epoch, stop = 0, False
     for epoch in range(1, plan.epochs + 1):
-        stop = state.epoch(epoch, shuffle)
+        stop = state.epoch(epoch, config.shuffle)
         if stop or state.step >= plan.total_steps:
             break
         state.sync()  # epoch end: bound the number of undelivered calls

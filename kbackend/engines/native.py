@@ -26,12 +26,8 @@ from kbackend.history import History
 PROBE_CANDIDATES = (1, 8, 32)
 
 
-def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None, *,
-          shuffle: bool = True) -> History:
-    """Train ``model`` in place with fused native steps; the history in kbackend's format.
-
-    ``shuffle=False`` keeps the data order (for comparisons with other engines).
-    """
+def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None) -> History:
+    """Train ``model`` in place with fused native steps; the history in kbackend's format."""
     fused_steps, probe = config.fused_steps, None
     if fused_steps == 0:  # auto: measure a few K on a throwaway copy of the model
         probe_start = time.perf_counter()
@@ -48,7 +44,7 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
     history.extra.update(engine="native", decay_steps=spec.decay_steps)
     if probe is not None:
         history.extra["fused_steps_probe"] = probe
-    return loop.run(trainer, plan, config, reporter, shuffle=shuffle, history=history)
+    return loop.run(trainer, plan, config, reporter, history=history)
 
 
 def epoch_runner(model: Any, dataset: Any, spec: Any, batch_size: int, fused_steps: int,

@@ -136,8 +136,8 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
     # The native engine is timed through train(); its two runs are not interleaved.
     native_rows = [{"fused": fused, **probe.engine_throughput(
         work, batch, "native", steps=max(32, steps), fused_steps=fused)} for fused in (1, 8)]
-    layout_is_image = model_layout(model) == "image"
-    if layout_is_image and impl().supports_channels_first_conv():
+    convolves = model_layout(model) in ("image", "spatial")
+    if convolves and impl().supports_channels_first_conv():
         first = probe.workload(model, dataset, data_dir=data_dir, samples=8192, data_format="channels_first")
         compare["channels_first"] = probe.FitProbe(first, batch, steps=steps)
     support = impl().precision_support()
@@ -163,7 +163,7 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
                      f"(x{speedup:.2f}; recommended when >= x{MIN_SPEEDUP:.2f})")
 
     data_format = "channels_last"
-    if layout_is_image:
+    if convolves:
         if "channels_first" not in results:
             advice.recommend("data_format", "channels_last",
                              "channels_first convolutions fail on this build (probed)")
@@ -211,7 +211,7 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
     fused_flag = f"--engine native --fused-steps {fused_value}"
     advice.train_command = (f"kbackend train --model {model} --dataset {dataset} --batch-size {batch} "
                             f"{fused_flag} --precision {precision}"
-                            + (f" --data-format {data_format}" if layout_is_image else ""))
+                            + (f" --data-format {data_format}" if convolves else ""))
     study_sizes = sorted({max(1, batch // 4), batch, min(num_train, batch * 4)})
     advice.study_command = (f"kbackend study --model {model} --dataset {dataset} "
                             f"--batch-sizes {','.join(str(b) for b in study_sizes)}")

@@ -30,7 +30,7 @@ def iterate_batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, epochs: in
 
 def monitored_batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, monitor: Any = None,
                       transform: Callable[[np.ndarray], np.ndarray] | None = None,
-                      seed: int = 0) -> Any:
+                      seed: int = 0, shuffle: bool = True) -> Any:
     """A Keras ``PyDataset`` of each epoch's batches; with a ``monitor``, the time spent building
     each batch counts as input wait.
 
@@ -51,7 +51,7 @@ def monitored_batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, monitor:
         def __init__(self) -> None:
             super().__init__(workers=1, use_multiprocessing=False)
             self.epoch = 0
-            self._rows = (0, epoch_batches_with_remainder(len(x), batch_size, seed, 0))
+            self._rows = (0, epoch_batches_with_remainder(len(x), batch_size, seed, 0, shuffle))
 
         def __len__(self) -> int:
             return steps_per_epoch_keeping_last(len(x), batch_size)
@@ -61,7 +61,7 @@ def monitored_batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, monitor:
             epoch, rows = self._rows  # one tuple: tf.data reads from another thread
             if epoch != self.epoch:
                 epoch = self.epoch
-                rows = epoch_batches_with_remainder(len(x), batch_size, seed, epoch)
+                rows = epoch_batches_with_remainder(len(x), batch_size, seed, epoch, shuffle)
                 self._rows = (epoch, rows)
             return rows[index]
 

@@ -52,6 +52,7 @@ def workload(model: str, dataset: str = "synthetic", *, data_dir: str | None = N
     layout = model_layout(model)
     options = replace(options or ModelOptions(), data_format=data_format)
     if dataset == "synthetic":
+        layout = "image" if layout == "spatial" else layout  # MNIST-shaped: images
         shape = _SYNTHETIC_SHAPES.get(layout) or ((28, 28, 1) if data_format == "channels_last" else (1, 28, 28))
         rng = np.random.default_rng(seed)
         x = rng.normal(size=(samples, *shape)).astype(np.float32)

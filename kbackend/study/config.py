@@ -131,6 +131,9 @@ class StudyConfig:
             raise ConfigError(f"Invalid lr_grid_size {self.lr_grid_size!r}: expected an integer >= 1.")
         if not self.lr_factor > 1.0:
             raise ConfigError(f"Invalid lr_factor {self.lr_factor!r}: expected a ratio > 1.")
+        if not (isinstance(self.validation_fraction, (int, float)) and 0 < self.validation_fraction < 1):
+            raise ConfigError(f"Invalid validation_fraction {self.validation_fraction!r}: a study stops "
+                              "each run at a validation target, so it needs a split in (0, 1).")
         for name in ("max_steps", "evals_per_epoch", "noise_draws", "seeds"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

@@ -30,7 +30,8 @@ from kbackend.errors import ConfigError
 from kbackend.history import History
 from kbackend.models import ModelOptions, build_model, model_layout
 from kbackend.optim import OptimizerSpec
-from kbackend.study.analysis import median_interval, training_noise_scale
+from kbackend.stats import median_interval
+from kbackend.study.analysis import training_noise_scale
 from kbackend.study.config import REFERENCE_BATCH, StudyConfig
 from kbackend.study.noise import measure_noise_scale
 from kbackend.study.store import ResultStore, config_key
@@ -359,7 +360,7 @@ class StudyRunner:
         return {
             "kind": "run",
             "model": config.model,
-            "model_options": asdict(ModelOptions(seed=plan.seed)),
+            "model_options": ModelOptions(seed=plan.seed).key(),
             "data": {"name": info.name, "source": info.source, "num_train": info.num_train,
                      "num_val": info.num_val, "num_test": info.num_test,
                      "validation_fraction": config.validation_fraction},

@@ -1,0 +1,11 @@
+"""The MNIST-1D paper's table reproduced: kbackend/bench/reproduce.py, docs/reproductions.md (--help for options)."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+
+from kbackend.bench.runner import main
+
+if __name__ == "__main__":
+    raise SystemExit(main("reproduce_mnist1d"))

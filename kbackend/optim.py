@@ -155,11 +155,24 @@ class OptimizerSpec:
 
 
 class KerasOptState(NamedTuple):
-    """State of ``keras_compatible_optax``: the update count and the slot variables."""
+    """State of ``keras_compatible_optax``: the update count, the slot variables and the rate.
+
+    The base learning rate is state, not a constant of the traced program (as Keras keeps it in
+    a variable): one compiled train step serves every rate (``with_learning_rate``).
+    """
 
     count: Any  # int32 scalar: updates applied so far (Keras's ``optimizer.iterations``)
     momentum: Any  # velocity (momentum / nesterov) or first moment (adam / adamw); () for sgd
     velocity: Any  # second moment (adam / adamw); () otherwise
+    learning_rate: Any = None  # float32 scalar: the schedule's base rate (``spec.learning_rate``)
+
+
+def with_learning_rate(state: KerasOptState, learning_rate: float) -> KerasOptState:
+    """``state`` with base rate ``learning_rate`` (a new run on an already compiled step)."""
+    import jax.numpy as jnp  # deferred: JAX is imported only when the JAX backend runs
+
+    OptimizerSpec(learning_rate=learning_rate)  # the same check as any rate
+    return state._replace(learning_rate=jnp.asarray(learning_rate, jnp.float32))
 
 
 def keras_compatible_optax(spec: OptimizerSpec) -> Any:
@@ -182,10 +195,11 @@ def keras_compatible_optax(spec: OptimizerSpec) -> Any:
             count=jnp.zeros((), jnp.int32),
             momentum=jax.tree.map(jnp.zeros_like, params) if uses_momentum or uses_adam else (),
             velocity=jax.tree.map(jnp.zeros_like, params) if uses_adam else (),
+            learning_rate=jnp.asarray(spec.learning_rate, f32),
         )
 
     def update(grads: Any, state: KerasOptState, params: Any = None) -> tuple[Any, KerasOptState]:
-        lr = f32(schedule_value(spec, state.count, jnp))
+        lr = f32(schedule_value(spec, state.count, jnp, learning_rate=state.learning_rate))
         count = state.count + 1
         if spec.name == "sgd":
             return jax.tree.map(lambda g: -(g * lr), grads), state._replace(count=count)
@@ -214,22 +228,25 @@ def keras_compatible_optax(spec: OptimizerSpec) -> Any:
             # Keras decays first, then takes the Adam step. Written as (new - old), adding the
             # update back gives Keras's value exactly whenever it is within 2x of the old one.
             updates = jax.tree.map(lambda s, p: ((p - p * decay * lr) - s) - p, steps, params)
-        return updates, KerasOptState(count=count, momentum=m, velocity=v)
+        return updates, KerasOptState(count=count, momentum=m, velocity=v,
+                                      learning_rate=state.learning_rate)
 
     return optax.GradientTransformation(init, update)
 
 
-def schedule_value(spec: OptimizerSpec, step: Any, ops: Any = None) -> Any:
+def schedule_value(spec: OptimizerSpec, step: Any, ops: Any = None,
+                   learning_rate: Any = None) -> Any:
     """The learning rate at ``step`` (0-based count of updates already applied).
 
     Written against an array namespace ``ops`` (``keras.ops`` by default; ``jax.numpy`` works
-    too), so every backend evaluates the same formula.
+    too), so every backend evaluates the same formula. ``learning_rate`` (a number or a
+    scalar array) replaces ``spec.learning_rate`` as the base rate.
     """
     if ops is None:
         ops = import_keras().ops
     # keras.ops casts with ``cast``; NumPy-like namespaces (jax.numpy) with ``asarray``.
     step = ops.cast(step, "float32") if hasattr(ops, "cast") else ops.asarray(step, "float32")
-    lr = spec.learning_rate
+    lr = spec.learning_rate if learning_rate is None else learning_rate
     if spec.schedule == "constant":
         value = ops.ones_like(step) * lr
     else:

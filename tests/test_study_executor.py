@@ -28,17 +28,19 @@ from tests.conftest import BACKEND, JIT_FOR_SMALL_RUNS, ROOT
 
 # 2 optimizers x 2 batch sizes x 2 seeds, a 60-step budget, one learning rate each (the search,
 # its pruning and the grid's extension are tested with a stand-in engine below). SGD at lr 1e-4
-# cannot reach the target in 60 steps: a never-reached cell.
+# cannot reach the target in 60 steps: a never-reached cell. The study's default engine
+# (native: each cell's runs share its compiled programs); TINY_KERAS runs Keras fit instead.
 TINY = StudyConfig(
     optimizers=("sgd", "adam"), batch_sizes=(64, 256),
-    learning_rates={"sgd": (1e-4,), "adam": (3e-3,)}, max_steps=60, engine="keras",
+    learning_rates={"sgd": (1e-4,), "adam": (3e-3,)}, max_steps=60, engine="native",
     target=Target("val_accuracy", 0.9), noise_points=2, noise_draws=4, seeds=2,
-    step_time_repeats=1, jit_compile=JIT_FOR_SMALL_RUNS,
+    step_time_repeats=1,
 )
+TINY_KERAS = dataclasses.replace(TINY, engine="keras", jit_compile=JIT_FOR_SMALL_RUNS)
 TINY_ARGS = ["study", "--optimizers", "sgd,adam", "--batch-sizes", "64,256", "--lrs", "sgd=0.0001",
-             "--lrs", "adam=0.003", "--max-steps", "60", "--engine", "keras", "--target", "0.9",
+             "--lrs", "adam=0.003", "--max-steps", "60", "--engine", "native", "--target", "0.9",
              "--noise-points", "2", "--noise-draws", "4", "--seeds", "2", "--step-time-repeats", "1",
-             "--no-progress", *([] if JIT_FOR_SMALL_RUNS else ["--no-jit"])]
+             "--no-progress"]
 TINY_RUNS = 8
 
 
@@ -179,7 +181,7 @@ def test_time_to_target_excludes_evaluation(tmp_path, monkeypatch):
 
     monkeypatch.setattr(StudyRunner, "build_model", model_with_slow_evaluation)
     with ResultStore(tmp_path / "study.db") as store:
-        runner = StudyRunner(TINY, store)
+        runner = StudyRunner(TINY_KERAS, store)
         runner.prepare()
         record = runner.run_one(runner.plan("adam", 256, 3e-3))
     result, evals = record["result"], record["trajectory"]["evals"]
@@ -301,7 +303,7 @@ def test_no_jit_reaches_the_keras_engine_and_keys_only_the_runs_it_changes(tmp_p
     assert config_from_args(build_parser().parse_args(["study"])).jit_compile is True
     keys = {}
     for jit in (True, False):
-        config = dataclasses.replace(TINY, jit_compile=jit)
+        config = dataclasses.replace(TINY_KERAS, jit_compile=jit)
         with ResultStore(tmp_path / f"{jit}.db") as store:
             runner = StudyRunner(config, store)
             runner.prepare()
@@ -311,7 +313,7 @@ def test_no_jit_reaches_the_keras_engine_and_keys_only_the_runs_it_changes(tmp_p
     # Off is part of what a run is; on keeps the keys runs had before the option existed.
     assert "jit_compile" not in keys[True] and keys[False].pop("jit_compile") is False
     assert keys[False] == keys[True]
-    assert config.identity() == dataclasses.replace(TINY, jit_compile=True).identity()
+    assert config.identity() == dataclasses.replace(TINY_KERAS, jit_compile=True).identity()
 
 
 def test_compare_puts_backends_side_by_side(baseline, tmp_path, capsys):
@@ -322,7 +324,7 @@ def test_compare_puts_backends_side_by_side(baseline, tmp_path, capsys):
     assert main(["study", "compare", str(folder), str(tmp_path / "other.json"),
                  "--out", str(tmp_path)]) == 0
     text = capsys.readouterr().out
-    assert f"{BACKEND}/keras time (s)" in text and "other/keras time (s)" in text
+    assert f"{BACKEND}/native time (s)" in text and "other/native time (s)" in text
     assert text.count("| sgd | 64 |") == 1 and "not reached" in text
     assert (tmp_path / "compare.md").is_file()
     assert "fastest adam" in compare([other])

@@ -48,6 +48,19 @@ class Trainer(Protocol):
     def finish(self) -> None: ...
 
 
+class ReusableTrainer(Trainer, Protocol):
+    """A ``Trainer`` that runs many runs on its compiled programs (the native trainers).
+
+    ``reset`` starts a new run from the model's ``(trainable, non_trainable)`` values with a
+    fresh optimizer state at base rate ``learning_rate``; the rate is a runtime value of the
+    compiled step, so nothing is traced or compiled again. ``evaluate_test`` returns (test loss,
+    test accuracy), computed like ``evaluate``.
+    """
+
+    def reset(self, values: Any, learning_rate: float) -> None: ...
+    def evaluate_test(self) -> tuple[float, float]: ...
+
+
 class BackendOps(Protocol):
     """What each backend package provides (module-level functions; see each package's modules)."""
 
@@ -71,7 +84,7 @@ class BackendOps(Protocol):
     def to_device(self, batch: Any) -> Any: ...
     def device_scope(self, platform: str) -> Any: ...
     # native: the fused single-device trainer
-    native_trainer: Callable[..., Trainer]
+    native_trainer: Callable[..., ReusableTrainer]
     # data_parallel: the native data-parallel trainer and Keras fit's distribution pieces
     data_parallel_trainer: Callable[..., Trainer]
     def data_parallel_scope(self, count: int) -> AbstractContextManager[Any]: ...

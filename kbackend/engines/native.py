@@ -8,19 +8,27 @@ gathers its batch there.
 ``fused_steps=0`` (``--fused-steps auto``) picks K by measurement: ``probe_fused_steps`` times one
 short epoch per candidate on a throwaway clone of the model and keeps the fastest (its figures go
 to ``history.extra["fused_steps_probe"]``; the probe runs before the clock starts).
+
+``Runs`` trains many runs of one model on one set of compiled programs (the study's cells): the
+learning rate and the initial values are runtime arguments of the compiled step, so a cell
+compiles once however many rates and seeds it tries.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from kbackend.backend_choice import keras as import_keras
 from kbackend.backends import impl
-from kbackend.data import batching
+from kbackend.data import batching, check_batch_size
 from kbackend.engines import loop
 from kbackend.engines.keras_fit import compile_model
+from kbackend.errors import ConfigError
 from kbackend.history import History
 
 PROBE_CANDIDATES = (1, 8, 32)
@@ -45,6 +53,69 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
     if probe is not None:
         history.extra["fused_steps_probe"] = probe
     return loop.run(trainer, plan, config, reporter, history=history)
+
+
+class Runs:
+    """Many native runs of one model architecture on one dataset, each program compiled once.
+
+    A study trains one model with many learning rates and seeds per (optimizer, batch size).
+    ``train(config, values)`` resets the trainer of that cell (``ReusableTrainer.reset``: the
+    initial values and the learning rate are runtime arguments of the compiled step) instead of
+    building a model, a trainer and their programs for every run. A run here equals the same
+    ``kbackend.training.train`` run of the native engine (same batches, steps and stopping;
+    tests/test_native_runs.py), except that the test split is evaluated on the device by the
+    trainer's compiled evaluator instead of ``model.evaluate``, and the Keras model is not
+    compiled. Only the latest cell's trainer is kept (one copy of the data on the device).
+    """
+
+    def __init__(self, model: Any, dataset: Any) -> None:
+        self.model, self.dataset = model, dataset
+        self._key: tuple | None = None
+        self._trainer: Any = None
+        self.trainers_built = 0
+
+    def _trainer_for(self, spec: Any, batch_size: int, fused_steps: int) -> Any:
+        # A schedule's rate is traced into the program (and a step count into its horizon), so
+        # only a constant rate is shared between runs of different rates.
+        constant = spec.schedule == "constant" and spec.warmup_steps == 0
+        key = (replace(spec, learning_rate=1.0) if constant else spec, batch_size, fused_steps)
+        if key != self._key:
+            self._trainer = None  # free the previous cell's device buffers first
+            self._trainer = impl().native_trainer(self.model, spec, self.dataset)
+            self._key = key
+            self.trainers_built += 1
+        return self._trainer
+
+    def train(self, config: Any, values: Any, reporter: Any = None) -> History:
+        """One run of ``config`` (native engine, explicit ``fused_steps``) from the model values
+        ``values`` (``(trainable, non_trainable)`` arrays, see ``model_values``); its history,
+        test metrics included. A non-finite test loss is recorded as ``extra["diverged"]``."""
+        if config.fused_steps < 1:
+            raise ConfigError("Runs need an explicit fused_steps (>= 1), not 'auto'.")
+        start = time.perf_counter()
+        check_batch_size(config.batch_size, len(self.dataset.x_train))
+        plan = loop.Plan.of(config, len(self.dataset.x_train), config.fused_steps)
+        spec = config.optimizer.with_total_steps(plan.steps_per_epoch * config.epochs)
+        trainer = self._trainer_for(spec, config.batch_size, config.fused_steps)
+        trainer.reset(values, spec.learning_rate)
+        history = History()
+        history.extra.update(engine="native", decay_steps=spec.decay_steps,
+                             trainers_built=self.trainers_built)
+        history = loop.run(trainer, plan, config, reporter, history=history)
+        history.timing["wall_time"] = time.perf_counter() - start
+        test_loss, test_accuracy = trainer.evaluate_test()
+        history.test = {"test_loss": test_loss, "test_accuracy": test_accuracy}
+        if "diverged" not in history.extra and not math.isfinite(test_loss):
+            history.extra["diverged"] = {"step": history.steps_run, "loss": str(test_loss),
+                                         "seen_in": "test_loss"}
+        return history
+
+
+def model_values(model: Any) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Host copies of ``model``'s (trainable, non-trainable) values, as ``Runs.train`` takes."""
+    keras = import_keras()
+    return ([keras.ops.convert_to_numpy(v.value) for v in model.trainable_variables],
+            [keras.ops.convert_to_numpy(v.value) for v in model.non_trainable_variables])
 
 
 def epoch_runner(model: Any, dataset: Any, spec: Any, batch_size: int, fused_steps: int,

@@ -24,7 +24,7 @@ from kbackend.backends import impl
 from kbackend.data import Dataset
 from kbackend.data.batching import steps_per_epoch_dropping_last, steps_per_epoch_keeping_last
 from kbackend.engines import get_engine
-from kbackend.engines.native import epoch_runner
+from kbackend.engines.native import Runs, epoch_runner, model_values
 from kbackend.envinfo import environment_identity
 from kbackend.errors import ConfigError
 from kbackend.history import History
@@ -295,6 +295,8 @@ class StudyRunner:
         self.env = environment_identity()
         self.study_id = config_key(config.identity())[:12]
         self.executed = 0
+        self._native_runs: Runs | None = None
+        self._initial_values: dict[int, Any] = {}
 
     # -- validation and planning (everything here runs before any training) ------------------
 
@@ -545,8 +547,24 @@ class StudyRunner:
         seed = self.config.seed if seed is None else seed
         return build_model(self.config.model, self.dataset.info, ModelOptions(seed=seed))
 
+    def initial_values(self, seed: int) -> Any:
+        """The model values seed ``seed`` initializes (built once per seed: every cell of the
+        study starts its runs of that seed from the same weights)."""
+        if seed not in self._initial_values:
+            self._initial_values[seed] = model_values(self.build_model(seed))
+        return self._initial_values[seed]
+
     def execute(self, plan: RunPlan) -> History:
-        """Train one run from fresh initial weights (its seed's) and return its history."""
+        """Train one run from fresh initial weights (its seed's) and return its history.
+
+        With the native engine every run of a cell reuses the cell's compiled programs
+        (``engines.native.Runs``: the rate and the initial weights are runtime arguments), so a
+        cell pays its start-up once; other engines build and compile per run (``train``).
+        """
+        if self.config.engine == "native":
+            if self._native_runs is None:
+                self._native_runs = Runs(self.build_model(), self.dataset)
+            return self._native_runs.train(self.train_config(plan), self.initial_values(plan.seed))
         return train(self.train_config(plan), dataset=self.dataset,
                      model=self.build_model(plan.seed)).history
 

@@ -20,21 +20,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kbackend.backends.jax.step import initial_state, make_step
+from kbackend.backends.jax.step import TrainState, initial_state, make_step
 from kbackend.data.batching import pad_to_chunks
+from kbackend.optim import with_learning_rate
 
 EVAL_CHUNK = 1024  # validation samples per forward pass (the split is padded to a multiple)
 
 
-def make_evaluator(model: Any, dataset: Any) -> Any:
-    """``evaluate(trainable, non_trainable) -> (val_loss, val_accuracy)`` on ``dataset``'s
-    validation split, which goes to the (default) device once, padded into chunks.
+def make_evaluator(model: Any, dataset: Any, split: str = "val") -> Any:
+    """``evaluate(trainable, non_trainable) -> (loss, accuracy)`` on ``dataset``'s ``split``
+    (``"val"`` or ``"test"``), which goes to the (default) device once, padded into chunks.
 
     The loss is mean cross-entropy plus the regularization losses, as Keras reports it.
     """
     import keras  # deferred: Keras is imported once the backend is chosen
 
-    val = tuple(jax.device_put(a) for a in pad_to_chunks(dataset.x_val, dataset.y_val, EVAL_CHUNK))
+    x, y = getattr(dataset, f"x_{split}"), getattr(dataset, f"y_{split}")
+    val = tuple(jax.device_put(a) for a in pad_to_chunks(x, y, EVAL_CHUNK))
 
     @jax.jit
     def evaluate_chunks(trainable, non_trainable, x_chunks, y_chunks, mask_chunks):
@@ -66,9 +68,10 @@ class NativeTrainer:
 
     def __init__(self, model: Any, spec: Any, dataset: Any) -> None:
         self.model = model
-        tx = spec.to_optax()
-        self.train_step = make_step(model, tx)
-        self.state = initial_state(model, tx)
+        self.tx = spec.to_optax()
+        self.train_step = make_step(model, self.tx)
+        self.state = initial_state(model, self.tx)
+        self.dataset = dataset
         # The training split goes to the device once; steps gather their batches there.
         self.x_train = jax.device_put(dataset.x_train)
         self.y_train = jax.device_put(dataset.y_train)
@@ -76,6 +79,7 @@ class NativeTrainer:
         self.trace_counts: dict[int, int] = {}
         self.history_extra: dict[str, Any] = {}
         self._evaluate = make_evaluator(model, dataset)
+        self._evaluate_test: Any = None  # built on first use
 
     # -- training -------------------------------------------------------------------------
     def _run_fn(self, length: int) -> Any:
@@ -120,7 +124,21 @@ class NativeTrainer:
         """Validation loss (cross-entropy + regularization, as Keras reports it) and accuracy."""
         return self._evaluate(self.state.trainable, self.state.non_trainable)
 
+    def evaluate_test(self) -> tuple[float, float]:
+        """Test loss and accuracy, computed like ``evaluate`` (on the device)."""
+        if self._evaluate_test is None:
+            self._evaluate_test = make_evaluator(self.model, self.dataset, "test")
+        return self._evaluate_test(self.state.trainable, self.state.non_trainable)
+
     # -- model values ---------------------------------------------------------------------
+    def reset(self, values: Any, learning_rate: float) -> None:
+        """Start a new run on the compiled programs: the model's ``(trainable,
+        non_trainable)`` values and a fresh optimizer state at base rate ``learning_rate``
+        (a runtime value of the compiled step, so nothing is traced again)."""
+        trainable, non_trainable = ([jnp.asarray(v) for v in part] for part in values)
+        opt_state = with_learning_rate(self.tx.init(trainable), learning_rate)
+        self.state = TrainState(trainable, non_trainable, opt_state)
+
     def snapshot(self) -> Any:
         """A host copy of the model's values (for restoring the best ones)."""
         return jax.device_get((self.state.trainable, self.state.non_trainable))

@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from kbackend.data.batching import pad_to_chunks
+from kbackend.errors import ConfigError
 
 EVAL_CHUNK = 1024  # validation samples per forward pass (the split is padded to a multiple)
 
@@ -59,6 +60,8 @@ class NativeTrainer:
         self.y_train = _on_device(dataset.y_train)
         self._val = tuple(_on_device(a) for a in
                           pad_to_chunks(dataset.x_val, dataset.y_val, EVAL_CHUNK))
+        self.dataset = dataset
+        self._test: tuple[tf.Tensor, ...] | None = None  # placed on first use
         self._compiled: dict[int, Any] = {}
         self.trace_counts: dict[int, int] = {}
         self.history_extra: dict[str, Any] = {}
@@ -121,9 +124,34 @@ class NativeTrainer:
         loss, accuracy = self._evaluate(*self._val)
         return float(loss), float(accuracy)
 
+    def evaluate_test(self) -> tuple[float, float]:
+        """Test loss and accuracy, computed like ``evaluate`` (same compiled program)."""
+        if self._test is None:
+            self._test = tuple(_on_device(a) for a in pad_to_chunks(
+                self.dataset.x_test, self.dataset.y_test, EVAL_CHUNK))
+        loss, accuracy = self._evaluate(*self._test)
+        return float(loss), float(accuracy)
+
     # -- model values ---------------------------------------------------------------------
     def _variables(self) -> list[Any]:
         return [*self.model.trainable_variables, *self.model.non_trainable_variables]
+
+    def reset(self, values: Any, learning_rate: float) -> None:
+        """Start a new run on the compiled programs: the model's ``(trainable,
+        non_trainable)`` values, the optimizer's slots and iteration count zeroed, its rate
+        set. Keras keeps the rate in a variable that the compiled loop reads, so nothing is
+        traced again. A schedule's rate is part of the trace: another rate is a ``ConfigError``."""
+        schedule = self.optimizer._learning_rate
+        if callable(schedule) and schedule.spec.learning_rate != learning_rate:
+            raise ConfigError(
+                f"Cannot reset to learning rate {learning_rate:g}: this trainer's schedule was "
+                f"traced with {schedule.spec.learning_rate:g}; build a trainer for the new rate.")
+        trainable, non_trainable = values
+        self.restore([*trainable, *non_trainable])
+        for variable in self.optimizer.variables:
+            variable.assign(np.zeros(variable.shape, variable.dtype))
+        if not callable(schedule):
+            self.optimizer.learning_rate = learning_rate
 
     def snapshot(self) -> list[np.ndarray]:
         return [np.array(v.numpy()) for v in self._variables()]

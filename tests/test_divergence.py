@@ -133,7 +133,7 @@ def test_loop_stops_one_call_after_the_diverging_call_at_most(nan_from, fused):
     plan = loop.Plan.of(config, n_train=80, fused_steps=fused)  # 20 steps per epoch, 60 in all
     trainer = ScriptedTrainer(nan_from)
     history = loop.run(trainer, plan, config, history=History())
-    assert history.extra["diverged"] == {"step": nan_from, "loss": "nan"}
+    assert history.extra["diverged"] == {"step": nan_from, "loss": "nan", "seen_in": "train_loss"}
     diverging_call_end = -(-nan_from // fused) * fused
     assert nan_from <= trainer.steps_run <= diverging_call_end + fused
     assert all(e["step"] < nan_from for e in history.evals)  # nothing evaluated after it

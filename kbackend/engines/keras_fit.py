@@ -72,7 +72,8 @@ def _recorder_class() -> Any:
             if not math.isfinite(running_mean):
                 # With steps_per_execution > 1 this is the execution's last step: Keras reports
                 # no finer loss.
-                self.history.extra["diverged"] = {"step": step, "loss": str(interval_loss)}
+                self.history.extra["diverged"] = {"step": step, "loss": str(interval_loss),
+                                                 "seen_in": "train_loss"}
                 self.model.stop_training = True
             if self.max_steps and step >= self.max_steps:
                 self.model.stop_training = True

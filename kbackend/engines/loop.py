@@ -138,7 +138,8 @@ class _Run:
             finite = np.isfinite(losses)
             if self.diverged is None and not finite.all():
                 index = int(np.argmin(finite))
-                self.diverged = {"step": first + index + 1, "loss": str(float(losses[index]))}
+                self.diverged = {"step": first + index + 1, "loss": str(float(losses[index])),
+                                 "seen_in": "train_loss"}
 
     def evaluate(self, epoch: int) -> bool:
         """Validate now; True if training should stop (target reached, patience spent, diverged)."""

@@ -118,6 +118,14 @@ def model_values(model: Any) -> tuple[list[np.ndarray], list[np.ndarray]]:
             [keras.ops.convert_to_numpy(v.value) for v in model.non_trainable_variables])
 
 
+def set_model_values(model: Any, values: tuple[list[Any], list[Any]]) -> None:
+    """Write ``(trainable, non_trainable)`` values (as ``model_values`` gives) into ``model``."""
+    trainable, non_trainable = values
+    for variable, value in zip([*model.trainable_variables, *model.non_trainable_variables],
+                               [*trainable, *non_trainable], strict=True):
+        variable.assign(value)
+
+
 def epoch_runner(model: Any, dataset: Any, spec: Any, batch_size: int, fused_steps: int,
                  seed: int = 0) -> loop.EpochRunner:
     """Whole native epochs of ``model`` on ``dataset`` without bookkeeping (benchmarks, probe)."""

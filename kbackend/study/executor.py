@@ -24,7 +24,7 @@ from kbackend.backends import impl
 from kbackend.data import Dataset
 from kbackend.data.batching import steps_per_epoch_dropping_last, steps_per_epoch_keeping_last
 from kbackend.engines import get_engine
-from kbackend.engines.native import Runs, epoch_runner, model_values
+from kbackend.engines.native import Runs, epoch_runner, model_values, set_model_values
 from kbackend.envinfo import environment_identity
 from kbackend.errors import ConfigError
 from kbackend.history import History
@@ -554,6 +554,12 @@ class StudyRunner:
             self._initial_values[seed] = model_values(self.build_model(seed))
         return self._initial_values[seed]
 
+    def native_runs(self) -> Runs:
+        """The native engine's runs of this study, on one model (built on first use)."""
+        if self._native_runs is None:
+            self._native_runs = Runs(self.build_model(), self.dataset)
+        return self._native_runs
+
     def execute(self, plan: RunPlan) -> History:
         """Train one run from fresh initial weights (its seed's) and return its history.
 
@@ -562,9 +568,7 @@ class StudyRunner:
         cell pays its start-up once; other engines build and compile per run (``train``).
         """
         if self.config.engine == "native":
-            if self._native_runs is None:
-                self._native_runs = Runs(self.build_model(), self.dataset)
-            return self._native_runs.train(self.train_config(plan), self.initial_values(plan.seed))
+            return self.native_runs().train(self.train_config(plan), self.initial_values(plan.seed))
         return train(self.train_config(plan), dataset=self.dataset,
                      model=self.build_model(plan.seed)).history
 
@@ -700,7 +704,14 @@ class StudyRunner:
                       big: int | None = None) -> list[dict[str, Any]]:
         """Train in segments to each checkpoint and estimate the noise scale there."""
         assert self.dataset is not None
-        model = self.build_model()
+        native = self.config.engine == "native"
+        # The native engine trains the segments on the cells' compiled programs (Runs writes
+        # each segment's result into its model); other engines train a model of their own.
+        if native:
+            model = self.native_runs().model
+            set_model_values(model, self.initial_values(self.config.seed))
+        else:
+            model = self.build_model()
         rng = np.random.default_rng(self.config.seed)
         x, y = self.dataset.x_train, self.dataset.y_train
         if small is None or big is None:
@@ -711,7 +722,11 @@ class StudyRunner:
                 # A fresh seed per segment so segments do not replay the same shuffle.
                 config = self.train_config(plan, max_steps=checkpoint - done, target=False,
                                            seed=self.config.seed + index)
-                done += train(config, dataset=self.dataset, model=model).history.steps_run
+                if native:
+                    history = self.native_runs().train(config, model_values(model))
+                else:
+                    history = train(config, dataset=self.dataset, model=model).history
+                done += history.steps_run
             estimate = measure_noise_scale(lambda xb, yb: impl().gradients(model, xb, yb, training=False)[1],
                                            x, y, small, big, self.config.noise_draws, rng)
             points.append({"step": done, **estimate.to_dict()})

@@ -37,11 +37,21 @@ TINY = StudyConfig(
     step_time_repeats=1,
 )
 TINY_KERAS = dataclasses.replace(TINY, engine="keras", jit_compile=JIT_FOR_SMALL_RUNS)
-TINY_ARGS = ["study", "--optimizers", "sgd,adam", "--batch-sizes", "64,256", "--lrs", "sgd=0.0001",
-             "--lrs", "adam=0.003", "--max-steps", "60", "--engine", "native", "--target", "0.9",
-             "--noise-points", "2", "--noise-draws", "4", "--seeds", "2", "--step-time-repeats", "1",
-             "--no-progress"]
+# The resume tests need only the runs (the same run keys as TINY's): no noise scale, no time model.
+RESUMED = dataclasses.replace(TINY, noise_points=0, step_time_repeats=0)
+RESUMED_ARGS = ["study", "--optimizers", "sgd,adam", "--batch-sizes", "64,256", "--lrs",
+                "sgd=0.0001", "--lrs", "adam=0.003", "--max-steps", "60", "--engine", "native",
+                "--target", "0.9", "--noise-points", "0", "--noise-draws", "4", "--seeds", "2",
+                "--step-time-repeats", "0", "--no-progress"]
 TINY_RUNS = 8
+
+
+def _run_grid(config, out_dir) -> StudyRunner:
+    """The study's runs into ``out_dir/study.db`` (no report): what resumption is about."""
+    with ResultStore(out_dir / "study.db") as store:
+        runner = StudyRunner(config, store)
+        runner.run()
+    return runner
 
 
 def _outcomes(out_dir) -> dict[str, tuple]:
@@ -111,14 +121,13 @@ def test_resume_after_an_exception_mid_grid(tmp_path, baseline, monkeypatch):
 
     monkeypatch.setattr(StudyRunner, "execute", failing_third_run)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        run_study(TINY, tmp_path, show_progress=False, print_results=False)
+        _run_grid(RESUMED, tmp_path)
     with ResultStore(tmp_path / "study.db") as store:
         finished = {r["key"]: r["finished_at"] for r in store.records(kind="run")}
     assert len(finished) == 2  # the third run was in flight
 
     monkeypatch.setattr(StudyRunner, "execute", original)
-    resumed = run_study(TINY, tmp_path, show_progress=False, print_results=False)
-    assert resumed["executed"] == TINY_RUNS - 2
+    assert _run_grid(RESUMED, tmp_path).executed == TINY_RUNS - 2
     with ResultStore(tmp_path / "study.db") as store:
         after = {r["key"]: r["finished_at"] for r in store.records(kind="run")}
     assert all(after[key] == stamp for key, stamp in finished.items())  # not redone
@@ -128,7 +137,7 @@ def test_resume_after_an_exception_mid_grid(tmp_path, baseline, monkeypatch):
 @pytest.mark.slow
 def test_resume_after_the_process_is_killed(tmp_path, baseline):
     env = {**os.environ, "KERAS_BACKEND": BACKEND, "KBACKEND_OFFLINE": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "kbackend", *TINY_ARGS, "--out", str(tmp_path)],
+    process = subprocess.Popen([sys.executable, "-m", "kbackend", *RESUMED_ARGS, "--out", str(tmp_path)],
                                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     db = tmp_path / "study.db"
     deadline = time.monotonic() + 600
@@ -144,12 +153,12 @@ def test_resume_after_the_process_is_killed(tmp_path, baseline):
     process.wait()
     assert 1 <= len(finished) < TINY_RUNS, "the study finished before it could be killed"
 
-    resumed = run_study(TINY, tmp_path, show_progress=False, print_results=False)
+    resumed = _run_grid(RESUMED, tmp_path)
     with ResultStore(db) as store:
         after = {r["key"]: r["finished_at"] for r in store.records(kind="run")}
+        assert {r["study"] for r in store.records(kind="run")} == {resumed.study_id}
     assert all(after[key] == stamp for key, stamp in finished.items())
-    assert resumed["executed"] <= TINY_RUNS - len(finished)
-    assert resumed["study"]["study"] == baseline[1]["study"]["study"]
+    assert resumed.executed <= TINY_RUNS - len(finished)
     assert _outcomes(tmp_path) == _outcomes(baseline[0])
 
 

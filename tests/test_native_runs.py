@@ -107,3 +107,18 @@ def test_auto_fused_steps_is_refused(dataset):
     with pytest.raises(ConfigError, match="explicit fused_steps"):
         runs.train(config_for("sgd", 0.1, 0, fused_steps=0),
                    native.model_values(model_for(dataset, 0)))
+
+
+def test_step_timer_runs_the_cells_program_without_compiling(dataset):
+    runs = native.Runs(model_for(dataset, 0), dataset)
+    values = native.model_values(model_for(dataset, 0))
+    config = config_for("adam", 3e-3, 0, target=None, epochs=1)
+    runs.train(config, values)
+    trainer = runs.trainer(config)
+    traces = dict(trainer.trace_counts)
+    timer = runs.step_timer(config, values, steps=12)  # 3 calls of 5 steps
+    before = native.model_values(runs.model)
+    timer()
+    trainer.finish()
+    assert trainer.trace_counts == traces and runs.trainers_built == 1
+    assert not np.allclose(native.model_values(runs.model)[0][0], before[0][0])  # it trained

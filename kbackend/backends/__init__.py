@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import weakref
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
@@ -120,3 +121,19 @@ def impl() -> BackendOps:
     package = backend_package(active_backend())
     package.start()
     return package
+
+
+_DEVICE_COPIES: dict[int, Any] = {}
+
+
+def device_copy_once(array: np.ndarray, put: Callable[[np.ndarray], Any]) -> Any:
+    """``put(array)`` (a copy on the device), made once per host array while it lives.
+
+    Several trainers of one dataset (a study's cells) then share one device copy of it instead
+    of one each. The entry is dropped when ``array`` is garbage-collected.
+    """
+    key = id(array)
+    if key not in _DEVICE_COPIES:
+        _DEVICE_COPIES[key] = put(array)
+        weakref.finalize(array, _DEVICE_COPIES.pop, key, None)
+    return _DEVICE_COPIES[key]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -65,38 +66,45 @@ class Runs:
     ``kbackend.training.train`` run of the native engine (same batches, steps and stopping;
     tests/test_native_runs.py), except that the test split is evaluated on the device by the
     trainer's compiled evaluator instead of ``model.evaluate``, and the Keras model is not
-    compiled. Only the latest cell's trainer is kept (one copy of the data on the device).
+    compiled. The cells' trainers are kept (they share one device copy of the data), so the
+    study's step-time model times the very programs the runs trained with (``step_timer``).
     """
 
     def __init__(self, model: Any, dataset: Any) -> None:
         self.model, self.dataset = model, dataset
-        self._key: tuple | None = None
-        self._trainer: Any = None
-        self.trainers_built = 0
+        self._trainers: dict[tuple, Any] = {}
 
-    def _trainer_for(self, spec: Any, batch_size: int, fused_steps: int) -> Any:
+    @property
+    def trainers_built(self) -> int:
+        return len(self._trainers)
+
+    def trainer(self, config: Any) -> Any:
+        """The trainer (and its compiled programs) that runs of ``config``'s cell share."""
+        if config.fused_steps < 1:
+            raise ConfigError("Runs need an explicit fused_steps (>= 1), not 'auto'.")
+        check_batch_size(config.batch_size, len(self.dataset.x_train))
+        spec = self._spec(config)
         # A schedule's rate is traced into the program (and a step count into its horizon), so
-        # only a constant rate is shared between runs of different rates.
+        # only a constant rate is shared between runs of different rates and budgets.
         constant = spec.schedule == "constant" and spec.warmup_steps == 0
-        key = (replace(spec, learning_rate=1.0) if constant else spec, batch_size, fused_steps)
-        if key != self._key:
-            self._trainer = None  # free the previous cell's device buffers first
-            self._trainer = impl().native_trainer(self.model, spec, self.dataset)
-            self._key = key
-            self.trainers_built += 1
-        return self._trainer
+        shared = replace(spec, learning_rate=1.0, decay_steps=None) if constant else spec
+        key = (shared, config.batch_size, config.fused_steps)
+        if key not in self._trainers:
+            self._trainers[key] = impl().native_trainer(self.model, spec, self.dataset)
+        return self._trainers[key]
+
+    def _spec(self, config: Any) -> Any:
+        plan = loop.Plan.of(config, len(self.dataset.x_train), config.fused_steps)
+        return config.optimizer.with_total_steps(plan.steps_per_epoch * config.epochs)
 
     def train(self, config: Any, values: Any, reporter: Any = None) -> History:
         """One run of ``config`` (native engine, explicit ``fused_steps``) from the model values
         ``values`` (``(trainable, non_trainable)`` arrays, see ``model_values``); its history,
         test metrics included. A non-finite test loss is recorded as ``extra["diverged"]``."""
-        if config.fused_steps < 1:
-            raise ConfigError("Runs need an explicit fused_steps (>= 1), not 'auto'.")
         start = time.perf_counter()
-        check_batch_size(config.batch_size, len(self.dataset.x_train))
+        trainer = self.trainer(config)
         plan = loop.Plan.of(config, len(self.dataset.x_train), config.fused_steps)
-        spec = config.optimizer.with_total_steps(plan.steps_per_epoch * config.epochs)
-        trainer = self._trainer_for(spec, config.batch_size, config.fused_steps)
+        spec = self._spec(config)
         trainer.reset(values, spec.learning_rate)
         history = History()
         history.extra.update(engine="native", decay_steps=spec.decay_steps,
@@ -109,6 +117,26 @@ class Runs:
             history.extra["diverged"] = {"step": history.steps_run, "loss": str(test_loss),
                                          "seen_in": "test_loss"}
         return history
+
+    def step_timer(self, config: Any, values: Any, steps: int) -> Callable[[], None]:
+        """A callable that trains ``steps`` steps (whole calls of ``config.fused_steps``) of
+        ``config``'s cell on its compiled program, from ``values`` at ``config``'s rate, and
+        waits for them: the steady cost of that cell's steps, nothing compiled."""
+        trainer = self.trainer(config)
+        trainer.reset(values, config.optimizer.learning_rate)
+        n_train, batch, fused = len(self.dataset.x_train), config.batch_size, config.fused_steps
+        rows = trainer.put_epoch(batching.epoch_batches(n_train, batch, config.seed, 0))
+        per_epoch = batching.steps_per_epoch_dropping_last(n_train, batch)
+        trainer.compile(fused, rows)
+        # Consecutive calls through the epoch, wrapping before a call would run past its end.
+        starts = [(index * fused) % (per_epoch - fused + 1) for index in range(-(-steps // fused))]
+
+        def run() -> None:
+            handles = [trainer.run(rows, first, fused) for first in starts]
+            for handle in handles:
+                trainer.fetch(handle)
+
+        return run
 
 
 def model_values(model: Any) -> tuple[list[np.ndarray], list[np.ndarray]]:

@@ -576,16 +576,23 @@ class StudyRunner:
 
     def step_time_plan(self, cell: dict[str, Any]) -> tuple[int, int]:
         """(steps per timed call, fused steps) for timing one cell: the native engine's compiled
-        step with the training's K when the study's engine fuses steps, else one step per call."""
+        step with the training's K when the study's engine fuses steps, else one step per call;
+        at least ``STEP_TIME_STEPS`` steps, in whole calls of K."""
         fused = self.plan(cell["optimizer"], cell["batch_size"], cell["learning_rate"]).fused_steps
-        fused = max(1, min(fused, STEP_TIME_STEPS))
+        fused = max(1, fused)
         return fused * -(-STEP_TIME_STEPS // fused), fused
 
     def step_timer(self, cell: dict[str, Any]) -> Callable[[], Any]:
         """A callable that trains ``step_time_plan(cell)[0]`` steps of the cell's compiled native
-        step (its optimizer, batch size and best rate) on a copy of its model."""
+        step (its optimizer, batch size and best rate): with the native engine, the very
+        program the cell's runs trained with (nothing is compiled); else on a copy of its
+        model."""
         assert self.dataset is not None
         steps, fused = self.step_time_plan(cell)
+        if self.config.engine == "native":
+            plan = self.plan(cell["optimizer"], cell["batch_size"], cell["learning_rate"])
+            return self.native_runs().step_timer(self.train_config(plan),
+                                                 self.initial_values(self.config.seed), steps)
         batch = cell["batch_size"]
         rows = np.arange(steps * batch) % self.num_train  # whole batches, wrapping the data
         subset = replace(self.dataset, x_train=self.dataset.x_train[rows],

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kbackend.backends import device_copy_once
 from kbackend.backends.jax.step import TrainState, initial_state, make_step
 from kbackend.data.batching import pad_to_chunks
 from kbackend.optim import with_learning_rate
@@ -72,9 +73,10 @@ class NativeTrainer:
         self.train_step = make_step(model, self.tx)
         self.state = initial_state(model, self.tx)
         self.dataset = dataset
-        # The training split goes to the device once; steps gather their batches there.
-        self.x_train = jax.device_put(dataset.x_train)
-        self.y_train = jax.device_put(dataset.y_train)
+        # The training split goes to the device once (shared by every trainer of this
+        # dataset); steps gather their batches there.
+        self.x_train = device_copy_once(dataset.x_train, jax.device_put)
+        self.y_train = device_copy_once(dataset.y_train, jax.device_put)
         self._compiled: dict[int, Any] = {}
         self.trace_counts: dict[int, int] = {}
         self.history_extra: dict[str, Any] = {}

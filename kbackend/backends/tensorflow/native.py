@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from kbackend.backends import device_copy_once
 from kbackend.data.batching import pad_to_chunks
 from kbackend.errors import ConfigError
 
@@ -56,8 +57,9 @@ class NativeTrainer:
         self.optimizer = getattr(model, "optimizer", None) or spec.to_keras()
         self.optimizer.build(model.trainable_variables)
         self.train_step = make_train_step(model, self.optimizer)
-        self.x_train = _on_device(dataset.x_train)
-        self.y_train = _on_device(dataset.y_train)
+        # One device copy per dataset, shared by every trainer of it.
+        self.x_train = device_copy_once(dataset.x_train, _on_device)
+        self.y_train = device_copy_once(dataset.y_train, _on_device)
         self._val = tuple(_on_device(a) for a in
                           pad_to_chunks(dataset.x_val, dataset.y_val, EVAL_CHUNK))
         self.dataset = dataset

@@ -12,6 +12,7 @@ from kbackend.errors import DataError
 EMBEDDED = {  # name -> (flat input shape, sequence shape, image shape or None)
     "digits": ((64,), (8, 8), (8, 8, 1)),
     "mnist1d": ((40,), (40, 1), None),
+    "mnist1d_large": ((40,), (40, 1), None),
     "synthetic": ((784,), (784, 1), None),
 }
 
@@ -27,7 +28,8 @@ def test_embedded_datasets_load_with_documented_shapes(name):
         assert x.dtype == np.float32 and y.dtype == np.int32
         assert len(x) == len(y) > 0
         assert y.min() >= 0 and y.max() < 10
-    assert ds.info.num_train + ds.info.num_val == {"digits": 1438, "mnist1d": 4000, "synthetic": 8192}[name]
+    assert ds.info.num_train + ds.info.num_val == {"digits": 1438, "mnist1d": 4000, "mnist1d_large": 12000,
+                                                "synthetic": 8192}[name]
     assert data.load(name, layout="sequence").x_train.shape[1:] == sequence
     if image is None:
         with pytest.raises(DataError, match="not images"):
@@ -75,6 +77,18 @@ def test_mnist1d_is_cached_after_first_generation(tmp_path, monkeypatch):
     monkeypatch.setattr(mnist1d.data, "make_dataset", lambda *a, **k: pytest.fail("regenerated"))
     second = data.load("mnist1d")
     np.testing.assert_array_equal(first.x_train, second.x_train)
+
+
+def test_the_default_studys_data_resolves_accuracy_to_a_tenth_of_a_percent():
+    """mnist1d_large: more sequences from the paper's generator, cached apart from mnist1d."""
+    large, paper = data.load("mnist1d_large"), data.load("mnist1d")
+    assert (large.info.num_train, large.info.num_val, large.info.num_test) == (10800, 1200, 3000)
+    assert 1 / large.info.num_val < 0.001
+    assert large.info.source != paper.info.source  # its own cache file
+    # The same generator: every class present in proportion, sequences of the same scale.
+    counts = np.bincount(large.y_val, minlength=10)
+    assert counts.min() > 0.6 * counts.mean()
+    assert abs(float(large.x_train.std()) - float(paper.x_train.std())) < 0.1
 
 
 def test_synthetic_accepts_shape_and_classes():

@@ -26,12 +26,13 @@ from kbackend.study.store import ResultStore
 from kbackend.training import Target
 from tests.conftest import BACKEND, JIT_FOR_SMALL_RUNS, ROOT
 
+DIGITS = {"model": "seed_mlp", "dataset": "digits"}  # small and embedded: the tests' data
 # 2 optimizers x 2 batch sizes x 2 seeds, a 60-step budget, one learning rate each (the search,
 # its pruning and the grid's extension are tested with a stand-in engine below). SGD at lr 1e-4
 # cannot reach the target in 60 steps: a never-reached cell. The study's default engine
 # (native: each cell's runs share its compiled programs); TINY_KERAS runs Keras fit instead.
 TINY = StudyConfig(
-    optimizers=("sgd", "adam"), batch_sizes=(64, 256),
+    model="seed_mlp", dataset="digits", optimizers=("sgd", "adam"), batch_sizes=(64, 256),
     learning_rates={"sgd": (1e-4,), "adam": (3e-3,)}, max_steps=60, engine="native",
     target=Target("val_accuracy", 0.9), noise_points=2, noise_draws=4, seeds=2,
     step_time_repeats=1,
@@ -39,7 +40,7 @@ TINY = StudyConfig(
 TINY_KERAS = dataclasses.replace(TINY, engine="keras", jit_compile=JIT_FOR_SMALL_RUNS)
 # The resume tests need only the runs (the same run keys as TINY's): no noise scale, no time model.
 RESUMED = dataclasses.replace(TINY, noise_points=0, step_time_repeats=0)
-RESUMED_ARGS = ["study", "--optimizers", "sgd,adam", "--batch-sizes", "64,256", "--lrs",
+RESUMED_ARGS = ["study", "--model", "seed_mlp", "--dataset", "digits", "--optimizers", "sgd,adam", "--batch-sizes", "64,256", "--lrs",
                 "sgd=0.0001", "--lrs", "adam=0.003", "--max-steps", "60", "--engine", "native",
                 "--target", "0.9", "--noise-points", "0", "--noise-draws", "4", "--seeds", "2",
                 "--step-time-repeats", "0", "--no-progress"]
@@ -253,7 +254,7 @@ def test_learning_rate_search_prunes_and_picks_the_fewest_steps(tmp_path, monkey
         return _fake_history(plan, outcome[plan.learning_rate])
 
     monkeypatch.setattr(StudyRunner, "execute", execute)
-    config = StudyConfig(optimizers=("sgd",), batch_sizes=(1294,), max_steps=1000, engine="keras",
+    config = StudyConfig(**DIGITS, optimizers=("sgd",), batch_sizes=(1294,), max_steps=1000, engine="keras",
                          learning_rates={"sgd": (0.1, 0.01, 1.0, 0.3)}, noise_points=0,
                          seeds=1, lr_extend=0, step_time_repeats=0)
     with ResultStore(tmp_path / "study.db") as store:
@@ -275,7 +276,7 @@ def no_training(monkeypatch):
 
 
 @pytest.mark.parametrize(("make", "error", "message"), [
-    (lambda: StudyConfig(batch_sizes=(8, 4096)), DataError, "larger than the training split"),
+    (lambda: StudyConfig(batch_sizes=(8, 100_000)), DataError, "larger than the training split"),
     (lambda: StudyConfig(target=Target("val_accuracy", 1.5)), ConfigError, "can only reach"),
     (lambda: StudyConfig(target=Target("val_loss", 0.0)), ConfigError, "must be > 0"),
     (lambda: StudyConfig(batch_sizes=()), ConfigError, "Empty batch-size list"),
@@ -291,7 +292,7 @@ def test_bad_input_fails_before_any_training(tmp_path, no_training, make, error,
 @pytest.mark.parametrize(("flags", "message"), [
     (["--target", "1.5"], "accuracy can only reach"),
     (["--batch-sizes", ""], "Empty batch-size list"),
-    (["--batch-sizes", "8,4096"], "larger than the training split"),
+    (["--batch-sizes", "8,100000"], "larger than the training split"),
     (["--optimizers", "sgd,lion"], "Unknown optimizer"),
     (["--seeds", "0"], "Invalid seeds 0"),
     (["--lr-extend", "-1"], "Invalid lr_extend -1"),
@@ -353,7 +354,7 @@ def _planted(monkeypatch, outcome):
 
 
 def _one_cell(**overrides):
-    options = {"optimizers": ("sgd",), "batch_sizes": (1294,), "max_steps": 1000,
+    options = {**DIGITS, "optimizers": ("sgd",), "batch_sizes": (1294,), "max_steps": 1000,
                "engine": "keras", "noise_points": 0, "seeds": 3, "lr_extend": 0,
                "step_time_repeats": 0, **overrides}
     return StudyConfig(**options)
@@ -410,7 +411,7 @@ def test_pruning_with_seeds_keeps_the_winner_exact(tmp_path, monkeypatch):
 
 
 def test_seeds_change_the_runs_and_the_same_seed_repeats_them(tmp_path):
-    config = StudyConfig(optimizers=("adam",), batch_sizes=(64,), learning_rates={"adam": (3e-3,)},
+    config = StudyConfig(**DIGITS, optimizers=("adam",), batch_sizes=(64,), learning_rates={"adam": (3e-3,)},
                          max_steps=40, engine="native", target=Target("val_accuracy", 0.9),
                          noise_points=0, seeds=2)
     with ResultStore(tmp_path / "study.db") as store:
@@ -536,7 +537,7 @@ def test_report_states_sources_verdicts_and_caveats(tmp_path, monkeypatch):
 
 
 def test_a_diverged_run_is_recorded_and_the_study_goes_on(tmp_path):
-    config = StudyConfig(optimizers=("sgd",), batch_sizes=(128,), engine="native", max_steps=20,
+    config = StudyConfig(**DIGITS, optimizers=("sgd",), batch_sizes=(128,), engine="native", max_steps=20,
                          learning_rates={"sgd": (1e30, 0.1)}, noise_points=0, seeds=1,
                          lr_extend=0, step_time_repeats=0, prune=False)
     with ResultStore(tmp_path / "study.db") as store:
@@ -544,3 +545,19 @@ def test_a_diverged_run_is_recorded_and_the_study_goes_on(tmp_path):
     by_rate = {r["config"]["learning_rate"]: r["result"] for r in study["runs"]}
     assert by_rate[1e30]["diverged"] and not by_rate[1e30]["reached"]
     assert not by_rate[0.1]["diverged"] and by_rate[0.1]["steps_run"] > 0
+
+
+def test_the_default_study_is_mnist1d_large_with_a_resolving_validation_split(tmp_path):
+    from kbackend.cli import build_parser
+    from kbackend.commands.study import config_from_args
+
+    from_cli = config_from_args(build_parser().parse_args(["study"]))
+    assert from_cli.identity() == StudyConfig(engine="native").identity()  # one set of defaults
+    with ResultStore(tmp_path / "study.db") as store:
+        runner = StudyRunner(from_cli, store)
+        runner.prepare()
+    assert (from_cli.dataset, from_cli.model, from_cli.max_steps) == ("mnist1d_large", "mlp", 3000)
+    assert runner.dataset.info.num_val >= 1000
+    assert runner.batch_sizes == (8, 16, 32, 64, 128, 256, 512, 1024)
+    assert from_cli.resolved_target == Target("val_accuracy", 0.6)
+    assert runner.total_runs() == 3 * 8 * 3 * 3  # optimizers x batch sizes x rates x seeds

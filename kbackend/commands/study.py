@@ -17,7 +17,14 @@ from kbackend.engines import engine_names
 from kbackend.errors import ConfigError
 from kbackend.models import MODELS
 from kbackend.optim import OPTIMIZERS
-from kbackend.study.config import StudyConfig, default_target
+from kbackend.study.config import (
+    DEFAULT_DATASET,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_STEPS,
+    DEFAULT_MODEL,
+    StudyConfig,
+    default_target,
+)
 from kbackend.study.executor import default_engine
 from kbackend.study.pipeline import compare, load_summaries, run_study, write_comparison
 from kbackend.training import Target
@@ -55,15 +62,18 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                     "least training time on this machine. `kbackend study compare` compares "
                     "studies across backends.")
     grid = parser.add_argument_group("grid")
-    grid.add_argument("--dataset", default="digits", choices=sorted(DATASETS))
+    grid.add_argument("--dataset", default=DEFAULT_DATASET, choices=sorted(DATASETS),
+                      help=f"default {DEFAULT_DATASET}: MNIST-1D drawn larger, generated offline")
     grid.add_argument("--data-dir", default=None, help="folder with MNIST / Fashion-MNIST files")
-    grid.add_argument("--model", default="seed_mlp", choices=sorted(MODELS))
+    grid.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(MODELS),
+                      help=f"default {DEFAULT_MODEL} (hidden widths 256,128)")
     grid.add_argument("--optimizers", type=_names, default=("sgd", "momentum", "adam"),
                       help=f"comma-separated, from {', '.join(OPTIMIZERS)} (default: sgd,momentum,adam)")
     grid.add_argument("--batch-sizes", type=_int_list, default=None,
                       help="comma-separated (default: powers of two from 8 to half the training split)")
     grid.add_argument("--max-batch-size", type=int, default=0,
-                      help="cap the default batch sizes (0: no cap)")
+                      help="cap the default batch sizes (0: the dataset's default cap, "
+                           f"{DEFAULT_DATASET} {DEFAULT_MAX_BATCH[DEFAULT_DATASET]}; else none)")
     grid.add_argument("--lrs", type=_lr_entry, action="append", default=None, metavar="[OPT=]LR,LR",
                       help="explicit learning-rate grid, per optimizer (repeatable) or for all")
     grid.add_argument("--lr-grid-size", type=int, default=3,
@@ -82,9 +92,11 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                            "seed+1, ...; figures are medians over them (default 3)")
     target = parser.add_argument_group("target and budget")
     target.add_argument("--target", type=float, default=None,
-                        help="validation target value (default per dataset: digits 0.95, mnist 0.97)")
+                        help="validation target value (default per dataset: mnist1d_large 0.6, "
+                             "digits 0.95, mnist 0.97)")
     target.add_argument("--target-metric", default="val_accuracy", choices=["val_accuracy", "val_loss"])
-    target.add_argument("--max-steps", type=int, default=1000, help="step budget per run (default 1000)")
+    target.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS,
+                        help=f"step budget per run (default {DEFAULT_MAX_STEPS})")
     target.add_argument("--evals-per-epoch", type=int, default=8,
                         help="how often the target is checked (engines that validate once per "
                              "epoch ignore it)")

@@ -27,6 +27,7 @@ DATA_FORMATS = ("channels_last", "channels_first")
 DATASETS: dict[str, tuple[Callable[..., RawData], bool]] = {
     "digits": (lambda **_: sources.load_digits(), False),
     "mnist1d": (lambda **_: sources.load_mnist1d(), False),
+    "mnist1d_large": (lambda **_: sources.load_mnist1d(sources.MNIST1D_LARGE_SAMPLES), False),
     "mnist": (lambda data_dir=None, **_: sources.load_mnist(data_dir), True),
     "fashion_mnist": (lambda data_dir=None, **_: sources.load_fashion_mnist(data_dir), True),
     "synthetic": (lambda synthetic=None, **_: sources.load_synthetic(**(synthetic or {})), False),

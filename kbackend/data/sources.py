@@ -22,7 +22,7 @@ from kbackend.io import atomic_write
 DATA_DIR_ENV = "KBACKEND_DATA_DIR"
 CACHE_DIR_ENV = "KBACKEND_CACHE_DIR"
 OFFLINE_ENV = "KBACKEND_OFFLINE"
-EMBEDDED = ("digits", "mnist1d", "synthetic")
+EMBEDDED = ("digits", "mnist1d", "mnist1d_large", "synthetic")
 IDX_UNSIGNED_BYTE = 0x08
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 MNIST_FILE = "mnist.npz"
@@ -90,12 +90,22 @@ def load_digits() -> RawData:
     return RawData(x[train], y[train], x[test], y[test], "image", 10, "scikit-learn (embedded)", 16.0)
 
 
-def load_mnist1d() -> RawData:
-    """MNIST-1D generated with the mnist1d package (never its download path), cached on disk."""
+MNIST1D_LARGE_SAMPLES = 15_000
+
+
+def load_mnist1d(num_samples: int | None = None) -> RawData:
+    """MNIST-1D generated with the mnist1d package (never its download path), cached on disk.
+
+    ``num_samples=None`` is the paper's data set (the package's defaults: 5,000 sequences,
+    4,000 train / 1,000 test); a larger ``num_samples`` draws more sequences from the same
+    generator (same templates, noise and seed), split 80 / 20 alike.
+    """
     # deferred: mnist1d is needed only for this dataset
     from mnist1d.data import get_dataset_args, make_dataset
 
     args = get_dataset_args()
+    if num_samples is not None:
+        args.num_samples = num_samples
     spec = json.dumps(dict(sorted(vars(args).items())) if hasattr(args, "__dict__") else str(args),
                       sort_keys=True, default=str)
     digest = hashlib.sha256(spec.encode()).hexdigest()[:16]

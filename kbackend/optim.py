@@ -158,21 +158,13 @@ class KerasOptState(NamedTuple):
     """State of ``keras_compatible_optax``: the update count, the slot variables and the rate.
 
     The base learning rate is state, not a constant of the traced program (as Keras keeps it in
-    a variable): one compiled train step serves every rate (``with_learning_rate``).
+    a variable): one compiled train step serves every rate (the JAX trainer's ``reset``).
     """
 
     count: Any  # int32 scalar: updates applied so far (Keras's ``optimizer.iterations``)
     momentum: Any  # velocity (momentum / nesterov) or first moment (adam / adamw); () for sgd
     velocity: Any  # second moment (adam / adamw); () otherwise
     learning_rate: Any = None  # float32 scalar: the schedule's base rate (``spec.learning_rate``)
-
-
-def with_learning_rate(state: KerasOptState, learning_rate: float) -> KerasOptState:
-    """``state`` with base rate ``learning_rate`` (a new run on an already compiled step)."""
-    import jax.numpy as jnp  # deferred: JAX is imported only when the JAX backend runs
-
-    OptimizerSpec(learning_rate=learning_rate)  # the same check as any rate
-    return state._replace(learning_rate=jnp.asarray(learning_rate, jnp.float32))
 
 
 def keras_compatible_optax(spec: OptimizerSpec) -> Any:

@@ -23,7 +23,6 @@ import numpy as np
 from kbackend.backends import device_copy_once
 from kbackend.backends.jax.step import TrainState, initial_state, make_step
 from kbackend.data.batching import pad_to_chunks
-from kbackend.optim import with_learning_rate
 
 EVAL_CHUNK = 1024  # validation samples per forward pass (the split is padded to a multiple)
 
@@ -138,7 +137,9 @@ class NativeTrainer:
         non_trainable)`` values and a fresh optimizer state at base rate ``learning_rate``
         (a runtime value of the compiled step, so nothing is traced again)."""
         trainable, non_trainable = ([jnp.asarray(v) for v in part] for part in values)
-        opt_state = with_learning_rate(self.tx.init(trainable), learning_rate)
+        # The base rate is optimizer state (``kbackend.optim.KerasOptState.learning_rate``).
+        opt_state = self.tx.init(trainable)._replace(
+            learning_rate=jnp.asarray(learning_rate, jnp.float32))
         self.state = TrainState(trainable, non_trainable, opt_state)
 
     def snapshot(self) -> Any:

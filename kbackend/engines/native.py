@@ -67,11 +67,10 @@ class Runs:
     ``train(config, values)`` resets the trainer of that cell (``ReusableTrainer.reset``: the
     initial values and the learning rate are runtime arguments of the compiled step) instead of
     building a model, a trainer and their programs for every run. A run here equals the same
-    ``kbackend.training.train`` run of the native engine (same batches, steps and stopping;
-    tests/test_native_runs.py), except that the test split is evaluated on the device by the
-    trainer's compiled evaluator instead of ``model.evaluate``, and the Keras model is not
-    compiled. The cells' trainers are kept (they share one device copy of the data), so the
-    study's step-time model times the very programs the runs trained with (``step_timer``).
+    ``kbackend.training.train`` run of the native engine (same batches, steps, stopping and test
+    evaluation; tests/test_native_runs.py); only the Keras model is not compiled. The cells'
+    trainers are kept (they share one device copy of the data), so the study's step-time model
+    times the very programs the runs trained with (``step_timer``).
     """
 
     def __init__(self, model: Any, dataset: Any) -> None:
@@ -108,7 +107,7 @@ class Runs:
         start = time.perf_counter()
         trainer = self.trainer(config)
         plan = loop.Plan.of(config, len(self.dataset.x_train), config.fused_steps)
-        spec = self._spec(config)
+        spec = config.optimizer.with_total_steps(plan.steps_per_epoch * config.epochs)
         trainer.reset(values, spec.learning_rate)
         history = History()
         history.extra.update(engine="native", decay_steps=spec.decay_steps,

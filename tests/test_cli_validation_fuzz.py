@@ -6,9 +6,10 @@ The seam is where each command's work begins: building the model (train), openin
 loading a model (predict, serve, cache), exporting (export), starting processes (launch, equiv's
 workers), probing (advise), or joining a multi-process job / creating virtual devices (the
 runtime's start-up). Those are
-replaced by ``ReachedWork``; reaching them means the flags were accepted. Flag values come from
-each parser's own actions, so a flag added later is covered without touching this file.
-``study`` (being reworked elsewhere) and ``info`` (no flag but ``--json``) are not driven here.
+replaced by ``ReachedWork``; reaching them means the flags were accepted. ``study``'s seam is
+opening its results store (its first write; the data checks come after it); ``info`` has no
+seam (it only reads). Flag values come from each parser's own actions, so a flag added later is
+covered without touching this file.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from kbackend.commands import equiv as equiv_command
 from kbackend.commands import export as export_command
 from kbackend.commands import predict as predict_command
 from kbackend.commands import serve as serve_command
+from kbackend.study import pipeline as study_pipeline
 
 
 class ReachedWork(Exception):
@@ -120,7 +122,7 @@ def command_lines(draw, base):
     root = build_parser()
     command = draw(st.sampled_from(["train", "train", "train", "predict", "serve", "cache warm",
                                     "cache stats", "cache clear", "export", "launch", "advise",
-                                    "equiv"]))
+                                    "equiv", "study", "study", "info"]))
     words = command.split()
     argv = [*words, *_argv(draw, _subparser(root, *words), paths)]
     if command in ("predict", "serve", "cache warm") and draw(st.booleans()):
@@ -133,7 +135,8 @@ def command_lines(draw, base):
 
 
 @pytest.fixture
-def work_never_starts(monkeypatch):
+def work_never_starts(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # relative output paths (study --out 2, ...) land here
     real_prepare, real_load_dataset = distributed.prepare, training.load_dataset
 
     def prepare(config):
@@ -159,6 +162,7 @@ def work_never_starts(monkeypatch):
     monkeypatch.setattr(export_command, "export_model", _reached)
     monkeypatch.setattr(advise_command, "advise", _reached)
     monkeypatch.setattr(equiv_command, "WorkerPool", _reached)
+    monkeypatch.setattr(study_pipeline, "ResultStore", _reached)
     monkeypatch.setattr(subprocess, "Popen", _reached)  # launch starts no process
 
 

@@ -7,8 +7,8 @@ loading a model (predict, serve, cache), exporting (export), starting processes 
 workers), probing (advise), or joining a multi-process job / creating virtual devices (the
 runtime's start-up). Those are
 replaced by ``ReachedWork``; reaching them means the flags were accepted. ``study``'s seam is
-opening its results store (its first write; the data checks come after it); ``info`` has no
-seam (it only reads). Flag values come from each parser's own actions, so a flag added later is
+opening its results store (its first write, after every check against the data); ``info`` has
+no seam (it only reads). Flag values come from each parser's own actions, so a flag added later is
 covered without touching this file.
 """
 
@@ -32,6 +32,7 @@ from kbackend.commands import equiv as equiv_command
 from kbackend.commands import export as export_command
 from kbackend.commands import predict as predict_command
 from kbackend.commands import serve as serve_command
+from kbackend.study import executor as study_executor
 from kbackend.study import pipeline as study_pipeline
 
 
@@ -156,6 +157,7 @@ def work_never_starts(monkeypatch, tmp_path):
     monkeypatch.setattr(training.distributed, "prepare", prepare)
     monkeypatch.setattr(training, "build_model", _reached)
     monkeypatch.setattr(training, "load_dataset", load_dataset)
+    monkeypatch.setattr(study_executor, "load_dataset", load_dataset)
     for module in (predict_command, serve_command, cache_command):
         monkeypatch.setattr(module, "open_store", _reached)
         monkeypatch.setattr(module, "load_model", _reached)

@@ -287,6 +287,7 @@ def no_training(monkeypatch):
 def test_bad_input_fails_before_any_training(tmp_path, no_training, make, error, message):
     with pytest.raises(error, match=message):
         run_study(make(), tmp_path, show_progress=False, print_results=False)
+    assert list(tmp_path.iterdir()) == []  # not even an empty study.db
 
 
 @pytest.mark.parametrize(("flags", "message"), [

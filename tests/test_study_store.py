@@ -301,7 +301,7 @@ def test_study_command_refuses_a_foreign_store_with_exit_2(tmp_path, cli, monkey
     def no_training(*args, **kwargs):
         raise AssertionError("training started on a refused store")
 
-    monkeypatch.setattr(pipeline, "StudyRunner", no_training)
+    monkeypatch.setattr(pipeline.StudyRunner, "run", no_training)
     out = tmp_path / "out"
     out.mkdir()
     foreign(out / "study.db")

@@ -286,7 +286,7 @@ def apply_time_model(cells: list[dict[str, Any]], step_times: dict[str, Any] | N
 class StudyRunner:
     """Plans, validates and runs a study against a results store."""
 
-    def __init__(self, config: StudyConfig, store: ResultStore,
+    def __init__(self, config: StudyConfig, store: ResultStore | None,
                  on_event: Callable[..., None] | None = None) -> None:
         self.config = config
         self.store = store

@@ -82,9 +82,10 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
     out = Path(out_dir)
     start = time.perf_counter()
     load_before = os.getloadavg()[0]
+    runner = StudyRunner(config, None)
+    runner.prepare()  # every check against the data, before the store is created or opened
     with ResultStore(out / DB_NAME) as store:
-        runner = StudyRunner(config, store)
-        runner.prepare()
+        runner.store = store
         total = runner.total_runs() + (1 if config.noise_points else 0) + \
             (1 if config.step_time_repeats else 0)
         with Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),

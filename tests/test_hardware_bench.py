@@ -139,6 +139,28 @@ def test_benchmark_quick_mode_writes_valid_json(name, tmp_path):
     if name == "bench_precision":
         bf16 = [r for r in payload["rows"] if r["precision"] == "mixed_bfloat16"]
         assert bf16 and all(r["variable_dtypes"] == ["float32"] for r in bf16)  # float32 variables
+    if name == "bench_time_to_target":  # whole processes, each reaching digits' 0.9
+        assert {(r["side"], r["cache"]) for r in payload["rows"]} == {("keras_script", "-"),
+                                                                      ("kbackend", "cold")}
+        assert all(r["reached"] and r["wall_s"] > 0 for r in payload["rows"])
+        assert payload["summaries"][0]["ratio_cold"] > 0
+
+
+def test_time_to_target_summary_and_table_from_planted_rows():
+    from kbackend.bench.time_to_target import _summary, time_to_target_table
+
+    rows = [{"backend": "jax", "side": "keras_script", "cache": "-", "wall_s": w, "reached": True}
+            for w in (20.0, 22.0, 30.0)]
+    rows += [{"backend": "jax", "side": "kbackend", "cache": c, "wall_s": w, "reached": True}
+             for c, w in (("cold", 12.0), ("cold", 11.0), ("cold", 15.0), ("warm", 6.6),
+                          ("warm", 7.0), ("warm", 9.0))]
+    summary = _summary(rows, "mnist", 0.97, {"batch_size": 256})
+    assert summary["ratio_cold"] == pytest.approx(12.0 / 22.0)
+    assert summary["ratio_warm"] == pytest.approx(7.0 / 22.0)
+    assert summary["keras_script_spread"] == pytest.approx(1.5)
+    table = time_to_target_table({"summaries": [{"backend": "jax", **summary}], "rows": rows})
+    assert "kbackend (warm compile cache) / plain Keras script, median wall time: 0.32" in table
+    assert "| kbackend | cold | 3 | 3 | 12" in table
 
 
 def test_advise_quick_prints_recommendations(cli, tmp_path):

@@ -35,6 +35,7 @@ import numpy as np
 
 from kbackend.backends import Trainer
 from kbackend.data import batching
+from kbackend.errors import ConfigError
 from kbackend.hardware.monitor import StepMonitor
 from kbackend.history import History
 
@@ -270,3 +271,121 @@ class EpochRunner:
             handles.append(self.trainer.run(rows, start, length))
             start += length
         return np.concatenate([self.trainer.fetch(handle) for handle in handles])
+
+
+def run_population(trainer: Any, plan: Plan, configs: list[Any]) -> list[History]:
+    """Train a population (``impl().population_trainer``, reset already) as ``plan`` says; one
+    history per member, each the history its run alone would have (``run``'s batches, call
+    lengths, evaluation points and target) up to float rounding.
+
+    All members share the plan; member m shuffles with ``configs[m].seed`` and stops at its own
+    target. The population runs until every member has stopped or the budget is spent; a
+    stopped member's later steps are computed (vmap has no holes) but not recorded. Members are
+    checked for divergence at evaluation points and epoch ends (not one call later, as ``run``
+    does): a diverged member stops there, the others go on. A member's test metrics are taken
+    where it stops. Timing is the population's: one clock, one compilation, shared by all.
+    Early stopping and the hardware monitor are single-run features and are refused.
+    """
+    if any(c.early_stopping or getattr(c, "hardware_monitor", False) for c in configs):
+        raise ConfigError("A population runs neither early stopping nor the hardware monitor; "
+                          "train those runs one at a time.")
+    histories = [History() for _ in configs]
+    for history in histories:
+        history.extra.update(fused_steps=plan.fused_steps, steps_per_epoch=plan.steps_per_epoch,
+                             eval_every=plan.eval_every, dropped_per_epoch=plan.dropped_per_epoch)
+    active = set(range(len(configs)))
+    losses_since_eval: list[list[float]] = [[] for _ in configs]
+    pending: list[tuple[int, Any]] = []
+    clock = {"start": time.perf_counter(), "eval": 0.0, "compile": 0.0, "synced_at": 0.0}
+
+    def train_time() -> float:
+        return time.perf_counter() - clock["start"] - clock["eval"]
+
+    def finish(members: list[int], epoch: int) -> None:
+        if not members:
+            return
+        eval_start = time.perf_counter()
+        test_loss, test_accuracy = trainer.evaluate_test()
+        clock["eval"] += time.perf_counter() - eval_start
+        for m in members:
+            history = histories[m]
+            history.test = {"test_loss": float(test_loss[m]),
+                            "test_accuracy": float(test_accuracy[m])}
+            history.timing.update(train_time=train_time(), eval_time=clock["eval"],
+                                  compile_time=clock["compile"])
+            history.extra.update(epochs_run=epoch, trace_counts={
+                str(k): v for k, v in trainer.trace_counts.items()})
+            active.discard(m)
+
+    def sync(epoch: int) -> None:
+        if not pending:
+            return
+        losses = np.concatenate([trainer.fetch(handle) for _, handle in pending], axis=1)
+        first = pending[0][0]
+        pending.clear()
+        now = train_time()
+        steps = list(range(first + 1, first + losses.shape[1] + 1))
+        times = np.linspace(clock["synced_at"], now, losses.shape[1] + 1)[1:]
+        clock["synced_at"] = now
+        diverged = []
+        for m in sorted(active):
+            histories[m].record_steps(steps, losses[m], times)
+            losses_since_eval[m].extend(float(v) for v in losses[m])
+            finite = np.isfinite(losses[m])
+            if not finite.all():
+                index = int(np.argmin(finite))
+                histories[m].extra["diverged"] = {
+                    "step": first + index + 1, "loss": str(float(losses[m][index])),
+                    "seen_in": "train_loss"}
+                diverged.append(m)
+        finish(diverged, epoch)
+
+    def evaluate(step: int, epoch: int, members: set[int] | None = None) -> None:
+        sync(epoch)
+        members = active if members is None else members & active
+        if not members:
+            return
+        at = train_time()
+        eval_start = time.perf_counter()
+        val_loss, val_accuracy = trainer.evaluate()
+        clock["eval"] += time.perf_counter() - eval_start
+        reached = []
+        for m in sorted(members):
+            record: dict[str, Any] = {"step": step, "epoch": epoch, "train_time": at,
+                                      "val_loss": float(val_loss[m]),
+                                      "val_accuracy": float(val_accuracy[m])}
+            if losses_since_eval[m]:
+                record["train_loss"] = float(np.mean(losses_since_eval[m]))
+            losses_since_eval[m].clear()
+            histories[m].record_eval(**record)
+            target = configs[m].target
+            if target is not None and target.reached(record):
+                histories[m].extra["target_reached"] = {"step": step, "epoch": epoch,
+                                                        "train_time": at}
+                reached.append(m)
+        finish(reached, epoch)
+
+    step, epoch = 0, 0
+    for epoch in range(1, plan.epochs + 1):
+        rows = trainer.put_epoch(np.stack([
+            batching.epoch_batches(plan.n_train, plan.batch_size, c.seed, epoch - 1, c.shuffle)
+            for c in configs]))
+        start = 0
+        for length in batching.call_lengths(plan.steps_per_epoch, plan.fused_steps):
+            length = min(length, plan.total_steps - step)
+            if length <= 0 or not active:
+                break
+            clock["compile"] += trainer.compile(length, rows)
+            pending.append((step, trainer.run(rows, start, length)))
+            step_before, step, start = step, step + length, start + length
+            crossed_eval = step // plan.eval_every > step_before // plan.eval_every
+            if crossed_eval or step >= plan.total_steps:
+                evaluate(step, epoch)
+        if not active or step >= plan.total_steps:
+            break
+        sync(epoch)
+    sync(epoch)
+    evaluate(step, epoch, {m for m in active
+                           if histories[m].evals and histories[m].evals[-1]["step"] != step})
+    finish(sorted(active), epoch)
+    return histories

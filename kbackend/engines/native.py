@@ -121,6 +121,103 @@ class Runs:
                                          "seen_in": "test_loss"}
         return history
 
+    # -- populations: a cell's runs as one vmapped program ------------------------------------
+
+    def population_trainer(self, configs: list[Any]) -> Any:
+        """The population trainer (compiled once) for ``configs``: runs of one cell that differ
+        only in learning rate and seed (checked), on a constant learning rate."""
+        first = configs[0]
+        cell = self._cell_of(first)
+        for config in configs[1:]:
+            if self._cell_of(config) != cell:
+                raise ConfigError("A population's runs must share everything but the learning "
+                                  "rate and the seed.")
+        spec = self._spec(first)
+        if spec.schedule != "constant" or spec.warmup_steps:
+            raise ConfigError("A population needs a constant learning rate (a schedule's rate "
+                              "is traced into the program).")
+        check_batch_size(first.batch_size, len(self.dataset.x_train))
+        key = ("population", replace(spec, learning_rate=1.0, decay_steps=None),
+               first.batch_size, first.fused_steps, len(configs))
+        if key not in self._trainers:
+            self._trainers[key] = impl().population_trainer(self.model, spec, self.dataset,
+                                                            len(configs))
+        return self._trainers[key]
+
+    @staticmethod
+    def _cell_of(config: Any) -> Any:
+        return replace(config, optimizer=replace(config.optimizer, learning_rate=1.0), seed=0,
+                       model_options=replace(config.model_options, seed=0))
+
+    def train_population(self, configs: list[Any], values: list[Any]) -> list[History]:
+        """Runs ``configs`` (one cell, see ``population_trainer``) from ``values`` (one
+        ``(trainable, non_trainable)`` per run) as one vmapped population: one history per run,
+        equal to ``train(config, values)``'s up to float rounding (``loop.run_population``).
+        Each history's ``extra["population"]`` names its size and index; the timing is the
+        population's (one clock: count a population's training time once)."""
+        start = time.perf_counter()
+        trainer = self.population_trainer(configs)
+        first = configs[0]
+        plan = loop.Plan.of(first, len(self.dataset.x_train), first.fused_steps)
+        trainer.reset(values, [self._spec(c).learning_rate for c in configs])
+        histories = loop.run_population(trainer, plan, configs)
+        for index, history in enumerate(histories):
+            history.extra.update(engine="native", decay_steps=self._spec(first).decay_steps,
+                                 trainers_built=self.trainers_built,
+                                 population={"members": len(configs), "index": index})
+            history.timing["wall_time"] = time.perf_counter() - start
+            test_loss = history.test["test_loss"]
+            if "diverged" not in history.extra and not math.isfinite(test_loss):
+                history.extra["diverged"] = {"step": history.steps_run, "loss": str(test_loss),
+                                             "seen_in": "test_loss"}
+        return histories
+
+    def probe_population(self, configs: list[Any], values: list[Any], steps: int,
+                         repeats: int = 3) -> dict[str, Any]:
+        """Whether ``configs`` train faster as one population than one after another, measured.
+
+        Both paths are compiled first, then timed on ``steps`` steps (whole calls of K) per
+        member in ``repeats`` interleaved rounds; the medians decide. ``path`` is
+        ``"population"`` when the population's time is below the runs' summed time. Where the
+        backend has no population trainer the answer is ``"sequential"`` with the reason.
+        """
+        if not impl().supports_populations():
+            return {"path": "sequential", "members": len(configs),
+                    "reason": "this backend has no population trainer (JAX's vmap)"}
+        population = self.population_trainer(configs)
+        population.reset(values, [c.optimizer.learning_rate for c in configs])
+        n_train, first = len(self.dataset.x_train), configs[0]
+        fused = first.fused_steps
+        rows = population.put_epoch(np.stack([
+            batching.epoch_batches(n_train, first.batch_size, c.seed, 0) for c in configs]))
+        per_epoch = batching.steps_per_epoch_dropping_last(n_train, first.batch_size)
+        population.compile(fused, rows)
+        starts = [(index * fused) % (per_epoch - fused + 1) for index in range(-(-steps // fused))]
+
+        def run_population() -> None:
+            for handle in [population.run(rows, first_row, fused) for first_row in starts]:
+                population.fetch(handle)
+
+        singles = [self.step_timer(c, v, steps) for c, v in zip(configs, values, strict=True)]
+
+        def run_sequential() -> None:
+            for single in singles:
+                single()
+
+        run_population()  # warm-up: first calls allocate
+        run_sequential()
+        timings: dict[str, list[float]] = {"population": [], "sequential": []}
+        for _ in range(repeats):
+            for name, fn in (("population", run_population), ("sequential", run_sequential)):
+                clock = time.perf_counter()
+                fn()
+                timings[name].append(time.perf_counter() - clock)
+        population_s, sequential_s = (float(np.median(timings[n])) for n in timings)
+        return {"path": "population" if population_s < sequential_s else "sequential",
+                "members": len(configs), "steps": len(starts) * fused, "repeats": repeats,
+                "population_s": timings["population"], "sequential_s": timings["sequential"],
+                "speedup": sequential_s / population_s}
+
     def step_timer(self, config: Any, values: Any, steps: int) -> Callable[[], None]:
         """A callable that trains ``steps`` steps (whole calls of ``config.fused_steps``) of
         ``config``'s cell on its compiled program, from ``values`` at ``config``'s rate, and

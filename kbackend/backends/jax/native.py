@@ -27,11 +27,13 @@ from kbackend.data.batching import pad_to_chunks
 EVAL_CHUNK = 1024  # validation samples per forward pass (the split is padded to a multiple)
 
 
-def make_evaluator(model: Any, dataset: Any, split: str = "val") -> Any:
+def make_evaluator(model: Any, dataset: Any, split: str = "val", members: bool = False) -> Any:
     """``evaluate(trainable, non_trainable) -> (loss, accuracy)`` on ``dataset``'s ``split``
     (``"val"`` or ``"test"``), which goes to the (default) device once, padded into chunks.
 
-    The loss is mean cross-entropy plus the regularization losses, as Keras reports it.
+    The loss is mean cross-entropy plus the regularization losses, as Keras reports it. With
+    ``members`` the values carry a leading population axis (``population.py``) and the result
+    is two host arrays, one entry per member.
     """
     import keras  # deferred: Keras is imported once the backend is chosen
 
@@ -55,6 +57,15 @@ def make_evaluator(model: Any, dataset: Any, split: str = "val") -> Any:
             chunk_sums, (zero, zero, zero), (x_chunks, y_chunks, mask_chunks))
         count = jnp.sum(mask_chunks)
         return loss_sum / count + penalty, correct / count
+
+    if members:
+        evaluate_members = jax.jit(jax.vmap(evaluate_chunks, in_axes=(0, 0, None, None, None)))
+
+        def evaluate_population(trainable: Any, non_trainable: Any) -> tuple[np.ndarray, np.ndarray]:
+            loss, accuracy = evaluate_members(trainable, non_trainable, *val)
+            return np.asarray(loss, dtype=float), np.asarray(accuracy, dtype=float)
+
+        return evaluate_population
 
     def evaluate(trainable: Any, non_trainable: Any) -> tuple[float, float]:
         loss, accuracy = evaluate_chunks(trainable, non_trainable, *val)

@@ -16,6 +16,11 @@ def supports_channels_first_conv() -> bool:
     return True
 
 
+def supports_populations() -> bool:
+    """A study's cell can train its runs as one vmapped program (``population.py``)."""
+    return True
+
+
 def precision_support() -> dict[str, dict[str, bool]]:
     """For each Keras dtype policy: whether it runs here and whether the hardware accelerates it."""
     device = jax.devices()[0]

@@ -1,7 +1,7 @@
 """The tensorflow backend: every member of ``kbackend.backends.BackendOps``, from its modules.
 
 Same module names in ``backends/jax`` and ``backends/tensorflow``: ``ops`` (devices, processes,
-memory, transfers), ``native`` (the fused single-device trainer), ``data_parallel``, ``gradients``,
+memory, transfers), ``native`` (the fused single-device trainer), ``population`` (a cell's runs vmapped), ``data_parallel``, ``gradients``,
 ``probes`` (what the installation supports), ``reference`` (a hand-written loop that
 benchmarks compare the engines with). Reached only through ``kbackend.backends.impl()``.
 """
@@ -33,16 +33,19 @@ from kbackend.backends.tensorflow.ops import (
     to_device,
     to_numpy,
 )
+from kbackend.backends.tensorflow.population import PopulationTrainer
 from kbackend.backends.tensorflow.probes import (
     matmul_flops,
     precision_support,
     supports_channels_first_conv,
+    supports_populations,
 )
 from kbackend.backends.tensorflow.reference import reference_train_loop
 
 # The Protocol's names for the two trainer factories.
 native_trainer = NativeTrainer
 data_parallel_trainer = DataParallelTrainer
+population_trainer = PopulationTrainer
 
 __all__ = [
     "bias_add_misroutes",
@@ -63,6 +66,7 @@ __all__ = [
     "matmul_flops",
     "native_trainer",
     "platform",
+    "population_trainer",
     "precision_support",
     "process_count",
     "process_index",
@@ -71,6 +75,7 @@ __all__ = [
     "setup_virtual_devices",
     "start",
     "supports_channels_first_conv",
+    "supports_populations",
     "to_device",
     "to_numpy",
 ]

@@ -32,6 +32,11 @@ def supports_channels_first_conv() -> bool:
         return False
 
 
+def supports_populations() -> bool:
+    """No population trainer on TensorFlow (``population.py`` says why)."""
+    return False
+
+
 def precision_support() -> dict[str, dict[str, bool]]:
     """For each Keras dtype policy: whether it runs here and whether the hardware accelerates it."""
     gpus = tf.config.list_physical_devices("GPU")

@@ -1,0 +1,112 @@
+"""A population of native runs as one program: ``jax.vmap`` over stacked parameters and
+optimizer states.
+
+M runs of one cell (same model, optimizer, batch size and K; their own initial values, data
+order and learning rate) train in lockstep: one compiled call runs K steps of every member,
+each member gathering its own batches from the one device copy of the training split. The
+member axis is the leading axis of every state leaf, of the epoch's index matrix ``(M, steps,
+B)`` and of the per-step losses ``(M, K)``. A member computes exactly what its run alone
+computes; only XLA's batched kernels may round differently (tests/test_population.py states
+the tolerance).
+
+Reached through ``kbackend.backends.impl().population_trainer``; the driver is
+``kbackend.engines.loop.run_population``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kbackend.backends import device_copy_once
+from kbackend.backends.jax.native import make_evaluator
+from kbackend.backends.jax.step import TrainState, make_step
+
+
+class PopulationTrainer:
+    """Runs fused train calls of ``members`` runs of one model at once (vmapped)."""
+
+    def __init__(self, model: Any, spec: Any, dataset: Any, members: int) -> None:
+        self.model, self.dataset, self.members = model, dataset, members
+        self.tx = spec.to_optax()
+        self.train_step = make_step(model, self.tx)
+        self.x_train = device_copy_once(dataset.x_train, jax.device_put)
+        self.y_train = device_copy_once(dataset.y_train, jax.device_put)
+        self.state: TrainState | None = None
+        self._compiled: dict[int, Any] = {}
+        self.trace_counts: dict[int, int] = {}
+        self._evaluators: dict[str, Any] = {}
+
+    def _run_fn(self, length: int) -> Any:
+        def member(state, x_all, y_all, member_rows, start):
+            rows = jax.lax.dynamic_slice_in_dim(member_rows, start, length)
+
+            def body(state, row):
+                state, metrics = self.train_step(state, (x_all[row], y_all[row]))
+                return state, metrics.loss
+
+            return jax.lax.scan(body, state, rows)
+
+        def run(states, x_all, y_all, epoch_rows, start):
+            self.trace_counts[length] = self.trace_counts.get(length, 0) + 1
+            return jax.vmap(member, in_axes=(0, None, None, 0, None))(
+                states, x_all, y_all, epoch_rows, start)
+
+        return run
+
+    def reset(self, values: list[Any], learning_rates: list[float]) -> None:
+        """Start the members' runs: member m from ``values[m]`` (``(trainable,
+        non_trainable)``) with a fresh optimizer state at base rate ``learning_rates[m]``."""
+        if len(values) != self.members or len(learning_rates) != self.members:
+            raise ValueError(f"expected {self.members} members' values and rates, got "
+                             f"{len(values)} and {len(learning_rates)}")
+
+        def stacked(part: int) -> list[Any]:
+            return [jnp.stack([jnp.asarray(v[part][i]) for v in values])
+                    for i in range(len(values[0][part]))]
+
+        trainable, non_trainable = stacked(0), stacked(1)
+        opt_state = jax.vmap(self.tx.init)(trainable)._replace(
+            learning_rate=jnp.asarray(learning_rates, jnp.float32))
+        self.state = TrainState(trainable, non_trainable, opt_state)
+
+    def put_epoch(self, rows: np.ndarray) -> Any:
+        """Move an epoch's ``(members, steps, batch)`` index matrices to the device."""
+        return jax.device_put(rows)
+
+    def compile(self, length: int, epoch_rows: Any) -> float:
+        """Compile the ``length``-step call if needed; the seconds it took (0.0 if cached)."""
+        if length in self._compiled:
+            return 0.0
+        start = time.perf_counter()
+        jitted = jax.jit(self._run_fn(length), donate_argnums=0)
+        self._compiled[length] = jitted.lower(
+            self.state, self.x_train, self.y_train, epoch_rows, np.int32(0)).compile()
+        return time.perf_counter() - start
+
+    def run(self, epoch_rows: Any, start: int, length: int) -> Any:
+        """Dispatch ``length`` steps of every member from row ``start``; losses ``(M, length)``."""
+        self.state, losses = self._compiled[length](
+            self.state, self.x_train, self.y_train, epoch_rows, np.int32(start))
+        return losses
+
+    def fetch(self, losses: Any) -> np.ndarray:
+        """Wait for a call's losses and copy them to the host."""
+        return np.asarray(jax.block_until_ready(losses))
+
+    def _evaluate(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        if split not in self._evaluators:
+            self._evaluators[split] = make_evaluator(self.model, self.dataset, split, members=True)
+        return self._evaluators[split](self.state.trainable, self.state.non_trainable)
+
+    def evaluate(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every member's validation loss and accuracy, shape ``(M,)`` each."""
+        return self._evaluate("val")
+
+    def evaluate_test(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every member's test loss and accuracy, shape ``(M,)`` each."""
+        return self._evaluate("test")

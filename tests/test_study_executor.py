@@ -9,6 +9,7 @@ import json
 import math
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -283,6 +284,10 @@ def no_training(monkeypatch):
     (lambda: StudyConfig(optimizers=("sgd", "lamb")), ConfigError, "Unknown optimizer"),
     (lambda: StudyConfig(seeds=0), ConfigError, "Invalid seeds 0"),
     (lambda: StudyConfig(lr_extend=-1), ConfigError, "Invalid lr_extend -1"),
+    (lambda: StudyConfig(population="maybe"), ConfigError, "Invalid population 'maybe'"),
+    # TensorFlow has no population trainer; Keras fit trains one run at a time on both.
+    (lambda: StudyConfig(population="on", engine="keras" if BACKEND == "jax" else "native"),
+     ConfigError, "--population on needs the native engine on JAX"),
 ])
 def test_bad_input_fails_before_any_training(tmp_path, no_training, make, error, message):
     with pytest.raises(error, match=message):
@@ -562,3 +567,82 @@ def test_the_default_study_is_mnist1d_large_with_a_resolving_validation_split(tm
     assert runner.batch_sizes == (8, 16, 32, 64, 128, 256, 512, 1024)
     assert from_cli.resolved_target == Target("val_accuracy", 0.6)
     assert runner.total_runs() == 3 * 8 * 3 * 3  # optimizers x batch sizes x rates x seeds
+
+
+# -- populations: a cell's grid x seeds as one vmapped program (JAX) ---------------------------
+
+POPULATED = StudyConfig(
+    **DIGITS, optimizers=("sgd", "adam"), batch_sizes=(16, 64),
+    learning_rates={"sgd": (0.03, 0.1), "adam": (1e-3, 3e-3)}, max_steps=300, engine="native",
+    target=Target("val_accuracy", 0.9), noise_points=0, seeds=2, step_time_repeats=0, lr_extend=0)
+
+
+def _cell_answers(study):
+    return [(c["optimizer"], c["batch_size"], c["learning_rate"], c["steps_to_target"],
+             c["intervals"]["steps_to_target"]["low"], c["intervals"]["steps_to_target"]["high"])
+            for c in study["cells"]]
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="populations are JAX's vmap")
+def test_a_population_study_gives_the_sequential_answers_and_resumes(tmp_path):
+    sequential = _run_grid(dataclasses.replace(POPULATED, population="off"), tmp_path / "seq")
+    together = _run_grid(dataclasses.replace(POPULATED, population="on"), tmp_path / "pop")
+    assert sequential.executed > 0 and together.executed > 0
+    with ResultStore(tmp_path / "seq" / "study.db") as a, ResultStore(tmp_path / "pop" / "study.db") as b:
+        seq_runs = {r["key"]: r for r in a.records(kind="run")}
+        pop_runs = {r["key"]: r for r in b.records(kind="run")}
+    # A pruned member is stored as the pruned run it equals (its budget: where it stopped); a
+    # run both paths stored (same key) has the same outcome.
+    for record in pop_runs.values():
+        if "censored_at" in record["trajectory"]["extra"]:
+            assert record["config"]["max_steps"] == record["result"]["steps_run"]
+            assert not record["result"]["reached"]
+    shared = set(seq_runs) & set(pop_runs)
+    assert shared
+    for key in shared:
+        assert pop_runs[key]["result"]["steps_to_target"] == seq_runs[key]["result"]["steps_to_target"]
+    assert all(r["trajectory"]["extra"]["population"]["members"] == 4 for r in pop_runs.values())
+    # The cells' answers agree (best rate, median steps and interval).
+    answers = {}
+    for name in ("seq", "pop"):
+        with ResultStore(tmp_path / name / "study.db") as store:
+            runner = StudyRunner(dataclasses.replace(
+                POPULATED, population="off" if name == "seq" else "on"), store)
+            answers[name] = _cell_answers(runner.run())
+            assert runner.executed == 0  # everything stored: resumption trains nothing
+    assert answers["seq"] == answers["pop"]
+    # A population missing two members trains only those two, as a population of two.
+    victims = sorted(k for k, r in pop_runs.items() if r["config"]["batch_size"] == 64
+                     and r["config"]["optimizer"]["name"] == "adam")[:2]
+    with sqlite3.connect(tmp_path / "pop" / "study.db") as db:
+        db.executemany("DELETE FROM results WHERE key = ?", [(k,) for k in victims])
+    with ResultStore(tmp_path / "pop" / "study.db") as store:
+        runner = StudyRunner(dataclasses.replace(POPULATED, population="on"), store)
+        runner.run()
+        assert runner.executed == 2
+        kept = set(pop_runs) - set(victims)
+        retrained = [r for r in store.records(kind="run") if r["key"] not in kept]
+        assert [r["trajectory"]["extra"]["population"]["members"] for r in retrained] == [2, 2]
+
+
+def test_the_population_pruner_stops_only_runs_that_cannot_win():
+    from kbackend.history import History
+    from kbackend.study.executor import RunPlan
+
+    runner = StudyRunner(dataclasses.replace(POPULATED, seeds=3), None)
+    plans = [RunPlan("sgd", 16, rate, 300, 10, 10, seed) for rate in (0.1, 1.0) for seed in (0, 1, 2)]
+    histories = [History() for _ in plans]
+    for m, step in ((0, 40), (1, 60)):  # rate 0.1: two of three seeds reached by step 60
+        histories[m].extra["target_reached"] = {"step": step}
+    censor = runner.population_pruner(plans, list(range(6)), {})
+    # Rate 0.1's median is 60; rate 1.0 has nothing yet: reaching at step 70 gives it 70 > 60.
+    assert sorted(censor(60, histories, {2, 3, 4, 5})) == [3, 4, 5]
+    # At step 50 rate 0.1's median is not known yet: nobody is stopped.
+    histories[1].extra.pop("target_reached")
+    assert censor(50, histories, {1, 2, 3, 4, 5}) == []
+    # Rate 1.0 with two seeds in at 30 and 50: median 50 < 60, so rate 0.1's last seed is the
+    # one that cannot win (its best case, reaching at 70, leaves the median at 60).
+    histories[1].extra["target_reached"] = {"step": 60}
+    histories[3].extra["target_reached"] = {"step": 30}
+    histories[4].extra["target_reached"] = {"step": 50}
+    assert censor(60, histories, {2, 5}) == [2]

@@ -22,6 +22,7 @@ from kbackend.study.config import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_STEPS,
     DEFAULT_MODEL,
+    POPULATION_CHOICES,
     StudyConfig,
     default_target,
 )
@@ -106,6 +107,10 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                         help="steps per compiled call for the native engine (0: one evaluation interval)")
     target.add_argument("--no-jit", dest="jit_compile", action="store_false",
                         help="train the Keras engines without XLA (the native engines always compile)")
+    target.add_argument("--population", default="auto", choices=sorted(POPULATION_CHOICES),
+                        help="train a cell's learning rates x seeds as one vmapped program (JAX, "
+                             "native engine): auto = where a short measured probe finds it "
+                             "faster (default auto)")
     target.add_argument("--step-time-repeats", type=int, default=5,
                         help="interleaved rounds timing each cell's steady step apart: time to "
                              "target = median steps x median step time (0: the runs' own clocks)")
@@ -152,7 +157,7 @@ def config_from_args(args: argparse.Namespace):
         lr_grid_size=args.lr_grid_size, lr_factor=args.lr_factor, target=target,
         max_steps=args.max_steps, evals_per_epoch=args.evals_per_epoch,
         engine=args.engine or default_engine(), fused_steps=args.fused_steps,
-        jit_compile=args.jit_compile, seed=args.seed,
+        jit_compile=args.jit_compile, population=args.population, seed=args.seed,
         seeds=args.seeds, lr_extend=args.lr_extend, step_time_repeats=args.step_time_repeats,
         prune=args.prune, noise_points=args.noise_points, noise_draws=args.noise_draws,
         noise_small_batch=args.noise_batches[0], noise_big_batch=args.noise_batches[1],

@@ -39,7 +39,7 @@ from kbackend.errors import ConfigError
 from kbackend.hardware.monitor import StepMonitor
 from kbackend.history import History
 
-__all__ = ["EarlyStopping", "EpochRunner", "Plan", "Trainer", "run"]
+__all__ = ["EarlyStopping", "EpochRunner", "Plan", "Trainer", "run", "run_population"]
 
 
 @dataclass(frozen=True)
@@ -273,7 +273,8 @@ class EpochRunner:
         return np.concatenate([self.trainer.fetch(handle) for handle in handles])
 
 
-def run_population(trainer: Any, plan: Plan, configs: list[Any]) -> list[History]:
+def run_population(trainer: Any, plan: Plan, configs: list[Any],
+                   censor: Any = None) -> list[History]:
     """Train a population (``impl().population_trainer``, reset already) as ``plan`` says; one
     history per member, each the history its run alone would have (``run``'s batches, call
     lengths, evaluation points and target) up to float rounding.
@@ -284,6 +285,9 @@ def run_population(trainer: Any, plan: Plan, configs: list[Any]) -> list[History
     checked for divergence at evaluation points and epoch ends (not one call later, as ``run``
     does): a diverged member stops there, the others go on. A member's test metrics are taken
     where it stops. Timing is the population's: one clock, one compilation, shared by all.
+    ``censor(step, histories, active)``, called after each evaluation, returns members to stop
+    there without a target (the study's pruning: runs that can no longer win); each is then the
+    run alone with ``max_steps`` = that step, and ``extra["censored_at"]`` says so.
     Early stopping and the hardware monitor are single-run features and are refused.
     """
     if any(c.early_stopping or getattr(c, "hardware_monitor", False) for c in configs):
@@ -364,6 +368,11 @@ def run_population(trainer: Any, plan: Plan, configs: list[Any]) -> list[History
                                                         "train_time": at}
                 reached.append(m)
         finish(reached, epoch)
+        if censor is not None and active:
+            stopped = sorted(set(censor(step, histories, set(active))) & active)
+            for m in stopped:
+                histories[m].extra["censored_at"] = step
+            finish(stopped, epoch)
 
     step, epoch = 0, 0
     for epoch in range(1, plan.epochs + 1):

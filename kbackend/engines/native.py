@@ -149,18 +149,20 @@ class Runs:
         return replace(config, optimizer=replace(config.optimizer, learning_rate=1.0), seed=0,
                        model_options=replace(config.model_options, seed=0))
 
-    def train_population(self, configs: list[Any], values: list[Any]) -> list[History]:
+    def train_population(self, configs: list[Any], values: list[Any],
+                         censor: Any = None) -> list[History]:
         """Runs ``configs`` (one cell, see ``population_trainer``) from ``values`` (one
         ``(trainable, non_trainable)`` per run) as one vmapped population: one history per run,
         equal to ``train(config, values)``'s up to float rounding (``loop.run_population``).
         Each history's ``extra["population"]`` names its size and index; the timing is the
-        population's (one clock: count a population's training time once)."""
+        population's (one clock: count a population's training time once). ``censor``: see
+        ``loop.run_population``."""
         start = time.perf_counter()
         trainer = self.population_trainer(configs)
         first = configs[0]
         plan = loop.Plan.of(first, len(self.dataset.x_train), first.fused_steps)
         trainer.reset(values, [self._spec(c).learning_rate for c in configs])
-        histories = loop.run_population(trainer, plan, configs)
+        histories = loop.run_population(trainer, plan, configs, censor)
         for index, history in enumerate(histories):
             history.extra.update(engine="native", decay_steps=self._spec(first).decay_steps,
                                  trainers_built=self.trainers_built,

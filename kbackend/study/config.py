@@ -13,6 +13,7 @@ from kbackend.optim import OPTIMIZERS, OptimizerSpec
 from kbackend.training import Target
 
 DEFAULT_OPTIMIZERS = ("sgd", "momentum", "adam")
+POPULATION_CHOICES = ("auto", "on", "off")
 SMALLEST_DEFAULT_BATCH = 8
 # The default study: MNIST-1D drawn larger (15,000 sequences: 10,800 train, 1,200 validation,
 # 3,000 test), generated offline by the mnist1d package, and the MNIST-1D paper's kind of model
@@ -81,6 +82,9 @@ class StudyConfig:
     its grid extends the grid that way by up to ``lr_extend`` points. Time to target is the
     median steps to target times the cell's steady seconds per step, measured after training in
     ``step_time_repeats`` interleaved rounds (0: each run's own clock instead).
+    ``population`` says how the native engine trains a cell's grid x seeds: ``"auto"`` as one
+    vmapped population where a measured probe finds it faster than one run after another,
+    ``"on"`` always (JAX only), ``"off"`` never (how, not which question: outside the identity).
     ``jit_compile=False`` trains the Keras engines without XLA (on a CPU, TensorFlow's XLA
     compilation can cost more than a short run's training; the native engines always compile).
     """
@@ -101,6 +105,7 @@ class StudyConfig:
     engine: str = "keras"
     fused_steps: int = 0
     jit_compile: bool = True
+    population: str = "auto"
     seed: int = 0
     prune: bool = True
     seeds: int = 3
@@ -112,6 +117,9 @@ class StudyConfig:
     noise_big_batch: int = 0
 
     def __post_init__(self) -> None:
+        if self.population not in POPULATION_CHOICES:
+            raise ConfigError(f"Invalid population {self.population!r}: expected one of "
+                              f"{list(POPULATION_CHOICES)}.")
         if not self.optimizers:
             raise ConfigError("Empty optimizer list: expected at least one of "
                               f"{list(OPTIMIZERS)}.")
@@ -215,6 +223,7 @@ class StudyConfig:
     def identity(self) -> dict[str, Any]:
         """What makes two studies the same question, whatever backend or device answers it."""
         payload = self.to_dict()
-        for name in ("data_dir", "engine", "fused_steps", "jit_compile", "step_time_repeats"):
+        for name in ("data_dir", "engine", "fused_steps", "jit_compile", "population",
+                     "step_time_repeats"):
             payload.pop(name)
         return payload

@@ -310,6 +310,11 @@ class StudyRunner:
             model=config.model, dataset=config.dataset, data_dir=config.data_dir,
             validation_fraction=config.validation_fraction, seed=config.seed))
         self.batch_sizes = config.resolved_batch_sizes(self.num_train)
+        if config.population == "on" and (config.engine != "native"
+                                           or not impl().supports_populations()):
+            raise ConfigError("--population on needs the native engine on JAX (vmap); this "
+                              f"study runs the {config.engine} engine on {self.env['backend']}: "
+                              "use --population auto or off.")
         self.noise_batches = self._noise_batches() if config.noise_points else (0, 0)
 
     @property
@@ -425,8 +430,12 @@ class StudyRunner:
         grid = config.learning_rate_grid(optimizer, batch_size)
         by_rate: dict[float, list[dict[str, Any]]] = {}
         runs: list[dict[str, Any]] = []
-        for learning_rate in grid:
-            runs += self.run_rate(optimizer, batch_size, learning_rate, by_rate)
+        path = self.population_path(optimizer, batch_size, grid)
+        if path["path"] == "population":
+            runs += self.run_population(optimizer, batch_size, grid, by_rate)
+        else:
+            for learning_rate in grid:
+                runs += self.run_rate(optimizer, batch_size, learning_rate, by_rate)
         low_factor, high_factor = self.extension_factors(optimizer, grid)
         extended = {"below": 0, "above": 0}
         while len(grid) > 1:
@@ -453,6 +462,7 @@ class StudyRunner:
             "lr_at_grid_edge": edge is not None,
             "lr_edge": edge,
             "lr_at_bound": edge is not None and extended[edge] >= config.lr_extend,
+            "population": path,
             **summarize_cell(by_rate[best]),
             "runs": runs,
         }
@@ -497,20 +507,150 @@ class StudyRunner:
                 runs.append(record)
         return runs
 
-    def run_one(self, plan: RunPlan) -> dict[str, Any]:
-        """Run ``plan`` unless the store already has it; return the stored record."""
-        key_config = self.run_key_config(plan)
-        key = config_key(key_config)
-        stored = self.store.get(key)
+    # -- populations: a cell's grid x seeds as one vmapped program -----------------------------
+
+    def population_path(self, optimizer: str, batch_size: int,
+                        grid: tuple[float, ...]) -> dict[str, Any]:
+        """How a cell's initial grid (every rate x every seed) is trained: ``{"path":
+        "population" | "sequential", ...}`` with the reason or the probe's figures.
+
+        ``population="auto"`` measures (``Runs.probe_population``: both paths compiled, then
+        timed in interleaved rounds) and keeps the faster; the probe is stored, so a resumed
+        study takes the same path. Grid extensions and pruning stay sequential.
+        """
+        config, members = self.config, len(grid) * self.config.seeds
+        if config.population == "off":
+            return {"path": "sequential", "members": members, "reason": "--population off"}
+        if config.engine != "native":
+            return {"path": "sequential", "members": members,
+                    "reason": f"the {config.engine} engine trains one run at a time"}
+        if members < 2:
+            return {"path": "sequential", "members": members, "reason": "one run per cell"}
+        plans = self.population_plans(optimizer, batch_size, grid)
+        configs = [self.train_config(p) for p in plans]
+        if config.population == "on":
+            return {"path": "population", "members": members, "reason": "--population on"}
+        values = [self.initial_values(p.seed) for p in plans]
+        steps = configs[0].fused_steps * max(1, -(-STEP_TIME_STEPS // configs[0].fused_steps))
+        key_config = {"kind": "population_probe", "model": self.config.model,
+                      "data": self.dataset.info.to_dict(), "optimizer": optimizer,
+                      "batch_size": batch_size, "fused_steps": configs[0].fused_steps,
+                      "members": members, "steps": steps, **self.env}
+        return self.stored_or_measured(
+            "population_probe", "probe", key_config, plans[0],
+            lambda: self.native_runs().probe_population(configs, values, steps))
+
+    def population_plans(self, optimizer: str, batch_size: int,
+                         grid: tuple[float, ...]) -> list[RunPlan]:
+        """Every rate x every seed of a cell's grid, on the full budget (members run in
+        lockstep, so a pruned budget would save nothing)."""
+        return [self.plan(optimizer, batch_size, rate, seed=seed)
+                for rate in grid for seed in self.config.seed_values]
+
+    def run_population(self, optimizer: str, batch_size: int, grid: tuple[float, ...],
+                       by_rate: dict[float, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        """The cell's grid x seeds as one population (the runs not yet stored), into
+        ``by_rate``; returns the runs. Each member is stored as the run it equals."""
+        plans = self.population_plans(optimizer, batch_size, grid)
+        records: dict[int, dict[str, Any]] = {}
+        missing = []
+        censored = self.censored_runs()
+        for index, plan in enumerate(plans):
+            stored = self.stored_run(plan)
+            if stored is None and self.budgetless_key(plan) in censored:
+                budget = censored[self.budgetless_key(plan)]["config"]["max_steps"]
+                stored = self.stored_run(self.plan(optimizer, batch_size, plan.learning_rate,
+                                                   budget, plan.seed))
+            if stored is not None:
+                records[index] = stored
+            else:
+                missing.append(index)
+        if len(missing) == 1:
+            records[missing[0]] = self.run_one(plans[missing[0]])
+        elif missing:
+            self.on_event("start_population", plan=plans[missing[0]], runs=len(missing))
+            configs = [self.train_config(plans[i]) for i in missing]
+            values = [self.initial_values(plans[i].seed) for i in missing]
+            censor = self.population_pruner(plans, missing, records) if self.config.prune else None
+            histories = self.native_runs().train_population(configs, values, censor)
+            for index, history in zip(missing, histories, strict=True):
+                plan = plans[index]
+                if "censored_at" in history.extra:  # the run a pruned budget would have made
+                    plan = self.plan(optimizer, batch_size, plan.learning_rate,
+                                     history.extra["censored_at"], plan.seed)
+                records[index] = self.store_run(plan, history)
+        ordered = [records[i] for i in range(len(plans))]
+        for rate in grid:
+            by_rate[rate] = [r for r, p in zip(ordered, plans, strict=True)
+                             if p.learning_rate == rate]
+        return ordered
+
+    def population_pruner(self, plans: list[RunPlan], missing: list[int],
+                          stored: dict[int, dict[str, Any]]) -> Callable[..., list[int]]:
+        """The sequential path's pruning for a population: once some rate's median steps to
+        target S is known, a member of another rate is stopped as soon as even reaching at the
+        next evaluation could not bring its rate's median to S or below. The best rate's seeds
+        run on (its interval needs them). ``plans`` are the cell's runs; the population trains
+        ``plans[i] for i in missing`` (member m is ``missing[m]``); ``stored`` holds the others."""
+        member_of = {index: m for m, index in enumerate(missing)}
+
+        def censor(step: int, histories: list[History], active: set[int]) -> list[int]:
+            steps: dict[float, list[float]] = {}
+            hopeful: dict[float, list[float]] = {}
+            for index, plan in enumerate(plans):
+                if index in stored:
+                    value = best_case = _steps(stored[index])
+                else:
+                    m = member_of[index]
+                    reached = histories[m].extra.get("target_reached")
+                    value = float(reached["step"]) if reached else math.inf
+                    best_case = float(step + plan.eval_every) if m in active else value
+                steps.setdefault(plan.learning_rate, []).append(value)
+                hopeful.setdefault(plan.learning_rate, []).append(best_case)
+            best = min(_median(v) for v in steps.values())
+            if not math.isfinite(best):
+                return []
+            return [m for m in active if _median(hopeful[plans[missing[m]].learning_rate]) > best]
+
+        return censor
+
+    def budgetless_key(self, plan: RunPlan) -> str:
+        """A run's key without its step budget: what a censored member is found by."""
+        return config_key({k: v for k, v in self.run_key_config(plan).items() if k != "max_steps"})
+
+    def censored_runs(self) -> dict[str, dict[str, Any]]:
+        """This study's stored population members that its pruner stopped, by budgetless key
+        (a resumed population finds them under the budget they stopped at)."""
+        found = {}
+        for record in self.store.records(study=self.study_id, kind="run"):
+            if "censored_at" in (record["trajectory"] or {}).get("extra", {}):
+                config = {k: v for k, v in record["config"].items() if k != "max_steps"}
+                found[config_key(config)] = record
+        return found
+
+    def stored_run(self, plan: RunPlan) -> dict[str, Any] | None:
+        """The stored record of ``plan`` (its figures re-derived by this code), or None."""
+        stored = self.store.get(config_key(self.run_key_config(plan)))
         if stored is not None:
             if stored["trajectory"]:  # figures are re-derived, so stored runs follow this code
                 history = history_from_trajectory(stored["trajectory"], stored["result"])
                 stored["result"] = {**stored["result"], **summarize_run(
                     history, plan, self.config.resolved_target, self.num_train)}
             self.on_event("skipped", plan=plan, record=stored)
+        return stored
+
+    def run_one(self, plan: RunPlan) -> dict[str, Any]:
+        """Run ``plan`` unless the store already has it; return the stored record."""
+        stored = self.stored_run(plan)
+        if stored is not None:
             return stored
         self.on_event("start", plan=plan)
-        history = self.execute(plan)
+        return self.store_run(plan, self.execute(plan))
+
+    def store_run(self, plan: RunPlan, history: History) -> dict[str, Any]:
+        """Commit one finished run's figures and trajectory; return the stored record."""
+        key_config = self.run_key_config(plan)
+        key = config_key(key_config)
         result = summarize_run(history, plan, self.config.resolved_target, self.num_train)
         trajectory = {"step": history.step, "loss": history.loss, "time": history.time,
                       "evals": history.evals, "timing": history.timing, "extra": history.extra}

@@ -52,15 +52,20 @@ class _ProgressEvents:
             self.progress.update(self.task, total=self.progress.tasks[0].total + runs)
         elif event == "pruned":  # a seed a pruned rate no longer needs
             self.progress.advance(self.task, runs)
-        elif event in ("start", "start_noise", "start_timing"):
+        elif event in ("start", "start_noise", "start_timing", "start_probe", "start_population"):
+            cell = f"{plan.optimizer} B={plan.batch_size}" if plan is not None else ""
             self.label = (plan.label() if event == "start" else
                           f"noise scale along {plan.label()}" if event == "start_noise" else
+                          f"{cell}: population or one by one? (probe)" if event == "start_probe" else
+                          f"{cell}: {runs} runs as one population" if event == "start_population" else
                           "steady step times, interleaved")
             self.progress.update(self.task, description=self.label)
         elif event in ("finished", "finished_noise", "skipped", "skipped_noise",
                        "finished_timing", "skipped_timing"):
             self.skipped += event.startswith("skipped")
             self.progress.advance(self.task)
+            if event == "finished" and plan is not None:
+                self.label = plan.label()  # a population's members finish together
             if self.lines and event == "finished":
                 result = record["result"]
                 outcome = (f"reached in {result['steps_to_target']} steps, "

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from kbackend.bench import cache, engines, hardware, parallel, reproduce, time_to_target
+from kbackend.bench import (
+    cache,
+    engines,
+    hardware,
+    parallel,
+    population,
+    reproduce,
+    time_to_target,
+)
 from kbackend.bench.spec import Benchmark
 
 BENCHMARKS: dict[str, Benchmark] = {
     bench.name: bench
-    for module in (hardware, engines, cache, parallel, reproduce, time_to_target)
+    for module in (hardware, engines, cache, parallel, population, reproduce, time_to_target)
     for bench in module.BENCHMARKS
 }

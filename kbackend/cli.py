@@ -12,6 +12,7 @@ Exit statuses: 0 success; 1 a check that ran and failed (``equiv``: a row over i
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import os
 import pkgutil
@@ -30,6 +31,17 @@ PROG = "kbackend"
 class DefaultsHelpFormatter(argparse.HelpFormatter):
     """Appends "(default: X)" to an option's help unless it has no default, is an on/off flag or
     already says it."""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if not action.help and self._shows_default(action):
+            action = copy.copy(action)  # argparse prints no help line for an option without help
+            action.help = "(default: %(default)s)"
+        return super()._format_action(action)
+
+    @staticmethod
+    def _shows_default(action: argparse.Action) -> bool:
+        return bool(action.option_strings) and action.nargs != 0 and \
+            action.default not in (None, argparse.SUPPRESS)
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""

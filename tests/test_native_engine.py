@@ -199,6 +199,31 @@ def test_cli_trains_natively(cli, tmp_path):
     assert float(ok.stdout.split("val_accuracy ")[1].split()[0]) > 0.8
 
 
+def test_fused_steps_auto_is_measured_once_per_machine(dataset, tmp_path, monkeypatch):
+    monkeypatch.setenv("KBACKEND_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("KBACKEND_COMPILE_CACHE", raising=False)
+    spec = OptimizerSpec("sgd", 0.1)
+    k, first = native.cached_probe_fused_steps(toy_model(dataset), dataset, spec, 32)
+    assert first["cached"] is False and (tmp_path / native.PROBE_CACHE_FILE).is_file()
+    calls = []
+    original = native.probe_fused_steps
+    monkeypatch.setattr(native, "probe_fused_steps",
+                        lambda *a, **kw: calls.append(a) or original(*a, **kw))
+    # Another model of the same architecture (other weights): the stored answer, no probe.
+    again, second = native.cached_probe_fused_steps(toy_model(dataset), dataset, spec, 32)
+    assert (again, second["cached"], calls) == (k, True, [])
+    # Another batch size is another question.
+    native.cached_probe_fused_steps(toy_model(dataset), dataset, spec, 16)
+    assert len(calls) == 1
+    # A corrupt file is measured again and replaced; the cache switched off always measures.
+    (tmp_path / native.PROBE_CACHE_FILE).write_text("{not json")
+    assert native.cached_probe_fused_steps(toy_model(dataset), dataset, spec, 32)[1]["cached"] is False
+    assert native.cached_probe_fused_steps(toy_model(dataset), dataset, spec, 32)[1]["cached"] is True
+    monkeypatch.setenv("KBACKEND_COMPILE_CACHE", "0")
+    assert native.cached_probe_fused_steps(toy_model(dataset), dataset, spec, 32)[1]["cached"] is False
+    assert len(calls) == 3
+
+
 def test_cli_refuses_a_too_large_k(cli):
     bad = cli("train", "--engine", "native", "--fused-steps", "1000", "--epochs", "1")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr

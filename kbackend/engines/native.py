@@ -7,7 +7,8 @@ gathers its batch there.
 
 ``fused_steps=0`` (``--fused-steps auto``) picks K by measurement: ``probe_fused_steps`` times one
 short epoch per candidate on a throwaway clone of the model and keeps the fastest (its figures go
-to ``history.extra["fused_steps_probe"]``; the probe runs before the clock starts).
+to ``history.extra["fused_steps_probe"]``; the probe runs before the clock starts). The answer
+is kept per machine, model and batch size (``cached_probe_fused_steps``), so it is measured once.
 
 ``Runs`` trains many runs of one model on one set of compiled programs (the study's cells): the
 learning rate and the initial values are runtime arguments of the compiled step, so a cell
@@ -16,6 +17,9 @@ compiles once however many rates and seeds it tries.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import math
 import time
 from collections.abc import Callable
@@ -26,11 +30,14 @@ import numpy as np
 
 from kbackend.backend_choice import keras as import_keras
 from kbackend.backends import impl
+from kbackend.backends.compile_cache import compile_cache_enabled
 from kbackend.data import batching, check_batch_size
+from kbackend.data.sources import cache_dir
 from kbackend.engines import loop
 from kbackend.engines.keras_fit import compile_model
 from kbackend.errors import ConfigError
 from kbackend.history import History
+from kbackend.io import atomic_write_json, read_json
 
 PROBE_CANDIDATES = (1, 8, 32)
 
@@ -38,12 +45,9 @@ PROBE_CANDIDATES = (1, 8, 32)
 def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None) -> History:
     """Train ``model`` in place with fused native steps; the history in kbackend's format."""
     fused_steps, probe = config.fused_steps, None
-    if fused_steps == 0:  # auto: measure a few K on a throwaway copy of the model
-        probe_start = time.perf_counter()
-        fused_steps, timings = probe_fused_steps(model, dataset, spec, config.batch_size,
-                                                 config.seed)
-        probe = {"us_per_step": {str(k): v for k, v in timings.items()},
-                 "seconds": time.perf_counter() - probe_start}
+    if fused_steps == 0:  # auto: measure a few K on a throwaway copy (once per machine)
+        fused_steps, probe = cached_probe_fused_steps(model, dataset, spec, config.batch_size,
+                                                      config.seed)
     plan = loop.Plan.of(config, len(dataset.x_train), fused_steps)
     spec = spec.with_total_steps(plan.steps_per_epoch * config.epochs)
     # Compiled for evaluate/predict/save afterwards; the TF loop trains with this optimizer.
@@ -261,6 +265,53 @@ def epoch_runner(model: Any, dataset: Any, spec: Any, batch_size: int, fused_ste
     """Whole native epochs of ``model`` on ``dataset`` without bookkeeping (benchmarks, probe)."""
     trainer = impl().native_trainer(model, spec, dataset)
     return loop.EpochRunner(trainer, len(dataset.x_train), batch_size, fused_steps, seed)
+
+
+PROBE_CACHE_FILE = "fused_steps_probe.json"
+
+
+def probe_key(model: Any, dataset: Any, spec: Any, batch_size: int) -> str:
+    """What a ``--fused-steps auto`` answer depends on: the network's layers and weight shapes
+    (not their names or values), its dtype policy, the data's shape and size, the optimizer,
+    the batch size, the candidates, and the backend, versions and device."""
+    from kbackend.envinfo import environment_identity  # deferred: it starts the backend
+
+    layers = [(type(layer).__name__, [list(w.shape) for w in layer.weights])
+              for layer in model._flatten_layers(include_self=False)]
+    payload = {"layers": layers, "policy": str(model.dtype_policy.name),
+               "input": list(dataset.x_train.shape[1:]), "num_train": len(dataset.x_train),
+               "optimizer": spec.name, "batch_size": batch_size,
+               "candidates": list(PROBE_CANDIDATES), **environment_identity()}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def cached_probe_fused_steps(model: Any, dataset: Any, spec: Any, batch_size: int,
+                             seed: int = 0) -> tuple[int, dict[str, Any]]:
+    """``probe_fused_steps``'s K, measured once per ``probe_key`` and kept in the kbackend
+    cache folder (``fused_steps_probe.json``, written atomically; an unreadable file is
+    measured again and replaced). ``KBACKEND_COMPILE_CACHE=0`` (``--no-compile-cache``)
+    measures every time. Returns K and the probe's record (``"cached"``: whether it was)."""
+    start = time.perf_counter()
+    path = cache_dir() / PROBE_CACHE_FILE if compile_cache_enabled() else None
+    key = probe_key(model, dataset, spec, batch_size) if path is not None else ""
+    entries: dict[str, Any] = {}
+    if path is not None and path.is_file():
+        try:
+            loaded = read_json(path)
+            entries = loaded if isinstance(loaded, dict) else {}
+        except (OSError, ValueError):
+            entries = {}
+        entry = entries.get(key)
+        if isinstance(entry, dict) and isinstance(entry.get("fused_steps"), int):
+            return entry["fused_steps"], {**entry, "cached": True,
+                                          "seconds": time.perf_counter() - start}
+    best, timings = probe_fused_steps(model, dataset, spec, batch_size, seed)
+    entry = {"fused_steps": best, "us_per_step": {str(k): v for k, v in timings.items()}}
+    if path is not None:
+        # An unwritable cache folder costs a probe next time, nothing else.
+        with contextlib.suppress(OSError):
+            atomic_write_json(path, {**entries, key: entry})
+    return best, {**entry, "cached": False, "seconds": time.perf_counter() - start}
 
 
 def probe_fused_steps(model: Any, dataset: Any, spec: Any, batch_size: int, seed: int = 0,

@@ -20,6 +20,7 @@ import numpy as np
 
 from kbackend.backend_choice import active_backend
 from kbackend.bench.spec import Benchmark, Option, Rows, Settings, int_list
+from kbackend.data.batching import steps_per_epoch_dropping_last
 from kbackend.engines.native import Runs, model_values
 from kbackend.models import ModelOptions, build_model
 from kbackend.optim import OptimizerSpec
@@ -29,7 +30,7 @@ from kbackend.training import TrainConfig, load_dataset
 BATCH_SIZES = (8, 32, 128)
 MODELS = (("mlp", "mnist1d_large"), ("seed_mlp", "digits"))
 MEMBERS = 9  # 3 learning rates x 3 seeds: a default study cell
-STEPS = 64  # timed steps per member and round, in calls of K = 16
+STEPS = 64  # timed steps per member and round, in calls of K = 16 (at most one epoch)
 FUSED = 16
 
 
@@ -53,9 +54,10 @@ def measure_population(settings: Settings) -> Rows:
         values = [model_values(build_model(model_name, dataset.info, ModelOptions(seed=m)))
                   for m in range(members)]
         for batch in batch_sizes:
+            fused = min(FUSED, steps_per_epoch_dropping_last(len(dataset.x_train), batch))
             configs = [TrainConfig(model=model_name, dataset=dataset_name, engine="native",
                                    optimizer=OptimizerSpec("adam", 1e-3 * (1 + m % 3)),
-                                   batch_size=batch, fused_steps=FUSED, eval_every=FUSED,
+                                   batch_size=batch, fused_steps=fused, eval_every=fused,
                                    seed=m, model_options=ModelOptions(seed=m))
                        for m in range(members)]
             probe = runs.probe_population(configs, values, steps, repeats)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from kbackend.backend_choice import active_backend
 from kbackend.config import MONITORS, Target, TrainConfig, check_output_path
@@ -74,7 +75,9 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     optim.add_argument("--momentum", type=float, default=0.9)
     optim.add_argument("--weight-decay", type=float, default=1e-4)
     run = parser.add_argument_group("run")
-    run.add_argument("--engine", default="keras", choices=engine_names())
+    run.add_argument("--engine", default="native", choices=engine_names(),
+                     help="native: K train steps per compiled call (docs/engines.md); keras: "
+                          "Keras fit")
     run.add_argument("--batch-size", type=int, default=32)
     run.add_argument("--epochs", type=int, default=5)
     run.add_argument("--no-jit", dest="jit_compile", action="store_false", help="turn off jit_compile (XLA)")
@@ -83,9 +86,10 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                      help="stop after PATIENCE evaluations without improvement of --early-stopping-metric (0: off)")
     run.add_argument("--early-stopping-metric", dest="monitor", default="val_accuracy", choices=list(MONITORS))
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--fused-steps", type=_fused_steps, default=1, metavar="K",
+    run.add_argument("--fused-steps", type=_fused_steps, default=None, metavar="K",
                      help="--engine native: train steps per compiled device call (K), or "
-                          "'auto' (the fastest of a few, measured on a short probe)")
+                          "'auto' (the fastest of a few, measured once per machine and model) "
+                          "(default: auto on one device, 1 otherwise)")
     run.add_argument("--max-steps", type=int, default=0, metavar="N",
                      help="stop after N train steps (0: --epochs decides)")
     run.add_argument("--no-shuffle", dest="shuffle", action="store_false",
@@ -112,7 +116,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         filters=args.filters, units=args.units, bidirectional=args.bidirectional,
         readout=args.readout,
     )
-    return TrainConfig(
+    config = TrainConfig(
         model=args.model, dataset=args.dataset, optimizer=spec, batch_size=args.batch_size,
         epochs=args.epochs, engine=args.engine, jit_compile=args.jit_compile,
         precision=getattr(args, "precision", "float32"),
@@ -120,11 +124,15 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         steps_per_execution=args.steps_per_execution, early_stopping=args.early_stopping,
         monitor=args.monitor, seed=args.seed, model_options=options,
         validation_fraction=args.validation_fraction, data_dir=args.data_dir,
-        fused_steps=args.fused_steps, max_steps=args.max_steps, eval_every=args.eval_every,
+        fused_steps=1 if args.fused_steps is None else args.fused_steps,
+        max_steps=args.max_steps, eval_every=args.eval_every,
         shuffle=args.shuffle,
         target=None if args.target is None else Target(args.target_metric, args.target),
         **parallel_config_fields(args),
     )
+    if args.fused_steps is None and engine_name(config) == "native":
+        config = replace(config, fused_steps=0)  # single-device native: K measured (cached)
+    return config
 
 
 def register(subparsers: argparse._SubParsersAction, parents: list) -> None:

@@ -48,6 +48,9 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
     if fused_steps == 0:  # auto: measure a few K on a throwaway copy (once per machine)
         fused_steps, probe = cached_probe_fused_steps(model, dataset, spec, config.batch_size,
                                                       config.seed)
+        if config.eval_every:  # calls end on the evaluation points the user asked for
+            fused_steps = max(d for d in range(1, min(fused_steps, config.eval_every) + 1)
+                              if config.eval_every % d == 0)
     plan = loop.Plan.of(config, len(dataset.x_train), fused_steps)
     spec = spec.with_total_steps(plan.steps_per_epoch * config.epochs)
     # Compiled for evaluate/predict/save afterwards; the TF loop trains with this optimizer.

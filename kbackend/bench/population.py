@@ -73,7 +73,7 @@ def measure_population(settings: Settings) -> Rows:
                            spread=max(max(probe[k]) / min(probe[k])
                                       for k in ("population_s", "sequential_s")))
             else:
-                row["reason"] = probe["reason"]
+                row["note"] = probe["reason"]
             rows.append(row)
     return rows, {"steps": steps, "repeats": repeats, "members": members,
                   "backend": active_backend()}
@@ -90,7 +90,7 @@ def population_table(payload: dict[str, Any]) -> str:
                        "spread": f"{row['spread']:.2f}"}
         else:
             figures = {"population samples/s": "n/a", "one by one samples/s": "",
-                       "population / one by one": row["reason"], "spread": ""}
+                       "population / one by one": row["note"], "spread": ""}
         lines.append({"backend": row["backend"], "model": f"{row['model']} ({row['dataset']})",
                       "batch": row["batch_size"], "members": row["members"], **figures,
                       "--population auto": row["path"]})

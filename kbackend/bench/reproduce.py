@@ -31,6 +31,10 @@ MNIST1D_PAPER: dict[str, tuple[float, str, ModelOptions]] = {
     "cnn": (0.94, "cnn", ModelOptions(filters=(25, 25, 25))),
     "gru": (0.91, "gru", ModelOptions(units=6, bidirectional=True, readout="all")),
 }
+# What the paper's own code prints where it differs from the README's table: the MLP's 68% is
+# not what upstream's notebooks/mnist1d-classification.ipynb gives (64.7-65.6%, 65.1% final);
+# docs/reproductions.md has the investigation. A row is judged against this figure when given.
+MNIST1D_UPSTREAM: dict[str, float] = {"mlp": 0.651}
 MNIST1D_STEPS = 8000
 MNIST1D_BATCH = 100
 MNIST1D_LR = 1e-2
@@ -112,23 +116,29 @@ def mnist1d_table(payload: dict[str, Any]) -> str:
     models = list(dict.fromkeys(row["model"] for row in payload["rows"]))
     lines = []
     for model in models:
-        line: dict[str, Any] = {"model": model, "paper": f"{MNIST1D_PAPER[model][0]:.0%}"}
+        reference = MNIST1D_UPSTREAM.get(model, MNIST1D_PAPER[model][0])
+        line: dict[str, Any] = {"model": model, "paper": f"{MNIST1D_PAPER[model][0]:.0%}",
+                                "upstream code": (f"{MNIST1D_UPSTREAM[model]:.1%}"
+                                                  if model in MNIST1D_UPSTREAM else "")}
         for backend in backends:
             accs = [r["test_accuracy"] for r in payload["rows"]
                     if r["model"] == model and r["backend"] == backend]
             if not accs:
                 continue
             stats = median_interval(accs)
-            gap = stats["median"] - MNIST1D_PAPER[model][0]
+            gap = stats["median"] - reference
             line[backend] = (f"{stats['median']:.1%} [{stats['low']:.1%}, {stats['high']:.1%}] "
                              f"n={stats['n']}")
-            line[f"{backend} - paper"] = f"{gap:+.1%}" + ("" if abs(gap) <= TOLERANCE else " (off)")
+            line[f"{backend} - reference"] = (f"{gap:+.1%}"
+                                              + ("" if abs(gap) <= TOLERANCE else " (off)"))
         lines.append(line)
-    columns = ["model", "paper", *[c for b in backends for c in (b, f"{b} - paper")]]
+    columns = ["model", "paper", "upstream code",
+               *[c for b in backends for c in (b, f"{b} - reference")]]
     return (markdown_table(lines, columns)
             + f"\n\nTest accuracy after {payload['summaries'][0].get('steps', '?')} steps: median "
               "[min, max] over seeds (the interval covers the median with probability 1 - 2 * 0.5^n); "
-              f"'(off)' marks a median more than {TOLERANCE:.0%} from the paper's figure.")
+              f"the reference is the upstream code's figure where given, else the paper's; '(off)' "
+              f"marks a median more than {TOLERANCE:.0%} from it.")
 
 
 BENCHMARKS = (

@@ -185,10 +185,12 @@ class Runs:
                          repeats: int = 3) -> dict[str, Any]:
         """Whether ``configs`` train faster as one population than one after another, measured.
 
-        Both paths are compiled first, then timed on ``steps`` steps (whole calls of K) per
-        member in ``repeats`` interleaved rounds; the medians decide. ``path`` is
-        ``"population"`` when the population's time is below the runs' summed time. Where the
-        backend has no population trainer the answer is ``"sequential"`` with the reason.
+        Both programs are compiled and warmed up, then timed on ``steps`` steps (whole calls of
+        K) in ``repeats`` interleaved rounds: the population (every member at once) against one
+        member alone, whose time x the number of members is the sequential path's (members of
+        a cell have identical shapes, so each costs the same). ``path`` is ``"population"`` when
+        the population's median is below that. Where the backend has no population trainer the
+        answer is ``"sequential"`` with the reason.
         """
         if not impl().supports_populations():
             return {"path": "sequential", "members": len(configs),
@@ -207,24 +209,22 @@ class Runs:
             for handle in [population.run(rows, first_row, fused) for first_row in starts]:
                 population.fetch(handle)
 
-        singles = [self.step_timer(c, v, steps) for c, v in zip(configs, values, strict=True)]
-
-        def run_sequential() -> None:
-            for single in singles:
-                single()
-
+        run_single = self.step_timer(first, values[0], steps)
         run_population()  # warm-up: first calls allocate
-        run_sequential()
-        timings: dict[str, list[float]] = {"population": [], "sequential": []}
+        run_single()
+        timings: dict[str, list[float]] = {"population": [], "one_member": []}
         for _ in range(repeats):
-            for name, fn in (("population", run_population), ("sequential", run_sequential)):
+            for name, fn in (("population", run_population), ("one_member", run_single)):
                 clock = time.perf_counter()
                 fn()
                 timings[name].append(time.perf_counter() - clock)
-        population_s, sequential_s = (float(np.median(timings[n])) for n in timings)
+        members = len(configs)
+        population_s = float(np.median(timings["population"]))
+        sequential_s = members * float(np.median(timings["one_member"]))
         return {"path": "population" if population_s < sequential_s else "sequential",
-                "members": len(configs), "steps": len(starts) * fused, "repeats": repeats,
-                "population_s": timings["population"], "sequential_s": timings["sequential"],
+                "members": members, "steps": len(starts) * fused, "repeats": repeats,
+                "population_s": timings["population"],
+                "sequential_s": [members * t for t in timings["one_member"]],
                 "speedup": sequential_s / population_s}
 
     def step_timer(self, config: Any, values: Any, steps: int) -> Callable[[], None]:

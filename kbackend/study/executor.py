@@ -41,6 +41,7 @@ from kbackend.training import Target, TrainConfig, load_dataset, train
 EPOCH_EVAL_ENGINES = frozenset({"keras"})
 # Steps per timed call of the time model (rounded up to whole fused calls).
 STEP_TIME_STEPS = 32
+PROBE_STEPS = 8  # steps per timed round of the population probe (at least one call)
 
 
 @dataclass(frozen=True)
@@ -531,7 +532,8 @@ class StudyRunner:
         if config.population == "on":
             return {"path": "population", "members": members, "reason": "--population on"}
         values = [self.initial_values(p.seed) for p in plans]
-        steps = configs[0].fused_steps * max(1, -(-STEP_TIME_STEPS // configs[0].fused_steps))
+        fused = configs[0].fused_steps
+        steps = fused * -(-PROBE_STEPS // fused)  # whole calls
         key_config = {"kind": "population_probe", "model": self.config.model,
                       "data": self.dataset.info.to_dict(), "optimizer": optimizer,
                       "batch_size": batch_size, "fused_steps": configs[0].fused_steps,

@@ -283,8 +283,8 @@ def run_population(trainer: Any, plan: Plan, configs: list[Any],
     target. The population runs until every member has stopped or the budget is spent; a
     stopped member's later steps are computed (vmap has no holes) but not recorded. Members are
     checked for divergence at evaluation points and epoch ends (not one call later, as ``run``
-    does): a diverged member stops there, the others go on. A member's test metrics are taken
-    where it stops. Timing is the population's: one clock, one compilation, shared by all.
+    does): a diverged member stops there, the others go on. A member's values are frozen where it
+    stops (``trainer.freeze``) and the test split is evaluated once for all at the end. Timing is the population's: one clock, one compilation, shared by all.
     ``censor(step, histories, active)``, called after each evaluation, returns members to stop
     there without a target (the study's pruning: runs that can no longer win); each is then the
     run alone with ``max_steps`` = that step, and ``extra["censored_at"]`` says so.
@@ -308,13 +308,9 @@ def run_population(trainer: Any, plan: Plan, configs: list[Any],
     def finish(members: list[int], epoch: int) -> None:
         if not members:
             return
-        eval_start = time.perf_counter()
-        test_loss, test_accuracy = trainer.evaluate_test()
-        clock["eval"] += time.perf_counter() - eval_start
+        trainer.freeze(members)  # the test split is evaluated once, for all, at the end
         for m in members:
             history = histories[m]
-            history.test = {"test_loss": float(test_loss[m]),
-                            "test_accuracy": float(test_accuracy[m])}
             history.timing.update(train_time=train_time(), eval_time=clock["eval"],
                                   compile_time=clock["compile"])
             history.extra.update(epochs_run=epoch, trace_counts={
@@ -397,4 +393,10 @@ def run_population(trainer: Any, plan: Plan, configs: list[Any],
     evaluate(step, epoch, {m for m in active
                            if histories[m].evals and histories[m].evals[-1]["step"] != step})
     finish(sorted(active), epoch)
+    eval_start = time.perf_counter()
+    test_loss, test_accuracy = trainer.evaluate_test()
+    test_seconds = time.perf_counter() - eval_start
+    for m, history in enumerate(histories):
+        history.test = {"test_loss": float(test_loss[m]), "test_accuracy": float(test_accuracy[m])}
+        history.timing["eval_time"] += test_seconds
     return histories

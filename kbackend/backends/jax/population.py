@@ -37,6 +37,7 @@ class PopulationTrainer:
         self.x_train = device_copy_once(dataset.x_train, jax.device_put)
         self.y_train = device_copy_once(dataset.y_train, jax.device_put)
         self.state: TrainState | None = None
+        self.frozen: Any = None  # each member's values where it stopped (see ``freeze``)
         self._compiled: dict[int, Any] = {}
         self.trace_counts: dict[int, int] = {}
         self._evaluators: dict[str, Any] = {}
@@ -73,6 +74,20 @@ class PopulationTrainer:
         opt_state = jax.vmap(self.tx.init)(trainable)._replace(
             learning_rate=jnp.asarray(learning_rates, jnp.float32))
         self.state = TrainState(trainable, non_trainable, opt_state)
+        self.frozen = jax.tree.map(jnp.copy, (trainable, non_trainable))
+
+    def freeze(self, members: list[int]) -> None:
+        """Keep ``members``' current values as their final ones (``evaluate_test`` uses them):
+        a member that stops is not changed by the steps the others still take."""
+        mask = np.zeros(self.members, bool)
+        mask[list(members)] = True
+        mask = jnp.asarray(mask)
+
+        def keep(current: Any, kept: Any) -> Any:
+            return jnp.where(mask.reshape((-1,) + (1,) * (current.ndim - 1)), current, kept)
+
+        self.frozen = jax.tree.map(keep, (self.state.trainable, self.state.non_trainable),
+                                   self.frozen)
 
     def put_epoch(self, rows: np.ndarray) -> Any:
         """Move an epoch's ``(members, steps, batch)`` index matrices to the device."""
@@ -98,15 +113,15 @@ class PopulationTrainer:
         """Wait for a call's losses and copy them to the host."""
         return np.asarray(jax.block_until_ready(losses))
 
-    def _evaluate(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+    def _evaluate(self, split: str, values: Any) -> tuple[np.ndarray, np.ndarray]:
         if split not in self._evaluators:
             self._evaluators[split] = make_evaluator(self.model, self.dataset, split, members=True)
-        return self._evaluators[split](self.state.trainable, self.state.non_trainable)
+        return self._evaluators[split](*values)
 
     def evaluate(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every member's validation loss and accuracy, shape ``(M,)`` each."""
-        return self._evaluate("val")
+        """Every member's validation loss and accuracy now, shape ``(M,)`` each."""
+        return self._evaluate("val", (self.state.trainable, self.state.non_trainable))
 
     def evaluate_test(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every member's test loss and accuracy, shape ``(M,)`` each."""
-        return self._evaluate("test")
+        """Every member's test loss and accuracy on its frozen values (``freeze``), ``(M,)``."""
+        return self._evaluate("test", self.frozen)

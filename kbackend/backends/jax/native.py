@@ -14,6 +14,7 @@ Reached through ``kbackend.backends.ops()`` (the dispatch point); ``data_paralle
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any
 
 import jax
@@ -27,7 +28,22 @@ from kbackend.data.batching import pad_to_chunks
 EVAL_CHUNK = 1024  # validation samples per forward pass (the split is padded to a multiple)
 
 
+_EVALUATORS: dict[tuple, Any] = {}
+
+
 def make_evaluator(model: Any, dataset: Any, split: str = "val", members: bool = False) -> Any:
+    """``build_evaluator``'s evaluator, built (and so compiled) once per model, dataset, split
+    and kind while model and dataset live: a study's cells share one model, so their trainers
+    share its evaluators instead of compiling one each."""
+    key = (id(model), id(dataset), split, members)
+    if key not in _EVALUATORS:
+        _EVALUATORS[key] = build_evaluator(model, dataset, split, members)
+        for owner in (model, dataset):
+            weakref.finalize(owner, _EVALUATORS.pop, key, None)
+    return _EVALUATORS[key]
+
+
+def build_evaluator(model: Any, dataset: Any, split: str = "val", members: bool = False) -> Any:
     """``evaluate(trainable, non_trainable) -> (loss, accuracy)`` on ``dataset``'s ``split``
     (``"val"`` or ``"test"``), which goes to the (default) device once, padded into chunks.
 

@@ -14,6 +14,7 @@ Reached only through ``kbackend.backends.ops()`` (the dispatch point).
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,52 @@ def make_train_step(model: Any, optimizer: Any) -> Any:
     return train_step
 
 
+class Evaluator:
+    """Loss and accuracy of a Keras model's current variables on a dataset's validation or
+    test split (placed on the device once, padded into chunks), in one XLA program."""
+
+    def __init__(self, model: Any, dataset: Any) -> None:
+        self.model, self.dataset = model, dataset
+        self._splits: dict[str, tuple[tf.Tensor, ...]] = {}
+        self._evaluate = tf.function(self._evaluate_fn, jit_compile=True)
+
+    def _evaluate_fn(self, x_chunks, y_chunks, mask_chunks):
+        import keras  # deferred: Keras is imported once the backend is chosen
+
+        loss_sum = tf.constant(0.0)
+        correct = tf.constant(0.0)
+        for i in tf.range(tf.shape(x_chunks)[0]):
+            probs = self.model(x_chunks[i], training=False)
+            per_sample = keras.losses.sparse_categorical_crossentropy(y_chunks[i], probs)
+            hits = tf.cast(tf.argmax(probs, axis=-1, output_type=tf.int32) == y_chunks[i],
+                           tf.float32)
+            loss_sum += tf.reduce_sum(per_sample * mask_chunks[i])
+            correct += tf.reduce_sum(hits * mask_chunks[i])
+        penalty = tf.add_n([tf.reduce_sum(x) for x in self.model.losses] or [tf.constant(0.0)])
+        count = tf.reduce_sum(mask_chunks)
+        return loss_sum / count + penalty, correct / count
+
+    def __call__(self, split: str) -> tuple[float, float]:
+        if split not in self._splits:
+            x, y = getattr(self.dataset, f"x_{split}"), getattr(self.dataset, f"y_{split}")
+            self._splits[split] = tuple(_on_device(a) for a in pad_to_chunks(x, y, EVAL_CHUNK))
+        loss, accuracy = self._evaluate(*self._splits[split])
+        return float(loss), float(accuracy)
+
+
+_EVALUATORS: dict[tuple[int, int], Evaluator] = {}
+
+
+def shared_evaluator(model: Any, dataset: Any) -> Evaluator:
+    """The ``Evaluator`` of ``model`` on ``dataset``, one while both live."""
+    key = (id(model), id(dataset))
+    if key not in _EVALUATORS:
+        _EVALUATORS[key] = Evaluator(model, dataset)
+        for owner in (model, dataset):
+            weakref.finalize(owner, _EVALUATORS.pop, key, None)
+    return _EVALUATORS[key]
+
+
 class NativeTrainer:
     """Runs fused train calls on one model; see ``kbackend.engines.native`` for the driver."""
 
@@ -60,14 +107,12 @@ class NativeTrainer:
         # One device copy per dataset, shared by every trainer of it.
         self.x_train = device_copy_once(dataset.x_train, _on_device)
         self.y_train = device_copy_once(dataset.y_train, _on_device)
-        self._val = tuple(_on_device(a) for a in
-                          pad_to_chunks(dataset.x_val, dataset.y_val, EVAL_CHUNK))
         self.dataset = dataset
-        self._test: tuple[tf.Tensor, ...] | None = None  # placed on first use
         self._compiled: dict[int, Any] = {}
         self.trace_counts: dict[int, int] = {}
         self.history_extra: dict[str, Any] = {}
-        self._evaluate = tf.function(self._evaluate_fn, jit_compile=True)
+        # Shared by every trainer of this model and dataset (a study's cells): compiled once.
+        self._evaluator = shared_evaluator(model, dataset)
 
     # -- training -------------------------------------------------------------------------
     def _run_fn(self, length: int) -> Any:
@@ -105,34 +150,13 @@ class NativeTrainer:
         return losses.numpy()
 
     # -- evaluation -----------------------------------------------------------------------
-    def _evaluate_fn(self, x_chunks, y_chunks, mask_chunks):
-        import keras  # deferred: Keras is imported once the backend is chosen
-
-        loss_sum = tf.constant(0.0)
-        correct = tf.constant(0.0)
-        for i in tf.range(tf.shape(x_chunks)[0]):
-            probs = self.model(x_chunks[i], training=False)
-            per_sample = keras.losses.sparse_categorical_crossentropy(y_chunks[i], probs)
-            hits = tf.cast(tf.argmax(probs, axis=-1, output_type=tf.int32) == y_chunks[i],
-                           tf.float32)
-            loss_sum += tf.reduce_sum(per_sample * mask_chunks[i])
-            correct += tf.reduce_sum(hits * mask_chunks[i])
-        penalty = tf.add_n([tf.reduce_sum(x) for x in self.model.losses] or [tf.constant(0.0)])
-        count = tf.reduce_sum(mask_chunks)
-        return loss_sum / count + penalty, correct / count
-
     def evaluate(self) -> tuple[float, float]:
         """Validation loss (cross-entropy + regularization, as Keras reports it) and accuracy."""
-        loss, accuracy = self._evaluate(*self._val)
-        return float(loss), float(accuracy)
+        return self._evaluator("val")
 
     def evaluate_test(self) -> tuple[float, float]:
         """Test loss and accuracy, computed like ``evaluate`` (same compiled program)."""
-        if self._test is None:
-            self._test = tuple(_on_device(a) for a in pad_to_chunks(
-                self.dataset.x_test, self.dataset.y_test, EVAL_CHUNK))
-        loss, accuracy = self._evaluate(*self._test)
-        return float(loss), float(accuracy)
+        return self._evaluator("test")
 
     # -- model values ---------------------------------------------------------------------
     def _variables(self) -> list[Any]:

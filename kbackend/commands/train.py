@@ -171,12 +171,21 @@ def run(args: argparse.Namespace) -> int:
         f"{info.num_test} test), {config.optimizer.name} lr={config.optimizer.learning_rate:g}, "
         f"batch {config.batch_size}, engine {engine_name(config)}, backend {active_backend()}"
     )
+    if "fused_steps" in history.extra:  # the native engines: K, and how it was chosen
+        probe = history.extra.get("fused_steps_probe")
+        how = "" if probe is None else (" (auto: stored probe)" if probe.get("cached")
+                                        else f" (auto: measured in {probe['seconds']:.1f}s)")
+        print(f"fused steps K={history.extra['fused_steps']}{how}")
     best = history.best("val_accuracy")
     last = history.evals[-1] if history.evals else {}
+    compile_time = history.timing.get("compile_time")
+    train_time = history.timing.get("train_time", float("nan")) - (compile_time or 0.0)
     print(
         f"val_accuracy {last.get('val_accuracy', float('nan')):.4f} (best {best if best is not None else float('nan'):.4f})  "
         f"test_accuracy {history.test['test_accuracy']:.4f}  test_loss {history.test['test_loss']:.4f}  "
-        f"train_time {history.timing.get('train_time', float('nan')):.2f}s  steps {history.steps_run}"
+        f"train_time {train_time:.2f}s"
+        + (f" (compiled in {compile_time:.2f}s apart)" if compile_time is not None else "")
+        + f"  steps {history.steps_run}"
     )
     if config.target is not None:
         target = config.target

@@ -180,6 +180,11 @@ class _Run:
         # The previous call has (nearly) finished while this one is queued: reading its losses
         # costs the device no idle time and finds a divergence one call later at most.
         self.fetch_ready(len(self.pending) - 1)
+        live = getattr(self.reporter, "steps_done", None)
+        if live is not None and self.fetched:
+            done = self.pending[len(self.fetched) - 1][0] + len(self.fetched[-1])
+            live(done, self.plan.total_steps, float(self.fetched[-1][-1]), self.train_time(),
+                 self.plan.batch_size)
 
     def epoch(self, epoch: int, shuffle: bool) -> bool:
         """Train one epoch; True if an evaluation asked to stop (target or patience)."""

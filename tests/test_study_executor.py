@@ -36,7 +36,7 @@ TINY = StudyConfig(
     model="seed_mlp", dataset="digits", optimizers=("sgd", "adam"), batch_sizes=(64, 256),
     learning_rates={"sgd": (1e-4,), "adam": (3e-3,)}, max_steps=60, engine="native",
     target=Target("val_accuracy", 0.9), noise_points=2, noise_draws=4, seeds=2,
-    step_time_repeats=1,
+    step_time_repeats=1, population="off",  # one run at a time: the populations' own tests below
 )
 TINY_KERAS = dataclasses.replace(TINY, engine="keras", jit_compile=JIT_FOR_SMALL_RUNS)
 # The resume tests need only the runs (the same run keys as TINY's): no noise scale, no time model.
@@ -44,7 +44,7 @@ RESUMED = dataclasses.replace(TINY, noise_points=0, step_time_repeats=0)
 RESUMED_ARGS = ["study", "--model", "seed_mlp", "--dataset", "digits", "--optimizers", "sgd,adam", "--batch-sizes", "64,256", "--lrs",
                 "sgd=0.0001", "--lrs", "adam=0.003", "--max-steps", "60", "--engine", "native",
                 "--target", "0.9", "--noise-points", "0", "--noise-draws", "4", "--seeds", "2",
-                "--step-time-repeats", "0", "--no-progress"]
+                "--step-time-repeats", "0", "--population", "off", "--no-progress"]
 TINY_RUNS = 8
 
 

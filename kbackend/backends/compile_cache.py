@@ -15,11 +15,15 @@ processes must not do. Users who accept that can set the flag themselves.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from kbackend.data.sources import cache_dir
+from kbackend.io import atomic_write_json, read_json
 
 COMPILE_CACHE_ENV = "KBACKEND_COMPILE_CACHE"
 _OFF = ("0", "false", "no", "off")
@@ -48,3 +52,29 @@ def compile_cache_folder(backend: str) -> Path | None:
     except OSError:
         return None
     return folder
+
+
+def machine_measurement(file_name: str, key: str,
+                        measure: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+    """``measure()``'s result for ``key``, measured once per machine and software and kept in
+    ``<kbackend cache folder>/<file_name>`` (JSON, written atomically; an unreadable file is
+    measured again and replaced); returns it and whether it was stored. With the caches off
+    (``KBACKEND_COMPILE_CACHE=0``) it measures every time. For answers that depend only on the
+    program, the machine and the versions (``key`` must hold all three), such as which K or
+    which path runs fastest."""
+    path = cache_dir() / file_name if compile_cache_enabled() else None
+    entries: dict[str, Any] = {}
+    if path is not None and path.is_file():
+        try:
+            loaded = read_json(path)
+            entries = loaded if isinstance(loaded, dict) else {}
+        except (OSError, ValueError):
+            entries = {}
+        if isinstance(entries.get(key), dict):
+            return entries[key], True
+    result = measure()
+    if path is not None:
+        # An unwritable cache folder costs a measurement next time, nothing else.
+        with contextlib.suppress(OSError):
+            atomic_write_json(path, {**entries, key: result})
+    return result, False

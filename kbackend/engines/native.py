@@ -17,7 +17,6 @@ compiles once however many rates and seeds it tries.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
@@ -30,14 +29,12 @@ import numpy as np
 
 from kbackend.backend_choice import keras as import_keras
 from kbackend.backends import impl
-from kbackend.backends.compile_cache import compile_cache_enabled
+from kbackend.backends.compile_cache import compile_cache_enabled, machine_measurement
 from kbackend.data import batching, check_batch_size
-from kbackend.data.sources import cache_dir
 from kbackend.engines import loop
 from kbackend.engines.keras_fit import compile_model
 from kbackend.errors import ConfigError
 from kbackend.history import History
-from kbackend.io import atomic_write_json, read_json
 
 PROBE_CANDIDATES = (1, 8, 32)
 
@@ -291,30 +288,21 @@ def probe_key(model: Any, dataset: Any, spec: Any, batch_size: int) -> str:
 def cached_probe_fused_steps(model: Any, dataset: Any, spec: Any, batch_size: int,
                              seed: int = 0) -> tuple[int, dict[str, Any]]:
     """``probe_fused_steps``'s K, measured once per ``probe_key`` and kept in the kbackend
-    cache folder (``fused_steps_probe.json``, written atomically; an unreadable file is
-    measured again and replaced). ``KBACKEND_COMPILE_CACHE=0`` (``--no-compile-cache``)
-    measures every time. Returns K and the probe's record (``"cached"``: whether it was)."""
+    cache folder (``fused_steps_probe.json``: ``compile_cache.machine_measurement``).
+    ``KBACKEND_COMPILE_CACHE=0`` (``--no-compile-cache``) measures every time. Returns K and
+    the probe's record (``"cached"``: whether it was stored)."""
     start = time.perf_counter()
-    path = cache_dir() / PROBE_CACHE_FILE if compile_cache_enabled() else None
-    key = probe_key(model, dataset, spec, batch_size) if path is not None else ""
-    entries: dict[str, Any] = {}
-    if path is not None and path.is_file():
-        try:
-            loaded = read_json(path)
-            entries = loaded if isinstance(loaded, dict) else {}
-        except (OSError, ValueError):
-            entries = {}
-        entry = entries.get(key)
-        if isinstance(entry, dict) and isinstance(entry.get("fused_steps"), int):
-            return entry["fused_steps"], {**entry, "cached": True,
-                                          "seconds": time.perf_counter() - start}
-    best, timings = probe_fused_steps(model, dataset, spec, batch_size, seed)
-    entry = {"fused_steps": best, "us_per_step": {str(k): v for k, v in timings.items()}}
-    if path is not None:
-        # An unwritable cache folder costs a probe next time, nothing else.
-        with contextlib.suppress(OSError):
-            atomic_write_json(path, {**entries, key: entry})
-    return best, {**entry, "cached": False, "seconds": time.perf_counter() - start}
+
+    def measure() -> dict[str, Any]:
+        best, timings = probe_fused_steps(model, dataset, spec, batch_size, seed)
+        return {"fused_steps": best, "us_per_step": {str(k): v for k, v in timings.items()}}
+
+    key = probe_key(model, dataset, spec, batch_size) if compile_cache_enabled() else ""
+    entry, cached = machine_measurement(PROBE_CACHE_FILE, key, measure)
+    if not isinstance(entry.get("fused_steps"), int):  # a foreign entry: measure again
+        entry, cached = measure(), False
+    return entry["fused_steps"], {**entry, "cached": cached,
+                                  "seconds": time.perf_counter() - start}
 
 
 def probe_fused_steps(model: Any, dataset: Any, spec: Any, batch_size: int, seed: int = 0,

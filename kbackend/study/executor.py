@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from kbackend.backends import impl
+from kbackend.backends.compile_cache import machine_measurement
 from kbackend.data import Dataset
 from kbackend.data.batching import steps_per_epoch_dropping_last, steps_per_epoch_keeping_last
 from kbackend.engines import get_engine
@@ -42,6 +43,7 @@ EPOCH_EVAL_ENGINES = frozenset({"keras"})
 # Steps per timed call of the time model (rounded up to whole fused calls).
 STEP_TIME_STEPS = 32
 PROBE_STEPS = 8  # steps per timed round of the population probe (at least one call)
+POPULATION_PROBE_FILE = "population_probe.json"  # the probes' answers, kept per machine
 
 
 @dataclass(frozen=True)
@@ -516,8 +518,9 @@ class StudyRunner:
         "population" | "sequential", ...}`` with the reason or the probe's figures.
 
         ``population="auto"`` measures (``Runs.probe_population``: both paths compiled, then
-        timed in interleaved rounds) and keeps the faster; the probe is stored, so a resumed
-        study takes the same path. Grid extensions and pruning stay sequential.
+        timed in interleaved rounds) and keeps the faster; the probe is stored in the study (a
+        resumed study takes the same path) and in the kbackend cache folder (another study of
+        the same cell on this machine and software reuses it). Grid extensions and pruning stay sequential.
         """
         config, members = self.config, len(grid) * self.config.seeds
         if config.population == "off":
@@ -538,9 +541,13 @@ class StudyRunner:
                       "data": self.dataset.info.to_dict(), "optimizer": optimizer,
                       "batch_size": batch_size, "fused_steps": configs[0].fused_steps,
                       "members": members, "steps": steps, **self.env}
-        return self.stored_or_measured(
-            "population_probe", "probe", key_config, plans[0],
-            lambda: self.native_runs().probe_population(configs, values, steps))
+        def measure() -> dict[str, Any]:  # once per machine (and software) for this cell
+            probe, cached = machine_measurement(
+                POPULATION_PROBE_FILE, config_key(key_config),
+                lambda: self.native_runs().probe_population(configs, values, steps))
+            return {**probe, "cached": cached}
+
+        return self.stored_or_measured("population_probe", "probe", key_config, plans[0], measure)
 
     def population_plans(self, optimizer: str, batch_size: int,
                          grid: tuple[float, ...]) -> list[RunPlan]:

@@ -4,6 +4,7 @@ kbackend.backends.compile_cache)."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -69,3 +70,36 @@ def test_the_next_process_reuses_entries_and_survives_a_corrupt_one(tmp_path):
     assert second.returncode == 0, second.stderr[-2000:]
     assert second.stdout.split()[-1] == first.stdout.split()[-1] == "33792.0"
     assert "Error reading persistent compilation cache entry" in second.stderr
+
+
+def test_a_native_run_counts_its_compilations_and_compiles_at_most_five(tmp_path, monkeypatch):
+    """The run's XLA programs, evaluation included, are counted into its history (goal: <= 5:
+    the optimizer's init on JAX, the K-step call, the validation and test evaluations)."""
+    from kbackend.training import TrainConfig, train
+
+    monkeypatch.setenv("KBACKEND_CACHE_DIR", str(tmp_path))
+    config = TrainConfig(engine="native", fused_steps=10, epochs=2, batch_size=64)  # 20 steps/epoch
+    first = train(config).history.extra["xla_programs"]
+    assert 2 <= first["programs"] <= 5, first
+    # The same run again in this process: every program is already built.
+    assert train(config).history.extra["xla_programs"]["programs"] <= first["programs"]
+
+
+@pytest.mark.slow  # two fresh processes
+@pytest.mark.skipif(BACKEND != "jax", reason="the persistent cache is JAX's (TensorFlow's stays off)")
+def test_the_second_process_loads_the_runs_programs_from_the_cache(tmp_path):
+    env = {**os.environ, "KBACKEND_CACHE_DIR": str(tmp_path), "KERAS_BACKEND": "jax"}
+    env.pop(COMPILE_CACHE_ENV, None)
+    script = ("from kbackend.training import TrainConfig, train; import json; print(json.dumps("
+              "train(TrainConfig(engine='native', fused_steps=10, epochs=1, batch_size=64))"
+              ".history.extra['xla_programs']))")
+
+    def run() -> dict:
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              env=env, cwd=ROOT, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    cold, warm = run(), run()
+    assert cold["from_cache"] == 0 < cold["programs"]
+    assert warm["from_cache"] == warm["programs"] == cold["programs"]  # loaded, none compiled

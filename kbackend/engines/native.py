@@ -52,15 +52,18 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
     spec = spec.with_total_steps(plan.steps_per_epoch * config.epochs)
     # Compiled for evaluate/predict/save afterwards; the TF loop trains with this optimizer.
     compile_model(model, spec, config)
-    trainer = impl().native_trainer(model, spec, dataset)
-    history = History()
-    history.extra.update(engine="native", decay_steps=spec.decay_steps)
-    if probe is not None:
-        history.extra["fused_steps_probe"] = probe
-    history = loop.run(trainer, plan, config, reporter, history=history)
-    # The test split on the trainer's compiled evaluator: Keras's evaluate would trace and
-    # compile a program of its own (on TensorFlow an XLA compile of several seconds).
-    history.test = dict(zip(("test_loss", "test_accuracy"), trainer.evaluate_test(), strict=True))
+    with impl().compilation_counter() as compiled:
+        trainer = impl().native_trainer(model, spec, dataset)
+        history = History()
+        history.extra.update(engine="native", decay_steps=spec.decay_steps)
+        if probe is not None:
+            history.extra["fused_steps_probe"] = probe
+        history = loop.run(trainer, plan, config, reporter, history=history)
+        # The test split on the trainer's compiled evaluator: Keras's evaluate would trace and
+        # compile a program of its own (on TensorFlow an XLA compile of several seconds).
+        history.test = dict(zip(("test_loss", "test_accuracy"), trainer.evaluate_test(),
+                                strict=True))
+    history.extra["xla_programs"] = compiled  # the run's compilations, evaluation included
     return history
 
 

@@ -17,6 +17,7 @@ from kbackend.backends.jax.gradients import bias_add_misroutes, gradients
 from kbackend.backends.jax.native import NativeTrainer
 from kbackend.backends.jax.ops import (
     block_until_ready,
+    compilation_counter,
     device_count,
     device_memory_in_use,
     device_scope,
@@ -50,6 +51,7 @@ population_trainer = PopulationTrainer
 __all__ = [
     "bias_add_misroutes",
     "block_until_ready",
+    "compilation_counter",
     "data_parallel_clone_layer",
     "data_parallel_jit_compile",
     "data_parallel_scope",

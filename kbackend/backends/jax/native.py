@@ -108,6 +108,7 @@ class NativeTrainer:
         self.history_extra: dict[str, Any] = {}
         self._evaluate = make_evaluator(model, dataset)
         self._evaluate_test: Any = None  # built on first use
+        self._init: Any = None  # the optimizer's compiled init (``reset``)
 
     # -- training -------------------------------------------------------------------------
     def _run_fn(self, length: int) -> Any:
@@ -163,9 +164,12 @@ class NativeTrainer:
         """Start a new run on the compiled programs: the model's ``(trainable,
         non_trainable)`` values and a fresh optimizer state at base rate ``learning_rate``
         (a runtime value of the compiled step, so nothing is traced again)."""
-        trainable, non_trainable = ([jnp.asarray(v) for v in part] for part in values)
+        trainable, non_trainable = ([jax.device_put(np.asarray(v)) for v in part]
+                                    for part in values)
         # The base rate is optimizer state (``kbackend.optim.KerasOptState.learning_rate``).
-        opt_state = self.tx.init(trainable)._replace(
+        if self._init is None:
+            self._init = jax.jit(self.tx.init)  # one program, not one eager op per shape
+        opt_state = self._init(trainable)._replace(
             learning_rate=jnp.asarray(learning_rate, jnp.float32))
         self.state = TrainState(trainable, non_trainable, opt_state)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import jax
@@ -162,3 +163,33 @@ def to_device(batch: Any) -> Any:
 def device_scope(platform: str) -> Any:
     """A context manager placing new arrays and computations on the first ``platform`` device."""
     return jax.default_device(jax.devices(platform)[0])
+
+
+_BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"  # a program loaded, not compiled
+
+
+@contextmanager
+def compilation_counter() -> Iterator[dict[str, Any]]:
+    """Counts the XLA programs built inside the block (JAX's backend-compile event: compiled
+    or loaded from the persistent cache), how many of them were loaded (``from_cache``), and
+    the seconds they took."""
+    counts: dict[str, Any] = {"programs": 0, "from_cache": 0, "seconds": 0.0,
+                              "counted": "JAX backend compilations"}
+
+    def listener(event: str, duration: float, **kwargs: Any) -> None:
+        if event == _BACKEND_COMPILE_EVENT:
+            counts["programs"] += 1
+            counts["seconds"] += duration
+
+    def cache_hit(event: str, **kwargs: Any) -> None:
+        if event == _CACHE_HIT_EVENT:
+            counts["from_cache"] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    jax.monitoring.register_event_listener(cache_hit)
+    try:
+        yield counts
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+        jax.monitoring.unregister_event_listener(cache_hit)

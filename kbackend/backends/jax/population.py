@@ -71,7 +71,7 @@ class PopulationTrainer:
                     for i in range(len(values[0][part]))]
 
         trainable, non_trainable = stacked(0), stacked(1)
-        opt_state = jax.vmap(self.tx.init)(trainable)._replace(
+        opt_state = jax.jit(jax.vmap(self.tx.init))(trainable)._replace(
             learning_rate=jnp.asarray(learning_rates, jnp.float32))
         self.state = TrainState(trainable, non_trainable, opt_state)
         self.frozen = jax.tree.map(jnp.copy, (trainable, non_trainable))

@@ -57,10 +57,13 @@ def initial_state(model: Any, tx: Any) -> TrainState:
     """The state of a built Keras model and a fresh optax state for ``tx``.
 
     The values are copies: steps donate the state's buffers, the Keras variables keep theirs.
+    The copies go through the host (``jnp.array`` would compile a copy program per shape) and
+    the optimizer state is made by one compiled program (eager ``zeros_like`` compiles one per
+    shape): a native run then compiles only what it runs.
     """
-    trainable = [jnp.array(v.value) for v in model.trainable_variables]
-    non_trainable = [jnp.array(v.value) for v in model.non_trainable_variables]
-    return TrainState(trainable, non_trainable, tx.init(trainable))
+    trainable = [jax.device_put(np.asarray(v.value)) for v in model.trainable_variables]
+    non_trainable = [jax.device_put(np.asarray(v.value)) for v in model.non_trainable_variables]
+    return TrainState(trainable, non_trainable, jax.jit(tx.init)(trainable))
 
 
 def mean_cross_entropy(labels: Any, probs: Any) -> Any:

@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from kbackend.backends import device_copy_once
+from kbackend.backends.tensorflow.ops import jit_function
 from kbackend.data.batching import pad_to_chunks
 from kbackend.errors import ConfigError
 
@@ -57,7 +58,7 @@ class Evaluator:
     def __init__(self, model: Any, dataset: Any) -> None:
         self.model, self.dataset = model, dataset
         self._splits: dict[str, tuple[tf.Tensor, ...]] = {}
-        self._evaluate = tf.function(self._evaluate_fn, jit_compile=True)
+        self._evaluate = jit_function(self._evaluate_fn)
 
     def _evaluate_fn(self, x_chunks, y_chunks, mask_chunks):
         import keras  # deferred: Keras is imported once the backend is chosen
@@ -125,7 +126,7 @@ class NativeTrainer:
                 losses = tf.tensor_scatter_nd_update(losses, [[i]], [tf.cast(loss, tf.float32)])
             return losses
 
-        return tf.function(run, jit_compile=True)
+        return jit_function(run)
 
     def put_epoch(self, rows: np.ndarray) -> tf.Tensor:
         """Move an epoch's ``(steps, batch)`` index matrix to the device, ahead of its steps."""

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from contextlib import suppress
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import numpy as np
@@ -155,3 +156,31 @@ def to_device(batch: Any) -> Any:
 def device_scope(platform: str) -> Any:
     """A context manager placing new tensors and ops on the first ``platform`` device."""
     return tf.device(f"/{platform.upper()}:0")
+
+
+_JIT_FUNCTIONS: weakref.WeakSet = weakref.WeakSet()
+
+
+def jit_function(fn: Any) -> Any:
+    """``tf.function(fn, jit_compile=True)``, registered so ``compilation_counter`` sees its
+    traces (each trace of an XLA-compiled function is one XLA program)."""
+    function = tf.function(fn, jit_compile=True)
+    _JIT_FUNCTIONS.add(function)
+    return function
+
+
+def _traces() -> int:
+    return sum(f.experimental_get_tracing_count() for f in list(_JIT_FUNCTIONS))
+
+
+@contextmanager
+def compilation_counter() -> Iterator[dict[str, Any]]:
+    """Counts the XLA programs compiled inside the block: on TensorFlow, new traces of
+    kbackend's jit-compiled functions (``jit_function``; TF exposes no process-wide compile
+    hook, so programs Keras compiles on its own are not seen)."""
+    counts: dict[str, Any] = {"programs": 0, "counted": "traces of kbackend's XLA functions"}
+    before = _traces()
+    try:
+        yield counts
+    finally:
+        counts["programs"] = _traces() - before

@@ -71,6 +71,14 @@ def keras() -> ModuleType:
     return keras_module
 
 
+def selected_backend() -> str:
+    """The backend Keras runs on, or will run on once imported, without importing it (what
+    ``active_backend`` answers; ``kbackend info`` need not pay for Keras's import)."""
+    if "keras" in sys.modules:
+        return sys.modules["keras"].backend.backend()
+    return use_backend(os.environ.get(ENV_VAR))
+
+
 def active_backend() -> str:
     """The backend Keras runs on in this process (imports Keras if needed)."""
     return keras().backend.backend()

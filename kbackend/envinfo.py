@@ -9,12 +9,14 @@ details every benchmark, history file and ``kbackend info`` show beside their fi
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import platform
+import sys
 from typing import Any
 
 from kbackend import __version__
-from kbackend.backend_choice import active_backend
+from kbackend.backend_choice import selected_backend
 from kbackend.backends import impl
 
 _PACKAGES = ("keras", "jax", "jaxlib", "tensorflow-cpu", "tensorflow", "optax", "numpy")
@@ -51,7 +53,7 @@ def environment_identity() -> dict[str, Any]:
     """
     backend_impl = impl()
     return {
-        "backend": active_backend(),
+        "backend": selected_backend(),
         "versions": {**package_versions(), **backend_impl.framework_versions(), "kbackend": __version__},
         "device": f"{device_summary(backend_impl.devices())}; {os.cpu_count()} cpus; {_processor()}",
     }
@@ -60,17 +62,31 @@ def environment_identity() -> dict[str, Any]:
 def environment() -> dict[str, Any]:
     """A JSON-ready description of this process's backend, devices and machine: the
     ``environment_identity()`` plus the device list, image data format, machine and flags."""
-    keras = __import__("keras")
     return {
         **environment_identity(),
         "devices": impl().devices(),
-        "image_data_format": keras.config.image_data_format(),
+        "image_data_format": image_data_format(),
         "cpu_count": os.cpu_count(),
         "machine": platform.machine(),
         "processor": _processor(),
         "python": platform.python_version(),
         "env": relevant_env(),
     }
+
+
+def image_data_format() -> str:
+    """Keras's ``image_data_format``: from Keras once imported, else from its configuration
+    file (``$KERAS_HOME/keras.json`` or ``~/.keras/keras.json``, as Keras reads it at import;
+    default ``channels_last``), so describing the environment does not import Keras."""
+    if "keras" in sys.modules:
+        return sys.modules["keras"].config.image_data_format()
+    home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    try:
+        with open(os.path.join(home, "keras.json")) as file:
+            value = json.load(file).get("image_data_format", "channels_last")
+    except (OSError, ValueError, AttributeError):
+        return "channels_last"
+    return value if value in ("channels_last", "channels_first") else "channels_last"
 
 
 def _processor() -> str:

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from kbackend.backend_choice import active_backend
+from kbackend.backend_choice import selected_backend
 
 _PACKAGES = {"jax": "kbackend.backends.jax", "tensorflow": "kbackend.backends.tensorflow"}
 
@@ -120,9 +120,10 @@ def impl() -> BackendOps:
     """The backend package of the active Keras backend, resolved once per process.
 
     Keras cannot switch backends once imported (``kbackend.backend_choice``), so the first
-    answer stays right for the life of the process.
+    answer stays right for the life of the process. Keras itself is not imported here (the
+    selected backend is fixed before it is), so commands that need no model skip its import.
     """
-    package = backend_package(active_backend())
+    package = backend_package(selected_backend())
     package.start()
     return package
 

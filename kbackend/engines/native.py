@@ -33,6 +33,7 @@ from kbackend.backends.compile_cache import compile_cache_enabled, machine_measu
 from kbackend.data import batching, check_batch_size
 from kbackend.engines import loop
 from kbackend.engines.keras_fit import compile_model
+from kbackend.envinfo import environment_identity
 from kbackend.errors import ConfigError
 from kbackend.history import History
 
@@ -277,8 +278,6 @@ def probe_key(model: Any, dataset: Any, spec: Any, batch_size: int) -> str:
     """What a ``--fused-steps auto`` answer depends on: the network's layers and weight shapes
     (not their names or values), its dtype policy, the data's shape and size, the optimizer,
     the batch size, the candidates, and the backend, versions and device."""
-    from kbackend.envinfo import environment_identity  # deferred: it starts the backend
-
     layers = [(type(layer).__name__, [list(w.shape) for w in layer.weights])
               for layer in model._flatten_layers(include_self=False)]
     payload = {"layers": layers, "policy": str(model.dtype_policy.name),

@@ -104,6 +104,24 @@ def test_tiny_study_writes_report_plots_and_reports_unreached_cells(baseline):
         assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
 
 
+def test_the_console_table_fits_100_columns(baseline):
+    import io
+
+    from rich.console import Console
+
+    from kbackend.study.analysis import analyze
+    from kbackend.study.report import print_table
+
+    study = baseline[1]["study"]
+    out = io.StringIO()
+    print_table(study, analyze(study), Console(file=out, width=100, highlight=False))
+    lines = out.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 100
+    table = [line for line in lines if line.strip().startswith(("sgd", "adam"))]
+    assert len(table) == len(study["cells"])  # one line per cell: nothing wrapped
+    assert "…" not in "\n".join(table) and any(" no (" in line for line in table)
+
+
 def test_rerun_skips_every_finished_run(baseline):
     out, first = baseline
     again = run_study(TINY, out, show_progress=False, print_results=False)

@@ -26,7 +26,7 @@ from kbackend.reports import markdown_rows
 from kbackend.study.analysis import analyze
 from kbackend.study.config import StudyConfig
 from kbackend.study.executor import StudyRunner
-from kbackend.study.report import print_table, write_report
+from kbackend.study.report import CONSOLE_WIDTH, print_table, write_report
 from kbackend.study.store import ResultStore
 
 DB_NAME = "study.db"
@@ -111,7 +111,7 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
         store.put_summary(study["study"], f"{study['env']['backend']}/{config.engine}",
                           study["env"]["device"], summary)
     if print_results:
-        stdout = Console() if Console().is_terminal else Console(width=200)
+        stdout = Console() if Console().is_terminal else Console(width=CONSOLE_WIDTH)
         print_table(study, analysis, console=stdout)
         stdout.print(f"{runner.executed} runs trained, {events.skipped} reused from "
                         f"{out / DB_NAME}; wall time {wall_time:.1f} s; report: {paths['report']}",

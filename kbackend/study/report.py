@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -227,19 +228,38 @@ def caveats_section(study: dict[str, Any], analysis: dict[str, Any]) -> list[str
     return lines
 
 
+# The terminal table's columns (of ``table_rows``), chosen to fit 100 columns; the markdown
+# report has them all.
+CONSOLE_COLUMNS = {"optimizer": "optimizer", "batch": "batch", "best lr": "best lr",
+                   "reached": "reached", "steps": "steps to target",
+                   "time to target (s)": "time to target (s)", "test acc": "test acc"}
+CONSOLE_WIDTH = 100
+
+
 def print_table(study: dict[str, Any], analysis: dict[str, Any], console: Any = None) -> None:
-    """The per-cell table and the conclusions, printed with rich."""
+    """The per-cell table (the columns that fit ``CONSOLE_WIDTH``; every column is in the
+    report) and the conclusions, printed with rich."""
     console = console or Console()
     target = study["config"]["target"]
     header, rows = table_rows(study)
+    keep = [header.index(name) for name in CONSOLE_COLUMNS]
     table = Table(title=f"{study['config']['model']} on {study['dataset']['name']}: time to "
-                        f"{target['metric']} {target['value']:g} ({study['env']['backend']}, "
-                        f"{study['config']['engine']} engine)")
-    for name in header:
-        table.add_column(name, justify="left" if name in ("optimizer", "reached") else "right")
+                        f"{target['metric']} {target['value']:g} ({study['env']['backend']})",
+                  box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    for index in keep:
+        name = header[index]
+        table.add_column(CONSOLE_COLUMNS[name], no_wrap=True,
+                         justify="left" if name in ("optimizer", "reached") else "right")
     for row in rows:
-        table.add_row(*row, style=None if row[3].startswith("yes") else "dim")
-    console.print(table)
+        cells = [row[i] for i in keep]
+        test = header.index("test acc")
+        cells[keep.index(test)] = row[test].split(" [")[0]  # the median; its interval: report
+        reached = header.index("reached")
+        cells[keep.index(reached)] = row[reached].replace("NOT REACHED", "no")
+        table.add_row(*cells, style=None if row[3].startswith("yes") else "dim")
+    console.print(table, width=min(console.width, CONSOLE_WIDTH))
+    console.print("(medians over seeds, [min, max]; every column and interval: the report)",
+                  highlight=False)
     for line in conclusions(study, analysis):
         console.print(f"- {line}", highlight=False)
 

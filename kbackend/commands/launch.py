@@ -2,8 +2,11 @@
 
 ``kbackend launch --num-processes N -- <train args>`` runs ``kbackend train <train args>
 --num-processes N --process-id I --coordinator 127.0.0.1:PORT`` for I = 0 .. N-1, prefixes each
-process's output lines with ``[I]``, and waits. If one process fails (or is killed) the launcher
-stops the others and exits non-zero naming the process that failed.
+process's output lines with ``[I]``, and waits. Process 0's output is shown as it comes (the
+others compute the same figures: their lines would repeat it N times); the other processes'
+output is kept and shown only if the job fails (``--all-output`` shows every process live). If
+one process fails (or is killed) the launcher stops the others, prints the failed processes'
+kept output, and exits non-zero naming the process that failed.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                         help="how many training processes to start (default 2)")
     parser.add_argument("--port", type=int, default=0,
                         help="coordinator port on 127.0.0.1 (default: a free one)")
+    parser.add_argument("--all-output", action="store_true",
+                        help="show every process's output as it comes (default: process 0's; "
+                             "the others' only if the job fails)")
     parser.add_argument("train_args", nargs=argparse.REMAINDER, metavar="-- TRAIN_ARGS",
                         help="arguments of kbackend train, after --")
     parser.set_defaults(func=run)
@@ -57,8 +63,12 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _forward(stream: object, prefix: str, sink: object) -> None:
+def _forward(stream: object, prefix: str, sink: object, kept: list[str] | None = None) -> None:
+    """Copy ``stream``'s lines, prefixed, to ``sink``, or into ``kept`` when given."""
     for line in iter(stream.readline, ""):  # type: ignore[attr-defined]
+        if kept is not None:
+            kept.append(f"{prefix}{line}")
+            continue
         sink.write(f"{prefix}{line}")  # type: ignore[attr-defined]
         sink.flush()  # type: ignore[attr-defined]
 
@@ -96,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     processes: list[subprocess.Popen] = []
     threads = []
+    kept: list[list[str]] = [[] for _ in range(args.num_processes)]
     for index in range(args.num_processes):
         command = [sys.executable, "-m", "kbackend", "train", *train_args,
                    "--num-processes", str(args.num_processes), "--process-id", str(index),
@@ -103,8 +114,10 @@ def run(args: argparse.Namespace) -> int:
         process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, bufsize=1)
         processes.append(process)
-        thread = threading.Thread(target=_forward, args=(process.stdout, f"[{index}] ", sys.stdout),
-                                  daemon=True)
+        live = index == 0 or getattr(args, "all_output", False)
+        thread = threading.Thread(target=_forward, daemon=True,
+                                  args=(process.stdout, f"[{index}] ", sys.stdout,
+                                        None if live else kept[index]))
         thread.start()
         threads.append(thread)
     sys.stderr.write(f"kbackend launch: {args.num_processes} processes, coordinator {coordinator}\n")
@@ -118,6 +131,10 @@ def run(args: argparse.Namespace) -> int:
                 _stop(processes)
                 for thread in threads:
                     thread.join(timeout=2)
+                for i, c in enumerate(p.poll() for p in processes):
+                    if c not in (None, 0) and kept[i]:  # the failed ones' output, kept until now
+                        sys.stdout.write("".join(kept[i]))
+                sys.stdout.flush()
                 how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
                 sys.stderr.write(f"kbackend launch: error: process {index} {how}; "
                                  f"stopped the other {len(processes) - 1} process(es).\n")

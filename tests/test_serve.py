@@ -301,7 +301,10 @@ def test_serve_command_end_to_end(model, tmp_path, backend):
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    assert "stopped" in out
+    summary = out[out.index("stopped after"):]
+    assert re.search(r"stopped after \d+ s: 1 requests answered, 1 rejected; 2 rows in 1 batches", summary), summary
+    assert re.search(r"cache: 0 hits, 2 misses \(0% of 2 rows\), 2 stored; latency p50", summary)
+    assert "{" not in summary  # readable lines, not a dict
     with open_store(str(cache_file), create=False) as store:
         (info,) = store.namespaces()
         assert (info.entries, info.misses) == (2, 2), "the server's counters were flushed on shutdown"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import threading
+from typing import Any
 
 from kbackend.cache import PredictionCache, Rounding, model_fingerprint, open_store
 from kbackend.commands.predict import add_cache_arguments
@@ -60,6 +61,21 @@ def run(args: argparse.Namespace) -> int:
         if cache is not None:
             cache.flush_stats()
             store.close()
-    print(f"stopped; {server.stats()}", flush=True)
+    print(stop_summary(server.stats()), flush=True)
     return 0
+
+
+def stop_summary(stats: dict[str, Any]) -> str:
+    """What a stopped server did, in a few readable lines (``GET /stats`` has every figure)."""
+    lines = [f"stopped after {stats['uptime_s']:.0f} s: {stats['requests']} requests answered, "
+             f"{stats['rejected']} rejected; {stats['rows']} rows in {stats['batches']} "
+             f"batches ({stats['requests_per_batch']:.1f} requests per batch, largest "
+             f"{stats['largest_batch_rows']} rows)"]
+    cache = stats.get("cache")
+    if cache:
+        lines.append(f"cache: {cache['hits']} hits, {cache['misses']} misses "
+                     f"({cache['hit_rate']:.0%} of {cache['rows']} rows), {cache['stored']} stored; "
+                     f"latency p50 {cache['latency_ms_p50']:.1f} ms, p95 "
+                     f"{cache['latency_ms_p95']:.1f} ms")
+    return "\n".join(lines)
 

@@ -30,8 +30,9 @@ def _nvml() -> Any:
 class UtilizationSampler:
     """Samples device utilization (%) in a background thread every ``interval`` seconds.
 
-    Source: NVML GPU utilization of device 0 when available, else the process-wide CPU
-    system-wide CPU utilization from psutil (all cores, 0-100; other processes count too).
+    Source: NVML GPU utilization of device 0 when available, else this process's CPU use from
+    psutil, as a share of all cores (0-100: 100 is every core busy with this process; other
+    processes on a shared machine do not count).
     """
 
     def __init__(self, interval: float = 0.2) -> None:
@@ -45,9 +46,10 @@ class UtilizationSampler:
             self.source = "nvml:gpu0"
             self._read = lambda: float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
         else:
-            psutil.cpu_percent(None)  # the first call only starts the measuring interval
-            self.source = "psutil:cpu"
-            self._read = lambda: float(psutil.cpu_percent(None))
+            process, cores = psutil.Process(), psutil.cpu_count() or 1
+            process.cpu_percent(None)  # the first call only starts the measuring interval
+            self.source = "psutil:process-cpu"
+            self._read = lambda: float(process.cpu_percent(None)) / cores
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):

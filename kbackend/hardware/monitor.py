@@ -165,7 +165,10 @@ class StepMonitor:
             "compute_s": total - wait,
             "input_wait_share": share,
             "median_step_s": float(np.median(per_step)),
-            "samples_per_s": samples / total if total > 0 else 0.0,
+            # At the median step, so the two figures agree; the mean over all calls beside it.
+            "samples_per_s": (samples / max(sum(s["steps"] for s in kept), 1)
+                              / float(np.median(per_step)) if total > 0 else 0.0),
+            "mean_samples_per_s": samples / total if total > 0 else 0.0,
             "input_wait_measured": ("on a producer thread (an upper bound: it may overlap compute)"
                                     if self._foreign_wait else "on the training thread"),
             "utilization": utilization,
@@ -183,8 +186,9 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines = [
         f"monitor: {summary['verdict']}: input wait {100 * summary['input_wait_share']:.1f}% of "
         f"{summary['total_s']:.2f}s over {summary['steps']} steps "
-        f"(threshold {100 * summary['threshold_share']:.0f}%), {summary['samples_per_s']:.0f} samples/s, "
-        f"median step {1e3 * summary['median_step_s']:.2f} ms",
+        f"(threshold {100 * summary['threshold_share']:.0f}%), median step "
+        f"{1e3 * summary['median_step_s']:.2f} ms = {summary['samples_per_s']:.0f} samples/s "
+        f"(mean over the run {summary.get('mean_samples_per_s', summary['samples_per_s']):.0f})",
         f"monitor: utilization {util.get('mean_percent', float('nan')):.0f}% mean / "
         f"{util.get('max_percent', float('nan')):.0f}% max ({util.get('source', '?')}), device memory "
         + (f"{memory / 2**20:.1f} MiB" if memory is not None else "not reported by this backend/device"),

@@ -77,3 +77,17 @@ def test_equiv_bad_input_is_a_one_line_error(cli, tmp_path, argv, message):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+@pytest.mark.parametrize(("model", "dataset"), [("seed_mlp", "digits"), ("mlp", "mnist1d")])
+def test_equiv_passes_on_models_kbackend_trains_with_adam(pool, tmp_path, capsys, model, dataset):
+    """The issue's failure: models `kbackend train` trains with Adam, compared across backends
+    (Adam's first step judged on what the gradients' measured difference does not explain)."""
+    from kbackend.training import TrainConfig, train
+
+    path = tmp_path / f"{model}.keras"
+    train(TrainConfig(model=model, dataset=dataset, epochs=1, engine="native", fused_steps=8),
+          save=str(path))
+    args = build_parser().parse_args(["equiv", str(path), "--batch-size", "32"])
+    assert equiv.run(args, pool=pool) == 0, capsys.readouterr().out
+    assert "all pass" in capsys.readouterr().out.splitlines()[-1]

@@ -6,9 +6,11 @@
 A study cell trains its learning rates x seeds (the default study: 3 x 3 = 9 runs). Per model
 (the default study's MLP 40-256-128-10 on ``mnist1d_large``; the seed MLP 64-786-256-160-10 on
 ``digits``) and batch size, ``Runs.probe_population`` compiles both paths, then times
-``members`` runs of the same steps as one population and one after another, in interleaved
+``members`` runs of the same steps as one population and one member alone, in interleaved
 rounds; reported are samples/s per path (all members' samples over the median round) and their
-ratio, the figure the study's ``--population auto`` decides by. On TensorFlow there is no
+ratio, the figure the study's ``--population auto`` decides by (population when it is at least
+``POPULATION_MIN_SPEEDUP``). The one-by-one time is one member's x the members (a cell's
+members have identical shapes), as the study's probe measures it. On TensorFlow there is no
 population trainer (``backends/tensorflow/population.py``): its rows say so.
 """
 
@@ -25,6 +27,7 @@ from kbackend.engines.native import Runs, model_values
 from kbackend.models import ModelOptions, build_model
 from kbackend.optim import OptimizerSpec
 from kbackend.reports import markdown_table
+from kbackend.study.executor import POPULATION_MIN_SPEEDUP
 from kbackend.training import TrainConfig, load_dataset
 
 BATCH_SIZES = (8, 32, 128)
@@ -60,7 +63,8 @@ def measure_population(settings: Settings) -> Rows:
                                    batch_size=batch, fused_steps=fused, eval_every=fused,
                                    seed=m, model_options=ModelOptions(seed=m))
                        for m in range(members)]
-            probe = runs.probe_population(configs, values, steps, repeats)
+            probe = runs.probe_population(configs, values, steps, repeats,
+                                          min_speedup=POPULATION_MIN_SPEEDUP)
             row: dict[str, Any] = {"model": model_name, "dataset": dataset_name,
                                    "batch_size": batch, "members": members,
                                    "path": probe["path"]}

@@ -183,14 +183,14 @@ class Runs:
         return histories
 
     def probe_population(self, configs: list[Any], values: list[Any], steps: int,
-                         repeats: int = 3) -> dict[str, Any]:
+                         repeats: int = 3, min_speedup: float = 1.0) -> dict[str, Any]:
         """Whether ``configs`` train faster as one population than one after another, measured.
 
         Both programs are compiled and warmed up, then timed on ``steps`` steps (whole calls of
         K) in ``repeats`` interleaved rounds: the population (every member at once) against one
         member alone, whose time x the number of members is the sequential path's (members of
         a cell have identical shapes, so each costs the same). ``path`` is ``"population"`` when
-        the population's median is below that. Where the backend has no population trainer the
+        the sequential median is at least ``min_speedup`` times the population's. Where the backend has no population trainer the
         answer is ``"sequential"`` with the reason.
         """
         if not impl().supports_populations():
@@ -222,7 +222,8 @@ class Runs:
         members = len(configs)
         population_s = float(np.median(timings["population"]))
         sequential_s = members * float(np.median(timings["one_member"]))
-        return {"path": "population" if population_s < sequential_s else "sequential",
+        return {"path": "population" if sequential_s >= min_speedup * population_s else "sequential",
+                "min_speedup": min_speedup,
                 "members": members, "steps": len(starts) * fused, "repeats": repeats,
                 "population_s": timings["population"],
                 "sequential_s": [members * t for t in timings["one_member"]],

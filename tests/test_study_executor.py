@@ -664,3 +664,16 @@ def test_the_population_pruner_stops_only_runs_that_cannot_win():
     histories[3].extra["target_reached"] = {"step": 30}
     histories[4].extra["target_reached"] = {"step": 50}
     assert censor(60, histories, {2, 5}) == [2]
+
+
+def test_auto_runs_one_by_one_on_a_cpu_without_probing(monkeypatch):
+    from kbackend.engines.native import Runs
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("probed on a CPU")
+
+    monkeypatch.setattr(Runs, "probe_population", forbidden)
+    runner = StudyRunner(dataclasses.replace(POPULATED, population="auto"), None)
+    runner.prepare()
+    path = runner.population_path("adam", 16, (1e-3, 3e-3))
+    assert path["path"] == "sequential" and "a CPU" in path["reason"] and path["members"] == 4

@@ -50,6 +50,9 @@ POPULATION_PROBE_FILE = "population_probe.json"  # the probes' answers, kept per
 # 1.1-1.4x (lockstep efficiency 0.86), and its extra compilations made the study slower
 # (docs/study.md). Vmapped small models on a GPU are reported 10-100x faster.
 POPULATION_MIN_SPEEDUP = 1.5
+CPU_REASON = ("a CPU: vmapped members measured 0.8-1.4x per step on this project's CPUs "
+              "(scripts/bench_population.py), below the 1.5x a population needs; not probed "
+              "(--population on forces it)")
 
 
 @dataclass(frozen=True)
@@ -523,8 +526,10 @@ class StudyRunner:
         """How a cell's initial grid (every rate x every seed) is trained: ``{"path":
         "population" | "sequential", ...}`` with the reason or the probe's figures.
 
-        ``population="auto"`` measures (``Runs.probe_population``: both paths compiled, then
-        timed in interleaved rounds) and keeps the faster; the probe is stored in the study (a
+        ``population="auto"`` on an accelerator measures (``Runs.probe_population``: both
+        paths compiled, then timed in interleaved rounds) and keeps the population when it is
+        ``POPULATION_MIN_SPEEDUP`` faster; on a CPU it runs one by one without probing
+        (``CPU_REASON``); the probe is stored in the study (a
         resumed study takes the same path) and in the kbackend cache folder (another study of
         the same cell on this machine and software reuses it). Grid extensions and pruning stay sequential.
         """
@@ -540,6 +545,8 @@ class StudyRunner:
         configs = [self.train_config(p) for p in plans]
         if config.population == "on":
             return {"path": "population", "members": members, "reason": "--population on"}
+        if impl().platform() == "cpu":
+            return {"path": "sequential", "members": members, "reason": CPU_REASON}
         values = [self.initial_values(p.seed) for p in plans]
         fused = configs[0].fused_steps
         steps = fused * -(-PROBE_STEPS // fused)  # whole calls

@@ -90,7 +90,45 @@ def build_evaluator(model: Any, dataset: Any, split: str = "val", members: bool 
     return evaluate
 
 
-class NativeTrainer:
+class CompiledCalls:
+    """The calls of a JAX trainer whose ``_run_fn(length)`` is ``(state, x_all, y_all,
+    epoch_rows, start) -> (state, losses)``: each length compiled once, ahead of time, the state
+    donated. Shared by ``NativeTrainer`` and ``population.PopulationTrainer``."""
+
+    state: Any
+    x_train: Any
+    y_train: Any
+    _compiled: dict[int, Any]
+
+    def _run_fn(self, length: int) -> Any:
+        raise NotImplementedError
+
+    def put_epoch(self, rows: np.ndarray) -> Any:
+        """Move an epoch's index matrix to the device, ahead of its steps."""
+        return jax.device_put(rows)
+
+    def compile(self, length: int, epoch_rows: Any) -> float:
+        """Compile the ``length``-step call if needed; the seconds it took (0.0 if cached)."""
+        if length in self._compiled:
+            return 0.0
+        start = time.perf_counter()
+        jitted = jax.jit(self._run_fn(length), donate_argnums=0)
+        self._compiled[length] = jitted.lower(
+            self.state, self.x_train, self.y_train, epoch_rows, np.int32(0)).compile()
+        return time.perf_counter() - start
+
+    def run(self, epoch_rows: Any, start: int, length: int) -> Any:
+        """Dispatch ``length`` steps from row ``start`` (asynchronously); their losses (device)."""
+        self.state, losses = self._compiled[length](
+            self.state, self.x_train, self.y_train, epoch_rows, np.int32(start))
+        return losses
+
+    def fetch(self, losses: Any) -> np.ndarray:
+        """Wait for a call's losses and copy them to the host."""
+        return np.asarray(jax.block_until_ready(losses))
+
+
+class NativeTrainer(CompiledCalls):
     """Runs fused train calls on one model; see ``kbackend.engines.native`` for the driver."""
 
     def __init__(self, model: Any, spec: Any, dataset: Any) -> None:
@@ -124,29 +162,6 @@ class NativeTrainer:
 
         return run
 
-    def put_epoch(self, rows: np.ndarray) -> Any:
-        """Move an epoch's ``(steps, batch)`` index matrix to the device, ahead of its steps."""
-        return jax.device_put(rows)
-
-    def compile(self, length: int, epoch_rows: Any) -> float:
-        """Compile the ``length``-step call if needed; the seconds it took (0.0 if cached)."""
-        if length in self._compiled:
-            return 0.0
-        start = time.perf_counter()
-        jitted = jax.jit(self._run_fn(length), donate_argnums=0)
-        self._compiled[length] = jitted.lower(
-            self.state, self.x_train, self.y_train, epoch_rows, np.int32(0)).compile()
-        return time.perf_counter() - start
-
-    def run(self, epoch_rows: Any, start: int, length: int) -> Any:
-        """Dispatch ``length`` steps from row ``start`` (asynchronously); their losses (device)."""
-        self.state, losses = self._compiled[length](
-            self.state, self.x_train, self.y_train, epoch_rows, np.int32(start))
-        return losses
-
-    def fetch(self, losses: Any) -> np.ndarray:
-        """Wait for a call's losses and copy them to the host."""
-        return np.asarray(jax.block_until_ready(losses))
 
     # -- evaluation -----------------------------------------------------------------------
     def evaluate(self) -> tuple[float, float]:

@@ -15,7 +15,6 @@ Reached through ``kbackend.backends.impl().population_trainer``; the driver is
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import jax
@@ -23,12 +22,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from kbackend.backends import device_copy_once
-from kbackend.backends.jax.native import make_evaluator
+from kbackend.backends.jax.native import CompiledCalls, make_evaluator
 from kbackend.backends.jax.step import TrainState, make_step
 
 
-class PopulationTrainer:
-    """Runs fused train calls of ``members`` runs of one model at once (vmapped)."""
+class PopulationTrainer(CompiledCalls):
+    """Runs fused train calls of ``members`` runs of one model at once (vmapped): the epoch's
+    index matrices are ``(members, steps, batch)``, a call's losses ``(members, length)``."""
 
     def __init__(self, model: Any, spec: Any, dataset: Any, members: int) -> None:
         self.model, self.dataset, self.members = model, dataset, members
@@ -88,30 +88,6 @@ class PopulationTrainer:
 
         self.frozen = jax.tree.map(keep, (self.state.trainable, self.state.non_trainable),
                                    self.frozen)
-
-    def put_epoch(self, rows: np.ndarray) -> Any:
-        """Move an epoch's ``(members, steps, batch)`` index matrices to the device."""
-        return jax.device_put(rows)
-
-    def compile(self, length: int, epoch_rows: Any) -> float:
-        """Compile the ``length``-step call if needed; the seconds it took (0.0 if cached)."""
-        if length in self._compiled:
-            return 0.0
-        start = time.perf_counter()
-        jitted = jax.jit(self._run_fn(length), donate_argnums=0)
-        self._compiled[length] = jitted.lower(
-            self.state, self.x_train, self.y_train, epoch_rows, np.int32(0)).compile()
-        return time.perf_counter() - start
-
-    def run(self, epoch_rows: Any, start: int, length: int) -> Any:
-        """Dispatch ``length`` steps of every member from row ``start``; losses ``(M, length)``."""
-        self.state, losses = self._compiled[length](
-            self.state, self.x_train, self.y_train, epoch_rows, np.int32(start))
-        return losses
-
-    def fetch(self, losses: Any) -> np.ndarray:
-        """Wait for a call's losses and copy them to the host."""
-        return np.asarray(jax.block_until_ready(losses))
 
     def _evaluate(self, split: str, values: Any) -> tuple[np.ndarray, np.ndarray]:
         if split not in self._evaluators:

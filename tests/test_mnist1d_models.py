@@ -149,7 +149,8 @@ def test_the_reproduction_table_marks_figures_off_the_paper():
     cnn_line = next(line for line in table.splitlines() if line.startswith("| cnn"))
     mlp_line = next(line for line in table.splitlines() if line.startswith("| mlp"))
     assert "94.0% [93.0%, 95.0%] n=3" in cnn_line and "(off)" not in cnn_line
-    assert "-7.0% (off)" in mlp_line
+    # The MLP is judged against what the paper's code gives (65.1%), not the README's 68%.
+    assert "| 68% | 65.1% |" in mlp_line and "-4.1% (off)" in mlp_line
 
 
 def test_validation_fraction_0_trains_on_every_sample(mnist1d):

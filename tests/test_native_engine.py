@@ -16,6 +16,7 @@ from kbackend.errors import ConfigError
 from kbackend.models import ModelOptions, build_model
 from kbackend.optim import OptimizerSpec
 from kbackend.training import Target, TrainConfig
+from tests.conftest import BACKEND
 
 N_TRAIN = 320  # 20% of 400 goes to validation
 
@@ -244,3 +245,19 @@ def test_fused_steps_auto_picks_a_measured_k(dataset):
     assert history.extra["fused_steps"] == int(min(probe["us_per_step"],
                                                    key=probe["us_per_step"].get))
     assert history.steps_run == 10
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="XLA:CPU's while loop and convolutions: the JAX trainer")
+def test_conv_models_unroll_their_steps_on_a_cpu_and_train_the_same():
+    """A convolution inside XLA:CPU's while loop ran ~25x slower, so conv models' K-step calls
+    are written out step by step; the steps themselves are unchanged (same losses as K = 1)."""
+    from kbackend.training import train
+
+    def run(model, k):
+        config = TrainConfig(model=model, engine="native", fused_steps=k, epochs=1, max_steps=8,
+                             eval_every=8, batch_size=32)
+        return train(config).history
+
+    fused, single = run("cnn", 4), run("cnn", 1)
+    assert fused.extra["unrolled_loop"] is True and run("mlp", 4).extra["unrolled_loop"] is False
+    np.testing.assert_allclose(fused.loss, single.loss, rtol=1e-5)

@@ -22,7 +22,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from kbackend.backends import device_copy_once
-from kbackend.backends.jax.native import CompiledCalls, make_evaluator
+from kbackend.backends.jax.native import (
+    CompiledCalls,
+    make_evaluator,
+    scan_steps,
+    unrolls_its_loop,
+)
 from kbackend.backends.jax.step import TrainState, make_step
 
 
@@ -41,6 +46,7 @@ class PopulationTrainer(CompiledCalls):
         self._compiled: dict[int, Any] = {}
         self.trace_counts: dict[int, int] = {}
         self._evaluators: dict[str, Any] = {}
+        self.unroll = unrolls_its_loop(model)
 
     def _run_fn(self, length: int) -> Any:
         def member(state, x_all, y_all, member_rows, start):
@@ -50,7 +56,7 @@ class PopulationTrainer(CompiledCalls):
                 state, metrics = self.train_step(state, (x_all[row], y_all[row]))
                 return state, metrics.loss
 
-            return jax.lax.scan(body, state, rows)
+            return scan_steps(body, state, rows, self.unroll)
 
         def run(states, x_all, y_all, epoch_rows, start):
             self.trace_counts[length] = self.trace_counts.get(length, 0) + 1

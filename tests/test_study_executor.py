@@ -407,6 +407,22 @@ def test_seeds_pick_the_rate_with_the_best_median_and_give_intervals(tmp_path, m
         assert len({r["key"] for r in store.records(kind="run")}) == 6
 
 
+def test_a_tie_on_median_steps_is_broken_by_steps_not_by_a_clock():
+    from kbackend.study.executor import best_rate
+
+    def record(steps, seconds):
+        return {"result": {"steps_to_target": steps, "reached": True, "time_to_target": seconds,
+                           "best_metric": 0.95}}
+
+    # Same median (200); 0.1 has the smaller mean steps but the slower clock (a loaded machine).
+    by_rate = {0.1: [record(150, 9.0), record(200, 9.0), record(210, 9.0)],
+               1.0: [record(190, 1.0), record(200, 1.0), record(300, 1.0)]}
+    assert best_rate(by_rate, larger_is_better=True) == 0.1
+    # Equal steps everywhere: only then does the clock decide.
+    by_rate[0.1] = [record(190, 9.0), record(200, 9.0), record(300, 9.0)]
+    assert best_rate(by_rate, larger_is_better=True) == 1.0
+
+
 def test_a_cell_reaches_only_when_its_median_seed_does(tmp_path, monkeypatch):
     _planted(monkeypatch, lambda lr, seed: 100 if seed == 0 else None)
     with ResultStore(tmp_path / "study.db") as store:

@@ -545,12 +545,12 @@ class StudyRunner:
                     "reason": f"the {config.engine} engine trains one run at a time"}
         if members < 2:
             return {"path": "sequential", "members": members, "reason": "one run per cell"}
-        plans = self.population_plans(optimizer, batch_size, grid)
-        configs = [self.train_config(p) for p in plans]
         if config.population == "on":
             return {"path": "population", "members": members, "reason": "--population on"}
         if impl().platform() == "cpu":
             return {"path": "sequential", "members": members, "reason": CPU_REASON}
+        plans = self.population_plans(optimizer, batch_size, grid)
+        configs = [self.train_config(p) for p in plans]
         values = [self.initial_values(p.seed) for p in plans]
         fused = configs[0].fused_steps
         steps = fused * -(-PROBE_STEPS // fused)  # whole calls

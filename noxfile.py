@@ -1,9 +1,10 @@
 """Test sessions. Dependencies come from pyproject.toml (the project and its dependency groups).
 
-    nox                      # default: tests and slow for both backends, devices, equivalence, lint
+    nox                      # default: tests and slow for both backends, devices, equivalence, ray, lint
     nox -s "tests(jax)"      # one backend
     nox -s "devices(jax)"    # the multi-device tests, with 8 virtual CPU devices
     nox -s bench             # quick versions of the benchmark scripts
+    nox -s ray               # the study on a local Ray instance (the `ray` extra)
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import nox
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_venv = "yes"
-nox.options.sessions = ["tests", "devices", "equivalence", "slow", "lint"]
+nox.options.sessions = ["tests", "devices", "equivalence", "slow", "ray", "lint"]
 
 BACKENDS = ["jax", "tensorflow"]
 PYPROJECT = nox.project.load_toml("pyproject.toml")
@@ -54,7 +55,7 @@ def _install(session: nox.Session, *groups: str) -> None:
 def tests(session: nox.Session, backend: str) -> None:
     """Unit and integration tests under one backend (slow, devices and equivalence tests excluded)."""
     _install(session, "test")
-    session.run("pytest", *PARALLEL, "-m", "not slow and not equivalence and not devices",
+    session.run("pytest", *PARALLEL, "-m", "not slow and not equivalence and not devices and not ray",
                 *session.posargs,
                 env=_env(session, backend))
 
@@ -70,7 +71,7 @@ def devices(session: nox.Session, backend: str) -> None:
     """
     _install(session, "test")
     env = _env(session, backend) | {"KBACKEND_VIRTUAL_DEVICES": VIRTUAL_DEVICES}
-    session.run("pytest", *PARALLEL, "-m", "devices", *session.posargs, env=env)
+    session.run("pytest", *PARALLEL, "-m", "devices and not ray", *session.posargs, env=env)
 
 
 @nox.session
@@ -78,7 +79,7 @@ def equivalence(session: nox.Session) -> None:
     """Cross-backend property suite (hypothesis profile `ci` unless HYPOTHESIS_PROFILE is set)."""
     _install(session, "test")
     env = _env(session, "jax") | {"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")}
-    session.run("pytest", *PARALLEL, "-m", "equivalence", *session.posargs, env=env)
+    session.run("pytest", *PARALLEL, "-m", "equivalence and not ray", *session.posargs, env=env)
 
 
 @nox.session
@@ -86,9 +87,26 @@ def equivalence(session: nox.Session) -> None:
 def slow(session: nox.Session, backend: str) -> None:
     """Long-running tests (real-data accuracy, end-to-end studies) under one backend."""
     _install(session, "test")
-    session.run("pytest", *PARALLEL_SLOW, "-m", "slow and not equivalence and not devices",
+    session.run("pytest", *PARALLEL_SLOW, "-m", "slow and not equivalence and not devices and not ray",
                 *session.posargs,
                 env=_env(session, backend))
+
+
+@nox.session
+def ray(session: nox.Session) -> None:
+    """The study on a local Ray instance (tests marked `ray`; the `ray` extra installed here only).
+
+    The other sessions stay Ray-free (they deselect `ray`), so a default install is what they
+    test. JAX only: the Ray executor is backend-neutral (it ships a cell's options to a worker and
+    its stored records back; the worker trains with the same StudyRunner as the local executor),
+    and the backends' own training is tested by the `tests` sessions; one backend keeps the
+    session short. One pytest process, no xdist: the tests share one local Ray instance (a module
+    fixture) and its worker processes, which Ray spreads over the cores itself.
+    """
+    session.install("-e", ".[ray]")
+    session.install(*nox.project.dependency_groups(PYPROJECT, "test"))
+    session.run("pytest", "-m", "ray", "--durations=15", *session.posargs,
+                env=_env(session, "jax"))
 
 
 @nox.session

@@ -22,7 +22,9 @@ from kbackend.study.config import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_STEPS,
     DEFAULT_MODEL,
+    LOCAL_EXECUTOR,
     POPULATION_CHOICES,
+    RAY_EXTRA,
     StudyConfig,
     default_target,
 )
@@ -42,6 +44,16 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 def _names(text: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+def _gpus(text: str) -> float | None:
+    """``auto`` -> None (one GPU where the cluster has GPUs), else a number of GPUs."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or a number of GPUs, got {text!r}") from None
 
 
 def _lr_entry(text: str) -> tuple[str, tuple[float, ...]]:
@@ -120,6 +132,19 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     noise.add_argument("--noise-draws", type=int, default=24, help="batch pairs per point")
     noise.add_argument("--noise-batches", type=_int_list, default=(0, 0), metavar="SMALL,BIG",
                        help="the two batch sizes of the estimator (default: smallest and largest of the grid)")
+    where = parser.add_argument_group("where the cells run (docs/cluster.md)")
+    where.add_argument("--executor", default=LOCAL_EXECUTOR, metavar="local|ray[:ADDRESS]",
+                       help="local: one cell after another here (default); ray: each cell a Ray "
+                            "task, on a Ray instance started here (127.0.0.1) or on the cluster "
+                            f"at ADDRESS (needs the extra: pip install '{RAY_EXTRA}')")
+    where.add_argument("--workers", type=int, default=0,
+                       help="--executor ray without an address: cells at once (the local "
+                            "instance's CPUs; default 0: one per core)")
+    where.add_argument("--cell-cpus", type=float, default=1.0,
+                       help="CPUs each cell's Ray task asks for (default 1)")
+    where.add_argument("--cell-gpus", type=_gpus, default=None, metavar="auto|N",
+                       help="GPUs each cell's Ray task asks for; a fraction packs cells on one "
+                            "GPU, e.g. 0.25: four (default auto: 1 where the cluster has GPUs, else 0)")
     output = parser.add_argument_group("output")
     output.add_argument("--out", default=DEFAULT_OUT,
                         help=f"folder for study.db and the reports (default {DEFAULT_OUT})")
@@ -161,6 +186,8 @@ def config_from_args(args: argparse.Namespace):
         seeds=args.seeds, lr_extend=args.lr_extend, step_time_repeats=args.step_time_repeats,
         prune=args.prune, noise_points=args.noise_points, noise_draws=args.noise_draws,
         noise_small_batch=args.noise_batches[0], noise_big_batch=args.noise_batches[1],
+        executor=args.executor, workers=args.workers, cell_cpus=args.cell_cpus,
+        cell_gpus=args.cell_gpus,
     )
 
 

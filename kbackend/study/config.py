@@ -14,6 +14,9 @@ from kbackend.training import Target
 
 DEFAULT_OPTIMIZERS = ("sgd", "momentum", "adam")
 POPULATION_CHOICES = ("auto", "on", "off")
+LOCAL_EXECUTOR = "local"
+RAY_EXECUTOR = "ray"  # "ray" starts a local Ray instance; "ray:ADDRESS" joins a running cluster
+RAY_EXTRA = "kbackend[ray]"  # what installs Ray (pyproject's optional dependencies)
 SMALLEST_DEFAULT_BATCH = 8
 # The default study: MNIST-1D drawn larger (15,000 sequences: 10,800 train, 1,200 validation,
 # 3,000 test), generated offline by the mnist1d package, and the MNIST-1D paper's kind of model
@@ -45,6 +48,10 @@ DEFAULT_TARGETS: dict[str, Target] = {
 REFERENCE_BATCH = 32
 CENTRE_LR = {"sgd": 0.2, "momentum": 0.02, "nesterov": 0.02, "adam": 2e-3, "adamw": 2e-3}
 LR_BATCH_EXPONENT = 0.5
+
+
+# How and where the cells run, never which question: kept out of ``StudyConfig.identity``.
+EXECUTOR_FIELDS = ("executor", "workers", "cell_cpus", "cell_gpus")
 
 
 def default_target(dataset: str) -> Target:
@@ -85,6 +92,12 @@ class StudyConfig:
     ``population`` says how the native engine trains a cell's grid x seeds: ``"auto"`` as one
     vmapped population where a measured probe finds it faster than one run after another,
     ``"on"`` always (JAX only), ``"off"`` never (how, not which question: outside the identity).
+    ``executor`` says where the cells run: ``"local"`` one after another in this process,
+    ``"ray"`` as tasks on a Ray instance started here (``workers`` cells at once; 0: one per
+    core), ``"ray:ADDRESS"`` on a running Ray cluster; each cell's task asks for ``cell_cpus``
+    CPUs and ``cell_gpus`` GPUs (None: one GPU where the cluster has GPUs, else none; a fraction
+    packs several cells on one GPU). Where, not which question: outside the identity, so the
+    executors resume each other's studies.
     ``jit_compile=False`` trains the Keras engines without XLA (on a CPU, TensorFlow's XLA
     compilation can cost more than a short run's training; the native engines always compile).
     """
@@ -115,8 +128,13 @@ class StudyConfig:
     noise_draws: int = 24
     noise_small_batch: int = 0
     noise_big_batch: int = 0
+    executor: str = LOCAL_EXECUTOR
+    workers: int = 0
+    cell_cpus: float = 1.0
+    cell_gpus: float | None = None
 
     def __post_init__(self) -> None:
+        self._check_executor()
         if self.population not in POPULATION_CHOICES:
             raise ConfigError(f"Invalid population {self.population!r}: expected one of "
                               f"{list(POPULATION_CHOICES)}.")
@@ -174,6 +192,33 @@ class StudyConfig:
                 f"smaller than the big one ({self.noise_big_batch})."
             )
 
+    def _check_executor(self) -> None:
+        kind, _, address = self.executor.partition(":")
+        if kind not in (LOCAL_EXECUTOR, RAY_EXECUTOR) or (kind == LOCAL_EXECUTOR and address) \
+                or (kind == RAY_EXECUTOR and ":" in self.executor and not address.strip()):
+            raise ConfigError(f"Invalid executor: expected local, ray or ray:ADDRESS (e.g. "
+                              f"ray:10.0.0.1:6379). Received: {self.executor!r}.")
+        if not isinstance(self.workers, int) or isinstance(self.workers, bool) or self.workers < 0:
+            raise ConfigError(f"Invalid workers {self.workers!r}: expected an integer >= 0.")
+        if self.workers and self.executor != RAY_EXECUTOR:
+            raise ConfigError(f"--workers sizes a Ray instance started here (--executor ray); "
+                              f"this study's executor is {self.executor!r}: leave --workers out "
+                              "(a cluster's size is its own).")
+        if not (isinstance(self.cell_cpus, (int, float)) and math.isfinite(self.cell_cpus)
+                and self.cell_cpus > 0):
+            raise ConfigError(f"Invalid cell_cpus {self.cell_cpus!r}: expected a number > 0.")
+        gpus = self.cell_gpus
+        if gpus is not None and not (isinstance(gpus, (int, float)) and math.isfinite(gpus)
+                                     and gpus >= 0 and (gpus <= 1 or float(gpus).is_integer())):
+            raise ConfigError(f"Invalid cell_gpus {gpus!r}: expected a fraction in [0, 1] (cells "
+                              "that share a GPU) or a whole number of GPUs.")
+
+    @property
+    def ray_address(self) -> str | None:
+        """The Ray cluster's address of ``executor="ray:ADDRESS"`` (None: start one here)."""
+        kind, _, address = self.executor.partition(":")
+        return address.strip() or None if kind == RAY_EXECUTOR else None
+
     @property
     def seed_values(self) -> tuple[int, ...]:
         """The seeds every learning rate of a cell runs with."""
@@ -224,6 +269,6 @@ class StudyConfig:
         """What makes two studies the same question, whatever backend or device answers it."""
         payload = self.to_dict()
         for name in ("data_dir", "engine", "fused_steps", "jit_compile", "population",
-                     "step_time_repeats"):
+                     "step_time_repeats", *EXECUTOR_FIELDS):
             payload.pop(name)
         return payload

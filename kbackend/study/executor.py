@@ -33,8 +33,9 @@ from kbackend.models import ModelOptions, build_model, model_layout
 from kbackend.optim import OptimizerSpec
 from kbackend.stats import median_interval
 from kbackend.study.analysis import training_noise_scale
-from kbackend.study.config import REFERENCE_BATCH, StudyConfig
+from kbackend.study.config import LOCAL_EXECUTOR, REFERENCE_BATCH, StudyConfig
 from kbackend.study.noise import measure_noise_scale
+from kbackend.study.ray_executor import require_ray, run_on_ray
 from kbackend.study.store import ResultStore, config_key
 from kbackend.training import Target, TrainConfig, load_dataset, train
 
@@ -332,6 +333,12 @@ class StudyRunner:
                               f"study runs the {config.engine} engine on {self.env['backend']}: "
                               "use --population auto or off.")
         self.noise_batches = self._noise_batches() if config.noise_points else (0, 0)
+        if config.executor != LOCAL_EXECUTOR:
+            require_ray()  # Ray is an optional extra: a one-line error naming it, before training
+
+    def platform(self) -> str:
+        """The platform the cells train on (``"cpu"``, ``"gpu"``, ...): this process's."""
+        return impl().platform()
 
     @property
     def num_train(self) -> int:
@@ -413,6 +420,14 @@ class StudyRunner:
         """Run (or resume) the whole study; return its cells, runs and noise-scale estimate."""
         if self.dataset is None:
             self.prepare()
+        if self.config.executor != LOCAL_EXECUTOR:
+            # The same study, its cells run as Ray tasks and their results stored here.
+            cells, runs, step_times, noise = run_on_ray(self)
+            apply_time_model(cells, step_times)
+            return {"study": self.study_id, "step_times": step_times, "config": self.config.to_dict(),
+                    "env": self.env, "dataset": self.dataset.info.to_dict(),
+                    "batch_sizes": list(self.batch_sizes), "cells": cells, "runs": runs,
+                    "noise": noise}
         cells, runs = [], []
         for optimizer in self.config.optimizers:
             for batch_size in self.batch_sizes:
@@ -547,7 +562,7 @@ class StudyRunner:
             return {"path": "sequential", "members": members, "reason": "one run per cell"}
         if config.population == "on":
             return {"path": "population", "members": members, "reason": "--population on"}
-        if impl().platform() == "cpu":
+        if self.platform() == "cpu":
             return {"path": "sequential", "members": members, "reason": CPU_REASON}
         plans = self.population_plans(optimizer, batch_size, grid)
         configs = [self.train_config(p) for p in plans]

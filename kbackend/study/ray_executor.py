@@ -1,0 +1,369 @@
+"""The study's cells as Ray tasks: ``kbackend study --executor ray[:ADDRESS]`` (docs/cluster.md).
+
+The driver (this process) plans and stores; Ray tasks train. Each cell whose runs are not all
+stored becomes one task asking for ``cell_cpus`` CPUs and ``cell_gpus`` GPUs. The task gets the
+driver's stored records of that cell (never the store), runs the cell with the same
+``StudyRunner`` the local executor uses, and sends back the records it made. The driver alone
+writes them to the store, as each cell finishes, and then reads the cell back from the store
+exactly as a resumed local study would (``_StoredOnly``): the cells, the report and resumption
+are the local executor's. A task whose worker dies is retried by Ray (``CELL_RETRIES``); what
+the lost attempt made never reached the store, and a record already stored is never stored
+again (``ResultStore.put``). The step-time measurement and the noise scale run as one task each
+after the cells, on the same kind of worker.
+
+Workers get the driver's backend and kbackend settings (``worker_env``: ``KERAS_BACKEND``,
+``KBACKEND_*``, JAX / XLA flags) through Ray's ``runtime_env``, since the backend is chosen
+before Keras is imported. Without an address a local Ray instance is started, bound to
+127.0.0.1, and shut down at the end; a running cluster is joined and left running.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from kbackend.backends import impl
+from kbackend.envinfo import environment_identity
+from kbackend.errors import ConfigError, KBackendError
+from kbackend.study.config import LOCAL_EXECUTOR, RAY_EXTRA, StudyConfig
+from kbackend.study.store import config_key
+
+CELL_RETRIES = 3  # attempts after the first when a task's worker (or its node) is lost
+# Environment variables a worker takes from the driver: the backend and kbackend's settings.
+FORWARDED_PREFIXES = ("KBACKEND_", "KERAS_", "JAX_", "XLA_")
+FORWARDED_NAMES = ("PYTHONHASHSEED", "TF_CPP_MIN_LOG_LEVEL", "TF_XLA_FLAGS", "TF_ENABLE_ONEDNN_OPTS")
+# A test's injected fault: the first task that finds this file absent creates it and kills its
+# own worker process right after the cell's first run is finished (not forwarded as such: the
+# driver passes it to each task).
+CRASH_ENV = "KBACKEND_STUDY_RAY_CRASH"
+GPU_MEMORY_SHARE = 0.9  # of a GPU's memory, split between the cells packed on it
+
+
+def require_ray() -> Any:
+    """The ``ray`` module, or a one-line ``ConfigError`` naming the extra that installs it."""
+    try:
+        import ray  # deferred: Ray is an optional extra (kbackend[ray])
+    except ImportError:
+        raise ConfigError(f"--executor ray needs Ray, which is not installed: pip install "
+                          f"'{RAY_EXTRA}' (or use --executor local).") from None
+    return ray
+
+
+def worker_env(backend: str) -> dict[str, str]:
+    """The environment variables every worker gets: the driver's backend and kbackend,
+    Keras, JAX and XLA settings (``CRASH_ENV`` excepted: it is a per-task argument)."""
+    env = {name: value for name, value in os.environ.items()
+           if (name.startswith(FORWARDED_PREFIXES) or name in FORWARDED_NAMES)
+           and name != CRASH_ENV}
+    env["KERAS_BACKEND"] = backend
+    return env
+
+
+def start_ray(config: StudyConfig, backend: str) -> bool:
+    """Connect to ``config``'s Ray cluster, or start a local instance on 127.0.0.1 (``workers``
+    CPUs; 0: one per core); True if this call started or joined it (and should shut it down).
+    A Ray already initialized in this process is used as it is."""
+    ray = require_ray()
+    if ray.is_initialized():
+        return False
+    options: dict[str, Any] = {
+        "runtime_env": {"env_vars": worker_env(backend)},
+        "logging_level": logging.WARNING,
+        "log_to_driver": False,  # workers' framework log lines; task errors still come back
+    }
+    with warnings.catch_warnings():
+        # Ray starts its processes with fork + exec (subprocess), which JAX's warning about
+        # fork in a multithreaded process does not concern.
+        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+        if config.ray_address is None:
+            ray.init(num_cpus=config.workers or os.cpu_count(), include_dashboard=False,
+                     _node_ip_address="127.0.0.1", **options)
+        else:
+            ray.init(address=config.ray_address, **options)
+    return True
+
+
+def cell_resources(config: StudyConfig, ray: Any, backend: str) -> dict[str, Any]:
+    """What each task asks Ray for: ``num_cpus``, ``num_gpus`` (``cell_gpus``; None: one GPU
+    where the cluster has GPUs, else none) and, for a fraction of a GPU, the environment that
+    makes the framework take only its share of the GPU's memory."""
+    gpus = config.cell_gpus
+    if gpus is None:
+        gpus = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
+    env = worker_env(backend)
+    if 0 < gpus < 1:
+        # JAX takes 75% of a GPU's memory when it starts and TensorFlow all of it.
+        env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{GPU_MEMORY_SHARE * gpus:.3f}")
+        env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+    return {"num_cpus": config.cell_cpus, "num_gpus": gpus, "max_retries": CELL_RETRIES,
+            "retry_exceptions": False, "runtime_env": {"env_vars": env}}
+
+
+# -- the task side: no store, the driver's records in memory ------------------------------------
+
+def _json_copy(payload: Any) -> Any:
+    # What the SQLite store returns for what it was given (tuples as lists, keys as strings).
+    return json.loads(json.dumps(payload, sort_keys=True, default=str))
+
+
+class MemoryStore:
+    """A task's stand-in for ``ResultStore``: the driver's records of the task's cell, and the
+    records the task adds (``added``: sent back to the driver, the only writer)."""
+
+    def __init__(self, records: list[dict[str, Any]]) -> None:
+        self._records = {r["key"]: r for r in records}
+        self.added: list[dict[str, Any]] = []
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        record = self._records.get(key)
+        return None if record is None else copy.deepcopy(record)
+
+    def put(self, key: str, kind: str, study: str, backend: str, config: dict[str, Any],
+            result: dict[str, Any], trajectory: dict[str, Any] | None = None) -> bool:
+        if key in self._records:
+            return False
+        record = {"key": key, "kind": kind, "study": study, "backend": backend,
+                  "config": _json_copy(config), "result": _json_copy(result),
+                  "trajectory": None if trajectory is None else _json_copy(trajectory),
+                  "finished_at": time.time()}
+        self._records[key] = record
+        self.added.append(record)
+        return True
+
+    def records(self, study: str | None = None, backend: str | None = None,
+                kind: str | None = None) -> list[dict[str, Any]]:
+        found = [r for r in self._records.values()
+                 if (study is None or r["study"] == study) and (kind is None or r["kind"] == kind)
+                 and (backend is None or r["backend"] == backend)]
+        return [copy.deepcopy(r) for r in sorted(found, key=lambda r: r["finished_at"])]
+
+
+_WORKER_RUNNERS: dict[str, Any] = {}  # one prepared runner per worker process
+
+
+def _worker_runner(runner_class: type, config: StudyConfig) -> Any:
+    # A worker's later tasks of the same study reuse its data and compiled programs, as the
+    # local executor's one runner does.
+    key = config_key(config.to_dict())
+    if key not in _WORKER_RUNNERS:
+        _WORKER_RUNNERS.clear()
+        runner = runner_class(config, None)
+        runner.prepare()
+        _WORKER_RUNNERS[key] = runner
+    return _WORKER_RUNNERS[key]
+
+
+def worker_identity() -> dict[str, Any]:
+    """What a worker's runs are keyed by (``environment_identity``) and its platform."""
+    return {"env": environment_identity(), "platform": impl().platform()}
+
+
+def run_phase(runner_class: type, config: StudyConfig, phase: str, cell: tuple[str, int] | None,
+              cells: list[dict[str, Any]] | None, records: list[dict[str, Any]],
+              crash: str | None = None) -> dict[str, Any]:
+    """One task: a cell (``phase="cell"``), the step times or the noise scale of ``cells``,
+    run on this worker by a ``runner_class`` (the driver's ``StudyRunner``) against ``records``
+    in memory. Returns the worker's identity, the phase's result (a cell with its runs as keys)
+    and the records it made."""
+    runner = _worker_runner(runner_class, config)
+    store = MemoryStore(records)
+    runner.store, runner.executed = store, 0
+
+    def on_event(event: str, **_: Any) -> None:
+        if crash and event == "finished" and not os.path.exists(crash):
+            Path(crash).touch()
+            os._exit(1)  # the injected fault: this worker dies mid-cell
+
+    runner.on_event = on_event
+    if phase == "cell":
+        assert cell is not None
+        result = runner.run_cell(*cell)
+        result["runs"] = [r["key"] for r in result["runs"]]
+    elif phase == "steptime":
+        result = runner.measure_step_times(cells or [])
+    elif phase == "noise":
+        result = runner.run_noise(cells or [])
+    else:
+        raise ValueError(f"Unknown phase {phase!r}.")
+    return {"env": runner.env, "platform": runner.platform(), "result": result,
+            "records": store.added, "executed": runner.executed}
+
+
+# -- the driver side ------------------------------------------------------------------------------
+
+class _NotStored(Exception):
+    """Raised where a stored-only runner would have to train or measure."""
+
+
+def _not_stored() -> Any:
+    raise _NotStored
+
+
+class _StoredOnly:
+    """Mixed into the driver's runner class (``stored_only``): everything read from the store,
+    nothing trained or measured; a cell (or a measurement) it completes is exactly what a
+    resumed local study would report."""
+
+    _platform: str
+
+    def platform(self) -> str:
+        return self._platform
+
+    def execute(self, plan: Any) -> Any:
+        raise _NotStored
+
+    def native_runs(self) -> Any:
+        raise _NotStored
+
+    def stored_or_measured(self, kind: str, event: str, key_config: dict[str, Any],
+                           plan: Any, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        return super().stored_or_measured(kind, event, key_config, plan, _not_stored)  # type: ignore[misc]
+
+
+def stored_only(runner: Any, platform: str) -> Any:
+    """A view of the prepared ``runner`` (its store, data and plans shared) that only reads
+    the store, with the workers' ``platform``."""
+    cls = type(f"StoredOnly{type(runner).__name__}", (_StoredOnly, type(runner)), {})
+    view = cls.__new__(cls)
+    view.__dict__.update(runner.__dict__)
+    view._platform = platform
+    return view
+
+
+class RayStudy:
+    """Runs a prepared ``StudyRunner``'s study on Ray; see the module docstring."""
+
+    def __init__(self, runner: Any, ray: Any) -> None:
+        self.runner, self.ray = runner, ray
+        self.config = replace(runner.config, executor=LOCAL_EXECUTOR, workers=0)  # the tasks'
+        self.resources = cell_resources(runner.config, ray, runner.env["backend"])
+        # Resources in the decorator, not .options(): a GPU task then gets a fresh worker
+        # process (Ray's max_calls=1), so a framework started on one task's GPU never runs
+        # another task given another GPU.
+        self.task = ray.remote(**self.resources)(run_phase)
+        self.crash = os.environ.get(CRASH_ENV)
+        identity = ray.get(ray.remote(**self.resources)(worker_identity).remote())
+        # Runs are keyed by the device that trains them: the workers', not this process's.
+        runner.env = identity["env"]
+        self.stored = stored_only(runner, identity["platform"])
+        self.runner_class = type(runner)
+
+    def attempt(self, action: Callable[[], Any],
+                fresh: frozenset[str] | set[str] = frozenset()) -> tuple[bool, Any]:
+        """(True, ``action()``'s result) when the store holds all it needs, its progress
+        events passed on (the ``fresh`` records' as finished); else (False, None), silently."""
+        events: list[tuple[str, dict[str, Any]]] = []
+
+        def buffer(event: str, **kwargs: Any) -> None:
+            record = kwargs.get("record")
+            if event.startswith("skipped") and record is not None and record["key"] in fresh:
+                event = "finished" + event[len("skipped"):]
+            events.append((event, kwargs))
+
+        self.stored.on_event = buffer
+        try:
+            result = action()
+        except _NotStored:
+            return False, None
+        for event, kwargs in events:
+            self.runner.on_event(event, **kwargs)
+        return True, result
+
+    def commit(self, output: dict[str, Any]) -> set[str]:
+        """Store a task's records (the ones not stored yet); return their keys."""
+        fresh = set()
+        for r in output["records"]:
+            if self.runner.store.put(r["key"], r["kind"], r["study"], r["backend"], r["config"],
+                                     r["result"], r["trajectory"]):
+                fresh.add(r["key"])
+                self.runner.executed += int(r["kind"] == "run")
+        return fresh
+
+    def cell_records(self, optimizer: str, batch_size: int) -> list[dict[str, Any]]:
+        """The stored runs and population probe of one cell: what its task may skip."""
+        def of_cell(config: dict[str, Any]) -> bool:
+            name = config.get("optimizer")
+            name = name.get("name") if isinstance(name, dict) else name
+            return name == optimizer and config.get("batch_size") == batch_size
+
+        # Any study's (a run's key is its configuration, whichever study stored it).
+        store = self.runner.store
+        return [r for kind in ("run", "population_probe") for r in store.records(kind=kind)
+                if of_cell(r["config"])]
+
+    def get(self, ref: Any, what: str) -> dict[str, Any]:
+        exceptions = self.ray.exceptions
+        try:
+            return self.ray.get(ref)
+        except exceptions.RayTaskError as error:
+            if isinstance(error.cause, KBackendError):
+                raise error.cause from None
+            raise
+        except exceptions.RayError as error:
+            raise KBackendError(
+                f"Ray lost {what} {CELL_RETRIES + 1} times ({type(error).__name__}); the cells "
+                "finished so far are stored: run the study again to resume.") from None
+
+    def run_cells(self) -> list[dict[str, Any]]:
+        runner = self.runner
+        keys = [(o, b) for o in runner.config.optimizers for b in runner.batch_sizes]
+        cells: dict[tuple[str, int], dict[str, Any]] = {}
+        pending: dict[Any, tuple[str, int]] = {}
+        for key in keys:
+            done, cell = self.attempt(lambda key=key: self.stored.run_cell(*key))
+            if done:
+                cells[key] = cell  # every run stored: not submitted
+            else:
+                pending[self.task.remote(self.runner_class, self.config, "cell", key, None,
+                                         self.cell_records(*key), self.crash)] = key
+        try:
+            while pending:
+                [ref], _ = self.ray.wait(list(pending), num_returns=1)
+                key = pending.pop(ref)
+                output = self.get(ref, f"cell {key[0]} B={key[1]}")
+                fresh = self.commit(output)
+                done, cell = self.attempt(lambda key=key: self.stored.run_cell(*key), fresh)
+                if not done:  # a worker keyed differently (another device): its own cell
+                    cell = output["result"]
+                    cell["runs"] = [runner.store.get(k) for k in cell["runs"]]
+                cells[key] = cell
+        finally:
+            for ref in pending:
+                self.ray.cancel(ref, force=True)
+        return [cells[key] for key in keys]
+
+    def measure(self, phase: str, action: Callable[[], Any], cells: list[dict[str, Any]]) -> Any:
+        """The step times or the noise scale: from the store, else one task, stored here."""
+        done, result = self.attempt(action)
+        if done:
+            return result
+        output = self.get(self.task.remote(self.runner_class, self.config, phase, None, cells, [], None), phase)
+        done, result = self.attempt(action, self.commit(output))
+        return result if done else output["result"]
+
+    def run(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Any, Any]:
+        cells = self.run_cells()
+        runs = [run for cell in cells for run in cell.pop("runs")]
+        step_times = self.measure("steptime", lambda: self.stored.measure_step_times(cells), cells)
+        noise = self.measure("noise", lambda: self.stored.run_noise(cells), cells)
+        return cells, runs, step_times, noise
+
+
+def run_on_ray(runner: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Any, Any]:
+    """The prepared ``runner``'s cells, runs, step times and noise scale, trained on Ray and
+    stored in ``runner.store`` (the local executor's results and store, made elsewhere)."""
+    ray = require_ray()
+    started = start_ray(runner.config, runner.env["backend"])
+    try:
+        return RayStudy(runner, ray).run()
+    finally:
+        if started:
+            ray.shutdown()

@@ -21,6 +21,13 @@ class ConfigError(KBackendError):
     """A training, model or optimizer option is invalid."""
 
 
+class JobError(KBackendError):
+    """A multi-process job did not form (a process missing, a foreign program at the
+    coordinator's address, a mismatched job) or lost a process. The CLI exits with status 3."""
+
+    exit_status = 3
+
+
 class Diverged(KBackendError):
     """Training diverged: a train loss (or the trained weights) became NaN or infinite.
 

@@ -62,10 +62,61 @@ def test_more_devices_than_exist_is_a_clear_error():
         train(TrainConfig(devices=64, batch_size=64, epochs=1))
 
 
-@pytest.mark.skipif(BACKEND != "tensorflow", reason="the native data-parallel engine is JAX's")
-def test_native_data_parallel_engine_points_tf_users_to_mirrored_fit():
-    with pytest.raises(ConfigError, match="--engine keras --data-parallel"):
-        train(TrainConfig(engine="data_parallel", batch_size=32, epochs=1))
+def test_data_parallel_engine_on_one_device_trains_like_native():
+    """On one device the data-parallel trainer (jax.shard_map / tf.distribute) is the native one."""
+    from kbackend.models import ModelOptions
+
+    def run(engine: str):
+        return train(TrainConfig(model="mlp", engine=engine, devices=1, batch_size=32, epochs=1,
+                                 fused_steps=4, optimizer=OptimizerSpec("adam", 0.01),
+                                 model_options=ModelOptions(widths=(16,), l2=1e-3)))
+
+    native, parallel = run("native"), run("data_parallel")
+    assert parallel.history.extra["engine"] == "data_parallel"
+    np.testing.assert_allclose(parallel.history.loss, native.history.loss, rtol=1e-5, atol=1e-6)
+    for a, b in zip(native.model.get_weights(), parallel.model.get_weights(), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's Keras fit limitation")
+def test_keras_fit_across_processes_on_tensorflow_points_to_the_native_engine(monkeypatch):
+    from kbackend.backends.tensorflow import data_parallel, ops
+
+    monkeypatch.setattr(ops, "process_count", lambda: 2)
+    with pytest.raises(ConfigError, match="Keras fit cannot train across processes on TensorFlow"), \
+            data_parallel.data_parallel_scope(1):
+        pass
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TF_CONFIG is TensorFlow's")
+@pytest.mark.parametrize(("tf_config", "message"), [
+    ("not json", "Invalid TF_CONFIG: expected JSON"),
+    ('{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]}, '
+     '"task": {"type": "worker", "index": 0}}', "2 workers .--num-processes.; it lists 3"),
+    ('{"cluster": {"worker": ["127.0.0.1:5000", "127.0.0.1:2"]}, '
+     '"task": {"type": "worker", "index": 0}}', "task.index 1 .--process-id.; it has 0"),
+    ('{"cluster": {"worker": ["127.0.0.1:9", "127.0.0.1:2"]}, "task": {"type": "worker", '
+     '"index": 1}}', "worker 0 at the coordinator 127.0.0.1:5000; it has 127.0.0.1:9"),
+    ('{"cluster": {"chief": ["127.0.0.1:5000"], "worker": ["127.0.0.1:2"]}, '
+     '"task": {"type": "worker", "index": 1}}', "only 'worker' tasks"),
+])
+def test_a_tf_config_that_does_not_match_the_job_is_one_line(monkeypatch, tf_config, message):
+    from kbackend.backends.tensorflow.ops import cluster_config
+
+    monkeypatch.setenv("TF_CONFIG", tf_config)
+    with pytest.raises(ConfigError, match=message) as raised:
+        cluster_config("127.0.0.1:5000", 2, 1)
+    assert "\n" not in str(raised.value)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TF_CONFIG is TensorFlow's")
+def test_without_tf_config_workers_sit_at_consecutive_ports(monkeypatch):
+    from kbackend.backends.tensorflow.ops import cluster_config
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert cluster_config("127.0.0.1:5000", 3, 2) == {
+        "cluster": {"worker": ["127.0.0.1:5000", "127.0.0.1:5001", "127.0.0.1:5002"]},
+        "task": {"type": "worker", "index": 2}}
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="the native data-parallel step is JAX code")
@@ -96,13 +147,12 @@ def test_single_device_step_matches_keras_train_on_batch():
     np.testing.assert_allclose(np.asarray(metrics.loss)[0], losses[0], rtol=1e-5)
 
 
-@pytest.mark.skipif(BACKEND != "jax", reason="multi-process training runs on JAX")
 def test_unreachable_coordinator_fails_after_the_timeout(cli_process):
     # A fresh process: jax.distributed start-up is once per process and cannot be undone.
     result = cli_process("train", "--epochs", "1", "--num-processes", "2", "--process-id", "1",
                  "--coordinator", f"127.0.0.1:{_free_port()}", "--coordinator-timeout", "2",
                  timeout=120)
-    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.returncode == 3, result.stderr[-2000:]  # a job that did not form
     assert "could not reach the coordinator" in result.stderr and "within 2s" in result.stderr
 
 

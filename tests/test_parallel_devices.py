@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.devices, pytest.mark.skipif(
     DEVICES != 8, reason="needs KBACKEND_VIRTUAL_DEVICES=8 set before the runtime starts "
     "(the `devices` nox session sets it)")]
 jax_only = pytest.mark.skipif(BACKEND != "jax", reason="the native data-parallel step is JAX code")
+tf_only = pytest.mark.skipif(BACKEND != "tensorflow", reason="the tf.distribute trainer")
 ATOL = RTOL = 1e-5
 LARGEST_GAP: list[float] = [0.0]
 
@@ -150,8 +151,8 @@ def test_negative_control_without_synced_batch_norm(monkeypatch):
     assert _largest_gap(single, multi) > 100 * ATOL
 
 
-@jax_only
-@pytest.mark.parametrize("dp_impl", ["shard_map", "pmap"])
+@pytest.mark.parametrize("dp_impl", [
+    "shard_map", pytest.param("pmap", marks=jax_only)])
 def test_engine_on_4_devices_matches_1_device(dp_impl):
     """The whole engine (data order, sharding, fused calls, write-back) against 1 device."""
     from kbackend.models import ModelOptions
@@ -198,7 +199,6 @@ def test_batch_not_divisible_by_devices_is_rejected():
         train(TrainConfig(devices=4, batch_size=30, epochs=1))
 
 
-@jax_only
 def test_data_parallel_engine_runs_the_native_driver():
     """2 devices through the native driver: the single-device native engine's batches, losses,
     evaluation points, regularized val_loss and early stopping, and its history format."""
@@ -224,10 +224,106 @@ def test_data_parallel_engine_runs_the_native_driver():
     assert multi.timing["compile_time"] > 0
 
 
-@jax_only
 def test_data_parallel_rejects_fused_steps_auto():
     from kbackend.training import TrainConfig, train
 
     with pytest.raises(ConfigError, match="--fused-steps auto is single-device only"):
         train(TrainConfig(model="mlp", engine="data_parallel", devices=2, batch_size=64, epochs=1,
                           fused_steps=0))
+
+
+def _tf_dataset(xs: np.ndarray, ys: np.ndarray):
+    from kbackend.data import Dataset, DatasetInfo
+
+    x, y = xs.reshape(-1, xs.shape[-1]), ys.reshape(-1)
+    info = DatasetInfo(name="generated", input_shape=(x.shape[-1],), num_classes=3, source="test",
+                       layout="flat", data_format=None, num_train=len(x), num_val=8, num_test=8)
+    return Dataset(x, y, x[:8], y[:8], x[:8], y[:8], info)
+
+
+def _tf_run_both(model, spec, devices, xs, ys):
+    """(1-device values, N-device values, 1-device losses, N losses) after K = len(xs) steps of
+    the TF native trainer and the tf.distribute trainer from the same start, on the same rows."""
+    import keras
+
+    from kbackend.backends.tensorflow.data_parallel import DataParallelTrainer
+    from kbackend.backends.tensorflow.native import NativeTrainer
+
+    dataset = _tf_dataset(xs, ys)
+    rows = np.arange(xs.shape[0] * xs.shape[1]).reshape(xs.shape[:2])
+    twin = keras.models.clone_model(model)
+    twin.set_weights(model.get_weights())
+    single = NativeTrainer(twin, spec, dataset)
+    epoch = single.put_epoch(rows)
+    single.compile(len(rows), epoch)
+    single_loss = single.fetch(single.run(epoch, 0, len(rows)))
+    multi = DataParallelTrainer(model, spec, dataset, devices=devices, batch_size=rows.shape[1],
+                                dp_impl="shard_map")
+    multi.compile(len(rows), rows)
+    multi_loss = multi.fetch(multi.run(rows, 0, len(rows)))
+    return single.snapshot(), multi.snapshot(), single_loss, multi_loss
+
+
+@tf_only
+@settings(max_examples=int(os.environ.get("KBACKEND_PARALLEL_EXAMPLES", "6")), deadline=None,
+          derandomize=True, suppress_health_check=list(HealthCheck),
+          phases=[Phase.explicit, Phase.generate])  # no shrinking: each example traces twice
+@given(
+    devices=st.sampled_from([2, 4, 8]),
+    per_device=st.integers(2, 3),
+    fused=st.integers(1, 3),
+    widths=st.lists(st.integers(2, 12), min_size=1, max_size=2).map(tuple),
+    batch_norm=st.booleans(),
+    optimizer=st.sampled_from(["sgd", "adam"]),
+    seed=st.integers(0, 2**16),
+)
+def test_tf_distribute_trainer_on_n_devices_trains_like_one(devices, per_device, fused, widths,
+                                                            batch_norm, optimizer, seed):
+    """MirroredStrategy over N logical devices == the single-device native trainer."""
+    model = _build(widths, batch_norm, seed=seed)
+    rng = np.random.default_rng(seed)
+    batch = devices * per_device
+    xs = rng.normal(size=(fused, batch, 6)).astype("float32")
+    ys = rng.integers(0, 3, size=(fused, batch)).astype("int32")
+    lr = 0.1 if optimizer == "sgd" else 0.01
+    single, multi, single_loss, multi_loss = _tf_run_both(model, OptimizerSpec(optimizer, lr),
+                                                          devices, xs, ys)
+    gap = max(float(np.max(np.abs(a - b))) for a, b in zip(single, multi, strict=True))
+    LARGEST_GAP[0] = max(LARGEST_GAP[0], gap)
+    print(f"TF devices={devices} batch={batch} K={fused} widths={widths} bn={batch_norm} "
+          f"{optimizer}: largest parameter gap {gap:.3g} (largest so far {LARGEST_GAP[0]:.3g})")
+    for a, b in zip(single, multi, strict=True):
+        np.testing.assert_allclose(b, a, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(multi_loss, single_loss, rtol=RTOL, atol=ATOL)
+
+
+@tf_only
+def test_tf_negative_control_without_synchronized_batch_norm(monkeypatch):
+    """Per-replica BatchNorm statistics would make N devices differ: synchronizing them is what
+    makes the trainer equal to one device."""
+    from kbackend.backends.tensorflow import data_parallel
+
+    model = _build((8,), True)
+    rng = np.random.default_rng(2)
+    xs = rng.normal(size=(2, 16, 6)).astype("float32") * rng.uniform(0.5, 3, size=(1, 16, 1)).astype("float32")
+    ys = rng.integers(0, 3, (2, 16)).astype("int32")
+    monkeypatch.setattr(data_parallel, "data_parallel_clone_layer",
+                        lambda layer: layer.__class__.from_config(layer.get_config()))
+    single, multi, _, _ = _tf_run_both(model, OptimizerSpec("sgd", 0.1), 4, xs, ys)
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(single, multi, strict=True)) > 100 * ATOL
+
+
+@tf_only
+def test_tf_replica_pass_is_xla_compiled_without_batch_norm():
+    from kbackend.models import ModelOptions
+    from kbackend.training import TrainConfig, train
+
+    def extra(batch_norm: bool) -> dict:
+        return train(TrainConfig(model="mlp", engine="data_parallel", devices=2, batch_size=32,
+                                 epochs=1, fused_steps=4, max_steps=8,
+                                 model_options=ModelOptions(widths=(8,), batch_norm=batch_norm))
+                     ).history.extra
+
+    plain, normed = extra(False), extra(True)
+    assert plain["replica_xla"] is True and normed["replica_xla"] is False
+    assert plain["dp_impl"] == "MirroredStrategy" and plain["devices"] == 2

@@ -1,7 +1,8 @@
 """``kbackend launch``: start a multi-process training job on this machine and watch it.
 
 ``kbackend launch --num-processes N -- <train args>`` runs ``kbackend train <train args>
---num-processes N --process-id I --coordinator 127.0.0.1:PORT`` for I = 0 .. N-1, prefixes each
+--num-processes N --process-id I --coordinator 127.0.0.1:PORT`` for I = 0 .. N-1 (on
+TensorFlow each with a ``TF_CONFIG`` naming every worker's address, worker 0 the coordinator's), prefixes each
 process's output lines with ``[I]``, and waits. Process 0's output is shown as it comes (the
 others compute the same figures: their lines would repeat it N times); the other processes'
 output is kept and shown only if the job fails (``--all-output`` shows every process live). If
@@ -12,6 +13,7 @@ kept output, and exits non-zero naming the process that failed.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import socket
@@ -19,7 +21,9 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import ExitStack
 
+from kbackend.backend_choice import selected_backend
 from kbackend.cli import OneLineErrorParser
 from kbackend.commands import train as train_command
 from kbackend.errors import ConfigError
@@ -58,9 +62,25 @@ def check_train_args(train_args: list[str], num_processes: int, coordinator: str
 
 def free_port() -> int:
     """A port on 127.0.0.1 that is free now (the OS picks it)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports on 127.0.0.1 that are free now (held open together while the OS
+    picks them, so no two are the same)."""
+    with ExitStack() as stack:
+        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [probe.getsockname()[1] for probe in probes]
+
+
+def tf_configs(coordinator_port: int, num_processes: int) -> list[str]:
+    """Each process's ``TF_CONFIG``: worker 0 at the coordinator, the others at free ports."""
+    ports = [coordinator_port, *free_ports(num_processes - 1)]
+    workers = [f"127.0.0.1:{port}" for port in ports]
+    return [json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})
+            for i in range(num_processes)]
 
 
 def _forward(stream: object, prefix: str, sink: object, kept: list[str] | None = None) -> None:
@@ -104,6 +124,9 @@ def run(args: argparse.Namespace) -> int:
     coordinator = f"127.0.0.1:{port}"
     check_train_args(train_args, args.num_processes, coordinator)
     env = dict(os.environ)
+    # TensorFlow workers each listen at their own address (TF_CONFIG; it replaces one set here).
+    cluster = (tf_configs(port, args.num_processes) if selected_backend() == "tensorflow"
+               else None)
     processes: list[subprocess.Popen] = []
     threads = []
     kept: list[list[str]] = [[] for _ in range(args.num_processes)]
@@ -111,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
         command = [sys.executable, "-m", "kbackend", "train", *train_args,
                    "--num-processes", str(args.num_processes), "--process-id", str(index),
                    "--coordinator", coordinator]
-        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+        own_env = env if cluster is None else {**env, "TF_CONFIG": cluster[index]}
+        process = subprocess.Popen(command, env=own_env, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, bufsize=1)
         processes.append(process)
         live = index == 0 or getattr(args, "all_output", False)

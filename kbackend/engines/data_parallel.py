@@ -1,7 +1,8 @@
 """Engine ``data_parallel``: the native loop with the backend's sharded trainer.
 
 On JAX the trainer is the pmap-style ``jax.shard_map`` one (``backends/jax/data_parallel.py``);
-the TensorFlow backend has none yet and says to use ``--engine keras --data-parallel``.
+on TensorFlow a ``tf.distribute`` custom loop (``MirroredStrategy`` in one process, the job's
+``MultiWorkerMirroredStrategy`` across processes; ``backends/tensorflow/data_parallel.py``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -92,12 +94,17 @@ def compute_devices() -> list[Any]:
 
 
 def device_count() -> int:
-    """How many devices (all processes together) computations can run on."""
-    return len(compute_devices())
+    """How many devices (all processes together) computations can run on: in a multi-process
+    job the strategy's replicas, one per process on CPU (or each process's GPUs)."""
+    strategy = job_strategy()
+    return strategy.num_replicas_in_sync if strategy is not None else len(compute_devices())
 
 
 def local_device_count() -> int:
     """How many devices this process drives."""
+    strategy = job_strategy()
+    if strategy is not None:
+        return strategy.num_replicas_in_sync // process_count()
     return len(compute_devices())
 
 
@@ -106,32 +113,112 @@ def platform() -> str:
     return compute_devices()[0].device_type.lower()
 
 
+# The MultiWorkerMirroredStrategy of this process's multi-process job, once it has joined one.
+_JOB: dict[str, Any] = {}
+TF_CONFIG_ENV = "TF_CONFIG"
+
+
+def job_strategy() -> Any | None:
+    """The job's ``MultiWorkerMirroredStrategy`` (None outside a multi-process job)."""
+    return _JOB.get("strategy")
+
+
+def cluster_config(coordinator: str, num_processes: int, process_id: int) -> dict[str, Any]:
+    """This process's ``TF_CONFIG``: the environment's (checked against the job's flags), else
+    ``num_processes`` workers on the coordinator's host at consecutive ports from its port
+    (worker 0 is the coordinator; ``kbackend launch`` writes a ``TF_CONFIG`` of free ports)."""
+    host, _, port = coordinator.rpartition(":")
+    text = os.environ.get(TF_CONFIG_ENV)
+    if not text:
+        workers = [f"{host}:{int(port) + i}" for i in range(num_processes)]
+        return {"cluster": {"worker": workers}, "task": {"type": "worker", "index": process_id}}
+    try:
+        config = json.loads(text)
+        workers, task = list(config["cluster"]["worker"]), config["task"]
+        kind, index = task["type"], int(task["index"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f"Invalid {TF_CONFIG_ENV}: expected JSON with cluster.worker (a list of "
+                          f"HOST:PORT) and task.type/task.index. Received: {text[:200]!r} "
+                          f"({type(error).__name__}).") from None
+    problems = []
+    if set(config["cluster"]) != {"worker"} or kind != "worker":
+        problems.append("only 'worker' tasks (no chief, ps or evaluator)")
+    if len(workers) != num_processes:
+        problems.append(f"{num_processes} workers (--num-processes); it lists {len(workers)}")
+    if index != process_id:
+        problems.append(f"task.index {process_id} (--process-id); it has {index}")
+    if workers and workers[0] != coordinator:
+        problems.append(f"worker 0 at the coordinator {coordinator}; it has {workers[0]}")
+    if problems:
+        raise ConfigError(f"{TF_CONFIG_ENV} does not match this job: expected "
+                          + "; ".join(problems) + ".")
+    return config
+
+
+def _check_own_port(address: str, process_id: int) -> None:
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, int(port)))
+        except OSError as error:
+            raise ConfigError(
+                f"Process {process_id} cannot listen at its worker address {address}: "
+                f"{error.strerror}. Pick free ports (kbackend launch finds them).") from None
+
+
 def initialize_processes(coordinator: str, num_processes: int, process_id: int,
                          timeout_s: int, heartbeat_s: int,
                          check_coordinator: Callable[[], None] = lambda: None) -> None:
-    """Multi-process training is not available on TensorFlow with Keras 3.15 (raises).
+    """Join a ``num_processes``-process job as a ``MultiWorkerMirroredStrategy`` worker.
 
-    ``MultiWorkerMirroredStrategy`` starts and connects the workers, but Keras 3.15's TF
-    trainer cannot run ``fit`` under it: its symbolic build MEAN-reduces a PerReplica input
-    ("Attempt to convert a value (PerReplica...) to a Tensor") and, past that, its
-    ``reduce_per_replica`` concatenates scalar metrics across workers ("Invalid reduction
-    dimension 0 for input with 0 dimensions"). Single-process ``MirroredStrategy`` works.
+    The cluster comes from ``cluster_config`` (written to ``TF_CONFIG``). TF's coordination
+    service (led by worker 0) is configured before the strategy starts it: workers must register
+    within ``timeout_s``, and a worker that sends no heartbeat for ``heartbeat_s`` (dead or
+    hung) aborts the others' collectives with an error, which ``kbackend.distributed
+    .run_guarded`` turns into exit 3. Keras's ``fit`` cannot run under this strategy (Keras 3.15), so only the native
+    data-parallel engine trains in such a job.
     """
-    raise ConfigError(
-        "Multi-process training needs KERAS_BACKEND=jax: Keras 3.15's TensorFlow trainer fails "
-        "under MultiWorkerMirroredStrategy. On TensorFlow use one process with --data-parallel "
-        "(MirroredStrategy over the local devices)."
-    )
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.eager import context
+
+    if "strategy" in _JOB:
+        return
+    config = cluster_config(coordinator, num_processes, process_id)
+    check_coordinator()
+    if process_id != 0:
+        _check_own_port(config["cluster"]["worker"][process_id], process_id)
+    if context.context()._context_handle is not None:
+        raise ConfigError("Multi-process training must start before TensorFlow runs anything "
+                          "in this process.")
+    os.environ[TF_CONFIG_ENV] = json.dumps(config)
+    context.context().configure_coordination_service(
+        service_type="standalone", service_leader="/job:worker/replica:0/task:0",
+        cluster_register_timeout_in_ms=int(timeout_s * 1000),
+        heartbeat_timeout_in_ms=int(heartbeat_s * 1000),
+        shutdown_barrier_timeout_in_ms=int(timeout_s * 1000),
+        coordinated_jobs=[coordination_config_pb2.CoordinatedJob(name="worker",
+                                                                  num_tasks=num_processes)])
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    except Exception as error:  # TF raises with long C++ text
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ConfigError(
+            f"Process {process_id} of {num_processes} could not join the TensorFlow job at "
+            f"{coordinator} within {timeout_s}s: {first_line[:300]}. Is every process running "
+            "and the addresses reachable?") from None
+    _JOB.update(strategy=strategy, index=process_id, count=num_processes)
 
 
 def process_index() -> int:
-    """This process's index: always 0 (TF runs single-process jobs, see initialize_processes)."""
-    return 0
+    """This process's index in a multi-process job (0 when alone)."""
+    return int(_JOB.get("index", 0))
 
 
 def process_count() -> int:
-    """How many processes the job has: always 1 on TensorFlow."""
-    return 1
+    """How many processes the job has (1 when alone)."""
+    return int(_JOB.get("count", 1))
 
 
 def _first_gpu() -> str | None:

@@ -9,12 +9,14 @@ from kbackend.bench import (
     parallel,
     population,
     reproduce,
+    scale_out,
     time_to_target,
 )
 from kbackend.bench.spec import Benchmark
 
 BENCHMARKS: dict[str, Benchmark] = {
     bench.name: bench
-    for module in (hardware, engines, cache, parallel, population, reproduce, time_to_target)
+    for module in (hardware, engines, cache, parallel, population, reproduce, scale_out,
+                   time_to_target)
     for bench in module.BENCHMARKS
 }

@@ -5,8 +5,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-from kbackend.bench.runner import run
-from kbackend.bench.study_ray import BENCHMARKS
+from kbackend.bench.runner import main
 
 if __name__ == "__main__":
-    raise SystemExit(run(BENCHMARKS[0]))
+    raise SystemExit(main("bench_study_ray"))

@@ -10,6 +10,7 @@ from kbackend.bench import (
     population,
     reproduce,
     scale_out,
+    study_ray,
     time_to_target,
 )
 from kbackend.bench.spec import Benchmark
@@ -17,6 +18,6 @@ from kbackend.bench.spec import Benchmark
 BENCHMARKS: dict[str, Benchmark] = {
     bench.name: bench
     for module in (hardware, engines, cache, parallel, population, reproduce, scale_out,
-                   time_to_target)
+                   study_ray, time_to_target)
     for bench in module.BENCHMARKS
 }

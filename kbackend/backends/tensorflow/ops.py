@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+from tensorflow.python.eager import context
 
 from kbackend.backends.capabilities import VIRTUAL_DEVICES_ENV
 from kbackend.errors import ConfigError
@@ -180,9 +182,6 @@ def initialize_processes(coordinator: str, num_processes: int, process_id: int,
     .run_guarded`` turns into exit 3. Keras's ``fit`` cannot run under this strategy (Keras 3.15), so only the native
     data-parallel engine trains in such a job.
     """
-    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
-    from tensorflow.python.eager import context
-
     if "strategy" in _JOB:
         return
     config = cluster_config(coordinator, num_processes, process_id)

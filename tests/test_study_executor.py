@@ -12,6 +12,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import textwrap
 import time
 
 import numpy as np
@@ -155,30 +156,49 @@ def test_resume_after_an_exception_mid_grid(tmp_path, baseline, monkeypatch):
 
 
 @pytest.mark.slow
-def test_resume_after_the_process_is_killed(tmp_path, baseline):
+def test_resume_after_the_process_is_killed_at_an_injected_point(tmp_path, baseline):
+    """SIGKILL right after the second run is committed (an injected kill point, not a timed
+    one): the store file alone holds both runs, no temp file is left, and the resumed study
+    redoes neither and ends with the uninterrupted study's outcomes."""
+    code = textwrap.dedent(f"""
+        import os, signal
+        from kbackend.study import store
+        from kbackend.cli import main
+
+        put, committed = store.ResultStore.put, []
+
+        def put_then_die_after_the_second_run(self, key, kind, *args, **kwargs):
+            stored = put(self, key, kind, *args, **kwargs)
+            if kind == "run" and stored:
+                committed.append(key)
+                if len(committed) == 2:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            return stored
+
+        store.ResultStore.put = put_then_die_after_the_second_run
+        main({[*RESUMED_ARGS, "--out", str(tmp_path)]!r})
+    """)
     env = {**os.environ, "KERAS_BACKEND": BACKEND, "KBACKEND_OFFLINE": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "kbackend", *RESUMED_ARGS, "--out", str(tmp_path)],
-                               cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    killed = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     db = tmp_path / "study.db"
-    deadline = time.monotonic() + 600
-    finished: dict[str, float] = {}
-    while time.monotonic() < deadline and process.poll() is None:
-        if db.exists():
-            with ResultStore(db) as store:
-                finished = {r["key"]: r["finished_at"] for r in store.records(kind="run")}
-            if finished:
-                break
-        time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert 1 <= len(finished) < TINY_RUNS, "the study finished before it could be killed"
+    copy = tmp_path / "copy" / "study.db"
+    copy.parent.mkdir()
+    copy.write_bytes(db.read_bytes())  # the file the docs name, without its -wal companion
+    with ResultStore(copy) as store:
+        assert len(store.records(kind="run")) == 2
+    with ResultStore(db) as store:
+        finished = {r["key"]: r["finished_at"] for r in store.records(kind="run")}
+    assert len(finished) == 2
+    assert [p.name for p in tmp_path.iterdir() if ".tmp" in p.name] == []
 
     resumed = _run_grid(RESUMED, tmp_path)
     with ResultStore(db) as store:
         after = {r["key"]: r["finished_at"] for r in store.records(kind="run")}
         assert {r["study"] for r in store.records(kind="run")} == {resumed.study_id}
     assert all(after[key] == stamp for key, stamp in finished.items())
-    assert resumed.executed <= TINY_RUNS - len(finished)
+    assert resumed.executed == TINY_RUNS - 2
     assert _outcomes(tmp_path) == _outcomes(baseline[0])
 
 

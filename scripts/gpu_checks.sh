@@ -32,16 +32,29 @@ if [ "$quick" = 1 ]; then
     --optimizers sgd,adam --batch-sizes 32,1024 --seeds 2 --lrs sgd=0.6 --lrs adam=0.004 \
     --step-time-repeats 1 --noise-points 0
   part engines 120 python3 scripts/bench_engines.py --quick --backends jax --out "$out/bench"
+  part knee 120 python3 scripts/bench_throughput.py --backends jax --batch-sizes 8,64,512 \
+    --budget-s 20 --repeats 1 --out "$out/bench"
+  part data_parallel 120 python3 scripts/bench_parallel.py --quick --devices 1 --out "$out/bench"
 else
+  # Budgets (s): 100 + 60 + 45 + 30 + 170 = 405, plus start-up: well inside 8 minutes.
   # The default study (mnist1d_large) on the GPU: the same question as on the CPU, other hardware.
-  part study_default 150 python3 -m kbackend study --no-progress --out "$out/study_default"
+  part study_default 100 python3 -m kbackend study --no-progress --out "$out/study_default"
   # The engine table (quick: its full version's budget is sized for CPUs).
-  part engines 90 python3 scripts/bench_engines.py --quick --backends jax --out "$out/bench"
-  # The MNIST study of issue 12 (batch 8..4096, 3 seeds), when the MNIST file came along.
+  part engines 60 python3 scripts/bench_engines.py --quick --backends jax --out "$out/bench"
+  # Throughput vs batch size up to 8192 and its knee (samples/s gain per doubling < 10%).
+  part knee 45 python3 scripts/bench_throughput.py --backends jax --repeats 1 --budget-s 35 \
+    --batch-sizes 8,16,32,64,128,256,512,1024,2048,4096,8192 --out "$out/bench"
+  # The data-parallel engine's step on the one GPU (jax.shard_map over one device) against
+  # itself at fixed per-device and global batches: its overhead where a second GPU would go.
+  part data_parallel 30 python3 scripts/bench_parallel.py --quick --devices 1 --out "$out/bench"
+  # The MNIST study of issue 12 (batch 8..4096, 3 seeds) with populations: --population auto
+  # probes vmapped populations against sequential runs per cell on the GPU and records the
+  # choice; when the MNIST file came along.
   if [ -n "${KBACKEND_DATA_DIR:-}" ] && [ -f "$KBACKEND_DATA_DIR/mnist.npz" ]; then
-    part study_mnist 180 python3 -m kbackend study --no-progress --out "$out/study_mnist" \
+    part study_mnist 170 python3 -m kbackend study --no-progress --out "$out/study_mnist" \
       --dataset mnist --model seed_mlp --seeds 3 --optimizers sgd,momentum,adam \
-      --batch-sizes 8,16,32,64,128,256,512,1024,2048,4096 --max-steps 4000 --noise-points 2
+      --batch-sizes 8,16,32,64,128,256,512,1024,2048,4096 --max-steps 4000 --noise-points 2 \
+      --population auto
   else
     echo "== study_mnist skipped: no mnist.npz in KBACKEND_DATA_DIR"
   fi

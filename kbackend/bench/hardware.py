@@ -15,7 +15,7 @@ import numpy as np
 
 from kbackend.backend_choice import keras as import_keras
 from kbackend.backends import impl
-from kbackend.bench.spec import Benchmark, Rows, Settings
+from kbackend.bench.spec import Benchmark, Option, Rows, Settings, int_list
 from kbackend.hardware import probe
 from kbackend.hardware.inputs import iterate_batches, monitored_batches
 from kbackend.hardware.knee import DEFAULT_MIN_GAIN, find_knee
@@ -41,10 +41,12 @@ def measure_throughput(settings: Settings) -> Rows:
     """Samples/s of the seed MLP vs batch size (powers of two up to memory or budget), and the knee.
 
     Full mode times every size in 3 interleaved rounds (medians of the round medians)."""
-    sizes = [16, 64, 256, 1024] if settings.quick else [2**k for k in range(3, 16)]
+    sizes = settings.options.get("batch_sizes") or (
+        [16, 64, 256, 1024] if settings.quick else [2**k for k in range(3, 16)])
+    budget = settings.options.get("budget_s") or (None if settings.quick else 240.0)
     work = probe.workload("seed_mlp", samples=4096)
     rows = probe.throughput_curve(work, sizes, steps=8 if settings.quick else 30,
-                                  budget_s=None if settings.quick else 240.0,
+                                  budget_s=budget,
                                   seconds_per_point=None if settings.quick else 2.0,
                                   rounds=settings.rounds(quick=1, full=3))
     measured = [r for r in rows if "samples_per_s" in r]
@@ -250,7 +252,11 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("bench_throughput", "Throughput (samples/s) of the seed MLP vs batch size, with the knee "
               f"(where doubling the batch gains < {DEFAULT_MIN_GAIN:.0%}).", measure_throughput,
               ["model", "batch_size"], ["samples_per_s", "step_ms", "compile_s"],
-              ["knee_batch_size", "knee_samples_per_s", "plateau_reached", "largest_measured"]),
+              ["knee_batch_size", "knee_samples_per_s", "plateau_reached", "largest_measured"],
+              options=(Option("--batch-sizes", "comma-separated batch sizes (default powers of two "
+                              "8-32768; quick 16,64,256,1024)", int_list),
+                       Option("--budget-s", "stop adding batch sizes after this many seconds "
+                              "(default 240; quick: none)", float))),
     Benchmark("bench_jit", "Compiled vs eager train steps (Keras fit and the native engine).", measure_jit,
               ["config"], ["step_ms", "samples_per_s", "compile_s"]),
     Benchmark("bench_data_format", "CNN train step: channels_last vs channels_first.", measure_data_format,

@@ -102,8 +102,12 @@ def forward(model: Any, x: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def describe(source: dict[str, Any], seed: int = 0) -> dict[str, Any]:
-    """Config, weights, and input / output signatures of the model ``source`` describes."""
+    """Config, weights, and input / output signatures of the model ``source`` describes.
+
+    A model built from an architecture gets its initial weights from ``seed`` (not from whatever
+    state the worker's generator was left in), so a case is the same in every run."""
     keras = import_keras()
+    impl().set_random_seed(seed)
     model = load_model(source)
     inputs = []
     for tensor in model.inputs:

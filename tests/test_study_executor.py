@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -20,6 +21,7 @@ import pytest
 
 from kbackend.cli import main
 from kbackend.errors import ConfigError, DataError
+from kbackend.io import NON_FINITE_KEY
 from kbackend.study.config import StudyConfig
 from kbackend.study.executor import StudyRunner
 from kbackend.study.pipeline import compare, run_study
@@ -382,6 +384,54 @@ def test_compare_puts_backends_side_by_side(baseline, tmp_path, capsys):
     assert text.count("| sgd | 64 |") == 1 and "not reached" in text
     assert (tmp_path / "compare.md").is_file()
     assert "fastest adam" in compare([other])
+
+
+def _without(summary, *keys):
+    broken = copy.deepcopy(summary)
+    holder = broken
+    for key in keys[:-1]:
+        holder = holder[key]
+    del holder[keys[-1]]
+    return json.dumps(broken)
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda s: "", "not JSON"),
+    (lambda s: "{bad", "not JSON"),
+    (lambda s: json.dumps(s)[:300], "not JSON"),
+    (lambda s: b"\x8c\x00\xff".decode("latin-1"), "not JSON"),
+    (lambda s: "[1, 2]", "study is missing"),
+    (lambda s: "{}", "study is missing"),
+    (lambda s: "NaN", "study is missing"),
+    (lambda s: _without(s, "config"), "config is missing"),
+    (lambda s: _without(s, "config", "target"), "config.target is missing"),
+    (lambda s: json.dumps({k: v for k, v in s.items() if k != NON_FINITE_KEY} | {"cells": [{"x": 1}]}),
+     "cells.0. lacks optimizer"),
+    (lambda s: json.dumps({**s, "cells": [{"x": 1}]}), "non-finite numbers names fields"),
+    (lambda s: json.dumps({**s, "config": {**s["config"], "optimizers": "x"}}),
+     "config.optimizers is missing or not a list"),
+    (lambda s: _without(s, "analysis", "best"), "analysis lacks best"),
+], ids=["empty", "bad-json", "truncated", "binary", "list", "empty-object", "nan", "no-config",
+        "no-target", "bad-cell", "dangling-non-finite", "bad-optimizers", "no-best"])
+def test_compare_refuses_a_bad_summary_with_one_line(baseline, tmp_path, capsys, make, message):
+    folder = baseline[1]["paths"]["report"].parent
+    good = json.loads((folder / "summary.json").read_text())
+    bad = tmp_path / "bad.json"
+    bad.write_text(make(good), encoding="latin-1")
+    assert main(["study", "compare", str(folder), str(bad), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kbackend: error: Invalid study summary") and "\n" not in err, err
+    assert re.search(message, err), err
+    assert not (tmp_path / "compare.md").exists()
+
+
+def test_noise_batch_larger_than_the_training_split_is_refused_before_training(monkeypatch):
+    calls = _planted(monkeypatch, lambda rate, seed: 10)
+    config = dataclasses.replace(TINY, noise_big_batch=100_000, noise_small_batch=8)
+    with pytest.raises(ConfigError, match=r"the big batch \(100000\) is larger than the training "
+                                          r"split \(1294 samples\)"):
+        StudyRunner(config, None).prepare()
+    assert calls == []
 
 
 def _planted(monkeypatch, outcome):

@@ -351,6 +351,10 @@ class StudyRunner:
         big = config.noise_big_batch or max(sizes)
         if big <= small:
             big = min(self.num_train, small * 8)
+        if big > self.num_train:
+            raise ConfigError(
+                f"Invalid --noise-batches: the big batch ({big}) is larger than the training split "
+                f"({self.num_train} samples). Expected a batch of at most {self.num_train}.")
         if big <= small:
             raise ConfigError(
                 f"Cannot measure the noise scale: need a big batch larger than the small one "

@@ -20,7 +20,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from kbackend.errors import ConfigError
+from kbackend.errors import ConfigError, DataError
 from kbackend.io import atomic_write_text, read_json
 from kbackend.reports import markdown_rows
 from kbackend.study.analysis import analyze
@@ -131,7 +131,7 @@ def load_summaries(paths: Iterable[str | Path], out_dir: str | Path | None = Non
         if not file.is_file():
             raise ConfigError(f"No study summary at {str(file)!r}: expected a study report folder "
                               "or its summary.json.")
-        summaries.append(read_json(file))
+        summaries.append(_read_summary(file))
     if not summaries and out_dir is not None:
         db = Path(out_dir) / DB_NAME
         if not db.is_file():
@@ -142,6 +142,46 @@ def load_summaries(paths: Iterable[str | Path], out_dir: str | Path | None = Non
     if not summaries:
         raise ConfigError("Nothing to compare: no study summaries found.")
     return summaries
+
+
+# What ``compare`` reads of a summary: (path of keys, expected type); cells need these keys.
+_SUMMARY_FIELDS = ((("study",), str), (("config",), dict), (("config", "model"), str),
+                   (("config", "dataset"), str), (("config", "engine"), str),
+                   (("config", "optimizers"), list), (("config", "target"), dict),
+                   (("config", "target", "metric"), str),
+                   (("config", "target", "value"), (int, float)), (("env",), dict),
+                   (("env", "backend"), str), (("env", "device"), str), (("cells",), list),
+                   (("analysis",), dict), (("analysis", "crossovers"), list))
+_CELL_FIELDS = ("optimizer", "batch_size", "reached", "time_to_target", "steps_to_target")
+
+
+def _read_summary(file: Path) -> dict[str, Any]:
+    """A study summary read from ``file`` and checked to hold what ``compare`` reads; anything
+    else is one ``DataError`` line naming the file and what was wrong."""
+    def refuse(what: str) -> DataError:
+        return DataError(f"Invalid study summary {str(file)!r}: {what}. Expected the "
+                         "summary.json a kbackend study report folder holds.")
+
+    try:
+        summary = read_json(file)
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise refuse(f"not JSON ({type(error).__name__}: {str(error)[:80]})") from None
+    except (KeyError, IndexError, TypeError):  # its non-finite map names fields it lacks
+        raise refuse("its list of non-finite numbers names fields the file lacks") from None
+    for keys, kind in _SUMMARY_FIELDS:
+        value: Any = summary
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise refuse(f"{'.'.join(keys)} is missing or not a {getattr(kind, '__name__', 'number')}")
+    absent = [k for k in ("best", "throughput_knee") if k not in summary["analysis"]]
+    if absent:
+        raise refuse(f"analysis lacks {', '.join(absent)}")
+    for index, cell in enumerate(summary["cells"]):
+        missing = [k for k in _CELL_FIELDS if not isinstance(cell, dict) or k not in cell]
+        if missing:
+            raise refuse(f"cells[{index}] lacks {', '.join(missing)}")
+    return summary
 
 
 def _column(summary: dict[str, Any]) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -259,12 +260,24 @@ def check_output_folder(path: str | os.PathLike, flag: str) -> Path:
         return _check_output_folder(path, flag)
 
 
+def _can_create_files_in(folder: Path) -> bool:
+    """Whether a file can be created in ``folder``: tried (an unnamed temporary file, gone when
+    closed), since permission bits say yes to root on read-only or virtual file systems."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return False
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
+
+
 def _check_output_folder(path: str | os.PathLike, flag: str) -> Path:
     target = Path(path)
     existing = _nearest_existing(target)
     if not existing.is_dir():
         raise ConfigError(f"Invalid {flag} folder {str(path)!r}: {str(existing)!r} is a file, not a folder.")
-    if not os.access(existing, os.W_OK | os.X_OK):
+    if not _can_create_files_in(existing):
         raise ConfigError(f"Invalid {flag} folder {str(path)!r}: {str(existing)!r} is not writable.")
     return target
 
@@ -289,7 +302,7 @@ def _check_output_path(path: str | os.PathLike, flag: str, suffix: str | None) -
     existing = _nearest_existing(target.parent)
     if not existing.is_dir():
         raise ConfigError(f"Invalid {flag} path {shown!r}: {str(existing)!r} is a file, not a folder.")
-    if not os.access(existing, os.W_OK | os.X_OK) or (
+    if not _can_create_files_in(existing) or (
             target.exists() and not os.access(target, os.W_OK)):
         raise ConfigError(f"Invalid {flag} path {shown!r}: {str(existing)!r} is not writable.")
     return target

@@ -47,6 +47,17 @@ def test_bad_output_path_is_refused_before_training(case, flag, tmp_path, capsys
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+@pytest.mark.parametrize("argv", [
+    ["train", "--epochs", "1", "--quiet", "--save", "/proc/kbackend-x.keras"],
+    ["train", "--epochs", "1", "--quiet", "--history", "/proc/kbackend-x.json"],
+])
+def test_a_folder_that_refuses_new_files_is_found_before_training(argv, capsys, engines_never_run):
+    """/proc takes no new files even from root, whose permission bits say yes: the check tries."""
+    code, err = run_main(capsys, *argv)
+    assert code == 2 and len(err.splitlines()) == 1 and "'/proc' is not writable" in err, err
+
+
 def test_fused_steps_with_an_engine_that_cannot_fuse_is_refused(capsys, engines_never_run):
     code, err = run_main(capsys, "train", "--engine", "keras", "--fused-steps", "8", "--quiet")
     assert code == 2 and "Invalid --fused-steps 8" in err and "--engine native" in err, err

@@ -9,6 +9,8 @@ a run lost after training.
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import re
 import tempfile
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kbackend.data import batching, check_batch_size
-from kbackend.errors import ConfigError, KBackendError
+from kbackend.errors import ConfigError, KBackendError, check_field_types
 from kbackend.models import ModelOptions
 from kbackend.optim import OptimizerSpec
 from kbackend.precision import PRECISIONS
@@ -44,6 +46,9 @@ class Target:
     value: float = 0.9
 
     def __post_init__(self) -> None:
+        if not isinstance(self.value, numbers.Real) or isinstance(self.value, bool) or \
+                not math.isfinite(self.value):
+            raise ConfigError(f"Invalid target value {self.value!r}: expected a finite number.")
         if self.metric not in MONITORS:
             raise ConfigError(f"Invalid target metric. Expected one of {list(MONITORS)}. Received: {self.metric!r}.")
         if self.metric == "val_accuracy" and not 0.0 < self.value <= 1.0:
@@ -122,6 +127,13 @@ class TrainConfig:
     on_divergence: str = "raise"
 
     def __post_init__(self) -> None:
+        check_field_types(self, {
+            "model": str, "dataset": str, "optimizer": OptimizerSpec, "engine": str,
+            "jit_compile": bool, "early_stopping": numbers.Integral, "monitor": str,
+            "model_options": ModelOptions, "data_dir": (str, os.PathLike, type(None)),
+            "shuffle": bool, "target": (Target, type(None)), "data_parallel": bool,
+            "dp_impl": str, "precision": str, "hardware_monitor": bool, "on_divergence": str,
+            "batch_size": numbers.Integral})
         for name in ("fused_steps", "eval_every", "max_steps"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ConfigError(f"Invalid {name} {getattr(self, name)!r}: expected an integer >= 0.")

@@ -1,6 +1,9 @@
 """Errors kbackend raises for bad input. Each message is one line: what was wrong,
 what was expected, what was received, and what to do."""
 
+import numbers
+from typing import Any
+
 
 class KBackendError(ValueError):
     """Base class: a user-facing error the CLI prints as one line (exit status 2)."""
@@ -40,3 +43,31 @@ class Diverged(KBackendError):
     def __init__(self, message: str, step: int) -> None:
         super().__init__(message)
         self.step = step
+
+
+_TYPE_NAMES = {type(None): "None", numbers.Integral: "an integer", numbers.Real: "a number",
+               str: "a string", bool: "True or False"}
+
+
+def check_field_types(owner: Any, expected: dict[str, Any]) -> None:
+    """A one-line ``ConfigError`` for the first field of the dataclass ``owner`` whose value is
+    not an instance of its expected type(s) in ``expected`` (a bool is not a number here), so
+    that a wrong type from the Python API fails where it is given, not deep inside training."""
+    for name, kinds in expected.items():
+        value = getattr(owner, name)
+        allowed = kinds if isinstance(kinds, tuple) else (kinds,)
+        numeric = any(kind in (numbers.Integral, numbers.Real, int, float) for kind in allowed)
+        if not isinstance(value, allowed) or (numeric and isinstance(value, bool)
+                                              and bool not in allowed):
+            names = " or ".join(_TYPE_NAMES.get(kind, kind.__name__) for kind in allowed)
+            raise ConfigError(f"Invalid {type(owner).__name__}.{name}: expected {names}. "
+                              f"Received: {value!r} ({type(value).__name__}).")
+
+
+def check_int_sequence(owner: Any, name: str) -> None:
+    """A one-line ``ConfigError`` unless ``owner.name`` is a tuple or list of integers."""
+    value = getattr(owner, name)
+    if not isinstance(value, (tuple, list)) or not all(
+            isinstance(item, numbers.Integral) and not isinstance(item, bool) for item in value):
+        raise ConfigError(f"Invalid {type(owner).__name__}.{name}: expected a tuple of integers. "
+                          f"Received: {value!r}.")

@@ -17,7 +17,7 @@ from typing import Any
 from kbackend.backend_choice import keras as import_keras
 from kbackend.backends import impl
 from kbackend.data import DatasetInfo
-from kbackend.errors import ConfigError
+from kbackend.errors import ConfigError, check_field_types, check_int_sequence
 
 SEED_MLP_WIDTHS = (786, 256, 160)
 READOUTS = ("last", "all")
@@ -48,6 +48,11 @@ class ModelOptions:
     readout: str = "last"
 
     def __post_init__(self) -> None:
+        check_field_types(self, {"batch_norm": bool, "seed": numbers.Integral,
+                                 "data_format": str, "units": numbers.Integral,
+                                 "residual": bool, "bidirectional": bool, "readout": str})
+        check_int_sequence(self, "widths")
+        check_int_sequence(self, "filters")
         # NaN passes every comparison test, so each number is checked to be a finite real first.
         if not (_is_real(self.dropout) and 0.0 <= self.dropout < 1.0):
             raise ConfigError(

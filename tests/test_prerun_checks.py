@@ -7,11 +7,15 @@ output file appears.
 from __future__ import annotations
 
 import os
+import re
 import stat
 
 import pytest
 
 from kbackend import cli
+from kbackend.config import Target, TrainConfig
+from kbackend.errors import ConfigError
+from kbackend.models import ModelOptions
 
 
 def run_main(capsys, *argv: str) -> tuple[int, str]:
@@ -106,3 +110,34 @@ def test_a_seed_outside_numpys_range_is_a_one_line_error(cli, seed):
     result = cli("train", "--seed", str(seed), "--epochs", "1")
     assert result.returncode == 2 and "Invalid seed" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("build", "message"), [
+    (lambda: TrainConfig(optimizer="adam"), "TrainConfig.optimizer: expected OptimizerSpec"),
+    (lambda: TrainConfig(model_options={}), "TrainConfig.model_options: expected ModelOptions"),
+    (lambda: TrainConfig(target=0.5), "TrainConfig.target: expected Target or None"),
+    (lambda: TrainConfig(early_stopping="a"), "TrainConfig.early_stopping: expected an integer"),
+    (lambda: TrainConfig(early_stopping=None), "TrainConfig.early_stopping: expected an integer"),
+    (lambda: TrainConfig(data_dir=3), "TrainConfig.data_dir: expected a string or PathLike or None"),
+    (lambda: TrainConfig(batch_size=True), "TrainConfig.batch_size: expected an integer"),
+    (lambda: TrainConfig(shuffle="no"), "TrainConfig.shuffle: expected True or False"),
+    (lambda: ModelOptions(widths="8"), "ModelOptions.widths: expected a tuple of integers"),
+    (lambda: ModelOptions(widths=(8.5,)), "ModelOptions.widths: expected a tuple of integers"),
+    (lambda: ModelOptions(batch_norm="yes"), "ModelOptions.batch_norm: expected True or False"),
+    (lambda: Target("val_loss", float("inf")), "Invalid target value inf: expected a finite number"),
+], ids=["optimizer-str", "options-dict", "target-float", "patience-str", "patience-none",
+        "data-dir-int", "batch-bool", "shuffle-str", "widths-str", "widths-float", "bn-str",
+        "target-inf"])
+def test_python_api_arguments_of_the_wrong_type_are_refused_where_given(build, message):
+    """A wrong type from Python fails at construction with kbackend's one-line error, not as an
+    AttributeError or TypeError deep inside train() (some only after training)."""
+    with pytest.raises(ConfigError, match=re.escape(message)) as raised:
+        build()
+    assert "\n" not in str(raised.value)
+
+
+def test_widths_with_an_empty_item_are_refused(capsys, engines_never_run):
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["train", "--widths", "8,,8", "--quiet"])
+    assert raised.value.code == 2
+    assert "expected comma-separated integers, got '8,,8'" in capsys.readouterr().err

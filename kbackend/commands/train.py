@@ -19,7 +19,7 @@ from kbackend.training import train
 
 def _widths(text: str) -> tuple[int, ...]:
     try:
-        return tuple(int(w) for w in text.split(",") if w)
+        return tuple(int(w) for w in text.split(","))  # an empty item is an error, not dropped
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 

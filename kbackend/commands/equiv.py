@@ -57,8 +57,9 @@ def _load_arrays(path: str | None, what: str) -> list[np.ndarray] | None:
         raise DataError(f"{what} file not found: {path!r}. Expected a .npy or .npz file.")
     try:
         loaded = np.load(file, allow_pickle=False)
-    except (OSError, ValueError) as error:
-        raise DataError(f"Cannot read {what} file {path!r} as .npy/.npz: {error}") from None
+    except (OSError, ValueError, EOFError) as error:  # EOFError: a zero-byte or cut file
+        raise DataError(f"Cannot read {what} file {path!r} as .npy/.npz: "
+                        f"{str(error) or type(error).__name__}") from None
     if isinstance(loaded, np.ndarray):
         return [loaded]
     with loaded:
@@ -91,10 +92,14 @@ def check_args(args: argparse.Namespace) -> None:
         if getattr(args, name) < 1:
             raise DataError(f"Invalid --{name.replace('_', '-')} {getattr(args, name)}: "
                             "expected an integer >= 1.")
+    if not 0 <= args.seed <= 2**32 - 1:
+        raise DataError(f"Invalid --seed {args.seed}: expected an integer in [0, {2**32 - 1}] "
+                        "(NumPy's seed range).")
     for option in ("inputs", "targets"):
         path = getattr(args, option)
         if path is not None and not _is_file(path):
             raise DataError(f"{option} file not found: {path!r}. Expected a .npy or .npz file.")
+        _load_arrays(path, option)  # readable, before any worker starts
     if not math.isfinite(args.timeout) or args.timeout <= 0:
         raise DataError(f"Invalid --timeout {args.timeout!r}: expected a finite number of seconds > 0.")
     if args.json is not None:

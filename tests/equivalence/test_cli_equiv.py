@@ -69,11 +69,16 @@ def test_equiv_end_to_end_with_its_own_workers(pool, cli, tmp_path):
     (["equiv", "missing.keras"], "Model file not found"),
     (["equiv", "__MODEL__", "--inputs", "nope.npy"], "inputs file not found"),
     (["equiv", "__MODEL__", "--steps", "0"], "Invalid --steps 0"),
+    (["equiv", "__MODEL__", "--seed", "-1"], "Invalid --seed -1"),
+    (["equiv", "__MODEL__", "--inputs", "__EMPTY__"], "Cannot read inputs file"),
 ])
 def test_equiv_bad_input_is_a_one_line_error(cli, tmp_path, argv, message):
     model = tmp_path / "m.keras"
     model.write_bytes(b"not checked before the arguments")
-    result = cli(*[str(model) if a == "__MODEL__" else a for a in argv])
+    empty = tmp_path / "empty.npy"
+    empty.write_bytes(b"")  # a zero-byte array file
+    stand_ins = {"__MODEL__": str(model), "__EMPTY__": str(empty)}
+    result = cli(*[stand_ins.get(a, a) for a in argv])
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr

@@ -81,7 +81,10 @@ def test_runner_refuses_bad_options_before_starting_any_worker(tmp_path, capsys)
     blocker.write_text("not a folder")
     assert run(TINY, ["--out", str(blocker / "out")]) == 2
     assert run(TINY, ["--backends", "jax,torch", "--out", str(tmp_path)]) == 2
+    assert run(TINY, ["--repeats", "0", "--out", str(tmp_path)]) == 2
+    assert run(TINY, ["--repeats", "-1", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
+    assert "Invalid --repeats 0: expected an integer >= 1" in err
     assert "bench_tiny: error:" in err and "PyTorch-free" in err and "running" not in err
     assert not list(tmp_path.glob("*.json"))
 

@@ -92,6 +92,10 @@ def run(bench: Benchmark, argv: Sequence[str] | None = None, *, in_process: bool
     worker. Figures measured that way share the process with whatever ran before them.
     """
     args = parser(bench).parse_args(argv)
+    if args.repeats is not None and args.repeats < 1:
+        print(f"{bench.name}: error: Invalid --repeats {args.repeats}: expected an integer >= 1.",
+              file=sys.stderr)
+        return 2
     try:
         backends = [validate_backend(b) for b in args.backends.split(",") if b.strip()]
         Path(args.out).mkdir(parents=True, exist_ok=True)  # a bad --out fails now, not after the run

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kbackend import data
-from kbackend.data import sources
+from kbackend.data import batching, sources
 from kbackend.errors import DataError
 
 EMBEDDED = {  # name -> (flat input shape, sequence shape, image shape or None)
@@ -159,3 +159,18 @@ def test_batch_size_larger_than_train_split():
         data.check_batch_size(2000, 1294)
     with pytest.raises(DataError, match="positive integer"):
         data.check_batch_size(0, 10)
+
+
+@pytest.mark.parametrize(("n", "chunk", "shape"), [
+    (1200, 1024, (2, 600)), (1000, 1024, (1, 1000)), (6000, 1024, (6, 1000)),
+    (1025, 1024, (2, 513)), (7, 3, (3, 3)), (1, 1024, (1, 1))])
+def test_evaluation_chunks_are_even_and_keep_every_sample_once(n, chunk, shape):
+    x = np.arange(n, dtype=np.float32)[:, None]
+    y = np.arange(n, dtype=np.int32)
+    xs, ys, mask = batching.pad_to_chunks(x, y, chunk)
+    assert xs.shape[:2] == ys.shape == mask.shape == shape
+    assert shape[1] <= chunk and mask.size - n < shape[0]  # fewer padded rows than chunks
+    kept = mask.reshape(-1) == 1
+    assert int(kept.sum()) == n
+    np.testing.assert_array_equal(ys.reshape(-1)[kept], y)
+    np.testing.assert_array_equal(xs.reshape(-1)[kept], x[:, 0])

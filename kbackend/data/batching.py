@@ -75,13 +75,17 @@ def call_lengths(steps: int, fused_steps: int) -> list[int]:
 
 
 def pad_to_chunks(x: np.ndarray, y: np.ndarray, chunk: int) -> tuple[np.ndarray, ...]:
-    """``(x, y, mask)`` padded to whole chunks and shaped ``(chunks, chunk, ...)``.
+    """``(x, y, mask)`` padded to whole chunks of at most ``chunk`` samples and shaped
+    ``(chunks, size, ...)``.
 
     Used for evaluation only (inference has no cross-sample statistics, so padding rows with
     zero weight in ``mask`` changes nothing), letting one compiled loop cover any split size.
+    The chunks are as even as the split allows: fewest chunks of at most ``chunk``, each of
+    ``ceil(n / chunks)`` samples, so at most ``chunks - 1`` rows are padding (1,200 samples are
+    two chunks of 600, not two of 1,024 with 848 wasted rows evaluated every time).
     """
-    chunk = max(1, min(chunk, len(x)))
-    chunks = -(-len(x) // chunk)
+    chunks = max(1, -(-len(x) // max(1, chunk)))
+    chunk = max(1, -(-len(x) // chunks))
     pad = chunks * chunk - len(x)
     mask = np.concatenate([np.ones(len(x), np.float32), np.zeros(pad, np.float32)])
     x = np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)])

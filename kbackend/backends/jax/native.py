@@ -25,7 +25,7 @@ from kbackend.backends import device_copy_once
 from kbackend.backends.jax.step import TrainState, initial_state, make_step
 from kbackend.data.batching import pad_to_chunks
 
-EVAL_CHUNK = 1024  # validation samples per forward pass (the split is padded to a multiple)
+EVAL_CHUNK = 1024  # most validation samples per forward pass (the split is cut into even chunks)
 
 
 _EVALUATORS: dict[tuple, Any] = {}

@@ -25,7 +25,7 @@ from kbackend.backends.tensorflow.ops import jit_function
 from kbackend.data.batching import pad_to_chunks
 from kbackend.errors import ConfigError
 
-EVAL_CHUNK = 1024  # validation samples per forward pass (the split is padded to a multiple)
+EVAL_CHUNK = 1024  # most validation samples per forward pass (the split is cut into even chunks)
 
 
 def _on_device(array: np.ndarray) -> tf.Tensor:

@@ -562,7 +562,7 @@ def test_time_model_times_cells_interleaved_and_multiplies_median_steps(tmp_path
     _planted(monkeypatch, lambda lr, seed: {0: 100, 1: 120, 2: 90}[seed])
     order = []
 
-    def step_timer(self, cell):
+    def step_timer(self, cell, steps):
         label = (cell["optimizer"], cell["batch_size"])
         return lambda: order.append(label)
 
@@ -585,6 +585,18 @@ def test_time_model_times_cells_interleaved_and_multiplies_median_steps(tmp_path
         order.clear()
         again = StudyRunner(config, store).run()  # stored: not measured again
         assert order == [] and again["step_times"] == study["step_times"]
+
+
+@pytest.mark.parametrize(("call_seconds", "fused", "most", "steps"), [
+    (0.0045, 4, 32, 20),   # 5 calls of 4 steps reach 20 ms
+    (0.05, 4, 32, 4),      # one call already lasts longer: one call
+    (1e-6, 4, 32, 32),     # never 20 ms: capped at the most steps
+    (0.0, 5, 35, 35),      # a call too fast to clock: the most steps
+    (0.0045, 1, 32, 5),    # one step per call
+])
+def test_timed_calls_last_20_ms_or_hold_the_most_steps_in_whole_calls(call_seconds, fused, most,
+                                                                     steps):
+    assert StudyRunner.timed_steps(call_seconds, fused, most) == steps
 
 
 def test_an_undefined_noise_scale_retries_once_with_a_wider_batch_pair(tmp_path, monkeypatch):

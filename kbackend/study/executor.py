@@ -41,8 +41,13 @@ from kbackend.training import Target, TrainConfig, load_dataset, train
 
 # Engines that validate once per epoch, whatever eval_every asks (Keras fit).
 EPOCH_EVAL_ENGINES = frozenset({"keras"})
-# Steps per timed call of the time model (rounded up to whole fused calls).
+# A timed call of the time model runs whole fused calls until it lasts STEP_TIME_SECONDS or
+# holds STEP_TIME_STEPS steps, whichever comes first. 20 ms is far above the clock's and a
+# dispatch's jitter (microseconds); what varies is the machine's load, which the interleaved
+# rounds spread over the cells. At batch 1,024 of the default study, six calls of a fixed 32
+# steps came to 30-70% of the steps the cell's runs trained (a fifth of all samples trained).
 STEP_TIME_STEPS = 32
+STEP_TIME_SECONDS = 0.02
 PROBE_STEPS = 8  # steps per timed round of the population probe (at least one call)
 POPULATION_PROBE_FILE = "population_probe.json"  # the probes' answers, kept per machine
 # The per-step speedup a population must show to be chosen. Members run in lockstep until the
@@ -764,20 +769,21 @@ class StudyRunner:
     # -- time model: steady seconds per step, measured apart ----------------------------------
 
     def step_time_plan(self, cell: dict[str, Any]) -> tuple[int, int]:
-        """(steps per timed call, fused steps) for timing one cell: the native engine's compiled
-        step with the training's K when the study's engine fuses steps, else one step per call;
-        at least ``STEP_TIME_STEPS`` steps, in whole calls of K."""
+        """(most steps per timed call, fused steps) for timing one cell: the native engine's
+        compiled step with the training's K when the study's engine fuses steps, else one step
+        per call; at most ``STEP_TIME_STEPS`` steps rounded up to whole calls of K (fewer where
+        whole calls reach ``STEP_TIME_SECONDS`` sooner: ``timed_steps``)."""
         fused = self.plan(cell["optimizer"], cell["batch_size"], cell["learning_rate"]).fused_steps
         fused = max(1, fused)
         return fused * -(-STEP_TIME_STEPS // fused), fused
 
-    def step_timer(self, cell: dict[str, Any]) -> Callable[[], Any]:
-        """A callable that trains ``step_time_plan(cell)[0]`` steps of the cell's compiled native
-        step (its optimizer, batch size and best rate): with the native engine, the very
-        program the cell's runs trained with (nothing is compiled); else on a copy of its
-        model."""
+    def step_timer(self, cell: dict[str, Any], steps: int) -> Callable[[], Any]:
+        """A callable that trains ``steps`` steps (whole calls of the cell's K) of the cell's
+        compiled native step (its optimizer, batch size and best rate): with the native engine,
+        the very program the cell's runs trained with (nothing is compiled); else on a copy of
+        its model."""
         assert self.dataset is not None
-        steps, fused = self.step_time_plan(cell)
+        fused = self.step_time_plan(cell)[1]
         if self.config.engine == "native":
             plan = self.plan(cell["optimizer"], cell["batch_size"], cell["learning_rate"])
             return self.native_runs().step_timer(self.train_config(plan),
@@ -792,10 +798,10 @@ class StudyRunner:
 
     def measure_step_times(self, cells: list[dict[str, Any]]) -> dict[str, Any] | None:
         """Each cell's steady seconds per step, in ``step_time_repeats`` interleaved rounds: in
-        each round every cell times one call of ``STEP_TIME_STEPS`` steps, in an order rotated
-        by the round, so a load that comes and goes spreads over every cell alike. The first
-        call of each cell (compilation, warm-up) is not timed. Stored, so a resumed study
-        reuses it."""
+        each round every cell times one call of ``timed_steps`` steps, in an order rotated by
+        the round, so a load that comes and goes spreads over every cell alike. The first calls
+        of each cell (compilation, warm-up, the estimate that sizes its timed call) are not
+        timed. Stored, so a resumed study reuses it."""
         repeats = self.config.step_time_repeats
         if repeats == 0 or not cells:
             return None
@@ -803,31 +809,47 @@ class StudyRunner:
                  for c in cells]
         key_config = {"kind": "steptime", "model": self.config.model, "seed": self.config.seed,
                       "data": self.dataset.info.to_dict() if self.dataset else None,
-                      "cells": plans, "repeats": repeats, "engine": self.config.engine, **self.env}
+                      "cells": plans, "repeats": repeats, "engine": self.config.engine,
+                      "min_seconds": STEP_TIME_SECONDS, **self.env}
         return self.stored_or_measured("steptime", "timing", key_config, None,
                                        lambda: self._time_steps(cells, plans, repeats))
 
+    @staticmethod
+    def timed_steps(seconds_per_call: float, fused: int, most: int) -> int:
+        """Steps per timed call: whole calls of ``fused`` steps until the call lasts
+        ``STEP_TIME_SECONDS`` (by ``seconds_per_call``, one call's time) or holds ``most``."""
+        calls = math.ceil(STEP_TIME_SECONDS / max(seconds_per_call, 1e-9))
+        return fused * max(1, min(calls, most // fused))
+
     def _time_steps(self, cells: list[dict[str, Any]], plans: list[tuple], repeats: int) -> dict[str, Any]:
-        timers, seconds = [], [[] for _ in cells]
+        timers, seconds, steps = [], [[] for _ in cells], []
         warm_up = []
-        for cell in cells:
+        for cell, plan in zip(cells, plans, strict=True):
             start = time.perf_counter()
-            timer = self.step_timer(cell)
-            timer()
-            timers.append(timer)
+            if self.config.engine == "native":  # the cell's programs exist: size the call
+                one_call = self.step_timer(cell, plan[4])
+                one_call()  # warms up
+                clock = time.perf_counter()
+                one_call()
+                steps.append(self.timed_steps(time.perf_counter() - clock, plan[4], plan[3]))
+            else:  # a fresh model per timer, compiled by its first call: one timer, full size
+                steps.append(plan[3])
+            timers.append(self.step_timer(cell, steps[-1]))
+            timers[-1]()  # warms up (compiles where the programs are new)
             warm_up.append(time.perf_counter() - start)
         for round_index in range(repeats):
             shift = round_index % len(cells)
             for index in list(range(shift, len(cells))) + list(range(shift)):
                 start = time.perf_counter()
                 timers[index]()
-                seconds[index].append((time.perf_counter() - start) / plans[index][3])
+                seconds[index].append((time.perf_counter() - start) / steps[index])
         result = {
             "engine": "native", "study_engine": self.config.engine, "repeats": repeats,
+            "min_seconds": STEP_TIME_SECONDS,
             "cells": [{"optimizer": p[0], "batch_size": p[1], "learning_rate": p[2],
-                       "steps_per_call": p[3], "fused_steps": p[4], "warm_up_s": w,
+                       "steps_per_call": n, "fused_steps": p[4], "warm_up_s": w,
                        "seconds": s, "seconds_per_step": median_interval(s)}
-                      for p, w, s in zip(plans, warm_up, seconds, strict=True)],
+                      for p, n, w, s in zip(plans, steps, warm_up, seconds, strict=True)],
         }
         return result
 

@@ -208,7 +208,9 @@ def caveats_section(study: dict[str, Any], analysis: dict[str, Any]) -> list[str
                    "not measured apart)"))
         unranked = spread["unranked_neighbours"]
         lines.append(
-            f"- Step times: {source}, {step_times['repeats']} interleaved rounds per cell. "
+            f"- Step times: {source}, {step_times['repeats']} interleaved rounds per cell"
+            + (f", each timing whole calls for at least {1e3 * step_times['min_seconds']:.0f} ms "
+               "or 32 steps" if step_times.get("min_seconds") else "") + ". "
             f"Their spread (slowest / fastest round) is {spread['median_ratio']:.2f}x at the "
             f"median cell, {spread['worst_ratio']:.2f}x at worst ({spread['worst']})."
             + (f" Neighbouring batch sizes whose samples/s overlap and cannot be ranked: "

@@ -14,14 +14,14 @@ import numbers
 import os
 import re
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kbackend.data import batching, check_batch_size
-from kbackend.errors import ConfigError, KBackendError, check_field_types
+from kbackend.errors import ConfigError, check_field_types, path_errors
+from kbackend.io import remove_stale_temp_files
 from kbackend.models import ModelOptions
 from kbackend.optim import OptimizerSpec
 from kbackend.precision import PRECISIONS
@@ -69,6 +69,9 @@ class Target:
 
 # Seeds reach numpy.random.seed, which takes 0 <= seed < 2**32.
 MAX_SEED = 2**32 - 1
+# The longest timeout a flag may set (seconds): beyond about 9e9 s socket and thread waits raise
+# OverflowError (a traceback after the job started); no wait of a run needs more than a week.
+MAX_TIMEOUT_S = 7 * 24 * 3600
 
 
 @dataclass
@@ -203,8 +206,9 @@ def validate_parallel_options(config: Any) -> None:
             raise ConfigError(f"Invalid coordinator port {port}: expected 1-65535.")
     for name in ("coordinator_timeout", "heartbeat_timeout"):
         value = getattr(config, name)
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"Invalid {name} {value!r}: expected an integer >= 1 (seconds).")
+        if not isinstance(value, int) or not 1 <= value <= MAX_TIMEOUT_S:
+            raise ConfigError(f"Invalid {name} {value!r}: expected an integer from 1 to "
+                              f"{MAX_TIMEOUT_S} (seconds, a week).")
 
 
 def check_run(config: TrainConfig, n_train: int, engine: Any, devices: int = 1) -> None:
@@ -254,20 +258,14 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
-@contextmanager
-def _path_errors(path: str | os.PathLike, flag: str) -> Iterator[None]:
+def _path_errors(path: str | os.PathLike, flag: str) -> AbstractContextManager[None]:
     """A path the system cannot even look at (a name too long, a NUL byte) as a ``ConfigError``."""
-    try:
-        yield
-    except KBackendError:
-        raise
-    except (OSError, ValueError) as error:
-        reason = getattr(error, "strerror", None) or str(error)
-        raise ConfigError(f"Invalid {flag} path {str(path)[:80]!r}: {reason}.") from None
+    return path_errors(path, f"{flag} path")
 
 
 def check_output_folder(path: str | os.PathLike, flag: str) -> Path:
-    """``path`` if it is (or can become) a writable folder, else a one-line ``ConfigError``."""
+    """``path`` if it is (or can become) a writable folder, else a one-line ``ConfigError``;
+    stale temp files in it are removed (as ``check_output_path`` does)."""
     with _path_errors(path, flag):
         return _check_output_folder(path, flag)
 
@@ -291,6 +289,8 @@ def _check_output_folder(path: str | os.PathLike, flag: str) -> Path:
         raise ConfigError(f"Invalid {flag} folder {str(path)!r}: {str(existing)!r} is a file, not a folder.")
     if not _can_create_files_in(existing):
         raise ConfigError(f"Invalid {flag} folder {str(path)!r}: {str(existing)!r} is not writable.")
+    if existing == target:
+        remove_stale_temp_files(target)  # a killed run's temp files: gone at the next start
     return target
 
 
@@ -299,6 +299,8 @@ def check_output_path(path: str | os.PathLike, flag: str, suffix: str | None = N
 
     Checked before any work: the folder exists (or can be created) and is writable, and the path
     itself is not a folder. ``suffix`` (e.g. ``.keras``) is required where the format needs it.
+    Temp files a killed earlier run left in the folder are removed (``io.remove_stale_temp_files``:
+    only those whose process is gone), so they disappear at the next start, not at the next write.
     """
     with _path_errors(path, flag):
         return _check_output_path(path, flag, suffix)
@@ -317,4 +319,6 @@ def _check_output_path(path: str | os.PathLike, flag: str, suffix: str | None) -
     if not _can_create_files_in(existing) or (
             target.exists() and not os.access(target, os.W_OK)):
         raise ConfigError(f"Invalid {flag} path {shown!r}: {str(existing)!r} is not writable.")
+    if existing == target.parent:
+        remove_stale_temp_files(existing)  # a killed run's temp files: gone at the next start
     return target

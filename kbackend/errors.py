@@ -2,6 +2,9 @@
 what was expected, what was received, and what to do."""
 
 import numbers
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -71,3 +74,20 @@ def check_int_sequence(owner: Any, name: str) -> None:
             isinstance(item, numbers.Integral) and not isinstance(item, bool) for item in value):
         raise ConfigError(f"Invalid {type(owner).__name__}.{name}: expected a tuple of integers. "
                           f"Received: {value!r}.")
+
+
+@contextmanager
+def path_errors(path: str | os.PathLike, what: str,
+                error_type: type[KBackendError] = ConfigError) -> Iterator[None]:
+    """Inside, a path the system cannot even look at (a name too long, a NUL byte, a loop of
+    links, a folder it may not search; from Python, not a path at all, such as None) becomes a
+    one-line ``error_type`` naming ``what`` (e.g. ``--model``), not an ``OSError`` or
+    ``TypeError`` traceback. Wrap making the ``Path`` and looking at it (``exists``, ``stat``,
+    ``is_file``), not the reading: a file that is there but does not load says so itself."""
+    try:
+        yield
+    except KBackendError:
+        raise
+    except (OSError, ValueError, TypeError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise error_type(f"Invalid {what} {str(path)[:80]!r}: {reason}.") from None

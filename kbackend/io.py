@@ -1,8 +1,11 @@
-"""Crash-safe file writes: temp file in the same folder, flush, fsync, rename; strict JSON.
+"""Crash-safe file writes: temp file in the same folder, flush, fsync, rename; strict JSON;
+reading a user's .npy / .npz arrays without unpickling.
 
 Temporary files are named ``.{name}.{host}-{pid}-{random}.tmp{suffix}`` next to their target
-(``host`` is a short hash of the host name). A failed write removes its own; one left by a killed
-process is removed by the next write into the same folder (``remove_stale_temp_files``).
+(``host`` is a short hash of the host name); staging folders (``temp_folder``) alike. A failed
+write removes its own; one left by a killed process is removed by the next write into the same
+folder and by the output checks every command runs before it starts (``config.check_output_path``,
+``check_output_folder``), through ``remove_stale_temp_files``.
 
 Every JSON file is strict JSON (RFC 8259 has no NaN or Infinity; many parsers refuse them): a
 non-finite float is written as ``null``, and a top-level ``"non_finite"`` object records what each
@@ -17,16 +20,23 @@ import json
 import math
 import os
 import re
+import shutil
 import socket
 import tempfile
 import time
+import zipfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from kbackend.errors import DataError, path_errors
+
 NON_FINITE_KEY = "non_finite"
+NPY_MAGIC = b"\x93NUMPY"
+_ARRAY_READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
 # A temp file whose writer cannot be checked (another host, an older kbackend's name) is stale once
 # it is this old: no single write takes an hour, and removing it sooner could race a live writer.
 STALE_TEMP_AGE_S = 3600.0
@@ -49,7 +59,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def remove_stale_temp_files(folder: str | os.PathLike, *, max_age_s: float = STALE_TEMP_AGE_S) -> list[Path]:
-    """Remove the temp files ``atomic_write`` left in ``folder`` when its process was killed.
+    """Remove the temp files ``atomic_write`` (and staging folders ``temp_folder``) left in
+    ``folder`` when their process was killed.
 
     A temp file is stale when it was made on this host by a process that no longer runs, or, when
     that cannot be checked (another host sharing the folder, a name without a pid), when it is
@@ -67,7 +78,8 @@ def remove_stale_temp_files(folder: str | os.PathLike, *, max_age_s: float = STA
         if match is None:
             continue
         try:
-            if not entry.is_file(follow_symlinks=False):
+            is_dir = entry.is_dir(follow_symlinks=False)
+            if not is_dir and not entry.is_file(follow_symlinks=False):
                 continue
             same_host = match["host"] == host and match["pid"] is not None
             if same_host and int(match["pid"]) == os.getpid():
@@ -76,7 +88,10 @@ def remove_stale_temp_files(folder: str | os.PathLike, *, max_age_s: float = STA
                 continue
             if not same_host and now - entry.stat(follow_symlinks=False).st_mtime < max_age_s:
                 continue
-            os.unlink(entry.path)
+            if is_dir:  # a staging folder (``temp_folder``)
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
             removed.append(Path(entry.path))
         except OSError:
             continue
@@ -92,6 +107,18 @@ def _fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def temp_folder(target: str | os.PathLike) -> Path:
+    """A new staging folder beside ``target``, named like ``atomic_write``'s temp files, for an
+    artifact that is a folder (a SavedModel): build it inside, then rename it into place. The
+    caller removes it when done; one left by a killed process is removed by the next
+    ``remove_stale_temp_files`` of that folder (stale ones are removed now)."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_files(target.parent)
+    return Path(tempfile.mkdtemp(prefix=f".{target.name}.{_host_tag()}-{os.getpid()}-",
+                                 suffix=".tmp", dir=target.parent))
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
@@ -206,3 +233,42 @@ def read_json(path: str | os.PathLike) -> Any:
     """The JSON value in ``path`` (UTF-8), non-finite numbers restored (``restore_non_finite``)."""
     with open(path, encoding="utf-8") as handle:
         return restore_non_finite(json.load(handle))
+
+
+def read_arrays(path: str | os.PathLike, flag: str, *, archive: bool = False) -> list[np.ndarray]:
+    """The arrays of a user's file: one from a ``.npy`` file, or (``archive``) every array of an
+    ``.npz`` in order. Never unpickles. A missing, empty, cut or foreign file is a one-line
+    ``DataError`` naming ``flag`` (NumPy itself would call a text file "pickled data" and a
+    zero-byte one an ``EOFError``)."""
+    expected = "a .npy array or .npz archive" if archive else "a .npy array"
+    with path_errors(path, flag, DataError):
+        file = Path(path)
+        found = file.is_file()
+    if not found:
+        raise DataError(f"Invalid {flag} {str(path)!r}: file not found (expected {expected}).")
+    try:
+        with open(file, "rb") as handle:
+            head = handle.read(len(NPY_MAGIC))
+        if head == NPY_MAGIC:
+            return [np.load(file, allow_pickle=False)]
+        if archive and zipfile.is_zipfile(file):
+            with np.load(file, allow_pickle=False) as loaded:
+                arrays = [loaded[key] for key in loaded.files]
+            if not arrays:
+                raise DataError(f"Invalid {flag} {str(path)!r}: the archive holds no arrays "
+                                f"(expected {expected}).")
+            return arrays
+        size = file.stat().st_size
+    except _ARRAY_READ_ERRORS as error:
+        if isinstance(error, DataError):
+            raise
+        reason = " ".join(str(error).split())[:200] or type(error).__name__
+        kind = ".npy/.npz" if archive else ".npy"
+        raise DataError(f"Invalid {flag} {str(path)!r}: not a readable {kind} file ({reason}).") from None
+    raise DataError(f"Invalid {flag} {str(path)!r}: expected {expected}. Received: {size} bytes "
+                    "without a NumPy header (empty, cut, or another format).")
+
+
+def read_array(path: str | os.PathLike, flag: str) -> np.ndarray:
+    """The one array of a user's ``.npy`` file (see ``read_arrays``)."""
+    return read_arrays(path, flag)[0]

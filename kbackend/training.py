@@ -22,7 +22,7 @@ from kbackend.backend_choice import keras as import_keras
 from kbackend.config import MONITORS, Target, TrainConfig, check_output_path, check_run
 from kbackend.engines import get_engine
 from kbackend.envinfo import environment
-from kbackend.errors import Diverged
+from kbackend.errors import ConfigError, Diverged
 from kbackend.history import History
 from kbackend.io import atomic_write
 from kbackend.models import build_model, model_layout
@@ -79,6 +79,9 @@ def train(
     saves no model; the history, if asked for, is written with ``extra["diverged"]``. Then
     ``Diverged`` is raised, or with ``config.on_divergence == "record"`` the result returned.
     """
+    if not isinstance(config, TrainConfig):
+        raise ConfigError(f"Invalid config: expected a kbackend.training.TrainConfig. Received: "
+                          f"{type(config).__name__}.")
     if save is not None:
         check_output_path(save, "--save", suffix=".keras")
     if history_path is not None:

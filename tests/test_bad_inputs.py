@@ -2,7 +2,8 @@
 status 2 before any work, and no output file appears (issue 14, must hold 1 and 7).
 
 Every case runs the command line in this process; a model file is only loaded after the flags
-were checked, so most cases need none (the model path does not even exist).
+were checked, so most cases need none (the model path does not even exist). Cases with the real
+model ({tiny}) are refused after it loads, and before the cache is created: no cache file appears.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ def files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("bad_inputs")
     tiny_model(seed=1).save(folder / "tiny.keras")
     np.save(folder / "x.npy", rows(8))
+    np.save(folder / "x3.npy", rows(8)[:, :3])
+    (folder / "x.txt").write_text("0.1 0.2 0.3 0.4\n")
     (folder / "empty.keras").write_bytes(b"")
     whole = (folder / "tiny.keras").read_bytes()
     (folder / "truncated.keras").write_bytes(whole[: len(whole) // 2])
@@ -55,6 +58,35 @@ CASES = {
                                  "{out}"], "is not a .keras archive"),
     "cache warm truncated model": (["cache", "warm", "--model", "{truncated}", "--cache",
                                     "{cache}", "--input", "{x}"], "is not a .keras archive"),
+    # The grid's syntax is checked before the model file is even looked at ({model} is missing).
+    "cache warm grid bogus": (["cache", "warm", "--model", "{model}", "--cache", "{cache}",
+                              "--grid", "bogus"], "expected FEATURES=VALUES"),
+    "cache warm grid overlap": (["cache", "warm", "--model", "{model}", "--cache", "{cache}",
+                                "--grid", "0-2=0,1; 1=5; *=0"], "feature 1 appears in more"),
+    "cache warm grid huge range": (["cache", "warm", "--model", "{model}", "--cache", "{cache}",
+                                   "--grid", "0-999999999999=0,1"], "at least 10^"),
+    "cache warm grid negative range": (["cache", "warm", "--model", "{model}", "--cache",
+                                       "{cache}", "--grid", "3-1=0"], "LOW <= HIGH"),
+    "cache warm input not npy": (["cache", "warm", "--model", "{model}", "--cache", "{cache}",
+                                  "--input", "{text}"], "without a NumPy header"),
+    # Checks that need the model run after it loads, and before the cache file is created.
+    "cache warm grid feature 9": (["cache", "warm", "--model", "{tiny}", "--cache", "{cache}",
+                                   "--grid", "9=0"], "the model takes 4 features"),
+    "cache warm input shape": (["cache", "warm", "--model", "{tiny}", "--cache", "{cache}",
+                                "--input", "{x3}"], "expected shape (N, 4)"),
+    "cache warm decimals per feature": (["cache", "warm", "--model", "{tiny}", "--cache",
+                                         "{cache}", "--grid", "*=0", "--decimals", "1,2"],
+                                        "one value per feature"),
+    "predict cached input shape": (["predict", "--model", "{tiny}", "--input", "{x3}", "--out",
+                                    "{out}", "--cache", "{cache}"], "expected shape (N, 4)"),
+    "predict decimals per feature": (["predict", "--model", "{tiny}", "--input", "{x}", "--out",
+                                      "{out}", "--cache", "{cache}", "--decimals", "1,2"],
+                                     "one value per feature"),
+    "serve decimals per feature": (["serve", "--model", "{tiny}", "--port", "0", "--cache",
+                                    "{cache}", "--decimals", "1,2"], "one value per feature"),
+    "predict cache in a missing folder": (["predict", "--model", "{tiny}", "--input", "{x}",
+                                           "--out", "{out}", "--cache", "{nowhere}"],
+                                          "does not exist"),
 }
 
 
@@ -63,7 +95,9 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(cli, files, tmp_path, c
     argv, message = CASES[case]
     places = {"model": tmp_path / "never_loaded.keras", "x": files / "x.npy",
               "out": tmp_path / "out", "cache": tmp_path / "cache.db",
-              "empty": files / "empty.keras", "truncated": files / "truncated.keras"}
+              "empty": files / "empty.keras", "truncated": files / "truncated.keras",
+              "tiny": files / "tiny.keras", "x3": files / "x3.npy", "text": files / "x.txt",
+              "nowhere": tmp_path / "missing" / "cache.db"}
     if "model" in message or "archive" in message:
         places["model"] = files / "tiny.keras"
     result = cli(*[part.format(**{k: str(v) for k, v in places.items()}) for part in argv])
@@ -118,3 +152,57 @@ def test_cache_stats_json_is_strict(cli, files, tmp_path):
     assert result.returncode == 0
     json.loads(result.stdout, parse_constant=lambda c: pytest.fail(f"bare {c}"))
     assert FEATURES == 4
+
+
+def _api_cases(files, tmp_path):
+    from kbackend.cache import parse_grid
+    from kbackend.io import read_arrays
+    from kbackend.serving.export import export_model
+    from kbackend.serving.model import load_model
+    from kbackend.training import TrainConfig, train
+
+    def cache(*args):
+        store = open_store(str(tmp_path / "api.db"))
+        try:
+            PredictionCache(*[store if a == "STORE" else a for a in args])
+        finally:
+            store.close()
+
+    model = tiny_model()
+    return {
+        "open_store(3)": (lambda: open_store(3), "Invalid cache"),
+        "open_store(None)": (lambda: open_store(None), "Invalid cache"),
+        "parse_grid(None)": (lambda: parse_grid(None, 4), "Invalid grid"),
+        "parse_grid features '4'": (lambda: parse_grid("*=0", "4"), "Invalid features"),
+        "train(None)": (lambda: train(None), "Invalid config"),
+        "train save=3": (lambda: train(TrainConfig(), save=3), "Invalid --save path"),
+        "load_model(None)": (lambda: load_model(None), "Invalid model path"),
+        "load_model('x'*300)": (lambda: load_model("x" * 300 + ".keras"), "File name too long"),
+        "read_arrays(None)": (lambda: read_arrays(None, "--input"), "Invalid --input"),
+        "cache rounding 2": (lambda: cache(model, "STORE", 2), "Invalid rounding"),
+        "cache model None": (lambda: cache(None, "STORE"), "expected a Keras model"),
+        "cache store None": (lambda: PredictionCache(model, None), "Invalid store"),
+        "export out None": (lambda: export_model(files / "tiny.keras", "keras", None),
+                            "Invalid --out"),
+        "export rows 1e7": (lambda: export_model(files / "tiny.keras", "keras", tmp_path / "e",
+                                                 rows=10**7), "Invalid rows"),
+    }
+
+
+API_CASES = ["open_store(3)", "open_store(None)", "parse_grid(None)", "parse_grid features '4'",
+             "train(None)", "train save=3", "load_model(None)", "load_model('x'*300)",
+             "read_arrays(None)", "cache rounding 2", "cache model None", "cache store None",
+             "export out None", "export rows 1e7"]
+
+
+@pytest.mark.parametrize("case", API_CASES)
+def test_python_api_arguments_raise_kbackends_own_one_line_errors(files, tmp_path, case):
+    """Must hold 1: the Python API raises kbackend's errors (not TypeError / AttributeError /
+    OSError from inside), before any work, and writes nothing but what it was asked to."""
+    from kbackend.errors import KBackendError
+
+    call, message = _api_cases(files, tmp_path)[case]
+    with pytest.raises(KBackendError, match=message) as raised:
+        call()
+    assert "\n" not in str(raised.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) in ([], ["api.db"])

@@ -1,5 +1,6 @@
 """A process SIGKILLed at a chosen point of a save or a cache warm loses nothing it committed,
-and the next run finds no partial file and no temp file (issue 14, Tests: crash tests).
+and the next run finds no partial file and no temp file, from its start on (issue 14, Tests:
+crash tests).
 
 The kill is injected, not timed: the child replaces one function with a wrapper that kills the
 process when it is reached (after the temp file is complete but before the rename; after the
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 
 from kbackend.cache import open_store
+from kbackend.config import check_output_path
 from kbackend.training import save_model
 from tests.conftest import BACKEND, ROOT
 from tests.test_cache import tiny_model
@@ -55,7 +57,9 @@ def test_save_killed_before_the_rename_keeps_the_old_model_and_the_next_save_cle
     """)
     assert target.read_bytes() == b"the previous model"  # never a partial model
     assert len(_temp_files(tmp_path)) == 1  # the killed write's complete temp file
-    save_model(tiny_model(), target)  # the next run
+    check_output_path(target, "--save", suffix=".keras")  # the next run's start, before training
+    assert _temp_files(tmp_path) == []
+    save_model(tiny_model(), target)  # the next run's end
     assert _temp_files(tmp_path) == []
     assert target.stat().st_size > 1000
 

@@ -21,6 +21,7 @@ from kbackend.io import (
     read_json,
     remove_stale_temp_files,
     strict_json_payload,
+    temp_folder,
 )
 from tests.conftest import ROOT
 
@@ -138,3 +139,43 @@ def test_a_write_killed_mid_way_leaves_a_temp_file_the_next_run_removes(tmp_path
     assert stale.name.startswith(".summary.json.") and ".tmp" in stale.name and not target.exists()
     atomic_write_json(target, {"ok": True})
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
+
+
+@pytest.mark.parametrize("check", ["output path", "output folder"])
+def test_the_output_checks_at_a_commands_start_remove_stale_temp_files(tmp_path, check):
+    """Temp files of a killed run go at the next start (the output checks every command runs
+    before any work), not only at the next write into that folder, which may never come."""
+    from kbackend.config import check_output_folder, check_output_path
+
+    dead_pid = _dead_pid()
+    dead = tmp_path / _temp_name("model.keras", _host_tag(), dead_pid)
+    staging = tmp_path / f".export.{_host_tag()}-{dead_pid}-abcd1234.tmp"  # a killed SavedModel export
+    live = tmp_path / _temp_name("model.keras", _host_tag(), os.getppid())
+    keep = tmp_path / "model.keras"
+    for path in (dead, live, keep):
+        path.write_text("partial")
+    staging.mkdir()
+    (staging / "artifact").mkdir()
+    (staging / "artifact" / "saved_model.pb").write_bytes(b"half")
+    if check == "output path":
+        check_output_path(tmp_path / "model.keras", "--save")
+    else:
+        check_output_folder(tmp_path, "--out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, keep.name])
+
+
+def test_a_staging_folder_is_named_like_a_temp_file_and_left_alone_while_its_writer_runs(tmp_path):
+    staging = temp_folder(tmp_path / "export")
+    assert staging.parent == tmp_path and staging.is_dir()
+    assert remove_stale_temp_files(tmp_path) == []  # this process is alive
+    (staging / "artifact").mkdir()
+    os.rename(staging, tmp_path / staging.name.replace(f"-{os.getpid()}-", f"-{_dead_pid()}-"))
+    (removed,) = remove_stale_temp_files(tmp_path)
+    assert removed.name.startswith(".export.") and list(tmp_path.iterdir()) == []
+
+
+def test_a_checked_output_in_a_missing_folder_changes_nothing(tmp_path):
+    from kbackend.config import check_output_path
+
+    check_output_path(tmp_path / "new" / "deeper" / "model.keras", "--save")
+    assert list(tmp_path.iterdir()) == []

@@ -85,3 +85,25 @@ def test_a_result_that_is_not_json_is_a_one_line_error():
 def test_a_bad_target_is_a_one_line_error():
     with pytest.raises(ChildFailed, match=r"Invalid child target\. Expected 'module:function'"):
         run_in_child("json", BACKEND)
+
+
+def raw_request_and_value(x: float) -> dict:
+    """The child's own request file as written (and ``x`` as the child received it)."""
+    from pathlib import Path
+
+    return {"x": x, "request": Path(sys.argv[1]).read_text(encoding="utf-8")}
+
+
+def test_the_request_file_is_strict_json_and_non_finite_arguments_arrive():
+    import json
+    import math
+
+    reply = run_in_child("tests.test_runtime_child:raw_request_and_value", BACKEND,
+                         {"x": float("nan")})
+    assert math.isnan(reply["x"])
+
+    def refuse(constant):
+        raise AssertionError(f"bare {constant} in the request file")
+
+    request = json.loads(reply["request"], parse_constant=refuse)
+    assert request["kwargs"]["x"] is None and request["non_finite"] == {"/kwargs/x": "NaN"}

@@ -13,7 +13,13 @@ import numpy as np
 from kbackend.cache.keys import Rounding, decode_values, encode_value, model_fingerprint, row_keys
 from kbackend.cache.store import CacheError, CacheStore
 from kbackend.errors import ConfigError
-from kbackend.serving.model import BatchPredictor, output_shape, validate_inputs
+from kbackend.serving.model import (
+    BatchPredictor,
+    check_servable,
+    input_shape,
+    output_shape,
+    validate_inputs,
+)
 
 _LATENCY_WINDOW = 10_000  # latencies kept for percentiles (the most recent calls)
 
@@ -48,6 +54,18 @@ class CachedResult:
     rounded: np.ndarray  # the inputs the predictions belong to
 
 
+def check_cacheable(model: Any, rounding: Rounding | None = None) -> tuple[int, ...]:
+    """The output row shape of ``model`` if its predictions can be cached with ``rounding``
+    (one input and one output, per-feature decimals matching its features, a fixed output
+    shape), else a one-line error. Commands call it before they open (and so create) a store."""
+    check_servable(model)
+    (rounding or Rounding()).check(input_shape(model))
+    shape = output_shape(model)
+    if any(d is None for d in shape):
+        raise CacheError(f"Cannot cache a model whose output shape {shape} is not fixed.")
+    return tuple(int(d) for d in shape)
+
+
 class PredictionCache:
     """Answers predictions from ``store`` where it can, and from ``model`` (one batched call) where not.
 
@@ -57,16 +75,19 @@ class PredictionCache:
 
     def __init__(self, model: Any, store: CacheStore, rounding: Rounding | None = None,
                  *, max_batch: int = 1024, predictor: Any = None) -> None:
+        if not isinstance(store, CacheStore):
+            raise CacheError(f"Invalid store: expected a CacheStore (from kbackend.cache.open_store). "
+                             f"Received: {type(store).__name__}.")
+        if rounding is not None and not isinstance(rounding, Rounding):
+            raise ConfigError(f"Invalid rounding: expected a kbackend.cache.Rounding (e.g. "
+                              f"Rounding(2)) or None. Received: {rounding!r}.")
+        check_servable(model)
         self.model = model
         self.store = store
         self.rounding = rounding or Rounding()
         self.predictor = predictor or BatchPredictor(model, max_batch=max_batch)
         self.input_shape = self.predictor.input_shape
-        self.rounding.check(self.input_shape)
-        shape = output_shape(model)
-        if any(d is None for d in shape):
-            raise CacheError(f"Cannot cache a model whose output shape {shape} is not fixed.")
-        self.output_shape: tuple[int, ...] = tuple(int(d) for d in shape)
+        self.output_shape: tuple[int, ...] = check_cacheable(model, self.rounding)
         self.fingerprint = model_fingerprint(model)
         self.store.register_model(self.fingerprint, {
             "name": getattr(model, "name", "model"),

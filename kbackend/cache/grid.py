@@ -65,7 +65,9 @@ def _parse_values(text: str, clause: str) -> np.ndarray:
     return np.unique(values)
 
 
-def _parse_features(text: str, clause: str, features: int) -> list[int] | None:
+def _parse_features(text: str, clause: str) -> tuple[int, int] | None:
+    """The inclusive feature range a clause names, or None for ``*`` (syntax only: the model's
+    feature count is checked by ``GridText.resolve``)."""
     if text == "*":
         return None
     try:
@@ -77,46 +79,97 @@ def _parse_features(text: str, clause: str, features: int) -> list[int] | None:
         raise ConfigError(
             f"Invalid grid clause {clause!r}: expected features as an index '3', a range '0-7' or '*', {_EXAMPLE}."
         ) from None
-    if not 0 <= low <= high < features:
+    if not 0 <= low <= high:
         raise ConfigError(
-            f"Invalid grid clause {clause!r}: feature indices must lie in 0-{features - 1} "
-            f"(the model takes {features} features), received {low}-{high}."
+            f"Invalid grid clause {clause!r}: expected feature indices >= 0 and a range LOW-HIGH "
+            f"with LOW <= HIGH, received {low}-{high}."
         )
-    return list(range(low, high + 1))
+    return low, high
 
 
-def parse_grid(spec: str, features: int, max_rows: int = 1_000_000) -> GridSpec:
-    """Parse ``spec`` for rows of ``features`` features; refuse grids over ``max_rows`` rows."""
-    assigned: dict[int, np.ndarray] = {}
-    rest: np.ndarray | None = None
+@dataclass(frozen=True)
+class GridText:
+    """A grid SPEC whose syntax was checked, before the model's feature count is known.
+
+    ``clauses`` holds, per clause, its text, its inclusive feature range (None for ``*``) and
+    its values. ``resolve`` turns it into the ``GridSpec`` for rows of a given feature count.
+    """
+
+    spec: str
+    clauses: tuple[tuple[str, tuple[int, int] | None, np.ndarray], ...]
+    max_rows: int
+
+    def resolve(self, features: int) -> GridSpec:
+        """The grid over rows of ``features`` features; a one-line ``ConfigError`` when a clause
+        names a feature the rows do not have, a feature has no values, or the grid is too large."""
+        if isinstance(features, bool) or not isinstance(features, int) or features < 1:
+            raise ConfigError(f"Invalid features {features!r}: expected a positive number of "
+                              "features per row.")
+        assigned: dict[int, np.ndarray] = {}
+        rest: np.ndarray | None = None
+        for clause, span, values in self.clauses:
+            if span is None:
+                rest = values
+                continue
+            low, high = span
+            if high >= features:
+                raise ConfigError(
+                    f"Invalid grid clause {clause!r}: feature indices must lie in 0-{features - 1} "
+                    f"(the model takes {features} features), received {low}-{high}."
+                )
+            assigned.update((index, values) for index in range(low, high + 1))
+        missing = [i for i in range(features) if i not in assigned]
+        if missing and rest is None:
+            raise ConfigError(
+                f"Invalid grid {self.spec!r}: features {missing[:10]}{'...' if len(missing) > 10 else ''} have no values; "
+                "add a clause such as '*=0' for the features held constant."
+            )
+        grid = GridSpec(tuple(assigned.get(i, rest) for i in range(features)))
+        if grid.size > self.max_rows:
+            _too_many(self.spec, f"{grid.size:.3g}", self.max_rows)
+        return grid
+
+
+def _too_many(spec: str, rows: str, max_rows: int) -> None:
+    raise ConfigError(
+        f"Invalid grid {spec!r}: it has {rows} rows, more than the limit of {max_rows} "
+        "(raise --max-rows, or use fewer values)."
+    )
+
+
+def parse_grid_text(spec: str, max_rows: int = 1_000_000) -> GridText:
+    """Check ``spec``'s syntax without knowing the rows' feature count (so a command refuses a bad
+    ``--grid`` before it loads a model): the clauses, their values and feature ranges, a feature
+    or ``*`` named twice, and a grid whose named features alone exceed ``max_rows`` rows."""
+    if not isinstance(spec, str):
+        raise ConfigError(f"Invalid grid: expected a SPEC string, {_EXAMPLE}. Received: {spec!r}.")
+    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+        raise ConfigError(f"Invalid max_rows {max_rows!r}: expected a positive number of rows.")
     clauses = [c.strip() for c in spec.split(";") if c.strip()]
     if not clauses:
         raise ConfigError(f"Invalid grid {spec!r}: expected clauses FEATURES=VALUES separated by ';', {_EXAMPLE}.")
+    parsed: list[tuple[str, tuple[int, int] | None, np.ndarray]] = []
     for clause in clauses:
         if clause.count("=") != 1:
             raise ConfigError(f"Invalid grid clause {clause!r}: expected FEATURES=VALUES, {_EXAMPLE}.")
         left, right = (part.strip() for part in clause.split("="))
         values = _parse_values(right, clause)
-        indices = _parse_features(left, clause, features)
-        if indices is None:
-            if rest is not None:
+        span = _parse_features(left, clause)
+        for _, other, _ in parsed:
+            if span is None and other is None:
                 raise ConfigError(f"Invalid grid {spec!r}: '*' appears in more than one clause.")
-            rest = values
-            continue
-        for index in indices:
-            if index in assigned:
+            if span is not None and other is not None and span[0] <= other[1] and other[0] <= span[1]:
+                index = max(span[0], other[0])
                 raise ConfigError(f"Invalid grid {spec!r}: feature {index} appears in more than one clause.")
-            assigned[index] = values
-    missing = [i for i in range(features) if i not in assigned]
-    if missing and rest is None:
-        raise ConfigError(
-            f"Invalid grid {spec!r}: features {missing[:10]}{'...' if len(missing) > 10 else ''} have no values; "
-            "add a clause such as '*=0' for the features held constant."
-        )
-    grid = GridSpec(tuple(assigned.get(i, rest) for i in range(features)))
-    if grid.size > max_rows:
-        raise ConfigError(
-            f"Invalid grid {spec!r}: it has {grid.size:.3g} rows, more than the limit of {max_rows} "
-            "(raise --max-rows, or use fewer values)."
-        )
-    return grid
+        parsed.append((clause, span, values))
+    # The named features alone give at least this many rows (in logs: a range may be huge).
+    log_rows = sum((span[1] - span[0] + 1) * math.log(len(values))
+                   for _, span, values in parsed if span is not None)
+    if log_rows > math.log(max_rows) + 1e-9:
+        _too_many(spec, f"at least 10^{log_rows / math.log(10):.0f}", max_rows)
+    return GridText(spec, tuple(parsed), max_rows)
+
+
+def parse_grid(spec: str, features: int, max_rows: int = 1_000_000) -> GridSpec:
+    """Parse ``spec`` for rows of ``features`` features; refuse grids over ``max_rows`` rows."""
+    return parse_grid_text(spec, max_rows).resolve(features)

@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kbackend.cache.store import CacheError, NamespaceInfo
+from kbackend.config import check_output_path
+from kbackend.errors import path_errors
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 APPLICATION_ID = 0x6B62_6361  # "kbca": marks a file as a kbackend prediction cache
@@ -54,9 +56,11 @@ T = TypeVar("T")
 
 def check_cache_file(path: Path) -> None:
     """Raise ``CacheError`` if ``path`` exists and is not an SQLite file (reads, never writes)."""
-    if not path.exists():
-        return
-    if not path.is_file():
+    with path_errors(path, "--cache path", CacheError):
+        if not path.exists():
+            return
+        is_file = path.is_file()
+    if not is_file:
         raise CacheError(f"Invalid cache path {str(path)!r}: expected an SQLite file, found a directory or device.")
     with open(path, "rb") as handle:
         head = handle.read(len(SQLITE_HEADER))
@@ -67,17 +71,42 @@ def check_cache_file(path: Path) -> None:
         )
 
 
+def _check_location(path: Path, create: bool) -> None:
+    """The file exists (``create=False``) or its folder does, and it is not another kind of file."""
+    with path_errors(path, "--cache path", CacheError):
+        if not create and not path.exists():
+            raise CacheError(f"Cache file {str(path)!r} does not exist.")
+        check_cache_file(path)
+        if path.parent and not path.parent.exists():
+            raise CacheError(f"Cannot create cache {str(path)!r}: folder {str(path.parent)!r} does not exist.")
+
+
+def check_sqlite_cache(path: str | os.PathLike) -> None:
+    """What opening ``path`` as a store would refuse, found without creating or changing it.
+
+    An existing, non-empty file is opened (validated) and closed: an existing kbackend cache is
+    left as it was, anything else is refused before a write. A missing (or empty) one needs a
+    folder that exists and takes new files.
+    """
+    with path_errors(path, "--cache path", CacheError):
+        path = Path(path)
+    _check_location(path, create=True)
+    with path_errors(path, "--cache path", CacheError):
+        existing = path.exists() and path.stat().st_size > 0
+    if existing:
+        SQLiteStore(path, create=False).close()
+    else:
+        check_output_path(path, "--cache")
+
+
 class SQLiteStore:
     """A ``CacheStore`` in one SQLite file."""
 
     def __init__(self, path: str | os.PathLike, *, create: bool = True, busy_timeout_s: float = 30.0) -> None:
-        self.path = Path(path)
+        with path_errors(path, "--cache path", CacheError):
+            self.path = Path(path)
         self.busy_timeout_s = float(busy_timeout_s)
-        if not create and not self.path.exists():
-            raise CacheError(f"Cache file {str(self.path)!r} does not exist.")
-        check_cache_file(self.path)
-        if self.path.parent and not self.path.parent.exists():
-            raise CacheError(f"Cannot create cache {str(self.path)!r}: folder {str(self.path.parent)!r} does not exist.")
+        _check_location(self.path, create)
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._connections_lock = threading.Lock()

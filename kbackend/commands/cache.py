@@ -7,11 +7,19 @@ import math
 
 from rich.progress import Progress
 
-from kbackend.cache import CacheError, PredictionCache, Rounding, open_store, parse_grid
+from kbackend.cache import (
+    CacheError,
+    PredictionCache,
+    Rounding,
+    check_cacheable,
+    check_store,
+    open_store,
+    parse_grid_text,
+)
 from kbackend.commands.predict import add_cache_arguments, load_array
 from kbackend.errors import ConfigError
 from kbackend.io import strict_json_text
-from kbackend.serving.model import check_model_file, load_model
+from kbackend.serving.model import check_model_file, input_shape, load_model, validate_inputs
 
 
 def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
@@ -47,20 +55,30 @@ def run_warm(args: argparse.Namespace) -> int:
     for flag, value in (("--chunk", args.chunk), ("--max-rows", args.max_rows)):
         if value < 1:
             raise ConfigError(f"Invalid {flag} {value}: expected a positive number of rows.")
+    # Everything that needs no model is checked before it loads (the grid's syntax, the input
+    # file, the cache); what needs it (the grid's features, the rows' shape) right after, and
+    # the cache is created only then: a refused command leaves no new cache file.
+    grid_text = parse_grid_text(args.grid, max_rows=args.max_rows) if args.grid is not None else None
+    rows = load_array(args.input) if args.input is not None else None
     check_model_file(args.model)
+    check_store(args.cache)
+    model = load_model(args.model)
+    row_shape = input_shape(model)
+    if grid_text is not None:
+        if any(d is None for d in row_shape):
+            raise ConfigError(f"Invalid --grid for model {args.model!r}: a grid needs input rows "
+                              f"of a fixed shape. Received: rows of shape {row_shape} "
+                              "(warm with --input rows instead).")
+        grid = grid_text.resolve(math.prod(row_shape))
+        total, chunks = grid.size, (c.reshape(len(c), *row_shape) for c in grid.chunks(args.chunk))
+    else:
+        rows = validate_inputs(rows, row_shape, f"--input {args.input}")
+        total = len(rows)
+        chunks = (rows[i:i + args.chunk] for i in range(0, len(rows), args.chunk))
+    check_cacheable(model, rounding)
     store = open_store(args.cache)
     try:
-        model = load_model(args.model)
         cache = PredictionCache(model, store, rounding)
-        row_shape = cache.input_shape
-        if args.grid is not None:
-            features = math.prod(d or 0 for d in row_shape)
-            grid = parse_grid(args.grid, features, max_rows=args.max_rows)
-            total, chunks = grid.size, (c.reshape(len(c), *row_shape) for c in grid.chunks(args.chunk))
-        else:
-            rows = load_array(args.input)
-            total = len(rows)
-            chunks = (rows[i:i + args.chunk] for i in range(0, len(rows), args.chunk))
         with Progress(transient=True) as progress:
             task = progress.add_task("warming", total=total)
             for chunk in chunks:

@@ -16,11 +16,18 @@ from typing import Any
 
 import numpy as np
 
-from kbackend.config import check_output_path
+from kbackend.config import MAX_TIMEOUT_S, check_output_path
 from kbackend.equivalence import KNOWN_DIVERGENCES, Case, WorkerPool, compare_model
+from kbackend.equivalence.losses import FROM_LOGITS, check_loss
 from kbackend.equivalence.randomdata import random_inputs, random_targets
 from kbackend.errors import DataError
-from kbackend.io import atomic_write_json
+from kbackend.io import atomic_write_json, read_arrays
+from kbackend.serving.model import check_model_file
+
+# Random rows: a batch to compare, not a data set. Beyond these the arrays are refused (one line)
+# before they are drawn, not a MemoryError traceback.
+MAX_RANDOM_ROWS = 65_536
+MAX_RANDOM_ELEMENTS = 2**27  # 1 GiB of the float64 draws, over every input and target
 
 
 def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
@@ -52,58 +59,61 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
 def _load_arrays(path: str | None, what: str) -> list[np.ndarray] | None:
     if path is None:
         return None
-    file = Path(path)
-    if not file.is_file():
-        raise DataError(f"{what} file not found: {path!r}. Expected a .npy or .npz file.")
-    try:
-        loaded = np.load(file, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as error:  # EOFError: a zero-byte or cut file
-        raise DataError(f"Cannot read {what} file {path!r} as .npy/.npz: "
-                        f"{str(error) or type(error).__name__}") from None
-    if isinstance(loaded, np.ndarray):
-        return [loaded]
-    with loaded:
-        return [loaded[key] for key in loaded.files]
+    return read_arrays(path, f"--{what}", archive=True)
 
 
 def _loss(args: argparse.Namespace, compiled: Any) -> Any:
-    name = args.loss or compiled or "mse"
-    if args.from_logits:
-        if not isinstance(name, str):
-            raise DataError("--from-logits needs --loss NAME (e.g. sparse_categorical_crossentropy).")
-        class_name = "".join(part.capitalize() for part in name.split("_"))
-        return {"class_name": class_name, "config": {"from_logits": True}}
-    return name
+    """The loss identifier the workers compile with: ``--loss`` (checked by ``check_args``),
+    else the model's compiled loss, else mse."""
+    if args.loss is not None:
+        return check_loss(args.loss, from_logits=args.from_logits)
+    if compiled is None:
+        return check_loss("mse", from_logits=args.from_logits)
+    if isinstance(compiled, str):
+        return check_loss(compiled, from_logits=args.from_logits,
+                          flag=f"compiled loss of {args.model!r}")
+    if not args.from_logits:
+        return compiled
+    if isinstance(compiled, dict) and compiled.get("class_name") in FROM_LOGITS:
+        return {**compiled, "config": {**(compiled.get("config") or {}), "from_logits": True}}
+    raise DataError(f"--from-logits needs --loss NAME (e.g. sparse_categorical_crossentropy): the "
+                    f"model's compiled loss {compiled.get('class_name', compiled)!r} takes no logits."
+                    if isinstance(compiled, dict) else
+                    "--from-logits needs --loss NAME (e.g. sparse_categorical_crossentropy).")
 
 
-def _is_file(path: str) -> bool:
-    try:
-        return Path(path).is_file()
-    except (OSError, ValueError):  # a name the system cannot look at (too long, a NUL byte)
-        return False
+def _check_random_size(description: dict[str, Any], rows: int) -> None:
+    """Refuse random inputs and targets too large to draw (before drawing them)."""
+    elements = sum(rows * math.prod(d or 1 for d in spec["shape"][1:])
+                   for spec in (*description["inputs"], *description["outputs"]))
+    if elements > MAX_RANDOM_ELEMENTS:
+        raise DataError(f"Invalid --batch-size {rows}: random inputs and targets of this model "
+                        f"would hold {elements:.3g} numbers. Expected at most "
+                        f"{MAX_RANDOM_ELEMENTS:.3g}: pass a smaller --batch-size or --inputs.")
 
 
 def check_args(args: argparse.Namespace) -> None:
     """Reject bad arguments before any worker starts."""
-    if Path(args.model).suffix != ".keras" or not _is_file(args.model):
-        raise DataError(f"Model file not found or not a .keras file: {args.model!r}. "
-                        "Expected a file written by model.save('NAME.keras').")
     for name in ("steps", "batch_size"):
         if getattr(args, name) < 1:
             raise DataError(f"Invalid --{name.replace('_', '-')} {getattr(args, name)}: "
                             "expected an integer >= 1.")
+    if args.batch_size > MAX_RANDOM_ROWS:
+        raise DataError(f"Invalid --batch-size {args.batch_size}: expected at most "
+                        f"{MAX_RANDOM_ROWS} random rows (a batch to compare, not a data set).")
+    if args.loss is not None:
+        check_loss(args.loss, from_logits=args.from_logits)
     if not 0 <= args.seed <= 2**32 - 1:
         raise DataError(f"Invalid --seed {args.seed}: expected an integer in [0, {2**32 - 1}] "
                         "(NumPy's seed range).")
-    for option in ("inputs", "targets"):
-        path = getattr(args, option)
-        if path is not None and not _is_file(path):
-            raise DataError(f"{option} file not found: {path!r}. Expected a .npy or .npz file.")
-        _load_arrays(path, option)  # readable, before any worker starts
-    if not math.isfinite(args.timeout) or args.timeout <= 0:
-        raise DataError(f"Invalid --timeout {args.timeout!r}: expected a finite number of seconds > 0.")
+    if not 0 < args.timeout <= MAX_TIMEOUT_S:  # NaN fails too
+        raise DataError(f"Invalid --timeout {args.timeout!r}: expected seconds > 0 and at most "
+                        f"{MAX_TIMEOUT_S} (a week).")
     if args.json is not None:
         check_output_path(args.json, "--json")
+    check_model_file(args.model)  # not found, a folder, empty or not a .keras (zip) archive
+    for option in ("inputs", "targets"):
+        _load_arrays(getattr(args, option), option)  # readable, before any worker starts
 
 
 def compare_file(args: argparse.Namespace, pool: Any) -> Any:
@@ -114,6 +124,7 @@ def compare_file(args: argparse.Namespace, pool: Any) -> Any:
     loss = _loss(args, description["loss"])
     x = _load_arrays(args.inputs, "inputs")
     if x is None:
+        _check_random_size(description, args.batch_size)
         x = random_inputs(description, args.batch_size, args.seed)
     if len(x) != len(description["inputs"]):
         raise DataError(f"The model takes {len(description['inputs'])} inputs; {args.inputs!r} "

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from kbackend.cache import PredictionCache, Rounding, open_store
+from kbackend.cache import PredictionCache, Rounding, check_cacheable, check_store, open_store
 from kbackend.config import check_output_path
 from kbackend.errors import DataError
-from kbackend.io import atomic_write
+from kbackend.io import atomic_write, read_array
 from kbackend.serving.model import (
     BatchPredictor,
     check_model_file,
@@ -22,13 +22,7 @@ from kbackend.serving.model import (
 
 def load_array(path: str, flag: str = "--input") -> np.ndarray:
     """A .npy array from ``path`` (never unpickling), with a one-line error."""
-    file = Path(path)
-    if not file.is_file():
-        raise DataError(f"Invalid {flag} {path!r}: file not found (expected a .npy array).")
-    try:
-        return np.load(file, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as error:
-        raise DataError(f"Invalid {flag} {path!r}: not a readable .npy array ({error}).") from None
+    return read_array(path, flag)
 
 
 def add_cache_arguments(parser: argparse.ArgumentParser, required: bool = False) -> None:
@@ -56,21 +50,24 @@ def run(args: argparse.Namespace) -> int:
     check_output_path(args.out, "--out")
     x = load_array(args.input)
     check_model_file(args.model)
-    store = open_store(args.cache) if args.cache else None  # a bad cache fails before the model loads
-    try:
-        model = load_model(args.model)
-        batch = validate_inputs(x, input_shape(model), f"--input {args.input}")
-        if store is None:
-            predictions = BatchPredictor(model)(batch)
-        else:
+    if args.cache:
+        check_store(args.cache)  # a bad cache fails before the model loads
+    model = load_model(args.model)
+    batch = validate_inputs(x, input_shape(model), f"--input {args.input}")
+    if args.cache is None:
+        store = None
+        predictions = BatchPredictor(model)(batch)
+    else:
+        check_cacheable(model, rounding)
+        store = open_store(args.cache)  # created only now that every input was checked
+        try:
             cache = PredictionCache(model, store, rounding)
             predictions = cache.predict(batch)
             cache.flush_stats()
             stats = cache.stats()
-        atomic_write(args.out, lambda tmp: _save_npy(tmp, predictions))
-    finally:
-        if store is not None:
+        finally:
             store.close()
+    atomic_write(args.out, lambda tmp: _save_npy(tmp, predictions))
     print(f"predicted {len(batch)} rows -> {args.out} {predictions.shape}")
     if store is not None:
         print(f"cache {store.describe()} ({rounding.describe()}): hit rate {stats.hit_rate:.1%} "

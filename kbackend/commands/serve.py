@@ -7,7 +7,14 @@ import signal
 import threading
 from typing import Any
 
-from kbackend.cache import PredictionCache, Rounding, model_fingerprint, open_store
+from kbackend.cache import (
+    PredictionCache,
+    Rounding,
+    check_cacheable,
+    check_store,
+    model_fingerprint,
+    open_store,
+)
 from kbackend.commands.predict import add_cache_arguments
 from kbackend.errors import DataError
 from kbackend.serving.model import BatchPredictor, check_model_file, input_shape, load_model
@@ -35,9 +42,13 @@ def run(args: argparse.Namespace) -> int:
         raise DataError("--decimals only applies with --cache (rounding decides the cache key).")
     check_batching_options(args.max_batch, args.max_wait_ms, args.max_request_rows)
     check_model_file(args.model)
-    store = open_store(args.cache) if args.cache else None
+    if args.cache:
+        check_store(args.cache)  # a bad cache fails before the model loads
     model = load_model(args.model)
     predictor = BatchPredictor(model, max_batch=args.max_batch)
+    if args.cache:
+        check_cacheable(model, rounding)
+    store = open_store(args.cache) if args.cache else None  # created once every input was checked
     cache = PredictionCache(model, store, rounding, predictor=predictor) if store is not None else None
     fingerprint = cache.fingerprint if cache else model_fingerprint(model)
     info = {"model": args.model, "fingerprint": fingerprint, "input_shape": list(input_shape(model)),

@@ -14,7 +14,7 @@ from pathlib import Path
 from kbackend.config import check_output_folder, check_output_path
 from kbackend.data import DATASETS
 from kbackend.engines import engine_names
-from kbackend.errors import ConfigError
+from kbackend.errors import ConfigError, path_errors
 from kbackend.models import MODELS
 from kbackend.optim import OPTIMIZERS
 from kbackend.study.config import (
@@ -198,6 +198,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_compare(args: argparse.Namespace) -> int:
+    for flag, path in [*(("report path", r) for r in args.reports), ("--out", args.out)]:
+        with path_errors(path, flag):  # a name the system cannot look at: one line
+            Path(path, "summary.json").exists()
     summaries = load_summaries(args.reports, args.out)
     check_output_path(Path(args.out) / "compare.md", "--out")
     print(compare(summaries))

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from kbackend.backend_choice import keras as import_keras
-from kbackend.errors import DataError
+from kbackend.errors import DataError, path_errors
 from kbackend.io import atomic_write
 
 DATA_DIR_ENV = "KBACKEND_DATA_DIR"
@@ -337,7 +337,9 @@ _FILES = {
 def _load_files(name: str, data_dir: str | os.PathLike | None) -> RawData:
     reader, files = _FILES[name]
     places = search_dirs(data_dir)
-    for _, folder in places:
+    for label, folder in places:
+        with path_errors(folder, label, DataError):  # a name too long, a NUL byte: one line
+            folder.is_dir()
         raw = reader(folder)
         if raw is not None:
             return raw

@@ -14,7 +14,6 @@ compared in inference mode, as documented in docs/equivalence.md.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -24,6 +23,7 @@ from kbackend.backend_choice import keras as import_keras
 from kbackend.backends import impl
 from kbackend.engines import get_engine
 from kbackend.equivalence.grammar import build_model
+from kbackend.io import atomic_write
 from kbackend.optim import OptimizerSpec
 from kbackend.training import TrainConfig
 
@@ -69,6 +69,17 @@ def weight_names(model: Any) -> list[str]:
         seen.add(name)
         names.append(name)
     return names
+
+
+def output_names(model: Any) -> list[str]:
+    """A name for each of ``model.outputs``: a functional model's ``output_names``; a
+    ``Sequential`` model has none, and its one output is its last layer's."""
+    names = getattr(model, "output_names", None)
+    if names:
+        return list(names)
+    if len(model.outputs) == 1 and model.layers:
+        return [model.layers[-1].name]
+    return [f"output_{index}" for index in range(len(model.outputs))]
 
 
 def inert_stochastic_layers(model: Any) -> list[str]:
@@ -121,7 +132,7 @@ def describe(source: dict[str, Any], seed: int = 0) -> dict[str, Any]:
         "trainable": [any(v is t for t in model.trainable_variables) for v in model.weights],
         "inputs": inputs,
         "outputs": [{"name": name, "shape": [None if d is None else int(d) for d in t.shape]}
-                    for name, t in zip(model.output_names, model.outputs, strict=True)],
+                    for name, t in zip(output_names(model), model.outputs, strict=True)],
         "loss": compiled_loss(source),
     }
 
@@ -217,9 +228,7 @@ def evaluate(source: dict[str, Any], weights: list[np.ndarray], x: list[np.ndarr
     result: dict[str, Any] = {"backend": import_keras().backend.backend(),
                               "weight_names": weight_names(model)}
     if save_path is not None:
-        tmp = f"{save_path}.{os.getpid()}.tmp.keras"
-        model.save(tmp)
-        os.replace(tmp, save_path)
+        atomic_write(save_path, lambda tmp: model.save(tmp))
     result["outputs"] = forward(model, x)
     result["misrouted_adds"] = impl().bias_add_misroutes(model, _inputs(model, x))
     if y is None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import importlib
-import json
 import os
 import subprocess
 import sys
@@ -99,8 +98,8 @@ def run_in_child(target: str, backend: str, kwargs: Mapping[str, Any] | None = N
     env = child_environment(backend, virtual_devices=virtual_devices, extra=extra_env)
     with tempfile.TemporaryDirectory(prefix="kbackend-child-") as folder:
         request, result = Path(folder) / "request.json", Path(folder) / "result.json"
-        request.write_text(json.dumps({"target": target, "kwargs": dict(kwargs or {}),
-                                       "result": str(result)}), encoding="utf-8")
+        atomic_write_json(request, {"target": target, "kwargs": dict(kwargs or {}),
+                                    "result": str(result)})  # strict JSON, as every file
         process = subprocess.Popen(
             [sys.executable, "-m", "kbackend.runtime.child", str(request)], env=env,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -149,7 +148,7 @@ def resolve(target: str) -> Any:
 def main(argv: list[str] | None = None) -> int:
     """Child side: read the request file, call the target, write the reply; 0 on success."""
     (request_path,) = sys.argv[1:] if argv is None else argv
-    request = json.loads(Path(request_path).read_text(encoding="utf-8"))
+    request = read_json(request_path)
     try:
         use_backend()
         reply = reply_ok(resolve(request["target"])(**request["kwargs"]))

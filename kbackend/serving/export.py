@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,9 @@ import numpy as np
 
 from kbackend.backend_choice import BACKENDS, active_backend
 from kbackend.cache.keys import model_fingerprint
+from kbackend.config import check_output_folder
 from kbackend.errors import ConfigError, KBackendError
-from kbackend.io import atomic_write, atomic_write_json
+from kbackend.io import atomic_write, atomic_write_json, temp_folder
 from kbackend.runtime.child import ChildFailed, ChildTimeout, run_in_child
 from kbackend.serving.model import input_shape, load_model, validate_inputs
 
@@ -35,6 +35,9 @@ FORMATS = ("keras", "savedmodel")
 DEFAULT_ATOL = 1e-5  # float32 predictions of the same weights on two XLA builds differ by ~1e-7
 SAMPLE_FILE = "export_check.npz"
 MANIFEST_FILE = "export.json"
+# The random check sample: refused beyond these (one line) rather than a MemoryError when drawn.
+MAX_CHECK_ROWS = 65_536
+MAX_CHECK_ELEMENTS = 2**28  # 1 GiB of float32
 
 
 class ExportError(KBackendError):
@@ -109,30 +112,34 @@ def check_under(backend: str, path: Path, fmt: str, sample_file: Path, atol: flo
 def _sample(row_shape: tuple[int | None, ...], rows: int, seed: int) -> np.ndarray:
     if any(d is None for d in row_shape):
         raise ConfigError(f"Cannot draw a check sample for inputs of shape {row_shape}: pass --sample x.npy.")
+    if rows * math.prod(row_shape) > MAX_CHECK_ELEMENTS:
+        raise ConfigError(f"Invalid rows {rows}: {rows} random rows of shape {row_shape} would hold "
+                          f"{rows * math.prod(row_shape):.3g} numbers. Expected at most "
+                          f"{MAX_CHECK_ELEMENTS:.3g}: pass fewer --rows or a --sample file.")
     return np.random.default_rng(seed).random((rows, *row_shape), dtype=np.float32)
 
 
 def _write_savedmodel(model: Any, target: Path) -> None:
-    """``model.export`` into a temporary folder, then swap it in (no half-written artifact)."""
-    staging = Path(tempfile.mkdtemp(prefix=".saved_model.", dir=target.parent))
+    """``model.export`` into a staging folder, then swap it in (no half-written artifact).
+
+    The staging folder is named like a temp file (``io.temp_folder``): a killed export leaves
+    it behind, and the next start removes it. The artifact it replaces moves into it, so the
+    old one goes with it."""
+    staging = temp_folder(target)
     try:
         model.export(str(staging / "artifact"), format="tf_saved_model", verbose=False)
         if target.exists():
-            old = target.with_name(f".{target.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(target, old)
-            os.replace(staging / "artifact", target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(staging / "artifact", target)
+            os.replace(target, staging / "replaced")
+        os.replace(staging / "artifact", target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
 def check_export_options(rows: int, atol: float) -> None:
     """Raise ``ConfigError`` for a check sample of no rows or a negative / NaN tolerance."""
-    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-        raise ConfigError(f"Invalid rows {rows!r}: expected a positive number of check rows.")
+    if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= MAX_CHECK_ROWS:
+        raise ConfigError(f"Invalid rows {rows!r}: expected a number of check rows from 1 to "
+                          f"{MAX_CHECK_ROWS} (a sample to check, not a data set).")
     if not (isinstance(atol, (int, float)) and math.isfinite(atol) and atol >= 0):
         raise ConfigError(f"Invalid atol {atol!r}: expected a finite tolerance >= 0.")
 
@@ -147,6 +154,7 @@ def export_model(model_path: str | os.PathLike, fmt: str, out_dir: str | os.Path
     check_export_options(rows, atol)
     if fmt not in FORMATS:
         raise ConfigError(f"Invalid export format. Expected one of {list(FORMATS)}. Received: {fmt!r}.")
+    check_output_folder(out_dir, "--out")  # before the model loads (the API too, not only the CLI)
     model = load_model(model_path)
     row_shape = input_shape(model)
     x = validate_inputs(sample, row_shape, "--sample") if sample is not None else _sample(row_shape, rows, seed)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from kbackend.backend_choice import keras as import_keras
-from kbackend.errors import DataError, KBackendError
+from kbackend.errors import DataError, KBackendError, path_errors
 
 
 class ModelError(KBackendError):
@@ -40,20 +40,24 @@ def load_model(path: str | os.PathLike) -> Any:
 def check_model_file(path: str | os.PathLike) -> Path:
     """``path`` if it is a non-empty ``.keras`` archive, else a one-line ``ModelError`` (cheap:
     commands call it before they open a cache or import Keras)."""
-    path = Path(path)
-    if not path.exists():
+    with path_errors(path, "model path", ModelError):
+        path = Path(path)
+        exists = path.exists()
+        is_dir = exists and path.is_dir()
+        size = path.stat().st_size if exists else 0
+        is_zip = exists and not is_dir and size > 0 and zipfile.is_zipfile(path)
+    if not exists:
         raise ModelError(f"Model file {str(path)!r} not found: expected a .keras file saved by kbackend train --save.")
-    if path.is_dir() or path.suffix != ".keras":
+    if is_dir or path.suffix != ".keras":
         raise ModelError(
             f"Invalid model {str(path)!r}: expected a .keras file (a SavedModel folder is an export "
             "format for TF Serving, not an input of this command)."
         )
     # Keras reports an empty or truncated archive as "File not found": say what it is.
-    size = path.stat().st_size
     if size == 0:
         raise ModelError(f"Model file {str(path)!r} is empty (0 bytes): expected a .keras archive "
                          "saved by kbackend train --save.")
-    if not zipfile.is_zipfile(path):
+    if not is_zip:
         raise ModelError(f"Model file {str(path)!r} is not a .keras archive ({size} bytes, no zip "
                          "directory): the file is truncated or not a Keras model.")
     return path
@@ -61,6 +65,9 @@ def check_model_file(path: str | os.PathLike) -> Path:
 
 def check_servable(model: Any, name: str = "model") -> None:
     """Raise ``ModelError`` unless ``model`` has one input and one output tensor."""
+    if not hasattr(model, "inputs") or not hasattr(model, "outputs"):
+        raise ModelError(f"Invalid {name}: expected a Keras model. Received: "
+                         f"{type(model).__name__}.")
     if len(model.inputs or []) != 1 or len(model.outputs or []) != 1:
         raise ModelError(
             f"Invalid {name}: expected a model with one input and one output, received "

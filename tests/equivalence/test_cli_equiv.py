@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zipfile
+
 import numpy as np
 import pytest
 
@@ -66,15 +68,17 @@ def test_equiv_end_to_end_with_its_own_workers(pool, cli, tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["equiv", "missing.keras"], "Model file not found"),
-    (["equiv", "__MODEL__", "--inputs", "nope.npy"], "inputs file not found"),
+    (["equiv", "missing.keras"], "not found: expected a .keras file"),
+    (["equiv", "__MODEL__", "--inputs", "nope.npy"], "Invalid --inputs 'nope.npy': file not found"),
     (["equiv", "__MODEL__", "--steps", "0"], "Invalid --steps 0"),
     (["equiv", "__MODEL__", "--seed", "-1"], "Invalid --seed -1"),
-    (["equiv", "__MODEL__", "--inputs", "__EMPTY__"], "Cannot read inputs file"),
+    (["equiv", "__MODEL__", "--inputs", "__EMPTY__"], "Received: 0 bytes without a NumPy header"),
+    (["equiv", "__MODEL__", "--loss", "bogus"], "Invalid --loss"),
 ])
 def test_equiv_bad_input_is_a_one_line_error(cli, tmp_path, argv, message):
     model = tmp_path / "m.keras"
-    model.write_bytes(b"not checked before the arguments")
+    with zipfile.ZipFile(model, "w") as archive:  # passes the file check; never loaded
+        archive.writestr("config.json", "{}")
     empty = tmp_path / "empty.npy"
     empty.write_bytes(b"")  # a zero-byte array file
     stand_ins = {"__MODEL__": str(model), "__EMPTY__": str(empty)}

@@ -29,3 +29,17 @@ def test_named_report_and_tables(tmp_path):
     json_path, md_path = write_report(tmp_path, "bench_x", {"rows": []}, table)
     assert (json_path.name, md_path.name) == ("bench_x.json", "bench_x.md")
     assert md_path.read_text() == f"# bench_x\n\n{table}"
+
+
+def test_plotted_trajectories_are_thinned_to_a_bounded_number_of_points_keeping_the_ends():
+    import numpy as np
+
+    from kbackend.study.report import PLOT_POINTS, _thin
+
+    steps = np.arange(1, 10_001)
+    thinned_steps, thinned_twice = _thin(steps, steps * 2)
+    assert len(thinned_steps) <= PLOT_POINTS + 1
+    assert thinned_steps[0] == 1 and thinned_steps[-1] == 10_000
+    np.testing.assert_array_equal(thinned_twice, thinned_steps * 2)  # columns stay aligned
+    short = np.arange(5)
+    assert _thin(short)[0] is short  # short lines are drawn whole

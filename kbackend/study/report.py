@@ -362,6 +362,20 @@ def _smooth(values: np.ndarray) -> np.ndarray:
     return np.convolve(padded, kernel, mode="valid")
 
 
+PLOT_POINTS = 400  # points per drawn trajectory: a 6-inch axis at 110 dpi has ~660 pixels
+
+
+def _thin(*columns: np.ndarray) -> list[np.ndarray]:
+    """Every k-th point (and the last) of equally long columns, at most ``PLOT_POINTS`` of them:
+    drawing thousands of per-step points per line cost most of the report's time and shows
+    nothing more at this size (the losses are smoothed first)."""
+    n = len(columns[0])
+    if n <= PLOT_POINTS:
+        return list(columns)
+    index = np.unique(np.append(np.arange(0, n, -(-n // PLOT_POINTS)), n - 1))
+    return [np.asarray(c)[index] for c in columns]
+
+
 def write_plots(study: dict[str, Any], analysis: dict[str, Any], out: Path) -> dict[str, Path]:
     """Every plot of the report, as PNG files under ``out``."""
     return {
@@ -423,14 +437,14 @@ def _plot_trajectories(study: dict[str, Any], path: Path) -> Path:
             if not trajectory or not trajectory["step"]:
                 continue
             alpha = float(shade[cell["batch_size"]])
-            steps = np.asarray(trajectory["step"])
-            loss = _smooth(np.asarray(trajectory["loss"], dtype=float))
+            startup = cell.get("startup_time") or 0.0
+            steps, loss, times = _thin(
+                np.asarray(trajectory["step"]), _smooth(np.asarray(trajectory["loss"], dtype=float)),
+                np.maximum(np.asarray(trajectory["time"], dtype=float) - startup, 0.0))
             label = f"B={cell['batch_size']}" + ("" if cell["reached"] else " (not reached)")
             style = "-" if cell["reached"] else ":"
             axes[0, column].plot(steps, loss, style, color=colour, alpha=alpha, label=label)
             # Wall time after the run's start-up (compilation), as time to target counts it.
-            startup = cell.get("startup_time") or 0.0
-            times = np.maximum(np.asarray(trajectory["time"], dtype=float) - startup, 0.0)
             axes[1, column].plot(times, loss, style, color=colour, alpha=alpha)
             evals = [e for e in trajectory["evals"] if metric in e]
             axes[2, column].plot([max(e["train_time"] - startup, 0.0) for e in evals],

@@ -37,8 +37,14 @@ def _env(session: nox.Session, backend: str) -> dict[str, str]:
     # (JAX: the JAX sessions took 743 s without it, 475 s with it; TensorFlow has no such cache).
     cache = os.path.join(session.virtualenv.location, "kbackend-cache")
     shutil.rmtree(cache, ignore_errors=True)
+    # Bytecode is written even where the machine sets PYTHONDONTWRITEBYTECODE (this one and CI
+    # do, and uv installs no .pyc files): otherwise every Python process the tests start (xdist
+    # workers, CLI runs, benchmark and equivalence workers, launched jobs) compiled JAX, Keras
+    # and TensorFlow from source again (`kbackend info`: 5.4 s of CPU without bytecode, 2.6 s
+    # with it). The first import writes it.
     env = {"KERAS_BACKEND": backend, "KBACKEND_OFFLINE": "1", "PYTHONHASHSEED": "0",
-           "KBACKEND_COMPILE_CACHE": "1", "KBACKEND_CACHE_DIR": cache}
+           "KBACKEND_COMPILE_CACHE": "1", "KBACKEND_CACHE_DIR": cache,
+           "PYTHONDONTWRITEBYTECODE": ""}
     if "KBACKEND_DATA_DIR" not in os.environ and os.path.isdir(SHARED_DATA):
         env["KBACKEND_DATA_DIR"] = os.path.normpath(SHARED_DATA)
     return env

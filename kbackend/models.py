@@ -12,7 +12,10 @@ import math
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
+
+import psutil
 
 from kbackend.backend_choice import keras as import_keras
 from kbackend.backends import impl
@@ -87,6 +90,19 @@ class ModelOptions:
 _ADDED_LATER = {"residual": False, "bidirectional": False, "readout": "last"}
 
 
+_LAYOUT_OF_RANK = {1: "flat", 2: "sequence", 3: "image"}
+
+
+def _require_rank(info: DatasetInfo, rank: int, name: str) -> None:
+    """A ``ConfigError`` unless model ``name`` gets inputs of ``rank`` dimensions (its layout)."""
+    if len(info.input_shape) != rank:
+        layout = _LAYOUT_OF_RANK[rank]
+        raise ConfigError(
+            f"Model {name!r} needs {layout} inputs (layout {layout!r}). "
+            f"Received input shape {info.input_shape}."
+        )
+
+
 def _hidden_block(x: Any, layer: Any, options: ModelOptions, activation: str = "relu") -> Any:
     keras = import_keras()
     x = layer(x)
@@ -110,12 +126,23 @@ def _classifier_head(x: Any, info: DatasetInfo, options: ModelOptions) -> Any:
     return keras.layers.Activation("softmax", dtype="float32", name="probabilities")(x)
 
 
+# Parameter counts, computed from the same options as the builders without building anything:
+# one ``<builder>_params(info, options) -> int`` next to each builder (exact Python integers, so
+# no size overflows), tested to equal ``model.count_params()`` (tests/test_model_size.py).
+def _hidden_params(fan_in: int, units: int, options: ModelOptions, bias: bool | None = None) -> int:
+    """A hidden layer's kernel, its bias (none under batch norm unless ``bias``) and batch norm's
+    four per-unit values (gamma, beta, moving mean and variance)."""
+    with_bias = not options.batch_norm if bias is None else bias
+    return fan_in * units + (units if with_bias else 0) + (4 * units if options.batch_norm else 0)
+
+
+def _head_params(features: int, info: DatasetInfo) -> int:
+    return features * info.num_classes + info.num_classes
+
+
 def _dense_stack(info: DatasetInfo, widths: Sequence[int], options: ModelOptions, name: str) -> Any:
     keras = import_keras()
-    if len(info.input_shape) != 1:
-        raise ConfigError(
-            f"Model {name!r} needs flat inputs (layout 'flat'). Received input shape {info.input_shape}."
-        )
+    _require_rank(info, 1, name)
     inputs = keras.Input(shape=info.input_shape, name="inputs")
     x = inputs
     for width in widths:
@@ -126,15 +153,25 @@ def _dense_stack(info: DatasetInfo, widths: Sequence[int], options: ModelOptions
     return keras.Model(inputs, _classifier_head(x, info, options), name=name)
 
 
+def _dense_stack_params(info: DatasetInfo, widths: Sequence[int], options: ModelOptions, name: str) -> int:
+    _require_rank(info, 1, name)
+    total, fan_in = 0, info.input_shape[0]
+    for width in widths:
+        total, fan_in = total + _hidden_params(fan_in, width, options), width
+    return total + _head_params(fan_in, info)
+
+
 def logistic(info: DatasetInfo, options: ModelOptions) -> Any:
     """Multinomial logistic regression: the flat inputs straight into the softmax classifier."""
     keras = import_keras()
-    if len(info.input_shape) != 1:
-        raise ConfigError(
-            f"Model 'logistic' needs flat inputs (layout 'flat'). Received input shape {info.input_shape}."
-        )
+    _require_rank(info, 1, "logistic")
     inputs = keras.Input(shape=info.input_shape, name="inputs")
     return keras.Model(inputs, _classifier_head(inputs, info, options), name="logistic")
+
+
+def logistic_params(info: DatasetInfo, options: ModelOptions) -> int:
+    _require_rank(info, 1, "logistic")
+    return _head_params(info.input_shape[0], info)
 
 
 def seed_mlp(info: DatasetInfo, options: ModelOptions) -> Any:
@@ -142,9 +179,17 @@ def seed_mlp(info: DatasetInfo, options: ModelOptions) -> Any:
     return _dense_stack(info, SEED_MLP_WIDTHS, options, "seed_mlp")
 
 
+def seed_mlp_params(info: DatasetInfo, options: ModelOptions) -> int:
+    return _dense_stack_params(info, SEED_MLP_WIDTHS, options, "seed_mlp")
+
+
 def mlp(info: DatasetInfo, options: ModelOptions) -> Any:
     """A dense ReLU network with hidden widths ``options.widths``."""
     return _dense_stack(info, options.widths, options, "mlp")
+
+
+def mlp_params(info: DatasetInfo, options: ModelOptions) -> int:
+    return _dense_stack_params(info, options.widths, options, "mlp")
 
 
 def _check_conv_format(options: ModelOptions) -> None:
@@ -162,6 +207,12 @@ def cnn(info: DatasetInfo, options: ModelOptions) -> Any:
     return cnn2d(info, options, name="cnn")
 
 
+def cnn_params(info: DatasetInfo, options: ModelOptions) -> int:
+    if len(info.input_shape) == 2:
+        return cnn1d_params(info, options, name="cnn")
+    return cnn2d_params(info, options, name="cnn")
+
+
 def cnn2d(info: DatasetInfo, options: ModelOptions, name: str = "cnn2d") -> Any:
     """Conv + max-pool blocks (``options.filters`` channels) and a dense layer, in ``options.data_format``.
 
@@ -170,10 +221,7 @@ def cnn2d(info: DatasetInfo, options: ModelOptions, name: str = "cnn2d") -> Any:
     (kbackend does not transpose behind your back). TF 2.21 runs NCHW on the CPU.
     """
     keras = import_keras()
-    if len(info.input_shape) != 3:
-        raise ConfigError(
-            f"Model {name!r} needs image inputs (layout 'image'). Received input shape {info.input_shape}."
-        )
+    _require_rank(info, 3, name)
     _check_conv_format(options)
     if info.data_format not in (None, options.data_format):
         raise ConfigError(
@@ -194,6 +242,21 @@ def cnn2d(info: DatasetInfo, options: ModelOptions, name: str = "cnn2d") -> Any:
     return keras.Model(inputs, _classifier_head(x, info, options), name=name)
 
 
+def cnn2d_params(info: DatasetInfo, options: ModelOptions, name: str = "cnn2d") -> int:
+    _require_rank(info, 3, name)
+    if options.data_format == "channels_last":
+        height, width, channels = info.input_shape
+    else:
+        channels, height, width = info.input_shape
+    total = 0
+    for filters in options.filters:  # 3x3, "same" padding, then a 2x2 pool while both sides >= 2
+        total, channels = total + _hidden_params(9 * channels, filters, options), filters
+        if min(height, width) >= 2:
+            height, width = height // 2, width // 2
+    total += _hidden_params(height * width * channels, 128, options, bias=True)
+    return total + _head_params(128, info)
+
+
 def cnn1d(info: DatasetInfo, options: ModelOptions, name: str = "cnn1d") -> Any:
     """The MNIST-1D paper's conv net over a (steps, features) sequence: per ``options.filters``
     entry a strided 1-D convolution (kernel 5 first, then 3; stride 2; one step of zero padding
@@ -204,10 +267,7 @@ def cnn1d(info: DatasetInfo, options: ModelOptions, name: str = "cnn1d") -> Any:
     model and convolves in NCW (the layout choice, not the data, is what it measures).
     """
     keras = import_keras()
-    if len(info.input_shape) != 2:
-        raise ConfigError(
-            f"Model {name!r} needs sequence inputs (layout 'sequence'). Received input shape {info.input_shape}."
-        )
+    _require_rank(info, 2, name)
     _check_conv_format(options)
     inputs = keras.Input(shape=info.input_shape, name="inputs")
     x = inputs
@@ -224,6 +284,17 @@ def cnn1d(info: DatasetInfo, options: ModelOptions, name: str = "cnn1d") -> Any:
     return keras.Model(inputs, _classifier_head(x, info, options), name=name)
 
 
+def cnn1d_params(info: DatasetInfo, options: ModelOptions, name: str = "cnn1d") -> int:
+    _require_rank(info, 2, name)
+    steps, channels = info.input_shape
+    total = 0
+    for index, filters in enumerate(options.filters):  # pad 1 each side, kernel 5 then 3, stride 2
+        kernel = 5 if index == 0 else 3
+        total += _hidden_params(kernel * channels, filters, options)
+        steps, channels = max((steps + 2 - kernel) // 2 + 1, 0), filters
+    return total + _head_params(steps * channels, info)
+
+
 def gru(info: DatasetInfo, options: ModelOptions) -> Any:
     """A GRU of ``options.units`` over a sequence (image rows as time steps) into a softmax.
 
@@ -232,10 +303,7 @@ def gru(info: DatasetInfo, options: ModelOptions) -> Any:
     ``--units 6 --bidirectional``, the MNIST-1D paper's ``GRUBase``).
     """
     keras = import_keras()
-    if len(info.input_shape) != 2:
-        raise ConfigError(
-            f"Model 'gru' needs sequence inputs (layout 'sequence'). Received input shape {info.input_shape}."
-        )
+    _require_rank(info, 2, "gru")
     inputs = keras.Input(shape=info.input_shape, name="inputs")
     layer = keras.layers.GRU(options.units, kernel_regularizer=_regularizer(options), seed=options.seed,
                              return_sequences=options.readout == "all")
@@ -251,6 +319,17 @@ def gru(info: DatasetInfo, options: ModelOptions) -> Any:
     return keras.Model(inputs, _classifier_head(x, info, options), name="gru")
 
 
+def gru_params(info: DatasetInfo, options: ModelOptions) -> int:
+    """Keras 3's GRU (``reset_after=True``): kernel (features, 3u), recurrent kernel (u, 3u) and
+    bias (2, 3u), per direction."""
+    _require_rank(info, 2, "gru")
+    steps, features = info.input_shape
+    units, directions = options.units, 2 if options.bidirectional else 1
+    total = directions * 3 * units * (features + units + 2)
+    out = directions * units * (steps if options.readout == "all" else 1)
+    return total + (4 * out if options.batch_norm else 0) + _head_params(out, info)
+
+
 # name -> (builder, the data layout it takes)
 MODELS: dict[str, tuple[Callable[[DatasetInfo, ModelOptions], Any], str]] = {
     "logistic": (logistic, "flat"),
@@ -261,6 +340,82 @@ MODELS: dict[str, tuple[Callable[[DatasetInfo, ModelOptions], Any], str]] = {
     "cnn2d": (cnn2d, "image"),
     "gru": (gru, "sequence"),
 }
+
+
+# name -> its parameter count from the options, without building it (one per builder above).
+PARAM_COUNTS: dict[str, Callable[[DatasetInfo, ModelOptions], int]] = {
+    "logistic": logistic_params,
+    "seed_mlp": seed_mlp_params,
+    "mlp": mlp_params,
+    "cnn": cnn_params,
+    "cnn1d": cnn1d_params,
+    "cnn2d": cnn2d_params,
+    "gru": gru_params,
+}
+# name -> the option that sets its size (named in the refusal); the others are set by the data.
+SIZE_OPTIONS = {"mlp": "widths", "cnn": "filters", "cnn1d": "filters", "cnn2d": "filters",
+                "gru": "units"}
+# What training keeps per parameter: float32 parameters, gradients and two optimizer slots
+# (Adam's first and second moments): 4 copies of 4 bytes. Activations and data come on top.
+TRAINING_COPIES = 4
+BYTES_PER_TRAINING_PARAM = TRAINING_COPIES * 4
+
+
+def count_params(name: str, info: DatasetInfo, options: ModelOptions | None = None) -> int:
+    """Model ``name``'s parameter count (``model.count_params()``, non-trainable included),
+    computed from ``info`` and ``options`` alone: nothing is built or allocated."""
+    model_layout(name)
+    return PARAM_COUNTS[name](info, options or ModelOptions())
+
+
+def available_memory() -> int:
+    """Bytes this process can still allocate: the system's available memory, or less where a
+    cgroup (a container's memory limit) leaves less."""
+    available = psutil.virtual_memory().available
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            limit = Path(limit_file).read_text().strip()
+            usage = int(Path(usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit():
+            available = min(available, max(int(limit) - usage, 0))
+        break
+    return available
+
+
+def _size(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if nbytes < 1024 or unit == "PiB":
+            return f"{nbytes:.3g} {unit}"
+        nbytes /= 1024
+    raise AssertionError("unreachable")
+
+
+def check_model_fits(name: str, info: DatasetInfo, options: ModelOptions | None = None,
+                     *, available: int | None = None) -> int:
+    """Model ``name``'s parameter count, or a one-line ``ConfigError`` (naming the option that
+    sets its size) if its training state (``TRAINING_COPIES`` float32 copies of the parameters)
+    would not fit in ``available`` bytes (default: ``available_memory()``). Nothing is built:
+    a model of 10^18 parameters is refused in microseconds, not by the allocator."""
+    options = options or ModelOptions()
+    params = count_params(name, info, options)
+    needed = params * BYTES_PER_TRAINING_PARAM
+    available = available_memory() if available is None else available
+    if needed > available:
+        option = SIZE_OPTIONS.get(name)
+        value = getattr(options, option) if option else None
+        text = ",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
+        shown = f"--{option} {text if len(text) <= 60 else text[:57] + '...'}" if option \
+            else f"--model {name}"
+        raise ConfigError(
+            f"Invalid {shown}: model {name!r} on {info.name} {info.input_shape} is too large to "
+            f"train here. Expected a training state (parameters, gradients and two optimizer "
+            f"slots: {TRAINING_COPIES} float32 copies) within the available memory, "
+            f"{_size(available)}. Received: {params:.3g} parameters, {_size(needed)}.")
+    return params
 
 
 def model_layout(name: str) -> str:
@@ -274,6 +429,6 @@ def model_layout(name: str) -> str:
 def build_model(name: str, info: DatasetInfo, options: ModelOptions | None = None) -> Any:
     """Build model ``name`` for a dataset described by ``info``, seeded by ``options.seed``."""
     options = options or ModelOptions()
-    model_layout(name)
+    check_model_fits(name, info, options)  # before any variable exists
     impl().set_random_seed(options.seed)
     return MODELS[name][0](info, options)

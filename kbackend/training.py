@@ -25,7 +25,7 @@ from kbackend.envinfo import environment
 from kbackend.errors import ConfigError, Diverged
 from kbackend.history import History
 from kbackend.io import atomic_write
-from kbackend.models import build_model, model_layout
+from kbackend.models import build_model, check_model_fits, model_layout
 from kbackend.precision import precision_scope
 
 __all__ = ["MONITORS", "Diverged", "Target", "TrainConfig", "TrainResult", "load_dataset",
@@ -94,6 +94,8 @@ def train(
     n_train = len(dataset.x_train)
     devices = distributed.device_count(config) if distributed.is_parallel(config) else 1
     check_run(config, n_train, engine, devices)
+    if model is None:  # its training state must fit in memory: checked before it is built
+        check_model_fits(config.model, dataset.info, config.model_options)
     # The schedule spans the steps this engine really runs; max_steps and targets only stop early.
     spec = config.optimizer.with_total_steps(engine.steps_per_epoch(n_train, config.batch_size)
                                              * config.epochs)

@@ -87,6 +87,16 @@ CASES = {
     "predict cache in a missing folder": (["predict", "--model", "{tiny}", "--input", "{x}",
                                            "--out", "{out}", "--cache", "{nowhere}"],
                                           "does not exist"),
+    # Sizes: a model whose training state would not fit in memory is refused before it is built.
+    "train gru units 1e9": (["train", "--model", "gru", "--units", "1000000000", "--history",
+                             "{out}"], "Invalid --units 1000000000: "),
+    "train mlp widths 1e9": (["train", "--model", "mlp", "--widths", "64,1000000000",
+                              "--history", "{out}"], "Invalid --widths 64,1000000000: "),
+    "train cnn filters 1e9": (["train", "--model", "cnn", "--filters", "1000000000,2",
+                               "--history", "{out}"], "Invalid --filters 1000000000,2: "),
+    "train cnn1d filters 1e9": (["train", "--model", "cnn1d", "--filters", "10,1000000000",
+                                 "--history", "{out}", "--engine", "keras"],
+                                "Invalid --filters 10,1000000000: "),
 }
 
 

@@ -24,6 +24,8 @@ from kbackend.errors import ConfigError, check_field_types, check_int_sequence
 
 SEED_MLP_WIDTHS = (786, 256, 160)
 READOUTS = ("last", "all")
+# The most hidden layers --widths / --filters may list.
+MAX_LAYERS = 256
 
 
 def _is_real(value: Any) -> bool:
@@ -74,6 +76,10 @@ class ModelOptions:
             raise ConfigError(f"Invalid widths {self.widths!r}: expected positive layer widths.")
         if not self.filters or any(f < 1 for f in self.filters):
             raise ConfigError(f"Invalid filters {self.filters!r}: expected positive channel counts.")
+        for name in ("widths", "filters"):  # depth is a size too: each layer is built in Python
+            if len(getattr(self, name)) > MAX_LAYERS:
+                raise ConfigError(f"Invalid {name}: expected at most {MAX_LAYERS} layers. "
+                                  f"Received: {len(getattr(self, name))}.")
         if not isinstance(self.units, int) or self.units < 1:
             raise ConfigError(f"Invalid units {self.units!r}: expected a positive integer.")
         if self.readout not in READOUTS:

@@ -97,6 +97,8 @@ CASES = {
     "train cnn1d filters 1e9": (["train", "--model", "cnn1d", "--filters", "10,1000000000",
                                  "--history", "{out}", "--engine", "keras"],
                                 "Invalid --filters 10,1000000000: "),
+    "train mlp 10000 layers": (["train", "--model", "mlp", "--widths", ",".join(["1"] * 10000),
+                                "--history", "{out}"], "expected at most 256 layers"),
 }
 
 

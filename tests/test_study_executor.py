@@ -107,6 +107,44 @@ def test_tiny_study_writes_report_plots_and_reports_unreached_cells(baseline):
         assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
 
 
+def test_the_study_accounts_for_its_time(baseline):
+    _, result = baseline
+    account = result["time_spent"]
+    assert account["runs_trained"] == TINY_RUNS
+    runs = result["study"]["runs"]
+    steady = sum(r["result"]["train_time"] - r["result"]["startup_time"] for r in runs)
+    assert account["steady_training_s"] == pytest.approx(steady, rel=1e-6)
+    assert account["evaluation_s"] == pytest.approx(sum(r["result"]["eval_time"] for r in runs))
+    parts = ("steady_training_s", "startup_s", "evaluation_s", "around_runs_s", "time_model_s",
+             "noise_scale_s", "report_s", "other_s")
+    assert all(account[k] >= 0 for k in parts) and account["time_model_s"] > 0
+    # The parts add up to the whole process (the runs' wall time holds their three parts).
+    assert sum(account[k] for k in parts) == pytest.approx(account["whole_process_s"], rel=1e-6)
+    assert account["whole_over_steady"] == pytest.approx(account["whole_process_s"] / steady)
+    folder = result["paths"]["report"].parent
+    assert "Where this process's time went" in (folder / "report.md").read_text()
+    assert json.loads((folder / "summary.json").read_text())["time_spent"]["runs_trained"] == TINY_RUNS
+
+
+def test_time_accounting_states_the_goal_and_reused_runs():
+    from kbackend.study.executor import TimeSpent
+    from kbackend.study.pipeline import accounting_line, time_accounting
+
+    spent = TimeSpent(runs=9, runs_wall=14.0, training=11.0, startup=3.0, evaluation=2.0,
+                      step_times=1.0, noise=1.0)
+    account = time_accounting(spent, call_seconds=17.0, process=19.0, report_seconds=1.0)
+    assert account["steady_training_s"] == 8.0 and account["around_runs_s"] == 1.0
+    assert account["whole_process_s"] == 20.0 and account["other_s"] == 3.0
+    assert account["goal_s"] == 15.0 and not account["goal_met"]  # 1.5 x 8 + 3
+    assert account["whole_over_steady"] == 2.5
+    assert "2.5x" in accounting_line(account) and "not met" in accounting_line(account)
+    met = time_accounting(spent, call_seconds=12.0, process=13.0, report_seconds=1.0)
+    assert met["goal_met"] and ", met)" in accounting_line(met)
+    nothing = time_accounting(TimeSpent(), call_seconds=1.0, process=3.0)
+    assert nothing["whole_over_steady"] is None
+    assert "no run trained" in accounting_line(nothing)
+
+
 def test_the_console_table_fits_100_columns(baseline):
     import io
 

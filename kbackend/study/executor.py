@@ -305,6 +305,34 @@ def apply_time_model(cells: list[dict[str, Any]], step_times: dict[str, Any] | N
         cell["time_to_target"] = (steps["median"] * per_step["median"]) if cell["reached"] else None
 
 
+@dataclass
+class TimeSpent:
+    """Where this process's study time went, by phase (seconds). Runs reused from the store
+    cost nothing here; a population counts once, not once per member (its members share one
+    clock)."""
+
+    runs: int = 0          # runs trained in this process
+    runs_wall: float = 0.0  # wall time around those runs: set-up, compilation, training, evaluation
+    training: float = 0.0  # their training time (evaluation excluded), start-up included
+    startup: float = 0.0   # of it, compilation and first-call overhead
+    evaluation: float = 0.0
+    step_times: float = 0.0  # the time model
+    noise: float = 0.0
+
+    def add(self, histories: list[History], wall: float) -> None:
+        """Count runs trained together (one run, or a population's members) in ``wall`` s."""
+        self.runs += len(histories)
+        self.runs_wall += wall
+        self.training += max(h.timing.get("train_time") or 0.0 for h in histories)
+        self.startup += max(startup_seconds(h)[0] for h in histories)
+        self.evaluation += max(h.timing.get("eval_time") or 0.0 for h in histories)
+
+    @property
+    def steady_training(self) -> float:
+        """Training with the start-ups taken out: the wall time spent in train steps."""
+        return max(self.training - self.startup, 0.0)
+
+
 class StudyRunner:
     """Plans, validates and runs a study against a results store."""
 
@@ -317,6 +345,7 @@ class StudyRunner:
         self.env = environment_identity()
         self.study_id = config_key(config.identity())[:12]
         self.executed = 0
+        self.time_spent = TimeSpent()
         self._native_runs: Runs | None = None
         self._initial_values: dict[int, Any] = {}
 
@@ -443,9 +472,13 @@ class StudyRunner:
                 cell = self.run_cell(optimizer, batch_size)
                 runs.extend(cell.pop("runs"))
                 cells.append(cell)
+        start = time.perf_counter()
         step_times = self.measure_step_times(cells)
+        self.time_spent.step_times += time.perf_counter() - start
         apply_time_model(cells, step_times)
+        start = time.perf_counter()
         noise = self.run_noise(cells)
+        self.time_spent.noise += time.perf_counter() - start
         return {"study": self.study_id, "step_times": step_times, "config": self.config.to_dict(), "env": self.env,
                 "dataset": self.dataset.info.to_dict(), "batch_sizes": list(self.batch_sizes),
                 "cells": cells, "runs": runs, "noise": noise}
@@ -626,7 +659,9 @@ class StudyRunner:
             configs = [self.train_config(plans[i]) for i in missing]
             values = [self.initial_values(plans[i].seed) for i in missing]
             censor = self.population_pruner(plans, missing, records) if self.config.prune else None
+            start = time.perf_counter()
             histories = self.native_runs().train_population(configs, values, censor)
+            self.time_spent.add(histories, time.perf_counter() - start)
             for index, history in zip(missing, histories, strict=True):
                 plan = plans[index]
                 if "censored_at" in history.extra:  # the run a pruned budget would have made
@@ -699,7 +734,10 @@ class StudyRunner:
         if stored is not None:
             return stored
         self.on_event("start", plan=plan)
-        return self.store_run(plan, self.execute(plan))
+        start = time.perf_counter()
+        history = self.execute(plan)
+        self.time_spent.add([history], time.perf_counter() - start)
+        return self.store_run(plan, history)
 
     def store_run(self, plan: RunPlan, history: History) -> dict[str, Any]:
         """Commit one finished run's figures and trajectory; return the stored record."""

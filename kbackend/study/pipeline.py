@@ -25,7 +25,7 @@ from kbackend.io import atomic_write_text, read_json
 from kbackend.reports import markdown_rows
 from kbackend.study.analysis import analyze
 from kbackend.study.config import StudyConfig
-from kbackend.study.executor import StudyRunner
+from kbackend.study.executor import StudyRunner, TimeSpent
 from kbackend.study.report import CONSOLE_WIDTH, print_table, write_report
 from kbackend.study.store import ResultStore
 
@@ -76,6 +76,64 @@ class _ProgressEvents:
                                    f"{outcome}", highlight=False)
 
 
+# The issue's goal for the study's overhead: the whole process takes at most this many times the
+# wall time its runs spent in train steps, plus their start-ups (one per cell when compiled once).
+OVERHEAD_GOAL = 1.5
+
+
+def process_seconds() -> float:
+    """Seconds since this process started (interpreter start-up and imports included)."""
+    import psutil  # deferred: only the accounting needs it
+
+    return max(time.time() - psutil.Process().create_time(), 0.0)
+
+
+def time_accounting(spent: TimeSpent, call_seconds: float, process: float,
+                    report_seconds: float | None = None) -> dict[str, Any]:
+    """Where the study's time went, from the process's start: the runs' steady training,
+    their start-ups, evaluation, around the runs (set-up), the time model, the noise scale, the
+    report (when known) and the rest (imports, data, checks), with the ratio the overhead goal
+    is stated in: whole process / steady training, goal at most ``OVERHEAD_GOAL`` x steady +
+    start-ups."""
+    steady = spent.steady_training
+    whole = process + (report_seconds or 0.0)
+    accounted = spent.runs_wall + spent.step_times + spent.noise + (report_seconds or 0.0)
+    goal = OVERHEAD_GOAL * steady + spent.startup
+    return {
+        "runs_trained": spent.runs, "whole_process_s": whole, "this_call_s": call_seconds,
+        "before_call_s": max(process - call_seconds, 0.0),
+        "steady_training_s": steady, "startup_s": spent.startup,
+        "evaluation_s": spent.evaluation,
+        "around_runs_s": max(spent.runs_wall - spent.training - spent.evaluation, 0.0),
+        "time_model_s": spent.step_times, "noise_scale_s": spent.noise,
+        "report_s": report_seconds, "other_s": max(whole - accounted, 0.0),
+        "whole_over_steady": whole / steady if steady > 0 else None,
+        "goal_s": goal, "goal_met": bool(steady > 0 and whole <= goal),
+    }
+
+
+def accounting_line(account: dict[str, Any]) -> str:
+    """The accounting in one line (the console's last line of a study)."""
+    if not account["runs_trained"]:
+        return (f"whole process {account['whole_process_s']:.1f} s; no run trained in this "
+                "process (every run was reused from the store)")
+    ratio = account["whole_over_steady"]
+    parts = [f"steady training {account['steady_training_s']:.1f} s",
+             f"start-up {account['startup_s']:.1f} s", f"evaluation {account['evaluation_s']:.1f} s",
+             f"around runs {account['around_runs_s']:.1f} s",
+             f"time model {account['time_model_s']:.1f} s",
+             f"noise scale {account['noise_scale_s']:.1f} s"]
+    if account["report_s"] is not None:
+        parts.append(f"analysis and report {account['report_s']:.1f} s")
+    parts.append(f"other (imports, data, checks) {account['other_s']:.1f} s")
+    line = f"whole process {account['whole_process_s']:.1f} s = {', '.join(parts)}"
+    if not ratio:
+        return line
+    verdict = "met" if account["goal_met"] else "not met"
+    return (f"{line}; whole / steady training {ratio:.1f}x (goal: at most {OVERHEAD_GOAL:g}x "
+            f"steady + start-ups = {account['goal_s']:.1f} s, {verdict})")
+
+
 def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool = True,
               console: Any = None, print_results: bool = True) -> dict[str, Any]:
     """Run or resume ``config`` with its results in ``out_dir/study.db``; write the report.
@@ -104,20 +162,26 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
         wall_time = time.perf_counter() - start
         study["machine_load"] = {"before": load_before, "after": os.getloadavg()[0],
                                  "cpus": os.cpu_count()}
+        # Up to the report: the report cannot time its own writing (the console line can).
+        study["time_spent"] = time_accounting(runner.time_spent, wall_time, process_seconds())
+        before_report = time.perf_counter()
         analysis = analyze(study)
         paths = write_report(study, analysis, report_dir(out, study), wall_time)
         summary = read_json(paths["summary"])
         # One summary per backend, engine and device: what `study compare` puts side by side.
         store.put_summary(study["study"], f"{study['env']['backend']}/{config.engine}",
                           study["env"]["device"], summary)
+    account = time_accounting(runner.time_spent, wall_time, study["time_spent"]["whole_process_s"],
+                              report_seconds=time.perf_counter() - before_report)
     if print_results:
         stdout = Console() if Console().is_terminal else Console(width=CONSOLE_WIDTH)
         print_table(study, analysis, console=stdout)
         stdout.print(f"{runner.executed} runs trained, {events.skipped} reused from "
                         f"{out / DB_NAME}; wall time {wall_time:.1f} s; report: {paths['report']}",
                         highlight=False)
+        stdout.print(f"Time: {accounting_line(account)}", highlight=False)
     return {"study": study, "analysis": analysis, "paths": paths, "wall_time": wall_time,
-            "executed": runner.executed, "skipped": events.skipped}
+            "executed": runner.executed, "skipped": events.skipped, "time_spent": account}
 
 
 # -- comparison across backends / devices --------------------------------------------------------

@@ -219,6 +219,22 @@ def caveats_section(study: dict[str, Any], analysis: dict[str, Any]) -> list[str
     elif not step_times:
         lines.append("- No step times were measured apart (--step-time-repeats 0): time to "
                      "target comes from each run's own clock, which moves with machine load.")
+    spent = study.get("time_spent")
+    if spent and spent.get("runs_trained"):
+        ratio = spent["whole_over_steady"]
+        lines.append(
+            f"- Where this process's time went, up to this report ({spent['runs_trained']} runs "
+            f"trained here; runs reused from study.db cost nothing): whole process "
+            f"{spent['whole_process_s']:.1f} s; steady training {spent['steady_training_s']:.1f} s; "
+            f"start-ups (compilation, first calls) {spent['startup_s']:.1f} s; evaluation "
+            f"{spent['evaluation_s']:.1f} s; around the runs (initial weights, data order, "
+            f"stores) {spent['around_runs_s']:.1f} s; time model {spent['time_model_s']:.1f} s; "
+            f"noise scale {spent['noise_scale_s']:.1f} s; imports, data and checks "
+            f"{spent['other_s']:.1f} s. Whole / steady training: "
+            + (f"{ratio:.1f}x (goal: at most 1.5x steady training + start-ups = "
+               f"{spent['goal_s']:.1f} s, {'met' if spent['goal_met'] else 'not met'})."
+               if ratio else "undefined (no steady training).")
+            + " The console's last line adds the analysis and the report.")
     info = study["dataset"]
     metric = study["config"]["target"]["metric"]
     if "acc" in metric and info.get("num_val"):
@@ -331,7 +347,7 @@ def summary_payload(study: dict[str, Any], analysis: dict[str, Any],
             "dataset": study["dataset"], "batch_sizes": study["batch_sizes"],
             "cells": study["cells"], "runs": runs, "noise": study["noise"],
             "step_times": study.get("step_times"), "machine_load": study.get("machine_load"),
-            "analysis": analysis, "wall_time": wall_time}
+            "time_spent": study.get("time_spent"), "analysis": analysis, "wall_time": wall_time}
 
 
 # -- plots -----------------------------------------------------------------------------------

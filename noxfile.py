@@ -27,6 +27,9 @@ VIRTUAL_DEVICES = "8"
 # The slowest tests are listed at the end of every session, so CI logs show where the time goes.
 PARALLEL = ("-n", "auto", "--dist", "loadfile", "--durations=15")
 PARALLEL_SLOW = ("-n", "auto", "--dist", "load", "--durations=15")
+# The devices tests are one file with no module fixture: by file, one worker ran all of them
+# while the other idled (devices(tensorflow): 5 min for 11 tests).
+PARALLEL_DEVICES = PARALLEL_SLOW
 SHARED_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "shared", "data")
 
 
@@ -77,7 +80,7 @@ def devices(session: nox.Session, backend: str) -> None:
     """
     _install(session, "test")
     env = _env(session, backend) | {"KBACKEND_VIRTUAL_DEVICES": VIRTUAL_DEVICES}
-    session.run("pytest", *PARALLEL, "-m", "devices and not ray", *session.posargs, env=env)
+    session.run("pytest", *PARALLEL_DEVICES, "-m", "devices and not ray", *session.posargs, env=env)
 
 
 @nox.session

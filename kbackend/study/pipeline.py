@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import psutil
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -83,8 +84,6 @@ OVERHEAD_GOAL = 1.5
 
 def process_seconds() -> float:
     """Seconds since this process started (interpreter start-up and imports included)."""
-    import psutil  # deferred: only the accounting needs it
-
     return max(time.time() - psutil.Process().create_time(), 0.0)
 
 

@@ -79,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--verbose", action="store_true",
         help="also show the frameworks' own log lines (TensorFlow, XLA, absl, Gloo C++ logs, "
-             f"tf.function retracing warnings), hidden by default; the same as {logs.VERBOSE_ENV}=1; "
-             "serve also logs every request",
+             f"tf.function retracing warnings), hidden by default; the same as {logs.VERBOSE_ENV}=1. "
+             "On serve, --verbose also logs every request",
     )
     parser = OneLineErrorParser(prog=PROG, description="Hardware-aware training with Keras 3 on JAX or TensorFlow.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None, *, own_process: bool = False) -> int
     """Run the command line with ``argv`` and return the exit status.
 
     ``own_process``: this process is the command's alone (``entrypoint``), so the frameworks'
-    C++ log lines may be filtered out of its file descriptor 2 (``kbackend.logs``).
+    C++ log lines may be filtered out of its file descriptors 1 and 2 (``kbackend.logs``).
     """
     parser = build_parser()
     args = parser.parse_args(argv)

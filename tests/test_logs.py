@@ -94,14 +94,18 @@ def test_filter_keeps_tracebacks_and_exit_status():
 @pytest.mark.parametrize("verbose", [False, True])
 def test_python_framework_warnings_follow_verbose(cli, verbose, monkeypatch):
     monkeypatch.delenv(logs.VERBOSE_ENV, raising=False)
+    before = {name: logging.getLogger(name).level for name in logs.FRAMEWORK_LOGGERS}
     flags = ["--verbose"] if verbose else []
-    result = cli("train", "--batch-size", "100000", "--quiet", *flags)  # refused before training
-    assert result.returncode == 2
-    for name in logs.FRAMEWORK_LOGGERS:
-        # a retracing warning is logging.getLogger("tensorflow").warning(...)
-        assert logging.getLogger(name).isEnabledFor(logging.WARNING) is verbose
-        assert logging.getLogger(name).isEnabledFor(logging.ERROR)
-    logs.quiet_python_logs(False)  # the default, for the tests after this one
+    try:
+        result = cli("train", "--batch-size", "100000", "--quiet", *flags)  # refused before training
+        assert result.returncode == 2
+        for name in logs.FRAMEWORK_LOGGERS:
+            # a retracing warning is logging.getLogger("tensorflow").warning(...)
+            assert logging.getLogger(name).isEnabledFor(logging.WARNING) is verbose
+            assert logging.getLogger(name).isEnabledFor(logging.ERROR)
+    finally:
+        for name, level in before.items():  # setLevel, not an attribute: it clears logging's cache
+            logging.getLogger(name).setLevel(level)
 
 
 def train_in_fresh_process(*flags: str) -> subprocess.CompletedProcess:

@@ -29,6 +29,7 @@ import re
 import select
 import sys
 import threading
+import time
 
 VERBOSE_ENV = "KBACKEND_VERBOSE"
 # Python loggers whose warnings are framework chatter, not kbackend's: shown with --verbose.
@@ -41,7 +42,7 @@ _DROPPED = re.compile(
     rb"|To enable the following instructions: .* rebuild TensorFlow"
     rb")"
 )
-_JOIN_TIMEOUT_S = 2.0  # at exit; only a child process still holding the pipe makes it wait
+_JOIN_TIMEOUT_S = 2.0  # at exit, in all; only a child process still holding a pipe makes it wait
 _PARTIAL_WAIT_S = 0.1
 _installed: list[tuple[int, int, threading.Thread]] = []  # (fd, its real stream, its thread)
 
@@ -134,5 +135,6 @@ def _finish() -> None:
             stream.flush()
     for fd, real, _ in _installed:
         os.dup2(real, fd)
+    deadline = time.monotonic() + _JOIN_TIMEOUT_S
     for _, _, thread in _installed:
-        thread.join(_JOIN_TIMEOUT_S)
+        thread.join(max(deadline - time.monotonic(), 0.0))

@@ -135,3 +135,14 @@ def test_train_shows_framework_logs_only_with_verbose():
     verbose = train_in_fresh_process("--verbose")  # negative control: TensorFlow logs as it loads
     assert verbose.returncode == 0, verbose.stderr
     assert FRAMEWORK_LINE.search(verbose.stderr), verbose.stderr
+
+
+def test_exit_does_not_wait_for_a_child_that_holds_the_pipes():
+    # The filter would read until every writer is gone; a lingering child must not hold the exit.
+    script = ("import subprocess, sys\nfrom kbackend import logs\nlogs.install_filter()\n"
+              "print(subprocess.Popen(['sleep', '60']).pid, flush=True)\n"
+              "sys.stderr.write('kbackend: error: last words')\nsys.exit(3)\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
+    os.kill(int(result.stdout.split()[0]), 9)  # the sleeper this test started
+    assert result.returncode == 3 and result.stderr == "kbackend: error: last words"

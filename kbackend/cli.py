@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from kbackend import __version__, commands
+from kbackend import __version__, commands, logs
 from kbackend.backend_choice import BACKENDS, use_backend
 from kbackend.backends.compile_cache import COMPILE_CACHE_ENV
 from kbackend.errors import KBackendError
@@ -76,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not keep compiled programs between runs (JAX's persistent compilation cache; "
              f"the same as {COMPILE_CACHE_ENV}=0)",
     )
+    common.add_argument(
+        "--verbose", action="store_true",
+        help="also show the frameworks' own log lines (TensorFlow, XLA, absl, Gloo C++ logs, "
+             f"tf.function retracing warnings), hidden by default; the same as {logs.VERBOSE_ENV}=1. "
+             "On serve, --verbose also logs every request",
+    )
     parser = OneLineErrorParser(prog=PROG, description="Hardware-aware training with Keras 3 on JAX or TensorFlow.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineErrorParser)
@@ -88,10 +94,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line with ``argv`` and return the exit status."""
+def main(argv: Sequence[str] | None = None, *, own_process: bool = False) -> int:
+    """Run the command line with ``argv`` and return the exit status.
+
+    ``own_process``: this process is the command's alone (``entrypoint``), so the frameworks'
+    C++ log lines may be filtered out of its file descriptors 1 and 2 (``kbackend.logs``).
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
+    verbose = logs.verbose_requested(args.verbose)
+    logs.quiet_python_logs(verbose)
+    if own_process:  # before any framework is imported: their libraries log as they load
+        if verbose:
+            os.environ[logs.VERBOSE_ENV] = "1"  # child processes (launch's) show theirs too
+        else:
+            logs.install_filter()
     try:
         if args.no_compile_cache:
             os.environ[COMPILE_CACHE_ENV] = "0"  # read when the backend starts
@@ -108,4 +125,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def entrypoint() -> None:
     """Console-script entry point."""
-    raise SystemExit(main())
+    raise SystemExit(main(own_process=True))

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("config", "models", "optim", "precision"),
     ("backends",),
     ("data",),
-    ("backend_choice", "history", "io", "errors", "reports", "stats", "__init__"),
+    ("backend_choice", "history", "io", "errors", "logs", "reports", "stats", "__init__"),
 ]
 # Libraries an import inside a function may defer (slow to import, or optional extras).
 DEFERRABLE = {"keras", "tensorflow", "jax", "jaxlib", "optax", "matplotlib", "redis", "ray",

@@ -54,6 +54,7 @@ def check_train_args(train_args: list[str], num_processes: int, coordinator: str
     a bad flag is one line (exit 2) here, not N failed processes."""
     parser = OneLineErrorParser(prog="kbackend launch -- TRAIN_ARGS", add_help=False)
     parser.add_argument("--backend", default=None)
+    parser.add_argument("--verbose", action="store_true")
     train_command.add_train_arguments(parser)
     args = parser.parse_args([*train_args, "--num-processes", str(num_processes),
                               "--process-id", "0", "--coordinator", coordinator])

@@ -31,7 +31,6 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     parser.add_argument("--max-wait-ms", type=float, default=2.0,
                         help="how long the first request of a batch waits for others (default 2 ms)")
     parser.add_argument("--max-request-rows", type=int, default=4096, help="most rows in one request")
-    parser.add_argument("--verbose", action="store_true", help="log every request")
     parser.set_defaults(func=run)
 
 

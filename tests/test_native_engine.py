@@ -246,32 +246,37 @@ def test_fused_steps_auto_picks_a_measured_k(dataset):
     assert history.steps_run == 10
 
 
-def test_conv_models_unroll_their_steps_on_a_cpu_and_train_the_same():
+def test_conv_models_unroll_their_steps_on_a_cpu_and_train_the_same(dataset):
     """A convolution inside XLA:CPU's while loop (``lax.scan`` on JAX, ``tf.range`` on TF) ran
     ~25-45x slower, so conv models' K-step calls are written out step by step
-    (``capabilities.unrolls_its_loop``); the steps themselves are unchanged: K = 4 ends with the
-    losses and weights of K = 1 (rtol 1e-5: the same ops, which XLA may fuse differently).
-    On TF the unrolled program's first call trains and puts the values back: a K = 4 run whose
-    weights were disturbed by that call would not match."""
+    (``capabilities.unrolls_its_loop``); the steps themselves are unchanged: two calls of K = 2
+    end with the losses and weights of four calls of K = 1 (rtol 1e-5: the same ops, which XLA
+    may fuse differently). On TF the unrolled program's first call trains and puts the values
+    back: a run whose weights were disturbed by that call would not match."""
     from kbackend.backends import impl
     from kbackend.training import train
 
     if impl().platform() != "cpu":
         pytest.skip("the loop is unrolled on a CPU only")
 
-    def run(model, k):
-        config = TrainConfig(model=model, engine="native", fused_steps=k, epochs=1, max_steps=4,
+    def run(k):
+        config = TrainConfig(model="cnn", engine="native", fused_steps=k, epochs=1, max_steps=4,
                              eval_every=4, batch_size=32)
         return train(config)
 
-    fused, single = run("cnn", 4), run("cnn", 1)
+    fused, single = run(2), run(1)
     assert fused.history.extra["unrolled_loop"] is True
     assert single.history.extra["unrolled_loop"] is True
-    mlp = run("mlp", 4)
-    assert mlp.history.extra["unrolled_loop"] is False
+    assert len(fused.history.loss) == 4
+    np.testing.assert_allclose(fused.history.loss, single.history.loss, rtol=1e-5)
+    for got, want in zip(weights_of(fused.model), weights_of(single.model), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    mlp = toy_model(dataset)  # no convolution: the loop stays a loop
+    trainer = impl().native_trainer(mlp, OptimizerSpec("sgd", 0.1), dataset)
+    assert trainer.history_extra["unrolled_loop"] is False
     # ``--fused-steps auto`` tries no more than MAX_UNROLLED_STEPS copies of an unrolled step.
     assert native.probe_candidates(fused.model) == (1, 8)
-    assert native.probe_candidates(mlp.model) == native.PROBE_CANDIDATES
+    assert native.probe_candidates(mlp) == native.PROBE_CANDIDATES
     assert len(fused.history.loss) == 4
     np.testing.assert_allclose(fused.history.loss, single.history.loss, rtol=1e-5)
     for got, want in zip(weights_of(fused.model), weights_of(single.model), strict=True):

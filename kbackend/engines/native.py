@@ -281,8 +281,8 @@ def probe_candidates(model: Any) -> tuple[int, ...]:
     """The K that ``--fused-steps auto`` tries for ``model`` on this backend's device:
     ``PROBE_CANDIDATES``, capped at ``capabilities.MAX_UNROLLED_STEPS`` where the K steps are
     written out (each step is one more copy to compile: measured on the Fashion-MNIST CNN at
-    batch 128 on a CPU, K = 32 compiled in ~32 s on TF and ~15 s on JAX, K = 8 in ~12 s and
-    ~6 s, for at most a few percent per step; docs/hardware.md)."""
+    batch 128 on a CPU, K = 32 compiled in 32-51 s on TF and 22 s on JAX, K = 8 in 12-18 s and
+    16 s, for little gain per step; docs/hardware.md)."""
     if not capabilities.unrolls_its_loop(model, impl().platform()):
         return PROBE_CANDIDATES
     return tuple(sorted({min(k, capabilities.MAX_UNROLLED_STEPS) for k in PROBE_CANDIDATES}))

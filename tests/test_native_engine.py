@@ -246,6 +246,34 @@ def test_fused_steps_auto_picks_a_measured_k(dataset):
     assert history.steps_run == 10
 
 
+class _Layers:
+    """A stand-in model: only what ``capabilities.unrolls_its_loop`` reads (its layers' types)."""
+
+    def __init__(self, *layer_types: type) -> None:
+        self.layers = [kind() for kind in layer_types]
+
+    def _flatten_layers(self):
+        return self.layers
+
+
+Conv2D = type("Conv2D", (), {})
+Conv1D = type("Conv1D", (), {})
+Dense = type("Dense", (), {})
+
+
+@pytest.mark.parametrize(("layers", "platform", "unrolled"), [
+    ((Conv2D, Dense), "cpu", True),
+    ((Conv1D,), "cpu", True),
+    ((Dense, Dense), "cpu", False),  # negative control: no convolution, the loop stays
+    ((Conv2D, Dense), "gpu", False),
+    ((Conv2D, Dense), "tpu", False),
+])
+def test_only_conv_models_on_a_cpu_unroll_their_loop(layers, platform, unrolled):
+    from kbackend.backends import capabilities
+
+    assert capabilities.unrolls_its_loop(_Layers(*layers), platform) is unrolled
+
+
 def test_conv_models_unroll_their_steps_on_a_cpu_and_train_the_same(dataset):
     """A convolution inside XLA:CPU's while loop (``lax.scan`` on JAX, ``tf.range`` on TF) ran
     ~25-45x slower, so conv models' K-step calls are written out step by step

@@ -16,7 +16,6 @@ from kbackend.errors import ConfigError
 from kbackend.models import ModelOptions, build_model
 from kbackend.optim import OptimizerSpec
 from kbackend.training import Target, TrainConfig
-from tests.conftest import BACKEND
 
 N_TRAIN = 320  # 20% of 400 goes to validation
 
@@ -247,17 +246,66 @@ def test_fused_steps_auto_picks_a_measured_k(dataset):
     assert history.steps_run == 10
 
 
-@pytest.mark.skipif(BACKEND != "jax", reason="XLA:CPU's while loop and convolutions: the JAX trainer")
-def test_conv_models_unroll_their_steps_on_a_cpu_and_train_the_same():
-    """A convolution inside XLA:CPU's while loop ran ~25x slower, so conv models' K-step calls
-    are written out step by step; the steps themselves are unchanged (same losses as K = 1)."""
+class _Layers:
+    """A stand-in model: only what ``capabilities.unrolls_its_loop`` reads (its layers' types)."""
+
+    def __init__(self, *layer_types: type) -> None:
+        self.layers = [kind() for kind in layer_types]
+
+    def _flatten_layers(self):
+        return self.layers
+
+
+Conv2D = type("Conv2D", (), {})
+Conv1D = type("Conv1D", (), {})
+Dense = type("Dense", (), {})
+
+
+@pytest.mark.parametrize(("layers", "platform", "unrolled"), [
+    ((Conv2D, Dense), "cpu", True),
+    ((Conv1D,), "cpu", True),
+    ((Dense, Dense), "cpu", False),  # negative control: no convolution, the loop stays
+    ((Conv2D, Dense), "gpu", False),
+    ((Conv2D, Dense), "tpu", False),
+])
+def test_only_conv_models_on_a_cpu_unroll_their_loop(layers, platform, unrolled):
+    from kbackend.backends import capabilities
+
+    assert capabilities.unrolls_its_loop(_Layers(*layers), platform) is unrolled
+
+
+def test_conv_models_unroll_their_steps_on_a_cpu_and_train_the_same(dataset):
+    """A convolution inside XLA:CPU's while loop (``lax.scan`` on JAX, ``tf.range`` on TF) ran
+    ~25-45x slower, so conv models' K-step calls are written out step by step
+    (``capabilities.unrolls_its_loop``); the steps themselves are unchanged: two calls of K = 2
+    end with the losses and weights of four calls of K = 1 (rtol 1e-5: the same ops, which XLA
+    may fuse differently). On TF the unrolled program's first call trains and puts the values
+    back: a run whose weights were disturbed by that call would not match."""
+    from kbackend.backends import impl
     from kbackend.training import train
 
-    def run(model, k):
-        config = TrainConfig(model=model, engine="native", fused_steps=k, epochs=1, max_steps=8,
-                             eval_every=8, batch_size=32)
-        return train(config).history
+    if impl().platform() != "cpu":
+        pytest.skip("the loop is unrolled on a CPU only")
 
-    fused, single = run("cnn", 4), run("cnn", 1)
-    assert fused.extra["unrolled_loop"] is True and run("mlp", 4).extra["unrolled_loop"] is False
-    np.testing.assert_allclose(fused.loss, single.loss, rtol=1e-5)
+    def run(k):
+        config = TrainConfig(model="cnn", engine="native", fused_steps=k, epochs=1, max_steps=4,
+                             eval_every=4, batch_size=32)
+        return train(config)
+
+    fused, single = run(2), run(1)
+    assert fused.history.extra["unrolled_loop"] is True
+    assert single.history.extra["unrolled_loop"] is True
+    assert len(fused.history.loss) == 4
+    np.testing.assert_allclose(fused.history.loss, single.history.loss, rtol=1e-5)
+    for got, want in zip(weights_of(fused.model), weights_of(single.model), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    mlp = toy_model(dataset)  # no convolution: the loop stays a loop
+    trainer = impl().native_trainer(mlp, OptimizerSpec("sgd", 0.1), dataset)
+    assert trainer.history_extra["unrolled_loop"] is False
+    # ``--fused-steps auto`` tries no more than MAX_UNROLLED_STEPS copies of an unrolled step.
+    assert native.probe_candidates(fused.model) == (1, 8)
+    assert native.probe_candidates(mlp) == native.PROBE_CANDIDATES
+    assert len(fused.history.loss) == 4
+    np.testing.assert_allclose(fused.history.loss, single.history.loss, rtol=1e-5)
+    for got, want in zip(weights_of(fused.model), weights_of(single.model), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -12,12 +12,13 @@ from kbackend.bench import (
     scale_out,
     study_ray,
     time_to_target,
+    unroll,
 )
 from kbackend.bench.spec import Benchmark
 
 BENCHMARKS: dict[str, Benchmark] = {
     bench.name: bench
     for module in (hardware, engines, cache, parallel, population, reproduce, scale_out,
-                   study_ray, time_to_target)
+                   study_ray, time_to_target, unroll)
     for bench in module.BENCHMARKS
 }

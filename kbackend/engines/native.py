@@ -9,6 +9,8 @@ gathers its batch there.
 short epoch per candidate on a throwaway clone of the model and keeps the fastest (its figures go
 to ``history.extra["fused_steps_probe"]``; the probe runs before the clock starts). The answer
 is kept per machine, model and batch size (``cached_probe_fused_steps``), so it is measured once.
+Where the backend writes the K steps out (conv models on a CPU, ``capabilities.unrolls_its_loop``)
+compile time grows with K, so the candidates stop at ``capabilities.MAX_UNROLLED_STEPS``.
 
 ``Runs`` trains many runs of one model on one set of compiled programs (the study's cells): the
 learning rate and the initial values are runtime arguments of the compiled step, so a cell
@@ -28,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from kbackend.backend_choice import keras as import_keras
-from kbackend.backends import impl
+from kbackend.backends import capabilities, impl
 from kbackend.backends.compile_cache import compile_cache_enabled, machine_measurement
 from kbackend.data import batching, check_batch_size
 from kbackend.engines import loop
@@ -275,6 +277,17 @@ def epoch_runner(model: Any, dataset: Any, spec: Any, batch_size: int, fused_ste
 PROBE_CACHE_FILE = "fused_steps_probe.json"
 
 
+def probe_candidates(model: Any) -> tuple[int, ...]:
+    """The K that ``--fused-steps auto`` tries for ``model`` on this backend's device:
+    ``PROBE_CANDIDATES``, capped at ``capabilities.MAX_UNROLLED_STEPS`` where the K steps are
+    written out (each step is one more copy to compile: measured on the Fashion-MNIST CNN at
+    batch 128 on a CPU, K = 32 compiled in 32-51 s on TF and 22 s on JAX, K = 8 in 12-18 s and
+    16 s, for little gain per step; docs/hardware.md)."""
+    if not capabilities.unrolls_its_loop(model, impl().platform()):
+        return PROBE_CANDIDATES
+    return tuple(sorted({min(k, capabilities.MAX_UNROLLED_STEPS) for k in PROBE_CANDIDATES}))
+
+
 def probe_key(model: Any, dataset: Any, spec: Any, batch_size: int) -> str:
     """What a ``--fused-steps auto`` answer depends on: the network's layers and weight shapes
     (not their names or values), its dtype policy, the data's shape and size, the optimizer,
@@ -284,7 +297,7 @@ def probe_key(model: Any, dataset: Any, spec: Any, batch_size: int) -> str:
     payload = {"layers": layers, "policy": str(model.dtype_policy.name),
                "input": list(dataset.x_train.shape[1:]), "num_train": len(dataset.x_train),
                "optimizer": spec.name, "batch_size": batch_size,
-               "candidates": list(PROBE_CANDIDATES), **environment_identity()}
+               "candidates": list(probe_candidates(model)), **environment_identity()}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -309,8 +322,9 @@ def cached_probe_fused_steps(model: Any, dataset: Any, spec: Any, batch_size: in
 
 
 def probe_fused_steps(model: Any, dataset: Any, spec: Any, batch_size: int, seed: int = 0,
-                      candidates: tuple[int, ...] = PROBE_CANDIDATES) -> tuple[int, dict]:
-    """The fastest K among ``candidates`` (capped at one epoch), measured, and us/step of each.
+                      candidates: tuple[int, ...] | None = None) -> tuple[int, dict]:
+    """The fastest K among ``candidates`` (capped at one epoch; by default
+    ``probe_candidates(model)``), measured, and us/step of each.
 
     Each candidate trains a clone of ``model`` (same weights; ``model`` is not touched) on a
     probe epoch of ``max(candidates)`` batches: once to compile and warm up, once timed. Where
@@ -318,6 +332,8 @@ def probe_fused_steps(model: Any, dataset: Any, spec: Any, batch_size: int, seed
     dominates, K barely matters and the probe keeps whichever program XLA made fastest.
     """
     keras = import_keras()
+    if candidates is None:
+        candidates = probe_candidates(model)
     steps = batching.steps_per_epoch_dropping_last(len(dataset.x_train), batch_size)
     ks = sorted({min(k, steps) for k in candidates})
     probe_steps = max(ks)

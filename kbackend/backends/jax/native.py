@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kbackend.backends import device_copy_once
+from kbackend.backends import capabilities, device_copy_once
 from kbackend.backends.jax.step import TrainState, initial_state, make_step
 from kbackend.data.batching import pad_to_chunks
 
@@ -91,14 +91,8 @@ def build_evaluator(model: Any, dataset: Any, split: str = "val", members: bool 
 
 
 def unrolls_its_loop(model: Any) -> bool:
-    """Whether a K-step call must unroll its ``lax.scan``: on a CPU, XLA runs a convolution
-    inside a while loop ~25x slower than the same convolution outside one (measured here: the
-    Fashion-MNIST 2-conv CNN at batch 128, 5-6 s per step in the loop, 0.22 s unrolled, 0.17 s
-    as a lone jitted step), so models with convolutions trade compile time (K copies of the
-    step) for it. Elsewhere the loop stays rolled."""
-    if jax.default_backend() != "cpu":
-        return False
-    return any("Conv" in type(layer).__name__ for layer in model._flatten_layers())
+    """``capabilities.unrolls_its_loop`` on JAX's default platform (conv models on a CPU)."""
+    return capabilities.unrolls_its_loop(model, jax.default_backend())
 
 
 def scan_steps(body: Any, state: Any, rows: Any, unroll: bool) -> tuple[Any, Any]:

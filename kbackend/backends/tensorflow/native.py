@@ -8,6 +8,12 @@ so the math is the one documented in ``kbackend.optim``.
 The loop's trip count is a tensor, not a Python int: calling a fresh loop with 0 steps compiles
 it (and times the compilation) without training, and the real calls reuse that program.
 
+Conv models on a CPU write the ``K`` steps out instead (a Python ``for`` in the traced function,
+``capabilities.unrolls_its_loop``): XLA:CPU runs a convolution inside the loop ~40x slower. Such
+a call has no 0-step form (a ``tf.cond`` around the steps is as slow as the loop), so its first
+call trains ``K`` steps and the variables are put back afterwards: its compile time includes
+those steps.
+
 Reached only through ``kbackend.backends.ops()`` (the dispatch point).
 """
 
@@ -20,8 +26,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from kbackend.backends import device_copy_once
-from kbackend.backends.tensorflow.ops import jit_function
+from kbackend.backends import capabilities, device_copy_once
+from kbackend.backends.tensorflow.ops import jit_function, platform
 from kbackend.data.batching import pad_to_chunks
 from kbackend.errors import ConfigError
 
@@ -114,19 +120,30 @@ class NativeTrainer:
         self.history_extra: dict[str, Any] = {}
         # Shared by every trainer of this model and dataset (a study's cells): compiled once.
         self._evaluator = shared_evaluator(model, dataset)
+        self.unroll = capabilities.unrolls_its_loop(model, platform())
+        self.history_extra["unrolled_loop"] = self.unroll
 
     # -- training -------------------------------------------------------------------------
     def _run_fn(self, length: int) -> Any:
         def run(x_all, y_all, epoch_rows, start, n_steps):
             self.trace_counts[length] = self.trace_counts.get(length, 0) + 1
+            if self.unroll:  # ``length`` steps written out; ``n_steps`` is always ``length``
+                return tf.stack([
+                    tf.cast(self._step_at(x_all, y_all, epoch_rows, start + i), tf.float32)
+                    for i in range(length)])
             losses = tf.zeros([length], tf.float32)
             for i in tf.range(n_steps):
-                row = tf.gather(epoch_rows, start + i)  # dynamic index: no per-value compile
-                loss = self.train_step(tf.gather(x_all, row), tf.gather(y_all, row))
+                loss = self._step_at(x_all, y_all, epoch_rows, start + i)
                 losses = tf.tensor_scatter_nd_update(losses, [[i]], [tf.cast(loss, tf.float32)])
             return losses
 
         return jit_function(run)
+
+    def _step_at(self, x_all: tf.Tensor, y_all: tf.Tensor, epoch_rows: tf.Tensor,
+                 index: tf.Tensor) -> tf.Tensor:
+        """One train step on the batch of row ``index`` of the epoch (gathered on the device)."""
+        row = tf.gather(epoch_rows, index)  # dynamic index: no per-value compile
+        return self.train_step(tf.gather(x_all, row), tf.gather(y_all, row))
 
     def put_epoch(self, rows: np.ndarray) -> tf.Tensor:
         """Move an epoch's ``(steps, batch)`` index matrix to the device, ahead of its steps."""
@@ -138,7 +155,13 @@ class NativeTrainer:
             return 0.0
         start = time.perf_counter()
         fn = self._run_fn(length)
-        fn(self.x_train, self.y_train, epoch_rows, tf.constant(0), tf.constant(0)).numpy()
+        if self.unroll:  # no 0-step call: train ``length`` steps, then put every value back
+            saved = [np.array(v.numpy()) for v in self._all_variables()]
+            fn(self.x_train, self.y_train, epoch_rows, tf.constant(0), tf.constant(length)).numpy()
+            for variable, value in zip(self._all_variables(), saved, strict=True):
+                variable.assign(value)
+        else:
+            fn(self.x_train, self.y_train, epoch_rows, tf.constant(0), tf.constant(0)).numpy()
         self._compiled[length] = fn
         return time.perf_counter() - start
 
@@ -162,6 +185,10 @@ class NativeTrainer:
     # -- model values ---------------------------------------------------------------------
     def _variables(self) -> list[Any]:
         return [*self.model.trainable_variables, *self.model.non_trainable_variables]
+
+    def _all_variables(self) -> list[Any]:
+        """The model's and the optimizer's variables: everything a train step changes."""
+        return [*self.model.variables, *self.optimizer.variables]
 
     def reset(self, values: Any, learning_rate: float) -> None:
         """Start a new run on the compiled programs: the model's ``(trainable,

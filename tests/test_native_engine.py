@@ -203,12 +203,15 @@ def test_fused_steps_auto_is_measured_once_per_machine(dataset, tmp_path, monkey
     monkeypatch.setenv("KBACKEND_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("KBACKEND_COMPILE_CACHE", raising=False)
     spec = OptimizerSpec("sgd", 0.1)
+    # The caching is under test, not the probe (test_fused_steps_auto_picks_a_measured_k): a
+    # stand-in answers at once (four real probes were 12 compilations, minutes on TensorFlow).
+    calls = []
+    monkeypatch.setattr(native, "probe_fused_steps",
+                        lambda *a, **kw: calls.append(a) or (8, {1: 3.0, 8: 1.0}))
     k, first = native.cached_probe_fused_steps(toy_model(dataset), dataset, spec, 32)
     assert first["cached"] is False and (tmp_path / native.PROBE_CACHE_FILE).is_file()
-    calls = []
-    original = native.probe_fused_steps
-    monkeypatch.setattr(native, "probe_fused_steps",
-                        lambda *a, **kw: calls.append(a) or original(*a, **kw))
+    assert k == 8 and len(calls) == 1
+    calls.clear()
     # Another model of the same architecture (other weights): the stored answer, no probe.
     again, second = native.cached_probe_fused_steps(toy_model(dataset), dataset, spec, 32)
     assert (again, second["cached"], calls) == (k, True, [])

@@ -8,6 +8,10 @@ import pytest
 from kbackend.errors import ConfigError, DataError
 from kbackend.optim import OptimizerSpec, schedule_value
 from kbackend.training import TrainConfig, train
+from tests.conftest import JIT_FOR_SMALL_RUNS
+
+# XLA stays on (the default) in the first test only: the others test the history, stopping and
+# schedules, not compilation, and TensorFlow's XLA compile was most of each of their runs.
 
 
 def test_seed_mlp_reaches_90_percent_on_digits():
@@ -17,7 +21,8 @@ def test_seed_mlp_reaches_90_percent_on_digits():
 
 
 def test_history_records_every_step_and_excludes_eval_time():
-    result = train(TrainConfig(epochs=2, batch_size=100, optimizer=OptimizerSpec("sgd", 0.1)))
+    result = train(TrainConfig(epochs=2, batch_size=100, optimizer=OptimizerSpec("sgd", 0.1),
+                               jit_compile=JIT_FOR_SMALL_RUNS))
     history = result.history
     steps_per_epoch = -(-result.dataset.info.num_train // 100)
     assert history.step == list(range(1, 2 * steps_per_epoch + 1))
@@ -33,7 +38,8 @@ def test_history_records_every_step_and_excludes_eval_time():
 
 
 def test_training_is_reproducible_for_a_seed():
-    config = TrainConfig(epochs=1, batch_size=64, seed=5, optimizer=OptimizerSpec("momentum", 0.05))
+    config = TrainConfig(epochs=1, batch_size=64, seed=5, optimizer=OptimizerSpec("momentum", 0.05),
+                         jit_compile=JIT_FOR_SMALL_RUNS)
     a, b = train(config).history, train(config).history
     # XLA on a multi-threaded CPU may differ by ~1e-9 between identical calls (design notes).
     np.testing.assert_allclose(a.loss, b.loss, rtol=1e-5, atol=1e-7)
@@ -41,6 +47,7 @@ def test_training_is_reproducible_for_a_seed():
 
 def test_early_stopping_stops_and_restores_best():
     config = TrainConfig(epochs=40, batch_size=16, early_stopping=2, monitor="val_loss",
+                         jit_compile=JIT_FOR_SMALL_RUNS,
                          optimizer=OptimizerSpec("adam", 0.01))
     history = train(config).history
     assert history.stopped_early and history.extra["epochs_run"] < 40
@@ -48,7 +55,8 @@ def test_early_stopping_stops_and_restores_best():
 
 @pytest.mark.parametrize("schedule", ["cosine", "exponential"])
 def test_schedules_train(schedule):
-    config = TrainConfig(epochs=3, optimizer=OptimizerSpec("sgd", 0.1, schedule=schedule, warmup_steps=5))
+    config = TrainConfig(epochs=3, optimizer=OptimizerSpec("sgd", 0.1, schedule=schedule, warmup_steps=5),
+                         jit_compile=JIT_FOR_SMALL_RUNS)
     assert train(config).history.best("val_accuracy") > 0.8
 
 
@@ -66,7 +74,8 @@ def test_schedule_values():
 
 @pytest.mark.mnist
 def test_seed_mlp_one_epoch_on_mnist(data_dir):
-    config = TrainConfig(dataset="mnist", data_dir=str(data_dir), epochs=1, batch_size=32)
+    config = TrainConfig(dataset="mnist", data_dir=str(data_dir), epochs=1, batch_size=128,
+                         jit_compile=JIT_FOR_SMALL_RUNS)
     history = train(config).history
     assert history.test["test_accuracy"] >= 0.95
 
@@ -87,7 +96,8 @@ def test_bad_options_fail_before_training(make, error, message):
 def test_target_stops_training_and_records_when_reached():
     from kbackend.training import Target
 
-    config = TrainConfig(epochs=30, batch_size=32, target=Target("val_accuracy", 0.85))
+    config = TrainConfig(epochs=30, batch_size=32, target=Target("val_accuracy", 0.85),
+                         jit_compile=JIT_FOR_SMALL_RUNS)
     history = train(config).history
     reached = history.extra["target_reached"]
     assert reached["epoch"] < 30 and history.evals[-1]["val_accuracy"] >= 0.85
@@ -104,6 +114,7 @@ def test_unreachable_target_is_rejected():
 
 
 def test_max_steps_stops_mid_epoch_and_the_evaluation_names_the_last_step():
-    history = train(TrainConfig(epochs=5, batch_size=32, max_steps=10)).history  # 41 steps an epoch
+    history = train(TrainConfig(epochs=5, batch_size=32, max_steps=10,
+                                jit_compile=JIT_FOR_SMALL_RUNS)).history  # 41 steps an epoch
     assert history.steps_run == 10 and history.step[-1] == 10
     assert history.evals[-1]["step"] == 10

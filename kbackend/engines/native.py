@@ -326,12 +326,14 @@ def probe_fused_steps(model: Any, dataset: Any, spec: Any, batch_size: int, seed
     """The fastest K among ``candidates`` (capped at one epoch; by default
     ``probe_candidates(model)``), measured, and us/step of each.
 
-    Each candidate trains a clone of ``model`` (same weights; ``model`` is not touched) on a
-    probe epoch of ``max(candidates)`` batches: once to compile and warm up, once timed. Where
-    per-call overhead dominates (small batches) large K wins; where the step's arithmetic
-    dominates, K barely matters and the probe keeps whichever program XLA made fastest.
+    Each candidate trains ``model`` from its current weights on a probe epoch of
+    ``max(candidates)`` batches, once to compile and warm up, once timed, and its weights are put
+    back after each (not a ``keras.models.clone_model`` copy: cloning serializes the layers'
+    configs, and Keras's serializer imports TensorFlow to check for a ``TensorShape``, seconds of
+    start-up in a JAX process). Where per-call overhead dominates (small batches) large K wins;
+    where the step's arithmetic dominates, K barely matters and the probe keeps whichever
+    program XLA made fastest.
     """
-    keras = import_keras()
     if candidates is None:
         candidates = probe_candidates(model)
     steps = batching.steps_per_epoch_dropping_last(len(dataset.x_train), batch_size)
@@ -340,12 +342,15 @@ def probe_fused_steps(model: Any, dataset: Any, spec: Any, batch_size: int, seed
     subset = replace(dataset, x_train=dataset.x_train[: probe_steps * batch_size],
                      y_train=dataset.y_train[: probe_steps * batch_size])
     timings: dict[int, float] = {}
-    for k in ks:
-        clone = keras.models.clone_model(model)
-        clone.set_weights(model.get_weights())
-        runner = epoch_runner(clone, subset, spec, batch_size, k, seed)
-        runner()  # compiles
-        start = time.perf_counter()
-        runner()
-        timings[k] = (time.perf_counter() - start) / probe_steps * 1e6
+    weights = model.get_weights()
+    try:
+        for k in ks:
+            runner = epoch_runner(model, subset, spec, batch_size, k, seed)
+            runner()  # compiles
+            start = time.perf_counter()
+            runner()
+            timings[k] = (time.perf_counter() - start) / probe_steps * 1e6
+            model.set_weights(weights)
+    finally:
+        model.set_weights(weights)
     return min(timings, key=timings.get), timings

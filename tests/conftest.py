@@ -21,6 +21,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from kbackend.backend_choice import use_backend
 
 BACKEND = use_backend()
+if os.environ.get("KBACKEND_VIRTUAL_DEVICES"):
+    # The devices session: make the virtual devices before any test starts the runtime (a test
+    # that calls jax.devices() first would find one device). Tests spread over the workers one by
+    # one, so any of them may be a worker's first.
+    from kbackend.backends import impl
+
+    impl()
 # jit_compile for the Keras engines in tests whose subject is not compilation: TensorFlow's XLA
 # compilation costs most of a small run on a CPU (measured: mixed_bfloat16, 3 epochs of digits,
 # 26 s with it and 3.6 s without; one tiny-study run 8 s and 2.3 s), while JAX's Keras engine

@@ -6,7 +6,7 @@ The compiled loops live behind the backend boundary (``impl().native_trainer``:
 gathers its batch there.
 
 ``fused_steps=0`` (``--fused-steps auto``) picks K by measurement: ``probe_fused_steps`` times one
-short epoch per candidate on a throwaway clone of the model and keeps the fastest (its figures go
+short epoch per candidate on the model (its weights put back after each) and keeps the fastest (its figures go
 to ``history.extra["fused_steps_probe"]``; the probe runs before the clock starts). The answer
 is kept per machine, model and batch size (``cached_probe_fused_steps``), so it is measured once.
 Where the backend writes the K steps out (conv models on a CPU, ``capabilities.unrolls_its_loop``)
@@ -45,7 +45,7 @@ PROBE_CANDIDATES = (1, 8, 32)
 def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None) -> History:
     """Train ``model`` in place with fused native steps; the history in kbackend's format."""
     fused_steps, probe = config.fused_steps, None
-    if fused_steps == 0:  # auto: measure a few K on a throwaway copy (once per machine)
+    if fused_steps == 0:  # auto: measure a few K, weights put back after (once per machine)
         fused_steps, probe = cached_probe_fused_steps(model, dataset, spec, config.batch_size,
                                                       config.seed)
         if config.eval_every:  # calls end on the evaluation points the user asked for

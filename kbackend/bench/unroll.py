@@ -33,6 +33,7 @@ from kbackend.bench.spec import Benchmark, Option, Rows, Settings
 from kbackend.engines.native import epoch_runner
 from kbackend.models import ModelOptions, build_model
 from kbackend.optim import OptimizerSpec
+from kbackend.reports import markdown_rows
 
 LEARNING_RATE = 0.01
 
@@ -76,12 +77,10 @@ def measure_unroll(settings: Settings) -> Rows:
 
 def unroll_table(payload: dict[str, Any]) -> str:
     """One line per backend and configuration: median s/step and its ratio to unrolled K."""
-    lines = ["| backend | config | s/step (median) | x unrolled | compile s | spread |",
-             "| --- | --- | ---: | ---: | ---: | ---: |"]
-    for row in payload["rows"]:
-        lines.append(f"| {row['backend']} | {row['config']} | {row['s_per_step']:.3f} | "
-                     f"{row['x_unrolled']:.1f} | {row['compile_s']:.1f} | {row['spread']:.2f} |")
-    return "\n".join(lines) + "\n"
+    return markdown_rows(
+        ["backend", "config", "s/step (median)", "x unrolled", "compile s", "spread"],
+        ([row["backend"], row["config"], f"{row['s_per_step']:.3f}", f"{row['x_unrolled']:.1f}",
+          f"{row['compile_s']:.1f}", f"{row['spread']:.2f}"] for row in payload["rows"]))
 
 
 BENCHMARKS: tuple[Benchmark, ...] = (

@@ -1,8 +1,8 @@
 """Test sessions. Dependencies come from pyproject.toml (the project and its dependency groups).
 
-    nox                      # default: tests and slow for both backends, devices, equivalence, ray, lint
-    nox -s "tests(jax)"      # one backend
-    nox -s "devices(jax)"    # the multi-device tests, with 8 virtual CPU devices
+    nox                      # default: every suite per backend (tests), ray, lint
+    nox -s "tests(jax)"      # every suite under one backend: unit, slow, devices (and equivalence)
+    nox -s "unit(jax)"       # one suite under one backend: unit, slow, devices, or equivalence
     nox -s bench             # quick versions of the benchmark scripts
     nox -s ray               # the study on a local Ray instance (the `ray` extra)
 """
@@ -16,20 +16,32 @@ import nox
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_venv = "yes"
-nox.options.sessions = ["tests", "devices", "equivalence", "slow", "ray", "lint"]
+nox.options.sessions = ["tests", "ray", "lint"]
 
 BACKENDS = ["jax", "tensorflow"]
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 VIRTUAL_DEVICES = "8"
-# One pytest-xdist worker per core. Whole files go to one worker, so a module fixture is built
-# once (`--dist loadgroup` would be finer, but pytest 9.2 silently breaks its grouping:
-# pytest-xdist issue 1386). The slow tests share no module fixture worth keeping together.
-# The slowest tests are listed at the end of every session, so CI logs show where the time goes.
-PARALLEL = ("-n", "auto", "--dist", "loadfile", "--durations=15")
-PARALLEL_SLOW = ("-n", "auto", "--dist", "load", "--durations=15")
-# The devices tests are one file with no module fixture: by file, one worker ran all of them
-# while the other idled (devices(tensorflow): 5 min for 11 tests).
-PARALLEL_DEVICES = PARALLEL_SLOW
+# One pytest-xdist worker per core. The unit and equivalence suites send whole files to one
+# worker, so a module fixture is built once (`--dist loadgroup` would be finer, but pytest 9.2
+# silently breaks its grouping: pytest-xdist issue 1386). The slow and devices suites share no
+# module fixture worth keeping together, and by file one worker ran all of a file's tests while
+# the other idled (devices(tensorflow): 5 min for 11 tests), so their tests spread one by one.
+# The slowest tests are listed at the end of every suite, so CI logs show where the time goes.
+BY_FILE = ("-n", "auto", "--dist", "loadfile", "--durations=15")
+BY_TEST = ("-n", "auto", "--dist", "load", "--durations=15")
+# suite: (marker expression, xdist options, extra environment, backends it runs under)
+SUITES = {
+    "unit": ("not slow and not equivalence and not devices and not ray", BY_FILE, {}, BACKENDS),
+    "slow": ("slow and not equivalence and not devices and not ray", BY_TEST, {}, BACKENDS),
+    # CPU devices must be split before the framework starts its runtime, hence a pytest process
+    # of its own: kbackend's KBACKEND_VIRTUAL_DEVICES makes them when it loads a backend (JAX:
+    # jax_num_cpu_devices, TensorFlow: logical CPU devices), so the suite also tests that variable.
+    "devices": ("devices and not ray", BY_TEST, {"KBACKEND_VIRTUAL_DEVICES": VIRTUAL_DEVICES}, BACKENDS),
+    # The cross-backend property suite: a JAX driver with workers of both backends (hypothesis
+    # profile `ci` unless HYPOTHESIS_PROFILE is set).
+    "equivalence": ("equivalence and not ray", BY_FILE,
+                    {"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")}, ["jax"]),
+}
 SHARED_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "shared", "data")
 
 
@@ -59,46 +71,37 @@ def _install(session: nox.Session, *groups: str) -> None:
         session.install(*nox.project.dependency_groups(PYPROJECT, group))
 
 
+def _suite(session: nox.Session, suite: str, backend: str, env: dict[str, str]) -> None:
+    markers, parallel, extra, _ = SUITES[suite]
+    session.log(f"suite {suite} ({backend})")
+    session.run("pytest", *parallel, "-m", markers, *session.posargs, env=env | extra)
+
+
 @nox.session
 @nox.parametrize("backend", BACKENDS, ids=BACKENDS)
 def tests(session: nox.Session, backend: str) -> None:
-    """Unit and integration tests under one backend (slow, devices and equivalence tests excluded)."""
+    """Every suite that runs under ``backend``, one after another in one environment: one install
+    and one compilation cache serve them all (a session per suite installed the same packages
+    six times and compiled the same programs again in each)."""
     _install(session, "test")
-    session.run("pytest", *PARALLEL, "-m", "not slow and not equivalence and not devices and not ray",
-                *session.posargs,
-                env=_env(session, backend))
+    env = _env(session, backend)
+    for suite, (*_, backends) in SUITES.items():
+        if backend in backends:
+            _suite(session, suite, backend, env)
 
 
-@nox.session
-@nox.parametrize("backend", BACKENDS, ids=BACKENDS)
-def devices(session: nox.Session, backend: str) -> None:
-    """Tests marked `devices` under one backend, in a process started with 8 virtual CPU devices.
+def _one_suite(suite: str, backends: list[str]):
+    @nox.session(name=suite)
+    @nox.parametrize("backend", backends, ids=backends)
+    def run(session: nox.Session, backend: str) -> None:
+        _install(session, "test")
+        _suite(session, suite, backend, _env(session, backend))
 
-    CPU devices must be split before the framework starts its runtime, hence a session of its
-    own. kbackend's own KBACKEND_VIRTUAL_DEVICES makes them when it loads a backend (JAX:
-    jax_num_cpu_devices, TensorFlow: logical CPU devices), so the session also tests that variable.
-    """
-    _install(session, "test")
-    env = _env(session, backend) | {"KBACKEND_VIRTUAL_DEVICES": VIRTUAL_DEVICES}
-    session.run("pytest", *PARALLEL_DEVICES, "-m", "devices and not ray", *session.posargs, env=env)
+    run.__doc__ = f"The {suite} suite alone, under one backend (part of `tests`)."
+    return run
 
 
-@nox.session
-def equivalence(session: nox.Session) -> None:
-    """Cross-backend property suite (hypothesis profile `ci` unless HYPOTHESIS_PROFILE is set)."""
-    _install(session, "test")
-    env = _env(session, "jax") | {"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")}
-    session.run("pytest", *PARALLEL, "-m", "equivalence and not ray", *session.posargs, env=env)
-
-
-@nox.session
-@nox.parametrize("backend", BACKENDS, ids=BACKENDS)
-def slow(session: nox.Session, backend: str) -> None:
-    """Long-running tests (real-data accuracy, end-to-end studies) under one backend."""
-    _install(session, "test")
-    session.run("pytest", *PARALLEL_SLOW, "-m", "slow and not equivalence and not devices and not ray",
-                *session.posargs,
-                env=_env(session, backend))
+unit, slow, devices, equivalence = (_one_suite(name, SUITES[name][3]) for name in SUITES)
 
 
 @nox.session

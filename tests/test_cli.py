@@ -9,7 +9,8 @@ from kbackend.history import History
 
 def test_train_saves_model_and_history(cli, tmp_path, backend):
     model_path, history_path = tmp_path / "m.keras", tmp_path / "h.json"
-    result = cli("train", "--dataset", "digits", "--epochs", "6", "--batch-size", "32",
+    # K = 8 (it divides digits' 40 steps per epoch): the auto probe is test_native_engine's subject
+    result = cli("train", "--dataset", "digits", "--epochs", "6", "--batch-size", "32", "--fused-steps", "8",
                  "--save", str(model_path), "--history", str(history_path))
     assert result.returncode == 0, result.stderr
     assert "epoch 6/6" in result.stderr  # per-epoch progress lines

@@ -27,6 +27,15 @@ QUICKER = {"bench_engines": ("--batch-sizes", "32"),
            "reproduce_mnist1d": ("--models", "cnn", "--steps", "8")}
 
 
+# Benchmarks whose smoke runs in one backend's session only, and why that covers the other.
+ONCE = {"bench_parallel": "runs JAX workers whatever the backend",
+        # Whole `kbackend` processes with the worker's backend: the orchestration is backend-neutral,
+        # and TensorFlow's processes are tested where they are the subject (test_parallel_processes:
+        # launch -N 2 against one process; test_train_flags: train --target).
+        "bench_scale_out": "whole processes, the orchestration backend-neutral",
+        "bench_time_to_target": "whole processes, the orchestration backend-neutral"}
+
+
 def check_report(out: Path, name: str, bench: Benchmark | None = None,
                  backends: tuple[str, ...] | list[str] = BACKENDS) -> dict:
     bench = bench or BENCHMARKS[name]
@@ -125,8 +134,8 @@ def test_benchmark_quick_mode_writes_valid_json(name, tmp_path):
     # Each backend's session runs every benchmark on its own backend, in this process where the
     # worker allows (no framework start-up per worker); the child-process path is
     # test_runner_runs_each_backend_in_its_own_process's.
-    if name == "bench_parallel" and BACKEND != "jax":
-        pytest.skip("bench_parallel runs JAX workers whatever the backend: once, in the JAX session")
+    if name in ONCE and BACKEND != "jax":
+        pytest.skip(f"{name}: {ONCE[name]}: once, in the JAX session")
     options = ["--quick", "--backends", BACKEND, "--out", str(tmp_path), *QUICKER.get(name, ())]
     assert run(BENCHMARKS[name], options, in_process=True) == 0
     payload = check_report(tmp_path, name, backends=[BACKEND])

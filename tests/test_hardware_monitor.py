@@ -10,6 +10,7 @@ import pytest
 from kbackend.errors import ConfigError
 from kbackend.hardware.monitor import INPUT_BOUND_SHARE, StepMonitor, format_summary
 from kbackend.hardware.prefetch import Prefetcher, prefetch
+from tests.conftest import JIT_FOR_SMALL_RUNS
 
 DELAY_S = 0.03      # injected input delay per batch
 COMPUTE_S = 0.01    # simulated compute per step
@@ -105,7 +106,7 @@ def test_native_engine_with_monitor_counts_every_step():
     from kbackend.training import TrainConfig, train
 
     history = train(TrainConfig(engine="native", fused_steps=4, epochs=2, batch_size=64,
-                                hardware_monitor=True)).history
+                                hardware_monitor=True, jit_compile=JIT_FOR_SMALL_RUNS)).history
     summary = history.extra["monitor"]
     assert summary["steps"] == history.steps_run == 2 * 20  # 1294 // 64 full batches per epoch
     assert summary["verdict"] == "compute-bound"  # the data lives on the device
@@ -123,7 +124,8 @@ def test_keras_fit_with_hardware_monitor_stores_summary(tmp_path):
     from kbackend.history import History
     from kbackend.training import TrainConfig, train
 
-    result = train(TrainConfig(epochs=2, batch_size=64, hardware_monitor=True),
+    result = train(TrainConfig(epochs=2, batch_size=64, hardware_monitor=True,
+                               jit_compile=JIT_FOR_SMALL_RUNS),
                    history_path=tmp_path / "h.json")
     summary = History.load(tmp_path / "h.json").extra["monitor"]
     assert summary["verdict"] in ("input-bound", "compute-bound")
@@ -134,7 +136,7 @@ def test_keras_fit_with_hardware_monitor_stores_summary(tmp_path):
 
 @pytest.mark.slow  # a whole CLI training run; test_keras_fit_with_hardware_monitor_stores_summary covers the engine
 def test_train_cli_hardware_monitor_prints_verdict(cli, tmp_path):
-    completed = cli("train", "--epochs", "1", "--batch-size", "128", "--monitor", "--quiet",
+    completed = cli("train", "--epochs", "1", "--batch-size", "128", "--fused-steps", "5", "--monitor", "--quiet",
                     "--history", str(tmp_path / "h.json"))
     assert completed.returncode == 0, completed.stderr[-2000:]
     assert "monitor: " in completed.stdout and "-bound" in completed.stdout

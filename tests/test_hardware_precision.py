@@ -34,7 +34,8 @@ def test_mixed_bfloat16_keeps_float32_variables_and_reaches_accuracy_bound():
 def test_mixed_float16_trains_with_loss_scaling():
     import keras
 
-    result = train(TrainConfig(epochs=1, batch_size=64, precision="mixed_float16"))
+    result = train(TrainConfig(epochs=1, batch_size=64, precision="mixed_float16",
+                               jit_compile=JIT_FOR_SMALL_RUNS))
     assert isinstance(result.model.optimizer, keras.optimizers.LossScaleOptimizer)
     assert {v.dtype for v in result.model.trainable_variables} == {"float32"}
     assert result.history.loss[-1] < result.history.loss[0]

@@ -14,7 +14,7 @@ from kbackend.data import load as load_data
 from kbackend.errors import ConfigError
 from kbackend.models import ModelOptions, build_model, model_layout
 from kbackend.training import TrainConfig, train
-from tests.conftest import BACKEND, one_line_error
+from tests.conftest import BACKEND, JIT_FOR_SMALL_RUNS, one_line_error
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,9 @@ def test_the_1d_cnn_learns_mnist1d_in_a_short_run():
     # at 400 steps on either backend; chance is 0.10, the paper's logistic model 0.32).
     # K = 8, not the recipe's 40 (the same steps: tests/test_native_engine.py): on a CPU a conv
     # model's K steps are written out, and 40 copies took most of a minute to compile on TF.
-    history = train(replace(mnist1d_config("cnn", seed=0, steps=400), fused_steps=8)).history
+    # Without XLA on TensorFlow (conftest's JIT_FOR_SMALL_RUNS): learning is the subject here.
+    history = train(replace(mnist1d_config("cnn", seed=0, steps=400), fused_steps=8,
+                            jit_compile=JIT_FOR_SMALL_RUNS)).history
     assert history.steps_run == 400
     assert history.test["test_accuracy"] >= 0.7
     # validation_fraction 0: the test split stands in for validation, so the last evaluation

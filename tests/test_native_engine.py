@@ -16,6 +16,7 @@ from kbackend.errors import ConfigError
 from kbackend.models import ModelOptions, build_model
 from kbackend.optim import OptimizerSpec
 from kbackend.training import Target, TrainConfig
+from tests.conftest import BACKEND, JIT_FOR_SMALL_RUNS
 
 N_TRAIN = 320  # 20% of 400 goes to validation
 
@@ -40,7 +41,9 @@ def toy_model(dataset, **options):
 
 
 def run_native(model, dataset, spec, **config):
-    config = TrainConfig(model="mlp", optimizer=spec, **config)
+    """``native.train``; without XLA on TensorFlow unless the test asks (conftest's
+    JIT_FOR_SMALL_RUNS: the XLA loop is compared with it in test_without_xla_the_loop_trains_the_same)."""
+    config = TrainConfig(model="mlp", optimizer=spec, **{"jit_compile": JIT_FOR_SMALL_RUNS, **config})
     return native.train(model, dataset, spec, config)
 
 
@@ -81,8 +84,8 @@ def test_fused_steps_equal_single_steps(dataset):
     spec = OptimizerSpec("momentum", 0.05)
     single, fused = toy_model(dataset), toy_model(dataset)
     fused.set_weights(single.get_weights())
-    a = run_native(single, dataset, spec, batch_size=32, epochs=2, fused_steps=1)
-    b = run_native(fused, dataset, spec, batch_size=32, epochs=2, fused_steps=4)
+    a = run_native(single, dataset, spec, batch_size=32, epochs=2, fused_steps=1, jit_compile=True)
+    b = run_native(fused, dataset, spec, batch_size=32, epochs=2, fused_steps=4, jit_compile=True)
     assert a.step == b.step == list(range(1, 21))
     np.testing.assert_allclose(a.loss, b.loss, rtol=1e-5, atol=1e-6)
     for got, want in zip(weights_of(fused), weights_of(single), strict=True):
@@ -92,7 +95,7 @@ def test_fused_steps_equal_single_steps(dataset):
 def test_one_compilation_per_call_length(dataset):
     # 320 / 32 = 10 steps per epoch, K = 4: calls of 4, 4, 2 every epoch -> two programs.
     history = run_native(toy_model(dataset), dataset, OptimizerSpec("sgd", 0.1),
-                         batch_size=32, epochs=3, fused_steps=4)
+                         batch_size=32, epochs=3, fused_steps=4, jit_compile=True)
     assert history.extra["trace_counts"] == {"4": 1, "2": 1}
     assert history.steps_run == 30 and history.timing["compile_time"] > 0
 
@@ -308,7 +311,27 @@ def test_conv_models_unroll_their_steps_on_a_cpu_and_train_the_same(dataset):
     # ``--fused-steps auto`` tries no more than MAX_UNROLLED_STEPS copies of an unrolled step.
     assert native.probe_candidates(fused.model) == (1, 8)
     assert native.probe_candidates(mlp) == native.PROBE_CANDIDATES
-    assert len(fused.history.loss) == 4
-    np.testing.assert_allclose(fused.history.loss, single.history.loss, rtol=1e-5)
-    for got, want in zip(weights_of(fused.model), weights_of(single.model), strict=True):
+    # Without XLA (TensorFlow's --no-jit) there is no XLA:CPU loop to avoid: nothing written out.
+    unrolled_without_xla = (1, 8) if BACKEND == "jax" else native.PROBE_CANDIDATES
+    assert native.probe_candidates(fused.model, jit_compile=False) == unrolled_without_xla
+
+
+def test_without_xla_the_loop_trains_the_same(dataset):
+    """``--no-jit``: TensorFlow runs the native loop as a ``tf.function`` graph without XLA (no
+    XLA program compiled); JAX's loop is one XLA program either way. The steps are the same:
+    losses, validation metrics and weights within 1e-5 relative of the XLA run (XLA fuses the
+    same float32 ops differently), BatchNormalization's moving statistics included."""
+    spec = OptimizerSpec("adam", 1e-2)
+    with_xla, without = toy_model(dataset, batch_norm=True), toy_model(dataset, batch_norm=True)
+    without.set_weights(with_xla.get_weights())
+    a = run_native(with_xla, dataset, spec, batch_size=32, epochs=2, fused_steps=5, jit_compile=True)
+    b = run_native(without, dataset, spec, batch_size=32, epochs=2, fused_steps=5, jit_compile=False)
+    assert a.extra["xla"] is True and b.extra["xla"] is (BACKEND == "jax")
+    if BACKEND == "tensorflow":
+        assert a.extra["xla_programs"]["programs"] > 0 and b.extra["xla_programs"]["programs"] == 0
+    assert a.step == b.step == list(range(1, 21))
+    np.testing.assert_allclose(b.loss, a.loss, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose([e["val_loss"] for e in b.evals], [e["val_loss"] for e in a.evals],
+                               rtol=1e-5, atol=1e-6)
+    for got, want in zip(weights_of(without), weights_of(with_xla), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -28,26 +28,28 @@ from kbackend.study.pipeline import compare, run_study
 from kbackend.study.report import PLOTS
 from kbackend.study.store import ResultStore
 from kbackend.training import Target
-from tests.conftest import BACKEND, JIT_FOR_SMALL_RUNS, ROOT
+from tests.conftest import BACKEND, JIT_FOR_SMALL_RUNS, NO_JIT_FLAGS, ROOT
 
 DIGITS = {"model": "seed_mlp", "dataset": "digits"}  # small and embedded: the tests' data
 # 2 optimizers x 2 batch sizes x 2 seeds, a 60-step budget, one learning rate each (the search,
 # its pruning and the grid's extension are tested with a stand-in engine below). SGD at lr 1e-4
 # cannot reach the target in 60 steps: a never-reached cell. The study's default engine
 # (native: each cell's runs share its compiled programs); TINY_KERAS runs Keras fit instead.
+# Without XLA on TensorFlow (conftest's JIT_FOR_SMALL_RUNS): compilation is not the subject here.
 TINY = StudyConfig(
     model="seed_mlp", dataset="digits", optimizers=("sgd", "adam"), batch_sizes=(64, 256),
     learning_rates={"sgd": (1e-4,), "adam": (3e-3,)}, max_steps=60, engine="native",
     target=Target("val_accuracy", 0.9), noise_points=2, noise_draws=4, seeds=2,
     step_time_repeats=1, population="off",  # one run at a time: the populations' own tests below
+    jit_compile=JIT_FOR_SMALL_RUNS,
 )
-TINY_KERAS = dataclasses.replace(TINY, engine="keras", jit_compile=JIT_FOR_SMALL_RUNS)
+TINY_KERAS = dataclasses.replace(TINY, engine="keras")
 # The resume tests need only the runs (the same run keys as TINY's): no noise scale, no time model.
 RESUMED = dataclasses.replace(TINY, noise_points=0, step_time_repeats=0)
 RESUMED_ARGS = ["study", "--model", "seed_mlp", "--dataset", "digits", "--optimizers", "sgd,adam", "--batch-sizes", "64,256", "--lrs",
                 "sgd=0.0001", "--lrs", "adam=0.003", "--max-steps", "60", "--engine", "native",
                 "--target", "0.9", "--noise-points", "0", "--noise-draws", "4", "--seeds", "2",
-                "--step-time-repeats", "0", "--population", "off", "--no-progress"]
+                "--step-time-repeats", "0", "--population", "off", "--no-progress", *NO_JIT_FLAGS]
 TINY_RUNS = 8
 
 

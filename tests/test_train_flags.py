@@ -7,6 +7,7 @@ import json
 import pytest
 
 from kbackend import cli
+from tests.conftest import NO_JIT_FLAGS
 
 
 def train_json(tmp_path, capsys, *flags: str) -> tuple[dict, str]:
@@ -15,7 +16,7 @@ def train_json(tmp_path, capsys, *flags: str) -> tuple[dict, str]:
     # more compilations per new batch size, is tested in test_native_engine.
     fused = [] if "--fused-steps" in flags or "keras" in flags else ["--fused-steps", "5"]
     code = cli.main(["train", "--dataset", "digits", "--quiet", "--history", str(history),
-                     *fused, *flags])
+                     *NO_JIT_FLAGS, *fused, *flags])
     out = capsys.readouterr().out
     assert code == 0, out
     return json.loads(history.read_text()), out

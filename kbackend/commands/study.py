@@ -118,7 +118,8 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     target.add_argument("--fused-steps", type=int, default=0,
                         help="steps per compiled call for the native engine (0: one evaluation interval)")
     target.add_argument("--no-jit", dest="jit_compile", action="store_false",
-                        help="train the Keras engines without XLA (the native engines always compile)")
+                        help="train the Keras engines and TensorFlow's native loop without XLA "
+                             "(JAX's native loop is always one XLA program)")
     target.add_argument("--population", default="auto", choices=sorted(POPULATION_CHOICES),
                         help="train a cell's learning rates x seeds as one vmapped program (JAX, "
                              "native engine): auto = where a short measured probe finds it "

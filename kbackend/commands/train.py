@@ -80,7 +80,9 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                           "Keras fit")
     run.add_argument("--batch-size", type=int, default=32)
     run.add_argument("--epochs", type=int, default=5)
-    run.add_argument("--no-jit", dest="jit_compile", action="store_false", help="turn off jit_compile (XLA)")
+    run.add_argument("--no-jit", dest="jit_compile", action="store_false",
+                     help="turn off jit_compile (XLA): the Keras engines and TensorFlow's native "
+                          "loop run as graphs without XLA (JAX's native loop is always one XLA program)")
     run.add_argument("--steps-per-execution", type=int, default=1)
     run.add_argument("--early-stopping", type=int, default=0, metavar="PATIENCE",
                      help="stop after PATIENCE evaluations without improvement of --early-stopping-metric (0: off)")

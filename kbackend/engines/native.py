@@ -47,7 +47,7 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
     fused_steps, probe = config.fused_steps, None
     if fused_steps == 0:  # auto: measure a few K, weights put back after (once per machine)
         fused_steps, probe = cached_probe_fused_steps(model, dataset, spec, config.batch_size,
-                                                      config.seed)
+                                                      config.seed, config.jit_compile)
         if config.eval_every:  # calls end on the evaluation points the user asked for
             fused_steps = max(d for d in range(1, min(fused_steps, config.eval_every) + 1)
                               if config.eval_every % d == 0)
@@ -56,7 +56,7 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
     # Compiled for evaluate/predict/save afterwards; the TF loop trains with this optimizer.
     compile_model(model, spec, config)
     with impl().compilation_counter() as compiled:
-        trainer = impl().native_trainer(model, spec, dataset)
+        trainer = impl().native_trainer(model, spec, dataset, jit_compile=config.jit_compile)
         history = History()
         history.extra.update(engine="native", decay_steps=spec.decay_steps)
         if probe is not None:
@@ -101,9 +101,10 @@ class Runs:
         # only a constant rate is shared between runs of different rates and budgets.
         constant = spec.schedule == "constant" and spec.warmup_steps == 0
         shared = replace(spec, learning_rate=1.0, decay_steps=None) if constant else spec
-        key = (shared, config.batch_size, config.fused_steps)
+        key = (shared, config.batch_size, config.fused_steps, config.jit_compile)
         if key not in self._trainers:
-            self._trainers[key] = impl().native_trainer(self.model, spec, self.dataset)
+            self._trainers[key] = impl().native_trainer(self.model, spec, self.dataset,
+                                                        jit_compile=config.jit_compile)
         return self._trainers[key]
 
     def _spec(self, config: Any) -> Any:
@@ -268,41 +269,43 @@ def set_model_values(model: Any, values: tuple[list[Any], list[Any]]) -> None:
 
 
 def epoch_runner(model: Any, dataset: Any, spec: Any, batch_size: int, fused_steps: int,
-                 seed: int = 0) -> loop.EpochRunner:
+                 seed: int = 0, jit_compile: bool = True) -> loop.EpochRunner:
     """Whole native epochs of ``model`` on ``dataset`` without bookkeeping (benchmarks, probe)."""
-    trainer = impl().native_trainer(model, spec, dataset)
+    trainer = impl().native_trainer(model, spec, dataset, jit_compile=jit_compile)
     return loop.EpochRunner(trainer, len(dataset.x_train), batch_size, fused_steps, seed)
 
 
 PROBE_CACHE_FILE = "fused_steps_probe.json"
 
 
-def probe_candidates(model: Any) -> tuple[int, ...]:
+def probe_candidates(model: Any, jit_compile: bool = True) -> tuple[int, ...]:
     """The K that ``--fused-steps auto`` tries for ``model`` on this backend's device:
     ``PROBE_CANDIDATES``, capped at ``capabilities.MAX_UNROLLED_STEPS`` where the K steps are
     written out (each step is one more copy to compile: measured on the Fashion-MNIST CNN at
     batch 128 on a CPU, K = 32 compiled in 32-51 s on TF and 22 s on JAX, K = 8 in 12-18 s and
     16 s, for little gain per step; docs/hardware.md)."""
-    if not capabilities.unrolls_its_loop(model, impl().platform()):
+    if not (jit_compile and capabilities.unrolls_its_loop(model, impl().platform())):
         return PROBE_CANDIDATES
     return tuple(sorted({min(k, capabilities.MAX_UNROLLED_STEPS) for k in PROBE_CANDIDATES}))
 
 
-def probe_key(model: Any, dataset: Any, spec: Any, batch_size: int) -> str:
+def probe_key(model: Any, dataset: Any, spec: Any, batch_size: int, jit_compile: bool = True) -> str:
     """What a ``--fused-steps auto`` answer depends on: the network's layers and weight shapes
     (not their names or values), its dtype policy, the data's shape and size, the optimizer,
-    the batch size, the candidates, and the backend, versions and device."""
+    the batch size, the candidates, XLA or not, and the backend, versions and device."""
     layers = [(type(layer).__name__, [list(w.shape) for w in layer.weights])
               for layer in model._flatten_layers(include_self=False)]
     payload = {"layers": layers, "policy": str(model.dtype_policy.name),
                "input": list(dataset.x_train.shape[1:]), "num_train": len(dataset.x_train),
                "optimizer": spec.name, "batch_size": batch_size,
-               "candidates": list(probe_candidates(model)), **environment_identity()}
+               "candidates": list(probe_candidates(model, jit_compile)), **environment_identity()}
+    if not jit_compile:  # (absent where XLA is on: the keys stored before it still match)
+        payload["xla"] = False
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def cached_probe_fused_steps(model: Any, dataset: Any, spec: Any, batch_size: int,
-                             seed: int = 0) -> tuple[int, dict[str, Any]]:
+                             seed: int = 0, jit_compile: bool = True) -> tuple[int, dict[str, Any]]:
     """``probe_fused_steps``'s K, measured once per ``probe_key`` and kept in the kbackend
     cache folder (``fused_steps_probe.json``: ``compile_cache.machine_measurement``).
     ``KBACKEND_COMPILE_CACHE=0`` (``--no-compile-cache``) measures every time. Returns K and
@@ -310,10 +313,11 @@ def cached_probe_fused_steps(model: Any, dataset: Any, spec: Any, batch_size: in
     start = time.perf_counter()
 
     def measure() -> dict[str, Any]:
-        best, timings = probe_fused_steps(model, dataset, spec, batch_size, seed)
+        best, timings = probe_fused_steps(model, dataset, spec, batch_size, seed,
+                                          jit_compile=jit_compile)
         return {"fused_steps": best, "us_per_step": {str(k): v for k, v in timings.items()}}
 
-    key = probe_key(model, dataset, spec, batch_size) if compile_cache_enabled() else ""
+    key = probe_key(model, dataset, spec, batch_size, jit_compile) if compile_cache_enabled() else ""
     entry, cached = machine_measurement(PROBE_CACHE_FILE, key, measure)
     if not isinstance(entry.get("fused_steps"), int):  # a foreign entry: measure again
         entry, cached = measure(), False
@@ -322,7 +326,8 @@ def cached_probe_fused_steps(model: Any, dataset: Any, spec: Any, batch_size: in
 
 
 def probe_fused_steps(model: Any, dataset: Any, spec: Any, batch_size: int, seed: int = 0,
-                      candidates: tuple[int, ...] | None = None) -> tuple[int, dict]:
+                      candidates: tuple[int, ...] | None = None,
+                      jit_compile: bool = True) -> tuple[int, dict]:
     """The fastest K among ``candidates`` (capped at one epoch; by default
     ``probe_candidates(model)``), measured, and us/step of each.
 
@@ -335,7 +340,7 @@ def probe_fused_steps(model: Any, dataset: Any, spec: Any, batch_size: int, seed
     program XLA made fastest.
     """
     if candidates is None:
-        candidates = probe_candidates(model)
+        candidates = probe_candidates(model, jit_compile)
     steps = batching.steps_per_epoch_dropping_last(len(dataset.x_train), batch_size)
     ks = sorted({min(k, steps) for k in candidates})
     probe_steps = max(ks)
@@ -345,7 +350,7 @@ def probe_fused_steps(model: Any, dataset: Any, spec: Any, batch_size: int, seed
     weights = model.get_weights()
     try:
         for k in ks:
-            runner = epoch_runner(model, subset, spec, batch_size, k, seed)
+            runner = epoch_runner(model, subset, spec, batch_size, k, seed, jit_compile)
             runner()  # compiles
             start = time.perf_counter()
             runner()

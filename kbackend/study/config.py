@@ -98,8 +98,9 @@ class StudyConfig:
     CPUs and ``cell_gpus`` GPUs (None: one GPU where the cluster has GPUs, else none; a fraction
     packs several cells on one GPU). Where, not which question: outside the identity, so the
     executors resume each other's studies.
-    ``jit_compile=False`` trains the Keras engines without XLA (on a CPU, TensorFlow's XLA
-    compilation can cost more than a short run's training; the native engines always compile).
+    ``jit_compile=False`` trains the Keras engines and TensorFlow's native loop without XLA (on a
+    CPU, TensorFlow's XLA compilation can cost more than a short run's training; JAX's native
+    loop is always one XLA program).
     """
 
     model: str = DEFAULT_MODEL

@@ -148,7 +148,9 @@ class CompiledCalls:
 class NativeTrainer(CompiledCalls):
     """Runs fused train calls on one model; see ``kbackend.engines.native`` for the driver."""
 
-    def __init__(self, model: Any, spec: Any, dataset: Any) -> None:
+    def __init__(self, model: Any, spec: Any, dataset: Any, jit_compile: bool = True) -> None:
+        # ``jit_compile`` is accepted for the boundary's sake and changes nothing: JAX runs a
+        # loop of steps as one compiled program (``jax.jit``); there is no graph without XLA.
         self.model = model
         self.tx = spec.to_optax()
         self.train_step = make_step(model, self.tx)
@@ -165,7 +167,7 @@ class NativeTrainer(CompiledCalls):
         self._evaluate_test: Any = None  # built on first use
         self._init: Any = None  # the optimizer's compiled init (``reset``)
         self.unroll = unrolls_its_loop(model)
-        self.history_extra["unrolled_loop"] = self.unroll
+        self.history_extra.update(unrolled_loop=self.unroll, xla=True)
 
     # -- training -------------------------------------------------------------------------
     def _run_fn(self, length: int) -> Any:

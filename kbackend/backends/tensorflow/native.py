@@ -14,6 +14,10 @@ a call has no 0-step form (a ``tf.cond`` around the steps is as slow as the loop
 call trains ``K`` steps and the variables are put back afterwards: its compile time includes
 those steps.
 
+``jit_compile=False`` (``--no-jit``) runs the same loop as a ``tf.function`` graph without XLA:
+no XLA compilation (on a CPU several seconds per program, more than a short run trains), slower
+steps, and never written out (the unrolled form exists for XLA:CPU's loops).
+
 Reached only through ``kbackend.backends.ops()`` (the dispatch point).
 """
 
@@ -59,12 +63,13 @@ def make_train_step(model: Any, optimizer: Any) -> Any:
 
 class Evaluator:
     """Loss and accuracy of a Keras model's current variables on a dataset's validation or
-    test split (placed on the device once, padded into chunks), in one XLA program."""
+    test split (placed on the device once, padded into chunks), in one XLA program (a graph
+    without XLA where ``jit_compile`` is False)."""
 
-    def __init__(self, model: Any, dataset: Any) -> None:
+    def __init__(self, model: Any, dataset: Any, jit_compile: bool = True) -> None:
         self.model, self.dataset = model, dataset
         self._splits: dict[str, tuple[tf.Tensor, ...]] = {}
-        self._evaluate = jit_function(self._evaluate_fn)
+        self._evaluate = jit_function(self._evaluate_fn, jit_compile)
 
     def _evaluate_fn(self, x_chunks, y_chunks, mask_chunks):
         import keras  # deferred: Keras is imported once the backend is chosen
@@ -90,14 +95,14 @@ class Evaluator:
         return float(loss), float(accuracy)
 
 
-_EVALUATORS: dict[tuple[int, int], Evaluator] = {}
+_EVALUATORS: dict[tuple[int, int, bool], Evaluator] = {}
 
 
-def shared_evaluator(model: Any, dataset: Any) -> Evaluator:
+def shared_evaluator(model: Any, dataset: Any, jit_compile: bool = True) -> Evaluator:
     """The ``Evaluator`` of ``model`` on ``dataset``, one while both live."""
-    key = (id(model), id(dataset))
+    key = (id(model), id(dataset), jit_compile)
     if key not in _EVALUATORS:
-        _EVALUATORS[key] = Evaluator(model, dataset)
+        _EVALUATORS[key] = Evaluator(model, dataset, jit_compile)
         for owner in (model, dataset):
             weakref.finalize(owner, _EVALUATORS.pop, key, None)
     return _EVALUATORS[key]
@@ -106,8 +111,9 @@ def shared_evaluator(model: Any, dataset: Any) -> Evaluator:
 class NativeTrainer:
     """Runs fused train calls on one model; see ``kbackend.engines.native`` for the driver."""
 
-    def __init__(self, model: Any, spec: Any, dataset: Any) -> None:
+    def __init__(self, model: Any, spec: Any, dataset: Any, jit_compile: bool = True) -> None:
         self.model = model
+        self.jit_compile = jit_compile
         self.optimizer = getattr(model, "optimizer", None) or spec.to_keras()
         self.optimizer.build(model.trainable_variables)
         self.train_step = make_train_step(model, self.optimizer)
@@ -119,9 +125,9 @@ class NativeTrainer:
         self.trace_counts: dict[int, int] = {}
         self.history_extra: dict[str, Any] = {}
         # Shared by every trainer of this model and dataset (a study's cells): compiled once.
-        self._evaluator = shared_evaluator(model, dataset)
-        self.unroll = capabilities.unrolls_its_loop(model, platform())
-        self.history_extra["unrolled_loop"] = self.unroll
+        self._evaluator = shared_evaluator(model, dataset, jit_compile)
+        self.unroll = jit_compile and capabilities.unrolls_its_loop(model, platform())
+        self.history_extra.update(unrolled_loop=self.unroll, xla=jit_compile)
 
     # -- training -------------------------------------------------------------------------
     def _run_fn(self, length: int) -> Any:
@@ -137,7 +143,7 @@ class NativeTrainer:
                 losses = tf.tensor_scatter_nd_update(losses, [[i]], [tf.cast(loss, tf.float32)])
             return losses
 
-        return jit_function(run)
+        return jit_function(run, self.jit_compile)
 
     def _step_at(self, x_all: tf.Tensor, y_all: tf.Tensor, epoch_rows: tf.Tensor,
                  index: tf.Tensor) -> tf.Tensor:

@@ -247,11 +247,13 @@ def device_scope(platform: str) -> Any:
 _JIT_FUNCTIONS: weakref.WeakSet = weakref.WeakSet()
 
 
-def jit_function(fn: Any) -> Any:
+def jit_function(fn: Any, jit_compile: bool = True) -> Any:
     """``tf.function(fn, jit_compile=True)``, registered so ``compilation_counter`` sees its
-    traces (each trace of an XLA-compiled function is one XLA program)."""
-    function = tf.function(fn, jit_compile=True)
-    _JIT_FUNCTIONS.add(function)
+    traces (each trace of an XLA-compiled function is one XLA program). ``jit_compile=False``:
+    a plain ``tf.function`` graph (no XLA program, so nothing to count)."""
+    function = tf.function(fn, jit_compile=jit_compile)
+    if jit_compile:
+        _JIT_FUNCTIONS.add(function)
     return function
 
 

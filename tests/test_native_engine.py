@@ -278,6 +278,8 @@ def test_only_conv_models_on_a_cpu_unroll_their_loop(layers, platform, unrolled)
     from kbackend.backends import capabilities
 
     assert capabilities.unrolls_its_loop(_Layers(*layers), platform) is unrolled
+    # A loop that is not an XLA program (TensorFlow's --no-jit graph) is never written out.
+    assert capabilities.unrolls_its_loop(_Layers(*layers), platform, xla=False) is False
 
 
 def test_conv_models_unroll_their_steps_on_a_cpu_and_train_the_same(dataset):
@@ -312,6 +314,7 @@ def test_conv_models_unroll_their_steps_on_a_cpu_and_train_the_same(dataset):
     assert native.probe_candidates(fused.model) == (1, 8)
     assert native.probe_candidates(mlp) == native.PROBE_CANDIDATES
     # Without XLA (TensorFlow's --no-jit) there is no XLA:CPU loop to avoid: nothing written out.
+    assert impl().native_loop_uses_xla(False) is (BACKEND == "jax")
     unrolled_without_xla = (1, 8) if BACKEND == "jax" else native.PROBE_CANDIDATES
     assert native.probe_candidates(fused.model, jit_compile=False) == unrolled_without_xla
 

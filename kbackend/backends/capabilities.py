@@ -66,9 +66,10 @@ def has_convolution(model: Any) -> bool:
     return any("Conv" in type(layer).__name__ for layer in model._flatten_layers())
 
 
-def unrolls_its_loop(model: Any, platform: str) -> bool:
+def unrolls_its_loop(model: Any, platform: str, xla: bool = True) -> bool:
     """Whether a K-step compiled call of ``model`` on a ``platform`` device (cpu, gpu, tpu) must
-    write its K steps out one after another instead of looping over them.
+    write its K steps out one after another instead of looping over them (``xla``: whether the
+    loop is an XLA program; TensorFlow's graph without XLA, ``--no-jit``, keeps its loop).
 
     XLA:CPU runs a convolution inside a while loop (JAX ``lax.scan``, a TF ``tf.range`` loop or
     ``tf.cond`` in an XLA function) far slower than the same convolution outside one. Measured
@@ -77,4 +78,4 @@ def unrolls_its_loop(model: Any, platform: str) -> bool:
     models on a CPU therefore trade compile time (K copies of the step) for it; elsewhere, and
     for models without convolutions, the loop stays rolled.
     """
-    return platform == "cpu" and has_convolution(model)
+    return xla and platform == "cpu" and has_convolution(model)

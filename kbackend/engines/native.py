@@ -284,7 +284,9 @@ def probe_candidates(model: Any, jit_compile: bool = True) -> tuple[int, ...]:
     written out (each step is one more copy to compile: measured on the Fashion-MNIST CNN at
     batch 128 on a CPU, K = 32 compiled in 32-51 s on TF and 22 s on JAX, K = 8 in 12-18 s and
     16 s, for little gain per step; docs/hardware.md)."""
-    if not (jit_compile and capabilities.unrolls_its_loop(model, impl().platform())):
+    backend = impl()
+    if not capabilities.unrolls_its_loop(model, backend.platform(),
+                                         xla=backend.native_loop_uses_xla(jit_compile)):
         return PROBE_CANDIDATES
     return tuple(sorted({min(k, capabilities.MAX_UNROLLED_STEPS) for k in PROBE_CANDIDATES}))
 

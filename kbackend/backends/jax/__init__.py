@@ -14,7 +14,7 @@ from kbackend.backends.jax.data_parallel import (
     keras_fit_inputs,
 )
 from kbackend.backends.jax.gradients import bias_add_misroutes, gradients
-from kbackend.backends.jax.native import NativeTrainer
+from kbackend.backends.jax.native import NativeTrainer, native_loop_uses_xla
 from kbackend.backends.jax.ops import (
     block_until_ready,
     compilation_counter,
@@ -66,6 +66,7 @@ __all__ = [
     "keras_fit_inputs",
     "local_device_count",
     "matmul_flops",
+    "native_loop_uses_xla",
     "native_trainer",
     "platform",
     "population_trainer",

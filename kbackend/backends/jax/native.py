@@ -90,6 +90,12 @@ def build_evaluator(model: Any, dataset: Any, split: str = "val", members: bool 
     return evaluate
 
 
+def native_loop_uses_xla(jit_compile: bool) -> bool:
+    """Always: JAX runs a loop of steps as one compiled program (``jax.jit``), with or without
+    ``jit_compile``; there is no graph without XLA."""
+    return True
+
+
 def unrolls_its_loop(model: Any) -> bool:
     """``capabilities.unrolls_its_loop`` on JAX's default platform (conv models on a CPU)."""
     return capabilities.unrolls_its_loop(model, jax.default_backend())
@@ -149,8 +155,7 @@ class NativeTrainer(CompiledCalls):
     """Runs fused train calls on one model; see ``kbackend.engines.native`` for the driver."""
 
     def __init__(self, model: Any, spec: Any, dataset: Any, jit_compile: bool = True) -> None:
-        # ``jit_compile`` is accepted for the boundary's sake and changes nothing: JAX runs a
-        # loop of steps as one compiled program (``jax.jit``); there is no graph without XLA.
+        # ``jit_compile`` changes nothing here (``native_loop_uses_xla``).
         self.model = model
         self.tx = spec.to_optax()
         self.train_step = make_step(model, self.tx)

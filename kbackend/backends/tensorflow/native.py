@@ -43,6 +43,11 @@ def _on_device(array: np.ndarray) -> tf.Tensor:
     return tf.identity(tf.convert_to_tensor(array))
 
 
+def native_loop_uses_xla(jit_compile: bool) -> bool:
+    """Whether the native loop is XLA-compiled: as ``jit_compile`` says (``--no-jit``: a graph)."""
+    return jit_compile
+
+
 def make_train_step(model: Any, optimizer: Any) -> Any:
     """``train_step(x, y) -> loss``: one update of ``model``'s variables, in place."""
     import keras  # deferred: Keras is imported once the backend is chosen
@@ -126,7 +131,7 @@ class NativeTrainer:
         self.history_extra: dict[str, Any] = {}
         # Shared by every trainer of this model and dataset (a study's cells): compiled once.
         self._evaluator = shared_evaluator(model, dataset, jit_compile)
-        self.unroll = jit_compile and capabilities.unrolls_its_loop(model, platform())
+        self.unroll = capabilities.unrolls_its_loop(model, platform(), xla=jit_compile)
         self.history_extra.update(unrolled_loop=self.unroll, xla=jit_compile)
 
     # -- training -------------------------------------------------------------------------

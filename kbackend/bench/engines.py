@@ -9,6 +9,8 @@ the other in one run. Configurations, per backend and batch size:
 
 * ``fit spe=1`` / ``fit spe=32``: ``model.fit`` with ``steps_per_execution`` 1 / 32, jit on;
 * ``native K=1`` / ``K=32`` / ``K=epoch``: ``kbackend.engines.native`` (K fused steps per call);
+* ``native K=epoch, no XLA`` (TensorFlow only: ``--no-jit``, the same loop as a ``tf.function``
+  graph without XLA; JAX's loop is always XLA);
 * ``reference``: the floor, a minimal hand-written loop over the same network and data
   (``kbackend/backends/<backend>/reference.py``): one ``jax.lax.scan`` over pre-stacked batches
   with ``optax.sgd`` (JAX) or one XLA ``tf.function`` loop with ``assign_sub`` (TF), a whole
@@ -76,10 +78,12 @@ def fit_runner(dataset: Any, batch_size: int, spe: int) -> Callable[[], Any]:
                              epochs=1, shuffle=False, verbose=0)
 
 
-def native_runner(dataset: Any, batch_size: int, fused: int) -> Callable[[], Any]:
+def native_runner(dataset: Any, batch_size: int, fused: int,
+                  jit_compile: bool = True) -> Callable[[], Any]:
     """One epoch of the native engine per call (``kbackend.engines.native.epoch_runner``)."""
     model = build_model("seed_mlp", dataset.info, ModelOptions())
-    return epoch_runner(model, dataset, OptimizerSpec("sgd", LEARNING_RATE), batch_size, fused)
+    return epoch_runner(model, dataset, OptimizerSpec("sgd", LEARNING_RATE), batch_size, fused,
+                        jit_compile=jit_compile)
 
 
 def initial_params(seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -139,6 +143,10 @@ def measure_engines(settings: Settings) -> Rows:
             **{name: native_runner(dataset, batch_size, k) for name, k in fused.items()},
             "reference": reference_runner(dataset, batch_size, steps),
         }
+        if not impl().native_loop_uses_xla(False):  # TensorFlow: a graph without XLA as well
+            fused["native K=epoch, no XLA"] = steps
+            runners["native K=epoch, no XLA"] = native_runner(dataset, batch_size, steps,
+                                                              jit_compile=False)
         for name, figures in measure(runners, steps, batch_size, repeats).items():
             row = {"batch_size": batch_size, "config": name, "steps_per_epoch": steps,
                    "fused_steps": fused.get(name), **figures}

@@ -31,7 +31,7 @@ if os.environ.get("KBACKEND_VIRTUAL_DEVICES"):
 # jit_compile for the Keras engines and TensorFlow's native loop in tests whose subject is not
 # compilation: TensorFlow's XLA compilation costs most of a small run on a CPU (measured:
 # mixed_bfloat16, 3 epochs of digits, 26 s with it and 3.6 s without; one tiny-study run 8 s and
-# 2.3 s; a native run of 2 digits epochs 14.7 s and 1.3 s), while JAX's Keras engine without jit
+# 2.3 s; a process's first native run, 2 digits epochs, 14.7 s and 1.3 s), while JAX's Keras engine without jit
 # runs op by op (and JAX's native loop is XLA either way). The default (XLA on) keeps tests of
 # its own on both backends. NO_JIT_FLAGS is the same choice on a command line.
 JIT_FOR_SMALL_RUNS = BACKEND != "tensorflow"

@@ -15,8 +15,9 @@ call trains ``K`` steps and the variables are put back afterwards: its compile t
 those steps.
 
 ``jit_compile=False`` (``--no-jit``) runs the same loop as a ``tf.function`` graph without XLA:
-no XLA compilation (on a CPU several seconds per program, more than a short run trains), slower
-steps, and never written out (the unrolled form exists for XLA:CPU's loops).
+no XLA compilation (on a CPU 1-3 s per program, more than a short run trains), steps slower
+for larger models (docs/engines.md), and never written out (the unrolled form exists for
+XLA:CPU's loops).
 
 Reached only through ``kbackend.backends.ops()`` (the dispatch point).
 """

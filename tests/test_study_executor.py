@@ -367,6 +367,7 @@ def no_training(monkeypatch):
     (lambda: StudyConfig(optimizers=("sgd", "lamb")), ConfigError, "Unknown optimizer"),
     (lambda: StudyConfig(seeds=0), ConfigError, "Invalid seeds 0"),
     (lambda: StudyConfig(lr_extend=-1), ConfigError, "Invalid lr_extend -1"),
+    (lambda: StudyConfig(max_epochs=-1), ConfigError, "Invalid max_epochs -1"),
     (lambda: StudyConfig(population="maybe"), ConfigError, "Invalid population 'maybe'"),
     # TensorFlow has no population trainer; Keras fit trains one run at a time on both.
     (lambda: StudyConfig(population="on", engine="keras" if BACKEND == "jax" else "native"),
@@ -495,6 +496,27 @@ def _one_cell(**overrides):
                "engine": "keras", "noise_points": 0, "seeds": 3, "lr_extend": 0,
                "step_time_repeats": 0, **overrides}
     return StudyConfig(**options)
+
+
+def test_max_epochs_caps_the_budget_where_the_epochs_end_first(tmp_path, monkeypatch):
+    budgets = {}
+
+    def execute(self, plan):
+        budgets[plan.batch_size] = plan.max_steps
+        return _fake_history(plan, None)
+
+    monkeypatch.setattr(StudyRunner, "execute", execute)
+    config = _one_cell(batch_sizes=(8, 1294), seeds=1, max_epochs=3,
+                       learning_rates={"sgd": (0.1,)})
+    with ResultStore(tmp_path / "study.db") as store:
+        study = StudyRunner(config, store).run()
+    # Batch 8: 3 epochs of 161 steps (483) is under max_steps, rounded up to whole evaluation
+    # intervals (the keras engine evaluates every 162 steps). Batch 1294: one step per epoch.
+    assert budgets == {8: 486, 1294: 3}
+    assert [cell["reached"] for cell in study["cells"]] == [False, False]
+    # Without the cap, a stored study keeps its identity (its store key) from before the option.
+    assert "max_epochs" not in StudyConfig().identity()
+    assert StudyConfig(max_epochs=3).identity()["max_epochs"] == 3
 
 
 def test_seeds_pick_the_rate_with_the_best_median_and_give_intervals(tmp_path, monkeypatch):

@@ -110,6 +110,10 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     target.add_argument("--target-metric", default="val_accuracy", choices=["val_accuracy", "val_loss"])
     target.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS,
                         help=f"step budget per run (default {DEFAULT_MAX_STEPS})")
+    target.add_argument("--max-epochs", type=int, default=0,
+                        help="also cap each run at this many epochs, so small batches can have a "
+                             "large --max-steps without large batches running as many steps "
+                             "(default 0: no epoch cap)")
     target.add_argument("--evals-per-epoch", type=int, default=8,
                         help="how often the target is checked (engines that validate once per "
                              "epoch ignore it)")
@@ -181,7 +185,7 @@ def config_from_args(args: argparse.Namespace):
         optimizers=args.optimizers, batch_sizes=args.batch_sizes,
         max_batch_size=args.max_batch_size, learning_rates=learning_rates,
         lr_grid_size=args.lr_grid_size, lr_factor=args.lr_factor, target=target,
-        max_steps=args.max_steps, evals_per_epoch=args.evals_per_epoch,
+        max_steps=args.max_steps, max_epochs=args.max_epochs, evals_per_epoch=args.evals_per_epoch,
         engine=args.engine or default_engine(), fused_steps=args.fused_steps,
         jit_compile=args.jit_compile, population=args.population, seed=args.seed,
         seeds=args.seeds, lr_extend=args.lr_extend, step_time_repeats=args.step_time_repeats,

@@ -80,7 +80,9 @@ class StudyConfig:
     ``batch_sizes=None`` picks powers of two that fit the training split; an explicit empty
     tuple is an error. ``learning_rates`` maps an optimizer to its explicit grid (otherwise a
     ``lr_grid_size``-point grid spaced by ``lr_factor`` around ``CENTRE_LR`` scaled to the
-    batch size). ``max_steps`` is each run's step budget; ``evals_per_epoch`` sets how often the
+    batch size). ``max_steps`` is each run's step budget, cut to ``max_epochs`` epochs where that
+    is fewer (0: no epoch cap), so that one study can give a small batch thousands of steps and a
+    large batch no more passes over the data than it needs; ``evals_per_epoch`` sets how often the
     target is checked (engines that validate once per epoch do that instead). With ``prune``, a
     later learning rate of a cell gets the best median steps-to-target so far as its budget: it
     can only win by reaching the target in fewer steps. Each learning rate runs with ``seeds``
@@ -115,6 +117,7 @@ class StudyConfig:
     lr_factor: float = math.sqrt(10.0)
     target: Target | None = None
     max_steps: int = DEFAULT_MAX_STEPS
+    max_epochs: int = 0
     evals_per_epoch: int = 8
     engine: str = "keras"
     fused_steps: int = 0
@@ -181,7 +184,7 @@ class StudyConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"Invalid {name} {value!r}: expected an integer >= 1.")
-        for name in ("fused_steps", "noise_points", "noise_small_batch", "noise_big_batch",
+        for name in ("max_epochs", "fused_steps", "noise_points", "noise_small_batch", "noise_big_batch",
                      "max_batch_size", "lr_extend", "step_time_repeats"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
@@ -224,6 +227,12 @@ class StudyConfig:
     def seed_values(self) -> tuple[int, ...]:
         """The seeds every learning rate of a cell runs with."""
         return tuple(self.seed + index for index in range(self.seeds))
+
+    def step_budget(self, steps_per_epoch: int) -> int:
+        """A run's full step budget at a batch size of ``steps_per_epoch`` steps per epoch."""
+        if self.max_epochs:
+            return min(self.max_steps, self.max_epochs * steps_per_epoch)
+        return self.max_steps
 
     @property
     def resolved_target(self) -> Target:
@@ -272,4 +281,6 @@ class StudyConfig:
         for name in ("data_dir", "engine", "fused_steps", "jit_compile", "population",
                      "step_time_repeats", *EXECUTOR_FIELDS):
             payload.pop(name)
+        if not payload["max_epochs"]:  # studies stored before the option existed keep their identity
+            payload.pop("max_epochs")
         return payload

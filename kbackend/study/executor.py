@@ -407,10 +407,14 @@ class StudyRunner:
         nearest = min(divisors, key=lambda d: (abs(math.log(d / wanted)), d))
         return nearest if wanted / 2 <= nearest <= wanted * 2 else wanted
 
+    def full_budget(self, batch_size: int) -> int:
+        """The step budget of a run at ``batch_size`` that no pruning has cut."""
+        return self.config.step_budget(steps_per_epoch_dropping_last(self.num_train, batch_size))
+
     def plan(self, optimizer: str, batch_size: int, learning_rate: float,
              budget: int | None = None, seed: int | None = None) -> RunPlan:
         every = self.eval_every(batch_size)
-        steps = budget if budget is not None else self.config.max_steps
+        steps = budget if budget is not None else self.full_budget(batch_size)
         steps = -(-steps // every) * every  # whole evaluation intervals
         if not get_engine(self.config.engine).fuses_steps:
             fused = 1
@@ -553,7 +557,7 @@ class StudyRunner:
         best = best_rate(by_rate, self.larger_is_better)
         best_median = rate_score(by_rate[best], self.larger_is_better)[0] if best is not None else math.inf
         pruned = config.prune and math.isfinite(best_median)
-        budget = min(config.max_steps, math.ceil(best_median)) if pruned else None
+        budget = min(self.full_budget(batch_size), math.ceil(best_median)) if pruned else None
         needed = config.seeds // 2 + 1  # seeds that must reach for the median seed to reach
         records: list[dict[str, Any]] = []
         for seed in config.seed_values:

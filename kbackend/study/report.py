@@ -287,6 +287,7 @@ def markdown(study: dict[str, Any], analysis: dict[str, Any], wall_time: float |
     config, env, info = study["config"], study["env"], study["dataset"]
     target = config["target"]
     header, rows = table_rows(study)
+    epoch_cap = f" or {config['max_epochs']} epochs, whichever is fewer" if config.get("max_epochs") else ""
     lines = [
         f"# Batch-size x optimizer study: {config['model']} on {info['name']}",
         "",
@@ -299,7 +300,7 @@ def markdown(study: dict[str, Any], analysis: dict[str, Any], wall_time: float |
         f"- grid: optimizers {', '.join(config['optimizers'])}; batch sizes "
         f"{', '.join(map(str, study['batch_sizes']))}; {config['lr_grid_size']} learning rates per "
         f"cell (extended by up to {config.get('lr_extend', 0)} each way); budget "
-        f"{config['max_steps']} steps per run; {config.get('seeds', 1)} seed(s) from "
+        f"{config['max_steps']} steps per run{epoch_cap}; {config.get('seeds', 1)} seed(s) from "
         f"{config['seed']}",
         f"- versions: {', '.join(f'{k} {v}' for k, v in sorted(env['versions'].items()))}",
     ]

@@ -30,6 +30,7 @@ from kbackend.backends.jax.step import (
     shard_batch,
     split_for_pmap,
     to_host,
+    unrolls_its_loop,
 )
 from kbackend.errors import ConfigError
 
@@ -47,7 +48,8 @@ class DataParallelTrainer:
         self.model, self.pmap, self.count = model, dp_impl == "pmap", count
         self.mesh = make_mesh(jax.devices()[:count])
         tx = spec.to_optax()
-        self.step = make_train_step(model, tx, self.mesh, dp_impl)
+        self.unroll = unrolls_its_loop(model)
+        self.step = make_train_step(model, tx, self.mesh, dp_impl, self.unroll)
         start = initial_state(model, tx)
         self.state = self._place_state(start)
         self.columns = slice(process * (batch // processes), (process + 1) * (batch // processes))
@@ -57,7 +59,8 @@ class DataParallelTrainer:
         self.trace_counts: dict[int, int] = {}
         self.history_extra = {"engine": "data_parallel", "devices": count,
                               "per_device_batch": batch // count, "processes": processes,
-                              "dp_impl": dp_impl, "losses_are_global_batch_means": True}
+                              "dp_impl": dp_impl, "losses_are_global_batch_means": True,
+                              "unrolled_loop": self.unroll}
 
     def _place_state(self, state: Any) -> Any:
         return replicate_for_pmap(state, self.count) if self.pmap else replicate(state, self.mesh)

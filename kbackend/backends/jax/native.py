@@ -21,8 +21,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kbackend.backends import capabilities, device_copy_once
-from kbackend.backends.jax.step import TrainState, initial_state, make_step
+from kbackend.backends import device_copy_once
+from kbackend.backends.jax.step import (
+    TrainState,
+    initial_state,
+    make_step,
+    scan_steps,
+    unrolls_its_loop,
+)
 from kbackend.data.batching import pad_to_chunks
 
 EVAL_CHUNK = 1024  # most validation samples per forward pass (the split is cut into even chunks)
@@ -94,23 +100,6 @@ def native_loop_uses_xla(jit_compile: bool) -> bool:
     """Always: JAX runs a loop of steps as one compiled program (``jax.jit``), with or without
     ``jit_compile``; there is no graph without XLA."""
     return True
-
-
-def unrolls_its_loop(model: Any) -> bool:
-    """``capabilities.unrolls_its_loop`` on JAX's default platform (conv models on a CPU)."""
-    return capabilities.unrolls_its_loop(model, jax.default_backend())
-
-
-def scan_steps(body: Any, state: Any, rows: Any, unroll: bool) -> tuple[Any, Any]:
-    """``lax.scan(body, state, rows)``, or with ``unroll`` the same steps written out one after
-    another (no while loop at all: ``lax.scan``'s ``unroll`` still leaves a one-trip loop)."""
-    if not unroll:
-        return jax.lax.scan(body, state, rows)
-    losses = []
-    for index in range(rows.shape[0]):
-        state, loss = body(state, rows[index])
-        losses.append(loss)
-    return state, jnp.stack(losses)
 
 
 class CompiledCalls:

@@ -22,13 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from kbackend.backends import device_copy_once
-from kbackend.backends.jax.native import (
-    CompiledCalls,
-    make_evaluator,
-    scan_steps,
-    unrolls_its_loop,
-)
-from kbackend.backends.jax.step import TrainState, make_step
+from kbackend.backends.jax.native import CompiledCalls, make_evaluator
+from kbackend.backends.jax.step import TrainState, make_step, scan_steps, unrolls_its_loop
 
 
 class PopulationTrainer(CompiledCalls):

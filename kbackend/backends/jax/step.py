@@ -16,7 +16,8 @@ The data-parallel semantics (those of ``jax.pmap`` with a named axis, written wi
 - BatchNormalization computes its batch statistics across all shards (``synced_batch_norm``), so
   normalization, moving statistics and gradients are those of the single-device global batch;
 - every device applies the same optax update to the same parameters, so they stay identical;
-- ``lax.scan`` runs K steps inside one compiled call.
+- ``lax.scan`` runs K steps inside one compiled call (written out instead where a loop would be
+  slow: conv models on a CPU, ``scan_steps``).
 
 With ``mesh=None`` the same code runs without any collective: the single-device reference.
 """
@@ -34,6 +35,8 @@ import optax
 from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+
+from kbackend.backends import capabilities
 
 AXIS = "batch"
 
@@ -170,16 +173,35 @@ def make_step(model: Any, tx: Any, axis_name: str | None = None) -> Callable[...
     return step
 
 
-def make_step_body(model: Any, tx: Any, axis_name: str | None) -> Callable[..., Any]:
+def unrolls_its_loop(model: Any) -> bool:
+    """``capabilities.unrolls_its_loop`` on JAX's default platform (conv models on a CPU)."""
+    return capabilities.unrolls_its_loop(model, jax.default_backend())
+
+
+def scan_steps(body: Any, state: Any, xs: Any, unroll: bool) -> tuple[Any, Any]:
+    """``lax.scan(body, state, xs)``, or with ``unroll`` the same steps written out one after
+    another (no while loop at all: ``lax.scan``'s ``unroll`` still leaves a one-trip loop)."""
+    if not unroll:
+        return lax.scan(body, state, xs)
+    outputs = []
+    for index in range(jax.tree.leaves(xs)[0].shape[0]):
+        state, output = body(state, jax.tree.map(lambda leaf, i=index: leaf[i], xs))
+        outputs.append(output)
+    return state, jax.tree.map(lambda *values: jnp.stack(values), *outputs)
+
+
+def make_step_body(model: Any, tx: Any, axis_name: str | None,
+                   unroll: bool = False) -> Callable[..., Any]:
     """K fused steps ``(state, (xs, ys)) -> (state, StepMetrics)`` on one device's shard.
 
     With ``axis_name`` the gradients, metrics and BatchNorm statistics are averaged over that
     axis (run it under ``shard_map`` / ``pmap``); without it this is the single-device step.
+    ``unroll`` writes the K steps out instead of looping (``scan_steps``).
     """
     one_step = make_step(model, tx, axis_name)
 
     def fused_steps(state: TrainState, batches: tuple[Any, Any]) -> tuple[TrainState, StepMetrics]:
-        return lax.scan(one_step, state, batches)
+        return scan_steps(one_step, state, batches, unroll)
 
     return fused_steps
 
@@ -190,17 +212,18 @@ def make_mesh(devices: list[Any]) -> Mesh:
 
 
 def make_train_step(model: Any, tx: Any, mesh: Mesh | None = None,
-                    impl: str = "shard_map") -> Callable[..., Any]:
+                    impl: str = "shard_map", unroll: bool = False) -> Callable[..., Any]:
     """The jitted train step ``(state, (xs, ys)) -> (state, StepMetrics)``; the state is donated.
 
     ``mesh=None``: single device, no collectives. ``impl="shard_map"``: ``xs`` of shape
     ``(K, B, ...)`` sharded along B over the mesh (see ``shard_batch``), state replicated
     (``replicate``). ``impl="pmap"``: the same body under ``jax.pmap``; state and batches carry a
-    leading device axis (``replicate_for_pmap``, ``split_for_pmap``).
+    leading device axis (``replicate_for_pmap``, ``split_for_pmap``). ``unroll``: the K steps
+    written out, not looped (``unrolls_its_loop``).
     """
     if mesh is None:
-        return jax.jit(make_step_body(model, tx, None), donate_argnums=0)
-    body = make_step_body(model, tx, AXIS)
+        return jax.jit(make_step_body(model, tx, None, unroll), donate_argnums=0)
+    body = make_step_body(model, tx, AXIS, unroll)
     if impl == "pmap":
         return jax.pmap(body, axis_name=AXIS, devices=list(mesh.devices.flat), donate_argnums=0)
     # check_vma=False: pmap semantics, where gradients of replicated parameters are per-device

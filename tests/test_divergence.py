@@ -98,6 +98,7 @@ class ScriptedTrainer:
         self.nan_from, self.steps_run, self.evaluations = nan_from, 0, 0
         self.trace_counts: dict[int, int] = {}
         self.history_extra: dict = {}
+        self.unroll = False
 
     def put_epoch(self, rows):
         return rows

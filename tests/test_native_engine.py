@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kbackend import data as data_module
-from kbackend.engines import native
+from kbackend.engines import loop, native
 from kbackend.engines.keras_fit import compile_model
 from kbackend.errors import ConfigError
 from kbackend.models import ModelOptions, build_model
@@ -282,13 +282,15 @@ def test_only_conv_models_on_a_cpu_unroll_their_loop(layers, platform, unrolled)
     assert capabilities.unrolls_its_loop(_Layers(*layers), platform, xla=False) is False
 
 
-def test_conv_models_unroll_their_steps_on_a_cpu_and_train_the_same(dataset):
+def test_conv_models_unroll_their_steps_on_a_cpu_and_train_the_same(dataset, monkeypatch):
     """A convolution inside XLA:CPU's while loop (``lax.scan`` on JAX, ``tf.range`` on TF) ran
     ~25-45x slower, so conv models' K-step calls are written out step by step
-    (``capabilities.unrolls_its_loop``); the steps themselves are unchanged: two calls of K = 2
-    end with the losses and weights of four calls of K = 1 (rtol 1e-5: the same ops, which XLA
-    may fuse differently). On TF the unrolled program's first call trains and puts the values
-    back: a run whose weights were disturbed by that call would not match."""
+    (``capabilities.unrolls_its_loop``), at most ``MAX_UNROLLED_STEPS`` per call (the program
+    holds a copy of the step per step; set to 2 here to keep the test short: a K = 4 asked runs
+    calls of 2); the steps themselves are unchanged: two calls of 2 end with the losses and
+    weights of four calls of K = 1 (rtol 1e-5: the same ops, which XLA may fuse differently).
+    On TF the unrolled program's first call trains and puts the values back: a run whose
+    weights were disturbed by that call would not match."""
     from kbackend.backends import impl
     from kbackend.training import train
 
@@ -300,9 +302,14 @@ def test_conv_models_unroll_their_steps_on_a_cpu_and_train_the_same(dataset):
                              eval_every=4, batch_size=32)
         return train(config)
 
-    fused, single = run(2), run(1)
+    monkeypatch.setattr(loop, "MAX_UNROLLED_STEPS", 2)
+    fused, single = run(4), run(1)
     assert fused.history.extra["unrolled_loop"] is True
     assert single.history.extra["unrolled_loop"] is True
+    assert fused.history.extra["fused_steps"] == 2 and fused.history.extra["fused_steps_asked"] == 4
+    assert set(fused.history.extra["trace_counts"]) == {"2"}
+    assert "fused_steps_asked" not in single.history.extra
+    monkeypatch.undo()
     assert len(fused.history.loss) == 4
     np.testing.assert_allclose(fused.history.loss, single.history.loss, rtol=1e-5)
     for got, want in zip(weights_of(fused.model), weights_of(single.model), strict=True):

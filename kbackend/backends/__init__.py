@@ -33,11 +33,14 @@ class Trainer(Protocol):
     ``fetch`` waits for. ``evaluate`` returns (validation loss, validation accuracy);
     ``snapshot``/``restore`` copy the model's values (for early stopping); ``finish`` writes the
     trained values back into the Keras model. ``trace_counts`` counts compilations per call
-    length; ``history_extra`` holds what the trainer adds to ``history.extra``.
+    length; ``history_extra`` holds what the trainer adds to ``history.extra``. ``unroll``:
+    whether a call's K steps are written out one after another (conv models on a CPU,
+    ``capabilities.unrolls_its_loop``), so that its program holds K copies of the step.
     """
 
     trace_counts: dict[int, int]
     history_extra: dict[str, Any]
+    unroll: bool
 
     def put_epoch(self, rows: np.ndarray) -> Any: ...
     def compile(self, length: int, epoch_rows: Any) -> float: ...

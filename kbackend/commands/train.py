@@ -177,6 +177,10 @@ def run(args: argparse.Namespace) -> int:
         probe = history.extra.get("fused_steps_probe")
         how = "" if probe is None else (" (auto: stored probe)" if probe.get("cached")
                                         else f" (auto: measured in {probe['seconds']:.1f}s)")
+        if "fused_steps_asked" in history.extra:
+            how = (f" (asked {history.extra['fused_steps_asked']}: this model's steps are "
+                   "written out one after another here, so a call holds at most "
+                   f"{history.extra['fused_steps']})")
         print(f"fused steps K={history.extra['fused_steps']}{how}")
     best = history.best("val_accuracy")
     last = history.evals[-1] if history.evals else {}

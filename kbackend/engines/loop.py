@@ -28,18 +28,27 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from kbackend.backends import Trainer
+from kbackend.backends.capabilities import MAX_UNROLLED_STEPS
 from kbackend.data import batching
 from kbackend.errors import ConfigError
 from kbackend.hardware.monitor import StepMonitor
 from kbackend.history import History
 
-__all__ = ["EarlyStopping", "EpochRunner", "Plan", "Trainer", "run", "run_population"]
+__all__ = ["EarlyStopping", "EpochRunner", "Plan", "Trainer", "run", "run_population",
+           "steps_per_call"]
+
+
+def steps_per_call(trainer: Trainer, fused_steps: int) -> int:
+    """K as asked, or at most ``capabilities.MAX_UNROLLED_STEPS`` where ``trainer`` writes its K
+    steps out: its program holds K copies of the step, so compile time and program size grow
+    with K while the step time does not fall (the steps are the same either way)."""
+    return min(fused_steps, MAX_UNROLLED_STEPS) if trainer.unroll else fused_steps
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,11 @@ class Plan:
             total = min(total, config.max_steps)
         return cls(n_train, config.batch_size, config.epochs, fused_steps, steps, total,
                    config.eval_every or steps)
+
+    def for_trainer(self, trainer: Trainer) -> Plan:
+        """This plan with K as ``trainer`` runs it (``steps_per_call``)."""
+        fused = steps_per_call(trainer, self.fused_steps)
+        return self if fused == self.fused_steps else replace(self, fused_steps=fused)
 
     @property
     def dropped_per_epoch(self) -> int:
@@ -216,6 +230,10 @@ def run(trainer: Trainer, plan: Plan, config: Any, reporter: Any = None, *,
     ``hardware_monitor``, and ``shuffle`` (False: every epoch in the dataset's order).
     """
     history = history if history is not None else History()
+    capped = plan.for_trainer(trainer)
+    if capped is not plan:
+        history.extra["fused_steps_asked"] = plan.fused_steps
+        plan = capped
     history.extra.update(fused_steps=plan.fused_steps, steps_per_epoch=plan.steps_per_epoch,
                          eval_every=plan.eval_every, dropped_per_epoch=plan.dropped_per_epoch)
     history.extra.update(trainer.history_extra)
@@ -262,7 +280,7 @@ class EpochRunner:
         self.trainer, self.n_train, self.batch_size, self.seed = trainer, n_train, batch_size, seed
         steps = batching.steps_per_epoch_dropping_last(n_train, batch_size)
         batching.check_fused_steps(fused_steps, steps, n_train, batch_size)
-        self.lengths = batching.call_lengths(steps, fused_steps)
+        self.lengths = batching.call_lengths(steps, steps_per_call(trainer, fused_steps))
         self.epoch = 0
         self.compile_time = 0.0
 
@@ -298,6 +316,7 @@ def run_population(trainer: Any, plan: Plan, configs: list[Any],
     if any(c.early_stopping or getattr(c, "hardware_monitor", False) for c in configs):
         raise ConfigError("A population runs neither early stopping nor the hardware monitor; "
                           "train those runs one at a time.")
+    plan = plan.for_trainer(trainer)
     histories = [History() for _ in configs]
     for history in histories:
         history.extra.update(fused_steps=plan.fused_steps, steps_per_epoch=plan.steps_per_epoch,

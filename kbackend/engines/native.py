@@ -10,7 +10,8 @@ short epoch per candidate on the model (its weights put back after each) and kee
 to ``history.extra["fused_steps_probe"]``; the probe runs before the clock starts). The answer
 is kept per machine, model and batch size (``cached_probe_fused_steps``), so it is measured once.
 Where the backend writes the K steps out (conv models on a CPU, ``capabilities.unrolls_its_loop``)
-compile time grows with K, so the candidates stop at ``capabilities.MAX_UNROLLED_STEPS``.
+compile time grows with K, so the candidates stop at ``capabilities.MAX_UNROLLED_STEPS``, and
+so does an explicit K (``loop.steps_per_call``; ``history.extra["fused_steps_asked"]`` keeps it).
 
 ``Runs`` trains many runs of one model on one set of compiled programs (the study's cells): the
 learning rate and the initial values are runtime arguments of the compiled step, so a cell
@@ -202,7 +203,7 @@ class Runs:
         population = self.population_trainer(configs)
         population.reset(values, [c.optimizer.learning_rate for c in configs])
         n_train, first = len(self.dataset.x_train), configs[0]
-        fused = first.fused_steps
+        fused = loop.steps_per_call(population, first.fused_steps)
         rows = population.put_epoch(np.stack([
             batching.epoch_batches(n_train, first.batch_size, c.seed, 0) for c in configs]))
         per_epoch = batching.steps_per_epoch_dropping_last(n_train, first.batch_size)
@@ -238,7 +239,8 @@ class Runs:
         waits for them: the steady cost of that cell's steps, nothing compiled."""
         trainer = self.trainer(config)
         trainer.reset(values, config.optimizer.learning_rate)
-        n_train, batch, fused = len(self.dataset.x_train), config.batch_size, config.fused_steps
+        n_train, batch = len(self.dataset.x_train), config.batch_size
+        fused = loop.steps_per_call(trainer, config.fused_steps)
         rows = trainer.put_epoch(batching.epoch_batches(n_train, batch, config.seed, 0))
         per_epoch = batching.steps_per_epoch_dropping_last(n_train, batch)
         trainer.compile(fused, rows)

@@ -82,6 +82,9 @@ class DataParallelTrainer:
             self.optimizer = spec.to_keras()
             self.optimizer.build(self.replica_model.trainable_variables)
         self.xla = not _has_batch_norm(model)
+        # The K steps stay a TF loop around the replica's XLA pass: no XLA while loop to avoid
+        # (measured: the Fashion-MNIST CNN on 2 devices trains as fast at K = 4 as at K = 1).
+        self.unroll = False
         self.x_train, self.y_train = dataset.x_train, dataset.y_train
         self._evaluator = shared_evaluator(model, dataset)
         self._compiled: dict[int, Any] = {}

@@ -116,6 +116,18 @@ def test_every_script_is_a_stub_of_a_registered_benchmark():
         assert f'raise SystemExit(main("{script.stem}"))' in text, script.name
 
 
+@pytest.mark.slow
+def test_a_train_steps_memory_grows_with_its_batch():
+    """``impl().train_step_memory`` (XLA's buffer assignment on JAX, the allocator's peak on TF)
+    measures the step, not a constant: the seed MLP's activations and their gradients grow by
+    ~(786 + 256 + 160 + 10) floats per sample, so 512 more samples add at least ~2.4 MiB."""
+    from kbackend.hardware import probe
+
+    work = probe.workload("seed_mlp", samples=640)
+    small, big = (probe.train_step_memory(work, batch)["step_memory_mib"] for batch in (32, 544))
+    assert small > 0 and big - small > 2.0
+
+
 def test_scaling_efficiency_is_relative_to_one_device():
     from kbackend.bench.parallel import efficiencies
 
@@ -139,6 +151,8 @@ def test_benchmark_quick_mode_writes_valid_json(name, tmp_path):
     options = ["--quick", "--backends", BACKEND, "--out", str(tmp_path), *QUICKER.get(name, ())]
     assert run(BENCHMARKS[name], options, in_process=True) == 0
     payload = check_report(tmp_path, name, backends=[BACKEND])
+    if name == "bench_data_format":
+        assert all(r["step_memory_mib"] > 0 for r in payload["rows"] if "note" not in r)
     if name == "bench_data_format" and BACKEND == "tensorflow":
         row = next(r for r in payload["rows"] if r["data_format"] == "channels_first")
         # TF's NCHW convolution on a CPU is probed (impl().supports_channels_first_conv()):

@@ -87,17 +87,19 @@ def measure_jit(settings: Settings) -> Rows:
 
 
 def measure_data_format(settings: Settings) -> Rows:
-    """The CNN in channels_last vs channels_first (reported as unsupported where the backend lacks NCHW convolutions)."""
+    """The CNN in channels_last vs channels_first: step time, and the memory a step needs beyond
+    its inputs (reported as unsupported where the backend lacks NCHW convolutions)."""
     batch, steps = (32, 6) if settings.quick else (128, 30)
-    rows, factories = [], {}
+    rows, factories, works = [], {}, {}
     for data_format in ("channels_last", "channels_first"):
         if data_format == "channels_first" and not impl().supports_channels_first_conv():
             rows.append({"data_format": data_format, "batch_size": batch,
                          "note": "unsupported (no NCHW Conv2D on this device and build)"})
             continue
-        work = probe.workload("cnn", data_format=data_format, samples=1024)
+        work = works[data_format] = probe.workload("cnn", data_format=data_format, samples=1024)
         factories[data_format] = lambda work=work: probe.FitProbe(work, batch, steps=steps)
-    rows += [{"data_format": name, **row} for name, row in interleaved(factories, settings).items()]
+    rows += [{"data_format": name, **row, **probe.train_step_memory(works[name], batch)}
+             for name, row in interleaved(factories, settings).items()]
     return rows, {"model": "cnn", "batch_size": batch}
 
 
@@ -260,7 +262,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("bench_jit", "Compiled vs eager train steps (Keras fit and the native engine).", measure_jit,
               ["config"], ["step_ms", "samples_per_s", "compile_s"]),
     Benchmark("bench_data_format", "CNN train step: channels_last vs channels_first.", measure_data_format,
-              ["data_format", "batch_size"], ["step_ms", "samples_per_s", "compile_s"]),
+              ["data_format", "batch_size"],
+              ["step_ms", "samples_per_s", "compile_s", "step_memory_mib"]),
     Benchmark("bench_precision", "float32 vs mixed_bfloat16 vs mixed_float16 (loss-scaled): step time "
               "(seed MLP) and accuracy on digits in a fixed step budget.", measure_precision,
               ["precision"], ["step_ms", "samples_per_s", "val_accuracy", "hardware_accelerated"],

@@ -64,6 +64,17 @@ def workload(model: str, dataset: str = "synthetic", *, data_dir: str | None = N
     return Workload(model, loaded.info, loaded.x_train, loaded.y_train, options)
 
 
+def train_step_memory(work: Workload, batch_size: int) -> dict[str, Any]:
+    """MiB one train step of ``work``'s model at ``batch_size`` needs beyond its resident inputs
+    (``impl().train_step_memory``: XLA's buffer assignment on JAX, the allocator's peak on TF)."""
+    model = build_model(work.model, work.info, work.options)
+    model.compile(optimizer=OptimizerSpec("sgd", 0.01).to_keras(),
+                  loss="sparse_categorical_crossentropy", jit_compile=True)
+    found = impl().train_step_memory(model, work.x[:batch_size], work.y[:batch_size])
+    return {"step_memory_mib": found["step_memory_bytes"] / 2**20,
+            "memory_source": found["memory_source"]}
+
+
 def _is_oom(error: BaseException) -> bool:
     text = str(error)
     return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "OOM" in text

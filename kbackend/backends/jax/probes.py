@@ -1,8 +1,10 @@
-"""JAX: what this installation and its hardware support (data formats, precisions, matmul peak)."""
+"""JAX: what this installation and its hardware support (data formats, precisions, matmul peak,
+a train step's memory)."""
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -57,3 +59,18 @@ def matmul_flops(n: int = 1024, dtype: str = "float32", repeats: int = 10,
     median = float(np.median(times))
     return {"n": n, "dtype": dtype, "jit": jit, "median_s": median, "flops": 2.0 * n**3 / median,
             "best_flops": 2.0 * n**3 / min(times), "compile_s": compile_s}
+
+
+def train_step_memory(model: Any, x: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+    """Bytes one train step of ``model`` on the batch ``(x, y)`` needs beyond its inputs and
+    outputs: the temporaries (activations, gradients, workspaces) of XLA's buffer assignment for
+    the native engine's compiled step, exact for that program and available on every platform."""
+    import optax
+
+    from kbackend.backends.jax.step import initial_state, make_train_step, unrolls_its_loop
+
+    tx = optax.sgd(0.01)
+    step = make_train_step(model, tx, unroll=unrolls_its_loop(model))
+    compiled = step.lower(initial_state(model, tx), (x[None], y[None])).compile()
+    return {"step_memory_bytes": int(compiled.memory_analysis().temp_size_in_bytes),
+            "memory_source": "XLA buffer assignment: the compiled step's temporaries"}

@@ -40,6 +40,7 @@ from kbackend.backends.tensorflow.probes import (
     precision_support,
     supports_channels_first_conv,
     supports_populations,
+    train_step_memory,
 )
 from kbackend.backends.tensorflow.reference import reference_train_loop
 
@@ -81,4 +82,5 @@ __all__ = [
     "supports_populations",
     "to_device",
     "to_numpy",
+    "train_step_memory",
 ]

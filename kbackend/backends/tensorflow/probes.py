@@ -1,14 +1,17 @@
-"""TensorFlow: what this build and its hardware support (data formats, precisions, matmul peak)."""
+"""TensorFlow: what this build and its hardware support (data formats, precisions, matmul peak,
+a train step's memory)."""
 
 from __future__ import annotations
 
 import functools
 import time
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from kbackend.backends.capabilities import precision_accelerated
+from kbackend.backends.tensorflow.ops import compute_devices
 
 
 @functools.cache
@@ -75,3 +78,18 @@ def matmul_flops(n: int = 1024, dtype: str = "float32", repeats: int = 10,
     median = float(np.median(times))
     return {"n": n, "dtype": dtype, "jit": jit, "median_s": median, "flops": 2.0 * n**3 / median,
             "best_flops": 2.0 * n**3 / min(times), "compile_s": compile_s}
+
+
+def train_step_memory(model: Any, x: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+    """Bytes one train step of the compiled Keras ``model`` on the batch ``(x, y)`` allocates
+    beyond what was in use before it: the peak of TensorFlow's allocator on the compute device
+    (it tracks the CPU too) over one ``train_on_batch``, after a first one has compiled the step
+    and built the optimizer's slots."""
+    device = compute_devices()[0].name.split("device:")[-1]
+    model.train_on_batch(x, y)
+    tf.config.experimental.reset_memory_stats(device)
+    before = tf.config.experimental.get_memory_info(device)["current"]
+    model.train_on_batch(x, y)
+    peak = tf.config.experimental.get_memory_info(device)["peak"]
+    return {"step_memory_bytes": int(peak - before),
+            "memory_source": "TensorFlow allocator peak over one train step"}

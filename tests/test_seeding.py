@@ -43,6 +43,8 @@ def test_a_jax_training_run_never_imports_tensorflow():
     code = ("import sys; from kbackend.training import TrainConfig, train; "
             "train(TrainConfig(epochs=1, engine='keras', batch_size=128)); "
             "train(TrainConfig(epochs=1, engine='native', batch_size=128)); "
+            "train(TrainConfig(epochs=1, engine='keras', data_parallel=True, devices=1, "
+            "batch_size=128)); "
             "print('tensorflow' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=ROOT, timeout=300)

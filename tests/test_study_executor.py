@@ -427,6 +427,13 @@ def test_compare_puts_backends_side_by_side(baseline, tmp_path, capsys):
     assert f"{BACKEND}/native time (s)" in text and "other/native time (s)" in text
     assert text.count("| sgd | 64 |") == 1 and "not reached" in text
     assert (tmp_path / "compare.md").is_file()
+    # Each study's line states the report's verdicts, intervals and all (not the medians'
+    # answers, which the report may call unresolved); a summary from before seeds, its medians'.
+    verdicts = other["analysis"]["verdicts"]
+    line = compare([other])
+    assert verdicts["fastest"]["text"] in line and verdicts["throughput_knee"]["text"] in line
+    assert all(x["text"] in line for x in verdicts["optimizers"])
+    del other["analysis"]["verdicts"]
     assert "fastest adam" in compare([other])
 
 

@@ -283,18 +283,30 @@ def compare(summaries: list[dict[str, Any]]) -> str:
             table.append([key[0], str(key[1]), *times, *steps, *speeds])
         lines += [markdown_rows(header, table)]
         for summary in group:
-            analysis = summary["analysis"]
-            best = analysis["best"]
-            best_text = (f"fastest {best['optimizer']} at batch {best['batch_size']} "
-                         f"({best['time_to_target']:.2f} s)") if best else "no cell reached the target"
-            cross = "; ".join(f"{x['challenger']} vs {x['incumbent']}: {x['note']}"
-                              for x in analysis["crossovers"])
-            b_simple = analysis.get("b_simple")
+            b_simple = summary["analysis"].get("b_simple")
             noise = f"B_simple ~ {b_simple:.0f}" if b_simple and math.isfinite(b_simple) else "B_simple n/a"
+            best_text, knee, cross = _verdict_texts(summary["analysis"])
             lines.append(f"- {_column(summary)} on {summary['env']['device']}: {best_text}; "
-                         f"throughput knee {analysis['throughput_knee']}; {noise}; {cross}")
+                         f"{knee}; {noise}; {cross}")
         lines.append("")
     return "\n".join(lines)
+
+
+def _verdict_texts(analysis: dict[str, Any]) -> tuple[str, str, str]:
+    """The fastest cell, the throughput knee and the optimizer crossovers as the study's report
+    states them: with the seeds' intervals ("not resolved at N seeds" where they overlap).
+    Summaries written before the study had seeds give their medians' answers."""
+    verdicts = analysis.get("verdicts")
+    if verdicts:
+        cross = "; ".join(f"{x['challenger']} vs {x['incumbent']}: {x['text']}"
+                          for x in verdicts["optimizers"])
+        return verdicts["fastest"]["text"], verdicts["throughput_knee"]["text"], cross
+    best = analysis["best"]
+    best_text = (f"fastest {best['optimizer']} at batch {best['batch_size']} "
+                 f"({best['time_to_target']:.2f} s)") if best else "no cell reached the target"
+    cross = "; ".join(f"{x['challenger']} vs {x['incumbent']}: {x['note']}"
+                      for x in analysis["crossovers"])
+    return best_text, f"throughput knee {analysis['throughput_knee']}", cross
 
 
 def write_comparison(summaries: list[dict[str, Any]], out: str | Path) -> Path:

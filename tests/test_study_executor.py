@@ -523,7 +523,14 @@ def test_max_epochs_caps_the_budget_where_the_epochs_end_first(tmp_path, monkeyp
     assert [cell["reached"] for cell in study["cells"]] == [False, False]
     # Without the cap, a stored study keeps its identity (its store key) from before the option.
     assert "max_epochs" not in StudyConfig().identity()
+    assert StudyConfig().identity()["max_steps"] == 3000
     assert StudyConfig(max_epochs=3).identity()["max_epochs"] == 3
+    # MNIST's default budget: 20,000 steps or 8 epochs (batch 8: 6,750 steps per epoch; batch
+    # 1,024: 52), the same question as the flags that say so.
+    mnist = StudyConfig(dataset="mnist")
+    assert (mnist.step_budget(6750), mnist.step_budget(52)) == (20_000, 416)
+    assert mnist.identity() == StudyConfig(dataset="mnist", max_steps=20_000, max_epochs=8).identity()
+    assert StudyConfig(dataset="mnist", max_epochs=0).step_budget(52) == 20_000
 
 
 def test_seeds_pick_the_rate_with_the_best_median_and_give_intervals(tmp_path, monkeypatch):
@@ -750,7 +757,7 @@ def test_the_default_study_is_mnist1d_large_with_a_resolving_validation_split(tm
     with ResultStore(tmp_path / "study.db") as store:
         runner = StudyRunner(from_cli, store)
         runner.prepare()
-    assert (from_cli.dataset, from_cli.model, from_cli.max_steps) == ("mnist1d_large", "mlp", 3000)
+    assert (from_cli.dataset, from_cli.model, from_cli.resolved_max_steps) == ("mnist1d_large", "mlp", 3000)
     assert runner.dataset.info.num_val >= 1000
     assert runner.batch_sizes == (8, 16, 32, 64, 128, 256, 512, 1024)
     assert from_cli.resolved_target == Target("val_accuracy", 0.6)

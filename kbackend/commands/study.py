@@ -18,6 +18,7 @@ from kbackend.errors import ConfigError, path_errors
 from kbackend.models import MODELS
 from kbackend.optim import OPTIMIZERS
 from kbackend.study.config import (
+    DEFAULT_BUDGETS,
     DEFAULT_DATASET,
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_STEPS,
@@ -108,12 +109,13 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                         help="validation target value (default per dataset: mnist1d_large 0.6, "
                              "digits 0.95, mnist 0.97)")
     target.add_argument("--target-metric", default="val_accuracy", choices=["val_accuracy", "val_loss"])
-    target.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS,
-                        help=f"step budget per run (default {DEFAULT_MAX_STEPS})")
-    target.add_argument("--max-epochs", type=int, default=0,
+    target.add_argument("--max-steps", type=int, default=None,
+                        help=f"step budget per run (default {DEFAULT_MAX_STEPS}; mnist "
+                             f"{DEFAULT_BUDGETS['mnist'][0]})")
+    target.add_argument("--max-epochs", type=int, default=None,
                         help="also cap each run at this many epochs, so small batches can have a "
                              "large --max-steps without large batches running as many steps "
-                             "(default 0: no epoch cap)")
+                             f"(default 0: no epoch cap; mnist {DEFAULT_BUDGETS['mnist'][1]})")
     target.add_argument("--evals-per-epoch", type=int, default=8,
                         help="how often the target is checked (engines that validate once per "
                              "epoch ignore it)")

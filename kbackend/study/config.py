@@ -26,6 +26,10 @@ SMALLEST_DEFAULT_BATCH = 8
 DEFAULT_DATASET = "mnist1d_large"
 DEFAULT_MODEL = "mlp"
 DEFAULT_MAX_STEPS = 3000
+# Per-dataset budgets (max_steps, max_epochs) where the default's 3,000 steps cannot reach the
+# target: on MNIST batch 8 needs 9,000-13,500 steps to 0.97, and at most 8 epochs keeps large
+# batches from running as many (measured: docs/reproductions.md, the IPU MNIST study).
+DEFAULT_BUDGETS: dict[str, tuple[int, int]] = {"mnist": (20_000, 8)}
 
 # A target per dataset that seed_mlp reaches with a tuned learning rate within the default
 # budget at every default batch size, yet late enough that the optimizers differ.
@@ -82,7 +86,8 @@ class StudyConfig:
     ``lr_grid_size``-point grid spaced by ``lr_factor`` around ``CENTRE_LR`` scaled to the
     batch size). ``max_steps`` is each run's step budget, cut to ``max_epochs`` epochs where that
     is fewer (0: no epoch cap), so that one study can give a small batch thousands of steps and a
-    large batch no more passes over the data than it needs; ``evals_per_epoch`` sets how often the
+    large batch no more passes over the data than it needs (None: the dataset's default,
+    ``DEFAULT_BUDGETS``, else ``DEFAULT_MAX_STEPS`` and no cap); ``evals_per_epoch`` sets how often the
     target is checked (engines that validate once per epoch do that instead). With ``prune``, a
     later learning rate of a cell gets the best median steps-to-target so far as its budget: it
     can only win by reaching the target in fewer steps. Each learning rate runs with ``seeds``
@@ -116,8 +121,8 @@ class StudyConfig:
     lr_grid_size: int = 3
     lr_factor: float = math.sqrt(10.0)
     target: Target | None = None
-    max_steps: int = DEFAULT_MAX_STEPS
-    max_epochs: int = 0
+    max_steps: int | None = None
+    max_epochs: int | None = None
     evals_per_epoch: int = 8
     engine: str = "keras"
     fused_steps: int = 0
@@ -182,11 +187,15 @@ class StudyConfig:
                               "each run at a validation target, so it needs a split in (0, 1).")
         for name in ("max_steps", "evals_per_epoch", "noise_draws", "seeds"):
             value = getattr(self, name)
+            if name == "max_steps" and value is None:
+                continue
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"Invalid {name} {value!r}: expected an integer >= 1.")
         for name in ("max_epochs", "fused_steps", "noise_points", "noise_small_batch", "noise_big_batch",
                      "max_batch_size", "lr_extend", "step_time_repeats"):
             value = getattr(self, name)
+            if name == "max_epochs" and value is None:
+                continue
             if not isinstance(value, int) or value < 0:
                 raise ConfigError(f"Invalid {name} {value!r}: expected an integer >= 0.")
         if self.noise_small_batch and self.noise_big_batch and \
@@ -228,11 +237,25 @@ class StudyConfig:
         """The seeds every learning rate of a cell runs with."""
         return tuple(self.seed + index for index in range(self.seeds))
 
+    @property
+    def resolved_max_steps(self) -> int:
+        """``max_steps``, or the dataset's default budget when it is None."""
+        if self.max_steps is not None:
+            return self.max_steps
+        return DEFAULT_BUDGETS.get(self.dataset, (DEFAULT_MAX_STEPS, 0))[0]
+
+    @property
+    def resolved_max_epochs(self) -> int:
+        """``max_epochs``, or the dataset's default epoch cap when it is None (0: none)."""
+        if self.max_epochs is not None:
+            return self.max_epochs
+        return DEFAULT_BUDGETS.get(self.dataset, (DEFAULT_MAX_STEPS, 0))[1]
+
     def step_budget(self, steps_per_epoch: int) -> int:
         """A run's full step budget at a batch size of ``steps_per_epoch`` steps per epoch."""
-        if self.max_epochs:
-            return min(self.max_steps, self.max_epochs * steps_per_epoch)
-        return self.max_steps
+        if self.resolved_max_epochs:
+            return min(self.resolved_max_steps, self.resolved_max_epochs * steps_per_epoch)
+        return self.resolved_max_steps
 
     @property
     def resolved_target(self) -> Target:
@@ -272,6 +295,7 @@ class StudyConfig:
     def to_dict(self) -> dict[str, Any]:
         payload = asdict(self)
         payload["target"] = asdict(self.resolved_target)
+        payload["max_steps"], payload["max_epochs"] = self.resolved_max_steps, self.resolved_max_epochs
         payload["learning_rates"] = {k: list(v) for k, v in sorted(self.learning_rates.items())}
         return payload
 

@@ -9,8 +9,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from kbackend.backends.capabilities import precision_accelerated
+from kbackend.backends.jax.step import initial_state, make_train_step, unrolls_its_loop
 
 
 def supports_channels_first_conv() -> bool:
@@ -65,10 +67,6 @@ def train_step_memory(model: Any, x: np.ndarray, y: np.ndarray) -> dict[str, Any
     """Bytes one train step of ``model`` on the batch ``(x, y)`` needs beyond its inputs and
     outputs: the temporaries (activations, gradients, workspaces) of XLA's buffer assignment for
     the native engine's compiled step, exact for that program and available on every platform."""
-    import optax
-
-    from kbackend.backends.jax.step import initial_state, make_train_step, unrolls_its_loop
-
     tx = optax.sgd(0.01)
     step = make_train_step(model, tx, unroll=unrolls_its_loop(model))
     compiled = step.lower(initial_state(model, tx), (x[None], y[None])).compile()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import ModuleType
 
 from kbackend.errors import BackendError
@@ -16,6 +18,18 @@ from kbackend.errors import BackendError
 BACKENDS: tuple[str, ...] = ("jax", "tensorflow")
 DEFAULT_BACKEND = "jax"
 ENV_VAR = "KERAS_BACKEND"
+
+# Optional integrations that Keras and TensorFlow import as they are imported, whenever they are
+# installed, and that kbackend's commands never use: scikit-learn (keras.wrappers) and
+# matplotlib.pyplot (keras.visualization), ~2.5 s of Keras's ~3 s import here; and, on
+# TensorFlow, JAX (for TFLite's JAX converter, ~1 s). A command's own process imports the
+# frameworks without them (``skip_optional_imports``, docs/engines.md); a library user's process
+# never does, since their code may use those APIs.
+OPTIONAL_IMPORTS: dict[str, tuple[str, ...]] = {
+    "jax": ("sklearn", "matplotlib"),
+    "tensorflow": ("sklearn", "matplotlib", "jax"),
+}
+_skip_optional = False
 
 
 def validate_backend(name: str) -> str:
@@ -63,10 +77,41 @@ def use_backend(name: str | None = None) -> str:
     return backend
 
 
+def skip_optional_imports() -> None:
+    """Import the frameworks in this process without their unused integrations.
+
+    Only for a process that runs kbackend's code alone (the command line's): there
+    ``keras.wrappers``, ``keras.visualization`` and TFLite's JAX converter stop working, while
+    scikit-learn, matplotlib and JAX themselves still import normally afterwards.
+    """
+    global _skip_optional
+    _skip_optional = True
+
+
+@contextmanager
+def framework_import() -> Iterator[None]:
+    """Wrap the first import of Keras or of a backend framework (TensorFlow imports Keras itself):
+    after ``skip_optional_imports``, ``import`` fails for the backend's ``OPTIONAL_IMPORTS`` not
+    imported yet, for the duration, so the frameworks skip them."""
+    hidden = []
+    if _skip_optional and "keras" not in sys.modules:
+        optional = OPTIONAL_IMPORTS[requested_backend(os.environ.get(ENV_VAR))]
+        hidden = [name for name in optional if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment]  # to the import system: not found
+    try:
+        yield
+    finally:
+        for name in hidden:
+            if sys.modules.get(name, 0) is None:
+                del sys.modules[name]
+
+
 def keras() -> ModuleType:
     """Import and return Keras on the selected backend (selecting the default if none was)."""
     use_backend(os.environ.get(ENV_VAR))
-    import keras as keras_module  # deferred: the backend choice must precede it
+    with framework_import():
+        import keras as keras_module  # deferred: the backend choice must precede it
 
     return keras_module
 

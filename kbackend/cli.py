@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kbackend import __version__, commands, logs
-from kbackend.backend_choice import BACKENDS, use_backend
+from kbackend.backend_choice import BACKENDS, skip_optional_imports, use_backend
 from kbackend.backends.compile_cache import COMPILE_CACHE_ENV
 from kbackend.errors import KBackendError
 
@@ -105,6 +105,7 @@ def main(argv: Sequence[str] | None = None, *, own_process: bool = False) -> int
     verbose = logs.verbose_requested(args.verbose)
     logs.quiet_python_logs(verbose)
     if own_process:  # before any framework is imported: their libraries log as they load
+        skip_optional_imports()
         if verbose:
             os.environ[logs.VERBOSE_ENV] = "1"  # child processes (launch's) show theirs too
         else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -82,3 +83,31 @@ def test_torch_is_not_importable_and_not_imported():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_command_process_imports_the_frameworks_without_their_unused_integrations():
+    # A fresh process, as a command's own: here Keras was imported with its integrations.
+    code = (
+        "import json, sys; from kbackend import backend_choice as bc; "
+        f"bc.skip_optional_imports(); bc.use_backend({BACKEND!r}); "
+        "from kbackend.backends import impl; impl(); keras = bc.keras(); "
+        f"imported = [n for n in bc.OPTIONAL_IMPORTS[{BACKEND!r}] if n in sys.modules]; "
+        "import keras.src.wrappers.fixes as fixes; skipped = fixes.sklearn is None; "
+        "from kbackend.data import load; digits = load('digits'); "  # scikit-learn's data
+        "import matplotlib; matplotlib.use('Agg'); import matplotlib.pyplot; "
+        "print(json.dumps([imported, skipped, len(digits.x_train)]))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    imported, skipped, train_samples = json.loads(result.stdout.strip().splitlines()[-1])
+    assert imported == [] and skipped
+    assert train_samples > 1000  # scikit-learn imported normally once the frameworks were in
+
+
+def test_a_library_process_keeps_keras_integrations():
+    from kbackend.backend_choice import keras
+
+    keras()
+    import keras.src.wrappers.fixes as fixes
+
+    assert fixes.sklearn is not None  # keras.wrappers works for a library user's code

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from kbackend.backend_choice import selected_backend
+from kbackend.backend_choice import framework_import, selected_backend
 
 _PACKAGES = {"jax": "kbackend.backends.jax", "tensorflow": "kbackend.backends.tensorflow"}
 
@@ -118,7 +118,8 @@ class BackendOps(Protocol):
 
 def backend_package(name: str) -> BackendOps:
     """The package implementing ``BackendOps`` for backend ``name`` (imports its framework)."""
-    return importlib.import_module(_PACKAGES[name])  # type: ignore[return-value]
+    with framework_import():
+        return importlib.import_module(_PACKAGES[name])  # type: ignore[return-value]
 
 
 @functools.cache

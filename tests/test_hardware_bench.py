@@ -167,10 +167,13 @@ def test_benchmark_quick_mode_writes_valid_json(name, tmp_path):
         bf16 = [r for r in payload["rows"] if r["precision"] == "mixed_bfloat16"]
         assert bf16 and all(r["variable_dtypes"] == ["float32"] for r in bf16)  # float32 variables
     if name == "bench_time_to_target":  # whole processes, each reaching digits' 0.9
-        assert {(r["side"], r["cache"]) for r in payload["rows"]} == {("keras_script", "-"),
-                                                                      ("kbackend", "cold")}
-        assert all(r["reached"] and r["wall_s"] > 0 for r in payload["rows"])
+        assert {(r["side"], r["cache"]) for r in payload["rows"]} == {
+            ("keras_script", "-"), ("kbackend", "cold"), ("kbackend_info", "-"),
+            ("kbackend_train_help", "-")}
+        assert all(r["wall_s"] > 0 for r in payload["rows"])
+        assert all(r["reached"] for r in payload["rows"] if "reached" in r)
         assert payload["summaries"][0]["ratio_cold"] > 0
+        assert payload["summaries"][0]["kbackend_info_wall_s"] > 0
 
 
 def test_time_to_target_summary_and_table_from_planted_rows():
@@ -181,6 +184,8 @@ def test_time_to_target_summary_and_table_from_planted_rows():
     rows += [{"backend": "jax", "side": "kbackend", "cache": c, "wall_s": w, "reached": True}
              for c, w in (("cold", 12.0), ("cold", 11.0), ("cold", 15.0), ("warm", 6.6),
                           ("warm", 7.0), ("warm", 9.0))]
+    rows += [{"backend": "jax", "side": "kbackend_info", "cache": "-", "wall_s": w}
+             for w in (1.2, 1.4, 3.0)]
     summary = _summary(rows, "mnist", 0.97, {"batch_size": 256})
     assert summary["ratio_cold"] == pytest.approx(12.0 / 22.0)
     assert summary["ratio_warm"] == pytest.approx(7.0 / 22.0)
@@ -188,6 +193,9 @@ def test_time_to_target_summary_and_table_from_planted_rows():
     table = time_to_target_table({"summaries": [{"backend": "jax", **summary}], "rows": rows})
     assert "kbackend (warm compile cache) / plain Keras script, median wall time: 0.32" in table
     assert "| kbackend | cold | 3 | 3 | 12" in table
+    assert "`kbackend info`, median wall time: 1.40 s" in table
+    assert summary["kbackend_train_help_wall_s"] is None  # not measured: no line
+    assert "train --help" not in table
 
 
 def test_advise_quick_prints_recommendations(cli, tmp_path):

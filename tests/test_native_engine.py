@@ -326,6 +326,31 @@ def test_conv_models_unroll_their_steps_on_a_cpu_and_train_the_same(dataset, mon
     assert native.probe_candidates(fused.model, jit_compile=False) == unrolled_without_xla
 
 
+@pytest.mark.skipif(BACKEND != "tensorflow",
+                    reason="TensorFlow's loop: JAX's one-step call trains as fast in its scan")
+def test_a_one_step_call_has_no_loop_on_tensorflow(dataset):
+    """K = 1 needs no loop, and TF's loop made the seed MLP's step ~40% slower on a CPU: a
+    one-step call is the step written out (that it trains like K steps: the fused-vs-single
+    tests above)."""
+    import tensorflow as tf
+
+    from kbackend.backends import impl
+
+    trainer = impl().native_trainer(toy_model(dataset), OptimizerSpec("sgd", 0.1), dataset)
+    rows = trainer.put_epoch(np.arange(64).reshape(2, 32))
+
+    def op_types(length: int) -> set[str]:
+        trainer.compile(length, rows)
+        graph = trainer._compiled[length].get_concrete_function(
+            trainer.x_train, trainer.y_train, rows, tf.constant(0), tf.constant(length)).graph
+        return {op.type for op in graph.get_operations()}
+
+    loops = {"While", "StatelessWhile"}
+    assert not loops & op_types(1)
+    assert loops & op_types(2)
+    assert trainer.writes_out(1) and not trainer.writes_out(2)
+
+
 def test_without_xla_the_loop_trains_the_same(dataset):
     """``--no-jit``: TensorFlow runs the native loop as a ``tf.function`` graph without XLA (no
     XLA program compiled); JAX's loop is one XLA program either way. The steps are the same:

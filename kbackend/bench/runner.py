@@ -21,6 +21,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from kbackend import logs
 from kbackend.backend_choice import BACKENDS, use_backend, validate_backend
 from kbackend.bench.registry import BENCHMARKS
 from kbackend.bench.spec import Benchmark, Settings, WorkerSpec
@@ -145,7 +146,14 @@ def run(bench: Benchmark, argv: Sequence[str] | None = None, *, in_process: bool
 
 
 def main(name: str, argv: Sequence[str] | None = None) -> int:
-    """Run the registered benchmark ``name`` (what every ``scripts/bench_*.py`` calls)."""
+    """Run the registered benchmark ``name`` (what every ``scripts/bench_*.py`` calls).
+
+    The calling process is the benchmark's own, so the frameworks' C++ log lines are filtered
+    out of its output as on the command line (``KBACKEND_VERBOSE=1`` keeps them); its worker
+    processes inherit the filter.
+    """
+    if not logs.verbose_requested():
+        logs.install_filter()
     return run(BENCHMARKS[name], argv)
 
 

@@ -12,12 +12,13 @@ Conv models on a CPU write the ``K`` steps out instead (a Python ``for`` in the 
 ``capabilities.unrolls_its_loop``): XLA:CPU runs a convolution inside the loop ~40x slower. Such
 a call has no 0-step form (a ``tf.cond`` around the steps is as slow as the loop), so its first
 call trains ``K`` steps and the variables are put back afterwards: its compile time includes
-those steps.
+those steps. A one-step call (K = 1) is written out for every model: it needs no loop, and TF's
+loop made even the seed MLP's step ~40% slower here (docs/engines.md).
 
 ``jit_compile=False`` (``--no-jit``) runs the same loop as a ``tf.function`` graph without XLA:
 no XLA compilation (on a CPU 1-3 s per program, more than a short run trains), steps slower
-for larger models (docs/engines.md), and never written out (the unrolled form exists for
-XLA:CPU's loops).
+for larger models (docs/engines.md), and written out only at K = 1 (the unrolled form exists
+for XLA:CPU's loops).
 
 Reached only through ``kbackend.backends.ops()`` (the dispatch point).
 """
@@ -136,10 +137,16 @@ class NativeTrainer:
         self.history_extra.update(unrolled_loop=self.unroll, xla=jit_compile)
 
     # -- training -------------------------------------------------------------------------
+    def writes_out(self, length: int) -> bool:
+        """Whether a ``length``-step call has its steps written out instead of a loop: where the
+        model's are (``unroll``), and always for one step, which needs no loop; TF's XLA loop
+        made the seed MLP's step ~40% slower on a CPU (docs/engines.md)."""
+        return self.unroll or length == 1
+
     def _run_fn(self, length: int) -> Any:
         def run(x_all, y_all, epoch_rows, start, n_steps):
             self.trace_counts[length] = self.trace_counts.get(length, 0) + 1
-            if self.unroll:  # ``length`` steps written out; ``n_steps`` is always ``length``
+            if self.writes_out(length):  # the steps written out; ``n_steps`` is ``length``
                 return tf.stack([
                     tf.cast(self._step_at(x_all, y_all, epoch_rows, start + i), tf.float32)
                     for i in range(length)])
@@ -167,7 +174,7 @@ class NativeTrainer:
             return 0.0
         start = time.perf_counter()
         fn = self._run_fn(length)
-        if self.unroll:  # no 0-step call: train ``length`` steps, then put every value back
+        if self.writes_out(length):  # no 0-step call: train ``length`` steps, put values back
             saved = [np.array(v.numpy()) for v in self._all_variables()]
             fn(self.x_train, self.y_train, epoch_rows, tf.constant(0), tf.constant(length)).numpy()
             for variable, value in zip(self._all_variables(), saved, strict=True):

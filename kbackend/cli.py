@@ -64,8 +64,10 @@ class OneLineErrorParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full parser: global options plus one subparser per module in ``kbackend.commands``."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The full parser: global options plus one subparser per module in ``kbackend.commands``
+    (``kbackend/commands/<name>.py`` registers the command ``<name>``); ``command``: that one
+    alone (a command line runs one command; importing them all costs each start-up ~0.2 s)."""
     common = OneLineErrorParser(add_help=False)
     common.add_argument(
         "--backend", default=None, metavar="NAME",
@@ -86,12 +88,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineErrorParser)
     subparsers.required = True
-    for module_info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        if module_info.name.startswith("_"):
+    for name in command_names():
+        if command not in (None, name):
             continue
-        module = importlib.import_module(f"{commands.__name__}.{module_info.name}")
+        module = importlib.import_module(f"{commands.__name__}.{name}")
         module.register(subparsers, [common])
     return parser
+
+
+def command_names() -> list[str]:
+    """The names of the commands, without importing them."""
+    return sorted(m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_"))
 
 
 def main(argv: Sequence[str] | None = None, *, own_process: bool = False) -> int:
@@ -100,7 +107,9 @@ def main(argv: Sequence[str] | None = None, *, own_process: bool = False) -> int
     ``own_process``: this process is the command's alone (``entrypoint``), so the frameworks'
     C++ log lines may be filtered out of its file descriptors 1 and 2 (``kbackend.logs``).
     """
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    named = argv[0] if argv and argv[0] in command_names() else None
+    parser = build_parser(named)  # no command named (--help, a typo): every command, listed
     args = parser.parse_args(argv)
     verbose = logs.verbose_requested(args.verbose)
     logs.quiet_python_logs(verbose)

@@ -62,3 +62,25 @@ def test_help_shows_defaults_but_not_for_on_off_flags(cli):
     assert "--fused-steps K" in text and "(default: 1)" in text
     assert "turn off jit_compile (XLA) (default" not in text  # a store_false flag has no default to show
     assert "Keras backend: one of jax, tensorflow (default: $KERAS_BACKEND, else jax)" in text  # said once
+
+
+def test_a_command_line_builds_only_the_command_it_names():
+    import argparse
+    import subprocess
+    import sys
+
+    from kbackend.cli import build_parser, command_names
+
+    def choices(parser: argparse.ArgumentParser) -> list[str]:
+        action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        return sorted(action.choices)
+
+    # kbackend/commands/<name>.py registers the command <name>: the rule the shortcut relies on.
+    assert choices(build_parser()) == command_names() and "study" in command_names()
+    assert choices(build_parser("info")) == ["info"]
+    # A fresh process, as a user's: `kbackend info` imports no other command's module.
+    code = ("import sys; from kbackend.cli import main; main(['info']); "
+            "print(sorted(m for m in sys.modules if m.startswith('kbackend.commands.')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "['kbackend.commands.info']"

@@ -35,6 +35,23 @@ def die_after_a_word(status: int) -> None:
     os._exit(status)
 
 
+def log_like_a_framework() -> None:
+    sys.stderr.write("I0000 00:00:1796317739.399876   11897 port.cc:153] oneDNN custom "
+                     "operations are on.\n")
+    sys.stderr.write("epoch 1/2: val_accuracy 0.5\n")
+    sys.stderr.flush()
+
+
+def test_an_echoing_child_passes_its_lines_on_but_not_the_frameworks_logs(capsys, monkeypatch):
+    monkeypatch.delenv("KBACKEND_VERBOSE", raising=False)
+    run_in_child("tests.test_runtime_child:log_like_a_framework", BACKEND, echo=True)
+    echoed = capsys.readouterr().err
+    assert "epoch 1/2: val_accuracy 0.5" in echoed and "port.cc" not in echoed
+    monkeypatch.setenv("KBACKEND_VERBOSE", "1")  # --verbose: everything
+    run_in_child("tests.test_runtime_child:log_like_a_framework", BACKEND, echo=True)
+    assert "port.cc:153] oneDNN" in capsys.readouterr().err
+
+
 def test_child_environment_names_the_backend_and_this_kbackend():
     env = child_environment("tf", virtual_devices=4, extra={"XLA_FLAGS": "--xla_dump_to=/tmp/x"})
     assert env["KERAS_BACKEND"] == "tensorflow"

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kbackend import logs
 from kbackend.backend_choice import use_backend, validate_backend
 from kbackend.backends.capabilities import VIRTUAL_DEVICES_ENV
 from kbackend.errors import KBackendError
@@ -126,9 +127,11 @@ def run_in_child(target: str, backend: str, kwargs: Mapping[str, Any] | None = N
 
 
 def _drain(stream: Any, tail: collections.deque[str], echo: bool) -> None:
+    verbose = logs.verbose_requested()
     for line in stream:
         tail.append(line)
-        if echo:
+        # Echoed lines are this process's own writes, which the fd filter never sees.
+        if echo and (verbose or not logs.is_framework_log(line.encode(errors="replace"))):
             sys.stderr.write(line)
             sys.stderr.flush()
     stream.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -77,6 +79,28 @@ def test_mnist1d_is_cached_after_first_generation(tmp_path, monkeypatch):
     monkeypatch.setattr(mnist1d.data, "make_dataset", lambda *a, **k: pytest.fail("regenerated"))
     second = data.load("mnist1d")
     np.testing.assert_array_equal(first.x_train, second.x_train)
+
+
+def test_mnist1d_is_generated_value_for_value_as_the_package_does():
+    """kbackend generates MNIST-1D with a faster interpolation than the package's (the default
+    study's data is generated on a fresh machine): the arrays must be the package's, bit for bit
+    (the reproductions compare against upstream's data)."""
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    from kbackend.data import sources
+
+    args = get_dataset_args()
+    args.num_samples = 300
+    upstream = make_dataset(args)
+    with sources._fast_mnist1d_interpolation():
+        ours = make_dataset(args)
+    for key in ("x", "y", "x_test", "y_test", "t"):
+        np.testing.assert_array_equal(ours[key], upstream[key])
+    transform = sys.modules["mnist1d.transform"]
+    assert transform.interpolate is not sources.mnist1d_interpolate  # put back afterwards
+    signal = np.random.default_rng(0).normal(size=37)
+    np.testing.assert_array_equal(sources.mnist1d_interpolate(signal, 60),
+                                  transform.interpolate(signal, 60))
 
 
 def test_the_default_studys_data_resolves_accuracy_to_a_tenth_of_a_percent():

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import gzip
 import hashlib
 import json
 import math
 import os
+import sys
 import textwrap
 import zipfile
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,6 +97,33 @@ def load_digits() -> RawData:
 MNIST1D_LARGE_SAMPLES = 15_000
 
 
+@functools.cache
+def _unit_grid(points: int) -> np.ndarray:
+    grid = np.linspace(0, 1, points)
+    grid.flags.writeable = False
+    return grid
+
+
+def mnist1d_interpolate(x: np.ndarray, points: int) -> np.ndarray:
+    """``mnist1d.transform.interpolate`` for its 1-D float64 signals, value for value: there
+    ``scipy.interpolate.interp1d(kind="linear")`` hands the call to ``np.interp`` with the same
+    grids, after building an interpolator object per call; the grids here are built once."""
+    return np.interp(_unit_grid(points), _unit_grid(len(x)), x)
+
+
+@contextlib.contextmanager
+def _fast_mnist1d_interpolation() -> Iterator[None]:
+    """Generate MNIST-1D with ``mnist1d_interpolate``: the same arrays (tests/test_data.py), in
+    ~0.45x the time (mnist1d_large: 6.7 s -> ~3 s here, most of it interp1d's set-up)."""
+    module = sys.modules["mnist1d.transform"]  # the package's ``transform`` name is a function
+    original = module.interpolate
+    module.interpolate = mnist1d_interpolate
+    try:
+        yield
+    finally:
+        module.interpolate = original
+
+
 def load_mnist1d(num_samples: int | None = None) -> RawData:
     """MNIST-1D generated with the mnist1d package (never its download path), cached on disk.
 
@@ -120,7 +151,8 @@ def load_mnist1d(num_samples: int | None = None) -> RawData:
     else:
         arrays = None
     if arrays is None:
-        generated = make_dataset(args)
+        with _fast_mnist1d_interpolation():
+            generated = make_dataset(args)
         arrays = {k: np.asarray(generated[k]) for k in ("x", "y", "x_test", "y_test")}
 
         def write(tmp: Path) -> None:

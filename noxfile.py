@@ -49,7 +49,8 @@ def _env(session: nox.Session, backend: str) -> dict[str, str]:
     # The persistent compilation cache stays on, in a folder of the session's own that each run
     # starts empty: the many identical programs the tests compile (one model, many runs, worker
     # processes) are compiled once per run, and no run depends on what an earlier one left
-    # (JAX: the JAX sessions took 743 s without it, 475 s with it; TensorFlow has no such cache).
+    # (JAX: the JAX sessions took 743 s without it, 475 s with it; TensorFlow's, per process and
+    # published at exit, since 2026-12-03).
     cache = os.path.join(session.virtualenv.location, "kbackend-cache")
     shutil.rmtree(cache, ignore_errors=True)
     # Bytecode is written even where the machine sets PYTHONDONTWRITEBYTECODE (this one and CI

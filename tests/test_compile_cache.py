@@ -1,6 +1,6 @@
-"""The persistent compilation cache: private to the user, off on request, reused by the next
-process, and a corrupt entry is recompiled rather than fatal (JAX; TensorFlow's stays off, see
-kbackend.backends.compile_cache)."""
+"""The persistent compilation caches: private to the user, off on request, reused by the next
+process, and a corrupt entry is recompiled rather than fatal (JAX's, and TensorFlow's through
+per-process folders and verified entries: kbackend.backends.compile_cache)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ import sys
 
 import pytest
 
-from kbackend.backends.compile_cache import COMPILE_CACHE_ENV, compile_cache_folder
+from kbackend.backends.compile_cache import (
+    COMPILE_CACHE_ENV,
+    compile_cache_folder,
+    entry_digest,
+    private_cache_folder,
+    publish_entries,
+)
 from tests.conftest import BACKEND, ROOT
 
 # A fresh process: the cache folder is read once, when the backend starts.
@@ -52,7 +58,7 @@ def test_no_compile_cache_flag_turns_it_off(cli, monkeypatch):
     assert os.environ[COMPILE_CACHE_ENV] == "0"
 
 
-@pytest.mark.skipif(BACKEND != "jax", reason="the persistent cache is JAX's (TensorFlow's stays off)")
+@pytest.mark.skipif(BACKEND != "jax", reason="JAX's cache (TensorFlow's: the test below)")
 def test_the_next_process_reuses_entries_and_survives_a_corrupt_one(tmp_path):
     env = {**os.environ, "KBACKEND_CACHE_DIR": str(tmp_path), "KERAS_BACKEND": "jax"}
     env.pop(COMPILE_CACHE_ENV, None)
@@ -86,7 +92,7 @@ def test_a_native_run_counts_its_compilations_and_compiles_at_most_five(tmp_path
 
 
 @pytest.mark.slow  # two fresh processes
-@pytest.mark.skipif(BACKEND != "jax", reason="the persistent cache is JAX's (TensorFlow's stays off)")
+@pytest.mark.skipif(BACKEND != "jax", reason="JAX counts the programs it loads from its cache")
 def test_the_second_process_loads_the_runs_programs_from_the_cache(tmp_path):
     env = {**os.environ, "KBACKEND_CACHE_DIR": str(tmp_path), "KERAS_BACKEND": "jax"}
     env.pop(COMPILE_CACHE_ENV, None)
@@ -103,3 +109,77 @@ def test_the_second_process_loads_the_runs_programs_from_the_cache(tmp_path):
     cold, warm = run(), run()
     assert cold["from_cache"] == 0 < cold["programs"]
     assert warm["from_cache"] == warm["programs"] == cold["programs"]  # loaded, none compiled
+
+
+def test_tensorflow_entries_reach_the_shared_folder_whole_and_verified(tmp_path):
+    """TensorFlow writes its cache entries in place and fails on a damaged one, so each process
+    works in a private folder: verified entries copied in, its own published by rename."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    good = b"a compiled program"
+    (shared / f"good.pb.{entry_digest(good)}").write_bytes(good)
+    (shared / "damaged.pb.0123456789abcdef").write_bytes(b"cut sho")
+    abandoned = shared / "process-999999999-x"  # a killed process's folder (no such pid)
+    abandoned.mkdir()
+    (abandoned / "half.pb").write_bytes(b"half")
+    private = private_cache_folder(shared)
+    assert sorted(p.name for p in private.iterdir()) == ["good.pb"]
+    assert (private / "good.pb").read_bytes() == good
+    assert not (shared / "damaged.pb.0123456789abcdef").exists()  # dropped, compiled again
+    assert not abandoned.exists()
+    (private / "new.pb").write_bytes(b"compiled here")  # what TensorFlow writes
+    publish_entries(private, shared, frozenset({"good.pb"}))
+    assert sorted(p.name for p in shared.iterdir()) == sorted(
+        [f"good.pb.{entry_digest(good)}", f"new.pb.{entry_digest(b'compiled here')}"])
+    assert not private.exists()
+    publish_entries(private, shared)  # again, at exit, on a removed folder: nothing, no error
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's cache (JAX's: the tests above)")
+def test_the_next_tensorflow_process_loads_entries_and_survives_a_corrupt_one(tmp_path):
+    env = {**os.environ, "KBACKEND_CACHE_DIR": str(tmp_path), "KERAS_BACKEND": "tensorflow",
+           "TF_CPP_MIN_LOG_LEVEL": "0", "TF_CPP_VMODULE": "device_executable_persistor=1"}
+    env.pop(COMPILE_CACHE_ENV, None)
+    env.pop("TF_XLA_FLAGS", None)
+    code = ("from kbackend.backends import impl; impl(); import tensorflow as tf; print(float("
+            "tf.function(lambda x: tf.reduce_sum(x @ x + 1.0), jit_compile=True)(tf.ones((32, 32)))))")
+
+    def run() -> subprocess.CompletedProcess:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=env, cwd=ROOT, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.split()[-1] == "33792.0"
+        return done
+
+    shared = tmp_path / "xla" / "tensorflow"
+    first = run()
+    entries = sorted(shared.glob("*.pb.*"))
+    assert len(entries) == 1 and "Loading cached entry" not in first.stderr
+    entries[0].write_bytes(b"not a compiled program")  # the name's digest no longer matches
+    run()  # would fail with OutOfRangeError had TensorFlow read it
+    (republished,) = sorted(shared.glob("*.pb.*"))  # the same program, compiled again
+    assert republished.name.rsplit(".", 1)[0] == entries[0].name.rsplit(".", 1)[0]
+    assert republished.name.rsplit(".", 1)[1] == entry_digest(republished.read_bytes())
+    third = run()
+    assert "Loading cached entry" in third.stderr
+    assert sorted(shared.iterdir()) == [republished]  # nothing new, no private folder left
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's cache flag")
+def test_a_child_gets_its_own_tensorflow_folder_and_a_users_setting_stays(tmp_path, monkeypatch):
+    from kbackend.backends.tensorflow import ops
+
+    monkeypatch.setenv("KBACKEND_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(COMPILE_CACHE_ENV, raising=False)
+    parents = tmp_path / "xla" / "tensorflow" / "process-1-parent"
+    monkeypatch.setenv(ops.TF_CACHE_PRIVATE_ENV, str(parents))
+    monkeypatch.setenv("TF_XLA_FLAGS", f"--tf_xla_auto_jit=0 {ops.TF_CACHE_FLAG}={parents}")
+    ops.start()  # as a child of a kbackend process: the parent's folder is not reused
+    flags = os.environ["TF_XLA_FLAGS"].split()
+    own = os.environ[ops.TF_CACHE_PRIVATE_ENV]
+    assert flags == ["--tf_xla_auto_jit=0", f"{ops.TF_CACHE_FLAG}={own}"] and own != str(parents)
+    assert os.path.isdir(own) and os.path.dirname(own) == str(tmp_path / "xla" / "tensorflow")
+    users = f"{ops.TF_CACHE_FLAG}={tmp_path / 'mine'}"
+    monkeypatch.setenv("TF_XLA_FLAGS", users)
+    ops.start()
+    assert os.environ["TF_XLA_FLAGS"] == users

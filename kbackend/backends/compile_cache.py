@@ -7,17 +7,29 @@ user alone: an entry is machine code the next process executes, so nobody else m
 writes entries under a file lock (taken once a size bound is set), so concurrent processes share
 one folder; an entry that fails to load is a warning and a recompilation.
 
-TensorFlow's XLA cache (``TF_XLA_FLAGS=--tf_xla_persistent_cache_directory=DIR``) is not turned
-on: on TF 2.21 one corrupt or half-written entry fails every later call of that program
-(``DataLossError: Can't parse ... as binary proto``), which a cache shared by concurrent or killed
-processes must not do. Users who accept that can set the flag themselves.
+TensorFlow's XLA cache (``TF_XLA_FLAGS=--tf_xla_persistent_cache_directory=DIR``) is on too,
+under ``<kbackend cache folder>/xla/tensorflow``, but never handed to TensorFlow directly: TF
+writes an entry in place (not atomically), and on TF 2.21 one truncated or corrupt entry fails
+every call of that program in the process that reads it (``OutOfRangeError: Read less bytes than
+requested``, ``DataLossError``; retrying in the process does not help), which a folder shared by
+concurrent or killed processes must not risk. So each process gets a private folder
+(``private_cache_folder``): at start, the shared folder's entries whose SHA-256 matches the digest
+in their name are copied in (a mismatch is deleted and compiled again); at a normal exit, the
+entries the process compiled are renamed into the shared folder under ``NAME.DIGEST``, whole or
+not at all. A killed process publishes nothing; its private folder is removed by a later one.
+Users who set the flag themselves keep their own setting.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import hashlib
 import os
+import re
+import shutil
 import stat
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -52,6 +64,71 @@ def compile_cache_folder(backend: str) -> Path | None:
     except OSError:
         return None
     return folder
+
+
+# A published entry: TensorFlow's file name, then the first 16 hex digits of its SHA-256.
+_PUBLISHED = re.compile(r"^(?P<name>.+\.pb)\.(?P<digest>[0-9a-f]{16})$")
+_PRIVATE_PREFIX = "process-"
+
+
+def entry_digest(data: bytes) -> str:
+    """The digest a published entry carries in its name."""
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def private_cache_folder(shared: Path) -> Path:
+    """A folder private to this process, holding the verified entries of ``shared`` (see the
+    module docstring); what the process adds there is published to ``shared`` when it exits."""
+    _remove_abandoned(shared)
+    private = Path(tempfile.mkdtemp(prefix=f"{_PRIVATE_PREFIX}{os.getpid()}-", dir=shared))
+    loaded: set[str] = set()
+    for entry in shared.iterdir():
+        match = _PUBLISHED.match(entry.name)
+        if match is None or match["name"] in loaded:
+            continue
+        try:
+            data = entry.read_bytes()
+        except OSError:
+            continue
+        if entry_digest(data) != match["digest"]:
+            with contextlib.suppress(OSError):
+                entry.unlink()  # damaged: compiled again and republished
+            continue
+        (private / match["name"]).write_bytes(data)  # a copy: TF may rewrite its own files
+        loaded.add(match["name"])
+    atexit.register(publish_entries, private, shared, frozenset(loaded))
+    return private
+
+
+def publish_entries(private: Path, shared: Path, loaded: frozenset[str] = frozenset()) -> None:
+    """Rename the entries of ``private`` not in ``loaded`` into ``shared`` as ``NAME.DIGEST``
+    (readers see a whole entry or none), then remove ``private``."""
+    with contextlib.suppress(OSError):  # at exit: a folder removed meanwhile is no error
+        published = {m["name"] for m in map(_PUBLISHED.match, os.listdir(shared)) if m}
+        for entry in private.iterdir():
+            if entry.name in loaded or entry.name in published or not entry.name.endswith(".pb"):
+                continue
+            with contextlib.suppress(OSError):
+                os.replace(entry, shared / f"{entry.name}.{entry_digest(entry.read_bytes())}")
+    shutil.rmtree(private, ignore_errors=True)
+
+
+def _remove_abandoned(shared: Path) -> None:
+    """Remove the private folders of processes that no longer run (killed before publishing)."""
+    for folder in shared.glob(f"{_PRIVATE_PREFIX}*"):
+        pid = folder.name[len(_PRIVATE_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # someone else's process: alive
+    return True
 
 
 def machine_measurement(file_name: str, key: str,

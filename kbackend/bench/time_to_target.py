@@ -22,7 +22,7 @@ script loads from the file kbackend writes) and stop at the first validation pas
 (0.97 on MNIST; ``--quick``: 0.9 on the embedded digits). The sides alternate within every
 repeat (ABAB, BABA, ...) so that load which comes and goes hits both alike. kbackend runs twice
 per repeat: ``cold`` with an empty compilation cache and ``warm`` with the one the cold run
-filled (JAX's persistent cache; TensorFlow has none, see README). Each side reports a
+filled (JAX's persistent cache and TensorFlow's XLA cache, see README). Each side reports a
 breakdown of its own process: imports, data, model build, compilation, training, evaluation.
 Every repeat also times two commands a user runs before training, ``kbackend info`` and
 ``kbackend train --help``, as whole processes.

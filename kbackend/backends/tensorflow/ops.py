@@ -16,6 +16,7 @@ from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
 from tensorflow.python.eager import context
 
 from kbackend.backends.capabilities import VIRTUAL_DEVICES_ENV
+from kbackend.backends.compile_cache import compile_cache_folder, private_cache_folder
 from kbackend.errors import ConfigError
 
 
@@ -24,14 +25,33 @@ def framework_versions() -> dict[str, str]:
     return {"tensorflow": tf.__version__}
 
 
+TF_CACHE_FLAG = "--tf_xla_persistent_cache_directory"
+TF_CACHE_PRIVATE_ENV = "KBACKEND_TF_CACHE_PRIVATE"  # this process's folder, as its children see it
+
+
 def start() -> None:
-    """Apply ``KBACKEND_VIRTUAL_DEVICES`` before the runtime starts, so every run sees the devices.
+    """Apply ``KBACKEND_VIRTUAL_DEVICES`` before the runtime starts, so every run sees the devices,
+    and turn on XLA's persistent cache in this process's own folder
+    (``kbackend.backends.compile_cache``; TF reads ``TF_XLA_FLAGS`` at its first compilation).
 
     A failure here is reported by ``kbackend.distributed.prepare`` when a run asks for them.
     """
     if os.environ.get(VIRTUAL_DEVICES_ENV):
         with suppress(ConfigError, RuntimeError, ValueError):
             setup_virtual_devices(int(os.environ[VIRTUAL_DEVICES_ENV]))
+    shared = compile_cache_folder("tensorflow")
+    if shared is None:
+        return
+    flags = os.environ.get("TF_XLA_FLAGS", "").split()
+    # A kbackend parent's private folder (inherited with the environment) is not this process's.
+    inherited = f"{TF_CACHE_FLAG}={os.environ.get(TF_CACHE_PRIVATE_ENV, '')}"
+    if any(f.startswith(f"{TF_CACHE_FLAG}=") and f != inherited for f in flags):
+        return  # the user's own setting stays
+    with suppress(OSError):
+        private = private_cache_folder(shared)
+        kept = [f for f in flags if f != inherited]
+        os.environ["TF_XLA_FLAGS"] = " ".join([*kept, f"{TF_CACHE_FLAG}={private}"])
+        os.environ[TF_CACHE_PRIVATE_ENV] = str(private)
 
 
 def set_random_seed(seed: int) -> None:

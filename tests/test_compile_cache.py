@@ -135,6 +135,26 @@ def test_tensorflow_entries_reach_the_shared_folder_whole_and_verified(tmp_path)
     publish_entries(private, shared)  # again, at exit, on a removed folder: nothing, no error
 
 
+def test_tensorflow_entries_beyond_the_size_bound_go_least_recently_used_first(tmp_path, monkeypatch):
+    from kbackend.backends import compile_cache
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    for age, name in enumerate(("old", "used", "newer")):
+        data = name.encode() * 100  # 300-500 bytes each
+        path = shared / f"{name}.pb.{entry_digest(data)}"
+        path.write_bytes(data)
+        os.utime(path, (1000 + age, 1000 + age))
+    monkeypatch.setattr(compile_cache, "COMPILE_CACHE_MAX_BYTES", 1000)
+    private = private_cache_folder(shared)  # copies every entry in, marking each used now
+    assert all(p.stat().st_mtime > 1e6 for p in shared.iterdir())
+    for age, name in enumerate(("old", "newer", "used")):  # last used: old, then newer, then used
+        os.utime(next(shared.glob(f"{name}.pb.*")), (1 + age, 1 + age))
+    (private / "fresh.pb").write_bytes(b"x" * 400)  # 1,600 bytes once published
+    publish_entries(private, shared, frozenset({"old.pb", "used.pb", "newer.pb"}))
+    assert sorted(p.name.split(".")[0] for p in shared.iterdir()) == ["fresh", "used"]
+
+
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's cache (JAX's: the tests above)")
 def test_the_next_tensorflow_process_loads_entries_and_survives_a_corrupt_one(tmp_path):
     env = {**os.environ, "KBACKEND_CACHE_DIR": str(tmp_path), "KERAS_BACKEND": "tensorflow",

@@ -39,7 +39,7 @@ from kbackend.io import atomic_write_json, read_json
 
 COMPILE_CACHE_ENV = "KBACKEND_COMPILE_CACHE"
 _OFF = ("0", "false", "no", "off")
-# JAX evicts least recently used entries past this size.
+# JAX evicts least recently used entries past this size; kbackend does the same for TF's.
 COMPILE_CACHE_MAX_BYTES = 2 * 1024**3
 
 
@@ -96,6 +96,8 @@ def private_cache_folder(shared: Path) -> Path:
             continue
         (private / match["name"]).write_bytes(data)  # a copy: TF may rewrite its own files
         loaded.add(match["name"])
+        with contextlib.suppress(OSError):
+            os.utime(entry)  # used now: the size bound evicts the least recently used
     atexit.register(publish_entries, private, shared, frozenset(loaded))
     return private
 
@@ -110,7 +112,25 @@ def publish_entries(private: Path, shared: Path, loaded: frozenset[str] = frozen
                 continue
             with contextlib.suppress(OSError):
                 os.replace(entry, shared / f"{entry.name}.{entry_digest(entry.read_bytes())}")
+        _evict_beyond(shared, COMPILE_CACHE_MAX_BYTES)
     shutil.rmtree(private, ignore_errors=True)
+
+
+def _evict_beyond(shared: Path, max_bytes: int) -> None:
+    """Delete the least recently used published entries until they fit in ``max_bytes``."""
+    entries = []
+    for entry in shared.iterdir():
+        if _PUBLISHED.match(entry.name):
+            with contextlib.suppress(OSError):
+                info = entry.stat()
+                entries.append((info.st_mtime, info.st_size, entry))
+    total = sum(size for _, size, _ in entries)
+    for _, size, entry in sorted(entries, key=lambda e: e[0]):
+        if total <= max_bytes:
+            break
+        with contextlib.suppress(OSError):
+            entry.unlink()
+        total -= size
 
 
 def _remove_abandoned(shared: Path) -> None:

@@ -17,7 +17,8 @@ concurrent or killed processes must not risk. So each process gets a private fol
 in their name are copied in (a mismatch is deleted and compiled again); at a normal exit, the
 entries the process compiled are renamed into the shared folder under ``NAME.DIGEST``, whole or
 not at all. A killed process publishes nothing; its private folder is removed by a later one.
-Users who set the flag themselves keep their own setting.
+Past ``COMPILE_CACHE_MAX_BYTES`` the least recently used entries are deleted, as JAX does. Users
+who set the flag themselves keep their own setting.
 """
 
 from __future__ import annotations

@@ -203,3 +203,22 @@ def test_a_child_gets_its_own_tensorflow_folder_and_a_users_setting_stays(tmp_pa
     monkeypatch.setenv("TF_XLA_FLAGS", users)
     ops.start()
     assert os.environ["TF_XLA_FLAGS"] == users
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow counts traces of its XLA functions")
+def test_a_function_collected_meanwhile_does_not_count_against_the_block():
+    import gc
+
+    import tensorflow as tf
+
+    from kbackend.backends.tensorflow.ops import compilation_counter, jit_function
+
+    earlier = jit_function(lambda x: x * 2.0)
+    for n in (1, 2, 3):
+        earlier(tf.ones((n,)))  # three traces, of a function a finished run left behind
+    with compilation_counter() as counts:
+        del earlier
+        gc.collect()
+        later = jit_function(lambda x: x + 1.0)  # held, as a trainer holds its functions
+        later(tf.ones((2,)))
+    assert counts["programs"] == 1  # a difference of sums said 1 - 3

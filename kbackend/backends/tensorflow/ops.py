@@ -277,8 +277,9 @@ def jit_function(fn: Any, jit_compile: bool = True) -> Any:
     return function
 
 
-def _traces() -> int:
-    return sum(f.experimental_get_tracing_count() for f in list(_JIT_FUNCTIONS))
+def _traces() -> dict[Any, int]:
+    """Each live registered function's trace count (held: none is collected while counted)."""
+    return {f: f.experimental_get_tracing_count() for f in list(_JIT_FUNCTIONS)}
 
 
 @contextmanager
@@ -291,4 +292,6 @@ def compilation_counter() -> Iterator[dict[str, Any]]:
     try:
         yield counts
     finally:
-        counts["programs"] = _traces() - before
+        # Per function: a function collected meanwhile (an earlier run's) must not count as
+        # minus its traces, as a difference of sums did.
+        counts["programs"] = sum(n - before.get(f, 0) for f, n in _traces().items())

@@ -14,6 +14,7 @@ from kbackend.backend_choice import BACKENDS
 from kbackend.bench.registry import BENCHMARKS
 from kbackend.bench.runner import run
 from kbackend.bench.spec import Benchmark, Settings
+from kbackend.models import ModelOptions
 from tests.conftest import BACKEND, ROOT
 
 # Fields every benchmark JSON has (docs/hardware.md, "Benchmark output").
@@ -126,6 +127,31 @@ def test_a_train_steps_memory_grows_with_its_batch():
     work = probe.workload("seed_mlp", samples=640)
     small, big = (probe.train_step_memory(work, batch)["step_memory_mib"] for batch in (32, 544))
     assert small > 0 and big - small > 2.0
+
+
+@pytest.mark.slow
+def test_a_step_memory_this_process_cannot_measure_is_measured_in_a_child(monkeypatch):
+    """Where this process's allocator keeps no statistics (TensorFlow's CPU allocator unless
+    set up for them at start: so on the AMD machines here, not on the Intel ones), a child
+    process with ``stats_env`` set measures the same workload, rebuilt from its recipe. Forced
+    here on both backends: the parent's measurement reports no statistics."""
+    from kbackend.hardware import probe
+
+    measure_here = probe._step_memory_here
+
+    def without_statistics(work, batch_size):
+        found = measure_here(work, batch_size)
+        # TensorFlow's own setting (a JAX child ignores it).
+        return {**found, "step_memory_bytes": None, "stats_env": {"TF_CPU_ALLOCATOR_USE_BFC": "true"}}
+
+    work = probe.workload("seed_mlp", samples=64, options=ModelOptions(widths=(48, 24)))
+    here = measure_here(work, 32)["step_memory_bytes"]
+    monkeypatch.setattr(probe, "_step_memory_here", without_statistics)
+    found = probe.train_step_memory(work, 32)
+    assert found["memory_source"].endswith("(in a child process set up for it)")
+    assert found["step_memory_mib"] > 0
+    if BACKEND == "jax":  # XLA's buffer assignment: the same program, the same bytes
+        assert found["step_memory_mib"] == here / 2**20
 
 
 def test_scaling_efficiency_is_relative_to_one_device():

@@ -11,21 +11,24 @@ import itertools
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from kbackend import data as data_module
 from kbackend.backend_choice import keras as import_keras
+from kbackend.backend_choice import selected_backend
 from kbackend.backends import impl
 from kbackend.data import DatasetInfo
 from kbackend.errors import KBackendError
 from kbackend.models import SEED_MLP_WIDTHS, ModelOptions, build_model, model_layout
 from kbackend.optim import OptimizerSpec
 from kbackend.precision import precision_scope
+from kbackend.runtime.child import run_in_child
 from kbackend.training import TrainConfig, train
 
+CHILD_PROBE_TIMEOUT_S = 600  # a measurement in a child process: framework start-up and one compile
 # Input shapes of the MNIST-shaped synthetic workload, per model layout.
 _SYNTHETIC_SHAPES = {"flat": (784,), "sequence": (28, 28)}
 
@@ -36,13 +39,15 @@ class OutOfMemory(KBackendError):
 
 @dataclass
 class Workload:
-    """A model name, the dataset description it is built for, and samples to feed it."""
+    """A model name, the dataset description it is built for, and samples to feed it;
+    ``recipe``: the ``workload()`` arguments that make it again (in another process)."""
 
     model: str
     info: DatasetInfo
     x: np.ndarray
     y: np.ndarray
     options: ModelOptions
+    recipe: dict[str, Any] | None = None
 
 
 def workload(model: str, dataset: str = "synthetic", *, data_dir: str | None = None,
@@ -51,6 +56,8 @@ def workload(model: str, dataset: str = "synthetic", *, data_dir: str | None = N
     """Samples for ``model``: MNIST-shaped random data (``synthetic``) or a real dataset's train split."""
     layout = model_layout(model)
     options = replace(options or ModelOptions(), data_format=data_format)
+    recipe = {"model": model, "dataset": dataset, "data_dir": data_dir, "data_format": data_format,
+              "samples": samples, "seed": seed, "options": asdict(options)}
     if dataset == "synthetic":
         layout = "image" if layout == "spatial" else layout  # MNIST-shaped: images
         shape = _SYNTHETIC_SHAPES.get(layout) or ((28, 28, 1) if data_format == "channels_last" else (1, 28, 28))
@@ -59,20 +66,44 @@ def workload(model: str, dataset: str = "synthetic", *, data_dir: str | None = N
         y = rng.integers(0, 10, size=samples).astype(np.int32)
         info = DatasetInfo("synthetic", shape, 10, "random", layout,
                            data_format if layout == "image" else None, samples, 0, 0)
-        return Workload(model, info, x, y, options)
+        return Workload(model, info, x, y, options, recipe)
     loaded = data_module.load(dataset, layout=layout, data_format=data_format, data_dir=data_dir, seed=seed)
-    return Workload(model, loaded.info, loaded.x_train, loaded.y_train, options)
+    return Workload(model, loaded.info, loaded.x_train, loaded.y_train, options, recipe)
 
 
 def train_step_memory(work: Workload, batch_size: int) -> dict[str, Any]:
     """MiB one train step of ``work``'s model at ``batch_size`` needs beyond its resident inputs
-    (``impl().train_step_memory``: XLA's buffer assignment on JAX, the allocator's peak on TF)."""
+    (``impl().train_step_memory``: XLA's buffer assignment on JAX, the allocator's peak on TF).
+    Where this process cannot measure it (TensorFlow's CPU allocator keeps statistics only when
+    set up for them at start), a fresh process set up so measures the same workload; ``None``
+    MiB, with the reason in ``memory_source``, if that cannot either."""
+    found = _step_memory_here(work, batch_size)
+    if found["step_memory_bytes"] is None and found.get("stats_env") and work.recipe:
+        found = run_in_child("kbackend.hardware.probe:step_memory_of_recipe", selected_backend(),
+                             {"recipe": work.recipe, "batch_size": batch_size},
+                             extra_env=found["stats_env"], timeout_s=CHILD_PROBE_TIMEOUT_S)
+        found["memory_source"] += " (in a child process set up for it)"
+    size = found["step_memory_bytes"]
+    return {"step_memory_mib": None if size is None else size / 2**20,
+            "memory_source": found["memory_source"]}
+
+
+def _step_memory_here(work: Workload, batch_size: int) -> dict[str, Any]:
     model = build_model(work.model, work.info, work.options)
     model.compile(optimizer=OptimizerSpec("sgd", 0.01).to_keras(),
                   loss="sparse_categorical_crossentropy", jit_compile=True)
-    found = impl().train_step_memory(model, work.x[:batch_size], work.y[:batch_size])
-    return {"step_memory_mib": found["step_memory_bytes"] / 2**20,
-            "memory_source": found["memory_source"]}
+    return impl().train_step_memory(model, work.x[:batch_size], work.y[:batch_size])
+
+
+def step_memory_of_recipe(recipe: dict[str, Any], batch_size: int) -> dict[str, Any]:
+    """``impl().train_step_memory`` in this process of the workload ``recipe`` describes (a
+    child's side of ``train_step_memory``)."""
+    options = {key: tuple(value) if isinstance(value, list) else value
+               for key, value in recipe["options"].items()}
+    work = workload(**{**recipe, "options": ModelOptions(**options)})
+    found = _step_memory_here(work, batch_size)
+    found.pop("stats_env", None)
+    return found
 
 
 def _is_oom(error: BaseException) -> bool:

@@ -80,14 +80,26 @@ def matmul_flops(n: int = 1024, dtype: str = "float32", repeats: int = 10,
             "best_flops": 2.0 * n**3 / min(times), "compile_s": compile_s}
 
 
+# TensorFlow's CPU allocator keeps statistics only where it is a BFC allocator: oneDNN's, on the
+# CPUs TensorFlow turns oneDNN on for (the Intel Xeons here), or any CPU's with this variable set
+# before TensorFlow starts. Elsewhere (the AMD EPYCs here) reading them raises ValueError.
+ALLOCATOR_STATS_ENV = {"TF_CPU_ALLOCATOR_USE_BFC": "true"}
+
+
 def train_step_memory(model: Any, x: np.ndarray, y: np.ndarray) -> dict[str, Any]:
     """Bytes one train step of the compiled Keras ``model`` on the batch ``(x, y)`` allocates
     beyond what was in use before it: the peak of TensorFlow's allocator on the compute device
-    (it tracks the CPU too) over one ``train_on_batch``, after a first one has compiled the step
-    and built the optimizer's slots."""
+    over one ``train_on_batch``, after a first one has compiled the step and built the
+    optimizer's slots. Where this process's allocator keeps no statistics, ``None`` bytes and
+    ``stats_env``: the environment under which a fresh process's allocator keeps them."""
     device = compute_devices()[0].name.split("device:")[-1]
     model.train_on_batch(x, y)
-    tf.config.experimental.reset_memory_stats(device)
+    try:
+        tf.config.experimental.reset_memory_stats(device)
+    except ValueError:
+        return {"step_memory_bytes": None, "stats_env": ALLOCATOR_STATS_ENV,
+                "memory_source": f"not measured: TensorFlow's allocator on {device} keeps no "
+                                 "statistics in this process"}
     before = tf.config.experimental.get_memory_info(device)["current"]
     model.train_on_batch(x, y)
     peak = tf.config.experimental.get_memory_info(device)["peak"]

@@ -93,13 +93,14 @@ def train_step_memory(model: Any, x: np.ndarray, y: np.ndarray) -> dict[str, Any
     optimizer's slots. Where this process's allocator keeps no statistics, ``None`` bytes and
     ``stats_env``: the environment under which a fresh process's allocator keeps them."""
     device = compute_devices()[0].name.split("device:")[-1]
-    model.train_on_batch(x, y)
-    try:
-        tf.config.experimental.reset_memory_stats(device)
+    try:  # asked before the first step: no compilation spent where nothing can be measured
+        tf.config.experimental.get_memory_info(device)
     except ValueError:
         return {"step_memory_bytes": None, "stats_env": ALLOCATOR_STATS_ENV,
                 "memory_source": f"not measured: TensorFlow's allocator on {device} keeps no "
                                  "statistics in this process"}
+    model.train_on_batch(x, y)
+    tf.config.experimental.reset_memory_stats(device)
     before = tf.config.experimental.get_memory_info(device)["current"]
     model.train_on_batch(x, y)
     peak = tf.config.experimental.get_memory_info(device)["peak"]

@@ -17,7 +17,7 @@ from kbackend.errors import ConfigError
 from kbackend.models import ModelOptions, build_model
 from kbackend.optim import OptimizerSpec
 from kbackend.training import Target, TrainConfig, train
-from tests.conftest import JIT_FOR_SMALL_RUNS
+from tests.conftest import BACKEND, JIT_FOR_SMALL_RUNS
 from tests.test_native_engine import toy_dataset
 
 # Multi-threaded XLA on a CPU differs by ~1e-9 between identical calls; test metrics come from
@@ -127,3 +127,21 @@ def test_step_timer_runs_the_cells_program_without_compiling(dataset):
     trainer.finish()
     assert trainer.trace_counts == traces and runs.trainers_built == 1
     assert not np.allclose(native.model_values(runs.model)[0][0], before[0][0])  # it trained
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="the JAX trainer's optimizer init")
+def test_one_compiled_optimizer_init_serves_every_rate_and_budget():
+    import jax
+
+    from kbackend.backends.jax import step
+
+    params = [jax.numpy.ones((3, 2)), jax.numpy.zeros(2)]
+    step._compiled_init.cache_clear()  # other tests of this process filled it
+    specs = [OptimizerSpec("adam", rate).with_total_steps(steps)
+             for rate, steps in ((1e-3, 100), (3e-2, 700))]
+    states = [step.fresh_opt_state(spec, params) for spec in specs]
+    assert step._compiled_init.cache_info().currsize == 1
+    for spec, state in zip(specs, states, strict=True):
+        expected = jax.jit(spec.to_optax().init)(params)
+        for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(expected), strict=True):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -51,7 +51,7 @@ class DataParallelTrainer:
         tx = spec.to_optax()
         self.unroll = unrolls_its_loop(model)
         self.step = make_train_step(model, tx, self.mesh, dp_impl, self.unroll)
-        start = initial_state(model, tx)
+        start = initial_state(model, tx, spec)
         self.state = self._place_state(start)
         self.columns = slice(process * (batch // processes), (process + 1) * (batch // processes))
         self.x_train, self.y_train = dataset.x_train, dataset.y_train

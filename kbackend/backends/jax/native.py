@@ -24,6 +24,7 @@ import numpy as np
 from kbackend.backends import device_copy_once
 from kbackend.backends.jax.step import (
     TrainState,
+    fresh_opt_state,
     initial_state,
     make_step,
     scan_steps,
@@ -146,9 +147,9 @@ class NativeTrainer(CompiledCalls):
     def __init__(self, model: Any, spec: Any, dataset: Any, jit_compile: bool = True) -> None:
         # ``jit_compile`` changes nothing here (``native_loop_uses_xla``).
         self.model = model
-        self.tx = spec.to_optax()
+        self.spec, self.tx = spec, spec.to_optax()
         self.train_step = make_step(model, self.tx)
-        self.state = initial_state(model, self.tx)
+        self.state = initial_state(model, self.tx, spec)
         self.dataset = dataset
         # The training split goes to the device once (shared by every trainer of this
         # dataset); steps gather their batches there.
@@ -159,7 +160,6 @@ class NativeTrainer(CompiledCalls):
         self.history_extra: dict[str, Any] = {}
         self._evaluate = make_evaluator(model, dataset)
         self._evaluate_test: Any = None  # built on first use
-        self._init: Any = None  # the optimizer's compiled init (``reset``)
         self.unroll = unrolls_its_loop(model)
         self.history_extra.update(unrolled_loop=self.unroll, xla=True)
 
@@ -197,11 +197,8 @@ class NativeTrainer(CompiledCalls):
         trainable, non_trainable = ([jax.device_put(np.asarray(v)) for v in part]
                                     for part in values)
         # The base rate is optimizer state (``kbackend.optim.KerasOptState.learning_rate``).
-        if self._init is None:
-            self._init = jax.jit(self.tx.init)  # one program, not one eager op per shape
-        opt_state = self._init(trainable)._replace(
-            learning_rate=jnp.asarray(learning_rate, jnp.float32))
-        self.state = TrainState(trainable, non_trainable, opt_state)
+        self.state = TrainState(trainable, non_trainable,
+                                fresh_opt_state(self.spec, trainable, learning_rate))
 
     def snapshot(self) -> Any:
         """A host copy of the model's values (for restoring the best ones)."""

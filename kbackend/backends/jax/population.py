@@ -23,7 +23,13 @@ import numpy as np
 
 from kbackend.backends import device_copy_once
 from kbackend.backends.jax.native import CompiledCalls, make_evaluator
-from kbackend.backends.jax.step import TrainState, make_step, scan_steps, unrolls_its_loop
+from kbackend.backends.jax.step import (
+    TrainState,
+    fresh_opt_state,
+    make_step,
+    scan_steps,
+    unrolls_its_loop,
+)
 
 
 class PopulationTrainer(CompiledCalls):
@@ -32,7 +38,7 @@ class PopulationTrainer(CompiledCalls):
 
     def __init__(self, model: Any, spec: Any, dataset: Any, members: int) -> None:
         self.model, self.dataset, self.members = model, dataset, members
-        self.tx = spec.to_optax()
+        self.spec, self.tx = spec, spec.to_optax()
         self.train_step = make_step(model, self.tx)
         self.x_train = device_copy_once(dataset.x_train, jax.device_put)
         self.y_train = device_copy_once(dataset.y_train, jax.device_put)
@@ -72,8 +78,7 @@ class PopulationTrainer(CompiledCalls):
                     for i in range(len(values[0][part]))]
 
         trainable, non_trainable = stacked(0), stacked(1)
-        opt_state = jax.jit(jax.vmap(self.tx.init))(trainable)._replace(
-            learning_rate=jnp.asarray(learning_rates, jnp.float32))
+        opt_state = fresh_opt_state(self.spec, trainable, learning_rates, members=True)
         self.state = TrainState(trainable, non_trainable, opt_state)
         self.frozen = jax.tree.map(jnp.copy, (trainable, non_trainable))
 

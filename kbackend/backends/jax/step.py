@@ -24,8 +24,10 @@ With ``mesh=None`` the same code runs without any collective: the single-device 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import jax
@@ -56,8 +58,9 @@ class StepMetrics(NamedTuple):
     accuracy: Any
 
 
-def initial_state(model: Any, tx: Any) -> TrainState:
-    """The state of a built Keras model and a fresh optax state for ``tx``.
+def initial_state(model: Any, tx: Any, spec: Any = None) -> TrainState:
+    """The state of a built Keras model and a fresh optax state for ``tx`` (``spec.to_optax()``
+    when ``spec``, an ``OptimizerSpec``, is given: its init is then shared, ``fresh_opt_state``).
 
     The values are copies: steps donate the state's buffers, the Keras variables keep theirs.
     The copies go through the host (``jnp.array`` would compile a copy program per shape) and
@@ -66,7 +69,30 @@ def initial_state(model: Any, tx: Any) -> TrainState:
     """
     trainable = [jax.device_put(np.asarray(v.value)) for v in model.trainable_variables]
     non_trainable = [jax.device_put(np.asarray(v.value)) for v in model.non_trainable_variables]
-    return TrainState(trainable, non_trainable, jax.jit(tx.init)(trainable))
+    opt_state = fresh_opt_state(spec, trainable) if spec is not None else jax.jit(tx.init)(trainable)
+    return TrainState(trainable, non_trainable, opt_state)
+
+
+@functools.cache
+def _compiled_init(spec: Any, members: bool) -> Any:
+    init = spec.to_optax().init
+    return jax.jit(jax.vmap(init) if members else init)
+
+
+def fresh_opt_state(spec: Any, params: Any, learning_rate: Any = None, *,
+                    members: bool = False) -> Any:
+    """A fresh state of ``spec``'s optimizer (``OptimizerSpec.to_optax``) for ``params``, at
+    base rate ``learning_rate`` (default ``spec``'s; with ``members``, the params are stacked
+    along a leading member axis and the rate is one per member).
+
+    The init depends on the optimizer alone (zero slots, a zero count; the base rate is state,
+    ``KerasOptState.learning_rate``), not on the rate or the step budget, so one compiled init
+    serves every cell of a study that uses that optimizer, not one compilation per trainer.
+    """
+    shared = replace(spec, learning_rate=1.0, decay_steps=None)
+    rate = spec.learning_rate if learning_rate is None else learning_rate
+    return _compiled_init(shared, members)(params)._replace(
+        learning_rate=jnp.asarray(rate, jnp.float32))
 
 
 def mean_cross_entropy(labels: Any, probs: Any) -> Any:

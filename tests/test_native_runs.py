@@ -129,6 +129,16 @@ def test_step_timer_runs_the_cells_program_without_compiling(dataset):
     assert not np.allclose(native.model_values(runs.model)[0][0], before[0][0])  # it trained
 
 
+def test_a_cells_first_run_reports_building_its_trainer(dataset):
+    """Set-up (building a cell's trainer) is timed once per cell: the study counts it with the
+    cell's start-up."""
+    runs = native.Runs(model_for(dataset, 0), dataset)
+    values = native.model_values(model_for(dataset, 0))
+    first, again = (runs.train(config_for("sgd", rate, 0, batch_size=32, epochs=1, target=None),
+                               values) for rate in (0.01, 0.02))
+    assert first.timing["setup_time"] > 0 and again.timing["setup_time"] == 0.0
+
+
 @pytest.mark.skipif(BACKEND != "jax", reason="the JAX trainer's optimizer init")
 def test_one_compiled_optimizer_init_serves_every_rate_and_budget():
     import jax

@@ -116,12 +116,14 @@ class Runs:
         """One run of ``config`` (native engine, explicit ``fused_steps``) from the model values
         ``values`` (``(trainable, non_trainable)`` arrays, see ``model_values``); its history,
         test metrics included. A non-finite test loss is recorded as ``extra["diverged"]``."""
-        start = time.perf_counter()
+        start, built_before = time.perf_counter(), self.trainers_built
         trainer = self.trainer(config)
+        setup = time.perf_counter() - start if self.trainers_built > built_before else 0.0
         plan = loop.Plan.of(config, len(self.dataset.x_train), config.fused_steps)
         spec = config.optimizer.with_total_steps(plan.steps_per_epoch * config.epochs)
         trainer.reset(values, spec.learning_rate)
         history = History()
+        history.timing["setup_time"] = setup  # building this cell's trainer (its first run only)
         history.extra.update(engine="native", decay_steps=spec.decay_steps,
                              trainers_built=self.trainers_built)
         history = loop.run(trainer, plan, config, reporter, history=history)
@@ -169,8 +171,9 @@ class Runs:
         Each history's ``extra["population"]`` names its size and index; the timing is the
         population's (one clock: count a population's training time once). ``censor``: see
         ``loop.run_population``."""
-        start = time.perf_counter()
+        start, built_before = time.perf_counter(), self.trainers_built
         trainer = self.population_trainer(configs)
+        setup = time.perf_counter() - start if self.trainers_built > built_before else 0.0
         first = configs[0]
         plan = loop.Plan.of(first, len(self.dataset.x_train), first.fused_steps)
         trainer.reset(values, [self._spec(c).learning_rate for c in configs])
@@ -180,6 +183,7 @@ class Runs:
                                  trainers_built=self.trainers_built,
                                  population={"members": len(configs), "index": index})
             history.timing["wall_time"] = time.perf_counter() - start
+            history.timing["setup_time"] = setup
             test_loss = history.test["test_loss"]
             if "diverged" not in history.extra and not math.isfinite(test_loss):
                 history.extra["diverged"] = {"step": history.steps_run, "loss": str(test_loss),

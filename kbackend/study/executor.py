@@ -318,11 +318,17 @@ class TimeSpent:
     evaluation: float = 0.0
     step_times: float = 0.0  # the time model
     noise: float = 0.0
+    # Building the model, the seeds' initial values and each cell's trainer (outside the
+    # training clock and every other phase): a cell's start-up with its compilation.
+    setup: float = 0.0
 
     def add(self, histories: list[History], wall: float) -> None:
-        """Count runs trained together (one run, or a population's members) in ``wall`` s."""
+        """Count runs trained together (one run, or a population's members) in ``wall`` s; the
+        trainer's construction, where they built it, is set-up (``timing["setup_time"]``)."""
+        built = max(h.timing.get("setup_time") or 0.0 for h in histories)
         self.runs += len(histories)
-        self.runs_wall += wall
+        self.setup += built
+        self.runs_wall += wall - built
         self.training += max(h.timing.get("train_time") or 0.0 for h in histories)
         self.startup += max(startup_seconds(h)[0] for h in histories)
         self.evaluation += max(h.timing.get("eval_time") or 0.0 for h in histories)
@@ -476,13 +482,13 @@ class StudyRunner:
                 cell = self.run_cell(optimizer, batch_size)
                 runs.extend(cell.pop("runs"))
                 cells.append(cell)
-        start = time.perf_counter()
+        start, setup_before = time.perf_counter(), self.time_spent.setup
         step_times = self.measure_step_times(cells)
-        self.time_spent.step_times += time.perf_counter() - start
+        self.time_spent.step_times += self._seconds_since(start, setup_before)
         apply_time_model(cells, step_times)
-        start = time.perf_counter()
+        start, setup_before = time.perf_counter(), self.time_spent.setup
         noise = self.run_noise(cells)
-        self.time_spent.noise += time.perf_counter() - start
+        self.time_spent.noise += self._seconds_since(start, setup_before)
         return {"study": self.study_id, "step_times": step_times, "config": self.config.to_dict(), "env": self.env,
                 "dataset": self.dataset.info.to_dict(), "batch_sizes": list(self.batch_sizes),
                 "cells": cells, "runs": runs, "noise": noise}
@@ -663,9 +669,9 @@ class StudyRunner:
             configs = [self.train_config(plans[i]) for i in missing]
             values = [self.initial_values(plans[i].seed) for i in missing]
             censor = self.population_pruner(plans, missing, records) if self.config.prune else None
-            start = time.perf_counter()
+            start, setup_before = time.perf_counter(), self.time_spent.setup
             histories = self.native_runs().train_population(configs, values, censor)
-            self.time_spent.add(histories, time.perf_counter() - start)
+            self.time_spent.add(histories, self._seconds_since(start, setup_before))
             for index, history in zip(missing, histories, strict=True):
                 plan = plans[index]
                 if "censored_at" in history.extra:  # the run a pruned budget would have made
@@ -738,9 +744,9 @@ class StudyRunner:
         if stored is not None:
             return stored
         self.on_event("start", plan=plan)
-        start = time.perf_counter()
+        start, setup_before = time.perf_counter(), self.time_spent.setup
         history = self.execute(plan)
-        self.time_spent.add([history], time.perf_counter() - start)
+        self.time_spent.add([history], self._seconds_since(start, setup_before))
         return self.store_run(plan, history)
 
     def store_run(self, plan: RunPlan, history: History) -> dict[str, Any]:
@@ -787,14 +793,22 @@ class StudyRunner:
         """The model values seed ``seed`` initializes (built once per seed: every cell of the
         study starts its runs of that seed from the same weights)."""
         if seed not in self._initial_values:
+            start = time.perf_counter()
             self._initial_values[seed] = model_values(self.build_model(seed))
+            self.time_spent.setup += time.perf_counter() - start
         return self._initial_values[seed]
 
     def native_runs(self) -> Runs:
         """The native engine's runs of this study, on one model (built on first use)."""
         if self._native_runs is None:
+            start = time.perf_counter()
             self._native_runs = Runs(self.build_model(), self.dataset)
+            self.time_spent.setup += time.perf_counter() - start
         return self._native_runs
+
+    def _seconds_since(self, start: float, setup_before: float) -> float:
+        """Wall seconds since ``start`` less the set-up built meanwhile (counted as set-up)."""
+        return time.perf_counter() - start - (self.time_spent.setup - setup_before)
 
     def execute(self, plan: RunPlan) -> History:
         """Train one run from fresh initial weights (its seed's) and return its history.
@@ -874,10 +888,12 @@ class StudyRunner:
                 clock = time.perf_counter()
                 one_call()
                 steps.append(self.timed_steps(time.perf_counter() - clock, plan[4], plan[3]))
+                # The same compiled call, warm already: the timer needs no warm-up call.
+                timers.append(self.step_timer(cell, steps[-1]))
             else:  # a fresh model per timer, compiled by its first call: one timer, full size
                 steps.append(plan[3])
-            timers.append(self.step_timer(cell, steps[-1]))
-            timers[-1]()  # warms up (compiles where the programs are new)
+                timers.append(self.step_timer(cell, steps[-1]))
+                timers[-1]()  # warms up (compiles: the programs are new)
             warm_up.append(time.perf_counter() - start)
         for round_index in range(repeats):
             shift = round_index % len(cells)

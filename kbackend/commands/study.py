@@ -20,6 +20,7 @@ from kbackend.optim import OPTIMIZERS
 from kbackend.study.config import (
     DEFAULT_BUDGETS,
     DEFAULT_DATASET,
+    DEFAULT_EVALS_PER_EPOCH,
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_STEPS,
     DEFAULT_MODEL,
@@ -106,17 +107,19 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                            "seed+1, ...; figures are medians over them (default 3)")
     target = parser.add_argument_group("target and budget")
     target.add_argument("--target", type=float, default=None,
-                        help="validation target value (default per dataset: mnist1d_large 0.6, "
+                        help="validation target value (default per dataset: mnist1d_large 0.65, "
                              "digits 0.95, mnist 0.97)")
     target.add_argument("--target-metric", default="val_accuracy", choices=["val_accuracy", "val_loss"])
     target.add_argument("--max-steps", type=int, default=None,
                         help=f"step budget per run (default {DEFAULT_MAX_STEPS}; mnist "
-                             f"{DEFAULT_BUDGETS['mnist'][0]})")
+                             f"{DEFAULT_BUDGETS['mnist'][0]}, mnist1d_large "
+                             f"{DEFAULT_BUDGETS['mnist1d_large'][0]})")
     target.add_argument("--max-epochs", type=int, default=None,
                         help="also cap each run at this many epochs, so small batches can have a "
                              "large --max-steps without large batches running as many steps "
-                             f"(default 0: no epoch cap; mnist {DEFAULT_BUDGETS['mnist'][1]})")
-    target.add_argument("--evals-per-epoch", type=int, default=8,
+                             f"(default 0: no epoch cap; mnist {DEFAULT_BUDGETS['mnist'][1]}, "
+                             f"mnist1d_large {DEFAULT_BUDGETS['mnist1d_large'][1]})")
+    target.add_argument("--evals-per-epoch", type=int, default=DEFAULT_EVALS_PER_EPOCH,
                         help="how often the target is checked (engines that validate once per "
                              "epoch ignore it)")
     target.add_argument("--engine", default=None, choices=engine_names(),

@@ -15,6 +15,7 @@ import zipfile
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
@@ -133,8 +134,6 @@ def load_mnist1d(num_samples: int | None = None) -> RawData:
     """
     # The cache is keyed by the package's version (which fixes its generator's defaults) and
     # the size, so a cached set is read without importing mnist1d (scipy, pyplot: ~0.6 s).
-    from importlib.metadata import version
-
     spec = json.dumps({"mnist1d": version("mnist1d"), "num_samples": num_samples})
     digest = hashlib.sha256(spec.encode()).hexdigest()[:16]
     path = cache_dir() / f"mnist1d-{digest}.npz"

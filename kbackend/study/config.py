@@ -29,14 +29,13 @@ DEFAULT_MAX_STEPS = 3000
 # Per-dataset budgets (max_steps, max_epochs) where the default's 3,000 steps cannot reach the
 # target: on MNIST batch 8 needs 9,000-13,500 steps to 0.97, and at most 8 epochs keeps large
 # batches from running as many (measured: docs/reproductions.md, the IPU MNIST study); on
-# mnist1d_large batch 8 needs 2,400-3,600 steps to 0.65 and batch 1,024 at most ~10 epochs
+# mnist1d_large batch 8 needs 2,475-3,600 steps to 0.65 and batch 1,024 at most 14 epochs
 # (docs/study.md), so 8,000 steps or 40 epochs leave every cell at least 2x its need.
 DEFAULT_BUDGETS: dict[str, tuple[int, int]] = {"mnist": (20_000, 8), "mnist1d_large": (8_000, 40)}
 # Validations per epoch. Each checks the whole validation split, so its arithmetic is a fixed
-# share of the training between two checks: with a tenth of the data held out, 8 an epoch
-# cost a third of the training's arithmetic (the default study: evaluation 0.25x its steady
-# training), 6 a quarter, while the step resolution of "steps to target" stays finer than the
-# spread over seeds (docs/study.md, "Where the time went").
+# share of the training between two checks (the default study's evaluation: 0.25x its steady
+# training at 8 an epoch, 0.20x at 6), while the step resolution of "steps to target" stays
+# finer than the spread over seeds (docs/study.md, "Why this default problem and target").
 DEFAULT_EVALS_PER_EPOCH = 6
 
 # A target per dataset that seed_mlp reaches with a tuned learning rate within the default
@@ -47,7 +46,7 @@ DEFAULT_TARGETS: dict[str, Target] = {
     "fashion_mnist": Target("val_accuracy", 0.85),
     "mnist1d": Target("val_accuracy", 0.6),
     # Near the MNIST-1D paper's MLP figure (68%): what every default cell reaches within its
-    # budget (batch 8: 2,400-3,600 steps; measured in docs/study.md), late enough that runs
+    # budget (batch 8: 2,475-3,600 steps; measured in docs/study.md), late enough that runs
     # are long against their fixed costs and the seeds of a cell spread over several
     # evaluation intervals, and steps to it halve with the batch up to ~100-200.
     "mnist1d_large": Target("val_accuracy", 0.65),

@@ -888,11 +888,10 @@ class StudyRunner:
                 clock = time.perf_counter()
                 one_call()
                 steps.append(self.timed_steps(time.perf_counter() - clock, plan[4], plan[3]))
-                # The same compiled call, warm already: the timer needs no warm-up call.
-                timers.append(self.step_timer(cell, steps[-1]))
             else:  # a fresh model per timer, compiled by its first call: one timer, full size
                 steps.append(plan[3])
-                timers.append(self.step_timer(cell, steps[-1]))
+            timers.append(self.step_timer(cell, steps[-1]))
+            if self.config.engine != "native":  # native: whole calls of the program warmed above
                 timers[-1]()  # warms up (compiles: the programs are new)
             warm_up.append(time.perf_counter() - start)
         for round_index in range(repeats):

@@ -15,7 +15,7 @@ import os
 import re
 import tempfile
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +25,15 @@ from kbackend.io import remove_stale_temp_files
 from kbackend.models import ModelOptions
 from kbackend.optim import OptimizerSpec
 from kbackend.precision import PRECISIONS
+from kbackend.task import CLASSIFICATION, Task, metric_direction, reaches
 
 # Engines the utilization monitor can time (kbackend.hardware.monitor).
 MONITORED_ENGINES = ("keras", "native")
 DP_IMPLS = ("shard_map", "pmap")
 _COORDINATOR = re.compile(r"^[A-Za-z0-9_.\-]+:\d{1,5}$|^\[[0-9A-Fa-f:]+\]:\d{1,5}$")
 
+# The built-in models' validation metrics; a user model's are ``val_loss`` and ``val_<its
+# metric>`` (``kbackend.task``), checked against its task by ``check_run``.
 MONITORS = ("val_accuracy", "val_loss")
 # What ``kbackend.training.train`` does when a loss becomes NaN or infinite (the run stops either
 # way, and no model is saved): raise ``Diverged``, or return the history with
@@ -40,7 +43,8 @@ DIVERGENCE_ACTIONS = ("raise", "record")
 
 @dataclass(frozen=True)
 class Target:
-    """Stop training once validation ``metric`` reaches ``value`` (>= for accuracy, <= for loss)."""
+    """Stop training once validation ``metric`` reaches ``value`` (>= where larger is better,
+    <= for losses and errors: ``kbackend.task.metric_direction``)."""
 
     metric: str = "val_accuracy"
     value: float = 0.9
@@ -49,22 +53,27 @@ class Target:
         if not isinstance(self.value, numbers.Real) or isinstance(self.value, bool) or \
                 not math.isfinite(self.value):
             raise ConfigError(f"Invalid target value {self.value!r}: expected a finite number.")
-        if self.metric not in MONITORS:
-            raise ConfigError(f"Invalid target metric. Expected one of {list(MONITORS)}. Received: {self.metric!r}.")
-        if self.metric == "val_accuracy" and not 0.0 < self.value <= 1.0:
-            raise ConfigError(
-                f"Invalid target val_accuracy={self.value!r}: accuracy can only reach values in (0, 1]."
-            )
-        if self.metric == "val_loss" and self.value <= 0.0:
-            raise ConfigError(f"Invalid target val_loss={self.value!r}: cross-entropy targets must be > 0.")
+        if not isinstance(self.metric, str) or not self.metric.startswith("val_"):
+            raise ConfigError(f"Invalid target metric {self.metric!r}: expected a validation "
+                              "metric such as val_accuracy, val_loss or val_mae.")
+        metric_direction(self.metric)  # an unknown direction is a one-line error
+        if self.metric.endswith("accuracy") and not 0.0 < self.value <= 1.0:
+            raise ConfigError(f"Invalid target {self.metric}={self.value!r}: accuracy can only "
+                              "reach values in (0, 1].")
+        if metric_direction(self.metric) == "min" and self.value <= 0.0:
+            raise ConfigError(f"Invalid target {self.metric}={self.value!r}: a loss or error "
+                              "target must be > 0.")
+
+    @property
+    def direction(self) -> str:
+        """``"max"`` or ``"min"``: which way the metric improves."""
+        return metric_direction(self.metric)
 
     def reached(self, record: dict[str, float]) -> bool:
         """Whether an evaluation record meets the target."""
         if self.metric not in record:
             return False
-        if self.metric == "val_accuracy":
-            return record[self.metric] >= self.value
-        return record[self.metric] <= self.value
+        return reaches(self.metric, record[self.metric], self.value)
 
 
 # Seeds reach numpy.random.seed, which takes 0 <= seed < 2**32.
@@ -128,6 +137,14 @@ class TrainConfig:
     hardware_monitor: bool = False
     # On a NaN / infinite loss: "raise" ``kbackend.errors.Diverged`` or "record" it and return.
     on_divergence: str = "raise"
+    # The loss every engine trains and the metric it reports (``kbackend.task``): the built-in
+    # models' softmax classification, or a user model's compiled (or inferred) task.
+    task: Task = CLASSIFICATION
+    # A user data source's label column (CSV), and how a .keras model is loaded: with its
+    # Lambda layers' code (unsafe), and from its saved weights instead of fresh ones.
+    label: str | None = None
+    unsafe_deserialization: bool = False
+    from_weights: bool = False
 
     def __post_init__(self) -> None:
         check_field_types(self, {
@@ -136,7 +153,8 @@ class TrainConfig:
             "model_options": ModelOptions, "data_dir": (str, os.PathLike, type(None)),
             "shuffle": bool, "target": (Target, type(None)), "data_parallel": bool,
             "dp_impl": str, "precision": str, "hardware_monitor": bool, "on_divergence": str,
-            "batch_size": numbers.Integral})
+            "batch_size": numbers.Integral, "task": Task, "label": (str, type(None)),
+            "unsafe_deserialization": bool, "from_weights": bool})
         for name in ("fused_steps", "eval_every", "max_steps"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ConfigError(f"Invalid {name} {getattr(self, name)!r}: expected an integer >= 0.")
@@ -157,8 +175,10 @@ class TrainConfig:
                               "targets would select on the test set; hold out a validation split.")
         if self.early_stopping < 0:
             raise ConfigError(f"Invalid early_stopping patience {self.early_stopping!r}: expected >= 0.")
-        if self.monitor not in MONITORS:
-            raise ConfigError(f"Invalid monitor. Expected one of {list(MONITORS)}. Received: {self.monitor!r}.")
+        if not self.monitor.startswith("val_"):
+            raise ConfigError(f"Invalid monitor {self.monitor!r}: expected a validation metric "
+                              "such as val_accuracy, val_loss or val_mae.")
+        metric_direction(self.monitor)
         validate_parallel_options(self)
         if self.on_divergence not in DIVERGENCE_ACTIONS:
             raise ConfigError(f"Invalid on_divergence. Expected one of {list(DIVERGENCE_ACTIONS)}. "
@@ -177,7 +197,25 @@ class TrainConfig:
                 f"(see docs/hardware.md). Received: engine={self.engine!r}.")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # (the task's Loss object is not copied: its description is what a history keeps)
+        return {**asdict(replace(self, task=CLASSIFICATION)), "task": self.task.to_dict()}
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The validation metrics every engine reports for this run's task."""
+        return ("val_loss", f"val_{self.task.metric}")
+
+
+def check_metrics(config: TrainConfig) -> None:
+    """A target or early-stopping metric the run's task does not report: a one-line error
+    listing those it does (before any work)."""
+    asked = [("target", config.target.metric)] if config.target is not None else []
+    if config.early_stopping:
+        asked.append(("early-stopping", config.monitor))
+    for what, metric in asked:
+        if metric not in config.metrics:
+            raise ConfigError(f"Unknown {what} metric {metric!r} for this model: it reports "
+                              f"{', '.join(config.metrics)} ({config.task.describe()}).")
 
 
 def validate_parallel_options(config: Any) -> None:
@@ -218,6 +256,7 @@ def check_run(config: TrainConfig, n_train: int, engine: Any, devices: int = 1) 
     ``steps_per_epoch``); ``devices`` the devices each global batch is split over.
     """
     check_batch_size(config.batch_size, n_train)
+    check_metrics(config)
     if devices > 1 or config.num_processes > 1:
         check_batch_split(config.batch_size, devices, config.num_processes)
     if not engine.fuses_steps:

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kbackend.io import atomic_write_json, read_json
+from kbackend.task import best_of
 
 
 @dataclass
@@ -44,11 +45,11 @@ class History:
         return self.step[-1] if self.step else 0
 
     def best(self, metric: str = "val_accuracy") -> float | None:
-        """Best value of an evaluation metric (max for accuracy, min for loss)."""
+        """Best value of an evaluation metric (max for accuracy, min for loss and errors)."""
         values = [e[metric] for e in self.evals if metric in e]
         if not values:
             return None
-        return max(values) if "acc" in metric else min(values)
+        return best_of(metric, values)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -48,9 +48,11 @@ class EpochReporter:
     def epoch_end(self, epoch: int, epochs: int, record: dict[str, Any]) -> None:
         self._clear_live()
         parts = [f"{self.prefix}epoch {epoch}/{epochs}", f"step {record.get('step', '?')}"]
-        for key in ("train_loss", "train_accuracy", "val_loss", "val_accuracy"):
-            if key in record:
-                parts.append(f"{key} {record[key]:.4f}")
+        # train_ figures first, then val_: the loss, then the task's metric (accuracy, mae, ...)
+        for prefix in ("train_", "val_"):
+            for key, value in record.items():
+                if key.startswith(prefix) and key != "train_time" and isinstance(value, float):
+                    parts.append(f"{key} {value:.4f}")
         if "train_time" in record:
             parts.append(f"train {record['train_time']:.2f}s")
         self.console.print("  ".join(parts))

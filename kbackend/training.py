@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,9 @@ from kbackend.envinfo import environment
 from kbackend.errors import ConfigError, Diverged
 from kbackend.history import History
 from kbackend.io import atomic_write
-from kbackend.models import build_model, check_model_fits, model_layout
+from kbackend.models import MODELS, build_model, check_model_fits, model_layout
 from kbackend.precision import precision_scope
+from kbackend.workload import Workload, prepare_workload
 
 __all__ = ["MONITORS", "Diverged", "Target", "TrainConfig", "TrainResult", "load_dataset",
            "save_model", "train"]
@@ -41,11 +42,28 @@ _DIVERGENCE_SIGNS = {
 
 @dataclass
 class TrainResult:
-    """A trained Keras model, its history and the dataset it was trained on."""
+    """A trained Keras model, its history, the dataset it was trained on and the configuration
+    it ran with (its ``task`` the one the engines trained)."""
 
     model: Any
     history: History
     dataset: data_module.Dataset
+    config: TrainConfig | None = None
+
+
+def is_builtin(config: TrainConfig) -> bool:
+    """Whether ``config`` names a built-in model and dataset (no user source to prepare)."""
+    return config.model in MODELS and config.dataset in data_module.DATASETS
+
+
+def workload_of(config: TrainConfig) -> Workload:
+    """The ``Workload`` (model source, data, task) ``config``'s model and dataset name."""
+    return prepare_workload(
+        config.model, config.dataset, label=config.label,
+        validation_fraction=config.validation_fraction, seed=config.seed,
+        data_dir=config.data_dir, options=config.model_options,
+        target_metric=config.target.metric if config.target is not None else None,
+        unsafe_deserialization=config.unsafe_deserialization, from_weights=config.from_weights)
 
 
 def load_dataset(config: TrainConfig) -> data_module.Dataset:
@@ -68,12 +86,16 @@ def train(
     reporter: Any = None,
     save: str | os.PathLike | None = None,
     history_path: str | os.PathLike | None = None,
+    workload: Workload | None = None,
 ) -> TrainResult:
     """Train ``config.model`` on ``config.dataset`` with ``config.engine``.
 
     Every check that can fail (options, output paths, data, batch size against the data and the
     devices, fused steps against the engine) runs before any training starts. ``dataset`` and
-    ``model`` may be passed to reuse them; the model is trained in place.
+    ``model`` may be passed to reuse them; the model is trained in place. A model or dataset
+    that is not built in (a ``.keras`` file, a builder, a data source) is prepared as a
+    ``Workload`` (``kbackend.workload``), or passed as one; its task (the compiled loss and
+    metric) replaces ``config.task``.
 
     A run whose train loss becomes NaN or infinite stops (at most one compiled call late) and
     saves no model; the history, if asked for, is written with ``extra["diverged"]``. Then
@@ -90,6 +112,15 @@ def train(
         data_module.validate_dataset(dataset)
     engine = get_engine(distributed.engine_name(config))
     distributed.prepare(config)  # virtual devices, multi-process start-up, device checks
+    if workload is None and model is None and dataset is None and not is_builtin(config):
+        with precision_scope(config.precision):
+            workload = workload_of(config)
+    if workload is not None:
+        config = replace(config, task=workload.task)
+        dataset = workload.dataset
+        if model is None:
+            with precision_scope(config.precision):
+                model = workload.build(config.seed)
     dataset = dataset if dataset is not None else load_dataset(config)
     n_train = len(dataset.x_train)
     devices = distributed.device_count(config) if distributed.is_parallel(config) else 1
@@ -106,10 +137,11 @@ def train(
     history = engine(model, dataset, spec, config, reporter)
     history.timing["wall_time"] = time.perf_counter() - start
     if not history.test:  # the native engine evaluates the test split itself
-        test_loss, test_accuracy = model.evaluate(
+        test_loss, test_metric = model.evaluate(
             dataset.x_test, dataset.y_test, batch_size=max(config.batch_size, 256), verbose=0
         )
-        history.test = {"test_loss": float(test_loss), "test_accuracy": float(test_accuracy)}
+        history.test = {"test_loss": float(test_loss),
+                        f"test_{config.task.metric}": float(test_metric)}
     history.config = {**config.to_dict(), "optimizer": spec.to_dict(),
                       "dataset_info": dataset.info.to_dict(), "params": int(model.count_params())}
     history.env = environment()
@@ -130,7 +162,7 @@ def train(
             f"Expected finite losses; lower the learning rate (received lr="
             f"{config.optimizer.learning_rate:g}) or add warmup. No model was saved{written}.",
             step=int(diverged["step"]))
-    return TrainResult(model, history, dataset)
+    return TrainResult(model, history, dataset, config)
 
 
 def non_finite_result(model: Any, history: History, *, check_weights: bool) -> dict[str, Any] | None:

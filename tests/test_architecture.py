@@ -19,19 +19,19 @@ PACKAGE = Path(__file__).resolve().parent.parent / "kbackend"
 # Top to bottom; keep in step with docs/architecture.md. A module belongs to the first entry
 # that is a prefix of its dotted name (relative to kbackend).
 LAYERS: list[tuple[str, ...]] = [
-    ("__main__", "cli", "commands"),
+    ("__main__", "cli", "commands", "api"),
     # capabilities users run; benchmarks and the advisor measure everything below them
     ("study", "equivalence", "serving", "cache", "bench", "hardware.advise", "hardware.probe"),
-    ("engines", "training"),
+    ("engines", "training", "workload"),
     ("hardware", "distributed", "runtime", "progress", "envinfo"),
-    ("config", "models", "optim", "precision"),
+    ("config", "models", "model_sources", "optim", "precision"),
     ("backends",),
     ("data",),
-    ("backend_choice", "history", "io", "errors", "logs", "reports", "stats", "__init__"),
+    ("backend_choice", "history", "io", "errors", "logs", "reports", "stats", "task", "__init__"),
 ]
 # Libraries an import inside a function may defer (slow to import, or optional extras).
 DEFERRABLE = {"keras", "tensorflow", "jax", "jaxlib", "optax", "matplotlib", "redis", "ray",
-              "pynvml", "mnist1d", "sklearn"}
+              "pynvml", "mnist1d", "sklearn", "tensorflow_datasets"}
 # Frameworks no kbackend module may import when it is imported, outside the backend packages
 # (which only ``kbackend.backends.impl()`` imports, once the backend is chosen).
 HEAVY = ("keras", "jax", "tensorflow", "optax", "matplotlib")

@@ -11,6 +11,7 @@ import argparse
 import math
 from pathlib import Path
 
+from kbackend.api import recommendation, recommendation_lines
 from kbackend.config import check_output_folder, check_output_path
 from kbackend.data import DATASETS
 from kbackend.engines import engine_names
@@ -79,9 +80,19 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     grid = parser.add_argument_group("grid")
     grid.add_argument("--dataset", default=DEFAULT_DATASET, choices=sorted(DATASETS),
                       help=f"default {DEFAULT_DATASET}: MNIST-1D drawn larger, generated offline")
+    grid.add_argument("--data", default=None, metavar="SOURCE",
+                      help="your data instead of --dataset: PATH.npz, PATH.csv (with --label), a "
+                           "folder of class subfolders, tfds:NAME[:CONFIG], FILE.py:FUNCTION "
+                           "(docs/your-model.md)")
+    grid.add_argument("--label", default=None, metavar="COLUMN",
+                      help="--data PATH.csv: the label column")
     grid.add_argument("--data-dir", default=None, help="folder with MNIST / Fashion-MNIST files")
-    grid.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(MODELS),
-                      help=f"default {DEFAULT_MODEL} (hidden widths 256,128)")
+    grid.add_argument("--model", default=DEFAULT_MODEL, metavar="MODEL",
+                      help=f"a built-in model ({', '.join(sorted(MODELS))}; default "
+                           f"{DEFAULT_MODEL}, hidden widths 256,128), your PATH.keras, or a "
+                           "builder FILE.py:FUNCTION / package.module:FUNCTION")
+    grid.add_argument("--unsafe-deserialization", action="store_true",
+                      help="--model PATH.keras: load Lambda layers (their code runs)")
     grid.add_argument("--optimizers", type=_names, default=("sgd", "momentum", "adam"),
                       help=f"comma-separated, from {', '.join(OPTIMIZERS)} (default: sgd,momentum,adam)")
     grid.add_argument("--batch-sizes", type=_int_list, default=None,
@@ -109,7 +120,9 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     target.add_argument("--target", type=float, default=None,
                         help="validation target value (default per dataset: mnist1d_large 0.65, "
                              "digits 0.95, mnist 0.97)")
-    target.add_argument("--target-metric", default="val_accuracy", choices=["val_accuracy", "val_loss"])
+    target.add_argument("--target-metric", default="val_accuracy", metavar="METRIC",
+                        help="val_loss or val_<the model's metric>, e.g. val_mae (default "
+                             "val_accuracy; accuracies >=, losses and errors <=)")
     target.add_argument("--max-steps", type=int, default=None,
                         help=f"step budget per run (default {DEFAULT_MAX_STEPS}; mnist "
                              f"{DEFAULT_BUDGETS['mnist'][0]}, mnist1d_large "
@@ -186,7 +199,8 @@ def config_from_args(args: argparse.Namespace):
     if len(args.noise_batches) != 2:
         raise ConfigError(f"Invalid --noise-batches {args.noise_batches}: expected SMALL,BIG.")
     return StudyConfig(
-        model=args.model, dataset=args.dataset, data_dir=args.data_dir,
+        model=args.model, dataset=args.data or args.dataset, data_dir=args.data_dir,
+        label=args.label, unsafe_deserialization=args.unsafe_deserialization,
         optimizers=args.optimizers, batch_sizes=args.batch_sizes,
         max_batch_size=args.max_batch_size, learning_rates=learning_rates,
         lr_grid_size=args.lr_grid_size, lr_factor=args.lr_factor, target=target,
@@ -203,7 +217,9 @@ def config_from_args(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     check_output_folder(args.out, "--out")
-    run_study(config_from_args(args), args.out, show_progress=not args.no_progress)
+    outcome = run_study(config_from_args(args), args.out, show_progress=not args.no_progress)
+    for line in recommendation_lines(recommendation(outcome["study"])):
+        print(line)
     return 0
 
 

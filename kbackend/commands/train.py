@@ -6,15 +6,16 @@ import argparse
 from dataclasses import replace
 
 from kbackend.backend_choice import active_backend
-from kbackend.config import MONITORS, Target, TrainConfig, check_output_path
+from kbackend.config import MONITORS, Target, TrainConfig, check_metrics, check_output_path
 from kbackend.data import DATASETS
 from kbackend.distributed import engine_name, is_chief
 from kbackend.engines import engine_names
 from kbackend.hardware.monitor import format_summary
+from kbackend.model_sources import parse_model_source
 from kbackend.models import MODELS, READOUTS, ModelOptions
 from kbackend.optim import OPTIMIZERS, SCHEDULES, OptimizerSpec
 from kbackend.progress import EpochReporter
-from kbackend.training import train
+from kbackend.training import is_builtin, train, workload_of
 
 
 def _widths(text: str) -> tuple[int, ...]:
@@ -39,14 +40,27 @@ def _fused_steps(text: str) -> int:
 
 def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags shared by every command that trains (train, and later ones such as study)."""
-    data = parser.add_argument_group("data")
+    data = parser.add_argument_group("data (docs/your-model.md)")
     data.add_argument("--dataset", default="digits", choices=sorted(DATASETS))
+    data.add_argument("--data", default=None, metavar="SOURCE",
+                      help="your data instead of --dataset: PATH.npz, PATH.csv (with --label), a "
+                           "folder of class subfolders (images or .txt), tfds:NAME[:CONFIG], "
+                           "FILE.py:FUNCTION")
+    data.add_argument("--label", default=None, metavar="COLUMN",
+                      help="--data PATH.csv: the label column")
     data.add_argument("--data-dir", default=None, help="folder with MNIST / Fashion-MNIST files")
     data.add_argument("--validation-fraction", type=float, default=0.1,
                       help="share of the training data held out for validation (0: none, the "
                            "test split is evaluated instead; no early stopping or target then)")
     model = parser.add_argument_group("model")
-    model.add_argument("--model", default="seed_mlp", choices=sorted(MODELS))
+    model.add_argument("--model", default="seed_mlp", metavar="MODEL",
+                       help=f"a built-in model ({', '.join(sorted(MODELS))}), your PATH.keras, "
+                            "or a builder FILE.py:FUNCTION / package.module:FUNCTION")
+    model.add_argument("--from-weights", action="store_true",
+                       help="--model PATH.keras: start from its saved weights (default: fresh "
+                            "weights from its initializers, per seed)")
+    model.add_argument("--unsafe-deserialization", action="store_true",
+                       help="--model PATH.keras: load Lambda layers (their code runs)")
     model.add_argument("--data-format", default="channels_last", choices=["channels_last", "channels_first"])
     model.add_argument("--dropout", type=float, default=0.0)
     model.add_argument("--batch-norm", action="store_true")
@@ -86,7 +100,9 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--steps-per-execution", type=int, default=1)
     run.add_argument("--early-stopping", type=int, default=0, metavar="PATIENCE",
                      help="stop after PATIENCE evaluations without improvement of --early-stopping-metric (0: off)")
-    run.add_argument("--early-stopping-metric", dest="monitor", default="val_accuracy", choices=list(MONITORS))
+    run.add_argument("--early-stopping-metric", dest="monitor", default=None, metavar="METRIC",
+                     help="val_loss or val_<the model's metric> (default: the metric, e.g. "
+                          "val_accuracy)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--fused-steps", type=_fused_steps, default=None, metavar="K",
                      help="--engine native: train steps per compiled device call (K), or "
@@ -101,8 +117,9 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                           "validates per epoch only)")
     run.add_argument("--target", type=float, default=None, metavar="VALUE",
                      help="stop at the first evaluation that reaches VALUE of --target-metric")
-    run.add_argument("--target-metric", default="val_accuracy", choices=list(MONITORS),
-                     help="the metric --target applies to (accuracy: >=, loss: <=)")
+    run.add_argument("--target-metric", default=None, metavar="METRIC",
+                     help="the metric --target applies to: val_loss or val_<the model's metric> "
+                          f"(default {MONITORS[0]}; accuracies >=, losses and errors <=)")
     add_parallel_arguments(parser)
 
 
@@ -118,18 +135,23 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         filters=args.filters, units=args.units, bidirectional=args.bidirectional,
         readout=args.readout,
     )
+    default_metric = "val_accuracy" if args.model in MODELS else None
+    target_metric = args.target_metric or default_metric or "val_loss"
     config = TrainConfig(
-        model=args.model, dataset=args.dataset, optimizer=spec, batch_size=args.batch_size,
+        model=args.model, dataset=args.data or args.dataset, label=args.label,
+        unsafe_deserialization=args.unsafe_deserialization, from_weights=args.from_weights,
+        optimizer=spec, batch_size=args.batch_size,
         epochs=args.epochs, engine=args.engine, jit_compile=args.jit_compile,
         precision=getattr(args, "precision", "float32"),
         hardware_monitor=getattr(args, "hardware_monitor", False),
         steps_per_execution=args.steps_per_execution, early_stopping=args.early_stopping,
-        monitor=args.monitor, seed=args.seed, model_options=options,
+        monitor=args.monitor or args.target_metric or default_metric or "val_loss",
+        seed=args.seed, model_options=options,
         validation_fraction=args.validation_fraction, data_dir=args.data_dir,
         fused_steps=1 if args.fused_steps is None else args.fused_steps,
         max_steps=args.max_steps, eval_every=args.eval_every,
         shuffle=args.shuffle,
-        target=None if args.target is None else Target(args.target_metric, args.target),
+        target=None if args.target is None else Target(target_metric, args.target),
         **parallel_config_fields(args),
     )
     if args.fused_steps is None and engine_name(config) == "native":
@@ -154,6 +176,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 def check_args(args: argparse.Namespace) -> TrainConfig:
     """The validated ``TrainConfig`` of the flags, with the output paths checked (no data needed)."""
     config = config_from_args(args)
+    check_sources(config)
     if args.save is not None:
         check_output_path(args.save, "--save", suffix=".keras")
     if args.history is not None:
@@ -161,12 +184,31 @@ def check_args(args: argparse.Namespace) -> TrainConfig:
     return config
 
 
+def check_sources(config: TrainConfig) -> None:
+    """The model source's cheap checks (files, syntax, safe mode), before any work; the data
+    is read, and checked, before training by ``workload_of``."""
+    parse_model_source(config.model, unsafe_deserialization=config.unsafe_deserialization,
+                       from_weights=config.from_weights)
+
+
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    check_sources(config)
     reporter = None if args.quiet else EpochReporter()
-    result = train(config, reporter=reporter, save=args.save, history_path=args.history)
+    workload = None
+    if not is_builtin(config):
+        workload = workload_of(config)
+        for note in workload.notes:
+            print(note)
+        print(f"{workload.model_name}: {workload.task.describe()}")
+        config = replace(config, task=workload.task)
+        check_metrics(config)
+    result = train(config, reporter=reporter, save=args.save, history_path=args.history,
+                   workload=workload)
     history = result.history
     info = result.dataset.info
+    metric = f"val_{config.task.metric}"
+    test_metric = f"test_{config.task.metric}"
     print(
         f"{config.model} on {info.name} ({info.num_train} train / "
         f"{'test split as val' if info.val_is_test else f'{info.num_val} val'} / "
@@ -182,20 +224,22 @@ def run(args: argparse.Namespace) -> int:
                    "written out one after another here, so a call holds at most "
                    f"{history.extra['fused_steps']})")
         print(f"fused steps K={history.extra['fused_steps']}{how}")
-    best = history.best("val_accuracy")
+    best = history.best(metric)
     last = history.evals[-1] if history.evals else {}
     compile_time = history.timing.get("compile_time")
     train_time = history.timing.get("train_time", float("nan")) - (compile_time or 0.0)
+    nan = float("nan")
     print(
-        f"val_accuracy {last.get('val_accuracy', float('nan')):.4f} (best {best if best is not None else float('nan'):.4f})  "
-        f"test_accuracy {history.test['test_accuracy']:.4f}  test_loss {history.test['test_loss']:.4f}  "
+        f"{metric} {last.get(metric, nan):.4f} (best {best if best is not None else nan:.4f})  "
+        f"{test_metric} {history.test.get(test_metric, nan):.4f}  "
+        f"test_loss {history.test['test_loss']:.4f}  "
         f"train_time {train_time:.2f}s"
         + (f" (compiled in {compile_time:.2f}s apart)" if compile_time is not None else "")
         + f"  steps {history.steps_run}"
     )
     if config.target is not None:
         target = config.target
-        relation = ">=" if target.metric == "val_accuracy" else "<="
+        relation = ">=" if target.direction == "max" else "<="
         reached = history.extra.get("target_reached")
         print(f"target {target.metric} {relation} {target.value:g}: " + (
             f"reached at step {reached['step']} (train_time {reached['train_time']:.2f}s)"

@@ -52,6 +52,9 @@ class DatasetInfo:
     num_test: int
     # Validation fraction 0: no split is held out and the validation figures are the test split's.
     val_is_test: bool = False
+    # Labels are int32 class indices (num_classes of them); else float32 targets shaped as the
+    # model's output (regression values, 0/1 labels, one-hot rows), num_classes their width.
+    sparse_labels: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,7 +62,8 @@ class DatasetInfo:
 
 @dataclass
 class Dataset:
-    """Train / validation / test splits as float32 inputs and int32 labels."""
+    """Train / validation / test splits: float32 inputs, int32 class labels (or float32 targets
+    where ``info.sparse_labels`` is False)."""
 
     x_train: np.ndarray
     y_train: np.ndarray
@@ -125,21 +129,32 @@ def from_arrays(
     source: str = "arrays",
     layout: str = "flat",
     data_format: str | None = None,
+    sparse_labels: bool = True,
+    x_val: np.ndarray | None = None,
+    y_val: np.ndarray | None = None,
 ) -> Dataset:
     """Build a validated ``Dataset`` from user arrays; the validation split is held out of train.
 
     ``validation_fraction=0`` holds nothing out: every sample trains and the test split stands in
     for validation (``info.val_is_test``), as papers that report test curves do. Nothing may then
-    select on it (``TrainConfig`` refuses early stopping and targets).
+    select on it (``TrainConfig`` refuses early stopping and targets). ``x_val``/``y_val``: the
+    user's own validation split (then nothing is held out of train). ``sparse_labels`` False:
+    float targets (``validate_split``), kept in their shape.
     """
-    for split, (x, y) in {"train": (x_train, y_train), "test": (x_test, y_test)}.items():
-        validate_split(np.asarray(x), np.asarray(y), num_classes, split)
+    given = {"train": (x_train, y_train), "test": (x_test, y_test)}
+    if x_val is not None:
+        given["validation"] = (x_val, y_val)
+    for split, (x, y) in given.items():
+        validate_split(np.asarray(x), np.asarray(y), num_classes, split, sparse_labels)
+    label_dtype = np.int32 if sparse_labels else np.float32
     x_train = np.asarray(x_train, dtype=np.float32)
-    y_train = np.asarray(y_train).astype(np.int32)
+    y_train = np.asarray(y_train).astype(label_dtype)
     x_test = np.asarray(x_test, dtype=np.float32)
-    y_test = np.asarray(y_test).astype(np.int32)
-    val_is_test = validation_fraction == 0
-    if val_is_test:
+    y_test = np.asarray(y_test).astype(label_dtype)
+    val_is_test = validation_fraction == 0 and x_val is None
+    if x_val is not None:
+        x_val, y_val = np.asarray(x_val, dtype=np.float32), np.asarray(y_val).astype(label_dtype)
+    elif val_is_test:
         x_val, y_val = x_test, y_test
     else:
         train_idx, val_idx = _validation_indices(len(x_train), validation_fraction, seed)
@@ -148,9 +163,10 @@ def from_arrays(
     dataset = Dataset(
         x_train, y_train, x_val, y_val, x_test, y_test,
         DatasetInfo(name, tuple(int(d) for d in x_train.shape[1:]), int(num_classes), source,
-                    layout, data_format, len(x_train), len(x_val), len(x_test), val_is_test),
+                    layout, data_format, len(x_train), len(x_val), len(x_test), val_is_test,
+                    sparse_labels),
     )
-    validate_split(dataset.x_val, dataset.y_val, num_classes, "validation")
+    validate_split(dataset.x_val, dataset.y_val, num_classes, "validation", sparse_labels)
     return dataset
 
 

@@ -89,5 +89,5 @@ def pad_to_chunks(x: np.ndarray, y: np.ndarray, chunk: int) -> tuple[np.ndarray,
     pad = chunks * chunk - len(x)
     mask = np.concatenate([np.ones(len(x), np.float32), np.zeros(pad, np.float32)])
     x = np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)])
-    y = np.concatenate([y, np.zeros(pad, y.dtype)])
+    y = np.concatenate([y, np.zeros((pad, *y.shape[1:]), y.dtype)])
     return tuple(a.reshape(chunks, chunk, *a.shape[1:]) for a in (x, y, mask))

@@ -10,8 +10,11 @@ import numpy as np
 from kbackend.errors import DataError
 
 
-def validate_split(x: np.ndarray, y: np.ndarray, num_classes: int, split: str) -> None:
-    """Raise ``DataError`` if ``(x, y)`` is not a valid ``split`` for ``num_classes`` classes."""
+def validate_split(x: np.ndarray, y: np.ndarray, num_classes: int, split: str,
+                   sparse_labels: bool = True) -> None:
+    """Raise ``DataError`` if ``(x, y)`` is not a valid ``split``: class indices in
+    ``[0, num_classes)``, or with ``sparse_labels`` False finite float targets of any shape
+    (regression values, 0/1 labels, one-hot rows: the loss checks their meaning)."""
     if len(x) == 0 or len(y) == 0:
         raise DataError(
             f"Empty {split} split: x has {len(x)} samples and y has {len(y)}; "
@@ -22,6 +25,10 @@ def validate_split(x: np.ndarray, y: np.ndarray, num_classes: int, split: str) -
             f"Mismatched lengths in the {split} split: x has {len(x)} samples but y has {len(y)}."
         )
     y = np.asarray(y)
+    if not sparse_labels:
+        _check_targets(y, split)
+        _check_inputs(np.asarray(x), split)
+        return
     if y.ndim != 1:
         raise DataError(
             f"Invalid labels in the {split} split: expected a 1-D array of class indices. "
@@ -42,7 +49,19 @@ def validate_split(x: np.ndarray, y: np.ndarray, num_classes: int, split: str) -
             f"Invalid label {bad} in the {split} split: labels must lie in [0, {num_classes}) "
             f"for {num_classes} classes. Received labels in [{low}, {high}]."
         )
-    x = np.asarray(x)
+    _check_inputs(np.asarray(x), split)
+
+
+def _check_targets(y: np.ndarray, split: str) -> None:
+    if not (np.issubdtype(y.dtype, np.number) or np.issubdtype(y.dtype, np.bool_)):
+        raise DataError(f"Invalid labels in the {split} split: dtype {y.dtype} is not numeric.")
+    if np.issubdtype(y.dtype, np.floating) and not np.isfinite(y).all():
+        index = int(np.nonzero(~np.isfinite(y.reshape(len(y), -1)))[0][0])
+        raise DataError(f"Non-finite labels (NaN or Inf) in the {split} split, first at index "
+                        f"{index}. Clean or drop them before training.")
+
+
+def _check_inputs(x: np.ndarray, split: str) -> None:
     if np.issubdtype(x.dtype, np.floating):
         finite = np.isfinite(x)
         if not finite.all():
@@ -54,6 +73,10 @@ def validate_split(x: np.ndarray, y: np.ndarray, num_classes: int, split: str) -
             )
     elif not np.issubdtype(x.dtype, np.integer) and not np.issubdtype(x.dtype, np.bool_):
         raise DataError(f"Invalid inputs in the {split} split: dtype {x.dtype} is not numeric.")
+    if np.issubdtype(x.dtype, np.floating) and x.size and \
+            np.abs(x).max() > np.finfo(np.float32).max:
+        raise DataError(f"Inputs beyond float32's range in the {split} split (largest magnitude "
+                        f"{np.abs(x).max():.3g}): kbackend trains in float32; rescale them.")
 
 
 def validate_dataset(dataset: Any) -> None:
@@ -65,7 +88,9 @@ def validate_dataset(dataset: Any) -> None:
     """
     info = getattr(dataset, "info", None)
     num_classes = getattr(info, "num_classes", None)
-    if not isinstance(num_classes, int | np.integer) or isinstance(num_classes, bool) or num_classes < 1:
+    sparse = getattr(info, "sparse_labels", True)
+    if not isinstance(num_classes, int | np.integer) or isinstance(num_classes, bool) or (
+            num_classes < 1 and sparse):
         raise DataError(
             "Invalid dataset: expected a kbackend.data.Dataset whose info.num_classes is a positive "
             f"integer. Received: {type(dataset).__name__} with num_classes={num_classes!r}."
@@ -73,7 +98,7 @@ def validate_dataset(dataset: Any) -> None:
     input_shape = tuple(getattr(info, "input_shape", ()))
     for split, name in (("train", "train"), ("val", "validation"), ("test", "test")):
         x, y = np.asarray(getattr(dataset, f"x_{split}")), np.asarray(getattr(dataset, f"y_{split}"))
-        validate_split(x, y, int(num_classes), name)
+        validate_split(x, y, int(num_classes), name, sparse)
         if x.shape[1:] != input_shape:
             raise DataError(
                 f"Invalid inputs in the {name} split: expected samples of shape {input_shape} "

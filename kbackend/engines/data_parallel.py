@@ -33,7 +33,8 @@ def _train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = Non
     spec = spec.with_total_steps(plan.steps_per_epoch * config.epochs)
     compile_model(model, spec, config)  # for evaluate/predict/save afterwards
     trainer = impl().data_parallel_trainer(model, spec, dataset, devices=count,
-                                           batch_size=config.batch_size, dp_impl=config.dp_impl)
+                                           batch_size=config.batch_size, dp_impl=config.dp_impl,
+                                           task=config.task)
     history = History()
     history.extra.update(engine="native", decay_steps=spec.decay_steps)
     return loop.run(trainer, plan, config, reporter, history=history)

@@ -17,6 +17,7 @@ from kbackend.data import batching
 from kbackend.hardware.inputs import monitored_batches
 from kbackend.hardware.monitor import StepMonitor, keras_callback
 from kbackend.history import History
+from kbackend.task import metric_direction
 
 
 def _recorder_class() -> Any:
@@ -91,9 +92,11 @@ def _recorder_class() -> Any:
             # The last step run, not the epoch boundary: max_steps can stop an epoch early.
             record = {"step": self.history.steps_run, "epoch": epoch + 1,
                       "train_time": self._train_time()}
-            for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
-                if key in logs:
-                    record["train_" + key if not key.startswith("val") else key] = float(logs[key])
+            for key, value in logs.items():  # loss, the compiled metric, their val_ twins
+                if key.startswith("val_"):
+                    record[key] = float(value)
+                elif key != "learning_rate":
+                    record["train_" + key] = float(value)
             self.history.record_eval(**record)
             if self.target is not None and self.target.reached(record) and \
                     "target_reached" not in self.history.extra:
@@ -111,14 +114,23 @@ def _recorder_class() -> Any:
 
 
 def compile_model(model: Any, spec: Any, config: Any) -> None:
-    """Compile ``model`` for sparse categorical cross-entropy with ``spec``'s optimizer."""
+    """Compile ``model`` for its task (``config.task``: loss and metric) with ``spec``'s
+    optimizer."""
+    task = config.task
     model.compile(
         optimizer=spec.to_keras(),
-        loss="sparse_categorical_crossentropy",
-        metrics=["accuracy"],
+        loss=task.loss_object(),
+        metrics=[_keras_metric(task)],
         jit_compile=config.jit_compile,
         steps_per_execution=config.steps_per_execution,
     )
+
+
+def _keras_metric(task: Any) -> Any:
+    """The task's metric as a Keras metric logged under ``task.metric``."""
+    keras = import_keras()
+    return keras.metrics.MeanMetricWrapper(getattr(keras.metrics, task.metric_fn),
+                                           name=task.metric)
 
 
 def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None) -> History:
@@ -137,7 +149,7 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
     if config.early_stopping:
         callbacks.append(keras.callbacks.EarlyStopping(
             monitor=config.monitor, patience=config.early_stopping, restore_best_weights=True,
-            mode="max" if "acc" in config.monitor else "min"))
+            mode=metric_direction(config.monitor)))
     impl().set_random_seed(config.seed)
     # One batch source, monitored or not, in kbackend.data.batching's order: turning the monitor
     # on does not change the batches (Keras's own shuffle would differ, and by backend).

@@ -39,6 +39,7 @@ from kbackend.data import batching
 from kbackend.errors import ConfigError
 from kbackend.hardware.monitor import StepMonitor
 from kbackend.history import History
+from kbackend.task import better
 
 __all__ = ["EarlyStopping", "EpochRunner", "Plan", "Trainer", "run", "run_population",
            "steps_per_call"]
@@ -88,6 +89,7 @@ class EarlyStopping:
     """Patience counted in evaluations; remembers the best values to restore at the end."""
 
     def __init__(self, monitor: str, patience: int) -> None:
+        # the same direction test as targets and reports (``kbackend.task.better``)
         self.monitor, self.patience = monitor, patience
         self.best: float | None = None
         self.best_snapshot: Any = None
@@ -96,7 +98,7 @@ class EarlyStopping:
     def improved(self, value: float) -> bool:
         if self.best is None:
             return True
-        return value > self.best if "acc" in self.monitor else value < self.best
+        return better(self.monitor, value, self.best)
 
     def should_stop(self, record: dict[str, float], trainer: Trainer) -> bool:
         value = record[self.monitor]
@@ -163,7 +165,7 @@ class _Run:
             return True
         record: dict[str, Any] = {"step": self.step, "epoch": epoch, "train_time": self.train_time()}
         eval_start = time.perf_counter()
-        record["val_loss"], record["val_accuracy"] = self.trainer.evaluate()
+        record["val_loss"], record[f"val_{self.config.task.metric}"] = self.trainer.evaluate()
         if self.losses_since_eval:
             record["train_loss"] = float(np.mean(self.losses_since_eval))
         self.losses_since_eval.clear()
@@ -257,9 +259,11 @@ def run(trainer: Trainer, plan: Plan, config: Any, reporter: Any = None, *,
     history.timing["eval_time"] = state.eval_seconds
     history.timing["compile_time"] = state.compile_seconds
     stopper = state.stopper
-    history.stopped_early = bool(stopper and stop and "target_reached" not in history.extra
-                                 and state.diverged is None)
-    if history.stopped_early and stopper.best_snapshot is not None:
+    # Stopped before the budget by a target or by patience (as Keras fit's epochs say); only
+    # patience restores the best values.
+    history.stopped_early = bool(stop and state.diverged is None)
+    if (history.stopped_early and stopper is not None and "target_reached" not in history.extra
+            and stopper.best_snapshot is not None):
         trainer.restore(stopper.best_snapshot)
     trainer.finish()
     history.extra["epochs_run"] = epoch
@@ -371,13 +375,14 @@ def run_population(trainer: Any, plan: Plan, configs: list[Any],
             return
         at = train_time()
         eval_start = time.perf_counter()
-        val_loss, val_accuracy = trainer.evaluate()
+        val_loss, val_metric = trainer.evaluate()
+        metric = f"val_{configs[0].task.metric}"
         clock["eval"] += time.perf_counter() - eval_start
         reached = []
         for m in sorted(members):
             record: dict[str, Any] = {"step": step, "epoch": epoch, "train_time": at,
                                       "val_loss": float(val_loss[m]),
-                                      "val_accuracy": float(val_accuracy[m])}
+                                      metric: float(val_metric[m])}
             if losses_since_eval[m]:
                 record["train_loss"] = float(np.mean(losses_since_eval[m]))
             losses_since_eval[m].clear()
@@ -418,9 +423,10 @@ def run_population(trainer: Any, plan: Plan, configs: list[Any],
                            if histories[m].evals and histories[m].evals[-1]["step"] != step})
     finish(sorted(active), epoch)
     eval_start = time.perf_counter()
-    test_loss, test_accuracy = trainer.evaluate_test()
+    test_loss, test_metric = trainer.evaluate_test()
     test_seconds = time.perf_counter() - eval_start
+    metric = f"test_{configs[0].task.metric}"
     for m, history in enumerate(histories):
-        history.test = {"test_loss": float(test_loss[m]), "test_accuracy": float(test_accuracy[m])}
+        history.test = {"test_loss": float(test_loss[m]), metric: float(test_metric[m])}
         history.timing["eval_time"] += test_seconds
     return histories

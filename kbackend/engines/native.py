@@ -39,6 +39,7 @@ from kbackend.engines.keras_fit import compile_model
 from kbackend.envinfo import environment_identity
 from kbackend.errors import ConfigError
 from kbackend.history import History
+from kbackend.task import CLASSIFICATION, Task
 
 PROBE_CANDIDATES = (1, 8, 32)
 
@@ -48,7 +49,8 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
     fused_steps, probe = config.fused_steps, None
     if fused_steps == 0:  # auto: measure a few K, weights put back after (once per machine)
         fused_steps, probe = cached_probe_fused_steps(model, dataset, spec, config.batch_size,
-                                                      config.seed, config.jit_compile)
+                                                      config.seed, config.jit_compile,
+                                                      config.task)
         if config.eval_every:  # calls end on the evaluation points the user asked for
             fused_steps = max(d for d in range(1, min(fused_steps, config.eval_every) + 1)
                               if config.eval_every % d == 0)
@@ -57,7 +59,8 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
     # Compiled for evaluate/predict/save afterwards; the TF loop trains with this optimizer.
     compile_model(model, spec, config)
     with impl().compilation_counter() as compiled:
-        trainer = impl().native_trainer(model, spec, dataset, jit_compile=config.jit_compile)
+        trainer = impl().native_trainer(model, spec, dataset, jit_compile=config.jit_compile,
+                                        task=config.task)
         history = History()
         history.extra.update(engine="native", decay_steps=spec.decay_steps)
         if probe is not None:
@@ -65,8 +68,8 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
         history = loop.run(trainer, plan, config, reporter, history=history)
         # The test split on the trainer's compiled evaluator: Keras's evaluate would trace and
         # compile a program of its own (on TensorFlow an XLA compile of several seconds).
-        history.test = dict(zip(("test_loss", "test_accuracy"), trainer.evaluate_test(),
-                                strict=True))
+        history.test = dict(zip(("test_loss", f"test_{config.task.metric}"),
+                                trainer.evaluate_test(), strict=True))
     history.extra["xla_programs"] = compiled  # the run's compilations, evaluation included
     return history
 
@@ -102,10 +105,11 @@ class Runs:
         # only a constant rate is shared between runs of different rates and budgets.
         constant = spec.schedule == "constant" and spec.warmup_steps == 0
         shared = replace(spec, learning_rate=1.0, decay_steps=None) if constant else spec
-        key = (shared, config.batch_size, config.fused_steps, config.jit_compile)
+        key = (shared, config.batch_size, config.fused_steps, config.jit_compile, config.task)
         if key not in self._trainers:
             self._trainers[key] = impl().native_trainer(self.model, spec, self.dataset,
-                                                        jit_compile=config.jit_compile)
+                                                        jit_compile=config.jit_compile,
+                                                        task=config.task)
         return self._trainers[key]
 
     def _spec(self, config: Any) -> Any:
@@ -128,8 +132,8 @@ class Runs:
                              trainers_built=self.trainers_built)
         history = loop.run(trainer, plan, config, reporter, history=history)
         history.timing["wall_time"] = time.perf_counter() - start
-        test_loss, test_accuracy = trainer.evaluate_test()
-        history.test = {"test_loss": test_loss, "test_accuracy": test_accuracy}
+        test_loss, test_metric = trainer.evaluate_test()
+        history.test = {"test_loss": test_loss, f"test_{config.task.metric}": test_metric}
         if "diverged" not in history.extra and not math.isfinite(test_loss):
             history.extra["diverged"] = {"step": history.steps_run, "loss": str(test_loss),
                                          "seen_in": "test_loss"}
@@ -152,10 +156,10 @@ class Runs:
                               "is traced into the program).")
         check_batch_size(first.batch_size, len(self.dataset.x_train))
         key = ("population", replace(spec, learning_rate=1.0, decay_steps=None),
-               first.batch_size, first.fused_steps, len(configs))
+               first.batch_size, first.fused_steps, len(configs), first.task)
         if key not in self._trainers:
             self._trainers[key] = impl().population_trainer(self.model, spec, self.dataset,
-                                                            len(configs))
+                                                            len(configs), task=first.task)
         return self._trainers[key]
 
     @staticmethod
@@ -275,9 +279,10 @@ def set_model_values(model: Any, values: tuple[list[Any], list[Any]]) -> None:
 
 
 def epoch_runner(model: Any, dataset: Any, spec: Any, batch_size: int, fused_steps: int,
-                 seed: int = 0, jit_compile: bool = True) -> loop.EpochRunner:
+                 seed: int = 0, jit_compile: bool = True,
+                 task: Task = CLASSIFICATION) -> loop.EpochRunner:
     """Whole native epochs of ``model`` on ``dataset`` without bookkeeping (benchmarks, probe)."""
-    trainer = impl().native_trainer(model, spec, dataset, jit_compile=jit_compile)
+    trainer = impl().native_trainer(model, spec, dataset, jit_compile=jit_compile, task=task)
     return loop.EpochRunner(trainer, len(dataset.x_train), batch_size, fused_steps, seed)
 
 
@@ -297,7 +302,8 @@ def probe_candidates(model: Any, jit_compile: bool = True) -> tuple[int, ...]:
     return tuple(sorted({min(k, capabilities.MAX_UNROLLED_STEPS) for k in PROBE_CANDIDATES}))
 
 
-def probe_key(model: Any, dataset: Any, spec: Any, batch_size: int, jit_compile: bool = True) -> str:
+def probe_key(model: Any, dataset: Any, spec: Any, batch_size: int, jit_compile: bool = True,
+              task: Task = CLASSIFICATION) -> str:
     """What a ``--fused-steps auto`` answer depends on: the network's layers and weight shapes
     (not their names or values), its dtype policy, the data's shape and size, the optimizer,
     the batch size, the candidates, XLA or not, and the backend, versions and device."""
@@ -309,11 +315,14 @@ def probe_key(model: Any, dataset: Any, spec: Any, batch_size: int, jit_compile:
                "candidates": list(probe_candidates(model, jit_compile)), **environment_identity()}
     if not jit_compile:  # (absent where XLA is on: the keys stored before it still match)
         payload["xla"] = False
+    if task != CLASSIFICATION:  # (likewise absent for the built-in models' task)
+        payload["task"] = [task.loss, task.metric_fn]
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def cached_probe_fused_steps(model: Any, dataset: Any, spec: Any, batch_size: int,
-                             seed: int = 0, jit_compile: bool = True) -> tuple[int, dict[str, Any]]:
+                             seed: int = 0, jit_compile: bool = True,
+                             task: Task = CLASSIFICATION) -> tuple[int, dict[str, Any]]:
     """``probe_fused_steps``'s K, measured once per ``probe_key`` and kept in the kbackend
     cache folder (``fused_steps_probe.json``: ``compile_cache.machine_measurement``).
     ``KBACKEND_COMPILE_CACHE=0`` (``--no-compile-cache``) measures every time. Returns K and
@@ -322,10 +331,11 @@ def cached_probe_fused_steps(model: Any, dataset: Any, spec: Any, batch_size: in
 
     def measure() -> dict[str, Any]:
         best, timings = probe_fused_steps(model, dataset, spec, batch_size, seed,
-                                          jit_compile=jit_compile)
+                                          jit_compile=jit_compile, task=task)
         return {"fused_steps": best, "us_per_step": {str(k): v for k, v in timings.items()}}
 
-    key = probe_key(model, dataset, spec, batch_size, jit_compile) if compile_cache_enabled() else ""
+    key = (probe_key(model, dataset, spec, batch_size, jit_compile, task)
+           if compile_cache_enabled() else "")
     entry, cached = machine_measurement(PROBE_CACHE_FILE, key, measure)
     if not isinstance(entry.get("fused_steps"), int):  # a foreign entry: measure again
         entry, cached = measure(), False
@@ -335,7 +345,7 @@ def cached_probe_fused_steps(model: Any, dataset: Any, spec: Any, batch_size: in
 
 def probe_fused_steps(model: Any, dataset: Any, spec: Any, batch_size: int, seed: int = 0,
                       candidates: tuple[int, ...] | None = None,
-                      jit_compile: bool = True) -> tuple[int, dict]:
+                      jit_compile: bool = True, task: Task = CLASSIFICATION) -> tuple[int, dict]:
     """The fastest K among ``candidates`` (capped at one epoch; by default
     ``probe_candidates(model)``), measured, and us/step of each.
 
@@ -358,7 +368,7 @@ def probe_fused_steps(model: Any, dataset: Any, spec: Any, batch_size: int, seed
     weights = model.get_weights()
     try:
         for k in ks:
-            runner = epoch_runner(model, subset, spec, batch_size, k, seed, jit_compile)
+            runner = epoch_runner(model, subset, spec, batch_size, k, seed, jit_compile, task)
             runner()  # compiles
             start = time.perf_counter()
             runner()

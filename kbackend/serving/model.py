@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import os
 import threading
-import zipfile
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from kbackend.backend_choice import keras as import_keras
-from kbackend.errors import DataError, KBackendError, path_errors
+from kbackend.errors import DataError
+from kbackend.model_sources import ModelError, check_model_file  # shared with training
 
-
-class ModelError(KBackendError):
-    """A model file is missing, does not load, or is not a model kbackend can serve."""
+__all__ = ["BatchPredictor", "ModelError", "bucket_size", "check_model_file", "check_servable",
+           "input_shape", "load_model", "output_shape", "validate_inputs"]
 
 
 def load_model(path: str | os.PathLike) -> Any:
@@ -35,32 +33,6 @@ def load_model(path: str | os.PathLike) -> Any:
         raise ModelError(f"Model file {str(path)!r} does not load as a Keras model: {type(error).__name__}: {reason}") from None
     check_servable(model, str(path))
     return model
-
-
-def check_model_file(path: str | os.PathLike) -> Path:
-    """``path`` if it is a non-empty ``.keras`` archive, else a one-line ``ModelError`` (cheap:
-    commands call it before they open a cache or import Keras)."""
-    with path_errors(path, "model path", ModelError):
-        path = Path(path)
-        exists = path.exists()
-        is_dir = exists and path.is_dir()
-        size = path.stat().st_size if exists else 0
-        is_zip = exists and not is_dir and size > 0 and zipfile.is_zipfile(path)
-    if not exists:
-        raise ModelError(f"Model file {str(path)!r} not found: expected a .keras file saved by kbackend train --save.")
-    if is_dir or path.suffix != ".keras":
-        raise ModelError(
-            f"Invalid model {str(path)!r}: expected a .keras file (a SavedModel folder is an export "
-            "format for TF Serving, not an input of this command)."
-        )
-    # Keras reports an empty or truncated archive as "File not found": say what it is.
-    if size == 0:
-        raise ModelError(f"Model file {str(path)!r} is empty (0 bytes): expected a .keras archive "
-                         "saved by kbackend train --save.")
-    if not is_zip:
-        raise ModelError(f"Model file {str(path)!r} is not a .keras archive ({size} bytes, no zip "
-                         "directory): the file is truncated or not a Keras model.")
-    return path
 
 
 def check_servable(model: Any, name: str = "model") -> None:

@@ -11,6 +11,26 @@ fastest on this hardware and backend.
 - ``report``: terminal table, markdown report and PNG plots.
 """
 
+import importlib
+import sys
+import types
+from typing import Any
+
 from kbackend.study.config import StudyConfig
 
 __all__ = ["StudyConfig"]
+
+
+class _CallableStudy(types.ModuleType):
+    """This package, callable: ``kbackend.study(model, x, y, ...)`` is ``kbackend.api.study``.
+
+    The package and the function share a name (the issue's API is ``kbackend.study(...)``), and
+    Python binds an imported subpackage to its parent's attribute, so the package itself answers
+    the call; ``kbackend.study.StudyConfig`` and its submodules stay as they are.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return importlib.import_module("kbackend.api").study(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableStudy

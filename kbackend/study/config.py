@@ -3,8 +3,10 @@ the budgets. Everything here is validated before any training starts."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kbackend.data import check_batch_size
@@ -66,6 +68,25 @@ LR_BATCH_EXPONENT = 0.5
 EXECUTOR_FIELDS = ("executor", "workers", "cell_cpus", "cell_gpus")
 
 
+def source_fingerprint(source: str) -> str | None:
+    """A digest of the file or folder a model or data source names (its contents for a file,
+    names, sizes and modification times for a folder); None for a built-in name or a module."""
+    location = source.split(":")[0] if ":" in source and not Path(source).exists() else source
+    path = Path(location)
+    if not path.exists():
+        return None
+    digest = hashlib.sha256()
+    if path.is_file():
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    else:
+        for item in sorted(p for p in path.rglob("*") if p.is_file()):
+            stat = item.stat()
+            digest.update(f"{item.relative_to(path)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:16]
+
+
 def default_target(dataset: str) -> Target:
     """The default validation target for ``dataset`` (val_accuracy 0.9 when none is listed)."""
     return DEFAULT_TARGETS.get(dataset, Target("val_accuracy", 0.9))
@@ -121,6 +142,9 @@ class StudyConfig:
     model: str = DEFAULT_MODEL
     dataset: str = DEFAULT_DATASET
     data_dir: str | None = None
+    # A CSV data source's label column; a .keras model's Lambda layers loaded (their code runs).
+    label: str | None = None
+    unsafe_deserialization: bool = False
     validation_fraction: float = 0.1
     optimizers: tuple[str, ...] = DEFAULT_OPTIMIZERS
     batch_sizes: tuple[int, ...] | None = None
@@ -311,8 +335,15 @@ class StudyConfig:
         """What makes two studies the same question, whatever backend or device answers it."""
         payload = self.to_dict()
         for name in ("data_dir", "engine", "fused_steps", "jit_compile", "population",
-                     "step_time_repeats", *EXECUTOR_FIELDS):
+                     "step_time_repeats", "unsafe_deserialization", *EXECUTOR_FIELDS):
             payload.pop(name)
+        if payload["label"] is None:  # studies stored before the option existed keep their identity
+            payload.pop("label")
+        # A user's file is part of the question: an edited data file or builder is a new study.
+        for name in ("model", "dataset"):
+            fingerprint = source_fingerprint(payload[name])
+            if fingerprint:
+                payload[f"{name}_fingerprint"] = fingerprint
         if not payload["max_epochs"]:  # studies stored before the option existed keep their identity
             payload.pop("max_epochs")
         return payload

@@ -22,6 +22,7 @@ import numpy as np
 
 from kbackend.backends import impl
 from kbackend.backends.compile_cache import machine_measurement
+from kbackend.config import check_metrics
 from kbackend.data import Dataset
 from kbackend.data.batching import steps_per_epoch_dropping_last, steps_per_epoch_keeping_last
 from kbackend.engines import get_engine
@@ -37,7 +38,9 @@ from kbackend.study.config import LOCAL_EXECUTOR, REFERENCE_BATCH, StudyConfig
 from kbackend.study.noise import measure_noise_scale
 from kbackend.study.ray_executor import require_ray, run_on_ray
 from kbackend.study.store import ResultStore, config_key
-from kbackend.training import Target, TrainConfig, load_dataset, train
+from kbackend.task import CLASSIFICATION, Task
+from kbackend.training import Target, TrainConfig, is_builtin, load_dataset, train, workload_of
+from kbackend.workload import Workload
 
 # Engines that validate once per epoch, whatever eval_every asks (Keras fit).
 EPOCH_EVAL_ENGINES = frozenset({"keras"})
@@ -178,6 +181,9 @@ def summarize_run(history: History, plan: RunPlan, target: Target, num_train: in
         "final_train_loss": float(losses[-1]) if losses.size else None,
         "diverged": "diverged" in history.extra or bool(losses.size and not np.all(np.isfinite(losses))),
         "test_accuracy": history.test.get("test_accuracy"),
+        # the task's own test metric (test_accuracy, test_mae, ...): the run's model is judged
+        # on it, whatever the task
+        "test_metric": next((v for k, v in history.test.items() if k != "test_loss"), None),
         "test_loss": history.test.get("test_loss"),
         "evaluations": len(history.evals),
         "drops_partial_batch": drops,
@@ -249,6 +255,8 @@ def summarize_cell(records: list[dict[str, Any]]) -> dict[str, Any]:
     times = median_interval([r["time_to_target"] if _steps(rec) < math.inf else math.inf
                              for r, rec in zip(results, records, strict=True)])
     test = median_of("test_accuracy", only_reached=reached)
+    # the task's own test metric (test_accuracy for classifiers, test_mae, ...)
+    test_metric = median_of("test_metric", only_reached=reached)
     # The run drawn in the trajectory plot: the seed at the median (the lower one of two).
     ordered = sorted(records, key=lambda r: (_steps(r), -(r["result"]["best_metric"] or 0.0)))
     middle = ordered[(len(ordered) - 1) // 2]
@@ -266,6 +274,7 @@ def summarize_cell(records: list[dict[str, Any]]) -> dict[str, Any]:
         "steps_run": finite(median_of("steps_run")["median"]),
         "best_metric": finite(median_of("best_metric")["median"]),
         "test_accuracy": finite(test["median"]),
+        "test_metric": finite(test_metric["median"]),
         "samples_per_s": finite(median_of("samples_per_s")["median"]),
         "startup_time": finite(median_of("startup_time")["median"]),
         "startup_time_estimated": any(r.get("startup_time_estimated") for r in results),
@@ -275,7 +284,8 @@ def summarize_cell(records: list[dict[str, Any]]) -> dict[str, Any]:
         "run_key": middle["key"],
         "run_keys": [r["key"] for r in records],
         "intervals": {"steps_to_target": steps, "time_to_target": times,
-                      "test_accuracy": test, "best_metric": median_of("best_metric")},
+                      "test_accuracy": test, "test_metric": test_metric,
+                      "best_metric": median_of("best_metric")},
     }
 
 
@@ -354,6 +364,9 @@ class StudyRunner:
         self.time_spent = TimeSpent()
         self._native_runs: Runs | None = None
         self._initial_values: dict[int, Any] = {}
+        # A user model or dataset (``kbackend.workload``) and the task every run trains.
+        self.workload: Workload | None = None
+        self.task: Task = CLASSIFICATION
 
     # -- validation and planning (everything here runs before any training) ------------------
 
@@ -361,11 +374,18 @@ class StudyRunner:
         """Load the data and check every option; raise a ``KBackendError`` on bad input."""
         config = self.config
         get_engine(config.engine)
-        model_layout(config.model)
         config.resolved_target  # noqa: B018 - validated on construction, resolved here
-        self.dataset = load_dataset(TrainConfig(
-            model=config.model, dataset=config.dataset, data_dir=config.data_dir,
-            validation_fraction=config.validation_fraction, seed=config.seed))
+        source = TrainConfig(model=config.model, dataset=config.dataset, data_dir=config.data_dir,
+                             validation_fraction=config.validation_fraction, seed=config.seed,
+                             label=config.label, target=config.resolved_target,
+                             unsafe_deserialization=config.unsafe_deserialization)
+        if is_builtin(source):
+            model_layout(config.model)
+            self.dataset = load_dataset(source)
+        else:  # the user's model or data: its task (loss, metric) trains every cell
+            self.workload = workload_of(source)
+            self.dataset, self.task = self.workload.dataset, self.workload.task
+            check_metrics(replace(source, task=self.task))
         self.batch_sizes = config.resolved_batch_sizes(self.num_train)
         if config.population == "on" and (config.engine != "native"
                                            or not impl().supports_populations()):
@@ -495,7 +515,7 @@ class StudyRunner:
 
     @property
     def larger_is_better(self) -> bool:
-        return "acc" in self.config.resolved_target.metric
+        return self.config.resolved_target.direction == "max"
 
     def extension_factors(self, optimizer: str, grid: tuple[float, ...]) -> tuple[float, float]:
         """The ratio a grid is extended by below and above: the study's ``lr_factor`` for a
@@ -780,13 +800,16 @@ class StudyRunner:
             seed=plan.seed if seed is None else seed,
             model_options=ModelOptions(seed=plan.seed),
             # A diverged run is a result of the grid (recorded as diverged), not a failed study.
-            on_divergence="record",
+            on_divergence="record", task=self.task, label=config.label,
+            unsafe_deserialization=config.unsafe_deserialization,
         )
 
     def build_model(self, seed: int | None = None) -> Any:
         """A fresh model; the same seed gives the same initial weights on one backend."""
         assert self.dataset is not None
         seed = self.config.seed if seed is None else seed
+        if self.workload is not None:
+            return self.workload.build(seed)
         return build_model(self.config.model, self.dataset.info, ModelOptions(seed=seed))
 
     def initial_values(self, seed: int) -> Any:

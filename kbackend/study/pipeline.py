@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -29,6 +30,7 @@ from kbackend.study.config import StudyConfig
 from kbackend.study.executor import StudyRunner, TimeSpent
 from kbackend.study.report import CONSOLE_WIDTH, print_table, write_report
 from kbackend.study.store import ResultStore
+from kbackend.task import metric_direction
 
 DB_NAME = "study.db"
 
@@ -36,7 +38,15 @@ DB_NAME = "study.db"
 def report_dir(out: Path, study: dict[str, Any]) -> Path:
     """Where one study's report goes: one folder per dataset, model, backend and engine."""
     config = study["config"]
-    return out / f"{config['dataset']}_{config['model']}_{study['env']['backend']}_{config['engine']}"
+    parts = (config["dataset"], config["model"], study["env"]["backend"], config["engine"])
+    return out / "_".join(folder_name(part) for part in parts)
+
+
+def folder_name(source: str) -> str:
+    """``source`` as one folder name: a built-in name as it is, a path by its file name
+    (``data/train.npz`` -> ``train.npz``, ``models.py:build`` -> ``models.py-build``)."""
+    name = source.rstrip("/").replace("\\", "/").rsplit("/", 1)[-1].replace(":", "-")
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "_"
 
 
 class _ProgressEvents:
@@ -266,10 +276,9 @@ def compare(summaries: list[dict[str, Any]]) -> str:
     for study_id, group in groups.items():
         config = group[0]["config"]
         target = config["target"]
+        relation = ">=" if metric_direction(target["metric"]) == "max" else "<="
         lines += [f"## Study {study_id}: {config['model']} on {config['dataset']}, "
-                  f"{target['metric']} >= {target['value']:g}" if "acc" in target["metric"] else
-                  f"## Study {study_id}: {config['model']} on {config['dataset']}, "
-                  f"{target['metric']} <= {target['value']:g}", ""]
+                  f"{target['metric']} {relation} {target['value']:g}", ""]
         columns = [_column(s) for s in group]
         header = ["optimizer", "batch"] + [f"{c} time (s)" for c in columns] + \
                  [f"{c} steps" for c in columns] + [f"{c} samples/s" for c in columns]

@@ -15,6 +15,7 @@ from rich.table import Table
 from kbackend.hardware.knee import DEFAULT_MIN_GAIN
 from kbackend.io import atomic_write
 from kbackend.reports import markdown_rows, write_json_and_markdown
+from kbackend.task import metric_direction
 
 PLOTS = ("loss_trajectories.png", "steps_to_target.png", "time_to_target.png",
          "throughput.png", "noise_scale.png")
@@ -51,6 +52,9 @@ def table_rows(study: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     metric = study["config"]["target"]["metric"]
     header = ["optimizer", "batch", "best lr", "reached", "steps", "epochs", "samples",
               "time to target (s)", f"best {metric}", "test acc", "samples/s", "start-up (s)"]
+    # the task's test metric: accuracy for classifiers, else the model's (test_mae, ...)
+    test_key = "test_accuracy" if metric_direction(metric) == "max" or metric == "val_loss" \
+        else "test_metric"
     rows = []
     for c in study["cells"]:
         seeds = c.get("seeds", 1)
@@ -61,7 +65,7 @@ def table_rows(study: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             c["optimizer"], str(c["batch_size"]), _fmt(c["learning_rate"]) + edge_label(c), reached,
             _interval(c, "steps_to_target", ".0f"), _fmt(c["epochs_to_target"], ".2f"),
             _fmt(c["samples_to_target"], ".0f"), _interval(c, "time_to_target", ".3g"),
-            _interval(c, "best_metric", ".4f"), _interval(c, "test_accuracy", ".4f"),
+            _interval(c, "best_metric", ".4f"), _interval(c, test_key, ".4f"),
             _fmt(c["samples_per_s"], ",.0f"),
             _fmt(c.get("startup_time"), ".2f") + ("~" if c.get("startup_time_estimated") else ""),
         ])
@@ -239,7 +243,7 @@ def caveats_section(study: dict[str, Any], analysis: dict[str, Any]) -> list[str
             + " The console's last line adds the analysis and the report.")
     info = study["dataset"]
     metric = study["config"]["target"]["metric"]
-    if "acc" in metric and info.get("num_val"):
+    if metric_direction(metric) == "max" and info.get("num_val"):
         lines.append(
             f"- \"best {metric}\" is the first value past the target, not the best a run would "
             "reach: a run stops at the first evaluation that passes the target. With "
@@ -294,7 +298,8 @@ def markdown(study: dict[str, Any], analysis: dict[str, Any], wall_time: float |
         f"# Batch-size x optimizer study: {config['model']} on {info['name']}",
         "",
         f"Question: which batch size and optimizer reach {target['metric']} "
-        f"{'>=' if 'acc' in target['metric'] else '<='} {target['value']:g} in the least training "
+        f"{'>=' if metric_direction(target['metric']) == 'max' else '<='} {target['value']:g} "
+        "in the least training "
         "time (evaluation and compilation excluded) on this machine?",
         "",
         f"- backend: {env['backend']}, engine: {config['engine']}, device: {env['device']}",

@@ -34,13 +34,14 @@ from kbackend.backends.jax.step import (
     unrolls_its_loop,
 )
 from kbackend.errors import ConfigError
+from kbackend.task import CLASSIFICATION, Task
 
 
 class DataParallelTrainer:
     """A ``Trainer`` (``kbackend.engines.loop``) for a data-parallel run over ``devices`` devices."""
 
     def __init__(self, model: Any, spec: Any, dataset: Any, *, devices: int, batch_size: int,
-                 dp_impl: str) -> None:
+                 dp_impl: str, task: Task = CLASSIFICATION) -> None:
         count, batch = devices, batch_size
         processes, process = jax.process_count(), jax.process_index()
         if dp_impl == "pmap" and processes > 1:
@@ -50,12 +51,12 @@ class DataParallelTrainer:
         self.mesh = make_mesh(jax.devices()[:count])
         tx = spec.to_optax()
         self.unroll = unrolls_its_loop(model)
-        self.step = make_train_step(model, tx, self.mesh, dp_impl, self.unroll)
+        self.step = make_train_step(model, tx, self.mesh, dp_impl, self.unroll, task)
         start = initial_state(model, tx, spec)
         self.state = self._place_state(start)
         self.columns = slice(process * (batch // processes), (process + 1) * (batch // processes))
         self.x_train, self.y_train = dataset.x_train, dataset.y_train
-        self._evaluate = make_evaluator(model, dataset)
+        self._evaluate = make_evaluator(model, dataset, task=task)
         self._compiled: dict[int, Any] = {}
         self.trace_counts: dict[int, int] = {}
         self.history_extra = {"engine": "data_parallel", "devices": count,
@@ -103,7 +104,7 @@ class DataParallelTrainer:
 
     # -- evaluation and model values ------------------------------------------------------
     def evaluate(self) -> tuple[float, float]:
-        """Validation loss (cross-entropy + regularization) and accuracy, on this process."""
+        """Validation loss (the task's + regularization) and metric, on this process."""
         current = self._host_state()
         return self._evaluate(current.trainable, current.non_trainable)
 

@@ -31,6 +31,7 @@ from kbackend.backends.jax.step import (
     unrolls_its_loop,
 )
 from kbackend.data.batching import pad_to_chunks
+from kbackend.task import CLASSIFICATION, Task
 
 EVAL_CHUNK = 1024  # most validation samples per forward pass (the split is cut into even chunks)
 
@@ -38,28 +39,29 @@ EVAL_CHUNK = 1024  # most validation samples per forward pass (the split is cut 
 _EVALUATORS: dict[tuple, Any] = {}
 
 
-def make_evaluator(model: Any, dataset: Any, split: str = "val", members: bool = False) -> Any:
+def make_evaluator(model: Any, dataset: Any, split: str = "val", members: bool = False,
+                   task: Task = CLASSIFICATION) -> Any:
     """``build_evaluator``'s evaluator, built (and so compiled) once per model, dataset, split
     and kind while model and dataset live: a study's cells share one model, so their trainers
     share its evaluators instead of compiling one each."""
-    key = (id(model), id(dataset), split, members)
+    key = (id(model), id(dataset), split, members, task)
     if key not in _EVALUATORS:
-        _EVALUATORS[key] = build_evaluator(model, dataset, split, members)
+        _EVALUATORS[key] = build_evaluator(model, dataset, split, members, task)
         for owner in (model, dataset):
             weakref.finalize(owner, _EVALUATORS.pop, key, None)
     return _EVALUATORS[key]
 
 
-def build_evaluator(model: Any, dataset: Any, split: str = "val", members: bool = False) -> Any:
-    """``evaluate(trainable, non_trainable) -> (loss, accuracy)`` on ``dataset``'s ``split``
+def build_evaluator(model: Any, dataset: Any, split: str = "val", members: bool = False,
+                    task: Task = CLASSIFICATION) -> Any:
+    """``evaluate(trainable, non_trainable) -> (loss, metric)`` on ``dataset``'s ``split``
     (``"val"`` or ``"test"``), which goes to the (default) device once, padded into chunks.
 
-    The loss is mean cross-entropy plus the regularization losses, as Keras reports it. With
+    The loss is the mean of ``task``'s loss plus the regularization losses, as Keras reports
+    it; the metric the mean of ``task.metric``. With
     ``members`` the values carry a leading population axis (``population.py``) and the result
     is two host arrays, one entry per member.
     """
-    import keras  # deferred: Keras is imported once the backend is chosen
-
     x, y = getattr(dataset, f"x_{split}"), getattr(dataset, f"y_{split}")
     val = tuple(jax.device_put(a) for a in pad_to_chunks(x, y, EVAL_CHUNK))
 
@@ -67,10 +69,10 @@ def build_evaluator(model: Any, dataset: Any, split: str = "val", members: bool 
     def evaluate_chunks(trainable, non_trainable, x_chunks, y_chunks, mask_chunks):
         def chunk_sums(carry, chunk):
             x, y, mask = chunk
-            probs, _, extra = model.stateless_call(
+            outputs, _, extra = model.stateless_call(
                 trainable, non_trainable, x, training=False, return_losses=True)
-            per_sample = keras.losses.sparse_categorical_crossentropy(y, probs)
-            correct = (jnp.argmax(probs, axis=-1) == y).astype(jnp.float32)
+            per_sample = task.per_sample_loss(y, outputs)
+            correct = task.per_sample_metric(y, outputs)
             penalty = sum((jnp.sum(loss) for loss in extra), jnp.float32(0.0))
             return (carry[0] + jnp.sum(per_sample * mask), carry[1] + jnp.sum(correct * mask),
                     penalty), None
@@ -144,11 +146,12 @@ class CompiledCalls:
 class NativeTrainer(CompiledCalls):
     """Runs fused train calls on one model; see ``kbackend.engines.native`` for the driver."""
 
-    def __init__(self, model: Any, spec: Any, dataset: Any, jit_compile: bool = True) -> None:
+    def __init__(self, model: Any, spec: Any, dataset: Any, jit_compile: bool = True,
+                 task: Task = CLASSIFICATION) -> None:
         # ``jit_compile`` changes nothing here (``native_loop_uses_xla``).
-        self.model = model
+        self.model, self.task = model, task
         self.spec, self.tx = spec, spec.to_optax()
-        self.train_step = make_step(model, self.tx)
+        self.train_step = make_step(model, self.tx, task=task)
         self.state = initial_state(model, self.tx, spec)
         self.dataset = dataset
         # The training split goes to the device once (shared by every trainer of this
@@ -158,7 +161,7 @@ class NativeTrainer(CompiledCalls):
         self._compiled: dict[int, Any] = {}
         self.trace_counts: dict[int, int] = {}
         self.history_extra: dict[str, Any] = {}
-        self._evaluate = make_evaluator(model, dataset)
+        self._evaluate = make_evaluator(model, dataset, task=task)
         self._evaluate_test: Any = None  # built on first use
         self.unroll = unrolls_its_loop(model)
         self.history_extra.update(unrolled_loop=self.unroll, xla=True)
@@ -180,13 +183,13 @@ class NativeTrainer(CompiledCalls):
 
     # -- evaluation -----------------------------------------------------------------------
     def evaluate(self) -> tuple[float, float]:
-        """Validation loss (cross-entropy + regularization, as Keras reports it) and accuracy."""
+        """Validation loss (the task's + regularization, as Keras reports it) and metric."""
         return self._evaluate(self.state.trainable, self.state.non_trainable)
 
     def evaluate_test(self) -> tuple[float, float]:
-        """Test loss and accuracy, computed like ``evaluate`` (on the device)."""
+        """Test loss and metric, computed like ``evaluate`` (on the device)."""
         if self._evaluate_test is None:
-            self._evaluate_test = make_evaluator(self.model, self.dataset, "test")
+            self._evaluate_test = make_evaluator(self.model, self.dataset, "test", task=self.task)
         return self._evaluate_test(self.state.trainable, self.state.non_trainable)
 
     # -- model values ---------------------------------------------------------------------

@@ -30,16 +30,18 @@ from kbackend.backends.jax.step import (
     scan_steps,
     unrolls_its_loop,
 )
+from kbackend.task import CLASSIFICATION, Task
 
 
 class PopulationTrainer(CompiledCalls):
     """Runs fused train calls of ``members`` runs of one model at once (vmapped): the epoch's
     index matrices are ``(members, steps, batch)``, a call's losses ``(members, length)``."""
 
-    def __init__(self, model: Any, spec: Any, dataset: Any, members: int) -> None:
-        self.model, self.dataset, self.members = model, dataset, members
+    def __init__(self, model: Any, spec: Any, dataset: Any, members: int,
+                 task: Task = CLASSIFICATION) -> None:
+        self.model, self.dataset, self.members, self.task = model, dataset, members, task
         self.spec, self.tx = spec, spec.to_optax()
-        self.train_step = make_step(model, self.tx)
+        self.train_step = make_step(model, self.tx, task=task)
         self.x_train = device_copy_once(dataset.x_train, jax.device_put)
         self.y_train = device_copy_once(dataset.y_train, jax.device_put)
         self.state: TrainState | None = None
@@ -97,13 +99,14 @@ class PopulationTrainer(CompiledCalls):
 
     def _evaluate(self, split: str, values: Any) -> tuple[np.ndarray, np.ndarray]:
         if split not in self._evaluators:
-            self._evaluators[split] = make_evaluator(self.model, self.dataset, split, members=True)
+            self._evaluators[split] = make_evaluator(self.model, self.dataset, split, members=True,
+                                                     task=self.task)
         return self._evaluators[split](*values)
 
     def evaluate(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every member's validation loss and accuracy now, shape ``(M,)`` each."""
+        """Every member's validation loss and metric now, shape ``(M,)`` each."""
         return self._evaluate("val", (self.state.trainable, self.state.non_trainable))
 
     def evaluate_test(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every member's test loss and accuracy on its frozen values (``freeze``), ``(M,)``."""
+        """Every member's test loss and metric on its frozen values (``freeze``), ``(M,)``."""
         return self._evaluate("test", self.frozen)

@@ -39,6 +39,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from kbackend.backends import capabilities
+from kbackend.task import CLASSIFICATION, Task
 
 AXIS = "batch"
 
@@ -52,10 +53,11 @@ class TrainState(NamedTuple):
 
 
 class StepMetrics(NamedTuple):
-    """Metrics of one step's (global) batch; shape ``(K,)`` after K fused steps."""
+    """Metrics of one step's (global) batch; shape ``(K,)`` after K fused steps. ``metric`` is
+    the task's (``Task.metric``: accuracy for classifiers, an error for regression)."""
 
     loss: Any
-    accuracy: Any
+    metric: Any
 
 
 def initial_state(model: Any, tx: Any, spec: Any = None) -> TrainState:
@@ -95,11 +97,9 @@ def fresh_opt_state(spec: Any, params: Any, learning_rate: Any = None, *,
         learning_rate=jnp.asarray(rate, jnp.float32))
 
 
-def mean_cross_entropy(labels: Any, probs: Any) -> Any:
-    """Keras's ``sparse_categorical_crossentropy`` loss, reduced as ``compile`` reduces it."""
-    import keras  # deferred: Keras is imported once the backend is chosen
-
-    per_sample = keras.losses.sparse_categorical_crossentropy(labels, probs)
+def mean_loss(task: Task, labels: Any, outputs: Any) -> Any:
+    """``task``'s loss over a batch, reduced as ``compile`` reduces it (sum over batch size)."""
+    per_sample = task.per_sample_loss(labels, outputs)
     return jnp.sum(per_sample) / per_sample.shape[0]
 
 
@@ -110,20 +110,20 @@ def total_loss(data_loss: Any, extra_losses: list[Any]) -> Any:
     return jnp.sum(jnp.stack([data_loss, *(jnp.sum(loss) for loss in extra_losses)]))
 
 
-def make_loss_fn(model: Any) -> Callable[..., Any]:
-    """``loss(trainable, non_trainable, x, y) -> (loss, (non_trainable, accuracy))``.
+def make_loss_fn(model: Any, task: Task = CLASSIFICATION) -> Callable[..., Any]:
+    """``loss(trainable, non_trainable, x, y) -> (loss, (non_trainable, metric))``.
 
-    The loss Keras ``fit`` minimizes for kbackend's models (``train_on_batch`` reports the
-    same number): mean sparse categorical cross-entropy of the softmax outputs plus the layers'
-    regularization losses.
+    The loss Keras ``fit`` minimizes for the model compiled with ``task.loss``
+    (``train_on_batch`` reports the same number): the mean of the task's loss plus the layers'
+    regularization losses; ``metric`` is the batch mean of ``task.metric``.
     """
 
     def loss_fn(trainable: list, non_trainable: list, x: Any, y: Any) -> tuple[Any, Any]:
-        probs, non_trainable, extra_losses = model.stateless_call(
+        outputs, non_trainable, extra_losses = model.stateless_call(
             trainable, non_trainable, x, training=True, return_losses=True)
-        loss = total_loss(mean_cross_entropy(y, probs), extra_losses)
-        accuracy = jnp.mean((jnp.argmax(probs, axis=-1) == y).astype(jnp.float32))
-        return loss, (non_trainable, accuracy)
+        loss = total_loss(mean_loss(task, y, outputs), extra_losses)
+        metric = jnp.mean(task.per_sample_metric(y, outputs))
+        return loss, (non_trainable, metric)
 
     return loss_fn
 
@@ -172,7 +172,8 @@ def synced_batch_norm(model: Any, axis_name: str | None) -> Iterator[None]:
             layer.__dict__.pop("_moments", None)
 
 
-def make_step(model: Any, tx: Any, axis_name: str | None = None) -> Callable[..., Any]:
+def make_step(model: Any, tx: Any, axis_name: str | None = None,
+              task: Task = CLASSIFICATION) -> Callable[..., Any]:
     """One train step ``(state, (x, y)) -> (state, StepMetrics)`` with optax transform ``tx``.
 
     Without ``axis_name`` this is the single-device step. With it, the step runs on one
@@ -180,7 +181,7 @@ def make_step(model: Any, tx: Any, axis_name: str | None = None) -> Callable[...
     batch, and gradients and metrics are averaged over the axis, which for equal shards gives
     the gradient and loss of the global-batch mean.
     """
-    grad_fn = jax.value_and_grad(make_loss_fn(model), has_aux=True)
+    grad_fn = jax.value_and_grad(make_loss_fn(model, task), has_aux=True)
 
     def mean_over_devices(value: Any) -> Any:
         return value if axis_name is None else lax.pmean(value, axis_name)
@@ -188,12 +189,12 @@ def make_step(model: Any, tx: Any, axis_name: str | None = None) -> Callable[...
     def step(state: TrainState, batch: tuple[Any, Any]) -> tuple[TrainState, StepMetrics]:
         x, y = batch
         with synced_batch_norm(model, axis_name):
-            (loss, (non_trainable, accuracy)), grads = grad_fn(
+            (loss, (non_trainable, metric)), grads = grad_fn(
                 state.trainable, state.non_trainable, x, y)
         grads = mean_over_devices(grads)
         updates, opt_state = tx.update(grads, state.opt_state, state.trainable)
         trainable = optax.apply_updates(state.trainable, updates)
-        metrics = StepMetrics(mean_over_devices(loss), mean_over_devices(accuracy))
+        metrics = StepMetrics(mean_over_devices(loss), mean_over_devices(metric))
         return TrainState(trainable, non_trainable, opt_state), metrics
 
     return step
@@ -217,14 +218,14 @@ def scan_steps(body: Any, state: Any, xs: Any, unroll: bool) -> tuple[Any, Any]:
 
 
 def make_step_body(model: Any, tx: Any, axis_name: str | None,
-                   unroll: bool = False) -> Callable[..., Any]:
+                   unroll: bool = False, task: Task = CLASSIFICATION) -> Callable[..., Any]:
     """K fused steps ``(state, (xs, ys)) -> (state, StepMetrics)`` on one device's shard.
 
     With ``axis_name`` the gradients, metrics and BatchNorm statistics are averaged over that
     axis (run it under ``shard_map`` / ``pmap``); without it this is the single-device step.
     ``unroll`` writes the K steps out instead of looping (``scan_steps``).
     """
-    one_step = make_step(model, tx, axis_name)
+    one_step = make_step(model, tx, axis_name, task)
 
     def fused_steps(state: TrainState, batches: tuple[Any, Any]) -> tuple[TrainState, StepMetrics]:
         return scan_steps(one_step, state, batches, unroll)
@@ -238,7 +239,8 @@ def make_mesh(devices: list[Any]) -> Mesh:
 
 
 def make_train_step(model: Any, tx: Any, mesh: Mesh | None = None,
-                    impl: str = "shard_map", unroll: bool = False) -> Callable[..., Any]:
+                    impl: str = "shard_map", unroll: bool = False,
+                    task: Task = CLASSIFICATION) -> Callable[..., Any]:
     """The jitted train step ``(state, (xs, ys)) -> (state, StepMetrics)``; the state is donated.
 
     ``mesh=None``: single device, no collectives. ``impl="shard_map"``: ``xs`` of shape
@@ -248,8 +250,8 @@ def make_train_step(model: Any, tx: Any, mesh: Mesh | None = None,
     written out, not looped (``unrolls_its_loop``).
     """
     if mesh is None:
-        return jax.jit(make_step_body(model, tx, None, unroll), donate_argnums=0)
-    body = make_step_body(model, tx, AXIS, unroll)
+        return jax.jit(make_step_body(model, tx, None, unroll, task), donate_argnums=0)
+    body = make_step_body(model, tx, AXIS, unroll, task)
     if impl == "pmap":
         return jax.pmap(body, axis_name=AXIS, devices=list(mesh.devices.flat), donate_argnums=0)
     # check_vma=False: pmap semantics, where gradients of replicated parameters are per-device

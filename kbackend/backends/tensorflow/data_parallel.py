@@ -42,6 +42,7 @@ from kbackend.backends.tensorflow import ops
 from kbackend.backends.tensorflow.native import shared_evaluator
 from kbackend.backends.tensorflow.ops import compute_devices, jit_function
 from kbackend.errors import ConfigError
+from kbackend.task import CLASSIFICATION, Task
 
 
 def _has_batch_norm(model: Any) -> bool:
@@ -62,7 +63,7 @@ class DataParallelTrainer:
     """A ``Trainer`` (``kbackend.engines.loop``) for a data-parallel run over ``devices`` replicas."""
 
     def __init__(self, model: Any, spec: Any, dataset: Any, *, devices: int, batch_size: int,
-                 dp_impl: str) -> None:
+                 dp_impl: str, task: Task = CLASSIFICATION) -> None:
         import keras  # deferred: Keras is imported once the backend is chosen
 
         if dp_impl == "pmap":
@@ -73,7 +74,7 @@ class DataParallelTrainer:
         if replicas != devices:
             raise ConfigError(f"The TensorFlow strategy has {replicas} replicas; the run asked "
                               f"for {devices} devices.")
-        self.model, self.replicas, self.batch_size = model, replicas, batch_size
+        self.model, self.replicas, self.batch_size, self.task = model, replicas, batch_size, task
         self.per_replica = batch_size // replicas
         with self.strategy.scope():
             self.replica_model = keras.models.clone_model(
@@ -86,7 +87,7 @@ class DataParallelTrainer:
         # (measured: the Fashion-MNIST CNN on 2 devices trains as fast at K = 4 as at K = 1).
         self.unroll = False
         self.x_train, self.y_train = dataset.x_train, dataset.y_train
-        self._evaluator = shared_evaluator(model, dataset)
+        self._evaluator = shared_evaluator(model, dataset, task=task)
         self._compiled: dict[int, Any] = {}
         self.trace_counts: dict[int, int] = {}
         processes = ops.process_count()
@@ -97,14 +98,12 @@ class DataParallelTrainer:
 
     # -- the compiled call ----------------------------------------------------------------
     def _replica_loss_fn(self) -> Any:
-        import keras  # deferred: Keras is imported once the backend is chosen
-
-        model, global_batch = self.replica_model, self.batch_size
+        model, global_batch, task = self.replica_model, self.batch_size, self.task
 
         def loss_and_grads(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
             with tf.GradientTape() as tape:
-                probs = model(x, training=True)
-                per_sample = keras.losses.sparse_categorical_crossentropy(y, probs)
+                outputs = model(x, training=True)
+                per_sample = task.per_sample_loss(y, outputs)
                 loss = tf.nn.compute_average_loss(per_sample, global_batch_size=global_batch)
                 if model.losses:  # this replica's share of the penalty: the sum is one penalty
                     loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
@@ -186,7 +185,7 @@ class DataParallelTrainer:
             variable.assign(value)
 
     def evaluate(self) -> tuple[float, float]:
-        """Validation loss (cross-entropy + regularization) and accuracy, on this process."""
+        """Validation loss (the task's + regularization) and metric, on this process."""
         self.finish()
         return self._evaluator("val")
 

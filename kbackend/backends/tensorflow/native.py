@@ -36,6 +36,7 @@ from kbackend.backends import capabilities, device_copy_once
 from kbackend.backends.tensorflow.ops import jit_function, platform
 from kbackend.data.batching import pad_to_chunks
 from kbackend.errors import ConfigError
+from kbackend.task import CLASSIFICATION, Task
 
 EVAL_CHUNK = 1024  # most validation samples per forward pass (the split is cut into even chunks)
 
@@ -50,14 +51,14 @@ def native_loop_uses_xla(jit_compile: bool) -> bool:
     return jit_compile
 
 
-def make_train_step(model: Any, optimizer: Any) -> Any:
-    """``train_step(x, y) -> loss``: one update of ``model``'s variables, in place."""
-    import keras  # deferred: Keras is imported once the backend is chosen
+def make_train_step(model: Any, optimizer: Any, task: Task = CLASSIFICATION) -> Any:
+    """``train_step(x, y) -> loss``: one update of ``model``'s variables, in place, on the mean
+    of ``task``'s loss plus the regularization losses."""
 
     def train_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
-            probs = model(x, training=True)
-            per_sample = keras.losses.sparse_categorical_crossentropy(y, probs)
+            outputs = model(x, training=True)
+            per_sample = task.per_sample_loss(y, outputs)
             loss = tf.reduce_sum(per_sample) / tf.cast(tf.size(per_sample), per_sample.dtype)
             if model.losses:  # regularization, summed as keras.Model.compute_loss does
                 loss = tf.reduce_sum(tf.stack([loss, *(tf.reduce_sum(x) for x in model.losses)]))
@@ -69,25 +70,23 @@ def make_train_step(model: Any, optimizer: Any) -> Any:
 
 
 class Evaluator:
-    """Loss and accuracy of a Keras model's current variables on a dataset's validation or
-    test split (placed on the device once, padded into chunks), in one XLA program (a graph
-    without XLA where ``jit_compile`` is False)."""
+    """Loss and metric (``task``'s) of a Keras model's current variables on a dataset's
+    validation or test split (placed on the device once, padded into chunks), in one XLA
+    program (a graph without XLA where ``jit_compile`` is False)."""
 
-    def __init__(self, model: Any, dataset: Any, jit_compile: bool = True) -> None:
-        self.model, self.dataset = model, dataset
+    def __init__(self, model: Any, dataset: Any, jit_compile: bool = True,
+                 task: Task = CLASSIFICATION) -> None:
+        self.model, self.dataset, self.task = model, dataset, task
         self._splits: dict[str, tuple[tf.Tensor, ...]] = {}
         self._evaluate = jit_function(self._evaluate_fn, jit_compile)
 
     def _evaluate_fn(self, x_chunks, y_chunks, mask_chunks):
-        import keras  # deferred: Keras is imported once the backend is chosen
-
         loss_sum = tf.constant(0.0)
         correct = tf.constant(0.0)
         for i in tf.range(tf.shape(x_chunks)[0]):
-            probs = self.model(x_chunks[i], training=False)
-            per_sample = keras.losses.sparse_categorical_crossentropy(y_chunks[i], probs)
-            hits = tf.cast(tf.argmax(probs, axis=-1, output_type=tf.int32) == y_chunks[i],
-                           tf.float32)
+            outputs = self.model(x_chunks[i], training=False)
+            per_sample = self.task.per_sample_loss(y_chunks[i], outputs)
+            hits = self.task.per_sample_metric(y_chunks[i], outputs)
             loss_sum += tf.reduce_sum(per_sample * mask_chunks[i])
             correct += tf.reduce_sum(hits * mask_chunks[i])
         penalty = tf.add_n([tf.reduce_sum(x) for x in self.model.losses] or [tf.constant(0.0)])
@@ -102,14 +101,15 @@ class Evaluator:
         return float(loss), float(accuracy)
 
 
-_EVALUATORS: dict[tuple[int, int, bool], Evaluator] = {}
+_EVALUATORS: dict[tuple[int, int, bool, Task], Evaluator] = {}
 
 
-def shared_evaluator(model: Any, dataset: Any, jit_compile: bool = True) -> Evaluator:
-    """The ``Evaluator`` of ``model`` on ``dataset``, one while both live."""
-    key = (id(model), id(dataset), jit_compile)
+def shared_evaluator(model: Any, dataset: Any, jit_compile: bool = True,
+                     task: Task = CLASSIFICATION) -> Evaluator:
+    """The ``Evaluator`` of ``model`` on ``dataset`` for ``task``, one while both live."""
+    key = (id(model), id(dataset), jit_compile, task)
     if key not in _EVALUATORS:
-        _EVALUATORS[key] = Evaluator(model, dataset, jit_compile)
+        _EVALUATORS[key] = Evaluator(model, dataset, jit_compile, task)
         for owner in (model, dataset):
             weakref.finalize(owner, _EVALUATORS.pop, key, None)
     return _EVALUATORS[key]
@@ -118,12 +118,13 @@ def shared_evaluator(model: Any, dataset: Any, jit_compile: bool = True) -> Eval
 class NativeTrainer:
     """Runs fused train calls on one model; see ``kbackend.engines.native`` for the driver."""
 
-    def __init__(self, model: Any, spec: Any, dataset: Any, jit_compile: bool = True) -> None:
+    def __init__(self, model: Any, spec: Any, dataset: Any, jit_compile: bool = True,
+                 task: Task = CLASSIFICATION) -> None:
         self.model = model
         self.jit_compile = jit_compile
         self.optimizer = getattr(model, "optimizer", None) or spec.to_keras()
         self.optimizer.build(model.trainable_variables)
-        self.train_step = make_train_step(model, self.optimizer)
+        self.train_step = make_train_step(model, self.optimizer, task)
         # One device copy per dataset, shared by every trainer of it.
         self.x_train = device_copy_once(dataset.x_train, _on_device)
         self.y_train = device_copy_once(dataset.y_train, _on_device)
@@ -132,7 +133,7 @@ class NativeTrainer:
         self.trace_counts: dict[int, int] = {}
         self.history_extra: dict[str, Any] = {}
         # Shared by every trainer of this model and dataset (a study's cells): compiled once.
-        self._evaluator = shared_evaluator(model, dataset, jit_compile)
+        self._evaluator = shared_evaluator(model, dataset, jit_compile, task)
         self.unroll = capabilities.unrolls_its_loop(model, platform(), xla=jit_compile)
         self.history_extra.update(unrolled_loop=self.unroll, xla=jit_compile)
 
@@ -194,11 +195,11 @@ class NativeTrainer:
 
     # -- evaluation -----------------------------------------------------------------------
     def evaluate(self) -> tuple[float, float]:
-        """Validation loss (cross-entropy + regularization, as Keras reports it) and accuracy."""
+        """Validation loss (the task's + regularization, as Keras reports it) and metric."""
         return self._evaluator("val")
 
     def evaluate_test(self) -> tuple[float, float]:
-        """Test loss and accuracy, computed like ``evaluate`` (same compiled program)."""
+        """Test loss and metric, computed like ``evaluate`` (same compiled program)."""
         return self._evaluator("test")
 
     # -- model values ---------------------------------------------------------------------

@@ -20,5 +20,5 @@ REASON = "TensorFlow has no population trainer (JAX's vmap); runs go one after a
 class PopulationTrainer:
     """Refuses to be built: see the module's docstring."""
 
-    def __init__(self, model: Any, spec: Any, dataset: Any, members: int) -> None:
+    def __init__(self, model: Any, spec: Any, dataset: Any, members: int, task: Any = None) -> None:
         raise BackendError(f"Populations are not available: {REASON}.")

@@ -1,0 +1,228 @@
+"""The Python API at the package top, in Keras's shapes: ``kbackend.train`` and ``kbackend.study``.
+
+``model`` is a ``keras.Model`` (Sequential or functional; fresh weights per seed, or its own with
+``from_weights=True``), a builder function, a built-in name, a ``.keras`` path or
+``FILE.py:FUNCTION``. Data is NumPy arrays ``x, y`` (with ``validation_data=(x_val, y_val)``), a
+``tf.data.Dataset`` or ``keras.utils.PyDataset`` as ``x``, or a source string as ``data``
+(``PATH.npz``, ``PATH.csv`` with ``label=``, a folder, ``tfds:NAME``, ``FILE.py:FUNCTION``). The
+model's compiled loss and metrics are what every engine trains and reports. The defaults are the
+command line's: the native engine, fused steps measured (``"auto"``), progress lines on a
+terminal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kbackend.config import Target, TrainConfig, check_metrics
+from kbackend.data import DATASETS
+from kbackend.io import atomic_write
+from kbackend.models import ModelOptions
+from kbackend.optim import OptimizerSpec
+from kbackend.progress import EpochReporter
+from kbackend.study.config import StudyConfig
+from kbackend.study.pipeline import run_study
+from kbackend.training import TrainResult
+from kbackend.training import train as train_config
+from kbackend.workload import Workload, prepare_workload
+
+__all__ = ["StudyResult", "recommendation", "study", "train"]
+
+
+@dataclass
+class StudyResult:
+    """A finished study: ``best`` (the recommended cell: optimizer, batch size, learning rate,
+    time and steps to target with their intervals, the cells it ties with, the command and the
+    Python call that train at it), ``rows`` (every cell), ``report_path`` and the raw
+    ``study`` / ``analysis`` records."""
+
+    best: dict[str, Any] | None
+    rows: list[dict[str, Any]]
+    report_path: Path
+    study: dict[str, Any] = field(repr=False)
+    analysis: dict[str, Any] = field(repr=False)
+
+
+def recommendation(study: dict[str, Any]) -> dict[str, Any] | None:
+    """The cell to train at: the fastest median time to target; where the intervals cannot
+    separate it from others (``tied_with``), the one with the fewest median steps among them,
+    which costs least on hardware with a flatter step-time curve. None if no cell reached."""
+    cells = [c for c in study["cells"] if c.get("reached") and c.get("time_to_target")]
+    if not cells:
+        return None
+    fastest = min(cells, key=lambda c: c["time_to_target"])
+    low, high = _span(fastest)
+    tied = [c for c in cells if c is not fastest and _span(c)[0] <= high and low <= _span(c)[1]]
+    best = min([fastest, *tied], key=lambda c: (c["steps_to_target"], c["time_to_target"]))
+    tied = [c for c in [fastest, *tied] if c is not best]
+    config = study["config"]
+    target = config["target"]
+    command = (f"kbackend train --model {config['model']} "
+               + (f"--dataset {config['dataset']}" if config["dataset"] in _builtin_datasets()
+                  else f"--data {config['dataset']}")
+               + (f" --label {config['label']}" if config.get("label") else "")
+               + f" --optimizer {best['optimizer']} --lr {best['learning_rate']:g} "
+               f"--batch-size {best['batch_size']} --target-metric {target['metric']} "
+               f"--target {target['value']:g} --epochs 100 --save best.keras")
+    call = (f"kbackend.train({config['model']!r}, data={config['dataset']!r}, "
+            f"optimizer={best['optimizer']!r}, learning_rate={best['learning_rate']:g}, "
+            f"batch_size={best['batch_size']}, target={target['value']:g}, "
+            f"target_metric={target['metric']!r}, epochs=100, save='best.keras')")
+    return {"optimizer": best["optimizer"], "batch_size": best["batch_size"],
+            "learning_rate": best["learning_rate"], "time_to_target": best["time_to_target"],
+            "steps_to_target": best["steps_to_target"],
+            "intervals": {k: best["intervals"].get(k) for k in ("time_to_target",
+                                                                 "steps_to_target")},
+            "tied_with": [(c["optimizer"], c["batch_size"]) for c in tied],
+            "resolved": not tied, "command": command, "python": call}
+
+
+def recommendation_lines(best: dict[str, Any] | None) -> list[str]:
+    """What the study's console ends with: the cell to train at and the command that does."""
+    if best is None:
+        return ["No cell reached the target: nothing to recommend (raise the budget with "
+                "--max-steps, or lower --target)."]
+    ties = ", ".join(f"{o} at batch {b}" for o, b in best["tied_with"])
+    why = (f" (tied with {ties} within the intervals: of those, the fewest steps)" if ties
+           else " (resolved: the intervals separate it from every other cell)")
+    return [f"Recommended: {best['optimizer']} at batch {best['batch_size']}, lr "
+            f"{best['learning_rate']:g}{why}.", f"  {best['command']}", f"  {best['python']}"]
+
+
+def _span(cell: dict[str, Any]) -> tuple[float, float]:
+    interval = (cell.get("intervals") or {}).get("time_to_target") or {}
+    return (interval.get("low", cell["time_to_target"]),
+            interval.get("high", cell["time_to_target"]))
+
+
+def _builtin_datasets() -> tuple[str, ...]:
+    return tuple(DATASETS)
+
+
+def _workload(model: Any, x: Any, y: Any, validation_data: Any, data: Any, label: str | None,
+              seed: int, target_metric: str | None, from_weights: bool,
+              unsafe_deserialization: bool, validation_fraction: float) -> Workload:
+    if x is None and data is None:
+        raise TypeError("No data: pass arrays (x, y), a tf.data.Dataset as x, or data=SOURCE.")
+    return prepare_workload(model, data, x=x, y=y, validation_data=validation_data,
+                            label=label, validation_fraction=validation_fraction, seed=seed,
+                            options=ModelOptions(seed=seed), target_metric=target_metric,
+                            unsafe_deserialization=unsafe_deserialization,
+                            from_weights=from_weights)
+
+
+def _target(target: float | None, target_metric: str | None, workload: Workload) -> Target | None:
+    if target is None:
+        return None
+    return Target(target_metric or f"val_{workload.task.metric}", target)
+
+
+def train(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = None,
+          data: Any = None, label: str | None = None, batch_size: int = 32, epochs: int = 5,
+          optimizer: str = "adam", learning_rate: float = 1e-3, engine: str = "native",
+          fused_steps: int | str = "auto", target: float | None = None,
+          target_metric: str | None = None, early_stopping: int = 0, seed: int = 0,
+          validation_fraction: float = 0.1, from_weights: bool = False,
+          unsafe_deserialization: bool = False, progress: bool | None = None,
+          save: str | os.PathLike | None = None, history: str | os.PathLike | None = None,
+          **options: Any) -> TrainResult:
+    """Train the user's ``model`` on their data, as ``model.fit(x, y, validation_data=...)``
+    would, on kbackend's engines; the trained model, its history and the dataset.
+
+    ``target`` stops at the first evaluation where ``target_metric`` (default ``val_`` + the
+    model's metric) reaches it. ``progress``: per-epoch lines (default: on a terminal).
+    ``options``: further ``TrainConfig`` fields (``eval_every``, ``max_steps``, ...)."""
+    workload = _workload(model, x, y, validation_data, data, label, seed, target_metric,
+                         from_weights, unsafe_deserialization, validation_fraction)
+    if fused_steps == "auto":
+        fused_steps = 0 if engine == "native" else 1
+    monitor = target_metric or f"val_{workload.task.metric}"
+    config = TrainConfig(
+        model=workload.model_name, dataset=workload.dataset.info.name,
+        optimizer=OptimizerSpec(optimizer, learning_rate), batch_size=batch_size, epochs=epochs,
+        engine=engine, fused_steps=int(fused_steps), target=_target(target, target_metric,
+                                                                     workload),
+        early_stopping=early_stopping, monitor=monitor, seed=seed,
+        validation_fraction=validation_fraction, task=workload.task, **options)
+    check_metrics(config)
+    return train_config(config, reporter=_reporter(progress), save=save, history_path=history,
+                        workload=workload)
+
+
+def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = None,
+          data: Any = None, label: str | None = None, optimizers: tuple[str, ...] = ("sgd",
+          "adam"), batch_sizes: tuple[int, ...] | None = None, target: float | None = None,
+          target_metric: str | None = None, seeds: int = 3,
+          out: str | os.PathLike = "runs/study", progress: bool | None = None,
+          **options: Any) -> StudyResult:
+    """The batch-size x optimizer study on the user's ``model`` and data: which batch size,
+    optimizer and learning rate reach ``target`` of ``target_metric`` (default ``val_`` + the
+    model's metric) in the least training time on this machine. Returns a ``StudyResult``
+    (``.best``, ``.rows``, ``.report_path``). ``options``: further ``StudyConfig`` fields.
+
+    In-memory data (arrays, ``tf.data``) is written to ``out`` as an ``.npz`` the study reads
+    (and keys its store by), so a re-run resumes; a builder given as a function must be
+    importable by name (defined in a module, not in ``__main__``'s interactive session)."""
+    if target is None:
+        raise TypeError("study() needs target=: the validation value every cell races to "
+                        "(e.g. target=0.9 for val_accuracy, target=0.45, target_metric='val_mae').")
+    out_path = Path(out)
+    model_source = _model_source_string(model)
+    data_source = data
+    if x is not None:
+        workload = _workload(model, x, y, validation_data, None, label, 0, target_metric, False,
+                             False, options.get("validation_fraction", 0.1))
+        data_source = str(_save_arrays(workload, out_path))
+    metric = target_metric or "val_accuracy"
+    if target_metric is None and x is not None:
+        metric = f"val_{workload.task.metric}"
+    config = StudyConfig(model=model_source, dataset=str(data_source), label=label,
+                         optimizers=tuple(optimizers), batch_sizes=batch_sizes,
+                         target=Target(metric, target), seeds=seeds,
+                         engine=options.pop("engine", "native"), **options)
+    show = sys.stderr.isatty() if progress is None else progress
+    outcome = run_study(config, out_path, show_progress=show)
+    return StudyResult(recommendation(outcome["study"]), list(outcome["study"]["cells"]),
+                       Path(outcome["paths"]["report"]), outcome["study"], outcome["analysis"])
+
+
+def _model_source_string(model: Any) -> str:
+    """A source string a study's runs (and Ray workers) can rebuild ``model`` from."""
+    if isinstance(model, str | os.PathLike):
+        return str(model)
+    module = getattr(model, "__module__", None)
+    name = getattr(model, "__qualname__", None)
+    if callable(model) and module and name and module != "__main__" and "<" not in name:
+        return f"{module}:{name}"
+    raise TypeError("study() takes the model as a built-in name, a .keras path, "
+                    "FILE.py:FUNCTION or an importable builder function (its runs build a "
+                    "fresh model per seed and cell); save a keras.Model with model.save().")
+
+
+def _save_arrays(workload: Workload, out: Path) -> Path:
+    """The workload's splits as ``out/data/<digest>.npz`` (atomically; reused when present)."""
+    data = workload.dataset
+    arrays = {"x_train": data.x_train, "y_train": data.y_train, "x_val": data.x_val,
+              "y_val": data.y_val, "x_test": data.x_test, "y_test": data.y_test}
+    digest = hashlib.sha256()
+    for key in sorted(arrays):
+        digest.update(key.encode())
+        digest.update(np.ascontiguousarray(arrays[key]).tobytes())
+    path = out / "data" / f"arrays-{digest.hexdigest()[:16]}.npz"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda tmp: np.savez(tmp, **arrays))
+    return path
+
+
+def _reporter(progress: bool | None) -> EpochReporter | None:
+    show = sys.stderr.isatty() if progress is None else progress
+    return EpochReporter() if show else None
+

@@ -1,0 +1,933 @@
+"""A user's own data: a source string (or Python objects) read into plain NumPy arrays.
+
+``load_source(source)`` reads, by the source's form:
+
+- ``PATH.npz``: arrays ``x_train``, ``y_train`` and optionally ``x_val``/``y_val``,
+  ``x_test``/``y_test``; or ``x`` and ``y``. Each member's .npy header is read first: object
+  arrays (which loading would unpickle) and archives declaring more than ``max_bytes`` are refused
+  before any array is read, and so is a member whose zip entry and header disagree on its size.
+  A ``.npy`` file is not a dataset (it has no labels).
+- ``PATH.csv`` with ``label=COLUMN``: every other column a numeric feature (float32); the label
+  column numbers (int when all are whole, else float) or strings (sorted class names -> indices).
+- a folder of class subfolders (optionally under ``train/``, ``val/`` or ``validation/``, and
+  ``test/``) holding images (``keras.utils.image_dataset_from_directory``; every image resized
+  to the first image's size, grayscale when that one is, values 0-255 as float32, (N, H, W, C))
+  or ``.txt`` files (``keras.utils.text_dataset_from_directory``, then a ``TextVectorization``
+  adapted on the training split only turns them into int32 token ids (N, 200) on the host, in
+  tf.data, which works under either Keras backend).
+- ``tfds:NAME[:CONFIG]``: a prepared TensorFlow Datasets folder in ``$TFDS_DATA_DIR`` or
+  ``~/tensorflow_datasets`` (the ``tfds`` extra), read with ``tfds.builder_from_directory``:
+  nothing is ever downloaded, and a set prepared from the user's own builder code reads as well
+  as a catalogue one. String inputs are vectorized as text folders are.
+- ``FILE.py:FUNCTION``: the function, called without arguments, returns ``(x, y)``, a dict of
+  splits (``{"train": (x, y), "val": ...}`` or the .npz key names), a ``tf.data.Dataset`` of
+  ``(x, y)`` (batched or not) or a ``keras.utils.PyDataset``.
+
+``from_python`` takes the same objects from Python. Datasets are read into memory up to
+``max_bytes`` (default: half the memory available); an infinite one is refused.
+
+What is checked here is what the source itself can say: at least one sample, x and y of equal
+length, numeric inputs, no NaN or Inf in float inputs or labels (the split and first index
+named), one sample shape across splits. Labels are not checked against any model: the caller
+checks them against the model's loss. Every error is a one-line ``DataError``.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import math
+import os
+import re
+import sys
+import textwrap
+import traceback
+import zipfile
+import zlib
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+from kbackend.backend_choice import keras as import_keras
+from kbackend.errors import DataError, path_errors
+
+KINDS = ("arrays", "csv", "images", "text", "tfds", "function")
+SPLITS = ("train", "val", "test")
+# Folder, TFDS and dict split names -> kbackend's.
+SPLIT_NAMES = {"train": "train", "val": "val", "validation": "val", "valid": "val", "dev": "val",
+               "test": "test"}
+NPZ_PAIRS = (("train", "x_train", "y_train"), ("val", "x_val", "y_val"),
+             ("test", "x_test", "y_test"))
+_NPZ_NAMES = {"x", "y"} | {key for _, *keys in NPZ_PAIRS for key in keys}
+TFDS_PREFIX = "tfds:"
+TFDS_DATA_DIR_ENV = "TFDS_DATA_DIR"
+TEXT_MAX_TOKENS = 20_000
+TEXT_SEQUENCE_LENGTH = 200
+IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")  # what Keras's image reader takes
+TEXT_EXTENSIONS = (".txt",)
+MEMORY_FRACTION = 0.5
+READ_BATCH = 256
+_READ_ERRORS = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error)
+
+
+@dataclass(frozen=True)
+class UserData:
+    """A user's data as NumPy arrays: ``splits["train"]`` always, ``"val"`` and ``"test"`` when
+    the source has them, each ``(x, y)``. Labels are unchecked against any model."""
+
+    name: str  # for histories and reports: "train.npz", "diabetes.csv", "tfds:mnist"
+    source: str  # the source string as given
+    splits: dict[str, tuple[np.ndarray, np.ndarray]]
+    kind: str  # one of KINDS
+    class_names: tuple[str, ...] | None = None  # class folders, string labels, TFDS class labels
+    notes: tuple[str, ...] = ()  # lines to print (what was done to the data on the way)
+
+
+def default_max_bytes() -> int:
+    """How much a source may hold in memory: half the memory available now."""
+    return int(psutil.virtual_memory().available * MEMORY_FRACTION)
+
+
+def _builtin_names() -> tuple[str, ...]:
+    # The package ``kbackend.data`` (always imported before its modules) imports this module, so
+    # its registry is looked up when called: importing it here would be an import cycle.
+    package = sys.modules.get(__package__ or "kbackend.data")
+    return tuple(sorted(getattr(package, "DATASETS", {})))
+
+
+def is_data_source(value: str) -> bool:
+    """True for anything that is not a built-in dataset name (``kbackend.data.DATASETS``)."""
+    return value not in _builtin_names()
+
+
+def _reason(error: BaseException) -> str:
+    """``error`` as a short phrase on one line, never cut mid-word."""
+    text = textwrap.shorten(" ".join(str(error).split()), width=200, placeholder=" ...")
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+class _Where:
+    """What an error names: ``data source 'train.npz'`` or ``data 'arrays'``."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def error(self, reason: str) -> DataError:
+        return DataError(" ".join(f"Invalid {self.what}: {reason}".split()))
+
+
+def _check_limit(where: _Where, nbytes: int, max_bytes: int, what: str) -> None:
+    if nbytes > max_bytes:
+        raise where.error(
+            f"{what} would take {nbytes:,} bytes in memory, more than the {max_bytes:,} allowed "
+            "(max_bytes; by default half the available memory). Use a smaller subset, or train "
+            "from it in a script with your own input pipeline.")
+
+
+# --- the checks every source ends with ---------------------------------------------------
+
+
+def _first_non_finite(values: np.ndarray) -> int | None:
+    bad = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+    return int(np.argmax(bad)) if bad.any() else None
+
+
+def _check_split(where: _Where, split: str, x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, y)`` as arrays, or a one-line error saying what is wrong with them."""
+    try:
+        x, y = np.asarray(x), np.asarray(y)
+    except (ValueError, TypeError) as error:
+        raise where.error(f"the {split} split is not a pair of arrays "
+                          f"({_reason(error)}).") from None
+    for role, values in (("x", x), ("y", y)):
+        if values.ndim == 0:
+            raise where.error(f"{role} of the {split} split is a single value (shape ()): "
+                              "expected an array with one entry per sample.")
+    if len(x) == 0 or len(y) == 0:
+        raise where.error(f"the {split} split is empty: x has {len(x)} samples and y has "
+                          f"{len(y)}; expected at least 1.")
+    if len(x) != len(y):
+        raise where.error(f"x and y of the {split} split differ in length: x has {len(x)} "
+                          f"samples but y has {len(y)}.")
+    if x.dtype.kind not in "biuf":
+        raise where.error(
+            f"x of the {split} split holds {_dtype_words(x.dtype)}: expected numbers (text "
+            "belongs in a folder of .txt class subfolders; encode other values as numbers).")
+    if y.dtype.kind not in "biufUS":
+        raise where.error(f"y of the {split} split holds {_dtype_words(y.dtype)}: expected "
+                          "numbers or string class names.")
+    if y.dtype.kind in "US" and y.ndim != 1:
+        raise where.error(f"string labels of the {split} split must be 1-D (one class name per "
+                          f"sample). Received: y.shape={y.shape}.")
+    for role, values in (("inputs", x), ("labels", y)):
+        if values.dtype.kind == "f":
+            index = _first_non_finite(values)
+            if index is not None:
+                kind = "NaN" if np.isnan(values.reshape(len(values), -1)[index]).any() else "Inf"
+                raise where.error(f"non-finite {role} ({kind}) in the {split} split, first at "
+                                  f"index {index}: clean or drop those samples.")
+    return x, y
+
+
+def _dtype_words(dtype: np.dtype) -> str:
+    if dtype.hasobject:
+        return "Python objects (dtype object; strings as bytes objects count)"
+    if dtype.kind in "US":
+        return f"strings (dtype {dtype})"
+    return f"values of dtype {dtype}"
+
+
+def _finish(where: _Where, *, name: str, source: str, kind: str, splits: dict[str, Any],
+            class_names: tuple[str, ...] | None = None, notes: tuple[str, ...] = ()) -> UserData:
+    """Every split checked, string labels mapped to class indices, as a ``UserData``."""
+    if "train" not in splits:
+        raise where.error(f"no training split. Received splits: {sorted(splits)}.")
+    checked = {split: _check_split(where, split, *splits[split])
+               for split in SPLITS if split in splits}
+    x_shape, y_shape = checked["train"][0].shape[1:], checked["train"][1].shape[1:]
+    for split, (x, y) in checked.items():
+        if x.shape[1:] != x_shape or y.shape[1:] != y_shape:
+            raise where.error(
+                f"the {split} split's samples have shape x {x.shape[1:]}, y {y.shape[1:]}, but "
+                f"the training split's have x {x_shape}, y {y_shape}.")
+    string_labels = [split for split, (_, y) in checked.items() if y.dtype.kind in "US"]
+    if string_labels and len(string_labels) != len(checked):
+        raise where.error(f"labels are class names in the {', '.join(string_labels)} split(s) "
+                          "but numbers in the others: use one kind throughout.")
+    if string_labels:
+        checked, class_names = _encode_labels(where, checked)
+    return UserData(name=name, source=source, splits=checked, kind=kind,
+                    class_names=class_names, notes=tuple(notes))
+
+
+def _label_text(values: np.ndarray) -> np.ndarray:
+    return np.char.decode(values, "utf-8") if values.dtype.kind == "S" else values
+
+
+def _encode_labels(where: _Where, splits: dict[str, tuple[np.ndarray, np.ndarray]]
+                   ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], tuple[str, ...]]:
+    """String labels -> int32 indices of the training split's sorted class names."""
+    names = np.unique(_label_text(splits["train"][1]))
+    encoded = {}
+    for split, (x, y) in splits.items():
+        text = _label_text(y)
+        unknown = np.setdiff1d(text, names)
+        if unknown.size:
+            raise where.error(f"label {str(unknown[0])!r} of the {split} split is not a class "
+                              f"of the training split ({len(names)} classes).")
+        encoded[split] = (x, np.searchsorted(names, text).astype(np.int32))
+    return encoded, tuple(str(name) for name in names)
+
+
+# --- .npz ----------------------------------------------------------------------------------
+
+
+def _npy_header(where: _Where, archive: zipfile.ZipFile, info: zipfile.ZipInfo, key: str) -> int:
+    """The size in bytes ``key``'s .npy header declares, checked against its zip entry."""
+    fmt = np.lib.format
+    with archive.open(info) as handle:
+        try:
+            version = fmt.read_magic(handle)
+            if version == (1, 0):
+                shape, _, dtype = fmt.read_array_header_1_0(handle)
+            elif version == (2, 0):
+                shape, _, dtype = fmt.read_array_header_2_0(handle)
+            else:
+                raise ValueError(f".npy format version {version[0]}.{version[1]} is not read here")
+        except ValueError as error:
+            raise where.error(f"member {key!r} is not a readable .npy array "
+                              f"({_reason(error)}).") from None
+        header_end = handle.tell()
+    if dtype.hasobject:
+        raise where.error(
+            f"array {key!r} holds Python objects (dtype {dtype}), which loading would unpickle, "
+            "and pickles can run code: refused. Save numeric (or string) arrays instead.")
+    nbytes = math.prod(shape) * dtype.itemsize
+    if info.file_size != header_end + nbytes:
+        raise where.error(
+            f"array {key!r} declares shape {shape} of {dtype} ({nbytes:,} bytes) in its header, "
+            f"but its archive entry holds {info.file_size - header_end:,} bytes of data: a cut "
+            "or altered file.")
+    return nbytes
+
+
+def _npz_keys(where: _Where, present: list[str]) -> list[tuple[str, str, str]]:
+    """The (split, x key, y key) triples to read, from the keys the archive has."""
+    if "x_train" in present or "y_train" in present:
+        pairs = [pair for pair in NPZ_PAIRS if pair[1] in present or pair[2] in present]
+    elif "x" in present or "y" in present:
+        pairs = [("train", "x", "y")]
+    else:
+        pairs = []
+    missing = [key for _, *keys in pairs for key in keys if key not in present]
+    if not pairs or missing:
+        detail = f" ({', '.join(missing)} missing)" if missing else ""
+        raise where.error(
+            "expected arrays x_train and y_train (optionally x_val and y_val, x_test and y_test), "
+            f"or x and y{detail}. Received keys: {present}.")
+    return pairs
+
+
+def _load_npz(where: _Where, path: Path, max_bytes: int) -> dict[str, tuple]:
+    try:
+        if not zipfile.is_zipfile(path):
+            raise where.error(f"not a .npz archive ({path.stat().st_size:,} bytes that are not "
+                              "a zip file): expected arrays saved with numpy.savez.")
+        with zipfile.ZipFile(path) as archive:
+            members = {info.filename.removesuffix(".npy"): info for info in archive.infolist()
+                       if not info.is_dir()}
+            pairs = _npz_keys(where, list(members))
+            total = sum(_npy_header(where, archive, members[key], key)
+                        for _, *keys in pairs for key in keys)
+        _check_limit(where, total, max_bytes, "its arrays")
+        with np.load(path, allow_pickle=False) as loaded:
+            return {split: (loaded[x_key], loaded[y_key]) for split, x_key, y_key in pairs}
+    except _READ_ERRORS as error:
+        if isinstance(error, DataError):
+            raise
+        raise where.error(f"not a readable .npz archive ({_reason(error)}).") from None
+
+
+# --- .csv ----------------------------------------------------------------------------------
+
+
+def _csv_dialect(sample: str) -> type[csv.Dialect] | csv.Dialect:
+    try:
+        return csv.Sniffer().sniff(sample.partition("\n")[0], delimiters=",;\t")
+    except csv.Error:
+        return csv.excel
+
+
+def _csv_labels(cells: list[str]) -> np.ndarray:
+    """The label column as int (all whole numbers), float (other numbers) or str (class names)."""
+    try:
+        numbers = np.array([float(cell) for cell in cells], dtype=np.float64)
+    except ValueError:
+        return np.array(cells, dtype=str)
+    finite = np.isfinite(numbers)
+    if finite.all() and np.array_equal(numbers, np.round(numbers)):
+        small = np.abs(numbers).max() < 2**31
+        return numbers.astype(np.int32 if small else np.int64)
+    return numbers.astype(np.float32)
+
+
+def _load_csv(where: _Where, path: Path, label: str | None, max_bytes: int
+              ) -> tuple[np.ndarray, np.ndarray]:
+    # Numbers of at least one digit and a separator become 4-byte floats: at most 2x the file.
+    _check_limit(where, 2 * path.stat().st_size, max_bytes, "its values")
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as handle:
+            dialect = _csv_dialect(handle.read(64 * 1024))
+            handle.seek(0)
+            reader = csv.reader(handle, dialect)
+            header = [column.strip() for column in next(reader, [])]
+            if not any(header):
+                raise where.error("the file is empty: expected a header row of column names.")
+            duplicates = sorted({column for column in header if header.count(column) > 1})
+            if duplicates:
+                raise where.error(f"column names repeat in the header: {duplicates}.")
+            if label is None:
+                raise where.error(f"a CSV source needs its label column named (label=COLUMN, "
+                                  f"--label COLUMN). Columns: {header}.")
+            if label not in header:
+                raise where.error(f"label column {label!r} is not among the columns: {header}.")
+            label_index = header.index(label)
+            features = [i for i in range(len(header)) if i != label_index]
+            if not features:
+                raise where.error(f"no feature columns besides the label column {label!r}.")
+            values, labels = array("f"), []
+            for row in reader:
+                if not any(cell.strip() for cell in row):
+                    continue  # a blank line
+                line = reader.line_num
+                if len(row) != len(header):
+                    raise where.error(f"line {line} has {len(row)} values but the header has "
+                                      f"{len(header)} columns.")
+                for i in features:
+                    try:
+                        values.append(float(row[i]))
+                    except ValueError:
+                        cell = row[i].strip()
+                        if not cell:
+                            raise where.error(f"missing value in feature column {header[i]!r} "
+                                              f"at line {line}: fill or drop it.") from None
+                        raise where.error(
+                            f"non-numeric feature column {header[i]!r} (value {cell[:40]!r} at "
+                            f"line {line}): features must be numbers; encode it or drop the "
+                            "column.") from None
+                cell = row[label_index].strip()
+                if not cell:
+                    raise where.error(f"missing label in column {label!r} at line {line}.")
+                labels.append(cell)
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        raise where.error(f"not a readable CSV file ({_reason(error)}).") from None
+    if not labels:
+        raise where.error("the file has a header but no data rows.")
+    x = np.frombuffer(values, dtype=np.float32).reshape(len(labels), len(features))
+    return x, _csv_labels(labels)
+
+
+# --- TensorFlow: folders, TFDS, tf.data ------------------------------------------------------
+
+
+def _tensorflow() -> Any:
+    import_keras()  # the backend choice comes first: TensorFlow may import Keras
+    try:
+        import tensorflow as tf  # deferred: only folder, TFDS and tf.data sources need it
+    except ImportError as error:
+        raise DataError(f"This data source needs TensorFlow, which does not import here "
+                        f"({_reason(error)}): pip install tensorflow-cpu.") from None
+    return tf
+
+
+def _is_tf_dataset(value: Any) -> bool:
+    tf = sys.modules.get("tensorflow")  # none was made unless TensorFlow is imported
+    return tf is not None and isinstance(value, tf.data.Dataset)
+
+
+def _is_py_dataset(value: Any) -> bool:
+    keras = sys.modules.get("keras")
+    return keras is not None and isinstance(value, keras.utils.PyDataset)
+
+
+def _is_batched(dataset: Any) -> bool:
+    """Whether a dataset's elements are batches: from the transformations that made it where
+    they say (batch, unbatch, from_tensor_slices, from_tensors), else from the shapes (a
+    generator's batches have an unknown first dimension in x and y)."""
+    node = dataset
+    while node is not None:
+        kind = type(node).__name__
+        if "Unbatch" in kind or "TensorSlice" in kind:
+            return False
+        if "Batch" in kind or hasattr(node, "_batch_size") or kind == "_TensorDataset":
+            return True
+        if any(part in kind for part in ("FlatMap", "Interleave", "Window", "Generator", "Zip",
+                                         "Scan", "GroupBy", "Choose", "Sample")):
+            break  # these make new elements: the chain above says nothing about them
+        node = getattr(node, "_input_dataset", None)
+    x_spec, y_spec = dataset.element_spec
+    return (x_spec.shape.rank is not None and y_spec.shape.rank is not None
+            and x_spec.shape.rank >= 1 and y_spec.shape.rank >= 1
+            and x_spec.shape[0] is None and y_spec.shape[0] is None)
+
+
+def _element_bytes(spec: Any) -> int | None:
+    if spec.dtype.name == "string" or not spec.shape.is_fully_defined():
+        return None
+    return math.prod(spec.shape) * spec.dtype.size
+
+
+def _read_tf_dataset(where: _Where, dataset: Any, split: str, max_bytes: int,
+                     batched: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """A finite ``tf.data.Dataset`` of ``(x, y)`` read into memory, at most ``max_bytes``."""
+    tf = _tensorflow()
+    spec = dataset.element_spec
+    if not (isinstance(spec, tuple) and len(spec) == 2
+            and all(isinstance(part, tf.TensorSpec) for part in spec)):
+        extra = (" (x, y, sample_weight: sample weights are not read)"
+                 if isinstance(spec, tuple) and len(spec) == 3 else "")
+        raise where.error(f"the {split} dataset's elements are {_spec_words(spec)}{extra}: "
+                          "expected (x, y) pairs of tensors.")
+    cardinality = int(dataset.cardinality())
+    if cardinality == tf.data.INFINITE_CARDINALITY:
+        raise where.error(f"the {split} dataset is infinite (repeat() without a count?): "
+                          "a finite one is read into memory.")
+    if batched is None:
+        batched = _is_batched(dataset)
+    sizes = [_element_bytes(part) for part in spec]
+    if cardinality > 0 and None not in sizes:
+        _check_limit(where, cardinality * sum(sizes), max_bytes, f"the {split} dataset")
+    if not batched:
+        dataset = dataset.batch(READ_BATCH)
+    xs, ys, total = [], [], 0
+    try:
+        for x, y in dataset.as_numpy_iterator():
+            x, y = np.asarray(x), np.asarray(y)
+            if x.ndim == 0 or y.ndim == 0:
+                raise where.error(f"the {split} dataset looked batched but yields single "
+                                  "values: batch it or give arrays.")
+            total += x.nbytes + y.nbytes
+            _check_limit(where, total, max_bytes, f"the {split} dataset (or it is infinite)")
+            xs.append(x)
+            ys.append(y)
+    except (tf.errors.OpError, ValueError, TypeError) as error:
+        if isinstance(error, DataError):
+            raise
+        raise where.error(f"reading the {split} dataset failed ({_reason(error)}).") from None
+    return _concatenate(where, split, xs, ys)
+
+
+def _concatenate(where: _Where, split: str, xs: list, ys: list) -> tuple[np.ndarray, np.ndarray]:
+    if not xs:
+        raise where.error(f"the {split} split is empty: the dataset yields no samples.")
+    try:
+        return np.concatenate(xs), np.concatenate(ys)
+    except ValueError as error:
+        raise where.error(f"the {split} split's batches differ in sample shape "
+                          f"({_reason(error)}).") from None
+
+
+def _spec_words(spec: Any) -> str:
+    if isinstance(spec, dict):
+        return f"dicts with keys {sorted(spec)}"
+    if isinstance(spec, tuple):
+        return f"tuples of {len(spec)}"
+    return type(spec).__name__
+
+
+def _read_py_dataset(where: _Where, dataset: Any, split: str, max_bytes: int
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """A finite ``keras.utils.PyDataset`` of ``(x, y)`` batches read into memory."""
+    try:
+        count = dataset.num_batches
+    except NotImplementedError:
+        count = None
+    if count is None:
+        raise where.error(f"the {split} PyDataset is infinite (num_batches is None): a finite "
+                          "one is read into memory.")
+    xs, ys, total = [], [], 0
+    for index in range(int(count)):
+        try:
+            batch = dataset[index]
+        except Exception as error:
+            raise where.error(f"the {split} PyDataset raised on batch {index} "
+                              f"({_reason(error)}).") from None
+        if not isinstance(batch, tuple | list) or len(batch) != 2:
+            extra = " (sample weights are not read)" if isinstance(batch, tuple | list) else ""
+            raise where.error(f"batch {index} of the {split} PyDataset is not an (x, y) pair"
+                              f"{extra}. Received: {type(batch).__name__}.")
+        x, y = _check_split(where, split, *batch)
+        total += x.nbytes + y.nbytes
+        _check_limit(where, total, max_bytes, f"the {split} PyDataset")
+        xs.append(x)
+        ys.append(y)
+    return _concatenate(where, split, xs, ys)
+
+
+def _vectorize_text(datasets: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """Batched (text, label) datasets -> (token ids, label), with a ``TextVectorization`` adapted
+    on the training split only, run in tf.data on the host (it needs TensorFlow graphs, and its
+    int ids feed an ``Embedding`` on every backend)."""
+    keras = import_keras()
+    vectorizer = keras.layers.TextVectorization(max_tokens=TEXT_MAX_TOKENS,
+                                                output_sequence_length=TEXT_SEQUENCE_LENGTH)
+    vectorizer.adapt(datasets["train"].map(lambda text, _: text))
+    tf = _tensorflow()
+    vectorized = {split: dataset.map(lambda text, y: (tf.cast(vectorizer(text), tf.int32), y))
+                  for split, dataset in datasets.items()}
+    note = (f"text vectorized on the host: {vectorizer.vocabulary_size():,} tokens (at most "
+            f"{TEXT_MAX_TOKENS:,}, adapted on the training split), length "
+            f"{TEXT_SEQUENCE_LENGTH}")
+    return vectorized, note
+
+
+def _class_folders(folder: Path) -> list[Path]:
+    return sorted(entry for entry in folder.iterdir()
+                  if entry.is_dir() and not entry.name.startswith("."))
+
+
+def _folder_splits(where: _Where, folder: Path) -> dict[str, Path]:
+    """``{"train": folder}``, or the split folders when ``folder`` holds ``train/`` (with
+    ``val/`` or ``validation/``, and ``test/``), each of class subfolders."""
+    subfolders = _class_folders(folder)
+    names = {entry.name.lower(): entry for entry in subfolders}
+    if "train" not in names or not set(names) <= set(SPLIT_NAMES) or not _class_folders(
+            names["train"]):
+        return {"train": folder}
+    splits: dict[str, Path] = {}
+    for name, entry in sorted(names.items()):
+        if SPLIT_NAMES[name] in splits:
+            raise where.error(f"two folders for the {SPLIT_NAMES[name]} split: "
+                              f"{splits[SPLIT_NAMES[name]].name}/ and {entry.name}/.")
+        splits[SPLIT_NAMES[name]] = entry
+    return splits
+
+
+def _scan_folder(where: _Where, folder: Path) -> tuple[list[Path], list[Path], int]:
+    """The image files and text files under ``folder``'s class subfolders, and the text bytes."""
+    classes = _class_folders(folder)
+    expected = ("expected a folder of class subfolders (one per class) holding images "
+                f"({' '.join(IMAGE_EXTENSIONS)}) or text files (.txt)")
+    if not classes:
+        raise where.error(f"{expected}; {str(folder)!r} has no subfolders.")
+    images, texts, text_bytes = [], [], 0
+    for class_folder in classes:
+        for root, _, files in os.walk(class_folder):
+            for file in sorted(files):
+                path = Path(root, file)
+                suffix = path.suffix.lower()
+                if suffix in IMAGE_EXTENSIONS:
+                    images.append(path)
+                elif suffix in TEXT_EXTENSIONS:
+                    texts.append(path)
+                    text_bytes += path.stat().st_size
+    if not images and not texts:
+        raise where.error(f"{expected}; the subfolders of {str(folder)!r} hold neither.")
+    if images and texts:
+        raise where.error(f"{str(folder)!r} mixes images ({len(images)}) and text files "
+                          f"({len(texts)}): {expected}, one kind.")
+    return sorted(images), texts, text_bytes
+
+
+def _load_folder(where: _Where, folder: Path, *, seed: int, max_bytes: int,
+                 image_size: tuple[int, int] | None) -> tuple[str, dict, tuple, tuple]:
+    """(kind, splits, class names, notes) of a folder of images or text files."""
+    split_folders = _folder_splits(where, folder)
+    scans = {split: _scan_folder(where, path) for split, path in split_folders.items()}
+    kinds = {"images" if images else "text" for images, _, _ in scans.values()}
+    if len(kinds) > 1:
+        raise where.error("its split folders hold different kinds of files (images in some, "
+                          "text in others).")
+    keras = import_keras()
+    tf = _tensorflow()
+    options = {"labels": "inferred", "label_mode": "int", "batch_size": READ_BATCH,
+               "shuffle": True, "seed": seed, "verbose": False}
+    notes: list[str] = []
+    try:
+        if kinds == {"images"}:
+            first = tf.io.decode_image(tf.io.read_file(str(scans["train"][0][0])),
+                                       expand_animations=False).shape  # (H, W, C) as stored
+            height, width = image_size or (int(first[0]), int(first[1]))
+            channels, mode = (1, "grayscale") if first[2] in (1, 2) else (3, "rgb")
+            count = sum(len(images) for images, _, _ in scans.values())
+            _check_limit(where, count * height * width * channels * 4, max_bytes,
+                         f"{count:,} images of {height}x{width}x{channels} float32")
+            datasets = {split: keras.utils.image_dataset_from_directory(
+                path, color_mode=mode, image_size=(height, width), interpolation="bilinear",
+                data_format="channels_last", **options) for split, path in split_folders.items()}
+            how = "given" if image_size else "the first image's"
+            notes.append(f"images read at {height}x{width} ({how} size), {mode}, values 0-255 "
+                         "as float32")
+        else:
+            count = sum(len(texts) for _, texts, _ in scans.values())
+            text_bytes = sum(size for _, _, size in scans.values())
+            _check_limit(where, text_bytes + count * TEXT_SEQUENCE_LENGTH * 4, max_bytes,
+                         f"{count:,} text files")
+            datasets = {split: keras.utils.text_dataset_from_directory(path, **options)
+                        for split, path in split_folders.items()}
+    except (tf.errors.OpError, ValueError, OSError) as error:
+        if isinstance(error, DataError):
+            raise
+        raise where.error(f"reading the folder failed ({_reason(error)}).") from None
+    class_names = tuple(datasets["train"].class_names)
+    for split, dataset in datasets.items():
+        if tuple(dataset.class_names) != class_names:
+            raise where.error(f"the {split} folder's classes {list(dataset.class_names)} differ "
+                              f"from the training folder's {list(class_names)}.")
+    kind = "images" if kinds == {"images"} else "text"
+    if kind == "text":
+        datasets, note = _vectorize_text(datasets)
+        notes.append(note)
+    splits = {split: _read_tf_dataset(where, dataset, split, max_bytes, batched=True)
+              for split, dataset in datasets.items()}
+    return kind, splits, class_names, tuple(notes)
+
+
+def tfds_data_dir() -> Path:
+    """Where prepared TFDS sets are read: ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``."""
+    return Path(os.environ.get(TFDS_DATA_DIR_ENV) or Path.home() / "tensorflow_datasets")
+
+
+def _version_key(name: str) -> tuple[int, ...] | None:
+    return tuple(int(part) for part in name.split(".")) if re.fullmatch(
+        r"\d+\.\d+\.\d+", name) else None
+
+
+def _prepared_versions(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    found = [entry for entry in folder.iterdir() if _version_key(entry.name) is not None
+             and (entry / "dataset_info.json").is_file()]
+    return sorted(found, key=lambda entry: _version_key(entry.name) or ())
+
+
+def _tfds_folder(where: _Where, name: str, config: str) -> Path:
+    """The newest prepared version folder of ``name`` (and ``config``), or a one-line error."""
+    root = tfds_data_dir()
+    with path_errors(root, "TFDS data folder", DataError):
+        base = root / name / config if config else root / name
+        versions = _prepared_versions(base)
+        if not versions and not config and base.is_dir():
+            configs = [entry.name for entry in _class_folders(base) if _prepared_versions(entry)]
+            if len(configs) == 1:
+                versions = _prepared_versions(base / configs[0])
+            elif configs:
+                raise where.error(f"TFDS dataset {name!r} has several prepared configs "
+                                  f"{configs}: name one, as tfds:{name}:CONFIG.")
+    if not versions:
+        raise where.error(
+            f"TFDS dataset {name + (':' + config if config else '')!r} is not prepared in "
+            f"{str(base)!r} (searched ${TFDS_DATA_DIR_ENV}, else ~/tensorflow_datasets; nothing "
+            "is downloaded): prepare it there first, e.g. tfds.builder(NAME, data_dir=...)"
+            ".download_and_prepare(), or set TFDS_DATA_DIR.")
+    return versions[-1]
+
+
+def _load_tfds(where: _Where, spec: str, max_bytes: int) -> tuple[dict, tuple | None, tuple]:
+    name, _, config = spec.partition(":")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or (config and not re.fullmatch(
+            r"[A-Za-z0-9_.-]+", config)):
+        raise where.error("expected tfds:NAME or tfds:NAME:CONFIG (e.g. tfds:mnist).")
+    try:
+        # An optional extra (`tfds`), heavy to import; an import statement here would be named
+        # in tests/test_architecture.py's DEFERRABLE list.
+        tfds = importlib.import_module("tensorflow_datasets")
+    except ImportError:
+        raise where.error("TFDS sources need TensorFlow Datasets, which is not installed: "
+                          "pip install tensorflow-datasets (or kbackend[tfds]).") from None
+    folder = _tfds_folder(where, name, config)
+    tf = _tensorflow()
+    try:
+        builder = tfds.builder_from_directory(str(folder))
+        info = builder.info
+        keys = info.supervised_keys
+        if not (isinstance(keys, tuple) and len(keys) == 2 and all(isinstance(k, str)
+                                                                    for k in keys)):
+            raise where.error(f"the TFDS dataset has no (input, label) supervised keys "
+                              f"(supervised_keys={keys!r}; features: {sorted(info.features)}).")
+        available = sorted(info.splits)
+        chosen = {SPLIT_NAMES[split]: split for split in available if split in SPLIT_NAMES}
+        if "train" not in chosen:
+            raise where.error(f"the TFDS dataset has no train split. Splits: {available}.")
+        datasets = {ours: builder.as_dataset(split=theirs, as_supervised=True,
+                                             shuffle_files=False)
+                    for ours, theirs in chosen.items()}
+        label_feature = info.features[keys[1]]
+        names = getattr(label_feature, "names", None)
+        class_names = tuple(names) if names else None
+        notes = [f"TFDS {info.full_name} from {folder}"]
+        skipped = [split for split in available if split not in chosen.values()]
+        if skipped:
+            notes.append(f"TFDS splits not read: {', '.join(skipped)}")
+        if datasets["train"].element_spec[0].dtype == tf.string:
+            batched = {split: dataset.batch(READ_BATCH) for split, dataset in datasets.items()}
+            datasets, note = _vectorize_text(batched)
+            notes.append(note)
+            splits = {split: _read_tf_dataset(where, dataset, split, max_bytes, batched=True)
+                      for split, dataset in datasets.items()}
+        else:
+            splits = {split: _read_tf_dataset(where, dataset, split, max_bytes, batched=False)
+                      for split, dataset in datasets.items()}
+    except (tf.errors.OpError, ValueError, OSError, KeyError) as error:
+        if isinstance(error, DataError):
+            raise
+        raise where.error(f"reading the TFDS dataset in {str(folder)!r} failed "
+                          f"({_reason(error)}).") from None
+    return splits, class_names, tuple(notes)
+
+
+# --- Python objects and FILE.py:FUNCTION ---------------------------------------------------
+
+
+def _read_pair(where: _Where, value: Any, split: str, max_bytes: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, y)`` arrays, or a dataset read into memory, for one split."""
+    if _is_tf_dataset(value):
+        return _read_tf_dataset(where, value, split, max_bytes)
+    if _is_py_dataset(value):
+        return _read_py_dataset(where, value, split, max_bytes)
+    if isinstance(value, tuple | list) and len(value) == 2:
+        return _check_split(where, split, *value)  # already in memory: no limit to apply
+    raise where.error(
+        f"the {split} split is {_type_words(value)}: expected (x, y) arrays, a tf.data.Dataset "
+        "of (x, y) or a keras.utils.PyDataset.")
+
+
+def _type_words(value: Any) -> str:
+    if isinstance(value, tuple | list):
+        return f"a {type(value).__name__} of {len(value)} items"
+    return f"a {type(value).__module__}.{type(value).__qualname__}"
+
+
+def _splits_from_value(where: _Where, value: Any, max_bytes: int) -> dict[str, tuple]:
+    """The splits in what a user's function returned or passed: ``(x, y)``, a dataset, or a dict
+    of splits (``train``/``val``/``validation``/``test``, or the .npz key names)."""
+    if not isinstance(value, dict):
+        return {"train": _read_pair(where, value, "train", max_bytes)}
+    keys = [str(key) for key in value]
+    if all(key in SPLIT_NAMES for key in keys):
+        splits: dict[str, tuple] = {}
+        for key, item in value.items():
+            if SPLIT_NAMES[key] in splits:
+                raise where.error(f"two entries for the {SPLIT_NAMES[key]} split: {keys}.")
+            splits[SPLIT_NAMES[key]] = _read_pair(where, item, SPLIT_NAMES[key], max_bytes)
+        if "train" in splits:
+            return splits
+    elif set(keys) <= _NPZ_NAMES and all(isinstance(key, str) for key in value):
+        return {split: _read_pair(where, (value[x_key], value[y_key]), split, max_bytes)
+                for split, x_key, y_key in _npz_keys(where, keys)}
+    raise where.error(
+        "a dict of splits needs 'train' (and optionally 'val' or 'validation', and 'test'), each "
+        "(x, y) or a dataset; or the keys x_train, y_train (x_val, y_val, x_test, y_test). "
+        f"Received keys: {keys}.")
+
+
+def _user_line(error: BaseException, path: Path) -> str:
+    """`` (at FILE:LINE)`` for the deepest frame of ``error`` in the user's file, if any."""
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__)
+              if Path(frame.filename).resolve() == path.resolve()]
+    return f" (at {path.name}:{frames[-1].lineno})" if frames else ""
+
+
+def _load_function(where: _Where, file_text: str, function: str, max_bytes: int) -> dict:
+    with path_errors(file_text, "data source", DataError):
+        path = Path(file_text)
+        found = path.is_file()
+    if not found:
+        raise where.error(f"Python file {file_text!r} not found (expected FILE.py:FUNCTION).")
+    if not function.isidentifier():
+        raise where.error(f"{function!r} is not a function name (expected FILE.py:FUNCTION).")
+    digest = hashlib.blake2b(str(path.resolve()).encode(), digest_size=6).hexdigest()
+    module_name = f"kbackend_user_data_{path.stem}_{digest}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise where.error(f"{file_text!r} cannot be imported as a Python module.")
+    module = importlib.util.module_from_spec(spec)
+    folder = str(path.resolve().parent)
+    sys.path.insert(0, folder)  # its own helper modules import, as when run as a script
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as error:
+        sys.modules.pop(module_name, None)
+        raise where.error(f"syntax error at {path.name}:{error.lineno}: {error.msg}.") from None
+    except Exception as error:
+        sys.modules.pop(module_name, None)
+        raise where.error(f"importing {path.name} raised {_reason(error)}"
+                          f"{_user_line(error, path)}.") from None
+    finally:
+        if folder in sys.path:
+            sys.path.remove(folder)
+    target = getattr(module, function, None)
+    if not callable(target):
+        defined = sorted(name for name, item in vars(module).items() if inspect.isfunction(item)
+                         and item.__module__ == module_name and not name.startswith("_"))
+        what = "is not a function" if target is not None else "is not defined"
+        raise where.error(f"{function!r} {what} in {path.name}. Functions there: {defined}.")
+    _check_no_arguments(where, target, f"{path.name}:{function}")
+    try:
+        result = target()
+    except Exception as error:
+        raise where.error(f"{path.name}:{function}() raised {_reason(error)}"
+                          f"{_user_line(error, path)}.") from None
+    return _splits_from_value(where, result, max_bytes)
+
+
+def _check_no_arguments(where: _Where, function: Callable, label: str) -> None:
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return
+    required = [p.name for p in parameters if p.default is p.empty
+                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if required:
+        raise where.error(f"{label} needs arguments {required}: it is called with none.")
+
+
+# --- the two entry points --------------------------------------------------------------------
+
+
+def _function_parts(source: str) -> tuple[str, str] | None:
+    head, separator, tail = source.rpartition(":")
+    return (head, tail) if separator and head.lower().endswith(".py") else None
+
+
+def _check_max_bytes(max_bytes: int | None) -> int:
+    if max_bytes is None:
+        return default_max_bytes()
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+        raise DataError(f"Invalid max_bytes {max_bytes!r}: expected a positive integer.")
+    return max_bytes
+
+
+def load_source(source: str, *, label: str | None = None, seed: int = 0,
+                max_bytes: int | None = None,
+                image_size: tuple[int, int] | None = None) -> UserData:
+    """Read the user's data at ``source`` (see the module doc for the forms) into arrays.
+
+    ``label``: a CSV source's label column (any other source refuses it). ``seed``: the order
+    the folder readers shuffle files into. ``max_bytes``: the most the data may take in memory
+    (default: half the memory available). ``image_size``: (height, width) for image folders
+    (default: the first image's size).
+    """
+    where = _Where(f"data source {str(source)[:200]!r}")
+    if not isinstance(source, str) or not source.strip():
+        raise where.error("expected a .npz or .csv file, a folder, tfds:NAME or FILE.py:FUNCTION.")
+    limit = _check_max_bytes(max_bytes)
+    function = _function_parts(source)
+    path: Path | None = None
+    if not source.startswith(TFDS_PREFIX) and function is None:
+        with path_errors(source, "data source", DataError):
+            path = Path(source)
+            is_csv = path.suffix.lower() == ".csv" and path.is_file()
+        if label is not None and not is_csv:
+            raise where.error(f"label={label!r} names a CSV source's label column; this source "
+                              "is not a CSV file.")
+    elif label is not None:
+        raise where.error(f"label={label!r} names a CSV source's label column; this source is "
+                          "not a CSV file.")
+    common = {"source": source}
+    if source.startswith(TFDS_PREFIX):
+        splits, class_names, notes = _load_tfds(where, source[len(TFDS_PREFIX):], limit)
+        return _finish(where, name=source, kind="tfds", splits=splits, class_names=class_names,
+                       notes=notes, **common)
+    if function is not None:
+        file_text, function_name = function
+        splits = _load_function(where, file_text, function_name, limit)
+        return _finish(where, name=f"{Path(file_text).name}:{function_name}", kind="function",
+                       splits=splits, **common)
+    assert path is not None
+    with path_errors(source, "data source", DataError):
+        is_dir, is_file = path.is_dir(), path.is_file()
+    if is_dir:
+        kind, splits, class_names, notes = _load_folder(where, path, seed=seed, max_bytes=limit,
+                                                        image_size=image_size)
+        return _finish(where, name=path.resolve().name, kind=kind, splits=splits,
+                       class_names=class_names, notes=notes, **common)
+    suffix = path.suffix.lower()
+    if not is_file:
+        builtin = "" if suffix or os.sep in source else (
+            f" It is not a built-in dataset either ({', '.join(_builtin_names())}).")
+        raise where.error(f"no such file or folder.{builtin}")
+    if suffix == ".npz":
+        return _finish(where, name=path.name, kind="arrays", splits=_load_npz(where, path, limit),
+                       **common)
+    if suffix == ".csv":
+        x, y = _load_csv(where, path, label, limit)
+        return _finish(where, name=path.name, kind="csv", splits={"train": (x, y)}, **common)
+    if suffix == ".npy":
+        raise where.error("a .npy file holds one array, not a dataset: save inputs and labels "
+                          "together, numpy.savez(PATH.npz, x_train=x, y_train=y).")
+    if suffix == ".py":
+        raise where.error("a Python source names its function: FILE.py:FUNCTION.")
+    raise where.error("expected a .npz or .csv file, a folder of class subfolders, tfds:NAME or "
+                      f"FILE.py:FUNCTION. Received a {suffix or 'suffix-less'} file.")
+
+
+def from_python(x: Any, y: Any = None, *, validation_data: Any = None, name: str = "arrays",
+                max_bytes: int | None = None) -> UserData:
+    """The data a Python caller passes, as ``fit`` takes it: ``x`` and ``y`` arrays; or ``x``
+    alone as a ``tf.data.Dataset`` of ``(x, y)`` (batched or not), a ``keras.utils.PyDataset``,
+    an ``(x, y)`` tuple or a dict of splits. ``validation_data``: ``(x_val, y_val)`` or a
+    dataset. Datasets are read into memory, at most ``max_bytes``."""
+    where = _Where(f"data {name!r}")
+    limit = _check_max_bytes(max_bytes)
+    if y is None:
+        splits = _splits_from_value(where, x, limit)
+    elif _is_tf_dataset(x) or _is_py_dataset(x) or isinstance(x, dict):
+        raise where.error(f"x is {_type_words(x)}, which holds its own labels: pass y=None.")
+    else:
+        splits = {"train": _read_pair(where, (x, y), "train", limit)}
+    if validation_data is not None:
+        if "val" in splits:
+            raise where.error("validation data given twice: in x's splits and validation_data.")
+        splits["val"] = _read_pair(where, validation_data, "val", limit)
+    return _finish(where, name=name, source=name, kind="arrays", splits=splits)

@@ -1,0 +1,606 @@
+"""Where a model comes from: a built-in builder, a ``.keras`` file, a builder function in a Python
+file or module, or (from Python) a ``keras.Model`` or a callable.
+
+``parse_model_source(value)`` names the source and does every cheap check before anything is
+built or trained: a file exists, a ``.keras`` archive's zip directory holds only what Keras writes
+and is not too large (read header-first, never extracted), it has no ``Lambda`` layer unless
+``unsafe_deserialization``; a builder file parses and defines its function. ``ModelSource.build``
+then makes one model per seed:
+
+=============================  ==========================================================
+``seed_mlp``, ``mlp``, ...     ``kbackend.models.build_model`` (the options apply)
+``PATH.keras``                 a clone with fresh weights from the model's own initializers
+                               and its compile settings; ``from_weights``: the saved weights
+``FILE.py:FUNCTION``           the function called with no arguments, or with
+``package.module:FUNCTION``    ``input_shape=`` / ``num_classes=`` where it names them
+a ``keras.Model``              a clone (Sequential or functional models) with fresh weights,
+                               or with its current weights (``from_weights``)
+a callable                     as a builder function
+=============================  ==========================================================
+
+Fresh weights come from ``kbackend.backends.impl().set_random_seed(seed)`` before the model is
+made: the same seed gives the same weights (an initializer with a seed of its own keeps it).
+Every model is checked against the data (``check_model_matches``): one input and one output, the
+input shape the data's. Errors are one-line ``ModelError``s (a ``ConfigError``: exit status 2).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import re
+import struct
+import sys
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import ModuleType
+from typing import Any, BinaryIO
+
+from kbackend.backend_choice import keras as import_keras
+from kbackend.backends import impl
+from kbackend.data import DatasetInfo
+from kbackend.errors import ConfigError, path_errors
+from kbackend.models import (
+    BYTES_PER_TRAINING_PARAM,
+    MODELS,
+    ModelOptions,
+    available_memory,
+    build_model,
+    model_layout,
+)
+
+KINDS = ("builtin", "keras_file", "builder", "instance")
+UNSAFE_FLAG = "--unsafe-deserialization"
+# What a .keras archive may hold (Keras's saving_lib), and the header-first limits on it.
+KERAS_MEMBERS = ("config.json", "metadata.json", "model.weights.h5", "model.weights.npz")
+ASSETS_FOLDER = "assets/"
+MAX_MEMBERS = 1000
+MAX_UNCOMPRESSED_BYTES = 4 * 2**30
+MAX_CONFIG_BYTES = 64 * 2**20
+# A central-directory entry is 46 bytes plus its name, extra field and comment.
+_MAX_DIRECTORY_BYTES_PER_MEMBER = 4096
+MAX_BUILDER_SOURCE_BYTES = 16 * 2**20
+# The keyword arguments a builder function may name.
+BUILDER_ARGUMENTS = ("input_shape", "num_classes")
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_LAMBDA_CLASSES = ("Lambda", "__lambda__")
+
+
+class ModelError(ConfigError):
+    """A model file or model source is missing, does not load, or is not a model kbackend can
+    train or serve."""
+
+
+def _one_line(error: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(error).split())[:limit]
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _shape(shape: tuple[int | None, ...]) -> str:
+    return "(N, " + ", ".join("?" if d is None else str(d) for d in shape) + ")"
+
+
+# --- .keras archives, header first ---------------------------------------------------------------
+
+
+def _directory_size(file: BinaryIO, size: int) -> tuple[int, int]:
+    """(members, bytes) of a zip's central directory, from its end record (and the zip64 end
+    record where the plain one overflows), read before anything else of the archive."""
+    tail_length = min(size, 22 + 65535)
+    file.seek(size - tail_length)
+    tail = file.read(tail_length)
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or len(tail) - at < 22:
+        raise zipfile.BadZipFile("no end of central directory record")
+    members, directory_bytes = struct.unpack("<HI", tail[at + 10:at + 16])
+    if members == 0xFFFF or directory_bytes == 0xFFFFFFFF:
+        locator_at = size - tail_length + at - 20
+        if locator_at < 0:
+            raise zipfile.BadZipFile("no zip64 end of central directory locator")
+        file.seek(locator_at)
+        signature, _, record_at, _ = struct.unpack("<4sIQI", file.read(20))
+        if signature != b"PK\x06\x07" or record_at > size - 56:
+            raise zipfile.BadZipFile("bad zip64 end of central directory locator")
+        file.seek(record_at)
+        record = file.read(56)
+        if record[:4] != b"PK\x06\x06":
+            raise zipfile.BadZipFile("bad zip64 end of central directory record")
+        members, directory_bytes = struct.unpack("<QQ", record[32:48])
+    return members, directory_bytes
+
+
+def _expected_member(name: str) -> bool:
+    if name in KERAS_MEMBERS:
+        return True
+    parts = name.split("/")
+    return (name.startswith(ASSETS_FOLDER) and "\\" not in name and "\x00" not in name
+            and ".." not in parts)
+
+
+def check_model_file(path: str | os.PathLike, *, max_members: int = MAX_MEMBERS,
+                     max_bytes: int = MAX_UNCOMPRESSED_BYTES,
+                     max_config_bytes: int = MAX_CONFIG_BYTES) -> Path:
+    """``path`` if it is a ``.keras`` archive Keras may open, else a one-line ``ModelError``.
+
+    Cheap, and header-first (commands call it before they open a cache or import Keras): the
+    zip's end record and central directory are read, nothing is extracted. Refused: a missing,
+    empty or non-zip file, a folder; more than ``max_members`` members; a member other than
+    ``config.json``, ``metadata.json``, ``model.weights.h5`` (or ``.npz``) and ``assets/...``;
+    no ``config.json``; members that unpack to more than ``max_bytes`` bytes in all, or a
+    ``config.json`` over ``max_config_bytes``.
+    """
+    with path_errors(path, "model path", ModelError):
+        path = Path(path)
+        exists = path.exists()
+        is_dir = exists and path.is_dir()
+        size = path.stat().st_size if exists else 0
+        is_zip = exists and not is_dir and size > 0 and zipfile.is_zipfile(path)
+    shown = repr(str(path))
+    if not exists:
+        raise ModelError(f"Model file {shown} not found: expected a .keras file (saved by "
+                         "kbackend train --save or keras.Model.save).")
+    if is_dir or path.suffix != ".keras":
+        raise ModelError(
+            f"Invalid model {shown}: expected a .keras file (a SavedModel folder is an export "
+            "format for TF Serving, not an input of this command)."
+        )
+    # Keras reports an empty or truncated archive as "File not found": say what it is.
+    if size == 0:
+        raise ModelError(f"Model file {shown} is empty (0 bytes): expected a .keras archive "
+                         "saved by kbackend train --save or keras.Model.save.")
+    not_zip = ModelError(f"Model file {shown} is not a .keras archive ({size} bytes, no zip "
+                         "directory): the file is truncated or not a Keras model.")
+    if not is_zip:
+        raise not_zip
+    refused = f"Model file {shown} is refused before loading:"
+    try:
+        with open(path, "rb") as file:
+            members, directory_bytes = _directory_size(file, size)
+    except (OSError, zipfile.BadZipFile, struct.error, ValueError):
+        raise not_zip from None
+    if members > max_members:
+        raise ModelError(f"{refused} its zip directory lists {members} members, expected at "
+                         f"most {max_members} (a .keras archive holds config.json, "
+                         "metadata.json, model.weights.h5 and assets/).")
+    if directory_bytes > max(members, 1) * _MAX_DIRECTORY_BYTES_PER_MEMBER:
+        raise ModelError(f"{refused} its zip directory is {directory_bytes} bytes for "
+                         f"{members} members.")
+    try:  # the central directory only, its size now known to be small
+        with zipfile.ZipFile(path) as archive:
+            infos = archive.infolist()
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError):
+        raise not_zip from None
+    if len(infos) > max_members:
+        raise ModelError(f"{refused} it holds {len(infos)} members, expected at most "
+                         f"{max_members}.")
+    names = [info.filename for info in infos]
+    for info in infos:
+        if not _expected_member(info.filename):
+            raise ModelError(
+                f"Model file {shown} does not load as a Keras model: unexpected member "
+                f"{info.filename[:80]!r} (a .keras archive holds only config.json, "
+                "metadata.json, model.weights.h5 and assets/).")
+    if len(set(names)) != len(names):
+        twice = next(name for name in names if names.count(name) > 1)
+        raise ModelError(f"{refused} member {twice[:80]!r} appears more than once.")
+    if "config.json" not in names:
+        raise ModelError(f"Model file {shown} does not load as a Keras model: no config.json "
+                         "in the archive.")
+    total = sum(info.file_size for info in infos)
+    if total > max_bytes:
+        raise ModelError(f"{refused} its members unpack to {total} bytes, expected at most "
+                         f"{max_bytes}.")
+    config_bytes = next(info.file_size for info in infos if info.filename == "config.json")
+    if config_bytes > max_config_bytes:
+        raise ModelError(f"{refused} its config.json is {config_bytes} bytes, expected at most "
+                         f"{max_config_bytes}.")
+    return path
+
+
+def _read_config(path: Path) -> Any:
+    """The parsed ``config.json`` of an archive ``check_model_file`` passed (its size capped)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return json.loads(archive.read("config.json"))
+    except (OSError, zipfile.BadZipFile, ValueError, RecursionError) as error:
+        raise ModelError(f"Model file {str(path)!r} does not load as a Keras model: its "
+                         f"config.json does not read as JSON ({_one_line(error, 120)}).") from None
+
+
+def _has_lambda(config: Any) -> bool:
+    """Whether a Keras config holds a ``Lambda`` layer or a serialized Python lambda."""
+    stack = [config]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if item.get("class_name") in _LAMBDA_CLASSES:
+                return True
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def _lambda_error(path: Path | str) -> ModelError:
+    return ModelError(f"Model file {str(path)!r} has a Lambda layer, whose Python code runs "
+                      f"when it loads: refused in safe mode. Pass {UNSAFE_FLAG} "
+                      "(unsafe_deserialization=True) only for a file you trust.")
+
+
+def _load_keras(path: Path, unsafe_deserialization: bool) -> Any:
+    keras = import_keras()
+    try:
+        return keras.saving.load_model(path, safe_mode=not unsafe_deserialization)
+    except Exception as error:  # Keras raises many types for a bad file; all mean "does not load"
+        if "safe_mode" in str(error) and not unsafe_deserialization:
+            raise _lambda_error(path) from None
+        raise ModelError(f"Model file {str(path)!r} does not load as a Keras model: "
+                         f"{_one_line(error)}") from None
+
+
+# --- builder functions ---------------------------------------------------------------------------
+
+
+def _top_level_names(tree: ast.Module) -> tuple[set[str], list[str], bool]:
+    """(names a module binds at its top level, the functions and classes it defines there,
+    whether it has a ``from ... import *``), looking into ``if`` / ``try`` / ``with`` blocks."""
+    names: set[str] = set()
+    callables: list[str] = []
+    star = False
+    statements = list(tree.body)
+    while statements:
+        node = statements.pop(0)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+            callables.append(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            for alias in node.names:
+                star = star or alias.name == "*"
+                names.add(alias.asname or alias.name.split(".")[0])
+        for block in ("body", "orelse", "finalbody", "handlers"):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                statements.extend(getattr(node, block, []))
+    return names, callables, star
+
+
+def _check_builder_source(path: Path, function: str) -> None:
+    """A one-line ``ModelError`` unless the Python file ``path`` parses and binds ``function``
+    at its top level (read, not run: nothing of the user's code runs before the build)."""
+    with path_errors(path, "builder file", ModelError):
+        exists = path.is_file()
+        size = path.stat().st_size if exists else 0
+    if not exists:
+        raise ModelError(f"Builder file {str(path)!r} not found: expected FILE.py:FUNCTION, a "
+                         "Python file defining a function that returns a keras.Model.")
+    if size > MAX_BUILDER_SOURCE_BYTES:
+        raise ModelError(f"Builder file {str(path)!r} is {size} bytes, expected at most "
+                         f"{MAX_BUILDER_SOURCE_BYTES}.")
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except SyntaxError as error:
+        raise ModelError(f"Builder file {path}:{error.lineno or 0}: syntax error: "
+                         f"{error.msg}.") from None
+    except (OSError, ValueError) as error:
+        raise ModelError(f"Builder file {str(path)!r} does not read as Python: "
+                         f"{_one_line(error)}.") from None
+    names, callables, star = _top_level_names(tree)
+    if function not in names and not star:
+        raise ModelError(f"Builder file {str(path)!r} defines no {function!r}: its functions and "
+                         f"classes are {', '.join(callables) or 'none'}.")
+
+
+def _import_file(path: Path) -> ModuleType:
+    """The module of the Python file ``path``, imported once per version of the file, under a
+    name made from its path (kept in ``sys.modules``: Keras's registered classes live there).
+    While it runs, its folder is first on ``sys.path``, so it may import its neighbours."""
+    path = path.resolve()
+    stat = path.stat()
+    tag = hashlib.blake2b(f"{path}:{stat.st_mtime_ns}:{stat.st_size}".encode(),
+                          digest_size=6).hexdigest()
+    name = f"kbackend_builder_{re.sub(r'[^0-9A-Za-z_]', '_', path.stem)}_{tag}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ModelError(f"Builder file {str(path)!r} does not import as a Python module.")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:
+        del sys.modules[name]
+        raise ModelError(f"Builder file {str(path)!r} failed to import: "
+                         f"{_one_line(error)}") from error
+    finally:
+        if str(path.parent) in sys.path:
+            sys.path.remove(str(path.parent))
+    return module
+
+
+def _import_module(name: str) -> ModuleType:
+    try:
+        return importlib.import_module(name)
+    except Exception as error:
+        raise ModelError(f"Builder module {name!r} failed to import: "
+                         f"{_one_line(error)}") from error
+
+
+def _call_builder(builder: Callable[..., Any], info: DatasetInfo, name: str) -> Any:
+    """What ``builder`` returns, called with the ``BUILDER_ARGUMENTS`` its signature names."""
+    keras = import_keras()
+    try:
+        signature: inspect.Signature | None = inspect.signature(builder)
+    except (TypeError, ValueError):  # some callables written in C have none: call them bare
+        signature = None
+    values = {"input_shape": tuple(info.input_shape), "num_classes": info.num_classes}
+    arguments = {key: values[key] for key in BUILDER_ARGUMENTS
+                 if signature is not None and key in signature.parameters}
+    if signature is not None:
+        try:
+            signature.bind(**arguments)
+        except TypeError:
+            raise ModelError(f"Builder {name!r} must be callable with no arguments, or with "
+                             f"input_shape= and/or num_classes=; its signature is "
+                             f"{str(signature)[:120]}.") from None
+    try:
+        model = builder(**arguments)
+    except Exception as error:
+        raise ModelError(f"Builder {name!r} raised {_one_line(error)}") from error
+    if not isinstance(model, keras.Model):
+        kind = type(model)
+        raise ModelError(f"Builder {name!r} returned {kind.__module__}.{kind.__qualname__}, "
+                         "expected a keras.Model.")
+    return model
+
+
+# --- models: graph or subclassed, checks, copies -------------------------------------------------
+
+
+def _is_graph_model(model: Any) -> bool:
+    """Whether ``model`` is a Sequential or functional model (``clone_model`` rebuilds those)."""
+    keras = import_keras()
+    from keras.src.models.functional import Functional  # deferred: Keras after the backend choice
+
+    return isinstance(model, keras.Sequential | Functional)
+
+
+def _fresh_copy(model: Any, name: str, *, weights: bool = False, safe_mode: bool = True) -> Any:
+    """A clone of the graph model ``model`` (new layers, fresh weights from their initializers
+    under the current seed; ``weights``: its weights copied), compiled as ``model`` was.
+    ``safe_mode=False`` lets the clone rebuild ``Lambda`` layers (their code is loaded already)."""
+    keras = import_keras()
+    from keras.src.saving.serialization_lib import (  # deferred: Keras after the backend choice
+        SafeModeScope,
+    )
+
+    if not _is_graph_model(model):
+        raise ModelError(f"Model {name!r} is a subclassed model ({type(model).__qualname__}), "
+                         "which cannot be cloned with fresh weights: pass a builder instead "
+                         "(FILE.py:FUNCTION, or a function returning the model).")
+    with SafeModeScope(safe_mode):
+        clone = keras.models.clone_model(model)
+    if weights:
+        clone.set_weights(model.get_weights())
+    compile_config = model.get_compile_config() if getattr(model, "compiled", False) else None
+    if compile_config:
+        # kbackend's engines replace the optimizer; the loss and metrics define the task.
+        clone.compile_from_config(compile_config)
+    return clone
+
+
+def check_model_matches(model: Any, info: DatasetInfo, name: str = "model") -> None:
+    """A one-line ``ModelError`` unless ``model`` takes one input of the data's shape
+    (``info.input_shape``; a dimension the model leaves open matches any) and gives one output.
+
+    An unbuilt Sequential model is built for the data's shape; a subclassed model is called on a
+    symbolic batch of it. Output units against classes are the task's check, not this one.
+    """
+    keras = import_keras()
+    shape = tuple(info.input_shape)
+    data = f"the data ({info.name}) has {_shape(shape)}"
+    if isinstance(model, keras.Sequential) and not model.built:
+        try:
+            model.build((None, *shape))
+        except Exception as error:
+            raise ModelError(f"Model {name!r} does not build for inputs of shape {_shape(shape)} "
+                             f"({info.name}): {_one_line(error, 200)}") from None
+    if _is_graph_model(model):
+        inputs, outputs = len(model.inputs), len(model.outputs)
+        if inputs != 1 or outputs != 1:
+            raise ModelError(f"Model {name!r} has {inputs} inputs and {outputs} outputs: "
+                             "kbackend trains models with one input and one output.")
+        got = tuple(model.inputs[0].shape[1:])
+        if len(got) != len(shape) or any(g is not None and g != w
+                                         for g, w in zip(got, shape, strict=True)):
+            raise ModelError(f"Model {name!r} takes inputs of shape {_shape(got)}, {data}: "
+                             "expected a model whose input matches the data (a Reshape layer "
+                             "adapts one).")
+        return
+    try:
+        output = model(keras.KerasTensor((None, *shape)))
+    except Exception as error:
+        raise ModelError(f"Model {name!r} does not take inputs of shape {_shape(shape)} "
+                         f"({info.name}): {_one_line(error, 200)}") from None
+    outputs = len(keras.tree.flatten(output))
+    if outputs != 1:
+        raise ModelError(f"Model {name!r} has {outputs} outputs: kbackend trains models with one "
+                         "input and one output.")
+
+
+def _check_fits(model: Any, name: str) -> None:
+    """``models.check_model_fits`` for a model that exists: its training state must fit."""
+    params = int(model.count_params())
+    needed = params * BYTES_PER_TRAINING_PARAM
+    available = available_memory()
+    if needed > available:
+        raise ModelError(f"Model {name!r} is too large to train here: {params:.3g} parameters "
+                         f"need {needed / 2**30:.3g} GiB of training state, "
+                         f"{available / 2**30:.3g} GiB is available.")
+
+
+# --- the source ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a run's model comes from; ``build`` makes one model per seed.
+
+    ``kind`` is one of ``KINDS``; ``name`` is what histories and reports call the model
+    (``seed_mlp``, ``my.keras``, ``models.py:build``, ``pkg.models:build``, a model's name).
+    """
+
+    kind: str
+    name: str
+    # The .keras file or the builder's Python file.
+    path: Path | None = None
+    # The builder's module (``package.module:FUNCTION``) and function.
+    module: str | None = None
+    function: str | None = None
+    from_weights: bool = False
+    unsafe_deserialization: bool = False
+    # The keras.Model (kind "instance") or the callable (kind "builder" from Python).
+    obj: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def builtin(self) -> bool:
+        """Whether this is one of ``kbackend.models``' builders (its options apply)."""
+        return self.kind == "builtin"
+
+    @property
+    def layout(self) -> str:
+        """The data layout the model takes: a built-in's own, else ``spatial`` (the data's
+        own shape, which ``check_model_matches`` holds the model's input to)."""
+        return model_layout(self.name) if self.builtin else "spatial"
+
+    def build(self, info: DatasetInfo, options: ModelOptions | None = None, *,
+              seed: int | None = None) -> Any:
+        """A new ``keras.Model`` for the data ``info`` describes, its weights made under
+        ``seed`` (default: ``options.seed``, else 0), checked by ``check_model_matches``.
+
+        Built-ins are built by ``models.build_model`` with ``options``; the other kinds take
+        only the seed from them.
+        """
+        seed = seed if seed is not None else (options.seed if options is not None else 0)
+        if self.builtin:
+            return build_model(self.name, info, replace(options or ModelOptions(), seed=seed))
+        impl().set_random_seed(seed)
+        model = self._make(info, seed)
+        check_model_matches(model, info, self.name)
+        _check_fits(model, self.name)
+        return model
+
+    def _make(self, info: DatasetInfo, seed: int) -> Any:
+        if self.kind == "keras_file":
+            assert self.path is not None
+            model = _load_keras(self.path, self.unsafe_deserialization)
+            if self.from_weights:
+                return model
+            impl().set_random_seed(seed)  # the clone's weights depend on the seed alone
+            return _fresh_copy(model, self.name, safe_mode=not self.unsafe_deserialization)
+        if self.kind == "instance":  # the user's own objects: no code comes from a file
+            return _fresh_copy(self.obj, self.name, weights=self.from_weights, safe_mode=False)
+        return _call_builder(self._builder(), info, self.name)
+
+    def _builder(self) -> Callable[..., Any]:
+        if self.obj is not None:
+            return self.obj
+        import_keras()  # the backend is chosen before the user's module imports Keras
+        if self.path is not None:
+            module = _import_file(self.path)
+        else:
+            assert self.module is not None
+            module = _import_module(self.module)
+        builder = getattr(module, self.function or "", None)
+        if builder is None or not callable(builder):
+            own = sorted(key for key, value in vars(module).items() if callable(value)
+                         and getattr(value, "__module__", None) == module.__name__)
+            what = "defines no" if builder is None else "has a non-callable"
+            raise ModelError(f"Builder {self.name!r}: the module {what} {self.function!r}; its "
+                             f"functions and classes are {', '.join(own) or 'none'}.")
+        return builder
+
+
+def _builder_source(text: str) -> ModelSource:
+    location, _, function = text.rpartition(":")
+    if not function.isidentifier():
+        raise ModelError(f"Invalid model {text!r}: expected FILE.py:FUNCTION or "
+                         "package.module:FUNCTION, with a function name after the colon.")
+    if location.endswith(".py"):
+        path = Path(location)
+        _check_builder_source(path, function)
+        return ModelSource("builder", f"{path.name}:{function}", path=path, function=function)
+    if not _MODULE_NAME.fullmatch(location):
+        raise ModelError(f"Invalid model {text!r}: expected FILE.py:FUNCTION or "
+                         "package.module:FUNCTION.")
+    try:
+        spec = importlib.util.find_spec(location)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        raise ModelError(f"Builder module {location!r} not found: expected a module on the "
+                         "Python path (PYTHONPATH), or FILE.py:FUNCTION.")
+    if spec.origin and spec.origin.endswith(".py"):
+        _check_builder_source(Path(spec.origin), function)
+    return ModelSource("builder", text, module=location, function=function)
+
+
+def parse_model_source(value: Any, *, unsafe_deserialization: bool = False,
+                       from_weights: bool = False) -> ModelSource:
+    """The ``ModelSource`` ``value`` names, after every check that needs nothing built.
+
+    ``value``: a built-in model name, a ``.keras`` path, ``FILE.py:FUNCTION``,
+    ``package.module:FUNCTION``, a ``keras.Model`` or a callable returning one (or a
+    ``ModelSource``, returned as it is). ``from_weights``: build with the weights of the file
+    or model instead of fresh ones. ``unsafe_deserialization``: allow a ``.keras`` file's
+    ``Lambda`` layers (their code runs when it loads).
+    """
+    if isinstance(value, ModelSource):
+        return value
+    if isinstance(value, str | os.PathLike):
+        text = str(os.fspath(value))
+        if isinstance(value, str) and value in MODELS:
+            source = ModelSource("builtin", value)
+        elif text.endswith(".keras"):
+            path = check_model_file(text)
+            if not unsafe_deserialization and _has_lambda(_read_config(path)):
+                raise _lambda_error(path)
+            source = ModelSource("keras_file", path.name, path=path, from_weights=from_weights,
+                                 unsafe_deserialization=unsafe_deserialization)
+        elif ":" in text:
+            source = _builder_source(text)
+        else:
+            raise ModelError(f"Unknown model. Expected one of {sorted(MODELS)}, a .keras file, "
+                             f"FILE.py:FUNCTION or package.module:FUNCTION. Received: {text!r}.")
+    else:
+        keras = import_keras()
+        if isinstance(value, keras.Model):
+            if not _is_graph_model(value):
+                raise ModelError(
+                    f"Model {value.name!r} is a subclassed model ({type(value).__qualname__}), "
+                    "which cannot be cloned with fresh weights: pass a builder instead (a "
+                    "function returning the model, or FILE.py:FUNCTION).")
+            source = ModelSource("instance", value.name, from_weights=from_weights, obj=value)
+        elif callable(value):
+            module = getattr(value, "__module__", None) or "?"
+            function = getattr(value, "__qualname__", None) or type(value).__qualname__
+            source = ModelSource("builder", f"{module}:{function}", obj=value)
+        else:
+            raise ModelError("Invalid model: expected a model name, a .keras path, "
+                             "FILE.py:FUNCTION, a keras.Model or a builder function. Received: "
+                             f"{type(value).__qualname__}.")
+    if from_weights and source.kind not in ("keras_file", "instance"):
+        raise ModelError(f"Invalid from_weights for model {source.name!r}: weights come from a "
+                         f".keras file or a keras.Model, and a {source.kind} model has none.")
+    return source

@@ -1,0 +1,188 @@
+"""A workload: the user's model (or a built-in one), their data, and the task that ties them.
+
+``prepare_workload`` turns what a user names (a model source, a data source or arrays) into a
+validated ``Dataset``, a ``ModelSource`` that builds one model per seed, and the ``Task`` every
+engine trains (the model's compiled loss and metric, else inferred from the labels), with every
+check done before any training: model input vs data shape, output units vs classes, labels the
+loss cannot take. ``train`` and ``study`` both start here, so they treat a model the same way.
+
+Splits: the source's own validation and test splits are used as given. Without a validation
+split, one is held out of the training data (``validation_fraction``, drawn by the seed, as for
+the built-in datasets); without a test split, one of the same size is held out first, by a
+fixed draw that does not depend on the seed (every seed's runs are tested on the same samples).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kbackend import data as data_module
+from kbackend.data import user as user_data
+from kbackend.errors import DataError
+from kbackend.model_sources import ModelSource, parse_model_source
+from kbackend.models import ModelOptions
+from kbackend.task import CLASSIFICATION, Task, output_units, task_of_model
+
+# The fixed draw behind a held-out test split (independent of the run's seed).
+TEST_SPLIT_SEED = 1_000_003
+
+
+@dataclass
+class Workload:
+    """A model source, the data as validated splits, and the task the engines train."""
+
+    source: ModelSource
+    dataset: data_module.Dataset
+    task: Task
+    options: ModelOptions = field(default_factory=ModelOptions)
+    # Lines a command prints before training (the inferred task, held-out splits, ...).
+    notes: list[str] = field(default_factory=list)
+    _first: Any = field(default=None, repr=False)
+
+    @property
+    def model_name(self) -> str:
+        return self.source.name
+
+    def build(self, seed: int | None = None) -> Any:
+        """A fresh model for seed ``seed`` (default: the options' seed)."""
+        seed = self.options.seed if seed is None else seed
+        if self._first is not None and self._first[0] == seed:
+            model, self._first = self._first[1], None  # built once while preparing: reused
+            return model
+        return self.source.build(self.dataset.info, self.options, seed=seed)
+
+
+def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = None,
+                     y: Any = None, validation_data: Any = None, label: str | None = None,
+                     validation_fraction: float = 0.1, seed: int = 0,
+                     data_dir: str | None = None, options: ModelOptions | None = None,
+                     target_metric: str | None = None, unsafe_deserialization: bool = False,
+                     from_weights: bool = False) -> Workload:
+    """The workload of ``model`` (a name, a ``.keras`` path, ``FILE.py:FUNCTION``, a
+    ``keras.Model`` or a builder) on ``data`` (a built-in dataset name or a data source string,
+    ``kbackend.data.user``) or on arrays / a ``tf.data.Dataset`` given as ``x`` (and ``y``,
+    ``validation_data``). ``target_metric`` (``val_mae``, ...) picks the metric the engines
+    report among the model's compiled ones. Raises a one-line ``KBackendError`` on bad input."""
+    options = options or ModelOptions(seed=seed)
+    source = parse_model_source(model, unsafe_deserialization=unsafe_deserialization,
+                                from_weights=from_weights)
+    notes: list[str] = []
+    if x is None and isinstance(data, str) and data in data_module.DATASETS:
+        if not source.builtin:  # the data's own shape (a model's Reshape layer adapts it)
+            dataset = data_module.load(data, layout="spatial", validation_fraction=
+                                       validation_fraction, seed=seed, data_dir=data_dir)
+        else:
+            dataset = data_module.load(data, layout=source.layout,
+                                       data_format=options.data_format,
+                                       validation_fraction=validation_fraction, seed=seed,
+                                       data_dir=data_dir)
+            return Workload(source, dataset, CLASSIFICATION, options, notes)
+        splits = {"train": (dataset.x_train, dataset.y_train), "val": (dataset.x_val,
+                  dataset.y_val), "test": (dataset.x_test, dataset.y_test)}
+        name, kind = data, "builtin"
+    else:
+        loaded = (user_data.from_python(x, y, validation_data=validation_data)
+                  if x is not None else user_data.load_source(data, label=label, seed=seed))
+        splits, name, kind = dict(loaded.splits), loaded.name, loaded.kind
+        notes.extend(loaded.notes)
+    metric = target_metric[len("val_"):] if target_metric and target_metric != "val_loss" \
+        else None
+    if source.builtin and source.layout == "flat":  # a built-in MLP takes rows of features
+        splits = {k: (np.reshape(v[0], (len(v[0]), -1)), v[1]) for k, v in splits.items()}
+    x_train, y_train = splits["train"]
+    info = _provisional_info(name, x_train, y_train)
+    first = source.build(info, options, seed=options.seed)
+    task = CLASSIFICATION if source.builtin else task_of_model(first, y_train,
+                                                               prefer_metric=metric)
+    if task.source == "inferred":
+        notes.append(f"task inferred from the labels (the model is not compiled): "
+                     f"{task.describe()}")
+    units = output_units(first)
+    splits = {k: (v[0], check_labels(task, v[1], units, k)) for k, v in splits.items()}
+    dataset = _dataset(name, kind, splits, task, units, validation_fraction, seed, notes)
+    workload = Workload(source, dataset, task, options, notes)
+    workload._first = (options.seed, first)
+    return workload
+
+
+def _provisional_info(name: str, x: np.ndarray, y: np.ndarray) -> data_module.DatasetInfo:
+    """What a builder is told before the task is known: the input shape, and the classes the
+    labels name (integer labels: max + 1; one-hot rows: their width; else 1)."""
+    y = np.asarray(y)
+    if y.ndim >= 2 and y.shape[-1] > 1:
+        classes = int(y.shape[-1])
+    elif y.size and np.issubdtype(y.dtype, np.integer):
+        classes = int(y.max()) + 1
+    else:
+        classes = 1
+    return data_module.DatasetInfo(name, tuple(int(d) for d in np.shape(x)[1:]), classes,
+                                   "user", "spatial", None, len(x), 0, 0)
+
+
+def check_labels(task: Task, y: Any, units: int, split: str) -> np.ndarray:
+    """``y`` as ``task``'s loss takes it (int32 classes, or float32 shaped as the output), or a
+    one-line ``DataError`` naming what is wrong: floats for a sparse loss, a class >= the
+    output's units, binary labels outside [0, 1], one-hot rows of the wrong width."""
+    y = np.asarray(y)
+    where = f"in the {split} split"
+    if not (np.issubdtype(y.dtype, np.number) or np.issubdtype(y.dtype, np.bool_)):
+        raise DataError(f"Invalid labels {where}: dtype {y.dtype} is not numeric.")
+    if np.issubdtype(y.dtype, np.floating) and not np.isfinite(y).all():
+        raise DataError(f"Non-finite labels (NaN or Inf) {where}: clean or drop them.")
+    if task.sparse_labels:
+        if y.ndim == 2 and y.shape[1] == 1:
+            y = y[:, 0]
+        if y.ndim != 1:
+            raise DataError(f"Invalid labels {where} for {task.loss_name}: expected class "
+                            f"indices, one per sample. Received shape {y.shape}.")
+        if np.issubdtype(y.dtype, np.floating) and not np.all(np.mod(y, 1) == 0):
+            raise DataError(f"Invalid labels {where} for {task.loss_name}: expected integer "
+                            f"class indices. Received floats such as {y[np.mod(y, 1) != 0][0]!r} "
+                            "(a regression target needs a regression loss, e.g. mse).")
+        if y.size and (y.min() < 0 or y.max() >= units):
+            raise DataError(f"Invalid label {int(y.max() if y.max() >= units else y.min())} "
+                            f"{where}: the model's output has {units} units, so labels must lie "
+                            f"in [0, {units}).")
+        return y.astype(np.int32)
+    y = y.astype(np.float32)
+    if y.ndim == 1:
+        y = y[:, None]
+    if y.shape[-1] != units:
+        raise DataError(f"Invalid labels {where} for {task.loss_name}: each label has "
+                        f"{y.shape[-1]} values but the model's output has {units} units.")
+    if "crossentropy" in task.loss_name.lower() and y.size and (y.min() < 0 or y.max() > 1):
+        raise DataError(f"Invalid labels {where} for {task.loss_name}: expected values in "
+                        f"[0, 1]. Received values in [{y.min():g}, {y.max():g}].")
+    return y
+
+
+def _held_out(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    count = max(1, round(n * fraction))
+    if count >= n:
+        raise DataError(f"Too little data to hold out a split: {n} samples.")
+    order = np.random.default_rng(seed).permutation(n)
+    return np.sort(order[count:]), np.sort(order[:count])
+
+
+def _dataset(name: str, kind: str, splits: dict[str, tuple[np.ndarray, np.ndarray]], task: Task,
+             units: int, validation_fraction: float, seed: int,
+             notes: list[str]) -> data_module.Dataset:
+    x_train, y_train = splits["train"]
+    if "test" not in splits:
+        keep, test = _held_out(len(x_train), validation_fraction or 0.1, TEST_SPLIT_SEED)
+        splits["test"] = (x_train[test], y_train[test])
+        x_train, y_train = x_train[keep], y_train[keep]
+        notes.append(f"no test split in the data: {len(test)} samples held out as one "
+                     "(a fixed draw, the same for every seed)")
+    x_val = y_val = None
+    if "val" in splits:
+        x_val, y_val = splits["val"]
+    x_test, y_test = splits["test"]
+    return data_module.from_arrays(
+        name, x_train, y_train, x_test, y_test, num_classes=units,
+        validation_fraction=validation_fraction, seed=seed, source=kind,
+        layout="flat" if np.ndim(x_train) == 2 else "spatial",
+        sparse_labels=task.sparse_labels, x_val=x_val, y_val=y_val)

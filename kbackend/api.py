@@ -81,7 +81,8 @@ def recommendation(study: dict[str, Any]) -> dict[str, Any] | None:
             "intervals": {k: best["intervals"].get(k) for k in ("time_to_target",
                                                                  "steps_to_target")},
             "tied_with": [(c["optimizer"], c["batch_size"]) for c in tied],
-            "resolved": not tied, "command": command, "python": call}
+            "resolved": not tied and best.get("seeds", 1) > 1, "seeds": best.get("seeds", 1),
+            "command": command, "python": call}
 
 
 def recommendation_lines(best: dict[str, Any] | None) -> list[str]:
@@ -90,8 +91,12 @@ def recommendation_lines(best: dict[str, Any] | None) -> list[str]:
         return ["No cell reached the target: nothing to recommend (raise the budget with "
                 "--max-steps, or lower --target)."]
     ties = ", ".join(f"{o} at batch {b}" for o, b in best["tied_with"])
-    why = (f" (tied with {ties} within the intervals: of those, the fewest steps)" if ties
-           else " (resolved: the intervals separate it from every other cell)")
+    if best["seeds"] < 2:
+        why = " (one seed: no interval, so not resolved; the fastest median)"
+    elif ties:
+        why = f" (tied with {ties} within the intervals: of those, the fewest steps)"
+    else:
+        why = " (resolved: the intervals separate it from every other cell)"
     return [f"Recommended: {best['optimizer']} at batch {best['batch_size']}, lr "
             f"{best['learning_rate']:g}{why}.", f"  {best['command']}", f"  {best['python']}"]
 

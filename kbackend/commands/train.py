@@ -202,6 +202,11 @@ def run(args: argparse.Namespace) -> int:
             print(note)
         print(f"{workload.model_name}: {workload.task.describe()}")
         config = replace(config, task=workload.task)
+        metric = f"val_{workload.task.metric}"  # the defaults name the model's own metric
+        if config.target is not None and args.target_metric is None:
+            config = replace(config, target=Target(metric, config.target.value))
+        if args.monitor is None and args.target_metric is None:
+            config = replace(config, monitor=metric)
         check_metrics(config)
     result = train(config, reporter=reporter, save=args.save, history_path=args.history,
                    workload=workload)

@@ -1,0 +1,52 @@
+"""Write the example datasets (docs/your-model.md) into a folder, offline.
+
+    python examples/make_data.py OUT_DIR
+
+- `sequences.npz`: 6,000 noisy 1-D sequences of length 64 in 4 classes (the class sets the
+  frequency and phase of a wave buried in noise, shifted at random), with x_train / y_train and
+  x_test / y_test, generated from a fixed seed.
+- `diabetes.csv`: scikit-learn's embedded diabetes data (442 patients, 10 features), the
+  target standardized (column `target`), for regression.
+- `breast_cancer.npz`: scikit-learn's embedded breast-cancer data (569 samples, 30 features,
+  standardized), labels 0/1, for binary classification.
+"""
+
+import csv
+import sys
+from pathlib import Path
+
+import numpy as np
+from sklearn.datasets import load_breast_cancer, load_diabetes
+
+
+def sequences(n: int = 6000, length: int = 64, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 4, n)
+    t = np.arange(length)
+    frequency = np.array([2.0, 3.0, 5.0, 7.0])[labels][:, None]
+    shift = rng.uniform(0, 2 * np.pi, (n, 1))
+    waves = np.sin(2 * np.pi * frequency * t / length + shift)
+    x = waves + rng.normal(0, 1.5, (n, length))
+    return x[..., None].astype(np.float32), labels.astype(np.int64)
+
+
+def main(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    x, y = sequences()
+    np.savez(out / "sequences.npz", x_train=x[:5000], y_train=y[:5000], x_test=x[5000:],
+             y_test=y[5000:])
+    diabetes = load_diabetes()
+    target = (diabetes.target - diabetes.target.mean()) / diabetes.target.std()
+    features = (diabetes.data - diabetes.data.mean(0)) / diabetes.data.std(0)
+    with open(out / "diabetes.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow([*diabetes.feature_names, "target"])
+        writer.writerows([*row, value] for row, value in zip(features, target, strict=True))
+    cancer = load_breast_cancer()
+    data = (cancer.data - cancer.data.mean(0)) / cancer.data.std(0)
+    np.savez(out / "breast_cancer.npz", x=data.astype(np.float32), y=cancer.target)
+    print(f"wrote sequences.npz, diabetes.csv, breast_cancer.npz to {out}")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "example-data"))

@@ -1,0 +1,53 @@
+"""Builders for `kbackend --model examples/models.py:NAME` (docs/your-model.md).
+
+Each is a plain Keras builder: kbackend calls it with the arguments it names (`input_shape`,
+`num_classes`) and trains the model with its compiled loss and metric.
+"""
+
+import keras
+
+
+def conv1d_classifier(input_shape, num_classes):
+    """A sequence classifier: Conv1D + BatchNormalization blocks and global average pooling,
+    logits out (the compiled loss says so)."""
+    inputs = keras.Input(input_shape)
+    x = inputs
+    for filters in (32, 64):
+        x = keras.layers.Conv1D(filters, 5, padding="same", use_bias=False)(x)
+        x = keras.layers.BatchNormalization()(x)
+        x = keras.layers.ReLU()(x)
+        x = keras.layers.MaxPooling1D(2)(x)
+    x = keras.layers.GlobalAveragePooling1D()(x)
+    outputs = keras.layers.Dense(num_classes)(x)
+    model = keras.Model(inputs, outputs, name="conv1d_classifier")
+    model.compile(optimizer="adam",
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+def regressor(input_shape):
+    """A small MLP regressor (features standardized by make_data.py), trained on MSE and
+    reported as MAE; its Dropout is seeded, so runs repeat."""
+    model = keras.Sequential([
+        keras.Input(input_shape),
+        keras.layers.Dense(64, activation="relu"),
+        keras.layers.Dropout(0.1, seed=1),
+        keras.layers.Dense(32, activation="relu"),
+        keras.layers.Dense(1),
+    ], name="regressor")
+    model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+    return model
+
+
+def binary_classifier(input_shape):
+    """A binary classifier with a logit output: binary cross-entropy from logits."""
+    model = keras.Sequential([
+        keras.Input(input_shape),
+        keras.layers.Dense(32, activation="relu"),
+        keras.layers.BatchNormalization(),
+        keras.layers.Dense(1),
+    ], name="binary_classifier")
+    model.compile(optimizer="adam", loss=keras.losses.BinaryCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model

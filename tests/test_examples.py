@@ -1,0 +1,53 @@
+"""The examples/ folder end to end (docs/your-model.md): its data script, its builders, and
+`kbackend study` / `kbackend train` on them with a tiny grid, as a user would run them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.fixture(scope="module")
+def example_data(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("example-data")
+    subprocess.run([sys.executable, str(EXAMPLES / "make_data.py"), str(out)], check=True,
+                   capture_output=True)
+    return out
+
+
+def test_a_study_of_the_regression_example_recommends_a_cell(example_data, tmp_path, cli):
+    result = cli("study", "--model", f"{EXAMPLES / 'models.py'}:regressor", "--data",
+                 str(example_data / "diabetes.csv"), "--label", "target", "--target-metric",
+                 "val_mae", "--target", "0.7", "--optimizers", "sgd,adam", "--batch-sizes",
+                 "16,64", "--seeds", "2", "--lr-grid-size", "1", "--max-steps", "400",
+                 "--noise-points", "0", "--step-time-repeats", "0", "--out", str(tmp_path),
+                 "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert "Recommended:" in result.stdout and "--target-metric val_mae" in result.stdout
+    summary = json.loads(next(tmp_path.glob("*/summary.json")).read_text())
+    assert summary["config"]["target"]["metric"] == "val_mae"
+    assert any(cell["reached"] for cell in summary["cells"])
+    assert next(tmp_path.glob("diabetes.csv_models.py-regressor_*"))
+
+
+def test_the_binary_example_trains_to_its_target(example_data, cli):
+    result = cli("train", "--model", f"{EXAMPLES / 'models.py'}:binary_classifier", "--data",
+                 str(example_data / "breast_cancer.npz"), "--target", "0.93", "--epochs", "30",
+                 "--lr", "0.01")
+    assert result.returncode == 0, result.stderr
+    assert "binary_crossentropy (from_logits)" in result.stdout
+    assert "target val_accuracy >= 0.93: reached" in result.stdout
+
+
+def test_the_conv1d_batchnorm_example_trains(example_data, cli):
+    result = cli("train", "--model", f"{EXAMPLES / 'models.py'}:conv1d_classifier", "--data",
+                 str(example_data / "sequences.npz"), "--max-steps", "40", "--batch-size", "64",
+                 "--fused-steps", "1", "--lr", "0.01")
+    assert result.returncode == 0, result.stderr
+    assert "conv1d_classifier on sequences.npz" in result.stdout

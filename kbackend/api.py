@@ -146,6 +146,7 @@ def train(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
     ``options``: further ``TrainConfig`` fields (``eval_every``, ``max_steps``, ...)."""
     workload = _workload(model, x, y, validation_data, data, label, seed, target_metric,
                          from_weights, unsafe_deserialization, validation_fraction)
+    engine = "native" if engine == "auto" else engine  # every source is in memory
     if fused_steps == "auto":
         fused_steps = 0 if engine == "native" else 1
     monitor = target_metric or f"val_{workload.task.metric}"

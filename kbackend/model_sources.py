@@ -37,7 +37,8 @@ import re
 import struct
 import sys
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
@@ -234,14 +235,31 @@ def _lambda_error(path: Path | str) -> ModelError:
                       "(unsafe_deserialization=True) only for a file you trust.")
 
 
-def _load_keras(path: Path, unsafe_deserialization: bool) -> Any:
+def _load_keras(path: Path, unsafe_deserialization: bool) -> tuple[Any, dict[str, Any]]:
+    """(the model in ``path``, uncompiled, without optimizer state; its compile settings as
+    saved in config.json, empty if it was not compiled)."""
     keras = import_keras()
     try:
-        return keras.saving.load_model(path, safe_mode=not unsafe_deserialization)
+        model = keras.saving.load_model(path, compile=False, safe_mode=not unsafe_deserialization)
     except Exception as error:  # Keras raises many types for a bad file; all mean "does not load"
         if "safe_mode" in str(error) and not unsafe_deserialization:
             raise _lambda_error(path) from None
         raise ModelError(f"Model file {str(path)!r} does not load as a Keras model: "
+                         f"{_one_line(error)}") from None
+    config = _read_config(path)
+    compile_config = config.get("compile_config") if isinstance(config, dict) else None
+    return model, compile_config if isinstance(compile_config, dict) else {}
+
+
+def _compile(model: Any, compile_config: dict[str, Any], name: str) -> None:
+    """Compile ``model`` with the serialized ``compile_config`` (its loss and metrics define the
+    task; kbackend's engines replace the optimizer), if there is one."""
+    if not compile_config:
+        return
+    try:
+        model.compile_from_config(compile_config)
+    except Exception as error:  # a loss or metric Keras cannot rebuild
+        raise ModelError(f"Model {name!r}: its compile settings (loss, metrics) do not load: "
                          f"{_one_line(error)}") from None
 
 
@@ -368,6 +386,26 @@ def _call_builder(builder: Callable[..., Any], info: DatasetInfo, name: str) -> 
 # --- models: graph or subclassed, checks, copies -------------------------------------------------
 
 
+@contextmanager
+def _no_tensorflow_import() -> Iterator[None]:
+    """Inside, Keras's serialization (``clone_model``, ``get_compile_config``, ``save``) does not
+    import TensorFlow: it asks whether TensorFlow is available only to test objects against its
+    types, and where it is not imported yet (JAX) no object is one. The import would cost
+    seconds and TensorFlow's C++ log lines in a JAX process (the reason ``set_random_seed`` is a
+    backend op)."""
+    from keras.src.utils import module_utils  # deferred: Keras after the backend choice
+
+    lazy = module_utils.tensorflow
+    if "tensorflow" in sys.modules or vars(lazy).get("_available", True) is not None:
+        yield  # imported already, known to be missing, or another Keras: nothing to do
+        return
+    lazy._available = False
+    try:
+        yield
+    finally:
+        lazy._available = None
+
+
 def _is_graph_model(model: Any) -> bool:
     """Whether ``model`` is a Sequential or functional model (``clone_model`` rebuilds those)."""
     keras = import_keras()
@@ -376,10 +414,12 @@ def _is_graph_model(model: Any) -> bool:
     return isinstance(model, keras.Sequential | Functional)
 
 
-def _fresh_copy(model: Any, name: str, *, weights: bool = False, safe_mode: bool = True) -> Any:
+def _fresh_copy(model: Any, name: str, *, weights: bool = False, safe_mode: bool = True,
+                compile_config: dict[str, Any] | None = None) -> Any:
     """A clone of the graph model ``model`` (new layers, fresh weights from their initializers
-    under the current seed; ``weights``: its weights copied), compiled as ``model`` was.
-    ``safe_mode=False`` lets the clone rebuild ``Lambda`` layers (their code is loaded already)."""
+    under the current seed; ``weights``: its weights copied), compiled with ``compile_config``
+    (default: as ``model`` is). ``safe_mode=False`` lets the clone rebuild ``Lambda`` layers
+    (their code is loaded already)."""
     keras = import_keras()
     from keras.src.saving.serialization_lib import (  # deferred: Keras after the backend choice
         SafeModeScope,
@@ -389,14 +429,13 @@ def _fresh_copy(model: Any, name: str, *, weights: bool = False, safe_mode: bool
         raise ModelError(f"Model {name!r} is a subclassed model ({type(model).__qualname__}), "
                          "which cannot be cloned with fresh weights: pass a builder instead "
                          "(FILE.py:FUNCTION, or a function returning the model).")
-    with SafeModeScope(safe_mode):
+    with SafeModeScope(safe_mode), _no_tensorflow_import():
         clone = keras.models.clone_model(model)
-    if weights:
-        clone.set_weights(model.get_weights())
-    compile_config = model.get_compile_config() if getattr(model, "compiled", False) else None
-    if compile_config:
-        # kbackend's engines replace the optimizer; the loss and metrics define the task.
-        clone.compile_from_config(compile_config)
+        if weights:
+            clone.set_weights(model.get_weights())
+        if compile_config is None and getattr(model, "compiled", False):
+            compile_config = model.get_compile_config()
+        _compile(clone, compile_config or {}, name)
     return clone
 
 
@@ -504,11 +543,13 @@ class ModelSource:
     def _make(self, info: DatasetInfo, seed: int) -> Any:
         if self.kind == "keras_file":
             assert self.path is not None
-            model = _load_keras(self.path, self.unsafe_deserialization)
+            model, compile_config = _load_keras(self.path, self.unsafe_deserialization)
             if self.from_weights:
+                _compile(model, compile_config, self.name)
                 return model
             impl().set_random_seed(seed)  # the clone's weights depend on the seed alone
-            return _fresh_copy(model, self.name, safe_mode=not self.unsafe_deserialization)
+            return _fresh_copy(model, self.name, safe_mode=not self.unsafe_deserialization,
+                               compile_config=compile_config)
         if self.kind == "instance":  # the user's own objects: no code comes from a file
             return _fresh_copy(self.obj, self.name, weights=self.from_weights, safe_mode=False)
         return _call_builder(self._builder(), info, self.name)
@@ -580,6 +621,9 @@ def parse_model_source(value: Any, *, unsafe_deserialization: bool = False,
                                  unsafe_deserialization=unsafe_deserialization)
         elif ":" in text:
             source = _builder_source(text)
+        elif text.endswith(".py"):
+            raise ModelError(f"Invalid model {text!r}: name the builder function, as "
+                             "FILE.py:FUNCTION.")
         else:
             raise ModelError(f"Unknown model. Expected one of {sorted(MODELS)}, a .keras file, "
                              f"FILE.py:FUNCTION or package.module:FUNCTION. Received: {text!r}.")

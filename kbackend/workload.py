@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from kbackend import data as data_module
+from kbackend.backend_choice import keras as import_keras
 from kbackend.data import user as user_data
 from kbackend.errors import DataError
 from kbackend.model_sources import ModelSource, parse_model_source
@@ -52,7 +53,9 @@ class Workload:
         if self._first is not None and self._first[0] == seed:
             model, self._first = self._first[1], None  # built once while preparing: reused
             return model
-        return self.source.build(self.dataset.info, self.options, seed=seed)
+        model = self.source.build(self.dataset.info, self.options, seed=seed)
+        adapt_preprocessing(model, self.dataset.x_train)
+        return model
 
 
 def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = None,
@@ -100,12 +103,36 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
     if task.source == "inferred":
         notes.append(f"task inferred from the labels (the model is not compiled): "
                      f"{task.describe()}")
+    adapted = adapt_preprocessing(first, x_train)
+    if adapted:
+        notes.append(f"adapted on the training split: {', '.join(adapted)}")
     units = output_units(first)
     splits = {k: (v[0], check_labels(task, v[1], units, k)) for k, v in splits.items()}
     dataset = _dataset(name, kind, splits, task, units, validation_fraction, seed, notes)
     workload = Workload(source, dataset, task, options, notes)
     workload._first = (options.seed, first)
     return workload
+
+
+def adapt_preprocessing(model: Any, x_train: np.ndarray) -> list[str]:
+    """Adapt the model's ``Normalization`` layers that read its input and were never adapted
+    (a fresh clone's statistics are the initial zeros and ones) on the training split, never
+    on validation or test data; the names of the layers adapted."""
+    keras = import_keras()
+    adapted = []
+    inputs = getattr(model, "inputs", None) or []
+    for layer in model._flatten_layers(include_self=False):
+        if not isinstance(layer, keras.layers.Normalization) or layer.input_mean is not None:
+            continue
+        fresh = (not np.any(keras.ops.convert_to_numpy(layer.adapt_mean))
+                 and np.all(keras.ops.convert_to_numpy(layer.adapt_variance) == 1))
+        reads_input = any(node.parent_nodes == [] or any(
+            t is i for t in node.input_tensors for i in inputs)
+            for node in getattr(layer, "_inbound_nodes", []))
+        if fresh and reads_input:
+            layer.adapt(x_train)
+            adapted.append(layer.name)
+    return adapted
 
 
 def _provisional_info(name: str, x: np.ndarray, y: np.ndarray) -> data_module.DatasetInfo:

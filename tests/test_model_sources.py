@@ -22,6 +22,7 @@ from kbackend.model_sources import (
     MAX_CONFIG_BYTES,
     ModelError,
     ModelSource,
+    _no_tensorflow_import,
     check_model_file,
     check_model_matches,
     parse_model_source,
@@ -126,8 +127,14 @@ def functional(units: int = 3) -> Any:
 
 def saved(tmp_path: Path, model: Any, name: str = "my.keras") -> Path:
     path = tmp_path / name
-    model.save(path)
+    with _no_tensorflow_import():  # on JAX, Keras's save would import TensorFlow (seconds)
+        model.save(path)
     return path
+
+
+def compile_config(model: Any) -> dict[str, Any]:
+    with _no_tensorflow_import():  # as saved()
+        return model.get_compile_config()
 
 
 def weights(model: Any) -> list[np.ndarray]:
@@ -170,7 +177,7 @@ def test_builder_without_arguments_and_unbuilt_sequential(builders):
     # Built for the data's shape; its own compile settings kept.
     model = parse_model_source(f"{builders}:build_unbuilt").build(FLAT)
     assert io_shapes(model) == ((None, 4), (None, 3))
-    assert model.get_compile_config()["metrics"] == ["accuracy"]
+    assert compile_config(model)["metrics"] == ["accuracy"]
 
 
 def test_builder_returning_a_subclassed_model(builders):
@@ -221,8 +228,8 @@ def test_keras_file_keeps_compile_loss_and_metrics(tmp_path):
                                                        tmp_path / "my.keras")
     model = source.build(FLAT, seed=0)
     assert io_shapes(model) == ((None, 4), (None, 3))
-    config = model.get_compile_config()
-    assert config["loss"] == original.get_compile_config()["loss"]
+    config = compile_config(model)
+    assert config["loss"] == compile_config(original)["loss"]
     assert config["loss"]["config"]["from_logits"] is True
     assert config["metrics"] == ["accuracy"]
     assert not same(weights(model), weights(original))
@@ -230,13 +237,15 @@ def test_keras_file_keeps_compile_loss_and_metrics(tmp_path):
 
 def test_keras_file_from_weights_gives_the_saved_weights(tmp_path):
     original = functional()
+    original.compile(loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     model = parse_model_source(saved(tmp_path, original), from_weights=True).build(FLAT, seed=5)
     assert same(weights(model), weights(original))
+    assert compile_config(model)["loss"] == "sparse_categorical_crossentropy"
 
 
 def test_uncompiled_keras_file_stays_uncompiled(tmp_path):
     model = parse_model_source(saved(tmp_path, functional())).build(FLAT)
-    assert not model.get_compile_config()
+    assert not compile_config(model)
 
 
 SOURCES: dict[str, Callable[[Path, Path], Any]] = {
@@ -293,6 +302,18 @@ def test_check_model_matches_accepts_open_dimensions():
         check_model_matches(keras.Model(inputs, keras.layers.Dense(2)(pooled)), FLAT)
 
 
+def test_fresh_copies_do_not_import_tensorflow(tmp_path):
+    """Keras's clone_model and get_compile_config import TensorFlow on JAX when it is installed
+    (seconds, and its C++ log lines); model sources keep it out."""
+    if "tensorflow" in sys.modules:
+        pytest.skip("TensorFlow is imported already (its backend, or an earlier test)")
+    original = functional()
+    original.compile(loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    parse_model_source(original).build(FLAT)
+    parse_model_source(saved(tmp_path, original)).build(FLAT)
+    assert "tensorflow" not in sys.modules
+
+
 def test_serving_uses_the_same_file_check():
     from kbackend.serving import model as serving
 
@@ -314,6 +335,7 @@ def zip_with(path: Path, members: dict[str, bytes], *, compress: bool = False) -
 
 
 CONFIG = b'{"class_name": "Sequential", "config": {}}'
+LAMBDA_CONFIG = b'{"class_name": "Functional", "config": {"layers": [{"class_name": "Lambda"}]}}'
 
 
 def subclassed_instance(tmp_path: Path, builders: Path) -> Any:
@@ -332,6 +354,7 @@ ERRORS: dict[str, tuple[Callable[[Path, Path], Any], str, str]] = {
                      f"{t}/bad.py:build", "parse", r"bad\.py:2: syntax error"),
     "function missing": (lambda t, b: f"{b}:nope", "parse",
                          r"defines no 'nope': its functions and classes are Scale, Sub, build,"),
+    "file without function": (lambda t, b: str(b), "parse", r"as FILE\.py:FUNCTION"),
     "not a .py file": (lambda t, b: f"{t}/models.txt:build", "parse", "package.module:FUNCTION"),
     "module missing": (lambda t, b: "kbtest_no_such_module.sub:build", "parse",
                        "Builder module 'kbtest_no_such_module.sub' not found"),
@@ -373,8 +396,7 @@ ERRORS: dict[str, tuple[Callable[[Path, Path], Any], str, str]] = {
         lambda t, b: zip_with(t / "j.keras", {"config.json": b"{"}), "parse",
         "config.json does not read as JSON"),
     ".keras lambda in safe mode": (
-        lambda t, b: zip_with(t / "l.keras", {"config.json": b'{"class_name": "Functional", '
-                                              b'"config": {"layers": [{"class_name": "Lambda"}]}}'}),
+        lambda t, b: zip_with(t / "l.keras", {"config.json": LAMBDA_CONFIG}),
         "parse", "has a Lambda layer.*Pass --unsafe-deserialization"),
     "subclassed instance": (subclassed_instance, "parse",
                             r"subclassed model \(.*Tiny\).*pass a builder instead"),

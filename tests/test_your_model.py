@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import kbackend
+import kbackend.backend_choice
 from kbackend.backend_choice import keras as import_keras
 from kbackend.config import Target, TrainConfig
 from kbackend.data import from_arrays
@@ -232,3 +233,57 @@ def test_the_cli_trains_a_user_builder_on_a_csv_and_saves_it(tmp_path, cli):
 def test_the_package_top_names_train_and_study():
     assert callable(kbackend.train) and callable(kbackend.study)
     assert "kbackend.study.config" in sys.modules or kbackend.study.StudyConfig
+
+
+@pytest.mark.skipif(kbackend.backend_choice.active_backend() != "jax",
+                    reason="populations are JAX's vmap")
+@pytest.mark.parametrize("family", ["huber", "binary-logits"])
+def test_a_population_trains_the_user_loss_as_its_runs_alone(family):
+    """The vmapped population of a cell, on the user's loss: each member equals its run."""
+    model, task, data = _dataset(family)
+    runs = native.Runs(model, data)
+    configs = [TrainConfig(model=family, optimizer=OptimizerSpec("adam", rate), batch_size=16,
+                           epochs=2, fused_steps=4, seed=seed, task=task, eval_every=8)
+               for rate, seed in ((1e-2, 0), (3e-3, 1))]
+    values = []
+    for seed in (0, 1):
+        keras.utils.set_random_seed(seed)
+        values.append(native.model_values(keras.models.clone_model(model)))
+    population = runs.train_population(configs, values)
+    for member, config, value in zip(population, configs, values, strict=True):
+        alone = runs.train(config, value)
+        np.testing.assert_allclose(member.loss, alone.loss, rtol=1e-5)
+        metric = f"val_{task.metric}"
+        np.testing.assert_allclose([e[metric] for e in member.evals],
+                                   [e[metric] for e in alone.evals], rtol=1e-5, atol=1e-6)
+        assert member.test.keys() == alone.test.keys() == {"test_loss", f"test_{task.metric}"}
+
+
+def test_a_study_of_a_user_model_names_its_metric_and_resumes(tmp_path):
+    """kbackend.study on arrays: a recommendation with the command, the report named after the
+    user's model and data, and a second call reusing every stored run."""
+    sys.path.insert(0, str(tmp_path))
+    (tmp_path / "user_models.py").write_text(
+        "import keras\n"
+        "def reg(input_shape):\n"
+        "    m = keras.Sequential([keras.Input(input_shape), keras.layers.Dense(16, "
+        "activation='relu'), keras.layers.Dense(1)])\n"
+        "    m.compile('adam', loss='mse', metrics=['mae'])\n"
+        "    return m\n")
+    try:
+        import user_models  # noqa: PLC0415 - written by this test
+
+        y = (X @ W[:, 0]).astype(np.float32)
+        kwargs = dict(target=1.0, target_metric="val_mae", optimizers=("adam",),
+                      batch_sizes=(16, 64), seeds=2, out=tmp_path / "out", progress=False,
+                      lr_grid_size=1, noise_points=0, step_time_repeats=0, max_steps=800)
+        first = kbackend.study(user_models.reg, X, y, **kwargs)
+        assert first.best is not None and "--target-metric val_mae" in first.best["command"]
+        assert first.report_path.parent.name.startswith("arrays-")
+        assert "user_models-reg" in first.report_path.parent.name
+        assert all(row["reached"] for row in first.rows)
+        again = kbackend.study(user_models.reg, X, y, **kwargs)
+        assert again.rows == first.rows or [r["steps_to_target"] for r in again.rows] == \
+            [r["steps_to_target"] for r in first.rows]
+    finally:
+        sys.path.remove(str(tmp_path))

@@ -89,9 +89,9 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     optim.add_argument("--momentum", type=float, default=0.9)
     optim.add_argument("--weight-decay", type=float, default=1e-4)
     run = parser.add_argument_group("run")
-    run.add_argument("--engine", default="native", choices=engine_names(),
+    run.add_argument("--engine", default="native", choices=[*engine_names(), AUTO_ENGINE],
                      help="native: K train steps per compiled call (docs/engines.md); keras: "
-                          "Keras fit")
+                          "Keras fit; auto: picked for the data, said why")
     run.add_argument("--batch-size", type=int, default=32)
     run.add_argument("--epochs", type=int, default=5)
     run.add_argument("--no-jit", dest="jit_compile", action="store_false",
@@ -141,7 +141,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         model=args.model, dataset=args.data or args.dataset, label=args.label,
         unsafe_deserialization=args.unsafe_deserialization, from_weights=args.from_weights,
         optimizer=spec, batch_size=args.batch_size,
-        epochs=args.epochs, engine=args.engine, jit_compile=args.jit_compile,
+        epochs=args.epochs, engine=resolve_engine(args.engine)[0], jit_compile=args.jit_compile,
         precision=getattr(args, "precision", "float32"),
         hardware_monitor=getattr(args, "hardware_monitor", False),
         steps_per_execution=args.steps_per_execution, early_stopping=args.early_stopping,
@@ -157,6 +157,19 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if args.fused_steps is None and engine_name(config) == "native":
         config = replace(config, fused_steps=0)  # single-device native: K measured (cached)
     return config
+
+
+AUTO_ENGINE = "auto"
+
+
+def resolve_engine(engine: str) -> tuple[str, str | None]:
+    """The engine ``--engine`` names, and for ``auto`` the reason it was picked."""
+    if engine != AUTO_ENGINE:
+        return engine, None
+    # Every source is read into memory (kbackend.data.user), so each engine can run it; the
+    # native engine is the fastest measured at every batch size (docs/engines.md).
+    return "native", ("engine auto: native (the data is in memory, and the native engine's "
+                      "fused steps are the fastest measured: docs/engines.md)")
 
 
 def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
@@ -194,6 +207,9 @@ def check_sources(config: TrainConfig) -> None:
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     check_sources(config)
+    why = resolve_engine(args.engine)[1]
+    if why:
+        print(why)
     reporter = None if args.quiet else EpochReporter()
     workload = None
     if not is_builtin(config):

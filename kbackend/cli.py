@@ -71,7 +71,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     common = OneLineErrorParser(add_help=False)
     common.add_argument(
         "--backend", default=None, metavar="NAME",
-        help=f"Keras backend: one of {', '.join(BACKENDS)} (default: $KERAS_BACKEND, else jax)",
+        help=f"Keras backend: one of {', '.join(BACKENDS)} (default: $KERAS_BACKEND, else the "
+             "\"backend\" of $KERAS_HOME/keras.json or ~/.keras/keras.json, else jax)",
     )
     common.add_argument(
         "--no-compile-cache", action="store_true",

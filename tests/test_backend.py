@@ -111,3 +111,114 @@ def test_a_library_process_keeps_keras_integrations():
     import keras.src.wrappers.fixes as fixes
 
     assert fixes.sklearn is not None  # keras.wrappers works for a library user's code
+
+
+# -- the order Keras follows: KERAS_BACKEND, then keras.json's "backend", then the default ------
+@pytest.fixture
+def keras_home(tmp_path, monkeypatch):
+    """A temporary KERAS_HOME, no KERAS_BACKEND and, for the decision alone, no imported Keras
+    (this process imported it: then Keras's own backend would decide)."""
+    import kbackend.backend_choice as choice
+
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    monkeypatch.delenv("KERAS_BACKEND", raising=False)
+    monkeypatch.delitem(sys.modules, "keras", raising=False)
+    monkeypatch.setattr(choice, "_chosen", None)
+    return tmp_path
+
+
+def _write_config(folder, text):
+    (folder / "keras.json").write_text(text)
+    return str(folder / "keras.json")
+
+
+@pytest.mark.parametrize(("config", "env", "flag", "expected"), [
+    (None, None, None, ("jax", "default")),
+    ('{"backend": "tensorflow"}', None, None, ("tensorflow", "CONFIG")),
+    ('{"backend": "jax", "floatx": "float32"}', None, None, ("jax", "CONFIG")),
+    ('{"backend": "tensorflow"}', "jax", None, ("jax", "KERAS_BACKEND")),
+    ('{"backend": "tensorflow"}', "", None, ("tensorflow", "CONFIG")),  # empty: not set (Keras)
+    ('{"backend": "jax"}', "jax", "tensorflow", ("tensorflow", "--backend")),
+    ('{"floatx": "float32"}', None, None, ("jax", "default")),  # no "backend" key
+    ("not json", None, None, ("jax", "default")),  # Keras ignores a file it cannot parse
+    ('["tensorflow"]', None, None, ("jax", "default")),
+], ids=["nothing", "config", "config-jax", "env-first", "empty-env", "flag-first", "no-key",
+        "not-json", "not-an-object"])
+def test_the_backend_follows_keras_order_and_says_what_decided(keras_home, monkeypatch, config,
+                                                                 env, flag, expected):
+    from kbackend.backend_choice import backend_decision
+
+    path = _write_config(keras_home, config) if config is not None else None
+    if env is not None:
+        monkeypatch.setenv("KERAS_BACKEND", env)
+    backend, source = expected
+    assert backend_decision(flag) == (backend, path if source == "CONFIG" else source)
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ('"torch"', "kbackend is PyTorch-free"),
+    ('"mxnet"', "Expected one of ['jax', 'tensorflow']. Received: backend='mxnet'"),
+    ("3", "expected a string"),
+])
+def test_a_bad_backend_in_keras_json_is_refused_naming_the_file(keras_home, value, message):
+    from kbackend.backend_choice import backend_decision
+
+    path = _write_config(keras_home, f'{{"backend": {value}}}')
+    with pytest.raises(BackendError, match="Invalid backend") as caught:
+        backend_decision()
+    assert f"(from {path})" in str(caught.value) and message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_keras_imported_before_kbackend_chose_decides_in_place_of_the_default(keras_home,
+                                                                              monkeypatch):
+    from types import SimpleNamespace
+
+    from kbackend.backend_choice import backend_decision
+
+    imported = SimpleNamespace(backend=SimpleNamespace(backend=lambda: "tensorflow"))
+    monkeypatch.setitem(sys.modules, "keras", imported)
+    assert backend_decision() == ("tensorflow", "Keras, already imported")
+
+
+def _fresh_env(keras_home) -> dict:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
+    return {**env, "KERAS_HOME": str(keras_home)}
+
+
+def test_info_says_keras_json_decided_and_torch_there_is_refused(tmp_path):
+    # Fresh processes without KERAS_BACKEND: the file decides. torch is refused before any
+    # framework is imported; the other backend than the default is then the one that runs.
+    path = _write_config(tmp_path, '{"backend": "torch"}')
+    refused = subprocess.run([sys.executable, "-m", "kbackend", "info"], capture_output=True,
+                             text=True, timeout=120, env=_fresh_env(tmp_path))
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.strip().splitlines() == [
+        f"kbackend: error: Invalid backend 'torch' (from {path}): kbackend is PyTorch-free. "
+        "Expected one of ['jax', 'tensorflow']; set KERAS_BACKEND=jax or KERAS_BACKEND=tensorflow."]
+    _write_config(tmp_path, '{"backend": "tensorflow"}')
+    result = subprocess.run([sys.executable, "-m", "kbackend", "info", "--json"],
+                            capture_output=True, text=True, timeout=300,
+                            env=_fresh_env(tmp_path))
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)
+    assert (info["backend"], info["backend_source"]) == ("tensorflow", path)
+
+
+def test_with_no_keras_json_the_default_is_written_for_keras_too(tmp_path):
+    # Keras writes keras.json on its first import with its own default (tensorflow), which would
+    # decide the next run: kbackend writes its default there first, in Keras's format.
+    code = ("import kbackend.backend_choice as c, sys; print(c.use_backend(), c.backend_source());"
+            "import keras; print(keras.backend.backend())")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, env=_fresh_env(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["jax", "default", "jax"]
+    assert json.loads((tmp_path / "keras.json").read_text()) == {
+        "floatx": "float32", "epsilon": 1e-07, "backend": "jax",
+        "image_data_format": "channels_last"}
+    again = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=120, env=_fresh_env(tmp_path))
+    assert again.stdout.split() == ["jax", str(tmp_path / "keras.json"), "jax"], again.stderr

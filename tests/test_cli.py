@@ -61,7 +61,8 @@ def test_help_shows_defaults_but_not_for_on_off_flags(cli):
     text = " ".join(result.stdout.split())  # argparse wraps lines
     assert "--fused-steps K" in text and "(default: 1)" in text
     assert "turn off jit_compile (XLA) (default" not in text  # a store_false flag has no default to show
-    assert "Keras backend: one of jax, tensorflow (default: $KERAS_BACKEND, else jax)" in text  # said once
+    assert ("Keras backend: one of jax, tensorflow (default: $KERAS_BACKEND, else the \"backend\" "
+            "of $KERAS_HOME/keras.json or ~/.keras/keras.json, else jax)") in text  # said once
 
 
 def test_a_command_line_builds_only_the_command_it_names():

@@ -40,14 +40,29 @@ def _weights(path) -> list[np.ndarray]:
     return keras.saving.load_model(path, compile=False).get_weights()
 
 
+# Every optimizer of the parity table (kbackend.optim), one launch each, BatchNorm on every other
+# one; rates large enough that a wrong optimizer state (an update count off, slots per replica, a
+# decay applied twice) moves parameters by far more than the tolerance, and AdamW's decay large.
+OPTIMIZER_CASES = {
+    "sgd": ("--optimizer", "sgd", "--lr", "0.1"),
+    "momentum-batchnorm": ("--optimizer", "momentum", "--lr", "0.05", "--batch-norm"),
+    "nesterov": ("--optimizer", "nesterov", "--lr", "0.05"),
+    "adam-batchnorm": ("--optimizer", "adam", "--lr", "0.01", "--batch-norm"),
+    "adamw": ("--optimizer", "adamw", "--lr", "0.01", "--weight-decay", "0.5"),
+}
+# Parameters of N processes vs one (float32 sums in another order). Adam can turn a round-off
+# difference into an lr-sized step where a ReLU unit's pre-activation sits within round-off of 0
+# (seen on the seed MLP: 1.0e-2, the same as between one process's XLA and graph runs); the
+# 16-unit MLP here has few such units (docs/parallel.md, "Tolerance").
+PROCESS_GAP_TOLERANCE = 1e-5
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("options", [
-    ("--optimizer", "sgd", "--lr", "0.1"),
-    ("--optimizer", "adam", "--lr", "0.01", "--batch-norm"),
-], ids=["sgd", "adam-batchnorm"])
+@pytest.mark.parametrize("options", list(OPTIMIZER_CASES.values()), ids=list(OPTIMIZER_CASES))
 def test_two_processes_train_like_one(tmp_path, cli, options):
     # The launcher and the one-process run are in this process; the two workers are fresh ones
     # (jax.distributed / MultiWorkerMirroredStrategy, launched with TF_CONFIG on TensorFlow).
+    # Two epochs of 20 steps, 5 fused calls each.
     engine = [*TRAIN, *options, "--epochs", "2", "--fused-steps", "4"]
     two = cli("launch", "-N", "2", "--", *engine, "--engine", "data_parallel",
               "--save", str(tmp_path / "two.keras"), "--history", str(tmp_path / "two.json"))
@@ -60,7 +75,7 @@ def test_two_processes_train_like_one(tmp_path, cli, options):
     gaps = [float(np.max(np.abs(a - b))) for a, b in
             zip(_weights(tmp_path / "one.keras"), _weights(tmp_path / "two.keras"), strict=True)]
     print(f"largest parameter gap, 2 processes vs 1 ({BACKEND}, {options}): {max(gaps):.3g}")
-    assert max(gaps) < 1e-5
+    assert max(gaps) < PROCESS_GAP_TOLERANCE
 
 
 @pytest.mark.slow

@@ -271,7 +271,7 @@ def test_a_study_of_a_user_model_names_its_metric_and_resumes(tmp_path):
         "    m.compile('adam', loss='mse', metrics=['mae'])\n"
         "    return m\n")
     try:
-        import user_models  # noqa: PLC0415 - written by this test
+        import user_models  # written by this test, importable by name for the study
 
         y = (X @ W[:, 0]).astype(np.float32)
         kwargs = dict(target=1.0, target_metric="val_mae", optimizers=("adam",),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from kbackend.backend_choice import backend_source
 from kbackend.envinfo import device_summary, environment
 from kbackend.io import strict_json_text
 
@@ -16,10 +17,13 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
 
 def run(args: argparse.Namespace) -> int:
     env = environment()
+    source = backend_source()
     if args.json:
+        env["backend_source"] = source
         print(strict_json_text(env))
         return 0
-    print(f"backend:            {env['backend']}")
+    how = source if source in ("default", "Keras, already imported") else f"from {source}"
+    print(f"backend:            {env['backend']} ({how})")
     for name, version in env["versions"].items():
         print(f"{name + ':':<20}{version}")
     print(f"devices:            {device_summary(env['devices'])}")

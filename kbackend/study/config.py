@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kbackend.data import check_batch_size
-from kbackend.errors import ConfigError, DataError
+from kbackend.errors import ConfigError, DataError, path_errors
 from kbackend.optim import OPTIMIZERS, OptimizerSpec
 from kbackend.training import Target
 
@@ -71,10 +71,12 @@ EXECUTOR_FIELDS = ("executor", "workers", "cell_cpus", "cell_gpus")
 def source_fingerprint(source: str) -> str | None:
     """A digest of the file or folder a model or data source names (its contents for a file,
     names, sizes and modification times for a folder); None for a built-in name or a module."""
-    location = source.split(":")[0] if ":" in source and not Path(source).exists() else source
-    path = Path(location)
-    if not path.exists():
-        return None
+    with path_errors(source, "model or data path"):  # a name too long to look at: one line
+        location = source.split(":")[0] if ":" in source and not Path(source).exists() \
+            else source
+        path = Path(location)
+        if not path.exists():
+            return None
     digest = hashlib.sha256()
     if path.is_file():
         with open(path, "rb") as handle:

@@ -365,3 +365,48 @@ def test_tf_replica_pass_is_xla_compiled_without_batch_norm():
     plain, normed = extra(False), extra(True)
     assert plain["replica_xla"] is True and normed["replica_xla"] is False
     assert plain["dp_impl"] == "MirroredStrategy" and plain["devices"] == 2
+
+
+@pytest.mark.parametrize("loss", ["huber", "binary_logits"])
+@pytest.mark.parametrize("engine", ["data_parallel", "keras"])
+def test_a_user_models_loss_trains_the_same_on_4_devices(tmp_path, loss, engine):
+    """A user builder compiled with its own loss (Huber regression, binary cross-entropy from
+    logits, BatchNorm in both): the data-parallel engines train that loss as one device does."""
+    from kbackend.training import TrainConfig, train
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(600, 6)).astype(np.float32)
+    target = x @ rng.normal(size=6)
+    y = (target > 0).astype(np.float32) if loss == "binary_logits" else target.astype(np.float32)
+    np.savez(tmp_path / "data.npz", x=x, y=y)
+    compiled = ("keras.losses.Huber(delta=0.5), metrics=['mae']" if loss == "huber" else
+                "keras.losses.BinaryCrossentropy(from_logits=True), metrics=['accuracy']")
+    (tmp_path / "build.py").write_text(
+        "import keras\n"
+        "def build(input_shape):\n"
+        "    m = keras.Sequential([keras.Input(input_shape), keras.layers.Dense(16, "
+        "activation='relu'), keras.layers.BatchNormalization(), keras.layers.Dense(1)])\n"
+        f"    m.compile('sgd', loss={compiled})\n"
+        "    return m\n")
+
+    def run(devices):
+        config = TrainConfig(model=f"{tmp_path / 'build.py'}:build",
+                             dataset=str(tmp_path / "data.npz"), engine=engine,
+                             devices=devices, data_parallel=devices > 1, batch_size=64,
+                             epochs=2, fused_steps=4 if engine != "keras" else 1,
+                             optimizer=OptimizerSpec("momentum", 0.05))
+        if engine == "keras" and devices == 1:  # whole batches, as the data-parallel fit runs
+            config = TrainConfig(**{**config.__dict__, "engine": "keras_data_parallel",
+                                    "data_parallel": False})
+        return train(config)
+
+    one, four = run(1), run(4)
+    assert four.history.extra.get("devices") == 4
+    assert one.config.task == four.config.task and one.config.task.source == "compiled"
+    np.testing.assert_allclose(four.history.loss, one.history.loss, rtol=1e-4, atol=1e-5)
+    for a, b in zip(one.model.get_weights(), four.model.get_weights(), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+    if engine == "data_parallel":  # (Keras's cuts the validation split to whole device shares)
+        metric = f"val_{one.config.task.metric}"
+        assert four.history.evals[-1][metric] == pytest.approx(one.history.evals[-1][metric],
+                                                               abs=1e-4)

@@ -6,7 +6,9 @@ multi-process job) on TensorFlow. Variables must be created inside that scope, s
 trains a clone of the model built in the scope and copies the trained weights back.
 
 The training split is cut to a whole number of global batches: a last partial batch could not be
-split evenly over the devices (the single-device run it is compared with gets the same cut).
+split evenly over the devices (the single-device run it is compared with gets the same cut). The
+validation split is cut to a multiple of the devices for the same reason (at most devices - 1
+samples, said in ``extra["validation_dropped"]``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ def _train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = Non
     count = distributed.device_count(config)
     per_device = check_batch_split(config.batch_size, count, config.num_processes)
     trimmed = whole_batches(dataset, config.batch_size)
+    # Keras splits every validation batch over the devices too: the last one must divide.
+    n_val = len(dataset.x_val) - len(dataset.x_val) % (count * max(1, config.num_processes))
+    trimmed = replace(trimmed, x_val=dataset.x_val[:n_val], y_val=dataset.y_val[:n_val])
     x, y, batch_size = backend.keras_fit_inputs(trimmed.x_train, trimmed.y_train, config.batch_size)
     local = replace(trimmed, x_train=x, y_train=y)
     with backend.data_parallel_scope(count):
@@ -51,5 +56,6 @@ def _train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = Non
     keras_fit.compile_model(model, spec, config)  # so model.evaluate works on the trained weights
     history.extra.update({"devices": count, "per_device_batch": per_device,
                           "processes": backend.process_count(),
-                          "dropped_per_epoch": len(dataset.x_train) - len(trimmed.x_train)})
+                          "dropped_per_epoch": len(dataset.x_train) - len(trimmed.x_train),
+                          "validation_dropped": len(dataset.x_val) - n_val})
     return history

@@ -333,6 +333,30 @@ def _check_output_folder(path: str | os.PathLike, flag: str) -> Path:
     return target
 
 
+def check_distinct_paths(outputs: dict[str, Any], inputs: dict[str, Any] | None = None) -> None:
+    """A one-line ``ConfigError`` when an output path resolves to an input of the same command
+    or to another of its outputs (``predict --out M.keras`` would replace the trained model,
+    ``train --save S --history S`` the model by its history). ``outputs`` and ``inputs`` map a
+    flag to its path (None: not given); a builder's ``FILE.py:FUNCTION`` counts as its file."""
+    seen: dict[Path, str] = {}
+    for flag, value in (inputs or {}).items():
+        if value is not None:
+            text = str(value)
+            if ":" in text and not Path(text).exists():
+                text = text.rsplit(":", 1)[0]
+            with _path_errors(text, flag):
+                seen.setdefault(Path(text).resolve(), flag)
+    for flag, value in outputs.items():
+        if value is None:
+            continue
+        with _path_errors(value, flag):
+            resolved = Path(value).resolve()
+        if resolved in seen:
+            raise ConfigError(f"Invalid {flag} path {str(value)!r}: it is also {seen[resolved]}; "
+                              "writing it would destroy that file. Choose another path.")
+        seen[resolved] = flag
+
+
 def check_output_path(path: str | os.PathLike, flag: str, suffix: str | None = None) -> Path:
     """``path`` if a file can be written there, else a one-line ``ConfigError`` naming ``flag``.
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from kbackend.cache import PredictionCache, Rounding, check_cacheable, check_store, open_store
-from kbackend.config import check_output_path
+from kbackend.config import check_distinct_paths, check_output_path
 from kbackend.errors import DataError
 from kbackend.io import atomic_write, read_array
 from kbackend.serving.model import (
@@ -47,7 +47,9 @@ def run(args: argparse.Namespace) -> int:
     rounding = Rounding.parse(args.decimals)
     if args.decimals is not None and args.cache is None:
         raise DataError("--decimals only applies with --cache (rounding decides the cache key).")
-    check_output_path(args.out, "--out")
+    check_distinct_paths({"--out": args.out}, {"--model": args.model, "--input": args.input,
+                                               "--cache": args.cache})
+    check_output_path(args.out, "--out", suffix=".npy")
     x = load_array(args.input)
     check_model_file(args.model)
     if args.cache:

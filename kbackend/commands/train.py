@@ -6,7 +6,14 @@ import argparse
 from dataclasses import replace
 
 from kbackend.backend_choice import active_backend
-from kbackend.config import MONITORS, Target, TrainConfig, check_metrics, check_output_path
+from kbackend.config import (
+    MONITORS,
+    Target,
+    TrainConfig,
+    check_distinct_paths,
+    check_metrics,
+    check_output_path,
+)
 from kbackend.data import DATASETS
 from kbackend.distributed import engine_name, is_chief
 from kbackend.engines import engine_names
@@ -190,11 +197,20 @@ def check_args(args: argparse.Namespace) -> TrainConfig:
     """The validated ``TrainConfig`` of the flags, with the output paths checked (no data needed)."""
     config = config_from_args(args)
     check_sources(config)
+    check_outputs(args, config)
+    return config
+
+
+def check_outputs(args: argparse.Namespace, config: TrainConfig) -> None:
+    """``--save`` (.keras) and ``--history`` (.json): writable, and neither the other nor an
+    input (the model or data file)."""
+    check_distinct_paths({"--save": args.save, "--history": args.history},
+                         {"--model": config.model if config.model not in MODELS else None,
+                          "--data": config.dataset if config.dataset not in DATASETS else None})
     if args.save is not None:
         check_output_path(args.save, "--save", suffix=".keras")
     if args.history is not None:
-        check_output_path(args.history, "--history")
-    return config
+        check_output_path(args.history, "--history", suffix=".json")
 
 
 def check_sources(config: TrainConfig) -> None:
@@ -207,6 +223,7 @@ def check_sources(config: TrainConfig) -> None:
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     check_sources(config)
+    check_outputs(args, config)
     why = resolve_engine(args.engine)[1]
     if why:
         print(why)

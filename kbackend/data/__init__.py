@@ -196,7 +196,11 @@ def load(
         raise DataError(
             f"Invalid data_format. Expected one of {list(DATA_FORMATS)}. Received: {data_format!r}."
         )
-    loader, _ = DATASETS[name]
+    loader, reads_files = DATASETS[name]
+    if data_dir is not None and not reads_files:
+        raise DataError(f"--data-dir does not apply to {name!r}: it is "
+                        f"{'generated' if name != 'digits' else 'embedded in scikit-learn'}, "
+                        "not read from files (only mnist and fashion_mnist are).")
     raw = loader(data_dir=data_dir, synthetic=synthetic)
     layout = resolve_layout(layout, raw.kind)
     x_train = _arrange(raw.x_train.astype(np.float32) / raw.scale, raw.kind, layout, data_format, name)

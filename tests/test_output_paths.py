@@ -1,0 +1,48 @@
+"""Nothing finished is destroyed (issue 36, items 4-5): an output path that is also an input or
+another output of the same command, or lacks its format's suffix, is refused in one line before
+any work, and the file that was there is unchanged; --data-dir is refused where nothing is read."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kbackend.backend_choice import keras as import_keras
+from tests.conftest import one_line_error
+
+
+@pytest.fixture
+def files(tmp_path):
+    keras = import_keras()
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10, activation="softmax")])
+    model.save(tmp_path / "model.keras")
+    np.save(tmp_path / "x.npy", np.zeros((2, 64), np.float32))
+    np.savez(tmp_path / "data.npz", x=np.zeros((20, 4), np.float32), y=np.arange(20) % 2)
+    return tmp_path
+
+
+CASES = {
+    "save-is-history": (["train", "--save", "{d}/out.keras", "--history", "{d}/out.keras"],
+                        "also --save"),
+    "save-is-model": (["train", "--model", "{d}/model.keras", "--save", "{d}/model.keras"],
+                      "also --model"),
+    "history-is-data": (["train", "--data", "{d}/data.npz", "--history", "{d}/data.npz"],
+                        "also --data"),
+    "history-suffix": (["train", "--history", "{d}/history.txt"], "ending in .json"),
+    "predict-out-is-model": (["predict", "--model", "{d}/model.keras", "--input", "{d}/x.npy",
+                              "--out", "{d}/model.keras"], "also --model"),
+    "predict-out-suffix": (["predict", "--model", "{d}/model.keras", "--input", "{d}/x.npy",
+                            "--out", "{d}/y.txt"], "ending in .npy"),
+    "data-dir-for-generated": (["train", "--dataset", "mnist1d", "--data-dir", "{d}"],
+                               "--data-dir does not apply to 'mnist1d'"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_an_output_that_would_destroy_a_file_is_refused(case, files, cli, engines_never_run):
+    args, message = CASES[case]
+    before = {p.name: p.read_bytes() for p in files.iterdir()}
+    result = cli(*(a.format(d=files) for a in args))
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and one_line_error(result.stderr)
+    assert {p.name: p.read_bytes() for p in files.iterdir()} == before

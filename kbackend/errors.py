@@ -27,6 +27,11 @@ class ConfigError(KBackendError):
     """A training, model or optimizer option is invalid."""
 
 
+class OutputError(KBackendError):
+    """A file could not be written (disk full, quota, read-only): one line naming the path and
+    the free space there; whatever was at the path is unchanged."""
+
+
 class JobError(KBackendError):
     """A multi-process job did not form (a process missing, a foreign program at the
     coordinator's address, a mismatched job) or lost a process. The CLI exits with status 3."""

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from kbackend.errors import DataError, path_errors
+from kbackend.errors import DataError, OutputError, path_errors
 
 NON_FINITE_KEY = "non_finite"
 NPY_MAGIC = b"\x93NUMPY"
@@ -144,10 +144,40 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path
             os.fsync(handle.fileno())
         os.replace(tmp, target)
         _fsync_dir(target.parent)
-    except BaseException:
+    except BaseException as error:
         tmp.unlink(missing_ok=True)
+        cause = _os_error_in(error)
+        if cause is not None:
+            raise OutputError(
+                f"Could not write {str(target)!r}: {cause.strerror or cause} "
+                f"({_free_space(target.parent)} free there); the file that was there, if any, "
+                "is unchanged.") from None
         raise
     return target
+
+
+def _os_error_in(error: BaseException) -> OSError | None:
+    """The ``OSError`` behind ``error`` (libraries such as h5py wrap it), if any."""
+    seen: BaseException | None = error
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, OSError) and getattr(seen, "errno", None) is not None:
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _free_space(folder: Path) -> str:
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return "unknown space"
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if free < 1024 or unit == "TiB":
+            return f"{free:.0f} {unit}" if unit == "bytes" else f"{free:.1f} {unit}"
+        free /= 1024
+    return f"{free:.1f} TiB"
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:

@@ -149,10 +149,11 @@ def train(
                 or non_finite_result(model, history, check_weights=save is not None))
     if diverged:
         history.extra["diverged"] = diverged
-    if save is not None and distributed.is_chief() and not diverged:  # only process 0 writes
-        save_model(model, save)
+    # Only process 0 writes; the small history first, so a full disk loses the least.
     if history_path is not None and distributed.is_chief():
         history.save(history_path)
+    if save is not None and distributed.is_chief() and not diverged:
+        save_model(model, save)
     if diverged and config.on_divergence == "raise":
         written = f"; the history was written to {history_path}" if history_path is not None else ""
         seen_in = diverged.get("seen_in", "train_loss")

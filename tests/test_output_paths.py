@@ -46,3 +46,24 @@ def test_an_output_that_would_destroy_a_file_is_refused(case, files, cli, engine
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and one_line_error(result.stderr)
     assert {p.name: p.read_bytes() for p in files.iterdir()} == before
+
+
+def test_a_full_disk_at_save_is_one_line_and_keeps_the_history(tmp_path, monkeypatch):
+    """ENOSPC while the model is written: an ``OutputError`` naming the path and the free space;
+    the history (written first) is there, and no partial model or temp file is left."""
+    import errno
+
+    from kbackend.errors import OutputError
+    from kbackend.training import TrainConfig, train
+
+    keras = import_keras()
+
+    def full_disk(self, path, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(keras.Model, "save", full_disk)
+    with pytest.raises(OutputError, match=r"No space left on device .* free there") as raised:
+        train(TrainConfig(epochs=1, max_steps=2), save=tmp_path / "m.keras",
+              history_path=tmp_path / "h.json")
+    assert "\n" not in str(raised.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h.json"]

@@ -447,6 +447,9 @@ def check_model_matches(model: Any, info: DatasetInfo, name: str = "model") -> N
     symbolic batch of it. Output units against classes are the task's check, not this one.
     """
     keras = import_keras()
+    if isinstance(info.input_shape, dict):  # named inputs (kbackend.workload.InputPacking)
+        _check_named_inputs(model, info, name)
+        return
     shape = tuple(info.input_shape)
     data = f"the data ({info.name}) has {_shape(shape)}"
     if isinstance(model, keras.Sequential) and not model.built:
@@ -476,6 +479,28 @@ def check_model_matches(model: Any, info: DatasetInfo, name: str = "model") -> N
     if outputs != 1:
         raise ModelError(f"Model {name!r} has {outputs} outputs: kbackend trains models with one "
                          "input and one output.")
+
+
+def _check_named_inputs(model: Any, info: DatasetInfo, name: str) -> None:
+    """A multi-input model against data given as a dict: the same input names, each input's
+    shape the data's, and one output."""
+    wanted = {key: tuple(shape) for key, shape in info.input_shape.items()}
+    if not _is_graph_model(model):
+        raise ModelError(f"Model {name!r} is subclassed: dict inputs need a functional model "
+                         "whose keras.Input layers are named as the data's keys.")
+    got = {tensor.name: tuple(tensor.shape[1:]) for tensor in model.inputs}
+    if set(got) != set(wanted):
+        raise ModelError(f"Model {name!r} takes inputs named {sorted(got)}; the data's dict has "
+                         f"{sorted(wanted)}: name the keras.Input layers as the data's keys.")
+    for key, shape in wanted.items():
+        have = got[key]
+        if len(have) != len(shape) or any(h is not None and h != w
+                                           for h, w in zip(have, shape, strict=True)):
+            raise ModelError(f"Model {name!r} takes input {key!r} of shape {_shape(have)}, the "
+                             f"data's {key!r} has {_shape(shape)}.")
+    if len(model.outputs) != 1:
+        raise ModelError(f"Model {name!r} has {len(model.outputs)} outputs: kbackend trains "
+                         "models with one output.")
 
 
 def _check_fits(model: Any, name: str) -> None:

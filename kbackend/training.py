@@ -27,7 +27,7 @@ from kbackend.history import History
 from kbackend.io import atomic_write
 from kbackend.models import MODELS, build_model, check_model_fits, model_layout
 from kbackend.precision import precision_scope
-from kbackend.workload import Workload, prepare_workload
+from kbackend.workload import Workload, prepare_workload, unwrap
 
 __all__ = ["MONITORS", "Diverged", "Target", "TrainConfig", "TrainResult", "load_dataset",
            "save_model", "train"]
@@ -152,6 +152,7 @@ def train(
     # Only process 0 writes; the small history first, so a full disk loses the least.
     if history_path is not None and distributed.is_chief():
         history.save(history_path)
+    model = unwrap(model)  # the user's own model (named inputs: without kbackend's front)
     if save is not None and distributed.is_chief() and not diverged:
         save_model(model, save)
     if diverged and config.on_divergence == "raise":

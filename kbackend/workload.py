@@ -14,7 +14,7 @@ fixed draw that does not depend on the seed (every seed's runs are tested on the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -22,13 +22,84 @@ import numpy as np
 from kbackend import data as data_module
 from kbackend.backend_choice import keras as import_keras
 from kbackend.data import user as user_data
-from kbackend.errors import DataError
+from kbackend.errors import ConfigError, DataError
 from kbackend.model_sources import ModelSource, parse_model_source
 from kbackend.models import ModelOptions
 from kbackend.task import CLASSIFICATION, Task, output_units, task_of_model
 
 # The fixed draw behind a held-out test split (independent of the run's seed).
 TEST_SPLIT_SEED = 1_000_003
+
+
+# Integers are packed into float32 next to real inputs: exact up to 2**24 (token ids, indices).
+MAX_PACKED_INTEGER = 2**24
+
+
+@dataclass(frozen=True)
+class InputPacking:
+    """A model's named inputs (a dict of arrays) packed side by side into one float32 array,
+    so that every engine, batch gatherer and device copy handles one array; ``wrap`` puts a
+    front on the model that slices the packed rows back into its named inputs (exact: a copy,
+    no arithmetic). What is saved is the user's own model (``unwrap``)."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def of(cls, x: dict[str, Any]) -> InputPacking:
+        if not x:
+            raise DataError("Invalid inputs: an empty dict; expected one array per model input.")
+        names = tuple(sorted(x))
+        return cls(names, tuple(tuple(int(d) for d in np.shape(x[n])[1:]) for n in names))
+
+    @property
+    def input_shapes(self) -> dict[str, tuple[int, ...]]:
+        return dict(zip(self.names, self.shapes, strict=True))
+
+    def pack(self, x: Any, split: str) -> np.ndarray:
+        """``x`` (a dict with this packing's keys and shapes) as one ``(N, total)`` array."""
+        if not isinstance(x, dict) or set(x) != set(self.names):
+            got = sorted(x) if isinstance(x, dict) else type(x).__name__
+            raise DataError(f"Invalid inputs in the {split} split: expected a dict with the "
+                            f"keys {list(self.names)}. Received: {got}.")
+        arrays = [np.asarray(x[name]) for name in self.names]
+        lengths = {len(a) for a in arrays}
+        if len(lengths) != 1:
+            raise DataError(f"Inputs of different lengths in the {split} split: "
+                            + ", ".join(f"{n} {len(a)}" for n, a in zip(self.names, arrays,
+                                                                          strict=True)) + ".")
+        for name, shape, array in zip(self.names, self.shapes, arrays, strict=True):
+            if tuple(array.shape[1:]) != shape:
+                raise DataError(f"Input {name!r} of the {split} split has samples of shape "
+                                f"{tuple(array.shape[1:])}, the training split's {shape}.")
+            if array.dtype.kind in "iu" and array.size and \
+                    np.abs(array).max() >= MAX_PACKED_INTEGER:
+                raise DataError(f"Input {name!r} of the {split} split holds integers beyond "
+                                f"2**24, which float32 cannot hold exactly.")
+            if array.dtype.kind not in "biuf":
+                raise DataError(f"Input {name!r} of the {split} split holds {array.dtype} "
+                                "values: expected numbers.")
+        return np.concatenate([a.reshape(len(a), -1).astype(np.float32) for a in arrays],
+                              axis=1)
+
+    def wrap(self, model: Any) -> Any:
+        """A functional model of one packed input around ``model`` (same variables)."""
+        keras = import_keras()
+        sizes = [int(np.prod(shape)) for shape in self.shapes]
+        packed = keras.Input((sum(sizes),), name="packed_inputs")
+        parts, start = {}, 0
+        for name, shape, size in zip(self.names, self.shapes, sizes, strict=True):
+            part = packed[:, start:start + size]
+            parts[name] = part if len(shape) == 1 else keras.layers.Reshape(shape)(part)
+            start += size
+        wrapper = keras.Model(packed, model(parts), name=f"{model.name}_packed")
+        object.__setattr__(wrapper, "_kbackend_inner", model)  # what is saved
+        return wrapper
+
+
+def unwrap(model: Any) -> Any:
+    """The user's own model inside an ``InputPacking.wrap`` front (else ``model``)."""
+    return getattr(model, "_kbackend_inner", model)
 
 
 @dataclass
@@ -39,6 +110,8 @@ class Workload:
     dataset: data_module.Dataset
     task: Task
     options: ModelOptions = field(default_factory=ModelOptions)
+    # Named inputs packed into one array (a dict of arrays given as x), else None.
+    packing: InputPacking | None = None
     # Lines a command prints before training (the inferred task, held-out splits, ...).
     notes: list[str] = field(default_factory=list)
     _first: Any = field(default=None, repr=False)
@@ -53,7 +126,12 @@ class Workload:
         if self._first is not None and self._first[0] == seed:
             model, self._first = self._first[1], None  # built once while preparing: reused
             return model
-        model = self.source.build(self.dataset.info, self.options, seed=seed)
+        info = self.dataset.info
+        if self.packing is not None:
+            info = replace(info, input_shape=self.packing.input_shapes)
+        model = self.source.build(info, self.options, seed=seed)
+        if self.packing is not None:
+            return self.packing.wrap(model)
         adapt_preprocessing(model, self.dataset.x_train)
         return model
 
@@ -70,6 +148,13 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
     ``validation_data``). ``target_metric`` (``val_mae``, ...) picks the metric the engines
     report among the model's compiled ones. Raises a one-line ``KBackendError`` on bad input."""
     options = options or ModelOptions(seed=seed)
+    packing = None
+    if isinstance(x, dict) and y is not None:  # a model's named inputs: packed side by side
+        packing = InputPacking.of(x)
+        x = packing.pack(x, "train")
+        if validation_data is not None:
+            validation_data = (packing.pack(validation_data[0], "validation"),
+                               *tuple(validation_data)[1:])
     source = parse_model_source(model, unsafe_deserialization=unsafe_deserialization,
                                 from_weights=from_weights)
     notes: list[str] = []
@@ -97,9 +182,14 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
         splits = {k: (np.reshape(v[0], (len(v[0]), -1)), v[1]) for k, v in splits.items()}
     x_train, y_train = splits["train"]
     info = _provisional_info(name, x_train, y_train)
+    if packing is not None:
+        info = replace(info, input_shape=packing.input_shapes)
     first = source.build(info, options, seed=options.seed)
     task = CLASSIFICATION if source.builtin else task_of_model(first, y_train,
                                                                prefer_metric=metric)
+    check_layers(first, source.name)
+    if packing is not None:
+        first = packing.wrap(first)
     if task.source == "inferred":
         notes.append(f"task inferred from the labels (the model is not compiled): "
                      f"{task.describe()}")
@@ -109,9 +199,23 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
     units = output_units(first)
     splits = {k: (v[0], check_labels(task, v[1], units, k)) for k, v in splits.items()}
     dataset = _dataset(name, kind, splits, task, units, validation_fraction, seed, notes)
-    workload = Workload(source, dataset, task, options, notes)
+    workload = Workload(source, dataset, task, options, notes, packing)
     workload._first = (options.seed, first)
     return workload
+
+
+def check_layers(model: Any, name: str) -> None:
+    """A layer kbackend's compiled engines cannot run, as a one-line error: ``TextVectorization``
+    takes strings, which no XLA program holds (a folder of .txt class subfolders is vectorized
+    in the input pipeline instead)."""
+    keras = import_keras()
+    for layer in model._flatten_layers(include_self=False):
+        if isinstance(layer, keras.layers.TextVectorization):
+            raise ConfigError(
+                f"Model {name!r} has a TextVectorization layer ({layer.name}): kbackend's engines "
+                "compile the model with XLA, which has no strings. Vectorize in the input "
+                "pipeline: give a folder of .txt class subfolders as --data (vectorized on the "
+                "training split), and start the model at its Embedding.")
 
 
 def adapt_preprocessing(model: Any, x_train: np.ndarray) -> list[str]:

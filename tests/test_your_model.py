@@ -24,7 +24,7 @@ from kbackend.errors import ConfigError, DataError, KBackendError
 from kbackend.optim import OptimizerSpec
 from kbackend.task import infer_task, metric_direction, task_of_model
 from kbackend.training import train
-from kbackend.workload import prepare_workload
+from kbackend.workload import check_layers, prepare_workload
 from tests.conftest import JIT_FOR_SMALL_RUNS
 
 keras = import_keras()
@@ -287,3 +287,50 @@ def test_a_study_of_a_user_model_names_its_metric_and_resumes(tmp_path):
             [r["steps_to_target"] for r in first.rows]
     finally:
         sys.path.remove(str(tmp_path))
+
+
+def _two_input_model():
+    numbers = keras.Input((8,), name="numbers")
+    tokens = keras.Input((6,), name="tokens", dtype="int32")
+    embedded = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(50, 4)(tokens))
+    hidden = keras.layers.Dense(16, activation="relu")(
+        keras.layers.Concatenate()([numbers, embedded]))
+    model = keras.Model({"numbers": numbers, "tokens": tokens},
+                        keras.layers.Dense(3)(hidden))
+    model.compile("adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+@pytest.mark.parametrize("engine", ["native", "keras"])
+def test_a_two_input_model_trains_on_a_dict_and_saves_as_itself(engine, tmp_path):
+    """Named inputs (a dict of arrays, token ids for an Embedding among them): every engine
+    trains them; the saved model is the user's, with its two inputs, predicting as trained."""
+    tokens = (np.abs(X[:, :6]) * 8).astype(np.int32) % 50
+    x = {"numbers": X, "tokens": tokens}
+    result = kbackend.train(_two_input_model(), x, CLASSES, epochs=8, learning_rate=0.02,
+                            engine=engine, progress=False, save=tmp_path / "two.keras")
+    assert result.history.best("val_accuracy") > 0.7
+    saved = keras.saving.load_model(tmp_path / "two.keras")
+    assert sorted(t.name for t in saved.inputs) == ["numbers", "tokens"]
+    sample = {"numbers": X[:5], "tokens": tokens[:5]}
+    np.testing.assert_allclose(saved.predict(sample, verbose=0),
+                               result.model.predict(sample, verbose=0), rtol=1e-5, atol=1e-6)
+
+
+def test_dict_inputs_that_do_not_match_the_model_are_one_line():
+    x = {"numbers": X, "words": X[:, :6]}
+    with pytest.raises(KBackendError, match="takes inputs named") as raised:
+        prepare_workload(_two_input_model(), None, x=x, y=CLASSES)
+    assert "\n" not in str(raised.value)
+
+
+def test_a_text_vectorization_layer_in_the_model_is_one_line():
+    vectorizer = keras.layers.TextVectorization(max_tokens=10, output_sequence_length=8,
+                                                vocabulary=["a", "b"])
+    model = keras.Sequential([keras.Input((1,), dtype="string"), vectorizer,
+                              keras.layers.Embedding(10, 4), keras.layers.Flatten(),
+                              keras.layers.Dense(3, activation="softmax")])
+    with pytest.raises(ConfigError, match="TextVectorization layer") as raised:
+        check_layers(model, "text_model")
+    assert "\n" not in str(raised.value)

@@ -12,11 +12,10 @@ import math
 from pathlib import Path
 
 from kbackend.api import recommendation, recommendation_lines
+from kbackend.commands.train import add_source_arguments
 from kbackend.config import check_output_folder, check_output_path
-from kbackend.data import DATASETS
 from kbackend.engines import engine_names
 from kbackend.errors import ConfigError, path_errors
-from kbackend.models import MODELS
 from kbackend.optim import OPTIMIZERS
 from kbackend.study.config import (
     DEFAULT_BUDGETS,
@@ -78,21 +77,10 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                     "least training time on this machine. `kbackend study compare` compares "
                     "studies across backends.")
     grid = parser.add_argument_group("grid")
-    grid.add_argument("--dataset", default=DEFAULT_DATASET, choices=sorted(DATASETS),
-                      help=f"default {DEFAULT_DATASET}: MNIST-1D drawn larger, generated offline")
-    grid.add_argument("--data", default=None, metavar="SOURCE",
-                      help="your data instead of --dataset: PATH.npz, PATH.csv (with --label), a "
-                           "folder of class subfolders, tfds:NAME[:CONFIG], FILE.py:FUNCTION "
-                           "(docs/your-model.md)")
-    grid.add_argument("--label", default=None, metavar="COLUMN",
-                      help="--data PATH.csv: the label column")
-    grid.add_argument("--data-dir", default=None, help="folder with MNIST / Fashion-MNIST files")
-    grid.add_argument("--model", default=DEFAULT_MODEL, metavar="MODEL",
-                      help=f"a built-in model ({', '.join(sorted(MODELS))}; default "
-                           f"{DEFAULT_MODEL}, hidden widths 256,128), your PATH.keras, or a "
-                           "builder FILE.py:FUNCTION / package.module:FUNCTION")
-    grid.add_argument("--unsafe-deserialization", action="store_true",
-                      help="--model PATH.keras: load Lambda layers (their code runs)")
+    add_source_arguments(grid, grid, dataset=DEFAULT_DATASET, model_default=DEFAULT_MODEL,
+                         dataset_help=f"default {DEFAULT_DATASET}: MNIST-1D drawn larger, "
+                                      "generated offline",
+                         model_help=f"; default {DEFAULT_MODEL}, hidden widths 256,128")
     grid.add_argument("--optimizers", type=_names, default=("sgd", "momentum", "adam"),
                       help=f"comma-separated, from {', '.join(OPTIMIZERS)} (default: sgd,momentum,adam)")
     grid.add_argument("--batch-sizes", type=_int_list, default=None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
+from typing import Any
 
 from kbackend.backend_choice import active_backend
 from kbackend.config import (
@@ -45,29 +46,35 @@ def _fused_steps(text: str) -> int:
     return value
 
 
-def add_training_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags shared by every command that trains (train, and later ones such as study)."""
-    data = parser.add_argument_group("data (docs/your-model.md)")
-    data.add_argument("--dataset", default="digits", choices=sorted(DATASETS))
+def add_source_arguments(data: Any, model: Any, *, dataset: str, model_default: str,
+                         dataset_help: str | None = None, model_help: str = "") -> None:
+    """The flags naming the model and the data, a built-in or the user's (train and study)."""
+    data.add_argument("--dataset", default=dataset, choices=sorted(DATASETS), help=dataset_help)
     data.add_argument("--data", default=None, metavar="SOURCE",
                       help="your data instead of --dataset: PATH.npz, PATH.csv (with --label), a "
                            "folder of class subfolders (images or .txt), tfds:NAME[:CONFIG], "
-                           "FILE.py:FUNCTION")
+                           "FILE.py:FUNCTION (docs/your-model.md)")
     data.add_argument("--label", default=None, metavar="COLUMN",
                       help="--data PATH.csv: the label column")
     data.add_argument("--data-dir", default=None, help="folder with MNIST / Fashion-MNIST files")
-    data.add_argument("--validation-fraction", type=float, default=0.1,
-                      help="share of the training data held out for validation (0: none, the "
-                           "test split is evaluated instead; no early stopping or target then)")
+    model.add_argument("--model", default=model_default, metavar="MODEL",
+                       help=f"a built-in model ({', '.join(sorted(MODELS))}{model_help}), your "
+                            "PATH.keras, or a builder FILE.py:FUNCTION / package.module:FUNCTION")
+    model.add_argument("--unsafe-deserialization", action="store_true",
+                       help="--model PATH.keras: load Lambda layers (their code runs)")
+
+
+def add_training_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags shared by every command that trains (train, and later ones such as study)."""
+    data = parser.add_argument_group("data (docs/your-model.md)")
     model = parser.add_argument_group("model")
-    model.add_argument("--model", default="seed_mlp", metavar="MODEL",
-                       help=f"a built-in model ({', '.join(sorted(MODELS))}), your PATH.keras, "
-                            "or a builder FILE.py:FUNCTION / package.module:FUNCTION")
+    add_source_arguments(data, model, dataset="digits", model_default="seed_mlp")
     model.add_argument("--from-weights", action="store_true",
                        help="--model PATH.keras: start from its saved weights (default: fresh "
                             "weights from its initializers, per seed)")
-    model.add_argument("--unsafe-deserialization", action="store_true",
-                       help="--model PATH.keras: load Lambda layers (their code runs)")
+    data.add_argument("--validation-fraction", type=float, default=0.1,
+                      help="share of the training data held out for validation (0: none, the "
+                           "test split is evaluated instead; no early stopping or target then)")
     model.add_argument("--data-format", default="channels_last", choices=["channels_last", "channels_first"])
     model.add_argument("--dropout", type=float, default=0.0)
     model.add_argument("--batch-norm", action="store_true")

@@ -167,7 +167,7 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
                                        data_format=options.data_format,
                                        validation_fraction=validation_fraction, seed=seed,
                                        data_dir=data_dir)
-            return Workload(source, dataset, CLASSIFICATION, options, notes)
+            return Workload(source, dataset, CLASSIFICATION, options, notes=notes)
         splits = {"train": (dataset.x_train, dataset.y_train), "val": (dataset.x_val,
                   dataset.y_val), "test": (dataset.x_test, dataset.y_test)}
         name, kind = data, "builtin"
@@ -199,7 +199,7 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
     units = output_units(first)
     splits = {k: (v[0], check_labels(task, v[1], units, k)) for k, v in splits.items()}
     dataset = _dataset(name, kind, splits, task, units, validation_fraction, seed, notes)
-    workload = Workload(source, dataset, task, options, notes, packing)
+    workload = Workload(source, dataset, task, options, packing=packing, notes=notes)
     workload._first = (options.seed, first)
     return workload
 

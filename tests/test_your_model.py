@@ -334,3 +334,20 @@ def test_a_text_vectorization_layer_in_the_model_is_one_line():
     with pytest.raises(ConfigError, match="TextVectorization layer") as raised:
         check_layers(model, "text_model")
     assert "\n" not in str(raised.value)
+
+
+def test_a_study_cell_trains_its_own_optimizer_not_the_compiled_one():
+    """A user model compiled with Adam, in a study cell asking for SGD: the cell's trainer
+    steps with SGD (on TensorFlow the native loop could take the model's own optimizer)."""
+    model, task, data = _dataset("mse")
+    model.compile("adam", loss="mse", metrics=["mae"])
+    runs = native.Runs(model, data)
+    config = TrainConfig(model="mse", optimizer=OptimizerSpec("sgd", 0.05), batch_size=16,
+                         epochs=1, fused_steps=4, task=task)
+    trainer = runs.trainer(config)
+    optimizer = getattr(trainer, "optimizer", None)
+    if optimizer is not None:  # TensorFlow: a Keras optimizer; JAX: optax from the spec
+        assert type(optimizer).__name__ == "SGD"
+    before = [np.asarray(w) for w in model.get_weights()]
+    history = runs.train(config, native.model_values(model))
+    assert history.steps_run == 16 and len(before) == len(model.get_weights())

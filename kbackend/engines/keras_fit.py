@@ -117,6 +117,10 @@ def compile_model(model: Any, spec: Any, config: Any) -> None:
     """Compile ``model`` for its task (``config.task``: loss and metric) with ``spec``'s
     optimizer."""
     task = config.task
+    # The spec this model's optimizer was made from: a trainer may train with that optimizer
+    # (TF's native loop does, so a saved model holds its trained state) only for this spec,
+    # never with an optimizer the user compiled the model with.
+    object.__setattr__(model, "_kbackend_spec", spec)
     model.compile(
         optimizer=spec.to_keras(),
         loss=task.loss_object(),

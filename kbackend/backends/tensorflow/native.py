@@ -122,7 +122,12 @@ class NativeTrainer:
                  task: Task = CLASSIFICATION) -> None:
         self.model = model
         self.jit_compile = jit_compile
-        self.optimizer = getattr(model, "optimizer", None) or spec.to_keras()
+        # The model's optimizer only where kbackend compiled it for this very spec
+        # (``engines.keras_fit.compile_model``); a user's own compiled optimizer is not the
+        # run's (a study's SGD cell must not train with the Adam the model was saved with).
+        compiled_for = getattr(model, "_kbackend_spec", None)
+        self.optimizer = (model.optimizer if compiled_for is not None and compiled_for == spec
+                          and getattr(model, "optimizer", None) is not None else spec.to_keras())
         self.optimizer.build(model.trainable_variables)
         self.train_step = make_train_step(model, self.optimizer, task)
         # One device copy per dataset, shared by every trainer of it.

@@ -99,6 +99,14 @@ def model_file(tmp_path):
 
 
 CASES = {
+    "a key the archive lacks": (["--inputs", "{data}:nope"],
+                                "has no array 'nope'; its arrays are x, y"),
+    "a key of a .npy file": (["--inputs", "{npy}:x"], "file not found"),
+    "object arrays": (["--targets", "{objects}"], "holds Python objects"),
+    "a built-in model": (["__MODEL__=seed_mlp"], "a built-in model has no weights"),
+    "a builder without inputs": (["__MODEL__={builder}:build"], "pass --inputs"),
+    "a builder on several arrays": (["__MODEL__={builder}:build", "--inputs", "{data}"],
+                                    "the archive holds 2 arrays (x, y)"),
     "unknown loss": (["--loss", "bogus"], "Invalid --loss"),
     "a base class": (["--loss", "Loss"], "Invalid --loss"),
     "logits of mse": (["--loss", "mse", "--from-logits"], "Invalid --loss with --from-logits"),
@@ -121,13 +129,22 @@ def test_bad_equiv_input_is_one_line_before_any_worker(cli, monkeypatch, tmp_pat
     (tmp_path / "x.txt").write_text("not an array\n")
     (tmp_path / "empty.npy").write_bytes(b"")
     zipfile.ZipFile(tmp_path / "none.npz", "w").close()
+    np.savez(tmp_path / "data.npz", x=np.zeros((2, 3), np.float32), y=np.zeros(2, np.int32))
+    np.save(tmp_path / "x.npy", np.zeros((2, 3), np.float32))
+    np.savez(tmp_path / "objects.npz", y=np.array([{"a": 1}], dtype=object))
+    (tmp_path / "builder.py").write_text("def build():\n    raise AssertionError('built')\n")
     places = {"text": tmp_path / "x.txt", "empty": tmp_path / "empty.npy",
-              "archive": tmp_path / "none.npz"}
+              "archive": tmp_path / "none.npz", "data": tmp_path / "data.npz",
+              "npy": tmp_path / "x.npy", "objects": tmp_path / "objects.npz",
+              "builder": tmp_path / "builder.py"}
     flags, message = CASES[case]
+    flags = [f.format(**{k: str(v) for k, v in places.items()}) for f in flags]
+    model = next((f.removeprefix("__MODEL__=") for f in flags if f.startswith("__MODEL__=")),
+                 model_file)
     before = sorted(p.name for p in tmp_path.iterdir())
     report = tmp_path / "report.json"
-    result = cli("equiv", model_file, "--json", report,
-                 *[f.format(**{k: str(v) for k, v in places.items()}) for f in flags])
+    result = cli("equiv", model, "--json", report,
+                 *[f for f in flags if not f.startswith("__MODEL__=")])
     assert result.returncode == 2, result
     assert one_line_error(result.stderr) and message in result.stderr, result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no report, no temp file
@@ -157,3 +174,142 @@ def test_a_sequential_model_is_described_with_its_last_layer_as_output(tmp_path)
     description = operations.describe({"kind": "keras_file", "path": str(tmp_path / "seq.keras")})
     assert [o["name"] for o in description["outputs"]] == ["last"]
     assert description["outputs"][0]["shape"] == [None, 3]
+
+
+# --- --inputs / --targets: arrays by key, headers first (issue 34) ---------------------------
+
+
+@pytest.fixture
+def arrays(tmp_path):
+    """An archive with two named arrays, one with one positional array, and a .npy file."""
+    np.savez(tmp_path / "data.npz", x_val=np.ones((4, 3), np.float32), y_val=np.arange(4))
+    np.savez(tmp_path / "one.npz", np.full((2, 3), 2.0, np.float32))
+    np.save(tmp_path / "x.npy", np.zeros((5, 3), np.float32))
+    return tmp_path
+
+
+@pytest.mark.parametrize(("name", "shapes", "keys"), [
+    ("data.npz:x_val", [(4, 3)], ["x_val"]),
+    ("data.npz:y_val", [(4,)], ["y_val"]),
+    ("data.npz", [(4, 3), (4,)], ["x_val", "y_val"]),  # one per model input, in order
+    ("one.npz", [(2, 3)], ["arr_0"]),
+    ("x.npy", [(5, 3)], None),
+])
+def test_arrays_are_picked_by_key_or_taken_in_order(arrays, name, shapes, keys):
+    read = equiv_command.read_arrays(str(arrays / name), "--inputs")
+    assert [a.shape for a in read.arrays] == shapes and read.keys == keys
+
+
+def test_arrays_over_the_cap_are_refused_from_their_headers(arrays, monkeypatch):
+    def no_load(*args, **kwargs):
+        raise AssertionError("the data was read although its header already exceeds the cap")
+
+    monkeypatch.setattr(equiv_command.np, "load", no_load)
+    for name in ("data.npz:x_val", "x.npy"):
+        with pytest.raises(ValueError, match="more than the 40 compared at once"):
+            equiv_command.read_arrays(str(arrays / name), "--inputs", max_bytes=40)
+
+
+def test_a_cut_npy_file_is_refused_from_its_header(arrays):
+    data = (arrays / "x.npy").read_bytes()
+    (arrays / "cut.npy").write_bytes(data[:-8])
+    with pytest.raises(ValueError, match="a cut or altered file") as raised:
+        equiv_command.read_arrays(str(arrays / "cut.npy"), "--inputs")
+    assert "\n" not in str(raised.value)
+
+
+class _DescribingPool:
+    """Answers ``describe`` with a fixed one-input description; anything more is not expected."""
+
+    backends = ("jax", "tensorflow")
+    work_dir = "."
+
+    def __init__(self, loss=None):
+        self.description = {"inputs": [{"shape": [None, 3], "dtype": "float32", "int_high": None}],
+                            "outputs": [{"name": "head", "shape": [None, 2]}],
+                            "weights": [], "loss": loss}
+
+    def call(self, backend, op, **kwargs):
+        assert op == "describe"
+        return self.description
+
+
+def _args(*argv):
+    from kbackend.cli import build_parser
+
+    return build_parser().parse_args(["equiv", *[str(a) for a in argv]])
+
+
+def test_equiv_takes_the_named_array_and_refuses_an_ambiguous_archive(arrays, model_file,
+                                                                       monkeypatch):
+    cases = []
+    monkeypatch.setattr(equiv_command, "compare_model", lambda pool, case: cases.append(case))
+    pool = _DescribingPool()
+    equiv_command.compare_file(_args(model_file, "--inputs", f"{arrays / 'data.npz'}:x_val",
+                                     "--targets", f"{arrays / 'data.npz'}:y_val"), pool)
+    (case,) = cases
+    assert [a.shape for a in case.x] == [(4, 3)] and [a.shape for a in case.y] == [(4,)]
+    assert case.loss is None  # the comparison takes the model's compiled loss itself
+    with pytest.raises(ValueError, match=r"holds 2 arrays \(x_val, y_val\) and the model takes "
+                                         r"one input: name one, e\.g\. .*data\.npz:x_val"):
+        equiv_command.compare_file(_args(model_file, "--inputs", arrays / "data.npz"), pool)
+
+
+def test_random_targets_follow_the_compiled_loss(model_file, monkeypatch):
+    cases = []
+    monkeypatch.setattr(equiv_command, "compare_model", lambda pool, case: cases.append(case))
+    sparse = {"class_name": "SparseCategoricalCrossentropy", "config": {"from_logits": True}}
+    equiv_command.compare_file(_args(model_file), _DescribingPool(loss=sparse))
+    assert cases[-1].loss is None and cases[-1].y[0].dtype == np.int32  # class ids
+    equiv_command.compare_file(_args(model_file, "--loss", "mse"), _DescribingPool(loss=sparse))
+    assert cases[-1].loss == "mse" and cases[-1].y[0].dtype == np.float32
+
+
+def test_a_builder_is_sent_to_the_workers_with_its_data_shape_and_classes(arrays, monkeypatch):
+    (arrays / "builder.py").write_text("def build(input_shape, num_classes):\n    pass\n")
+    cases = []
+    monkeypatch.setattr(equiv_command, "compare_model", lambda pool, case: cases.append(case))
+    equiv_command.compare_file(_args(f"{arrays / 'builder.py'}:build", "--inputs",
+                                     f"{arrays / 'data.npz'}:x_val", "--targets",
+                                     f"{arrays / 'data.npz'}:y_val"), _DescribingPool())
+    source = cases[0].source
+    assert source == {"kind": "builder", "model": f"{arrays / 'builder.py'}:build",
+                      "input_shape": [3], "num_classes": 4}
+
+
+class _FailingPool(_DescribingPool):
+    """Describes a compiled classifier, then fails ``evaluate`` on the backends named."""
+
+    def __init__(self, failing, loss=None):
+        super().__init__(loss)
+        self.failing, self.evaluated = failing, []
+
+    def call_each(self, args, op):
+        from kbackend.equivalence import WorkerFailed
+
+        assert op == "evaluate"
+        self.evaluated.append(args)
+        error = WorkerFailed("'evaluate' failed", self.failing[0], "ValueError: shapes\n differ",
+                             "")
+        error.failed_backends = tuple(self.failing)
+        raise error
+
+
+def test_the_python_api_takes_the_compiled_loss_and_blames_no_backend_for_bad_input():
+    from kbackend.equivalence import Case, CaseError, compare_model
+
+    sparse = {"class_name": "SparseCategoricalCrossentropy", "config": {"from_logits": True}}
+    x, y = [np.zeros((2, 3), np.float32)], [np.zeros(2, np.int32)]
+    assert Case({"kind": "keras_file", "path": "m.keras"}, x, y).loss is None
+    pool = _FailingPool(["jax", "tensorflow"], loss=sparse)
+    with pytest.raises(CaseError, match="runs on no backend") as raised:
+        compare_model(pool, Case({"kind": "keras_file", "path": "m.keras"}, x, y))
+    message = str(raised.value)
+    assert "SparseCategoricalCrossentropy (from_logits)" in message and "\n" not in message
+    assert all(a["loss"] == sparse for a in pool.evaluated[0].values())
+    # An uncompiled model: mse, as before; a failure on one backend only is that backend's row.
+    pool = _FailingPool(["tensorflow"])
+    report = compare_model(pool, Case({"kind": "arch", "arch": {}}, x, y))
+    assert [r.name for r in report.rows] == ["run on tensorflow"]
+    assert report.notes and report.notes[0].startswith("loss: mse, the default")
+    assert all(a["loss"] == "mse" for a in pool.evaluated[0].values())

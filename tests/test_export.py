@@ -65,3 +65,31 @@ def test_export_refuses_bad_model_and_format(tmp_path):
     with pytest.raises(ConfigError, match="Invalid export format"):
         export_model(broken, "onnx", tmp_path / "out")
     assert ExportError.__mro__[1].__name__ == "KBackendError"
+
+
+def test_export_takes_a_keras_file_checked_header_first_by_model_sources(tmp_path, monkeypatch):
+    """``export`` exports a trained ``.keras`` file (not a model to build): its check is
+    ``model_sources.check_model_file``, which reads the zip directory and refuses a member Keras
+    does not write before Keras opens the file; a builder is refused as not a .keras file."""
+    import zipfile
+
+    import keras
+
+    from kbackend import model_sources
+    from kbackend.serving import model as serving_model
+
+    assert serving_model.check_model_file is model_sources.check_model_file
+
+    def no_keras_load(*args, **kwargs):
+        raise AssertionError("Keras opened a file the header check should have refused")
+
+    monkeypatch.setattr(keras.saving, "load_model", no_keras_load)
+    foreign = tmp_path / "foreign.keras"
+    with zipfile.ZipFile(foreign, "w") as archive:
+        archive.writestr("config.json", "{}")
+        archive.writestr("payload.py", "print('hi')")
+    with pytest.raises(ModelError, match=r"unexpected member 'payload\.py'"):
+        export_model(foreign, "keras", tmp_path / "out")
+    with pytest.raises(ModelError, match=r"expected a \.keras file"):
+        export_model("models.py:build", "keras", tmp_path / "out")
+    assert not (tmp_path / "out").exists()

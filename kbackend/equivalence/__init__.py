@@ -10,6 +10,7 @@ from kbackend.equivalence.compare import (
     DEFAULT_OPTIMIZERS,
     DEFAULT_STEPS,
     Case,
+    CaseError,
     Report,
     Row,
     compare_model,
@@ -25,5 +26,5 @@ from kbackend.equivalence.pool import (
 from kbackend.equivalence.tolerances import KNOWN_DIVERGENCES, TOLERANCES
 
 __all__ = ["DEFAULT_OPTIMIZERS", "DEFAULT_STEPS", "KNOWN_DIVERGENCES", "TOLERANCES", "Case",
-           "EquivalenceError", "Report", "Row", "WorkerCrashed", "WorkerFailed", "WorkerPool",
-           "WorkerTimeout", "compare_model", "difference"]
+           "CaseError", "EquivalenceError", "Report", "Row", "WorkerCrashed", "WorkerFailed",
+           "WorkerPool", "WorkerTimeout", "compare_model", "difference"]

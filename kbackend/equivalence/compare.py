@@ -9,13 +9,13 @@ weight after each optimizer step, with max absolute / relative differences and p
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kbackend.equivalence.pool import WorkerFailed, WorkerPool
+from kbackend.equivalence.pool import EquivalenceError, WorkerFailed, WorkerPool
 from kbackend.equivalence.tolerances import TOLERANCES, divergence_for_error
 from kbackend.optim import OptimizerSpec
 
@@ -226,16 +226,54 @@ def compare_results(reference: dict[str, Any], other: dict[str, Any], output_nam
 
 @dataclass
 class Case:
-    """Everything that defines one comparison: model source, weights, data, loss, optimizers."""
+    """Everything that defines one comparison: model source, weights, data, loss, optimizers.
+
+    ``loss`` None (the default) is the loss the model was compiled with (a ``.keras`` file's,
+    a builder's), else ``"mse"``; the report notes which it used.
+    """
 
     source: dict[str, Any]
     x: list[np.ndarray]
     y: list[np.ndarray] | None
-    loss: Any = "mse"
+    loss: Any = None
     weights: list[np.ndarray] | None = None
     optimizers: tuple[dict[str, Any], ...] = DEFAULT_OPTIMIZERS
     steps: int = DEFAULT_STEPS
     check_saved: bool = True
+
+
+def safe_mode(source: dict[str, Any]) -> bool:
+    """Whether files of ``source``'s model load in Keras's safe mode: not for a ``.keras`` file
+    loaded with ``unsafe_deserialization``, nor for a builder (its code runs anyway, and its
+    ``Lambda`` layers are the user's own)."""
+    return not (source.get("unsafe_deserialization") or source["kind"] == "builder")
+
+
+def absolute_source(source: dict[str, Any]) -> dict[str, Any]:
+    """``source`` with its file paths made absolute here: workers may have started in another
+    working directory (a pool lives across ``chdir``s)."""
+    if source.get("kind") == "keras_file":
+        return {**source, "path": str(Path(source["path"]).resolve())}
+    if source.get("kind") == "builder":
+        location, colon, function = str(source["model"]).rpartition(":")
+        if colon and location.endswith(".py"):
+            return {**source, "model": f"{Path(location).resolve()}:{function}"}
+    return source
+
+
+class CaseError(EquivalenceError):
+    """A case no backend can run (a loss that does not fit the model's output, targets of the
+    wrong shape): bad input, not a difference between backends."""
+
+
+def loss_words(loss: Any) -> str:
+    """A loss identifier as a person names it: ``mse``, ``SparseCategoricalCrossentropy
+    (from_logits)``."""
+    if not isinstance(loss, dict):
+        return str(loss)
+    config = loss.get("config") or {}
+    name = str(loss.get("class_name") or config.get("name") or loss)
+    return name + (" (from_logits)" if config.get("from_logits") else "")
 
 
 def compare_model(pool: WorkerPool, case: Case, reference: str | None = None,
@@ -252,19 +290,32 @@ def compare_model(pool: WorkerPool, case: Case, reference: str | None = None,
     reference = reference or backends[0]
     others = tuple(b for b in backends if b != reference)
     report = Report(reference, others)
+    case = replace(case, source=absolute_source(case.source))
     description = pool.call(reference, "describe", source=case.source)
     weights = case.weights if case.weights is not None else description["weights"]
+    loss = case.loss
+    if loss is None and case.y is not None:
+        loss = description.get("loss") or "mse"
+        report.notes.append(f"loss: {loss_words(loss)}, " + (
+            "the model's compiled loss" if description.get("loss") else
+            "the default (the model was not compiled with a loss; pass one to compare another)"))
     output_names = [o["name"] for o in description["outputs"]]
     save_dir = Path(save_dir or pool.work_dir)
     saved = {b: str(save_dir / f"model-saved-on-{b}.keras") for b in backends}
     args = {b: {"source": case.source, "weights": weights, "x": case.x, "y": case.y,
-                "loss": case.loss, "optimizers": list(case.optimizers), "steps": case.steps,
+                "loss": loss, "optimizers": list(case.optimizers), "steps": case.steps,
                 "save_path": saved[b] if case.check_saved else None} for b in backends}
     for backend, planted in (planted_weights or {}).items():
         args[backend]["weights"] = planted
     try:
         results = pool.call_each(args, "evaluate")
     except WorkerFailed as error:
+        if set(error.failed_backends) >= set(backends) and len(backends) > 1:
+            raise CaseError(
+                f"The case runs on no backend ({', '.join(backends)}), so the model, its inputs, "
+                f"targets and loss ({loss_words(loss)}) do not fit together: not a difference "
+                f"between backends. {error.backend}: {' '.join(error.error.split())[:400]}"
+            ) from None
         divergence = divergence_for_error(error.error)
         note = (f"known divergence {divergence.name!r}: {divergence.what}" if divergence
                 else "the model does not run on this backend")
@@ -406,8 +457,9 @@ def _compare_saved(pool: WorkerPool, case: Case, weights: list[np.ndarray], save
     """Each backend loads the file another one saved; compare to the saver's own predictions."""
     backends = pool.backends
     loader_of = {b: backends[(i + 1) % len(backends)] for i, b in enumerate(backends)}
-    loads = pool.call_each({loader_of[b]: {"path": saved[b], "x": case.x} for b in backends},
-                           "predict_saved")
+    safe = safe_mode(case.source)
+    loads = pool.call_each({loader_of[b]: {"path": saved[b], "x": case.x, "safe_mode": safe}
+                            for b in backends}, "predict_saved")
     rows = []
     for saver, loader in loader_of.items():
         loaded = loads[loader]

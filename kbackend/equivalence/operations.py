@@ -3,7 +3,10 @@
 Every operation starts from a *source* (where the model comes from) and explicit weights, so
 both backends always compute with the very same float32 values, copied, never re-seeded:
 
-- ``{"kind": "keras_file", "path": ...}``: a saved ``.keras`` file;
+- ``{"kind": "keras_file", "path": ...}``: a saved ``.keras`` file (``"unsafe_deserialization":
+  True`` loads its ``Lambda`` layers);
+- ``{"kind": "builder", "model": "FILE.py:FUNCTION", "input_shape": [...], "num_classes": n}``:
+  a builder (``kbackend.model_sources``), built for that input shape and number of classes;
 - ``{"kind": "config", "config": json}``: a Keras model config (``model.to_json()``);
 - ``{"kind": "arch", "arch": {...}}``: an architecture of ``kbackend.equivalence.grammar``.
 
@@ -22,8 +25,10 @@ from kbackend import data
 from kbackend.backend_choice import keras as import_keras
 from kbackend.backends import impl
 from kbackend.engines import get_engine
+from kbackend.equivalence.compare import safe_mode
 from kbackend.equivalence.grammar import build_model
 from kbackend.io import atomic_write
+from kbackend.model_sources import parse_model_source
 from kbackend.optim import OptimizerSpec
 from kbackend.training import TrainConfig
 
@@ -32,26 +37,35 @@ _STOCHASTIC_ATTRIBUTES = {"rate": 0.0, "stddev": 0.0, "dropout": 0.0, "recurrent
 
 
 def load_model(source: dict[str, Any]) -> Any:
-    """The Keras model ``source`` describes."""
+    """The Keras model ``source`` describes (a builder's compiled as its builder compiles it)."""
     keras = import_keras()
     kind = source["kind"]
     if kind == "keras_file":
-        return keras.saving.load_model(source["path"], compile=False)
+        return keras.saving.load_model(source["path"], compile=False, safe_mode=safe_mode(source))
+    if kind == "builder":
+        shape = tuple(int(d) for d in source["input_shape"])
+        info = data.DatasetInfo("equivalence", shape, int(source["num_classes"]), "arrays",
+                                "spatial", None, 1, 0, 0)
+        return parse_model_source(source["model"]).build(info, seed=0)
     if kind == "config":
         return keras.models.model_from_json(source["config"])
     if kind == "arch":
         return build_model(source["arch"])
-    raise ValueError(f"Unknown model source kind {kind!r}: expected keras_file, config or arch.")
+    raise ValueError(f"Unknown model source kind {kind!r}: expected keras_file, builder, config "
+                     "or arch.")
 
 
-def compiled_loss(source: dict[str, Any]) -> Any:
-    """The loss a saved ``.keras`` file was compiled with (serialized), or None."""
-    if source["kind"] != "keras_file":
-        return None
+def compiled_loss(source: dict[str, Any], model: Any = None) -> Any:
+    """The loss the model of ``source`` was compiled with (serialized), or None: a ``.keras``
+    file's, or the one its builder compiled ``model`` (as built by ``load_model``) with."""
     keras = import_keras()
-    try:
-        model = keras.saving.load_model(source["path"], compile=True)
-    except Exception:  # a compile config that does not load: the caller chooses a loss
+    if source["kind"] == "keras_file":
+        try:
+            model = keras.saving.load_model(source["path"], compile=True,
+                                            safe_mode=safe_mode(source))
+        except Exception:  # a compile config that does not load: the caller chooses a loss
+            return None
+    elif source["kind"] != "builder" or not getattr(model, "compiled", False):
         return None
     loss = getattr(model, "loss", None)
     if loss is None:
@@ -133,7 +147,7 @@ def describe(source: dict[str, Any], seed: int = 0) -> dict[str, Any]:
         "inputs": inputs,
         "outputs": [{"name": name, "shape": [None if d is None else int(d) for d in t.shape]}
                     for name, t in zip(output_names(model), model.outputs, strict=True)],
-        "loss": compiled_loss(source),
+        "loss": compiled_loss(source, model),
     }
 
 
@@ -274,10 +288,10 @@ def channels_first_probe() -> str | None:
     return None
 
 
-def predict_saved(path: str, x: list[np.ndarray]) -> dict[str, Any]:
+def predict_saved(path: str, x: list[np.ndarray], safe_mode: bool = True) -> dict[str, Any]:
     """Load a ``.keras`` file saved by another backend; its weights and inference outputs."""
     keras = import_keras()
-    model = keras.saving.load_model(path, compile=False)
+    model = keras.saving.load_model(path, compile=False, safe_mode=safe_mode)
     return {"backend": keras.backend.backend(), "outputs": forward(model, x),
             "weights": [np.asarray(w) for w in model.get_weights()]}
 

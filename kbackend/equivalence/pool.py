@@ -30,6 +30,9 @@ DEFAULT_STARTUP_TIMEOUT = 300.0
 class EquivalenceError(KBackendError):
     """A comparison could not run (a worker failed, died or hung)."""
 
+    # The backends whose workers failed the same request (``WorkerPool.call_each`` sets it).
+    failed_backends: tuple[str, ...] = ()
+
 
 class WorkerCrashed(EquivalenceError):
     """A worker process died."""
@@ -211,15 +214,17 @@ class WorkerPool:
                     submitted.append(backend)
                 except WorkerCrashed as error:
                     crashed[backend] = error
-            first_error: EquivalenceError | None = None
+            failed: dict[str, EquivalenceError] = {}
             for backend in submitted:
                 try:
                     results[backend] = self.workers[backend].collect(op, timeout)
                 except WorkerCrashed as error:
                     crashed[backend] = error
                 except EquivalenceError as error:
-                    first_error = first_error or error
-            if first_error is not None:
+                    failed[backend] = error
+            if failed:
+                first_error = next(iter(failed.values()))
+                first_error.failed_backends = tuple(failed)
                 raise first_error
             if not crashed:
                 return results

@@ -10,6 +10,7 @@ checks the recommended batch size for accuracy.
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -17,9 +18,11 @@ from typing import Any
 
 from kbackend.backend_choice import active_backend
 from kbackend.backends import impl
+from kbackend.data import DATASETS
 from kbackend.hardware import probe
 from kbackend.hardware.knee import DEFAULT_MIN_GAIN, Knee, curve_knee
 from kbackend.models import model_layout
+from kbackend.training import TrainConfig, is_builtin, workload_of
 
 # A setting other than the default is recommended only when it is at least this much faster:
 # shared machines make smaller differences noise.
@@ -36,6 +39,8 @@ class Advice:
     dataset: str
     backend: str
     quick: bool
+    # The loss and metric every measurement trains (a user model's compiled loss).
+    task: str = ""
     measurements: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     recommendations: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
@@ -88,13 +93,40 @@ def recommend_batch_size(advice: Advice, curve: list[dict[str, Any]]) -> Knee:
     return knee
 
 
+def _source_flags(model: str, dataset: str, label: str | None, unsafe: bool) -> str:
+    """The ``--model`` and data flags that name this workload on a command line."""
+    if dataset in DATASETS:
+        data = f"--dataset {dataset}"
+    else:
+        data = f"--data {shlex.quote(dataset)}"
+        data += f" --label {shlex.quote(label)}" if label is not None else ""
+    return (f"--model {shlex.quote(model)} {data}"
+            + (" --unsafe-deserialization" if unsafe else ""))
+
+
 def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool = False,
-           budget_s: float = 100.0, log: Callable[[str], None] = print) -> Advice:
+           budget_s: float = 100.0, log: Callable[[str], None] = print,
+           label: str | None = None, unsafe_deserialization: bool = False) -> Advice:
     """Run the probe within about ``budget_s`` seconds (measurements left over are skipped and
     listed). Configurations are compiled once and timed round-robin (``FitProbe``), so a change
-    of machine load hits all of them alike."""
-    advice = Advice(model, dataset, active_backend(), quick)
-    work = probe.workload(model, dataset, data_dir=data_dir, samples=8192)
+    of machine load hits all of them alike.
+
+    ``model`` is a built-in name, a ``.keras`` path or a builder (``FILE.py:FUNCTION``);
+    ``dataset`` a built-in name or a data source (``label``: a CSV's label column), as
+    ``kbackend train`` takes them. A user's model is measured with its compiled loss (else the
+    one inferred from the labels); the data format, a built-in model's option, is not compared
+    for it."""
+    config = TrainConfig(model=model, dataset=dataset, label=label, data_dir=data_dir,
+                         unsafe_deserialization=unsafe_deserialization)
+    if is_builtin(config):
+        work = probe.workload(model, dataset, data_dir=data_dir, samples=8192)
+    else:
+        prepared = workload_of(config)
+        for note in prepared.notes:
+            log(f"  {note}")
+        work = probe.user_workload(prepared)
+    advice = Advice(model, dataset, active_backend(), quick, work.task.describe())
+    log(f"  {work.model}: {advice.task}")
     num_train = len(work.x)
     probe.warm_up()
     start = time.perf_counter()  # the budget covers measurements, not start-up and data loading
@@ -136,7 +168,10 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
     # The native engine is timed through train(); its two runs are not interleaved.
     native_rows = [{"fused": fused, **probe.engine_throughput(
         work, batch, "native", steps=max(32, steps), fused_steps=fused)} for fused in (1, 8)]
-    convolves = model_layout(model) in ("image", "spatial")
+    convolves = work.prepared is None and model_layout(model) in ("image", "spatial")
+    if work.prepared is not None:
+        advice.skipped.append("data format (a built-in model's option, compared on the "
+                              "built-in datasets; your model's layers set their own)")
     if convolves and impl().supports_channels_first_conv():
         first = probe.workload(model, dataset, data_dir=data_dir, samples=8192, data_format="channels_first")
         compare["channels_first"] = probe.FitProbe(first, batch, steps=steps)
@@ -209,11 +244,12 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
         advice.recommend("device", platforms[0], f"only {platforms[0]} devices are present")
 
     fused_flag = f"--engine native --fused-steps {fused_value}"
-    advice.train_command = (f"kbackend train --model {model} --dataset {dataset} --batch-size {batch} "
+    source = _source_flags(model, dataset, label, unsafe_deserialization)
+    advice.train_command = (f"kbackend train {source} --batch-size {batch} "
                             f"{fused_flag} --precision {precision}"
                             + (f" --data-format {data_format}" if convolves else ""))
     study_sizes = sorted({max(1, batch // 4), batch, min(num_train, batch * 4)})
-    advice.study_command = (f"kbackend study --model {model} --dataset {dataset} "
+    advice.study_command = (f"kbackend study {source} "
                             f"--batch-sizes {','.join(str(b) for b in study_sizes)}")
     advice.elapsed_s = time.perf_counter() - start
     advice.budget_s = budget_s
@@ -223,7 +259,8 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
 def format_advice(advice: Advice) -> str:
     """The recommendations as text: one block per setting with its evidence, then the commands."""
     lines = [f"Recommended settings for {advice.model} on {advice.dataset} ({advice.backend} backend, "
-             f"measurements took {advice.elapsed_s:.0f}s of a {advice.budget_s:.0f}s budget):"]
+             f"measurements took {advice.elapsed_s:.0f}s of a {advice.budget_s:.0f}s budget"
+             + (f"; {advice.task}" if advice.task else "") + "):"]
     for item in advice.recommendations:
         lines.append(f"  {item['setting']:<20} {item['value']}")
         lines.append(f"  {'':<20} because: {item['evidence']}")

@@ -26,7 +26,9 @@ from kbackend.models import SEED_MLP_WIDTHS, ModelOptions, build_model, model_la
 from kbackend.optim import OptimizerSpec
 from kbackend.precision import precision_scope
 from kbackend.runtime.child import run_in_child
+from kbackend.task import CLASSIFICATION, Task
 from kbackend.training import TrainConfig, train
+from kbackend.workload import Workload as PreparedWorkload
 
 CHILD_PROBE_TIMEOUT_S = 600  # a measurement in a child process: framework start-up and one compile
 # Input shapes of the MNIST-shaped synthetic workload, per model layout.
@@ -40,7 +42,11 @@ class OutOfMemory(KBackendError):
 @dataclass
 class Workload:
     """A model name, the dataset description it is built for, and samples to feed it;
-    ``recipe``: the ``workload()`` arguments that make it again (in another process)."""
+    ``recipe``: the ``workload()`` arguments that make it again (in another process).
+
+    ``prepared``: the user's model and data (a ``kbackend.workload.Workload``) where the model
+    or the data is not built in; its ``task`` (the model's compiled loss) is what every
+    measurement trains, where built-in models train ``CLASSIFICATION``."""
 
     model: str
     info: DatasetInfo
@@ -48,6 +54,8 @@ class Workload:
     y: np.ndarray
     options: ModelOptions
     recipe: dict[str, Any] | None = None
+    prepared: PreparedWorkload | None = None
+    task: Task = CLASSIFICATION
 
 
 def workload(model: str, dataset: str = "synthetic", *, data_dir: str | None = None,
@@ -71,6 +79,28 @@ def workload(model: str, dataset: str = "synthetic", *, data_dir: str | None = N
     return Workload(model, loaded.info, loaded.x_train, loaded.y_train, options, recipe)
 
 
+def user_workload(prepared: PreparedWorkload) -> Workload:
+    """The measurements' ``Workload`` of a user's model and data (``training.workload_of``):
+    its training split as samples, its task as the loss every measurement trains."""
+    dataset = prepared.dataset
+    return Workload(prepared.model_name, dataset.info, dataset.x_train, dataset.y_train,
+                    prepared.options, None, prepared, prepared.task)
+
+
+def make_model(work: Workload) -> Any:
+    """A fresh model of ``work``: a built-in built by name, or the user's own."""
+    if work.prepared is not None:
+        return work.prepared.build(work.options.seed)
+    return build_model(work.model, work.info, work.options)
+
+
+def loss_of(work: Workload) -> Any:
+    """The loss ``work``'s measurements compile: a user model's own, else the built-ins'."""
+    if work.prepared is None:
+        return "sparse_categorical_crossentropy"
+    return work.task.loss_object()
+
+
 def train_step_memory(work: Workload, batch_size: int) -> dict[str, Any]:
     """MiB one train step of ``work``'s model at ``batch_size`` needs beyond its resident inputs
     (``impl().train_step_memory``: XLA's buffer assignment on JAX, the allocator's peak on TF).
@@ -89,9 +119,9 @@ def train_step_memory(work: Workload, batch_size: int) -> dict[str, Any]:
 
 
 def _step_memory_here(work: Workload, batch_size: int) -> dict[str, Any]:
-    model = build_model(work.model, work.info, work.options)
-    model.compile(optimizer=OptimizerSpec("sgd", 0.01).to_keras(),
-                  loss="sparse_categorical_crossentropy", jit_compile=True)
+    model = make_model(work)
+    model.compile(optimizer=OptimizerSpec("sgd", 0.01).to_keras(), loss=loss_of(work),
+                  jit_compile=True)
     return impl().train_step_memory(model, work.x[:batch_size], work.y[:batch_size])
 
 
@@ -170,8 +200,8 @@ class FitProbe:
         spec = optimizer or OptimizerSpec("sgd", 0.01)
         with self._oom_as_error():
             with precision_scope(precision):
-                self.model = build(work) if build is not None else build_model(work.model, work.info, work.options)
-            self.model.compile(optimizer=spec.to_keras(), loss="sparse_categorical_crossentropy",
+                self.model = build(work) if build is not None else make_model(work)
+            self.model.compile(optimizer=spec.to_keras(), loss=loss_of(work),
                                jit_compile=jit_compile, run_eagerly=run_eagerly,
                                steps_per_execution=steps_per_execution)
             self.inputs = {"x": source(xs, ys, batch_size)} if source is not None else \
@@ -284,8 +314,11 @@ def engine_throughput(work: Workload, batch_size: int, engine: str, *, steps: in
                                   work.x[held], work.y[held], info)
     config = TrainConfig(model=work.model, dataset=work.info.name, batch_size=batch_size,
                          epochs=1 + repeats, engine=engine, fused_steps=fused_steps,
-                         optimizer=optimizer or OptimizerSpec("sgd", 0.01), model_options=work.options)
-    history = train(config, dataset=dataset).history
+                         optimizer=optimizer or OptimizerSpec("sgd", 0.01),
+                         model_options=work.options, task=work.task,
+                         monitor=f"val_{work.task.metric}")
+    model = None if work.prepared is None else make_model(work)  # a built-in: train() builds it
+    history = train(config, dataset=dataset, model=model).history
     ends = [0.0] + [e["train_time"] for e in history.evals]
     epochs = np.diff(ends)
     step_s = float(np.median(epochs[1:])) / steps

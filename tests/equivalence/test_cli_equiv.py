@@ -10,6 +10,7 @@ import pytest
 from kbackend.cli import build_parser
 from kbackend.commands import equiv
 from kbackend.equivalence.randomdata import random_inputs
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.equivalence
 
@@ -100,3 +101,57 @@ def test_equiv_passes_on_models_kbackend_trains_with_adam(pool, tmp_path, capsys
     args = build_parser().parse_args(["equiv", str(path), "--batch-size", "32"])
     assert equiv.run(args, pool=pool) == 0, capsys.readouterr().out
     assert "all pass" in capsys.readouterr().out.splitlines()[-1]
+
+
+BUILDER = '''
+import keras
+
+
+def build(input_shape, num_classes):
+    model = keras.Sequential([keras.Input(input_shape), keras.layers.Dense(5, activation="tanh"),
+                              keras.layers.Dense(num_classes)])
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+'''
+
+
+def test_equiv_takes_a_builder_and_arrays_picked_by_key(pool, tmp_path, capsys):
+    """A builder from a file, built for the shape of --inputs and the classes of --targets, both
+    picked from one archive; its compiled loss is the one compared, and the report says so."""
+    (tmp_path / "models.py").write_text(BUILDER)
+    data = tmp_path / "data.npz"
+    rng = np.random.default_rng(0)
+    np.savez(data, x_test=rng.normal(size=(6, 4)).astype(np.float32),
+             y_test=(np.arange(6) % 3).astype(np.int32), x_train=np.zeros((9, 4), np.float32))
+    args = build_parser().parse_args(["equiv", f"{tmp_path / 'models.py'}:build", "--inputs",
+                                      f"{data}:x_test", "--targets", f"{data}:y_test",
+                                      "--steps", "2"])
+    assert equiv.run(args, pool=pool) == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert ("note: loss: SparseCategoricalCrossentropy (from_logits), the model's compiled loss"
+            in out)
+    assert "d loss / d " in out and "saved on tensorflow, loaded on jax" in out
+    assert out.strip().splitlines()[-1].endswith("all pass")
+
+
+def _python_example() -> str:
+    text = (ROOT / "docs" / "equivalence.md").read_text()
+    section = text[text.index("## Python API"):]
+    return section[section.index("```python\n") + len("```python\n"):section.index("\n```\n")]
+
+
+def test_the_python_example_of_the_docs_runs_on_a_classifier(pool, tmp_path, monkeypatch,
+                                                             capsys):
+    """docs/equivalence.md's Python API example (a classifier compiled with its own loss, no
+    loss given to ``Case``) passes, with the session's workers standing in for its own."""
+    import contextlib
+
+    import kbackend.equivalence
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(kbackend.equivalence, "WorkerPool",
+                        lambda *args, **kwargs: contextlib.nullcontext(pool))
+    exec(compile(_python_example(), "docs/equivalence.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "loss: SparseCategoricalCrossentropy (from_logits), the model's compiled loss" in out
+    assert out.strip().splitlines()[-1].endswith("all pass"), out

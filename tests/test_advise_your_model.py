@@ -1,0 +1,98 @@
+"""``kbackend advise`` on the user's model and data (issue 34): a builder or a ``.keras`` file
+with ``--data``, measured with the loss the model is compiled with, and the commands it prints
+naming them; bad model sources refused in one line before any probe."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from kbackend.commands import advise as advise_command
+from kbackend.hardware import probe
+from kbackend.training import TrainConfig, workload_of
+from tests.conftest import one_line_error
+
+BUILDERS = '''
+import keras
+
+
+def classifier(input_shape, num_classes):
+    model = keras.Sequential([keras.Input(input_shape), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dense(num_classes)])
+    model.compile("adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+def regressor(input_shape):
+    model = keras.Sequential([keras.Input(input_shape), keras.layers.Dense(8, activation="tanh"),
+                              keras.layers.Dense(1)])
+    model.compile("adam", loss=keras.losses.Huber(delta=0.5), metrics=["mae"])
+    return model
+'''
+
+
+@pytest.fixture
+def user_files(tmp_path):
+    (tmp_path / "models.py").write_text(BUILDERS)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(96, 6)).astype(np.float32)
+    np.savez(tmp_path / "classes.npz", x=x, y=(np.arange(96) % 3).astype(np.int32))
+    np.savez(tmp_path / "values.npz", x=x, y=x.sum(axis=1).astype(np.float32))
+    return tmp_path
+
+
+def test_advise_on_a_builder_and_an_npz_prints_its_recommendation(cli, user_files):
+    """The smallest probe the command allows (--quick, a one-second budget): it measures the
+    builder's model on the archive's data with the model's compiled loss, and its commands
+    train and study that model on that data."""
+    model, data = f"{user_files / 'models.py'}:classifier", str(user_files / "classes.npz")
+    result = cli("advise", "--model", model, "--data", data, "--quick", "--budget", "1",
+                 "--json", user_files / "advice.json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    assert f"Recommended settings for {model} on {data}" in out
+    assert "loss sparse_categorical_crossentropy (from_logits), metric accuracy" in out
+    for setting in ("batch_size", "fused_steps", "precision", "device"):
+        assert setting in out
+    assert f"Train with:  kbackend train --model {model} --data {data} --batch-size" in out
+    assert f"kbackend study --model {model} --data {data} --batch-sizes" in out
+    assert "data format (a built-in model's option" in out  # not compared for yours
+    advice = json.loads((user_files / "advice.json").read_text())
+    assert advice["task"].startswith("loss sparse_categorical_crossentropy (from_logits)")
+    measured = [row["batch_size"] for row in advice["measurements"]["batch_size"]]
+    batch = next(r["value"] for r in advice["recommendations"] if r["setting"] == "batch_size")
+    assert batch in measured
+
+
+def test_the_probes_train_the_compiled_loss(user_files):
+    """Keras fit's probe compiles the user's loss (Huber with its delta), and the native engine's
+    measurement trains the same task on the float targets."""
+    config = TrainConfig(model=f"{user_files / 'models.py'}:regressor",
+                         dataset=str(user_files / "values.npz"))
+    work = probe.user_workload(workload_of(config))
+    assert work.task.loss_name == "huber" or "Huber" in work.task.loss
+    fit = probe.FitProbe(work, 16, steps=2)
+    assert fit.model.loss is work.task.loss_object() is work.task.loss_instance  # delta kept
+    assert fit.result()["samples_per_s"] > 0
+    native = probe.engine_throughput(work, 16, "native", steps=2, repeats=1)
+    assert native["samples_per_s"] > 0
+
+
+@pytest.mark.parametrize(("model", "message"), [
+    ("missing.keras", "not found: expected a .keras file"),
+    ("nope", "Unknown model"),
+    ("models.py:absent", "absent"),
+])
+def test_a_bad_model_is_refused_in_one_line_before_any_probe(cli, user_files, monkeypatch,
+                                                             model, message):
+    def no_probe(*args, **kwargs):
+        raise AssertionError("the probe started although the model source was bad")
+
+    monkeypatch.setattr(advise_command, "advise", no_probe)
+    monkeypatch.chdir(user_files)
+    result = cli("advise", "--model", model, "--data", "classes.npz", "--quick")
+    assert result.returncode == 2, result.stderr
+    assert one_line_error(result.stderr) and message in result.stderr, result.stderr

@@ -114,6 +114,11 @@ class BackendOps(Protocol):
     # reference: the hand-written loop the engine benchmark measures the engines against
     def reference_train_loop(self, params: Any, x: Any, y: Any,
                              learning_rate: float) -> Callable[[], None]: ...
+    # (the Conv1D + BatchNorm classifier of examples/models.py, for the user-model benchmark;
+    # a call trains one epoch and returns its losses, ``.weights()`` the current values)
+    def reference_conv1d_loop(self, params: Any, x: Any, y: Any, learning_rate: float, *,
+                              steps_per_call: int = 0,
+                              unroll: bool = False) -> Callable[[], np.ndarray]: ...
 
 
 def backend_package(name: str) -> BackendOps:

@@ -13,12 +13,13 @@ from kbackend.bench import (
     study_ray,
     time_to_target,
     unroll,
+    user_model,
 )
 from kbackend.bench.spec import Benchmark
 
 BENCHMARKS: dict[str, Benchmark] = {
     bench.name: bench
     for module in (hardware, engines, cache, parallel, population, reproduce, scale_out,
-                   study_ray, time_to_target, unroll)
+                   study_ray, time_to_target, unroll, user_model)
     for bench in module.BENCHMARKS
 }

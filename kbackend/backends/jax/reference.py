@@ -1,10 +1,14 @@
-"""The hand-written JAX training loop the engine benchmark uses as its floor (no Keras)."""
+"""The hand-written JAX training loops the benchmarks use as their floor (no Keras): a ReLU MLP
+(bench_engines) and the Conv1D + BatchNorm classifier of examples/models.py (bench_user_model)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 import numpy as np
+
+from kbackend.data.batching import call_lengths
 
 
 def reference_train_loop(params: Sequence[tuple[np.ndarray, np.ndarray]], x: np.ndarray,
@@ -41,3 +45,119 @@ def reference_train_loop(params: Sequence[tuple[np.ndarray, np.ndarray]], x: np.
         jax.block_until_ready(losses)
 
     return run
+
+
+# Keras's BatchNormalization defaults, which the Conv1D reference matches.
+BN_MOMENTUM = 0.99
+BN_EPSILON = 1e-3
+
+
+class ReferenceLoop:
+    """A hand-written loop's epoch as a call: ``loop()`` trains one epoch and returns its
+    per-step losses (host copies: the epoch has finished); ``loop.weights()`` returns the
+    current values in the order the loop was given them."""
+
+    def __init__(self, run_epoch: Callable[[], np.ndarray],
+                 weights: Callable[[], list[np.ndarray]]) -> None:
+        self._run_epoch, self.weights = run_epoch, weights
+
+    def __call__(self) -> np.ndarray:
+        return self._run_epoch()
+
+
+def reference_conv1d_loop(params: Sequence[np.ndarray], x: np.ndarray, y: np.ndarray,
+                          learning_rate: float, *, steps_per_call: int = 0,
+                          unroll: bool = False) -> ReferenceLoop:
+    """The Conv1D + BatchNorm classifier of ``examples/models.py`` (``conv1d_classifier``)
+    trained by hand with plain SGD: per block a ``lax.conv_general_dilated`` (kernel 5, SAME,
+    no bias), batch norm in training mode by hand (the batch's mean and biased variance over
+    batch and time, ``inv = rsqrt(var + 1e-3) * gamma``, ``h * inv + (beta - mean * inv)``,
+    gamma and beta trained, the moving mean and variance updated as Keras does with momentum
+    0.99), ReLU and a ``lax.reduce_window`` max-pool (2, VALID); then the mean over time, a
+    dense layer to logits and ``optax.softmax_cross_entropy_with_integer_labels``,
+    ``optax.sgd``. The normalization is Keras's form, the faster one: written as
+    ``(h - mean) * rsqrt(var + 1e-3) * gamma + beta`` a step took ~12% longer on a CPU here
+    (bench_user_model), though its gradients below a batch norm match float64 to ~1e-7 where
+    this form's lose ~1% to cancellation in float32 (on JAX; TF's gradients of it do not).
+
+    ``params``: the Keras model's ``get_weights()`` order, (kernel ``(5, in, out)``, gamma,
+    beta, moving mean, moving variance) per block, then the dense kernel and bias. ``x``:
+    ``(steps, batch, time, channels)`` pre-stacked batches, ``y``: ``(steps, batch)``, both put
+    on the device once. An epoch is one ``lax.scan`` over every step (``steps_per_call`` 0), or
+    calls of ``steps_per_call`` steps (the last shorter), each a ``lax.scan`` or, with
+    ``unroll``, its steps written out one after another (no loop: what the native engine does
+    for conv models on a CPU, ``capabilities.unrolls_its_loop``).
+    """
+    import jax  # deferred: importing JAX is heavy
+    import jax.numpy as jnp
+    import optax  # deferred with JAX
+
+
+    arrays = [np.asarray(p, np.float32) for p in params]
+    blocks = (len(arrays) - 2) // 5
+    if len(arrays) != 5 * blocks + 2 or blocks < 1:
+        raise ValueError(f"Expected (kernel, gamma, beta, moving mean, moving variance) per "
+                         f"block and a dense kernel and bias. Received {len(arrays)} arrays.")
+    trainable = [tuple(arrays[5 * b:5 * b + 3]) for b in range(blocks)] + [tuple(arrays[-2:])]
+    stats = [tuple(arrays[5 * b + 3:5 * b + 5]) for b in range(blocks)]
+    transform = optax.sgd(learning_rate)
+
+    def loss_fn(trainable, stats, xb, yb):
+        h, new_stats = xb, []
+        for (kernel, gamma, beta), (moving_mean, moving_var) in zip(trainable[:-1], stats,
+                                                                    strict=True):
+            h = jax.lax.conv_general_dilated(h, kernel, window_strides=(1,), padding="SAME",
+                                             dimension_numbers=("NWC", "WIO", "NWC"))
+            mean, var = jnp.mean(h, axis=(0, 1)), jnp.var(h, axis=(0, 1))
+            inv = jax.lax.rsqrt(var + BN_EPSILON) * gamma
+            h = h * inv + (beta - mean * inv)
+            h = jax.nn.relu(h)
+            h = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 2, 1), (1, 2, 1), "VALID")
+            new_stats.append((moving_mean * BN_MOMENTUM + mean * (1.0 - BN_MOMENTUM),
+                              moving_var * BN_MOMENTUM + var * (1.0 - BN_MOMENTUM)))
+        dense_kernel, dense_bias = trainable[-1]
+        logits = jnp.mean(h, axis=1) @ dense_kernel + dense_bias
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, yb).mean()
+        return loss, new_stats
+
+    def step(carry, batch):
+        trainable, stats, opt_state = carry
+        (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable, stats,
+                                                                         *batch)
+        updates, opt_state = transform.update(grads, opt_state, trainable)
+        return (optax.apply_updates(trainable, updates), stats, opt_state), loss
+
+    def steps(carry, xs, ys):
+        if not unroll:
+            return jax.lax.scan(step, carry, (xs, ys))
+        losses = []
+        for i in range(xs.shape[0]):  # written out: no while loop in the program
+            carry, loss = step(carry, (xs[i], ys[i]))
+            losses.append(loss)
+        return carry, jnp.stack(losses)
+
+    call = jax.jit(steps, donate_argnums=0)
+    n_steps = len(x)
+    lengths = call_lengths(n_steps, steps_per_call or n_steps)
+    bounds = np.cumsum([0, *lengths])
+    chunks = [(jax.device_put(x[a:b]), jax.device_put(y[a:b].astype(np.int32)))
+              for a, b in itertools.pairwise(bounds)]
+    device_trainable = jax.device_put(trainable)
+    state = {"carry": (device_trainable, jax.device_put(stats),
+                       transform.init(device_trainable))}
+
+    def run_epoch() -> np.ndarray:
+        losses = []
+        for xs, ys in chunks:
+            state["carry"], chunk_losses = call(state["carry"], xs, ys)
+            losses.append(chunk_losses)
+        return np.concatenate([np.asarray(jax.block_until_ready(part)) for part in losses])
+
+    def weights() -> list[np.ndarray]:
+        trainable, stats, _ = jax.device_get(state["carry"])
+        out: list[np.ndarray] = []
+        for (kernel, gamma, beta), (mean, var) in zip(trainable[:-1], stats, strict=True):
+            out += [kernel, gamma, beta, mean, var]
+        return [np.asarray(a) for a in [*out, *trainable[-1]]]
+
+    return ReferenceLoop(run_epoch, weights)

@@ -42,7 +42,7 @@ from kbackend.backends.tensorflow.probes import (
     supports_populations,
     train_step_memory,
 )
-from kbackend.backends.tensorflow.reference import reference_train_loop
+from kbackend.backends.tensorflow.reference import reference_conv1d_loop, reference_train_loop
 
 # The Protocol's names for the two trainer factories.
 native_trainer = NativeTrainer
@@ -74,6 +74,7 @@ __all__ = [
     "precision_support",
     "process_count",
     "process_index",
+    "reference_conv1d_loop",
     "reference_train_loop",
     "set_random_seed",
     "setup_virtual_devices",

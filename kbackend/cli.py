@@ -7,16 +7,35 @@ parents)``, which adds its parser and sets ``func`` to a ``run(args) -> int``. B
 Exit statuses: 0 success; 1 a check that ran and failed (``equiv``: a row over its tolerance);
 2 bad input (a flag, a file, an option: nothing was run); 3 a multi-process job lost a peer;
 4 training diverged (a loss became NaN or infinite: no model was saved); 130 interrupted.
+
+Ctrl-C: ``main`` installs its SIGINT handler first (``install_interrupt_handler``). Python's own
+raises ``KeyboardInterrupt`` wherever the main thread is, and inside a garbage-collection
+callback (JAX registers one) or a finalizer the exception is printed as "Exception ignored" and
+dropped: the command went on and exited 0. kbackend's handler raises only outside such code;
+inside, it tries again shortly after, so every Ctrl-C ends the command with status 130. An
+interrupt Python drops anyway (a weakref callback) reaches ``sys.unraisablehook``, which tries
+again the same way.
+
+Integer flags take at most ``MAX_INT_FLAG`` (the frameworks count steps and sizes in int32):
+``--epochs 10**20`` is a one-line error, not a run that never ends.
 """
 
 from __future__ import annotations
 
+import _thread
 import argparse
+import atexit
+import contextlib
 import copy
+import ctypes
+import gc
 import importlib
 import os
 import pkgutil
+import signal
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,6 +45,12 @@ from kbackend.backends.compile_cache import COMPILE_CACHE_ENV
 from kbackend.errors import KBackendError
 
 PROG = "kbackend"
+MAX_INT_FLAG = 2**31 - 1
+# Set by ``kbackend launch`` in each worker's environment: the launcher's process id. A worker
+# dies with its launcher (``_die_with_launcher``), so a killed launcher leaves none training.
+LAUNCHER_PID_ENV = "KBACKEND_LAUNCHER_PID"
+# How soon a Ctrl-C that arrived inside a GC callback or a finalizer is raised again.
+INTERRUPT_RETRY_S = 0.05
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
@@ -64,6 +89,29 @@ class OneLineErrorParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def bounded_int(text: str) -> int:
+    """``int(text)`` within +-``MAX_INT_FLAG``; argparse says "invalid int value" otherwise."""
+    value = int(text)
+    if abs(value) > MAX_INT_FLAG:
+        raise argparse.ArgumentTypeError(
+            f"invalid int value: {text[:40]!r} (expected at most {MAX_INT_FLAG:,})")
+    return value
+
+
+bounded_int.__name__ = "int"  # argparse names the type in its messages
+
+
+def bound_integer_flags(parser: argparse.ArgumentParser) -> None:
+    """Give every ``type=int`` option of ``parser`` and its subcommands the ``bounded_int`` type."""
+    for action in parser._actions:
+        # (--seed is checked against NumPy's own range, [0, 2**32), by TrainConfig)
+        if action.type is int and action.dest != "seed":
+            action.type = bounded_int
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                bound_integer_flags(subparser)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The full parser: global options plus one subparser per module in ``kbackend.commands``
     (``kbackend/commands/<name>.py`` registers the command ``<name>``); ``command``: that one
@@ -94,6 +142,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             continue
         module = importlib.import_module(f"{commands.__name__}.{name}")
         module.register(subparsers, [common])
+    bound_integer_flags(parser)
     return parser
 
 
@@ -102,12 +151,103 @@ def command_names() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_"))
 
 
+def _swallows_exceptions(frame: Any) -> bool:
+    """Whether an exception raised in ``frame`` would be printed as "Exception ignored" and
+    dropped: ``frame`` or a caller is a garbage-collection callback or a ``__del__``."""
+    callbacks = {getattr(callback, "__code__", None) for callback in list(gc.callbacks)}
+    while frame is not None:
+        if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _retry_interrupt() -> None:
+    time.sleep(INTERRUPT_RETRY_S)
+    _thread.interrupt_main(signal.SIGINT)  # the handler runs again, in the main thread
+
+
+def _on_interrupt(signum: int, frame: Any) -> None:
+    if _swallows_exceptions(frame):
+        _thread.start_new_thread(_retry_interrupt, ())
+        return
+    raise KeyboardInterrupt
+
+
+def _unraisable_hook(unraisable: Any) -> None:
+    """An interrupt that Python dropped anyway (raised in a weakref callback or a finalizer the
+    frame test does not know): raised again shortly, not printed as "Exception ignored"."""
+    if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
+        _thread.start_new_thread(_retry_interrupt, ())
+        return
+    _previous_unraisable_hook(unraisable)
+
+
+_previous_unraisable_hook = sys.unraisablehook
+
+
+def install_interrupt_handler() -> Any:
+    """Make Ctrl-C a ``KeyboardInterrupt`` that nothing swallows (the module's docstring);
+    returns the handler it replaced (None: nothing installed: not the main thread, or SIGINT
+    ignored by whoever started this process, which then stays ignored)."""
+    global _previous_unraisable_hook
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.SIG_IGN:
+        return None
+    signal.signal(signal.SIGINT, _on_interrupt)
+    if sys.unraisablehook is not _unraisable_hook:
+        _previous_unraisable_hook, sys.unraisablehook = sys.unraisablehook, _unraisable_hook
+    return previous
+
+
+def _die_with_launcher() -> None:
+    """In a ``kbackend launch`` worker: end with the launcher. On Linux the kernel sends SIGKILL
+    when the launcher dies (PR_SET_PDEATHSIG), even by ``kill -9``; elsewhere a thread watches
+    the parent's id. A launcher already gone (before the signal was armed): exit at once."""
+    value = os.environ.pop(LAUNCHER_PID_ENV, "")  # this worker's children are not its workers
+    if not value.isdigit():
+        return
+    launcher = int(value)
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    else:
+        def watch() -> None:
+            while os.getppid() == launcher:
+                time.sleep(0.5)
+            os._exit(3)
+
+        threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+    if os.getppid() != launcher:
+        os._exit(3)
+
+
 def main(argv: Sequence[str] | None = None, *, own_process: bool = False) -> int:
     """Run the command line with ``argv`` and return the exit status.
 
     ``own_process``: this process is the command's alone (``entrypoint``), so the frameworks'
-    C++ log lines may be filtered out of its file descriptors 1 and 2 (``kbackend.logs``).
+    C++ log lines may be filtered out of its file descriptors 1 and 2 (``kbackend.logs``), and
+    it ends with its launcher when ``kbackend launch`` started it. Ctrl-C is handled from the
+    first line (``install_interrupt_handler``); in another caller's process the caller's
+    handler is put back on return.
     """
+    previous = install_interrupt_handler()
+    try:
+        return _main(argv, own_process)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{PROG}: interrupted\n")
+        return 130
+    finally:
+        if previous is not None and not own_process:
+            signal.signal(signal.SIGINT, previous)
+            sys.unraisablehook = _previous_unraisable_hook
+
+
+def _main(argv: Sequence[str] | None, own_process: bool) -> int:
+    if own_process:
+        _die_with_launcher()
     argv = list(sys.argv[1:] if argv is None else argv)
     named = argv[0] if argv and argv[0] in command_names() else None
     parser = build_parser(named)  # no command named (--help, a typo): every command, listed
@@ -129,11 +269,18 @@ def main(argv: Sequence[str] | None = None, *, own_process: bool = False) -> int
     except KBackendError as error:
         sys.stderr.write(f"{PROG}: error: {error}\n")
         return error.exit_status
-    except KeyboardInterrupt:
-        sys.stderr.write(f"{PROG}: interrupted\n")
-        return 130
 
 
 def entrypoint() -> None:
     """Console-script entry point."""
-    raise SystemExit(main(own_process=True))
+    code = main(own_process=True)
+    if code == 130:
+        # CPython ends a process by SIGINT (status -2, not 130) at exit when a KeyboardInterrupt
+        # once left code a C extension ran through PyRun_* (a flag it never clears; seen in
+        # 2 of 40 Ctrl-Cs at JAX's import), even though main caught it: exit 130 directly.
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(130)
+    raise SystemExit(code)

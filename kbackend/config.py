@@ -76,6 +76,10 @@ class Target:
         return reaches(self.metric, record[self.metric], self.value)
 
 
+# More epochs than any run needs; the step count (epochs x steps per epoch) must also stay
+# below 2**31, JAX's int32 optimizer step (checked by ``check_run``).
+MAX_EPOCHS = 1_000_000
+MAX_STEPS = 2**31 - 1
 # Seeds reach numpy.random.seed, which takes 0 <= seed < 2**32.
 MAX_SEED = 2**32 - 1
 # The longest timeout a flag may set (seconds): beyond about 9e9 s socket and thread waits raise
@@ -158,8 +162,9 @@ class TrainConfig:
         for name in ("fused_steps", "eval_every", "max_steps"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ConfigError(f"Invalid {name} {getattr(self, name)!r}: expected an integer >= 0.")
-        if not isinstance(self.epochs, int) or self.epochs < 1:
-            raise ConfigError(f"Invalid epochs {self.epochs!r}: expected a positive integer.")
+        if not isinstance(self.epochs, int) or not 1 <= self.epochs <= MAX_EPOCHS:
+            raise ConfigError(f"Invalid epochs {self.epochs!r}: expected an integer from 1 to "
+                              f"{MAX_EPOCHS:,}.")
         if not isinstance(self.steps_per_execution, int) or self.steps_per_execution < 1:
             raise ConfigError(
                 f"Invalid steps_per_execution {self.steps_per_execution!r}: expected >= 1."
@@ -257,6 +262,10 @@ def check_run(config: TrainConfig, n_train: int, engine: Any, devices: int = 1) 
     """
     check_batch_size(config.batch_size, n_train)
     check_metrics(config)
+    total = engine.steps_per_epoch(n_train, config.batch_size) * config.epochs
+    if total > MAX_STEPS:
+        raise ConfigError(f"Invalid epochs {config.epochs:,}: {total:,} steps, more than "
+                          f"{MAX_STEPS:,} (the optimizer's int32 step count).")
     if devices > 1 or config.num_processes > 1:
         check_batch_split(config.batch_size, devices, config.num_processes)
     if not engine.fuses_steps:

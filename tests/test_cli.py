@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from kbackend.history import History
 
 
@@ -85,3 +87,15 @@ def test_a_command_line_builds_only_the_command_it_names():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "['kbackend.commands.info']"
+
+
+@pytest.mark.parametrize("command", [("train",), ("study",)])
+def test_an_integer_flag_beyond_int32_is_one_line_exit_2(cli, command):
+    # --epochs 10**20 was accepted and trained until killed (issue 36); every integer flag is
+    # bounded where the command line is parsed (kbackend.cli.bound_integer_flags).
+    flag = "--epochs" if command == ("train",) else "--seeds"
+    result = cli(*command, flag, str(10**20))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"argument {flag}: invalid int value: '100000000000000000000' " \
+        "(expected at most 2,147,483,647)" in lines[0], result.stderr

@@ -9,6 +9,7 @@ import os
 import stat
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -222,3 +223,78 @@ def test_a_function_collected_meanwhile_does_not_count_against_the_block():
         later = jit_function(lambda x: x + 1.0)  # held, as a trainer holds its functions
         later(tf.ones((2,)))
     assert counts["programs"] == 1  # a difference of sums said 1 - 3
+
+
+# -- JAX's cache needs filelock (a size bound is set): declared, and enough in a fresh venv ------
+def _declared_distributions() -> dict[str, Any]:
+    """Every installed distribution kbackend's declared dependencies pull in (no extras)."""
+    import importlib.metadata
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    found: dict[str, Any] = {}
+    todo = [Requirement(text) for text in declared]
+    while todo:
+        requirement = todo.pop()
+        name = requirement.name.lower().replace("_", "-")
+        if name in found:
+            continue
+        found[name] = importlib.metadata.distribution(requirement.name)
+        for text in found[name].requires or []:
+            sub = Requirement(text)
+            if sub.marker is None or sub.marker.evaluate({"extra": ""}):
+                todo.append(sub)
+    return found
+
+
+def test_filelock_is_declared_and_importable():
+    import importlib.util
+
+    assert "filelock" in _declared_distributions()
+    assert importlib.util.find_spec("filelock") is not None
+
+
+def _fresh_venv(path, leave_out: tuple[str, ...] = ()):
+    """A new venv holding exactly the declared dependencies (links to this environment's
+    installed files, so nothing is downloaded) and kbackend from this checkout; its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True,
+                   timeout=120)
+    python = path / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                           "['purelib'])"], capture_output=True, text=True, check=True).stdout
+    site_packages = type(path)(site.strip())
+    for name, distribution in _declared_distributions().items():
+        if name in leave_out:
+            continue
+        tops = {file.parts[0] for file in distribution.files or []
+                if file.parts and file.parts[0] not in ("..", "__pycache__")}
+        for top in tops:
+            source, target = type(path)(distribution.locate_file(top)), site_packages / top
+            if source.exists() and not target.exists():
+                target.symlink_to(source)
+    (site_packages / "kbackend-checkout.pth").write_text(f"{ROOT}\n")
+    return python
+
+
+@pytest.mark.slow  # builds two venvs and starts JAX in each
+@pytest.mark.skipif(BACKEND != "jax", reason="JAX's cache")
+def test_a_fresh_venv_of_the_declared_dependencies_fills_the_jax_cache(tmp_path):
+    # Not nox's venv (nox and virtualenv pull filelock in): only what pyproject.toml declares.
+    def cache_entries(python, cache) -> tuple[int, str]:
+        env = {**os.environ, "KBACKEND_CACHE_DIR": str(cache), "KERAS_BACKEND": "jax"}
+        env.pop(COMPILE_CACHE_ENV, None)
+        env.pop("PYTHONPATH", None)
+        done = subprocess.run([str(python), "-c", JIT_ONCE], capture_output=True, text=True,
+                              env=env, cwd=tmp_path, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return len(list((cache / "xla" / "jax").glob("jit__lambda-*-cache"))), done.stderr
+
+    declared = _fresh_venv(tmp_path / "declared")
+    entries, stderr = cache_entries(declared, tmp_path / "cache-declared")
+    assert entries == 1 and "filelock" not in stderr, stderr[-2000:]
+    # The negative control: the same venv without filelock caches nothing, and JAX says why.
+    without = _fresh_venv(tmp_path / "without", leave_out=("filelock",))
+    entries, stderr = cache_entries(without, tmp_path / "cache-without")
+    assert entries == 0 and "filelock" in stderr, stderr[-2000:]

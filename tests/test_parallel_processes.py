@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import BACKEND, ROOT
+from tests.conftest import BACKEND, ROOT, one_line_error
 
 TRAIN = ["--model", "mlp", "--widths", "16", "--batch-size", "64", "--optimizer", "sgd",
          "--lr", "0.1", "--quiet"]
@@ -133,15 +133,129 @@ def test_launch_refuses_bad_train_arguments_before_starting_a_process(cli):
     assert "processes, coordinator" not in result.stderr  # nothing was started
 
 
-def test_launch_stops_everything_when_a_process_fails(cli, tmp_path, monkeypatch):
-    # The arguments pass launch's own checks, but every process fails to find its data (a
-    # DataError, exit 2, before training); the launcher, here in this process, reports it.
+def test_launch_checks_the_data_once_before_starting_a_process(cli, tmp_path, monkeypatch):
+    # MNIST is not there (offline, no files, no cached download): one line from the launcher,
+    # exit 2, and no process started (issue 36: N processes each failed the same check).
     monkeypatch.setenv("KBACKEND_OFFLINE", "1")
     monkeypatch.delenv("KBACKEND_DATA_DIR", raising=False)
-    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras-home"))  # no cached download either
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras-home"))
     result = cli("launch", "-N", "2", "--", "--dataset", "mnist", "--data-dir", str(tmp_path),
                  "--epochs", "1")
-    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "kbackend launch: error: process" in result.stderr and "exited with status 2" in result.stderr
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert one_line_error(result.stderr) and "mnist" in result.stderr.lower()
+    assert "processes, coordinator" not in result.stderr  # nothing was started
+
+
+@pytest.mark.parametrize("options", [
+    ("--epochs", str(10**20)), ("--batch-size", "5000"), ("--batch-size", "63"),
+], ids=["epochs-beyond-int32", "batch-beyond-the-data", "batch-not-split-evenly"])
+def test_launch_refuses_what_every_process_would_refuse(cli, options):
+    result = cli("launch", "-N", "2", "--", *options)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert [line for line in result.stderr.splitlines() if "error" in line] == \
+        result.stderr.strip().splitlines()[-1:]  # one line
+    assert "processes, coordinator" not in result.stderr
+
+
+def test_launch_refuses_more_processes_than_cpus_unless_asked(cli, monkeypatch):
+    from kbackend.commands import launch
+
+    cpus = launch.usable_cpus()
+    result = cli("launch", "-N", str(cpus + 1), "--", "--epochs", "1")
+    assert result.returncode == 2 and one_line_error(result.stderr)
+    assert f"Invalid --num-processes {cpus + 1}: this machine has {cpus} CPU(s)" in result.stderr
+    assert "--oversubscribe" in result.stderr and "processes, coordinator" not in result.stderr
+    # Asked for: the processes start (stand-ins that exit at once here).
+    monkeypatch.setattr(launch, "worker_command",
+                        lambda *args: [sys.executable, "-c", "pass"])
+    result = cli("launch", "-N", str(cpus + 1), "--oversubscribe", "--", "--epochs", "1",
+                 "--batch-size", str(8 * (cpus + 1)))
+    assert result.returncode == 0, result.stderr
+    assert f"{cpus + 1} processes, coordinator" in result.stderr
+
+
+# Stand-in processes: process I sleeps its delay, then exits with its status or kills itself
+# with its signal (negative); the launcher stops those still running after the first failure.
+FAKE_WORKER = """
+import os, signal, sys, time
+plan = {PLAN}
+delay, outcome = plan.get(int(sys.argv[1]), (60, 0))
+print("started", flush=True)
+time.sleep(delay)
+if outcome < 0:
+    os.kill(os.getpid(), -outcome)
+sys.exit(outcome)
+"""
+
+
+@pytest.mark.parametrize(("plan", "status", "named"), [
+    # A killed process; its peer notices and exits 3 (a lost peer) a moment later.
+    ({1: (0.3, -signal.SIGKILL), 0: (0.5, 3)}, 3, "process 1 was killed by SIGKILL"),
+    # The peer's exit 3 is seen first; the process that died is named all the same.
+    ({0: (0.2, 3), 1: (0.5, -signal.SIGKILL)}, 3, "process 1 was killed by SIGKILL"),
+    # A worker's bad input passes through as 2; a diverged run as 4.
+    ({1: (0.2, 2)}, 2, "process 1 exited with status 2 (bad input)"),
+    ({0: (0.2, 4), 1: (0.2, 4)}, 4, "process 0 exited with status 4 (training diverged)"),
+    # Anything else is the job's failure: 3.
+    ({0: (0.2, 1)}, 3, "process 0 exited with status 1"),
+    ({0: (0.2, 3)}, 3, "process 0 exited with status 3 (lost a peer or could not join)"),
+    ({0: (0.2, 0), 1: (0.3, 0)}, 0, None),
+], ids=["killed-then-peer", "peer-then-killed", "bad-input", "diverged", "crashed",
+        "lost-peer-only", "success"])
+def test_launch_names_the_process_that_failed_and_exits_as_documented(cli, monkeypatch, plan,
+                                                                         status, named):
+    from kbackend.commands import launch
+
+    script = FAKE_WORKER.replace("{PLAN}", repr(plan))
+    monkeypatch.setattr(launch, "worker_command",
+                        lambda args, n, index, coordinator: [sys.executable, "-c", script,
+                                                             str(index)])
+    started = time.monotonic()
+    result = cli("launch", "-N", "2", "--", "--epochs", "1")
+    assert result.returncode == status, result.stdout + result.stderr
+    assert time.monotonic() - started < 30  # the other process was stopped, not waited for
+    errors = [line for line in result.stderr.splitlines() if "error" in line]
+    if named is None:
+        assert errors == []
+    else:
+        assert len(errors) == 1 and f"kbackend launch: error: {named}; stopped the other 1" \
+            in errors[0], result.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")
+def test_a_launcher_killed_with_sigkill_leaves_no_process_running(tmp_path):
+    import psutil
+
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "kbackend", "launch", "-N", "2", "--", "--epochs", "1000",
+         "--quiet"], cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        workers: list = []
+        while len(workers) < 2:
+            assert launcher.poll() is None and time.monotonic() < deadline
+            workers = psutil.Process(launcher.pid).children()
+            time.sleep(0.2)
+        time.sleep(2)  # the workers are starting (importing, joining the job)
+        launcher.kill()
+        launcher.wait()
+        _, alive = psutil.wait_procs(workers, timeout=15)
+        assert alive == [], f"{len(alive)} worker(s) still running after the launcher died"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        for worker in psutil.Process().children(recursive=True):
+            worker.kill()
+
+
+def test_launch_passes_a_workers_bad_input_on_as_2(cli, tmp_path):
+    # A user's data file is read by each process (the launcher checks built-in data only):
+    # every process fails with one line, exit 2; the launcher exits 2 naming one of them.
+    (tmp_path / "data.npz").write_text("not an archive")
+    result = cli("launch", "-N", "2", "--", "--data", str(tmp_path / "data.npz"), "--epochs", "1")
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "kbackend launch: error: process" in result.stderr
+    assert "exited with status 2 (bad input)" in result.stderr
     # The failed processes' kept output is shown: the one-line data error, from each.
-    assert "[0] " in result.stdout + result.stderr
+    assert "[0] kbackend: error: Invalid data source" in result.stdout

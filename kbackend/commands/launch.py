@@ -5,9 +5,19 @@
 TensorFlow each with a ``TF_CONFIG`` naming every worker's address, worker 0 the coordinator's), prefixes each
 process's output lines with ``[I]``, and waits. Process 0's output is shown as it comes (the
 others compute the same figures: their lines would repeat it N times); the other processes'
-output is kept and shown only if the job fails (``--all-output`` shows every process live). If
-one process fails (or is killed) the launcher stops the others, prints the failed processes'
-kept output, and exits non-zero naming the process that failed.
+output is kept and shown only if the job fails (``--all-output`` shows every process live).
+
+Before any process starts, the launcher checks once what every process would check alike: the
+train flags, the output paths, the data (loaded here once, for a built-in model and dataset),
+the batch against the data and the processes, the model's memory; and N against the CPUs (each
+process needs one; ``--oversubscribe`` allows more). So a bad value is one line, exit 2, not N
+failed processes.
+
+If one process fails (or is killed) the launcher stops the others, prints the failed processes'
+kept output, and names the process that failed first (a process that exits 3 after losing a
+peer is named only when no other failed). Its exit status is that process's when it was 2 (bad
+input), 4 (diverged) or 130 (interrupted), else 3 (the job failed). Each process dies with the
+launcher (``cli.LAUNCHER_PID_ENV``): a launcher killed even by ``kill -9`` leaves none running.
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -23,14 +34,24 @@ import threading
 import time
 from contextlib import ExitStack
 
+from kbackend import distributed
 from kbackend.backend_choice import selected_backend
-from kbackend.cli import OneLineErrorParser
+from kbackend.cli import LAUNCHER_PID_ENV, OneLineErrorParser, bound_integer_flags
 from kbackend.commands import train as train_command
+from kbackend.config import check_run
+from kbackend.engines import get_engine
 from kbackend.errors import ConfigError
+from kbackend.models import check_model_fits
+from kbackend.training import is_builtin, load_dataset
 
 # Flags the launcher sets on every process; the train arguments must not set them.
 _OWN_FLAGS = ("--num-processes", "--process-id", "--coordinator")
 GRACE_S = 5.0
+# A process that exits 3 reports a lost peer: the peer that died may be seen a moment later.
+PEER_REPORT_S = 1.0
+# A failed process's status the launcher passes on; any other failure is the job's, 3.
+PASSED_ON = {2: "bad input", 4: "training diverged", 130: "interrupted"}
+JOB_FAILED = 3
 
 
 def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
@@ -44,21 +65,53 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     parser.add_argument("--all-output", action="store_true",
                         help="show every process's output as it comes (default: process 0's; "
                              "the others' only if the job fails)")
+    parser.add_argument("--oversubscribe", action="store_true",
+                        help="allow more processes than this machine's CPUs")
     parser.add_argument("train_args", nargs=argparse.REMAINDER, metavar="-- TRAIN_ARGS",
                         help="arguments of kbackend train, after --")
     parser.set_defaults(func=run)
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the system has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_num_processes(num_processes: int, oversubscribe: bool) -> None:
+    """``ConfigError`` unless ``num_processes`` is >= 1 and, without ``oversubscribe``, at
+    most the CPUs (each process computes on its own: more only contend for them)."""
+    if num_processes < 1:
+        raise ConfigError(f"Invalid --num-processes {num_processes}: expected >= 1.")
+    cpus = usable_cpus()
+    if num_processes > cpus and not oversubscribe:
+        raise ConfigError(
+            f"Invalid --num-processes {num_processes}: this machine has {cpus} CPU(s), and each "
+            f"process needs one. Use -N {cpus} or fewer, or add --oversubscribe.")
+
+
 def check_train_args(train_args: list[str], num_processes: int, coordinator: str) -> None:
-    """Parse and check the train arguments as each process will, before any process starts:
-    a bad flag is one line (exit 2) here, not N failed processes."""
+    """Check the train arguments as each process will, before any process starts: the flags,
+    the output paths and, for a built-in model and dataset, the data (loaded once here), the
+    batch against it and the processes, and the model's memory. A bad value is one line
+    (exit 2) here, not N failed processes."""
     parser = OneLineErrorParser(prog="kbackend launch -- TRAIN_ARGS", add_help=False)
     parser.add_argument("--backend", default=None)
     parser.add_argument("--verbose", action="store_true")
     train_command.add_train_arguments(parser)
+    bound_integer_flags(parser)
     args = parser.parse_args([*train_args, "--num-processes", str(num_processes),
                               "--process-id", "0", "--coordinator", coordinator])
-    train_command.check_args(args)
+    config = train_command.check_args(args)
+    if not is_builtin(config):  # a user's model or data: each process prepares it
+        return
+    dataset = load_dataset(config)
+    # Devices per process are known only once a process starts its backend: one here, so the
+    # split over the processes is checked (each process checks its devices again).
+    check_run(config, len(dataset.x_train), get_engine(distributed.engine_name(config)))
+    check_model_fits(config.model, dataset.info, config.model_options)
 
 
 def free_port() -> int:
@@ -108,12 +161,50 @@ def _stop(processes: list[subprocess.Popen]) -> None:
             process.wait()
 
 
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        return f"was killed by {_signal_name(-code)}"
+    meaning = PASSED_ON.get(code) or ("lost a peer or could not join" if code == JOB_FAILED
+                                      else "")
+    return f"exited with status {code}" + (f" ({meaning})" if meaning else "")
+
+
+def first_failure(exits: list[tuple[int, int]]) -> tuple[int, int] | None:
+    """``(index, status)`` of the process to blame among ``exits`` (in the order they ended):
+    the first that failed other than by losing a peer (status 3), else the first failed."""
+    failed = [(index, code) for index, code in exits if code != 0]
+    return next(((i, c) for i, c in failed if c != JOB_FAILED), failed[0] if failed else None)
+
+
+def job_status(code: int) -> int:
+    """The launcher's exit status for a job whose blamed process ended with ``code``."""
+    return code if code in PASSED_ON else JOB_FAILED
+
+
+def worker_command(train_args: list[str], num_processes: int, index: int,
+                   coordinator: str) -> list[str]:
+    """The command line of process ``index``."""
+    return [sys.executable, "-m", "kbackend", "train", *train_args,
+            "--num-processes", str(num_processes), "--process-id", str(index),
+            "--coordinator", coordinator]
+
+
+def _wait_for(process: subprocess.Popen, index: int, ended: queue.Queue) -> None:
+    ended.put((index, process.wait()))
+
+
 def run(args: argparse.Namespace) -> int:
     train_args = list(args.train_args)
     if train_args and train_args[0] == "--":
         train_args = train_args[1:]
-    if args.num_processes < 1:
-        raise ConfigError(f"Invalid --num-processes {args.num_processes}: expected >= 1.")
+    check_num_processes(args.num_processes, getattr(args, "oversubscribe", False))
     clashing = [a for a in train_args if a.split("=")[0] in _OWN_FLAGS]
     if clashing:
         raise ConfigError(f"kbackend launch sets {', '.join(_OWN_FLAGS)} itself; remove {clashing}.")
@@ -124,53 +215,66 @@ def run(args: argparse.Namespace) -> int:
     port = args.port or free_port()
     coordinator = f"127.0.0.1:{port}"
     check_train_args(train_args, args.num_processes, coordinator)
-    env = dict(os.environ)
+    # Each process dies with this one (cli._die_with_launcher), even when it is killed -9.
+    env = {**os.environ, LAUNCHER_PID_ENV: str(os.getpid())}
     # TensorFlow workers each listen at their own address (TF_CONFIG; it replaces one set here).
     cluster = (tf_configs(port, args.num_processes) if selected_backend() == "tensorflow"
                else None)
     processes: list[subprocess.Popen] = []
     threads = []
+    ended: queue.Queue = queue.Queue()
     kept: list[list[str]] = [[] for _ in range(args.num_processes)]
-    for index in range(args.num_processes):
-        command = [sys.executable, "-m", "kbackend", "train", *train_args,
-                   "--num-processes", str(args.num_processes), "--process-id", str(index),
-                   "--coordinator", coordinator]
-        own_env = env if cluster is None else {**env, "TF_CONFIG": cluster[index]}
-        process = subprocess.Popen(command, env=own_env, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True, bufsize=1)
-        processes.append(process)
-        live = index == 0 or getattr(args, "all_output", False)
-        thread = threading.Thread(target=_forward, daemon=True,
-                                  args=(process.stdout, f"[{index}] ", sys.stdout,
-                                        None if live else kept[index]))
-        thread.start()
-        threads.append(thread)
-    sys.stderr.write(f"kbackend launch: {args.num_processes} processes, coordinator {coordinator}\n")
     previous = signal.signal(signal.SIGTERM, lambda *_: (_stop(processes), sys.exit(143)))
     try:
-        while True:
-            codes = [p.poll() for p in processes]
-            failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
-            if failed:
-                index, code = failed[0]
-                _stop(processes)
-                for thread in threads:
-                    thread.join(timeout=2)
-                for i, c in enumerate(p.poll() for p in processes):
-                    if c not in (None, 0) and kept[i]:  # the failed ones' output, kept until now
-                        sys.stdout.write("".join(kept[i]))
-                sys.stdout.flush()
-                how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
-                sys.stderr.write(f"kbackend launch: error: process {index} {how}; "
-                                 f"stopped the other {len(processes) - 1} process(es).\n")
-                return 1
-            if all(c == 0 for c in codes):
-                for thread in threads:
-                    thread.join(timeout=2)
-                return 0
-            time.sleep(0.2)
+        for index in range(args.num_processes):
+            command = worker_command(train_args, args.num_processes, index, coordinator)
+            own_env = env if cluster is None else {**env, "TF_CONFIG": cluster[index]}
+            process = subprocess.Popen(command, env=own_env, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True, bufsize=1)
+            processes.append(process)
+            live = index == 0 or getattr(args, "all_output", False)
+            thread = threading.Thread(target=_forward, daemon=True,
+                                      args=(process.stdout, f"[{index}] ", sys.stdout,
+                                            None if live else kept[index]))
+            thread.start()
+            threads.append(thread)
+            threading.Thread(target=_wait_for, args=(process, index, ended), daemon=True).start()
+        sys.stderr.write(f"kbackend launch: {args.num_processes} processes, "
+                         f"coordinator {coordinator}\n")
+        return _watch(processes, threads, ended, kept)
     except KeyboardInterrupt:
         _stop(processes)
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _watch(processes: list[subprocess.Popen], threads: list[threading.Thread],
+           ended: queue.Queue, kept: list[list[str]]) -> int:
+    """Wait for the processes; on the first failure stop the others and report it."""
+    exits: list[tuple[int, int]] = []
+    while len(exits) < len(processes):
+        exits.append(ended.get())
+        if exits[-1][1] == 0:
+            continue
+        if exits[-1][1] == JOB_FAILED:  # the peer it lost may be reported a moment later
+            deadline = time.monotonic() + PEER_REPORT_S
+            while len(exits) < len(processes) and time.monotonic() < deadline:
+                try:
+                    exits.append(ended.get(timeout=max(0.0, deadline - time.monotonic())))
+                except queue.Empty:
+                    break
+        index, code = first_failure(exits)  # type: ignore[misc]
+        _stop(processes)
+        for thread in threads:
+            thread.join(timeout=2)
+        for i, c in enumerate(p.poll() for p in processes):
+            if c not in (None, 0) and kept[i]:  # the failed ones' output, kept until now
+                sys.stdout.write("".join(kept[i]))
+        sys.stdout.flush()
+        sys.stderr.write(f"kbackend launch: error: process {index} {_describe(code)}; "
+                         f"stopped the other {len(processes) - 1} process(es).\n")
+        return job_status(code)
+    for thread in threads:
+        thread.join(timeout=2)
+    return 0

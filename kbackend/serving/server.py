@@ -11,11 +11,23 @@ checked before a byte of the body is read), then handed to the ``MicroBatcher``:
 worker thread collects the requests that arrive within ``max_wait_ms`` of the first (up to
 ``max_batch`` rows) and predicts them in one call, through the cache when there is one.
 Only loopback addresses are served.
+
+Bounds on what one client can hold:
+
+- memory before parsing: the body limit is derived from the row limit and the model's input size
+  (``body_limit``: ``BYTES_PER_VALUE`` per number, at most ``MAX_BODY_BYTES``), and a body over
+  ``PRESCAN_BYTES`` has its lists and numbers counted (``bytes.count``, no parsing) against what
+  ``max_request_rows`` rows can hold (413 beyond);
+- concurrent bodies: at most ``max_concurrent_bodies`` requests read and parse a body at once; a
+  request that finds no slot within ``BODY_SLOT_WAIT_S`` gets 503 with ``Retry-After``;
+- time: a request must arrive whole (request line, headers, body) within ``request_deadline_s``
+  of its first byte, however slowly it trickles in; else 408 and the connection closes.
 """
 
 from __future__ import annotations
 
 import errno
+import io
 import ipaddress
 import json
 import queue
@@ -37,6 +49,18 @@ from kbackend.io import strict_json_text
 from kbackend.serving.model import validate_inputs
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
+# The most JSON bytes one number of a row may take: a float64 is at most 24 characters
+# ("-1.2345678901234567e-308"), plus a separator and pretty-printing room.
+BYTES_PER_VALUE = 64
+BYTES_PER_ROW = 64  # a row's brackets, separator and indentation
+BODY_OVERHEAD_BYTES = 4096  # {"inputs": ...} and whatever else the object holds
+# Bodies larger than this have their lists and numbers counted before parsing.
+PRESCAN_BYTES = 1024 * 1024
+COUNT_SLACK = 64  # lists and commas a valid body may hold beyond its rows' (other keys)
+MAX_CONCURRENT_BODIES = 8
+BODY_SLOT_WAIT_S = 1.0  # how long a request waits for a body slot before 503
+RETRY_AFTER_S = 1
+REQUEST_DEADLINE_S = 10.0  # loopback only: a whole request arrives in far less
 REQUEST_TIMEOUT_S = 60.0
 # A float64 has at most 309 integer digits; a longer number literal can only be an attack (Python's
 # int() refuses more than 4300 digits anyway, with a ValueError from inside the JSON parser).
@@ -68,6 +92,35 @@ def check_batching_options(max_batch: int, max_wait_ms: float, max_request_rows:
             or max_request_rows < 1:
         raise ConfigError(f"Invalid --max-request-rows. Expected a positive number of rows. "
                           f"Received: {max_request_rows!r}.")
+
+
+def _values_per_row(row_shape: tuple[int | None, ...]) -> int | None:
+    """Numbers in one row (None where a dimension is not fixed)."""
+    if any(d is None for d in row_shape):
+        return None
+    return int(np.prod(row_shape, dtype=np.int64)) if row_shape else 1
+
+
+def _lists_per_row(row_shape: tuple[int | None, ...]) -> int | None:
+    """JSON lists one row is written with: itself and every inner list (None if not fixed)."""
+    if any(d is None for d in row_shape):
+        return None
+    lists, width = 1, 1
+    for dimension in row_shape[:-1]:
+        width *= int(dimension)
+        lists += width
+    return lists
+
+
+def body_limit(row_shape: tuple[int | None, ...], max_request_rows: int,
+               max_body_bytes: int = MAX_BODY_BYTES) -> int:
+    """The most bytes a request body may have: what ``max_request_rows`` rows of the model's
+    input take as JSON (``BYTES_PER_VALUE`` a number), at most ``max_body_bytes``."""
+    values = _values_per_row(row_shape)
+    if values is None:
+        return max_body_bytes
+    derived = BODY_OVERHEAD_BYTES + max_request_rows * (values * BYTES_PER_VALUE + BYTES_PER_ROW)
+    return min(max_body_bytes, derived)
 
 
 def check_port(host: str, port: int) -> int:
@@ -210,12 +263,21 @@ class PredictionServer(ThreadingHTTPServer):
     def __init__(self, host: str, port: int, *, predict: Callable[[np.ndarray], np.ndarray],
                  row_shape: tuple[int | None, ...], info: dict[str, Any],
                  cache_stats: Callable[[], dict[str, Any]] | None = None, max_batch: int = 1024,
-                 max_wait_ms: float = 2.0, max_request_rows: int = 4096, verbose: bool = False) -> None:
+                 max_wait_ms: float = 2.0, max_request_rows: int = 4096, verbose: bool = False,
+                 max_body_bytes: int = MAX_BODY_BYTES,
+                 max_concurrent_bodies: int = MAX_CONCURRENT_BODIES,
+                 request_deadline_s: float = REQUEST_DEADLINE_S,
+                 body_slot_wait_s: float = BODY_SLOT_WAIT_S) -> None:
         self.row_shape = row_shape
         self.info = info
         self.cache_stats = cache_stats
         check_batching_options(max_batch, max_wait_ms, max_request_rows)
         self.max_request_rows = max_request_rows
+        self.max_body_bytes = body_limit(row_shape, max_request_rows, max_body_bytes)
+        self.max_concurrent_bodies = max_concurrent_bodies
+        self.body_slots = threading.BoundedSemaphore(max_concurrent_bodies)
+        self.request_deadline_s = request_deadline_s
+        self.body_slot_wait_s = body_slot_wait_s
         self.verbose = verbose
         self.started = time.time()
         self.rejected = 0
@@ -256,10 +318,48 @@ class PredictionServer(ThreadingHTTPServer):
 
 
 class _RequestError(Exception):
-    def __init__(self, status: HTTPStatus, message: str, *, body_unread: bool = False) -> None:
+    def __init__(self, status: HTTPStatus, message: str, *, body_unread: bool = False,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.body_unread = body_unread
+        self.headers = headers or {}
+
+
+class _DeadlinePassed(Exception):
+    """The request did not arrive whole within the server's deadline (not a ``TimeoutError``:
+    the base class would close the connection without an answer)."""
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A handler's connection input, read under its deadline: each read waits at most until
+    ``handler.deadline`` (set by a request's first byte); between requests, the idle timeout."""
+
+    def __init__(self, handler: _Handler) -> None:
+        self.handler = handler
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        handler, connection = self.handler, self.handler.connection
+        deadline = handler.deadline
+        if deadline is None:
+            connection.settimeout(handler.timeout)
+        else:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _DeadlinePassed
+            connection.settimeout(remaining)
+        try:
+            received = connection.recv_into(buffer)
+        except TimeoutError:
+            if deadline is None:
+                raise  # idle between requests: closed quietly, as before
+            raise _DeadlinePassed from None
+        if received and handler.deadline is None:
+            handler.deadline = time.monotonic() + handler.server.request_deadline_s
+        return received
 
 
 class _NumberTooLong(ValueError):
@@ -313,17 +413,40 @@ class _Handler(BaseHTTPRequestHandler):
     # or headers. Every answer here has a status and a JSON Content-Type.
     default_request_version = "HTTP/1.0"
 
+    deadline: float | None = None  # when the request being read must be whole
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile = io.BufferedReader(_DeadlineReader(self))  # every read under the deadline
+
+    def handle_one_request(self) -> None:
+        self.deadline = None  # the next request's clock starts with its first byte
+        self.requestline, self.command = "", None  # an answer before they are read needs them
+        self.request_version = self.default_request_version
+        try:
+            super().handle_one_request()
+        except _DeadlinePassed:  # mid request line or headers
+            self._error(HTTPStatus.REQUEST_TIMEOUT, self._deadline_message())
+
+    def _deadline_message(self, detail: str = "") -> str:
+        return (f"request not received whole within {self.server.request_deadline_s:g}s of its "
+                f"first byte (the server's deadline){detail}")
+
     def log_message(self, format: str, *args: Any) -> None:
         if self.server.verbose:
             super().log_message(format, *args)
 
-    def _send(self, status: HTTPStatus, payload: dict[str, Any]) -> None:
+    def _send(self, status: HTTPStatus, payload: dict[str, Any],
+              headers: dict[str, str] | None = None) -> None:
         # Strict JSON: a NaN prediction is null, recorded under "non_finite" (kbackend.io).
         body = strict_json_text(payload, indent=None).encode()
         try:
+            self.connection.settimeout(self.timeout)  # writing: not the request's deadline
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             if status >= 400:
                 self.send_header("Connection", "close")
                 self.close_connection = True
@@ -333,10 +456,11 @@ class _Handler(BaseHTTPRequestHandler):
         except (ConnectionError, TimeoutError):  # the client left: nobody to answer
             self.close_connection = True
 
-    def _error(self, status: HTTPStatus, message: str) -> None:
+    def _error(self, status: HTTPStatus, message: str,
+               headers: dict[str, str] | None = None) -> None:
         with self.server._rejected_lock:
             self.server.rejected += 1
-        self._send(status, {"error": _one_line(message), "status": int(status)})
+        self._send(status, {"error": _one_line(message), "status": int(status)}, headers)
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """The base class's errors (bad request line, header too long, unsupported method) as JSON."""
@@ -348,14 +472,14 @@ class _Handler(BaseHTTPRequestHandler):
         # in bytes and time), so the close does not reset the connection under the error response.
         try:
             self.connection.shutdown(socket.SHUT_WR)
-            self.connection.settimeout(LINGER_S)
-            deadline, discarded = time.monotonic() + LINGER_S, 0
+            self.deadline = time.monotonic() + LINGER_S  # reads wait at most this long now
+            deadline, discarded = self.deadline, 0
             while discarded < DRAIN_BYTES and time.monotonic() < deadline:
                 chunk = self.rfile.read1(65536)
                 if not chunk:
                     break
                 discarded += len(chunk)
-        except OSError:
+        except (OSError, _DeadlinePassed):
             pass
 
     def do_GET(self) -> None:
@@ -381,7 +505,7 @@ class _Handler(BaseHTTPRequestHandler):
                                     body_unread=True)
             x = self._read_inputs()
         except _RequestError as error:
-            self._error(error.status, str(error))
+            self._error(error.status, str(error), error.headers)
             if error.body_unread:
                 self._discard_unread_body()
             return
@@ -422,18 +546,63 @@ class _Handler(BaseHTTPRequestHandler):
             raise _RequestError(HTTPStatus.BAD_REQUEST, f"invalid Content-Length {values[0][:40]!r}: expected "
                                 "a non-negative integer (bytes)", body_unread=True)
         # Compare digit counts first: int() of a 5,000-digit header would itself fail.
-        if len(text.lstrip("0")) > len(str(MAX_BODY_BYTES)) or int(text) > MAX_BODY_BYTES:
+        limit = self.server.max_body_bytes
+        if len(text.lstrip("0")) > len(str(limit)) or int(text) > limit:
             raise _RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body of {text[:40]} bytes exceeds the "
-                                f"limit of {MAX_BODY_BYTES}", body_unread=True)
+                                f"limit of {limit} ({self.server.max_request_rows} rows of this "
+                                "model's input)", body_unread=True)
         return int(text)
+
+    def _read_body(self, length: int) -> bytes:
+        """The body, at most ``length`` bytes (the limit holds while reading), by the deadline."""
+        chunks, received = [], 0
+        try:
+            while received < length:
+                chunk = self.rfile.read1(min(length - received, 1 << 20))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                received += len(chunk)
+        except _DeadlinePassed:
+            raise _RequestError(HTTPStatus.REQUEST_TIMEOUT, self._deadline_message(
+                f": received {received} of {length} bytes"), body_unread=True) from None
+        if received < length:
+            raise _RequestError(HTTPStatus.BAD_REQUEST,
+                                f"incomplete body: received {received} of {length} bytes")
+        return b"".join(chunks)
+
+    def _check_counts(self, body: bytes) -> None:
+        """A large body's lists and numbers counted (no parsing) against what the row limit
+        holds: a body of many tiny rows is refused before it becomes millions of objects."""
+        if len(body) <= PRESCAN_BYTES:
+            return
+        rows, shape = self.server.max_request_rows, self.server.row_shape
+        lists, values = _lists_per_row(shape), _values_per_row(shape)
+        counted = {"lists": (body.count(b"["), None if lists is None else 1 + rows * lists),
+                   "numbers": (body.count(b",") + 1, None if values is None else rows * values)}
+        for what, (found, most) in counted.items():
+            if most is not None and found > most + COUNT_SLACK:
+                raise _RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                                    f"body holds {found} {what}: more than {rows} rows of shape "
+                                    f"{tuple(shape)} can (the limit is {rows} rows per request)")
 
     def _read_inputs(self) -> np.ndarray:
         self._check_content_type()
         length = self._body_length()
-        body = self.rfile.read(length)  # at most the checked length: the limit holds while reading
-        if len(body) < length:
-            raise _RequestError(HTTPStatus.BAD_REQUEST,
-                                f"incomplete body: received {len(body)} of {length} bytes")
+        slots = self.server.body_slots
+        if not slots.acquire(timeout=self.server.body_slot_wait_s):
+            raise _RequestError(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                f"busy: {self.server.max_concurrent_bodies} request bodies are being read; "
+                f"retry after {RETRY_AFTER_S}s", body_unread=True,
+                headers={"Retry-After": str(RETRY_AFTER_S)})
+        try:
+            return self._parse_inputs(self._read_body(length))
+        finally:
+            slots.release()
+
+    def _parse_inputs(self, body: bytes) -> np.ndarray:
+        self._check_counts(body)
         try:
             payload = parse_json_body(body)
         except ValueError as error:

@@ -248,6 +248,11 @@ def main(argv: Sequence[str] | None = None, *, own_process: bool = False) -> int
 def _main(argv: Sequence[str] | None, own_process: bool) -> int:
     if own_process:
         _die_with_launcher()
+        # A console that cannot encode a path (PYTHONIOENCODING=ascii, a C locale) shows it
+        # escaped instead of ending a finished command with UnicodeEncodeError.
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(AttributeError, ValueError):
+                stream.reconfigure(errors="backslashreplace")
     argv = list(sys.argv[1:] if argv is None else argv)
     named = argv[0] if argv and argv[0] in command_names() else None
     parser = build_parser(named)  # no command named (--help, a typo): every command, listed

@@ -67,3 +67,16 @@ def test_a_full_disk_at_save_is_one_line_and_keeps_the_history(tmp_path, monkeyp
               history_path=tmp_path / "h.json")
     assert "\n" not in str(raised.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["h.json"]
+
+
+def test_a_console_that_cannot_encode_a_path_does_not_crash_a_finished_command(tmp_path,
+                                                                                cli_process):
+    """PYTHONIOENCODING=ascii and an output path with a non-ASCII name (issue 36 item 12): the
+    command finishes with status 0, the path shown escaped, the file written."""
+    folder = tmp_path / "résultats"
+    result = cli_process("train", "--epochs", "1", "--max-steps", "2", "--fused-steps", "1",
+                         "--history", str(folder / "h.json"),
+                         env={"PYTHONIOENCODING": "ascii"})
+    assert result.returncode == 0, result.stderr
+    assert "r\\xe9sultats" in result.stdout
+    assert (folder / "h.json").exists()

@@ -463,3 +463,32 @@ def test_bodies_beyond_the_concurrent_limit_get_503_with_retry_after(bounded):
             sock.close()
     time.sleep(0.3)  # the holders' handlers see their connections closed and free the slots
     assert request(bounded, "POST", "/predict", VALID)[0] == 200
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback")
+def test_serve_listens_on_ipv6_loopback():
+    """--host ::1 serves IPv6 loopback (issue 36 item 12), and the URL says so in brackets."""
+    srv = PredictionServer("::1", 0, predict=lambda x: x, row_shape=(FEATURES,), info={})
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        assert srv.url.startswith("http://[::1]:")
+        conn = http.client.HTTPConnection("::1", srv.server_address[1], timeout=30)
+        conn.request("POST", "/predict", body=json.dumps({"inputs": rows(2).tolist()}),
+                     headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        assert response.status == 200
+        np.testing.assert_allclose(json.loads(response.read())["predictions"], rows(2), atol=ATOL)
+        conn.close()
+    finally:
+        srv.shutdown()
+        srv.server_close()

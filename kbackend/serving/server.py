@@ -131,15 +131,21 @@ def check_port(host: str, port: int) -> int:
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise ConfigError(f"Invalid --port. Expected an integer from 0 (any free port) to 65535. Received: {port!r}.")
     if port:
-        probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        address = check_loopback(host)
+        probe = socket.socket(address_family(address), socket.SOCK_STREAM)
         try:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does
-            probe.bind((check_loopback(host), port))
+            probe.bind((address, port))
         except OSError as error:
             raise _bind_error(host, port, error) from None
         finally:
             probe.close()
     return port
+
+
+def address_family(address: str) -> socket.AddressFamily:
+    """The socket family of an IP address string (IPv6 for ``::1``)."""
+    return socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
 
 
 def _bind_error(host: str, port: int, error: OSError) -> ConfigError:
@@ -151,10 +157,13 @@ def _bind_error(host: str, port: int, error: OSError) -> ConfigError:
 
 
 def check_loopback(host: str) -> str:
-    """``host`` if it resolves to a loopback address, else ``ConfigError``."""
+    """``host``'s loopback address (IPv4, or IPv6 such as ``::1``), else ``ConfigError``."""
     try:
-        address = ipaddress.ip_address(socket.gethostbyname(host))
-    except (OSError, ValueError):
+        found = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+        # IPv4 first where a name has both (localhost): the address clients try first
+        found.sort(key=lambda entry: entry[0] != socket.AF_INET)
+        address = ipaddress.ip_address(found[0][4][0])
+    except (OSError, ValueError, IndexError, UnicodeError):
         raise ConfigError(f"Invalid --host {host!r}: it does not resolve to an address.") from None
     if not address.is_loopback:
         raise ConfigError(
@@ -283,6 +292,7 @@ class PredictionServer(ThreadingHTTPServer):
         self.rejected = 0
         self._rejected_lock = threading.Lock()
         address = check_loopback(host)
+        self.address_family = address_family(address)  # read by socketserver's __init__
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"Invalid port. Expected an integer from 0 to 65535. Received: {port!r}.")
         self.batcher = MicroBatcher(predict, max_batch=max_batch, max_wait_s=max_wait_ms / 1000)
@@ -294,7 +304,7 @@ class PredictionServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://[{host}]:{port}" if ":" in str(host) else f"http://{host}:{port}"
 
     def stats(self) -> dict[str, Any]:
         stats = {"uptime_s": time.time() - self.started, "rejected": self.rejected, **self.batcher.stats()}

@@ -4,11 +4,13 @@ any work, and the file that was there is unchanged; --data-dir is refused where 
 
 from __future__ import annotations
 
+import sqlite3
+
 import numpy as np
 import pytest
 
 from kbackend.backend_choice import keras as import_keras
-from tests.conftest import one_line_error
+from tests.conftest import BACKEND, one_line_error
 
 
 @pytest.fixture
@@ -80,3 +82,44 @@ def test_a_console_that_cannot_encode_a_path_does_not_crash_a_finished_command(t
     assert result.returncode == 0, result.stderr
     assert "r\\xe9sultats" in result.stdout
     assert (folder / "h.json").exists()
+
+
+def _study_out(kind: str, out):
+    out.mkdir()
+    if kind == "report-folder-is-a-file":
+        (out / f"digits_seed_mlp_{BACKEND}_native").write_text("kept")
+    elif kind == "store-is-garbage":
+        (out / "study.db").write_text("kept")
+    elif kind == "store-is-a-folder":
+        (out / "study.db").mkdir()
+    elif kind == "store-of-another-application":
+        with sqlite3.connect(out / "study.db") as db:
+            db.execute("create table kept(a)")
+    elif kind == "out-is-a-file":
+        out.rmdir()
+        out.write_text("kept")
+
+
+STUDY_CASES = {
+    "report-folder-is-a-file": "is a file, not a folder",
+    "store-is-garbage": "is not an SQLite database",
+    "store-is-a-folder": "is not a file",
+    "store-of-another-application": "of another application",
+    "out-is-a-file": "is a file, not a folder",
+}
+
+
+@pytest.mark.parametrize("kind", list(STUDY_CASES))
+def test_a_study_output_the_filesystem_or_store_refuses_is_one_line(kind, tmp_path, cli,
+                                                                     engines_never_run):
+    out = tmp_path / "out"
+    _study_out(kind, out)
+    before = sorted((p.relative_to(tmp_path), p.is_dir() or p.read_bytes())
+                    for p in tmp_path.rglob("*"))
+    result = cli("study", "--dataset", "digits", "--model", "seed_mlp", "--engine", "native",
+                 "--optimizers", "sgd", "--batch-sizes", "64", "--seeds", "1",
+                 "--noise-points", "0", "--out", str(out))
+    assert result.returncode == 2, result.stderr
+    assert STUDY_CASES[kind] in result.stderr and one_line_error(result.stderr)
+    assert sorted((p.relative_to(tmp_path), p.is_dir() or p.read_bytes())
+                  for p in tmp_path.rglob("*")) == before

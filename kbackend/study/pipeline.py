@@ -22,7 +22,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from kbackend.errors import ConfigError, DataError
+from kbackend.config import check_output_folder
+from kbackend.errors import ConfigError, DataError, OutputError
 from kbackend.io import atomic_write_text, read_json
 from kbackend.reports import markdown_rows
 from kbackend.study.analysis import analyze
@@ -162,6 +163,9 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
     load_before = os.getloadavg()[0]
     runner = StudyRunner(config, None)
     runner.prepare()  # every check against the data, before the store is created or opened
+    # The report's folder too: a file in its place is a one-line error now, not after the runs.
+    check_output_folder(report_dir(out, {"config": config.to_dict(), "env": runner.env}),
+                        "report")
     with ResultStore(out / DB_NAME) as store:
         runner.store = store
         total = runner.total_runs() + (1 if config.noise_points else 0) + \
@@ -181,7 +185,12 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
         study["time_spent"] = time_accounting(runner.time_spent, wall_time, process_seconds())
         before_report = time.perf_counter()
         analysis = analyze(study)
-        paths = write_report(study, analysis, report_dir(out, study), wall_time)
+        try:
+            paths = write_report(study, analysis, report_dir(out, study), wall_time)
+        except OSError as error:  # the runs are stored: a re-run writes the report from them
+            raise OutputError(f"Could not write the report under {str(out)!r}: "
+                              f"{error.strerror or error}; every run is kept in the store, so "
+                              "running the command again writes it.") from None
         summary = read_json(paths["summary"])
         # One summary per backend, engine and device: what `study compare` puts side by side.
         store.put_summary(study["study"], f"{study['env']['backend']}/{config.engine}",

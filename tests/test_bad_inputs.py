@@ -105,8 +105,11 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(cli, files, tmp_path, case):
     argv, message = CASES[case]
+    # each command's output with the suffix it requires: predictions .npy, a history .json,
+    # an export a folder
+    out = {"predict": "out.npy", "train": "out.json"}.get(argv[0], "out")
     places = {"model": tmp_path / "never_loaded.keras", "x": files / "x.npy",
-              "out": tmp_path / "out", "cache": tmp_path / "cache.db",
+              "out": tmp_path / out, "cache": tmp_path / "cache.db",
               "empty": files / "empty.keras", "truncated": files / "truncated.keras",
               "tiny": files / "tiny.keras", "x3": files / "x3.npy", "text": files / "x.txt",
               "nowhere": tmp_path / "missing" / "cache.db"}

@@ -52,15 +52,16 @@ class StudyResult:
 
 def recommendation(study: dict[str, Any]) -> dict[str, Any] | None:
     """The cell to train at: the fastest median time to target; where the intervals cannot
-    separate it from others (``tied_with``), the one with the fewest median steps among them,
-    which costs least on hardware with a flatter step-time curve. None if no cell reached."""
+    separate it from others (``tied_with``), the cheapest among them: the fewest samples
+    processed to the target (steps x batch, the compute a run costs on any hardware). None if
+    no cell reached."""
     cells = [c for c in study["cells"] if c.get("reached") and c.get("time_to_target")]
     if not cells:
         return None
     fastest = min(cells, key=lambda c: c["time_to_target"])
     low, high = _span(fastest)
     tied = [c for c in cells if c is not fastest and _span(c)[0] <= high and low <= _span(c)[1]]
-    best = min([fastest, *tied], key=lambda c: (c["steps_to_target"], c["time_to_target"]))
+    best = min([fastest, *tied], key=lambda c: (_samples(c), c["time_to_target"]))
     tied = [c for c in [fastest, *tied] if c is not best]
     config = study["config"]
     target = config["target"]
@@ -94,11 +95,17 @@ def recommendation_lines(best: dict[str, Any] | None) -> list[str]:
     if best["seeds"] < 2:
         why = " (one seed: no interval, so not resolved; the fastest median)"
     elif ties:
-        why = f" (tied with {ties} within the intervals: of those, the fewest steps)"
+        why = (f" (tied with {ties} within the intervals: of those, the fewest samples to the "
+               "target)")
     else:
         why = " (resolved: the intervals separate it from every other cell)"
     return [f"Recommended: {best['optimizer']} at batch {best['batch_size']}, lr "
             f"{best['learning_rate']:g}{why}.", f"  {best['command']}", f"  {best['python']}"]
+
+
+def _samples(cell: dict[str, Any]) -> float:
+    samples = cell.get("samples_to_target")
+    return samples if samples is not None else cell["steps_to_target"] * cell["batch_size"]
 
 
 def _span(cell: dict[str, Any]) -> tuple[float, float]:

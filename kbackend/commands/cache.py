@@ -17,6 +17,7 @@ from kbackend.cache import (
     parse_grid_text,
 )
 from kbackend.commands.predict import add_cache_arguments, load_array
+from kbackend.config import check_distinct_paths
 from kbackend.errors import ConfigError
 from kbackend.io import strict_json_text
 from kbackend.serving.model import check_model_file, input_shape, load_model, validate_inputs
@@ -58,6 +59,8 @@ def run_warm(args: argparse.Namespace) -> int:
     # Everything that needs no model is checked before it loads (the grid's syntax, the input
     # file, the cache); what needs it (the grid's features, the rows' shape) right after, and
     # the cache is created only then: a refused command leaves no new cache file.
+    check_distinct_paths({"--cache": args.cache if "://" not in str(args.cache) else None},
+                         {"--model": args.model, "--input": args.input})
     grid_text = parse_grid_text(args.grid, max_rows=args.max_rows) if args.grid is not None else None
     rows = load_array(args.input) if args.input is not None else None
     check_model_file(args.model)

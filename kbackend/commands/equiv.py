@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from kbackend.config import MAX_TIMEOUT_S, check_output_path
+from kbackend.config import MAX_TIMEOUT_S, check_distinct_paths, check_output_path
 from kbackend.data.user import _npy_header, _Where  # the one header-first .npz member check
 from kbackend.equivalence import (
     KNOWN_DIVERGENCES,
@@ -294,7 +294,10 @@ def check_args(args: argparse.Namespace) -> None:
         raise DataError(f"Invalid --timeout {args.timeout!r}: expected seconds > 0 and at most "
                         f"{MAX_TIMEOUT_S} (a week).")
     if args.json is not None:
-        check_output_path(args.json, "--json")
+        check_distinct_paths({"--json": args.json}, {
+            "--model": args.model, "--inputs": (args.inputs or "").split(":")[0] or None,
+            "--targets": (args.targets or "").split(":")[0] or None})
+        check_output_path(args.json, "--json", suffix=".json")
     source = check_model(args)  # not found, not a .keras archive, Lambda, builder syntax
     headers = {option: read_arrays(getattr(args, option), f"--{option}", load=False)
                for option in ("inputs", "targets") if getattr(args, option) is not None}

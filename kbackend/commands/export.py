@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kbackend.commands.predict import load_array
-from kbackend.config import check_output_folder
+from kbackend.config import check_distinct_paths, check_output_folder
 from kbackend.io import strict_json_text
 from kbackend.serving.export import DEFAULT_ATOL, FORMATS, check_export_options, export_model
 
@@ -28,6 +28,7 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_export_options(args.rows, args.atol)
+    check_distinct_paths({"--out": args.out}, {"--model": args.model, "--sample": args.sample})
     check_output_folder(args.out, "--out")
     sample = load_array(args.sample, "--sample") if args.sample else None
     manifest = export_model(args.model, args.format, args.out, sample=sample, rows=args.rows, atol=args.atol)

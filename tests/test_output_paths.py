@@ -131,3 +131,15 @@ def test_a_study_output_the_filesystem_or_store_refuses_is_one_line(kind, tmp_pa
     assert STUDY_CASES[kind] in result.stderr and one_line_error(result.stderr)
     assert sorted((p.relative_to(tmp_path), p.is_dir() or p.read_bytes())
                   for p in tmp_path.rglob("*")) == before
+
+
+def test_float64_inputs_beyond_float32_say_so():
+    """Issue 36 item 12: a value float32 cannot hold is a one-line error, not a silent inf."""
+    from kbackend.data import from_arrays
+    from kbackend.errors import DataError
+
+    x = np.ones((20, 3))
+    x[4, 1] = 1e300
+    with pytest.raises(DataError, match="beyond float32's range in the train split"):
+        from_arrays("big", x, np.arange(20) % 2, np.ones((4, 3)), np.arange(4) % 2,
+                    num_classes=2)

@@ -195,7 +195,7 @@ sys.exit(outcome)
     ({0: (0.2, 3), 1: (0.5, -signal.SIGKILL)}, 3, "process 1 was killed by SIGKILL"),
     # A worker's bad input passes through as 2; a diverged run as 4.
     ({1: (0.2, 2)}, 2, "process 1 exited with status 2 (bad input)"),
-    ({0: (0.2, 4), 1: (0.2, 4)}, 4, "process 0 exited with status 4 (training diverged)"),
+    ({0: (0.2, 4), 1: (0.8, 4)}, 4, "process 0 exited with status 4 (training diverged)"),
     # Anything else is the job's failure: 3.
     ({0: (0.2, 1)}, 3, "process 0 exited with status 1"),
     ({0: (0.2, 3)}, 3, "process 0 exited with status 3 (lost a peer or could not join)"),

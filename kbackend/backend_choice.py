@@ -226,3 +226,22 @@ def backend_source() -> str:
 def active_backend() -> str:
     """The backend Keras runs on in this process (imports Keras if needed)."""
     return keras().backend.backend()
+
+
+@contextmanager
+def tensorflow_kept_out() -> Iterator[None]:
+    """Inside, Keras's serialization (``clone_model``, ``get_compile_config``, ``save``,
+    ``from_config``) does not import TensorFlow: it asks whether TensorFlow is available only to
+    test objects against its types, and where it is not imported yet (JAX) no object is one.
+    The import would cost seconds and TensorFlow's C++ log lines in a JAX process."""
+    from keras.src.utils import module_utils  # deferred: Keras after the backend choice
+
+    lazy = module_utils.tensorflow
+    if "tensorflow" in sys.modules or vars(lazy).get("_available", True) is not None:
+        yield  # imported already, known to be missing, or another Keras: nothing to do
+        return
+    lazy._available = False
+    try:
+        yield
+    finally:
+        lazy._available = None

@@ -37,14 +37,14 @@ import re
 import struct
 import sys
 import zipfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any, BinaryIO
 
 from kbackend.backend_choice import keras as import_keras
+from kbackend.backend_choice import tensorflow_kept_out
 from kbackend.backends import impl
 from kbackend.data import DatasetInfo
 from kbackend.errors import ConfigError, path_errors
@@ -386,26 +386,6 @@ def _call_builder(builder: Callable[..., Any], info: DatasetInfo, name: str) -> 
 # --- models: graph or subclassed, checks, copies -------------------------------------------------
 
 
-@contextmanager
-def _no_tensorflow_import() -> Iterator[None]:
-    """Inside, Keras's serialization (``clone_model``, ``get_compile_config``, ``save``) does not
-    import TensorFlow: it asks whether TensorFlow is available only to test objects against its
-    types, and where it is not imported yet (JAX) no object is one. The import would cost
-    seconds and TensorFlow's C++ log lines in a JAX process (the reason ``set_random_seed`` is a
-    backend op)."""
-    from keras.src.utils import module_utils  # deferred: Keras after the backend choice
-
-    lazy = module_utils.tensorflow
-    if "tensorflow" in sys.modules or vars(lazy).get("_available", True) is not None:
-        yield  # imported already, known to be missing, or another Keras: nothing to do
-        return
-    lazy._available = False
-    try:
-        yield
-    finally:
-        lazy._available = None
-
-
 def _is_graph_model(model: Any) -> bool:
     """Whether ``model`` is a Sequential or functional model (``clone_model`` rebuilds those)."""
     keras = import_keras()
@@ -429,7 +409,7 @@ def _fresh_copy(model: Any, name: str, *, weights: bool = False, safe_mode: bool
         raise ModelError(f"Model {name!r} is a subclassed model ({type(model).__qualname__}), "
                          "which cannot be cloned with fresh weights: pass a builder instead "
                          "(FILE.py:FUNCTION, or a function returning the model).")
-    with SafeModeScope(safe_mode), _no_tensorflow_import():
+    with SafeModeScope(safe_mode), tensorflow_kept_out():
         clone = keras.models.clone_model(model)
         if weights:
             clone.set_weights(model.get_weights())

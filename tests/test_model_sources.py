@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 
 from kbackend.backend_choice import keras as import_keras
+from kbackend.backend_choice import tensorflow_kept_out
 from kbackend.data import DatasetInfo
 from kbackend.errors import ConfigError, KBackendError
 from kbackend.model_sources import (
     MAX_CONFIG_BYTES,
     ModelError,
     ModelSource,
-    _no_tensorflow_import,
     check_model_file,
     check_model_matches,
     parse_model_source,
@@ -127,13 +127,13 @@ def functional(units: int = 3) -> Any:
 
 def saved(tmp_path: Path, model: Any, name: str = "my.keras") -> Path:
     path = tmp_path / name
-    with _no_tensorflow_import():  # on JAX, Keras's save would import TensorFlow (seconds)
+    with tensorflow_kept_out():  # on JAX, Keras's save would import TensorFlow (seconds)
         model.save(path)
     return path
 
 
 def compile_config(model: Any) -> dict[str, Any]:
-    with _no_tensorflow_import():  # as saved()
+    with tensorflow_kept_out():  # as saved()
         return model.get_compile_config()
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from kbackend.config import MAX_TIMEOUT_S, check_distinct_paths, check_output_path
-from kbackend.data.user import _npy_header, _Where  # the one header-first .npz member check
+from kbackend.data.user import Where, _npy_header, npy_data_bytes  # header-first checks
 from kbackend.equivalence import (
     KNOWN_DIVERGENCES,
     Case,
@@ -105,30 +105,13 @@ def split_key(value: str) -> tuple[str, str | None]:
     return str(value), None
 
 
-def _npy_file_bytes(where: _Where, path: Path) -> int:
+def _npy_file_bytes(where: Where, path: Path) -> int:
     """The bytes a .npy file's header declares, checked against the file's size (no data read)."""
-    fmt = np.lib.format
     with open(path, "rb") as handle:
-        version = fmt.read_magic(handle)
-        if version == (1, 0):
-            shape, _, dtype = fmt.read_array_header_1_0(handle)
-        elif version == (2, 0):
-            shape, _, dtype = fmt.read_array_header_2_0(handle)
-        else:
-            raise where.error(f".npy format version {version[0]}.{version[1]} is not read here.")
-        header_end = handle.tell()
-    if dtype.hasobject:
-        raise where.error(f"the array holds Python objects (dtype {dtype}), which loading would "
-                          "unpickle, and pickles can run code: refused. Save numeric arrays.")
-    nbytes = math.prod(shape) * dtype.itemsize
-    if path.stat().st_size != header_end + nbytes:
-        raise where.error(f"its header declares shape {shape} of {dtype} ({nbytes:,} bytes), but "
-                          f"the file holds {path.stat().st_size - header_end:,} bytes of data: "
-                          "a cut or altered file.")
-    return nbytes
+        return npy_data_bytes(where, handle, path.stat().st_size, "the array")
 
 
-def _check_bytes(where: _Where, nbytes: int, max_bytes: int) -> None:
+def _check_bytes(where: Where, nbytes: int, max_bytes: int) -> None:
     if nbytes > max_bytes:
         raise where.error(f"its arrays hold {nbytes:,} bytes, more than the {max_bytes:,} "
                           "compared at once (a batch every backend computes on in one call): "
@@ -144,7 +127,7 @@ def read_arrays(value: str, flag: str, *, max_bytes: int | None = None,
     error is one line naming ``flag``."""
     max_bytes = MAX_INPUT_BYTES if max_bytes is None else max_bytes
     path_text, key = split_key(value)
-    where = _Where(f"{flag} {str(value)!r}")
+    where = Where(f"{flag} {str(value)!r}")
     with path_errors(value, flag, DataError):
         path = Path(path_text)
         found = path.is_file()
@@ -171,7 +154,7 @@ def read_arrays(value: str, flag: str, *, max_bytes: int | None = None,
                       "(empty, cut, or another format).")
 
 
-def _read_archive(where: _Where, path: Path, key: str | None, max_bytes: int,
+def _read_archive(where: Where, path: Path, key: str | None, max_bytes: int,
                   load: bool) -> Arrays:
     with zipfile.ZipFile(path) as archive:
         members = {info.filename.removesuffix(".npy"): info for info in archive.infolist()

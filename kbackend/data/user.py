@@ -114,7 +114,7 @@ def _reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-class _Where:
+class Where:
     """What an error names: ``data source 'train.npz'`` or ``data 'arrays'``."""
 
     def __init__(self, what: str) -> None:
@@ -124,7 +124,7 @@ class _Where:
         return DataError(" ".join(f"Invalid {self.what}: {reason}".split()))
 
 
-def _check_limit(where: _Where, nbytes: int, max_bytes: int, what: str) -> None:
+def _check_limit(where: Where, nbytes: int, max_bytes: int, what: str) -> None:
     if nbytes > max_bytes:
         raise where.error(
             f"{what} would take {nbytes:,} bytes in memory, more than the {max_bytes:,} allowed "
@@ -140,7 +140,7 @@ def _first_non_finite(values: np.ndarray) -> int | None:
     return int(np.argmax(bad)) if bad.any() else None
 
 
-def _check_split(where: _Where, split: str, x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
+def _check_split(where: Where, split: str, x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
     """``(x, y)`` as arrays, or a one-line error saying what is wrong with them."""
     try:
         x, y = np.asarray(x), np.asarray(y)
@@ -185,7 +185,7 @@ def _dtype_words(dtype: np.dtype) -> str:
     return f"values of dtype {dtype}"
 
 
-def _finish(where: _Where, *, name: str, source: str, kind: str, splits: dict[str, Any],
+def _finish(where: Where, *, name: str, source: str, kind: str, splits: dict[str, Any],
             class_names: tuple[str, ...] | None = None, notes: tuple[str, ...] = ()) -> UserData:
     """Every split checked, string labels mapped to class indices, as a ``UserData``."""
     if "train" not in splits:
@@ -212,7 +212,7 @@ def _label_text(values: np.ndarray) -> np.ndarray:
     return np.char.decode(values, "utf-8") if values.dtype.kind == "S" else values
 
 
-def _encode_labels(where: _Where, splits: dict[str, tuple[np.ndarray, np.ndarray]]
+def _encode_labels(where: Where, splits: dict[str, tuple[np.ndarray, np.ndarray]]
                    ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], tuple[str, ...]]:
     """String labels -> int32 indices of the training split's sorted class names."""
     names = np.unique(_label_text(splits["train"][1]))
@@ -230,36 +230,41 @@ def _encode_labels(where: _Where, splits: dict[str, tuple[np.ndarray, np.ndarray
 # --- .npz ----------------------------------------------------------------------------------
 
 
-def _npy_header(where: _Where, archive: zipfile.ZipFile, info: zipfile.ZipInfo, key: str) -> int:
-    """The size in bytes ``key``'s .npy header declares, checked against its zip entry."""
+def npy_data_bytes(where: Where, handle: Any, stored: int, name: str) -> int:
+    """The data bytes the ``.npy`` header at ``handle`` declares, read header-first (no data):
+    a one-line error for an unreadable header, object arrays (loading would unpickle) or a
+    declared size that disagrees with the ``stored`` bytes (a cut or altered file)."""
     fmt = np.lib.format
-    with archive.open(info) as handle:
-        try:
-            version = fmt.read_magic(handle)
-            if version == (1, 0):
-                shape, _, dtype = fmt.read_array_header_1_0(handle)
-            elif version == (2, 0):
-                shape, _, dtype = fmt.read_array_header_2_0(handle)
-            else:
-                raise ValueError(f".npy format version {version[0]}.{version[1]} is not read here")
-        except ValueError as error:
-            raise where.error(f"member {key!r} is not a readable .npy array "
-                              f"({_reason(error)}).") from None
-        header_end = handle.tell()
+    try:
+        version = fmt.read_magic(handle)
+        if version == (1, 0):
+            shape, _, dtype = fmt.read_array_header_1_0(handle)
+        elif version == (2, 0):
+            shape, _, dtype = fmt.read_array_header_2_0(handle)
+        else:
+            raise ValueError(f".npy format version {version[0]}.{version[1]} is not read here")
+    except ValueError as error:
+        raise where.error(f"{name} is not a readable .npy array ({_reason(error)}).") from None
+    header_end = handle.tell()
     if dtype.hasobject:
         raise where.error(
-            f"array {key!r} holds Python objects (dtype {dtype}), which loading would unpickle, "
-            "and pickles can run code: refused. Save numeric (or string) arrays instead.")
+            f"{name} holds Python objects (dtype {dtype}), which loading would unpickle, and "
+            "pickles can run code: refused. Save numeric (or string) arrays instead.")
     nbytes = math.prod(shape) * dtype.itemsize
-    if info.file_size != header_end + nbytes:
+    if stored != header_end + nbytes:
         raise where.error(
-            f"array {key!r} declares shape {shape} of {dtype} ({nbytes:,} bytes) in its header, "
-            f"but its archive entry holds {info.file_size - header_end:,} bytes of data: a cut "
-            "or altered file.")
+            f"{name} declares shape {shape} of {dtype} ({nbytes:,} bytes) in its header, but "
+            f"holds {stored - header_end:,} bytes of data: a cut or altered file.")
     return nbytes
 
 
-def _npz_keys(where: _Where, present: list[str]) -> list[tuple[str, str, str]]:
+def _npy_header(where: Where, archive: zipfile.ZipFile, info: zipfile.ZipInfo, key: str) -> int:
+    """The size in bytes ``key``'s .npy header declares, checked against its zip entry."""
+    with archive.open(info) as handle:
+        return npy_data_bytes(where, handle, info.file_size, f"array {key!r}")
+
+
+def _npz_keys(where: Where, present: list[str]) -> list[tuple[str, str, str]]:
     """The (split, x key, y key) triples to read, from the keys the archive has."""
     if "x_train" in present or "y_train" in present:
         pairs = [pair for pair in NPZ_PAIRS if pair[1] in present or pair[2] in present]
@@ -276,7 +281,7 @@ def _npz_keys(where: _Where, present: list[str]) -> list[tuple[str, str, str]]:
     return pairs
 
 
-def _load_npz(where: _Where, path: Path, max_bytes: int) -> dict[str, tuple]:
+def _load_npz(where: Where, path: Path, max_bytes: int) -> dict[str, tuple]:
     try:
         if not zipfile.is_zipfile(path):
             raise where.error(f"not a .npz archive ({path.stat().st_size:,} bytes that are not "
@@ -319,7 +324,7 @@ def _csv_labels(cells: list[str]) -> np.ndarray:
     return numbers.astype(np.float32)
 
 
-def _load_csv(where: _Where, path: Path, label: str | None, max_bytes: int
+def _load_csv(where: Where, path: Path, label: str | None, max_bytes: int
               ) -> tuple[np.ndarray, np.ndarray]:
     # Numbers of at least one digit and a separator become 4-byte floats: at most 2x the file.
     _check_limit(where, 2 * path.stat().st_size, max_bytes, "its values")
@@ -425,7 +430,7 @@ def _element_bytes(spec: Any) -> int | None:
     return math.prod(spec.shape) * spec.dtype.size
 
 
-def _read_tf_dataset(where: _Where, dataset: Any, split: str, max_bytes: int,
+def _read_tf_dataset(where: Where, dataset: Any, split: str, max_bytes: int,
                      batched: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
     """A finite ``tf.data.Dataset`` of ``(x, y)`` read into memory, at most ``max_bytes``."""
     tf = _tensorflow()
@@ -465,7 +470,7 @@ def _read_tf_dataset(where: _Where, dataset: Any, split: str, max_bytes: int,
     return _concatenate(where, split, xs, ys)
 
 
-def _concatenate(where: _Where, split: str, xs: list, ys: list) -> tuple[np.ndarray, np.ndarray]:
+def _concatenate(where: Where, split: str, xs: list, ys: list) -> tuple[np.ndarray, np.ndarray]:
     if not xs:
         raise where.error(f"the {split} split is empty: the dataset yields no samples.")
     try:
@@ -483,7 +488,7 @@ def _spec_words(spec: Any) -> str:
     return type(spec).__name__
 
 
-def _read_py_dataset(where: _Where, dataset: Any, split: str, max_bytes: int
+def _read_py_dataset(where: Where, dataset: Any, split: str, max_bytes: int
                      ) -> tuple[np.ndarray, np.ndarray]:
     """A finite ``keras.utils.PyDataset`` of ``(x, y)`` batches read into memory."""
     try:
@@ -534,7 +539,7 @@ def _class_folders(folder: Path) -> list[Path]:
                   if entry.is_dir() and not entry.name.startswith("."))
 
 
-def _folder_splits(where: _Where, folder: Path) -> dict[str, Path]:
+def _folder_splits(where: Where, folder: Path) -> dict[str, Path]:
     """``{"train": folder}``, or the split folders when ``folder`` holds ``train/`` (with
     ``val/`` or ``validation/``, and ``test/``), each of class subfolders."""
     subfolders = _class_folders(folder)
@@ -551,7 +556,7 @@ def _folder_splits(where: _Where, folder: Path) -> dict[str, Path]:
     return splits
 
 
-def _scan_folder(where: _Where, folder: Path) -> tuple[list[Path], list[Path], int]:
+def _scan_folder(where: Where, folder: Path) -> tuple[list[Path], list[Path], int]:
     """The image files and text files under ``folder``'s class subfolders, and the text bytes."""
     classes = _class_folders(folder)
     expected = ("expected a folder of class subfolders (one per class) holding images "
@@ -577,7 +582,7 @@ def _scan_folder(where: _Where, folder: Path) -> tuple[list[Path], list[Path], i
     return sorted(images), texts, text_bytes
 
 
-def _load_folder(where: _Where, folder: Path, *, seed: int, max_bytes: int,
+def _load_folder(where: Where, folder: Path, *, seed: int, max_bytes: int,
                  image_size: tuple[int, int] | None) -> tuple[str, dict, tuple, tuple]:
     """(kind, splits, class names, notes) of a folder of images or text files."""
     split_folders = _folder_splits(where, folder)
@@ -649,7 +654,7 @@ def _prepared_versions(folder: Path) -> list[Path]:
     return sorted(found, key=lambda entry: _version_key(entry.name) or ())
 
 
-def _tfds_folder(where: _Where, name: str, config: str) -> Path:
+def _tfds_folder(where: Where, name: str, config: str) -> Path:
     """The newest prepared version folder of ``name`` (and ``config``), or a one-line error."""
     root = tfds_data_dir()
     with path_errors(root, "TFDS data folder", DataError):
@@ -671,7 +676,7 @@ def _tfds_folder(where: _Where, name: str, config: str) -> Path:
     return versions[-1]
 
 
-def _load_tfds(where: _Where, spec: str, max_bytes: int) -> tuple[dict, tuple | None, tuple]:
+def _load_tfds(where: Where, spec: str, max_bytes: int) -> tuple[dict, tuple | None, tuple]:
     name, _, config = spec.partition(":")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or (config and not re.fullmatch(
             r"[A-Za-z0-9_.-]+", config)):
@@ -727,7 +732,7 @@ def _load_tfds(where: _Where, spec: str, max_bytes: int) -> tuple[dict, tuple | 
 # --- Python objects and FILE.py:FUNCTION ---------------------------------------------------
 
 
-def _read_pair(where: _Where, value: Any, split: str, max_bytes: int
+def _read_pair(where: Where, value: Any, split: str, max_bytes: int
                ) -> tuple[np.ndarray, np.ndarray]:
     """``(x, y)`` arrays, or a dataset read into memory, for one split."""
     if _is_tf_dataset(value):
@@ -747,7 +752,7 @@ def _type_words(value: Any) -> str:
     return f"a {type(value).__module__}.{type(value).__qualname__}"
 
 
-def _splits_from_value(where: _Where, value: Any, max_bytes: int) -> dict[str, tuple]:
+def _splits_from_value(where: Where, value: Any, max_bytes: int) -> dict[str, tuple]:
     """The splits in what a user's function returned or passed: ``(x, y)``, a dataset, or a dict
     of splits (``train``/``val``/``validation``/``test``, or the .npz key names)."""
     if not isinstance(value, dict):
@@ -777,7 +782,7 @@ def _user_line(error: BaseException, path: Path) -> str:
     return f" (at {path.name}:{frames[-1].lineno})" if frames else ""
 
 
-def _load_function(where: _Where, file_text: str, function: str, max_bytes: int) -> dict:
+def _load_function(where: Where, file_text: str, function: str, max_bytes: int) -> dict:
     with path_errors(file_text, "data source", DataError):
         path = Path(file_text)
         found = path.is_file()
@@ -821,7 +826,7 @@ def _load_function(where: _Where, file_text: str, function: str, max_bytes: int)
     return _splits_from_value(where, result, max_bytes)
 
 
-def _check_no_arguments(where: _Where, function: Callable, label: str) -> None:
+def _check_no_arguments(where: Where, function: Callable, label: str) -> None:
     try:
         parameters = inspect.signature(function).parameters.values()
     except (TypeError, ValueError):
@@ -858,7 +863,7 @@ def load_source(source: str, *, label: str | None = None, seed: int = 0,
     (default: half the memory available). ``image_size``: (height, width) for image folders
     (default: the first image's size).
     """
-    where = _Where(f"data source {str(source)[:200]!r}")
+    where = Where(f"data source {str(source)[:200]!r}")
     if not isinstance(source, str) or not source.strip():
         raise where.error("expected a .npz or .csv file, a folder, tfds:NAME or FILE.py:FUNCTION.")
     limit = _check_max_bytes(max_bytes)
@@ -918,7 +923,7 @@ def from_python(x: Any, y: Any = None, *, validation_data: Any = None, name: str
     alone as a ``tf.data.Dataset`` of ``(x, y)`` (batched or not), a ``keras.utils.PyDataset``,
     an ``(x, y)`` tuple or a dict of splits. ``validation_data``: ``(x_val, y_val)`` or a
     dataset. Datasets are read into memory, at most ``max_bytes``."""
-    where = _Where(f"data {name!r}")
+    where = Where(f"data {name!r}")
     limit = _check_max_bytes(max_bytes)
     if y is None:
         splits = _splits_from_value(where, x, limit)

@@ -12,7 +12,6 @@ the training, is the same as in one process. Validation runs on this process's c
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from kbackend.backend_choice import tensorflow_kept_out
 from kbackend.backends.jax.native import make_evaluator
 from kbackend.backends.jax.step import (
     initial_state,
@@ -169,25 +169,5 @@ def data_parallel_clone_layer(layer: Any) -> Any:
     Under ``DataParallel`` XLA partitions one global computation, so BatchNormalization already
     sees the whole batch: plain copies.
     """
-    with _tensorflow_objects_absent():
+    with tensorflow_kept_out():
         return layer.__class__.from_config(layer.get_config())
-
-
-@contextmanager
-def _tensorflow_objects_absent() -> Iterator[None]:
-    """Keras's serializer asks whether a value is a ``tf.TensorShape`` and imports TensorFlow
-    (~4 s and its C++ log lines) just to ask. Where TensorFlow is not imported no value can be
-    one, so Keras is told it is absent for the duration (its lazy module's own answer, restored
-    after)."""
-    # deferred: Keras is imported once the backend is chosen
-    from keras.src.utils import module_utils
-
-    lazy = module_utils.tensorflow
-    if "tensorflow" in sys.modules or lazy._available is not None:
-        yield
-        return
-    lazy._available = False
-    try:
-        yield
-    finally:
-        lazy._available = None

@@ -11,7 +11,9 @@ Exit statuses: 0 success; 1 a check that ran and failed (``equiv``: a row over i
 Ctrl-C: ``main`` installs its SIGINT handler first (``install_interrupt_handler``). Python's own
 raises ``KeyboardInterrupt`` wherever the main thread is, and inside a garbage-collection
 callback (JAX registers one) or a finalizer the exception is printed as "Exception ignored" and
-dropped: the command went on and exited 0. kbackend's handler raises only outside such code;
+dropped, and a C extension module being initialised (JAX's MLIR libraries, NumPy's random
+modules, imported in the first seconds) may drop it silently: either way the command went on
+and exited 0. kbackend's handler raises only outside such code;
 inside, it tries again shortly after, so every Ctrl-C ends the command with status 130. An
 interrupt Python drops anyway (a weakref callback) reaches ``sys.unraisablehook``, which tries
 again the same way.
@@ -30,6 +32,7 @@ import copy
 import ctypes
 import gc
 import importlib
+import importlib.machinery
 import os
 import pkgutil
 import signal
@@ -152,11 +155,17 @@ def command_names() -> list[str]:
 
 
 def _swallows_exceptions(frame: Any) -> bool:
-    """Whether an exception raised in ``frame`` would be printed as "Exception ignored" and
-    dropped: ``frame`` or a caller is a garbage-collection callback or a ``__del__``."""
+    """Whether an exception raised in ``frame`` may be dropped: ``frame`` or a caller is a
+    garbage-collection callback or a ``__del__`` (printed as "Exception ignored"), or the
+    initialisation of a C extension module (JAX's MLIR and NumPy's random modules lost 3 of 48
+    early Ctrl-Cs there: the command trained on and exited 0)."""
     callbacks = {getattr(callback, "__code__", None) for callback in list(gc.callbacks)}
     while frame is not None:
-        if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
+        code = frame.f_code
+        if code in callbacks or code.co_name == "__del__":
+            return True
+        if code.co_name in ("create_module", "exec_module") and isinstance(
+                frame.f_locals.get("self"), importlib.machinery.ExtensionFileLoader):
             return True
         frame = frame.f_back
     return False

@@ -18,7 +18,7 @@ inside, it tries again shortly after, so every Ctrl-C ends the command with stat
 interrupt Python drops anyway (a weakref callback) reaches ``sys.unraisablehook``, which tries
 again the same way.
 
-Integer flags take at most ``MAX_INT_FLAG`` (the frameworks count steps and sizes in int32):
+Integer flags take at most ``commands.MAX_INT_FLAG`` (the frameworks count steps and sizes in int32):
 ``--epochs 10**20`` is a one-line error, not a run that never ends.
 """
 
@@ -28,7 +28,6 @@ import _thread
 import argparse
 import atexit
 import contextlib
-import copy
 import ctypes
 import gc
 import importlib
@@ -45,74 +44,12 @@ from typing import Any
 from kbackend import __version__, commands, logs
 from kbackend.backend_choice import BACKENDS, skip_optional_imports, use_backend
 from kbackend.backends.compile_cache import COMPILE_CACHE_ENV
+from kbackend.commands import LAUNCHER_PID_ENV, OneLineErrorParser, bound_integer_flags
 from kbackend.errors import KBackendError
 
 PROG = "kbackend"
-MAX_INT_FLAG = 2**31 - 1
-# Set by ``kbackend launch`` in each worker's environment: the launcher's process id. A worker
-# dies with its launcher (``_die_with_launcher``), so a killed launcher leaves none training.
-LAUNCHER_PID_ENV = "KBACKEND_LAUNCHER_PID"
 # How soon a Ctrl-C that arrived inside a GC callback or a finalizer is raised again.
 INTERRUPT_RETRY_S = 0.05
-
-
-class DefaultsHelpFormatter(argparse.HelpFormatter):
-    """Appends "(default: X)" to an option's help unless it has no default, is an on/off flag or
-    already says it."""
-
-    def _format_action(self, action: argparse.Action) -> str:
-        if not action.help and self._shows_default(action):
-            action = copy.copy(action)  # argparse prints no help line for an option without help
-            action.help = "(default: %(default)s)"
-        return super()._format_action(action)
-
-    @staticmethod
-    def _shows_default(action: argparse.Action) -> bool:
-        return bool(action.option_strings) and action.nargs != 0 and \
-            action.default not in (None, argparse.SUPPRESS)
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if (not action.option_strings or action.nargs == 0 or "default" in text
-                or action.default in (None, argparse.SUPPRESS)):
-            return text
-        return f"{text} (default: %(default)s)"
-
-
-class OneLineErrorParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors are one line on stderr and exit status 2, and whose
-    help shows every default."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-        raise SystemExit(2)
-
-
-def bounded_int(text: str) -> int:
-    """``int(text)`` within +-``MAX_INT_FLAG``; argparse says "invalid int value" otherwise."""
-    value = int(text)
-    if abs(value) > MAX_INT_FLAG:
-        raise argparse.ArgumentTypeError(
-            f"invalid int value: {text[:40]!r} (expected at most {MAX_INT_FLAG:,})")
-    return value
-
-
-bounded_int.__name__ = "int"  # argparse names the type in its messages
-
-
-def bound_integer_flags(parser: argparse.ArgumentParser) -> None:
-    """Give every ``type=int`` option of ``parser`` and its subcommands the ``bounded_int`` type."""
-    for action in parser._actions:
-        # (--seed is checked against NumPy's own range, [0, 2**32), by TrainConfig)
-        if action.type is int and action.dest != "seed":
-            action.type = bounded_int
-        if isinstance(action, argparse._SubParsersAction):
-            for subparser in action.choices.values():
-                bound_integer_flags(subparser)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

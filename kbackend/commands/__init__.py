@@ -1,1 +1,77 @@
-"""One module per ``kbackend`` subcommand; ``kbackend.cli`` discovers them."""
+"""One module per ``kbackend`` subcommand; ``kbackend.cli`` discovers them.
+
+Also what the commands' parsers share, below ``kbackend.cli`` so that a command (``launch``
+parses its train arguments itself) never imports the command line that imports it: the
+one-line-error parser, the bound on integer flags, and the variable a launcher hands its workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from typing import Any
+
+MAX_INT_FLAG = 2**31 - 1
+# Set by ``kbackend launch`` in each worker's environment: the launcher's process id. A worker
+# dies with its launcher (``cli._die_with_launcher``), so a killed launcher leaves none training.
+LAUNCHER_PID_ENV = "KBACKEND_LAUNCHER_PID"
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Appends "(default: X)" to an option's help unless it has no default, is an on/off flag or
+    already says it."""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if not action.help and self._shows_default(action):
+            action = copy.copy(action)  # argparse prints no help line for an option without help
+            action.help = "(default: %(default)s)"
+        return super()._format_action(action)
+
+    @staticmethod
+    def _shows_default(action: argparse.Action) -> bool:
+        return bool(action.option_strings) and action.nargs != 0 and \
+            action.default not in (None, argparse.SUPPRESS)
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (not action.option_strings or action.nargs == 0 or "default" in text
+                or action.default in (None, argparse.SUPPRESS)):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line on stderr and exit status 2, and whose
+    help shows every default."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        raise SystemExit(2)
+
+
+def bounded_int(text: str) -> int:
+    """``int(text)`` within +-``MAX_INT_FLAG``; argparse says "invalid int value" otherwise."""
+    value = int(text)
+    if abs(value) > MAX_INT_FLAG:
+        raise argparse.ArgumentTypeError(
+            f"invalid int value: {text[:40]!r} (expected at most {MAX_INT_FLAG:,})")
+    return value
+
+
+bounded_int.__name__ = "int"  # argparse names the type in its messages
+
+
+def bound_integer_flags(parser: argparse.ArgumentParser) -> None:
+    """Give every ``type=int`` option of ``parser`` and its subcommands the ``bounded_int`` type."""
+    for action in parser._actions:
+        # (--seed is checked against NumPy's own range, [0, 2**32), by TrainConfig)
+        if action.type is int and action.dest != "seed":
+            action.type = bounded_int
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                bound_integer_flags(subparser)

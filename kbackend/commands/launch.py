@@ -17,26 +17,24 @@ If one process fails (or is killed) the launcher stops the others, prints the fa
 kept output, and names the process that failed first (a process that exits 3 after losing a
 peer is named only when no other failed). Its exit status is that process's when it was 2 (bad
 input), 4 (diverged) or 130 (interrupted), else 3 (the job failed). Each process dies with the
-launcher (``cli.LAUNCHER_PID_ENV``): a launcher killed even by ``kill -9`` leaves none running.
+launcher (``commands.LAUNCHER_PID_ENV``): a launcher killed even by ``kill -9`` leaves none running.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from contextlib import ExitStack
 
 from kbackend import distributed
 from kbackend.backend_choice import selected_backend
-from kbackend.cli import LAUNCHER_PID_ENV, OneLineErrorParser, bound_integer_flags
+from kbackend.backends.cluster import free_ports, worker_environments
+from kbackend.commands import LAUNCHER_PID_ENV, OneLineErrorParser, bound_integer_flags
 from kbackend.commands import train as train_command
 from kbackend.config import check_run
 from kbackend.engines import get_engine
@@ -119,24 +117,6 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports on 127.0.0.1 that are free now (held open together while the OS
-    picks them, so no two are the same)."""
-    with ExitStack() as stack:
-        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for probe in probes:
-            probe.bind(("127.0.0.1", 0))
-        return [probe.getsockname()[1] for probe in probes]
-
-
-def tf_configs(coordinator_port: int, num_processes: int) -> list[str]:
-    """Each process's ``TF_CONFIG``: worker 0 at the coordinator, the others at free ports."""
-    ports = [coordinator_port, *free_ports(num_processes - 1)]
-    workers = [f"127.0.0.1:{port}" for port in ports]
-    return [json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})
-            for i in range(num_processes)]
-
-
 def _forward(stream: object, prefix: str, sink: object, kept: list[str] | None = None) -> None:
     """Copy ``stream``'s lines, prefixed, to ``sink``, or into ``kept`` when given."""
     for line in iter(stream.readline, ""):  # type: ignore[attr-defined]
@@ -217,9 +197,9 @@ def run(args: argparse.Namespace) -> int:
     check_train_args(train_args, args.num_processes, coordinator)
     # Each process dies with this one (cli._die_with_launcher), even when it is killed -9.
     env = {**os.environ, LAUNCHER_PID_ENV: str(os.getpid())}
-    # TensorFlow workers each listen at their own address (TF_CONFIG; it replaces one set here).
-    cluster = (tf_configs(port, args.num_processes) if selected_backend() == "tensorflow"
-               else None)
+    # What the backend's workers need besides the coordinator (TensorFlow's: each its own
+    # address, in TF_CONFIG); an entry replaces a variable of this environment.
+    cluster = worker_environments(selected_backend(), port, args.num_processes)
     processes: list[subprocess.Popen] = []
     threads = []
     ended: queue.Queue = queue.Queue()
@@ -228,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         for index in range(args.num_processes):
             command = worker_command(train_args, args.num_processes, index, coordinator)
-            own_env = env if cluster is None else {**env, "TF_CONFIG": cluster[index]}
+            own_env = {**env, **cluster[index]}
             process = subprocess.Popen(command, env=own_env, stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, text=True, bufsize=1)
             processes.append(process)

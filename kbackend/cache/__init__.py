@@ -11,10 +11,11 @@ from typing import Any
 
 from kbackend.cache.core import CachedResult, CacheStats, PredictionCache, check_cacheable
 from kbackend.cache.grid import GridSpec, GridText, parse_grid, parse_grid_text
-from kbackend.cache.keys import Rounding, model_fingerprint, row_keys
+from kbackend.cache.keys import Rounding, row_keys
 from kbackend.cache.redis_store import RedisStore
 from kbackend.cache.sqlite_store import SQLiteStore, check_sqlite_cache
 from kbackend.cache.store import CacheError, CacheStore, NamespaceInfo
+from kbackend.serving.model import model_fingerprint  # what cache entries are keyed under
 
 __all__ = [
     "CacheError", "CacheStats", "CacheStore", "CachedResult", "GridSpec", "GridText",

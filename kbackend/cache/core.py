@@ -10,13 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from kbackend.cache.keys import Rounding, decode_values, encode_value, model_fingerprint, row_keys
+from kbackend.cache.keys import Rounding, decode_values, encode_value, row_keys
 from kbackend.cache.store import CacheError, CacheStore
 from kbackend.errors import ConfigError
 from kbackend.serving.model import (
     BatchPredictor,
     check_servable,
     input_shape,
+    model_fingerprint,
     output_shape,
     validate_inputs,
 )

@@ -1,21 +1,18 @@
-"""Cache keys: rounding request rows, hashing them, and fingerprinting a model.
+"""Cache keys: rounding request rows and hashing them.
 
 A row's key is a hash of its rounded float32 bytes; its namespace is the model's fingerprint
-(architecture and every weight), so a changed model reads and writes other entries and never
-serves a stale answer.
+(architecture and every weight: ``kbackend.serving.model.model_fingerprint``, which exports
+record too), so a changed model reads and writes other entries and never serves a stale answer.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from kbackend.backend_choice import keras as import_keras
 from kbackend.cache.store import CacheError
 from kbackend.errors import ConfigError
 
@@ -104,28 +101,6 @@ def row_keys(x: np.ndarray) -> list[bytes]:
     """One key per row of the (rounded, float32, C-contiguous) batch ``x``."""
     rows = np.ascontiguousarray(x, dtype=np.float32).reshape(len(x), -1)
     return [hashlib.blake2b(row.tobytes(), digest_size=KEY_BYTES).digest() for row in rows]
-
-
-def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, sort_keys=True, default=str))
-
-
-def model_fingerprint(model: Any) -> str:
-    """A hex SHA-256 of the model's class, config and every weight (name, shape, dtype, bytes).
-
-    Independent of the backend: the same ``.keras`` file loaded under JAX or TensorFlow has the
-    same fingerprint. Changing any weight by any amount changes it.
-    """
-    keras = import_keras()
-    digest = hashlib.sha256()
-    header = {"class": type(model).__name__, "config": _jsonable(model.get_config())}
-    digest.update(json.dumps(header, sort_keys=True).encode())
-    for variable in model.weights:
-        value = np.ascontiguousarray(keras.ops.convert_to_numpy(variable))
-        meta = f"{variable.path}|{value.shape}|{value.dtype.str}|".encode()
-        digest.update(len(meta).to_bytes(4, "little") + meta)
-        digest.update(value.tobytes())
-    return digest.hexdigest()
 
 
 def encode_value(row: np.ndarray) -> bytes:

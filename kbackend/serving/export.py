@@ -24,12 +24,11 @@ from typing import Any
 import numpy as np
 
 from kbackend.backend_choice import BACKENDS, active_backend
-from kbackend.cache.keys import model_fingerprint
 from kbackend.config import check_output_folder
 from kbackend.errors import ConfigError, KBackendError
 from kbackend.io import atomic_write, atomic_write_json, temp_folder
 from kbackend.runtime.child import ChildFailed, ChildTimeout, run_in_child
-from kbackend.serving.model import input_shape, load_model, validate_inputs
+from kbackend.serving.model import input_shape, load_model, model_fingerprint, validate_inputs
 
 FORMATS = ("keras", "savedmodel")
 DEFAULT_ATOL = 1e-5  # float32 predictions of the same weights on two XLA builds differ by ~1e-7

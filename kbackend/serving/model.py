@@ -1,4 +1,8 @@
-"""Loading a model for serving, checking request inputs, and predicting in shape buckets.
+"""Loading a model for serving, identifying it, checking request inputs, and predicting in
+shape buckets.
+
+``model_fingerprint`` names a model by its architecture and every weight: the prediction cache
+keys its entries under it and an export records it (so both import it from here).
 
 ``BatchPredictor`` pads every batch to the next power of two (at most ``max_batch`` rows per call)
 before ``predict_on_batch``: a jit-compiled predict function compiles once per input shape, so
@@ -8,6 +12,8 @@ backends) while serving.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import threading
 from typing import Any
@@ -19,7 +25,29 @@ from kbackend.errors import DataError
 from kbackend.model_sources import ModelError, check_model_file  # shared with training
 
 __all__ = ["BatchPredictor", "ModelError", "bucket_size", "check_model_file", "check_servable",
-           "input_shape", "load_model", "output_shape", "validate_inputs"]
+           "input_shape", "load_model", "model_fingerprint", "output_shape", "validate_inputs"]
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def model_fingerprint(model: Any) -> str:
+    """A hex SHA-256 of the model's class, config and every weight (name, shape, dtype, bytes).
+
+    Independent of the backend: the same ``.keras`` file loaded under JAX or TensorFlow has the
+    same fingerprint. Changing any weight by any amount changes it.
+    """
+    keras = import_keras()
+    digest = hashlib.sha256()
+    header = {"class": type(model).__name__, "config": _jsonable(model.get_config())}
+    digest.update(json.dumps(header, sort_keys=True).encode())
+    for variable in model.weights:
+        value = np.ascontiguousarray(keras.ops.convert_to_numpy(variable))
+        meta = f"{variable.path}|{value.shape}|{value.dtype.str}|".encode()
+        digest.update(len(meta).to_bytes(4, "little") + meta)
+        digest.update(value.tobytes())
+    return digest.hexdigest()
 
 
 def load_model(path: str | os.PathLike) -> Any:

@@ -2,9 +2,9 @@
 
 ``TrainConfig`` checks each field on construction (types, ranges, names). ``check_run`` checks
 what needs the data and the engine too (batch size against the training split and the devices,
-fused steps against the engine and the epoch), and ``check_output_path`` that a file can be
-written where the user asked, so that a bad value is a one-line error in the first second, never
-a run lost after training.
+fused steps against the engine and the epoch), and ``check_output_path`` (``kbackend.io``) that
+a file can be written where the user asked, so that a bad value is a one-line error in the first
+second, never a run lost after training.
 """
 
 from __future__ import annotations
@@ -13,15 +13,17 @@ import math
 import numbers
 import os
 import re
-import tempfile
-from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from kbackend.data import batching, check_batch_size
-from kbackend.errors import ConfigError, check_field_types, path_errors
-from kbackend.io import remove_stale_temp_files
+from kbackend.errors import ConfigError, check_field_types
+
+# The output-path checks live with the writes they protect (kbackend.io); named here too, where
+# the study's modules still import them from.
+from kbackend.io import check_distinct_paths as check_distinct_paths
+from kbackend.io import check_output_folder as check_output_folder
+from kbackend.io import check_output_path as check_output_path
 from kbackend.models import ModelOptions
 from kbackend.optim import OptimizerSpec
 from kbackend.precision import PRECISIONS
@@ -298,99 +300,3 @@ def check_batch_split(batch_size: int, devices: int, processes: int = 1) -> int:
             f"Global batch size {batch_size} does not divide evenly over {processes} processes."
         )
     return batch_size // devices
-
-
-def _nearest_existing(path: Path) -> Path:
-    while not path.exists():
-        path = path.parent
-    return path
-
-
-def _path_errors(path: str | os.PathLike, flag: str) -> AbstractContextManager[None]:
-    """A path the system cannot even look at (a name too long, a NUL byte) as a ``ConfigError``."""
-    return path_errors(path, f"{flag} path")
-
-
-def check_output_folder(path: str | os.PathLike, flag: str) -> Path:
-    """``path`` if it is (or can become) a writable folder, else a one-line ``ConfigError``;
-    stale temp files in it are removed (as ``check_output_path`` does)."""
-    with _path_errors(path, flag):
-        return _check_output_folder(path, flag)
-
-
-def _can_create_files_in(folder: Path) -> bool:
-    """Whether a file can be created in ``folder``: tried (an unnamed temporary file, gone when
-    closed), since permission bits say yes to root on read-only or virtual file systems."""
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return False
-    try:
-        with tempfile.TemporaryFile(dir=folder):
-            return True
-    except OSError:
-        return False
-
-
-def _check_output_folder(path: str | os.PathLike, flag: str) -> Path:
-    target = Path(path)
-    existing = _nearest_existing(target)
-    if not existing.is_dir():
-        raise ConfigError(f"Invalid {flag} folder {str(path)!r}: {str(existing)!r} is a file, not a folder.")
-    if not _can_create_files_in(existing):
-        raise ConfigError(f"Invalid {flag} folder {str(path)!r}: {str(existing)!r} is not writable.")
-    if existing == target:
-        remove_stale_temp_files(target)  # a killed run's temp files: gone at the next start
-    return target
-
-
-def check_distinct_paths(outputs: dict[str, Any], inputs: dict[str, Any] | None = None) -> None:
-    """A one-line ``ConfigError`` when an output path resolves to an input of the same command
-    or to another of its outputs (``predict --out M.keras`` would replace the trained model,
-    ``train --save S --history S`` the model by its history). ``outputs`` and ``inputs`` map a
-    flag to its path (None: not given); a builder's ``FILE.py:FUNCTION`` counts as its file."""
-    seen: dict[Path, str] = {}
-    for flag, value in (inputs or {}).items():
-        if value is not None:
-            text = str(value)
-            if ":" in text and not Path(text).exists():
-                text = text.rsplit(":", 1)[0]
-            with _path_errors(text, flag):
-                seen.setdefault(Path(text).resolve(), flag)
-    for flag, value in outputs.items():
-        if value is None:
-            continue
-        with _path_errors(value, flag):
-            resolved = Path(value).resolve()
-        if resolved in seen:
-            raise ConfigError(f"Invalid {flag} path {str(value)!r}: it is also {seen[resolved]}; "
-                              "writing it would destroy that file. Choose another path.")
-        seen[resolved] = flag
-
-
-def check_output_path(path: str | os.PathLike, flag: str, suffix: str | None = None) -> Path:
-    """``path`` if a file can be written there, else a one-line ``ConfigError`` naming ``flag``.
-
-    Checked before any work: the folder exists (or can be created) and is writable, and the path
-    itself is not a folder. ``suffix`` (e.g. ``.keras``) is required where the format needs it.
-    Temp files a killed earlier run left in the folder are removed (``io.remove_stale_temp_files``:
-    only those whose process is gone), so they disappear at the next start, not at the next write.
-    """
-    with _path_errors(path, flag):
-        return _check_output_path(path, flag, suffix)
-
-
-def _check_output_path(path: str | os.PathLike, flag: str, suffix: str | None) -> Path:
-    target = Path(path)
-    shown = str(path)
-    if suffix is not None and target.suffix != suffix:
-        raise ConfigError(f"Invalid {flag} path {shown!r}: expected a file name ending in {suffix}.")
-    if target.is_dir():
-        raise ConfigError(f"Invalid {flag} path {shown!r}: it is a folder; expected a file path.")
-    existing = _nearest_existing(target.parent)
-    if not existing.is_dir():
-        raise ConfigError(f"Invalid {flag} path {shown!r}: {str(existing)!r} is a file, not a folder.")
-    if not _can_create_files_in(existing) or (
-            target.exists() and not os.access(target, os.W_OK)):
-        raise ConfigError(f"Invalid {flag} path {shown!r}: {str(existing)!r} is not writable.")
-    if existing == target.parent:
-        remove_stale_temp_files(existing)  # a killed run's temp files: gone at the next start
-    return target

@@ -4,8 +4,10 @@ reading a user's .npy / .npz arrays without unpickling.
 Temporary files are named ``.{name}.{host}-{pid}-{random}.tmp{suffix}`` next to their target
 (``host`` is a short hash of the host name); staging folders (``temp_folder``) alike. A failed
 write removes its own; one left by a killed process is removed by the next write into the same
-folder and by the output checks every command runs before it starts (``config.check_output_path``,
-``check_output_folder``), through ``remove_stale_temp_files``.
+folder and by the output checks every command runs before it starts (``check_output_path``,
+``check_output_folder``, below), through ``remove_stale_temp_files``. Those checks find a path
+that cannot be written (or would overwrite one of the command's inputs) before any work, as a
+one-line ``ConfigError``.
 
 Every JSON file is strict JSON (RFC 8259 has no NaN or Infinity; many parsers refuse them): a
 non-finite float is written as ``null``, and a top-level ``"non_finite"`` object records what each
@@ -27,12 +29,13 @@ import time
 import zipfile
 import zlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kbackend.errors import DataError, OutputError, path_errors
+from kbackend.errors import ConfigError, DataError, OutputError, path_errors
 
 NON_FINITE_KEY = "non_finite"
 NPY_MAGIC = b"\x93NUMPY"
@@ -302,3 +305,99 @@ def read_arrays(path: str | os.PathLike, flag: str, *, archive: bool = False) ->
 def read_array(path: str | os.PathLike, flag: str) -> np.ndarray:
     """The one array of a user's ``.npy`` file (see ``read_arrays``)."""
     return read_arrays(path, flag)[0]
+
+
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def _path_errors(path: str | os.PathLike, flag: str) -> AbstractContextManager[None]:
+    """A path the system cannot even look at (a name too long, a NUL byte) as a ``ConfigError``."""
+    return path_errors(path, f"{flag} path")
+
+
+def check_output_folder(path: str | os.PathLike, flag: str) -> Path:
+    """``path`` if it is (or can become) a writable folder, else a one-line ``ConfigError``;
+    stale temp files in it are removed (as ``check_output_path`` does)."""
+    with _path_errors(path, flag):
+        return _check_output_folder(path, flag)
+
+
+def _can_create_files_in(folder: Path) -> bool:
+    """Whether a file can be created in ``folder``: tried (an unnamed temporary file, gone when
+    closed), since permission bits say yes to root on read-only or virtual file systems."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return False
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
+
+
+def _check_output_folder(path: str | os.PathLike, flag: str) -> Path:
+    target = Path(path)
+    existing = _nearest_existing(target)
+    if not existing.is_dir():
+        raise ConfigError(f"Invalid {flag} folder {str(path)!r}: {str(existing)!r} is a file, not a folder.")
+    if not _can_create_files_in(existing):
+        raise ConfigError(f"Invalid {flag} folder {str(path)!r}: {str(existing)!r} is not writable.")
+    if existing == target:
+        remove_stale_temp_files(target)  # a killed run's temp files: gone at the next start
+    return target
+
+
+def check_distinct_paths(outputs: dict[str, Any], inputs: dict[str, Any] | None = None) -> None:
+    """A one-line ``ConfigError`` when an output path resolves to an input of the same command
+    or to another of its outputs (``predict --out M.keras`` would replace the trained model,
+    ``train --save S --history S`` the model by its history). ``outputs`` and ``inputs`` map a
+    flag to its path (None: not given); a builder's ``FILE.py:FUNCTION`` counts as its file."""
+    seen: dict[Path, str] = {}
+    for flag, value in (inputs or {}).items():
+        if value is not None:
+            text = str(value)
+            if ":" in text and not Path(text).exists():
+                text = text.rsplit(":", 1)[0]
+            with _path_errors(text, flag):
+                seen.setdefault(Path(text).resolve(), flag)
+    for flag, value in outputs.items():
+        if value is None:
+            continue
+        with _path_errors(value, flag):
+            resolved = Path(value).resolve()
+        if resolved in seen:
+            raise ConfigError(f"Invalid {flag} path {str(value)!r}: it is also {seen[resolved]}; "
+                              "writing it would destroy that file. Choose another path.")
+        seen[resolved] = flag
+
+
+def check_output_path(path: str | os.PathLike, flag: str, suffix: str | None = None) -> Path:
+    """``path`` if a file can be written there, else a one-line ``ConfigError`` naming ``flag``.
+
+    Checked before any work: the folder exists (or can be created) and is writable, and the path
+    itself is not a folder. ``suffix`` (e.g. ``.keras``) is required where the format needs it.
+    Temp files a killed earlier run left in the folder are removed (``io.remove_stale_temp_files``:
+    only those whose process is gone), so they disappear at the next start, not at the next write.
+    """
+    with _path_errors(path, flag):
+        return _check_output_path(path, flag, suffix)
+
+
+def _check_output_path(path: str | os.PathLike, flag: str, suffix: str | None) -> Path:
+    target = Path(path)
+    shown = str(path)
+    if suffix is not None and target.suffix != suffix:
+        raise ConfigError(f"Invalid {flag} path {shown!r}: expected a file name ending in {suffix}.")
+    if target.is_dir():
+        raise ConfigError(f"Invalid {flag} path {shown!r}: it is a folder; expected a file path.")
+    existing = _nearest_existing(target.parent)
+    if not existing.is_dir():
+        raise ConfigError(f"Invalid {flag} path {shown!r}: {str(existing)!r} is a file, not a folder.")
+    if not _can_create_files_in(existing) or (
+            target.exists() and not os.access(target, os.W_OK)):
+        raise ConfigError(f"Invalid {flag} path {shown!r}: {str(existing)!r} is not writable.")
+    if existing == target.parent:
+        remove_stale_temp_files(existing)  # a killed run's temp files: gone at the next start
+    return target

@@ -19,12 +19,12 @@ import numpy as np
 from kbackend import data as data_module
 from kbackend import distributed
 from kbackend.backend_choice import keras as import_keras
-from kbackend.config import MONITORS, Target, TrainConfig, check_output_path, check_run
+from kbackend.config import MONITORS, Target, TrainConfig, check_run
 from kbackend.engines import get_engine
 from kbackend.envinfo import environment
 from kbackend.errors import ConfigError, Diverged
 from kbackend.history import History
-from kbackend.io import atomic_write
+from kbackend.io import atomic_write, check_output_path
 from kbackend.models import MODELS, build_model, check_model_fits, model_layout
 from kbackend.precision import precision_scope
 from kbackend.workload import Workload, prepare_workload, unwrap

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from kbackend.cache import open_store
-from kbackend.config import check_output_path
+from kbackend.io import check_output_path
 from kbackend.training import save_model
 from tests.conftest import BACKEND, ROOT
 from tests.test_cache import tiny_model

@@ -145,7 +145,7 @@ def test_a_write_killed_mid_way_leaves_a_temp_file_the_next_run_removes(tmp_path
 def test_the_output_checks_at_a_commands_start_remove_stale_temp_files(tmp_path, check):
     """Temp files of a killed run go at the next start (the output checks every command runs
     before any work), not only at the next write into that folder, which may never come."""
-    from kbackend.config import check_output_folder, check_output_path
+    from kbackend.io import check_output_folder, check_output_path
 
     dead_pid = _dead_pid()
     dead = tmp_path / _temp_name("model.keras", _host_tag(), dead_pid)
@@ -175,7 +175,7 @@ def test_a_staging_folder_is_named_like_a_temp_file_and_left_alone_while_its_wri
 
 
 def test_a_checked_output_in_a_missing_folder_changes_nothing(tmp_path):
-    from kbackend.config import check_output_path
+    from kbackend.io import check_output_path
 
     check_output_path(tmp_path / "new" / "deeper" / "model.keras", "--save")
     assert list(tmp_path.iterdir()) == []

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kbackend.cache.store import CacheError, NamespaceInfo
-from kbackend.config import check_output_path
 from kbackend.errors import path_errors
+from kbackend.io import check_output_path
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 APPLICATION_ID = 0x6B62_6361  # "kbca": marks a file as a kbackend prediction cache

@@ -10,10 +10,9 @@ import math
 import sys
 
 from kbackend.commands.train import add_source_arguments
-from kbackend.config import check_output_path
 from kbackend.errors import ConfigError
 from kbackend.hardware.advise import advise, format_advice
-from kbackend.io import atomic_write_json
+from kbackend.io import atomic_write_json, check_output_path
 from kbackend.model_sources import parse_model_source
 
 

@@ -17,9 +17,8 @@ from kbackend.cache import (
     parse_grid_text,
 )
 from kbackend.commands.predict import add_cache_arguments, load_array
-from kbackend.config import check_distinct_paths
 from kbackend.errors import ConfigError
-from kbackend.io import strict_json_text
+from kbackend.io import check_distinct_paths, strict_json_text
 from kbackend.serving.model import check_model_file, input_shape, load_model, validate_inputs
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from kbackend.config import MAX_TIMEOUT_S, check_distinct_paths, check_output_path
+from kbackend.config import MAX_TIMEOUT_S
 from kbackend.data.user import Where, _npy_header, npy_data_bytes  # header-first checks
 from kbackend.equivalence import (
     KNOWN_DIVERGENCES,
@@ -33,7 +33,7 @@ from kbackend.equivalence import (
 from kbackend.equivalence.losses import FROM_LOGITS, check_loss
 from kbackend.equivalence.randomdata import random_inputs, random_targets
 from kbackend.errors import DataError, path_errors
-from kbackend.io import NPY_MAGIC, atomic_write_json
+from kbackend.io import NPY_MAGIC, atomic_write_json, check_distinct_paths, check_output_path
 from kbackend.model_sources import ModelError, parse_model_source
 
 # Random rows: a batch to compare, not a data set. Beyond these the arrays are refused (one line)

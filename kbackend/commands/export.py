@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kbackend.commands.predict import load_array
-from kbackend.config import check_distinct_paths, check_output_folder
-from kbackend.io import strict_json_text
+from kbackend.io import check_distinct_paths, check_output_folder, strict_json_text
 from kbackend.serving.export import DEFAULT_ATOL, FORMATS, check_export_options, export_model
 
 

@@ -8,9 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from kbackend.cache import PredictionCache, Rounding, check_cacheable, check_store, open_store
-from kbackend.config import check_distinct_paths, check_output_path
 from kbackend.errors import DataError
-from kbackend.io import atomic_write, read_array
+from kbackend.io import atomic_write, check_distinct_paths, check_output_path, read_array
 from kbackend.serving.model import (
     BatchPredictor,
     check_model_file,

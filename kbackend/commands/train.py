@@ -7,18 +7,12 @@ from dataclasses import replace
 from typing import Any
 
 from kbackend.backend_choice import active_backend
-from kbackend.config import (
-    MONITORS,
-    Target,
-    TrainConfig,
-    check_distinct_paths,
-    check_metrics,
-    check_output_path,
-)
+from kbackend.config import MONITORS, Target, TrainConfig, check_metrics
 from kbackend.data import DATASETS
 from kbackend.distributed import engine_name, is_chief
 from kbackend.engines import engine_names
 from kbackend.hardware.monitor import format_summary
+from kbackend.io import check_distinct_paths, check_output_path
 from kbackend.model_sources import parse_model_source
 from kbackend.models import MODELS, READOUTS, ModelOptions
 from kbackend.optim import OPTIMIZERS, SCHEDULES, OptimizerSpec

@@ -24,9 +24,8 @@ from typing import Any
 import numpy as np
 
 from kbackend.backend_choice import BACKENDS, active_backend
-from kbackend.config import check_output_folder
 from kbackend.errors import ConfigError, KBackendError
-from kbackend.io import atomic_write, atomic_write_json, temp_folder
+from kbackend.io import atomic_write, atomic_write_json, check_output_folder, temp_folder
 from kbackend.runtime.child import ChildFailed, ChildTimeout, run_in_child
 from kbackend.serving.model import input_shape, load_model, model_fingerprint, validate_inputs
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kbackend.advise.advisor import Advice, recommend_batch_size
 from kbackend.errors import ConfigError
-from kbackend.hardware.advise import Advice, recommend_batch_size
 from kbackend.hardware.knee import DEFAULT_MIN_GAIN, curve_knee, find_knee
 from kbackend.study.analysis import analyze
 

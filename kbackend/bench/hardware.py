@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from kbackend.advise.engine_probe import engine_throughput
 from kbackend.backend_choice import keras as import_keras
 from kbackend.backends import impl
 from kbackend.bench.spec import Benchmark, Option, Rows, Settings, int_list
@@ -78,10 +79,10 @@ def measure_jit(settings: Settings) -> Rows:
     # at epoch ends), so per-epoch overheads count: compare them with the keras engine timed alike.
     engine_steps = 16 if settings.quick else 64
     rows.append({"config": "keras engine (train, per-epoch timing)",
-                 **probe.engine_throughput(work, batch, "keras", steps=engine_steps)})
+                 **engine_throughput(work, batch, "keras", steps=engine_steps)})
     for fused in (1, 8):
         rows.append({"config": f"native fused_steps={fused} (train, per-epoch timing)",
-                     **probe.engine_throughput(work, batch, "native", steps=engine_steps,
+                     **engine_throughput(work, batch, "native", steps=engine_steps,
                                                fused_steps=fused)})
     return rows, {"batch_size": batch}
 

@@ -9,9 +9,9 @@ import argparse
 import math
 import sys
 
+from kbackend.advise.advisor import advise, format_advice
 from kbackend.commands.train import add_source_arguments
 from kbackend.errors import ConfigError
-from kbackend.hardware.advise import advise, format_advice
 from kbackend.io import atomic_write_json, check_output_path
 from kbackend.model_sources import parse_model_source
 

@@ -1,5 +1,8 @@
 """Measurements shared by the benchmark scripts and ``kbackend advise``.
 
+What runs a whole training (``train()``, an engine's steps) is measured one layer up, in
+``kbackend.advise.engine_probe``; here Keras ``fit`` steps, memory and the matmul peak.
+
 Every function builds what it measures, excludes the first (compiling) call, waits for results
 before reading a clock (a Keras callback reads the step's loss, which blocks until it is
 computed) and returns plain dicts ready for JSON.
@@ -27,7 +30,6 @@ from kbackend.optim import OptimizerSpec
 from kbackend.precision import precision_scope
 from kbackend.runtime.child import run_in_child
 from kbackend.task import CLASSIFICATION, Task
-from kbackend.training import TrainConfig, train
 from kbackend.workload import Workload as PreparedWorkload
 
 CHILD_PROBE_TIMEOUT_S = 600  # a measurement in a child process: framework start-up and one compile
@@ -293,39 +295,6 @@ def throughput_curve(work: Workload, batch_sizes: list[int], *, steps: int = 20,
         for item in probes:
             item.again()
     return [item.result() for item in probes] + notes
-
-
-def engine_throughput(work: Workload, batch_size: int, engine: str, *, steps: int = 20,
-                      fused_steps: int = 1, repeats: int = 3,
-                      optimizer: OptimizerSpec | None = None) -> dict[str, Any]:
-    """Median train-step time of a registered kbackend engine (e.g. ``native``) via ``train()``.
-
-    The training split is exactly ``steps`` batches (rounded up to whole fused calls), and the
-    run lasts ``1 + repeats`` epochs: the first compiles; each later epoch is one timed repeat,
-    read from the evaluation records' training time at epoch ends (evaluation excluded). Engines
-    may wait for results only at epoch ends (the native engine does), so per-epoch times are
-    the honest unit.
-    """
-    steps = max(fused_steps, -(-steps // fused_steps) * fused_steps)
-    index = np.arange(steps * batch_size) % len(work.x)
-    held = np.arange(min(len(work.x), 256))  # small validation / test splits: evaluation is not timed
-    info = replace(work.info, num_train=len(index), num_val=len(held), num_test=len(held))
-    dataset = data_module.Dataset(work.x[index], work.y[index], work.x[held], work.y[held],
-                                  work.x[held], work.y[held], info)
-    config = TrainConfig(model=work.model, dataset=work.info.name, batch_size=batch_size,
-                         epochs=1 + repeats, engine=engine, fused_steps=fused_steps,
-                         optimizer=optimizer or OptimizerSpec("sgd", 0.01),
-                         model_options=work.options, task=work.task,
-                         monitor=f"val_{work.task.metric}")
-    model = None if work.prepared is None else make_model(work)  # a built-in: train() builds it
-    history = train(config, dataset=dataset, model=model).history
-    ends = [0.0] + [e["train_time"] for e in history.evals]
-    epochs = np.diff(ends)
-    step_s = float(np.median(epochs[1:])) / steps
-    compile_s = history.timing.get("compile_time", max(0.0, float(epochs[0]) - steps * step_s))
-    return {"batch_size": batch_size, "engine": engine, "fused_steps": fused_steps,
-            "step_ms": 1e3 * step_s, "samples_per_s": batch_size / step_s,
-            "compile_s": float(compile_s), "steps": int(steps * repeats), "rounds": repeats}
 
 
 def dense_train_flops(widths: list[int], batch_size: int) -> float:

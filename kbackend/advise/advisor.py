@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kbackend.advise.engine_probe import engine_throughput
 from kbackend.backend_choice import active_backend
 from kbackend.backends import impl
 from kbackend.data import DATASETS
@@ -166,7 +167,7 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
     # 2.-4. Fused steps, data format and precision at that batch, compared with the base probe.
     compare: dict[str, probe.FitProbe] = {}
     # The native engine is timed through train(); its two runs are not interleaved.
-    native_rows = [{"fused": fused, **probe.engine_throughput(
+    native_rows = [{"fused": fused, **engine_throughput(
         work, batch, "native", steps=max(32, steps), fused_steps=fused)} for fused in (1, 8)]
     convolves = work.prepared is None and model_layout(model) in ("image", "spatial")
     if work.prepared is not None:

@@ -5,7 +5,8 @@ Why it is built this way:
   file consistent after a process crash (a killed writer loses at most its open transaction).
 - Every write is one ``BEGIN IMMEDIATE`` transaction: it takes the write lock up front, so it
   waits on ``busy_timeout`` instead of failing at once with "database is locked" the way a
-  deferred read-then-write transaction does in WAL mode.
+  deferred read-then-write transaction does in WAL mode (``kbackend.sqlite``, which the study's
+  store shares).
 - Each thread gets its own connection (and a forked child opens new ones): sqlite3 connections
   must not be shared across threads or processes.
 - A file that is not a kbackend cache (not SQLite, corrupt, or another application's database)
@@ -19,20 +20,18 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from kbackend.cache.store import CacheError, NamespaceInfo
 from kbackend.errors import path_errors
 from kbackend.io import check_output_path
+from kbackend.sqlite import SQLITE_HEADER, immediate_transaction, is_locked, retry_while_locked
 
-SQLITE_HEADER = b"SQLite format 3\x00"
 APPLICATION_ID = 0x6B62_6361  # "kbca": marks a file as a kbackend prediction cache
 SCHEMA_VERSION = 1
 _MAX_PARAMS = 500  # keys per SELECT ... IN (...), well under SQLite's variable limit
-_LOCK_WORDS = ("locked", "busy")
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS models (
@@ -184,23 +183,11 @@ class SQLiteStore:
     def _initialize(self, conn: sqlite3.Connection) -> None:
         if conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID:
             return
-        with self._write(conn):
+        with immediate_transaction(conn):
             for statement in _SCHEMA:
                 conn.execute(statement)
             conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-
-    @contextmanager
-    def _write(self, conn: sqlite3.Connection) -> Iterator[None]:
-        """One ``BEGIN IMMEDIATE`` transaction: the write lock is taken before anything is read."""
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        except BaseException:
-            if conn.in_transaction:  # SQLite may already have rolled back on some errors
-                conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
 
     def _retry(self, action: Callable[[], T]) -> T:
         """Run ``action``, retrying while SQLite reports the database busy, up to a deadline.
@@ -208,21 +195,15 @@ class SQLiteStore:
         ``busy_timeout`` already makes SQLite wait inside each call; this is the backstop for the
         few places it does not apply (such as switching the journal mode).
         """
-        deadline = time.monotonic() + 2 * self.busy_timeout_s
-        delay = 0.001
-        while True:
-            try:
-                return action()
-            except sqlite3.OperationalError as error:
-                if not any(word in str(error).lower() for word in _LOCK_WORDS):
-                    raise CacheError(f"Cache {str(self.path)!r}: {error}.") from None
-                if time.monotonic() > deadline:
-                    raise CacheError(
-                        f"Cache {str(self.path)!r} stayed busy for {2 * self.busy_timeout_s:.0f}s "
-                        f"({error}); another process holds its write lock."
-                    ) from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.1)
+        try:
+            return retry_while_locked(action, 2 * self.busy_timeout_s)
+        except sqlite3.OperationalError as error:
+            if not is_locked(error):
+                raise CacheError(f"Cache {str(self.path)!r}: {error}.") from None
+            raise CacheError(
+                f"Cache {str(self.path)!r} stayed busy for {2 * self.busy_timeout_s:.0f}s "
+                f"({error}); another process holds its write lock."
+            ) from None
 
     def _run(self, action: Callable[[sqlite3.Connection], T]) -> T:
         conn = self._connection()
@@ -239,7 +220,7 @@ class SQLiteStore:
             return model_id
         row = conn.execute("SELECT id FROM models WHERE fingerprint = ?", (namespace,)).fetchone()
         if row is None and create:
-            with self._write(conn):
+            with immediate_transaction(conn):
                 conn.execute(
                     "INSERT OR IGNORE INTO models (fingerprint, created) VALUES (?, ?)", (namespace, time.time())
                 )
@@ -255,7 +236,7 @@ class SQLiteStore:
 
         def action(conn: sqlite3.Connection) -> None:
             model_id = self._model_id(conn, namespace, create=True)
-            with self._write(conn):
+            with immediate_transaction(conn):
                 conn.execute("UPDATE models SET description = ? WHERE id = ?", (text, model_id))
 
         self._run(action)
@@ -287,7 +268,7 @@ class SQLiteStore:
 
         def action(conn: sqlite3.Connection) -> int:
             model_id = self._model_id(conn, namespace, create=True)
-            with self._write(conn):
+            with immediate_transaction(conn):
                 before = conn.total_changes
                 conn.executemany(
                     "INSERT OR IGNORE INTO predictions (model_id, key, value) VALUES (?, ?, ?)",
@@ -303,7 +284,7 @@ class SQLiteStore:
 
         def action(conn: sqlite3.Connection) -> None:
             model_id = self._model_id(conn, namespace, create=True)
-            with self._write(conn):
+            with immediate_transaction(conn):
                 conn.execute(
                     "UPDATE models SET hits = hits + ?, misses = misses + ? WHERE id = ?",
                     (int(hits), int(misses), model_id),
@@ -327,7 +308,7 @@ class SQLiteStore:
 
     def clear(self, namespace: str | None = None) -> int:
         def action(conn: sqlite3.Connection) -> int:
-            with self._write(conn):
+            with immediate_transaction(conn):
                 before = conn.total_changes
                 if namespace is None:
                     conn.execute("DELETE FROM predictions")

@@ -1,8 +1,9 @@
 """Optimizer specs: one description of an optimizer and its learning-rate schedule.
 
 ``OptimizerSpec.to_keras()`` builds the Keras optimizer (the Keras ``fit`` engine and the native
-TF engine use it); ``OptimizerSpec.to_optax()`` builds an optax ``GradientTransformation`` (the
-native JAX engine uses it). Both compute the same math, operation for operation, so the same
+TF engine use it); behind the backend boundary, ``kbackend.backends.jax.optimizers.to_optax(spec)``
+builds an optax ``GradientTransformation`` (the JAX engines use it), so this module imports
+neither JAX nor optax. Both compute the same math, operation for operation, so the same
 gradients give the same parameters (tests/test_optim_parity.py, rtol 1e-6 in float32).
 
 The one convention, Keras 3's (``lr_t`` is ``schedule_value`` at the count ``t`` of updates
@@ -31,7 +32,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import asdict, dataclass, replace
-from typing import Any, NamedTuple
+from typing import Any
 
 from kbackend.backend_choice import keras as import_keras
 from kbackend.errors import ConfigError
@@ -143,87 +144,6 @@ class OptimizerSpec:
                                          epsilon=self.epsilon)
         return keras.optimizers.AdamW(learning_rate=lr, weight_decay=self.weight_decay,
                                       beta_1=self.beta1, beta_2=self.beta2, epsilon=self.epsilon)
-
-
-    def to_optax(self) -> Any:
-        """The optax ``GradientTransformation`` with exactly the math of ``to_keras()``.
-
-        Its updates are added to the parameters (``optax.apply_updates``); the learning rate,
-        schedule included, is applied inside, so no ``optax.scale`` follows it.
-        """
-        return keras_compatible_optax(self)
-
-
-class KerasOptState(NamedTuple):
-    """State of ``keras_compatible_optax``: the update count, the slot variables and the rate.
-
-    The base learning rate is state, not a constant of the traced program (as Keras keeps it in
-    a variable): one compiled train step serves every rate (the JAX trainer's ``reset``).
-    """
-
-    count: Any  # int32 scalar: updates applied so far (Keras's ``optimizer.iterations``)
-    momentum: Any  # velocity (momentum / nesterov) or first moment (adam / adamw); () for sgd
-    velocity: Any  # second moment (adam / adamw); () otherwise
-    learning_rate: Any = None  # float32 scalar: the schedule's base rate (``spec.learning_rate``)
-
-
-def keras_compatible_optax(spec: OptimizerSpec) -> Any:
-    """An optax transform computing ``spec``'s update in the order Keras 3.15's optimizers do.
-
-    Mirroring the order of operations (not only the formula) keeps float32 results within a few
-    ulps of Keras's after many steps.
-    """
-    # deferred: JAX and optax are imported only when the JAX backend runs
-    import jax
-    import jax.numpy as jnp  # deferred (as above)
-    import optax  # deferred (as above)
-
-    f32 = jnp.float32
-    uses_momentum = spec.name in ("momentum", "nesterov")
-    uses_adam = spec.name in ("adam", "adamw")
-
-    def init(params: Any) -> KerasOptState:
-        return KerasOptState(
-            count=jnp.zeros((), jnp.int32),
-            momentum=jax.tree.map(jnp.zeros_like, params) if uses_momentum or uses_adam else (),
-            velocity=jax.tree.map(jnp.zeros_like, params) if uses_adam else (),
-            learning_rate=jnp.asarray(spec.learning_rate, f32),
-        )
-
-    def update(grads: Any, state: KerasOptState, params: Any = None) -> tuple[Any, KerasOptState]:
-        lr = f32(schedule_value(spec, state.count, jnp, learning_rate=state.learning_rate))
-        count = state.count + 1
-        if spec.name == "sgd":
-            return jax.tree.map(lambda g: -(g * lr), grads), state._replace(count=count)
-        if uses_momentum:
-            mu = f32(spec.momentum)
-            velocity = jax.tree.map(lambda m, g: m * mu - g * lr, state.momentum, grads)
-            if spec.name == "nesterov":
-                updates = jax.tree.map(lambda m, g: m * mu - g * lr, velocity, grads)
-            else:
-                updates = velocity
-            return updates, state._replace(count=count, momentum=velocity)
-        step = count.astype(f32)
-        beta1_power = jnp.power(f32(spec.beta1), step)
-        beta2_power = jnp.power(f32(spec.beta2), step)
-        alpha = lr * jnp.sqrt(1 - beta2_power) / (1 - beta1_power)
-        m = jax.tree.map(lambda m, g: m + (g - m) * (1 - spec.beta1), state.momentum, grads)
-        v = jax.tree.map(lambda v, g: v + (jnp.square(g) - v) * (1 - spec.beta2),
-                         state.velocity, grads)
-        steps = jax.tree.map(lambda m, v: (m * alpha) / (jnp.sqrt(v) + spec.epsilon), m, v)
-        if spec.name == "adam":
-            updates = jax.tree.map(lambda s: -s, steps)
-        else:
-            if params is None:
-                raise ValueError("adamw's weight decay needs the parameters: pass params=.")
-            decay = f32(spec.weight_decay)
-            # Keras decays first, then takes the Adam step. Written as (new - old), adding the
-            # update back gives Keras's value exactly whenever it is within 2x of the old one.
-            updates = jax.tree.map(lambda s, p: ((p - p * decay * lr) - s) - p, steps, params)
-        return updates, KerasOptState(count=count, momentum=m, velocity=v,
-                                      learning_rate=state.learning_rate)
-
-    return optax.GradientTransformation(init, update)
 
 
 def schedule_value(spec: OptimizerSpec, step: Any, ops: Any = None,

@@ -75,8 +75,9 @@ def _run_both(model, spec, devices, xs, ys, impl="shard_map"):
     import jax
 
     from kbackend.backends.jax import step as jax_step
+    from kbackend.backends.jax.optimizers import to_optax
 
-    tx = spec.to_optax()
+    tx = to_optax(spec)
     start = jax_step.initial_state(model, tx)
     host_start = jax_step.to_host(start)
     single, single_metrics = jax_step.make_train_step(model, tx)(host_start, (xs, ys))
@@ -233,6 +234,7 @@ def test_a_conv_models_fused_steps_are_written_out_on_a_cpu():
     import jax
 
     from kbackend.backends.jax import step as jax_step
+    from kbackend.backends.jax.optimizers import to_optax
     from kbackend.training import TrainConfig, train
 
     if jax.default_backend() != "cpu":
@@ -249,7 +251,7 @@ def test_a_conv_models_fused_steps_are_written_out_on_a_cpu():
     for a, b in zip(single.model.get_weights(), fused.model.get_weights(), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
 
-    tx = OptimizerSpec("sgd", 0.1).to_optax()
+    tx = to_optax(OptimizerSpec("sgd", 0.1))
     mesh = jax_step.make_mesh(jax.devices()[:2])
     state = jax_step.replicate(jax_step.initial_state(fused.model, tx), mesh)
     xs = np.zeros((3, 32, *fused.model.input_shape[1:]), np.float32)

@@ -22,6 +22,7 @@ import numpy as np
 
 from kbackend.backend_choice import tensorflow_kept_out
 from kbackend.backends.jax.native import make_evaluator
+from kbackend.backends.jax.optimizers import to_optax
 from kbackend.backends.jax.step import (
     initial_state,
     make_mesh,
@@ -49,7 +50,7 @@ class DataParallelTrainer:
                               "multi-process jobs.")
         self.model, self.pmap, self.count = model, dp_impl == "pmap", count
         self.mesh = make_mesh(jax.devices()[:count])
-        tx = spec.to_optax()
+        tx = to_optax(spec)
         self.unroll = unrolls_its_loop(model)
         self.step = make_train_step(model, tx, self.mesh, dp_impl, self.unroll, task)
         start = initial_state(model, tx, spec)

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kbackend.backends import device_copy_once
+from kbackend.backends.jax.optimizers import to_optax
 from kbackend.backends.jax.step import (
     TrainState,
     fresh_opt_state,
@@ -150,7 +151,7 @@ class NativeTrainer(CompiledCalls):
                  task: Task = CLASSIFICATION) -> None:
         # ``jit_compile`` changes nothing here (``native_loop_uses_xla``).
         self.model, self.task = model, task
-        self.spec, self.tx = spec, spec.to_optax()
+        self.spec, self.tx = spec, to_optax(spec)
         self.train_step = make_step(model, self.tx, task=task)
         self.state = initial_state(model, self.tx, spec)
         self.dataset = dataset
@@ -199,7 +200,7 @@ class NativeTrainer(CompiledCalls):
         (a runtime value of the compiled step, so nothing is traced again)."""
         trainable, non_trainable = ([jax.device_put(np.asarray(v)) for v in part]
                                     for part in values)
-        # The base rate is optimizer state (``kbackend.optim.KerasOptState.learning_rate``).
+        # The base rate is optimizer state (``optimizers.KerasOptState.learning_rate``).
         self.state = TrainState(trainable, non_trainable,
                                 fresh_opt_state(self.spec, trainable, learning_rate))
 

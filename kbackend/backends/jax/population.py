@@ -23,6 +23,7 @@ import numpy as np
 
 from kbackend.backends import device_copy_once
 from kbackend.backends.jax.native import CompiledCalls, make_evaluator
+from kbackend.backends.jax.optimizers import to_optax
 from kbackend.backends.jax.step import (
     TrainState,
     fresh_opt_state,
@@ -40,7 +41,7 @@ class PopulationTrainer(CompiledCalls):
     def __init__(self, model: Any, spec: Any, dataset: Any, members: int,
                  task: Task = CLASSIFICATION) -> None:
         self.model, self.dataset, self.members, self.task = model, dataset, members, task
-        self.spec, self.tx = spec, spec.to_optax()
+        self.spec, self.tx = spec, to_optax(spec)
         self.train_step = make_step(model, self.tx, task=task)
         self.x_train = device_copy_once(dataset.x_train, jax.device_put)
         self.y_train = device_copy_once(dataset.y_train, jax.device_put)

@@ -39,6 +39,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from kbackend.backends import capabilities
+from kbackend.backends.jax.optimizers import to_optax
 from kbackend.task import CLASSIFICATION, Task
 
 AXIS = "batch"
@@ -61,7 +62,7 @@ class StepMetrics(NamedTuple):
 
 
 def initial_state(model: Any, tx: Any, spec: Any = None) -> TrainState:
-    """The state of a built Keras model and a fresh optax state for ``tx`` (``spec.to_optax()``
+    """The state of a built Keras model and a fresh optax state for ``tx`` (``to_optax(spec)``
     when ``spec``, an ``OptimizerSpec``, is given: its init is then shared, ``fresh_opt_state``).
 
     The values are copies: steps donate the state's buffers, the Keras variables keep theirs.
@@ -77,13 +78,13 @@ def initial_state(model: Any, tx: Any, spec: Any = None) -> TrainState:
 
 @functools.cache
 def _compiled_init(spec: Any, members: bool) -> Any:
-    init = spec.to_optax().init
+    init = to_optax(spec).init
     return jax.jit(jax.vmap(init) if members else init)
 
 
 def fresh_opt_state(spec: Any, params: Any, learning_rate: Any = None, *,
                     members: bool = False) -> Any:
-    """A fresh state of ``spec``'s optimizer (``OptimizerSpec.to_optax``) for ``params``, at
+    """A fresh state of ``spec``'s optimizer (``optimizers.to_optax``) for ``params``, at
     base rate ``learning_rate`` (default ``spec``'s; with ``members``, the params are stacked
     along a leading member axis and the rate is one per member).
 

@@ -15,6 +15,7 @@ One process per backend, side by side in one run. Per backend:
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 import socket
 import subprocess
@@ -53,6 +54,11 @@ def _timed(methods: dict[str, Callable[[], Any]], repeats: int) -> dict[str, flo
     return {name: float(np.median(values)) for name, values in times.items()}
 
 
+def _predict_shifted(cache: PredictionCache, x: np.ndarray, offsets: Iterator[int]) -> Any:
+    """``cache``'s prediction of ``x`` shifted by the next of ``offsets`` (rows never seen)."""
+    return cache.predict(x + np.float32(next(offsets)))
+
+
 def _train_model(quick: bool, folder: Path) -> tuple[Any, Any, float]:
     keras = import_keras()
     data = load("digits", layout="flat")
@@ -78,9 +84,10 @@ def measure_cache(settings: Settings) -> Rows:
         for batch in BATCHES:
             repeats = settings.rounds(quick=5, full=30) if batch == 1 else settings.rounds(quick=3, full=10)
             x = data.x_train[rng.integers(0, len(data.x_train), batch)]
-            methods = {
-                "model.predict": lambda x=x: model.predict(x, verbose=0, batch_size=len(x)),
-                "predict_on_batch (bucketed)": lambda x=x: predictor(x),
+            methods: dict[str, Callable[[], Any]] = {
+                "model.predict": functools.partial(model.predict, x, verbose=0,
+                                                   batch_size=len(x)),
+                "predict_on_batch (bucketed)": functools.partial(predictor, x),
             }
             stores = [("sqlite", open_store(str(folder / f"hits{batch}.db")))]
             if redis_url:
@@ -90,11 +97,12 @@ def measure_cache(settings: Settings) -> Rows:
             for name, store in stores:
                 cache = PredictionCache(model, store, predictor=predictor)
                 cache.predict(x)  # every later lookup of x is a hit
-                methods[f"cache hit ({name})"] = lambda x=x, cache=cache: cache.predict(x)
-            miss_cache = PredictionCache(model, open_store(str(folder / f"miss{batch}.db")), predictor=predictor)
-            offsets = iter(range(1, 10_000))
-            methods["cache miss (sqlite)"] = (  # a new offset each call: every row is new
-                lambda x=x, cache=miss_cache, offsets=offsets: cache.predict(x + np.float32(next(offsets))))
+                methods[f"cache hit ({name})"] = functools.partial(cache.predict, x)
+            miss_cache = PredictionCache(model, open_store(str(folder / f"miss{batch}.db")),
+                                         predictor=predictor)
+            # a new offset each call: every row is new
+            methods["cache miss (sqlite)"] = functools.partial(
+                _predict_shifted, miss_cache, x, iter(range(1, 10_000)))
             for method, seconds in _timed(methods, repeats).items():
                 latency.append({"method": method, "batch": batch, "repeats": repeats,
                                 "median_ms": seconds * 1e3, "rows_per_s": batch / seconds})

@@ -105,7 +105,8 @@ def measure(runners: dict[str, Any], steps: int, batch_size: int, repeats: int) 
 
     Interleaving spreads the load of a shared machine evenly over the configurations.
     """
-    first, epochs = {}, {name: [] for name in runners}
+    first: dict[str, float] = {}
+    epochs: dict[str, list[float]] = {name: [] for name in runners}
     for name, run in runners.items():
         start = time.perf_counter()
         run()

@@ -8,7 +8,9 @@ smaller cases so that ``nox -s bench`` stays short; the figures are then rough.
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -120,13 +122,14 @@ def measure_precision(settings: Settings) -> Rows:
     batch, steps, budget = (128, 6, 40) if settings.quick else (512, 30, 400)
     support = impl().precision_support()
     work = probe.workload("seed_mlp", samples=4096)
-    rows, factories = [], {}
+    rows: list[dict[str, Any]] = []
+    factories: dict[str, Callable[[], Any]] = {}
     for precision in ("float32", "mixed_bfloat16", "mixed_float16"):
         if not support.get(precision, {}).get("runs", True):
             rows.append({"precision": precision, "note": "unsupported on this device"})
             continue
-        factories[precision] = lambda precision=precision: probe.FitProbe(
-            work, batch, steps=steps, precision=precision)
+        factories[precision] = functools.partial(probe.FitProbe, work, batch, steps=steps,
+                                                 precision=precision)
     for precision, row in interleaved(factories, settings).items():
         rows.append({"precision": precision, **row,
                      "hardware_accelerated": support.get(precision, {}).get("accelerated"),

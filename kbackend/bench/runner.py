@@ -112,8 +112,9 @@ def run(bench: Benchmark, argv: Sequence[str] | None = None, *, in_process: bool
         for spec in bench.workers(settings, backends):
             print(f"{bench.name}: running {spec.label} ({'quick' if args.quick else 'full'}) ...",
                   file=sys.stderr, flush=True)
-            kwargs = {"measure": _target(bench),
-                      "settings": asdict(replace(settings, devices=spec.virtual_devices))}
+            kwargs: dict[str, Any] = {
+                "measure": _target(bench),
+                "settings": asdict(replace(settings, devices=spec.virtual_devices))}
             try:
                 if in_process and _in_this_process(spec):
                     results[spec.label] = run_worker(**kwargs)

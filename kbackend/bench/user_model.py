@@ -141,7 +141,8 @@ class Tracked:
     runner's own where it has one (``bench.engines.measure`` reads it)."""
 
     def __init__(self, run: Callable[[], Any]) -> None:
-        self.run, self.losses = run, []
+        self.run = run
+        self.losses: list[float] = []
 
     def __call__(self) -> None:
         self.losses.append(float(np.mean(self.run())))

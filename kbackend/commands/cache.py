@@ -16,6 +16,7 @@ from kbackend.cache import (
     open_store,
     parse_grid_text,
 )
+from kbackend.cache.sqlite_store import SQLiteStore
 from kbackend.commands.predict import add_cache_arguments, load_array
 from kbackend.errors import ConfigError
 from kbackend.io import check_distinct_paths, strict_json_text
@@ -71,7 +72,7 @@ def run_warm(args: argparse.Namespace) -> int:
             raise ConfigError(f"Invalid --grid for model {args.model!r}: a grid needs input rows "
                               f"of a fixed shape. Received: rows of shape {row_shape} "
                               "(warm with --input rows instead).")
-        grid = grid_text.resolve(math.prod(row_shape))
+        grid = grid_text.resolve(math.prod(d for d in row_shape if d is not None))
         total, chunks = grid.size, (c.reshape(len(c), *row_shape) for c in grid.chunks(args.chunk))
     else:
         rows = validate_inputs(rows, row_shape, f"--input {args.input}")
@@ -100,7 +101,7 @@ def run_stats(args: argparse.Namespace) -> int:
     try:
         infos = store.namespaces()
         extra = {}
-        if hasattr(store, "integrity_check"):
+        if isinstance(store, SQLiteStore):
             extra = {"integrity_check": store.integrity_check(), "bytes": store.path.stat().st_size}
     finally:
         store.close()

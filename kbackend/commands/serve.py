@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         server.server_close()
         if cache is not None:
             cache.flush_stats()
+        if store is not None:
             store.close()
     print(stop_summary(server.stats()), flush=True)
     return 0

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -116,7 +117,8 @@ def mnist1d_interpolate(x: np.ndarray, points: int) -> np.ndarray:
 def _fast_mnist1d_interpolation() -> Iterator[None]:
     """Generate MNIST-1D with ``mnist1d_interpolate``: the same arrays (tests/test_data.py), in
     a third of the time (mnist1d_large: 6.7 s -> 2.2 s here, most of it interp1d's set-up)."""
-    module = sys.modules["mnist1d.transform"]  # the package's ``transform`` name is a function
+    # the package's ``transform`` name is a function; its module's attributes are not typed
+    module: Any = sys.modules["mnist1d.transform"]
     original = module.interpolate
     module.interpolate = mnist1d_interpolate
     try:

@@ -448,8 +448,9 @@ def _read_tf_dataset(where: Where, dataset: Any, split: str, max_bytes: int,
     if batched is None:
         batched = _is_batched(dataset)
     sizes = [_element_bytes(part) for part in spec]
-    if cardinality > 0 and None not in sizes:
-        _check_limit(where, cardinality * sum(sizes), max_bytes, f"the {split} dataset")
+    known = [size for size in sizes if size is not None]
+    if cardinality > 0 and len(known) == len(sizes):
+        _check_limit(where, cardinality * sum(known), max_bytes, f"the {split} dataset")
     if not batched:
         dataset = dataset.batch(READ_BATCH)
     xs, ys, total = [], [], 0
@@ -879,16 +880,15 @@ def load_source(source: str, *, label: str | None = None, seed: int = 0,
     elif label is not None:
         raise where.error(f"label={label!r} names a CSV source's label column; this source is "
                           "not a CSV file.")
-    common = {"source": source}
     if source.startswith(TFDS_PREFIX):
         splits, class_names, notes = _load_tfds(where, source[len(TFDS_PREFIX):], limit)
         return _finish(where, name=source, kind="tfds", splits=splits, class_names=class_names,
-                       notes=notes, **common)
+                       notes=notes, source=source)
     if function is not None:
         file_text, function_name = function
         splits = _load_function(where, file_text, function_name, limit)
         return _finish(where, name=f"{Path(file_text).name}:{function_name}", kind="function",
-                       splits=splits, **common)
+                       splits=splits, source=source)
     assert path is not None
     with path_errors(source, "data source", DataError):
         is_dir, is_file = path.is_dir(), path.is_file()
@@ -896,7 +896,7 @@ def load_source(source: str, *, label: str | None = None, seed: int = 0,
         kind, splits, class_names, notes = _load_folder(where, path, seed=seed, max_bytes=limit,
                                                         image_size=image_size)
         return _finish(where, name=path.resolve().name, kind=kind, splits=splits,
-                       class_names=class_names, notes=notes, **common)
+                       class_names=class_names, notes=notes, source=source)
     suffix = path.suffix.lower()
     if not is_file:
         builtin = "" if suffix or os.sep in source else (
@@ -904,10 +904,10 @@ def load_source(source: str, *, label: str | None = None, seed: int = 0,
         raise where.error(f"no such file or folder.{builtin}")
     if suffix == ".npz":
         return _finish(where, name=path.name, kind="arrays", splits=_load_npz(where, path, limit),
-                       **common)
+                       source=source)
     if suffix == ".csv":
         x, y = _load_csv(where, path, label, limit)
-        return _finish(where, name=path.name, kind="csv", splits={"train": (x, y)}, **common)
+        return _finish(where, name=path.name, kind="csv", splits={"train": (x, y)}, source=source)
     if suffix == ".npy":
         raise where.error("a .npy file holds one array, not a dataset: save inputs and labels "
                           "together, numpy.savez(PATH.npz, x_train=x, y_train=y).")

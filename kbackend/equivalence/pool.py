@@ -16,7 +16,7 @@ import sys
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from kbackend.backend_choice import BACKENDS, validate_backend
 from kbackend.equivalence.protocol import ChannelClosed, ChannelTimeout, receive, send
@@ -58,7 +58,7 @@ class Worker:
         self.backend = validate_backend(backend)
         self.log_path = Path(log_dir) / f"worker-{self.backend}.log"
         self.startup_timeout = startup_timeout
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.busy_with: str | None = None  # the operation in flight, if any
 
@@ -68,6 +68,12 @@ class Worker:
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+    def _launched(self) -> tuple[subprocess.Popen[bytes], IO[bytes], IO[bytes]]:
+        """The process ``launch`` started, its stdin and its stdout (pipes, never None)."""
+        process = self.process
+        assert process is not None and process.stdin is not None and process.stdout is not None
+        return process, process.stdin, process.stdout
 
     def launch(self) -> None:
         """Start the process (without waiting for it to be ready; see ``wait_ready``)."""
@@ -84,15 +90,17 @@ class Worker:
 
     def wait_ready(self) -> None:
         """Wait for the worker's ready message (Keras imported on its backend)."""
+        process, _, stdout = self._launched()
         try:
-            hello = receive(self.process.stdout.fileno(), self.startup_timeout)
+            hello = receive(stdout.fileno(), self.startup_timeout)
         except ChannelTimeout:
             self.kill()
             raise WorkerTimeout(f"The {self.backend} worker did not start within "
-                                f"{self.startup_timeout:.0f} s; killed it. {self._log_tail()}") from None
+                                f"{self.startup_timeout:.0f} s; killed it. "
+                                f"{self._log_tail()}") from None
         except ChannelClosed:
             raise WorkerCrashed(f"The {self.backend} worker exited while starting (status "
-                                f"{self.process.wait()}). {self._log_tail()}") from None
+                                f"{process.wait()}). {self._log_tail()}") from None
         if hello.get("backend") != self.backend:
             self.kill()
             raise EquivalenceError(f"Worker started on backend {hello.get('backend')!r}, "
@@ -106,16 +114,18 @@ class Worker:
         """Send one request; raises ``WorkerCrashed`` if the worker is gone."""
         if not self.alive():
             raise WorkerCrashed(f"The {self.backend} worker is not running.")
+        _, stdin, _ = self._launched()
         try:
-            send(self.process.stdin, {"op": op, "args": args})
+            send(stdin, {"op": op, "args": args})
             self.busy_with = op
         except (BrokenPipeError, OSError):
             raise WorkerCrashed(self._died_message(op)) from None
 
     def collect(self, op: str, timeout: float) -> Any:
         """The reply to the request in flight; raises on a crash, a timeout or a remote error."""
+        _, _, stdout = self._launched()
         try:
-            reply = receive(self.process.stdout.fileno(), timeout)
+            reply = receive(stdout.fileno(), timeout)
             self.busy_with = None
         except ChannelTimeout:
             self.kill()
@@ -148,15 +158,18 @@ class Worker:
 
     def close(self, timeout: float = 3.0) -> None:
         """Ask the worker to exit; kill it if it does not."""
+        if self.process is None:
+            return
         if self.alive():
             try:
                 self.submit("exit", {})
                 self.process.wait(timeout)
             except (EquivalenceError, subprocess.TimeoutExpired, OSError):
                 self.kill()
-        for stream in (self.process.stdin, self.process.stdout) if self.process else ():
-            with contextlib.suppress(OSError):
-                stream.close()
+        for stream in (self.process.stdin, self.process.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
 
 
 class WorkerPool:
@@ -172,8 +185,12 @@ class WorkerPool:
                  log_dir: str | os.PathLike | None = None) -> None:
         self.backends = tuple(validate_backend(b) for b in backends)
         self.timeout = timeout
-        self._own_dir = tempfile.TemporaryDirectory(prefix="kbackend-equiv-") if log_dir is None else None
-        self.work_dir = Path(log_dir if log_dir is not None else self._own_dir.name)
+        self._own_dir: tempfile.TemporaryDirectory[str] | None = None
+        if log_dir is None:
+            self._own_dir = tempfile.TemporaryDirectory(prefix="kbackend-equiv-")
+            self.work_dir = Path(self._own_dir.name)
+        else:
+            self.work_dir = Path(log_dir)
         self.workers = {b: Worker(b, self.work_dir, startup_timeout) for b in self.backends}
         self.restarts = 0
 

@@ -11,7 +11,7 @@ import pickle
 import select
 import struct
 import time
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 _HEADER = struct.Struct("!Q")
 
@@ -24,7 +24,7 @@ class ChannelTimeout(TimeoutError):
     """No complete message arrived before the deadline."""
 
 
-def send(stream: BinaryIO, message: Any) -> None:
+def send(stream: IO[bytes], message: Any) -> None:
     """Write one message (header + pickle) and flush."""
     body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     stream.write(_HEADER.pack(len(body)) + body)

@@ -27,7 +27,8 @@ from kbackend.runtime.child import reply_error, reply_ok
 def _ping(probe: bool = False) -> dict[str, Any]:
     """The worker's pid, the backend's declared channels_first support and, with ``probe``,
     whether channels_first convolution and pooling actually run here (None) or the error."""
-    reply = {"pid": os.getpid(), "supports_channels_first": impl().supports_channels_first_conv()}
+    reply: dict[str, Any] = {"pid": os.getpid(),
+                             "supports_channels_first": impl().supports_channels_first_conv()}
     if probe:
         reply["channels_first_error"] = channels_first_probe()
     return reply

@@ -428,7 +428,7 @@ def check_model_matches(model: Any, info: DatasetInfo, name: str = "model") -> N
     """
     keras = import_keras()
     if isinstance(info.input_shape, dict):  # named inputs (kbackend.workload.InputPacking)
-        _check_named_inputs(model, info, name)
+        _check_named_inputs(model, info.input_shape, name)
         return
     shape = tuple(info.input_shape)
     data = f"the data ({info.name}) has {_shape(shape)}"
@@ -461,10 +461,10 @@ def check_model_matches(model: Any, info: DatasetInfo, name: str = "model") -> N
                          "input and one output.")
 
 
-def _check_named_inputs(model: Any, info: DatasetInfo, name: str) -> None:
-    """A multi-input model against data given as a dict: the same input names, each input's
-    shape the data's, and one output."""
-    wanted = {key: tuple(shape) for key, shape in info.input_shape.items()}
+def _check_named_inputs(model: Any, shapes: dict[str, tuple[int, ...]], name: str) -> None:
+    """A multi-input model against data given as a dict (``shapes``: the data's shape per
+    input name): the same input names, each input's shape the data's, and one output."""
+    wanted = {key: tuple(shape) for key, shape in shapes.items()}
     if not _is_graph_model(model):
         raise ModelError(f"Model {name!r} is subclassed: dict inputs need a functional model "
                          "whose keras.Input layers are named as the data's keys.")

@@ -99,14 +99,21 @@ _ADDED_LATER = {"residual": False, "bidirectional": False, "readout": "last"}
 _LAYOUT_OF_RANK = {1: "flat", 2: "sequence", 3: "image"}
 
 
-def _require_rank(info: DatasetInfo, rank: int, name: str) -> None:
-    """A ``ConfigError`` unless model ``name`` gets inputs of ``rank`` dimensions (its layout)."""
+def _require_rank(info: DatasetInfo, rank: int, name: str) -> tuple[int, ...]:
+    """The input shape, or a ``ConfigError`` unless model ``name`` gets one input array of
+    ``rank`` dimensions (its layout)."""
+    if isinstance(info.input_shape, dict):
+        raise ConfigError(
+            f"Model {name!r} takes one input array; the data has named inputs "
+            f"{sorted(info.input_shape)}."
+        )
     if len(info.input_shape) != rank:
         layout = _LAYOUT_OF_RANK[rank]
         raise ConfigError(
             f"Model {name!r} needs {layout} inputs (layout {layout!r}). "
             f"Received input shape {info.input_shape}."
         )
+    return info.input_shape
 
 
 def _hidden_block(x: Any, layer: Any, options: ModelOptions, activation: str = "relu") -> Any:
@@ -148,8 +155,8 @@ def _head_params(features: int, info: DatasetInfo) -> int:
 
 def _dense_stack(info: DatasetInfo, widths: Sequence[int], options: ModelOptions, name: str) -> Any:
     keras = import_keras()
-    _require_rank(info, 1, name)
-    inputs = keras.Input(shape=info.input_shape, name="inputs")
+    shape = _require_rank(info, 1, name)
+    inputs = keras.Input(shape=shape, name="inputs")
     x = inputs
     for width in widths:
         layer = keras.layers.Dense(width, kernel_regularizer=_regularizer(options),
@@ -160,8 +167,8 @@ def _dense_stack(info: DatasetInfo, widths: Sequence[int], options: ModelOptions
 
 
 def _dense_stack_params(info: DatasetInfo, widths: Sequence[int], options: ModelOptions, name: str) -> int:
-    _require_rank(info, 1, name)
-    total, fan_in = 0, info.input_shape[0]
+    shape = _require_rank(info, 1, name)
+    total, fan_in = 0, shape[0]
     for width in widths:
         total, fan_in = total + _hidden_params(fan_in, width, options), width
     return total + _head_params(fan_in, info)
@@ -170,14 +177,14 @@ def _dense_stack_params(info: DatasetInfo, widths: Sequence[int], options: Model
 def logistic(info: DatasetInfo, options: ModelOptions) -> Any:
     """Multinomial logistic regression: the flat inputs straight into the softmax classifier."""
     keras = import_keras()
-    _require_rank(info, 1, "logistic")
-    inputs = keras.Input(shape=info.input_shape, name="inputs")
+    shape = _require_rank(info, 1, "logistic")
+    inputs = keras.Input(shape=shape, name="inputs")
     return keras.Model(inputs, _classifier_head(inputs, info, options), name="logistic")
 
 
 def logistic_params(info: DatasetInfo, options: ModelOptions) -> int:
-    _require_rank(info, 1, "logistic")
-    return _head_params(info.input_shape[0], info)
+    shape = _require_rank(info, 1, "logistic")
+    return _head_params(shape[0], info)
 
 
 def seed_mlp(info: DatasetInfo, options: ModelOptions) -> Any:
@@ -227,14 +234,14 @@ def cnn2d(info: DatasetInfo, options: ModelOptions, name: str = "cnn2d") -> Any:
     (kbackend does not transpose behind your back). TF 2.21 runs NCHW on the CPU.
     """
     keras = import_keras()
-    _require_rank(info, 3, name)
+    shape = _require_rank(info, 3, name)
     _check_conv_format(options)
     if info.data_format not in (None, options.data_format):
         raise ConfigError(
             f"Model data_format {options.data_format!r} does not match the dataset's "
             f"{info.data_format!r}: load the dataset with the same data_format."
         )
-    inputs = keras.Input(shape=info.input_shape, name="inputs")
+    inputs = keras.Input(shape=shape, name="inputs")
     x = inputs
     for filters in options.filters:
         conv = keras.layers.Conv2D(filters, 3, padding="same", data_format=options.data_format,
@@ -249,11 +256,11 @@ def cnn2d(info: DatasetInfo, options: ModelOptions, name: str = "cnn2d") -> Any:
 
 
 def cnn2d_params(info: DatasetInfo, options: ModelOptions, name: str = "cnn2d") -> int:
-    _require_rank(info, 3, name)
+    shape = _require_rank(info, 3, name)
     if options.data_format == "channels_last":
-        height, width, channels = info.input_shape
+        height, width, channels = shape
     else:
-        channels, height, width = info.input_shape
+        channels, height, width = shape
     total = 0
     for filters in options.filters:  # 3x3, "same" padding, then a 2x2 pool while both sides >= 2
         total, channels = total + _hidden_params(9 * channels, filters, options), filters
@@ -273,9 +280,9 @@ def cnn1d(info: DatasetInfo, options: ModelOptions, name: str = "cnn1d") -> Any:
     model and convolves in NCW (the layout choice, not the data, is what it measures).
     """
     keras = import_keras()
-    _require_rank(info, 2, name)
+    shape = _require_rank(info, 2, name)
     _check_conv_format(options)
-    inputs = keras.Input(shape=info.input_shape, name="inputs")
+    inputs = keras.Input(shape=shape, name="inputs")
     x = inputs
     if options.data_format == "channels_first":
         x = keras.layers.Permute((2, 1))(x)
@@ -291,8 +298,8 @@ def cnn1d(info: DatasetInfo, options: ModelOptions, name: str = "cnn1d") -> Any:
 
 
 def cnn1d_params(info: DatasetInfo, options: ModelOptions, name: str = "cnn1d") -> int:
-    _require_rank(info, 2, name)
-    steps, channels = info.input_shape
+    shape = _require_rank(info, 2, name)
+    steps, channels = shape
     total = 0
     for index, filters in enumerate(options.filters):  # pad 1 each side, kernel 5 then 3, stride 2
         kernel = 5 if index == 0 else 3
@@ -309,8 +316,8 @@ def gru(info: DatasetInfo, options: ModelOptions) -> Any:
     ``--units 6 --bidirectional``, the MNIST-1D paper's ``GRUBase``).
     """
     keras = import_keras()
-    _require_rank(info, 2, "gru")
-    inputs = keras.Input(shape=info.input_shape, name="inputs")
+    shape = _require_rank(info, 2, "gru")
+    inputs = keras.Input(shape=shape, name="inputs")
     layer = keras.layers.GRU(options.units, kernel_regularizer=_regularizer(options), seed=options.seed,
                              return_sequences=options.readout == "all")
     if options.bidirectional:
@@ -328,8 +335,8 @@ def gru(info: DatasetInfo, options: ModelOptions) -> Any:
 def gru_params(info: DatasetInfo, options: ModelOptions) -> int:
     """Keras 3's GRU (``reset_after=True``): kernel (features, 3u), recurrent kernel (u, 3u) and
     bias (2, 3u), per direction."""
-    _require_rank(info, 2, "gru")
-    steps, features = info.input_shape
+    shape = _require_rank(info, 2, "gru")
+    steps, features = shape
     units, directions = options.units, 2 if options.bidirectional else 1
     total = directions * 3 * units * (features + units + 2)
     out = directions * units * (steps if options.readout == "all" else 1)

@@ -42,7 +42,8 @@ class DatasetInfo:
     """What a model needs to know about a dataset."""
 
     name: str
-    input_shape: tuple[int, ...]
+    # A multi-input model's data (kbackend.workload.InputPacking): one shape per input name.
+    input_shape: tuple[int, ...] | dict[str, tuple[int, ...]]
     num_classes: int
     source: str
     layout: str
@@ -141,8 +142,11 @@ def from_arrays(
     user's own validation split (then nothing is held out of train). ``sparse_labels`` False:
     float targets (``validate_split``), kept in their shape.
     """
+    if (x_val is None) != (y_val is None):
+        raise DataError("x_val and y_val come together: pass both (the validation split) or "
+                        "neither.")
     given = {"train": (x_train, y_train), "test": (x_test, y_test)}
-    if x_val is not None:
+    if x_val is not None and y_val is not None:
         given["validation"] = (x_val, y_val)
     for split, (x, y) in given.items():
         validate_split(np.asarray(x), np.asarray(y), num_classes, split, sparse_labels)

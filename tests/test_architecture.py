@@ -1,7 +1,9 @@
 """The layer rule of docs/architecture.md, checked from the code's own imports.
 
-A module imports only from its own layer or below; module-level kbackend imports form no cycle;
-an import inside a function only defers a heavy or optional library, with a comment saying so.
+A module imports only from its own layer or below; module-level kbackend imports form no cycle,
+counted per module and per top-level unit (``kbackend/<name>``, a module or a package); an import
+inside a function only defers a heavy or optional library, with a comment saying so; and no code
+outside ``kbackend/backends/`` branches on a backend's name (it calls ``backends.impl()``).
 """
 
 from __future__ import annotations
@@ -16,18 +18,20 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "kbackend"
 
-# Top to bottom; keep in step with docs/architecture.md. A module belongs to the first entry
-# that is a prefix of its dotted name (relative to kbackend).
+# Top to bottom; keep in step with docs/architecture.md. Each entry is a top-level unit
+# (``kbackend/<name>.py`` or the package ``kbackend/<name>/``): a module belongs to the layer of
+# its unit, so the rule holds between packages as well as between modules.
 LAYERS: list[tuple[str, ...]] = [
     ("__main__", "cli", "commands", "api"),
-    # capabilities users run; benchmarks and the advisor measure everything below them
-    ("study", "equivalence", "serving", "cache", "bench", "hardware.advise", "hardware.probe"),
-    ("engines", "training", "workload"),
+    ("bench",),  # the one benchmark runner: an application of everything below it
+    ("study", "equivalence", "serving", "cache", "advise"),  # the capabilities users run
+    ("engines", "training"),
     ("hardware", "distributed", "runtime", "progress", "envinfo"),
-    ("config", "models", "model_sources", "optim", "precision"),
-    ("backends",),
-    ("data",),
-    ("backend_choice", "history", "io", "errors", "logs", "reports", "stats", "task", "__init__"),
+    ("config", "models", "model_sources", "workload"),
+    ("backends",),  # ALL backend-specific code (optax included) sits above the backend-free maths
+    ("optim", "precision", "data"),
+    ("backend_choice", "history", "io", "errors", "logs", "reports", "stats", "task", "sqlite",
+     "__init__"),
 ]
 # Libraries an import inside a function may defer (slow to import, or optional extras).
 DEFERRABLE = {"keras", "tensorflow", "jax", "jaxlib", "optax", "matplotlib", "redis", "ray",
@@ -36,6 +40,10 @@ DEFERRABLE = {"keras", "tensorflow", "jax", "jaxlib", "optax", "matplotlib", "re
 # (which only ``kbackend.backends.impl()`` imports, once the backend is chosen).
 HEAVY = ("keras", "jax", "tensorflow", "optax", "matplotlib")
 BACKEND_PACKAGES = ("backends.jax", "backends.tensorflow")
+# Backend names no code outside ``backends`` compares anything with; ``backend_choice`` is where
+# the name is read and checked (``KERAS_BACKEND``), before any backend package is imported.
+BACKEND_NAMES = ("jax", "tensorflow")
+MAY_NAME_BACKENDS = ("backends", "backend_choice")
 
 
 def module_name(path: Path) -> str:
@@ -45,12 +53,37 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def unit_of(name: str) -> str:
+    """The top-level unit of module ``name`` (relative to kbackend): ``engines.loop`` -> ``engines``."""
+    return name.split(".")[0]
+
+
 def layer_of(name: str) -> int:
     for index, members in enumerate(LAYERS):
-        for member in members:
-            if name == member or name.startswith(member + "."):
-                return index
-    raise AssertionError(f"module kbackend.{name} is in no layer: add it to LAYERS and the doc")
+        if unit_of(name) in members:
+            return index
+    raise AssertionError(f"module kbackend.{name} is in no layer: add {unit_of(name)!r} to "
+                         "LAYERS and the doc")
+
+
+def backend_branches(source: str) -> list[tuple[int, str]]:
+    """(line, code) of each comparison with a backend's name (``backend == "jax"``,
+    ``name in ("jax", "tensorflow")``) and each ``case "jax":``: a branch on the backend."""
+    def names_a_backend(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in BACKEND_NAMES
+        return isinstance(node, ast.Tuple | ast.List | ast.Set) and any(map(names_a_backend, node.elts))
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and any(
+                names_a_backend(side) for side in [node.left, *node.comparators]):
+            found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.match_case) and any(
+                isinstance(value, ast.MatchValue) and names_a_backend(value.value)
+                for value in ast.walk(node.pattern)):
+            found.append((node.pattern.lineno, f"case {ast.unparse(node.pattern)}"))
+    return found
 
 
 def kbackend_target(node: ast.ImportFrom | ast.Import, known: set[str]) -> list[str]:
@@ -107,6 +140,10 @@ def violations(modules: dict[str, str]) -> list[str]:
     for name, source in modules.items():
         own = layer_of(name)
         imports, deferred = scan(source, set(modules))
+        if unit_of(name) not in MAY_NAME_BACKENDS:
+            problems += [f"kbackend.{name}:{line} branches on the backend's name ({code}): call "
+                         "kbackend.backends.impl() (or a backend-free table in kbackend/backends/)"
+                         for line, code in backend_branches(source)]
         for target, line, in_function in imports:
             if layer_of(target) < own:
                 problems.append(f"kbackend.{name}:{line} imports kbackend.{target} from a higher layer")
@@ -121,7 +158,20 @@ def violations(modules: dict[str, str]) -> list[str]:
             elif "#" not in text:
                 problems.append(f"kbackend.{name}:{line} defers '{library}' without a comment saying why")
     problems += [f"import cycle: {' -> '.join(cycle)}" for cycle in cycles(graph, set(modules))]
+    units = {unit_of(name) for name in modules}
+    problems += [f"package cycle: {' -> '.join(cycle)} (kbackend/<name> units)"
+                 for cycle in cycles(unit_graph(graph), units)]
     return problems
+
+
+def unit_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph seen between top-level units: ``a`` imports ``b`` when any module of
+    ``a`` imports any module of ``b`` (at module level; a unit's own imports are left out)."""
+    units: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        own = unit_of(name)
+        units.setdefault(own, set()).update(unit_of(t) for t in targets if unit_of(t) != own)
+    return units
 
 
 def cycles(graph: dict[str, set[str]], known: set[str]) -> list[list[str]]:
@@ -152,6 +202,16 @@ def test_every_module_follows_the_layer_rule():
     assert violations(modules) == []
 
 
+def test_the_layers_are_top_level_units():
+    """Every layer entry is a whole ``kbackend/<name>``, so no package spans two layers and the
+    rule between modules is the rule between packages; every unit has a layer."""
+    entries = [entry for layer in LAYERS for entry in layer]
+    assert [entry for entry in entries if "." in entry] == []
+    assert len(entries) == len(set(entries))
+    units = {unit_of(name) for name in all_modules()}
+    assert sorted(units - set(entries)) == []
+
+
 @pytest.mark.parametrize(("modules", "expected"), [
     ({"data": "from kbackend.engines import loop\n", "engines.loop": ""}, "from a higher layer"),
     ({"engines.loop": "def f():\n    from kbackend.data import batching\n", "data.batching": ""},
@@ -160,10 +220,43 @@ def test_every_module_follows_the_layer_rule():
     ({"engines.loop": "def f():\n    import keras\n"}, "without a comment"),
     ({"engines.a": "from kbackend.engines import b\n", "engines.b": "from kbackend.engines import a\n"},
      "import cycle"),
+    # acyclic module by module (core -> model, export -> keys), a cycle between the packages
+    ({"cache.core": "from kbackend.serving import model\n", "serving.model": "",
+      "serving.export": "from kbackend.cache import keys\n", "cache.keys": ""}, "package cycle"),
+    ({"commands.launch": "from kbackend.backend_choice import selected_backend\n"
+                         "if selected_backend() == 'tensorflow':\n    pass\n",
+      "backend_choice": ""}, "branches on the backend's name"),
+    ({"training": "def f(backend):\n    return 1 if backend in ('jax', 'tensorflow') else 0\n"},
+     "branches on the backend's name"),
+    ({"engines.loop": "def f(backend):\n    match backend:\n        case 'jax':\n"
+                      "            return 1\n"}, "branches on the backend's name"),
 ])
 def test_the_rule_catches_each_kind_of_breach(modules, expected):
     """Negative controls: each kind of breach is reported."""
     assert any(expected in problem for problem in violations(modules))
+
+
+def test_a_package_cycle_is_not_a_module_cycle():
+    """The planted package cycle above is seen only at the package level (the module graph has
+    no cycle), and the backend packages may name their backend."""
+    planted = {"cache.core": "from kbackend.serving import model\n", "serving.model": "",
+               "serving.export": "from kbackend.cache import keys\n", "cache.keys": ""}
+    assert [p for p in violations(planted) if "cycle" in p] == [
+        "package cycle: cache -> serving -> cache (kbackend/<name> units)"]
+    assert violations({"backends.cluster": "def f(name):\n    return name == 'jax'\n"}) == []
+
+
+def test_breaches_planted_in_the_real_code_are_caught():
+    """Negative controls on the code itself: the cycle issue 38 removed (hardware's probe
+    training a model, while engines use the hardware monitor) and the launcher's old branch."""
+    modules = {name: path.read_text() for name, path in all_modules().items()}
+    modules["hardware.probe"] += "\nfrom kbackend.training import train\n"
+    modules["commands.launch"] += "\nif selected_backend() == 'tensorflow':\n    pass\n"
+    problems = violations(modules)
+    assert any(p.startswith("package cycle:") and "hardware" in p and "training" in p
+               for p in problems), problems
+    assert any(p.startswith("kbackend.commands.launch:") and "backend's name" in p
+               for p in problems), problems
 
 
 def heavy_modules_after_importing(modules: list[str]) -> list[str]:

@@ -36,7 +36,8 @@ SUITES = {
     # CPU devices must be split before the framework starts its runtime, hence a pytest process
     # of its own: kbackend's KBACKEND_VIRTUAL_DEVICES makes them when it loads a backend (JAX:
     # jax_num_cpu_devices, TensorFlow: logical CPU devices), so the suite also tests that variable.
-    "devices": ("devices and not ray", BY_TEST, {"KBACKEND_VIRTUAL_DEVICES": VIRTUAL_DEVICES}, BACKENDS),
+    "devices": ("devices and not ray", BY_TEST, {"KBACKEND_VIRTUAL_DEVICES": VIRTUAL_DEVICES},
+                BACKENDS),
     # The cross-backend property suite: a JAX driver with workers of both backends (hypothesis
     # profile `ci` unless HYPOTHESIS_PROFILE is set).
     "equivalence": ("equivalence and not ray", BY_FILE,

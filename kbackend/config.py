@@ -123,7 +123,8 @@ class TrainConfig:
     # Parallel runs (kbackend.distributed, docs/parallel.md).
     # Devices to split each batch over (0: all the job has); > 1 implies data parallelism.
     devices: int = 0
-    # Run the data-parallel version of ``engine`` (keras -> keras_data_parallel, native -> data_parallel).
+    # Run the data-parallel version of ``engine`` (keras -> keras_data_parallel,
+    # native -> data_parallel).
     data_parallel: bool = False
     # How the native data-parallel engine maps the step onto devices: shard_map or pmap.
     dp_impl: str = "shard_map"
@@ -163,7 +164,8 @@ class TrainConfig:
             "unsafe_deserialization": bool, "from_weights": bool})
         for name in ("fused_steps", "eval_every", "max_steps"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
-                raise ConfigError(f"Invalid {name} {getattr(self, name)!r}: expected an integer >= 0.")
+                raise ConfigError(
+                    f"Invalid {name} {getattr(self, name)!r}: expected an integer >= 0.")
         if not isinstance(self.epochs, int) or not 1 <= self.epochs <= MAX_EPOCHS:
             raise ConfigError(f"Invalid epochs {self.epochs!r}: expected an integer from 1 to "
                               f"{MAX_EPOCHS:,}.")
@@ -174,14 +176,18 @@ class TrainConfig:
         if not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"Invalid seed {self.seed!r}: expected an integer in [0, {MAX_SEED}] "
                               "(NumPy's seed range).")
-        if not (isinstance(self.validation_fraction, (int, float)) and 0 <= self.validation_fraction < 1):
-            raise ConfigError(f"Invalid validation_fraction {self.validation_fraction!r}: expected a "
-                              "value in [0, 1) (0: no validation split, the test split stands in).")
+        if not (isinstance(self.validation_fraction, (int, float))
+                and 0 <= self.validation_fraction < 1):
+            raise ConfigError(f"Invalid validation_fraction {self.validation_fraction!r}: expected "
+                              "a value in [0, 1) (0: no validation split, the test split stands "
+                              "in).")
         if self.validation_fraction == 0 and (self.early_stopping or self.target is not None):
-            raise ConfigError("validation_fraction 0 validates on the test split: early stopping and "
-                              "targets would select on the test set; hold out a validation split.")
+            raise ConfigError("validation_fraction 0 validates on the test split: early stopping "
+                              "and targets would select on the test set; hold out a validation "
+                              "split.")
         if self.early_stopping < 0:
-            raise ConfigError(f"Invalid early_stopping patience {self.early_stopping!r}: expected >= 0.")
+            raise ConfigError(
+                f"Invalid early_stopping patience {self.early_stopping!r}: expected >= 0.")
         if not self.monitor.startswith("val_"):
             raise ConfigError(f"Invalid monitor {self.monitor!r}: expected a validation metric "
                               "such as val_accuracy, val_loss or val_mae.")
@@ -192,7 +198,8 @@ class TrainConfig:
                               f"Received: {self.on_divergence!r}.")
         if self.precision not in PRECISIONS:
             raise ConfigError(
-                f"Invalid precision. Expected one of {list(PRECISIONS)}. Received: {self.precision!r}.")
+                f"Invalid precision. Expected one of {list(PRECISIONS)}. "
+                f"Received: {self.precision!r}.")
         if self.precision == "mixed_float16" and self.engine != "keras":
             raise ConfigError(
                 "mixed_float16 needs loss scaling, which only the keras engine applies "
@@ -230,11 +237,14 @@ def validate_parallel_options(config: Any) -> None:
     for name in ("devices", "virtual_devices"):
         value = getattr(config, name)
         if not isinstance(value, int) or value < 0:
-            raise ConfigError(f"Invalid {name} {value!r}: expected an integer >= 0 (0: all / none).")
+            raise ConfigError(
+                f"Invalid {name} {value!r}: expected an integer >= 0 (0: all / none).")
     if config.dp_impl not in DP_IMPLS:
-        raise ConfigError(f"Invalid dp_impl. Expected one of {list(DP_IMPLS)}. Received: {config.dp_impl!r}.")
+        raise ConfigError(f"Invalid dp_impl. Expected one of {list(DP_IMPLS)}. "
+                          f"Received: {config.dp_impl!r}.")
     if not isinstance(config.num_processes, int) or config.num_processes < 1:
-        raise ConfigError(f"Invalid num_processes {config.num_processes!r}: expected an integer >= 1.")
+        raise ConfigError(
+            f"Invalid num_processes {config.num_processes!r}: expected an integer >= 1.")
     if not isinstance(config.process_id, int) or not 0 <= config.process_id < config.num_processes:
         raise ConfigError(
             f"Invalid process_id {config.process_id!r}: expected an integer in "
@@ -293,7 +303,8 @@ def check_batch_split(batch_size: int, devices: int, processes: int = 1) -> int:
     if batch_size % devices:
         raise ConfigError(
             f"Global batch size {batch_size} does not divide evenly over {devices} devices: "
-            f"use a batch size that is a multiple of {devices} (e.g. {devices * max(1, batch_size // devices)})."
+            f"use a batch size that is a multiple of {devices} "
+            f"(e.g. {devices * max(1, batch_size // devices)})."
         )
     if batch_size % processes:
         raise ConfigError(

@@ -240,8 +240,9 @@ def _read_hello(connection: socket.socket, processes: int, peers: dict[int, Any]
         return None
     size, index = int(words[2]), int(words[3])
     if size != processes or not 0 < index < processes or index in peers:
+        joined = "already joined" if index in peers else "is out of range"
         reason = (f"a {size}-process job" if size != processes
-                  else f"process {index}, which {'already joined' if index in peers else 'is out of range'}")
+                  else f"process {index}, which {joined}")
         connection.sendall(_REFUSED + f" {processes}\n".encode())
         connection.close()
         raise JobError(f"Process 0 of {processes} was joined by a process of {reason}. Give "

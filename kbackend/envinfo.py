@@ -54,8 +54,10 @@ def environment_identity() -> dict[str, Any]:
     backend_impl = impl()
     return {
         "backend": selected_backend(),
-        "versions": {**package_versions(), **backend_impl.framework_versions(), "kbackend": __version__},
-        "device": f"{device_summary(backend_impl.devices())}; {os.cpu_count()} cpus; {_processor()}",
+        "versions": {**package_versions(), **backend_impl.framework_versions(),
+                     "kbackend": __version__},
+        "device": (f"{device_summary(backend_impl.devices())}; {os.cpu_count()} cpus; "
+                   f"{_processor()}"),
     }
 
 

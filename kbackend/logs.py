@@ -35,7 +35,8 @@ VERBOSE_ENV = "KBACKEND_VERBOSE"
 # Python loggers whose warnings are framework chatter, not kbackend's: shown with --verbose.
 FRAMEWORK_LOGGERS = ("tensorflow", "absl")
 _DROPPED = re.compile(
-    rb"^(?:[IWE]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [^\]\s]+:\d+\] "  # absl / glog: I0000 00:00:... port.cc:153]
+    # absl / glog: I0000 00:00:... port.cc:153]
+    rb"^(?:[IWE]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [^\]\s]+:\d+\] "
     rb"|WARNING: All log messages before absl::InitializeLog\(\) is called"
     rb"|\[Gloo\] "  # jaxlib's CPU collectives: "[Gloo] Rank 0 is connected to 1 peer ranks..."
     rb"|This TensorFlow binary is optimized to use"
@@ -48,7 +49,8 @@ _installed: list[tuple[int, int, threading.Thread]] = []  # (fd, its real stream
 
 
 def verbose_requested(flag: bool = False) -> bool:
-    """Whether the frameworks' logs are wanted: ``flag`` (``--verbose``) or ``$KBACKEND_VERBOSE``."""
+    """Whether the frameworks' logs are wanted: ``flag`` (``--verbose``) or
+    ``$KBACKEND_VERBOSE``."""
     return flag or os.environ.get(VERBOSE_ENV, "") not in ("", "0")
 
 

@@ -75,7 +75,8 @@ class ModelOptions:
         if not self.widths or any(w < 1 for w in self.widths):
             raise ConfigError(f"Invalid widths {self.widths!r}: expected positive layer widths.")
         if not self.filters or any(f < 1 for f in self.filters):
-            raise ConfigError(f"Invalid filters {self.filters!r}: expected positive channel counts.")
+            raise ConfigError(
+                f"Invalid filters {self.filters!r}: expected positive channel counts.")
         for name in ("widths", "filters"):  # depth is a size too: each layer is built in Python
             if len(getattr(self, name)) > MAX_LAYERS:
                 raise ConfigError(f"Invalid {name}: expected at most {MAX_LAYERS} layers. "
@@ -83,7 +84,8 @@ class ModelOptions:
         if not isinstance(self.units, int) or self.units < 1:
             raise ConfigError(f"Invalid units {self.units!r}: expected a positive integer.")
         if self.readout not in READOUTS:
-            raise ConfigError(f"Invalid readout. Expected one of {list(READOUTS)}. Received: {self.readout!r}.")
+            raise ConfigError(f"Invalid readout. Expected one of {list(READOUTS)}. "
+                              f"Received: {self.readout!r}.")
 
     def key(self) -> dict[str, Any]:
         """The options as a dict for store keys: the fields added after stores existed appear
@@ -166,7 +168,8 @@ def _dense_stack(info: DatasetInfo, widths: Sequence[int], options: ModelOptions
     return keras.Model(inputs, _classifier_head(x, info, options), name=name)
 
 
-def _dense_stack_params(info: DatasetInfo, widths: Sequence[int], options: ModelOptions, name: str) -> int:
+def _dense_stack_params(info: DatasetInfo, widths: Sequence[int], options: ModelOptions,
+                        name: str) -> int:
     shape = _require_rank(info, 1, name)
     total, fan_in = 0, shape[0]
     for width in widths:
@@ -227,7 +230,8 @@ def cnn_params(info: DatasetInfo, options: ModelOptions) -> int:
 
 
 def cnn2d(info: DatasetInfo, options: ModelOptions, name: str = "cnn2d") -> Any:
-    """Conv + max-pool blocks (``options.filters`` channels) and a dense layer, in ``options.data_format``.
+    """Conv + max-pool blocks (``options.filters`` channels) and a dense layer, in
+    ``options.data_format``.
 
     Older TensorFlow CPU builds implement Conv2D only for channels_last; where a probe
     (``supports_channels_first_conv``) finds that, channels_first raises ``ConfigError``
@@ -318,8 +322,8 @@ def gru(info: DatasetInfo, options: ModelOptions) -> Any:
     keras = import_keras()
     shape = _require_rank(info, 2, "gru")
     inputs = keras.Input(shape=shape, name="inputs")
-    layer = keras.layers.GRU(options.units, kernel_regularizer=_regularizer(options), seed=options.seed,
-                             return_sequences=options.readout == "all")
+    layer = keras.layers.GRU(options.units, kernel_regularizer=_regularizer(options),
+                             seed=options.seed, return_sequences=options.readout == "all")
     if options.bidirectional:
         layer = keras.layers.Bidirectional(layer)
     x = layer(inputs)

@@ -167,7 +167,8 @@ def train(
     return TrainResult(model, history, dataset, config)
 
 
-def non_finite_result(model: Any, history: History, *, check_weights: bool) -> dict[str, Any] | None:
+def non_finite_result(model: Any, history: History, *,
+                      check_weights: bool) -> dict[str, Any] | None:
     """The divergence the engine's losses did not show: a NaN test loss, or (when the model is to
     be saved) NaN weights after a last step whose loss was still finite; None if all is finite."""
     test_loss = history.test.get("test_loss", 0.0)

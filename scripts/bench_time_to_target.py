@@ -1,4 +1,4 @@
-"""Time-to-target benchmark: kbackend/bench/time_to_target.py, docs/engines.md (--help for options)."""
+"""Time to target: kbackend/bench/time_to_target.py, docs/engines.md (--help for options)."""
 
 import sys
 from pathlib import Path

@@ -34,10 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", default=os.environ.get("KERAS_BACKEND", "jax"),
                         help="comma-separated backends, each run in its own process")
     parser.add_argument("--out", default="runs/compare_optimizers", help="results folder")
-    parser.add_argument("--quick", action="store_true", help="a small grid (2 optimizers x 2 batch sizes)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a small grid (2 optimizers x 2 batch sizes)")
     args, study_args = parser.parse_known_args(argv)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    runs = [(b, ["study", "--out", args.out, *(QUICK if args.quick else []), *study_args]) for b in backends]
+    grid = QUICK if args.quick else []
+    runs = [(b, ["study", "--out", args.out, *grid, *study_args]) for b in backends]
     runs.append((backends[0], ["study", "compare", "--out", args.out]))
     try:
         for backend, command in runs:

@@ -1,4 +1,4 @@
-"""The MNIST-1D paper's table reproduced: kbackend/bench/reproduce.py, docs/reproductions.md (--help for options)."""
+"""MNIST-1D paper table: kbackend/bench/reproduce.py, docs/reproductions.md (--help for options)."""
 
 import sys
 from pathlib import Path

@@ -5,8 +5,9 @@
 One process per backend, side by side in one run. Per backend:
 1. latency (median over repeats, first call excluded, methods interleaved) and throughput of
    ``model.predict``, ``predict_on_batch`` (kbackend's bucketed BatchPredictor), cache lookups that
-   all hit (SQLite, and Redis when ``redis-server`` is installed) and lookups that all miss (SQLite),
-   at batch 1 and batch 1024, for the seed MLP (64-786-256-160-10) trained briefly on digits;
+   all hit (SQLite, and Redis when ``redis-server`` is installed) and lookups that all miss
+   (SQLite), at batch 1 and batch 1024, for the seed MLP (64-786-256-160-10) trained briefly on
+   digits;
 2. hit rate vs decimals on a request stream drawn from the digits test split (rows repeat, as
    popular requests do; once exact, once with sensor noise of sigma 0.01), with how often the cached
    answer's class agrees with the exact model's and the largest probability difference.
@@ -42,7 +43,8 @@ NOISE = (0.0, 0.01)  # sensor noise added to each request (features are in [0, 1
 
 def _timed(methods: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
     """Median seconds per call of each method over ``repeats`` calls, after one excluded warm-up
-    call each; the methods take turns within every repeat, so drifting machine load hits all alike."""
+    call each; the methods take turns within every repeat, so drifting machine load hits all
+    alike."""
     for fn in methods.values():
         fn()
     times: dict[str, list[float]] = {name: [] for name in methods}
@@ -82,7 +84,8 @@ def measure_cache(settings: Settings) -> Rows:
         rng = np.random.default_rng(0)
         latency = []
         for batch in BATCHES:
-            repeats = settings.rounds(quick=5, full=30) if batch == 1 else settings.rounds(quick=3, full=10)
+            repeats = (settings.rounds(quick=5, full=30) if batch == 1
+                       else settings.rounds(quick=3, full=10))
             x = data.x_train[rng.integers(0, len(data.x_train), batch)]
             methods: dict[str, Callable[[], Any]] = {
                 "model.predict": functools.partial(model.predict, x, verbose=0,
@@ -114,15 +117,19 @@ def measure_cache(settings: Settings) -> Rows:
         indices = rng.zipf(1.3, stream_len) % len(data.x_test)  # a few rows are very popular
         hit_rates = []
         for noise, decimals in [(n, d) for n in NOISE for d in DECIMALS]:
-            stream = data.x_test[indices] + rng.normal(0, noise, data.x_test[indices].shape) if noise else data.x_test[indices]
+            stream = data.x_test[indices]
+            if noise:
+                stream = stream + rng.normal(0, noise, stream.shape)
             stream = np.clip(stream, 0, 1).astype(np.float32)
             exact = predictor(stream)
             cache = PredictionCache(model, open_store(str(folder / f"dec{decimals}_{noise}.db")),
                                     Rounding.parse(decimals), predictor=predictor)
-            answers = np.concatenate([cache.predict(stream[i:i + 32]) for i in range(0, stream_len, 32)])
+            answers = np.concatenate([cache.predict(stream[i:i + 32])
+                                      for i in range(0, stream_len, 32)])
             stats = cache.stats()
             hit_rates.append({
-                "noise_sigma": noise, "decimals": decimals, "requests": stream_len, "hit_rate": stats.hit_rate,
+                "noise_sigma": noise, "decimals": decimals, "requests": stream_len,
+                "hit_rate": stats.hit_rate,
                 "distinct_keys": stats.stored,
                 "class_agreement": float(np.mean(answers.argmax(1) == exact.argmax(1))),
                 "max_abs_prob_diff": float(np.max(np.abs(answers - exact))),
@@ -147,7 +154,8 @@ def redis_server(settings: Settings) -> Iterator[dict[str, Any]]:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     process = subprocess.Popen([server, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-                                "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                "--appendonly", "no"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = None
         for _ in range(200):
@@ -169,9 +177,11 @@ def _ratio(baseline_ms: float, ms: float) -> str:
 
 def cache_table(payload: dict[str, Any]) -> str:
     """Latency per method and batch with ratios, then hit rate vs decimals, per backend."""
-    lines = ["Median latency over repeats (first call excluded; the methods take turns within each repeat); throughput = rows / median latency. "
+    lines = ["Median latency over repeats (first call excluded; the methods take turns within each "
+             "repeat); throughput = rows / median latency. "
              "A shared, noisy machine: compare rows side by side, not across runs.", "",
-             "| backend | method | batch | median latency (ms) | rows/s | vs model.predict | vs predict_on_batch |",
+             "| backend | method | batch | median latency (ms) | rows/s | vs model.predict "
+             "| vs predict_on_batch |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     backends = [s["backend"] for s in payload["summaries"]]
     for backend in backends:
@@ -180,19 +190,23 @@ def cache_table(payload: dict[str, Any]) -> str:
             if not rows:
                 continue
             base = next(r["median_ms"] for r in rows if r["method"] == "model.predict")
-            jitted = next(r["median_ms"] for r in rows if r["method"].startswith("predict_on_batch"))
+            jitted = next(r["median_ms"] for r in rows
+                          if r["method"].startswith("predict_on_batch"))
             for r in rows:
                 lines.append(f"| {backend} | {r['method']} | {batch} | {r['median_ms']:.3f} | "
-                             f"{r['rows_per_s']:,.0f} | {_ratio(base, r['median_ms'])} | {_ratio(jitted, r['median_ms'])} |")
-    lines += ["", "Hit rate vs decimals (digits test rows drawn Zipf-popular, with Gaussian noise of the given "
-              "sigma; batches of 32). Class agreement and max abs prob diff: cached answers vs the exact "
-              "model on the unrounded requests.", "",
-              "| backend | noise sigma | decimals | requests | hit rate | distinct keys | class agreement | max abs prob diff |",
+                             f"{r['rows_per_s']:,.0f} | {_ratio(base, r['median_ms'])} | "
+                             f"{_ratio(jitted, r['median_ms'])} |")
+    lines += ["", "Hit rate vs decimals (digits test rows drawn Zipf-popular, with Gaussian noise "
+              "of the given sigma; batches of 32). Class agreement and max abs prob diff: cached "
+              "answers vs the exact model on the unrounded requests.", "",
+              "| backend | noise sigma | decimals | requests | hit rate | distinct keys "
+              "| class agreement | max abs prob diff |",
               "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
     for summary in payload["summaries"]:
         for r in summary.get("hit_rate_vs_decimals", []):
-            lines.append(f"| {summary['backend']} | {r['noise_sigma']:g} | {r['decimals']} | {r['requests']} | {r['hit_rate']:.1%} | "
-                         f"{r['distinct_keys']} | {r['class_agreement']:.1%} | {r['max_abs_prob_diff']:.3g} |")
+            lines.append(f"| {summary['backend']} | {r['noise_sigma']:g} | {r['decimals']} "
+                         f"| {r['requests']} | {r['hit_rate']:.1%} | {r['distinct_keys']} "
+                         f"| {r['class_agreement']:.1%} | {r['max_abs_prob_diff']:.3g} |")
     return "\n".join(lines) + "\n"
 
 

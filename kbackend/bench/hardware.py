@@ -57,7 +57,8 @@ def measure_throughput(settings: Settings) -> Rows:
     for row in rows:
         row["model"] = "seed_mlp"
     return rows, {"knee_batch_size": knee.batch_size, "knee_samples_per_s": knee.throughput,
-                  "plateau_reached": knee.plateau_reached, "min_gain_per_doubling": DEFAULT_MIN_GAIN,
+                  "plateau_reached": knee.plateau_reached,
+                  "min_gain_per_doubling": DEFAULT_MIN_GAIN,
                   "largest_measured": measured[-1]["batch_size"] if measured else None}
 
 
@@ -76,7 +77,8 @@ def measure_jit(settings: Settings) -> Rows:
     for name, options in cases:
         eager_steps = min(steps, 8) if options.get("run_eagerly") else steps
         spe = options.get("steps_per_execution", 1)
-        rows.append({"config": name, **probe.fit_throughput(work, batch, steps=max(eager_steps, 2 * spe), **options)})
+        rows.append({"config": name, **probe.fit_throughput(
+            work, batch, steps=max(eager_steps, 2 * spe), **options)})
     # Engines run through train() are timed per epoch (the native engine waits for results only
     # at epoch ends), so per-epoch overheads count: compare them with the keras engine timed alike.
     engine_steps = 16 if settings.quick else 64
@@ -107,7 +109,8 @@ def measure_data_format(settings: Settings) -> Rows:
 
 
 def precision_accuracy(precision: str, steps: int) -> dict[str, Any]:
-    """Validation accuracy of the seed MLP on digits after ``steps`` Adam steps under ``precision``."""
+    """Validation accuracy of the seed MLP on digits after ``steps`` Adam steps under
+    ``precision``."""
     config = TrainConfig(model="seed_mlp", dataset="digits", batch_size=32, epochs=100,
                          max_steps=steps, precision=precision, seed=0)
     result = train(config)
@@ -182,12 +185,14 @@ def measure_preprocessing(settings: Settings) -> Rows:
             work, batch, steps=steps, x=raw, source=source(None),
             build=lambda w: _preprocessed_model(w, mean, std)),
     }
-    rows = [{"preprocessing": name, **row} for name, row in interleaved(factories, settings).items()]
+    rows = [{"preprocessing": name, **row}
+            for name, row in interleaved(factories, settings).items()]
     return rows, {"batch_size": batch}
 
 
 def measure_roofline(settings: Settings) -> Rows:
-    """The seed MLP's train-step FLOP rate as a fraction of the matmul peak measured in the same run."""
+    """The seed MLP's train-step FLOP rate as a fraction of the matmul peak measured in the same
+    run."""
     row = probe.roofline(256 if settings.quick else 1024, steps=16 if settings.quick else 40,
                          matmul_n=1024 if settings.quick else 2048,
                          rounds=settings.rounds(quick=2, full=5))
@@ -195,7 +200,8 @@ def measure_roofline(settings: Settings) -> Rows:
 
 
 def measure_device(settings: Settings) -> Rows:
-    """Each available device: the MLP at batch 1024 and the GRU at batch 8 (small-batch recurrent)."""
+    """Each available device: the MLP at batch 1024 and the GRU at batch 8 (small-batch
+    recurrent)."""
     steps = 6 if settings.quick else 30
     cases = [("seed_mlp", 256 if settings.quick else 1024), ("gru", 8)]
     rows = []
@@ -222,14 +228,17 @@ def prefetch_loop(work: probe.Workload, raw: np.ndarray, batch: int, steps: int,
                   mode: str) -> dict[str, Any]:
     """``train_on_batch`` over a slow host pipeline, without prefetch or with it; monitored."""
     model = build_model(work.model, work.info, work.options)
-    model.compile(optimizer=OptimizerSpec("sgd", 0.01).to_keras(), loss="sparse_categorical_crossentropy")
+    model.compile(optimizer=OptimizerSpec("sgd", 0.01).to_keras(),
+                  loss="sparse_categorical_crossentropy")
     epochs = -(-(steps + 1) * batch // len(raw))
-    batches = iterate_batches(raw, work.y, batch, epochs=epochs, transform=slow_host_preprocessing(delay_s))
+    batches = iterate_batches(raw, work.y, batch, epochs=epochs,
+                              transform=slow_host_preprocessing(delay_s))
     monitor = StepMonitor(utilization_interval=0.1)
     if mode == "none":
         source = monitor.timed(batches)
     else:
-        source = Prefetcher(batches, depth=2, to_device=mode == "prefetch + to_device", monitor=monitor)
+        source = Prefetcher(batches, depth=2, to_device=mode == "prefetch + to_device",
+                            monitor=monitor)
     monitor.start()
     for done, (x, y) in enumerate(source, start=1):
         model.train_on_batch(x, y)  # returns Python floats: the step has finished
@@ -255,34 +264,38 @@ def measure_prefetch(settings: Settings) -> Rows:
 
 
 BENCHMARKS: tuple[Benchmark, ...] = (
-    Benchmark("bench_throughput", "Throughput (samples/s) of the seed MLP vs batch size, with the knee "
-              f"(where doubling the batch gains < {DEFAULT_MIN_GAIN:.0%}).", measure_throughput,
-              ["model", "batch_size"], ["samples_per_s", "step_ms", "compile_s"],
+    Benchmark("bench_throughput", "Throughput (samples/s) of the seed MLP vs batch size, with the "
+              f"knee (where doubling the batch gains < {DEFAULT_MIN_GAIN:.0%}).",
+              measure_throughput, ["model", "batch_size"],
+              ["samples_per_s", "step_ms", "compile_s"],
               ["knee_batch_size", "knee_samples_per_s", "plateau_reached", "largest_measured"],
               options=(Option("--batch-sizes", "comma-separated batch sizes (default powers of two "
                               "8-32768; quick 16,64,256,1024)", int_list),
                        Option("--budget-s", "stop adding batch sizes after this many seconds "
                               "(default 240; quick: none)", float))),
-    Benchmark("bench_jit", "Compiled vs eager train steps (Keras fit and the native engine).", measure_jit,
-              ["config"], ["step_ms", "samples_per_s", "compile_s"]),
-    Benchmark("bench_data_format", "CNN train step: channels_last vs channels_first.", measure_data_format,
-              ["data_format", "batch_size"],
+    Benchmark("bench_jit", "Compiled vs eager train steps (Keras fit and the native engine).",
+              measure_jit, ["config"], ["step_ms", "samples_per_s", "compile_s"]),
+    Benchmark("bench_data_format", "CNN train step: channels_last vs channels_first.",
+              measure_data_format, ["data_format", "batch_size"],
               ["step_ms", "samples_per_s", "compile_s", "step_memory_mib"]),
-    Benchmark("bench_precision", "float32 vs mixed_bfloat16 vs mixed_float16 (loss-scaled): step time "
-              "(seed MLP) and accuracy on digits in a fixed step budget.", measure_precision,
+    Benchmark("bench_precision", "float32 vs mixed_bfloat16 vs mixed_float16 (loss-scaled): step "
+              "time (seed MLP) and accuracy on digits in a fixed step budget.", measure_precision,
               ["precision"], ["step_ms", "samples_per_s", "val_accuracy", "hardware_accelerated"],
               ["batch_size", "accuracy_budget_steps"]),
     Benchmark("bench_optimizers", "SGD vs momentum vs Adam: step time and optimizer-state memory.",
               measure_optimizers, ["model", "optimizer"], ["step_ms", "optimizer_state_mib"]),
     Benchmark("bench_preprocessing", "Preprocessing raw uint8 pixels on the host vs on the device.",
               measure_preprocessing, ["preprocessing"], ["samples_per_s", "step_ms"]),
-    Benchmark("bench_roofline", "Roofline: the seed MLP's train-step FLOP rate vs the measured matmul peak.",
+    Benchmark("bench_roofline",
+              "Roofline: the seed MLP's train-step FLOP rate vs the measured matmul peak.",
               measure_roofline, ["model", "batch_size"],
               ["model_gflops", "peak_gflops", "fraction_of_peak", "fraction_min", "fraction_max",
                "peak_source"]),
-    Benchmark("bench_device", "Device choice: the MLP at a large batch and the GRU at batch 8 on each device.",
+    Benchmark("bench_device",
+              "Device choice: the MLP at a large batch and the GRU at batch 8 on each device.",
               measure_device, ["device", "model", "batch_size"], ["step_ms", "samples_per_s"]),
-    Benchmark("bench_prefetch", "A slow host preprocessing function with and without background prefetch.",
+    Benchmark("bench_prefetch",
+              "A slow host preprocessing function with and without background prefetch.",
               measure_prefetch, ["prefetch", "host_delay_ms"],
               ["samples_per_s", "step_ms", "input_wait_share", "verdict"]),
 )

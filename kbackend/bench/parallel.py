@@ -54,8 +54,8 @@ def measure_parallel(settings: Settings) -> Rows:
     repeats = settings.rounds(quick=3, full=7)
     backend = impl()
     if backend.device_count() < devices:
-        return [{"devices": devices, "series": series,
-                 "note": f"skipped: only {backend.device_count()} devices"} for series in SERIES], {}
+        note = f"skipped: only {backend.device_count()} devices"
+        return [{"devices": devices, "series": series, "note": note} for series in SERIES], {}
     spec = OptimizerSpec("sgd", 0.01)
     rng = np.random.default_rng(0)
     platform = backend.platform()
@@ -111,14 +111,17 @@ def parallel_table(payload: dict[str, Any]) -> str:
     if all(r.get("platform", "cpu") == "cpu" for r in rows):
         lines.append("CPU virtual devices share the same cores: these figures measure the overhead "
                      "of data parallelism (splitting, all-reduce), not a speed-up.\n")
-    lines.append("| devices | series | global batch | per-device batch | step time (ms) | samples/s | scaling efficiency |")
+    lines.append("| devices | series | global batch | per-device batch | step time (ms) "
+                 "| samples/s | scaling efficiency |")
     lines.append("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
         if "note" in row:
-            lines.append(f"| {row['devices']} | {SERIES[row['series']]} ({row['note']}) | | | | | |")
+            lines.append(f"| {row['devices']} | {SERIES[row['series']]} ({row['note']}) "
+                         "| | | | | |")
             continue
         lines.append(f"| {row['devices']} | {SERIES[row['series']]} | {row['global_batch']} | "
-                     f"{row['per_device_batch']} | {row['step_time_ms']:.3f} | {row['samples_per_s']:,.0f} | "
+                     f"{row['per_device_batch']} | {row['step_time_ms']:.3f} | "
+                     f"{row['samples_per_s']:,.0f} | "
                      f"{row.get('efficiency', float('nan')):.2f} |")
     return "\n".join(lines) + "\n"
 
@@ -127,10 +130,13 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("bench_parallel", "Data-parallel scaling of the native JAX step (seed MLP, SGD) "
               "against device count.", measure_parallel,
               keys=("devices", "series"), values=("step_time_ms", "samples_per_s", "efficiency"),
-              options=(Option("--devices", "comma-separated device counts (default 1,2,4,8; quick 1,2,4)",
+              options=(Option("--devices",
+                              "comma-separated device counts (default 1,2,4,8; quick 1,2,4)",
                               int_list),
-                       Option("--per-device-batch", "batch per device, weak scaling (default 64)", int, 64),
-                       Option("--global-batch", "global batch, strong scaling (default 256)", int, 256),
+                       Option("--per-device-batch", "batch per device, weak scaling (default 64)",
+                              int, 64),
+                       Option("--global-batch", "global batch, strong scaling (default 256)",
+                              int, 256),
                        Option("--fused", "steps per compiled call (default 20; quick 5)", int)),
               workers=device_counts, derive=efficiencies, table=parallel_table,
               note="median step time over repeated calls of K fused steps, compile excluded; "

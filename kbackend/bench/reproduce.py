@@ -63,7 +63,8 @@ def mnist1d_command(model: str) -> str:
              "gru": " --units 6 --bidirectional --readout all"}[model]
     return (f"kbackend train --dataset mnist1d --model {MNIST1D_PAPER[model][1]}{flags} "
             "--optimizer adam --lr 1e-2 "
-            f"--weight-decay 0 --batch-size {MNIST1D_BATCH} --epochs 200 --max-steps {MNIST1D_STEPS} "
+            f"--weight-decay 0 --batch-size {MNIST1D_BATCH} --epochs 200 "
+            f"--max-steps {MNIST1D_STEPS} "
             f"--no-shuffle --validation-fraction 0 --engine native --fused-steps {MNIST1D_FUSED} "
             f"--eval-every {MNIST1D_EVAL_EVERY} --seed 0")
 
@@ -136,7 +137,8 @@ def mnist1d_table(payload: dict[str, Any]) -> str:
                *[c for b in backends for c in (b, f"{b} - reference")]]
     return (markdown_table(lines, columns)
             + f"\n\nTest accuracy after {payload['summaries'][0].get('steps', '?')} steps: median "
-              "[min, max] over seeds (the interval covers the median with probability 1 - 2 * 0.5^n); "
+              "[min, max] over seeds (the interval covers the median with probability "
+              "1 - 2 * 0.5^n); "
               f"the reference is the upstream code's figure where given, else the paper's; '(off)' "
               f"marks a median more than {TOLERANCE:.0%} from it.")
 

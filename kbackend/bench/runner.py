@@ -1,6 +1,7 @@
 """The one benchmark runner: one parser, one worker per process, one JSON + markdown writer.
 
-    python scripts/bench_throughput.py [--quick] [--out DIR] [--backends jax,tensorflow] [--repeats N]
+    python scripts/bench_throughput.py [--quick] [--out DIR] [--backends jax,tensorflow]
+                                       [--repeats N]
     python -m kbackend.bench bench_throughput [same options]
 
 The parent runs each worker (by default one per backend) in its own child process through
@@ -37,15 +38,17 @@ DEFAULT_OUT = "runs/bench"
 def parser(bench: Benchmark) -> argparse.ArgumentParser:
     """The command line of ``bench``: the shared options plus the benchmark's own."""
     parser = argparse.ArgumentParser(prog=bench.name, description=bench.description)
-    parser.add_argument("--quick", action="store_true", help="a small, fast version (CI, nox -s bench)")
-    parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT}/)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a small, fast version (CI, nox -s bench)")
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help=f"output folder (default {DEFAULT_OUT}/)")
     parser.add_argument("--backends", default=",".join(BACKENDS),
                         help="comma-separated backends, each run in its own process")
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed rounds per case (default: the benchmark's, fewer with --quick)")
     for option in bench.options:
-        parser.add_argument(option.flag, dest=option.dest, type=option.parse, default=option.default,
-                            help=option.help)
+        parser.add_argument(option.flag, dest=option.dest, type=option.parse,
+                            default=option.default, help=option.help)
     return parser
 
 
@@ -80,7 +83,8 @@ def default_table(bench: Benchmark, payload: dict[str, Any]) -> str:
 
 
 def _in_this_process(spec: WorkerSpec) -> bool:
-    """Whether ``spec`` can run here: same backend, already started, no virtual devices of its own."""
+    """Whether ``spec`` can run here: same backend, already started, no virtual devices of its
+    own."""
     return spec.virtual_devices is None and spec.backend == use_backend()
 
 
@@ -99,7 +103,8 @@ def run(bench: Benchmark, argv: Sequence[str] | None = None, *, in_process: bool
         return 2
     try:
         backends = [validate_backend(b) for b in args.backends.split(",") if b.strip()]
-        Path(args.out).mkdir(parents=True, exist_ok=True)  # a bad --out fails now, not after the run
+        # a bad --out fails now, not after the run
+        Path(args.out).mkdir(parents=True, exist_ok=True)
     except (KBackendError, OSError) as error:
         print(f"{bench.name}: error: {error}", file=sys.stderr)
         return 2
@@ -136,11 +141,13 @@ def run(bench: Benchmark, argv: Sequence[str] | None = None, *, in_process: bool
         "settings": {"repeats": args.repeats, "options": settings.options},
         "keys": list(bench.keys), "values": list(bench.values), "rows": rows,
         "summaries": [{"backend": label, **result["summary"]} for label, result in results.items()],
-        "backends": {label: {k: v for k, v in r.items() if k != "rows"} for label, r in results.items()},
+        "backends": {label: {k: v for k, v in r.items() if k != "rows"}
+                     for label, r in results.items()},
         "note": bench.note,
     }
     table = bench.table(payload) if bench.table else default_table(bench, payload)
-    json_path, md_path = write_report(args.out, bench.name, payload, f"{bench.description}\n\n{table}")
+    json_path, md_path = write_report(args.out, bench.name, payload,
+                                      f"{bench.description}\n\n{table}")
     print(table)
     print(f"wrote {json_path} and {md_path}", file=sys.stderr)
     return 1 if any("error" in r for r in results.values()) else 0

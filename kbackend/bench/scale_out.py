@@ -1,6 +1,7 @@
 """Scale-out on existing engines: one process vs two (``kbackend launch``) vs two devices.
 
-    python scripts/bench_scale_out.py [--quick] [--out DIR] [--backends jax,tensorflow] [--repeats N]
+    python scripts/bench_scale_out.py [--quick] [--out DIR] [--backends jax,tensorflow]
+                                      [--repeats N]
 
 Per backend (each in its own worker process), three whole ``kbackend train`` runs of the seed MLP
 (784-786-256-160-10, SGD 0.05, batch 256, 2 epochs, K fused steps), alternating within every
@@ -53,7 +54,8 @@ def _problem(quick: bool) -> tuple[str, int]:
     return "digits", 5
 
 
-def _command(config: str, dataset: str, fused: int, folder: Path) -> tuple[list[str], dict[str, str]]:
+def _command(config: str, dataset: str, fused: int,
+             folder: Path) -> tuple[list[str], dict[str, str]]:
     env = {k: v for k, v in os.environ.items() if k != "KBACKEND_VIRTUAL_DEVICES"}
     train = [*RECIPE, "--dataset", dataset, "--fused-steps", str(fused),
              "--save", str(folder / "model.keras"), "--history", str(folder / "history.json")]
@@ -120,12 +122,14 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for config in CONFIGS:
         rates = [r["steps_per_s"] for r in rows if r["config"] == config and r.get("steps_per_s")]
-        diffs = [r["max_param_diff"] for r in rows if r["config"] == config and "max_param_diff" in r]
+        diffs = [r["max_param_diff"] for r in rows
+                 if r["config"] == config and "max_param_diff" in r]
         summary[config] = {
             "steps_per_s_median": float(np.median(rates)) if rates else None,
             "steps_per_s_range": [min(rates), max(rates)] if rates else None,
-            "wall_s_median": float(np.median([r["wall_s"] for r in rows
-                                              if r["config"] == config and "wall_s" in r] or [np.nan])),
+            "wall_s_median": float(np.median(
+                [r["wall_s"] for r in rows if r["config"] == config and "wall_s" in r]
+                or [np.nan])),
             "max_param_diff": max(diffs) if diffs else None}
     one = summary["1 process"]["steps_per_s_median"]
     for config in CONFIGS:

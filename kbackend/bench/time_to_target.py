@@ -1,6 +1,7 @@
 """Time to target, whole processes: a plain Keras script against ``kbackend train --target``.
 
-    python scripts/bench_time_to_target.py [--quick] [--out DIR] [--backends jax,tensorflow] [--repeats N]
+    python scripts/bench_time_to_target.py [--quick] [--out DIR] [--backends jax,tensorflow]
+                                           [--repeats N]
 
 Per backend (each in its own worker process), each side is a whole Python process, timed from
 its start to its exit, on the same data and target:
@@ -70,9 +71,11 @@ start = time.perf_counter()
 import numpy as np
 import keras
 imported = time.perf_counter()
-splits, target, lr, batch, epochs = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+splits, target, lr = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+batch, epochs = int(sys.argv[4]), int(sys.argv[5])
 with np.load(splits) as data:
-    x, y, x_val, y_val, x_test, y_test = (data[k] for k in ("x", "y", "x_val", "y_val", "x_test", "y_test"))
+    x, y, x_val, y_val, x_test, y_test = (
+        data[k] for k in ("x", "y", "x_val", "y_val", "x_test", "y_test"))
 loaded = time.perf_counter()
 keras.utils.set_random_seed(0)
 model = keras.Sequential([keras.Input(shape=x.shape[1:]),
@@ -94,8 +97,9 @@ history = model.fit(x, y, batch_size=batch, epochs=epochs, validation_data=(x_va
 fitted = time.perf_counter()
 test_loss, test_accuracy = model.evaluate(x_test, y_test, batch_size=256, verbose=0)
 done = time.perf_counter()
-print(json.dumps({"imports_s": imported - start, "data_s": loaded - imported, "build_s": built - loaded,
-                  "fit_s": fitted - built, "test_eval_s": done - fitted, "reached": bool(reached),
+print(json.dumps({"imports_s": imported - start, "data_s": loaded - imported,
+                  "build_s": built - loaded, "fit_s": fitted - built,
+                  "test_eval_s": done - fitted, "reached": bool(reached),
                   "epochs": len(history.history["loss"]), "test_accuracy": float(test_accuracy)}))
 '''
 
@@ -138,7 +142,8 @@ def _keras_side(splits: Path, target: float, epochs: int, env: dict[str, str]) -
     seconds, out = _timed_process(
         [sys.executable, "-c", KERAS_SCRIPT, str(splits), str(target), str(1e-3),
          "32", str(epochs)], env)
-    return {"side": "keras_script", "cache": "-", "wall_s": seconds, **json.loads(out.splitlines()[-1])}
+    return {"side": "keras_script", "cache": "-", "wall_s": seconds,
+            **json.loads(out.splitlines()[-1])}
 
 
 def _kbackend_side(dataset_name: str, target: float, recipe: dict[str, Any], epochs: int,
@@ -214,7 +219,8 @@ def measure_time_to_target(settings: Settings) -> Rows:
     return rows, summary
 
 
-def _median(rows: list[dict[str, Any]], side: str, cache: str, field: str = "wall_s") -> float | None:
+def _median(rows: list[dict[str, Any]], side: str, cache: str,
+            field: str = "wall_s") -> float | None:
     values = [r[field] for r in rows if r["side"] == side and r["cache"] == cache
               and r.get(field) is not None]
     return float(np.median(values)) if values else None
@@ -242,15 +248,15 @@ BREAKDOWN = ("wall_s", "imports_s", "data_s", "build_s", "fit_s", "test_eval_s",
 
 def time_to_target_table(payload: dict[str, Any]) -> str:
     """Per backend: each side's median wall time and breakdown, and the kbackend / script ratios."""
-    lines = ["Medians over interleaved repeats; every side is a whole process (interpreter start to "
-             "exit). Keras script: imports, data, build (with compile), fit (training and epoch-end "
-             "validation), test evaluation. kbackend: compile, train (without compile), eval "
-             "(validation), engine wall (the engine's whole call).", ""]
+    lines = ["Medians over interleaved repeats; every side is a whole process (interpreter start "
+             "to exit). Keras script: imports, data, build (with compile), fit (training and "
+             "epoch-end validation), test evaluation. kbackend: compile, train (without "
+             "compile), eval (validation), engine wall (the engine's whole call).", ""]
     for summary in payload["summaries"]:
         backend = summary["backend"]
         rows = [r for r in payload["rows"] if r.get("backend") == backend]
-        lines.append(f"{backend}: {summary.get('dataset')} to val_accuracy {summary.get('target')}, "
-                     f"kbackend recipe {summary.get('recipe')}")
+        lines.append(f"{backend}: {summary.get('dataset')} to val_accuracy "
+                     f"{summary.get('target')}, kbackend recipe {summary.get('recipe')}")
         lines.append("")
         table = []
         for side, cache in (("keras_script", "-"), ("kbackend", "cold"), ("kbackend", "warm")):
@@ -259,7 +265,8 @@ def time_to_target_table(payload: dict[str, Any]) -> str:
                 table.append({"side": side, "compile cache": cache, "runs": len(ours),
                               "reached": sum(bool(r.get("reached")) for r in ours),
                               **{k: _median(rows, side, cache, k) for k in BREAKDOWN}})
-        lines.append(markdown_table(table, ["side", "compile cache", "runs", "reached", *BREAKDOWN]))
+        lines.append(markdown_table(table,
+                                    ["side", "compile cache", "runs", "reached", *BREAKDOWN]))
         for cache in ("cold", "warm"):
             ratio = summary.get(f"ratio_{cache}")
             if ratio is not None:

@@ -23,14 +23,16 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     parser.add_argument("--quick", action="store_true", help="fewer, shorter measurements (~30 s)")
     parser.add_argument("--budget", type=float, default=100.0, metavar="SECONDS",
                         help="time budget for the measurements (default 100; --quick: 30)")
-    parser.add_argument("--json", default=None, metavar="PATH", help="also write the advice as JSON")
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="also write the advice as JSON")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     budget = min(args.budget, 30.0) if args.quick and args.budget == 100.0 else args.budget
     if not math.isfinite(budget) or budget <= 0:
-        raise ConfigError(f"Invalid --budget {args.budget!r}: expected a finite number of seconds > 0.")
+        raise ConfigError(
+            f"Invalid --budget {args.budget!r}: expected a finite number of seconds > 0.")
     if args.json is not None:
         check_output_path(args.json, "--json")  # before the probe, not after it
     # The model's cheap checks (file, safe mode, builder syntax) before any work; the data is

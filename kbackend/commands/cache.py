@@ -25,18 +25,23 @@ from kbackend.serving.model import check_model_file, input_shape, load_model, va
 
 def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     parser = subparsers.add_parser("cache", help="warm, inspect or clear a prediction cache")
-    actions = parser.add_subparsers(dest="cache_action", metavar="ACTION", parser_class=type(parser))
+    actions = parser.add_subparsers(dest="cache_action", metavar="ACTION",
+                                    parser_class=type(parser))
     actions.required = True
 
-    warm = actions.add_parser("warm", parents=parents, help="precompute predictions for a grid of inputs")
+    warm = actions.add_parser("warm", parents=parents,
+                              help="precompute predictions for a grid of inputs")
     warm.add_argument("--model", required=True, metavar="MODEL.keras")
     add_cache_arguments(warm, required=True)
     source = warm.add_mutually_exclusive_group(required=True)
     source.add_argument("--grid", metavar="SPEC",
-                        help="FEATURES=VALUES clauses separated by ';': features '3', '0-7' or '*'; "
-                             "values 'a,b,c' or 'START:STOP:COUNT', e.g. '0=0:1:11; 1=0,0.5,1; *=0'")
-    source.add_argument("--input", metavar="X.npy", help="warm with the rows of a .npy array instead")
-    warm.add_argument("--max-rows", type=int, default=1_000_000, help="refuse larger grids (default 1e6)")
+                        help="FEATURES=VALUES clauses separated by ';': features '3', '0-7' or "
+                             "'*'; values 'a,b,c' or 'START:STOP:COUNT', e.g. "
+                             "'0=0:1:11; 1=0,0.5,1; *=0'")
+    source.add_argument("--input", metavar="X.npy",
+                        help="warm with the rows of a .npy array instead")
+    warm.add_argument("--max-rows", type=int, default=1_000_000,
+                      help="refuse larger grids (default 1e6)")
     warm.add_argument("--chunk", type=int, default=1024, help="rows per lookup")
     warm.set_defaults(func=run_warm)
 
@@ -47,7 +52,8 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
 
     clear = actions.add_parser("clear", parents=parents, help="delete cached predictions")
     clear.add_argument("--cache", required=True, metavar="PATH|URL")
-    clear.add_argument("--fingerprint", default=None, help="only this model's entries (a prefix is enough)")
+    clear.add_argument("--fingerprint", default=None,
+                       help="only this model's entries (a prefix is enough)")
     clear.set_defaults(func=run_clear, needs_backend=False)
 
 
@@ -61,7 +67,8 @@ def run_warm(args: argparse.Namespace) -> int:
     # the cache is created only then: a refused command leaves no new cache file.
     check_distinct_paths({"--cache": args.cache if "://" not in str(args.cache) else None},
                          {"--model": args.model, "--input": args.input})
-    grid_text = parse_grid_text(args.grid, max_rows=args.max_rows) if args.grid is not None else None
+    grid_text = (parse_grid_text(args.grid, max_rows=args.max_rows)
+                 if args.grid is not None else None)
     rows = load_array(args.input) if args.input is not None else None
     check_model_file(args.model)
     check_store(args.cache)
@@ -109,7 +116,8 @@ def run_stats(args: argparse.Namespace) -> int:
         print(strict_json_text({"store": store.describe(), **extra,
                                 "models": [info.__dict__ for info in infos]}))
         return 0
-    print(f"cache {store.describe()}" + (f"  ({extra['bytes']} bytes, integrity {extra['integrity_check']})" if extra else ""))
+    print(f"cache {store.describe()}"
+          + (f"  ({extra['bytes']} bytes, integrity {extra['integrity_check']})" if extra else ""))
     if not infos:
         print("  (empty)")
     for info in infos:
@@ -128,7 +136,8 @@ def run_clear(args: argparse.Namespace) -> int:
         if args.fingerprint is None:
             deleted = store.clear()
         else:
-            matches = [i.namespace for i in store.namespaces() if i.namespace.startswith(args.fingerprint)]
+            matches = [i.namespace for i in store.namespaces()
+                       if i.namespace.startswith(args.fingerprint)]
             if len(matches) != 1:
                 raise CacheError(
                     f"Invalid --fingerprint {args.fingerprint!r}: expected it to match one model, "

@@ -208,7 +208,8 @@ def _loss(args: argparse.Namespace, compiled: Any) -> Any:
     if isinstance(compiled, dict) and compiled.get("class_name") in FROM_LOGITS:
         return {**compiled, "config": {**(compiled.get("config") or {}), "from_logits": True}}
     raise DataError(f"--from-logits needs --loss NAME (e.g. sparse_categorical_crossentropy): the "
-                    f"model's compiled loss {compiled.get('class_name', compiled)!r} takes no logits."
+                    f"model's compiled loss {compiled.get('class_name', compiled)!r} takes no "
+                    "logits."
                     if isinstance(compiled, dict) else
                     "--from-logits needs --loss NAME (e.g. sparse_categorical_crossentropy).")
 

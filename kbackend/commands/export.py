@@ -11,11 +11,13 @@ from kbackend.serving.export import DEFAULT_ATOL, FORMATS, check_export_options,
 
 def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     parser = subparsers.add_parser(
-        "export", parents=parents, help="export a model (.keras / SavedModel) and check it on both backends"
+        "export", parents=parents,
+        help="export a model (.keras / SavedModel) and check it on both backends"
     )
     parser.add_argument("model", metavar="MODEL.keras", help="the model to export")
     parser.add_argument("--format", default="savedmodel", choices=list(FORMATS))
-    parser.add_argument("--out", required=True, metavar="DIR", help="folder for the artifact and its check files")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="folder for the artifact and its check files")
     parser.add_argument("--sample", default=None, metavar="X.npy",
                         help="inputs for the check (default: --rows uniform random rows)")
     parser.add_argument("--rows", type=int, default=64, help="rows of the random check sample")
@@ -30,13 +32,16 @@ def run(args: argparse.Namespace) -> int:
     check_distinct_paths({"--out": args.out}, {"--model": args.model, "--sample": args.sample})
     check_output_folder(args.out, "--out")
     sample = load_array(args.sample, "--sample") if args.sample else None
-    manifest = export_model(args.model, args.format, args.out, sample=sample, rows=args.rows, atol=args.atol)
+    manifest = export_model(args.model, args.format, args.out, sample=sample, rows=args.rows,
+                            atol=args.atol)
     if args.json:
         print(strict_json_text(manifest))
         return 0
-    print(f"exported {args.model} ({manifest['source_backend']}) as {args.format} to {manifest['artifact']}")
+    print(f"exported {args.model} ({manifest['source_backend']}) as {args.format} to "
+          f"{manifest['artifact']}")
     for check in manifest["checks"]:
-        print(f"  check under {check['backend']:<10} {check['rows']} rows  max |diff| {check['max_abs_diff']:.3g}"
+        print(f"  check under {check['backend']:<10} {check['rows']} rows  "
+              f"max |diff| {check['max_abs_diff']:.3g}"
               f"  (atol {args.atol:g})  {'ok' if check['ok'] else 'FAILED'}")
     largest = max(c["max_abs_diff"] for c in manifest["checks"])
     print(f"largest difference {largest:.3g}; fingerprint {manifest['fingerprint'][:16]}")

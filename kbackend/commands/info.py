@@ -10,7 +10,8 @@ from kbackend.io import strict_json_text
 
 
 def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
-    parser = subparsers.add_parser("info", parents=parents, help="show backend, versions and devices")
+    parser = subparsers.add_parser("info", parents=parents,
+                                   help="show backend, versions and devices")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(func=run)
 
@@ -31,5 +32,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"  - id {device['id']}: platform={device['platform']} kind={device['kind']}")
     print(f"image data format:  {env['image_data_format']}")
     print(f"cpu count:          {env['cpu_count']}")
-    print("XLA-related env:    " + (", ".join(f"{k}={v}" for k, v in env["env"].items()) or "(none set)"))
+    xla_env = ", ".join(f"{k}={v}" for k, v in env["env"].items())
+    print("XLA-related env:    " + (xla_env or "(none set)"))
     return 0

@@ -1,4 +1,4 @@
-"""``kbackend predict``: predict a .npy batch with a model, optionally through the prediction cache."""
+"""``kbackend predict``: predict a .npy batch with a model, optionally via the prediction cache."""
 
 from __future__ import annotations
 
@@ -34,10 +34,12 @@ def add_cache_arguments(parser: argparse.ArgumentParser, required: bool = False)
 
 
 def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
-    parser = subparsers.add_parser("predict", parents=parents, help="predict a .npy batch (optionally cached)")
+    parser = subparsers.add_parser("predict", parents=parents,
+                                   help="predict a .npy batch (optionally cached)")
     parser.add_argument("--model", required=True, metavar="MODEL.keras")
     parser.add_argument("--input", required=True, metavar="X.npy", help="inputs, batch first")
-    parser.add_argument("--out", required=True, metavar="Y.npy", help="where to write the predictions")
+    parser.add_argument("--out", required=True, metavar="Y.npy",
+                        help="where to write the predictions")
     add_cache_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -72,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"predicted {len(batch)} rows -> {args.out} {predictions.shape}")
     if store is not None:
         print(f"cache {store.describe()} ({rounding.describe()}): hit rate {stats.hit_rate:.1%} "
-              f"({stats.hits} hits, {stats.misses} misses, {stats.stored} stored) in {stats.latency_ms_mean:.1f} ms")
+              f"({stats.hits} hits, {stats.misses} misses, {stats.stored} stored) in "
+              f"{stats.latency_ms_mean:.1f} ms")
     return 0
 
 

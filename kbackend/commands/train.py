@@ -24,7 +24,8 @@ def _widths(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(w) for w in text.split(","))  # an empty item is an error, not dropped
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}") from None
 
 
 def _fused_steps(text: str) -> int:
@@ -69,24 +70,29 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--validation-fraction", type=float, default=0.1,
                       help="share of the training data held out for validation (0: none, the "
                            "test split is evaluated instead; no early stopping or target then)")
-    model.add_argument("--data-format", default="channels_last", choices=["channels_last", "channels_first"])
+    model.add_argument("--data-format", default="channels_last",
+                       choices=["channels_last", "channels_first"])
     model.add_argument("--dropout", type=float, default=0.0)
     model.add_argument("--batch-norm", action="store_true")
     model.add_argument("--l2", type=float, default=0.0)
-    model.add_argument("--widths", type=_widths, default=(256, 128), help="hidden widths of --model mlp, e.g. 512,256")
+    model.add_argument("--widths", type=_widths, default=(256, 128),
+                       help="hidden widths of --model mlp, e.g. 512,256")
     model.add_argument("--residual", action="store_true",
-                       help="--model mlp: add each hidden layer's input to its output where the widths match")
+                       help="--model mlp: add each hidden layer's input to its output where the "
+                            "widths match")
     model.add_argument("--filters", type=_widths, default=(32, 64),
                        help="channels of each conv layer of --model cnn/cnn1d/cnn2d, e.g. 25,25,25")
     model.add_argument("--units", type=int, default=64, help="--model gru: state size")
     model.add_argument("--bidirectional", action="store_true", help="--model gru: read both ways")
     model.add_argument("--readout", default="last", choices=list(READOUTS),
-                       help="--model gru: the last state, or all steps' states flattened, into the classifier")
+                       help="--model gru: the last state, or all steps' states flattened, into "
+                            "the classifier")
     hardware = parser.add_argument_group("hardware (see docs/hardware.md)")
     hardware.add_argument("--precision", default="float32",
                           choices=["float32", "mixed_bfloat16", "mixed_float16"],
                           help="Keras dtype policy (mixed_float16 adds loss scaling)")
-    hardware.add_argument("--monitor", "--hardware-monitor", dest="hardware_monitor", action="store_true",
+    hardware.add_argument("--monitor", "--hardware-monitor", dest="hardware_monitor",
+                          action="store_true",
                           help="record per-step input wait vs compute, utilization and device "
                                "memory; print a verdict (input- or compute-bound)")
     optim = parser.add_argument_group("optimizer")
@@ -104,10 +110,12 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--epochs", type=int, default=5)
     run.add_argument("--no-jit", dest="jit_compile", action="store_false",
                      help="turn off jit_compile (XLA): the Keras engines and TensorFlow's native "
-                          "loop run as graphs without XLA (JAX's native loop is always one XLA program)")
+                          "loop run as graphs without XLA (JAX's native loop is always one XLA "
+                          "program)")
     run.add_argument("--steps-per-execution", type=int, default=1)
     run.add_argument("--early-stopping", type=int, default=0, metavar="PATIENCE",
-                     help="stop after PATIENCE evaluations without improvement of --early-stopping-metric (0: off)")
+                     help="stop after PATIENCE evaluations without improvement of "
+                          "--early-stopping-metric (0: off)")
     run.add_argument("--early-stopping-metric", dest="monitor", default=None, metavar="METRIC",
                      help="val_loss or val_<the model's metric> (default: the metric, e.g. "
                           "val_accuracy)")
@@ -119,7 +127,8 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--max-steps", type=int, default=0, metavar="N",
                      help="stop after N train steps (0: --epochs decides)")
     run.add_argument("--no-shuffle", dest="shuffle", action="store_false",
-                     help="every epoch in the dataset's order (default: a fresh order per epoch from --seed)")
+                     help="every epoch in the dataset's order (default: a fresh order per epoch "
+                          "from --seed)")
     run.add_argument("--eval-every", type=int, default=0, metavar="STEPS",
                      help="validate every STEPS steps (0: once per epoch; the keras engine "
                           "validates per epoch only)")
@@ -181,7 +190,8 @@ def resolve_engine(engine: str) -> tuple[str, str | None]:
 
 
 def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
-    parser = subparsers.add_parser("train", parents=parents, help="train a model and report metrics")
+    parser = subparsers.add_parser("train", parents=parents,
+                                   help="train a model and report metrics")
     add_train_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -189,13 +199,16 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """Every flag of ``kbackend train`` (also parsed by ``kbackend launch`` before it starts)."""
     add_training_arguments(parser)
-    parser.add_argument("--save", default=None, metavar="MODEL.keras", help="save the trained model")
-    parser.add_argument("--history", default=None, metavar="HISTORY.json", help="write the history as JSON")
+    parser.add_argument("--save", default=None, metavar="MODEL.keras",
+                        help="save the trained model")
+    parser.add_argument("--history", default=None, metavar="HISTORY.json",
+                        help="write the history as JSON")
     parser.add_argument("--quiet", action="store_true", help="no per-epoch lines")
 
 
 def check_args(args: argparse.Namespace) -> TrainConfig:
-    """The validated ``TrainConfig`` of the flags, with the output paths checked (no data needed)."""
+    """The validated ``TrainConfig`` of the flags, with the output paths checked (no data
+    needed)."""
     config = config_from_args(args)
     check_sources(config)
     check_outputs(args, config)
@@ -308,7 +321,8 @@ def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
                        help="split the host CPU into N virtual devices (for trying it on a laptop)")
     group.add_argument("--num-processes", type=int, default=1, metavar="N",
                        help="processes in a multi-process job (see kbackend launch)")
-    group.add_argument("--process-id", type=int, default=0, metavar="I", help="this process's index")
+    group.add_argument("--process-id", type=int, default=0, metavar="I",
+                       help="this process's index")
     group.add_argument("--coordinator", default=None, metavar="HOST:PORT",
                        help="address of process 0 in a multi-process job")
     group.add_argument("--coordinator-timeout", type=int, default=60, metavar="SECONDS",
@@ -323,5 +337,6 @@ def parallel_config_fields(args: argparse.Namespace) -> dict:
         "devices": args.devices, "data_parallel": args.data_parallel, "dp_impl": args.dp_impl,
         "virtual_devices": args.virtual_devices, "num_processes": args.num_processes,
         "process_id": args.process_id, "coordinator": args.coordinator,
-        "coordinator_timeout": args.coordinator_timeout, "heartbeat_timeout": args.heartbeat_timeout,
+        "coordinator_timeout": args.coordinator_timeout,
+        "heartbeat_timeout": args.heartbeat_timeout,
     }

@@ -77,12 +77,14 @@ class Dataset:
     def split(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """``(x, y)`` of the split called ``name`` (train, val or test)."""
         if name not in ("train", "val", "test"):
-            raise DataError(f"Invalid split. Expected one of {{'train', 'val', 'test'}}. Received: {name!r}.")
+            raise DataError("Invalid split. Expected one of {'train', 'val', 'test'}. "
+                            f"Received: {name!r}.")
         return getattr(self, f"x_{name}"), getattr(self, f"y_{name}")
 
 
 def resolve_layout(layout: str, kind: str) -> str:
-    """The concrete layout ``layout`` means for raw data of ``kind`` (spatial -> image or sequence)."""
+    """The concrete layout ``layout`` means for raw data of ``kind`` (spatial -> image or
+    sequence)."""
     if layout != "spatial":
         return layout
     return "image" if kind == "image" else "sequence"
@@ -112,7 +114,8 @@ def _validation_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray,
                         "(0: no validation split, the test split stands in).")
     n_val = max(1, round(n * fraction))
     if n_val >= n:
-        raise DataError(f"Validation fraction {fraction} leaves no training data out of {n} samples.")
+        raise DataError(
+            f"Validation fraction {fraction} leaves no training data out of {n} samples.")
     order = np.random.default_rng(seed).permutation(n)
     return np.sort(order[n_val:]), np.sort(order[:n_val])
 
@@ -207,8 +210,10 @@ def load(
                         "not read from files (only mnist and fashion_mnist are).")
     raw = loader(data_dir=data_dir, synthetic=synthetic)
     layout = resolve_layout(layout, raw.kind)
-    x_train = _arrange(raw.x_train.astype(np.float32) / raw.scale, raw.kind, layout, data_format, name)
-    x_test = _arrange(raw.x_test.astype(np.float32) / raw.scale, raw.kind, layout, data_format, name)
+    x_train = _arrange(raw.x_train.astype(np.float32) / raw.scale, raw.kind, layout, data_format,
+                       name)
+    x_test = _arrange(raw.x_test.astype(np.float32) / raw.scale, raw.kind, layout, data_format,
+                      name)
     return from_arrays(
         name, x_train, raw.y_train, x_test, raw.y_test,
         num_classes=raw.num_classes, validation_fraction=validation_fraction, seed=seed,

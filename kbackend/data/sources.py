@@ -93,7 +93,8 @@ def load_digits() -> RawData:
     order = np.random.default_rng(0).permutation(len(x))
     n_test = len(x) // 5
     test, train = order[:n_test], np.sort(order[n_test:])
-    return RawData(x[train], y[train], x[test], y[test], "image", 10, "scikit-learn (embedded)", 16.0)
+    return RawData(x[train], y[train], x[test], y[test], "image", 10, "scikit-learn (embedded)",
+                   16.0)
 
 
 MNIST1D_LARGE_SAMPLES = 15_000
@@ -184,7 +185,8 @@ def load_synthetic(
     num_test: int = 1024,
     seed: int = 0,
 ) -> RawData:
-    """Gaussian inputs labelled by a fixed random linear teacher (learnable), for throughput work."""
+    """Gaussian inputs labelled by a fixed random linear teacher (learnable), for throughput
+    work."""
     shape = tuple(int(d) for d in input_shape)
     if not shape or any(d < 1 for d in shape) or num_classes < 2 or num_train < 1 or num_test < 1:
         raise DataError(
@@ -214,7 +216,8 @@ def _reason(error: BaseException) -> str:
 
 
 def _read_idx(path: Path, ndim: int) -> np.ndarray:
-    """Read a gzip-compressed IDX file of unsigned bytes with ``ndim`` dimensions (MNIST's format)."""
+    """Read a gzip-compressed IDX file of unsigned bytes with ``ndim`` dimensions (MNIST's
+    format)."""
     expected = f"a gzip-compressed IDX file of unsigned bytes with {ndim} dimension(s)"
     try:
         with gzip.open(path, "rb") as handle:
@@ -236,7 +239,8 @@ def _read_idx(path: Path, ndim: int) -> np.ndarray:
     header = 4 + 4 * ndim
     if len(data) < header:
         raise DataError(
-            f"Truncated IDX file {path}: expected a {header}-byte header. Received: {len(data)} bytes."
+            f"Truncated IDX file {path}: expected a {header}-byte header. "
+            f"Received: {len(data)} bytes."
         )
     dims = tuple(int(d) for d in np.frombuffer(data, dtype=">u4", count=ndim, offset=4))
     values = len(data) - header
@@ -263,7 +267,8 @@ def check_raw(raw: RawData, where: str, num_classes: int = 10) -> RawData:
             )
         if x.dtype != np.uint8:
             raise DataError(
-                f"Invalid x_{split} in {where}: expected uint8 pixels (0-255). Received: dtype {x.dtype}."
+                f"Invalid x_{split} in {where}: expected uint8 pixels (0-255). "
+                f"Received: dtype {x.dtype}."
             )
         if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
             raise DataError(
@@ -298,7 +303,8 @@ def _mnist_from(root: Path) -> RawData | None:
     if not path.is_file():
         return None
     expected = f"a NumPy .npz archive with arrays {', '.join(NPZ_KEYS)}"
-    # np.load would read a non-zip file as a pickle and say "pickled data"; a zero-byte one, EOFError.
+    # np.load would read a non-zip file as a pickle and say "pickled data"; a zero-byte one,
+    # EOFError.
     try:
         is_zip = zipfile.is_zipfile(path)
     except OSError as error:
@@ -340,7 +346,8 @@ def _fashion_from(root: Path) -> RawData | None:
         if present and len(present) < len(FASHION_FILES):
             missing = [name for name in FASHION_FILES if name not in present]
             raise DataError(
-                f"Incomplete Fashion-MNIST in {folder}: expected all of {', '.join(FASHION_FILES)}. "
+                f"Incomplete Fashion-MNIST in {folder}: expected all of "
+                f"{', '.join(FASHION_FILES)}. "
                 f"Received: {', '.join(present)} (missing {', '.join(missing)})."
             )
         if present:
@@ -358,14 +365,16 @@ def _download(name: str) -> RawData:
 
     module = {"mnist": keras.datasets.mnist, "fashion_mnist": keras.datasets.fashion_mnist}[name]
     (x_train, y_train), (x_test, y_test) = module.load_data()
-    return RawData(np.asarray(x_train)[..., None], np.asarray(y_train), np.asarray(x_test)[..., None],
-                   np.asarray(y_test), "image", 10, f"keras.datasets.{name} download", 255.0)
+    return RawData(np.asarray(x_train)[..., None], np.asarray(y_train),
+                   np.asarray(x_test)[..., None], np.asarray(y_test), "image", 10,
+                   f"keras.datasets.{name} download", 255.0)
 
 
 # name -> (reader of one folder, the files it expects there)
 _FILES = {
     "mnist": (_mnist_from, MNIST_FILE),
-    "fashion_mnist": (_fashion_from, f"{', '.join(FASHION_FILES)} (in {FASHION_FOLDER}/ or the folder itself)"),
+    "fashion_mnist": (_fashion_from,
+                      f"{', '.join(FASHION_FILES)} (in {FASHION_FOLDER}/ or the folder itself)"),
 }
 
 

@@ -92,12 +92,14 @@ def validate_dataset(dataset: Any) -> None:
     if not isinstance(num_classes, int | np.integer) or isinstance(num_classes, bool) or (
             num_classes < 1 and sparse):
         raise DataError(
-            "Invalid dataset: expected a kbackend.data.Dataset whose info.num_classes is a positive "
-            f"integer. Received: {type(dataset).__name__} with num_classes={num_classes!r}."
+            "Invalid dataset: expected a kbackend.data.Dataset whose info.num_classes is a "
+            f"positive integer. Received: {type(dataset).__name__} with "
+            f"num_classes={num_classes!r}."
         )
     input_shape = tuple(getattr(info, "input_shape", ()))
     for split, name in (("train", "train"), ("val", "validation"), ("test", "test")):
-        x, y = np.asarray(getattr(dataset, f"x_{split}")), np.asarray(getattr(dataset, f"y_{split}"))
+        x = np.asarray(getattr(dataset, f"x_{split}"))
+        y = np.asarray(getattr(dataset, f"y_{split}"))
         validate_split(x, y, int(num_classes), name, sparse)
         if x.shape[1:] != input_shape:
             raise DataError(

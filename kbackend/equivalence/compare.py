@@ -84,14 +84,16 @@ class Report:
 
     def table(self, only_failures: bool = False) -> str:
         """A plain-text table: quantity, name, max abs, max rel, tolerance, pass/fail."""
-        header = f"{'quantity':<12} {'name':<52} {'max abs':>10} {'max rel':>10} {'rtol':>8}  result"
+        header = (f"{'quantity':<12} {'name':<52} {'max abs':>10} {'max rel':>10} {'rtol':>8}  "
+                  "result")
         lines = [header, "-" * len(header)]
         for row in self.rows:
             if only_failures and row.passed:
                 continue
             tol = TOLERANCES[row.quantity]
             lines.append(f"{row.quantity:<12} {row.name[:52]:<52} {row.max_abs:>10.3g} "
-                         f"{row.max_rel:>10.3g} {tol.rtol:>8.0e}  {'pass' if row.passed else 'FAIL'}"
+                         f"{row.max_rel:>10.3g} {tol.rtol:>8.0e}  "
+                         f"{'pass' if row.passed else 'FAIL'}"
                          + (f"  (known divergence: {row.known})" if row.known else "")
                          + (f"  ({row.note})" if row.note else ""))
         return "\n".join(lines)
@@ -161,8 +163,9 @@ def adam_step1_bound(spec: dict[str, Any], grad_a: Any, grad_b: Any) -> np.ndarr
     map applied to the two measured gradients, element by element; None for other optimizers or
     a schedule (the rate at step 1 is then not the spec's).
     """
-    if spec.get("name") not in NONLINEAR_OPTIMIZERS or spec.get("schedule", "constant") != "constant" \
-            or spec.get("warmup_steps", 0):
+    if (spec.get("name") not in NONLINEAR_OPTIMIZERS
+            or spec.get("schedule", "constant") != "constant"
+            or spec.get("warmup_steps", 0)):
         return None
     defaults = OptimizerSpec()
     epsilon = spec.get("epsilon", defaults.epsilon)
@@ -320,7 +323,8 @@ def compare_model(pool: WorkerPool, case: Case, reference: str | None = None,
         note = (f"known divergence {divergence.name!r}: {divergence.what}" if divergence
                 else "the model does not run on this backend")
         report.rows.append(Row("forward", f"run on {error.backend}", math.inf, math.inf, False,
-                               f"{note} [{error.error}]", known=divergence.name if divergence else ""))
+                               f"{note} [{error.error}]",
+                               known=divergence.name if divergence else ""))
         return report
     inert = results[reference].get("inert") or []
     if inert:
@@ -427,7 +431,8 @@ def _attribute_unstable_training(rows: list[Row], reference: dict[str, Any]) -> 
                 losses and abs(losses[-1]) > UNSTABLE_LOSS_GROWTH * max(abs(losses[0]), 1e-30)):
             unstable.add(label)
     for row in rows:
-        if not row.passed and not row.known and row.quantity == "stepK" and row.optimizer in unstable:
+        if (not row.passed and not row.known and row.quantity == "stepK"
+                and row.optimizer in unstable):
             row.known = "unstable-training"
 
 
@@ -463,8 +468,10 @@ def _compare_saved(pool: WorkerPool, case: Case, weights: list[np.ndarray], save
     rows = []
     for saver, loader in loader_of.items():
         loaded = loads[loader]
-        for name, a, b in zip(output_names, results[saver]["outputs"], loaded["outputs"], strict=True):
-            rows.append(compare_arrays("saved", f"saved on {saver}, loaded on {loader}: {name}", a, b))
+        for name, a, b in zip(output_names, results[saver]["outputs"], loaded["outputs"],
+                              strict=True):
+            rows.append(compare_arrays("saved", f"saved on {saver}, loaded on {loader}: {name}",
+                                       a, b))
         worst = max((difference(w, v) for w, v in zip(weights, loaded["weights"], strict=True)),
                     default=(0.0, 0.0))
         count_ok = len(weights) == len(loaded["weights"])

@@ -13,9 +13,10 @@ An architecture::
 Layer types: dense, conv1d, conv2d, maxpool, avgpool, batchnorm, layernorm, dropout, activation,
 embedding, gru, lstm, flatten, gap (global average pooling), residual (``body``: layers that keep
 the shape; a body conv/dense with ``"filters"``/``"units"`` of ``"same"`` keeps the channel
-count). ``"output_activation"`` (e.g. softmax) follows the head. Every layer gets a fixed name (``l<index>_<type>``) so weight paths read the same in
-every process. The head is a Dense layer with ``outputs`` units (logits). ``data_format`` applies
-to convolutions, pooling, flatten and to the channel axis of batch and layer normalization.
+count). ``"output_activation"`` (e.g. softmax) follows the head. Every layer gets a fixed name
+(``l<index>_<type>``) so weight paths read the same in every process. The head is a Dense layer
+with ``outputs`` units (logits). ``data_format`` applies to convolutions, pooling, flatten and to
+the channel axis of batch and layer normalization.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def _layer(spec: dict[str, Any], name: str, x: Any, data_format: str) -> Any:
         return layer(filters, spec["kernel"], padding=spec.get("padding", "valid"),
                      activation=spec.get("activation"), data_format=data_format, name=name)(x)
     if kind in ("maxpool", "avgpool"):
-        pool = {("maxpool", 3): keras.layers.MaxPooling1D, ("maxpool", 4): keras.layers.MaxPooling2D,
+        pool = {("maxpool", 3): keras.layers.MaxPooling1D,
+                ("maxpool", 4): keras.layers.MaxPooling2D,
                 ("avgpool", 3): keras.layers.AveragePooling1D,
                 ("avgpool", 4): keras.layers.AveragePooling2D}[(kind, rank)]
         return pool(spec.get("pool", 2), data_format=data_format, name=name)(x)
@@ -67,11 +69,13 @@ def _layer(spec: dict[str, Any], name: str, x: Any, data_format: str) -> Any:
         return keras.layers.Embedding(spec["input_dim"], spec["output_dim"], name=name)(x)
     if kind in ("gru", "lstm"):
         layer = keras.layers.GRU if kind == "gru" else keras.layers.LSTM
-        return layer(spec["units"], return_sequences=spec.get("return_sequences", False), name=name)(x)
+        return layer(spec["units"], return_sequences=spec.get("return_sequences", False),
+                     name=name)(x)
     if kind == "flatten":
         return keras.layers.Flatten(data_format=data_format, name=name)(x)
     if kind == "gap":
-        pool = keras.layers.GlobalAveragePooling1D if rank == 3 else keras.layers.GlobalAveragePooling2D
+        pool = (keras.layers.GlobalAveragePooling1D if rank == 3
+                else keras.layers.GlobalAveragePooling2D)
         return pool(data_format=data_format, name=name)(x)
     if kind == "residual":
         y = x
@@ -81,7 +85,8 @@ def _layer(spec: dict[str, Any], name: str, x: Any, data_format: str) -> Any:
             raise ConfigError(f"Residual block {name!r} changes the shape {tuple(x.shape)} -> "
                               f"{tuple(y.shape)}: its body must keep the shape.")
         return keras.layers.Add(name=f"{name}_add")([x, y])
-    raise ConfigError(f"Unknown layer type. Expected one of {list(LAYER_TYPES)}. Received: {kind!r}.")
+    raise ConfigError(f"Unknown layer type. Expected one of {list(LAYER_TYPES)}. "
+                      f"Received: {kind!r}.")
 
 
 def build_model(arch: dict[str, Any]) -> Any:
@@ -104,5 +109,6 @@ def with_data_format(arch: dict[str, Any], data_format: str) -> dict[str, Any]:
     current = arch.get("data_format", "channels_last")
     shape = list(arch["input"]["shape"])
     if current != data_format and len(shape) >= 2:
-        shape = [shape[-1], *shape[:-1]] if data_format == "channels_first" else [*shape[1:], shape[0]]
+        shape = ([shape[-1], *shape[:-1]] if data_format == "channels_first"
+                 else [*shape[1:], shape[0]])
     return {**arch, "data_format": data_format, "input": {**arch["input"], "shape": shape}}

@@ -69,6 +69,7 @@ def check_loss(name: str, *, from_logits: bool = False, flag: str = "--loss") ->
     cls = LOSS_CLASS.get(name)
     if cls not in FROM_LOGITS:
         raise ConfigError(f"Invalid {flag} with --from-logits. Expected a cross-entropy loss that "
-                          f"takes logits: one of {', '.join(_logits_names())} (or its class name, or bce). "
+                          f"takes logits: one of {', '.join(_logits_names())} (or its class "
+                          "name, or bce). "
                           f"Received: {name!r}.")
     return {"class_name": cls, "config": {"from_logits": True}}

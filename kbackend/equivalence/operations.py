@@ -105,7 +105,8 @@ def inert_stochastic_layers(model: Any) -> list[str]:
                 continue
             for attribute, inert in _STOCHASTIC_ATTRIBUTES.items():
                 value = getattr(owner, attribute, None)
-                if isinstance(value, int | float) and not isinstance(value, bool) and value != inert:
+                if (isinstance(value, int | float) and not isinstance(value, bool)
+                        and value != inert):
                     setattr(owner, attribute, inert)
                     changed.append(f"{layer.name}.{attribute}")
     return changed
@@ -252,8 +253,9 @@ def evaluate(source: dict[str, Any], weights: list[np.ndarray], x: list[np.ndarr
     xs, ys = _inputs(model, x), _targets(model, y)
     _compile(model, loss)
     trainable_ids = {id(v) for v in model.trainable_variables}
-    result["trainable_names"] = [n for n, v in zip(result["weight_names"], model.weights, strict=True)
-                                 if id(v) in trainable_ids]
+    result["trainable_names"] = [
+        n for n, v in zip(result["weight_names"], model.weights, strict=True)
+        if id(v) in trainable_ids]
     result["loss"], result["gradients"] = impl().gradients(model, xs, ys)
     model.set_weights(weights)  # the TF training call moved BatchNormalization's statistics
     result["steps"] = {}

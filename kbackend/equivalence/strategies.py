@@ -83,9 +83,9 @@ def _conv(draw: Any, spatial: list[int], filters: Any = None) -> tuple[dict[str,
 
 
 @st.composite
-def architectures(draw: Any, families: tuple[str, ...] = FAMILIES, data_format: str = "channels_last",
-                  max_layers: int = 4, output_activation: str | None = None,
-                  dropout: bool = True) -> dict[str, Any]:
+def architectures(draw: Any, families: tuple[str, ...] = FAMILIES,
+                  data_format: str = "channels_last", max_layers: int = 4,
+                  output_activation: str | None = None, dropout: bool = True) -> dict[str, Any]:
     """A random valid architecture of ``kbackend.equivalence.grammar`` (head: Dense logits,
     or ``output_activation`` after it). ``dropout=False`` leaves out Dropout layers (for
     comparisons of training runs, where two engines draw different masks)."""

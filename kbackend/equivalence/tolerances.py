@@ -63,8 +63,8 @@ KNOWN_DIVERGENCES: dict[str, Divergence] = {
             "tf-cpu-channels-first",
             "Documented: TensorFlow's CPU kernels implement convolution and pooling only for "
             "channels_last (keras issues 20414, 19591; kbackend.backends.tensorflow.probes."
-            "supports_channels_first_conv probes the installed build). Measured here (Keras 3.15, TF "
-            "2.21): Conv1D/Conv2D and pooling in channels_first run on TF CPU, forward and "
+            "supports_channels_first_conv probes the installed build). Measured here (Keras 3.15, "
+            "TF 2.21): Conv1D/Conv2D and pooling in channels_first run on TF CPU, forward and "
             "backward (TF's convolution accepts NCHW, Keras transposes around pooling; Conv3D "
             "goes through XLA), and agree with JAX.",
             "Each worker probes channels_first at start (runner.channels_first_probe); the "
@@ -89,7 +89,8 @@ KNOWN_DIVERGENCES: dict[str, Divergence] = {
             "adam-epsilon",
             "Keras Adam adds epsilon to the uncorrected sqrt(v); optax to the bias-corrected one.",
             "Step comparisons build every optimizer from one OptimizerSpec through "
-            "runner.make_optimizer (Keras optimizers on both backends), so both use one convention.",
+            "runner.make_optimizer (Keras optimizers on both backends), so both use one "
+            "convention.",
         ),
         Divergence(
             "tf-sparse-adam-duplicate-ids",
@@ -113,10 +114,10 @@ KNOWN_DIVERGENCES: dict[str, Divergence] = {
             "equals the number of filters TF adds the bias along the wrong axis, silently (any "
             "device). E.g. Conv1D(2, 1, data_format='channels_first') on inputs of shape (1, 2).",
             "The TF worker records the additions that take the wrong branch "
-            "(backends/tensorflow/gradients.py, bias_add_misroutes); when a model has any, its failing rows are "
-            "labelled with this name and the report lists the shapes. Models without such an "
-            "addition must pass. Avoid it by keeping channels_first spatial sizes != filters, or "
-            "use channels_last on TF.",
+            "(backends/tensorflow/gradients.py, bias_add_misroutes); when a model has any, its "
+            "failing rows are labelled with this name and the report lists the shapes. Models "
+            "without such an addition must pass. Avoid it by keeping channels_first spatial "
+            "sizes != filters, or use channels_last on TF.",
         ),
         Divergence(
             "batchnorm-cancellation",

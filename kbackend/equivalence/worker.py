@@ -1,4 +1,4 @@
-"""Entry point of a worker process: ``python -m kbackend.equivalence.worker`` with KERAS_BACKEND set.
+"""A worker process's entry point: ``python -m kbackend.equivalence.worker`` with KERAS_BACKEND set.
 
 Keras picks its backend once per process, so the harness runs one long-lived worker per backend
 and feeds it requests over stdin; replies go over a private copy of the original stdout. The

@@ -1,1 +1,1 @@
-"""Multi-process plumbing: ``child`` runs a function under a chosen Keras backend in a child process."""
+"""Multi-process plumbing: ``child`` runs a function under a chosen Keras backend in a child."""

@@ -5,9 +5,9 @@ per backend, an export check, the equivalence workers) starts a child. This modu
 
 - the child's environment (``child_environment``): ``KERAS_BACKEND``, ``PYTHONPATH`` so the child
   imports this very kbackend, quiet TensorFlow logging, virtual CPU devices when asked;
-- the reply shape both ends agree on (``reply_ok`` / ``reply_error``): ``{"ok": True, "result": ...}``
-  or ``{"ok": False, "error": "Type: message", "traceback": ...}``, used by one-shot children here
-  and by the long-lived equivalence workers;
+- the reply shape both ends agree on (``reply_ok`` / ``reply_error``):
+  ``{"ok": True, "result": ...}`` or ``{"ok": False, "error": "Type: message", "traceback": ...}``,
+  used by one-shot children here and by the long-lived equivalence workers;
 - one-shot calls (``run_in_child``): ``python -m kbackend.runtime.child REQUEST`` imports the target
   ``"module:function"``, calls it with JSON keyword arguments and writes the reply as JSON,
   atomically, to a result file (the only result channel: whatever the child prints is just log);
@@ -88,7 +88,8 @@ def last_error_line(lines: list[str]) -> str:
 def run_in_child(target: str, backend: str, kwargs: Mapping[str, Any] | None = None, *,
                  timeout_s: float | None = None, virtual_devices: int | None = None,
                  extra_env: Mapping[str, str] | None = None, echo: bool = False) -> Any:
-    """Call ``target`` (``"module:function"``) with ``kwargs`` in a child on ``backend``; its result.
+    """Call ``target`` (``"module:function"``) with ``kwargs`` in a child process on ``backend``
+    and return its result.
 
     ``kwargs`` and the result must be JSON-able. ``echo`` copies the child's output to this
     process's stderr as it arrives (progress lines); otherwise it is kept only for the error.
@@ -122,7 +123,8 @@ def run_in_child(target: str, backend: str, kwargs: Mapping[str, Any] | None = N
                               f"Last output: {last_error_line(list(tail))}")
         reply = read_json(result)
     if not reply["ok"]:
-        raise ChildFailed(f"Child process {label} failed: {last_error_line(reply['error'].splitlines()[:1])}")
+        first_line = last_error_line(reply["error"].splitlines()[:1])
+        raise ChildFailed(f"Child process {label} failed: {first_line}")
     return reply["result"]
 
 
@@ -141,7 +143,8 @@ def resolve(target: str) -> Any:
     """The function named by ``"module:function"`` (``function`` may be dotted)."""
     module_name, _, name = target.partition(":")
     if not module_name or not name:
-        raise ChildFailed(f"Invalid child target. Expected 'module:function'. Received: {target!r}.")
+        raise ChildFailed(
+            f"Invalid child target. Expected 'module:function'. Received: {target!r}.")
     value: Any = importlib.import_module(module_name)
     for part in name.split("."):
         value = getattr(value, part)

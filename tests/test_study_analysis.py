@@ -214,6 +214,7 @@ def _seeded_cell(optimizer, batch, steps, seconds_per_step=0.01, test=(0.9, 0.9,
             "learning_rate": 0.1, "steps_to_target": interval["median"] if reached else None,
             "time_to_target": times["median"] if reached else None,
             "seed_steps": {str(i): v for i, v in enumerate(values)},
+            "seed_test": {str(i): v for i, v in enumerate(test)},
             "intervals": {"steps_to_target": interval, "time_to_target": times,
                           "test_accuracy": median_interval(list(test))}}
 
@@ -238,28 +239,51 @@ def test_verdicts_when_planted_intervals_separate():
     assert "3 seeds, intervals of 75% coverage" in verdicts["fastest"]["text"]
     (adam_vs_sgd,) = [x for x in verdicts["optimizers"] if x["incumbent"] == "sgd"]
     assert adam_vs_sgd["resolved"] and adam_vs_sgd["batch_size"] == 64
-    assert "sgd is faster up to batch 32, adam from batch 64 up" in adam_vs_sgd["text"]
+    assert "sgd faster at batch 8, 16, 32; adam faster at batch 64, 128" in adam_vs_sgd["text"]
+    assert [p["outcome"] for p in adam_vs_sgd["per_batch"]] == ["b", "b", "b", "a", "a"]
     regions = verdicts["per_optimizer"]["sgd"]["regions"]
-    assert [(r["region"], r["resolved"]) for r in regions] == [
-        ("perfect scaling", True), ("perfect scaling", True), ("diminishing returns", False),
+    # every seed scaled alike in every cell: the paired ratios resolve each region
+    assert [(r["region"], r["region_resolved"]) for r in regions] == [
+        ("perfect scaling", True), ("perfect scaling", True), ("diminishing returns", True),
         ("saturation", True)]
+    # three-way on the steps: fewer at the larger batch, except 64 -> 128 (within 10%)
+    assert [r["outcome"] for r in regions] == ["b", "b", "b", "equivalent"]
+    assert all(r["verdict"]["seeds"] == 3 and r["resolved"] for r in regions)
     generalization = verdicts["per_optimizer"]["sgd"]["generalization"]
     assert generalization["resolved"] and generalization["larger_batch"] == "lower"
+    assert generalization["outcome"] == "a" and generalization["seeds"] == 3
 
 
 def test_verdicts_are_not_resolved_when_intervals_overlap():
     cells = []
-    for size in (8, 32):  # the same medians order, but each seed spread over a factor 3
+    for size in (8, 32):  # the same medians order, but the paired seeds disagree on the sign
         cells.append(_seeded_cell("sgd", size, [100, 200, 300]))
-        cells.append(_seeded_cell("adam", size, [150, 250, 350]))
+        cells.append(_seeded_cell("adam", size, [350, 150, 250]))
     verdicts = analyze(_study(cells))["verdicts"]
     assert not verdicts["fastest"]["resolved"]
     assert verdicts["fastest"]["text"].startswith("fastest: not resolved at 3 seeds")
     (adam_vs_sgd,) = verdicts["optimizers"]
-    assert not adam_vs_sgd["resolved"] and "not resolved at 3 seeds" in adam_vs_sgd["text"]
+    assert not adam_vs_sgd["resolved"] and "not resolved after 3 seeds" in adam_vs_sgd["text"]
     assert all(p["faster"] is None for p in adam_vs_sgd["per_batch"])
-    assert not verdicts["per_optimizer"]["sgd"]["regions"][0]["resolved"]
-    assert not verdicts["per_optimizer"]["sgd"]["generalization"]["resolved"]
+    assert all(p["outcome"] == "not_resolved" for p in adam_vs_sgd["per_batch"])
+    # sgd's seeds take the same steps at 8 and 32: equal steps, saturation
+    (segment,) = verdicts["per_optimizer"]["sgd"]["regions"]
+    assert segment["outcome"] == "equivalent" and segment["region"] == "saturation"
+    # the same test accuracy at both batch sizes, seed by seed: equivalent within one point
+    assert verdicts["per_optimizer"]["sgd"]["generalization"]["outcome"] == "equivalent"
+
+
+def test_paired_seeds_resolve_what_overlapping_intervals_cannot():
+    """Each cell's seeds spread over a factor 3 (their [min, max] overlap), but seed by seed
+    Adam takes 1.5x SGD's steps: the paired ratio resolves it."""
+    cells = []
+    for size in (8, 32):
+        cells.append(_seeded_cell("sgd", size, [100, 200, 300]))
+        cells.append(_seeded_cell("adam", size, [150, 300, 450]))
+    (adam_vs_sgd,) = analyze(_study(cells))["verdicts"]["optimizers"]
+    assert [p["outcome"] for p in adam_vs_sgd["per_batch"]] == ["b", "b"]
+    verdict = adam_vs_sgd["per_batch"][0]["verdict"]
+    assert verdict["estimate"] == pytest.approx(1.5) and verdict["low"] > 1
 
 
 def test_one_seed_resolves_nothing():
@@ -298,26 +322,29 @@ def test_a_negative_noise_scale_is_never_a_finding(grad_sq, trace, reason):
 
 
 def _step_times(per_batch, spread):
-    """Made-up interleaved timings: samples/s per batch size, each timing off by +-spread."""
+    """Made-up interleaved timings: samples/s per batch size, each timing off by +-spread, in a
+    different round for each batch size (a load shared by a round's cells would cancel)."""
     cells = []
-    for size, samples_per_s in per_batch.items():
-        seconds = [size / samples_per_s * f for f in (1 - spread, 1.0, 1 + spread)]
+    for index, (size, samples_per_s) in enumerate(per_batch.items()):
+        factors = [1 - spread, 1.0, 1 + spread]
+        factors = factors[index % 3:] + factors[:index % 3]
+        seconds = [size / samples_per_s * f for f in factors]
         cells.append({"optimizer": "sgd", "batch_size": size, "seconds": seconds})
     return {"cells": cells}
 
 
 def test_throughput_knee_is_stated_only_where_the_timings_separate():
     from kbackend.study.analysis import (
-        measured_throughput,
         step_time_spread,
         throughput_knee_verdict,
     )
 
     curve = {8: 1000.0, 16: 2000.0, 32: 3000.0, 64: 3100.0, 128: 3150.0}
-    tight = throughput_knee_verdict(measured_throughput(_step_times(curve, 0.01)))
+    tight = throughput_knee_verdict(_step_times(curve, 0.01))
     assert tight["resolved"] and tight["batch_size"] == 32 and "batch 32" in tight["text"]
-    loose = throughput_knee_verdict(measured_throughput(_step_times(curve, 0.2)))
-    assert not loose["resolved"] and "not resolved at 3 timings" in loose["text"]
+    loose = throughput_knee_verdict(_step_times(curve, 0.2))
+    assert not loose["resolved"] and "not resolved after 3 timings" in loose["text"]
+    assert tight["outcome"] == "equivalent" and loose["outcome"] == "not_resolved"
     spread = step_time_spread(_step_times(curve, 0.2))
     assert spread["worst_ratio"] == pytest.approx(1.2 / 0.8)
     assert "sgd 32/64" in spread["unranked_neighbours"] and "sgd 8/16" not in spread["unranked_neighbours"]

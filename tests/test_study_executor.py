@@ -734,7 +734,9 @@ def test_report_states_sources_verdicts_and_caveats(tmp_path, monkeypatch):
                   "**(d) The throughput knee"):
         assert claim in report
     assert "3 seeds, intervals of 75% coverage" in report
-    assert "adam vs sgd: sgd is faster up to batch 16, adam from batch 64 up" in report
+    assert ("adam vs sgd: sgd faster at batch 16; adam faster at batch 64 (crossover: adam "
+            "from batch 64 up)") in report
+    assert "B=16: sgd faster (A/B 2x [" in report
     assert "whose own step time is not measured apart" in report  # keras: native step timed
     assert "Machine load (1-minute load average" in report
     assert "first value past the target" in report

@@ -21,17 +21,21 @@ from kbackend.study.config import (
     DEFAULT_BUDGETS,
     DEFAULT_DATASET,
     DEFAULT_EVALS_PER_EPOCH,
+    DEFAULT_FRONTIER_EPOCHS,
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_STEPS,
     DEFAULT_MODEL,
+    FALLBACK_FRONTIER_EPOCHS,
     LOCAL_EXECUTOR,
     POPULATION_CHOICES,
     RAY_EXTRA,
     StudyConfig,
+    default_frontier_epochs,
     default_target,
 )
 from kbackend.study.executor import default_engine
 from kbackend.study.pipeline import compare, load_summaries, run_study, write_comparison
+from kbackend.study.verdicts import DEFAULT_ACCURACY_MARGIN, DEFAULT_MARGIN, DEFAULT_MAX_SEEDS
 from kbackend.training import Target
 
 DEFAULT_OUT = "runs/study"
@@ -56,6 +60,16 @@ def _gpus(text: str) -> float | None:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected auto or a number of GPUs, got {text!r}") from None
+
+
+def _budget(text: str) -> float | None:
+    """``auto`` -> None (half the first seeds' run time), else seconds."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or seconds, got {text!r}") from None
 
 
 def _lr_entry(text: str) -> tuple[str, tuple[float, ...]]:
@@ -104,6 +118,26 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     grid.add_argument("--seeds", type=int, default=3,
                       help="seeds per learning rate (initial weights and data order): seed, "
                            "seed+1, ...; figures are medians over them (default 3)")
+    verdicts = parser.add_argument_group("verdicts, sequential seeds and the frontier")
+    verdicts.add_argument("--max-seeds", type=int, default=DEFAULT_MAX_SEEDS,
+                          help="add seeds, round by round, to the cells whose verdicts are "
+                               "unresolved and could still resolve, up to this many (default "
+                               f"{DEFAULT_MAX_SEEDS}; --max-seeds equal to --seeds: none added)")
+    verdicts.add_argument("--seed-budget", type=_budget, default=None, metavar="SECONDS|auto",
+                          help="stop adding seeds (and frontier runs) once their runs took this "
+                               "many seconds (default auto: half the time the first seeds' "
+                               "runs took; 0: no limit)")
+    verdicts.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
+                          help="equivalence margin of times, steps and error metrics, relative "
+                               f"(default {DEFAULT_MARGIN:g}: within 1.1x)")
+    verdicts.add_argument("--accuracy-margin", type=float, default=DEFAULT_ACCURACY_MARGIN,
+                          help="equivalence margin of accuracies, absolute (default "
+                               f"{DEFAULT_ACCURACY_MARGIN:g}: one percentage point)")
+    verdicts.add_argument("--frontier-epochs", type=int, default=None,
+                          help="equal budget, in epochs, of the runs that measure the best "
+                               "validation value each cell reaches (default per dataset: "
+                               + ", ".join(f"{k} {v}" for k, v in DEFAULT_FRONTIER_EPOCHS.items())
+                               + f", else {FALLBACK_FRONTIER_EPOCHS}; 0: none; native engine)")
     target = parser.add_argument_group("target and budget")
     target.add_argument("--target", type=float, default=None,
                         help="validation target value (default per dataset: mnist1d_large 0.65, "
@@ -184,6 +218,11 @@ def config_from_args(args: argparse.Namespace):
             raise ConfigError(f"--target-metric {args.target_metric} needs an explicit --target value.")
     else:
         target = Target(args.target_metric, args.target)
+    if args.max_seeds < args.seeds:
+        raise ConfigError(f"Invalid --max-seeds {args.max_seeds}: expected at least --seeds "
+                          f"({args.seeds}).")
+    frontier_epochs = (default_frontier_epochs(args.data or args.dataset)
+                       if args.frontier_epochs is None else args.frontier_epochs)
     if len(args.noise_batches) != 2:
         raise ConfigError(f"Invalid --noise-batches {args.noise_batches}: expected SMALL,BIG.")
     return StudyConfig(
@@ -199,7 +238,8 @@ def config_from_args(args: argparse.Namespace):
         prune=args.prune, noise_points=args.noise_points, noise_draws=args.noise_draws,
         noise_small_batch=args.noise_batches[0], noise_big_batch=args.noise_batches[1],
         executor=args.executor, workers=args.workers, cell_cpus=args.cell_cpus,
-        cell_gpus=args.cell_gpus,
+        cell_gpus=args.cell_gpus, max_seeds=args.max_seeds, seed_budget=args.seed_budget,
+        margin=args.margin, accuracy_margin=args.accuracy_margin, frontier_epochs=frontier_epochs,
     )
 
 

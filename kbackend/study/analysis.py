@@ -25,6 +25,21 @@ from typing import Any
 
 from kbackend.hardware.knee import curve_knee
 from kbackend.stats import median_coverage, median_interval
+from kbackend.study.verdicts import (
+    DEFAULT_ACCURACY_MARGIN,
+    DEFAULT_MARGIN,
+    VERDICT_CONFIDENCE,
+    decide,
+    difference_verdict,
+    look_level,
+    mean_interval,
+    outcome_text,
+    ratio_verdict,
+    rounding_sd,
+    seed_schedule,
+    step_time_log_ratios,
+)
+from kbackend.task import metric_direction
 
 PERFECT_SCALING_EXPONENT = 0.7
 SATURATION_EXPONENT = 0.2
@@ -157,25 +172,32 @@ def analyze(study: dict[str, Any]) -> dict[str, Any]:
     crossovers = [x for x in (crossover(cells, "adam", "sgd"), crossover(cells, "adam", "momentum"))
                   if x is not None]
     noise = study.get("noise")
-    seeds = int(study.get("config", {}).get("seeds", 1))
+    settings = verdict_settings(study)
+    seeds = settings["seeds"]
     b_simple = training_noise_scale(noise)
+    step_times = study.get("step_times")
     verdicts: dict[str, Any] = {
         "seeds": seeds, "coverage": median_coverage(seeds),
+        "confidence": VERDICT_CONFIDENCE, "level": settings["level"],
+        "looks": settings["looks"], "margin": settings["margin"],
+        "accuracy_margin": settings["accuracy_margin"],
+        "added_seeds": study.get("added_seeds"),
         "fastest": fastest_verdict(cells, seeds),
-        "optimizers": [x for x in (optimizer_comparison(cells, "adam", "sgd", seeds),
-                                   optimizer_comparison(cells, "adam", "momentum", seeds))
+        "optimizers": [x for x in (optimizer_comparison(cells, "adam", "sgd", settings, step_times),
+                                   optimizer_comparison(cells, "adam", "momentum", settings,
+                                                        step_times))
                        if x is not None],
         "per_optimizer": {},
-        "throughput_knee": throughput_knee_verdict(measured),
-        "step_time_spread": step_time_spread(study.get("step_times")),
+        "throughput_knee": throughput_knee_verdict(step_times, settings),
+        "step_time_spread": step_time_spread(step_times),
     }
     for optimizer, group in _by_optimizer(cells).items():
         b_crit = critical_batch_over_seeds(group)
         verdicts["per_optimizer"][optimizer] = {
-            "regions": region_verdicts(group, seeds),
+            "regions": region_verdicts(group, settings),
             "b_crit": b_crit,
             "noise_agreement": noise_agreement(b_crit, b_simple, seeds),
-            "generalization": generalization_verdict(group, seeds),
+            "generalization": generalization_verdict(group, settings),
         }
     return {
         "verdicts": verdicts,
@@ -293,10 +315,43 @@ def fastest_verdict(cells: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
             "ties": ties, "text": text}
 
 
+def verdict_settings(study: dict[str, Any]) -> dict[str, Any]:
+    """The seeds, margins and per-look interval level a study's verdicts are read with."""
+    config = study.get("config", {})
+    seeds = int(config.get("seeds", 1))
+    max_seeds = max(seeds, int(config.get("max_seeds") or seeds))
+    looks = len(seed_schedule(seeds, max_seeds))
+    return {"seeds": seeds, "max_seeds": max_seeds, "looks": looks, "level": look_level(looks),
+            "margin": float(config.get("margin", DEFAULT_MARGIN)),
+            "accuracy_margin": float(config.get("accuracy_margin", DEFAULT_ACCURACY_MARGIN))}
+
+
+def _key(cell: dict[str, Any]) -> tuple[str, int]:
+    return cell["optimizer"], cell["batch_size"]
+
+
+def time_verdict(a: dict[str, Any], b: dict[str, Any], settings: dict[str, Any],
+                 step_times: dict[str, Any] | None) -> dict[str, Any]:
+    """Three-way on time to target: paired seeds' steps ratio times the paired rounds' step-time
+    ratio (or, without timings, the cells' median seconds per step as a known factor)."""
+    rounds = step_time_log_ratios(step_times, _key(a), _key(b))
+    scale = 1.0
+    if rounds is None and a.get("reached") and b.get("reached") and a.get("steps_to_target") \
+            and b.get("steps_to_target"):
+        scale = (a["time_to_target"] / a["steps_to_target"]) / \
+            (b["time_to_target"] / b["steps_to_target"])
+    verdict = ratio_verdict(a.get("seed_steps") or {}, b.get("seed_steps") or {},
+                            level=settings["level"], margin=settings["margin"],
+                            floor_sd=rounding_sd([a, b]), round_log_ratios=rounds, scale=scale)
+    verdict["cells"] = [list(_key(a)), list(_key(b))]
+    return verdict
+
+
 def optimizer_comparison(cells: list[dict[str, Any]], challenger: str, incumbent: str,
-                         seeds: int) -> dict[str, Any] | None:
-    """Per batch size, which of two optimizers reaches the target in less time (where their
-    intervals separate), and the crossover batch size when the separated verdicts show one."""
+                         settings: dict[str, Any],
+                         step_times: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Per batch size, a three-way verdict on time to target (challenger = A, incumbent = B),
+    and the crossover batch size where the resolved verdicts show one."""
     grouped = _by_optimizer(cells)
     if challenger not in grouped or incumbent not in grouped:
         return None
@@ -304,33 +359,33 @@ def optimizer_comparison(cells: list[dict[str, Any]], challenger: str, incumbent
     b = {c["batch_size"]: c for c in grouped[incumbent]}
     per_batch = []
     for size in sorted(set(a) & set(b)):
-        side = order(_time_interval(a[size]), _time_interval(b[size]))
-        winner = challenger if side == -1 else incumbent if side == 1 else None
-        per_batch.append({"batch_size": size, "faster": winner,
+        verdict = time_verdict(a[size], b[size], settings, step_times)
+        winner = {"a": challenger, "b": incumbent}.get(verdict["outcome"])
+        per_batch.append({"batch_size": size, "faster": winner, "outcome": verdict["outcome"],
+                          "verdict": verdict,
                           challenger: _span(_time_interval(a[size]), ".3g"),
                           incumbent: _span(_time_interval(b[size]), ".3g")})
-    winners = [p["faster"] for p in per_batch]
+    outcomes = [p["outcome"] for p in per_batch]
     result: dict[str, Any] = {"challenger": challenger, "incumbent": incumbent,
-                              "per_batch": per_batch, "batch_size": None, "resolved": False}
-    coverage = _seeds_text(seeds, median_coverage(seeds))
-    if winners and all(w == challenger for w in winners):
-        result.update(resolved=True, text=f"{challenger} is faster at every batch size ({coverage})")
-    elif winners and all(w == incumbent for w in winners):
-        result.update(resolved=True, text=f"{incumbent} is faster at every batch size ({coverage})")
-    else:
-        # A crossover: the incumbent resolved faster up to some batch size, the challenger from
-        # the next one up, every comparison resolved.
-        split = next((i for i, w in enumerate(winners) if w != incumbent), len(winners))
-        if 0 < split < len(winners) and all(w == challenger for w in winners[split:]):
-            size = per_batch[split]["batch_size"]
-            result.update(resolved=True, batch_size=size,
-                          text=f"{incumbent} is faster up to batch {per_batch[split - 1]['batch_size']}, "
-                               f"{challenger} from batch {size} up ({coverage})")
-        else:
-            settled = [f"{p['faster']} at {p['batch_size']}" for p in per_batch if p["faster"]]
-            result["text"] = (f"{not_resolved(seeds)}"
-                              + (f" (separated only: {', '.join(settled)})" if settled else
-                                 " at any batch size"))
+                              "per_batch": per_batch, "batch_size": None,
+                              "resolved": bool(outcomes) and "not_resolved" not in outcomes}
+    # A crossover: from some batch size up the challenger is faster at every size, and below it
+    # every verdict is resolved the other way or equivalent.
+    split = len(outcomes)
+    while split > 0 and outcomes[split - 1] == "a":
+        split -= 1
+    if 0 < split < len(outcomes) and all(o in ("b", "equivalent") for o in outcomes[:split]):
+        result["batch_size"] = per_batch[split]["batch_size"]
+    groups: dict[str, list[str]] = {}
+    for p in per_batch:
+        label = {"a": f"{challenger} faster", "b": f"{incumbent} faster",
+                 "equivalent": f"equivalent within {settings['margin']:.0%}"}.get(
+            p["outcome"], f"not resolved after {p['verdict']['seeds']} seeds")
+        groups.setdefault(label, []).append(str(p["batch_size"]))
+    result["text"] = "; ".join(f"{label} at batch {', '.join(sizes)}"
+                               for label, sizes in groups.items()) or "no common batch size"
+    if result["batch_size"] is not None:
+        result["text"] += f" (crossover: {challenger} from batch {result['batch_size']} up)"
     return result
 
 
@@ -343,26 +398,30 @@ def region_of(exponent: float) -> str:
     return "diminishing returns"
 
 
-def region_verdicts(group: list[dict[str, Any]], seeds: int) -> list[dict[str, Any]]:
-    """Each segment between neighbouring reached batch sizes with the range of its scaling
-    exponent over the steps intervals; resolved when the whole range is one region."""
+def region_verdicts(group: list[dict[str, Any]], settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each segment between neighbouring reached batch sizes B1 < B2: a three-way verdict on
+    steps to target (A = B1, B = B2: ``b`` = the larger batch needs fewer steps, ``equivalent``
+    = the same within the margin) and the range of its scaling exponent over that paired
+    interval; the region is resolved (``region_resolved``) when the whole range is one region."""
     segments = []
     reached = [c for c in group if c["reached"]]
     for c1, c2 in itertools.pairwise(reached):
-        i1, i2 = ((c.get("intervals") or {}).get("steps_to_target") or {} for c in (c1, c2))
         span = math.log(c2["batch_size"] / c1["batch_size"])
         exponent = math.log(c1["steps_to_target"] / c2["steps_to_target"]) / span
-        ends = [i.get(end, math.nan) for i in (i1, i2) for end in ("low", "high")]
-        if seeds >= 2 and all(math.isfinite(v) and v > 0 for v in ends):
-            low = math.log(ends[0] / ends[3]) / span
-            high = math.log(ends[1] / ends[2]) / span
-            resolved = region_of(low) == region_of(high)
-        else:
-            low = high = math.nan
-            resolved = False
+        verdict = ratio_verdict(c1.get("seed_steps") or {}, c2.get("seed_steps") or {},
+                                level=settings["level"], margin=settings["margin"],
+                                floor_sd=rounding_sd([c1, c2]))
+        verdict["cells"] = [list(_key(c1)), list(_key(c2))]
+        low = high = math.nan
+        if verdict["seeds"] >= 2 and verdict["low"] > 0 and math.isfinite(verdict["high"]):
+            # steps ratio B1/B2 = A/B: the exponent grows with it
+            low, high = math.log(verdict["low"]) / span, math.log(verdict["high"]) / span
+        region_resolved = math.isfinite(low) and region_of(low) == region_of(high)
         segments.append({"from": c1["batch_size"], "to": c2["batch_size"], "exponent": exponent,
                          "exponent_low": low, "exponent_high": high,
-                         "region": region_of(exponent), "resolved": resolved})
+                         "region": region_of(exponent), "region_resolved": region_resolved,
+                         "resolved": verdict["resolved"], "outcome": verdict["outcome"],
+                         "seeds": verdict["seeds"], "verdict": verdict})
     return segments
 
 
@@ -402,22 +461,54 @@ def noise_agreement(b_crit: dict[str, Any], b_simple: float | None, seeds: int) 
             "text": f"{interval} vs B_simple {b_simple:.0f}: {not_resolved(seeds)}"}
 
 
-def generalization_verdict(group: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
-    """Test accuracy at the target: the smallest against the largest batch size that reached it."""
-    reached = [c for c in group if c["reached"] and (c.get("intervals") or {}).get("test_accuracy")]
-    if len(reached) < 2:
-        return {"resolved": False, "text": "fewer than two batch sizes reached the target"}
-    small, big = reached[0], reached[-1]
-    a, b = small["intervals"]["test_accuracy"], big["intervals"]["test_accuracy"]
-    side = order(a, b)
-    figures = (f"test accuracy {_span(a, '.4f')} at batch {small['batch_size']}, "
-               f"{_span(b, '.4f')} at batch {big['batch_size']}")
-    if side == 0:
-        return {"resolved": False, "text": f"{figures}: {not_resolved(seeds)}"}
-    direction = "lower" if side == 1 else "higher"
-    return {"resolved": True, "larger_batch": direction,
-            "text": f"{figures}: {direction} at the larger batch "
-                    f"({_seeds_text(seeds, median_coverage(seeds))})"}
+def seed_test_values(cell: dict[str, Any]) -> tuple[dict[str, float], str]:
+    """A cell's per-seed test metric and where it comes from: the frontier's (the checkpoint of
+    the best validation value within the equal budget) when measured, else the runs' at the
+    target."""
+    frontier = cell.get("frontier") or {}
+    if frontier.get("seed_test"):
+        return frontier["seed_test"], "frontier"
+    return cell.get("seed_test") or {}, "target"
+
+
+def test_metric_verdict(a: dict[str, Any], b: dict[str, Any], settings: dict[str, Any],
+                        metric: str) -> dict[str, Any]:
+    """Three-way on the test metric (A better = A's value better by ``metric_direction``): a
+    difference with the accuracy margin for metrics where larger is better (accuracies, within
+    [0, 1]), a ratio with the relative margin for errors and losses."""
+    values_a, source = seed_test_values(a)
+    values_b, _ = seed_test_values(b)
+    if metric_direction(metric) == "max":
+        verdict = difference_verdict(values_a, values_b, level=settings["level"],
+                                     margin=settings["accuracy_margin"], larger_is_better=True)
+    else:
+        verdict = ratio_verdict(values_a, values_b, level=settings["level"],
+                                margin=settings["margin"])
+    verdict.update(cells=[list(_key(a)), list(_key(b))], source=source, metric=metric)
+    return verdict
+
+
+def generalization_verdict(group: list[dict[str, Any]], settings: dict[str, Any]) -> dict[str, Any]:
+    """The test metric at the smallest against the largest batch size (A = smallest): of the
+    checkpoint with the best validation value within the frontier's equal budget where it was
+    measured, else of the runs stopped at the target (both batch sizes must have reached it)."""
+    measured = [c for c in group if (c.get("frontier") or {}).get("seed_test")]
+    candidates = measured if len(measured) >= 2 else \
+        [c for c in group if c["reached"] and c.get("seed_test")]
+    if len(candidates) < 2:
+        return {"resolved": False, "outcome": "not_resolved", "seeds": 0,
+                "text": "fewer than two batch sizes with test figures"}
+    small, big = candidates[0], candidates[-1]
+    metric = small.get("test_metric_name") or "test_accuracy"
+    verdict = test_metric_verdict(small, big, settings, metric)
+    where = ("at the best validation checkpoint within the equal budget"
+             if verdict["source"] == "frontier" else "of the runs stopped at the target")
+    text = (f"{metric} {where}, batch {small['batch_size']} (A) vs {big['batch_size']} (B): "
+            + outcome_text(verdict, f"batch {small['batch_size']}", f"batch {big['batch_size']}",
+                           "generalizes better"))
+    larger = {"a": "lower", "b": "higher", "equivalent": "equivalent"}.get(verdict["outcome"])
+    return {"resolved": verdict["resolved"], "outcome": verdict["outcome"],
+            "seeds": verdict["seeds"], "larger_batch": larger, "verdict": verdict, "text": text}
 
 
 def measured_throughput(step_times: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -436,34 +527,71 @@ def measured_throughput(step_times: dict[str, Any] | None) -> list[dict[str, Any
     return curve
 
 
-def throughput_knee_verdict(curve: list[dict[str, Any]]) -> dict[str, Any]:
-    """The throughput knee (``kbackend.hardware.knee``'s definition) on the medians, resolved
-    when every per-doubling gain up to it is on the same side of the threshold over the whole
-    range the samples/s intervals allow."""
+def doubling_gains(step_times: dict[str, Any] | None, level: float) -> list[dict[str, Any]]:
+    """Per neighbouring pair of timed batch sizes, the interval of samples/s at the larger over
+    the smaller, per doubling: per-round log ratios (rounds pair) of every optimizer timed at
+    both, pooled, t-interval at ``level``."""
+    cells = (step_times or {}).get("cells", [])
+    sizes = sorted({c["batch_size"] for c in cells})
+    optimizers = sorted({c["optimizer"] for c in cells})
+    gains = []
+    for b1, b2 in itertools.pairwise(sizes):
+        per_doubling = 1.0 / math.log2(b2 / b1)
+        logs = []
+        for optimizer in optimizers:
+            # seconds per sample at b1 over b2 = samples/s at b2 over b1
+            ratios = step_time_log_ratios(step_times, (optimizer, b1), (optimizer, b2))
+            logs += [(r + math.log(b2 / b1)) * per_doubling for r in ratios or []]
+        estimate, low, high = mean_interval(logs, level)
+        gains.append({"from": b1, "to": b2, "timings": len(logs), "gain": math.exp(estimate) - 1,
+                      "low": math.exp(low) - 1, "high": math.exp(high) - 1})
+    return gains
+
+
+def throughput_knee_verdict(step_times: dict[str, Any] | None,
+                            settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The throughput knee (``kbackend.hardware.knee``'s definition: the first batch size whose
+    next doubling gains less than 10% samples/s) with paired-round intervals of every gain:
+    resolved when each gain before the knee is above 10% and the knee's own below, over their
+    whole intervals. ``outcome`` is the three-way verdict at the knee's doubling (A = the knee,
+    B = twice it, margin: the knee's 10%): ``equivalent`` where the doubling is flat, ``b``
+    where every doubling gains (no plateau in the grid)."""
+    curve = measured_throughput(step_times)
+    timings = min((p["n"] for p in curve), default=0)
     if len(curve) < 2 or any("low" not in p for p in curve):
-        return {"resolved": False, "batch_size": None,
+        return {"resolved": False, "outcome": "not_resolved", "batch_size": None, "seeds": None,
+                "timings": timings,
                 "text": "not measured: needs step timings at two or more batch sizes"}
     knee = curve_knee(curve)
-    resolved = True
-    for index, (p1, p2) in enumerate(itertools.pairwise(curve)):
+    level = (settings or {}).get("level", VERDICT_CONFIDENCE)
+    gains = doubling_gains(step_times, level)
+    threshold = knee.min_gain
+    resolved, outcome = True, "b"
+    for index, gain in enumerate(gains):
         if index > knee.index:
             break
-        power = 1.0 / math.log2(p2["batch_size"] / p1["batch_size"])
-        low = (p2["low"] / p1["high"]) ** power - 1.0
-        high = (p2["high"] / p1["low"]) ** power - 1.0
-        below = index == knee.index and knee.plateau_reached
-        if (below and high >= knee.min_gain) or (not below and low < knee.min_gain):
+        at_knee = index == knee.index and knee.plateau_reached
+        if at_knee:
+            edge = math.log1p(threshold)
+            low, high = math.log1p(max(gain["low"], -0.999999)), math.log1p(gain["high"])
+            outcome = decide(low, high, edge, a_is_better_below=True)
+            resolved = resolved and gain["high"] < threshold
+        elif gain["low"] < threshold:
             resolved = False
-    n = min(p["n"] for p in curve)
+    if not resolved:
+        outcome = "not_resolved"
     where = (f"batch {knee.batch_size}" if knee.plateau_reached else
              f"no plateau up to batch {knee.batch_size}")
-    coverage = f"samples/s intervals of >= {median_coverage(n):.0%} coverage over {n} timings"
-    text = (f"throughput knee (next doubling gains < {knee.min_gain:.0%}): {where} ({coverage})"
-            if resolved else
-            f"throughput knee: not resolved at {n} timings per batch size (median curve: "
-            f"{where}; the intervals allow another)")
-    return {"resolved": resolved, "batch_size": knee.batch_size,
-            "plateau_reached": knee.plateau_reached, "text": text}
+    figures = "; ".join(f"{g['from']}->{g['to']}: {g['gain']:+.0%} [{g['low']:+.0%}, "
+                        f"{g['high']:+.0%}]" for g in gains)
+    text = (f"throughput knee (next doubling gains < {threshold:.0%}): {where} "
+            f"({level:.1%} intervals over {timings} paired timings per batch size; gains per "
+            f"doubling {figures})" if resolved else
+            f"throughput knee: not resolved after {timings} timings per batch size (median "
+            f"curve: {where}; gains per doubling {figures})")
+    return {"resolved": resolved, "outcome": outcome, "batch_size": knee.batch_size,
+            "plateau_reached": knee.plateau_reached, "seeds": None, "timings": timings,
+            "gains": gains, "text": text}
 
 
 def step_time_spread(step_times: dict[str, Any] | None) -> dict[str, Any] | None:

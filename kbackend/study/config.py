@@ -12,6 +12,7 @@ from typing import Any
 from kbackend.data import check_batch_size
 from kbackend.errors import ConfigError, DataError, path_errors
 from kbackend.optim import OPTIMIZERS, OptimizerSpec
+from kbackend.study.verdicts import DEFAULT_ACCURACY_MARGIN, DEFAULT_MARGIN
 from kbackend.training import Target
 
 DEFAULT_OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -40,6 +41,18 @@ DEFAULT_BUDGETS: dict[str, tuple[int, int]] = {"mnist": (20_000, 8), "mnist1d_la
 # finer than the spread over seeds (docs/study.md, "Why this default problem and target").
 DEFAULT_EVALS_PER_EPOCH = 6
 
+# The equal budget, in epochs, of the frontier runs (the best validation value each cell reaches,
+# and the test metric of that checkpoint): the same for every cell of a study, and what the
+# command line uses unless --frontier-epochs says otherwise (StudyConfig's own default: 0, off).
+# MNIST-1D-large: batch 8 reaches 0.65 in 2-3 epochs, batch 1,024 in 6-14; 3 epochs of every
+# cell and seed fit the default study's 1.5x (docs/study.md). MNIST: batch 8
+# reaches 0.97 in 1.3-2 epochs (6,750 steps each).
+DEFAULT_FRONTIER_EPOCHS: dict[str, int] = {"mnist1d_large": 3, "mnist": 2}
+FALLBACK_FRONTIER_EPOCHS = 3
+# The automatic --seed-budget: added seeds and frontier runs may take this share of the recorded
+# time of the runs before them.
+AUTO_SEED_BUDGET_SHARE = 0.5
+
 # A target per dataset that seed_mlp reaches with a tuned learning rate within the default
 # budget at every default batch size, yet late enough that the optimizers differ.
 DEFAULT_TARGETS: dict[str, Target] = {
@@ -66,6 +79,10 @@ LR_BATCH_EXPONENT = 0.5
 
 # How and where the cells run, never which question: kept out of ``StudyConfig.identity``.
 EXECUTOR_FIELDS = ("executor", "workers", "cell_cpus", "cell_gpus")
+# How many seeds and runs answer the question and how verdicts read them: also out of the
+# identity (every run, added seed and frontier run has its own key), so studies stored before
+# these options existed keep theirs.
+VERDICT_FIELDS = ("max_seeds", "seed_budget", "margin", "accuracy_margin", "frontier_epochs")
 
 
 def source_fingerprint(source: str) -> str | None:
@@ -87,6 +104,11 @@ def source_fingerprint(source: str) -> str | None:
             stat = item.stat()
             digest.update(f"{item.relative_to(path)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
     return digest.hexdigest()[:16]
+
+
+def default_frontier_epochs(dataset: str) -> int:
+    """The frontier's equal budget in epochs the command line uses for ``dataset``."""
+    return DEFAULT_FRONTIER_EPOCHS.get(dataset, FALLBACK_FRONTIER_EPOCHS)
 
 
 def default_target(dataset: str) -> Target:
@@ -171,6 +193,15 @@ class StudyConfig:
     noise_draws: int = 24
     noise_small_batch: int = 0
     noise_big_batch: int = 0
+    # Sequential seeds and three-way verdicts (kbackend.study.verdicts): None = ``seeds`` (no
+    # seed is added); ``seed_budget``: seconds of added seeds and frontier runs at most, counted
+    # by the runs' own recorded wall times (so a resumed study decides alike); None = half the
+    # recorded time of the first seeds' runs (what keeps a study within 1.5x), 0 = no limit.
+    max_seeds: int | None = None
+    seed_budget: float | None = None
+    margin: float = DEFAULT_MARGIN
+    accuracy_margin: float = DEFAULT_ACCURACY_MARGIN
+    frontier_epochs: int = 0
     executor: str = LOCAL_EXECUTOR
     workers: int = 0
     cell_cpus: float = 1.0
@@ -232,12 +263,35 @@ class StudyConfig:
                 continue
             if not isinstance(value, int) or value < 0:
                 raise ConfigError(f"Invalid {name} {value!r}: expected an integer >= 0.")
+        self._check_verdicts()
         if self.noise_small_batch and self.noise_big_batch and \
                 self.noise_small_batch >= self.noise_big_batch:
             raise ConfigError(
                 f"Invalid noise batch sizes: the small batch ({self.noise_small_batch}) must be "
                 f"smaller than the big one ({self.noise_big_batch})."
             )
+
+    def _check_verdicts(self) -> None:
+        for name, value, high in (("margin", self.margin, math.inf),
+                                  ("accuracy_margin", self.accuracy_margin, 1.0),
+                                  ("seed_budget", 0.0 if self.seed_budget is None
+                                   else self.seed_budget, math.inf)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not (0 <= value < high) or math.isnan(value):
+                bound = f"a number >= 0 and < {high:g}" if math.isfinite(high) else "a number >= 0"
+                raise ConfigError(f"Invalid {name} {value!r}: expected {bound}.")
+        if self.max_seeds is not None and (not isinstance(self.max_seeds, int)
+                                           or self.max_seeds < self.seeds):
+            raise ConfigError(f"Invalid max_seeds {self.max_seeds!r}: expected an integer >= "
+                              f"seeds ({self.seeds}).")
+        if not isinstance(self.frontier_epochs, int) or self.frontier_epochs < 0:
+            raise ConfigError(f"Invalid frontier_epochs {self.frontier_epochs!r}: expected an "
+                              "integer >= 0 (0: no frontier runs).")
+
+    @property
+    def resolved_max_seeds(self) -> int:
+        """The most seeds a cell's best rate may run with (``seeds`` when none are added)."""
+        return self.seeds if self.max_seeds is None else self.max_seeds
 
     def _check_executor(self) -> None:
         kind, _, address = self.executor.partition(":")
@@ -337,7 +391,8 @@ class StudyConfig:
         """What makes two studies the same question, whatever backend or device answers it."""
         payload = self.to_dict()
         for name in ("data_dir", "engine", "fused_steps", "jit_compile", "population",
-                     "step_time_repeats", "unsafe_deserialization", *EXECUTOR_FIELDS):
+                     "step_time_repeats", "unsafe_deserialization", *EXECUTOR_FIELDS,
+                     *VERDICT_FIELDS):
             payload.pop(name)
         if payload["label"] is None:  # studies stored before the option existed keep their identity
             payload.pop("label")

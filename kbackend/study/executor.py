@@ -37,6 +37,7 @@ from kbackend.study.analysis import training_noise_scale
 from kbackend.study.config import LOCAL_EXECUTOR, REFERENCE_BATCH, StudyConfig
 from kbackend.study.noise import measure_noise_scale
 from kbackend.study.ray_executor import require_ray, run_on_ray
+from kbackend.study.sequential import extend_seeds
 from kbackend.study.store import ResultStore, config_key
 from kbackend.task import CLASSIFICATION, Task
 from kbackend.training import Target, TrainConfig, is_builtin, load_dataset, train, workload_of
@@ -184,6 +185,7 @@ def summarize_run(history: History, plan: RunPlan, target: Target, num_train: in
         # the task's own test metric (test_accuracy, test_mae, ...): the run's model is judged
         # on it, whatever the task
         "test_metric": next((v for k, v in history.test.items() if k != "test_loss"), None),
+        "test_metric_name": next((k for k in history.test if k != "test_loss"), None),
         "test_loss": history.test.get("test_loss"),
         "evaluations": len(history.evals),
         "drops_partial_batch": drops,
@@ -281,6 +283,12 @@ def summarize_cell(records: list[dict[str, Any]]) -> dict[str, Any]:
         "train_time": sum(r.get("train_time") or 0.0 for r in results),
         "wall_time": sum(r.get("wall_time") or 0.0 for r in results),
         "seed_steps": {str(r["config"]["seed"]): _steps(r) for r in records},
+        # per seed, for the paired verdicts (kbackend.study.verdicts)
+        "seed_test": {str(r["config"]["seed"]): float(r["result"]["test_metric"])
+                      for r in records if r["result"].get("test_metric") is not None},
+        "test_metric_name": next((r["result"].get("test_metric_name") for r in records
+                                  if r["result"].get("test_metric_name")), None),
+        "eval_every": records[0]["config"].get("eval_every") if records else None,
         "run_key": middle["key"],
         "run_keys": [r["key"] for r in records],
         "intervals": {"steps_to_target": steps, "time_to_target": times,
@@ -328,6 +336,9 @@ class TimeSpent:
     evaluation: float = 0.0
     step_times: float = 0.0  # the time model
     noise: float = 0.0
+    added_seeds: float = 0.0  # sequential seeds and frontier runs (their runs counted above too)
+    added_seed_runs: int = 0
+    frontier_runs: int = 0
     # Building the model, the seeds' initial values and each cell's trainer (outside the
     # training clock and every other phase): a cell's start-up with its compilation.
     setup: float = 0.0
@@ -491,11 +502,12 @@ class StudyRunner:
         if self.config.executor != LOCAL_EXECUTOR:
             # The same study, its cells run as Ray tasks and their results stored here.
             cells, runs, step_times, noise = run_on_ray(self)
+            added = extend_seeds(self, cells, runs, step_times, summarize_cell)  # here, in the driver
             apply_time_model(cells, step_times)
             return {"study": self.study_id, "step_times": step_times, "config": self.config.to_dict(),
                     "env": self.env, "dataset": self.dataset.info.to_dict(),
                     "batch_sizes": list(self.batch_sizes), "cells": cells, "runs": runs,
-                    "noise": noise}
+                    "noise": noise, "added_seeds": added}
         cells, runs = [], []
         for optimizer in self.config.optimizers:
             for batch_size in self.batch_sizes:
@@ -505,13 +517,14 @@ class StudyRunner:
         start, setup_before = time.perf_counter(), self.time_spent.setup
         step_times = self.measure_step_times(cells)
         self.time_spent.step_times += self._seconds_since(start, setup_before)
+        added = extend_seeds(self, cells, runs, step_times, summarize_cell)
         apply_time_model(cells, step_times)
         start, setup_before = time.perf_counter(), self.time_spent.setup
         noise = self.run_noise(cells)
         self.time_spent.noise += self._seconds_since(start, setup_before)
         return {"study": self.study_id, "step_times": step_times, "config": self.config.to_dict(), "env": self.env,
                 "dataset": self.dataset.info.to_dict(), "batch_sizes": list(self.batch_sizes),
-                "cells": cells, "runs": runs, "noise": noise}
+                "cells": cells, "runs": runs, "noise": noise, "added_seeds": added}
 
     @property
     def larger_is_better(self) -> bool:
@@ -756,6 +769,20 @@ class StudyRunner:
                 stored["result"] = {**stored["result"], **summarize_run(
                     history, plan, self.config.resolved_target, self.num_train)}
             self.on_event("skipped", plan=plan, record=stored)
+        return stored
+
+    def stored_record(self, key: str) -> dict[str, Any] | None:
+        """The stored run under ``key`` with its figures re-derived by this code (as
+        ``stored_run``), or None."""
+        stored = self.store.get(key)
+        if stored is not None and stored["trajectory"]:
+            config = stored["config"]
+            plan = RunPlan(config["optimizer"]["name"], config["batch_size"],
+                           config["learning_rate"], config["max_steps"], config["eval_every"],
+                           config["fused_steps"], config["seed"])
+            history = history_from_trajectory(stored["trajectory"], stored["result"])
+            stored["result"] = {**stored["result"], **summarize_run(
+                history, plan, self.config.resolved_target, self.num_train)}
         return stored
 
     def run_one(self, plan: RunPlan) -> dict[str, Any]:

@@ -120,6 +120,9 @@ def time_accounting(spent: TimeSpent, call_seconds: float, process: float,
         "evaluation_s": spent.evaluation,
         "around_runs_s": max(spent.runs_wall - spent.training - spent.evaluation, 0.0),
         "time_model_s": spent.step_times, "noise_scale_s": spent.noise,
+        # inside the runs' figures above: the sequential seeds' rounds and the frontier runs
+        "added_seeds_s": spent.added_seeds, "added_seed_runs": spent.added_seed_runs,
+        "frontier_runs": spent.frontier_runs,
         "report_s": report_seconds, "other_s": max(whole - accounted, 0.0),
         "whole_over_steady": whole / steady if steady > 0 else None,
         "goal_s": goal, "goal_met": bool(steady > 0 and whole <= goal),
@@ -139,6 +142,10 @@ def accounting_line(account: dict[str, Any]) -> str:
              f"around runs {account['around_runs_s']:.1f} s",
              f"time model {account['time_model_s']:.1f} s",
              f"noise scale {account['noise_scale_s']:.1f} s"]
+    if account.get("added_seed_runs") or account.get("frontier_runs"):
+        parts.append(f"(of all these, added seeds and frontier: {account['added_seeds_s']:.1f} s, "
+                     f"{account['added_seed_runs']} added-seed and {account['frontier_runs']} "
+                     "frontier runs)")
     if account["report_s"] is not None:
         parts.append(f"analysis and report {account['report_s']:.1f} s")
     parts.append(f"other (imports, data, checks) {account['other_s']:.1f} s")

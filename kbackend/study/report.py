@@ -15,10 +15,11 @@ from rich.table import Table
 from kbackend.hardware.knee import DEFAULT_MIN_GAIN
 from kbackend.io import atomic_write
 from kbackend.reports import markdown_rows, write_json_and_markdown
+from kbackend.study.verdicts import outcome_text
 from kbackend.task import metric_direction
 
 PLOTS = ("loss_trajectories.png", "steps_to_target.png", "time_to_target.png",
-         "throughput.png", "noise_scale.png")
+         "throughput.png", "noise_scale.png", "frontier.png")
 REGION_COLOURS = {"perfect scaling": "#2ca02c", "diminishing returns": "#ff7f0e",
                   "saturation": "#d62728"}
 
@@ -78,8 +79,15 @@ def _regions_text(segments: list[dict[str, Any]]) -> str:
         k = f"k={s['exponent']:.2f}"
         if s.get("exponent_low") is not None and math.isfinite(s.get("exponent_low", math.nan)):
             k += f" [{s['exponent_low']:.2f}, {s['exponent_high']:.2f}]"
-        label = s["region"] if s.get("resolved") else f"not resolved (median: {s['region']})"
-        parts.append(f"{s['from']}->{s['to']}: {label} ({k})")
+        resolved = s.get("region_resolved", s.get("resolved"))
+        label = s["region"] if resolved else f"region not resolved (median: {s['region']})"
+        steps = ""
+        if s.get("verdict"):
+            steps = {"b": "; fewer steps at the larger batch", "a": "; more steps at the larger batch",
+                     "equivalent": f"; steps equal within {s['verdict']['margin']:.0%}"}.get(
+                s["outcome"], "; steps not resolved")
+            steps += f", {s['verdict']['seeds']} seeds"
+        parts.append(f"{s['from']}->{s['to']}: {label} ({k}{steps})")
     return ", ".join(parts)
 
 
@@ -141,41 +149,67 @@ def _point_b_simple(point: dict[str, Any]) -> str:
     return f"{value:.0f}"
 
 
+def _seeds_note(verdicts: dict[str, Any]) -> str:
+    added = verdicts.get("added_seeds") or {}
+    schedule = added.get("schedule") or [verdicts.get("seeds", 1)]
+    if len(schedule) < 2:
+        return (f"No seeds were added (--max-seeds equal to --seeds: {schedule[0]}), so every "
+                "verdict was read once.")
+    spent = added.get("seconds") or 0.0
+    return (f"Seeds were added round by round ({', '.join(map(str, schedule))} seeds) to the "
+            "cells whose comparisons were unresolved and could still resolve: "
+            f"{sum(len(r['runs']) for r in added.get('rounds', []))} runs in "
+            f"{len(added.get('rounds', []))} round(s), {spent:.1f} s including the frontier "
+            f"runs; stopped: {added.get('stopped')}. Each verdict says how many seeds it took.")
+
+
 def sources_section(study: dict[str, Any], analysis: dict[str, Any]) -> list[str]:
-    """"What the sources claim, what this run shows": each claim with this run's verdict."""
+    """"What the sources claim, what this run shows": each claim with this run's three-way
+    verdicts (A better, B better, equivalent within the margin, or not resolved after N seeds
+    with the interval that remains)."""
     verdicts = analysis.get("verdicts") or {}
-    seeds, coverage = verdicts.get("seeds", 1), verdicts.get("coverage", 0.0)
+    level = verdicts.get("level", 0.9)
+    confidence = verdicts.get("confidence", 0.9)
     lines = ["## What the sources claim, what this run shows", "",
-             f"Every figure below is a median over {seeds} seed(s) with the interval "
-             f"[smallest, largest], which covers the median with probability {coverage:.0%} "
-             "(1 - 2 x 0.5^N); a verdict is stated only where the intervals of the compared "
-             f"cells do not overlap, otherwise \"not resolved at {seeds} seeds\".", ""]
+             "Each comparison pairs the seeds (seed s starts every cell from the same weights "
+             "and data order) and reads one interval: of the ratio A/B for times and steps "
+             "(mean of the per-seed log ratios, t-interval; times add the paired step-time "
+             "rounds), of the difference A - B for accuracies. It ends as A better, B better, "
+             f"*equivalent* (the interval inside +-{verdicts.get('margin', 0.1):.0%} for ratios, "
+             f"+-{100 * verdicts.get('accuracy_margin', 0.01):g} point for accuracies) or not "
+             f"resolved. Every interval is at level {level:.2%}: {verdicts.get('looks', 1)} "
+             f"look(s) at most, so the chance that a verdict is wrong is at most "
+             f"{1 - confidence:.0%} however the seed rounds stopped (Bonferroni over the looks; "
+             "coverage checked by simulation in tests/test_study_verdicts.py). "
+             + _seeds_note(verdicts), ""]
     lines += ["**(a) SGD vs Adam across batch sizes.** Claim (the IPU article on batch sizes and "
               "optimizers): plain mini-batch SGD is the better choice at small batches, Adam at "
-              "batches of hundreds.", ""]
+              "batches of hundreds. A = Adam, B = the other; time to target.", ""]
     comparisons = verdicts.get("optimizers") or []
     if not comparisons:
         lines.append("- Not measured: the study needs both adam and sgd (or momentum).")
     for x in comparisons:
-        per_batch = "; ".join(
-            f"B={p['batch_size']}: {x['challenger']} {p[x['challenger']]} s vs {x['incumbent']} "
-            f"{p[x['incumbent']]} s -> {p['faster'] or 'overlap'}" for p in x["per_batch"])
-        lines.append(f"- {x['challenger']} vs {x['incumbent']}: {x['text']}. Per batch size (time "
-                     f"to target): {per_batch}.")
+        lines.append(f"- {x['challenger']} vs {x['incumbent']}: {x['text']}.")
+        for p in x["per_batch"]:
+            v = p["verdict"]
+            lines.append(f"  - B={p['batch_size']}: " + outcome_text(
+                v, x["challenger"], x["incumbent"], "faster"))
     lines += ["", "**(b) Scaling regions and the critical batch size.** Claim (Shallue et al. "
               "2018; McCandlish et al. 2018): steps to target first halve with every doubling of "
               "the batch (perfect scaling), then fall less (diminishing returns), then not at all "
               "(saturation); the gradient noise scale B_simple predicts the critical batch size "
-              "B_crit within a small factor.", ""]
+              "B_crit within a small factor. Each step: A = the smaller batch, B = the larger; "
+              "its exponent range comes from the paired steps-ratio interval.", ""]
     for optimizer, per in (verdicts.get("per_optimizer") or {}).items():
         regions = _regions_text(per["regions"]) or "too few reached cells"
         lines.append(f"- {optimizer}: {regions}. {per['noise_agreement']['text']}.")
     if analysis.get("b_simple") is None and study.get("noise"):
         lines.append(f"- B_simple {analysis.get('b_simple_note')}.")
     lines += ["", "**(c) Generalization.** Claim (Keskar et al. 2017, and the generalization-gap "
-              "literature): larger batches reach lower test accuracy. Here: test accuracy of the "
-              "runs stopped at the same validation target, smallest vs largest batch that reached "
-              "it.", ""]
+              "literature; the seed's caveat: larger batches may cost accuracy): larger batches "
+              "reach lower test accuracy. Here: the test metric at the checkpoint with the best "
+              "validation value within the frontier's equal budget (see the frontier below), "
+              "smallest (A) vs largest (B) batch.", ""]
     for optimizer, per in (verdicts.get("per_optimizer") or {}).items():
         lines.append(f"- {optimizer}: {per['generalization']['text']}.")
     lines += ["", "**(d) The throughput knee of this hardware.** Claim: samples/s rise with the "
@@ -188,6 +222,63 @@ def sources_section(study: dict[str, Any], analysis: dict[str, Any]) -> list[str
         lines.append("- samples/s per batch size: " + "; ".join(
             f"{p['batch_size']}: {p['samples_per_s']:,.0f} [{p['low']:,.0f}, {p['high']:,.0f}]"
             for p in curve) + ".")
+    return lines
+
+
+def frontier_rows(study: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the time-vs-accuracy frontier: per cell its time to target and the best
+    validation value and test metric reached within the equal budget (medians, [min, max])."""
+    metric = study["config"]["target"]["metric"]
+    header = ["optimizer", "batch", "time to target (s)", f"best {metric}", "test at best",
+              "epoch of best", "seeds", "on the frontier"]
+    cells = [c for c in study["cells"] if c.get("frontier")]
+    front = pareto_cells(study)
+    rows = []
+    for c in cells:
+        f = c["frontier"]
+        rows.append([c["optimizer"], str(c["batch_size"]), _interval(c, "time_to_target", ".3g"),
+                     _span_of(f["best_metric"], ".4f"), _span_of(f["test_metric"], ".4f"),
+                     _span_of(f["best_epoch"], ".2g"), str(f["seeds"]),
+                     "yes" if (c["optimizer"], c["batch_size"]) in front else ""])
+    return header, rows
+
+
+def _span_of(interval: dict[str, Any], spec: str) -> str:
+    if not interval or not interval.get("n"):
+        return "-"
+    if interval["n"] == 1:
+        return _fmt(interval["median"], spec)
+    return (f"{_fmt(interval['median'], spec)} [{_fmt(interval['low'], spec)}, "
+            f"{_fmt(interval['high'], spec)}]")
+
+
+def pareto_cells(study: dict[str, Any]) -> set[tuple[str, int]]:
+    """The cells no other cell beats on both time to target and best validation value (medians;
+    a cell that never reached the target has no time and is never on it)."""
+    metric = study["config"]["target"]["metric"]
+    sign = 1.0 if metric_direction(metric) == "max" else -1.0
+    points = [((c["optimizer"], c["batch_size"]), c["time_to_target"],
+               sign * c["frontier"]["best_metric"]["median"])
+              for c in study["cells"] if c.get("frontier") and c.get("time_to_target")
+              and c["frontier"]["best_metric"].get("n")]
+    return {key for key, t, m in points
+            if not any(t2 <= t and m2 >= m and (t2 < t or m2 > m) for _, t2, m2 in points)}
+
+
+def frontier_section(study: dict[str, Any], analysis: dict[str, Any]) -> list[str]:
+    """The time-vs-accuracy frontier: table, its budget and the plot."""
+    header, rows = frontier_rows(study)
+    lines = ["## Time vs accuracy: the frontier", ""]
+    if not rows:
+        return [*lines, "Not measured (--frontier-epochs 0, or an engine other than native).", ""]
+    epochs = study["config"].get("frontier_epochs")
+    metric = study["config"]["target"]["metric"]
+    lines += [f"Each cell's best rate trained again per seed for the same budget, {epochs} "
+              f"epochs (every cell alike), without stopping at the target: the best {metric} "
+              "reached and the test metric of that very checkpoint (evaluated at each new best), "
+              "beside the cell's time to target. \"On the frontier\": no other cell is both "
+              "faster to the target and better at its best (medians).", "",
+              markdown_rows(header, rows).rstrip("\n"), "", "![frontier](plots/frontier.png)", ""]
     return lines
 
 
@@ -326,7 +417,8 @@ def markdown(study: dict[str, Any], analysis: dict[str, Any], wall_time: float |
               "(\"~\": estimated from the first evaluation interval against the later ones).",
               "", "## Findings", ""]
     lines += [f"- {line}" for line in conclusions(study, analysis)]
-    lines += ["", *sources_section(study, analysis), "", *caveats_section(study, analysis)]
+    lines += ["", *sources_section(study, analysis), "", *frontier_section(study, analysis),
+              *caveats_section(study, analysis)]
     lines += ["", "## Plots", ""]
     lines += [f"![{name}](plots/{name})" for name in PLOTS]
     return "\n".join(lines) + "\n"
@@ -355,7 +447,8 @@ def summary_payload(study: dict[str, Any], analysis: dict[str, Any],
             "dataset": study["dataset"], "batch_sizes": study["batch_sizes"],
             "cells": study["cells"], "runs": runs, "noise": study["noise"],
             "step_times": study.get("step_times"), "machine_load": study.get("machine_load"),
-            "time_spent": study.get("time_spent"), "analysis": analysis, "wall_time": wall_time}
+            "time_spent": study.get("time_spent"), "added_seeds": study.get("added_seeds"),
+            "analysis": analysis, "wall_time": wall_time}
 
 
 # -- plots -----------------------------------------------------------------------------------
@@ -408,7 +501,47 @@ def write_plots(study: dict[str, Any], analysis: dict[str, Any], out: Path) -> d
         "time_to_target.png": _plot_time(study, out / "time_to_target.png"),
         "throughput.png": _plot_throughput(study, analysis, out / "throughput.png"),
         "noise_scale.png": _plot_noise(study, analysis, out / "noise_scale.png"),
+        "frontier.png": _plot_frontier(study, out / "frontier.png"),
     }
+
+
+def _plot_frontier(study: dict[str, Any], path: Path) -> Path:
+    """Best validation value within the equal budget against time to target, per cell (median
+    and [min, max] both ways), labelled by batch size; the frontier's cells joined."""
+    plt = _pyplot()
+    colours = optimizer_colours(study)
+    metric = study["config"]["target"]["metric"]
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    front = pareto_cells(study)
+    points = []
+    for optimizer in _optimizers(study):
+        cells = [c for c in study["cells"] if c["optimizer"] == optimizer and c.get("frontier")
+                 and c.get("time_to_target") and c["frontier"]["best_metric"].get("n")]
+        if not cells:
+            continue
+        times, time_bars = _error_bars([(c.get("intervals") or {}).get("time_to_target") or
+                                        {"median": c["time_to_target"], "low": c["time_to_target"],
+                                         "high": c["time_to_target"]} for c in cells])
+        best, best_bars = _error_bars([c["frontier"]["best_metric"] for c in cells])
+        ax.errorbar(times, best, xerr=time_bars, yerr=best_bars, fmt="o", capsize=2,
+                    color=colours[optimizer], label=optimizer)
+        for cell, t, m in zip(cells, times, best, strict=True):
+            ax.annotate(str(cell["batch_size"]), (t, m), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")
+            if (cell["optimizer"], cell["batch_size"]) in front:
+                points.append((t, m))
+    if points:
+        points.sort()
+        ax.plot([p[0] for p in points], [p[1] for p in points], "-", color="grey", lw=1,
+                label="frontier (medians)")
+    _target_line(ax, study)
+    epochs = study["config"].get("frontier_epochs")
+    ax.set(xscale="log", xlabel="time to target (s): steps x step time",
+           ylabel=f"best {metric} within {epochs} epochs",
+           title="Time to target vs the best each cell reaches (labels: batch size)")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    return _save(fig, path)
 
 
 def _batch_ticks(ax: Any, sizes: list[int]) -> None:

@@ -1,0 +1,153 @@
+"""Sequential seeds: after the first ``seeds``, more seeds of a cell's best learning rate only
+where a verdict on the sources' questions is unresolved and could still resolve.
+
+Round by round (``verdicts.seed_schedule``: 3, 5, 8, 10 seeds by default), the comparisons the
+report answers (the optimizers at each batch size, each scaling step, the smallest against the
+largest batch size's test metric) are read; a cell gets the next round's seeds when one of its
+comparisons is unresolved and ``verdicts.could_resolve`` says the added seeds could settle it.
+The rounds stop when no comparison can move, at ``max_seeds``, or when ``seed_budget`` seconds
+of added seeds and frontier runs are spent (checked before each run; by default half the time
+the first seeds' runs took, which keeps a study within 1.5x of its time without them). Which rule stops them does not change the
+verdicts' error: each look is counted in the level of every interval (``verdicts.look_level``).
+
+Added seeds are ordinary runs (full budget, the cell's best rate): stored under their own keys,
+so a re-run reuses them. The frontier runs (``frontier``) follow the seeds each cell has.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kbackend.study.analysis import (
+    generalization_verdict,
+    optimizer_comparison,
+    region_verdicts,
+    verdict_settings,
+)
+from kbackend.study.config import AUTO_SEED_BUDGET_SHARE
+from kbackend.study.frontier import frontier_supported, measure_frontier
+from kbackend.study.verdicts import could_resolve, seed_schedule
+
+COMPARED = (("adam", "sgd"), ("adam", "momentum"))  # the report's optimizer comparisons
+
+
+def open_comparisons(cells: list[dict[str, Any]], step_times: dict[str, Any] | None,
+                     settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """The comparisons the report answers, each with its verdict and the cells it reads
+    (``cells``: (optimizer, batch size) pairs)."""
+    found = []
+    for challenger, incumbent in COMPARED:
+        comparison = optimizer_comparison(cells, challenger, incumbent, settings, step_times)
+        for entry in (comparison or {}).get("per_batch", []):
+            found.append({"what": f"{challenger} vs {incumbent} at batch {entry['batch_size']}",
+                          "verdict": entry["verdict"]})
+    by_optimizer: dict[str, list[dict[str, Any]]] = {}
+    for cell in cells:
+        by_optimizer.setdefault(cell["optimizer"], []).append(cell)
+    for optimizer, group in by_optimizer.items():
+        group.sort(key=lambda c: c["batch_size"])
+        for segment in region_verdicts(group, settings):
+            found.append({"what": f"{optimizer} steps {segment['from']}->{segment['to']}",
+                          "verdict": segment["verdict"]})
+        general = generalization_verdict(group, settings)
+        if "verdict" in general:
+            found.append({"what": f"{optimizer} generalization", "verdict": general["verdict"]})
+    return found
+
+
+def cells_to_extend(cells: list[dict[str, Any]], step_times: dict[str, Any] | None,
+                    settings: dict[str, Any]) -> set[tuple[str, int]]:
+    """The cells of every comparison that is unresolved and could still resolve."""
+    wanted: set[tuple[str, int]] = set()
+    for comparison in open_comparisons(cells, step_times, settings):
+        verdict = comparison["verdict"]
+        if could_resolve(verdict, settings["max_seeds"], settings["level"]):
+            wanted.update(tuple(cell) for cell in verdict["cells"])
+    return wanted
+
+
+def generalization_cells(cells: list[dict[str, Any]]) -> set[tuple[str, int]]:
+    """The cells the generalization verdicts compare (each optimizer's smallest and largest
+    batch size): the only ones whose added seeds get frontier runs too."""
+    sizes: dict[str, list[int]] = {}
+    for cell in cells:
+        sizes.setdefault(cell["optimizer"], []).append(cell["batch_size"])
+    return {(o, b) for o, group in sizes.items() for b in (min(group), max(group))}
+
+
+def seed_budget_seconds(config: Any, records: dict[Any, list[dict[str, Any]]]) -> float:
+    """The seconds added seeds and frontier runs may take (0: no limit): ``seed_budget``, or
+    by default ``AUTO_SEED_BUDGET_SHARE`` of the recorded time of the cells' first seeds' runs.
+    Recorded times, not this process's clock: a resumed study reads the same and decides alike."""
+    if config.seed_budget is not None:
+        return float(config.seed_budget)
+    first = sum(r["result"].get("wall_time") or 0.0 for group in records.values() for r in group)
+    return AUTO_SEED_BUDGET_SHARE * first
+
+
+def extend_seeds(runner: Any, cells: list[dict[str, Any]], runs: list[dict[str, Any]],
+                 step_times: dict[str, Any] | None,
+                 summarize_cell: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> dict[str, Any]:
+    """Add the frontier runs and seed rounds to ``cells`` in place; new runs are appended to
+    ``runs``. Returns what was added: the schedule, each round's cells and seeds, the recorded
+    seconds spent against the budget and why the rounds stopped."""
+    config = runner.config
+    settings = verdict_settings({"config": config.to_dict()})
+    schedule = seed_schedule(config.seeds, settings["max_seeds"])
+    frontier = frontier_supported(runner)
+    records = {(c["optimizer"], c["batch_size"]): [runner.stored_record(k) for k in c["run_keys"]]
+               for c in cells}
+    budget = seed_budget_seconds(config, records) if len(schedule) > 1 or frontier else 0.0
+    start = time.perf_counter()
+    setup_before = runner.time_spent.setup
+    spent = 0.0  # recorded seconds of the added runs, stored or trained now
+    if frontier:
+        for cell in cells:
+            spent += measure_frontier(runner, cell, [int(s) for s in cell["seed_values"]])
+    general = generalization_cells(cells)
+    rounds: list[dict[str, Any]] = []
+    stopped = "max_seeds reached" if len(schedule) == 1 else "no open verdict could still resolve"
+    out_of_budget = False
+    for count in schedule[1:]:
+        wanted = cells_to_extend(cells, step_times, settings)
+        if not wanted:
+            break
+        added = []
+        for cell in cells:
+            key = (cell["optimizer"], cell["batch_size"])
+            if key not in wanted or out_of_budget:
+                continue
+            have = {int(r["config"]["seed"]) for r in records[key]}
+            for seed in (config.seed + i for i in range(count)):
+                if seed in have:
+                    continue
+                if budget and spent >= budget:
+                    out_of_budget = True
+                    break
+                runner.on_event("extend", runs=1)
+                record = runner.run_one(runner.plan(cell["optimizer"], cell["batch_size"],
+                                                    cell["learning_rate"], seed=seed))
+                spent += record["result"].get("wall_time") or 0.0
+                records[key].append(record)
+                runs.append(record)
+                runner.time_spent.added_seed_runs += 1
+                added.append([cell["optimizer"], cell["batch_size"], seed])
+            records[key].sort(key=lambda r: r["config"]["seed"])
+            cell.update(summarize_cell(records[key]))
+            if frontier and key in general:
+                spent += measure_frontier(runner, cell, [int(s) for s in cell["seed_values"]])
+        rounds.append({"seeds": count, "cells": sorted([list(k) for k in wanted]),
+                       "runs": added})
+        if out_of_budget:
+            stopped = f"seed budget spent ({spent:.1f} of {budget:.1f} s)"
+            break
+    else:
+        if len(schedule) > 1:
+            stopped = "max_seeds reached"
+    seconds = runner._seconds_since(start, setup_before)
+    runner.time_spent.added_seeds += seconds
+    return {"schedule": schedule, "max_seeds": settings["max_seeds"], "rounds": rounds,
+            "seconds": seconds, "recorded_seconds": spent, "budget": budget or None,
+            "stopped": stopped, "frontier_epochs": config.frontier_epochs if frontier else 0}

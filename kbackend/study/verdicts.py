@@ -1,0 +1,246 @@
+"""Three-way verdicts on paired seeds: A better, B better, equivalent within a margin, or not
+resolved, each from one interval whose coverage is stated and checked by simulation
+(tests/test_study_verdicts.py).
+
+Why this interval. The seeds of two cells pair: seed s starts every cell from the same initial
+weights and shuffles with the same permutation, so a comparison looks at the per-seed ratio
+A_s / B_s (times, steps) or difference A_s - B_s (accuracies). With 3 to 10 seeds an
+order-statistic interval on their median can reach at most 1 - 2 x 0.5^n coverage (75% at 3
+seeds), too little to spend over several looks; the t-interval on the mean of the per-seed log
+ratios (or differences) is exact when those are normal (a log-normal seed-to-seed spread, as
+steps to target show), reaches any level at any n >= 2, and its coverage under skewed spreads
+is checked by simulation.
+
+Times add the step time: time = steps x seconds per step, measured apart in R interleaved
+rounds. Rounds pair like seeds (two cells timed moments apart share the machine's load), so the
+log time ratio is the mean log steps ratio plus the mean per-round log step-time ratio, and its
+standard error adds both (Welch-Satterthwaite degrees of freedom).
+
+Steps to target are known only to one evaluation interval e (the run crosses the target
+somewhere in the e steps before the evaluation that sees it), so the per-seed spread of a
+log steps ratio is floored at that rounding's own spread, sqrt((e_A/S_A)^2 + (e_B/S_B)^2) /
+sqrt(12): seeds that all stop at the same evaluation do not make a zero-width interval.
+
+Sequential seeds (``seed_schedule``): a comparison is looked at after each round of added seeds,
+L looks at most. Each look's interval has level 1 - alpha / L (``look_level``), so the chance
+that any look's interval misses the truth is at most alpha whatever rule stops the rounds
+(Bonferroni over the looks): a verdict is wrong only when the interval it was read from misses.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+# The chance that a comparison's final verdict is wrong, over all its looks, is at most 1 - this.
+VERDICT_CONFIDENCE = 0.9
+DEFAULT_MARGIN = 0.10           # times, steps and non-accuracy metrics: a ratio within 1.1x
+DEFAULT_ACCURACY_MARGIN = 0.01  # accuracies: a difference within one percentage point
+DEFAULT_MAX_SEEDS = 10
+OUTCOMES = ("a", "b", "equivalent", "not_resolved")
+
+
+def seed_schedule(seeds: int, max_seeds: int) -> list[int]:
+    """The seed counts at which verdicts are read: ``seeds``, then each round adds half as many
+    again (at least one) up to ``max_seeds`` (3, 5, 8, 10 by default). Fewer looks than one per
+    seed keep each look's level (``look_level``) from growing with every added seed."""
+    counts = [seeds]
+    while counts[-1] < max_seeds:
+        counts.append(min(max_seeds, counts[-1] + max(1, math.ceil(counts[-1] / 2))))
+    return counts
+
+
+def look_level(looks: int, confidence: float = VERDICT_CONFIDENCE) -> float:
+    """The level of each look's interval so that all ``looks`` together miss with probability at
+    most ``1 - confidence`` (Bonferroni)."""
+    return 1.0 - (1.0 - confidence) / max(1, looks)
+
+
+def t_quantile(probability: float, df: float) -> float:
+    """Student's t quantile (SciPy, a dependency of scikit-learn, imported when first needed)."""
+    from scipy.stats import t  # deferred: only the analysis needs it
+
+    return float(t.ppf(probability, df))
+
+
+def mean_interval(values: Sequence[float], level: float, floor_sd: float = 0.0,
+                  rounds: Sequence[float] | None = None) -> tuple[float, float, float]:
+    """(estimate, low, high): the t-interval at ``level`` of the mean of ``values`` (plus the mean
+    of ``rounds`` when given, an independent second sample whose standard error adds). The
+    sample's spread is taken as at least ``floor_sd``. Fewer than two values: an unbounded
+    interval around the estimate."""
+    x = np.asarray(values, dtype=float)
+    n = x.size
+    if n == 0:
+        return math.nan, -math.inf, math.inf
+    estimate = float(x.mean())
+    if n < 2:
+        return estimate, -math.inf, math.inf
+    var_x = max(float(x.var(ddof=1)), floor_sd ** 2) / n
+    variance, df = var_x, float(n - 1)
+    if rounds is not None and len(rounds) > 0:
+        r = np.asarray(rounds, dtype=float)
+        estimate += float(r.mean())
+        var_r = float(r.var(ddof=1)) / r.size if r.size > 1 else 0.0
+        variance = var_x + var_r
+        if var_r > 0:  # Welch-Satterthwaite
+            df = variance ** 2 / (var_x ** 2 / (n - 1) + var_r ** 2 / (r.size - 1))
+    if variance == 0:
+        return estimate, estimate, estimate
+    half = t_quantile(0.5 + level / 2, df) * math.sqrt(variance)
+    return estimate, estimate - half, estimate + half
+
+
+def decide(low: float, high: float, margin: float, a_is_better_below: bool) -> str:
+    """The outcome of an interval [low, high] of a difference (0: equal; a log ratio is one):
+    ``"equivalent"`` when it lies inside [-margin, margin] (a difference smaller than what
+    matters, even where it excludes 0), ``"a"``/``"b"`` when it lies wholly on one side of 0
+    (``a_is_better_below``: a negative difference favours A), else ``"not_resolved"``."""
+    if math.isnan(low) or math.isnan(high):
+        return "not_resolved"
+    if -margin <= low and high <= margin:
+        return "equivalent"
+    if high < 0:
+        return "a" if a_is_better_below else "b"
+    if low > 0:
+        return "b" if a_is_better_below else "a"
+    return "not_resolved"
+
+
+def _paired(a: dict[str, float], b: dict[str, float]) -> list[str]:
+    return sorted(set(a) & set(b), key=lambda s: (len(s), s))
+
+
+def ratio_verdict(a: dict[str, float], b: dict[str, float], *, level: float, margin: float,
+                  floor_sd: float = 0.0, round_log_ratios: Sequence[float] | None = None,
+                  scale: float = 1.0) -> dict[str, Any]:
+    """Smaller is better (times, steps): the interval of the ratio A/B over the seeds both have
+    (dicts seed -> value; infinite: never reached). ``round_log_ratios``: the per-round log
+    ratios of a second factor (step times); ``scale``: a known factor of the ratio. A seed
+    that never reached counts at its side's largest finite value (a lower bound, so the ratio
+    is biased towards equal): then only the verdict against that side stands."""
+    seeds = _paired(a, b)
+    pairs = [(a[s], b[s]) for s in seeds]
+    censored_a = any(math.isinf(x) for x, _ in pairs)
+    censored_b = any(math.isinf(y) for _, y in pairs)
+    record: dict[str, Any] = {"kind": "ratio", "seeds": len(seeds), "level": level,
+                              "margin": margin, "censored": censored_a or censored_b}
+    if (censored_a and censored_b) or not pairs:
+        return {**record, "estimate": math.nan, "low": math.nan, "high": math.nan,
+                "outcome": "not_resolved", "resolved": False}
+    cap_a = max((x for x, _ in pairs if math.isfinite(x)), default=math.nan)
+    cap_b = max((y for _, y in pairs if math.isfinite(y)), default=math.nan)
+    logs = [math.log((x if math.isfinite(x) else cap_a) / (y if math.isfinite(y) else cap_b))
+            for x, y in pairs]
+    if any(math.isnan(v) for v in logs):
+        return {**record, "estimate": math.nan, "low": math.nan, "high": math.nan,
+                "outcome": "not_resolved", "resolved": False}
+    estimate, low, high = mean_interval(logs, level, floor_sd, round_log_ratios)
+    rounds = list(round_log_ratios or [])
+    round_var = float(np.var(rounds, ddof=1)) / len(rounds) if len(rounds) > 1 else 0.0
+    shift = math.log(scale)
+    outcome = decide(low + shift, high + shift, math.log1p(margin), a_is_better_below=True)
+    if (censored_a and outcome != "b") or (censored_b and outcome != "a"):
+        outcome = "not_resolved"
+    return {**record, "estimate": math.exp(estimate + shift), "low": math.exp(low + shift),
+            "high": math.exp(high + shift), "outcome": outcome,
+            "resolved": outcome != "not_resolved", "sd": _sd(logs, floor_sd),
+            "round_variance": round_var}
+
+
+def difference_verdict(a: dict[str, float], b: dict[str, float], *, level: float, margin: float,
+                       larger_is_better: bool) -> dict[str, Any]:
+    """The interval of the difference A - B over the seeds both have (accuracies: ``margin`` in
+    the metric's own units, 0.01 = one point)."""
+    seeds = [s for s in _paired(a, b) if math.isfinite(a[s]) and math.isfinite(b[s])]
+    diffs = [a[s] - b[s] for s in seeds]
+    estimate, low, high = mean_interval(diffs, level)
+    outcome = decide(low, high, margin, a_is_better_below=not larger_is_better) \
+        if diffs else "not_resolved"
+    return {"kind": "difference", "seeds": len(seeds), "level": level, "margin": margin,
+            "censored": False, "estimate": estimate, "low": low, "high": high,
+            "outcome": outcome, "resolved": outcome != "not_resolved", "sd": _sd(diffs, 0.0)}
+
+
+def _sd(values: Sequence[float], floor_sd: float) -> float:
+    return max(float(np.std(values, ddof=1)), floor_sd) if len(values) > 1 else math.inf
+
+
+def could_resolve(verdict: dict[str, Any], max_seeds: int, level: float) -> bool:
+    """Whether more seeds could still settle an unresolved ``verdict`` by ``max_seeds``: with
+    the estimate and spread it has now, the interval at ``max_seeds`` (its level ``level``)
+    would exclude equality or fit inside the margin. Only the cost depends on this rule, not
+    the verdicts' error (every look is counted in its level)."""
+    if verdict["resolved"] or verdict["seeds"] >= max_seeds or verdict.get("censored"):
+        return False
+    sd = verdict.get("sd", math.inf)
+    if not math.isfinite(sd) or math.isnan(verdict["estimate"]):
+        return verdict["seeds"] < 2  # one seed: no spread yet, a second one gives it
+    # the step times' share of the variance does not shrink with seeds
+    variance = sd ** 2 / max_seeds + verdict.get("round_variance", 0.0)
+    half = t_quantile(0.5 + level / 2, max_seeds - 1) * math.sqrt(variance)
+    if verdict["kind"] == "ratio":
+        centre, edge = abs(math.log(verdict["estimate"])), math.log1p(verdict["margin"])
+    else:
+        centre, edge = abs(verdict["estimate"]), verdict["margin"]
+    return centre > half or centre + half < edge
+
+
+def step_time_log_ratios(step_times: dict[str, Any] | None, a: tuple[str, int],
+                         b: tuple[str, int]) -> list[float] | None:
+    """Per-round log ratios of two cells' measured seconds per step (rounds pair: they were
+    timed moments apart); None when either cell was not timed."""
+    timed = {(c["optimizer"], c["batch_size"]): c["seconds"]
+             for c in (step_times or {}).get("cells", [])}
+    if a not in timed or b not in timed:
+        return None
+    return [math.log(x / y) for x, y in zip(timed[a], timed[b], strict=False) if x > 0 and y > 0]
+
+
+def rounding_sd(cells: Sequence[dict[str, Any]]) -> float:
+    """The spread a log steps ratio gets from each cell's evaluation interval alone (a crossing
+    anywhere in the e steps before the evaluation that sees it: sd e / S / sqrt(12))."""
+    total = 0.0
+    for cell in cells:
+        steps, every = cell.get("steps_to_target"), cell.get("eval_every")
+        if steps and every:
+            total += (every / steps) ** 2 / 12.0
+    return math.sqrt(total)
+
+
+def span_text(verdict: dict[str, Any], spec: str = ".3g") -> str:
+    """The verdict's estimate and interval, e.g. ``0.62x [0.48, 0.80]`` or ``+0.8 pt [...]``."""
+    if math.isnan(verdict["estimate"]):
+        return "no paired seeds"
+
+    def end(value: float) -> str:
+        return "inf" if math.isinf(value) else format(value, spec)
+
+    if verdict["kind"] == "ratio":
+        return f"{end(verdict['estimate'])}x [{end(verdict['low'])}, {end(verdict['high'])}]"
+    scale = 100.0  # accuracy points
+    return (f"{verdict['estimate'] * scale:+.2f} pt [{verdict['low'] * scale:+.2f}, "
+            f"{verdict['high'] * scale:+.2f}]")
+
+
+def outcome_text(verdict: dict[str, Any], a_name: str, b_name: str, better: str,
+                 seconds: float | None = None) -> str:
+    """One phrase: who is ``better`` (e.g. "faster"), "equivalent within 10%" or "not resolved
+    after N seeds (and S seconds)", with the interval."""
+    margin = (f"{verdict['margin']:.0%}" if verdict["kind"] == "ratio"
+              else f"{100 * verdict['margin']:g} pt")
+    n = verdict["seeds"]
+    figures = f"{'A/B' if verdict['kind'] == 'ratio' else 'A-B'} {span_text(verdict)}"
+    if verdict["outcome"] == "a":
+        head = f"{a_name} {better}"
+    elif verdict["outcome"] == "b":
+        head = f"{b_name} {better}"
+    elif verdict["outcome"] == "equivalent":
+        head = f"{a_name} and {b_name} equivalent within {margin}"
+    else:
+        spent = f" and {seconds:.0f} s of added seeds" if seconds else ""
+        head = f"not resolved after {n} seed{'s' if n != 1 else ''}{spent}"
+    return f"{head} ({figures}, {n} seeds, {verdict['level']:.1%} interval)"

@@ -7,7 +7,12 @@ fastest on this hardware and backend.
 - ``store``: SQLite results store keyed by each run's full configuration.
 - ``noise``: the gradient noise scale B_simple (McCandlish et al. 2018).
 - ``analysis``: medians with order-statistic intervals; scaling regions, knees, the fastest
-  cell, crossovers, each a verdict only where the intervals separate.
+  cell, crossovers; the four questions' verdicts read with ``verdicts``.
+- ``verdicts``: three-way verdicts (A better, B better, equivalent within a margin, not
+  resolved) from paired-seed intervals, with their levels over the sequential looks.
+- ``sequential``: seeds added round by round where a verdict could still resolve.
+- ``frontier``: the best validation value each cell reaches on an equal budget, and the test
+  metric of that checkpoint.
 - ``report``: terminal table, markdown report and PNG plots.
 """
 

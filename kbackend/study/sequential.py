@@ -77,14 +77,14 @@ def generalization_cells(cells: list[dict[str, Any]]) -> set[tuple[str, int]]:
     return {(o, b) for o, group in sizes.items() for b in (min(group), max(group))}
 
 
-def seed_budget_seconds(config: Any, records: dict[Any, list[dict[str, Any]]]) -> float:
+def seed_budget_seconds(config: Any, runs: list[dict[str, Any]]) -> float:
     """The seconds added seeds and frontier runs may take (0: no limit): ``seed_budget``, or
-    by default ``AUTO_SEED_BUDGET_SHARE`` of the recorded time of the cells' first seeds' runs.
-    Recorded times, not this process's clock: a resumed study reads the same and decides alike."""
+    by default ``AUTO_SEED_BUDGET_SHARE`` of the recorded time of the grid's runs before them
+    (every rate, seed and extension). Recorded times, not this process's clock: a resumed study
+    reads the same and decides alike."""
     if config.seed_budget is not None:
         return float(config.seed_budget)
-    first = sum(r["result"].get("wall_time") or 0.0 for group in records.values() for r in group)
-    return AUTO_SEED_BUDGET_SHARE * first
+    return AUTO_SEED_BUDGET_SHARE * sum(r["result"].get("wall_time") or 0.0 for r in runs)
 
 
 def extend_seeds(runner: Any, cells: list[dict[str, Any]], runs: list[dict[str, Any]],
@@ -99,7 +99,7 @@ def extend_seeds(runner: Any, cells: list[dict[str, Any]], runs: list[dict[str, 
     frontier = frontier_supported(runner)
     records = {(c["optimizer"], c["batch_size"]): [runner.stored_record(k) for k in c["run_keys"]]
                for c in cells}
-    budget = seed_budget_seconds(config, records) if len(schedule) > 1 or frontier else 0.0
+    budget = seed_budget_seconds(config, runs) if len(schedule) > 1 or frontier else 0.0
     start = time.perf_counter()
     setup_before = runner.time_spent.setup
     spent = 0.0  # recorded seconds of the added runs, stored or trained now

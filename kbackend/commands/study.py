@@ -125,8 +125,8 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                                f"{DEFAULT_MAX_SEEDS}; --max-seeds equal to --seeds: none added)")
     verdicts.add_argument("--seed-budget", type=_budget, default=None, metavar="SECONDS|auto",
                           help="stop adding seeds (and frontier runs) once their runs took this "
-                               "many seconds (default auto: half the time the first seeds' "
-                               "runs took; 0: no limit)")
+                               "many seconds (default auto: half the recorded time of the "
+                               "grid's runs; 0: no limit)")
     verdicts.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
                           help="equivalence margin of times, steps and error metrics, relative "
                                f"(default {DEFAULT_MARGIN:g}: within 1.1x)")

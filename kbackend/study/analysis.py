@@ -196,7 +196,7 @@ def analyze(study: dict[str, Any]) -> dict[str, Any]:
         verdicts["per_optimizer"][optimizer] = {
             "regions": region_verdicts(group, settings),
             "b_crit": b_crit,
-            "noise_agreement": noise_agreement(b_crit, b_simple, seeds),
+            "noise_agreement": noise_agreement(b_crit, b_simple, b_crit.get("n") or seeds),
             "generalization": generalization_verdict(group, settings),
         }
     return {

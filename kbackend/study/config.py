@@ -196,7 +196,7 @@ class StudyConfig:
     # Sequential seeds and three-way verdicts (kbackend.study.verdicts): None = ``seeds`` (no
     # seed is added); ``seed_budget``: seconds of added seeds and frontier runs at most, counted
     # by the runs' own recorded wall times (so a resumed study decides alike); None = half the
-    # recorded time of the first seeds' runs (what keeps a study within 1.5x), 0 = no limit.
+    # recorded time of the grid's runs (what keeps a study within 1.5x), 0 = no limit.
     max_seeds: int | None = None
     seed_budget: float | None = None
     margin: float = DEFAULT_MARGIN

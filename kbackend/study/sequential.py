@@ -6,9 +6,10 @@ report answers (the optimizers at each batch size, each scaling step, the smalle
 largest batch size's test metric) are read; a cell gets the next round's seeds when one of its
 comparisons is unresolved and ``verdicts.could_resolve`` says the added seeds could settle it.
 The rounds stop when no comparison can move, at ``max_seeds``, or when ``seed_budget`` seconds
-of added seeds and frontier runs are spent (checked before each run; by default half the time
-the first seeds' runs took, which keeps a study within 1.5x of its time without them). Which rule stops them does not change the
-verdicts' error: each look is counted in the level of every interval (``verdicts.look_level``).
+of added seeds and frontier runs are spent (checked before each run; by default half the
+recorded time of the grid's runs, which keeps a study within about 1.5x of its time without
+them). Which rule stops them does not change the verdicts' error: each look is counted in the
+level of every interval (``verdicts.look_level``).
 
 Added seeds are ordinary runs (full budget, the cell's best rate): stored under their own keys,
 so a re-run reuses them. The frontier runs (``frontier``) follow the seeds each cell has.

@@ -25,6 +25,7 @@ from kbackend.study.verdicts import (
     ratio_verdict,
     seed_schedule,
 )
+from kbackend.training import Target
 from tests.test_study_executor import _fake_history, _one_cell
 
 
@@ -245,3 +246,32 @@ def test_the_frontier_table_from_a_stored_study():
     header, rows = frontier_rows(study)
     assert header[3] == "best val_accuracy" and len(rows) == 4
     assert rows[0][3] == "0.7000 [0.6900, 0.7100]" and rows[0][-1] == "yes" and rows[2][-1] == ""
+
+
+def test_frontier_runs_record_the_best_checkpoint_and_are_reused(tmp_path):
+    """Native engine, digits: each cell's best rate trains 2 epochs per seed without stopping at
+    the target; the best validation value is the best of its evaluations, the test metric is
+    taken there, and a second pass trains no frontier run again."""
+    from tests.conftest import JIT_FOR_SMALL_RUNS
+
+    config = StudyConfig(model="seed_mlp", dataset="digits", optimizers=("adam",),
+                         batch_sizes=(128,), learning_rates={"adam": (3e-3,)}, max_steps=40,
+                         engine="native", target=Target("val_accuracy", 0.5), noise_points=0,
+                         seeds=2, step_time_repeats=0, population="off", frontier_epochs=2,
+                         jit_compile=JIT_FOR_SMALL_RUNS)
+    with ResultStore(tmp_path / "study.db") as store:
+        runner = StudyRunner(config, store)
+        (cell,) = runner.run()["cells"]
+        assert runner.time_spent.frontier_runs == 2
+        frontier = cell["frontier"]
+        assert frontier["epochs"] == 2 and frontier["seeds"] == 2
+        for record in store.records(kind="frontier"):
+            result = record["result"]
+            values = [e["val_accuracy"] for e in result["evals"]]
+            assert result["best_metric"] == max(values)
+            assert result["step"] == result["evals"][values.index(max(values))]["step"]
+            assert result["steps_run"] == 2 * (1294 // 128)  # no stop at the target
+            assert 0 < result["test_metric"] <= 1
+        again = StudyRunner(config, store)
+        again.run()
+        assert again.time_spent.frontier_runs == 0 and again.executed == 0

@@ -1,7 +1,8 @@
 """Test sessions. Dependencies come from pyproject.toml (the project and its dependency groups).
 
-    nox                      # default: every suite per backend (tests), ray, lint
-    nox -s "tests(jax)"      # every suite under one backend: unit, slow, devices (and equivalence)
+    nox                      # default: the unit suite per backend (tests), ray, lint
+    nox -s extended          # the long suites per backend: slow, devices (and equivalence)
+    nox -s "tests(jax)"      # the unit suite under one backend
     nox -s "unit(jax)"       # one suite under one backend: unit, slow, devices, or equivalence
     nox -s bench             # quick versions of the benchmark scripts
     nox -s ray               # the study on a local Ray instance (the `ray` extra)
@@ -79,17 +80,37 @@ def _suite(session: nox.Session, suite: str, backend: str, env: dict[str, str]) 
     session.run("pytest", *parallel, "-m", markers, *session.posargs, env=env | extra)
 
 
+# The default `nox` (the README's test command) runs the unit suite of each backend; the long
+# suites (whole multi-process jobs, benchmark smoke runs, 8 virtual devices, the cross-backend
+# property suite) run in `extended`, which CI runs after it (.ci/run): nothing CI covers is lost,
+# and the command a developer runs after each change stays short.
+DEFAULT_SUITES = ("unit",)
+EXTENDED_SUITES = ("slow", "devices", "equivalence")
+
+
+def _suites(session: nox.Session, backend: str, names: tuple[str, ...]) -> None:
+    """The suites ``names`` that run under ``backend``, one after another in one environment: one
+    install and one compilation cache serve them all (a session per suite installed the same
+    packages six times and compiled the same programs again in each)."""
+    _install(session, "test")
+    env = _env(session, backend)
+    for suite in names:
+        if backend in SUITES[suite][3]:
+            _suite(session, suite, backend, env)
+
+
 @nox.session
 @nox.parametrize("backend", BACKENDS, ids=BACKENDS)
 def tests(session: nox.Session, backend: str) -> None:
-    """Every suite that runs under ``backend``, one after another in one environment: one install
-    and one compilation cache serve them all (a session per suite installed the same packages
-    six times and compiled the same programs again in each)."""
-    _install(session, "test")
-    env = _env(session, backend)
-    for suite, (*_, backends) in SUITES.items():
-        if backend in backends:
-            _suite(session, suite, backend, env)
+    """The unit suite under ``backend`` (part of the default `nox`)."""
+    _suites(session, backend, DEFAULT_SUITES)
+
+
+@nox.session
+@nox.parametrize("backend", BACKENDS, ids=BACKENDS)
+def extended(session: nox.Session, backend: str) -> None:
+    """The long suites under ``backend``: slow, devices and (JAX) equivalence; CI runs them."""
+    _suites(session, backend, EXTENDED_SUITES)
 
 
 def _one_suite(suite: str, backends: list[str]):
@@ -99,7 +120,8 @@ def _one_suite(suite: str, backends: list[str]):
         _install(session, "test")
         _suite(session, suite, backend, _env(session, backend))
 
-    run.__doc__ = f"The {suite} suite alone, under one backend (part of `tests`)."
+    part = "tests" if suite in DEFAULT_SUITES else "extended"
+    run.__doc__ = f"The {suite} suite alone, under one backend (part of `{part}`)."
     return run
 
 

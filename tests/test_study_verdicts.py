@@ -135,6 +135,12 @@ def test_verdict_records_and_censored_seeds():
     censored = ratio_verdict(_seeds([100, math.inf, 105]), _seeds([200, 210, 190]),
                              level=level, margin=0.1)
     assert censored["censored"] and censored["outcome"] == "not_resolved"
+    # B never reached in any seed: at least the steps it ran, so A (which reached) is better
+    never = _seeds([math.inf] * 3)
+    assert ratio_verdict(_seeds([100, 120, 110]), never, level=level, margin=0.1,
+                         bounds=(None, 400.0))["outcome"] == "a"
+    assert ratio_verdict(_seeds([100, 120, 110]), never, level=level,
+                         margin=0.1)["outcome"] == "not_resolved"  # no bound: nothing to say
     # every seed at the same evaluation, every 30 steps: the rounding floor keeps it open
     tied = ratio_verdict(_seeds([70, 70, 70]), _seeds([60, 60, 60]), level=0.9, margin=0.1,
                          floor_sd=math.sqrt(2 * (30 / 65) ** 2 / 12))

@@ -342,9 +342,18 @@ def time_verdict(a: dict[str, Any], b: dict[str, Any], settings: dict[str, Any],
             (b["time_to_target"] / b["steps_to_target"])
     verdict = ratio_verdict(a.get("seed_steps") or {}, b.get("seed_steps") or {},
                             level=settings["level"], margin=settings["margin"],
-                            floor_sd=rounding_sd([a, b]), round_log_ratios=rounds, scale=scale)
+                            floor_sd=rounding_sd([a, b]), round_log_ratios=rounds, scale=scale,
+                            bounds=(_budget_steps(a), _budget_steps(b)))
     verdict["cells"] = [list(_key(a)), list(_key(b))]
     return verdict
+
+
+def _budget_steps(cell: dict[str, Any]) -> float | None:
+    """The steps a cell's seeds that never reached the target ran (a lower bound of their
+    steps to target), where the cell did not reach: its median steps run."""
+    if cell.get("reached") or not cell.get("steps_run"):
+        return None
+    return float(cell["steps_run"])
 
 
 def optimizer_comparison(cells: list[dict[str, Any]], challenger: str, incumbent: str,

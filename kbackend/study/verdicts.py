@@ -116,12 +116,14 @@ def _paired(a: dict[str, float], b: dict[str, float]) -> list[str]:
 
 def ratio_verdict(a: dict[str, float], b: dict[str, float], *, level: float, margin: float,
                   floor_sd: float = 0.0, round_log_ratios: Sequence[float] | None = None,
-                  scale: float = 1.0) -> dict[str, Any]:
+                  scale: float = 1.0, bounds: tuple[float | None, float | None] = (None, None),
+                  ) -> dict[str, Any]:
     """Smaller is better (times, steps): the interval of the ratio A/B over the seeds both have
     (dicts seed -> value; infinite: never reached). ``round_log_ratios``: the per-round log
     ratios of a second factor (step times); ``scale``: a known factor of the ratio. A seed
-    that never reached counts at its side's largest finite value (a lower bound, so the ratio
-    is biased towards equal): then only the verdict against that side stands."""
+    that never reached counts at a lower bound of its value: ``bounds`` (A's, B's: the steps it
+    ran), else its side's largest finite value, so the ratio is biased towards equal and only
+    the verdict against that side stands."""
     seeds = _paired(a, b)
     pairs = [(a[s], b[s]) for s in seeds]
     censored_a = any(math.isinf(x) for x, _ in pairs)
@@ -131,8 +133,8 @@ def ratio_verdict(a: dict[str, float], b: dict[str, float], *, level: float, mar
     if (censored_a and censored_b) or not pairs:
         return {**record, "estimate": math.nan, "low": math.nan, "high": math.nan,
                 "outcome": "not_resolved", "resolved": False}
-    cap_a = max((x for x, _ in pairs if math.isfinite(x)), default=math.nan)
-    cap_b = max((y for _, y in pairs if math.isfinite(y)), default=math.nan)
+    cap_a = bounds[0] or max((x for x, _ in pairs if math.isfinite(x)), default=math.nan)
+    cap_b = bounds[1] or max((y for _, y in pairs if math.isfinite(y)), default=math.nan)
     logs = [math.log((x if math.isfinite(x) else cap_a) / (y if math.isfinite(y) else cap_b))
             for x, y in pairs]
     if any(math.isnan(v) for v in logs):

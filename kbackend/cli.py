@@ -32,6 +32,7 @@ import ctypes
 import gc
 import importlib
 import importlib.machinery
+import io
 import os
 import pkgutil
 import signal
@@ -39,7 +40,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from kbackend import __version__, commands, logs
 from kbackend.backend_choice import BACKENDS, skip_optional_imports, use_backend
@@ -198,7 +199,8 @@ def _main(argv: Sequence[str] | None, own_process: bool) -> int:
         # escaped instead of ending a finished command with UnicodeEncodeError.
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(AttributeError, ValueError):
-                stream.reconfigure(errors="backslashreplace")
+                # TextIO declares no reconfigure; a stream without one is skipped (AttributeError)
+                cast(io.TextIOWrapper, stream).reconfigure(errors="backslashreplace")
     argv = list(sys.argv[1:] if argv is None else argv)
     named = argv[0] if argv and argv[0] in command_names() else None
     parser = build_parser(named)  # no command named (--help, a typo): every command, listed

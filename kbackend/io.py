@@ -61,7 +61,9 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_temp_files(folder: str | os.PathLike, *, max_age_s: float = STALE_TEMP_AGE_S) -> list[Path]:
+def remove_stale_temp_files(
+    folder: str | os.PathLike[str], *, max_age_s: float = STALE_TEMP_AGE_S
+) -> list[Path]:
     """Remove the temp files ``atomic_write`` (and staging folders ``temp_folder``) left in
     ``folder`` when their process was killed.
 
@@ -124,7 +126,7 @@ def temp_folder(target: str | os.PathLike) -> Path:
                                  suffix=".tmp", dir=target.parent))
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
     """Call ``write(tmp_path)`` then atomically rename ``tmp_path`` to ``path``.
 
     A crash at any point leaves either the old file or the complete new one, never a partial file.
@@ -173,7 +175,7 @@ def _os_error_in(error: BaseException) -> OSError | None:
 
 def _free_space(folder: Path) -> str:
     try:
-        free = shutil.disk_usage(folder).free
+        free: float = shutil.disk_usage(folder).free
     except OSError:
         return "unknown space"
     for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):

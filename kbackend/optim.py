@@ -182,7 +182,8 @@ def _keras_schedule_class() -> Any:
     """Define (once, after Keras is imported) the Keras schedule wrapping ``schedule_value``."""
     global _SCHEDULE_CLASS
     if _SCHEDULE_CLASS is None:
-        keras = import_keras()
+        # Any: mypy cannot see the classes of a module imported at run time (the base below)
+        keras: Any = import_keras()
 
         @keras.saving.register_keras_serializable(package="kbackend")
         class SpecSchedule(keras.optimizers.schedules.LearningRateSchedule):

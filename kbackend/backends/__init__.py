@@ -109,7 +109,7 @@ class BackendOps(Protocol):
     def supports_populations(self) -> bool: ...
     def precision_support(self) -> dict[str, dict[str, bool]]: ...
     def matmul_flops(self, n: int = 1024, dtype: str = "float32", repeats: int = 10,
-                     jit: bool = True) -> dict[str, float]: ...
+                     jit: bool = True) -> dict[str, Any]: ...
     def train_step_memory(self, model: Any, x: Any, y: Any) -> dict[str, Any]: ...
     # reference: the hand-written loop the engine benchmark measures the engines against
     def reference_train_loop(self, params: Any, x: Any, y: Any,
@@ -124,7 +124,7 @@ class BackendOps(Protocol):
 def backend_package(name: str) -> BackendOps:
     """The package implementing ``BackendOps`` for backend ``name`` (imports its framework)."""
     with framework_import():
-        return importlib.import_module(_PACKAGES[name])  # type: ignore[return-value]
+        return importlib.import_module(_PACKAGES[name])
 
 
 @functools.cache

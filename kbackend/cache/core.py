@@ -62,9 +62,10 @@ def check_cacheable(model: Any, rounding: Rounding | None = None) -> tuple[int, 
     check_servable(model)
     (rounding or Rounding()).check(input_shape(model))
     shape = output_shape(model)
-    if any(d is None for d in shape):
+    fixed = tuple(int(d) for d in shape if d is not None)
+    if len(fixed) < len(shape):
         raise CacheError(f"Cannot cache a model whose output shape {shape} is not fixed.")
-    return tuple(int(d) for d in shape)
+    return fixed
 
 
 class PredictionCache:

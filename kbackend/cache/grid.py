@@ -119,12 +119,15 @@ class GridText:
                 )
             assigned.update((index, values) for index in range(low, high + 1))
         missing = [i for i in range(features) if i not in assigned]
-        if missing and rest is None:
-            raise ConfigError(
-                f"Invalid grid {self.spec!r}: features {missing[:10]}{'...' if len(missing) > 10 else ''} have no values; "
-                "add a clause such as '*=0' for the features held constant."
-            )
-        grid = GridSpec(tuple(assigned.get(i, rest) for i in range(features)))
+        if missing:
+            if rest is None:
+                more = "..." if len(missing) > 10 else ""
+                raise ConfigError(
+                    f"Invalid grid {self.spec!r}: features {missing[:10]}{more} have no values; "
+                    "add a clause such as '*=0' for the features held constant."
+                )
+            assigned.update((index, rest) for index in missing)
+        grid = GridSpec(tuple(assigned[i] for i in range(features)))
         if grid.size > self.max_rows:
             _too_many(self.spec, f"{grid.size:.3g}", self.max_rows)
         return grid

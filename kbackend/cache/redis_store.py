@@ -98,7 +98,8 @@ class RedisStore:
         self._call("write", action)
 
     def _known_namespaces(self) -> set[str]:
-        names = {k.decode() for k in self._client.hkeys(f"{self.prefix}:models")}
+        keys = self._client.hkeys(f"{self.prefix}:models")
+        names = {k.decode() if isinstance(k, bytes) else k for k in keys}
         for pattern in (f"{self.prefix}:pred:*", f"{self.prefix}:counters:*"):
             for key in self._client.scan_iter(match=pattern, count=1000):
                 names.add(key.decode().rsplit(":", 1)[1])

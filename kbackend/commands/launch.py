@@ -204,7 +204,12 @@ def run(args: argparse.Namespace) -> int:
     threads = []
     ended: queue.Queue = queue.Queue()
     kept: list[list[str]] = [[] for _ in range(args.num_processes)]
-    previous = signal.signal(signal.SIGTERM, lambda *_: (_stop(processes), sys.exit(143)))
+
+    def on_sigterm(*_: object) -> None:
+        _stop(processes)
+        sys.exit(143)
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         for index in range(args.num_processes):
             command = worker_command(train_args, args.num_processes, index, coordinator)

@@ -21,7 +21,8 @@ from kbackend.task import metric_direction
 
 
 def _recorder_class() -> Any:
-    keras = import_keras()
+    # Any: mypy cannot see the classes of a module imported at run time (the bases below)
+    keras: Any = import_keras()
 
     class Recorder(keras.callbacks.Callback):
         """Records per-step train losses and training time with evaluation time excluded.

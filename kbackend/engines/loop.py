@@ -141,7 +141,8 @@ class _Run:
         first = self.pending[0][0]
         now = self.train_time()
         times = np.linspace(self.synced_at, now, len(losses) + 1)[1:]
-        self.history.record_steps(list(range(first + 1, first + len(losses) + 1)), losses, times)
+        steps = list(range(first + 1, first + len(losses) + 1))
+        self.history.record_steps(steps, losses.tolist(), times.tolist())
         self.losses_since_eval.extend(float(v) for v in losses)
         self.synced_at = now
         self.pending.clear()
@@ -357,7 +358,7 @@ def run_population(trainer: Any, plan: Plan, configs: list[Any],
         clock["synced_at"] = now
         diverged = []
         for m in sorted(active):
-            histories[m].record_steps(steps, losses[m], times)
+            histories[m].record_steps(steps, losses[m].tolist(), times.tolist())
             losses_since_eval[m].extend(float(v) for v in losses[m])
             finite = np.isfinite(losses[m])
             if not finite.all():

@@ -376,4 +376,4 @@ def probe_fused_steps(model: Any, dataset: Any, spec: Any, batch_size: int, seed
             model.set_weights(weights)
     finally:
         model.set_weights(weights)
-    return min(timings, key=timings.get), timings
+    return min(timings, key=timings.__getitem__), timings

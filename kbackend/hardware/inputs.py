@@ -45,7 +45,8 @@ def monitored_batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, monitor:
     TensorFlow ``fit`` reads it through ``tf.data`` on a producer thread, so the recorded time is
     an upper bound of the wait (the monitor summary says which).
     """
-    keras = import_keras()
+    # Any: mypy cannot see the classes of a module imported at run time (the bases below)
+    keras: Any = import_keras()
 
     class Batches(keras.utils.PyDataset):
         def __init__(self) -> None:

@@ -212,7 +212,8 @@ def keras_callback(monitor: StepMonitor, batch_size: int, steps_per_execution: i
     step). Input wait comes from the input source: pass ``fit`` a ``monitored_batches`` dataset.
     Evaluation pauses are excluded by restarting the step clock after each validation.
     """
-    keras = import_keras()
+    # Any: mypy cannot see the classes of a module imported at run time (the bases below)
+    keras: Any = import_keras()
 
     class MonitorCallback(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):

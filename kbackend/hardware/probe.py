@@ -130,8 +130,8 @@ def _step_memory_here(work: Workload, batch_size: int) -> dict[str, Any]:
 def step_memory_of_recipe(recipe: dict[str, Any], batch_size: int) -> dict[str, Any]:
     """``impl().train_step_memory`` in this process of the workload ``recipe`` describes (a
     child's side of ``train_step_memory``)."""
-    options = {key: tuple(value) if isinstance(value, list) else value
-               for key, value in recipe["options"].items()}
+    options: dict[str, Any] = {key: tuple(value) if isinstance(value, list) else value
+                               for key, value in recipe["options"].items()}
     work = workload(**{**recipe, "options": ModelOptions(**options)})
     found = _step_memory_here(work, batch_size)
     found.pop("stats_env", None)
@@ -144,7 +144,8 @@ def _is_oom(error: BaseException) -> bool:
 
 
 def _step_timer(times: list[float]) -> Any:
-    keras = import_keras()
+    # Any: mypy cannot see the classes of a module imported at run time (the bases below)
+    keras: Any = import_keras()
 
     class StepTimer(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
@@ -329,7 +330,7 @@ def matmul_peak(n: int = 2048, repeats: int = 10) -> dict[str, Any]:
         "backend_eager": impl().matmul_flops(n, "float32", repeats=repeats, jit=False)["best_flops"],
         "numpy": numpy_matmul_flops(n, repeats)["best_flops"],
     }
-    best = max(candidates, key=candidates.get)
+    best = max(candidates, key=candidates.__getitem__)
     return {"n": n, "peak_flops": candidates[best], "peak_source": best,
             **{f"{k}_gflops": v / 1e9 for k, v in candidates.items()}}
 

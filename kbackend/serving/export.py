@@ -108,13 +108,15 @@ def check_under(backend: str, path: Path, fmt: str, sample_file: Path, atol: flo
 
 
 def _sample(row_shape: tuple[int | None, ...], rows: int, seed: int) -> np.ndarray:
-    if any(d is None for d in row_shape):
-        raise ConfigError(f"Cannot draw a check sample for inputs of shape {row_shape}: pass --sample x.npy.")
-    if rows * math.prod(row_shape) > MAX_CHECK_ELEMENTS:
-        raise ConfigError(f"Invalid rows {rows}: {rows} random rows of shape {row_shape} would hold "
-                          f"{rows * math.prod(row_shape):.3g} numbers. Expected at most "
+    fixed = tuple(d for d in row_shape if d is not None)
+    if len(fixed) < len(row_shape):
+        raise ConfigError(f"Cannot draw a check sample for inputs of shape {row_shape}: "
+                          "pass --sample x.npy.")
+    if rows * math.prod(fixed) > MAX_CHECK_ELEMENTS:
+        raise ConfigError(f"Invalid rows {rows}: {rows} random rows of shape {row_shape} would "
+                          f"hold {rows * math.prod(fixed):.3g} numbers. Expected at most "
                           f"{MAX_CHECK_ELEMENTS:.3g}: pass fewer --rows or a --sample file.")
-    return np.random.default_rng(seed).random((rows, *row_shape), dtype=np.float32)
+    return np.random.default_rng(seed).random((rows, *fixed), dtype=np.float32)
 
 
 def _write_savedmodel(model: Any, target: Path) -> None:

@@ -156,7 +156,8 @@ class BatchPredictor:
 
     def warm_up(self, sizes: tuple[int, ...] = (1,)) -> None:
         """Compile the buckets of ``sizes`` rows now, so no request pays for it."""
-        if any(d is None for d in self.input_shape):
+        fixed = tuple(d for d in self.input_shape if d is not None)
+        if len(fixed) < len(self.input_shape):
             return
         for rows in sizes:
-            self(np.zeros((rows, *self.input_shape), dtype=np.float32))
+            self(np.zeros((rows, *fixed), dtype=np.float32))

@@ -96,17 +96,19 @@ def check_batching_options(max_batch: int, max_wait_ms: float, max_request_rows:
 
 def _values_per_row(row_shape: tuple[int | None, ...]) -> int | None:
     """Numbers in one row (None where a dimension is not fixed)."""
-    if any(d is None for d in row_shape):
+    fixed = [d for d in row_shape if d is not None]
+    if len(fixed) < len(row_shape):
         return None
-    return int(np.prod(row_shape, dtype=np.int64)) if row_shape else 1
+    return int(np.prod(fixed, dtype=np.int64)) if fixed else 1
 
 
 def _lists_per_row(row_shape: tuple[int | None, ...]) -> int | None:
     """JSON lists one row is written with: itself and every inner list (None if not fixed)."""
-    if any(d is None for d in row_shape):
+    fixed = [d for d in row_shape if d is not None]
+    if len(fixed) < len(row_shape):
         return None
     lists, width = 1, 1
-    for dimension in row_shape[:-1]:
+    for dimension in fixed[:-1]:
         width *= int(dimension)
         lists += width
     return lists
@@ -304,7 +306,10 @@ class PredictionServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://[{host}]:{port}" if ":" in str(host) else f"http://{host}:{port}"
+        # A TCP server's host is a str: the stubs' bytes is an AF_UNIX socket's address
+        if ":" in str(host):
+            return f"http://[{host}]:{port}"  # type: ignore[str-bytes-safe]
+        return f"http://{host}:{port}"  # type: ignore[str-bytes-safe]
 
     def stats(self) -> dict[str, Any]:
         stats = {"uptime_s": time.time() - self.started, "rejected": self.rejected, **self.batcher.stats()}
@@ -431,7 +436,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def handle_one_request(self) -> None:
         self.deadline = None  # the next request's clock starts with its first byte
-        self.requestline, self.command = "", None  # an answer before they are read needs them
+        # An answer before they are read needs them; http.server's parse_request sets command
+        # to None too, which its stubs (command: str) do not allow
+        self.requestline, self.command = "", None  # type: ignore[assignment]
         self.request_version = self.default_request_version
         try:
             super().handle_one_request()

@@ -29,7 +29,9 @@ def start() -> None:
     if os.environ.get(VIRTUAL_DEVICES_ENV) and not _backends_initialized():
         jax.config.update("jax_num_cpu_devices", int(os.environ[VIRTUAL_DEVICES_ENV]))
     folder = compile_cache_folder("jax")
-    if folder is not None and jax.config.jax_compilation_cache_dir is None:
+    # jax's Config defines its options' attributes at run time (its stubs declare none)
+    cache_dir = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]
+    if folder is not None and cache_dir is None:
         jax.config.update("jax_compilation_cache_dir", str(folder))
         # Small programs too: kbackend's are mostly sub-second compiles, paid in every process.
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
@@ -177,10 +179,10 @@ def compilation_counter() -> Iterator[dict[str, Any]]:
     counts: dict[str, Any] = {"programs": 0, "from_cache": 0, "seconds": 0.0,
                               "counted": "JAX backend compilations"}
 
-    def listener(event: str, duration: float, **kwargs: Any) -> None:
+    def listener(event: str, duration_secs: float, **kwargs: str | int) -> None:
         if event == _BACKEND_COMPILE_EVENT:
             counts["programs"] += 1
-            counts["seconds"] += duration
+            counts["seconds"] += duration_secs
 
     def cache_hit(event: str, **kwargs: Any) -> None:
         if event == _CACHE_HIT_EVENT:

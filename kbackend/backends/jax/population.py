@@ -88,15 +88,20 @@ class PopulationTrainer(CompiledCalls):
     def freeze(self, members: list[int]) -> None:
         """Keep ``members``' current values as their final ones (``evaluate_test`` uses them):
         a member that stops is not changed by the steps the others still take."""
-        mask = np.zeros(self.members, bool)
-        mask[list(members)] = True
-        mask = jnp.asarray(mask)
+        chosen = np.zeros(self.members, bool)
+        chosen[list(members)] = True
+        mask = jnp.asarray(chosen)
 
         def keep(current: Any, kept: Any) -> Any:
             return jnp.where(mask.reshape((-1,) + (1,) * (current.ndim - 1)), current, kept)
 
-        self.frozen = jax.tree.map(keep, (self.state.trainable, self.state.non_trainable),
-                                   self.frozen)
+        self.frozen = jax.tree.map(keep, self._values(), self.frozen)
+
+    def _values(self) -> tuple[Any, Any]:
+        """The members' current ``(trainable, non_trainable)`` values (``reset`` sets them)."""
+        if self.state is None:
+            raise RuntimeError("The population has no members yet: call reset first.")
+        return self.state.trainable, self.state.non_trainable
 
     def _evaluate(self, split: str, values: Any) -> tuple[np.ndarray, np.ndarray]:
         if split not in self._evaluators:
@@ -106,7 +111,7 @@ class PopulationTrainer(CompiledCalls):
 
     def evaluate(self) -> tuple[np.ndarray, np.ndarray]:
         """Every member's validation loss and metric now, shape ``(M,)`` each."""
-        return self._evaluate("val", (self.state.trainable, self.state.non_trainable))
+        return self._evaluate("val", self._values())
 
     def evaluate_test(self) -> tuple[np.ndarray, np.ndarray]:
         """Every member's test loss and metric on its frozen values (``freeze``), ``(M,)``."""

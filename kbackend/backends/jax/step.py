@@ -241,7 +241,7 @@ def make_mesh(devices: list[Any]) -> Mesh:
 
 def make_train_step(model: Any, tx: Any, mesh: Mesh | None = None,
                     impl: str = "shard_map", unroll: bool = False,
-                    task: Task = CLASSIFICATION) -> Callable[..., Any]:
+                    task: Task = CLASSIFICATION) -> jax.stages.Wrapped:
     """The jitted train step ``(state, (xs, ys)) -> (state, StepMetrics)``; the state is donated.
 
     ``mesh=None``: single device, no collectives. ``impl="shard_map"``: ``xs`` of shape

@@ -70,7 +70,8 @@ def bias_add_misroutes(model: Any, x: Any) -> list[str]:
     original = tf_numpy.add
 
     def recording_add(x1: Any, x2: Any) -> Any:
-        s1, s2 = getattr(x1, "shape", ()), getattr(x2, "shape", ())
+        s1: Any = getattr(x1, "shape", ())
+        s2: Any = getattr(x2, "shape", ())
         if len(s2) > 1 and len(s1) == len(s2):
             big = [i for i, d in enumerate(s2) if d is None or d > 1]
             if (len(big) == 1 and big[0] != len(s2) - 1 and s2[big[0]] is not None

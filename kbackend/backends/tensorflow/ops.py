@@ -65,7 +65,7 @@ def devices() -> list[dict[str, Any]]:
     """The logical devices computations can run on: kind, platform and id of each."""
     found = []
     for index, device in enumerate(tf.config.list_logical_devices()):
-        details = {}
+        details: dict[str, Any] = {}
         physical = list(tf.config.list_physical_devices(device.device_type))
         if physical:
             details = tf.config.experimental.get_device_details(physical[0]) or {}

@@ -61,7 +61,7 @@ def precision_support() -> dict[str, dict[str, bool]]:
 
 
 def matmul_flops(n: int = 1024, dtype: str = "float32", repeats: int = 10,
-                 jit: bool = True) -> dict[str, float]:
+                 jit: bool = True) -> dict[str, Any]:
     """Measured FLOP/s of an ``n x n`` matmul (XLA-compiled or TF's own kernel): median of ``repeats``."""
     a = tf.random.stateless_normal((n, n), seed=(0, 1), dtype=dtype)
     b = tf.random.stateless_normal((n, n), seed=(0, 2), dtype=dtype)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -117,7 +118,7 @@ def reference_conv1d_loop(params: Sequence[np.ndarray], x: np.ndarray, y: np.nda
             moving.assign(moving * BN_MOMENTUM + batch_value * (1.0 - BN_MOMENTUM))
         return loss
 
-    def make_call(length: int):
+    def make_call(length: int) -> Callable[..., Any]:
         @tf.function(jit_compile=True)
         def call(xs, ys):
             if unroll:  # written out: no loop in the program

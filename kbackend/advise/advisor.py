@@ -86,10 +86,10 @@ def recommend_batch_size(advice: Advice, curve: list[dict[str, Any]]) -> Knee:
     gains = ", ".join(f"{g:+.0%}" for g in knee.gains)
     advice.recommend(
         "batch_size", knee.batch_size,
-        f"throughput knee: {knee.throughput:,.0f} samples/s at batch {knee.batch_size}; per-doubling "
-        f"gains {gains or 'n/a'} (knee: next doubling < {DEFAULT_MIN_GAIN:.0%}); best measured "
-        f"{best['samples_per_s']:,.0f} samples/s at batch {best['batch_size']} (medians of "
-        f"{curve[0]['rounds']} interleaved round(s))"
+        f"throughput knee: {knee.throughput:,.0f} samples/s at batch {knee.batch_size}; "
+        f"per-doubling gains {gains or 'n/a'} (knee: next doubling < {DEFAULT_MIN_GAIN:.0%}); "
+        f"best measured {best['samples_per_s']:,.0f} samples/s at batch {best['batch_size']} "
+        f"(medians of {curve[0]['rounds']} interleaved round(s))"
         + ("" if knee.plateau_reached else "; no plateau yet: larger batches may still help"))
     return knee
 
@@ -174,7 +174,8 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
         advice.skipped.append("data format (a built-in model's option, compared on the "
                               "built-in datasets; your model's layers set their own)")
     if convolves and impl().supports_channels_first_conv():
-        first = probe.workload(model, dataset, data_dir=data_dir, samples=8192, data_format="channels_first")
+        first = probe.workload(model, dataset, data_dir=data_dir, samples=8192,
+                               data_format="channels_first")
         compare["channels_first"] = probe.FitProbe(first, batch, steps=steps)
     support = impl().precision_support()
     for name in ("mixed_bfloat16", "mixed_float16"):
@@ -210,7 +211,8 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
             speedup = rows[1]["samples_per_s"] / rows[0]["samples_per_s"]
             data_format = "channels_first" if speedup >= MIN_SPEEDUP else "channels_last"
             advice.recommend("data_format", data_format,
-                             f"channels_last {_fmt(rows[0])}, channels_first {_fmt(rows[1])} (x{speedup:.2f})")
+                             f"channels_last {_fmt(rows[0])}, channels_first {_fmt(rows[1])} "
+                             f"(x{speedup:.2f})")
 
     rows = [{"precision": "float32", "accelerated": True, **base}] + [
         {"precision": name, "accelerated": support[name]["accelerated"], **results[name]}
@@ -259,8 +261,9 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
 
 def format_advice(advice: Advice) -> str:
     """The recommendations as text: one block per setting with its evidence, then the commands."""
-    lines = [f"Recommended settings for {advice.model} on {advice.dataset} ({advice.backend} backend, "
-             f"measurements took {advice.elapsed_s:.0f}s of a {advice.budget_s:.0f}s budget"
+    lines = [f"Recommended settings for {advice.model} on {advice.dataset} "
+             f"({advice.backend} backend, measurements took {advice.elapsed_s:.0f}s of a "
+             f"{advice.budget_s:.0f}s budget"
              + (f"; {advice.task}" if advice.task else "") + "):"]
     for item in advice.recommendations:
         lines.append(f"  {item['setting']:<20} {item['value']}")

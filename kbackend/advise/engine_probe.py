@@ -31,7 +31,8 @@ def engine_throughput(work: Workload, batch_size: int, engine: str, *, steps: in
     """
     steps = max(fused_steps, -(-steps // fused_steps) * fused_steps)
     index = np.arange(steps * batch_size) % len(work.x)
-    held = np.arange(min(len(work.x), 256))  # small validation / test splits: evaluation is not timed
+    # small validation / test splits: evaluation is not timed
+    held = np.arange(min(len(work.x), 256))
     info = replace(work.info, num_train=len(index), num_val=len(held), num_test=len(held))
     dataset = data_module.Dataset(work.x[index], work.y[index], work.x[held], work.y[held],
                                   work.x[held], work.y[held], info)

@@ -24,7 +24,8 @@ _PACKAGES = {"jax": "kbackend.backends.jax", "tensorflow": "kbackend.backends.te
 
 
 class Trainer(Protocol):
-    """Runs compiled calls of K fused train steps for the one epoch loop (``kbackend.engines.loop``).
+    """Runs compiled calls of K fused train steps for the one epoch loop
+    (``kbackend.engines.loop``).
 
     ``put_epoch`` takes the epoch's ``(steps, batch)`` sample-index matrix and returns it in
     whatever form ``run`` consumes (on the device, or this process's columns). ``compile``

@@ -14,7 +14,8 @@ from typing import Any
 VIRTUAL_DEVICES_ENV = "KBACKEND_VIRTUAL_DEVICES"
 
 # CPU flags that make a reduced precision faster than float32 on a CPU (Intel AMX / AVX-512).
-_CPU_FLAGS = {"mixed_bfloat16": ("amx_bf16", "avx512_bf16"), "mixed_float16": ("amx_fp16", "avx512_fp16")}
+_CPU_FLAGS = {"mixed_bfloat16": ("amx_bf16", "avx512_bf16"),
+              "mixed_float16": ("amx_fp16", "avx512_fp16")}
 # Lowest NVIDIA compute capability with tensor cores for each policy (Volta fp16, Ampere bf16).
 _GPU_CAPABILITY = {"mixed_float16": (7, 0), "mixed_bfloat16": (8, 0)}
 
@@ -38,7 +39,8 @@ def cpu_accelerates(policy: str) -> bool:
 
 
 def gpu_accelerates(policy: str, capability: Any) -> bool:
-    """Whether an NVIDIA GPU of compute ``capability`` (``"8.0"`` or ``(8, 0)``) has tensor cores for ``policy``."""
+    """Whether an NVIDIA GPU of compute ``capability`` (``"8.0"`` or ``(8, 0)``) has tensor cores
+    for ``policy``."""
     if capability is None or policy not in _GPU_CAPABILITY:
         return False
     if isinstance(capability, str):

@@ -69,7 +69,8 @@ def check_cacheable(model: Any, rounding: Rounding | None = None) -> tuple[int, 
 
 
 class PredictionCache:
-    """Answers predictions from ``store`` where it can, and from ``model`` (one batched call) where not.
+    """Answers predictions from ``store`` where it can, and from ``model`` (one batched call)
+    where not.
 
     Each request row is rounded by ``rounding`` and keyed by its bytes under the model's
     fingerprint. Use ``predict`` (returns predictions) or ``lookup`` (also says which rows hit).
@@ -78,7 +79,8 @@ class PredictionCache:
     def __init__(self, model: Any, store: CacheStore, rounding: Rounding | None = None,
                  *, max_batch: int = 1024, predictor: Any = None) -> None:
         if not isinstance(store, CacheStore):
-            raise CacheError(f"Invalid store: expected a CacheStore (from kbackend.cache.open_store). "
+            raise CacheError("Invalid store: expected a CacheStore (from "
+                             "kbackend.cache.open_store). "
                              f"Received: {type(store).__name__}.")
         if rounding is not None and not isinstance(rounding, Rounding):
             raise ConfigError(f"Invalid rounding: expected a kbackend.cache.Rounding (e.g. "
@@ -102,7 +104,8 @@ class PredictionCache:
         self._latencies: deque[float] = deque(maxlen=_LATENCY_WINDOW)
 
     def lookup(self, x: Any) -> CachedResult:
-        """Predictions for batch ``x`` (validated), hits from the store, misses predicted together."""
+        """Predictions for batch ``x`` (validated), hits from the store, misses predicted
+        together."""
         start = time.perf_counter()
         batch = validate_inputs(x, self.input_shape)
         rounded = self.rounding.apply(batch)
@@ -111,7 +114,8 @@ class PredictionCache:
         hit = np.array([value is not None for value in stored], dtype=bool)
         predictions = np.empty((len(batch), *self.output_shape), dtype=np.float32)
         if hit.any():
-            predictions[hit] = decode_values([v for v in stored if v is not None], self.output_shape)
+            found = [v for v in stored if v is not None]
+            predictions[hit] = decode_values(found, self.output_shape)
         new = 0
         if not hit.all():
             # Each distinct missing key is predicted once, in one batched call, and stored.

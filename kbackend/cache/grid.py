@@ -40,7 +40,8 @@ class GridSpec:
         for start in range(0, self.size, chunk):
             flat = np.arange(start, min(start + chunk, self.size))
             indices = np.unravel_index(flat, shape)
-            yield np.stack([v[i] for v, i in zip(self.values, indices, strict=True)], axis=1).astype(np.float32)
+            columns = [v[i] for v, i in zip(self.values, indices, strict=True)]
+            yield np.stack(columns, axis=1).astype(np.float32)
 
 
 def _parse_values(text: str, clause: str) -> np.ndarray:
@@ -77,7 +78,8 @@ def _parse_features(text: str, clause: str) -> tuple[int, int] | None:
             low = high = int(text)
     except ValueError:
         raise ConfigError(
-            f"Invalid grid clause {clause!r}: expected features as an index '3', a range '0-7' or '*', {_EXAMPLE}."
+            f"Invalid grid clause {clause!r}: expected features as an index '3', a range '0-7' "
+            f"or '*', {_EXAMPLE}."
         ) from None
     if not 0 <= low <= high:
         raise ConfigError(
@@ -150,20 +152,24 @@ def parse_grid_text(spec: str, max_rows: int = 1_000_000) -> GridText:
         raise ConfigError(f"Invalid max_rows {max_rows!r}: expected a positive number of rows.")
     clauses = [c.strip() for c in spec.split(";") if c.strip()]
     if not clauses:
-        raise ConfigError(f"Invalid grid {spec!r}: expected clauses FEATURES=VALUES separated by ';', {_EXAMPLE}.")
+        raise ConfigError(f"Invalid grid {spec!r}: expected clauses FEATURES=VALUES separated "
+                          f"by ';', {_EXAMPLE}.")
     parsed: list[tuple[str, tuple[int, int] | None, np.ndarray]] = []
     for clause in clauses:
         if clause.count("=") != 1:
-            raise ConfigError(f"Invalid grid clause {clause!r}: expected FEATURES=VALUES, {_EXAMPLE}.")
+            raise ConfigError(f"Invalid grid clause {clause!r}: expected FEATURES=VALUES, "
+                              f"{_EXAMPLE}.")
         left, right = (part.strip() for part in clause.split("="))
         values = _parse_values(right, clause)
         span = _parse_features(left, clause)
         for _, other, _ in parsed:
             if span is None and other is None:
                 raise ConfigError(f"Invalid grid {spec!r}: '*' appears in more than one clause.")
-            if span is not None and other is not None and span[0] <= other[1] and other[0] <= span[1]:
+            if (span is not None and other is not None
+                    and span[0] <= other[1] and other[0] <= span[1]):
                 index = max(span[0], other[0])
-                raise ConfigError(f"Invalid grid {spec!r}: feature {index} appears in more than one clause.")
+                raise ConfigError(f"Invalid grid {spec!r}: feature {index} appears in more than "
+                                  "one clause.")
         parsed.append((clause, span, values))
     # The named features alone give at least this many rows (in logs: a range may be huge).
     log_rows = sum((span[1] - span[0] + 1) * math.log(len(values))

@@ -47,7 +47,8 @@ class Rounding:
 
     @classmethod
     def parse(cls, text: str | None) -> Rounding:
-        """``None``/``'exact'`` -> exact; ``'2'`` -> 2 decimals; ``'2,2,exact,0'`` -> per feature."""
+        """``None``/``'exact'`` -> exact; ``'2'`` -> 2 decimals; ``'2,2,exact,0'`` -> per
+        feature."""
         if text is None or text.strip().lower() in EXACT_WORDS:
             return cls(None)
         parts = [part.strip().lower() for part in text.split(",")]
@@ -55,8 +56,8 @@ class Rounding:
             values = [None if part in EXACT_WORDS else int(part) for part in parts]
         except ValueError:
             raise ConfigError(
-                f"Invalid decimals {text!r}: expected an integer, 'exact', or a comma-separated list "
-                "of those (one per feature), e.g. 2 or 2,2,exact,0."
+                f"Invalid decimals {text!r}: expected an integer, 'exact', or a comma-separated "
+                "list of those (one per feature), e.g. 2 or 2,2,exact,0."
             ) from None
         if len(values) == 1:
             return cls(values[0])
@@ -75,8 +76,8 @@ class Rounding:
             features = int(np.prod([d or 0 for d in row_shape]))
             if len(self.decimals) != features:
                 raise ConfigError(
-                    f"Invalid decimals: expected one value per feature ({features} for rows of shape "
-                    f"{row_shape}), received {len(self.decimals)}."
+                    f"Invalid decimals: expected one value per feature ({features} for rows of "
+                    f"shape {row_shape}), received {len(self.decimals)}."
                 )
 
     def apply(self, x: np.ndarray) -> np.ndarray:
@@ -114,8 +115,8 @@ def decode_values(values: Sequence[bytes], row_shape: tuple[int, ...]) -> np.nda
     for value in values:
         if len(value) != expected:
             raise CacheError(
-                f"A cached prediction has {len(value)} bytes, expected {expected} for an output row of "
-                f"shape {row_shape}; the cache is damaged: run kbackend cache clear."
+                f"A cached prediction has {len(value)} bytes, expected {expected} for an output "
+                f"row of shape {row_shape}; the cache is damaged: run kbackend cache clear."
             )
     joined = b"".join(values)
     return np.frombuffer(joined, dtype=np.float32).reshape(len(values), *row_shape).copy()

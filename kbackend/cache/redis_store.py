@@ -32,12 +32,14 @@ def _redact(url: str) -> str:
 class RedisStore:
     """A ``CacheStore`` in a Redis server, reached through ``url`` (``redis://host:port/db``)."""
 
-    def __init__(self, url: str, *, prefix: str = DEFAULT_PREFIX, socket_timeout_s: float = 10.0) -> None:
+    def __init__(self, url: str, *, prefix: str = DEFAULT_PREFIX,
+                 socket_timeout_s: float = 10.0) -> None:
         try:
             import redis  # deferred: an optional extra, needed only for Redis stores
         except ImportError:
             raise CacheError(
-                "The Redis cache needs the redis package: pip install 'kbackend[serve]' (or redis>=5)."
+                "The Redis cache needs the redis package: pip install 'kbackend[serve]' "
+                "(or redis>=5)."
             ) from None
         self.url = url
         self.prefix = prefix
@@ -62,12 +64,15 @@ class RedisStore:
         try:
             return action()
         except self._errors as error:
-            raise CacheError(f"Redis cache at {_redact(self.url)} failed to {what}: {error}.") from None
+            raise CacheError(
+                f"Redis cache at {_redact(self.url)} failed to {what}: {error}."
+            ) from None
 
     def get_many(self, namespace: str, keys: Sequence[bytes]) -> list[bytes | None]:
         if not keys:
             return []
-        return self._call("read", lambda: list(self._client.hmget(self._pred_key(namespace), list(keys))))
+        key = self._pred_key(namespace)
+        return self._call("read", lambda: list(self._client.hmget(key, list(keys))))
 
     def put_many(self, namespace: str, items: Sequence[tuple[bytes, bytes]]) -> int:
         if not items:

@@ -60,13 +60,15 @@ def check_cache_file(path: Path) -> None:
             return
         is_file = path.is_file()
     if not is_file:
-        raise CacheError(f"Invalid cache path {str(path)!r}: expected an SQLite file, found a directory or device.")
+        raise CacheError(f"Invalid cache path {str(path)!r}: expected an SQLite file, found a "
+                         "directory or device.")
     with open(path, "rb") as handle:
         head = handle.read(len(SQLITE_HEADER))
     if head and head != SQLITE_HEADER:
         raise CacheError(
-            f"Cache file {str(path)!r} is not an SQLite database (its first bytes are {head[:8]!r}, "
-            f"expected {SQLITE_HEADER[:15]!r}); it was left unchanged: pass another --cache path."
+            f"Cache file {str(path)!r} is not an SQLite database (its first bytes are "
+            f"{head[:8]!r}, expected {SQLITE_HEADER[:15]!r}); it was left unchanged: pass another "
+            "--cache path."
         )
 
 
@@ -77,7 +79,8 @@ def _check_location(path: Path, create: bool) -> None:
             raise CacheError(f"Cache file {str(path)!r} does not exist.")
         check_cache_file(path)
         if path.parent and not path.parent.exists():
-            raise CacheError(f"Cannot create cache {str(path)!r}: folder {str(path.parent)!r} does not exist.")
+            raise CacheError(f"Cannot create cache {str(path)!r}: folder {str(path.parent)!r} "
+                             "does not exist.")
 
 
 def check_sqlite_cache(path: str | os.PathLike) -> None:
@@ -101,7 +104,8 @@ def check_sqlite_cache(path: str | os.PathLike) -> None:
 class SQLiteStore:
     """A ``CacheStore`` in one SQLite file."""
 
-    def __init__(self, path: str | os.PathLike, *, create: bool = True, busy_timeout_s: float = 30.0) -> None:
+    def __init__(self, path: str | os.PathLike, *, create: bool = True,
+                 busy_timeout_s: float = 30.0) -> None:
         with path_errors(path, "--cache path", CacheError):
             self.path = Path(path)
         self.busy_timeout_s = float(busy_timeout_s)
@@ -222,9 +226,11 @@ class SQLiteStore:
         if row is None and create:
             with immediate_transaction(conn):
                 conn.execute(
-                    "INSERT OR IGNORE INTO models (fingerprint, created) VALUES (?, ?)", (namespace, time.time())
+                    "INSERT OR IGNORE INTO models (fingerprint, created) VALUES (?, ?)",
+                    (namespace, time.time()),
                 )
-                row = conn.execute("SELECT id FROM models WHERE fingerprint = ?", (namespace,)).fetchone()
+                row = conn.execute("SELECT id FROM models WHERE fingerprint = ?",
+                                   (namespace,)).fetchone()
         if row is None:
             return None
         # Ids are AUTOINCREMENT and model rows are never deleted, so a remembered id stays valid.
@@ -294,14 +300,16 @@ class SQLiteStore:
 
     def namespaces(self) -> list[NamespaceInfo]:
         def action(conn: sqlite3.Connection) -> list[NamespaceInfo]:
-            counts = dict(conn.execute("SELECT model_id, COUNT(*) FROM predictions GROUP BY model_id"))
+            counts = dict(conn.execute(
+                "SELECT model_id, COUNT(*) FROM predictions GROUP BY model_id"))
             result = []
             for model_id, fingerprint, description, hits, misses in conn.execute(
                 "SELECT id, fingerprint, description, hits, misses FROM models ORDER BY id"
             ):
                 entries = counts.get(model_id, 0)
                 if entries or hits or misses:
-                    result.append(NamespaceInfo(fingerprint, entries, hits, misses, json.loads(description)))
+                    result.append(NamespaceInfo(fingerprint, entries, hits, misses,
+                                                json.loads(description)))
             return result
 
         return self._run(action)
@@ -315,7 +323,8 @@ class SQLiteStore:
                     deleted = conn.total_changes - before
                     conn.execute("UPDATE models SET hits = 0, misses = 0")
                 else:
-                    row = conn.execute("SELECT id FROM models WHERE fingerprint = ?", (namespace,)).fetchone()
+                    row = conn.execute("SELECT id FROM models WHERE fingerprint = ?",
+                                       (namespace,)).fetchone()
                     if row is None:
                         return 0
                     conn.execute("DELETE FROM predictions WHERE model_id = ?", (row[0],))
@@ -327,11 +336,13 @@ class SQLiteStore:
 
     def integrity_check(self) -> str:
         """SQLite's ``PRAGMA integrity_check`` result (``'ok'`` for a sound file)."""
-        return self._run(lambda conn: "; ".join(row[0] for row in conn.execute("PRAGMA integrity_check")))
+        return self._run(
+            lambda conn: "; ".join(row[0] for row in conn.execute("PRAGMA integrity_check")))
 
     def count(self) -> int:
         """The number of stored predictions, over all models."""
-        return self._run(lambda conn: conn.execute("SELECT COUNT(*) FROM predictions").fetchone()[0])
+        return self._run(
+            lambda conn: conn.execute("SELECT COUNT(*) FROM predictions").fetchone()[0])
 
     def describe(self) -> str:
         return f"sqlite:{self.path}"

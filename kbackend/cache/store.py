@@ -1,4 +1,5 @@
-"""The storage interface of the prediction cache (``kbackend.cache.open_store`` picks an implementation).
+"""The storage interface of the prediction cache (``kbackend.cache.open_store`` picks an
+implementation).
 
 A store maps ``(namespace, key) -> value`` (all bytes, the namespace a model fingerprint) and
 keeps per-namespace hit/miss counters and a short description of each model. Entries are

@@ -1,9 +1,10 @@
 """The jax backend: every member of ``kbackend.backends.BackendOps``, from its modules.
 
 Same module names in ``backends/jax`` and ``backends/tensorflow``: ``ops`` (devices, processes,
-memory, transfers), ``native`` (the fused single-device trainer), ``population`` (a cell's runs vmapped), ``data_parallel``, ``gradients``,
-``probes`` (what the installation supports), ``reference`` (a hand-written loop that
-benchmarks compare the engines with). Reached only through ``kbackend.backends.impl()``.
+memory, transfers), ``native`` (the fused single-device trainer), ``population`` (a cell's
+runs vmapped), ``data_parallel``, ``gradients``, ``probes`` (what the installation supports),
+``reference`` (a hand-written loop that benchmarks compare the engines with). Reached only
+through ``kbackend.backends.impl()``.
 """
 
 from kbackend.backends.jax.data_parallel import (

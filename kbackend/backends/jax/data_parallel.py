@@ -1,4 +1,5 @@
-"""JAX data parallelism: the native engine's sharded trainer and Keras ``fit`` under ``DataParallel``.
+"""JAX data parallelism: the native engine's sharded trainer and Keras ``fit`` under
+``DataParallel``.
 
 ``DataParallelTrainer`` is the trainer of the one epoch loop (``kbackend.engines.loop``) for a
 data-parallel run: it runs ``step.py``'s sharded train step instead of the single-device one.
@@ -39,7 +40,8 @@ from kbackend.task import CLASSIFICATION, Task
 
 
 class DataParallelTrainer:
-    """A ``Trainer`` (``kbackend.engines.loop``) for a data-parallel run over ``devices`` devices."""
+    """A ``Trainer`` (``kbackend.engines.loop``) for a data-parallel run over ``devices``
+    devices."""
 
     def __init__(self, model: Any, spec: Any, dataset: Any, *, devices: int, batch_size: int,
                  dp_impl: str, task: Task = CLASSIFICATION) -> None:
@@ -71,7 +73,9 @@ class DataParallelTrainer:
     def _batches(self, epoch_rows: np.ndarray, start: int, length: int) -> Any:
         rows = epoch_rows[start:start + length]
         xs, ys = self.x_train[rows], self.y_train[rows]
-        return split_for_pmap((xs, ys), self.count) if self.pmap else shard_batch((xs, ys), self.mesh)
+        if self.pmap:
+            return split_for_pmap((xs, ys), self.count)
+        return shard_batch((xs, ys), self.mesh)
 
     def _host_state(self) -> Any:
         host = to_host(self.state)

@@ -34,7 +34,8 @@ def _gradient_function(model: Any, training: bool) -> Any:
 
 def gradients(model: Any, x: Any, y: Any, *, training: bool = True,
               as_numpy: bool = True) -> tuple[Any, list[Any]]:
-    """The loss of ``model`` on ``(x, y)`` and its gradients, in ``model.trainable_variables`` order.
+    """The loss of ``model`` on ``(x, y)`` and its gradients, in ``model.trainable_variables``
+    order.
 
     ``training=True``: Keras's own compiled loss in training mode (``compute_loss_and_updates``,
     what ``fit`` differentiates on JAX; regularization losses count); the updated non-trainable

@@ -87,7 +87,8 @@ def build_evaluator(model: Any, dataset: Any, split: str = "val", members: bool 
     if members:
         evaluate_members = jax.jit(jax.vmap(evaluate_chunks, in_axes=(0, 0, None, None, None)))
 
-        def evaluate_population(trainable: Any, non_trainable: Any) -> tuple[np.ndarray, np.ndarray]:
+        def evaluate_population(trainable: Any,
+                                non_trainable: Any) -> tuple[np.ndarray, np.ndarray]:
             loss, accuracy = evaluate_members(trainable, non_trainable, *val)
             return np.asarray(loss, dtype=float), np.asarray(accuracy, dtype=float)
 

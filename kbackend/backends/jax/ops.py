@@ -88,7 +88,8 @@ def setup_virtual_devices(count: int) -> None:
         if have != count:
             raise ConfigError(
                 f"Cannot create {count} virtual CPU devices: JAX already started with {have}. "
-                f"Set {VIRTUAL_DEVICES_ENV}={count} (or JAX_NUM_CPU_DEVICES={count}) before starting Python."
+                f"Set {VIRTUAL_DEVICES_ENV}={count} (or JAX_NUM_CPU_DEVICES={count}) before "
+                "starting Python."
             )
         return
     jax.config.update("jax_num_cpu_devices", int(count))
@@ -115,14 +116,16 @@ def initialize_processes(coordinator: str, num_processes: int, process_id: int,
     """Join a ``num_processes``-process job (``jax.distributed``; gloo collectives on CPU).
 
     Process 0 hosts the coordination service at ``coordinator``; ``check_coordinator`` raises a
-    clear error first where it cannot work (the framework's own client would abort). A process that cannot join within ``timeout_s`` raises; a process that stops
-    sending heartbeats for ``heartbeat_s`` makes the coordination service stop the others.
+    clear error first where it cannot work (the framework's own client would abort). A process
+    that cannot join within ``timeout_s`` raises; a process that stops sending heartbeats for
+    ``heartbeat_s`` makes the coordination service stop the others.
     """
     if jax.distributed.is_initialized():
         return
     check_coordinator()
     if _backends_initialized():
-        raise ConfigError("Multi-process training must start before JAX runs anything in this process.")
+        raise ConfigError("Multi-process training must start before JAX runs anything in this "
+                          "process.")
     try:
         jax.distributed.initialize(
             coordinator_address=coordinator, num_processes=num_processes, process_id=process_id,
@@ -131,7 +134,8 @@ def initialize_processes(coordinator: str, num_processes: int, process_id: int,
         )
         jax.devices()  # connect now, so an unreachable coordinator fails here, after the timeout
     except Exception as error:  # jax raises XlaRuntimeError / RuntimeError with long C++ text
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        text = str(error).strip()
+        first_line = text.splitlines()[0] if text else type(error).__name__
         raise ConfigError(
             f"Process {process_id} of {num_processes} could not join the job at coordinator "
             f"{coordinator} within {timeout_s}s: {first_line[:300]}. Is process 0 running and the "

@@ -45,7 +45,8 @@ def precision_support() -> dict[str, dict[str, bool]]:
 
 def matmul_flops(n: int = 1024, dtype: str = "float32", repeats: int = 10,
                  jit: bool = True) -> dict[str, Any]:
-    """Measured FLOP/s of an ``n x n`` matmul (jitted or op by op): median over ``repeats`` calls."""
+    """Measured FLOP/s of an ``n x n`` matmul (jitted or op by op): median over ``repeats``
+    calls."""
     key_a, key_b = jax.random.split(jax.random.PRNGKey(0))
     a = jax.random.normal(key_a, (n, n), dtype=dtype)
     b = jax.random.normal(key_b, (n, n), dtype=dtype)

@@ -72,7 +72,10 @@ def initial_state(model: Any, tx: Any, spec: Any = None) -> TrainState:
     """
     trainable = [jax.device_put(np.asarray(v.value)) for v in model.trainable_variables]
     non_trainable = [jax.device_put(np.asarray(v.value)) for v in model.non_trainable_variables]
-    opt_state = fresh_opt_state(spec, trainable) if spec is not None else jax.jit(tx.init)(trainable)
+    if spec is not None:
+        opt_state = fresh_opt_state(spec, trainable)
+    else:
+        opt_state = jax.jit(tx.init)(trainable)
     return TrainState(trainable, non_trainable, opt_state)
 
 
@@ -139,7 +142,8 @@ def _synced_moments(layer: Any, axis_name: str) -> Callable[..., Any]:
 
     def moments(inputs: Any, mask: Any) -> tuple[Any, Any]:
         if mask is not None:
-            raise NotImplementedError("Synchronized BatchNormalization with a mask is not supported.")
+            raise NotImplementedError("Synchronized BatchNormalization with a mask is not "
+                                      "supported.")
         axes = tuple(layer._reduction_axes)
         x = inputs.astype(jnp.float32) if inputs.dtype in (jnp.float16, jnp.bfloat16) else inputs
         mean = lax.pmean(jnp.mean(x, axes, keepdims=True), axis_name)
@@ -263,7 +267,8 @@ def make_train_step(model: Any, tx: Any, mesh: Mesh | None = None,
 
 
 def replicate(value: Any, mesh: Mesh) -> Any:
-    """Place ``value`` (a pytree of host or device arrays, equal in every process) on every device."""
+    """Place ``value`` (a pytree of host or device arrays, equal in every process) on every
+    device."""
     sharding = NamedSharding(mesh, P())
 
     def put(leaf: Any) -> Any:
@@ -274,7 +279,8 @@ def replicate(value: Any, mesh: Mesh) -> Any:
 
 
 def shard_batch(local: Any, mesh: Mesh) -> Any:
-    """Assemble global ``(K, B, ...)`` arrays from this process's rows ``(K, B / processes, ...)``."""
+    """Assemble global ``(K, B, ...)`` arrays from this process's rows
+    ``(K, B / processes, ...)``."""
     sharding = NamedSharding(mesh, P(None, AXIS))
     processes = jax.process_count()
 

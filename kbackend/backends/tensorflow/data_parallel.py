@@ -60,7 +60,8 @@ def local_strategy(count: int) -> Any:
 
 
 class DataParallelTrainer:
-    """A ``Trainer`` (``kbackend.engines.loop``) for a data-parallel run over ``devices`` replicas."""
+    """A ``Trainer`` (``kbackend.engines.loop``) for a data-parallel run over ``devices``
+    replicas."""
 
     def __init__(self, model: Any, spec: Any, dataset: Any, *, devices: int, batch_size: int,
                  dp_impl: str, task: Task = CLASSIFICATION) -> None:

@@ -1,4 +1,5 @@
-"""TensorFlow: the one gradient helper (training-mode Keras loss or inference-mode cross-entropy)."""
+"""TensorFlow: the one gradient helper (training-mode Keras loss or inference-mode
+cross-entropy)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ def _inference_gradient(model: Any) -> Any:
         def value_and_gradient(inputs, labels):
             with tf.GradientTape() as tape:
                 probabilities = model(inputs, training=False)
-                loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, probabilities))
+                losses = keras.losses.sparse_categorical_crossentropy(labels, probabilities)
+                loss = tf.reduce_mean(losses)
             return loss, tape.gradient(loss, model.trainable_variables)
 
         _INFERENCE_GRADIENTS[model] = value_and_gradient
@@ -29,7 +31,8 @@ def _inference_gradient(model: Any) -> Any:
 
 def gradients(model: Any, x: Any, y: Any, *, training: bool = True,
               as_numpy: bool = True) -> tuple[Any, list[Any]]:
-    """The loss of ``model`` on ``(x, y)`` and its gradients, in ``model.trainable_variables`` order.
+    """The loss of ``model`` on ``(x, y)`` and its gradients, in ``model.trainable_variables``
+    order.
 
     ``training=True``: the computation of Keras's TF ``train_step`` (a ``GradientTape`` around the
     training call and ``compute_loss``; the model must be compiled); the training call updates

@@ -199,8 +199,8 @@ def initialize_processes(coordinator: str, num_processes: int, process_id: int,
     service (led by worker 0) is configured before the strategy starts it: workers must register
     within ``timeout_s``, and a worker that sends no heartbeat for ``heartbeat_s`` (dead or
     hung) aborts the others' collectives with an error, which ``kbackend.distributed
-    .run_guarded`` turns into exit 3. Keras's ``fit`` cannot run under this strategy (Keras 3.15), so only the native
-    data-parallel engine trains in such a job.
+    .run_guarded`` turns into exit 3. Keras's ``fit`` cannot run under this strategy (Keras 3.15),
+    so only the native data-parallel engine trains in such a job.
     """
     if "strategy" in _JOB:
         return
@@ -222,7 +222,8 @@ def initialize_processes(coordinator: str, num_processes: int, process_id: int,
     try:
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
     except Exception as error:  # TF raises with long C++ text
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        text = str(error).strip()
+        first_line = text.splitlines()[0] if text else type(error).__name__
         raise ConfigError(
             f"Process {process_id} of {num_processes} could not join the TensorFlow job at "
             f"{coordinator} within {timeout_s}s: {first_line[:300]}. Is every process running "
@@ -256,7 +257,8 @@ def device_memory_in_use() -> int | None:
 def to_device(batch: Any) -> Any:
     """Copy ``batch`` (a nest of arrays) to the default device as tensors."""
     with tf.device(_first_gpu() or "/CPU:0"):
-        return tf.nest.map_structure(tf.identity, tf.nest.map_structure(tf.convert_to_tensor, batch))
+        tensors = tf.nest.map_structure(tf.convert_to_tensor, batch)
+        return tf.nest.map_structure(tf.identity, tensors)
 
 
 def device_scope(platform: str) -> Any:

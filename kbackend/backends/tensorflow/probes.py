@@ -45,7 +45,8 @@ def precision_support() -> dict[str, dict[str, bool]]:
     gpus = tf.config.list_physical_devices("GPU")
     capability = None
     if gpus:
-        capability = (tf.config.experimental.get_device_details(gpus[0]) or {}).get("compute_capability")
+        details = tf.config.experimental.get_device_details(gpus[0]) or {}
+        capability = details.get("compute_capability")
     result = {}
     for policy, dtype in (("mixed_bfloat16", tf.bfloat16), ("mixed_float16", tf.float16)):
         try:
@@ -62,7 +63,8 @@ def precision_support() -> dict[str, dict[str, bool]]:
 
 def matmul_flops(n: int = 1024, dtype: str = "float32", repeats: int = 10,
                  jit: bool = True) -> dict[str, Any]:
-    """Measured FLOP/s of an ``n x n`` matmul (XLA-compiled or TF's own kernel): median of ``repeats``."""
+    """Measured FLOP/s of an ``n x n`` matmul (XLA-compiled or TF's own kernel): median of
+    ``repeats``."""
     a = tf.random.stateless_normal((n, n), seed=(0, 1), dtype=dtype)
     b = tf.random.stateless_normal((n, n), seed=(0, 2), dtype=dtype)
     matmul = tf.function(tf.linalg.matmul, jit_compile=jit)

@@ -18,8 +18,8 @@ inside, it tries again shortly after, so every Ctrl-C ends the command with stat
 interrupt Python drops anyway (a weakref callback) reaches ``sys.unraisablehook``, which tries
 again the same way.
 
-Integer flags take at most ``commands.MAX_INT_FLAG`` (the frameworks count steps and sizes in int32):
-``--epochs 10**20`` is a one-line error, not a run that never ends.
+Integer flags take at most ``commands.MAX_INT_FLAG`` (the frameworks count steps and sizes in
+int32): ``--epochs 10**20`` is a one-line error, not a run that never ends.
 """
 
 from __future__ import annotations
@@ -71,12 +71,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     common.add_argument(
         "--verbose", action="store_true",
         help="also show the frameworks' own log lines (TensorFlow, XLA, absl, Gloo C++ logs, "
-             f"tf.function retracing warnings), hidden by default; the same as {logs.VERBOSE_ENV}=1. "
+             "tf.function retracing warnings), hidden by default; the same as "
+             f"{logs.VERBOSE_ENV}=1. "
              "On serve, --verbose also logs every request",
     )
-    parser = OneLineErrorParser(prog=PROG, description="Hardware-aware training with Keras 3 on JAX or TensorFlow.")
+    parser = OneLineErrorParser(
+        prog=PROG, description="Hardware-aware training with Keras 3 on JAX or TensorFlow.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineErrorParser)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND",
+                                       parser_class=OneLineErrorParser)
     subparsers.required = True
     for name in command_names():
         if command not in (None, name):
@@ -89,7 +92,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def command_names() -> list[str]:
     """The names of the commands, without importing them."""
-    return sorted(m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_"))
+    return sorted(m.name for m in pkgutil.iter_modules(commands.__path__)
+                  if not m.name.startswith("_"))
 
 
 def _swallows_exceptions(frame: Any) -> bool:

@@ -96,14 +96,18 @@ class OptimizerSpec:
                 raise ConfigError(f"Invalid {field}: expected an integer. Received: {value!r}.")
         if self.learning_rate <= 0:
             raise ConfigError(
-                f"Invalid learning_rate: expected a finite number > 0. Received: {self.learning_rate!r}."
+                "Invalid learning_rate: expected a finite number > 0. "
+                f"Received: {self.learning_rate!r}."
             )
         if self.decay_steps is not None and self.decay_steps < 1:
-            raise ConfigError(f"Invalid decay_steps: expected >= 1. Received: {self.decay_steps!r}.")
+            raise ConfigError(
+                f"Invalid decay_steps: expected >= 1. Received: {self.decay_steps!r}.")
         if self.warmup_steps < 0:
-            raise ConfigError(f"Invalid warmup_steps: expected >= 0. Received: {self.warmup_steps!r}.")
+            raise ConfigError(
+                f"Invalid warmup_steps: expected >= 0. Received: {self.warmup_steps!r}.")
         if not 0 <= self.momentum < 1:
-            raise ConfigError(f"Invalid momentum: expected a value in [0, 1). Received: {self.momentum!r}.")
+            raise ConfigError(
+                f"Invalid momentum: expected a value in [0, 1). Received: {self.momentum!r}.")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
             raise ConfigError(
                 f"Invalid betas: expected values in [0, 1). Received: ({self.beta1}, {self.beta2})."

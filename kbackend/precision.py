@@ -21,13 +21,15 @@ PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 def check_precision(name: str) -> str:
     """``name`` if it is a known precision policy, else a ConfigError."""
     if name not in PRECISIONS:
-        raise ConfigError(f"Invalid precision. Expected one of {list(PRECISIONS)}. Received: {name!r}.")
+        raise ConfigError(
+            f"Invalid precision. Expected one of {list(PRECISIONS)}. Received: {name!r}.")
     return name
 
 
 @contextmanager
 def precision_scope(name: str) -> Iterator[None]:
-    """Layers built inside this block use dtype policy ``name``; the previous policy returns after."""
+    """Layers built inside this block use dtype policy ``name``; the previous policy returns
+    after."""
     keras = import_keras()
     check_precision(name)
     previous = keras.config.dtype_policy()

@@ -2,10 +2,11 @@
 
 ``kbackend launch --num-processes N -- <train args>`` runs ``kbackend train <train args>
 --num-processes N --process-id I --coordinator 127.0.0.1:PORT`` for I = 0 .. N-1 (on
-TensorFlow each with a ``TF_CONFIG`` naming every worker's address, worker 0 the coordinator's), prefixes each
-process's output lines with ``[I]``, and waits. Process 0's output is shown as it comes (the
-others compute the same figures: their lines would repeat it N times); the other processes'
-output is kept and shown only if the job fails (``--all-output`` shows every process live).
+TensorFlow each with a ``TF_CONFIG`` naming every worker's address, worker 0 the
+coordinator's), prefixes each process's output lines with ``[I]``, and waits. Process 0's output
+is shown as it comes (the others compute the same figures: their lines would repeat it N times);
+the other processes' output is kept and shown only if the job fails (``--all-output`` shows every
+process live).
 
 Before any process starts, the launcher checks once what every process would check alike: the
 train flags, the output paths, the data (loaded here once, for a built-in model and dataset),
@@ -187,7 +188,8 @@ def run(args: argparse.Namespace) -> int:
     check_num_processes(args.num_processes, getattr(args, "oversubscribe", False))
     clashing = [a for a in train_args if a.split("=")[0] in _OWN_FLAGS]
     if clashing:
-        raise ConfigError(f"kbackend launch sets {', '.join(_OWN_FLAGS)} itself; remove {clashing}.")
+        raise ConfigError(
+            f"kbackend launch sets {', '.join(_OWN_FLAGS)} itself; remove {clashing}.")
     if train_args and train_args[0] == "train":
         train_args = train_args[1:]
     if not 0 <= args.port <= 65535:

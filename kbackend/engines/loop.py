@@ -13,8 +13,8 @@ Keras's loop. How a run goes:
   ["compile_time"]`` is the part of ``train_time`` spent compiling.
 * Calls are dispatched asynchronously; the host reads a call's losses once the next call is
   dispatched (so the device always has work queued), and waits for all of them only at
-  evaluation points and epoch ends. Per-step times are the measured times at those waits, spread evenly over the steps between
-  them (a fused call has no finer clock).
+  evaluation points and epoch ends. Per-step times are the measured times at those waits,
+  spread evenly over the steps between them (a fused call has no finer clock).
 * Validation runs once per epoch (``eval_every`` 0) or after the first call that reaches each
   multiple of ``eval_every`` steps (so with K > 1 it is rounded up to a call boundary), and at the
   end. Targets, early stopping (patience in evaluations, best values restored) and the reporter
@@ -164,7 +164,8 @@ class _Run:
         self.sync()
         if self.diverged is not None:
             return True
-        record: dict[str, Any] = {"step": self.step, "epoch": epoch, "train_time": self.train_time()}
+        record: dict[str, Any] = {"step": self.step, "epoch": epoch,
+                                  "train_time": self.train_time()}
         eval_start = time.perf_counter()
         record["val_loss"], record[f"val_{self.config.task.metric}"] = self.trainer.evaluate()
         if self.losses_since_eval:
@@ -312,7 +313,8 @@ def run_population(trainer: Any, plan: Plan, configs: list[Any],
     stopped member's later steps are computed (vmap has no holes) but not recorded. Members are
     checked for divergence at evaluation points and epoch ends (not one call later, as ``run``
     does): a diverged member stops there, the others go on. A member's values are frozen where it
-    stops (``trainer.freeze``) and the test split is evaluated once for all at the end. Timing is the population's: one clock, one compilation, shared by all.
+    stops (``trainer.freeze``) and the test split is evaluated once for all at the end. Timing
+    is the population's: one clock, one compilation, shared by all.
     ``censor(step, histories, active)``, called after each evaluation, returns members to stop
     there without a target (the study's pruning: runs that can no longer win); each is then the
     run alone with ``max_steps`` = that step, and ``extra["censored_at"]`` says so.

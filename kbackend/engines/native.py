@@ -6,9 +6,10 @@ The compiled loops live behind the backend boundary (``impl().native_trainer``:
 gathers its batch there.
 
 ``fused_steps=0`` (``--fused-steps auto``) picks K by measurement: ``probe_fused_steps`` times one
-short epoch per candidate on the model (its weights put back after each) and keeps the fastest (its figures go
-to ``history.extra["fused_steps_probe"]``; the probe runs before the clock starts). The answer
-is kept per machine, model and batch size (``cached_probe_fused_steps``), so it is measured once.
+short epoch per candidate on the model (its weights put back after each) and keeps the fastest
+(its figures go to ``history.extra["fused_steps_probe"]``; the probe runs before the clock
+starts). The answer is kept per machine, model and batch size (``cached_probe_fused_steps``), so
+it is measured once.
 Where the backend writes the K steps out (conv models on a CPU, ``capabilities.unrolls_its_loop``)
 compile time grows with K, so the candidates stop at ``capabilities.MAX_UNROLLED_STEPS``, and
 so does an explicit K (``loop.steps_per_call``; ``history.extra["fused_steps_asked"]`` keeps it).
@@ -202,8 +203,8 @@ class Runs:
         K) in ``repeats`` interleaved rounds: the population (every member at once) against one
         member alone, whose time x the number of members is the sequential path's (members of
         a cell have identical shapes, so each costs the same). ``path`` is ``"population"`` when
-        the sequential median is at least ``min_speedup`` times the population's. Where the backend has no population trainer the
-        answer is ``"sequential"`` with the reason.
+        the sequential median is at least ``min_speedup`` times the population's. Where the
+        backend has no population trainer the answer is ``"sequential"`` with the reason.
         """
         if not impl().supports_populations():
             return {"path": "sequential", "members": len(configs),
@@ -234,7 +235,8 @@ class Runs:
         members = len(configs)
         population_s = float(np.median(timings["population"]))
         sequential_s = members * float(np.median(timings["one_member"]))
-        return {"path": "population" if sequential_s >= min_speedup * population_s else "sequential",
+        path = "population" if sequential_s >= min_speedup * population_s else "sequential"
+        return {"path": path,
                 "min_speedup": min_speedup,
                 "members": members, "steps": len(starts) * fused, "repeats": repeats,
                 "population_s": timings["population"],

@@ -1,4 +1,5 @@
-"""How busy the hardware is: utilization sampling (CPU features: ``kbackend.backends.capabilities``).
+"""How busy the hardware is: utilization sampling (CPU features:
+``kbackend.backends.capabilities``).
 
 Utilization comes from NVML (``nvidia-ml-py``) when an NVIDIA GPU is present and from ``psutil``
 (CPU) otherwise. Both imports are guarded: nothing here needs a GPU.

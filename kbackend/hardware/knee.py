@@ -45,7 +45,8 @@ class Knee:
 
 def find_knee(batch_sizes: Sequence[int], throughputs: Sequence[float],
               min_gain: float = DEFAULT_MIN_GAIN) -> Knee:
-    """The smallest batch size after which the next larger batch raises throughput by < ``min_gain``.
+    """The smallest batch size after which the next larger batch raises throughput by
+    < ``min_gain``.
 
     ``batch_sizes`` must be increasing (usually powers of two); gains are normalized per doubling
     (``(t2 / t1) ** (1 / log2(b2 / b1)) - 1``) so uneven grids compare fairly. When every step
@@ -54,20 +55,24 @@ def find_knee(batch_sizes: Sequence[int], throughputs: Sequence[float],
     """
     if len(batch_sizes) != len(throughputs) or not batch_sizes:
         raise ConfigError(
-            f"Invalid throughput curve: expected equally long, non-empty batch sizes and throughputs. "
+            "Invalid throughput curve: expected equally long, non-empty batch sizes and "
+            "throughputs. "
             f"Received {len(batch_sizes)} batch sizes and {len(throughputs)} throughputs."
         )
     if any(b2 <= b1 for b1, b2 in itertools.pairwise(batch_sizes)) or batch_sizes[0] < 1:
-        raise ConfigError(f"Invalid batch sizes {list(batch_sizes)}: expected positive, increasing values.")
+        raise ConfigError(f"Invalid batch sizes {list(batch_sizes)}: expected positive, "
+                          "increasing values.")
     if any(not (t > 0 and math.isfinite(t)) for t in throughputs):
         raise ConfigError(f"Invalid throughputs {list(throughputs)}: expected finite values > 0.")
     gains = tuple(
-        (throughputs[i + 1] / throughputs[i]) ** (1.0 / math.log2(batch_sizes[i + 1] / batch_sizes[i])) - 1.0
+        (throughputs[i + 1] / throughputs[i])
+        ** (1.0 / math.log2(batch_sizes[i + 1] / batch_sizes[i])) - 1.0
         for i in range(len(batch_sizes) - 1)
     )
     for index, gain in enumerate(gains):
         if gain < min_gain:
-            return Knee(int(batch_sizes[index]), float(throughputs[index]), index, True, min_gain, gains)
+            return Knee(int(batch_sizes[index]), float(throughputs[index]), index, True,
+                        min_gain, gains)
     last = len(batch_sizes) - 1
     return Knee(int(batch_sizes[last]), float(throughputs[last]), last, False, min_gain, gains)
 

@@ -190,8 +190,10 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{1e3 * summary['median_step_s']:.2f} ms = {summary['samples_per_s']:.0f} samples/s "
         f"(mean over the run {summary.get('mean_samples_per_s', summary['samples_per_s']):.0f})",
         f"monitor: utilization {util.get('mean_percent', float('nan')):.0f}% mean / "
-        f"{util.get('max_percent', float('nan')):.0f}% max ({util.get('source', '?')}), device memory "
-        + (f"{memory / 2**20:.1f} MiB" if memory is not None else "not reported by this backend/device"),
+        f"{util.get('max_percent', float('nan')):.0f}% max ({util.get('source', '?')}), "
+        "device memory "
+        + (f"{memory / 2**20:.1f} MiB" if memory is not None
+           else "not reported by this backend/device"),
     ]
     lines += [f"monitor: try: {item}" for item in summary["try"]]
     return "\n".join(lines)

@@ -104,5 +104,6 @@ class Prefetcher:
 
 def prefetch(source: Iterable[Any], depth: int = 2, *, to_device: bool = False,
              monitor: Any = None) -> Prefetcher:
-    """``Prefetcher(source, depth, to_device=..., monitor=...)``: the next ``depth`` items, ahead."""
+    """``Prefetcher(source, depth, to_device=..., monitor=...)``: the next ``depth`` items,
+    ahead."""
     return Prefetcher(source, depth, to_device=to_device, monitor=monitor)

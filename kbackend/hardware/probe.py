@@ -63,21 +63,24 @@ class Workload:
 def workload(model: str, dataset: str = "synthetic", *, data_dir: str | None = None,
              data_format: str = "channels_last", samples: int = 4096, seed: int = 0,
              options: ModelOptions | None = None) -> Workload:
-    """Samples for ``model``: MNIST-shaped random data (``synthetic``) or a real dataset's train split."""
+    """Samples for ``model``: MNIST-shaped random data (``synthetic``) or a real dataset's train
+    split."""
     layout = model_layout(model)
     options = replace(options or ModelOptions(), data_format=data_format)
     recipe = {"model": model, "dataset": dataset, "data_dir": data_dir, "data_format": data_format,
               "samples": samples, "seed": seed, "options": asdict(options)}
     if dataset == "synthetic":
         layout = "image" if layout == "spatial" else layout  # MNIST-shaped: images
-        shape = _SYNTHETIC_SHAPES.get(layout) or ((28, 28, 1) if data_format == "channels_last" else (1, 28, 28))
+        mnist_shape = (28, 28, 1) if data_format == "channels_last" else (1, 28, 28)
+        shape = _SYNTHETIC_SHAPES.get(layout) or mnist_shape
         rng = np.random.default_rng(seed)
         x = rng.normal(size=(samples, *shape)).astype(np.float32)
         y = rng.integers(0, 10, size=samples).astype(np.int32)
         info = DatasetInfo("synthetic", shape, 10, "random", layout,
                            data_format if layout == "image" else None, samples, 0, 0)
         return Workload(model, info, x, y, options, recipe)
-    loaded = data_module.load(dataset, layout=layout, data_format=data_format, data_dir=data_dir, seed=seed)
+    loaded = data_module.load(dataset, layout=layout, data_format=data_format, data_dir=data_dir,
+                              seed=seed)
     return Workload(model, loaded.info, loaded.x_train, loaded.y_train, options, recipe)
 
 
@@ -165,13 +168,15 @@ def warm_up() -> float:
     keras = import_keras()
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-    model.fit(np.zeros((16, 4), np.float32), np.zeros(16, np.int32), batch_size=8, epochs=1, verbose=0)
+    model.fit(np.zeros((16, 4), np.float32), np.zeros(16, np.int32), batch_size=8, epochs=1,
+              verbose=0)
     return time.perf_counter() - start
 
 
 def optimizer_state_bytes(model: Any) -> int:
     """Bytes held by ``model``'s optimizer variables (moments, momenta, counters)."""
-    return int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize for v in model.optimizer.variables))
+    return int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize
+                   for v in model.optimizer.variables))
 
 
 class FitProbe:
@@ -188,8 +193,9 @@ class FitProbe:
     ``OutOfMemory`` when the device cannot hold the batch.
     """
 
-    def __init__(self, work: Workload, batch_size: int, *, steps: int = 20, precision: str = "float32",
-                 jit_compile: bool | str = True, run_eagerly: bool = False,
+    def __init__(self, work: Workload, batch_size: int, *, steps: int = 20,
+                 precision: str = "float32", jit_compile: bool | str = True,
+                 run_eagerly: bool = False,
                  steps_per_execution: int = 1, optimizer: OptimizerSpec | None = None,
                  build: Callable[[Workload], Any] | None = None, x: np.ndarray | None = None,
                  source: Callable[[np.ndarray, np.ndarray, int], Any] | None = None) -> None:
@@ -219,12 +225,14 @@ class FitProbe:
             yield
         except Exception as error:
             if _is_oom(error):
-                raise OutOfMemory(f"batch {self.batch_size} does not fit in device memory") from error
+                raise OutOfMemory(
+                    f"batch {self.batch_size} does not fit in device memory") from error
             raise
 
     def _fit(self) -> np.ndarray:
         times: list[float] = []
-        self.model.fit(**self.inputs, epochs=1, shuffle=False, verbose=0, callbacks=[_step_timer(times)])
+        self.model.fit(**self.inputs, epochs=1, shuffle=False, verbose=0,
+                       callbacks=[_step_timer(times)])
         return np.diff(times)
 
     def again(self) -> float:
@@ -286,7 +294,8 @@ def throughput_curve(work: Workload, batch_sizes: list[int], *, steps: int = 20,
         count = steps
         if seconds_per_point is not None and probes:
             last = probes[-1].result()
-            count = steps_for(seconds_per_point, last["step_ms"] * batch_size / last["batch_size"], 3, steps)
+            step_ms = last["step_ms"] * batch_size / last["batch_size"]
+            count = steps_for(seconds_per_point, step_ms, 3, steps)
         try:
             probes.append(FitProbe(work, batch_size, steps=count, **options))
         except OutOfMemory:
@@ -308,7 +317,8 @@ def dense_train_flops(widths: list[int], batch_size: int) -> float:
 
 
 def numpy_matmul_flops(n: int = 2048, repeats: int = 10) -> dict[str, float]:
-    """Measured FLOP/s of NumPy's (BLAS) float32 ``n x n`` matmul: median and best of ``repeats``."""
+    """Measured FLOP/s of NumPy's (BLAS) float32 ``n x n`` matmul: median and best of
+    ``repeats``."""
     rng = np.random.default_rng(0)
     a, b = (rng.normal(size=(n, n)).astype(np.float32) for _ in range(2))
     times = []
@@ -327,7 +337,8 @@ def matmul_peak(n: int = 2048, repeats: int = 10) -> dict[str, Any]:
     and op-by-op matmul and NumPy's BLAS (a train step may use any of these kernels)."""
     candidates = {
         "backend_jit": impl().matmul_flops(n, "float32", repeats=repeats, jit=True)["best_flops"],
-        "backend_eager": impl().matmul_flops(n, "float32", repeats=repeats, jit=False)["best_flops"],
+        "backend_eager": impl().matmul_flops(n, "float32", repeats=repeats,
+                                             jit=False)["best_flops"],
         "numpy": numpy_matmul_flops(n, repeats)["best_flops"],
     }
     best = max(candidates, key=candidates.__getitem__)
@@ -347,13 +358,15 @@ def roofline(batch_size: int = 1024, *, steps: int = 20, matmul_n: int = 2048,
     import_keras()
     work = workload("seed_mlp", samples=batch_size * 4)
     model = build_model(work.model, work.info, work.options)
-    model.compile(optimizer=OptimizerSpec("sgd", 0.01).to_keras(), loss="sparse_categorical_crossentropy",
-                  jit_compile=True, steps_per_execution=steps_per_execution)
+    model.compile(optimizer=OptimizerSpec("sgd", 0.01).to_keras(),
+                  loss="sparse_categorical_crossentropy", jit_compile=True,
+                  steps_per_execution=steps_per_execution)
     calls = max(2, -(-steps // steps_per_execution) + 1)
     index = np.arange(calls * steps_per_execution * batch_size) % len(work.x)
     xs, ys = work.x[index], work.y[index]
     first: list[float] = []
-    model.fit(xs, ys, batch_size=batch_size, epochs=1, shuffle=False, verbose=0, callbacks=[_step_timer(first)])
+    model.fit(xs, ys, batch_size=batch_size, epochs=1, shuffle=False, verbose=0,
+              callbacks=[_step_timer(first)])
     flops = dense_train_flops([784, *SEED_MLP_WIDTHS, 10], batch_size)
     per_round = []
     for _ in range(rounds):
@@ -363,14 +376,16 @@ def roofline(batch_size: int = 1024, *, steps: int = 20, matmul_n: int = 2048,
                   callbacks=[_step_timer(times)])
         step_s = float(np.median(np.diff(times)[1:])) / steps_per_execution  # [0]: fit's setup
         per_round.append({"step_ms": 1e3 * step_s, "model_gflops": flops / step_s / 1e9,
-                          "peak_gflops": peak["peak_flops"] / 1e9, "peak_source": peak["peak_source"],
+                          "peak_gflops": peak["peak_flops"] / 1e9,
+                          "peak_source": peak["peak_source"],
                           "fraction_of_peak": flops / step_s / peak["peak_flops"]})
     fractions = [r["fraction_of_peak"] for r in per_round]
     median = sorted(per_round, key=lambda r: r["fraction_of_peak"])[len(per_round) // 2]
     return {"batch_size": batch_size, "train_step_flop": flops, **median,
             "fraction_min": min(fractions), "fraction_max": max(fractions), "rounds": rounds,
             "matmul_n": matmul_n, "steps_per_execution": steps_per_execution,
-            "compile_s": max(0.0, first[1] - first[0] - steps_per_execution * median["step_ms"] / 1e3)}
+            "compile_s": max(0.0, first[1] - first[0]
+                             - steps_per_execution * median["step_ms"] / 1e3)}
 
 
 def platforms() -> list[str]:

@@ -11,8 +11,8 @@ one-line ``ConfigError``.
 
 Every JSON file is strict JSON (RFC 8259 has no NaN or Infinity; many parsers refuse them): a
 non-finite float is written as ``null``, and a top-level ``"non_finite"`` object records what each
-such null was, keyed by its JSON Pointer: ``{"loss": [0.5, null], "non_finite": {"/loss/1": "NaN"}}``.
-``read_json`` puts the values back.
+such null was, keyed by its JSON Pointer:
+``{"loss": [0.5, null], "non_finite": {"/loss/1": "NaN"}}``. ``read_json`` puts the values back.
 """
 
 from __future__ import annotations
@@ -43,7 +43,10 @@ _ARRAY_READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.er
 # A temp file whose writer cannot be checked (another host, an older kbackend's name) is stale once
 # it is this old: no single write takes an hour, and removing it sooner could race a live writer.
 STALE_TEMP_AGE_S = 3600.0
-_TEMP_NAME = re.compile(r"\.(?P<name>.+)\.(?:(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]+)-)?[a-z0-9_]{8}\.tmp(?:\..*)?")
+_TEMP_NAME = re.compile(
+    r"\.(?P<name>.+)\.(?:(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]+)-)?"
+    r"[a-z0-9_]{8}\.tmp(?:\..*)?"
+)
 _NON_FINITE_NAMES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
@@ -138,7 +141,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Pa
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temp_files(target.parent)
     fd, tmp_name = tempfile.mkstemp(
-        prefix=f".{target.name}.{_host_tag()}-{os.getpid()}-", suffix=f".tmp{target.suffix}", dir=target.parent
+        prefix=f".{target.name}.{_host_tag()}-{os.getpid()}-", suffix=f".tmp{target.suffix}",
+        dir=target.parent,
     )
     os.close(fd)
     tmp = Path(tmp_name)
@@ -204,13 +208,17 @@ def _finite_copy(value: Any, pointer: str, non_finite: dict[str, str]) -> Any:
         number = float(value)
         if math.isfinite(number):
             return number if isinstance(value, np.floating) else value
-        non_finite[pointer] = "NaN" if math.isnan(number) else ("Infinity" if number > 0 else "-Infinity")
+        if math.isnan(number):
+            non_finite[pointer] = "NaN"
+        else:
+            non_finite[pointer] = "Infinity" if number > 0 else "-Infinity"
         return None
     if isinstance(value, dict):
         return {key: _finite_copy(item, f"{pointer}/{_pointer_token(key)}", non_finite)
                 for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite_copy(item, f"{pointer}/{index}", non_finite) for index, item in enumerate(value)]
+        return [_finite_copy(item, f"{pointer}/{index}", non_finite)
+                for index, item in enumerate(value)]
     if isinstance(value, np.ndarray):
         return _finite_copy(value.tolist(), pointer, non_finite)
     if isinstance(value, np.integer):
@@ -230,12 +238,14 @@ def strict_json_payload(payload: Any) -> Any:
     non_finite: dict[str, str] = {}
     converted = _finite_copy(payload, "", non_finite)
     if isinstance(payload, dict) and NON_FINITE_KEY in payload:
-        raise ValueError(f"Cannot write strict JSON: the payload has its own {NON_FINITE_KEY!r} key, "
-                         "which the record of non-finite numbers would overwrite.")
+        raise ValueError("Cannot write strict JSON: the payload has its own "
+                         f"{NON_FINITE_KEY!r} key, which the record of non-finite numbers "
+                         "would overwrite.")
     if non_finite:
         if not isinstance(converted, dict):
-            raise ValueError(f"Cannot write strict JSON: non-finite numbers at {sorted(non_finite)} need a "
-                             f"top-level object for their record. Received: {type(payload).__name__}.")
+            raise ValueError("Cannot write strict JSON: non-finite numbers at "
+                             f"{sorted(non_finite)} need a top-level object for their record. "
+                             f"Received: {type(payload).__name__}.")
         converted[NON_FINITE_KEY] = non_finite
     return converted
 
@@ -247,16 +257,19 @@ def strict_json_text(payload: Any, indent: int | None = 2) -> str:
 
 
 def atomic_write_json(path: str | os.PathLike, payload: Any) -> Path:
-    """Atomically write ``payload`` as indented strict JSON (non-finite numbers: see the module doc)."""
+    """Atomically write ``payload`` as indented strict JSON (non-finite numbers: see the module
+    doc)."""
     return atomic_write_text(path, strict_json_text(payload) + "\n")
 
 
 def restore_non_finite(payload: Any) -> Any:
-    """``payload`` read from a file ``atomic_write_json`` wrote, with its non-finite numbers back."""
+    """``payload`` read from a file ``atomic_write_json`` wrote, with its non-finite numbers
+    back."""
     if not isinstance(payload, dict) or not isinstance(payload.get(NON_FINITE_KEY), dict):
         return payload
     for pointer, name in payload.pop(NON_FINITE_KEY).items():
-        *parents, last = [token.replace("~1", "/").replace("~0", "~") for token in pointer.split("/")[1:]]
+        *parents, last = [token.replace("~1", "/").replace("~0", "~")
+                          for token in pointer.split("/")[1:]]
         container = payload
         for token in parents:
             container = container[int(token) if isinstance(container, list) else token]
@@ -299,7 +312,9 @@ def read_arrays(path: str | os.PathLike, flag: str, *, archive: bool = False) ->
             raise
         reason = " ".join(str(error).split())[:200] or type(error).__name__
         kind = ".npy/.npz" if archive else ".npy"
-        raise DataError(f"Invalid {flag} {str(path)!r}: not a readable {kind} file ({reason}).") from None
+        raise DataError(
+            f"Invalid {flag} {str(path)!r}: not a readable {kind} file ({reason})."
+        ) from None
     raise DataError(f"Invalid {flag} {str(path)!r}: expected {expected}. Received: {size} bytes "
                     "without a NumPy header (empty, cut, or another format).")
 
@@ -343,9 +358,11 @@ def _check_output_folder(path: str | os.PathLike, flag: str) -> Path:
     target = Path(path)
     existing = _nearest_existing(target)
     if not existing.is_dir():
-        raise ConfigError(f"Invalid {flag} folder {str(path)!r}: {str(existing)!r} is a file, not a folder.")
+        raise ConfigError(f"Invalid {flag} folder {str(path)!r}: {str(existing)!r} is a file, "
+                          "not a folder.")
     if not _can_create_files_in(existing):
-        raise ConfigError(f"Invalid {flag} folder {str(path)!r}: {str(existing)!r} is not writable.")
+        raise ConfigError(
+            f"Invalid {flag} folder {str(path)!r}: {str(existing)!r} is not writable.")
     if existing == target:
         remove_stale_temp_files(target)  # a killed run's temp files: gone at the next start
     return target
@@ -391,12 +408,14 @@ def _check_output_path(path: str | os.PathLike, flag: str, suffix: str | None) -
     target = Path(path)
     shown = str(path)
     if suffix is not None and target.suffix != suffix:
-        raise ConfigError(f"Invalid {flag} path {shown!r}: expected a file name ending in {suffix}.")
+        raise ConfigError(
+            f"Invalid {flag} path {shown!r}: expected a file name ending in {suffix}.")
     if target.is_dir():
         raise ConfigError(f"Invalid {flag} path {shown!r}: it is a folder; expected a file path.")
     existing = _nearest_existing(target.parent)
     if not existing.is_dir():
-        raise ConfigError(f"Invalid {flag} path {shown!r}: {str(existing)!r} is a file, not a folder.")
+        raise ConfigError(
+            f"Invalid {flag} path {shown!r}: {str(existing)!r} is a file, not a folder.")
     if not _can_create_files_in(existing) or (
             target.exists() and not os.access(target, os.W_OK)):
         raise ConfigError(f"Invalid {flag} path {shown!r}: {str(existing)!r} is not writable.")

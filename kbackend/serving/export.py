@@ -101,7 +101,8 @@ def check_under(backend: str, path: Path, fmt: str, sample_file: Path, atol: flo
                               {"artifact": str(path), "fmt": fmt, "sample_file": str(sample_file),
                                "atol": atol}, timeout_s=timeout_s)
     except ChildTimeout:
-        return CheckResult(backend, float("inf"), 0, False, f"check timed out after {timeout_s:.0f}s")
+        return CheckResult(backend, float("inf"), 0, False,
+                           f"check timed out after {timeout_s:.0f}s")
     except ChildFailed as error:
         return CheckResult(backend, float("inf"), 0, False, str(error))
     return CheckResult(**result)
@@ -146,18 +147,23 @@ def check_export_options(rows: int, atol: float) -> None:
 
 def export_model(model_path: str | os.PathLike, fmt: str, out_dir: str | os.PathLike, *,
                  sample: np.ndarray | None = None, rows: int = 64, seed: int = 0,
-                 atol: float = DEFAULT_ATOL, check_backends: tuple[str, ...] = BACKENDS) -> dict[str, Any]:
+                 atol: float = DEFAULT_ATOL,
+                 check_backends: tuple[str, ...] = BACKENDS) -> dict[str, Any]:
     """Export ``model_path`` as ``fmt`` into ``out_dir`` and check it; return the manifest.
 
     Raises ``ExportError`` when a check fails (the artifact is kept for inspection).
     """
     check_export_options(rows, atol)
     if fmt not in FORMATS:
-        raise ConfigError(f"Invalid export format. Expected one of {list(FORMATS)}. Received: {fmt!r}.")
+        raise ConfigError(
+            f"Invalid export format. Expected one of {list(FORMATS)}. Received: {fmt!r}.")
     check_output_folder(out_dir, "--out")  # before the model loads (the API too, not only the CLI)
     model = load_model(model_path)
     row_shape = input_shape(model)
-    x = validate_inputs(sample, row_shape, "--sample") if sample is not None else _sample(row_shape, rows, seed)
+    if sample is not None:
+        x = validate_inputs(sample, row_shape, "--sample")
+    else:
+        x = _sample(row_shape, rows, seed)
     reference = np.asarray(model.predict_on_batch(x), dtype=np.float32)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -170,7 +176,8 @@ def export_model(model_path: str | os.PathLike, fmt: str, out_dir: str | os.Path
     except KBackendError:
         raise
     except Exception as error:
-        raise ExportError(f"Export of {str(model_path)!r} as {fmt} failed: {type(error).__name__}: {error}") from None
+        raise ExportError(f"Export of {str(model_path)!r} as {fmt} failed: "
+                          f"{type(error).__name__}: {error}") from None
     sample_file = out / SAMPLE_FILE
     atomic_write(sample_file, lambda tmp: _save_npz(tmp, x, reference))
     here = active_backend()
@@ -191,7 +198,8 @@ def export_model(model_path: str | os.PathLike, fmt: str, out_dir: str | os.Path
             f"{c.backend}: max |diff| {c.max_abs_diff:.3g}" + (f" ({c.error})" if c.error else "")
             for c in checks if not c.ok
         )
-        raise ExportError(f"Exported {target} does not reproduce the source predictions within atol {atol:g}: {failed}.")
+        raise ExportError(f"Exported {target} does not reproduce the source predictions within "
+                          f"atol {atol:g}: {failed}.")
     return manifest
 
 

@@ -58,7 +58,8 @@ def load_model(path: str | os.PathLike) -> Any:
         model = keras.saving.load_model(path, compile=False)
     except Exception as error:  # Keras raises many types for a bad file; all mean "does not load"
         reason = " ".join(str(error).split())[:300]
-        raise ModelError(f"Model file {str(path)!r} does not load as a Keras model: {type(error).__name__}: {reason}") from None
+        raise ModelError(f"Model file {str(path)!r} does not load as a Keras model: "
+                         f"{type(error).__name__}: {reason}") from None
     check_servable(model, str(path))
     return model
 
@@ -101,12 +102,15 @@ def validate_inputs(x: Any, row_shape: tuple[int | None, ...], name: str = "inpu
         )
     expected = _describe_shape(row_shape)
     if array.ndim != len(row_shape) + 1 or any(
-        want is not None and got != want for got, want in zip(array.shape[1:], row_shape, strict=False)
+        want is not None and got != want
+        for got, want in zip(array.shape[1:], row_shape, strict=False)
     ):
         features = f" ({row_shape[0]} features per row)" if len(row_shape) == 1 else ""
-        raise DataError(f"Invalid {name}: expected shape {expected}{features}, received {array.shape}.")
+        raise DataError(
+            f"Invalid {name}: expected shape {expected}{features}, received {array.shape}.")
     if array.shape[0] == 0:
-        raise DataError(f"Invalid {name}: expected at least one row of shape {expected}, received 0 rows.")
+        raise DataError(f"Invalid {name}: expected at least one row of shape {expected}, "
+                        "received 0 rows.")
     array = array.astype(np.float32, copy=False)
     finite = np.isfinite(array.reshape(len(array), -1)).all(axis=1)
     if not finite.all():
@@ -120,7 +124,8 @@ def validate_inputs(x: Any, row_shape: tuple[int | None, ...], name: str = "inpu
 
 
 def bucket_size(rows: int, max_batch: int) -> int:
-    """The padded size of a call with ``rows`` rows: the next power of two, at most ``max_batch``."""
+    """The padded size of a call with ``rows`` rows: the next power of two, at most
+    ``max_batch``."""
     return min(max_batch, 1 << max(0, int(rows - 1).bit_length()))
 
 
@@ -151,7 +156,8 @@ class BatchPredictor:
                 chunk = np.concatenate([chunk, pad])
             with self._lock:
                 result = self.model.predict_on_batch(chunk)
-            outputs.append(np.asarray(result, dtype=np.float32)[: min(self.max_batch, len(x) - start)])
+            kept = min(self.max_batch, len(x) - start)
+            outputs.append(np.asarray(result, dtype=np.float32)[:kept])
         return np.concatenate(outputs)
 
     def warm_up(self, sizes: tuple[int, ...] = (1,)) -> None:

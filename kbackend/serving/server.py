@@ -80,7 +80,8 @@ MAX_WAIT_MS_LIMIT = 10_000.0
 
 
 def check_batching_options(max_batch: int, max_wait_ms: float, max_request_rows: int) -> None:
-    """Raise ``ConfigError`` unless the batching limits can serve a request (before the model loads)."""
+    """Raise ``ConfigError`` unless the batching limits can serve a request (before the model
+    loads)."""
     if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1 \
             or max_batch & (max_batch - 1):
         raise ConfigError(f"Invalid --max-batch. Expected a power of two >= 1 (calls are padded to "
@@ -126,12 +127,14 @@ def body_limit(row_shape: tuple[int | None, ...], max_request_rows: int,
 
 
 def check_port(host: str, port: int) -> int:
-    """``port`` if it is a TCP port (0: any free one) that ``host`` can listen on, else ``ConfigError``.
+    """``port`` if it is a TCP port (0: any free one) that ``host`` can listen on, else
+    ``ConfigError``.
 
     Binding once here refuses a port in use before the model loads; the server binds again.
     """
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ConfigError(f"Invalid --port. Expected an integer from 0 (any free port) to 65535. Received: {port!r}.")
+        raise ConfigError("Invalid --port. Expected an integer from 0 (any free port) to 65535. "
+                          f"Received: {port!r}.")
     if port:
         address = check_loopback(host)
         probe = socket.socket(address_family(address), socket.SOCK_STREAM)
@@ -169,8 +172,8 @@ def check_loopback(host: str) -> str:
         raise ConfigError(f"Invalid --host {host!r}: it does not resolve to an address.") from None
     if not address.is_loopback:
         raise ConfigError(
-            f"Invalid --host {host!r} ({address}): kbackend serve listens on loopback addresses only "
-            "(127.0.0.1, localhost); put a reverse proxy in front of it to expose it."
+            f"Invalid --host {host!r} ({address}): kbackend serve listens on loopback addresses "
+            "only (127.0.0.1, localhost); put a reverse proxy in front of it to expose it."
         )
     return str(address)
 
@@ -296,10 +299,12 @@ class PredictionServer(ThreadingHTTPServer):
         address = check_loopback(host)
         self.address_family = address_family(address)  # read by socketserver's __init__
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-            raise ConfigError(f"Invalid port. Expected an integer from 0 to 65535. Received: {port!r}.")
+            raise ConfigError(
+                f"Invalid port. Expected an integer from 0 to 65535. Received: {port!r}.")
         self.batcher = MicroBatcher(predict, max_batch=max_batch, max_wait_s=max_wait_ms / 1000)
         try:
-            super().__init__((address, port), _Handler)  # on failure it closes itself and the batcher
+            # on failure it closes itself and the batcher
+            super().__init__((address, port), _Handler)
         except OSError as error:
             raise _bind_error(host, port, error) from None
 
@@ -312,7 +317,8 @@ class PredictionServer(ThreadingHTTPServer):
         return f"http://{host}:{port}"  # type: ignore[str-bytes-safe]
 
     def stats(self) -> dict[str, Any]:
-        stats = {"uptime_s": time.time() - self.started, "rejected": self.rejected, **self.batcher.stats()}
+        stats = {"uptime_s": time.time() - self.started, "rejected": self.rejected,
+                 **self.batcher.stats()}
         if self.cache_stats is not None:
             stats["cache"] = self.cache_stats()
         return stats
@@ -326,7 +332,8 @@ class PredictionServer(ThreadingHTTPServer):
         error = sys.exc_info()[1]
         if isinstance(error, (ConnectionError, TimeoutError)):
             if self.verbose:
-                sys.stderr.write(f"connection from {client_address[0]} closed: {type(error).__name__}\n")
+                sys.stderr.write(
+                    f"connection from {client_address[0]} closed: {type(error).__name__}\n")
             return
         sys.stderr.write(f"request from {client_address[0]} failed: {type(error).__name__}: "
                          f"{_one_line(str(error))}\n")
@@ -393,14 +400,16 @@ def _reject_constant(name: str) -> float:
 
 def _parse_int(text: str) -> int | float:
     if len(text) > MAX_NUMBER_CHARS:
-        raise _NumberTooLong(f"a number of {len(text)} characters; expected at most {MAX_NUMBER_CHARS}")
+        raise _NumberTooLong(
+            f"a number of {len(text)} characters; expected at most {MAX_NUMBER_CHARS}")
     # Beyond int64, numpy would make an object array; as a float it is a number (or inf: 422).
     return int(text) if len(text) <= 18 else float(text)
 
 
 def _parse_float(text: str) -> float:
     if len(text) > MAX_NUMBER_CHARS:
-        raise _NumberTooLong(f"a number of {len(text)} characters; expected at most {MAX_NUMBER_CHARS}")
+        raise _NumberTooLong(
+            f"a number of {len(text)} characters; expected at most {MAX_NUMBER_CHARS}")
     return float(text)
 
 
@@ -411,7 +420,8 @@ def parse_json_body(body: bytes) -> Any:
     digit limit) and deep nesting (``RecursionError``).
     """
     try:
-        return json.loads(body, parse_constant=_reject_constant, parse_int=_parse_int, parse_float=_parse_float)
+        return json.loads(body, parse_constant=_reject_constant, parse_int=_parse_int,
+                          parse_float=_parse_float)
     except RecursionError:
         raise ValueError("nested too deeply") from None
     except UnicodeDecodeError as error:
@@ -480,13 +490,15 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, {"error": _one_line(message), "status": int(status)}, headers)
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """The base class's errors (bad request line, header too long, unsupported method) as JSON."""
+        """The base class's errors (bad request line, header too long, unsupported method) as
+        JSON."""
         status = HTTPStatus(code)
         self._error(status, message or status.phrase)
 
     def _discard_unread_body(self) -> None:
-        # Lingering close: stop writing, then read and drop what the client is still sending (bounded
-        # in bytes and time), so the close does not reset the connection under the error response.
+        # Lingering close: stop writing, then read and drop what the client is still sending
+        # (bounded in bytes and time), so the close does not reset the connection under the error
+        # response.
         try:
             self.connection.shutdown(socket.SHUT_WR)
             self.deadline = time.monotonic() + LINGER_S  # reads wait at most this long now
@@ -505,20 +517,24 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == "/stats":
             self._send(HTTPStatus.OK, self.server.stats())
         else:
-            self._error(HTTPStatus.NOT_FOUND, f"unknown path {self.path!r}: use POST /predict, GET /health or /stats")
+            self._error(HTTPStatus.NOT_FOUND,
+                        f"unknown path {self.path!r}: use POST /predict, GET /health or /stats")
 
     def do_POST(self) -> None:
         try:
             self._post()
-        except (ConnectionError, TimeoutError):  # stalled or gone mid-body: closed, as the timeout says
+        except (ConnectionError, TimeoutError):
+            # stalled or gone mid-body: closed, as the timeout says
             self.close_connection = True
         except Exception as error:  # a bug here must still answer the request, in one line
-            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"internal error: {type(error).__name__}: {error}")
+            self._error(HTTPStatus.INTERNAL_SERVER_ERROR,
+                        f"internal error: {type(error).__name__}: {error}")
 
     def _post(self) -> None:
         try:
             if self.path != "/predict":
-                raise _RequestError(HTTPStatus.NOT_FOUND, f"unknown path {self.path!r}: use POST /predict",
+                raise _RequestError(HTTPStatus.NOT_FOUND,
+                                    f"unknown path {self.path!r}: use POST /predict",
                                     body_unread=True)
             x = self._read_inputs()
         except _RequestError as error:
@@ -532,7 +548,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(HTTPStatus.SERVICE_UNAVAILABLE, str(error))
             return
         except Exception as error:  # the model or the cache failed: the client is not at fault
-            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"prediction failed: {type(error).__name__}: {error}")
+            self._error(HTTPStatus.INTERNAL_SERVER_ERROR,
+                        f"prediction failed: {type(error).__name__}: {error}")
             return
         self._send(HTTPStatus.OK, {"predictions": predictions.tolist()})
 
@@ -541,33 +558,39 @@ class _Handler(BaseHTTPRequestHandler):
         if content_type is None:  # a client that does not say is taken to send JSON
             return
         media_type, *parameters = (part.strip().lower() for part in content_type.split(";"))
-        charset = next((p.partition("=")[2].strip('"') for p in parameters if p.startswith("charset=")), "utf-8")
+        charset = next((p.partition("=")[2].strip('"') for p in parameters
+                        if p.startswith("charset=")), "utf-8")
         if not _JSON_MEDIA_TYPE.fullmatch(media_type) or charset not in ("utf-8", "utf8"):
             raise _RequestError(HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
-                                f"unsupported Content-Type {content_type!r}: expected application/json "
-                                "(UTF-8)", body_unread=True)
+                                f"unsupported Content-Type {content_type!r}: expected "
+                                "application/json (UTF-8)", body_unread=True)
 
     def _body_length(self) -> int:
         if self.headers.get("Transfer-Encoding") is not None:
-            raise _RequestError(HTTPStatus.LENGTH_REQUIRED, "Transfer-Encoding is not supported: expected "
-                                "a body with a Content-Length header", body_unread=True)
+            raise _RequestError(HTTPStatus.LENGTH_REQUIRED,
+                                "Transfer-Encoding is not supported: expected a body with a "
+                                "Content-Length header", body_unread=True)
         values = self.headers.get_all("Content-Length") or []
         if not values:
-            raise _RequestError(HTTPStatus.LENGTH_REQUIRED, "missing Content-Length header: expected the "
-                                "body's length in bytes", body_unread=True)
+            raise _RequestError(HTTPStatus.LENGTH_REQUIRED,
+                                "missing Content-Length header: expected the body's length in "
+                                "bytes", body_unread=True)
         if len(set(values)) > 1:
-            raise _RequestError(HTTPStatus.BAD_REQUEST, f"conflicting Content-Length headers {values!r}",
+            raise _RequestError(HTTPStatus.BAD_REQUEST,
+                                f"conflicting Content-Length headers {values!r}",
                                 body_unread=True)
         text = values[0].strip()
         if not _CONTENT_LENGTH.fullmatch(text):
-            raise _RequestError(HTTPStatus.BAD_REQUEST, f"invalid Content-Length {values[0][:40]!r}: expected "
-                                "a non-negative integer (bytes)", body_unread=True)
+            raise _RequestError(HTTPStatus.BAD_REQUEST,
+                                f"invalid Content-Length {values[0][:40]!r}: expected a "
+                                "non-negative integer (bytes)", body_unread=True)
         # Compare digit counts first: int() of a 5,000-digit header would itself fail.
         limit = self.server.max_body_bytes
         if len(text.lstrip("0")) > len(str(limit)) or int(text) > limit:
-            raise _RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body of {text[:40]} bytes exceeds the "
-                                f"limit of {limit} ({self.server.max_request_rows} rows of this "
-                                "model's input)", body_unread=True)
+            raise _RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                                f"body of {text[:40]} bytes exceeds the limit of {limit} "
+                                f"({self.server.max_request_rows} rows of this model's input)",
+                                body_unread=True)
         return int(text)
 
     def _read_body(self, length: int) -> bytes:
@@ -626,15 +649,18 @@ class _Handler(BaseHTTPRequestHandler):
             raise _RequestError(HTTPStatus.BAD_REQUEST, f"invalid JSON: {error}") from None
         if not isinstance(payload, dict) or "inputs" not in payload:
             raise _RequestError(HTTPStatus.BAD_REQUEST,
-                                'expected a JSON object {"inputs": [[...], ...]} with one list per row')
+                                'expected a JSON object {"inputs": [[...], ...]} with one list '
+                                'per row')
         try:
             array = np.asarray(payload["inputs"])
         except (ValueError, RecursionError):
             raise _RequestError(HTTPStatus.UNPROCESSABLE_ENTITY,
-                                "invalid inputs: expected a rectangular array (every row the same shape)") from None
+                                "invalid inputs: expected a rectangular array (every row the "
+                                "same shape)") from None
         if array.ndim >= 1 and len(array) > self.server.max_request_rows:
             raise _RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                                f"{len(array)} rows exceed the limit of {self.server.max_request_rows} per request")
+                                f"{len(array)} rows exceed the limit of "
+                                f"{self.server.max_request_rows} per request")
         try:
             return validate_inputs(array, self.server.row_shape)
         except DataError as error:

@@ -21,9 +21,6 @@ from kbackend.errors import ConfigError, check_field_types
 
 # The output-path checks live with the writes they protect (kbackend.io); named here too, where
 # the study's modules still import them from.
-from kbackend.io import check_distinct_paths as check_distinct_paths
-from kbackend.io import check_output_folder as check_output_folder
-from kbackend.io import check_output_path as check_output_path
 from kbackend.models import ModelOptions
 from kbackend.optim import OptimizerSpec
 from kbackend.precision import PRECISIONS

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 from kbackend.api import recommendation, recommendation_lines
 from kbackend.commands.train import add_source_arguments
-from kbackend.config import check_output_folder, check_output_path
 from kbackend.engines import engine_names
 from kbackend.errors import ConfigError, path_errors
+from kbackend.io import check_output_folder, check_output_path
 from kbackend.optim import OPTIMIZERS
 from kbackend.study.config import (
     DEFAULT_BUDGETS,
@@ -52,24 +53,25 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in text.split(",") if v.strip())
 
 
-def _gpus(text: str) -> float | None:
-    """``auto`` -> None (one GPU where the cluster has GPUs), else a number of GPUs."""
-    if text.strip().lower() == "auto":
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected auto or a number of GPUs, got {text!r}") from None
+def _auto_or_number(what: str) -> Callable[[str], float | None]:
+    """An argparse type: ``auto`` -> None (the command decides), else a number of ``what``."""
+    def parse(text: str) -> float | None:
+        if text.strip().lower() == "auto":
+            return None
+        try:
+            return float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected auto or {what}, got {text!r}") from None
+
+    parse.__name__ = what  # argparse names the type in its messages
+    return parse
 
 
-def _budget(text: str) -> float | None:
-    """``auto`` -> None (half the first seeds' run time), else seconds."""
-    if text.strip().lower() == "auto":
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected auto or seconds, got {text!r}") from None
+# --cell-gpus auto: one GPU where the cluster has GPUs; --seed-budget auto: half the first
+# seeds' run time.
+_gpus = _auto_or_number("a number of GPUs")
+_budget = _auto_or_number("seconds")
 
 
 def _lr_entry(text: str) -> tuple[str, tuple[float, ...]]:

@@ -22,9 +22,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from kbackend.config import check_output_folder
 from kbackend.errors import ConfigError, DataError, OutputError
-from kbackend.io import atomic_write_text, read_json
+from kbackend.io import atomic_write_text, check_output_folder, read_json
 from kbackend.reports import markdown_rows
 from kbackend.study.analysis import analyze
 from kbackend.study.config import StudyConfig

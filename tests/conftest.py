@@ -31,9 +31,9 @@ if os.environ.get("KBACKEND_VIRTUAL_DEVICES"):
 # jit_compile for the Keras engines and TensorFlow's native loop in tests whose subject is not
 # compilation: TensorFlow's XLA compilation costs most of a small run on a CPU (measured:
 # mixed_bfloat16, 3 epochs of digits, 26 s with it and 3.6 s without; one tiny-study run 8 s and
-# 2.3 s; a process's first native run, 2 digits epochs, 14.7 s and 1.3 s), while JAX's Keras engine without jit
-# runs op by op (and JAX's native loop is XLA either way). The default (XLA on) keeps tests of
-# its own on both backends. NO_JIT_FLAGS is the same choice on a command line.
+# 2.3 s; a process's first native run, 2 digits epochs, 14.7 s and 1.3 s), while JAX's Keras
+# engine without jit runs op by op (and JAX's native loop is XLA either way). The default (XLA on)
+# keeps tests of its own on both backends. NO_JIT_FLAGS is the same choice on a command line.
 JIT_FOR_SMALL_RUNS = BACKEND != "tensorflow"
 NO_JIT_FLAGS: tuple[str, ...] = () if JIT_FOR_SMALL_RUNS else ("--no-jit",)
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,7 +96,8 @@ def cli(capsys):
 
 
 def run_cli(*args: str, backend: str | None = None, env: dict | None = None,
-            timeout: float = 300, cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
+            timeout: float = 300,
+            cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
     """Run ``python -m kbackend ARGS`` in a subprocess with KERAS_BACKEND set."""
     full_env = {**os.environ, "KERAS_BACKEND": backend or BACKEND, **(env or {})}
     return subprocess.run(

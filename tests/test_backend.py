@@ -68,7 +68,8 @@ def test_conflict_with_already_imported_keras_is_reported():
         "import os; os.environ['KERAS_BACKEND']='jax'; import keras; "
         "from kbackend.backend_choice import use_backend; use_backend('tensorflow')"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
     assert result.returncode != 0
     assert "already imported with backend 'jax'" in result.stderr
 
@@ -76,12 +77,14 @@ def test_conflict_with_already_imported_keras_is_reported():
 def test_torch_is_not_importable_and_not_imported():
     # A fresh process: sys.modules here holds whatever other tests imported.
     code = (
-        "import importlib.util, sys; assert importlib.util.find_spec('torch') is None, 'torch installed'; "
+        "import importlib.util, sys; "
+        "assert importlib.util.find_spec('torch') is None, 'torch installed'; "
         "import kbackend.training, kbackend.models, kbackend.data, kbackend.cli; "
         "import kbackend.backends; kbackend.backends.impl(); "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
     assert result.returncode == 0, result.stderr
 
 
@@ -97,7 +100,8 @@ def test_a_command_process_imports_the_frameworks_without_their_unused_integrati
         "import matplotlib; matplotlib.use('Agg'); import matplotlib.pyplot; "
         "print(json.dumps([imported, skipped, len(digits.x_train)]))"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     imported, skipped, train_samples = json.loads(result.stdout.strip().splitlines()[-1])
     assert imported == [] and skipped

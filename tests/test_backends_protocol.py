@@ -38,7 +38,8 @@ def contract_violations(package: types.ModuleType) -> list[str]:
         if expected is not None:
             got = inspect.signature(member)
             if list(got.parameters) != list(expected.parameters):
-                problems.append(f"{name}: parameters {list(got.parameters)} != {list(expected.parameters)}")
+                problems.append(f"{name}: parameters {list(got.parameters)}"
+                                f" != {list(expected.parameters)}")
     return problems
 
 

@@ -25,7 +25,8 @@ _COMMON = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow,
                                                        HealthCheck.function_scoped_fixture]}
 settings.register_profile("ci", max_examples=3, derandomize=True, print_blob=True, **_COMMON)
 # KBACKEND_EQUIV_EXAMPLES sets the number of examples of the thorough profile (default 200).
-settings.register_profile("thorough", max_examples=int(os.environ.get("KBACKEND_EQUIV_EXAMPLES", "200")),
+settings.register_profile("thorough",
+                          max_examples=int(os.environ.get("KBACKEND_EQUIV_EXAMPLES", "200")),
                           **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
@@ -67,7 +68,8 @@ def record(report: Report) -> None:
     """Remember the largest passing differences per quantity (printed at the end of the run)."""
     for row in report.rows:
         rtol = TOLERANCES[row.quantity].rtol
-        if row.passed and row.max_rel <= rtol and row.max_rel > LARGEST.get(row.quantity, (-1.0,))[0]:
+        if (row.passed and row.max_rel <= rtol
+                and row.max_rel > LARGEST.get(row.quantity, (-1.0,))[0]):
             LARGEST[row.quantity] = (row.max_rel, row.max_abs, row.name)
     for name in report.known_divergences():
         KNOWN_SEEN[name] = KNOWN_SEEN.get(name, 0) + 1

@@ -26,20 +26,19 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from kbackend.cache.sqlite_store import APPLICATION_ID as CACHE_APPLICATION_ID
 from kbackend.errors import KBackendError
+from kbackend.sqlite import SQLITE_HEADER, immediate_transaction, retry_while_locked
 
-SQLITE_HEADER = b"SQLite format 3\x00"
 APPLICATION_ID = 0x6B62_7374  # "kbst": marks a file as a kbackend study store
 SCHEMA_VERSION = 1
 _HEADER_SIZE = 100
 _BUSY_TIMEOUT_S = 60.0
-_LOCK_WORDS = ("locked", "busy")
 
 # The tables and columns of every store so far (an earlier kbackend wrote the same ones, without
 # the application id); the migration check compares a file against exactly these.
@@ -49,7 +48,6 @@ _COLUMNS = {
     "summaries": ("study", "backend", "device", "payload", "written_at"),
 }
 
-T = TypeVar("T")
 
 _SCHEMA = """
 CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -224,7 +222,9 @@ class ResultStore:
             self._connection.execute(f"PRAGMA busy_timeout={int(_BUSY_TIMEOUT_S * 1000)}")
             self._initialize()
             # The busy handler does not cover a journal-mode switch: retry while it is locked.
-            self._retry(lambda: self._connection.execute("PRAGMA journal_mode=WAL").fetchone())
+            retry_while_locked(
+                lambda: self._connection.execute("PRAGMA journal_mode=WAL").fetchone(),
+                _BUSY_TIMEOUT_S)
             self._connection.execute("PRAGMA synchronous=FULL")  # a commit survives power loss
         except sqlite3.Error as error:
             self._connection.close()
@@ -258,19 +258,6 @@ class ResultStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _retry(self, action: Callable[[], T]) -> T:
-        deadline = time.monotonic() + _BUSY_TIMEOUT_S
-        delay = 0.001
-        while True:
-            try:
-                return action()
-            except sqlite3.OperationalError as error:
-                locked = any(word in str(error).lower() for word in _LOCK_WORDS)
-                if not locked or time.monotonic() > deadline:
-                    raise
-                time.sleep(delay)
-                delay = min(delay * 2, 0.1)
-
     @contextmanager
     def _errors(self) -> Iterator[None]:
         """SQLite's errors as one-line kbackend errors naming the store."""
@@ -283,15 +270,8 @@ class ResultStore:
     def _write(self) -> Iterator[sqlite3.Cursor]:
         """One ``BEGIN IMMEDIATE`` transaction, then a checkpoint: the write lock is taken before
         anything is read, and once committed the rows are in ``study.db`` itself."""
-        cursor = self._connection.cursor()
-        cursor.execute("BEGIN IMMEDIATE")
-        try:
+        with immediate_transaction(self._connection) as cursor:
             yield cursor
-        except BaseException:
-            if self._connection.in_transaction:  # SQLite may already have rolled back
-                cursor.execute("ROLLBACK")
-            raise
-        cursor.execute("COMMIT")
         # FULL waits (busy handler) for other writers and for readers of older snapshots, so
         # every committed frame is copied into the main file, not only those no reader needs.
         cursor.execute("PRAGMA wal_checkpoint(FULL)").fetchone()

@@ -76,7 +76,8 @@ def test_cached_predictions_equal_direct_predictions_of_rounded_inputs(model, st
     same_key = np.all(np.round(x + np.float32(0.01), 1) == np.round(x, 1), axis=1)
     assert second.hit[same_key].all()
     np.testing.assert_array_equal(second.predictions[same_key], first.predictions[same_key])
-    np.testing.assert_allclose(second.predictions, model.predict(second.rounded, verbose=0), atol=ATOL, rtol=0)
+    np.testing.assert_allclose(second.predictions, model.predict(second.rounded, verbose=0),
+                               atol=ATOL, rtol=0)
 
 
 def test_exact_mode_hits_only_identical_rows(model, store):
@@ -93,7 +94,8 @@ def test_exact_mode_hits_only_identical_rows(model, store):
 def test_misses_are_predicted_in_one_batched_call_once_per_distinct_row(model, store):
     predictor = CountingPredictor(model)
     cache = PredictionCache(model, store, Rounding(0), predictor=predictor)
-    x = np.concatenate([rows(300), rows(300) + 2])  # decimals 0: at most 2**4 distinct rows per half
+    # decimals 0: at most 2**4 distinct rows per half
+    x = np.concatenate([rows(300), rows(300) + 2])
     result = cache.lookup(x)
     distinct = len(np.unique(result.rounded, axis=0))
     assert predictor.calls == [distinct]
@@ -107,7 +109,8 @@ def test_misses_are_predicted_in_one_batched_call_once_per_distinct_row(model, s
 def test_changing_one_weight_invalidates(model, store, tmp_path):
     model.save(tmp_path / "tiny.keras")
     changed = load_model(tmp_path / "tiny.keras")
-    assert model_fingerprint(changed) == model_fingerprint(model), "a reloaded model keeps its fingerprint"
+    assert model_fingerprint(changed) == model_fingerprint(model), (
+        "a reloaded model keeps its fingerprint")
     x = rows(64)
     old = PredictionCache(model, store, Rounding(2))
     old.predict(x)
@@ -120,7 +123,8 @@ def test_changing_one_weight_invalidates(model, store, tmp_path):
     assert new.fingerprint != old.fingerprint
     result = new.lookup(x)
     assert not result.hit.any(), "a changed model must not be answered from the old model's entries"
-    np.testing.assert_allclose(result.predictions, changed.predict(result.rounded, verbose=0), atol=ATOL, rtol=0)
+    np.testing.assert_allclose(result.predictions, changed.predict(result.rounded, verbose=0),
+                               atol=ATOL, rtol=0)
     assert {info.namespace for info in store.namespaces()} == {old.fingerprint, new.fingerprint}
 
 
@@ -140,7 +144,8 @@ def test_per_feature_rounding_and_negative_zero():
 
 def test_bad_inputs_are_refused_with_clear_errors(model, store):
     cache = PredictionCache(model, store, Rounding(2))
-    with pytest.raises(DataError, match=r"expected shape \(N, 4\) \(4 features per row\), received \(2, 5\)"):
+    with pytest.raises(DataError,
+                       match=r"expected shape \(N, 4\) \(4 features per row\), received \(2, 5\)"):
         cache.predict(np.zeros((2, 5), np.float32))
     bad = rows(3)
     bad[1, 2] = np.nan
@@ -227,7 +232,8 @@ def test_grid_spec():
     assert grid.size == 33
     all_rows = np.concatenate(list(grid.chunks(chunk=10)))
     assert all_rows.shape == (33, 4) and len(np.unique(all_rows, axis=0)) == 33
-    np.testing.assert_array_equal(np.unique(all_rows[:, 0]), np.linspace(0, 1, 11).astype(np.float32))
+    np.testing.assert_array_equal(np.unique(all_rows[:, 0]),
+                                  np.linspace(0, 1, 11).astype(np.float32))
     assert (all_rows[:, 2:] == 0).all()
     assert parse_grid("0-3=0,1", features=4).size == 16
     for spec, match in [
@@ -243,7 +249,8 @@ def test_grid_spec():
 
 
 def test_bucket_sizes_bound_compilations():
-    assert [bucket_size(n, 1024) for n in (1, 2, 3, 5, 1000, 1024, 5000)] == [1, 2, 4, 8, 1024, 1024, 1024]
+    assert [bucket_size(n, 1024) for n in (1, 2, 3, 5, 1000, 1024, 5000)] == [
+        1, 2, 4, 8, 1024, 1024, 1024]
 
 
 def test_batch_predictor_matches_predict_across_chunks(model):

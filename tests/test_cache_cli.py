@@ -21,13 +21,14 @@ def files(tmp_path_factory):
     rounded = np.round(x.astype(np.float64), 1).astype(np.float32)
     return {"dir": folder, "model": folder / "tiny.keras", "x": folder / "x.npy",
             "direct": np.asarray(model.predict(rounded, verbose=0)),
-            "grid_direct": np.asarray(model.predict(np.array([[0, 0, 0, 0], [1, 0.5, 0, 0]], np.float32), verbose=0))}
+            "grid_direct": np.asarray(model.predict(
+                np.array([[0, 0, 0, 0], [1, 0.5, 0, 0]], np.float32), verbose=0))}
 
 
 def test_predict_with_cache_reports_hit_rate_and_matches_direct(cli, files, tmp_path):
     cache, out = tmp_path / "c.db", tmp_path / "y.npy"
-    args = ["predict", "--model", str(files["model"]), "--input", str(files["x"]), "--out", str(out),
-            "--cache", str(cache), "--decimals", "1"]
+    args = ["predict", "--model", str(files["model"]), "--input", str(files["x"]),
+            "--out", str(out), "--cache", str(cache), "--decimals", "1"]
     first = cli(*args)
     assert first.returncode == 0, first.stderr
     assert "hit rate 0.0%" in first.stdout
@@ -65,7 +66,8 @@ def test_cache_warm_grid_then_predict_hits(cli, files, tmp_path):
         grid_rows = np.array([[0, 0, 0, 0], [1, 0.5, 0, 0]], np.float32)
         values = store.get_many(info.namespace, row_keys(grid_rows))
         assert all(v is not None for v in values)
-        np.testing.assert_allclose(decode_values(values, (3,)), files["grid_direct"], atol=1e-6, rtol=0)
+        np.testing.assert_allclose(decode_values(values, (3,)), files["grid_direct"],
+                                   atol=1e-6, rtol=0)
 
 
 def test_corrupt_cache_file_is_a_one_line_error_and_is_not_overwritten(cli, files, tmp_path):
@@ -86,19 +88,23 @@ def test_corrupt_cache_file_is_a_one_line_error_and_is_not_overwritten(cli, file
 def test_predict_refuses_a_model_that_does_not_load_and_wrong_features(cli, files, tmp_path):
     broken = tmp_path / "broken.keras"
     broken.write_bytes(b"garbage")
-    result = cli("predict", "--model", str(broken), "--input", str(files["x"]), "--out", str(tmp_path / "y.npy"))
+    result = cli("predict", "--model", str(broken), "--input", str(files["x"]),
+                 "--out", str(tmp_path / "y.npy"))
     assert result.returncode == 2 and "is not a .keras archive" in result.stderr
     assert one_line_error(result.stderr)
     wrong = tmp_path / "wrong.npy"
     np.save(wrong, np.zeros((3, FEATURES + 1), np.float32))
-    result = cli("predict", "--model", str(files["model"]), "--input", str(wrong), "--out", str(tmp_path / "y.npy"))
+    result = cli("predict", "--model", str(files["model"]), "--input", str(wrong),
+                 "--out", str(tmp_path / "y.npy"))
     assert result.returncode == 2
-    assert f"expected shape (N, {FEATURES}) ({FEATURES} features per row), received (3, {FEATURES + 1})" in result.stderr
+    assert (f"expected shape (N, {FEATURES}) ({FEATURES} features per row), "
+            f"received (3, {FEATURES + 1})") in result.stderr
 
 
 @pytest.mark.slow
 def test_export_command_checks_both_backends(cli, files, tmp_path):
-    result = cli("export", str(files["model"]), "--format", "keras", "--out", str(tmp_path / "out"), "--json")
+    result = cli("export", str(files["model"]), "--format", "keras", "--out", str(tmp_path / "out"),
+                 "--json")
     assert result.returncode == 0, result.stderr
     manifest = json.loads(result.stdout)
     assert manifest["ok"] and {c["backend"] for c in manifest["checks"]} == {"jax", "tensorflow"}

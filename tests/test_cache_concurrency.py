@@ -144,6 +144,7 @@ def test_writer_killed_mid_batch_leaves_a_consistent_usable_cache(tmp_path, dela
 if __name__ == "__main__":
     role = sys.argv[1]
     if role == "mixed":
-        print(json.dumps(mixed_worker(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))), flush=True)
+        print(json.dumps(mixed_worker(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))),
+              flush=True)
     elif role == "writer":
         endless_writer(sys.argv[2], int(sys.argv[3]))

@@ -72,7 +72,8 @@ def test_redis_store_get_put_first_value_wins(store):
     store.add_counters("ns", hits=3, misses=4)
     store.register_model("ns", {"name": "m"})
     (info,) = store.namespaces()
-    assert (info.namespace, info.entries, info.hits, info.misses, info.model) == ("ns", 3, 3, 4, {"name": "m"})
+    assert (info.namespace, info.entries, info.hits, info.misses, info.model) == (
+        "ns", 3, 3, 4, {"name": "m"})
     assert store.clear("ns") == 3
     assert store.namespaces() == []
 

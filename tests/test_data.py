@@ -30,8 +30,8 @@ def test_embedded_datasets_load_with_documented_shapes(name):
         assert x.dtype == np.float32 and y.dtype == np.int32
         assert len(x) == len(y) > 0
         assert y.min() >= 0 and y.max() < 10
-    assert ds.info.num_train + ds.info.num_val == {"digits": 1438, "mnist1d": 4000, "mnist1d_large": 12000,
-                                                "synthetic": 8192}[name]
+    assert ds.info.num_train + ds.info.num_val == {"digits": 1438, "mnist1d": 4000,
+                                                "mnist1d_large": 12000, "synthetic": 8192}[name]
     assert data.load(name, layout="sequence").x_train.shape[1:] == sequence
     if image is None:
         with pytest.raises(DataError, match="not images"):
@@ -117,7 +117,8 @@ def test_the_default_studys_data_resolves_accuracy_to_a_tenth_of_a_percent():
 
 def test_synthetic_accepts_shape_and_classes():
     ds = data.load("synthetic", layout="image",
-                   synthetic={"input_shape": (6, 5, 3), "num_classes": 4, "num_train": 100, "num_test": 20})
+                   synthetic={"input_shape": (6, 5, 3), "num_classes": 4, "num_train": 100,
+                              "num_test": 20})
     assert ds.x_train.shape[1:] == (6, 5, 3) and ds.info.num_classes == 4
     assert set(np.unique(ds.y_train)) <= {0, 1, 2, 3}
 

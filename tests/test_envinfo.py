@@ -22,7 +22,8 @@ def test_environment_holds_the_identity_the_study_keys_runs_by():
 
 
 def test_only_the_frameworks_variables_are_listed(monkeypatch):
-    monkeypatch.setenv("TF_CLI_CONFIG_FILE", "/home/me/.terraformrc")  # Terraform's, not TensorFlow's
+    # Terraform's, not TensorFlow's
+    monkeypatch.setenv("TF_CLI_CONFIG_FILE", "/home/me/.terraformrc")
     monkeypatch.setenv("TF_VAR_region", "eu")
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
     monkeypatch.setenv("TF_CONFIG", "{}")

@@ -121,7 +121,8 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_bad_equiv_input_is_one_line_before_any_worker(cli, monkeypatch, tmp_path, model_file, case):
+def test_bad_equiv_input_is_one_line_before_any_worker(cli, monkeypatch, tmp_path, model_file,
+                                                       case):
     def no_workers(*args, **kwargs):
         raise AssertionError("a worker pool started although the input was bad")
 

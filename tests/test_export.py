@@ -1,4 +1,4 @@
-"""Export round trips: a model saved as .keras or SavedModel predicts the same under both backends."""
+"""Export round trips: a model saved as .keras or SavedModel predicts the same in both backends."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ def test_export_round_trip_under_both_backends(model_file, tmp_path, fmt, backen
     manifest = export_model(model_file, fmt, tmp_path / "out", rows=32)
     assert manifest["ok"] and manifest["source_backend"] == backend
     checks = {c["backend"]: c for c in manifest["checks"]}
-    assert set(checks) == set(BACKENDS), "the artifact is checked in this backend and in the other one"
+    assert set(checks) == set(BACKENDS), (
+        "the artifact is checked in this backend and in the other one")
     for check in checks.values():
         assert check["rows"] == 32 and check["error"] is None
         assert 0.0 <= check["max_abs_diff"] <= DEFAULT_ATOL
@@ -42,7 +43,8 @@ def test_export_round_trip_under_both_backends(model_file, tmp_path, fmt, backen
     from kbackend.serving.model import load_model
 
     with np.load(tmp_path / "out" / SAMPLE_FILE) as data:
-        np.testing.assert_array_equal(data["reference"], load_model(model_file).predict_on_batch(data["x"]))
+        np.testing.assert_array_equal(data["reference"],
+                                      load_model(model_file).predict_on_batch(data["x"]))
 
 
 def test_check_detects_an_artifact_that_differs(model_file, tmp_path):

@@ -30,9 +30,10 @@ QUICKER = {"bench_engines": ("--batch-sizes", "32"),
 
 # Benchmarks whose smoke runs in one backend's session only, and why that covers the other.
 ONCE = {"bench_parallel": "runs JAX workers whatever the backend",
-        # Whole `kbackend` processes with the worker's backend: the orchestration is backend-neutral,
-        # and TensorFlow's processes are tested where they are the subject (test_parallel_processes:
-        # launch -N 2 against one process; test_train_flags: train --target).
+        # Whole `kbackend` processes with the worker's backend: the orchestration is
+        # backend-neutral, and TensorFlow's processes are tested where they are the subject
+        # (test_parallel_processes: launch -N 2 against one process; test_train_flags:
+        # train --target).
         "bench_scale_out": "whole processes, the orchestration backend-neutral",
         "bench_time_to_target": "whole processes, the orchestration backend-neutral"}
 
@@ -78,7 +79,8 @@ TINY = Benchmark("bench_tiny", "tiny", measure_tiny, ["case"], ["median_ms"], ["
 
 def test_runner_runs_each_backend_in_its_own_process(tmp_path, capsys):
     if BACKEND != "jax":
-        pytest.skip("starts a worker of each backend whatever the session's: once, in the JAX session")
+        pytest.skip("starts a worker of each backend whatever the session's: "
+                    "once, in the JAX session")
     assert run(TINY, ["--quick", "--out", str(tmp_path / "out")]) == 0
     payload = check_report(tmp_path / "out", "bench_tiny", TINY)
     assert len({row["pid"] for row in payload["rows"]}) == 2  # two processes
@@ -108,7 +110,8 @@ def test_a_failing_worker_is_reported_and_the_run_exits_1(tmp_path):
 
 
 def test_every_script_is_a_stub_of_a_registered_benchmark():
-    scripts = sorted([*(ROOT / "scripts").glob("bench_*.py"), *(ROOT / "scripts").glob("reproduce_*.py")])
+    scripts = sorted([*(ROOT / "scripts").glob("bench_*.py"),
+                      *(ROOT / "scripts").glob("reproduce_*.py")])
     assert sorted(p.stem for p in scripts) == sorted(BENCHMARKS)
     for script in scripts:
         text = script.read_text()
@@ -142,7 +145,8 @@ def test_a_step_memory_this_process_cannot_measure_is_measured_in_a_child(monkey
     def without_statistics(work, batch_size):
         found = measure_here(work, batch_size)
         # TensorFlow's own setting (a JAX child ignores it).
-        return {**found, "step_memory_bytes": None, "stats_env": {"TF_CPU_ALLOCATOR_USE_BFC": "true"}}
+        return {**found, "step_memory_bytes": None,
+                "stats_env": {"TF_CPU_ALLOCATOR_USE_BFC": "true"}}
 
     work = probe.workload("seed_mlp", samples=64, options=ModelOptions(widths=(48, 24)))
     here = measure_here(work, 32)["step_memory_bytes"]

@@ -19,7 +19,8 @@ def test_mixed_bfloat16_keeps_float32_variables_and_reaches_accuracy_bound():
     import keras
 
     result = train(TrainConfig(epochs=3, batch_size=32, seed=0, precision="mixed_bfloat16",
-                               optimizer=OptimizerSpec("adam", 3e-3), jit_compile=JIT_FOR_SMALL_RUNS))
+                               optimizer=OptimizerSpec("adam", 3e-3),
+                               jit_compile=JIT_FOR_SMALL_RUNS))
     model = result.model
     assert {v.dtype for v in model.trainable_variables} == {"float32"}
     dense = [layer for layer in model.layers if isinstance(layer, keras.layers.Dense)]
@@ -46,7 +47,8 @@ def test_loss_scaled_wraps_only_float16():
 
     from kbackend.precision import loss_scaled
 
-    assert isinstance(loss_scaled(keras.optimizers.SGD(), "mixed_float16"), keras.optimizers.LossScaleOptimizer)
+    assert isinstance(loss_scaled(keras.optimizers.SGD(), "mixed_float16"),
+                      keras.optimizers.LossScaleOptimizer)
     assert not isinstance(loss_scaled(keras.optimizers.SGD(), "mixed_bfloat16"),
                           keras.optimizers.LossScaleOptimizer)
 

@@ -1,4 +1,4 @@
-"""``kbackend.io``: atomic writes leave no temp file behind, stale ones are removed, JSON is strict."""
+"""``kbackend.io``: atomic writes leave no temp file, stale ones are removed, JSON is strict."""
 
 from __future__ import annotations
 
@@ -35,23 +35,27 @@ def strict_loads(text: str):
 
 @pytest.mark.parametrize(("payload", "written", "record"), [
     ({"loss": [0.5, math.nan]}, {"loss": [0.5, None]}, {"/loss/1": "NaN"}),
-    ({"a": math.inf, "b": -math.inf}, {"a": None, "b": None}, {"/a": "Infinity", "/b": "-Infinity"}),
-    ({"x": np.float32("nan"), "y": np.float32(0.5), "n": np.int64(3)}, {"x": None, "y": 0.5, "n": 3},
-     {"/x": "NaN"}),
+    ({"a": math.inf, "b": -math.inf}, {"a": None, "b": None},
+     {"/a": "Infinity", "/b": "-Infinity"}),
+    ({"x": np.float32("nan"), "y": np.float32(0.5), "n": np.int64(3)},
+     {"x": None, "y": 0.5, "n": 3}, {"/x": "NaN"}),
     ({"evals": [{"val_loss": np.float64("inf"), "step": 2}], "t": (1.0, math.nan)},
-     {"evals": [{"val_loss": None, "step": 2}], "t": [1.0, None]}, {"/evals/0/val_loss": "Infinity", "/t/1": "NaN"}),
+     {"evals": [{"val_loss": None, "step": 2}], "t": [1.0, None]},
+     {"/evals/0/val_loss": "Infinity", "/t/1": "NaN"}),
     ({"a/b": {"c~d": math.nan}}, {"a/b": {"c~d": None}}, {"/a~1b/c~0d": "NaN"}),
     ({"arr": np.array([1.0, np.nan])}, {"arr": [1.0, None]}, {"/arr/1": "NaN"}),
     ({"fine": [1, 2.5, None, "NaN"]}, {"fine": [1, 2.5, None, "NaN"]}, None),
 ])
-def test_json_files_are_strict_with_a_record_of_non_finite_numbers(tmp_path, payload, written, record):
+def test_json_files_are_strict_with_a_record_of_non_finite_numbers(tmp_path, payload, written,
+                                                                   record):
     path = atomic_write_json(tmp_path / "out.json", payload)
     on_disk = strict_loads(path.read_text(encoding="utf-8"))
     expected = dict(written) if record is None else {**written, "non_finite": record}
     assert on_disk == expected
     restored = read_json(path)
     assert "non_finite" not in restored
-    as_python = json.loads(json.dumps(payload, default=lambda value: value.tolist()))  # NaN stays NaN here
+    # NaN stays NaN here
+    as_python = json.loads(json.dumps(payload, default=lambda value: value.tolist()))
     assert json.dumps(restored, sort_keys=True) == json.dumps(as_python, sort_keys=True), \
         "read_json puts the non-finite numbers back"
 
@@ -63,7 +67,8 @@ def test_history_with_a_diverged_loss_round_trips_through_strict_json(tmp_path):
     history.save(tmp_path / "history.json")
     strict_loads((tmp_path / "history.json").read_text())
     loaded = History.load(tmp_path / "history.json")
-    assert loaded.loss[0] == 0.7 and math.isnan(loaded.loss[1]) and loaded.evals[0]["val_loss"] == math.inf
+    assert (loaded.loss[0] == 0.7 and math.isnan(loaded.loss[1])
+            and loaded.evals[0]["val_loss"] == math.inf)
 
 
 def test_non_finite_numbers_need_an_object_and_the_record_key_is_reserved(tmp_path):
@@ -98,7 +103,8 @@ def test_a_failed_write_leaves_no_temp_file(tmp_path):
 def test_stale_temp_files_of_killed_writers_are_removed_at_the_next_write(tmp_path):
     dead = tmp_path / _temp_name("history.json", _host_tag(), _dead_pid())
     live = tmp_path / _temp_name("history.json", _host_tag(), os.getppid())  # a running process
-    foreign_fresh = tmp_path / _temp_name("history.json", "0badf00d", 12345)  # another host: age decides
+    # another host: age decides
+    foreign_fresh = tmp_path / _temp_name("history.json", "0badf00d", 12345)
     foreign_old = tmp_path / _temp_name("report.json", "0badf00d", 12345)
     old_style = tmp_path / ".summary.json.x1y2z3w4.tmp.json"  # no pid: age decides
     unrelated = [tmp_path / "notes.tmp", tmp_path / ".hidden.json", tmp_path / "data.json"]
@@ -111,7 +117,8 @@ def test_stale_temp_files_of_killed_writers_are_removed_at_the_next_write(tmp_pa
     atomic_write_json(tmp_path / "history.json", {"loss": [1.0]})
 
     left = sorted(p.name for p in tmp_path.iterdir())
-    assert left == sorted(["history.json", live.name, foreign_fresh.name, *(p.name for p in unrelated)])
+    assert left == sorted(["history.json", live.name, foreign_fresh.name,
+                           *(p.name for p in unrelated)])
 
 
 def test_remove_stale_temp_files_reports_what_it_removed_and_tolerates_a_missing_folder(tmp_path):
@@ -122,8 +129,8 @@ def test_remove_stale_temp_files_reports_what_it_removed_and_tolerates_a_missing
 
 
 def test_a_write_killed_mid_way_leaves_a_temp_file_the_next_run_removes(tmp_path):
-    # The child dies inside write() (os._exit: no cleanup runs, as with SIGKILL): its temp file stays;
-    # the next write into the folder sees that the temp's pid is dead and removes it at once.
+    # The child dies inside write() (os._exit: no cleanup runs, as with SIGKILL): its temp file
+    # stays; the next write into the folder sees that the temp's pid is dead and removes it at once.
     script = (
         "import os, sys\n"
         "from kbackend.io import atomic_write\n"
@@ -149,7 +156,8 @@ def test_the_output_checks_at_a_commands_start_remove_stale_temp_files(tmp_path,
 
     dead_pid = _dead_pid()
     dead = tmp_path / _temp_name("model.keras", _host_tag(), dead_pid)
-    staging = tmp_path / f".export.{_host_tag()}-{dead_pid}-abcd1234.tmp"  # a killed SavedModel export
+    # a killed SavedModel export
+    staging = tmp_path / f".export.{_host_tag()}-{dead_pid}-abcd1234.tmp"
     live = tmp_path / _temp_name("model.keras", _host_tag(), os.getppid())
     keep = tmp_path / "model.keras"
     for path in (dead, live, keep):

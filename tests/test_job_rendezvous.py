@@ -80,7 +80,8 @@ def test_a_foreign_program_at_the_coordinator_is_named():
             connection.close()
 
         threading.Thread(target=answer_like_a_web_server, daemon=True).start()
-        with pytest.raises(JobError, match=r"is not this job's process 0 \(received b'HTTP/1.0 200 OK'"):
+        with pytest.raises(JobError,
+                           match=r"is not this job's process 0 \(received b'HTTP/1.0 200 OK'"):
             distributed.check_coordinator(f"127.0.0.1:{port}", 1, 2, 5.0)
 
 

@@ -19,10 +19,11 @@ from kbackend import logs
 from tests.conftest import BACKEND, ROOT
 
 ONEDNN = b"I0000 00:00:1796278001.509693   28238 port.cc:153] oneDNN custom operations are on."
-ABSL_PRE_INIT = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+ABSL_PRE_INIT = (b"WARNING: All log messages before absl::InitializeLog() is called "
+                 b"are written to STDERR")
 # A C++ log line of any of the frameworks, as it reaches a console.
-FRAMEWORK_LINE = re.compile(r"^(?:[IWE]\d{4} \d\d:\d\d:|WARNING: All log messages before absl|\[Gloo\])",
-                            re.MULTILINE)
+FRAMEWORK_LINE = re.compile(
+    r"^(?:[IWE]\d{4} \d\d:\d\d:|WARNING: All log messages before absl|\[Gloo\])", re.MULTILINE)
 
 
 @pytest.mark.parametrize(("line", "dropped"), [
@@ -30,10 +31,12 @@ FRAMEWORK_LINE = re.compile(r"^(?:[IWE]\d{4} \d\d:\d\d:|WARNING: All log message
     (ABSL_PRE_INIT, True),
     (b"E0000 00:00:1796278001.5 28238 coordination_service_agent.cc:410] StartAbort", True),
     (b"W1203 06:37:00.123456  123 cpu_allocator_impl.cc:83] Allocation exceeds 10%", True),
-    (b"I1203 06:37:00.123456  123 cpu_feature_guard.cc:210] This TensorFlow binary is optimized", True),
+    (b"I1203 06:37:00.123456  123 cpu_feature_guard.cc:210] "
+     b"This TensorFlow binary is optimized", True),
     (b"To enable the following instructions: AVX2 FMA, in other operations, rebuild TensorFlow "
      b"with the appropriate compiler flags.", True),
-    (b"[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1", True),
+    (b"[Gloo] Rank 0 is connected to 1 peer ranks. "
+     b"Expected number of connected peer ranks is : 1", True),
     (b"F0000 00:00:1796278001.5 28238 check.cc:1] Check failed: x", False),  # a crash's reason
     (b"kbackend: error: Batch size 100000 is larger than the training split", False),
     (b"Traceback (most recent call last):", False),
@@ -52,8 +55,8 @@ FILTERED_CHILD = textwrap.dedent("""
     os.write(2, ONEDNN + b"\\n" + ABSL_PRE_INIT + b"\\n")
     os.write(2, b"from C: kept\\n")
     os.write(1, b"[Gloo] Rank 0 is connected to 1 peer ranks\\nresult 42\\n")
-    subprocess.run([sys.executable, "-c", "import os; os.write(2, ONEDNN + b'\\\\nchild kept\\\\n')"],
-                   check=True)
+    subprocess.run([sys.executable, "-c",
+                    "import os; os.write(2, ONEDNN + b'\\\\nchild kept\\\\n')"], check=True)
     print("stdout from python", flush=True)
     sys.stderr.write("kbackend: error: one whole line")  # no newline, then straight to exit
     sys.exit(STATUS)
@@ -79,14 +82,15 @@ def test_filter_drops_log_lines_and_keeps_everything_else():
 
 def test_without_the_filter_the_same_lines_show():  # negative control: the lines are really there
     script = f"import os\nos.write(2, {ONEDNN!r} + b'\\n')\nos.write(1, b'[Gloo] Rank 0\\n')\n"
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=60)
     assert FRAMEWORK_LINE.search(result.stderr) and FRAMEWORK_LINE.search(result.stdout)
 
 
 def test_filter_keeps_tracebacks_and_exit_status():
     script = "from kbackend import logs\nlogs.install_filter()\nraise ValueError('boom')\n"
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
     assert result.returncode == 1
     assert "Traceback" in result.stderr and result.stderr.rstrip().endswith("ValueError: boom")
 
@@ -97,7 +101,8 @@ def test_python_framework_warnings_follow_verbose(cli, verbose, monkeypatch):
     before = {name: logging.getLogger(name).level for name in logs.FRAMEWORK_LOGGERS}
     flags = ["--verbose"] if verbose else []
     try:
-        result = cli("train", "--batch-size", "100000", "--quiet", *flags)  # refused before training
+        # refused before training
+        result = cli("train", "--batch-size", "100000", "--quiet", *flags)
         assert result.returncode == 2
         for name in logs.FRAMEWORK_LOGGERS:
             # a retracing warning is logging.getLogger("tensorflow").warning(...)
@@ -133,8 +138,9 @@ def test_train_shows_framework_logs_only_with_verbose():
         assert imported == "tensorflow imported: False"  # nothing pulls TensorFlow in under JAX
         return
     assert imported == "tensorflow imported: True"
-    # TensorFlow's lines come as it loads: no probe needed (K = 1, one compilation fewer than auto's)
-    verbose = train_in_fresh_process("--verbose", "--fused-steps", "1")  # negative control: TensorFlow logs as it loads
+    # Negative control: TensorFlow logs its lines as it loads, so no probe is needed (K = 1, one
+    # compilation fewer than auto's).
+    verbose = train_in_fresh_process("--verbose", "--fused-steps", "1")
     assert verbose.returncode == 0, verbose.stderr
     assert FRAMEWORK_LINE.search(verbose.stderr), verbose.stderr
 
@@ -144,7 +150,7 @@ def test_exit_does_not_wait_for_a_child_that_holds_the_pipes():
     script = ("import subprocess, sys\nfrom kbackend import logs\nlogs.install_filter()\n"
               "print(subprocess.Popen(['sleep', '60']).pid, flush=True)\n"
               "sys.stderr.write('kbackend: error: last words')\nsys.exit(3)\n")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=30, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
     os.kill(int(result.stdout.split()[0]), 9)  # the sleeper this test started
     assert result.returncode == 3 and result.stderr == "kbackend: error: last words"

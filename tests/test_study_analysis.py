@@ -236,7 +236,9 @@ def test_verdicts_when_planted_intervals_separate():
     verdicts = analyze(_study(cells))["verdicts"]
     assert verdicts["fastest"]["resolved"] and verdicts["fastest"]["cell"] == {
         "optimizer": "adam", "batch_size": 128}
-    assert "3 seeds, intervals of 75% coverage" in verdicts["fastest"]["text"]
+    # the paired-seed interval of the verdicts, against the closest cell (adam at batch 64)
+    assert verdicts["fastest"]["outcome"] == "a" and verdicts["fastest"]["seeds"] == 3
+    assert "faster than every other cell; vs the next: A/B 0.5x [0.5, 0.5]" in verdicts["fastest"]["text"]
     (adam_vs_sgd,) = [x for x in verdicts["optimizers"] if x["incumbent"] == "sgd"]
     assert adam_vs_sgd["resolved"] and adam_vs_sgd["batch_size"] == 64
     assert "sgd faster at batch 8, 16, 32; adam faster at batch 64, 128" in adam_vs_sgd["text"]
@@ -252,6 +254,36 @@ def test_verdicts_when_planted_intervals_separate():
     generalization = verdicts["per_optimizer"]["sgd"]["generalization"]
     assert generalization["resolved"] and generalization["larger_batch"] == "lower"
     assert generalization["outcome"] == "a" and generalization["seeds"] == 3
+
+
+def _verdict_records(tree):
+    """Every record under ``tree`` that states a verdict (it has an ``outcome``)."""
+    if isinstance(tree, dict):
+        if "outcome" in tree:
+            yield tree
+        for value in tree.values():
+            yield from _verdict_records(value)
+    elif isinstance(tree, list):
+        for value in tree:
+            yield from _verdict_records(value)
+
+
+def test_every_verdict_record_carries_its_outcome_resolution_and_seeds():
+    cells = []
+    for size in (8, 32):
+        cells.append(_seeded_cell("sgd", size, [100, 200, 300]))
+        cells.append(_seeded_cell("adam", size, [150, 300, 450]))
+        cells.append(_seeded_cell("momentum", size, [350, 150, 250]))
+    verdicts = analyze(_study(cells))["verdicts"]
+    records = list(_verdict_records(verdicts))
+    # fastest, 2 comparisons x 2 batch sizes (each record and its verdict), 3 regions, 3
+    # generalizations (each with its verdict), the knee
+    assert len(records) >= 1 + 2 * 2 * 2 + 3 * 2 + 3 * 2
+    for record in records:
+        assert {"outcome", "resolved", "seeds"} <= set(record), record
+        assert record["resolved"] == (record["outcome"] != "not_resolved"), record
+    per_batch = [p for x in verdicts["optimizers"] for p in x["per_batch"]]
+    assert [(p["seeds"], p["resolved"]) for p in per_batch] == [(3, True)] * 2 + [(3, False)] * 2
 
 
 def test_verdicts_are_not_resolved_when_intervals_overlap():

@@ -37,6 +37,7 @@ from kbackend.study.verdicts import (
     ratio_verdict,
     rounding_sd,
     seed_schedule,
+    span_text,
     step_time_log_ratios,
 )
 from kbackend.task import metric_direction
@@ -182,7 +183,7 @@ def analyze(study: dict[str, Any]) -> dict[str, Any]:
         "looks": settings["looks"], "margin": settings["margin"],
         "accuracy_margin": settings["accuracy_margin"],
         "added_seeds": study.get("added_seeds"),
-        "fastest": fastest_verdict(cells, seeds),
+        "fastest": fastest_verdict(cells, settings, step_times),
         "optimizers": [x for x in (optimizer_comparison(cells, "adam", "sgd", settings, step_times),
                                    optimizer_comparison(cells, "adam", "momentum", settings,
                                                         step_times))
@@ -251,24 +252,6 @@ def noise_scale_note(noise: dict[str, Any] | None) -> str:
 
 # -- verdicts: a finding is stated only where the intervals of the compared cells separate ------
 
-def order(a: dict[str, Any] | None, b: dict[str, Any] | None) -> int:
-    """-1 when interval ``a`` lies wholly below ``b``, 1 when wholly above, 0 when they overlap
-    (or either is missing or a single point: one seed gives no interval)."""
-    if not a or not b or a.get("n", 0) < 2 or b.get("n", 0) < 2:
-        return 0
-    if any(math.isnan(x[end]) for x in (a, b) for end in ("low", "high")):
-        return 0
-    if a["high"] < b["low"]:
-        return -1
-    if a["low"] > b["high"]:
-        return 1
-    return 0
-
-
-def _seeds_text(n: int, coverage: float) -> str:
-    return f"{n} seed{'s' if n != 1 else ''}, intervals of {coverage:.0%} coverage"
-
-
 def not_resolved(n: int) -> str:
     """The phrase for a comparison the intervals do not settle."""
     reason = " (one seed gives no interval)" if n < 2 else ""
@@ -291,28 +274,44 @@ def _time_interval(cell: dict[str, Any]) -> dict[str, Any] | None:
     return (cell.get("intervals") or {}).get("time_to_target")
 
 
-def fastest_verdict(cells: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
-    """The fastest cell, stated only when its time-to-target interval lies below every other
-    cell's; otherwise the cells it cannot be told apart from."""
-    coverage = median_coverage(seeds)
+def fastest_verdict(cells: list[dict[str, Any]], settings: dict[str, Any],
+                    step_times: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The fastest cell, stated only where the paired-seed verdict on time to target
+    (``time_verdict``, the interval the other verdicts use) finds it faster than every other
+    cell; otherwise the cells it is equivalent to or cannot be told apart from."""
+    seeds = settings["seeds"]
     reached = [c for c in cells if c["reached"]]
     if not reached:
-        return {"resolved": False, "cell": None, "ties": [],
-                "text": "no cell reached the target"}
+        return {"resolved": False, "outcome": "not_resolved", "seeds": 0, "cell": None,
+                "ties": [], "text": "no cell reached the target"}
     leader = min(reached, key=lambda c: c["time_to_target"])
     name = f"{leader['optimizer']} at batch {leader['batch_size']}"
-    ties = [f"{c['optimizer']} at batch {c['batch_size']}" for c in cells
-            if c is not leader and order(_time_interval(leader), _time_interval(c)) != -1]
-    span = _span(_time_interval(leader), ".3g")
+    versus = [(c, time_verdict(leader, c, settings, step_times)) for c in cells
+              if c is not leader]
+    ties = [(c, v) for c, v in versus if v["outcome"] != "a"]
+    tie_names = [f"{c['optimizer']} at batch {c['batch_size']}" for c, _ in ties]
+    paired = min((v["seeds"] for _, v in versus), default=seeds)
+    shown = ", ".join(tie_names[:6]) + (
+        f" and {len(tie_names) - 6} more" if len(tie_names) > 6 else "")
+    time = f"{leader['time_to_target']:.3g} s"
     if not ties:
-        text = (f"fastest: {name}, {span} s to target, below every other cell's interval "
-                f"({_seeds_text(seeds, coverage)})")
+        outcome = "a"
+        # the closest competitor: the largest leader/other ratio
+        _, closest = max(versus, key=lambda cv: cv[1]["estimate"], default=(None, None))
+        figures = "" if closest is None else (
+            f"; vs the next: A/B {span_text(closest)} ({paired} seeds, "
+            f"{closest['level']:.1%} interval)")
+        text = f"fastest: {name}, {time} to target, faster than every other cell{figures}"
+    elif all(v["outcome"] == "equivalent" for _, v in ties):
+        outcome = "equivalent"
+        text = (f"fastest: {name}, {time} to target, equivalent within "
+                f"{settings['margin']:.0%} to {shown} ({paired} seeds)")
     else:
-        shown = ", ".join(ties[:6]) + (f" and {len(ties) - 6} more" if len(ties) > 6 else "")
-        text = (f"fastest: {not_resolved(seeds)}: {name} ({span} s) overlaps {shown}")
-    return {"resolved": not ties, "cell": {"optimizer": leader["optimizer"],
-                                           "batch_size": leader["batch_size"]},
-            "ties": ties, "text": text}
+        outcome = "not_resolved"
+        text = f"fastest: {not_resolved(paired)}: {name} ({time}) not shown faster than {shown}"
+    return {"resolved": outcome != "not_resolved", "outcome": outcome, "seeds": paired,
+            "cell": {"optimizer": leader["optimizer"], "batch_size": leader["batch_size"]},
+            "ties": tie_names, "text": text}
 
 
 def verdict_settings(study: dict[str, Any]) -> dict[str, Any]:
@@ -371,6 +370,7 @@ def optimizer_comparison(cells: list[dict[str, Any]], challenger: str, incumbent
         verdict = time_verdict(a[size], b[size], settings, step_times)
         winner = {"a": challenger, "b": incumbent}.get(verdict["outcome"])
         per_batch.append({"batch_size": size, "faster": winner, "outcome": verdict["outcome"],
+                          "resolved": verdict["resolved"], "seeds": verdict["seeds"],
                           "verdict": verdict,
                           challenger: _span(_time_interval(a[size]), ".3g"),
                           incumbent: _span(_time_interval(b[size]), ".3g")})

@@ -50,7 +50,8 @@ def test_channels_first_1d_cnn_computes_the_same_function(mnist1d):
     if not impl().supports_channels_first_conv():
         pytest.skip("this TensorFlow build has no channels_first convolution on the CPU")
     last = build_model("cnn", mnist1d.info, ModelOptions(filters=(8, 8)))
-    first = build_model("cnn", mnist1d.info, ModelOptions(filters=(8, 8), data_format="channels_first"))
+    first = build_model("cnn", mnist1d.info,
+                        ModelOptions(filters=(8, 8), data_format="channels_first"))
     assert [w.shape for w in first.get_weights()] == [w.shape for w in last.get_weights()]
     first.set_weights(last.get_weights())
     x = mnist1d.x_test[:64]
@@ -70,7 +71,8 @@ def test_the_1d_cnn_learns_mnist1d_in_a_short_run():
     # validation_fraction 0: the test split stands in for validation, so the last evaluation
     # (at step 400) is the test evaluation
     assert history.evals[-1]["step"] == 400
-    assert history.evals[-1]["val_accuracy"] == pytest.approx(history.test["test_accuracy"], abs=2e-3)
+    assert history.evals[-1]["val_accuracy"] == pytest.approx(history.test["test_accuracy"],
+                                                              abs=2e-3)
 
 
 def test_no_shuffle_reads_every_epoch_in_the_datasets_order():
@@ -81,10 +83,13 @@ def test_no_shuffle_reads_every_epoch_in_the_datasets_order():
     source = monitored_batches(x, y, 4, seed=3, shuffle=False)
     for epoch in (0, 1):
         source.epoch = epoch
-        assert [list(source[i][1]) for i in range(len(source))] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
-    assert (batching.epoch_batches(10, 4, 3, 1, shuffle=False) == [[0, 1, 2, 3], [4, 5, 6, 7]]).all()
+        assert [list(source[i][1]) for i in range(len(source))] == [
+            [0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert (batching.epoch_batches(10, 4, 3, 1, shuffle=False)
+            == [[0, 1, 2, 3], [4, 5, 6, 7]]).all()
     shuffled = monitored_batches(x, y, 4, seed=3)
-    assert [list(shuffled[i][1]) for i in range(len(shuffled))] != [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert [list(shuffled[i][1]) for i in range(len(shuffled))] != [
+        [0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
 
 
 def test_recipe_flags_reach_the_config(cli, monkeypatch):
@@ -98,7 +103,8 @@ def test_recipe_flags_reach_the_config(cli, monkeypatch):
     assert config.shuffle is False and config.max_steps == 50 and config.validation_fraction == 0
     assert (config.model_options.units, config.model_options.bidirectional,
             config.model_options.readout) == (6, True, "all")
-    assert mnist1d_command("gru").startswith("kbackend train --dataset mnist1d --model gru --units 6")
+    assert mnist1d_command("gru").startswith(
+        "kbackend train --dataset mnist1d --model gru --units 6")
 
 
 def test_the_documented_commands_build_the_reproductions_configs():
@@ -126,10 +132,12 @@ def test_the_documented_commands_build_the_reproductions_configs():
     (["--readout", "first"], "readout"),
 ])
 def test_bad_recipe_values_are_one_line_errors(cli, engines_never_run, args, names):
-    result = cli("train", "--dataset", "mnist1d", "--model", "mlp", "--epochs", "1", "--quiet", *args)
+    result = cli("train", "--dataset", "mnist1d", "--model", "mlp", "--epochs", "1", "--quiet",
+                 *args)
     # argparse's own errors read "kbackend train: error:", kbackend's "kbackend: error:"
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
-    assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert (result.returncode == 2 and len(errors) == 1
+            and "Traceback" not in result.stderr), result.stderr
     assert names in errors[0]
 
 
@@ -148,8 +156,10 @@ def test_new_model_options_stay_out_of_keys_at_their_defaults():
 
 
 def test_the_reproduction_table_marks_figures_off_the_paper():
-    rows = [{"model": "cnn", "backend": BACKEND, "test_accuracy": acc} for acc in (0.93, 0.95, 0.94)]
-    rows += [{"model": "mlp", "backend": BACKEND, "test_accuracy": acc} for acc in (0.60, 0.61, 0.62)]
+    rows = [{"model": "cnn", "backend": BACKEND, "test_accuracy": acc}
+            for acc in (0.93, 0.95, 0.94)]
+    rows += [{"model": "mlp", "backend": BACKEND, "test_accuracy": acc}
+             for acc in (0.60, 0.61, 0.62)]
     payload = {"backends": {BACKEND: {}}, "rows": rows, "summaries": [{"steps": 8000}]}
     table = mnist1d_table(payload)
     cnn_line = next(line for line in table.splitlines() if line.startswith("| cnn"))

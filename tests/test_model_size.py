@@ -95,7 +95,8 @@ HUGE = {  # model, info, options, the option the refusal names
     "gru units": ("gru", SEQUENCE, ModelOptions(units=10**9), "--units 1000000000"),
     "mlp widths": ("mlp", FLAT, ModelOptions(widths=(10**6, 10**6)), "--widths 1000000,1000000"),
     "cnn2d filters": ("cnn2d", IMAGE, ModelOptions(filters=(32, 10**9)), "--filters 32,1000000000"),
-    "cnn1d filters": ("cnn1d", SEQUENCE, ModelOptions(filters=(10**12,)), "--filters 1000000000000"),
+    "cnn1d filters": ("cnn1d", SEQUENCE, ModelOptions(filters=(10**12,)),
+                      "--filters 1000000000000"),
     "mlp 10**40": ("mlp", FLAT, ModelOptions(widths=(10**40,)), "--widths 1" + "0" * 40),
 }
 

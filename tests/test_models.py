@@ -17,7 +17,8 @@ CASES = [  # (model, dataset)
 
 
 @pytest.mark.parametrize(("name", "dataset"), CASES)
-@pytest.mark.parametrize("options", [ModelOptions(), ModelOptions(dropout=0.2, batch_norm=True, l2=1e-4)])
+@pytest.mark.parametrize("options", [ModelOptions(),
+                                     ModelOptions(dropout=0.2, batch_norm=True, l2=1e-4)])
 def test_model_builds_and_runs_forward(name, dataset, options):
     ds = data.load(dataset, layout=model_layout(name))
     model = build_model(name, ds.info, options)
@@ -47,7 +48,8 @@ def test_cnn_channels_first_runs_or_is_refused_clearly():
     ds = data.load("digits", layout="image", data_format="channels_first")
     options = ModelOptions(data_format="channels_first")
     if not impl().supports_channels_first_conv():
-        with pytest.raises(ConfigError, match="channels_first convolutions are not supported by this TensorFlow build"):
+        with pytest.raises(ConfigError, match="channels_first convolutions are not supported "
+                                              "by this TensorFlow build"):
             build_model("cnn", ds.info, options)
         return
     first = build_model("cnn", ds.info, options)

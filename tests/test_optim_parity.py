@@ -1,4 +1,4 @@
-"""Optimizer parity: ``to_optax(spec)`` (backends/jax) and ``spec.to_keras()`` compute the same updates.
+"""Optimizer parity: ``to_optax(spec)`` (backends/jax) and ``spec.to_keras()`` give equal updates.
 
 Runs under both backends: the Keras optimizer runs on the session's backend (JAX or TF) and the
 optax transform on JAX in the same process, both fed the same 20 float32 gradients.

@@ -23,7 +23,8 @@ def test_a_payload_that_cannot_be_written_leaves_no_files(tmp_path):
 
 
 def test_named_report_and_tables(tmp_path):
-    table = markdown_table([{"case": "a", "ms": 1.23456, "ok": True}, {"case": "b"}], ["case", "ms", "ok"])
+    table = markdown_table([{"case": "a", "ms": 1.23456, "ok": True}, {"case": "b"}],
+                           ["case", "ms", "ok"])
     assert table == "| case | ms | ok |\n| --- | --- | --- |\n| a | 1.235 | yes |\n| b | - | - |\n"
     assert markdown_rows(["x", "y"], [["1", "2"]]) == "| x | y |\n| --- | --- |\n| 1 | 2 |\n"
     json_path, md_path = write_report(tmp_path, "bench_x", {"rows": []}, table)

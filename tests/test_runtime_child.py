@@ -95,7 +95,8 @@ def test_a_child_past_its_time_limit_is_killed_and_reported():
 
 
 def test_a_result_that_is_not_json_is_a_one_line_error():
-    with pytest.raises(ChildFailed, match="TypeError: Object of type object is not JSON serializable"):
+    with pytest.raises(ChildFailed,
+                       match="TypeError: Object of type object is not JSON serializable"):
         run_in_child("builtins:object", BACKEND)
 
 

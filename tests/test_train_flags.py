@@ -1,4 +1,4 @@
-"""``kbackend train``'s run flags: --target / --target-metric, --max-steps, --eval-every (in-process)."""
+"""``kbackend train``: --target / --target-metric, --max-steps and --eval-every (in-process)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``kbackend serve``: the HTTP endpoint, its input validation, micro-batching and a burst of requests.
+"""``kbackend serve``: the HTTP endpoint, its input validation, micro-batching, a burst of requests.
 
 Every socket is on 127.0.0.1.
 """
@@ -47,8 +47,9 @@ def model():
 def server(model, tmp_path):
     store = open_store(str(tmp_path / "serve.db"))
     cache = PredictionCache(model, store, Rounding(2))
-    srv = PredictionServer(LOOPBACK, 0, predict=cache.predict, row_shape=(FEATURES,), info={"model": "tiny"},
-                           cache_stats=lambda: cache.stats().to_dict(), max_wait_ms=5)
+    srv = PredictionServer(LOOPBACK, 0, predict=cache.predict, row_shape=(FEATURES,),
+                           info={"model": "tiny"}, cache_stats=lambda: cache.stats().to_dict(),
+                           max_wait_ms=5)
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield srv
@@ -75,7 +76,8 @@ def test_serve_answers_a_request_with_the_models_predictions(server, model):
     status, payload = request(server, "POST", "/predict", json.dumps({"inputs": x.tolist()}))
     assert status == 200
     rounded = np.round(x.astype(np.float64), 2).astype(np.float32)
-    np.testing.assert_allclose(np.array(payload["predictions"]), model.predict(rounded, verbose=0), atol=ATOL)
+    np.testing.assert_allclose(np.array(payload["predictions"]), model.predict(rounded, verbose=0),
+                               atol=ATOL)
     status, health = request(server, "GET", "/health")
     assert status == 200 and health["status"] == "ok"
     status, stats = request(server, "GET", "/stats")
@@ -87,7 +89,8 @@ def test_serve_answers_a_request_with_the_models_predictions(server, model):
     (b"\xff\xfe", 400, "invalid JSON"),
     ('[[1, 2, 3, 4]]', 400, 'expected a JSON object {"inputs"'),
     ('{"rows": [[1, 2, 3, 4]]}', 400, 'expected a JSON object {"inputs"'),
-    ('{"inputs": [[1, 2, 3]]}', 422, r"expected shape (N, 4) (4 features per row), received (1, 3)"),
+    ('{"inputs": [[1, 2, 3]]}', 422,
+     r"expected shape (N, 4) (4 features per row), received (1, 3)"),
     ('{"inputs": [1, 2, 3, 4]}', 422, "expected shape (N, 4)"),
     ('{"inputs": [[1, 2, 3, 4], [1, 2]]}', 422, "rectangular array"),
     ('{"inputs": [[1, 2, NaN, 4]]}', 422, "NaN in 1 row"),
@@ -103,8 +106,11 @@ def test_serve_rejects_bad_requests_with_4xx_and_a_clear_message(server, body, s
     assert request(server, "GET", "/stats")[1]["requests"] == 0  # nothing reached the model
 
 
-def raw_request(srv: PredictionServer, head: str, body: bytes = b"", *, end_body: bool = True) -> tuple[int, dict]:
-    """Send ``head`` (request line and headers, CRLF added) and ``body`` on one socket; status, JSON body.
+def raw_request(srv: PredictionServer, head: str, body: bytes = b"", *,
+                end_body: bool = True) -> tuple[int, dict]:
+    """Send ``head`` (request line and headers, CRLF added) and ``body`` on one socket.
+
+    Returns the status and the JSON body.
 
     ``end_body=False`` keeps the sending side open: the answer must come without the client closing.
     """
@@ -141,36 +147,48 @@ BAD_REQUESTS = [
     ("no Content-Length", POST, VALID.encode(), True, 411, "missing Content-Length header"),
     ("chunked", POST + "\nTransfer-Encoding: chunked", b"5\r\nhello\r\n0\r\n\r\n", True, 411,
      "Transfer-Encoding is not supported"),
-    ("negative length", POST + "\nContent-Length: -1", b"x" * 200_000, False, 400, "invalid Content-Length '-1'"),
-    ("text length", POST + "\nContent-Length: ten", VALID.encode(), False, 400, "invalid Content-Length 'ten'"),
-    ("signed length", POST + "\nContent-Length: +5", VALID.encode(), False, 400, "invalid Content-Length '+5'"),
-    ("underscored length", POST + "\nContent-Length: 1_0", VALID.encode(), False, 400, "invalid Content-Length"),
+    ("negative length", POST + "\nContent-Length: -1", b"x" * 200_000, False, 400,
+     "invalid Content-Length '-1'"),
+    ("text length", POST + "\nContent-Length: ten", VALID.encode(), False, 400,
+     "invalid Content-Length 'ten'"),
+    ("signed length", POST + "\nContent-Length: +5", VALID.encode(), False, 400,
+     "invalid Content-Length '+5'"),
+    ("underscored length", POST + "\nContent-Length: 1_0", VALID.encode(), False, 400,
+     "invalid Content-Length"),
     ("conflicting lengths", POST + "\nContent-Length: 3\nContent-Length: 4", b"{}", False, 400,
      "conflicting Content-Length"),
-    ("length over the limit", POST + f"\nContent-Length: {MAX_BODY_BYTES + 1}", b"[" * 1000, False, 413,
-     "exceeds the limit of"),
-    ("5,000-digit length", POST + "\nContent-Length: " + "9" * 5000, b"", False, 413, "exceeds the limit"),
-    ("incomplete body", POST + "\nContent-Length: 100", b'{"inputs": ', True, 400, "received 11 of 100 bytes"),
-    ("text/plain", POST.replace("application/json", "text/plain") + f"\nContent-Length: {len(VALID)}",
+    ("length over the limit", POST + f"\nContent-Length: {MAX_BODY_BYTES + 1}", b"[" * 1000, False,
+     413, "exceeds the limit of"),
+    ("5,000-digit length", POST + "\nContent-Length: " + "9" * 5000, b"", False, 413,
+     "exceeds the limit"),
+    ("incomplete body", POST + "\nContent-Length: 100", b'{"inputs": ', True, 400,
+     "received 11 of 100 bytes"),
+    ("text/plain",
+     POST.replace("application/json", "text/plain") + f"\nContent-Length: {len(VALID)}",
      VALID.encode(), False, 415, "unsupported Content-Type 'text/plain'"),
-    ("form (curl -d default)", POST.replace("application/json", "application/x-www-form-urlencoded")
+    ("form (curl -d default)",
+     POST.replace("application/json", "application/x-www-form-urlencoded")
      + f"\nContent-Length: {len(VALID)}", VALID.encode(), False, 415, "expected application/json"),
-    ("latin-1 JSON", POST + "; charset=latin-1" + f"\nContent-Length: {len(VALID)}", VALID.encode(), False,
-     415, "(UTF-8)"),
-    ("5,000-digit integer", *_sized(('{"inputs": [[' + "7" * 5000 + ", 1, 2, 3]]}").encode()), True, 400,
-     "invalid JSON: a number of 5000 characters; expected at most 400"),
-    ("5,000-digit float", *_sized(('{"inputs": [[0.' + "7" * 5000 + ", 1, 2, 3]]}").encode()), True, 400,
-     "a number of 5002 characters"),
-    ("nested 100,000 deep", *_sized(_nested(100_000)), True, 400, "invalid JSON: nested too deeply"),
+    ("latin-1 JSON", POST + "; charset=latin-1" + f"\nContent-Length: {len(VALID)}",
+     VALID.encode(), False, 415, "(UTF-8)"),
+    ("5,000-digit integer", *_sized(('{"inputs": [[' + "7" * 5000 + ", 1, 2, 3]]}").encode()),
+     True, 400, "invalid JSON: a number of 5000 characters; expected at most 400"),
+    ("5,000-digit float", *_sized(('{"inputs": [[0.' + "7" * 5000 + ", 1, 2, 3]]}").encode()),
+     True, 400, "a number of 5002 characters"),
+    ("nested 100,000 deep", *_sized(_nested(100_000)), True, 400,
+     "invalid JSON: nested too deeply"),
     ("nested 100 deep", *_sized(_nested(100)), True, 422, "expected a rectangular array"),
     ("bad request line", "GARBAGE", b"", True, 400, "Bad request"),
-    ("unsupported method", "PUT /predict HTTP/1.1\nHost: localhost", b"", True, 501, "Unsupported method"),
-    ("unknown path", "POST /nope HTTP/1.1\nContent-Length: 100000", b"{", False, 404, "unknown path '/nope'"),
+    ("unsupported method", "PUT /predict HTTP/1.1\nHost: localhost", b"", True, 501,
+     "Unsupported method"),
+    ("unknown path", "POST /nope HTTP/1.1\nContent-Length: 100000", b"{", False, 404,
+     "unknown path '/nope'"),
 ]
 
 
 @pytest.mark.parametrize(("head", "body", "end_body", "status", "message"),
-                         [case[1:] for case in BAD_REQUESTS], ids=[case[0] for case in BAD_REQUESTS])
+                         [case[1:] for case in BAD_REQUESTS],
+                         ids=[case[0] for case in BAD_REQUESTS])
 def test_serve_answers_every_bad_request_with_a_json_error_and_keeps_serving(
         server, capfd, head, body, end_body, status, message):
     got_status, payload = raw_request(server, head, body, end_body=end_body)
@@ -225,7 +243,8 @@ def test_serve_survives_a_burst_of_concurrent_requests(server, model):
     for x, (status, payload) in zip(inputs, answers, strict=True):
         assert status == 200
         rounded = np.round(x.astype(np.float64), 2).astype(np.float32)
-        np.testing.assert_allclose(np.array(payload["predictions"]), model.predict(rounded, verbose=0), atol=ATOL)
+        np.testing.assert_allclose(np.array(payload["predictions"]),
+                                   model.predict(rounded, verbose=0), atol=ATOL)
     stats = request(server, "GET", "/stats")[1]
     assert stats["requests"] == requests_count and stats["rows"] == sum(len(x) for x in inputs)
     assert stats["cache"]["rows"] == stats["rows"]
@@ -281,7 +300,8 @@ def test_serve_command_end_to_end(model, tmp_path, backend):
     model_file = tmp_path / "tiny.keras"
     model.save(model_file)
     cache_file = tmp_path / "cli.db"
-    # A fresh process: the server runs until SIGTERM, and its shutdown path is what flushes counters.
+    # A fresh process: the server runs until SIGTERM, and its shutdown path is what flushes
+    # counters.
     proc = subprocess.Popen(
         [sys.executable, "-m", "kbackend", "serve", "--model", str(model_file), "--port", "0",
          "--cache", str(cache_file), "--decimals", "2"],
@@ -291,7 +311,8 @@ def test_serve_command_end_to_end(model, tmp_path, backend):
     try:
         line = proc.stdout.readline()
         match = re.search(r"http://127\.0\.0\.1:(\d+)/predict", line)
-        assert match, f"no URL in {line!r}; stderr: {proc.stderr.read() if proc.poll() is not None else ''}"
+        assert match, (f"no URL in {line!r}; "
+                       f"stderr: {proc.stderr.read() if proc.poll() is not None else ''}")
         port = int(match.group(1))
         fake = type("S", (), {"server_address": (LOOPBACK, port)})
         x = rows(2, seed=9)
@@ -303,22 +324,26 @@ def test_serve_command_end_to_end(model, tmp_path, backend):
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     summary = out[out.index("stopped after"):]
-    assert re.search(r"stopped after \d+ s: 1 requests answered, 1 rejected; 2 rows in 1 batches", summary), summary
+    assert re.search(r"stopped after \d+ s: 1 requests answered, 1 rejected; 2 rows in 1 batches",
+                     summary), summary
     assert re.search(r"cache: 0 hits, 2 misses \(0% of 2 rows\), 2 stored; latency p50", summary)
     assert "{" not in summary  # readable lines, not a dict
     with open_store(str(cache_file), create=False) as store:
         (info,) = store.namespaces()
-        assert (info.entries, info.misses) == (2, 2), "the server's counters were flushed on shutdown"
+        assert (info.entries, info.misses) == (2, 2), (
+            "the server's counters were flushed on shutdown")
 
 
 def test_batch_predictor_is_used_without_cache(model):
-    srv = PredictionServer(LOOPBACK, 0, predict=BatchPredictor(model), row_shape=(FEATURES,), info={})
+    srv = PredictionServer(LOOPBACK, 0, predict=BatchPredictor(model), row_shape=(FEATURES,),
+                           info={})
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         status, payload = request(srv, "POST", "/predict", json.dumps({"inputs": rows(2).tolist()}))
         assert status == 200
-        np.testing.assert_allclose(np.array(payload["predictions"]), model.predict(rows(2), verbose=0), atol=ATOL)
+        np.testing.assert_allclose(np.array(payload["predictions"]),
+                                   model.predict(rows(2), verbose=0), atol=ATOL)
         assert "cache" not in request(srv, "GET", "/stats")[1]
     finally:
         srv.shutdown()
@@ -330,9 +355,11 @@ def test_serve_port_out_of_range_is_one_line_exit_2(cli):
         result = cli("serve", "--model", "missing.keras", "--port", port)
         assert result.returncode == 2
         assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
-        assert f"Invalid --port. Expected an integer from 0 (any free port) to 65535. Received: {port}." in result.stderr
+        assert (f"Invalid --port. Expected an integer from 0 (any free port) to 65535. "
+                f"Received: {port}.") in result.stderr
     result = cli("serve", "--model", "missing.keras", "--port", "-1")
-    assert result.returncode == 2 and "Received: -1" in result.stderr  # before the model is looked at
+    # before the model is looked at
+    assert result.returncode == 2 and "Received: -1" in result.stderr
 
 
 def test_serve_port_in_use_is_one_line_exit_2(cli):
@@ -343,7 +370,8 @@ def test_serve_port_in_use_is_one_line_exit_2(cli):
         result = cli("serve", "--model", "missing.keras", "--port", port)
         assert result.returncode == 2
         assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
-        assert f"Cannot listen on 127.0.0.1:{port}" in result.stderr and f"Received: --port {port}." in result.stderr
+        assert (f"Cannot listen on 127.0.0.1:{port}" in result.stderr
+                and f"Received: --port {port}." in result.stderr)
         with pytest.raises(ConfigError, match=f"Cannot listen on 127.0.0.1:{port}"):
             PredictionServer(LOOPBACK, port, predict=lambda x: x, row_shape=(FEATURES,), info={})
         with pytest.raises(ConfigError, match=r"in use|another process"):

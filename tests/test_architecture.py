@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("hardware", "distributed", "runtime", "progress", "envinfo"),
     ("config", "models", "model_sources", "workload"),
     ("backends",),  # ALL backend-specific code (optax included) sits above the backend-free maths
-    ("optim", "precision", "data"),
+    ("optim", "precision", "data", "adaptive"),
     ("backend_choice", "history", "io", "errors", "logs", "reports", "stats", "task", "sqlite",
      "__init__"),
 ]

@@ -141,6 +141,12 @@ def impl() -> BackendOps:
     return package
 
 
+def adaptive() -> Any:
+    """The active backend's ``adaptive`` module (micro-batched gradients for ``--batch-size
+    auto``: ``micro_batched_gradients`` and the adaptive train step), same names in both."""
+    return importlib.import_module(f"{impl().__name__}.adaptive")
+
+
 _DEVICE_COPIES: dict[int, Any] = {}
 
 

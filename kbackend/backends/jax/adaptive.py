@@ -15,6 +15,7 @@ the squared norm of their mean, the two inputs of ``kbackend.adaptive.NoiseScale
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -25,7 +26,8 @@ import numpy as np
 import optax
 
 from kbackend.adaptive import micro_batches_for
-from kbackend.backends.jax.step import StepMetrics, TrainState, make_loss_fn
+from kbackend.backends.jax.native import NativeTrainer
+from kbackend.backends.jax.step import StepMetrics, TrainState, make_loss_fn, scan_steps
 from kbackend.task import CLASSIFICATION, Task
 
 
@@ -128,3 +130,75 @@ def micro_batched_gradients(model: Any, x: Any, y: Any, micro_batches: int = 0, 
                                                      jnp.asarray(x), jnp.asarray(y))
     return (float(loss), [np.asarray(g) for g in grads], np.asarray(norms.micro, np.float64),
             float(norms.batch))
+
+
+class AdaptiveTrainer(NativeTrainer):
+    """The native trainer with micro-batched steps at whichever batch size an epoch's rows have.
+
+    One ``TrainState`` (weights, BatchNorm statistics, optimizer slots and count) runs through
+    every batch size, so a change of size carries everything over; each (batch size, call
+    length) is compiled once (``trace_counts_by_size``). ``fetch`` returns a call's losses, as
+    the loop expects, and keeps its ``NoiseNorms`` on the host for ``take_noise_norms``.
+    ``set_learning_rate`` changes the base rate, which is optimizer state
+    (``optimizers.KerasOptState.learning_rate``): no program is traced again.
+    """
+
+    def __init__(self, model: Any, spec: Any, dataset: Any, jit_compile: bool = True,
+                 task: Task = CLASSIFICATION) -> None:
+        super().__init__(model, spec, dataset, jit_compile, task)
+        self._sized: dict[tuple[int, int], Any] = {}
+        self.trace_counts_by_size: dict[tuple[int, int], int] = {}
+        self._norms: list[tuple[int, np.ndarray, np.ndarray]] = []
+
+    def _adaptive_run_fn(self, batch: int, length: int) -> Any:
+        count = micro_batches_for(batch)
+        step = make_adaptive_step(self.model, self.tx, count, self.task)
+
+        def run(state, x_all, y_all, epoch_rows, start):
+            key = (batch, length)
+            self.trace_counts_by_size[key] = self.trace_counts_by_size.get(key, 0) + 1
+            self.trace_counts[length] = self.trace_counts.get(length, 0) + 1
+            rows = jax.lax.dynamic_slice_in_dim(epoch_rows, start, length)
+
+            def body(state, row):
+                state, (metrics, norms) = step(state, (x_all[row], y_all[row]))
+                return state, (metrics.loss, norms)
+
+            return scan_steps(body, state, rows, self.unroll)
+
+        return run
+
+    def compile(self, length: int, epoch_rows: Any) -> float:
+        """Compile the ``length``-step call at the rows' batch size if needed; its seconds."""
+        key = (int(epoch_rows.shape[-1]), length)
+        if key in self._sized:
+            return 0.0
+        start = time.perf_counter()
+        jitted = jax.jit(self._adaptive_run_fn(*key), donate_argnums=0)
+        self._sized[key] = jitted.lower(
+            self.state, self.x_train, self.y_train, epoch_rows, np.int32(0)).compile()
+        return time.perf_counter() - start
+
+    def run(self, epoch_rows: Any, start: int, length: int) -> Any:
+        batch = int(epoch_rows.shape[-1])
+        self.state, (losses, norms) = self._sized[batch, length](
+            self.state, self.x_train, self.y_train, epoch_rows, np.int32(start))
+        return batch, losses, norms
+
+    def fetch(self, handle: Any) -> np.ndarray:
+        """A call's losses on the host; its noise norms kept for ``take_noise_norms``."""
+        batch, losses, norms = handle
+        losses, micro, big = jax.device_get(jax.block_until_ready((losses, *norms)))
+        self._norms.append((batch, np.asarray(micro, np.float64), np.asarray(big, np.float64)))
+        return np.asarray(losses)
+
+    def take_noise_norms(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """``(batch, micro (K, M), batch (K,))`` of each call fetched since the last take."""
+        taken, self._norms = self._norms, []
+        return taken
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        """The base rate of the next steps (optimizer state: nothing is compiled again)."""
+        opt_state = self.state.opt_state._replace(
+            learning_rate=jnp.asarray(learning_rate, jnp.float32))
+        self.state = self.state._replace(opt_state=opt_state)

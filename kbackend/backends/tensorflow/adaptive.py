@@ -14,6 +14,7 @@ of their mean, the two inputs of ``kbackend.adaptive.NoiseScale``.
 
 from __future__ import annotations
 
+import time
 import weakref
 from typing import Any
 
@@ -21,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from kbackend.adaptive import micro_batches_for
+from kbackend.backends.tensorflow.native import NativeTrainer
 from kbackend.backends.tensorflow.ops import jit_function
 from kbackend.task import CLASSIFICATION, Task
 
@@ -112,3 +114,97 @@ def micro_batched_gradients(model: Any, x: Any, y: Any, micro_batches: int = 0, 
         tf.convert_to_tensor(x), tf.convert_to_tensor(y))
     return (float(loss), [np.asarray(g) for g in grads], np.asarray(micro_norms, np.float64),
             float(batch_norm))
+
+
+class AdaptiveTrainer(NativeTrainer):
+    """The native trainer with micro-batched steps at whichever batch size an epoch's rows have.
+
+    The model's and the optimizer's variables are the state and every batch size's program
+    updates them in place, so a change of size carries everything over; each (batch size, call
+    length) is compiled once (``trace_counts_by_size``). ``fetch`` returns a call's losses, as
+    the loop expects, and keeps its noise norms on the host for ``take_noise_norms``. The
+    learning rate is a Keras variable the programs read (``set_learning_rate``); schedules are
+    refused before a run (a schedule is traced into the program).
+    """
+
+    def __init__(self, model: Any, spec: Any, dataset: Any, jit_compile: bool = True,
+                 task: Task = CLASSIFICATION) -> None:
+        super().__init__(model, spec, dataset, jit_compile, task)
+        self.task = task
+        self._sized: dict[tuple[int, int], Any] = {}
+        self._steps: dict[int, Any] = {}
+        self.trace_counts_by_size: dict[tuple[int, int], int] = {}
+        self._norms: list[tuple[int, np.ndarray, np.ndarray]] = []
+
+    def _adaptive_step(self, batch: int) -> Any:
+        if batch not in self._steps:
+            self._steps[batch] = make_adaptive_train_step(self.model, self.optimizer,
+                                                          micro_batches_for(batch), self.task)
+        return self._steps[batch]
+
+    def _adaptive_run_fn(self, batch: int, length: int) -> Any:
+        step = self._adaptive_step(batch)
+        count = micro_batches_for(batch)
+
+        def step_at(x_all, y_all, epoch_rows, index):
+            row = tf.gather(epoch_rows, index)
+            loss, micro, big = step(tf.gather(x_all, row), tf.gather(y_all, row))
+            return tf.cast(loss, tf.float32), micro, big
+
+        def run(x_all, y_all, epoch_rows, start, n_steps):
+            key = (batch, length)
+            self.trace_counts_by_size[key] = self.trace_counts_by_size.get(key, 0) + 1
+            self.trace_counts[length] = self.trace_counts.get(length, 0) + 1
+            if self.writes_out(length):  # the steps written out; ``n_steps`` is ``length``
+                outputs = [step_at(x_all, y_all, epoch_rows, start + i) for i in range(length)]
+                return tuple(tf.stack(values) for values in zip(*outputs, strict=True))
+            losses = tf.zeros([length], tf.float32)
+            micros = tf.zeros([length, count], tf.float32)
+            bigs = tf.zeros([length], tf.float32)
+            for i in tf.range(n_steps):
+                loss, micro, big = step_at(x_all, y_all, epoch_rows, start + i)
+                losses = tf.tensor_scatter_nd_update(losses, [[i]], [loss])
+                micros = tf.tensor_scatter_nd_update(micros, [[i]], [micro])
+                bigs = tf.tensor_scatter_nd_update(bigs, [[i]], [big])
+            return losses, micros, bigs
+
+        return jit_function(run, self.jit_compile)
+
+    def compile(self, length: int, epoch_rows: Any) -> float:
+        """Compile the ``length``-step call at the rows' batch size if needed; its seconds
+        (a written-out call trains ``length`` steps and puts the variables back)."""
+        key = (int(epoch_rows.shape[-1]), length)
+        if key in self._sized:
+            return 0.0
+        start = time.perf_counter()
+        fn = self._adaptive_run_fn(*key)
+        if self.writes_out(length):
+            saved = [np.array(v.numpy()) for v in self._all_variables()]
+            fn(self.x_train, self.y_train, epoch_rows, tf.constant(0), tf.constant(length))
+            for variable, value in zip(self._all_variables(), saved, strict=True):
+                variable.assign(value)
+        else:
+            fn(self.x_train, self.y_train, epoch_rows, tf.constant(0), tf.constant(0))
+        self._sized[key] = fn
+        return time.perf_counter() - start
+
+    def run(self, epoch_rows: Any, start: int, length: int) -> Any:
+        batch = int(epoch_rows.shape[-1])
+        outputs = self._sized[batch, length](self.x_train, self.y_train, epoch_rows,
+                                             tf.constant(start), tf.constant(length))
+        return batch, outputs
+
+    def fetch(self, handle: Any) -> np.ndarray:
+        """A call's losses on the host; its noise norms kept for ``take_noise_norms``."""
+        batch, (losses, micro, big) = handle
+        self._norms.append((batch, np.asarray(micro, np.float64), np.asarray(big, np.float64)))
+        return losses.numpy()
+
+    def take_noise_norms(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """``(batch, micro (K, M), batch (K,))`` of each call fetched since the last take."""
+        taken, self._norms = self._norms, []
+        return taken
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        """The rate of the next steps: a Keras variable the compiled programs read."""
+        self.optimizer.learning_rate = learning_rate

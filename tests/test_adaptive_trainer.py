@@ -1,0 +1,99 @@
+"""The adaptive trainer (``backends.adaptive().AdaptiveTrainer``): micro-batched fused steps train
+exactly as the plain native trainer does, a change of batch size carries the weights and the
+optimizer state over, and each (batch size, call length) compiles once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kbackend.adaptive import NoiseScale
+from kbackend.engines.loop import EpochRunner
+from kbackend.optim import OptimizerSpec
+from tests.conftest import BACKEND, JIT_FOR_SMALL_RUNS
+from tests.test_native_engine import toy_dataset, toy_model
+
+# float32 gradients summed per micro-batch, then averaged, against one full-batch sum, over
+# 2 epochs of steps (multi-threaded XLA adds ~1e-9 per call).
+LOSS_RTOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    return toy_dataset()
+
+
+def _trainers(dataset, spec, jit=JIT_FOR_SMALL_RUNS):
+    from kbackend.backends import adaptive, impl
+
+    plain_model, adaptive_model = toy_model(dataset, seed=5), toy_model(dataset, seed=5)
+    adaptive_model.set_weights(plain_model.get_weights())  # TF and JAX seed differently
+    plain = impl().native_trainer(plain_model, spec, dataset, jit_compile=jit)
+    grown = adaptive().AdaptiveTrainer(adaptive_model, spec, dataset, jit_compile=jit)
+    return plain, grown
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_micro_batched_steps_train_like_the_plain_step(dataset, optimizer):
+    spec = OptimizerSpec(optimizer, 0.05 if optimizer == "sgd" else 3e-3)
+    plain, grown = _trainers(dataset, spec)
+    n = len(dataset.x_train)
+    plain_run, grown_run = EpochRunner(plain, n, 32, 4), EpochRunner(grown, n, 32, 4)
+    plain_losses = np.concatenate([plain_run() for _ in range(2)])
+    grown_losses = np.concatenate([grown_run() for _ in range(2)])
+    np.testing.assert_allclose(grown_losses, plain_losses, rtol=LOSS_RTOL)
+    plain.finish()
+    grown.finish()
+    for a, b in zip(plain.model.get_weights(), grown.model.get_weights(), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-5)
+    # The losses moved over the run (the comparison above is not of constants).
+    assert not np.allclose(plain_losses[-5:], grown_losses[:5], rtol=LOSS_RTOL)
+
+
+def test_growing_carries_the_state_over_and_compiles_each_size_once(dataset):
+    """XLA on both backends (the programs whose traces are counted)."""
+    spec = OptimizerSpec("adam", 3e-3)
+    _, grown = _trainers(dataset, spec, jit=True)
+    n = len(dataset.x_train)
+    losses = {}
+    for batch, rate in ((8, 3e-3), (32, 6e-3), (8, 3e-3), (32, 6e-3)):
+        grown.set_learning_rate(rate)
+        losses.setdefault(batch, []).append(EpochRunner(grown, n, batch, 5)())
+    steps = 2 * (n // 8) + 2 * (n // 32)
+    # Every (size, length) traced once although each size ran twice.
+    assert grown.trace_counts_by_size and set(grown.trace_counts_by_size.values()) == {1}
+    assert {size for size, _ in grown.trace_counts_by_size} == {8, 32}
+    # The optimizer kept counting across the changes (its state carried over, not reset).
+    if BACKEND == "jax":
+        count = int(np.asarray(grown.state.opt_state.count))
+    else:
+        count = int(grown.optimizer.iterations.numpy())
+    assert count == steps
+    # Training went on from where it was: the second epoch at 32 starts below the first.
+    assert losses[32][1][:5].mean() < losses[32][0][:5].mean()
+    # One batch of noise norms per fetched call: (K, M) and (K,), M = 4 micro-batches.
+    norms = grown.take_noise_norms()
+    assert sum(len(big) for _, _, big in norms) == steps
+    assert all(micro.shape == (len(big), 4) for _, micro, big in norms)
+    assert grown.take_noise_norms() == []
+    noise = NoiseScale()
+    for batch, micro, big in norms:
+        noise = noise.update_steps(micro, big, batch // 4, batch)
+    assert noise.steps == steps and noise.trace_sigma > 0
+
+
+def test_set_learning_rate_changes_the_update(dataset):
+    spec = OptimizerSpec("sgd", 0.05)
+    _, fast = _trainers(dataset, spec)
+    _, still = _trainers(dataset, spec)
+    still.set_learning_rate(0.0)
+    n = len(dataset.x_train)
+    for trainer in (fast, still):
+        EpochRunner(trainer, n, 16, 5)()
+        trainer.finish()
+    initial = toy_model(dataset, seed=5).get_weights()  # the same seed, the same backend
+    moved = [np.max(np.abs(a - b)) for a, b in zip(fast.model.get_weights(), initial,
+                                                   strict=True)]
+    assert max(moved) > 1e-3
+    for a, b in zip(still.model.get_weights(), initial, strict=True):
+        np.testing.assert_array_equal(a, b)  # a zero rate: not one weight moved

@@ -35,7 +35,9 @@ from kbackend.errors import ConfigError
 
 AUTO = "auto"
 DEFAULT_MIN_BATCH = 8
-DEFAULT_MICRO_BATCHES = 4  # micro-batches per step; b = B / M samples each
+DEFAULT_MICRO_BATCHES = 2  # micro-batches per step (b = B / M samples): M backward passes
+# Steps between measured steps: the others run the plain step (M - 1 backward passes fewer).
+DEFAULT_MEASURE_EVERY = 4
 DEFAULT_EMA_DECAY = 0.95  # ~20 steps of memory: B_simple moves over hundreds of steps
 LR_SCALINGS = ("linear", "sqrt", "adascale", "none")
 

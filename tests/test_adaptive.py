@@ -208,9 +208,16 @@ def test_unknown_lr_scaling_is_a_one_line_error():
 
 
 # -- micro-batches and the change record ---------------------------------------------------
-@pytest.mark.parametrize(("batch", "expected"), [(8, 4), (16, 4), (2, 2), (6, 2), (1024, 4)])
-def test_micro_batches_for(batch, expected):
-    assert micro_batches_for(batch) == expected
+@pytest.mark.parametrize(("batch", "wanted", "expected"),
+                         [(8, 4, 4), (16, 4, 4), (2, 4, 2), (6, 4, 2), (1024, 4, 4),
+                          (8, 2, 2), (1024, 2, 2)])
+def test_micro_batches_for(batch, wanted, expected):
+    assert micro_batches_for(batch, wanted) == expected
+
+
+def test_two_micro_batches_by_default():
+    """M backward passes per step: two keep the overhead lowest (docs/adaptive.md)."""
+    assert micro_batches_for(64) == 2
 
 
 @pytest.mark.parametrize("batch", [1, 3])

@@ -1,12 +1,12 @@
-"""TensorFlow: micro-batched gradients for the online noise scale (``--batch-size auto``).
+"""TensorFlow: micro-batch gradients for the online noise scale (``--batch-size auto``).
 
-Inside the traced step the batch of B samples is cut into M micro-batches of B / M samples,
-written out one after another (M is small and static: 2-4), each with its own
-``GradientTape``. The update is the mean of the micro-batch gradients, which for equal
-micro-batches is the gradient of the batch mean loss: the training maths is unchanged for models
-whose samples do not interact. Where a model has them, BatchNormalization normalizes each
-micro-batch with its own statistics ("ghost" batch norm; its moving statistics are updated once
-per micro-batch) and Dropout draws a fresh mask per micro-batch.
+One forward pass over the whole batch of B samples under a persistent ``GradientTape``, then one
+backward pass per micro-batch (``tape.gradient`` with ``output_gradients`` that weigh micro-batch
+m's samples by 1 / b, b = B / M, and the regularization losses by 1). The update is the mean of
+the M micro-batch gradients, exactly the gradient of the batch's mean loss: the forward pass,
+BatchNormalization's batch statistics (its moving statistics updated once), Dropout's masks and
+the update are those of the plain step (``native.make_train_step``), for every model. The cost
+is M - 1 extra backward passes (M = 2 by default, ``kbackend.adaptive``).
 
 Besides the update, a step returns each micro-batch gradient's squared norm and the squared norm
 of their mean, the two inputs of ``kbackend.adaptive.NoiseScale``.
@@ -21,15 +21,15 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from kbackend.adaptive import micro_batches_for
+from kbackend.adaptive import DEFAULT_MEASURE_EVERY, micro_batches_for
 from kbackend.backends.tensorflow.native import NativeTrainer
 from kbackend.backends.tensorflow.ops import jit_function
 from kbackend.task import CLASSIFICATION, Task
 
 
 def _dense(gradient: Any, variable: Any) -> tf.Tensor:
-    """A dense float32-compatible gradient (zeros where the loss does not reach the variable;
-    an Embedding's ``IndexedSlices`` made dense)."""
+    """A dense gradient (zeros where the loss does not reach the variable; an Embedding's
+    ``IndexedSlices`` made dense)."""
     if gradient is None:
         return tf.zeros_like(variable)
     return tf.convert_to_tensor(gradient)
@@ -39,42 +39,36 @@ def _squared_norm(tensors: list[tf.Tensor]) -> tf.Tensor:
     return tf.add_n([tf.reduce_sum(tf.square(tf.cast(t, tf.float32))) for t in tensors])
 
 
-def _micro_batch_loss(model: Any, task: Task, x: Any, y: Any) -> tf.Tensor:
-    """The loss ``native.make_train_step`` minimizes, on one micro-batch."""
-    outputs = model(x, training=True)
-    per_sample = task.per_sample_loss(y, outputs)
-    loss = tf.reduce_sum(per_sample) / tf.cast(tf.size(per_sample), per_sample.dtype)
-    if model.losses:  # regularization, summed as keras.Model.compute_loss does
-        loss = tf.reduce_sum(tf.stack([loss, *(tf.reduce_sum(x) for x in model.losses)]))
-    return loss
-
-
 def micro_batched_value_and_grad(model: Any, micro_batches: int,
                                  task: Task = CLASSIFICATION) -> Any:
     """``f(x, y) -> (loss, grads, micro_sq_norms, batch_sq_norm)`` for use inside a traced
-    step: loss and grads are the means over ``micro_batches`` equal micro-batches (in
-    ``model.trainable_variables`` order), ``micro_sq_norms`` has shape ``(M,)``."""
+    step: the batch's loss and gradient (the mean of ``micro_batches`` micro-batch gradients of
+    its rows m*b .. (m+1)*b, in ``model.trainable_variables`` order) and the noise norms
+    (``micro_sq_norms`` of shape ``(M,)``)."""
 
     def value_and_grad(x: Any, y: Any) -> tuple[Any, list[Any], Any, Any]:
-        size = tf.shape(y)[0] // micro_batches
         variables = model.trainable_variables
-        losses, micro_norms = [], []
-        grad_sums: list[Any] | None = None
-        for index in range(micro_batches):
-            start = index * size
-            rows = tf.range(start, start + size)
-            x_micro = tf.nest.map_structure(lambda leaf, r=rows: tf.gather(leaf, r), x)
-            with tf.GradientTape() as tape:
-                loss = _micro_batch_loss(model, task, x_micro, tf.gather(y, rows))
-            grads = [_dense(g, v) for g, v in zip(tape.gradient(loss, variables), variables,
-                                                  strict=True)]
-            losses.append(tf.cast(loss, tf.float32))
-            micro_norms.append(_squared_norm(grads))
-            grad_sums = grads if grad_sums is None else [a + g for a, g in zip(grad_sums, grads,
-                                                                               strict=True)]
-        assert grad_sums is not None
-        mean_grads = [g / micro_batches for g in grad_sums]
-        return (tf.add_n(losses) / micro_batches, mean_grads, tf.stack(micro_norms),
+        with tf.GradientTape(persistent=True) as tape:
+            outputs = model(x, training=True)
+            per_sample = task.per_sample_loss(y, outputs)
+            penalties = [tf.reduce_sum(loss) for loss in model.losses]
+        batch = tf.shape(per_sample)[0]
+        size = batch // micro_batches
+        rows = tf.range(batch) // size
+        targets = [per_sample, *penalties]
+        micro_grads = []
+        for index in range(micro_batches):  # one backward pass per micro-batch
+            weights = tf.cast(rows == index, per_sample.dtype) / tf.cast(size, per_sample.dtype)
+            grads = tape.gradient(targets, variables, output_gradients=[
+                weights, *(tf.ones_like(p) for p in penalties)])
+            micro_grads.append([_dense(g, v) for g, v in zip(grads, variables, strict=True)])
+        del tape
+        mean_grads = [tf.add_n(list(parts)) / micro_batches for parts in zip(*micro_grads,
+                                                                            strict=True)]
+        data_loss = tf.reduce_sum(per_sample) / tf.cast(batch, per_sample.dtype)
+        loss = tf.add_n([tf.cast(data_loss, tf.float32),
+                         *(tf.cast(p, tf.float32) for p in penalties)])
+        return (loss, mean_grads, tf.stack([_squared_norm(g) for g in micro_grads]),
                 _squared_norm(mean_grads))
 
     return value_and_grad
@@ -124,13 +118,15 @@ class AdaptiveTrainer(NativeTrainer):
     length) is compiled once (``trace_counts_by_size``). ``fetch`` returns a call's losses, as
     the loop expects, and keeps its noise norms on the host for ``take_noise_norms``. The
     learning rate is a Keras variable the programs read (``set_learning_rate``); schedules are
-    refused before a run (a schedule is traced into the program).
+    refused before a run (a schedule is traced into the program). Every ``measure_every``-th
+    row of an epoch runs the micro-batch step; the others run the plain step (``tf.cond``) and
+    report NaN norms, which the estimator skips.
     """
 
     def __init__(self, model: Any, spec: Any, dataset: Any, jit_compile: bool = True,
-                 task: Task = CLASSIFICATION) -> None:
+                 task: Task = CLASSIFICATION, measure_every: int = DEFAULT_MEASURE_EVERY) -> None:
         super().__init__(model, spec, dataset, jit_compile, task)
-        self.task = task
+        self.task, self.measure_every = task, measure_every
         self._sized: dict[tuple[int, int], Any] = {}
         self._steps: dict[int, Any] = {}
         self.trace_counts_by_size: dict[tuple[int, int], int] = {}
@@ -144,12 +140,21 @@ class AdaptiveTrainer(NativeTrainer):
 
     def _adaptive_run_fn(self, batch: int, length: int) -> Any:
         step = self._adaptive_step(batch)
-        count = micro_batches_for(batch)
+        count, every = micro_batches_for(batch), self.measure_every
 
         def step_at(x_all, y_all, epoch_rows, index):
             row = tf.gather(epoch_rows, index)
-            loss, micro, big = step(tf.gather(x_all, row), tf.gather(y_all, row))
-            return tf.cast(loss, tf.float32), micro, big
+            x, y = tf.gather(x_all, row), tf.gather(y_all, row)
+
+            def with_norms():
+                loss, micro, big = step(x, y)
+                return tf.cast(loss, tf.float32), micro, big
+
+            def without_norms():  # the plain step; NaN norms are skipped
+                nan = tf.constant(float("nan"), tf.float32)
+                return (tf.cast(self.train_step(x, y), tf.float32), tf.fill([count], nan), nan)
+
+            return tf.cond(index % every == 0, with_norms, without_norms)
 
         def run(x_all, y_all, epoch_rows, start, n_steps):
             key = (batch, length)
@@ -208,3 +213,12 @@ class AdaptiveTrainer(NativeTrainer):
     def set_learning_rate(self, learning_rate: float) -> None:
         """The rate of the next steps: a Keras variable the compiled programs read."""
         self.optimizer.learning_rate = learning_rate
+
+    def state_copy(self) -> list[np.ndarray]:
+        """A host copy of everything a step changes (model and optimizer variables)."""
+        return [np.array(v.numpy()) for v in self._all_variables()]
+
+    def restore_state(self, copy: list[np.ndarray]) -> None:
+        """Put back a ``state_copy`` (the knee probe trains; the run starts where it was)."""
+        for variable, value in zip(self._all_variables(), copy, strict=True):
+            variable.assign(value)

@@ -3,16 +3,108 @@
 Per step: the step number (1-based), the train loss of that step and the cumulative training
 wall time at its end. Per evaluation: validation loss and accuracy with the step, epoch and
 training time when it was taken. Training time excludes evaluation, as MLCommons AlgoPerf does.
+What the engine reports about the run itself (K, steps per epoch, a divergence, the target's
+step, the monitor's summary, ...) is the typed ``RunRecord`` in ``history.record``.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from kbackend.io import atomic_write_json, read_json
 from kbackend.task import best_of
+
+
+@dataclass
+class RunRecord:
+    """What an engine reports about a run, each field None where it does not apply.
+
+    Nested values (``diverged``, ``target_reached``, ``monitor``, ...) are JSON dicts: they are
+    stored with the history as they are.
+    """
+
+    engine: str | None = None  # "native" or "data_parallel" (the trainer that ran)
+    decay_steps: int | None = None  # the schedule's horizon
+    fused_steps: int | None = None  # K as run
+    fused_steps_asked: int | None = None  # K asked, where a trainer capped it
+    fused_steps_probe: dict[str, Any] | None = None  # ``--fused-steps auto``'s measurements
+    steps_per_epoch: int | None = None
+    eval_every: int | None = None
+    dropped_per_epoch: int | None = None  # samples each epoch leaves out
+    epochs_run: int | None = None
+    trace_counts: dict[str, int] | None = None  # compilations per call length
+    xla_programs: dict[str, Any] | None = None  # XLA programs compiled by the run
+    trainers_built: int | None = None  # ``Runs``: trainers (program sets) built so far
+    population: dict[str, int] | None = None  # {"members", "index"} of a vmapped population
+    # {"step", "loss", "seen_in"}: the first non-finite loss (train_loss, test_loss, weights)
+    diverged: dict[str, Any] | None = None
+    target_reached: dict[str, Any] | None = None  # {"step", "epoch", "train_time"}
+    censored_at: int | None = None  # a population member stopped by the study's pruner
+    monitor: dict[str, Any] | None = None  # ``--monitor``'s summary
+    losses_are_execution_means: bool | None = None  # Keras fit with steps_per_execution > 1
+    unrolled_loop: bool | None = None  # the trainer writes its K steps out
+    xla: bool | None = None  # the native loop compiled with XLA
+    # data parallel
+    devices: int | None = None
+    per_device_batch: int | None = None
+    processes: int | None = None
+    dp_impl: str | None = None
+    replica_xla: bool | None = None
+    losses_are_global_batch_means: bool | None = None
+    validation_dropped: int | None = None
+    # issue 37: a batch size that grows during the run (its step ranges), where one does
+    adaptive_batch: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields that are set, as JSON values."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> RunRecord:
+        """A record from ``to_dict``'s output, or from the ``extra`` dict of a history written
+        before the record existed (keys it does not know are left out)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+    def update(self, other: RunRecord) -> None:
+        """Take every field ``other`` sets."""
+        for name, value in other.to_dict().items():
+            setattr(self, name, value)
+
+
+class _RecordView(dict[str, Any]):
+    """The ``extra`` dict over a ``RunRecord``: a copy of its set fields whose writes go to the
+    record too (a plain dict, so that it is stored as JSON as ``extra`` was)."""
+
+    def __init__(self, record: RunRecord) -> None:
+        super().__init__(record.to_dict())
+        self._record = record
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key not in {f.name for f in fields(RunRecord)}:
+            raise KeyError(f"RunRecord has no field {key!r}")
+        setattr(self._record, key, value)
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(key)
+        setattr(self._record, key, None)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        if key in self:
+            value = self[key]
+            del self[key]
+            return value
+        if default:
+            return default[0]
+        raise KeyError(key)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
 
 
 @dataclass
@@ -28,7 +120,31 @@ class History:
     stopped_early: bool = False
     config: dict[str, Any] = field(default_factory=dict)
     env: dict[str, Any] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
+    record: RunRecord = field(default_factory=RunRecord)
+
+    def __init__(self, step: list[int] | None = None, loss: list[float] | None = None,
+                 time: list[float] | None = None, evals: list[dict[str, float]] | None = None,
+                 test: dict[str, float] | None = None, timing: dict[str, float] | None = None,
+                 stopped_early: bool = False, config: dict[str, Any] | None = None,
+                 env: dict[str, Any] | None = None, record: RunRecord | None = None,
+                 extra: Mapping[str, Any] | None = None) -> None:
+        self.step = step if step is not None else []
+        self.loss = loss if loss is not None else []
+        self.time = time if time is not None else []
+        self.evals = evals if evals is not None else []
+        self.test = test if test is not None else {}
+        self.timing = timing if timing is not None else {}
+        self.stopped_early = stopped_early
+        self.config = config if config is not None else {}
+        self.env = env if env is not None else {}
+        # TEMPORARY: study/ switches next. ``extra``: the dict the record replaced.
+        self.record = record if record is not None else RunRecord.from_dict(extra or {})
+
+    # TEMPORARY: study/ switches next. The record as the ``extra`` dict it replaced (a live
+    # view: reads and writes go to ``record``'s fields).
+    @property
+    def extra(self) -> dict[str, Any]:
+        return _RecordView(self.record)
 
     def record_steps(self, steps: list[int], losses: list[float], times: list[float]) -> None:
         """Append per-step losses and their cumulative training times."""
@@ -52,7 +168,18 @@ class History:
         return best_of(metric, values)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The history as JSON values (the record's unset fields left out)."""
+        return {**asdict(self), "record": self.record.to_dict()}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> History:
+        """A history from ``to_dict``'s output, or from one written before the record existed
+        (its ``extra`` dict becomes the record)."""
+        values = dict(values)
+        record = values.pop("record", None)
+        legacy = values.pop("extra", None) or {}
+        return cls(**values, record=RunRecord.from_dict(record if record is not None
+                                                         else legacy))
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the history as JSON, atomically."""
@@ -60,4 +187,5 @@ class History:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> History:
-        return cls(**read_json(path))
+        """Read a history ``save`` wrote (or one with the older ``extra`` dict)."""
+        return cls.from_dict(read_json(path))

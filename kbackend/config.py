@@ -16,7 +16,7 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from kbackend.data import batching, check_batch_size
+from kbackend.data import check_batch_size
 from kbackend.errors import ConfigError, check_field_types
 
 # The output-path checks live with the writes they protect (kbackend.io); named here too, where
@@ -36,7 +36,7 @@ _COORDINATOR = re.compile(r"^[A-Za-z0-9_.\-]+:\d{1,5}$|^\[[0-9A-Fa-f:]+\]:\d{1,5
 MONITORS = ("val_accuracy", "val_loss")
 # What ``kbackend.training.train`` does when a loss becomes NaN or infinite (the run stops either
 # way, and no model is saved): raise ``Diverged``, or return the history with
-# ``extra["diverged"]`` (a study records the run as diverged and goes on).
+# ``record.diverged`` (a study records the run as diverged and goes on).
 DIVERGENCE_ACTIONS = ("raise", "record")
 
 
@@ -137,7 +137,7 @@ class TrainConfig:
     heartbeat_timeout: int = 10
     # Keras dtype policy the model is built under: float32, mixed_bfloat16 or mixed_float16.
     precision: str = "float32"
-    # Record per-step input wait vs compute, utilization and memory (history.extra["monitor"]).
+    # Record per-step input wait vs compute, utilization and memory (history.record.monitor).
     hardware_monitor: bool = False
     # On a NaN / infinite loss: "raise" ``kbackend.errors.Diverged`` or "record" it and return.
     on_divergence: str = "raise"
@@ -289,10 +289,7 @@ def check_run(config: TrainConfig, n_train: int, engine: Any, devices: int = 1) 
             raise ConfigError(
                 f"Invalid --fused-steps {shown}: the {config.engine} engine runs one step per "
                 "call; use --engine native to fuse steps, or --steps-per-execution with Keras fit.")
-        return
-    if config.fused_steps:
-        steps = batching.steps_per_epoch_dropping_last(n_train, config.batch_size)
-        batching.check_fused_steps(config.fused_steps, steps, n_train, config.batch_size)
+    # K against the epoch: ``engines.plan.TrainPlan.of``, which ``Engine.plan`` runs next.
 
 
 def check_batch_split(batch_size: int, devices: int, processes: int = 1) -> int:

@@ -19,7 +19,7 @@ import numpy as np
 from kbackend import data as data_module
 from kbackend import distributed
 from kbackend.backend_choice import keras as import_keras
-from kbackend.config import MONITORS, Target, TrainConfig, check_run
+from kbackend.config import MONITORS, Target, TrainConfig
 from kbackend.engines import get_engine
 from kbackend.envinfo import environment
 from kbackend.errors import ConfigError, Diverged
@@ -32,7 +32,7 @@ from kbackend.workload import Workload, prepare_workload, unwrap
 __all__ = ["MONITORS", "Diverged", "Target", "TrainConfig", "TrainResult", "load_dataset",
            "save_model", "train"]
 
-# How each place a divergence can show (``history.extra["diverged"]["seen_in"]``) is reported.
+# How each place a divergence can show (``history.record.diverged["seen_in"]``) is reported.
 _DIVERGENCE_SIGNS = {
     "train_loss": "the train loss became {loss}",
     "test_loss": "the test loss became {loss}",
@@ -98,7 +98,7 @@ def train(
     metric) replaces ``config.task``.
 
     A run whose train loss becomes NaN or infinite stops (at most one compiled call late) and
-    saves no model; the history, if asked for, is written with ``extra["diverged"]``. Then
+    saves no model; the history, if asked for, is written with ``record.diverged``. Then
     ``Diverged`` is raised, or with ``config.on_divergence == "record"`` the result returned.
     """
     if not isinstance(config, TrainConfig):
@@ -124,17 +124,14 @@ def train(
     dataset = dataset if dataset is not None else load_dataset(config)
     n_train = len(dataset.x_train)
     devices = distributed.device_count(config) if distributed.is_parallel(config) else 1
-    check_run(config, n_train, engine, devices)
+    # Every number from the batch size to the step, once, after the checks (``Engine.plan``).
+    plan = engine.plan(config, n_train, devices)
     if model is None:  # its training state must fit in memory: checked before it is built
         check_model_fits(config.model, dataset.info, config.model_options)
-    # The schedule spans the steps this engine really runs; max_steps and targets only stop early.
-    spec = config.optimizer.with_total_steps(engine.steps_per_epoch(n_train, config.batch_size)
-                                             * config.epochs)
-    if model is None:
         with precision_scope(config.precision):
             model = build_model(config.model, dataset.info, config.model_options)
     start = time.perf_counter()
-    history = engine(model, dataset, spec, config, reporter)
+    history = engine(model, dataset, plan, config, reporter)
     history.timing["wall_time"] = time.perf_counter() - start
     if not history.test:  # the native engine evaluates the test split itself
         test_loss, test_metric = model.evaluate(
@@ -142,13 +139,13 @@ def train(
         )
         history.test = {"test_loss": float(test_loss),
                         f"test_{config.task.metric}": float(test_metric)}
-    history.config = {**config.to_dict(), "optimizer": spec.to_dict(),
+    history.config = {**config.to_dict(), "optimizer": plan.optimizer.to_dict(),
                       "dataset_info": dataset.info.to_dict(), "params": int(model.count_params())}
     history.env = environment()
-    diverged = (history.extra.get("diverged")
+    diverged = (history.record.diverged
                 or non_finite_result(model, history, check_weights=save is not None))
     if diverged:
-        history.extra["diverged"] = diverged
+        history.record.diverged = diverged
     # Only process 0 writes; the small history first, so a full disk loses the least.
     if history_path is not None and distributed.is_chief():
         history.save(history_path)

@@ -86,10 +86,10 @@ def test_a_native_run_counts_its_compilations_and_compiles_at_most_five(tmp_path
 
     monkeypatch.setenv("KBACKEND_CACHE_DIR", str(tmp_path))
     config = TrainConfig(engine="native", fused_steps=10, epochs=2, batch_size=64)  # 20 steps/epoch
-    first = train(config).history.extra["xla_programs"]
+    first = train(config).history.record.xla_programs
     assert 2 <= first["programs"] <= 5, first
     # The same run again in this process: every program is already built.
-    assert train(config).history.extra["xla_programs"]["programs"] <= first["programs"]
+    assert train(config).history.record.xla_programs["programs"] <= first["programs"]
 
 
 @pytest.mark.slow  # two fresh processes
@@ -99,7 +99,7 @@ def test_the_second_process_loads_the_runs_programs_from_the_cache(tmp_path):
     env.pop(COMPILE_CACHE_ENV, None)
     script = ("from kbackend.training import TrainConfig, train; import json; print(json.dumps("
               "train(TrainConfig(engine='native', fused_steps=10, epochs=1, batch_size=64))"
-              ".history.extra['xla_programs']))")
+              ".history.record.xla_programs))")
 
     def run() -> dict:
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,

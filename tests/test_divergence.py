@@ -14,8 +14,9 @@ import pytest
 
 from kbackend.config import TrainConfig
 from kbackend.engines import loop
+from kbackend.engines.plan import TrainPlan
 from kbackend.errors import ConfigError, Diverged
-from kbackend.history import History
+from kbackend.history import History, RunRecord
 from kbackend.optim import OptimizerSpec
 from tests.conftest import BACKEND
 
@@ -49,11 +50,11 @@ def test_diverging_train_exits_4_with_one_line_and_no_model(cli, tmp_path, engin
     assert not model_path.exists()
     assert [p.name for p in tmp_path.iterdir()] == ["history.json"]  # no temp file left
     history = _strict_json(history_path)
-    step = history["extra"]["diverged"]["step"]
+    step = history["record"]["diverged"]["step"]
     assert f"step {step}:" in lines[0]
     # Where the NaN showed first: usually the train loss; with TensorFlow's distributed fit the
     # losses can stay finite near 1e30 while the test loss is NaN (seen with TF 2.21).
-    seen_in = history["extra"]["diverged"]["seen_in"]
+    seen_in = history["record"]["diverged"]["seen_in"]
     if seen_in == "train_loss":
         assert history["loss"][step - 1] is None and f"/loss/{step - 1}" in history["non_finite"]
     else:
@@ -81,7 +82,7 @@ def test_record_mode_returns_the_history_and_saves_nothing(tmp_path):
     config = TrainConfig(engine="native", fused_steps=2, epochs=1, max_steps=8, batch_size=64,
                          optimizer=OptimizerSpec("sgd", 1e30), on_divergence="record")
     result = train(config, save=tmp_path / "m.keras")
-    diverged = result.history.extra["diverged"]
+    diverged = result.history.record.diverged
     assert not np.isfinite(result.history.loss[diverged["step"] - 1])
     assert not (tmp_path / "m.keras").exists()
 
@@ -97,7 +98,7 @@ class ScriptedTrainer:
     def __init__(self, nan_from: int) -> None:
         self.nan_from, self.steps_run, self.evaluations = nan_from, 0, 0
         self.trace_counts: dict[int, int] = {}
-        self.history_extra: dict = {}
+        self.run_record = RunRecord()
         self.unroll = False
 
     def put_epoch(self, rows):
@@ -131,10 +132,10 @@ class ScriptedTrainer:
 @pytest.mark.parametrize(("nan_from", "fused"), [(1, 1), (5, 1), (5, 4), (8, 4), (9, 4), (30, 7)])
 def test_loop_stops_one_call_after_the_diverging_call_at_most(nan_from, fused):
     config = TrainConfig(engine="native", batch_size=4, epochs=3, fused_steps=fused, eval_every=6)
-    plan = loop.Plan.of(config, n_train=80, fused_steps=fused)  # 20 steps per epoch, 60 in all
+    plan = TrainPlan.of(config, n_train=80)  # 20 steps per epoch, 60 in all
     trainer = ScriptedTrainer(nan_from)
     history = loop.run(trainer, plan, config, history=History())
-    assert history.extra["diverged"] == {"step": nan_from, "loss": "nan", "seen_in": "train_loss"}
+    assert history.record.diverged == {"step": nan_from, "loss": "nan", "seen_in": "train_loss"}
     diverging_call_end = -(-nan_from // fused) * fused
     assert nan_from <= trainer.steps_run <= diverging_call_end + fused
     assert all(e["step"] < nan_from for e in history.evals)  # nothing evaluated after it
@@ -143,6 +144,6 @@ def test_loop_stops_one_call_after_the_diverging_call_at_most(nan_from, fused):
 
 def test_loop_without_divergence_records_none():
     config = TrainConfig(engine="native", batch_size=4, epochs=2, fused_steps=3)
-    plan = loop.Plan.of(config, n_train=40, fused_steps=3)
+    plan = TrainPlan.of(config, n_train=40)
     history = loop.run(ScriptedTrainer(nan_from=10**9), plan, config, history=History())
-    assert "diverged" not in history.extra and history.steps_run == 20
+    assert history.record.diverged is None and history.steps_run == 20

@@ -76,6 +76,6 @@ def test_monitor_does_not_change_a_keras_engine_run():
     config = TrainConfig(epochs=2, batch_size=64, seed=1, jit_compile=JIT_FOR_SMALL_RUNS)
     plain = train(config).history
     monitored = train(replace(config, hardware_monitor=True)).history
-    assert "monitor" in monitored.extra and "monitor" not in plain.extra
+    assert monitored.record.monitor is not None and plain.record.monitor is None
     assert len(plain.loss) == len(monitored.loss) == 2 * 21  # 1294 samples: 21 batches per epoch
     np.testing.assert_allclose(monitored.loss, plain.loss, rtol=1e-6, atol=0)

@@ -107,7 +107,7 @@ def test_native_engine_with_monitor_counts_every_step():
 
     history = train(TrainConfig(engine="native", fused_steps=4, epochs=2, batch_size=64,
                                 hardware_monitor=True, jit_compile=JIT_FOR_SMALL_RUNS)).history
-    summary = history.extra["monitor"]
+    summary = history.record.monitor
     assert summary["steps"] == history.steps_run == 2 * 20  # 1294 // 64 full batches per epoch
     assert summary["verdict"] == "compute-bound"  # the data lives on the device
     assert history.best("val_accuracy") > 0.8
@@ -127,7 +127,7 @@ def test_keras_fit_with_hardware_monitor_stores_summary(tmp_path):
     result = train(TrainConfig(epochs=2, batch_size=64, hardware_monitor=True,
                                jit_compile=JIT_FOR_SMALL_RUNS),
                    history_path=tmp_path / "h.json")
-    summary = History.load(tmp_path / "h.json").extra["monitor"]
+    summary = History.load(tmp_path / "h.json").record.monitor
     assert summary["verdict"] in ("input-bound", "compute-bound")
     assert summary["steps"] == 2 * 21 - 1  # 1294 samples / 64 per batch = 21 steps per epoch
     assert 0.0 <= summary["input_wait_share"] <= 1.0

@@ -44,7 +44,7 @@ def run_native(model, dataset, spec, **config):
     """``native.train``; without XLA on TensorFlow unless the test asks (conftest's
     JIT_FOR_SMALL_RUNS: the XLA loop is compared with it in test_without_xla_the_loop_trains_the_same)."""
     config = TrainConfig(model="mlp", optimizer=spec, **{"jit_compile": JIT_FOR_SMALL_RUNS, **config})
-    return native.train(model, dataset, spec, config)
+    return native.train(model, dataset, native.plan_of(config, dataset, spec), config)
 
 
 def weights_of(model) -> list[np.ndarray]:
@@ -70,7 +70,7 @@ def test_native_matches_keras_train_steps(dataset, spec):
                                          return_dict=True)["loss"])
         for i in range(0, N_TRAIN, batch)
     ]
-    history = native.train(native_model, dataset, spec, config)
+    history = native.train(native_model, dataset, native.plan_of(config, dataset, spec), config)
     assert history.step == list(range(1, 21))
     # Float32 through ~40 layers of XLA-fused arithmetic, compiled differently by the two
     # engines (fusion, FMA contraction): agreement to ~1e-5 relative, far below any real change.
@@ -96,7 +96,7 @@ def test_one_compilation_per_call_length(dataset):
     # 320 / 32 = 10 steps per epoch, K = 4: calls of 4, 4, 2 every epoch -> two programs.
     history = run_native(toy_model(dataset), dataset, OptimizerSpec("sgd", 0.1),
                          batch_size=32, epochs=3, fused_steps=4, jit_compile=True)
-    assert history.extra["trace_counts"] == {"4": 1, "2": 1}
+    assert history.record.trace_counts == {"4": 1, "2": 1}
     assert history.steps_run == 30 and history.timing["compile_time"] > 0
 
 
@@ -142,7 +142,8 @@ def test_history_format_and_eval_schedule(dataset):
     spec = OptimizerSpec("sgd", 0.1)
     config = TrainConfig(model="mlp", optimizer=spec, batch_size=32, epochs=2, fused_steps=2,
                          eval_every=5)
-    history = native.train(toy_model(dataset), dataset, spec, config, reporter)
+    history = native.train(toy_model(dataset), dataset, native.plan_of(config, dataset, spec),
+                           config, reporter)
     # Calls end at steps 2, 4, 6, ...: validation runs after the first call passing 5, 10, ...
     assert [e["step"] for e in history.evals] == [6, 10, 16, 20]
     assert [c[0] for c in reporter.calls] == [1, 1, 2, 2] and reporter.calls[0][1] == 2
@@ -158,14 +159,14 @@ def test_target_and_max_steps_stop_the_run(dataset):
     history = run_native(toy_model(dataset), dataset, OptimizerSpec("adam", 1e-2),
                          batch_size=32, epochs=50, fused_steps=5,
                          target=Target("val_accuracy", 0.6))
-    reached = history.extra["target_reached"]
+    reached = history.record.target_reached
     assert reached["epoch"] < 50 and history.evals[-1]["val_accuracy"] >= 0.6
     assert reached["step"] == history.steps_run
     capped = run_native(toy_model(dataset), dataset, OptimizerSpec("sgd", 0.1), batch_size=32,
                         epochs=5, fused_steps=4, max_steps=13)
     assert capped.steps_run == 13 and capped.evals[-1]["step"] == 13
     # Epoch 1: calls of 4, 4, 2; epoch 2: 3 (cut short by max_steps).
-    assert capped.extra["trace_counts"] == {"4": 1, "2": 1, "3": 1}
+    assert capped.record.trace_counts == {"4": 1, "2": 1, "3": 1}
 
 
 def test_early_stopping_restores_best(dataset):
@@ -173,7 +174,7 @@ def test_early_stopping_restores_best(dataset):
     model = toy_model(dataset)
     history = run_native(model, dataset, OptimizerSpec("sgd", 3.0), batch_size=32, epochs=30,
                          early_stopping=2, monitor="val_loss")
-    assert history.stopped_early and history.extra["epochs_run"] < 30
+    assert history.stopped_early and history.record.epochs_run < 30
     best = min(e["val_loss"] for e in history.evals)
     loss, _ = model.evaluate(dataset.x_val, dataset.y_val, verbose=0)
     assert loss == pytest.approx(best, rel=1e-4)
@@ -246,8 +247,8 @@ def test_fused_steps_auto_picks_a_measured_k(dataset):
         np.testing.assert_array_equal(got, want)  # the probe trains a clone
     history = run_native(model, dataset, OptimizerSpec("sgd", 0.1), batch_size=32, epochs=1,
                          fused_steps=0)
-    probe = history.extra["fused_steps_probe"]
-    assert history.extra["fused_steps"] == int(min(probe["us_per_step"],
+    probe = history.record.fused_steps_probe
+    assert history.record.fused_steps == int(min(probe["us_per_step"],
                                                    key=probe["us_per_step"].get))
     assert history.steps_run == 10
 
@@ -304,11 +305,11 @@ def test_conv_models_unroll_their_steps_on_a_cpu_and_train_the_same(dataset, mon
 
     monkeypatch.setattr(loop, "MAX_UNROLLED_STEPS", 2)
     fused, single = run(4), run(1)
-    assert fused.history.extra["unrolled_loop"] is True
-    assert single.history.extra["unrolled_loop"] is True
-    assert fused.history.extra["fused_steps"] == 2 and fused.history.extra["fused_steps_asked"] == 4
-    assert set(fused.history.extra["trace_counts"]) == {"2"}
-    assert "fused_steps_asked" not in single.history.extra
+    assert fused.history.record.unrolled_loop is True
+    assert single.history.record.unrolled_loop is True
+    assert fused.history.record.fused_steps == 2 and fused.history.record.fused_steps_asked == 4
+    assert set(fused.history.record.trace_counts) == {"2"}
+    assert single.history.record.fused_steps_asked is None
     monkeypatch.undo()
     assert len(fused.history.loss) == 4
     np.testing.assert_allclose(fused.history.loss, single.history.loss, rtol=1e-5)
@@ -316,7 +317,7 @@ def test_conv_models_unroll_their_steps_on_a_cpu_and_train_the_same(dataset, mon
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     mlp = toy_model(dataset)  # no convolution: the loop stays a loop
     trainer = impl().native_trainer(mlp, OptimizerSpec("sgd", 0.1), dataset)
-    assert trainer.history_extra["unrolled_loop"] is False
+    assert trainer.run_record.unrolled_loop is False
     # ``--fused-steps auto`` tries no more than MAX_UNROLLED_STEPS copies of an unrolled step.
     assert native.probe_candidates(fused.model) == (1, 8)
     assert native.probe_candidates(mlp) == native.PROBE_CANDIDATES
@@ -361,9 +362,9 @@ def test_without_xla_the_loop_trains_the_same(dataset):
     without.set_weights(with_xla.get_weights())
     a = run_native(with_xla, dataset, spec, batch_size=32, epochs=2, fused_steps=5, jit_compile=True)
     b = run_native(without, dataset, spec, batch_size=32, epochs=2, fused_steps=5, jit_compile=False)
-    assert a.extra["xla"] is True and b.extra["xla"] is (BACKEND == "jax")
+    assert a.record.xla is True and b.record.xla is (BACKEND == "jax")
     if BACKEND == "tensorflow":
-        assert a.extra["xla_programs"]["programs"] > 0 and b.extra["xla_programs"]["programs"] == 0
+        assert a.record.xla_programs["programs"] > 0 and b.record.xla_programs["programs"] == 0
     assert a.step == b.step == list(range(1, 21))
     np.testing.assert_allclose(b.loss, a.loss, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose([e["val_loss"] for e in b.evals], [e["val_loss"] for e in a.evals],

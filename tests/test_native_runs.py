@@ -45,8 +45,8 @@ def config_for(name, rate, seed, **overrides):
 
 def assert_same_run(reused, fresh):
     assert reused.steps_run == fresh.steps_run
-    assert reused.extra.get("target_reached", {}).get("step") == \
-        fresh.extra.get("target_reached", {}).get("step")
+    assert (reused.record.target_reached or {}).get("step") == \
+        (fresh.record.target_reached or {}).get("step")
     np.testing.assert_allclose(reused.loss, fresh.loss, rtol=LOSS_RTOL)
     np.testing.assert_allclose([e["val_accuracy"] for e in reused.evals],
                                [e["val_accuracy"] for e in fresh.evals], rtol=LOSS_RTOL)
@@ -70,7 +70,7 @@ def test_reused_runs_equal_fresh_runs_and_compile_once(dataset, optimizer, rates
     assert runs.trainers_built == 1
     assert reused[0].timing["compile_time"] > 0
     assert reused[1].timing["compile_time"] == 0.0 == reused[2].timing["compile_time"]
-    assert sum(reused[-1].extra["trace_counts"].values()) == 1  # one program for three runs
+    assert sum(reused[-1].record.trace_counts.values()) == 1  # one program for three runs
     # Negative controls: the reset took the new rate and weights.
     first, other = np.asarray(reused[0].loss), np.asarray(reused[1].loss)
     length = min(first.size, other.size)

@@ -72,7 +72,7 @@ def test_data_parallel_engine_on_one_device_trains_like_native():
                                  model_options=ModelOptions(widths=(16,), l2=1e-3)))
 
     native, parallel = run("native"), run("data_parallel")
-    assert parallel.history.extra["engine"] == "data_parallel"
+    assert parallel.history.record.engine == "data_parallel"
     np.testing.assert_allclose(parallel.history.loss, native.history.loss, rtol=1e-5, atol=1e-6)
     for a, b in zip(native.model.get_weights(), parallel.model.get_weights(), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from kbackend.errors import ConfigError
+from kbackend.history import RunRecord
 from kbackend.optim import OptimizerSpec
 from tests.conftest import BACKEND
 
@@ -166,7 +167,7 @@ def test_engine_on_4_devices_matches_1_device(dp_impl):
         return train(config)
 
     one, four = run(1), run(4)
-    assert four.history.extra["devices"] == 4 and four.history.extra["per_device_batch"] == 16
+    assert four.history.record.devices == 4 and four.history.record.per_device_batch == 16
     assert one.history.step == four.history.step
     np.testing.assert_allclose(four.history.loss, one.history.loss, rtol=1e-4, atol=1e-5)
     for a, b in zip(one.model.get_weights(), four.model.get_weights(), strict=True):
@@ -187,7 +188,7 @@ def test_keras_fit_data_parallel_matches_single_device(devices, batch_norm):
     single_config = config()
     single = train(single_config, dataset=whole_batches(load_dataset(single_config), 64))
     multi = train(config(devices=devices, data_parallel=True))
-    assert multi.history.extra["devices"] == devices
+    assert multi.history.record.devices == devices
     np.testing.assert_allclose(multi.history.loss, single.history.loss, rtol=1e-4, atol=1e-5)
     for a, b in zip(single.model.get_weights(), multi.model.get_weights(), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
@@ -214,14 +215,14 @@ def test_data_parallel_engine_runs_the_native_driver():
                                  **fields)).history
 
     single, multi = run(engine="native"), run(engine="data_parallel", devices=2)
-    assert multi.extra["engine"] == "data_parallel" and multi.extra["devices"] == 2
+    assert multi.record.engine == "data_parallel" and multi.record.devices == 2
     assert multi.step == single.step
     np.testing.assert_allclose(multi.loss, single.loss, rtol=1e-4, atol=1e-5)
     assert [e["step"] for e in multi.evals] == [e["step"] for e in single.evals]
     np.testing.assert_allclose([e["val_loss"] for e in multi.evals],
                                [e["val_loss"] for e in single.evals], rtol=1e-4, atol=1e-5)
     assert multi.stopped_early == single.stopped_early
-    assert set(multi.extra["trace_counts"]) == set(single.extra["trace_counts"])
+    assert set(multi.record.trace_counts) == set(single.record.trace_counts)
     assert multi.timing["compile_time"] > 0
 
 
@@ -246,7 +247,7 @@ def test_a_conv_models_fused_steps_are_written_out_on_a_cpu():
                                  optimizer=OptimizerSpec("momentum", 0.05)))
 
     fused, single = run(2), run(1)
-    assert fused.history.extra["unrolled_loop"] is True
+    assert fused.history.record.unrolled_loop is True
     np.testing.assert_allclose(fused.history.loss, single.history.loss, rtol=1e-5)
     for a, b in zip(single.model.get_weights(), fused.model.get_weights(), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
@@ -358,15 +359,15 @@ def test_tf_replica_pass_is_xla_compiled_without_batch_norm():
     from kbackend.models import ModelOptions
     from kbackend.training import TrainConfig, train
 
-    def extra(batch_norm: bool) -> dict:
+    def record(batch_norm: bool) -> RunRecord:
         return train(TrainConfig(model="mlp", engine="data_parallel", devices=2, batch_size=32,
                                  epochs=1, fused_steps=4, max_steps=8,
                                  model_options=ModelOptions(widths=(8,), batch_norm=batch_norm))
-                     ).history.extra
+                     ).history.record
 
-    plain, normed = extra(False), extra(True)
-    assert plain["replica_xla"] is True and normed["replica_xla"] is False
-    assert plain["dp_impl"] == "MirroredStrategy" and plain["devices"] == 2
+    plain, normed = record(False), record(True)
+    assert plain.replica_xla is True and normed.replica_xla is False
+    assert plain.dp_impl == "MirroredStrategy" and plain.devices == 2
 
 
 @pytest.mark.parametrize("loss", ["huber", "binary_logits"])
@@ -403,7 +404,7 @@ def test_a_user_models_loss_trains_the_same_on_4_devices(tmp_path, loss, engine)
         return train(config)
 
     one, four = run(1), run(4)
-    assert four.history.extra.get("devices") == 4
+    assert four.history.record.devices == 4
     assert one.config.task == four.config.task and one.config.task.source == "compiled"
     np.testing.assert_allclose(four.history.loss, one.history.loss, rtol=1e-4, atol=1e-5)
     for a, b in zip(one.model.get_weights(), four.model.get_weights(), strict=True):

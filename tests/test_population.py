@@ -41,7 +41,7 @@ def members(dataset, plans, optimizer="adam", **overrides):
 def assert_same_run(member, alone):
     assert member.steps_run == alone.steps_run
     def target_step(history):
-        return history.extra.get("target_reached", {}).get("step")
+        return (history.record.target_reached or {}).get("step")
 
     assert target_step(member) == target_step(alone)
     np.testing.assert_allclose(member.loss, alone.loss, rtol=LOSS_RTOL)
@@ -64,11 +64,11 @@ def test_each_member_equals_its_run_alone(dataset, runs):
         assert_same_run(member, single)
     # Members stop at their own targets: the runs do not all stop at one step.
     assert len({h.steps_run for h in population}) > 1
-    assert any("target_reached" in h.extra for h in population)
-    assert [h.extra["population"] for h in population] == [
+    assert any(h.record.target_reached is not None for h in population)
+    assert [h.record.population for h in population] == [
         {"members": 4, "index": i} for i in range(4)]
     # One program for the population: its call length compiled once.
-    assert sum(population[0].extra["trace_counts"].values()) == 1
+    assert sum(population[0].record.trace_counts.values()) == 1
 
 
 @needs_jax
@@ -77,8 +77,8 @@ def test_a_diverged_member_stops_alone(dataset, runs):
     configs, values = members(dataset, plans, "sgd")
     healthy, diverged = runs.train_population(configs, values)
     alone = runs.train(configs[1], values[1])
-    assert diverged.extra["diverged"]["step"] == alone.extra["diverged"]["step"] == 2
-    assert "diverged" not in healthy.extra
+    assert diverged.record.diverged["step"] == alone.record.diverged["step"] == 2
+    assert healthy.record.diverged is None
     assert diverged.steps_run == 5 < healthy.steps_run  # stopped at the end of its first call
     assert np.isfinite(healthy.test["test_loss"]) and np.isfinite(healthy.loss).all()
 

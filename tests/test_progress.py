@@ -26,7 +26,8 @@ def train_with(live):
     dataset = toy_dataset()
     config = TrainConfig(model="mlp", batch_size=8, epochs=2, engine="native", fused_steps=4,
                          eval_every=20)
-    return native.train(toy_model(dataset), dataset, OptimizerSpec("sgd", 0.05), config, live)
+    plan = native.plan_of(config, dataset, OptimizerSpec("sgd", 0.05))
+    return native.train(toy_model(dataset), dataset, plan, config, live)
 
 
 def test_a_terminal_gets_a_live_line_between_evaluations():

@@ -29,7 +29,7 @@ def test_target_stops_at_the_first_evaluation_past_it(tmp_path, capsys):
     reached = [e for e in evals if e["val_accuracy"] >= 0.9]
     assert reached and evals[-1]["step"] == reached[0]["step"]
     assert all(e["val_accuracy"] < 0.9 for e in evals[:-1])
-    assert history["extra"]["target_reached"]["step"] == evals[-1]["step"]
+    assert history["record"]["target_reached"]["step"] == evals[-1]["step"]
     assert evals[-1]["step"] < 20 * (1294 // 32)  # stopped long before the epochs ran out
     assert f"reached at step {evals[-1]['step']}" in out
 
@@ -37,7 +37,7 @@ def test_target_stops_at_the_first_evaluation_past_it(tmp_path, capsys):
 def test_target_on_val_loss_and_not_reached(tmp_path, capsys):
     history, out = train_json(tmp_path, capsys, "--engine", "native", "--epochs", "1",
                               "--target", "1e-6", "--target-metric", "val_loss")
-    assert "target_reached" not in history["extra"]
+    assert "target_reached" not in history["record"]
     assert "target val_loss <= 1e-06: not reached" in out
 
 

@@ -50,7 +50,7 @@ def test_early_stopping_stops_and_restores_best():
                          jit_compile=JIT_FOR_SMALL_RUNS,
                          optimizer=OptimizerSpec("adam", 0.01))
     history = train(config).history
-    assert history.stopped_early and history.extra["epochs_run"] < 40
+    assert history.stopped_early and history.record.epochs_run < 40
 
 
 @pytest.mark.parametrize("schedule", ["cosine", "exponential"])
@@ -99,7 +99,7 @@ def test_target_stops_training_and_records_when_reached():
     config = TrainConfig(epochs=30, batch_size=32, target=Target("val_accuracy", 0.85),
                          jit_compile=JIT_FOR_SMALL_RUNS)
     history = train(config).history
-    reached = history.extra["target_reached"]
+    reached = history.record.target_reached
     assert reached["epoch"] < 30 and history.evals[-1]["val_accuracy"] >= 0.85
     assert reached["train_time"] <= history.timing["train_time"] + 1e-9
 

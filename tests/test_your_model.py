@@ -82,7 +82,7 @@ def test_each_loss_family_trains_as_keras_trains_it(family):
     keras_losses = [float(keras_model.train_on_batch(
         data.x_train[i:i + batch], data.y_train[i:i + batch], return_dict=True)["loss"])
         for i in range(0, len(data.x_train) - batch + 1, batch)]
-    history = native.train(native_model, data, spec, config)
+    history = native.train(native_model, data, native.plan_of(config, data, spec), config)
     np.testing.assert_allclose(history.loss, keras_losses, rtol=2e-5, atol=1e-6)
     metric = f"val_{task.metric}"
     assert set(history.evals[-1]) >= {"val_loss", metric}
@@ -135,7 +135,7 @@ def test_a_target_on_a_regression_error_stops_there(tmp_path):
             "    m.compile('adam', loss='mse', metrics=['mae'])\n"
             "    return m\n")
         result = train(config)
-        reached = result.history.extra["target_reached"]
+        reached = result.history.record.target_reached
         assert result.history.stopped_early
         assert result.history.evals[-1]["val_mae"] <= 0.6
         assert reached["step"] == result.history.evals[-1]["step"]

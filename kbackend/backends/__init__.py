@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from kbackend.backend_choice import framework_import, selected_backend
+from kbackend.history import RunRecord
 
 _PACKAGES = {"jax": "kbackend.backends.jax", "tensorflow": "kbackend.backends.tensorflow"}
 
@@ -34,13 +35,13 @@ class Trainer(Protocol):
     ``fetch`` waits for. ``evaluate`` returns (validation loss, validation accuracy);
     ``snapshot``/``restore`` copy the model's values (for early stopping); ``finish`` writes the
     trained values back into the Keras model. ``trace_counts`` counts compilations per call
-    length; ``history_extra`` holds what the trainer adds to ``history.extra``. ``unroll``:
+    length; ``run_record`` holds what the trainer adds to the history's ``RunRecord``. ``unroll``:
     whether a call's K steps are written out one after another (conv models on a CPU,
     ``capabilities.unrolls_its_loop``), so that its program holds K copies of the step.
     """
 
     trace_counts: dict[int, int]
-    history_extra: dict[str, Any]
+    run_record: RunRecord
     unroll: bool
 
     def put_epoch(self, rows: np.ndarray) -> Any: ...

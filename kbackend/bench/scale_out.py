@@ -22,7 +22,6 @@ splitting and all-reducing cost, NOT a speed-up, and say so.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -36,6 +35,7 @@ import numpy as np
 from kbackend.bench.spec import Benchmark, Rows, Settings
 from kbackend.data import load
 from kbackend.errors import DataError
+from kbackend.history import History
 from kbackend.reports import markdown_table
 
 CONFIGS = ("1 process", "2 processes", "2 devices")
@@ -83,14 +83,14 @@ def _run(config: str, dataset: str, fused: int, folder: Path) -> dict[str, Any]:
     if done.returncode != 0:
         return {"config": config, "note": f"failed (exit {done.returncode}): "
                 + (done.stderr.strip().splitlines() or ["no output"])[-1][:200]}
-    history = json.loads((folder / "history.json").read_text())
-    timing, extra = history["timing"], history["extra"]
+    history = History.load(folder / "history.json")
+    timing, record = history.timing, history.record
     train_s = (timing.get("train_time") or 0.0) - (timing.get("compile_time") or 0.0)
-    steps = len(history["loss"])
+    steps = len(history.loss)
     return {"config": config, "steps": steps, "steps_per_s": steps / train_s if train_s else None,
             "wall_s": wall, "compile_s": timing.get("compile_time"),
-            "processes": extra.get("processes", 1), "devices": extra.get("devices", 1),
-            "test_accuracy": history["test"].get("test_accuracy"), "model": folder / "model.keras"}
+            "processes": record.processes or 1, "devices": record.devices or 1,
+            "test_accuracy": history.test.get("test_accuracy"), "model": folder / "model.keras"}
 
 
 def measure_scale_out(settings: Settings) -> Rows:

@@ -48,6 +48,7 @@ from kbackend.backend_choice import selected_backend
 from kbackend.bench.spec import Benchmark, Rows, Settings
 from kbackend.data import load
 from kbackend.errors import DataError
+from kbackend.history import History
 from kbackend.reports import markdown_table
 
 # How often to validate. Every validation costs E seconds; validating every n steps finds the
@@ -155,16 +156,16 @@ def _kbackend_side(dataset_name: str, target: float, recipe: dict[str, Any], epo
             "--fused-steps", str(recipe["fused_steps"]), "--eval-every", str(recipe["eval_every"]),
             "--epochs", str(epochs), "--target", str(target), "--history", str(history_path)]
     seconds, _ = _timed_process(argv, env)
-    history = json.loads(history_path.read_text())
-    timing, extra = history["timing"], history["extra"]
+    history = History.load(history_path)
+    timing, reached = history.timing, history.record.target_reached
     train_s = timing.get("train_time") or 0.0
     compile_s = timing.get("compile_time") or 0.0
     return {"side": "kbackend", "cache": cache, "wall_s": seconds,
             "compile_s": compile_s, "train_s": train_s - compile_s,
             "eval_s": timing.get("eval_time"), "engine_wall_s": timing.get("wall_time"),
-            "reached": "target_reached" in extra,
-            "steps": (extra.get("target_reached") or {}).get("step"),
-            "test_accuracy": history["test"].get("test_accuracy")}
+            "reached": reached is not None,
+            "steps": (reached or {}).get("step"),
+            "test_accuracy": history.test.get("test_accuracy")}
 
 
 # Commands a user runs before any training: whole processes, timed with the rest.

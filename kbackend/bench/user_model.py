@@ -216,7 +216,7 @@ def run_to_target(runs: Runs, values: Any, task: Task, dataset: Any, plan: Any, 
         fused_steps=plan.fused_steps, target=TWIN_TARGET, seed=seed,
         model_options=ModelOptions(seed=seed), on_divergence="record", task=task)
     history = runs.train(config, values)
-    reached = history.extra.get("target_reached")
+    reached = history.record.target_reached
     return (int(reached["step"]) if reached else None), history.timing["train_time"]
 
 

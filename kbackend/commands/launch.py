@@ -37,7 +37,6 @@ from kbackend.backend_choice import selected_backend
 from kbackend.backends.cluster import free_ports, worker_environments
 from kbackend.commands import LAUNCHER_PID_ENV, OneLineErrorParser, bound_integer_flags
 from kbackend.commands import train as train_command
-from kbackend.config import check_run
 from kbackend.engines import get_engine
 from kbackend.errors import ConfigError
 from kbackend.models import check_model_fits
@@ -109,7 +108,7 @@ def check_train_args(train_args: list[str], num_processes: int, coordinator: str
     dataset = load_dataset(config)
     # Devices per process are known only once a process starts its backend: one here, so the
     # split over the processes is checked (each process checks its devices again).
-    check_run(config, len(dataset.x_train), get_engine(distributed.engine_name(config)))
+    get_engine(distributed.engine_name(config)).plan(config, len(dataset.x_train))  # checks
     check_model_fits(config.model, dataset.info, config.model_options)
 
 

@@ -267,15 +267,16 @@ def run(args: argparse.Namespace) -> int:
         f"{info.num_test} test), {config.optimizer.name} lr={config.optimizer.learning_rate:g}, "
         f"batch {config.batch_size}, engine {engine_name(config)}, backend {active_backend()}"
     )
-    if "fused_steps" in history.extra:  # the native engines: K, and how it was chosen
-        probe = history.extra.get("fused_steps_probe")
+    record = history.record
+    if record.fused_steps is not None:  # the native engines: K, and how it was chosen
+        probe = record.fused_steps_probe
         how = "" if probe is None else (" (auto: stored probe)" if probe.get("cached")
                                         else f" (auto: measured in {probe['seconds']:.1f}s)")
-        if "fused_steps_asked" in history.extra:
-            how = (f" (asked {history.extra['fused_steps_asked']}: this model's steps are "
+        if record.fused_steps_asked is not None:
+            how = (f" (asked {record.fused_steps_asked}: this model's steps are "
                    "written out one after another here, so a call holds at most "
-                   f"{history.extra['fused_steps']})")
-        print(f"fused steps K={history.extra['fused_steps']}{how}")
+                   f"{record.fused_steps})")
+        print(f"fused steps K={record.fused_steps}{how}")
     best = history.best(metric)
     last = history.evals[-1] if history.evals else {}
     compile_time = history.timing.get("compile_time")
@@ -292,12 +293,12 @@ def run(args: argparse.Namespace) -> int:
     if config.target is not None:
         target = config.target
         relation = ">=" if target.direction == "max" else "<="
-        reached = history.extra.get("target_reached")
+        reached = record.target_reached
         print(f"target {target.metric} {relation} {target.value:g}: " + (
             f"reached at step {reached['step']} (train_time {reached['train_time']:.2f}s)"
             if reached else f"not reached in {history.steps_run} steps"))
-    if "monitor" in history.extra:
-        print(format_summary(history.extra["monitor"]))
+    if record.monitor is not None:
+        print(format_summary(record.monitor))
 
     if args.save and is_chief():  # in a multi-process job only process 0 writes
         print(f"saved model to {args.save}")

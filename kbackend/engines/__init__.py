@@ -1,8 +1,10 @@
 """Engines: how training steps run. Every engine takes the same inputs and returns a ``History``.
 
-An engine's ``train(model, dataset, spec, config, reporter) -> History`` trains ``model`` in
-place (the trained values end up in the Keras model's variables). All engines are registered in
-``ENGINES``, the one table; the native ones share ``kbackend.engines.loop``.
+An engine's ``train(model, dataset, plan, config, reporter) -> History`` trains ``model`` in
+place (the trained values end up in the Keras model's variables) as its ``TrainPlan`` says
+(``Engine.plan``: built once, after the checks; the optimizer spec with its schedule length is
+the plan's). All engines are registered in ``ENGINES``, the one table; the native ones share
+``kbackend.engines.loop``.
 """
 
 from __future__ import annotations
@@ -11,10 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kbackend.config import TrainConfig, check_run
 from kbackend.data import batching
 from kbackend.engines import data_parallel, keras_data_parallel, keras_fit, native
+from kbackend.engines.plan import TrainPlan
 from kbackend.errors import ConfigError
 from kbackend.history import History
+from kbackend.optim import OptimizerSpec
 
 
 @dataclass(frozen=True)
@@ -29,8 +34,17 @@ class Engine:
     fuses_steps: bool
 
     def __call__(self, *args: Any, **kwargs: Any) -> History:
-        """Train: ``train(model, dataset, spec, config, reporter)``."""
+        """Train: ``train(model, dataset, plan, config, reporter)``."""
         return self.train(*args, **kwargs)
+
+    def plan(self, config: TrainConfig, n_train: int, devices: int = 1, *,
+             optimizer: OptimizerSpec | None = None) -> TrainPlan:
+        """The plan of ``config`` on ``n_train`` samples over ``devices`` devices with this
+        engine, after every check that needs the data and the engine (``config.check_run``).
+        ``optimizer`` replaces ``config.optimizer``."""
+        check_run(config, n_train, self, devices)
+        return TrainPlan.of(config, n_train, drops_last_batch=self.drops_last_batch,
+                            devices=devices, optimizer=optimizer)
 
     def steps_per_epoch(self, n_train: int, batch_size: int) -> int:
         """The optimizer steps one epoch of ``n_train`` samples takes with this engine."""

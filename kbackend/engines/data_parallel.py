@@ -11,30 +11,36 @@ from typing import Any
 
 from kbackend import distributed
 from kbackend.backends import impl
+from kbackend.config import TrainConfig
 from kbackend.engines import loop
 from kbackend.engines.keras_fit import compile_model
+from kbackend.engines.plan import TrainPlan
 from kbackend.errors import ConfigError
 from kbackend.history import History
 
 
-def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None) -> History:
-    """Train ``model`` data parallel over ``config.devices`` devices; return the history."""
-    return distributed.run_guarded(_train, model, dataset, spec, config, reporter)
+def train(model: Any, dataset: Any, plan: TrainPlan, config: TrainConfig,
+          reporter: Any = None) -> History:
+    """Train ``model`` data parallel over ``plan.devices`` devices; return the history."""
+    return distributed.run_guarded(_train, model, dataset, plan, config, reporter)
 
 
-def _train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None) -> History:
-    if config.fused_steps == 0:
+def _train(model: Any, dataset: Any, plan: TrainPlan, config: TrainConfig,
+           reporter: Any = None) -> History:
+    if plan.fused_steps == 0:
         # The probe measures one device, and each process would pick its own K: the processes'
         # compiled programs (and their collectives) must match.
         raise ConfigError("--fused-steps auto is single-device only: pass a number of fused "
                           "steps with --engine data_parallel.")
-    count = distributed.device_count(config)  # the batch split was checked by config.check_run
-    plan = loop.Plan.of(config, len(dataset.x_train), config.fused_steps)
-    spec = spec.with_total_steps(plan.steps_per_epoch * config.epochs)
+    spec = plan.optimizer
     compile_model(model, spec, config)  # for evaluate/predict/save afterwards
-    trainer = impl().data_parallel_trainer(model, spec, dataset, devices=count,
-                                           batch_size=config.batch_size, dp_impl=config.dp_impl,
+    trainer = impl().data_parallel_trainer(model, spec, dataset, devices=plan.devices,
+                                           batch_size=plan.batch_size, dp_impl=config.dp_impl,
                                            task=config.task)
     history = History()
-    history.extra.update(engine="native", decay_steps=spec.decay_steps)
+    record = history.record
+    record.engine, record.decay_steps = "native", spec.decay_steps
+    # the batch split checked by config.check_run, as the plan holds it
+    record.devices, record.per_device_batch = plan.devices, plan.per_device_batch
+    record.processes = plan.processes
     return loop.run(trainer, plan, config, reporter, history=history)

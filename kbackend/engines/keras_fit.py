@@ -1,7 +1,7 @@
 """The Keras ``fit`` engine: ``model.compile`` + ``model.fit`` with a recording callback.
 
 The callback also stops ``fit`` at the first non-finite train loss (as ``keras.callbacks
-.TerminateOnNaN`` does) and records it in ``history.extra["diverged"]``; raising is
+.TerminateOnNaN`` does) and records it in ``history.record.diverged``; raising is
 ``kbackend.training.train``'s decision, as for the native engines.
 """
 
@@ -13,7 +13,8 @@ from typing import Any
 
 from kbackend.backend_choice import keras as import_keras
 from kbackend.backends import impl
-from kbackend.data import batching
+from kbackend.config import TrainConfig
+from kbackend.engines.plan import TrainPlan
 from kbackend.hardware.inputs import monitored_batches
 from kbackend.hardware.monitor import StepMonitor, keras_callback
 from kbackend.history import History
@@ -74,8 +75,8 @@ def _recorder_class() -> Any:
             if not math.isfinite(running_mean):
                 # With steps_per_execution > 1 this is the execution's last step: Keras reports
                 # no finer loss.
-                self.history.extra["diverged"] = {"step": step, "loss": str(interval_loss),
-                                                 "seen_in": "train_loss"}
+                self.history.record.diverged = {"step": step, "loss": str(interval_loss),
+                                                "seen_in": "train_loss"}
                 self.model.stop_training = True
             if self.max_steps and step >= self.max_steps:
                 self.model.stop_training = True
@@ -87,7 +88,7 @@ def _recorder_class() -> Any:
             self.eval_time += time.perf_counter() - self.test_start
 
         def on_epoch_end(self, epoch, logs=None):
-            if "diverged" in self.history.extra:
+            if self.history.record.diverged is not None:
                 return  # Keras validated the diverged weights anyway; nothing to record
             logs = logs or {}
             # The last step run, not the epoch boundary: max_steps can stop an epoch early.
@@ -100,9 +101,10 @@ def _recorder_class() -> Any:
                     record["train_" + key] = float(value)
             self.history.record_eval(**record)
             if self.target is not None and self.target.reached(record) and \
-                    "target_reached" not in self.history.extra:
-                self.history.extra["target_reached"] = {"step": record["step"], "epoch": epoch + 1,
-                                                        "train_time": record["train_time"]}
+                    self.history.record.target_reached is None:
+                self.history.record.target_reached = {
+                    "step": record["step"], "epoch": epoch + 1,
+                    "train_time": record["train_time"]}
                 self.model.stop_training = True
             if self.reporter is not None:
                 self.reporter.epoch_end(epoch + 1, self.epochs, record)
@@ -138,19 +140,22 @@ def _keras_metric(task: Any) -> Any:
                                            name=task.metric)
 
 
-def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None) -> History:
-    """Train ``model`` with ``model.fit`` and return the history in kbackend's format."""
+def train(model: Any, dataset: Any, plan: TrainPlan, config: TrainConfig,
+          reporter: Any = None) -> History:
+    """Train ``model`` with ``model.fit`` as ``plan`` says (one step per batch, the last batch
+    of each epoch partial) and return the history in kbackend's format."""
     keras = import_keras()
-    n_train = len(dataset.x_train)
-    steps_per_epoch = batching.steps_per_epoch_keeping_last(n_train, config.batch_size)
-    batch_sizes = [config.batch_size] * (n_train // config.batch_size)
-    if n_train % config.batch_size:
-        batch_sizes.append(n_train % config.batch_size)
-    compile_model(model, spec, config)
+    batch = plan.batch_size
+    batch_sizes = [batch] * (plan.n_train // batch)
+    if plan.n_train % batch:
+        batch_sizes.append(plan.n_train % batch)
+    compile_model(model, plan.optimizer, config)
     history = History()
-    callbacks = [_recorder_class()(history, batch_sizes, steps_per_epoch,
-                                   config.steps_per_execution, reporter, config.epochs,
-                                   config.max_steps, config.target)]
+    # fit stops at max_steps (its epochs cannot): the plan's budget
+    budget = plan.total_steps if config.max_steps else 0
+    callbacks = [_recorder_class()(history, batch_sizes, plan.steps_per_epoch,
+                                   config.steps_per_execution, reporter, plan.epochs,
+                                   budget, config.target)]
     if config.early_stopping:
         callbacks.append(keras.callbacks.EarlyStopping(
             monitor=config.monitor, patience=config.early_stopping, restore_best_weights=True,
@@ -159,22 +164,23 @@ def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None
     # One batch source, monitored or not, in kbackend.data.batching's order: turning the monitor
     # on does not change the batches (Keras's own shuffle would differ, and by backend).
     monitor = None
-    if getattr(config, "hardware_monitor", False):
+    if config.hardware_monitor:
         monitor = StepMonitor()
-        callbacks.append(keras_callback(monitor, config.batch_size, config.steps_per_execution))
-    source = monitored_batches(dataset.x_train, dataset.y_train, config.batch_size,
+        callbacks.append(keras_callback(monitor, batch, config.steps_per_execution))
+    source = monitored_batches(dataset.x_train, dataset.y_train, batch,
                                monitor=monitor, seed=config.seed, shuffle=config.shuffle)
     callbacks.append(source.epoch_callback())
     inputs = {"x": source, "shuffle": False}  # the source's order, not shuffled again by fit
     fit_history = model.fit(
-        **inputs, epochs=config.epochs,
+        **inputs, epochs=plan.epochs,
         validation_data=(dataset.x_val, dataset.y_val), callbacks=callbacks,
         verbose=0,
     )
     if monitor is not None:
-        history.extra["monitor"] = monitor.stop()
-    history.stopped_early = (len(fit_history.epoch) < config.epochs and not config.max_steps
-                             and "diverged" not in history.extra)
-    history.extra["epochs_run"] = len(fit_history.epoch)
-    history.extra["losses_are_execution_means"] = config.steps_per_execution > 1
+        history.record.monitor = monitor.stop()
+    history.stopped_early = (len(fit_history.epoch) < plan.epochs and not config.max_steps
+                             and history.record.diverged is None)
+    history.record.epochs_run = len(fit_history.epoch)
+    history.record.steps_per_epoch = plan.steps_per_epoch
+    history.record.losses_are_execution_means = config.steps_per_execution > 1
     return history

@@ -1,47 +1,60 @@
 """The one epoch loop of the native engines: fused calls, evaluation points, targets, stopping.
 
 Every engine that drives its own compiled calls (``native``, ``data_parallel``) hands a
-``Trainer`` (the protocol in ``kbackend.backends``) to ``run``; the Keras ``fit`` engines use
-Keras's loop. How a run goes:
+``Trainer`` (the protocol in ``kbackend.backends``) and its ``TrainPlan`` to ``run``; a study's
+cell hands a population trainer (``impl().population_trainer``: M runs in lockstep) to
+``run_population``. Both are the same loop (``_Loop``): a single run is a population of one.
+The Keras ``fit`` engines use Keras's loop. How a run goes:
 
 * Each epoch, a permutation fixed by ``(seed, epoch)`` is cut into full batches (the last
   ``n % batch_size`` samples of the shuffled order are dropped: a fused loop needs one batch
-  shape) and its index matrix goes to the trainer at the start of the epoch (``put_epoch``).
+  shape) and its index matrix goes to the trainer at the start of the epoch (``put_epoch``; a
+  population stacks one matrix per member, each with its own seed).
 * An epoch runs as calls of ``fused_steps`` (K) steps, the last one shorter when K does not
   divide the epoch; a call never spans two epochs. Each distinct call length is compiled once
   (at most two per run, three if ``max_steps`` cuts a call short); ``history.timing
   ["compile_time"]`` is the part of ``train_time`` spent compiling.
 * Calls are dispatched asynchronously; the host reads a call's losses once the next call is
-  dispatched (so the device always has work queued), and waits for all of them only at
-  evaluation points and epoch ends. Per-step times are the measured times at those waits,
-  spread evenly over the steps between them (a fused call has no finer clock).
+  dispatched (so the device always has work queued), and records them only at evaluation
+  points and epoch ends. Per-step times are the measured times at those waits, spread evenly
+  over the steps between them (a fused call has no finer clock).
 * Validation runs once per epoch (``eval_every`` 0) or after the first call that reaches each
   multiple of ``eval_every`` steps (so with K > 1 it is rounded up to a call boundary), and at the
-  end. Targets, early stopping (patience in evaluations, best values restored) and the reporter
-  act at those points. Training time excludes evaluation.
-* Divergence: the first non-finite loss read stops the run, at most one call (K steps) after
-  the call it happened in; ``history.extra["diverged"]`` records its step and value and there is
-  no further evaluation. Raising is the caller's decision (``kbackend.training.train``).
+  end. Targets, early stopping (patience in evaluations, best values restored; one run only)
+  and the reporter act at those points. Training time excludes evaluation.
+* Divergence: a member whose loss becomes non-finite stops. When no healthy member is left (a
+  single run always) the loop stops at once, at most one call (K steps) after the call it
+  happened in; otherwise the member stops at the next evaluation point or epoch end and the
+  others go on. ``history.record.diverged`` holds its step and value and there is no further
+  evaluation. Raising is the caller's decision (``kbackend.training.train``).
+
+Issue 37 (a batch size that grows during a run) is to plug in here without a second loop: at
+each evaluation point (where every call has ended and the losses are recorded) the loop would
+ask a small policy object for the plan of the next steps; a new plan (another batch size, its
+call lengths and compiled programs, the optimizer state carried over) takes over from the next
+call, re-cutting the rest of the epoch. ``_Loop`` reads every number from ``self.plan`` for
+that reason. Not built yet.
 """
 
 from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from kbackend.backends import Trainer
 from kbackend.backends.capabilities import MAX_UNROLLED_STEPS
+from kbackend.config import TrainConfig
 from kbackend.data import batching
+from kbackend.engines.plan import TrainPlan
 from kbackend.errors import ConfigError
 from kbackend.hardware.monitor import StepMonitor
 from kbackend.history import History
 from kbackend.task import better
 
-__all__ = ["EarlyStopping", "EpochRunner", "Plan", "Trainer", "run", "run_population",
+__all__ = ["EarlyStopping", "EpochRunner", "TrainPlan", "Trainer", "run", "run_population",
            "steps_per_call"]
 
 
@@ -52,37 +65,9 @@ def steps_per_call(trainer: Trainer, fused_steps: int) -> int:
     return min(fused_steps, MAX_UNROLLED_STEPS) if trainer.unroll else fused_steps
 
 
-@dataclass(frozen=True)
-class Plan:
-    """How many steps a run takes and where it evaluates."""
-
-    n_train: int
-    batch_size: int
-    epochs: int
-    fused_steps: int
-    steps_per_epoch: int
-    total_steps: int
-    eval_every: int
-
-    @classmethod
-    def of(cls, config: Any, n_train: int, fused_steps: int) -> Plan:
-        """The plan of ``config`` on ``n_train`` samples with K = ``fused_steps`` (checked)."""
-        steps = batching.steps_per_epoch_dropping_last(n_train, config.batch_size)
-        batching.check_fused_steps(fused_steps, steps, n_train, config.batch_size)
-        total = steps * config.epochs
-        if config.max_steps:
-            total = min(total, config.max_steps)
-        return cls(n_train, config.batch_size, config.epochs, fused_steps, steps, total,
-                   config.eval_every or steps)
-
-    def for_trainer(self, trainer: Trainer) -> Plan:
-        """This plan with K as ``trainer`` runs it (``steps_per_call``)."""
-        fused = steps_per_call(trainer, self.fused_steps)
-        return self if fused == self.fused_steps else replace(self, fused_steps=fused)
-
-    @property
-    def dropped_per_epoch(self) -> int:
-        return self.n_train - self.steps_per_epoch * self.batch_size
+def plan_for_trainer(plan: TrainPlan, trainer: Trainer) -> TrainPlan:
+    """``plan`` with K as ``trainer`` runs it (``steps_per_call``)."""
+    return plan.with_fused_steps(steps_per_call(trainer, plan.fused_steps))
 
 
 class EarlyStopping:
@@ -109,80 +94,105 @@ class EarlyStopping:
         return self.waited >= self.patience
 
 
-class _Run:
-    """The state of one run of the loop: the clock, undelivered calls, the history."""
+class _Loop:
+    """The one epoch loop over M members (M = 1: a single run): the clock, undelivered calls,
+    each member's history until it stops (target, patience, divergence, censoring, budget).
 
-    def __init__(self, trainer: Trainer, plan: Plan, config: Any, reporter: Any,
-                 history: History) -> None:
-        self.trainer, self.plan, self.config, self.reporter = trainer, plan, config, reporter
-        self.history = history
-        self.stopper = (EarlyStopping(config.monitor, config.early_stopping)
-                        if config.early_stopping else None)
+    ``stacked``: the trainer is a population trainer (epoch matrices ``(M, steps, B)``, losses
+    ``(M, K)``, per-member evaluations, ``freeze``); otherwise a single run's trainer, whose
+    values are seen here with a member axis of one.
+    """
+
+    def __init__(self, trainer: Any, plan: TrainPlan, configs: list[TrainConfig],
+                 histories: list[History], *, stacked: bool, reporter: Any = None,
+                 censor: Any = None) -> None:
+        self.trainer, self.configs, self.histories = trainer, configs, histories
+        self.stacked, self.reporter, self.censor = stacked, reporter, censor
+        self.plan = plan_for_trainer(plan, trainer)
+        for history in histories:
+            record = history.record
+            if self.plan.fused_steps != plan.fused_steps:
+                record.fused_steps_asked = plan.fused_steps
+            record.fused_steps, record.steps_per_epoch = (self.plan.fused_steps,
+                                                          self.plan.steps_per_epoch)
+            record.eval_every, record.dropped_per_epoch = (self.plan.eval_every,
+                                                           self.plan.dropped_per_epoch)
+        single = configs[0] if len(configs) == 1 else None
+        self.stopper = (EarlyStopping(single.monitor, single.early_stopping)
+                        if single is not None and single.early_stopping else None)
+        self.stopped_by_patience = False
         # Compilation runs ahead of time (and is excluded by reset_clock), so no call is skipped.
         self.monitor = (StepMonitor(skip_first=0).start()
-                        if getattr(config, "hardware_monitor", False) else None)
+                        if single is not None and single.hardware_monitor else None)
+        self.active = set(range(len(configs)))
+        self.noticed: dict[int, dict[str, Any]] = {}  # members' first non-finite loss
+        self.losses_since_eval: list[list[float]] = [[] for _ in configs]
         self.step = 0  # steps dispatched so far
+        self.epoch = 0
         self.pending: list[tuple[int, Any]] = []  # (first step, device losses) not yet recorded
-        self.fetched: list[np.ndarray] = []  # host losses of the first len(fetched) pending calls
-        self.diverged: dict[str, Any] | None = None  # the first non-finite loss: step and value
-        self.losses_since_eval: list[float] = []  # for the evaluation record's train_loss
+        self.fetched: list[np.ndarray] = []  # host losses (M, L) of the first pending calls
         self.start = time.perf_counter()
         self.eval_seconds = self.compile_seconds = self.synced_at = 0.0
 
     def train_time(self) -> float:
         return time.perf_counter() - self.start - self.eval_seconds
 
-    def sync(self) -> None:
-        """Wait for the dispatched calls; record their losses with interpolated times."""
-        if not self.pending:
-            return
-        self.fetch_ready(len(self.pending))
-        losses = np.concatenate(self.fetched)
-        first = self.pending[0][0]
-        now = self.train_time()
-        times = np.linspace(self.synced_at, now, len(losses) + 1)[1:]
-        steps = list(range(first + 1, first + len(losses) + 1))
-        self.history.record_steps(steps, losses.tolist(), times.tolist())
-        self.losses_since_eval.extend(float(v) for v in losses)
-        self.synced_at = now
-        self.pending.clear()
-        self.fetched.clear()
+    @property
+    def halted(self) -> bool:
+        """No healthy member is left: stop at once rather than at the next evaluation."""
+        return bool(self.active) and self.active <= set(self.noticed)
 
+    # -- the trainer, with a member axis -------------------------------------------------------
+    def _fetch(self, handle: Any) -> np.ndarray:
+        losses = np.asarray(self.trainer.fetch(handle))
+        return losses if self.stacked else losses[None, :]
+
+    def _evaluate(self) -> tuple[np.ndarray, np.ndarray]:
+        loss, metric = self.trainer.evaluate()
+        return np.atleast_1d(loss), np.atleast_1d(metric)
+
+    def _put_epoch(self) -> Any:
+        plan = self.plan
+        matrices = [batching.epoch_batches(plan.n_train, plan.batch_size, c.seed, self.epoch - 1,
+                                           c.shuffle) for c in self.configs]
+        with self.monitor.input_wait() if self.monitor is not None else nullcontext():
+            return self.trainer.put_epoch(np.stack(matrices) if self.stacked else matrices[0])
+
+    # -- the steps -----------------------------------------------------------------------------
     def fetch_ready(self, count: int) -> None:
         """Read the losses of the first ``count`` pending calls to the host; note divergence."""
         for first, handle in self.pending[len(self.fetched):count]:
-            losses = np.asarray(self.trainer.fetch(handle))
+            losses = self._fetch(handle)
             self.fetched.append(losses)
-            finite = np.isfinite(losses)
-            if self.diverged is None and not finite.all():
-                index = int(np.argmin(finite))
-                self.diverged = {"step": first + index + 1, "loss": str(float(losses[index])),
-                                 "seen_in": "train_loss"}
+            for m in sorted(self.active - set(self.noticed)):
+                finite = np.isfinite(losses[m])
+                if not finite.all():
+                    index = int(np.argmin(finite))
+                    self.noticed[m] = {"step": first + index + 1,
+                                       "loss": str(float(losses[m][index])),
+                                       "seen_in": "train_loss"}
 
-    def evaluate(self, epoch: int) -> bool:
-        """Validate now; True if training should stop (target reached, patience spent, diverged)."""
-        self.sync()
-        if self.diverged is not None:
-            return True
-        record: dict[str, Any] = {"step": self.step, "epoch": epoch,
-                                  "train_time": self.train_time()}
-        eval_start = time.perf_counter()
-        record["val_loss"], record[f"val_{self.config.task.metric}"] = self.trainer.evaluate()
-        if self.losses_since_eval:
-            record["train_loss"] = float(np.mean(self.losses_since_eval))
-        self.losses_since_eval.clear()
-        self.history.record_eval(**record)
-        self.eval_seconds += time.perf_counter() - eval_start
-        if self.monitor is not None:
-            self.monitor.reset_clock()  # evaluation is not a train step
-        if self.reporter is not None:
-            self.reporter.epoch_end(epoch, self.plan.epochs, record)
-        target = self.config.target
-        if target is not None and target.reached(record):
-            self.history.extra["target_reached"] = {"step": self.step, "epoch": epoch,
-                                                    "train_time": record["train_time"]}
-            return True
-        return self.stopper is not None and self.stopper.should_stop(record, self.trainer)
+    def sync(self) -> None:
+        """Wait for the dispatched calls; record their losses with interpolated times; stop the
+        members that diverged."""
+        if not self.pending:
+            return
+        self.fetch_ready(len(self.pending))
+        losses = np.concatenate(self.fetched, axis=1)
+        first = self.pending[0][0]
+        now = self.train_time()
+        times = np.linspace(self.synced_at, now, losses.shape[1] + 1)[1:].tolist()
+        steps = list(range(first + 1, first + losses.shape[1] + 1))
+        for m in sorted(self.active):
+            self.histories[m].record_steps(steps, losses[m].tolist(), times)
+            self.losses_since_eval[m].extend(float(v) for v in losses[m])
+        self.synced_at = now
+        self.pending.clear()
+        self.fetched.clear()
+        diverged = sorted(self.active & set(self.noticed))
+        for m in diverged:
+            self.histories[m].record.diverged = self.noticed[m]
+        self.finish(diverged)
 
     def dispatch(self, rows: Any, start: int, length: int) -> None:
         """Compile (if new) and dispatch one call of ``length`` steps from row ``start``."""
@@ -200,33 +210,103 @@ class _Run:
         self.fetch_ready(len(self.pending) - 1)
         live = getattr(self.reporter, "steps_done", None)
         if live is not None and self.fetched:
-            done = self.pending[len(self.fetched) - 1][0] + len(self.fetched[-1])
-            live(done, self.plan.total_steps, float(self.fetched[-1][-1]), self.train_time(),
+            done = self.pending[len(self.fetched) - 1][0] + self.fetched[-1].shape[1]
+            live(done, self.plan.total_steps, float(self.fetched[-1][0][-1]), self.train_time(),
                  self.plan.batch_size)
 
-    def epoch(self, epoch: int, shuffle: bool) -> bool:
-        """Train one epoch; True if an evaluation asked to stop (target or patience)."""
+    # -- evaluation points ---------------------------------------------------------------------
+    def evaluate(self, members: set[int] | None = None) -> None:
+        """Validate the active ``members`` (all by default) now; stop those that reached their
+        target, ran out of patience or are censored."""
+        self.sync()
+        members = self.active if members is None else members & self.active
+        if not members:
+            return
+        at = self.train_time()
+        eval_start = time.perf_counter()
+        val_loss, val_metric = self._evaluate()
+        metric = f"val_{self.configs[0].task.metric}"
+        records: dict[int, dict[str, Any]] = {}
+        for m in sorted(members):
+            record: dict[str, Any] = {"step": self.step, "epoch": self.epoch, "train_time": at,
+                                      "val_loss": float(val_loss[m]),
+                                      metric: float(val_metric[m])}
+            if self.losses_since_eval[m]:
+                record["train_loss"] = float(np.mean(self.losses_since_eval[m]))
+            self.losses_since_eval[m].clear()
+            self.histories[m].record_eval(**record)
+            records[m] = record
+        self.eval_seconds += time.perf_counter() - eval_start
+        if self.monitor is not None:
+            self.monitor.reset_clock()  # evaluation is not a train step
+        stopped = []
+        for m, record in records.items():
+            if self.reporter is not None:
+                self.reporter.epoch_end(self.epoch, self.plan.epochs, record)
+            target = self.configs[m].target
+            if target is not None and target.reached(record):
+                self.histories[m].record.target_reached = {"step": self.step, "epoch": self.epoch,
+                                                           "train_time": at}
+                stopped.append(m)
+            elif self.stopper is not None and self.stopper.should_stop(record, self.trainer):
+                self.stopped_by_patience = True
+                stopped.append(m)
+        for m in stopped:  # by a target or patience, before the budget (as Keras fit's epochs)
+            self.histories[m].stopped_early = True
+        self.finish(stopped)
+        if self.censor is not None and self.active:
+            censored = sorted(set(self.censor(self.step, self.histories, set(self.active)))
+                              & self.active)
+            for m in censored:
+                self.histories[m].record.censored_at = self.step
+            self.finish(censored)
+
+    def finish(self, members: list[int]) -> None:
+        """Stop ``members``: their timing and counts as of now; a population freezes their
+        values (the test split is evaluated once, for all, at the end)."""
+        if not members:
+            return
+        if self.stacked:
+            self.trainer.freeze(members)
+        trace_counts = {str(k): v for k, v in self.trainer.trace_counts.items()}
+        for m in members:
+            history = self.histories[m]
+            history.timing.update(train_time=self.train_time(), eval_time=self.eval_seconds,
+                                  compile_time=self.compile_seconds)
+            history.record.epochs_run, history.record.trace_counts = self.epoch, trace_counts
+            self.active.discard(m)
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Train until every member has stopped or the plan's budget is spent."""
         plan = self.plan
-        with self.monitor.input_wait() if self.monitor is not None else nullcontext():
-            rows = self.trainer.put_epoch(batching.epoch_batches(
-                plan.n_train, plan.batch_size, self.config.seed, epoch - 1, shuffle))
-        start = 0
-        for length in batching.call_lengths(plan.steps_per_epoch, plan.fused_steps):
-            length = min(length, plan.total_steps - self.step)
-            if length <= 0:
+        for epoch in range(1, plan.epochs + 1):
+            self.epoch = epoch
+            rows = self._put_epoch()
+            start = 0
+            for length in plan.call_lengths():
+                length = min(length, plan.total_steps - self.step)
+                if length <= 0 or not self.active:
+                    break
+                step_before = self.step
+                self.dispatch(rows, start, length)
+                start += length
+                if self.halted:
+                    break
+                if plan.crosses_evaluation(step_before, self.step):
+                    self.evaluate()
+            if not self.active or self.halted or self.step >= plan.total_steps:
                 break
-            step_before = self.step
-            self.dispatch(rows, start, length)
-            start += length
-            if self.diverged is not None:
-                return True
-            crossed_eval = self.step // plan.eval_every > step_before // plan.eval_every
-            if (crossed_eval or self.step >= plan.total_steps) and self.evaluate(epoch):
-                return True
-        return False
+            self.sync()  # epoch end: bound the number of undelivered calls
+            if not self.active:
+                break
+        self.sync()
+        self.evaluate({m for m in self.active if self.histories[m].evals
+                       and self.histories[m].evals[-1]["step"] != self.step})
+        self.finish(sorted(self.active))
 
 
-def run(trainer: Trainer, plan: Plan, config: Any, reporter: Any = None, *,
+def run(trainer: Trainer, plan: TrainPlan, config: TrainConfig, reporter: Any = None, *,
         history: History | None = None) -> History:
     """Train with ``trainer`` as ``plan`` says; the history in kbackend's format.
 
@@ -234,43 +314,50 @@ def run(trainer: Trainer, plan: Plan, config: Any, reporter: Any = None, *,
     ``hardware_monitor``, and ``shuffle`` (False: every epoch in the dataset's order).
     """
     history = history if history is not None else History()
-    capped = plan.for_trainer(trainer)
-    if capped is not plan:
-        history.extra["fused_steps_asked"] = plan.fused_steps
-        plan = capped
-    history.extra.update(fused_steps=plan.fused_steps, steps_per_epoch=plan.steps_per_epoch,
-                         eval_every=plan.eval_every, dropped_per_epoch=plan.dropped_per_epoch)
-    history.extra.update(trainer.history_extra)
-    state = _Run(trainer, plan, config, reporter, history)
-    epoch, stop = 0, False
-    for epoch in range(1, plan.epochs + 1):
-        stop = state.epoch(epoch, config.shuffle)
-        if stop or state.step >= plan.total_steps:
-            break
-        state.sync()  # epoch end: bound the number of undelivered calls
-        if state.diverged is not None:
-            break
-    state.sync()
-    if state.diverged is not None:
-        history.extra["diverged"] = state.diverged
-    elif history.evals and history.evals[-1]["step"] != state.step:
-        state.evaluate(epoch)
-    history.timing["train_time"] = state.train_time()
+    history.record.update(trainer.run_record)
+    state = _Loop(trainer, plan, [config], [history], stacked=False, reporter=reporter)
+    state.run()
     if state.monitor is not None:
-        history.extra["monitor"] = state.monitor.stop()
-    history.timing["eval_time"] = state.eval_seconds
-    history.timing["compile_time"] = state.compile_seconds
-    stopper = state.stopper
-    # Stopped before the budget by a target or by patience (as Keras fit's epochs say); only
-    # patience restores the best values.
-    history.stopped_early = bool(stop and state.diverged is None)
-    if (history.stopped_early and stopper is not None and "target_reached" not in history.extra
-            and stopper.best_snapshot is not None):
-        trainer.restore(stopper.best_snapshot)
+        history.record.monitor = state.monitor.stop()
+    # Only patience restores the best values (a target keeps the values that reached it).
+    if state.stopped_by_patience and state.stopper is not None \
+            and state.stopper.best_snapshot is not None:
+        trainer.restore(state.stopper.best_snapshot)
     trainer.finish()
-    history.extra["epochs_run"] = epoch
-    history.extra["trace_counts"] = {str(k): v for k, v in trainer.trace_counts.items()}
     return history
+
+
+def run_population(trainer: Any, plan: TrainPlan, configs: list[TrainConfig],
+                   censor: Any = None) -> list[History]:
+    """Train a population (``impl().population_trainer``, reset already) as ``plan`` says; one
+    history per member, each the history its run alone would have (``run``'s batches, call
+    lengths, evaluation points and target) up to float rounding.
+
+    All members share the plan; member m shuffles with ``configs[m].seed`` and stops at its own
+    target. The population runs until every member has stopped or the budget is spent; a
+    stopped member's later steps are computed (vmap has no holes) but not recorded. A diverged
+    member stops at the next evaluation point or epoch end (one call later, as ``run`` does,
+    only when no healthy member is left); the others go on. A member's values are frozen where
+    it stops (``trainer.freeze``) and the test split is evaluated once for all at the end.
+    Timing is the population's: one clock, one compilation, shared by all.
+    ``censor(step, histories, active)``, called after each evaluation, returns members to stop
+    there without a target (the study's pruning: runs that can no longer win); each is then the
+    run alone with ``max_steps`` = that step, and ``record.censored_at`` says so.
+    Early stopping and the hardware monitor are single-run features and are refused.
+    """
+    if any(c.early_stopping or c.hardware_monitor for c in configs):
+        raise ConfigError("A population runs neither early stopping nor the hardware monitor; "
+                          "train those runs one at a time.")
+    histories = [History() for _ in configs]
+    _Loop(trainer, plan, configs, histories, stacked=True, censor=censor).run()
+    eval_start = time.perf_counter()
+    test_loss, test_metric = trainer.evaluate_test()
+    test_seconds = time.perf_counter() - eval_start
+    metric = f"test_{configs[0].task.metric}"
+    for m, history in enumerate(histories):
+        history.test = {"test_loss": float(test_loss[m]), metric: float(test_metric[m])}
+        history.timing["eval_time"] += test_seconds
+    return histories
 
 
 class EpochRunner:
@@ -302,134 +389,3 @@ class EpochRunner:
         return np.concatenate([self.trainer.fetch(handle) for handle in handles])
 
 
-def run_population(trainer: Any, plan: Plan, configs: list[Any],
-                   censor: Any = None) -> list[History]:
-    """Train a population (``impl().population_trainer``, reset already) as ``plan`` says; one
-    history per member, each the history its run alone would have (``run``'s batches, call
-    lengths, evaluation points and target) up to float rounding.
-
-    All members share the plan; member m shuffles with ``configs[m].seed`` and stops at its own
-    target. The population runs until every member has stopped or the budget is spent; a
-    stopped member's later steps are computed (vmap has no holes) but not recorded. Members are
-    checked for divergence at evaluation points and epoch ends (not one call later, as ``run``
-    does): a diverged member stops there, the others go on. A member's values are frozen where it
-    stops (``trainer.freeze``) and the test split is evaluated once for all at the end. Timing
-    is the population's: one clock, one compilation, shared by all.
-    ``censor(step, histories, active)``, called after each evaluation, returns members to stop
-    there without a target (the study's pruning: runs that can no longer win); each is then the
-    run alone with ``max_steps`` = that step, and ``extra["censored_at"]`` says so.
-    Early stopping and the hardware monitor are single-run features and are refused.
-    """
-    if any(c.early_stopping or getattr(c, "hardware_monitor", False) for c in configs):
-        raise ConfigError("A population runs neither early stopping nor the hardware monitor; "
-                          "train those runs one at a time.")
-    plan = plan.for_trainer(trainer)
-    histories = [History() for _ in configs]
-    for history in histories:
-        history.extra.update(fused_steps=plan.fused_steps, steps_per_epoch=plan.steps_per_epoch,
-                             eval_every=plan.eval_every, dropped_per_epoch=plan.dropped_per_epoch)
-    active = set(range(len(configs)))
-    losses_since_eval: list[list[float]] = [[] for _ in configs]
-    pending: list[tuple[int, Any]] = []
-    clock = {"start": time.perf_counter(), "eval": 0.0, "compile": 0.0, "synced_at": 0.0}
-
-    def train_time() -> float:
-        return time.perf_counter() - clock["start"] - clock["eval"]
-
-    def finish(members: list[int], epoch: int) -> None:
-        if not members:
-            return
-        trainer.freeze(members)  # the test split is evaluated once, for all, at the end
-        for m in members:
-            history = histories[m]
-            history.timing.update(train_time=train_time(), eval_time=clock["eval"],
-                                  compile_time=clock["compile"])
-            history.extra.update(epochs_run=epoch, trace_counts={
-                str(k): v for k, v in trainer.trace_counts.items()})
-            active.discard(m)
-
-    def sync(epoch: int) -> None:
-        if not pending:
-            return
-        losses = np.concatenate([trainer.fetch(handle) for _, handle in pending], axis=1)
-        first = pending[0][0]
-        pending.clear()
-        now = train_time()
-        steps = list(range(first + 1, first + losses.shape[1] + 1))
-        times = np.linspace(clock["synced_at"], now, losses.shape[1] + 1)[1:]
-        clock["synced_at"] = now
-        diverged = []
-        for m in sorted(active):
-            histories[m].record_steps(steps, losses[m].tolist(), times.tolist())
-            losses_since_eval[m].extend(float(v) for v in losses[m])
-            finite = np.isfinite(losses[m])
-            if not finite.all():
-                index = int(np.argmin(finite))
-                histories[m].extra["diverged"] = {
-                    "step": first + index + 1, "loss": str(float(losses[m][index])),
-                    "seen_in": "train_loss"}
-                diverged.append(m)
-        finish(diverged, epoch)
-
-    def evaluate(step: int, epoch: int, members: set[int] | None = None) -> None:
-        sync(epoch)
-        members = active if members is None else members & active
-        if not members:
-            return
-        at = train_time()
-        eval_start = time.perf_counter()
-        val_loss, val_metric = trainer.evaluate()
-        metric = f"val_{configs[0].task.metric}"
-        clock["eval"] += time.perf_counter() - eval_start
-        reached = []
-        for m in sorted(members):
-            record: dict[str, Any] = {"step": step, "epoch": epoch, "train_time": at,
-                                      "val_loss": float(val_loss[m]),
-                                      metric: float(val_metric[m])}
-            if losses_since_eval[m]:
-                record["train_loss"] = float(np.mean(losses_since_eval[m]))
-            losses_since_eval[m].clear()
-            histories[m].record_eval(**record)
-            target = configs[m].target
-            if target is not None and target.reached(record):
-                histories[m].extra["target_reached"] = {"step": step, "epoch": epoch,
-                                                        "train_time": at}
-                reached.append(m)
-        finish(reached, epoch)
-        if censor is not None and active:
-            stopped = sorted(set(censor(step, histories, set(active))) & active)
-            for m in stopped:
-                histories[m].extra["censored_at"] = step
-            finish(stopped, epoch)
-
-    step, epoch = 0, 0
-    for epoch in range(1, plan.epochs + 1):
-        rows = trainer.put_epoch(np.stack([
-            batching.epoch_batches(plan.n_train, plan.batch_size, c.seed, epoch - 1, c.shuffle)
-            for c in configs]))
-        start = 0
-        for length in batching.call_lengths(plan.steps_per_epoch, plan.fused_steps):
-            length = min(length, plan.total_steps - step)
-            if length <= 0 or not active:
-                break
-            clock["compile"] += trainer.compile(length, rows)
-            pending.append((step, trainer.run(rows, start, length)))
-            step_before, step, start = step, step + length, start + length
-            crossed_eval = step // plan.eval_every > step_before // plan.eval_every
-            if crossed_eval or step >= plan.total_steps:
-                evaluate(step, epoch)
-        if not active or step >= plan.total_steps:
-            break
-        sync(epoch)
-    sync(epoch)
-    evaluate(step, epoch, {m for m in active
-                           if histories[m].evals and histories[m].evals[-1]["step"] != step})
-    finish(sorted(active), epoch)
-    eval_start = time.perf_counter()
-    test_loss, test_metric = trainer.evaluate_test()
-    test_seconds = time.perf_counter() - eval_start
-    metric = f"test_{configs[0].task.metric}"
-    for m, history in enumerate(histories):
-        history.test = {"test_loss": float(test_loss[m]), metric: float(test_metric[m])}
-        history.timing["eval_time"] += test_seconds
-    return histories

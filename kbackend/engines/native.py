@@ -7,12 +7,12 @@ gathers its batch there.
 
 ``fused_steps=0`` (``--fused-steps auto``) picks K by measurement: ``probe_fused_steps`` times one
 short epoch per candidate on the model (its weights put back after each) and keeps the fastest
-(its figures go to ``history.extra["fused_steps_probe"]``; the probe runs before the clock
+(its figures go to ``history.record.fused_steps_probe``; the probe runs before the clock
 starts). The answer is kept per machine, model and batch size (``cached_probe_fused_steps``), so
 it is measured once.
 Where the backend writes the K steps out (conv models on a CPU, ``capabilities.unrolls_its_loop``)
 compile time grows with K, so the candidates stop at ``capabilities.MAX_UNROLLED_STEPS``, and
-so does an explicit K (``loop.steps_per_call``; ``history.extra["fused_steps_asked"]`` keeps it).
+so does an explicit K (``loop.steps_per_call``; ``history.record.fused_steps_asked`` keeps it).
 
 ``Runs`` trains many runs of one model on one set of compiled programs (the study's cells): the
 learning rate and the initial values are runtime arguments of the compiled step, so a cell
@@ -34,9 +34,11 @@ import numpy as np
 from kbackend.backend_choice import keras as import_keras
 from kbackend.backends import capabilities, impl
 from kbackend.backends.compile_cache import compile_cache_enabled, machine_measurement
+from kbackend.config import TrainConfig
 from kbackend.data import batching, check_batch_size
 from kbackend.engines import loop
 from kbackend.engines.keras_fit import compile_model
+from kbackend.engines.plan import TrainPlan
 from kbackend.envinfo import environment_identity
 from kbackend.errors import ConfigError
 from kbackend.history import History
@@ -45,34 +47,41 @@ from kbackend.task import CLASSIFICATION, Task
 PROBE_CANDIDATES = (1, 8, 32)
 
 
-def train(model: Any, dataset: Any, spec: Any, config: Any, reporter: Any = None) -> History:
-    """Train ``model`` in place with fused native steps; the history in kbackend's format."""
-    fused_steps, probe = config.fused_steps, None
-    if fused_steps == 0:  # auto: measure a few K, weights put back after (once per machine)
-        fused_steps, probe = cached_probe_fused_steps(model, dataset, spec, config.batch_size,
+def train(model: Any, dataset: Any, plan: TrainPlan, config: TrainConfig,
+          reporter: Any = None) -> History:
+    """Train ``model`` in place with fused native steps as ``plan`` says; the history in
+    kbackend's format."""
+    spec, probe = plan.optimizer, None
+    if plan.fused_steps == 0:  # auto: measure a few K, weights put back after (once per machine)
+        fused_steps, probe = cached_probe_fused_steps(model, dataset, spec, plan.batch_size,
                                                       config.seed, config.jit_compile,
                                                       config.task)
         if config.eval_every:  # calls end on the evaluation points the user asked for
             fused_steps = max(d for d in range(1, min(fused_steps, config.eval_every) + 1)
                               if config.eval_every % d == 0)
-    plan = loop.Plan.of(config, len(dataset.x_train), fused_steps)
-    spec = spec.with_total_steps(plan.steps_per_epoch * config.epochs)
+        plan = plan.with_fused_steps(fused_steps)
     # Compiled for evaluate/predict/save afterwards; the TF loop trains with this optimizer.
     compile_model(model, spec, config)
     with impl().compilation_counter() as compiled:
         trainer = impl().native_trainer(model, spec, dataset, jit_compile=config.jit_compile,
                                         task=config.task)
         history = History()
-        history.extra.update(engine="native", decay_steps=spec.decay_steps)
-        if probe is not None:
-            history.extra["fused_steps_probe"] = probe
+        history.record.engine, history.record.decay_steps = "native", spec.decay_steps
+        history.record.fused_steps_probe = probe
         history = loop.run(trainer, plan, config, reporter, history=history)
         # The test split on the trainer's compiled evaluator: Keras's evaluate would trace and
         # compile a program of its own (on TensorFlow an XLA compile of several seconds).
         history.test = dict(zip(("test_loss", f"test_{config.task.metric}"),
                                 trainer.evaluate_test(), strict=True))
-    history.extra["xla_programs"] = compiled  # the run's compilations, evaluation included
+    history.record.xla_programs = compiled  # the run's compilations, evaluation included
     return history
+
+
+def plan_of(config: TrainConfig, dataset: Any, optimizer: Any = None) -> TrainPlan:
+    """The native engine's plan of ``config`` on ``dataset`` (``optimizer``: instead of
+    ``config.optimizer``), for callers that skip ``training.train``'s checks (``Runs``,
+    tests)."""
+    return TrainPlan.of(config, len(dataset.x_train), drops_last_batch=True, optimizer=optimizer)
 
 
 class Runs:
@@ -96,12 +105,13 @@ class Runs:
     def trainers_built(self) -> int:
         return len(self._trainers)
 
-    def trainer(self, config: Any) -> Any:
-        """The trainer (and its compiled programs) that runs of ``config``'s cell share."""
+    def trainer(self, config: TrainConfig, plan: TrainPlan | None = None) -> Any:
+        """The trainer (and its compiled programs) that runs of ``config``'s cell share
+        (``plan``: ``config``'s, if already made)."""
         if config.fused_steps < 1:
             raise ConfigError("Runs need an explicit fused_steps (>= 1), not 'auto'.")
         check_batch_size(config.batch_size, len(self.dataset.x_train))
-        spec = self._spec(config)
+        spec = (plan or self.plan(config)).optimizer
         # A schedule's rate is traced into the program (and a step count into its horizon), so
         # only a constant rate is shared between runs of different rates and budgets.
         constant = spec.schedule == "constant" and spec.warmup_steps == 0
@@ -113,45 +123,46 @@ class Runs:
                                                         task=config.task)
         return self._trainers[key]
 
-    def _spec(self, config: Any) -> Any:
-        plan = loop.Plan.of(config, len(self.dataset.x_train), config.fused_steps)
-        return config.optimizer.with_total_steps(plan.steps_per_epoch * config.epochs)
+    def plan(self, config: TrainConfig) -> TrainPlan:
+        """The plan of a run of ``config`` on this dataset (the native engine's)."""
+        return plan_of(config, self.dataset)
 
-    def train(self, config: Any, values: Any, reporter: Any = None) -> History:
+    def train(self, config: TrainConfig, values: Any, reporter: Any = None) -> History:
         """One run of ``config`` (native engine, explicit ``fused_steps``) from the model values
         ``values`` (``(trainable, non_trainable)`` arrays, see ``model_values``); its history,
-        test metrics included. A non-finite test loss is recorded as ``extra["diverged"]``."""
+        test metrics included. A non-finite test loss is recorded as ``record.diverged``."""
         start, built_before = time.perf_counter(), self.trainers_built
-        trainer = self.trainer(config)
+        plan = self.plan(config)
+        trainer = self.trainer(config, plan)
         setup = time.perf_counter() - start if self.trainers_built > built_before else 0.0
-        plan = loop.Plan.of(config, len(self.dataset.x_train), config.fused_steps)
-        spec = config.optimizer.with_total_steps(plan.steps_per_epoch * config.epochs)
-        trainer.reset(values, spec.learning_rate)
+        trainer.reset(values, plan.optimizer.learning_rate)
         history = History()
         history.timing["setup_time"] = setup  # building this cell's trainer (its first run only)
-        history.extra.update(engine="native", decay_steps=spec.decay_steps,
-                             trainers_built=self.trainers_built)
+        history.record.engine, history.record.decay_steps = "native", plan.optimizer.decay_steps
+        history.record.trainers_built = self.trainers_built
         history = loop.run(trainer, plan, config, reporter, history=history)
         history.timing["wall_time"] = time.perf_counter() - start
         test_loss, test_metric = trainer.evaluate_test()
         history.test = {"test_loss": test_loss, f"test_{config.task.metric}": test_metric}
-        if "diverged" not in history.extra and not math.isfinite(test_loss):
-            history.extra["diverged"] = {"step": history.steps_run, "loss": str(test_loss),
-                                         "seen_in": "test_loss"}
+        if history.record.diverged is None and not math.isfinite(test_loss):
+            history.record.diverged = {"step": history.steps_run, "loss": str(test_loss),
+                                       "seen_in": "test_loss"}
         return history
 
     # -- populations: a cell's runs as one vmapped program ------------------------------------
 
-    def population_trainer(self, configs: list[Any]) -> Any:
+    def population_trainer(self, configs: list[TrainConfig],
+                           plan: TrainPlan | None = None) -> Any:
         """The population trainer (compiled once) for ``configs``: runs of one cell that differ
-        only in learning rate and seed (checked), on a constant learning rate."""
+        only in learning rate and seed (checked), on a constant learning rate (``plan``: the
+        first run's, if already made)."""
         first = configs[0]
         cell = self._cell_of(first)
         for config in configs[1:]:
             if self._cell_of(config) != cell:
                 raise ConfigError("A population's runs must share everything but the learning "
                                   "rate and the seed.")
-        spec = self._spec(first)
+        spec = (plan or self.plan(first)).optimizer
         if spec.schedule != "constant" or spec.warmup_steps:
             raise ConfigError("A population needs a constant learning rate (a schedule's rate "
                               "is traced into the program).")
@@ -164,38 +175,38 @@ class Runs:
         return self._trainers[key]
 
     @staticmethod
-    def _cell_of(config: Any) -> Any:
+    def _cell_of(config: TrainConfig) -> TrainConfig:
         return replace(config, optimizer=replace(config.optimizer, learning_rate=1.0), seed=0,
                        model_options=replace(config.model_options, seed=0))
 
-    def train_population(self, configs: list[Any], values: list[Any],
+    def train_population(self, configs: list[TrainConfig], values: list[Any],
                          censor: Any = None) -> list[History]:
         """Runs ``configs`` (one cell, see ``population_trainer``) from ``values`` (one
         ``(trainable, non_trainable)`` per run) as one vmapped population: one history per run,
         equal to ``train(config, values)``'s up to float rounding (``loop.run_population``).
-        Each history's ``extra["population"]`` names its size and index; the timing is the
+        Each history's ``record.population`` names its size and index; the timing is the
         population's (one clock: count a population's training time once). ``censor``: see
         ``loop.run_population``."""
         start, built_before = time.perf_counter(), self.trainers_built
-        trainer = self.population_trainer(configs)
+        plan = self.plan(configs[0])
+        trainer = self.population_trainer(configs, plan)
         setup = time.perf_counter() - start if self.trainers_built > built_before else 0.0
-        first = configs[0]
-        plan = loop.Plan.of(first, len(self.dataset.x_train), first.fused_steps)
-        trainer.reset(values, [self._spec(c).learning_rate for c in configs])
+        trainer.reset(values, [c.optimizer.learning_rate for c in configs])
         histories = loop.run_population(trainer, plan, configs, censor)
         for index, history in enumerate(histories):
-            history.extra.update(engine="native", decay_steps=self._spec(first).decay_steps,
-                                 trainers_built=self.trainers_built,
-                                 population={"members": len(configs), "index": index})
+            record = history.record
+            record.engine, record.decay_steps = "native", plan.optimizer.decay_steps
+            record.trainers_built = self.trainers_built
+            record.population = {"members": len(configs), "index": index}
             history.timing["wall_time"] = time.perf_counter() - start
             history.timing["setup_time"] = setup
             test_loss = history.test["test_loss"]
-            if "diverged" not in history.extra and not math.isfinite(test_loss):
-                history.extra["diverged"] = {"step": history.steps_run, "loss": str(test_loss),
-                                             "seen_in": "test_loss"}
+            if record.diverged is None and not math.isfinite(test_loss):
+                record.diverged = {"step": history.steps_run, "loss": str(test_loss),
+                                   "seen_in": "test_loss"}
         return histories
 
-    def probe_population(self, configs: list[Any], values: list[Any], steps: int,
+    def probe_population(self, configs: list[TrainConfig], values: list[Any], steps: int,
                          repeats: int = 3, min_speedup: float = 1.0) -> dict[str, Any]:
         """Whether ``configs`` train faster as one population than one after another, measured.
 
@@ -243,7 +254,7 @@ class Runs:
                 "sequential_s": [members * t for t in timings["one_member"]],
                 "speedup": sequential_s / population_s}
 
-    def step_timer(self, config: Any, values: Any, steps: int) -> Callable[[], None]:
+    def step_timer(self, config: TrainConfig, values: Any, steps: int) -> Callable[[], None]:
         """A callable that trains ``steps`` steps (whole calls of ``config.fused_steps``) of
         ``config``'s cell on its compiled program, from ``values`` at ``config``'s rate, and
         waits for them: the steady cost of that cell's steps, nothing compiled."""

@@ -308,6 +308,8 @@ def engine_run(source: dict[str, Any], weights: list[np.ndarray], x: np.ndarray,
                             "arrays", "flat", None, len(x), len(x), len(x))
     dataset = data.Dataset(x, y, x, y, x, y, info)
     train_config = TrainConfig(engine=engine, optimizer=OptimizerSpec(**spec), **config)
-    history = get_engine(engine)(model, dataset, OptimizerSpec(**spec), train_config, None)
+    runner = get_engine(engine)
+    plan = runner.plan(train_config, len(x), optimizer=OptimizerSpec(**spec))
+    history = runner(model, dataset, plan, train_config, None)
     return {"loss": list(history.loss), "step": list(history.step),
             "weights": [np.asarray(w) for w in model.get_weights()]}

@@ -9,7 +9,7 @@ to ``step_end(result=...)``, which waits with the backend's ``block_until_ready`
     for batch in monitor.timed(batches):             # time in next() counts as input wait
         state, metrics = train_step(state, batch)
         monitor.step_end(samples=len(batch[0]), result=metrics)
-    summary = monitor.stop()                          # dict, stored in history.extra["monitor"]
+    summary = monitor.stop()                          # dict, stored in history.record.monitor
 
 Utilization (NVML on a GPU, psutil CPU otherwise) is sampled in a background thread and device
 memory is read through ``kbackend.backends.impl().device_memory_in_use()`` every few steps.

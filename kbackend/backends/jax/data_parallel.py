@@ -36,6 +36,7 @@ from kbackend.backends.jax.step import (
     unrolls_its_loop,
 )
 from kbackend.errors import ConfigError
+from kbackend.history import RunRecord
 from kbackend.task import CLASSIFICATION, Task
 
 
@@ -62,10 +63,8 @@ class DataParallelTrainer:
         self._evaluate = make_evaluator(model, dataset, task=task)
         self._compiled: dict[int, Any] = {}
         self.trace_counts: dict[int, int] = {}
-        self.history_extra = {"engine": "data_parallel", "devices": count,
-                              "per_device_batch": batch // count, "processes": processes,
-                              "dp_impl": dp_impl, "losses_are_global_batch_means": True,
-                              "unrolled_loop": self.unroll}
+        self.run_record = RunRecord(engine="data_parallel", dp_impl=dp_impl,
+                                    losses_are_global_batch_means=True, unrolled_loop=self.unroll)
 
     def _place_state(self, state: Any) -> Any:
         return replicate_for_pmap(state, self.count) if self.pmap else replicate(state, self.mesh)

@@ -32,6 +32,7 @@ from kbackend.backends.jax.step import (
     unrolls_its_loop,
 )
 from kbackend.data.batching import pad_to_chunks
+from kbackend.history import RunRecord
 from kbackend.task import CLASSIFICATION, Task
 
 EVAL_CHUNK = 1024  # most validation samples per forward pass (the split is cut into even chunks)
@@ -162,11 +163,10 @@ class NativeTrainer(CompiledCalls):
         self.y_train = device_copy_once(dataset.y_train, jax.device_put)
         self._compiled: dict[int, Any] = {}
         self.trace_counts: dict[int, int] = {}
-        self.history_extra: dict[str, Any] = {}
         self._evaluate = make_evaluator(model, dataset, task=task)
         self._evaluate_test: Any = None  # built on first use
         self.unroll = unrolls_its_loop(model)
-        self.history_extra.update(unrolled_loop=self.unroll, xla=True)
+        self.run_record = RunRecord(unrolled_loop=self.unroll, xla=True)
 
     # -- training -------------------------------------------------------------------------
     def _run_fn(self, length: int) -> Any:

@@ -42,6 +42,7 @@ from kbackend.backends.tensorflow import ops
 from kbackend.backends.tensorflow.native import shared_evaluator
 from kbackend.backends.tensorflow.ops import compute_devices, jit_function
 from kbackend.errors import ConfigError
+from kbackend.history import RunRecord
 from kbackend.task import CLASSIFICATION, Task
 
 
@@ -91,11 +92,8 @@ class DataParallelTrainer:
         self._evaluator = shared_evaluator(model, dataset, task=task)
         self._compiled: dict[int, Any] = {}
         self.trace_counts: dict[int, int] = {}
-        processes = ops.process_count()
-        self.history_extra = {
-            "engine": "data_parallel", "devices": replicas, "per_device_batch": self.per_replica,
-            "processes": processes, "dp_impl": type(self.strategy).__name__,
-            "replica_xla": self.xla, "losses_are_global_batch_means": True}
+        self.run_record = RunRecord(engine="data_parallel", dp_impl=type(self.strategy).__name__,
+                                    replica_xla=self.xla, losses_are_global_batch_means=True)
 
     # -- the compiled call ----------------------------------------------------------------
     def _replica_loss_fn(self) -> Any:

@@ -36,6 +36,7 @@ from kbackend.backends import capabilities, device_copy_once
 from kbackend.backends.tensorflow.ops import jit_function, platform
 from kbackend.data.batching import pad_to_chunks
 from kbackend.errors import ConfigError
+from kbackend.history import RunRecord
 from kbackend.task import CLASSIFICATION, Task
 
 EVAL_CHUNK = 1024  # most validation samples per forward pass (the split is cut into even chunks)
@@ -136,11 +137,10 @@ class NativeTrainer:
         self.dataset = dataset
         self._compiled: dict[int, Any] = {}
         self.trace_counts: dict[int, int] = {}
-        self.history_extra: dict[str, Any] = {}
         # Shared by every trainer of this model and dataset (a study's cells): compiled once.
         self._evaluator = shared_evaluator(model, dataset, jit_compile, task)
         self.unroll = capabilities.unrolls_its_loop(model, platform(), xla=jit_compile)
-        self.history_extra.update(unrolled_loop=self.unroll, xla=jit_compile)
+        self.run_record = RunRecord(unrolled_loop=self.unroll, xla=jit_compile)
 
     # -- training -------------------------------------------------------------------------
     def writes_out(self, length: int) -> bool:

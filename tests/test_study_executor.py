@@ -24,8 +24,11 @@ from kbackend.errors import ConfigError, DataError
 from kbackend.io import NON_FINITE_KEY
 from kbackend.study.config import StudyConfig
 from kbackend.study.executor import StudyRunner
+from kbackend.study.noise_runs import NoiseMeasurement
 from kbackend.study.pipeline import compare, run_study
+from kbackend.study.populations import Populations
 from kbackend.study.report import PLOTS
+from kbackend.study.step_times import StepTimeModel, timed_steps
 from kbackend.study.store import ResultStore
 from kbackend.training import Target
 from tests.conftest import BACKEND, JIT_FOR_SMALL_RUNS, NO_JIT_FLAGS, ROOT
@@ -134,8 +137,8 @@ def test_the_study_accounts_for_its_time(baseline):
 
 
 def test_time_accounting_states_the_goal_and_reused_runs():
-    from kbackend.study.executor import TimeSpent
     from kbackend.study.pipeline import accounting_line, time_accounting
+    from kbackend.study.timing import TimeSpent
 
     spent = TimeSpent(runs=9, runs_wall=14.0, training=11.0, startup=3.0, evaluation=2.0,
                       step_times=1.0, noise=1.0)
@@ -297,7 +300,7 @@ def test_time_to_target_excludes_evaluation(tmp_path, monkeypatch):
 ])
 def test_startup_is_taken_out_of_time_to_target(reported, expected, estimated):
     from kbackend.history import History
-    from kbackend.study.executor import RunPlan, summarize_run
+    from kbackend.study.summaries import RunPlan, summarize_run
 
     history = History()
     history.record_steps(list(range(1, 31)), [1.0] * 30, [4.5 + 0.05 * s for s in range(1, 31)])
@@ -362,6 +365,7 @@ def no_training(monkeypatch):
         raise AssertionError("training started despite bad input")
 
     monkeypatch.setattr("kbackend.study.executor.train", forbidden)
+    monkeypatch.setattr("kbackend.study.noise_runs.train", forbidden)
 
 
 @pytest.mark.parametrize(("make", "error", "message"), [
@@ -563,7 +567,7 @@ def test_seeds_pick_the_rate_with_the_best_median_and_give_intervals(tmp_path, m
 
 
 def test_a_tie_on_median_steps_is_broken_by_steps_not_by_a_clock():
-    from kbackend.study.executor import best_rate
+    from kbackend.study.summaries import best_rate
 
     def record(steps, seconds):
         return {"result": {"steps_to_target": steps, "reached": True, "time_to_target": seconds,
@@ -651,7 +655,7 @@ def test_time_model_times_cells_interleaved_and_multiplies_median_steps(tmp_path
         label = (cell["optimizer"], cell["batch_size"])
         return lambda: order.append(label)
 
-    monkeypatch.setattr(StudyRunner, "step_timer", step_timer)
+    monkeypatch.setattr(StepTimeModel, "timer", step_timer)
     config = _one_cell(optimizers=("sgd", "adam"), batch_sizes=(647, 1294), step_time_repeats=3,
                        learning_rates={"sgd": (0.1,), "adam": (0.01,)})
     with ResultStore(tmp_path / "study.db") as store:
@@ -681,7 +685,7 @@ def test_time_model_times_cells_interleaved_and_multiplies_median_steps(tmp_path
 ])
 def test_timed_calls_last_20_ms_or_hold_the_most_steps_in_whole_calls(call_seconds, fused, most,
                                                                      steps):
-    assert StudyRunner.timed_steps(call_seconds, fused, most) == steps
+    assert timed_steps(call_seconds, fused, most) == steps
 
 
 def test_an_undefined_noise_scale_retries_once_with_a_wider_batch_pair(tmp_path, monkeypatch):
@@ -694,7 +698,7 @@ def test_an_undefined_noise_scale_retries_once_with_a_wider_batch_pair(tmp_path,
         return [{"step": step, "grad_sq": grad_sq, "trace_sigma": 100.0, "b_simple": 100.0 / grad_sq}
                 for step in checkpoints]
 
-    monkeypatch.setattr(StudyRunner, "measure_noise", measure_noise)
+    monkeypatch.setattr(NoiseMeasurement, "measure", measure_noise)
     config = _one_cell(batch_sizes=(16, 64), learning_rates={"sgd": (0.1,)}, noise_points=2,
                        seeds=1)
     with ResultStore(tmp_path / "study.db") as store:
@@ -733,7 +737,8 @@ def test_report_states_sources_verdicts_and_caveats(tmp_path, monkeypatch):
     for claim in ("**(a) SGD vs Adam", "**(b) Scaling regions", "**(c) Generalization",
                   "**(d) The throughput knee"):
         assert claim in report
-    assert "3 seeds, intervals of 75% coverage" in report
+    # the fastest cell read with the verdicts' paired-seed interval (adam at 64 vs the next)
+    assert "Fastest: adam at batch 64, " in report and "faster than every other cell" in report
     assert ("adam vs sgd: sgd faster at batch 16; adam faster at batch 64 (crossover: adam "
             "from batch 64 up)") in report
     assert "B=16: sgd faster (A/B 2x [" in report
@@ -839,14 +844,14 @@ def test_a_population_study_gives_the_sequential_answers_and_resumes(tmp_path):
 
 def test_the_population_pruner_stops_only_runs_that_cannot_win():
     from kbackend.history import History
-    from kbackend.study.executor import RunPlan
+    from kbackend.study.summaries import RunPlan
 
     runner = StudyRunner(dataclasses.replace(POPULATED, seeds=3), None)
     plans = [RunPlan("sgd", 16, rate, 300, 10, 10, seed) for rate in (0.1, 1.0) for seed in (0, 1, 2)]
     histories = [History() for _ in plans]
     for m, step in ((0, 40), (1, 60)):  # rate 0.1: two of three seeds reached by step 60
         histories[m].extra["target_reached"] = {"step": step}
-    censor = runner.population_pruner(plans, list(range(6)), {})
+    censor = Populations(runner).pruner(plans, list(range(6)), {})
     # Rate 0.1's median is 60; rate 1.0 has nothing yet: reaching at step 70 gives it 70 > 60.
     assert sorted(censor(60, histories, {2, 3, 4, 5})) == [3, 4, 5]
     # At step 50 rate 0.1's median is not known yet: nobody is stopped.
@@ -869,5 +874,5 @@ def test_auto_runs_one_by_one_on_a_cpu_without_probing(monkeypatch):
     monkeypatch.setattr(Runs, "probe_population", forbidden)
     runner = StudyRunner(dataclasses.replace(POPULATED, population="auto"), None)
     runner.prepare()
-    path = runner.population_path("adam", 16, (1e-3, 3e-3))
+    path = Populations(runner).path("adam", 16, (1e-3, 3e-3))
     assert path["path"] == "sequential" and "a CPU" in path["reason"] and path["members"] == 4

@@ -27,7 +27,7 @@ from kbackend.engines.native import Runs, model_values
 from kbackend.models import ModelOptions, build_model
 from kbackend.optim import OptimizerSpec
 from kbackend.reports import markdown_table
-from kbackend.study.executor import POPULATION_MIN_SPEEDUP
+from kbackend.study.populations import POPULATION_MIN_SPEEDUP
 from kbackend.training import TrainConfig, load_dataset
 
 BATCH_SIZES = (8, 32, 128)

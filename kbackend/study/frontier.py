@@ -73,7 +73,7 @@ def frontier_run(runner: Any, cell: dict[str, Any], seed: int) -> dict[str, Any]
         # the test evaluations at each new best are evaluation, not training
         history.timing["train_time"] = (history.timing.get("train_time") or 0.0) - reporter.seconds
         history.timing["eval_time"] = (history.timing.get("eval_time") or 0.0) + reporter.seconds
-        runner.time_spent.add([history], runner._seconds_since(start, setup_before))
+        runner.time_spent.add([history], runner.time_spent.seconds_since(start, setup_before))
         runner.time_spent.frontier_runs += 1
         return {"seed": seed, "epochs": config.frontier_epochs, "steps_run": history.steps_run,
                 "wall_time": history.timing.get("wall_time"),

@@ -27,9 +27,10 @@ from kbackend.io import atomic_write_text, check_output_folder, read_json
 from kbackend.reports import markdown_rows
 from kbackend.study.analysis import analyze
 from kbackend.study.config import StudyConfig
-from kbackend.study.executor import StudyRunner, TimeSpent
+from kbackend.study.executor import StudyRunner
 from kbackend.study.report import CONSOLE_WIDTH, print_table, write_report
 from kbackend.study.store import ResultStore
+from kbackend.study.timing import TimeSpent
 from kbackend.task import metric_direction
 
 DB_NAME = "study.db"

@@ -147,7 +147,7 @@ def extend_seeds(runner: Any, cells: list[dict[str, Any]], runs: list[dict[str, 
     else:
         if len(schedule) > 1:
             stopped = "max_seeds reached"
-    seconds = runner._seconds_since(start, setup_before)
+    seconds = runner.time_spent.seconds_since(start, setup_before)
     runner.time_spent.added_seeds += seconds
     return {"schedule": schedule, "max_seeds": settings["max_seeds"], "rounds": rounds,
             "seconds": seconds, "recorded_seconds": spent, "budget": budget or None,

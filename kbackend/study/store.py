@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from kbackend.cache.sqlite_store import APPLICATION_ID as CACHE_APPLICATION_ID
 from kbackend.errors import KBackendError
@@ -194,6 +194,19 @@ def _legacy_mismatch(conn: sqlite3.Connection, names: list[str]) -> str:
         found = "none" if row is None else repr(row[0])
         return f"its meta schema_version is {found}, expected '{SCHEMA_VERSION}'"
     return ""
+
+
+class RunStore(Protocol):
+    """What a study reads and writes of its store: ``ResultStore``, or a Ray task's in-memory
+    stand-in (``ray_executor.MemoryStore``)."""
+
+    def get(self, key: str) -> dict[str, Any] | None: ...
+
+    def put(self, key: str, kind: str, study: str, backend: str, config: dict[str, Any],
+            result: dict[str, Any], trajectory: dict[str, Any] | None = None) -> bool: ...
+
+    def records(self, study: str | None = None, backend: str | None = None,
+                kind: str | None = None) -> list[dict[str, Any]]: ...
 
 
 class ResultStore:

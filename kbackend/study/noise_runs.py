@@ -1,0 +1,121 @@
+"""The gradient noise scale of a study, measured along one cell's training
+(``NoiseMeasurement``): training in segments to each checkpoint, the estimator of ``noise``
+at each, one retry with a wider batch pair where the first pair cannot tell the two squared
+norms apart. Stored, so a resumed study reuses it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from kbackend.backends import impl
+from kbackend.engines.native import model_values, set_model_values
+from kbackend.study.analysis import training_noise_scale
+from kbackend.study.config import REFERENCE_BATCH
+from kbackend.study.noise import measure_noise_scale
+from kbackend.study.runner_protocol import StudyRunnerLike
+from kbackend.study.summaries import RunPlan
+from kbackend.training import train
+
+
+class NoiseMeasurement:
+    """B_simple along the training of one cell of ``runner``'s study."""
+
+    def __init__(self, runner: StudyRunnerLike) -> None:
+        self.runner = runner
+
+    def reference(self, cells: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The cell whose training run the noise scale is measured along: plain SGD if studied
+        (its update has no state, so training in segments is exact), at the grid's batch size
+        nearest 32, with its tuned learning rate, up to its steps to target."""
+        config = self.runner.config
+        if config.noise_points == 0 or not cells:
+            return None
+        optimizer = "sgd" if "sgd" in config.optimizers else config.optimizers[0]
+        batch = min(self.runner.batch_sizes,
+                    key=lambda b: (abs(math.log(b / REFERENCE_BATCH)), b))
+        return next(c for c in cells if c["optimizer"] == optimizer and c["batch_size"] == batch)
+
+    def run(self, cells: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """Measure B_simple at ``noise_points`` points along the reference cell's training."""
+        runner = self.runner
+        cell = self.reference(cells)
+        if cell is None:
+            return None
+        small, big = runner.noise_batches
+        horizon = round(cell["steps_to_target"] or cell["steps_run"] or 0)
+        plan = runner.plan(cell["optimizer"], cell["batch_size"], cell["learning_rate"])
+        points = runner.config.noise_points
+        checkpoints = sorted({round(horizon * i / max(1, points - 1)) for i in range(points)})
+        key_config = {**runner.run_key_config(plan), "kind": "noise",
+                      "checkpoints": checkpoints, "small_batch": small, "big_batch": big,
+                      "draws": runner.config.noise_draws}
+        return runner.stored_or_measured(
+            "noise", "noise", key_config, plan,
+            lambda: self._with_retry(plan, checkpoints, small, big))
+
+    def _with_retry(self, plan: RunPlan, checkpoints: list[int], small: int,
+                    big: int) -> dict[str, Any]:
+        result = self.result(plan, checkpoints, small, big)
+        wider = (max(1, small // 4), min(self.runner.num_train, big * 4))
+        if training_noise_scale(result) is None and wider != (small, big):
+            # A pair further apart separates the two squared norms more: one retry.
+            retry = self.result(plan, checkpoints, *wider)
+            retry["first_try"] = {k: result[k]
+                                  for k in ("small_batch", "big_batch", "b_simple_final")}
+            result = retry
+        return result
+
+    def result(self, plan: RunPlan, checkpoints: list[int], small: int,
+               big: int) -> dict[str, Any]:
+        """One noise-scale measurement along ``plan`` with the batch pair (small, big)."""
+        result: dict[str, Any] = {
+            "optimizer": plan.optimizer, "batch_size": plan.batch_size,
+            "learning_rate": plan.learning_rate, "small_batch": small, "big_batch": big,
+            "draws": self.runner.config.noise_draws,
+            "points": self.measure(plan, checkpoints, small, big)}
+        estimates = [p for p in result["points"] if p["step"] > 0]
+        final = estimates[-1] if estimates else result["points"][-1]
+        result["b_simple_final"] = final["b_simple"]
+        return result
+
+    def measure(self, plan: RunPlan, checkpoints: list[int], small: int | None = None,
+                big: int | None = None) -> list[dict[str, Any]]:
+        """Train in segments to each checkpoint and estimate the noise scale there."""
+        runner = self.runner
+        dataset, seed = runner.dataset, runner.config.seed
+        assert dataset is not None
+        native = runner.config.engine == "native"
+        # The native engine trains the segments on the cells' compiled programs (Runs writes
+        # each segment's result into its model); other engines train a model of their own.
+        if native:
+            model = runner.native_runs().model
+            set_model_values(model, runner.initial_values(seed))
+        else:
+            model = runner.build_model()
+        rng = np.random.default_rng(seed)
+        if small is None or big is None:
+            small, big = runner.noise_batches
+
+        def gradients(xb: Any, yb: Any) -> Any:
+            return impl().gradients(model, xb, yb, training=False)[1]
+
+        points: list[dict[str, Any]] = []
+        done = 0
+        for index, checkpoint in enumerate(checkpoints):
+            if checkpoint > done:
+                # A fresh seed per segment so segments do not replay the same shuffle.
+                config = runner.train_config(plan, max_steps=checkpoint - done, target=False,
+                                             seed=seed + index)
+                if native:
+                    history = runner.native_runs().train(config, model_values(model))
+                else:
+                    history = train(config, dataset=dataset, model=model).history
+                done += history.steps_run
+            estimate = measure_noise_scale(gradients, dataset.x_train, dataset.y_train, small,
+                                           big, runner.config.noise_draws, rng)
+            points.append({"step": done, **estimate.to_dict()})
+        return points

@@ -1,0 +1,124 @@
+"""A cell's learning-rate search (``RateSearch``): every rate of its grid with every seed (one
+by one, or as a population), the grid extended while the best rate sits on an end, later rates
+pruned to the best steps to target so far, and the winner's cut-short seeds re-run in full.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from kbackend.study.populations import Populations
+from kbackend.study.runner_protocol import StudyRunnerLike
+from kbackend.study.summaries import best_rate, rate_score, summarize_cell
+
+
+class RateSearch:
+    """The learning-rate search of each cell of ``runner``'s study."""
+
+    def __init__(self, runner: StudyRunnerLike) -> None:
+        self.runner = runner
+
+    def extension_factors(self, optimizer: str, grid: tuple[float, ...]) -> tuple[float, float]:
+        """The ratio a grid is extended by below and above: the study's ``lr_factor`` for a
+        generated grid, the ratio of the two outermost rates at that end for an explicit one."""
+        config = self.runner.config
+        if optimizer not in config.learning_rates or len(grid) < 2:
+            return config.lr_factor, config.lr_factor
+        ordered = sorted(grid)
+        return ordered[1] / ordered[0], ordered[-1] / ordered[-2]
+
+    def run_cell(self, optimizer: str, batch_size: int) -> dict[str, Any]:
+        """Every learning rate of one cell, each with every seed, the grid extended while the
+        best rate sits on an end of it (``lr_extend`` points each way at most); the cell's
+        figures with their intervals, and under ``"runs"`` every run it made."""
+        runner = self.runner
+        config, larger_is_better = runner.config, runner.larger_is_better
+        grid = config.learning_rate_grid(optimizer, batch_size)
+        by_rate: dict[float, list[dict[str, Any]]] = {}
+        runs: list[dict[str, Any]] = []
+        populations = Populations(runner)
+        path = populations.path(optimizer, batch_size, grid)
+        if path["path"] == "population":
+            runs += populations.run(optimizer, batch_size, grid, by_rate)
+        else:
+            for learning_rate in grid:
+                runs += self.run_rate(optimizer, batch_size, learning_rate, by_rate)
+        low_factor, high_factor = self.extension_factors(optimizer, grid)
+        extended = {"below": 0, "above": 0}
+        while len(grid) > 1:
+            best, tried = best_rate(by_rate, larger_is_better), sorted(by_rate)
+            if best == tried[0] and extended["below"] < config.lr_extend:
+                extended["below"] += 1
+                rate = float(f"{tried[0] / low_factor:.4g}")
+            elif best == tried[-1] and extended["above"] < config.lr_extend:
+                extended["above"] += 1
+                rate = float(f"{tried[-1] * high_factor:.4g}")
+            else:
+                break
+            runner.on_event("extend", runs=config.seeds)
+            runs += self.run_rate(optimizer, batch_size, rate, by_rate)
+        winner = best_rate(by_rate, larger_is_better)
+        runs += self.complete_censored(optimizer, batch_size, winner, by_rate)
+        tried = sorted(by_rate)
+        edge = None
+        if len(tried) > 1 and winner in (tried[0], tried[-1]):
+            edge = "below" if winner == tried[0] else "above"
+        assert winner is not None  # a cell tries at least one rate
+        return {
+            "optimizer": optimizer, "batch_size": batch_size,
+            "lr_grid": list(grid), "lr_tried": tried, "lr_extended": extended,
+            "lr_at_grid_edge": edge is not None,
+            "lr_edge": edge,
+            "lr_at_bound": edge is not None and extended[edge] >= config.lr_extend,
+            "population": path,
+            **summarize_cell(by_rate[winner]),
+            "runs": runs,
+        }
+
+    def run_rate(self, optimizer: str, batch_size: int, learning_rate: float,
+                 by_rate: dict[float, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        """One learning rate of a cell with every seed, into ``by_rate``; returns its runs.
+
+        With pruning, the rate's budget is the best median steps-to-target so far: a run that
+        does not reach the target within it counts as never reaching it, which can only make
+        this rate's median worse than the best one's, never better. Once too few seeds are left
+        for the median seed to reach, the remaining seeds are skipped: the rate cannot win.
+        """
+        runner = self.runner
+        config = runner.config
+        best = best_rate(by_rate, runner.larger_is_better)
+        best_median = (rate_score(by_rate[best], runner.larger_is_better)[0]
+                       if best is not None else math.inf)
+        pruned = config.prune and math.isfinite(best_median)
+        budget = (min(runner.full_budget(batch_size), math.ceil(best_median))
+                  if pruned else None)
+        needed = config.seeds // 2 + 1  # seeds that must reach for the median seed to reach
+        records: list[dict[str, Any]] = []
+        for seed in config.seed_values:
+            missed = sum(1 for r in records if not r["result"]["reached"])
+            if pruned and missed > config.seeds - needed:
+                runner.on_event("pruned", runs=1)
+                continue
+            plan = runner.plan(optimizer, batch_size, learning_rate, budget, seed)
+            records.append(runner.run_one(plan))
+        by_rate[learning_rate] = records
+        return list(records)
+
+    def complete_censored(self, optimizer: str, batch_size: int, rate: float | None,
+                          by_rate: dict[float, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        """Re-run, on the full budget, the seeds of the winning rate that a pruned budget cut
+        short: the median is exact without them, the upper end of the interval is not."""
+        if rate is None:
+            return []
+        runner = self.runner
+        full = runner.plan(optimizer, batch_size, rate).max_steps
+        runs = []
+        for index, record in enumerate(by_rate[rate]):
+            if not record["result"]["reached"] and record["config"]["max_steps"] < full:
+                runner.on_event("extend", runs=1)
+                plan = runner.plan(optimizer, batch_size, rate, seed=record["config"]["seed"])
+                record = runner.run_one(plan)
+                by_rate[rate][index] = record
+                runs.append(record)
+        return runs

@@ -1,0 +1,130 @@
+"""The time model's measurement: each cell's steady seconds per step, timed apart from its runs
+in interleaved rounds (``StepTimeModel``); ``timing.apply_time_model`` turns them into times to
+target.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from kbackend.engines.native import epoch_runner
+from kbackend.optim import OptimizerSpec
+from kbackend.stats import median_interval
+from kbackend.study.runner_protocol import StudyRunnerLike
+
+# A timed call of the time model runs whole fused calls until it lasts STEP_TIME_SECONDS or
+# holds STEP_TIME_STEPS steps, whichever comes first. 20 ms is far above the clock's and a
+# dispatch's jitter (microseconds); what varies is the machine's load, which the interleaved
+# rounds spread over the cells. At batch 1,024 of the default study, six calls of a fixed 32
+# steps came to 30-70% of the steps the cell's runs trained (a fifth of all samples trained).
+STEP_TIME_STEPS = 32
+STEP_TIME_SECONDS = 0.02
+
+# (optimizer, batch size, learning rate, most steps per timed call, fused steps) of one cell
+TimingPlan = tuple[str, int, float, int, int]
+
+
+def timed_steps(seconds_per_call: float, fused: int, most: int) -> int:
+    """Steps per timed call: whole calls of ``fused`` steps until the call lasts
+    ``STEP_TIME_SECONDS`` (by ``seconds_per_call``, one call's time) or holds ``most``."""
+    calls = math.ceil(STEP_TIME_SECONDS / max(seconds_per_call, 1e-9))
+    return fused * max(1, min(calls, most // fused))
+
+
+class StepTimeModel:
+    """Times the cells of ``runner``'s study (their optimizer, batch size and best rate)."""
+
+    def __init__(self, runner: StudyRunnerLike) -> None:
+        self.runner = runner
+
+    def plan(self, cell: dict[str, Any]) -> tuple[int, int]:
+        """(most steps per timed call, fused steps) for timing one cell: the native engine's
+        compiled step with the training's K when the study's engine fuses steps, else one step
+        per call; at most ``STEP_TIME_STEPS`` steps rounded up to whole calls of K (fewer where
+        whole calls reach ``STEP_TIME_SECONDS`` sooner: ``timed_steps``)."""
+        run = self.runner.plan(cell["optimizer"], cell["batch_size"], cell["learning_rate"])
+        fused = max(1, run.fused_steps)
+        return fused * -(-STEP_TIME_STEPS // fused), fused
+
+    def timer(self, cell: dict[str, Any], steps: int) -> Callable[[], Any]:
+        """A callable that trains ``steps`` steps (whole calls of the cell's K) of the cell's
+        compiled native step (its optimizer, batch size and best rate): with the native engine,
+        the very program the cell's runs trained with (nothing is compiled); else on a copy of
+        its model."""
+        runner = self.runner
+        assert runner.dataset is not None
+        fused = self.plan(cell)[1]
+        if runner.config.engine == "native":
+            plan = runner.plan(cell["optimizer"], cell["batch_size"], cell["learning_rate"])
+            return runner.native_runs().step_timer(runner.train_config(plan),
+                                                   runner.initial_values(runner.config.seed),
+                                                   steps)
+        batch = cell["batch_size"]
+        rows = np.arange(steps * batch) % runner.num_train  # whole batches, wrapping the data
+        subset = replace(runner.dataset, x_train=runner.dataset.x_train[rows],
+                         y_train=runner.dataset.y_train[rows])
+        return epoch_runner(runner.build_model(), subset,
+                            OptimizerSpec(cell["optimizer"], cell["learning_rate"]),
+                            batch, fused, runner.config.seed)
+
+    def measure(self, cells: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """Each cell's steady seconds per step, in ``step_time_repeats`` interleaved rounds: in
+        each round every cell times one call of ``timed_steps`` steps, in an order rotated by
+        the round, so a load that comes and goes spreads over every cell alike. The first calls
+        of each cell (compilation, warm-up, the estimate that sizes its timed call) are not
+        timed. Stored, so a resumed study reuses it."""
+        runner = self.runner
+        repeats = runner.config.step_time_repeats
+        if repeats == 0 or not cells:
+            return None
+        plans: list[TimingPlan] = [
+            (c["optimizer"], c["batch_size"], c["learning_rate"], *self.plan(c)) for c in cells]
+        key_config = {"kind": "steptime", "model": runner.config.model,
+                      "seed": runner.config.seed,
+                      "data": runner.dataset.info.to_dict() if runner.dataset else None,
+                      "cells": plans, "repeats": repeats, "engine": runner.config.engine,
+                      "min_seconds": STEP_TIME_SECONDS, **runner.env}
+        return runner.stored_or_measured("steptime", "timing", key_config, None,
+                                         lambda: self._time(cells, plans, repeats))
+
+    def _time(self, cells: list[dict[str, Any]], plans: list[TimingPlan],
+              repeats: int) -> dict[str, Any]:
+        native = self.runner.config.engine == "native"
+        timers: list[Callable[[], Any]] = []
+        seconds: list[list[float]] = [[] for _ in cells]
+        steps: list[int] = []
+        warm_up: list[float] = []
+        for cell, plan in zip(cells, plans, strict=True):
+            start = time.perf_counter()
+            if native:  # the cell's programs exist: size the call
+                one_call = self.timer(cell, plan[4])
+                one_call()  # warms up
+                clock = time.perf_counter()
+                one_call()
+                steps.append(timed_steps(time.perf_counter() - clock, plan[4], plan[3]))
+            else:  # a fresh model per timer, compiled by its first call: one timer, full size
+                steps.append(plan[3])
+            timers.append(self.timer(cell, steps[-1]))
+            if not native:  # native: whole calls of the program warmed above
+                timers[-1]()  # warms up (compiles: the programs are new)
+            warm_up.append(time.perf_counter() - start)
+        for round_index in range(repeats):
+            shift = round_index % len(cells)
+            for index in list(range(shift, len(cells))) + list(range(shift)):
+                start = time.perf_counter()
+                timers[index]()
+                seconds[index].append((time.perf_counter() - start) / steps[index])
+        return {
+            "engine": "native", "study_engine": self.runner.config.engine, "repeats": repeats,
+            "min_seconds": STEP_TIME_SECONDS,
+            "cells": [{"optimizer": p[0], "batch_size": p[1], "learning_rate": p[2],
+                       "steps_per_call": n, "fused_steps": p[4], "warm_up_s": w,
+                       "seconds": s, "seconds_per_step": median_interval(s)}
+                      for p, n, w, s in zip(plans, steps, warm_up, seconds, strict=True)],
+        }

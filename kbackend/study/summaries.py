@@ -1,0 +1,257 @@
+"""A study's figures: one run's (``summarize_run``), a learning rate's rank over its seeds
+(``rate_score``, ``best_rate``) and a cell's medians with their intervals (``summarize_cell``),
+all re-derived from stored trajectories (``history_from_trajectory``) so stored runs follow this
+code.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kbackend.data.batching import steps_per_epoch_keeping_last
+from kbackend.history import History
+from kbackend.stats import median_interval
+from kbackend.training import Target
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """One training run of the grid."""
+
+    optimizer: str
+    batch_size: int
+    learning_rate: float
+    max_steps: int
+    eval_every: int
+    fused_steps: int
+    seed: int = 0
+
+    def label(self) -> str:
+        return f"{self.optimizer} B={self.batch_size} lr={self.learning_rate:g} seed={self.seed}"
+
+
+
+def samples_seen(step: int, num_train: int, batch_size: int, drops_remainder: bool = False) -> int:
+    """Training samples processed by the end of ``step``."""
+    if drops_remainder:
+        return int(step) * batch_size
+    per_epoch = steps_per_epoch_keeping_last(num_train, batch_size)
+    full_epochs, rest = divmod(int(step), per_epoch)
+    return full_epochs * num_train + rest * batch_size
+
+
+def drops_partial_batch(history: History) -> bool:
+    """Whether the run's engine drops each epoch's partial batch (the native engine records
+    how many samples it drops; Keras fit drops none)."""
+    return "dropped_per_epoch" in history.extra
+
+
+def steady_throughput(history: History, num_train: int, batch_size: int,
+                      startup: float = 0.0) -> float:
+    """Samples/s over the run's training time with its start-up (compilation) taken out."""
+    seconds = (history.timing.get("train_time") or 0.0) - startup
+    if not history.step or seconds <= 0:
+        return math.nan
+    samples = samples_seen(history.steps_run, num_train, batch_size,
+                           drops_partial_batch(history))
+    return samples / seconds
+
+
+def startup_seconds(history: History) -> tuple[float, bool]:
+    """Per-run start-up time inside the training time (compilation and first-call overhead),
+    and whether it is estimated rather than reported by the engine.
+
+    Engines that time their compilation report it (``timing["compile_time"]``), but a first
+    call can cost more than its compilation (Keras fit compiles inside its first step; a first
+    XLA call on TF also pays for allocation and autotuning). With two or more evaluations the
+    start-up is estimated as the training time at the first evaluation minus its steps at the
+    median per-step time of the later evaluation intervals; the larger of that and the reported
+    compile time is used. Without them: the reported compile time, or for engines that report
+    none, the first step's time minus the median step time.
+    """
+    reported = history.timing.get("compile_time")
+    evals = [e for e in history.evals if "step" in e and "train_time" in e]
+    rates = [(b["train_time"] - a["train_time"]) / (b["step"] - a["step"])
+             for a, b in itertools.pairwise(evals) if b["step"] > a["step"]]
+    if rates:
+        estimate = max(0.0, evals[0]["train_time"] - evals[0]["step"] * float(np.median(rates)))
+        if reported is None or estimate > reported:
+            return estimate, True
+        return float(reported), False
+    if reported is not None:
+        return float(reported), False
+    times = np.asarray(history.time, dtype=float)
+    if times.size < 3:
+        return 0.0, True
+    return max(0.0, float(times[0] - np.median(np.diff(times)))), True
+
+
+def history_from_trajectory(trajectory: dict[str, Any], result: dict[str, Any]) -> History:
+    """Rebuild a run's ``History`` from its stored trajectory (to re-derive its figures)."""
+    history = History(step=list(trajectory["step"]), loss=list(trajectory["loss"]),
+                      time=list(trajectory["time"]), evals=list(trajectory["evals"]),
+                      timing=dict(trajectory.get("timing", {})),
+                      extra=dict(trajectory.get("extra", {})))
+    history.test = {k: result[k] for k in ("test_accuracy", "test_loss")
+                    if result.get(k) is not None}
+    if "target_reached" not in history.extra and result.get("reached"):
+        # Stored before the engine's extra was kept: the reaching evaluation is the last one.
+        last = history.evals[-1]
+        history.extra["target_reached"] = {"step": last["step"], "epoch": last.get("epoch"),
+                                           "train_time": last["train_time"]}
+    return history
+
+
+def summarize_run(history: History, plan: RunPlan, target: Target,
+                  num_train: int) -> dict[str, Any]:
+    """The figures of one finished run.
+
+    Time to target is training time only: the engines exclude evaluation from ``train_time``,
+    and the per-run start-up (compilation, first-call overhead: ``startup_seconds``) is
+    subtracted too, so runs of a few seconds are not ranked by their compile times;
+    ``time_to_target_raw`` keeps it in.
+    """
+    metric = target.metric
+    reached = history.extra.get("target_reached")
+    losses = np.asarray(history.loss, dtype=float)
+    drops = drops_partial_batch(history)
+    startup, estimated = startup_seconds(history)
+    result: dict[str, Any] = {
+        "reached": reached is not None,
+        "steps_run": history.steps_run,
+        "train_time": history.timing.get("train_time"),
+        "eval_time": history.timing.get("eval_time"),
+        "wall_time": history.timing.get("wall_time"),
+        "compile_time": history.timing.get("compile_time"),
+        "startup_time": startup,
+        "startup_time_estimated": estimated,
+        "samples_per_s": steady_throughput(history, num_train, plan.batch_size, startup),
+        "best_val_accuracy": history.best("val_accuracy"),
+        "best_val_loss": history.best("val_loss"),
+        "best_metric": history.best(metric),
+        "final_train_loss": float(losses[-1]) if losses.size else None,
+        "diverged": "diverged" in history.extra
+        or bool(losses.size and not np.all(np.isfinite(losses))),
+        "test_accuracy": history.test.get("test_accuracy"),
+        # the task's own test metric (test_accuracy, test_mae, ...): the run's model is judged
+        # on it, whatever the task
+        "test_metric": next((v for k, v in history.test.items() if k != "test_loss"), None),
+        "test_metric_name": next((k for k in history.test if k != "test_loss"), None),
+        "test_loss": history.test.get("test_loss"),
+        "evaluations": len(history.evals),
+        "drops_partial_batch": drops,
+    }
+    if reached is not None:
+        step = int(reached["step"])
+        samples = samples_seen(step, num_train, plan.batch_size, drops)
+        raw = float(reached["train_time"])
+        result.update(steps_to_target=step, samples_to_target=samples,
+                      epochs_to_target=samples / num_train, time_to_target_raw=raw,
+                      time_to_target=max(raw - startup, 0.0))
+    else:
+        result.update(steps_to_target=None, samples_to_target=None, epochs_to_target=None,
+                      time_to_target=None, time_to_target_raw=None)
+    return result
+
+
+def run_steps(record: dict[str, Any]) -> float:
+    """A run's steps to target; a run that did not reach it counts as infinitely many."""
+    steps = record["result"]["steps_to_target"]
+    return math.inf if steps is None or not record["result"]["reached"] else float(steps)
+
+
+def median_or_inf(values: list[float]) -> float:
+    """The median of ``values`` (infinite: never reached), infinite when there are none."""
+    return float(statistics.median(values)) if values else math.inf
+
+
+def rate_score(records: list[dict[str, Any]],
+               larger_is_better: bool) -> tuple[float, float, float, float]:
+    """How one learning rate of a cell ranks (smaller is better): the median steps to target over
+    its seeds (not reached: infinite); on a tie, the mean steps over the seeds (finer than the
+    median, and like it free of the machine's load); then (for rates whose median seed did not
+    reach) the median best validation metric; only then the median time to target, a clock."""
+    per_seed = [run_steps(r) for r in records]
+    steps = median_or_inf(per_seed)
+    mean_steps = sum(per_seed) / len(per_seed) if per_seed else math.inf
+    times = median_or_inf([r["result"]["time_to_target"] if run_steps(r) < math.inf else math.inf
+                     for r in records])
+    metrics = [r["result"]["best_metric"] for r in records]
+    metric = median_or_inf([m for m in metrics if m is not None and math.isfinite(m)])
+    if math.isfinite(metric) and larger_is_better:
+        metric = -metric
+    return steps, mean_steps, metric, times
+
+
+def best_rate(by_rate: dict[float, list[dict[str, Any]]], larger_is_better: bool) -> float | None:
+    """The learning rate a cell reports: the best ``rate_score`` (None for an empty cell)."""
+    if not by_rate:
+        return None
+    return min(by_rate, key=lambda rate: (rate_score(by_rate[rate], larger_is_better), rate))
+
+
+def summarize_cell(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """A cell's figures from the runs of its best learning rate (one per seed): each a median
+    over the seeds, with the order-statistic interval of ``median_interval``. The cell reaches
+    the target when its median seed does."""
+    results = [r["result"] for r in records]
+    steps = median_interval([run_steps(r) for r in records])
+    reached = math.isfinite(steps["median"])
+
+    def median_of(name: str, only_reached: bool = False) -> dict[str, Any]:
+        values = [r[name] for r in results if r.get(name) is not None and
+                  (not only_reached or r["reached"])]
+        return median_interval([float(v) for v in values if math.isfinite(float(v))])
+
+    def finite(value: float | None) -> float | None:
+        return value if value is not None and math.isfinite(value) else None
+
+    times = median_interval([r["time_to_target"] if run_steps(rec) < math.inf else math.inf
+                             for r, rec in zip(results, records, strict=True)])
+    test = median_of("test_accuracy", only_reached=reached)
+    # the task's own test metric (test_accuracy for classifiers, test_mae, ...)
+    test_metric = median_of("test_metric", only_reached=reached)
+    # The run drawn in the trajectory plot: the seed at the median (the lower one of two).
+    ordered = sorted(records, key=lambda r: (run_steps(r), -(r["result"]["best_metric"] or 0.0)))
+    middle = ordered[(len(ordered) - 1) // 2]
+    return {
+        "learning_rate": middle["config"]["learning_rate"],
+        "seeds": len(records),
+        "seed_values": [r["config"]["seed"] for r in records],
+        "reached": reached,
+        "seeds_reached": sum(1 for r in records if run_steps(r) < math.inf),
+        "steps_to_target": finite(steps["median"]) if reached else None,
+        "samples_to_target": finite(median_of("samples_to_target")["median"]) if reached else None,
+        "epochs_to_target": finite(median_of("epochs_to_target")["median"]) if reached else None,
+        "time_to_target": finite(times["median"]) if reached else None,
+        "time_to_target_raw":
+            finite(median_of("time_to_target_raw")["median"]) if reached else None,
+        "steps_run": finite(median_of("steps_run")["median"]),
+        "best_metric": finite(median_of("best_metric")["median"]),
+        "test_accuracy": finite(test["median"]),
+        "test_metric": finite(test_metric["median"]),
+        "samples_per_s": finite(median_of("samples_per_s")["median"]),
+        "startup_time": finite(median_of("startup_time")["median"]),
+        "startup_time_estimated": any(r.get("startup_time_estimated") for r in results),
+        "train_time": sum(r.get("train_time") or 0.0 for r in results),
+        "wall_time": sum(r.get("wall_time") or 0.0 for r in results),
+        "seed_steps": {str(r["config"]["seed"]): run_steps(r) for r in records},
+        # per seed, for the paired verdicts (kbackend.study.verdicts)
+        "seed_test": {str(r["config"]["seed"]): float(r["result"]["test_metric"])
+                      for r in records if r["result"].get("test_metric") is not None},
+        "test_metric_name": next((r["result"].get("test_metric_name") for r in records
+                                  if r["result"].get("test_metric_name")), None),
+        "eval_every": records[0]["config"].get("eval_every") if records else None,
+        "run_key": middle["key"],
+        "run_keys": [r["key"] for r in records],
+        "intervals": {"steps_to_target": steps, "time_to_target": times,
+                      "test_accuracy": test, "test_metric": test_metric,
+                      "best_metric": median_of("best_metric")},
+    }
+

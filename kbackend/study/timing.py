@@ -1,0 +1,85 @@
+"""Where a study's time goes, and the time model's arithmetic.
+
+- ``TimeSpent``: this process's study time by phase; ``seconds_since`` is the one clock of a
+  phase (wall seconds less the set-up built meanwhile, which is counted as set-up).
+- ``apply_time_model``: each cell's time to target from its steps and its measured seconds per
+  step (``step_times.StepTimeModel`` measures them).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kbackend.history import History
+from kbackend.study.summaries import startup_seconds
+
+
+def apply_time_model(cells: list[dict[str, Any]], step_times: dict[str, Any] | None) -> None:
+    """Each cell's time to target = its median steps to target x its median measured seconds
+    per step; the interval is [low steps x fastest step time, high steps x slowest step time].
+    The runs' own clocks stay in ``time_to_target_runs``. Without a measurement the runs'
+    clocks remain the time to target (``time_model: "run clocks"``)."""
+    measured = {(c["optimizer"], c["batch_size"]): c["seconds_per_step"]
+                for c in (step_times or {}).get("cells", [])}
+    for cell in cells:
+        intervals = cell.setdefault("intervals", {})
+        intervals["time_to_target_runs"] = intervals.get("time_to_target")
+        cell["time_to_target_runs"] = cell.get("time_to_target")
+        per_step = measured.get((cell["optimizer"], cell["batch_size"]))
+        if per_step is None or not per_step.get("n"):
+            cell["time_model"] = "run clocks"
+            continue
+        steps = intervals["steps_to_target"]
+        cell["time_model"] = "steps x step time"
+        cell["seconds_per_step"] = per_step
+        cell["samples_per_s"] = cell["batch_size"] / per_step["median"]
+        intervals["time_to_target"] = {
+            "median": steps["median"] * per_step["median"],
+            "low": steps["low"] * per_step["low"], "high": steps["high"] * per_step["high"],
+            "n": steps["n"], "coverage": steps["coverage"]}
+        cell["time_to_target"] = (steps["median"] * per_step["median"]) if cell["reached"] else None
+
+
+@dataclass
+class TimeSpent:
+    """Where this process's study time went, by phase (seconds). Runs reused from the store
+    cost nothing here; a population counts once, not once per member (its members share one
+    clock)."""
+
+    runs: int = 0          # runs trained in this process
+    # wall time around those runs: set-up, compilation, training, evaluation
+    runs_wall: float = 0.0
+    training: float = 0.0  # their training time (evaluation excluded), start-up included
+    startup: float = 0.0   # of it, compilation and first-call overhead
+    evaluation: float = 0.0
+    step_times: float = 0.0  # the time model
+    noise: float = 0.0
+    added_seeds: float = 0.0  # sequential seeds and frontier runs (their runs counted above too)
+    added_seed_runs: int = 0
+    frontier_runs: int = 0
+    # Building the model, the seeds' initial values and each cell's trainer (outside the
+    # training clock and every other phase): a cell's start-up with its compilation.
+    setup: float = 0.0
+
+    def add(self, histories: list[History], wall: float) -> None:
+        """Count runs trained together (one run, or a population's members) in ``wall`` s; the
+        trainer's construction, where they built it, is set-up (``timing["setup_time"]``)."""
+        built = max(h.timing.get("setup_time") or 0.0 for h in histories)
+        self.runs += len(histories)
+        self.setup += built
+        self.runs_wall += wall - built
+        self.training += max(h.timing.get("train_time") or 0.0 for h in histories)
+        self.startup += max(startup_seconds(h)[0] for h in histories)
+        self.evaluation += max(h.timing.get("eval_time") or 0.0 for h in histories)
+
+    def seconds_since(self, start: float, setup_before: float) -> float:
+        """Wall seconds since ``start`` (a ``time.perf_counter()``) less the set-up built
+        meanwhile (``setup_before``: ``self.setup`` at ``start``), which counts as set-up."""
+        return time.perf_counter() - start - (self.setup - setup_before)
+
+    @property
+    def steady_training(self) -> float:
+        """Training with the start-ups taken out: the wall time spent in train steps."""
+        return max(self.training - self.startup, 0.0)

@@ -35,7 +35,7 @@ def test_named_report_and_tables(tmp_path):
 def test_plotted_trajectories_are_thinned_to_a_bounded_number_of_points_keeping_the_ends():
     import numpy as np
 
-    from kbackend.study.report import PLOT_POINTS, _thin
+    from kbackend.study.plots import PLOT_POINTS, _thin
 
     steps = np.arange(1, 10_001)
     thinned_steps, thinned_twice = _thin(steps, steps * 2)

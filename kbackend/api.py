@@ -231,7 +231,7 @@ def _save_arrays(workload: Workload, out: Path) -> Path:
     path = out / "data" / f"arrays-{digest.hexdigest()[:16]}.npz"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, lambda tmp: np.savez(tmp, **arrays))
+        atomic_write(path, lambda tmp: np.savez(tmp, allow_pickle=False, **arrays))
     return path
 
 

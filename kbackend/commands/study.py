@@ -208,7 +208,7 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     compare.set_defaults(func=run_compare, needs_backend=False)
 
 
-def config_from_args(args: argparse.Namespace):
+def config_from_args(args: argparse.Namespace) -> StudyConfig:
     """The ``StudyConfig`` the flags describe (validated)."""
     learning_rates: dict[str, tuple[float, ...]] = {}
     for name, values in args.lrs or []:

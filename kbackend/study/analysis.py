@@ -623,7 +623,7 @@ def step_time_spread(step_times: dict[str, Any] | None) -> dict[str, Any] | None
             if min(t2) <= max(t1) and min(t1) <= max(t2):
                 overlaps.append(f"{optimizer} {c1['batch_size']}/{c2['batch_size']}")
     values = sorted(ratios.values())
-    worst = max(ratios, key=ratios.get) if ratios else None
+    worst = max(ratios, key=lambda name: ratios[name]) if ratios else None
     return {"median_ratio": statistics.median(values) if values else None,
             "worst": worst, "worst_ratio": ratios.get(worst) if worst else None,
             "unranked_neighbours": overlaps}

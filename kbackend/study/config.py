@@ -373,7 +373,7 @@ class StudyConfig:
             return tuple(self.learning_rates[optimizer])
         centre = CENTRE_LR.get(optimizer, 1e-2) * (batch_size / REFERENCE_BATCH) ** LR_BATCH_EXPONENT
         # Centre, then alternately below and above: with pruning the likely winner runs first.
-        offsets = [0]
+        offsets: list[float] = [0]
         for k in range(1, self.lr_grid_size):
             offsets.append(-((k + 1) // 2) if k % 2 else (k + 1) // 2)
         if self.lr_grid_size % 2 == 0:  # an even grid is centred between two points

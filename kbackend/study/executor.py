@@ -208,16 +208,7 @@ class StudyRunner:
             self.prepare()
         assert self.dataset is not None
         if self.config.executor != LOCAL_EXECUTOR:
-            # The same study, its cells run as Ray tasks and their results stored here.
-            cells, runs, step_times, noise = run_on_ray(self)
-            # the added seeds here, in the driver
-            added = extend_seeds(self, cells, runs, step_times, summarize_cell)
-            apply_time_model(cells, step_times)
-            return {"study": self.study_id, "step_times": step_times,
-                    "config": self.config.to_dict(), "env": self.env,
-                    "dataset": self.dataset.info.to_dict(),
-                    "batch_sizes": list(self.batch_sizes), "cells": cells, "runs": runs,
-                    "noise": noise, "added_seeds": added}
+            return self._run_on_ray()
         cells: list[dict[str, Any]] = []
         runs: list[dict[str, Any]] = []
         for optimizer in self.config.optimizers:
@@ -237,6 +228,19 @@ class StudyRunner:
                 "config": self.config.to_dict(), "env": self.env,
                 "dataset": self.dataset.info.to_dict(), "batch_sizes": list(self.batch_sizes),
                 "cells": cells, "runs": runs, "noise": noise, "added_seeds": added}
+
+    def _run_on_ray(self) -> dict[str, Any]:
+        """The same study, its cells run as Ray tasks and their results stored here."""
+        assert self.dataset is not None
+        cells, runs, step_times, noise = run_on_ray(self)
+        # the added seeds here, in the driver
+        added = extend_seeds(self, cells, runs, step_times, summarize_cell)
+        apply_time_model(cells, step_times)
+        return {"study": self.study_id, "step_times": step_times,
+                "config": self.config.to_dict(), "env": self.env,
+                "dataset": self.dataset.info.to_dict(),
+                "batch_sizes": list(self.batch_sizes), "cells": cells, "runs": runs,
+                "noise": noise, "added_seeds": added}
 
     @property
     def larger_is_better(self) -> bool:

@@ -306,9 +306,9 @@ def compare(summaries: list[dict[str, Any]]) -> str:
             times, steps, speeds = [], [], []
             for by_key in cells:
                 cell = by_key.get(key)
-                reached = cell is not None and cell["reached"]
-                times.append(f"{cell['time_to_target']:.2f}" if reached else "not reached")
-                steps.append(f"{cell['steps_to_target']:.0f}" if reached else "-")
+                reached = cell if cell is not None and cell["reached"] else None
+                times.append(f"{reached['time_to_target']:.2f}" if reached else "not reached")
+                steps.append(f"{reached['steps_to_target']:.0f}" if reached else "-")
                 speed = None if cell is None else cell.get("samples_per_s")
                 speeds.append(f"{speed:,.0f}" if speed and math.isfinite(speed) else "-")
             table.append([key[0], str(key[1]), *times, *steps, *speeds])

@@ -27,6 +27,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -232,7 +233,7 @@ def stored_only(runner: Any, platform: str) -> Any:
     """A view of the prepared ``runner`` (its store, data and plans shared) that only reads
     the store, with the workers' ``platform``."""
     cls = type(f"StoredOnly{type(runner).__name__}", (_StoredOnly, type(runner)), {})
-    view = cls.__new__(cls)
+    view: Any = object.__new__(cls)  # a bare instance: its state is copied from runner below
     view.__dict__.update(runner.__dict__)
     view._platform = platform
     return view
@@ -318,7 +319,7 @@ class RayStudy:
         cells: dict[tuple[str, int], dict[str, Any]] = {}
         pending: dict[Any, tuple[str, int]] = {}
         for key in keys:
-            done, cell = self.attempt(lambda key=key: self.stored.run_cell(*key))
+            done, cell = self.attempt(partial(self.stored.run_cell, *key))
             if done:
                 cells[key] = cell  # every run stored: not submitted
             else:
@@ -330,7 +331,7 @@ class RayStudy:
                 key = pending.pop(ref)
                 output = self.get(ref, f"cell {key[0]} B={key[1]}")
                 fresh = self.commit(output)
-                done, cell = self.attempt(lambda key=key: self.stored.run_cell(*key), fresh)
+                done, cell = self.attempt(partial(self.stored.run_cell, *key), fresh)
                 if not done:  # a worker keyed differently (another device): its own cell
                     cell = output["result"]
                     cell["runs"] = [runner.store.get(k) for k in cell["runs"]]

@@ -61,7 +61,8 @@ def look_level(looks: int, confidence: float = VERDICT_CONFIDENCE) -> float:
 
 def t_quantile(probability: float, df: float) -> float:
     """Student's t quantile (SciPy, a dependency of scikit-learn, imported when first needed)."""
-    from scipy.stats import t  # deferred: only the analysis needs it
+    # deferred: only the analysis needs it; SciPy ships no type stubs
+    from scipy.stats import t  # type: ignore[import-untyped]
 
     return float(t.ppf(probability, df))
 

@@ -46,7 +46,8 @@ def _int_list(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}") from None
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -98,9 +99,11 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                                       "generated offline",
                          model_help=f"; default {DEFAULT_MODEL}, hidden widths 256,128")
     grid.add_argument("--optimizers", type=_names, default=("sgd", "momentum", "adam"),
-                      help=f"comma-separated, from {', '.join(OPTIMIZERS)} (default: sgd,momentum,adam)")
+                      help=f"comma-separated, from {', '.join(OPTIMIZERS)} "
+                           "(default: sgd,momentum,adam)")
     grid.add_argument("--batch-sizes", type=_int_list, default=None,
-                      help="comma-separated (default: powers of two from 8 to half the training split)")
+                      help="comma-separated (default: powers of two from 8 to half the "
+                           "training split)")
     grid.add_argument("--max-batch-size", type=int, default=0,
                       help="cap the default batch sizes (0: the dataset's default cap, "
                            f"{DEFAULT_DATASET} {DEFAULT_MAX_BATCH[DEFAULT_DATASET]}; else none)")
@@ -162,7 +165,8 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     target.add_argument("--engine", default=None, choices=engine_names(),
                         help="training engine (default: native when available, else keras)")
     target.add_argument("--fused-steps", type=int, default=0,
-                        help="steps per compiled call for the native engine (0: one evaluation interval)")
+                        help="steps per compiled call for the native engine (0: one evaluation "
+                             "interval)")
     target.add_argument("--no-jit", dest="jit_compile", action="store_false",
                         help="train the Keras engines and TensorFlow's native loop without XLA "
                              "(JAX's native loop is always one XLA program)")
@@ -178,7 +182,8 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                        help="points along training where B_simple is measured (0: skip)")
     noise.add_argument("--noise-draws", type=int, default=24, help="batch pairs per point")
     noise.add_argument("--noise-batches", type=_int_list, default=(0, 0), metavar="SMALL,BIG",
-                       help="the two batch sizes of the estimator (default: smallest and largest of the grid)")
+                       help="the two batch sizes of the estimator (default: smallest and "
+                            "largest of the grid)")
     where = parser.add_argument_group("where the cells run (docs/cluster.md)")
     where.add_argument("--executor", default=LOCAL_EXECUTOR, metavar="local|ray[:ADDRESS]",
                        help="local: one cell after another here (default); ray: each cell a Ray "
@@ -191,7 +196,8 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                        help="CPUs each cell's Ray task asks for (default 1)")
     where.add_argument("--cell-gpus", type=_gpus, default=None, metavar="auto|N",
                        help="GPUs each cell's Ray task asks for; a fraction packs cells on one "
-                            "GPU, e.g. 0.25: four (default auto: 1 where the cluster has GPUs, else 0)")
+                            "GPU, e.g. 0.25: four (default auto: 1 where the cluster has GPUs, "
+                            "else 0)")
     output = parser.add_argument_group("output")
     output.add_argument("--out", default=DEFAULT_OUT,
                         help=f"folder for study.db and the reports (default {DEFAULT_OUT})")
@@ -217,7 +223,8 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
     if args.target is None:
         target = default_target(args.dataset)
         if target.metric != args.target_metric:
-            raise ConfigError(f"--target-metric {args.target_metric} needs an explicit --target value.")
+            raise ConfigError(f"--target-metric {args.target_metric} needs an explicit "
+                              "--target value.")
     else:
         target = Target(args.target_metric, args.target)
     if args.max_seeds < args.seeds:

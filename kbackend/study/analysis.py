@@ -80,7 +80,8 @@ def fit_critical_batch(points: list[tuple[int, float]]) -> dict[str, Any]:
     (knee below it).
     """
     if len(points) < 2:
-        return {"s_min": None, "b_crit": None, "note": "fewer than two batch sizes reached the target"}
+        return {"s_min": None, "b_crit": None,
+                "note": "fewer than two batch sizes reached the target"}
     # Weighted normal equations for S = a + b u, u = 1 / B, weights 1 / S^2.
     rows = [(1.0 / s, (1.0 / b) / s, 1.0) for b, s in points]  # (1/S, u/S, S/S)
     saa = sum(r[0] ** 2 for r in rows)
@@ -121,7 +122,8 @@ def _time(cell: dict[str, Any] | None) -> float:
     return cell["time_to_target"]
 
 
-def crossover(cells: list[dict[str, Any]], challenger: str, incumbent: str) -> dict[str, Any] | None:
+def crossover(cells: list[dict[str, Any]], challenger: str,
+              incumbent: str) -> dict[str, Any] | None:
     """The smallest batch size from which ``challenger`` reaches the target in less training time
     than ``incumbent`` at that and every larger studied batch size (None if both are absent)."""
     grouped = _by_optimizer(cells)
@@ -129,7 +131,8 @@ def crossover(cells: list[dict[str, Any]], challenger: str, incumbent: str) -> d
         return None
     a = {c["batch_size"]: c for c in grouped[challenger]}
     b = {c["batch_size"]: c for c in grouped[incumbent]}
-    sizes = sorted(s for s in set(a) & set(b) if math.isfinite(_time(a[s])) or math.isfinite(_time(b[s])))
+    sizes = sorted(s for s in set(a) & set(b)
+                   if math.isfinite(_time(a[s])) or math.isfinite(_time(b[s])))
     wins = [_time(a[s]) < _time(b[s]) for s in sizes]
     result: dict[str, Any] = {"challenger": challenger, "incumbent": incumbent,
                               "batch_size": None, "wins": dict(zip(sizes, wins, strict=True))}

@@ -140,10 +140,10 @@ class StudyConfig:
     batch size). ``max_steps`` is each run's step budget, cut to ``max_epochs`` epochs where that
     is fewer (0: no epoch cap), so that one study can give a small batch thousands of steps and a
     large batch no more passes over the data than it needs (None: the dataset's default,
-    ``DEFAULT_BUDGETS``, else ``DEFAULT_MAX_STEPS`` and no cap); ``evals_per_epoch`` sets how often the
-    target is checked (engines that validate once per epoch do that instead). With ``prune``, a
-    later learning rate of a cell gets the best median steps-to-target so far as its budget: it
-    can only win by reaching the target in fewer steps. Each learning rate runs with ``seeds``
+    ``DEFAULT_BUDGETS``, else ``DEFAULT_MAX_STEPS`` and no cap); ``evals_per_epoch`` sets how
+    often the target is checked (engines that validate once per epoch do that instead). With
+    ``prune``, a later learning rate of a cell gets the best median steps-to-target so far as
+    its budget: it can only win by reaching the target in fewer steps. Each learning rate runs with ``seeds``
     seeds (``seed``, ``seed + 1``, ...: initial weights and data order); a cell's figures are
     medians over them with an order-statistic interval. A cell whose best rate sits on an end of
     its grid extends the grid that way by up to ``lr_extend`` points. Time to target is the
@@ -244,11 +244,13 @@ class StudyConfig:
             for rate in rates:
                 OptimizerSpec(name, rate)  # raises for a rate that is not finite and > 0
         if not isinstance(self.lr_grid_size, int) or self.lr_grid_size < 1:
-            raise ConfigError(f"Invalid lr_grid_size {self.lr_grid_size!r}: expected an integer >= 1.")
+            raise ConfigError(
+                f"Invalid lr_grid_size {self.lr_grid_size!r}: expected an integer >= 1.")
         if not self.lr_factor > 1.0:
             raise ConfigError(f"Invalid lr_factor {self.lr_factor!r}: expected a ratio > 1.")
-        if not (isinstance(self.validation_fraction, (int, float)) and 0 < self.validation_fraction < 1):
-            raise ConfigError(f"Invalid validation_fraction {self.validation_fraction!r}: a study stops "
+        fraction = self.validation_fraction
+        if not (isinstance(fraction, (int, float)) and 0 < fraction < 1):
+            raise ConfigError(f"Invalid validation_fraction {fraction!r}: a study stops "
                               "each run at a validation target, so it needs a split in (0, 1).")
         for name in ("max_steps", "evals_per_epoch", "noise_draws", "seeds"):
             value = getattr(self, name)
@@ -256,8 +258,8 @@ class StudyConfig:
                 continue
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"Invalid {name} {value!r}: expected an integer >= 1.")
-        for name in ("max_epochs", "fused_steps", "noise_points", "noise_small_batch", "noise_big_batch",
-                     "max_batch_size", "lr_extend", "step_time_repeats"):
+        for name in ("max_epochs", "fused_steps", "noise_points", "noise_small_batch",
+                     "noise_big_batch", "max_batch_size", "lr_extend", "step_time_repeats"):
             value = getattr(self, name)
             if name == "max_epochs" and value is None:
                 continue
@@ -371,7 +373,8 @@ class StudyConfig:
         """The learning rates tried for one cell, in the order they are tried (centre first)."""
         if optimizer in self.learning_rates:
             return tuple(self.learning_rates[optimizer])
-        centre = CENTRE_LR.get(optimizer, 1e-2) * (batch_size / REFERENCE_BATCH) ** LR_BATCH_EXPONENT
+        scale = (batch_size / REFERENCE_BATCH) ** LR_BATCH_EXPONENT
+        centre = CENTRE_LR.get(optimizer, 1e-2) * scale
         # Centre, then alternately below and above: with pruning the likely winner runs first.
         offsets: list[float] = [0]
         for k in range(1, self.lr_grid_size):
@@ -383,7 +386,8 @@ class StudyConfig:
     def to_dict(self) -> dict[str, Any]:
         payload = asdict(self)
         payload["target"] = asdict(self.resolved_target)
-        payload["max_steps"], payload["max_epochs"] = self.resolved_max_steps, self.resolved_max_epochs
+        payload["max_steps"] = self.resolved_max_steps
+        payload["max_epochs"] = self.resolved_max_epochs
         payload["learning_rates"] = {k: list(v) for k, v in sorted(self.learning_rates.items())}
         return payload
 
@@ -401,6 +405,7 @@ class StudyConfig:
             fingerprint = source_fingerprint(payload[name])
             if fingerprint:
                 payload[f"{name}_fingerprint"] = fingerprint
-        if not payload["max_epochs"]:  # studies stored before the option existed keep their identity
+        # studies stored before the option existed keep their identity
+        if not payload["max_epochs"]:
             payload.pop("max_epochs")
         return payload

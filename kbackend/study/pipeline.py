@@ -66,11 +66,11 @@ class _ProgressEvents:
             self.progress.advance(self.task, runs)
         elif event in ("start", "start_noise", "start_timing", "start_probe", "start_population"):
             cell = f"{plan.optimizer} B={plan.batch_size}" if plan is not None else ""
+            labels = {"start_probe": f"{cell}: population or one by one? (probe)",
+                      "start_population": f"{cell}: {runs} runs as one population"}
             self.label = (plan.label() if event == "start" else
                           f"noise scale along {plan.label()}" if event == "start_noise" else
-                          f"{cell}: population or one by one? (probe)" if event == "start_probe" else
-                          f"{cell}: {runs} runs as one population" if event == "start_population" else
-                          "steady step times, interleaved")
+                          labels.get(event, "steady step times, interleaved"))
             self.progress.update(self.task, description=self.label)
         elif event in ("finished", "finished_noise", "skipped", "skipped_noise",
                        "finished_timing", "skipped_timing"):
@@ -217,7 +217,8 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
 
 # -- comparison across backends / devices --------------------------------------------------------
 
-def load_summaries(paths: Iterable[str | Path], out_dir: str | Path | None = None) -> list[dict[str, Any]]:
+def load_summaries(paths: Iterable[str | Path],
+                   out_dir: str | Path | None = None) -> list[dict[str, Any]]:
     """Summaries from report folders / summary.json files, or every one stored in
     ``out_dir/study.db`` when no path is given."""
     summaries = []
@@ -268,7 +269,8 @@ def _read_summary(file: Path) -> dict[str, Any]:
         for key in keys:
             value = value.get(key) if isinstance(value, dict) else None
         if not isinstance(value, kind) or isinstance(value, bool):
-            raise refuse(f"{'.'.join(keys)} is missing or not a {getattr(kind, '__name__', 'number')}")
+            kind_name = getattr(kind, "__name__", "number")
+            raise refuse(f"{'.'.join(keys)} is missing or not a {kind_name}")
     absent = [k for k in ("best", "throughput_knee") if k not in summary["analysis"]]
     if absent:
         raise refuse(f"analysis lacks {', '.join(absent)}")
@@ -300,7 +302,8 @@ def compare(summaries: list[dict[str, Any]]) -> str:
                  [f"{c} steps" for c in columns] + [f"{c} samples/s" for c in columns]
         table = []
         keys = sorted({(c["optimizer"], c["batch_size"]) for s in group for c in s["cells"]},
-                      key=lambda k: (config["optimizers"].index(k[0]) if k[0] in config["optimizers"] else 99, k[1]))
+                      key=lambda k: (config["optimizers"].index(k[0])
+                                     if k[0] in config["optimizers"] else 99, k[1]))
         cells = [{(c["optimizer"], c["batch_size"]): c for c in s["cells"]} for s in group]
         for key in keys:
             times, steps, speeds = [], [], []
@@ -315,7 +318,8 @@ def compare(summaries: list[dict[str, Any]]) -> str:
         lines += [markdown_rows(header, table)]
         for summary in group:
             b_simple = summary["analysis"].get("b_simple")
-            noise = f"B_simple ~ {b_simple:.0f}" if b_simple and math.isfinite(b_simple) else "B_simple n/a"
+            noise = (f"B_simple ~ {b_simple:.0f}" if b_simple and math.isfinite(b_simple)
+                     else "B_simple n/a")
             best_text, knee, cross = _verdict_texts(summary["analysis"])
             lines.append(f"- {_column(summary)} on {summary['env']['device']}: {best_text}; "
                          f"{knee}; {noise}; {cross}")

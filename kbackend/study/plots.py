@@ -176,7 +176,8 @@ def _plot_trajectories(study: dict[str, Any], path: Path) -> Path:
             alpha = float(shade[cell["batch_size"]])
             startup = cell.get("startup_time") or 0.0
             steps, loss, times = _thin(
-                np.asarray(trajectory["step"]), _smooth(np.asarray(trajectory["loss"], dtype=float)),
+                np.asarray(trajectory["step"]),
+                _smooth(np.asarray(trajectory["loss"], dtype=float)),
                 np.maximum(np.asarray(trajectory["time"], dtype=float) - startup, 0.0))
             label = f"B={cell['batch_size']}" + ("" if cell["reached"] else " (not reached)")
             style = "-" if cell["reached"] else ":"
@@ -188,10 +189,12 @@ def _plot_trajectories(study: dict[str, Any], path: Path) -> Path:
                                  [e[metric] for e in evals], style, marker=".", color=colour,
                                  alpha=alpha)
         axes[0, column].set_title(f"{optimizer} (the median seed of each cell)")
-        axes[0, column].set(xscale="log", yscale="log", xlabel="step", ylabel="train loss (smoothed)")
+        axes[0, column].set(xscale="log", yscale="log", xlabel="step",
+                            ylabel="train loss (smoothed)")
         axes[1, column].set(yscale="log", xlabel="training time after start-up (s)",
                             ylabel="train loss (smoothed)")
-        axes[2, column].set(xlabel="training time after start-up (s)", ylabel=f"validation {metric}")
+        axes[2, column].set(xlabel="training time after start-up (s)",
+                            ylabel=f"validation {metric}")
         _target_line(axes[2, column], study)
         axes[2, column].legend(fontsize=7)
         axes[0, column].legend(fontsize=7)
@@ -228,7 +231,8 @@ def _plot_steps(study: dict[str, Any], analysis: dict[str, Any], path: Path) -> 
                 ax.axvline(knee["b_crit"], color="k", lw=1)
         missed = [c for c in study["cells"] if c["optimizer"] == optimizer and not c["reached"]]
         if missed:  # not reached: at least the steps run (the budget), drawn as open markers
-            ax.plot([c["batch_size"] for c in missed], [max(c["steps_run"] or 1, 1) for c in missed],
+            ax.plot([c["batch_size"] for c in missed],
+                    [max(c["steps_run"] or 1, 1) for c in missed],
                     "^", mfc="none", color=colours[optimizer], label="not reached (steps run)")
         if b_simple and math.isfinite(b_simple) and b_simple > 0:
             ax.axvline(b_simple, color="purple", lw=1, label=f"B_simple={b_simple:.0f}")
@@ -286,7 +290,8 @@ def _plot_throughput(study: dict[str, Any], analysis: dict[str, Any], path: Path
                 color="k", label="median over runs (run clocks)")
     if analysis["throughput_knee"]:
         ax.axvline(analysis["throughput_knee"], color="grey", ls="--",
-                   label=f"knee (next doubling < {DEFAULT_MIN_GAIN:.0%}): {analysis['throughput_knee']}")
+                   label=f"knee (next doubling < {DEFAULT_MIN_GAIN:.0%}): "
+                         f"{analysis['throughput_knee']}")
     ax.set(xscale="log", yscale="log", xlabel="batch size",
            ylabel="samples/s (median, band: [min, max])", title="Training throughput")
     _batch_ticks(ax, [p["batch_size"] for p in curve])
@@ -313,13 +318,15 @@ def _plot_noise(study: dict[str, Any], analysis: dict[str, Any], path: Path) -> 
         if points:
             values = np.array([p["b_simple"] for p in points])
             estimated_values = list(values)
-            errors = np.array([p["b_simple"] * math.sqrt((p["trace_sigma_se"] / p["trace_sigma"]) ** 2
-                                                        + (p["grad_sq_se"] / p["grad_sq"]) ** 2)
+            errors = np.array([p["b_simple"] * math.sqrt(
+                (p["trace_sigma_se"] / p["trace_sigma"]) ** 2
+                + (p["grad_sq_se"] / p["grad_sq"]) ** 2)
                                if p["trace_sigma"] > 0 and math.isfinite(p["trace_sigma_se"])
                                and math.isfinite(p["grad_sq_se"]) else 0.0 for p in points])
             ax.errorbar([p["step"] for p in points], values,
                         yerr=[np.minimum(errors, values * 0.9), errors], fmt="o-", capsize=3,
-                        color=colour, label=f"B_simple ({noise['optimizer']}, B={noise['batch_size']})")
+                        color=colour,
+                        label=f"B_simple ({noise['optimizer']}, B={noise['batch_size']})")
         for p in missing:
             ax.annotate("not estimated", (p["step"], 0.02), xycoords=("data", "axes fraction"),
                         rotation=90, fontsize=7, ha="center", va="bottom", color=colour)

@@ -40,7 +40,8 @@ from kbackend.study.store import config_key
 CELL_RETRIES = 3  # attempts after the first when a task's worker (or its node) is lost
 # Environment variables a worker takes from the driver: the backend and kbackend's settings.
 FORWARDED_PREFIXES = ("KBACKEND_", "KERAS_", "JAX_", "XLA_")
-FORWARDED_NAMES = ("PYTHONHASHSEED", "TF_CPP_MIN_LOG_LEVEL", "TF_XLA_FLAGS", "TF_ENABLE_ONEDNN_OPTS")
+FORWARDED_NAMES = ("PYTHONHASHSEED", "TF_CPP_MIN_LOG_LEVEL", "TF_XLA_FLAGS",
+                   "TF_ENABLE_ONEDNN_OPTS")
 # A test's injected fault: the first task that finds this file absent creates it and kills its
 # own worker process right after the cell's first run is finished (not forwarded as such: the
 # driver passes it to each task).
@@ -83,7 +84,8 @@ def start_ray(config: StudyConfig, backend: str) -> bool:
     with warnings.catch_warnings():
         # Ray starts its processes with fork + exec (subprocess), which JAX's warning about
         # fork in a multithreaded process does not concern.
-        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called",
+                                category=RuntimeWarning)
         if config.ray_address is None:
             ray.init(num_cpus=config.workers or os.cpu_count(), include_dashboard=False,
                      _node_ip_address="127.0.0.1", **options)
@@ -346,7 +348,8 @@ class RayStudy:
         done, result = self.attempt(action)
         if done:
             return result
-        output = self.get(self.task.remote(self.runner_class, self.config, phase, None, cells, [], None), phase)
+        ref = self.task.remote(self.runner_class, self.config, phase, None, cells, [], None)
+        output = self.get(ref, phase)
         done, result = self.attempt(action, self.commit(output))
         return result if done else output["result"]
 

@@ -77,7 +77,8 @@ def _regions_text(segments: list[dict[str, Any]]) -> str:
         label = s["region"] if resolved else f"region not resolved (median: {s['region']})"
         steps = ""
         if s.get("verdict"):
-            steps = {"b": "; fewer steps at the larger batch", "a": "; more steps at the larger batch",
+            steps = {"b": "; fewer steps at the larger batch",
+                     "a": "; more steps at the larger batch",
                      "equivalent": f"; steps equal within {s['verdict']['margin']:.0%}"}.get(
                 s["outcome"], "; steps not resolved")
             steps += f", {s['verdict']['seeds']} seeds"
@@ -96,15 +97,16 @@ def conclusions(study: dict[str, Any], analysis: dict[str, Any]) -> list[str]:
         lines.append(
             f"Fastest median to {target['metric']} {target['value']:g}: {best['optimizer']} at "
             f"batch {best['batch_size']} (lr {best['learning_rate']:g}), "
-            f"{best['time_to_target']:.2f} s of training, {_fmt(best['steps_to_target'], '.0f')} steps.")
+            f"{best['time_to_target']:.2f} s of training, "
+            f"{_fmt(best['steps_to_target'], '.0f')} steps.")
     else:
         lines.append(f"No cell reached {target['metric']} {target['value']:g} within its budget.")
     if verdicts.get("fastest") and best:
         lines.append(verdicts["fastest"]["text"][0].upper() + verdicts["fastest"]["text"][1:] + ".")
     for optimizer, info in analysis["per_optimizer"].items():
         knee = info["knee"]
-        knee_text = f"B_crit ~ {knee['b_crit']:.0f} (S_min ~ {knee['s_min']:.0f} steps, median fit)" \
-            if knee.get("b_crit") else knee.get("note", "")
+        knee_text = (f"B_crit ~ {knee['b_crit']:.0f} (S_min ~ {knee['s_min']:.0f} steps, "
+                     "median fit)" if knee.get("b_crit") else knee.get("note", ""))
         per = (verdicts.get("per_optimizer") or {}).get(optimizer, {})
         segments = per.get("regions", info["regions"])
         missing = f"; not reached at {info['not_reached']}" if info["not_reached"] else ""
@@ -301,7 +303,8 @@ def caveats_section(study: dict[str, Any], analysis: dict[str, Any]) -> list[str
         lines.append(
             f"- Where this process's time went, up to this report ({spent['runs_trained']} runs "
             f"trained here; runs reused from study.db cost nothing): whole process "
-            f"{spent['whole_process_s']:.1f} s; steady training {spent['steady_training_s']:.1f} s; "
+            f"{spent['whole_process_s']:.1f} s; "
+            f"steady training {spent['steady_training_s']:.1f} s; "
             f"start-ups (compilation, first calls, and building the model and each cell's "
             f"trainer: {spent.get('setup_s') or 0.0:.1f} s) {spent['startup_s']:.1f} s; "
             f"evaluation {spent['evaluation_s']:.1f} s; around the runs (resets, data order, "
@@ -365,7 +368,8 @@ def markdown(study: dict[str, Any], analysis: dict[str, Any], wall_time: float |
     config, env, info = study["config"], study["env"], study["dataset"]
     target = config["target"]
     header, rows = table_rows(study)
-    epoch_cap = f" or {config['max_epochs']} epochs, whichever is fewer" if config.get("max_epochs") else ""
+    epoch_cap = (f" or {config['max_epochs']} epochs, whichever is fewer"
+                 if config.get("max_epochs") else "")
     lines = [
         f"# Batch-size x optimizer study: {config['model']} on {info['name']}",
         "",
@@ -375,7 +379,8 @@ def markdown(study: dict[str, Any], analysis: dict[str, Any], wall_time: float |
         "time (evaluation and compilation excluded) on this machine?",
         "",
         f"- backend: {env['backend']}, engine: {config['engine']}, device: {env['device']}",
-        f"- data: {info['num_train']} train / {info['num_val']} validation / {info['num_test']} test",
+        f"- data: {info['num_train']} train / {info['num_val']} validation / "
+        f"{info['num_test']} test",
         f"- grid: optimizers {', '.join(config['optimizers'])}; batch sizes "
         f"{', '.join(map(str, study['batch_sizes']))}; {config['lr_grid_size']} learning rates per "
         f"cell (extended by up to {config.get('lr_extend', 0)} each way); budget "
@@ -385,9 +390,11 @@ def markdown(study: dict[str, Any], analysis: dict[str, Any], wall_time: float |
     ]
     if wall_time is not None:
         lines.append(f"- wall time of this invocation: {wall_time:.1f} s")
-    lines += ["", "## Cells (best learning rate of each)", "", markdown_rows(header, rows).rstrip("\n")]
+    lines += ["", "## Cells (best learning rate of each)", "",
+              markdown_rows(header, rows).rstrip("\n")]
     seeds = config.get("seeds", 1)
-    lines += ["", f"Each figure is the median over {seeds} seed(s) of the cell's best learning rate "
+    lines += ["", f"Each figure is the median over {seeds} seed(s) of the cell's best learning "
+              "rate "
               "(the rate with the best median steps to target), with [smallest, largest] over the "
               "seeds; \"never\": a seed that did not reach the target. \"reached (k/N)\": k of N "
               "seeds reached it; a cell reaches when its median seed does. Time to target = "
@@ -409,8 +416,9 @@ def write_report(study: dict[str, Any], analysis: dict[str, Any], out_dir: str |
                  wall_time: float | None = None) -> dict[str, Path]:
     """Write report.md, summary.json and the plots under ``out_dir``; return their paths."""
     out = Path(out_dir)
-    summary, report = write_json_and_markdown(out / "summary.json", summary_payload(study, analysis, wall_time),
-                                              out / "report.md", markdown(study, analysis, wall_time))
+    summary, report = write_json_and_markdown(
+        out / "summary.json", summary_payload(study, analysis, wall_time),
+        out / "report.md", markdown(study, analysis, wall_time))
     paths = {"report": report, "summary": summary}
     for name, path in write_plots(study, analysis, out / "plots").items():
         paths[name] = path

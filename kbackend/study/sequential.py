@@ -90,7 +90,8 @@ def seed_budget_seconds(config: Any, runs: list[dict[str, Any]]) -> float:
 
 def extend_seeds(runner: Any, cells: list[dict[str, Any]], runs: list[dict[str, Any]],
                  step_times: dict[str, Any] | None,
-                 summarize_cell: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> dict[str, Any]:
+                 summarize_cell: Callable[[list[dict[str, Any]]], dict[str, Any]],
+                 ) -> dict[str, Any]:
     """Add the frontier runs and seed rounds to ``cells`` in place; new runs are appended to
     ``runs``. Returns what was added: the schedule, each round's cells and seeds, the recorded
     seconds spent against the budget and why the rounds stopped."""

@@ -157,7 +157,8 @@ def _classify(conn: sqlite3.Connection, path: Path) -> str:
         "ORDER BY name")]
     if app_id == APPLICATION_ID:
         if version != SCHEMA_VERSION:
-            newer = " (written by a newer kbackend: upgrade kbackend)" if version > SCHEMA_VERSION else ""
+            newer = (" (written by a newer kbackend: upgrade kbackend)"
+                     if version > SCHEMA_VERSION else "")
             raise _refuse(path, f"has schema version {version}, this kbackend reads version "
                                 f"{SCHEMA_VERSION}{newer}")
         missing = sorted(set(_COLUMNS) - set(names))

@@ -143,12 +143,13 @@ class StudyConfig:
     ``DEFAULT_BUDGETS``, else ``DEFAULT_MAX_STEPS`` and no cap); ``evals_per_epoch`` sets how
     often the target is checked (engines that validate once per epoch do that instead). With
     ``prune``, a later learning rate of a cell gets the best median steps-to-target so far as
-    its budget: it can only win by reaching the target in fewer steps. Each learning rate runs with ``seeds``
-    seeds (``seed``, ``seed + 1``, ...: initial weights and data order); a cell's figures are
-    medians over them with an order-statistic interval. A cell whose best rate sits on an end of
-    its grid extends the grid that way by up to ``lr_extend`` points. Time to target is the
-    median steps to target times the cell's steady seconds per step, measured after training in
-    ``step_time_repeats`` interleaved rounds (0: each run's own clock instead).
+    its budget: it can only win by reaching the target in fewer steps. Each learning rate runs
+    with ``seeds`` seeds (``seed``, ``seed + 1``, ...: initial weights and data order); a cell's
+    figures are medians over them with an order-statistic interval. A cell whose best rate sits
+    on an end of its grid extends the grid that way by up to ``lr_extend`` points. Time to
+    target is the median steps to target times the cell's steady seconds per step, measured
+    after training in ``step_time_repeats`` interleaved rounds (0: each run's own clock
+    instead).
     ``population`` says how the native engine trains a cell's grid x seeds: ``"auto"`` as one
     vmapped population where a measured probe finds it faster than one run after another,
     ``"on"`` always (JAX only), ``"off"`` never (how, not which question: outside the identity).

@@ -174,7 +174,8 @@ def test_store_summaries_replace_per_backend_and_device(tmp_path):
 
 # -- seeds, intervals and verdicts --------------------------------------------------------------
 
-@pytest.mark.parametrize(("n", "coverage"), [(1, 0.0), (2, 0.5), (3, 0.75), (5, 0.9375), (10, 1 - 2 / 1024)])
+@pytest.mark.parametrize(("n", "coverage"), [(1, 0.0), (2, 0.5), (3, 0.75), (5, 0.9375),
+                                             (10, 1 - 2 / 1024)])
 def test_min_max_interval_covers_the_median_with_its_stated_probability(n, coverage):
     from kbackend.stats import median_coverage
 
@@ -238,7 +239,8 @@ def test_verdicts_when_planted_intervals_separate():
         "optimizer": "adam", "batch_size": 128}
     # the paired-seed interval of the verdicts, against the closest cell (adam at batch 64)
     assert verdicts["fastest"]["outcome"] == "a" and verdicts["fastest"]["seeds"] == 3
-    assert "faster than every other cell; vs the next: A/B 0.5x [0.5, 0.5]" in verdicts["fastest"]["text"]
+    assert ("faster than every other cell; vs the next: A/B 0.5x [0.5, 0.5]"
+            in verdicts["fastest"]["text"])
     (adam_vs_sgd,) = [x for x in verdicts["optimizers"] if x["incumbent"] == "sgd"]
     assert adam_vs_sgd["resolved"] and adam_vs_sgd["batch_size"] == 64
     assert "sgd faster at batch 8, 16, 32; adam faster at batch 64, 128" in adam_vs_sgd["text"]
@@ -321,14 +323,16 @@ def test_paired_seeds_resolve_what_overlapping_intervals_cannot():
 def test_one_seed_resolves_nothing():
     cells = [_seeded_cell("sgd", 8, [100]), _seeded_cell("adam", 8, [900])]
     verdicts = analyze(_study(cells, seeds=1))["verdicts"]
-    assert not verdicts["fastest"]["resolved"] and "one seed gives no interval" in verdicts["fastest"]["text"]
+    assert not verdicts["fastest"]["resolved"]
+    assert "one seed gives no interval" in verdicts["fastest"]["text"]
 
 
 def test_critical_batch_over_seeds_and_its_agreement_with_the_noise_scale():
     from kbackend.study.analysis import critical_batch_over_seeds, noise_agreement
 
     sizes = (8, 16, 32, 64, 128, 256)
-    cells = [_seeded_cell("sgd", b, [s_min * (1 + 64 / b) for s_min in (90, 100, 110)]) for b in sizes]
+    cells = [_seeded_cell("sgd", b, [s_min * (1 + 64 / b) for s_min in (90, 100, 110)])
+             for b in sizes]
     b_crit = critical_batch_over_seeds(cells)
     assert b_crit["median"] == pytest.approx(64) and b_crit["n"] == 3
     assert noise_agreement(b_crit, 50.0, 3)["agree"] is True
@@ -379,4 +383,5 @@ def test_throughput_knee_is_stated_only_where_the_timings_separate():
     assert tight["outcome"] == "equivalent" and loose["outcome"] == "not_resolved"
     spread = step_time_spread(_step_times(curve, 0.2))
     assert spread["worst_ratio"] == pytest.approx(1.2 / 0.8)
-    assert "sgd 32/64" in spread["unranked_neighbours"] and "sgd 8/16" not in spread["unranked_neighbours"]
+    assert "sgd 32/64" in spread["unranked_neighbours"]
+    assert "sgd 8/16" not in spread["unranked_neighbours"]

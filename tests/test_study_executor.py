@@ -49,7 +49,8 @@ TINY = StudyConfig(
 TINY_KERAS = dataclasses.replace(TINY, engine="keras")
 # The resume tests need only the runs (the same run keys as TINY's): no noise scale, no time model.
 RESUMED = dataclasses.replace(TINY, noise_points=0, step_time_repeats=0)
-RESUMED_ARGS = ["study", "--model", "seed_mlp", "--dataset", "digits", "--optimizers", "sgd,adam", "--batch-sizes", "64,256", "--lrs",
+RESUMED_ARGS = ["study", "--model", "seed_mlp", "--dataset", "digits", "--optimizers", "sgd,adam",
+                "--batch-sizes", "64,256", "--lrs",
                 "sgd=0.0001", "--lrs", "adam=0.003", "--max-steps", "60", "--engine", "native",
                 "--target", "0.9", "--noise-points", "0", "--noise-draws", "4", "--seeds", "2",
                 "--step-time-repeats", "0", "--population", "off", "--no-progress", *NO_JIT_FLAGS]
@@ -88,10 +89,12 @@ def test_tiny_study_writes_report_plots_and_reports_unreached_cells(baseline):
     assert sorted(cells) == [("adam", 64), ("adam", 256), ("sgd", 64), ("sgd", 256)]
     for batch in (64, 256):
         sgd, adam = cells["sgd", batch], cells["adam", batch]
-        assert not sgd["reached"] and sgd["steps_to_target"] is None and sgd["time_to_target"] is None
+        assert not sgd["reached"]
+        assert sgd["steps_to_target"] is None and sgd["time_to_target"] is None
         assert sgd["best_metric"] < 0.9 and sgd["steps_run"] >= 60
         assert adam["reached"] and adam["best_metric"] >= 0.9 and adam["steps_to_target"] <= 60 + 21
-        assert adam["samples_to_target"] == pytest.approx(adam["epochs_to_target"] * study["dataset"]["num_train"])
+        assert adam["samples_to_target"] == pytest.approx(
+            adam["epochs_to_target"] * study["dataset"]["num_train"])
         assert adam["samples_per_s"] > 0 and 0.0 < adam["test_accuracy"] <= 1.0
     assert result["analysis"]["best"]["optimizer"] == "adam"
     assert all(len(r["trajectory"]["step"]) == r["result"]["steps_run"] for r in study["runs"])
@@ -133,7 +136,8 @@ def test_the_study_accounts_for_its_time(baseline):
     assert account["whole_over_steady"] == pytest.approx(account["whole_process_s"] / steady)
     folder = result["paths"]["report"].parent
     assert "Where this process's time went" in (folder / "report.md").read_text()
-    assert json.loads((folder / "summary.json").read_text())["time_spent"]["runs_trained"] == TINY_RUNS
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["time_spent"]["runs_trained"] == TINY_RUNS
 
 
 def test_time_accounting_states_the_goal_and_reused_runs():
@@ -177,7 +181,8 @@ def test_rerun_skips_every_finished_run(baseline):
     out, first = baseline
     again = run_study(TINY, out, show_progress=False, print_results=False)
     assert again["executed"] == 0 and again["skipped"] == TINY_RUNS + 2  # + noise, step times
-    assert [c["run_key"] for c in again["study"]["cells"]] == [c["run_key"] for c in first["study"]["cells"]]
+    assert ([c["run_key"] for c in again["study"]["cells"]]
+            == [c["run_key"] for c in first["study"]["cells"]])
 
 
 def test_resume_after_an_exception_mid_grid(tmp_path, baseline, monkeypatch):
@@ -292,7 +297,8 @@ def test_time_to_target_excludes_evaluation(tmp_path, monkeypatch):
     assert result["eval_time"] >= len(evals) * delay
     assert result["time_to_target"] <= result["wall_time"] - len(evals) * delay
     assert result["time_to_target_raw"] == evals[-1]["train_time"]
-    assert result["time_to_target"] == pytest.approx(result["time_to_target_raw"] - result["startup_time"])
+    assert result["time_to_target"] == pytest.approx(
+        result["time_to_target_raw"] - result["startup_time"])
 
 
 @pytest.mark.parametrize(("reported", "expected", "estimated"), [
@@ -326,9 +332,11 @@ def _fake_history(plan, steps_to_target):
 
     history = History()
     steps = min(plan.max_steps, steps_to_target or plan.max_steps)
-    history.record_steps(list(range(1, steps + 1)), [1.0] * steps, [0.01 * s for s in range(1, steps + 1)])
+    history.record_steps(list(range(1, steps + 1)), [1.0] * steps,
+                         [0.01 * s for s in range(1, steps + 1)])
+    reaches = bool(steps_to_target and steps_to_target <= plan.max_steps)
     history.record_eval(step=steps, epoch=1, train_time=0.01 * steps, val_loss=0.1,
-                        val_accuracy=0.95 if steps_to_target and steps_to_target <= plan.max_steps else 0.5)
+                        val_accuracy=0.95 if reaches else 0.5)
     if steps_to_target and steps_to_target <= plan.max_steps:
         history.extra["target_reached"] = {"step": steps, "epoch": 1, "train_time": 0.01 * steps}
     history.timing.update(train_time=0.01 * steps, eval_time=0.0, wall_time=0.01 * steps)
@@ -346,7 +354,8 @@ def test_learning_rate_search_prunes_and_picks_the_fewest_steps(tmp_path, monkey
         return _fake_history(plan, outcome[plan.learning_rate])
 
     monkeypatch.setattr(StudyRunner, "execute", execute)
-    config = StudyConfig(**DIGITS, optimizers=("sgd",), batch_sizes=(1294,), max_steps=1000, engine="keras",
+    config = StudyConfig(**DIGITS, optimizers=("sgd",), batch_sizes=(1294,), max_steps=1000,
+                         engine="keras",
                          learning_rates={"sgd": (0.1, 0.01, 1.0, 0.3)}, noise_points=0,
                          seeds=1, lr_extend=0, step_time_repeats=0)
     with ResultStore(tmp_path / "study.db") as store:
@@ -465,7 +474,8 @@ def _without(summary, *keys):
     (lambda s: "NaN", "study is missing"),
     (lambda s: _without(s, "config"), "config is missing"),
     (lambda s: _without(s, "config", "target"), "config.target is missing"),
-    (lambda s: json.dumps({k: v for k, v in s.items() if k != NON_FINITE_KEY} | {"cells": [{"x": 1}]}),
+    (lambda s: json.dumps({k: v for k, v in s.items() if k != NON_FINITE_KEY}
+                          | {"cells": [{"x": 1}]}),
      "cells.0. lacks optimizer"),
     (lambda s: json.dumps({**s, "cells": [{"x": 1}]}), "non-finite numbers names fields"),
     (lambda s: json.dumps({**s, "config": {**s["config"], "optimizers": "x"}}),
@@ -539,7 +549,8 @@ def test_max_epochs_caps_the_budget_where_the_epochs_end_first(tmp_path, monkeyp
     # 1,024: 52), the same question as the flags that say so.
     mnist = StudyConfig(dataset="mnist")
     assert (mnist.step_budget(6750), mnist.step_budget(52)) == (20_000, 416)
-    assert mnist.identity() == StudyConfig(dataset="mnist", max_steps=20_000, max_epochs=8).identity()
+    explicit = StudyConfig(dataset="mnist", max_steps=20_000, max_epochs=8)
+    assert mnist.identity() == explicit.identity()
     assert StudyConfig(dataset="mnist", max_epochs=0).step_budget(52) == 20_000
 
 
@@ -610,7 +621,8 @@ def test_pruning_with_seeds_keeps_the_winner_exact(tmp_path, monkeypatch):
 
 
 def test_seeds_change_the_runs_and_the_same_seed_repeats_them(tmp_path):
-    config = StudyConfig(**DIGITS, optimizers=("adam",), batch_sizes=(64,), learning_rates={"adam": (3e-3,)},
+    config = StudyConfig(**DIGITS, optimizers=("adam",), batch_sizes=(64,),
+                         learning_rates={"adam": (3e-3,)},
                          max_steps=40, engine="native", target=Target("val_accuracy", 0.9),
                          noise_points=0, seeds=2)
     with ResultStore(tmp_path / "study.db") as store:
@@ -695,7 +707,8 @@ def test_an_undefined_noise_scale_retries_once_with_a_wider_batch_pair(tmp_path,
     def measure_noise(self, plan, checkpoints, small=None, big=None):
         pairs.append((small, big))
         grad_sq = -1.0 if len(pairs) == 1 else 2.0  # the first pair cannot tell |G|^2 apart
-        return [{"step": step, "grad_sq": grad_sq, "trace_sigma": 100.0, "b_simple": 100.0 / grad_sq}
+        return [{"step": step, "grad_sq": grad_sq, "trace_sigma": 100.0,
+                 "b_simple": 100.0 / grad_sq}
                 for step in checkpoints]
 
     monkeypatch.setattr(NoiseMeasurement, "measure", measure_noise)
@@ -717,7 +730,8 @@ def test_report_states_sources_verdicts_and_caveats(tmp_path, monkeypatch):
     spread = {0: 0.9, 1: 1.0, 2: 1.1}
 
     def execute(self, plan):
-        return _fake_history(plan, round(steps[plan.optimizer, plan.batch_size] * spread[plan.seed]))
+        planted = steps[plan.optimizer, plan.batch_size] * spread[plan.seed]
+        return _fake_history(plan, round(planted))
 
     def measure_step_times(self, cells):  # planted: 10 ms per step, +-2% over three rounds
         from kbackend.stats import median_interval
@@ -751,7 +765,8 @@ def test_report_states_sources_verdicts_and_caveats(tmp_path, monkeypatch):
 
 
 def test_a_diverged_run_is_recorded_and_the_study_goes_on(tmp_path):
-    config = StudyConfig(**DIGITS, optimizers=("sgd",), batch_sizes=(128,), engine="native", max_steps=20,
+    config = StudyConfig(**DIGITS, optimizers=("sgd",), batch_sizes=(128,), engine="native",
+                         max_steps=20,
                          learning_rates={"sgd": (1e30, 0.1)}, noise_points=0, seeds=1,
                          lr_extend=0, step_time_repeats=0, prune=False)
     with ResultStore(tmp_path / "study.db") as store:
@@ -798,7 +813,8 @@ def test_a_population_study_gives_the_sequential_answers_and_resumes(tmp_path):
     sequential = _run_grid(dataclasses.replace(POPULATED, population="off"), tmp_path / "seq")
     together = _run_grid(dataclasses.replace(POPULATED, population="on"), tmp_path / "pop")
     assert sequential.executed > 0 and together.executed > 0
-    with ResultStore(tmp_path / "seq" / "study.db") as a, ResultStore(tmp_path / "pop" / "study.db") as b:
+    with (ResultStore(tmp_path / "seq" / "study.db") as a,
+          ResultStore(tmp_path / "pop" / "study.db") as b):
         seq_runs = {r["key"]: r for r in a.records(kind="run")}
         pop_runs = {r["key"]: r for r in b.records(kind="run")}
     # A pruned member is stored as the pruned run it equals (its budget: where it stopped); a
@@ -847,7 +863,8 @@ def test_the_population_pruner_stops_only_runs_that_cannot_win():
     from kbackend.study.summaries import RunPlan
 
     runner = StudyRunner(dataclasses.replace(POPULATED, seeds=3), None)
-    plans = [RunPlan("sgd", 16, rate, 300, 10, 10, seed) for rate in (0.1, 1.0) for seed in (0, 1, 2)]
+    plans = [RunPlan("sgd", 16, rate, 300, 10, 10, seed)
+             for rate in (0.1, 1.0) for seed in (0, 1, 2)]
     histories = [History() for _ in plans]
     for m, step in ((0, 40), (1, 60)):  # rate 0.1: two of three seeds reached by step 60
         histories[m].extra["target_reached"] = {"step": step}

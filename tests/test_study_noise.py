@@ -33,7 +33,8 @@ def _population(rng: np.random.Generator, dim: int, n: int) -> tuple[np.ndarray,
     return examples, float(full @ full), trace_sigma
 
 
-def _batch_sq_norms(rng: np.random.Generator, examples: np.ndarray, batch: int, draws: int) -> np.ndarray:
+def _batch_sq_norms(rng: np.random.Generator, examples: np.ndarray, batch: int,
+                    draws: int) -> np.ndarray:
     """|mean gradient|^2 of ``draws`` batches drawn with replacement."""
     n = len(examples)
     counts = rng.multinomial(batch, np.full(n, 1.0 / n), size=draws)
@@ -117,7 +118,8 @@ def test_inference_gradients_match_the_analytic_softmax_regression_gradient(back
     # float32 forward and backward pass against a float64 reference.
     np.testing.assert_allclose(grads[0], x.T @ delta, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(grads[1], delta.sum(0), rtol=1e-4, atol=1e-6)
-    assert squared_norm(grads) == pytest.approx(np.sum((x.T @ delta) ** 2) + np.sum(delta.sum(0) ** 2), rel=1e-4)
+    expected = np.sum((x.T @ delta) ** 2) + np.sum(delta.sum(0) ** 2)
+    assert squared_norm(grads) == pytest.approx(expected, rel=1e-4)
 
 
 def test_measure_noise_scale_on_a_model_gives_finite_positive_estimates(backend):
@@ -127,7 +129,9 @@ def test_measure_noise_scale_on_a_model_gives_finite_positive_estimates(backend)
     model = _softmax_regression(5, 3)
     x = rng.normal(size=(200, 5)).astype(np.float32)
     y = (x[:, 0] > 0).astype(np.int32) + (x[:, 1] > 1).astype(np.int32)
-    estimate = measure_noise_scale(lambda xb, yb: impl().gradients(model, xb, yb, training=False)[1],
-                                   x, y, 4, 64, 16, rng)
+    def gradients(xb, yb):
+        return impl().gradients(model, xb, yb, training=False)[1]
+
+    estimate = measure_noise_scale(gradients, x, y, 4, 64, 16, rng)
     assert estimate.draws == 16 and estimate.trace_sigma > 0 and estimate.grad_sq > 0
     assert math.isfinite(estimate.b_simple) and estimate.b_simple > 0

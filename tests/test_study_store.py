@@ -69,7 +69,8 @@ def foreign(path: Path) -> None:
 
 
 def foreign_wal(path: Path) -> None:
-    sqlite_file(path, "CREATE TABLE notes (text TEXT); INSERT INTO notes VALUES ('mine');", wal=True)
+    sqlite_file(path, "CREATE TABLE notes (text TEXT); INSERT INTO notes VALUES ('mine');",
+                wal=True)
 
 
 def foreign_results_table(path: Path) -> None:
@@ -129,7 +130,8 @@ def newer_version(path: Path) -> None:
 
 
 def legacy_wrong_version(path: Path) -> None:
-    sqlite_file(path, LEGACY_SCHEMA.replace("'schema_version', '1'", "'schema_version', '0'"), wal=True)
+    older = LEGACY_SCHEMA.replace("'schema_version', '1'", "'schema_version', '0'")
+    sqlite_file(path, older, wal=True)
 
 
 def legacy_extra_table(path: Path) -> None:

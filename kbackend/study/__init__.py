@@ -2,8 +2,10 @@
 fastest on this hardware and backend.
 
 - ``config``: the grid, learning-rate search, target and budgets (``StudyConfig``).
-- ``executor``: runs the grid, one learning-rate search per cell over seeds, the step-time
-  model, resumable via ``store``.
+- ``executor``: ``StudyRunner`` runs the grid, resumable via ``store``, composing ``search``
+  (a cell's learning-rate search over seeds), ``populations`` (vmapped grids), ``step_times``
+  (the time model) and ``noise_runs`` (the noise scale along training) through
+  ``runner_protocol``; ``summaries``: run and cell figures; ``timing``: where the time went.
 - ``store``: SQLite results store keyed by each run's full configuration.
 - ``noise``: the gradient noise scale B_simple (McCandlish et al. 2018).
 - ``analysis``: medians with order-statistic intervals; scaling regions, knees, the fastest
@@ -13,7 +15,7 @@ fastest on this hardware and backend.
 - ``sequential``: seeds added round by round where a verdict could still resolve.
 - ``frontier``: the best validation value each cell reaches on an equal budget, and the test
   metric of that checkpoint.
-- ``report``: terminal table, markdown report and PNG plots.
+- ``report``: terminal table, markdown report and summary; ``plots``: the PNG plots.
 """
 
 import importlib

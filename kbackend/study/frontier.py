@@ -22,6 +22,7 @@ from typing import Any
 
 from kbackend.data.batching import steps_per_epoch_dropping_last
 from kbackend.stats import median_interval
+from kbackend.study.runner_protocol import StudyRunnerLike
 from kbackend.task import better
 
 
@@ -49,12 +50,12 @@ class BestCheckpoint:
                        "test_metric": float(test_metric)}
 
 
-def frontier_supported(runner: Any) -> bool:
+def frontier_supported(runner: StudyRunnerLike) -> bool:
     """Whether ``runner``'s study can measure the frontier (native engine, a budget > 0)."""
     return runner.config.engine == "native" and runner.config.frontier_epochs > 0
 
 
-def frontier_run(runner: Any, cell: dict[str, Any], seed: int) -> dict[str, Any]:
+def frontier_run(runner: StudyRunnerLike, cell: dict[str, Any], seed: int) -> dict[str, Any]:
     """The stored frontier figures of ``cell``'s best rate with ``seed`` (trained if missing)."""
     config = runner.config
     per_epoch = steps_per_epoch_dropping_last(runner.num_train, cell["batch_size"])
@@ -104,7 +105,7 @@ def summarize_frontier(results: list[dict[str, Any]]) -> dict[str, Any]:
             "seed_best": best, "seed_test": test}
 
 
-def measure_frontier(runner: Any, cell: dict[str, Any], seeds: list[int]) -> float:
+def measure_frontier(runner: StudyRunnerLike, cell: dict[str, Any], seeds: list[int]) -> float:
     """Frontier runs for ``seeds`` of ``cell`` (stored ones reused), summarized into
     ``cell["frontier"]``; returns the seconds those runs recorded (stored or not)."""
     results = [frontier_run(runner, cell, seed) for seed in seeds]

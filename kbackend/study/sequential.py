@@ -29,6 +29,7 @@ from kbackend.study.analysis import (
 )
 from kbackend.study.config import AUTO_SEED_BUDGET_SHARE
 from kbackend.study.frontier import frontier_supported, measure_frontier
+from kbackend.study.runner_protocol import StudyRunnerLike
 from kbackend.study.verdicts import could_resolve, seed_schedule
 
 COMPARED = (("adam", "sgd"), ("adam", "momentum"))  # the report's optimizer comparisons
@@ -88,7 +89,15 @@ def seed_budget_seconds(config: Any, runs: list[dict[str, Any]]) -> float:
     return AUTO_SEED_BUDGET_SHARE * sum(r["result"].get("wall_time") or 0.0 for r in runs)
 
 
-def extend_seeds(runner: Any, cells: list[dict[str, Any]], runs: list[dict[str, Any]],
+def _stored(runner: StudyRunnerLike, key: str) -> dict[str, Any]:
+    """The stored run under ``key``: a cell's own runs, all in the store once it is summarized."""
+    record = runner.stored_record(key)
+    if record is None:
+        raise LookupError(f"Run {key} of a summarized cell is missing from the study's store.")
+    return record
+
+
+def extend_seeds(runner: StudyRunnerLike, cells: list[dict[str, Any]], runs: list[dict[str, Any]],
                  step_times: dict[str, Any] | None,
                  summarize_cell: Callable[[list[dict[str, Any]]], dict[str, Any]],
                  ) -> dict[str, Any]:
@@ -99,7 +108,7 @@ def extend_seeds(runner: Any, cells: list[dict[str, Any]], runs: list[dict[str, 
     settings = verdict_settings({"config": config.to_dict()})
     schedule = seed_schedule(config.seeds, settings["max_seeds"])
     frontier = frontier_supported(runner)
-    records = {(c["optimizer"], c["batch_size"]): [runner.stored_record(k) for k in c["run_keys"]]
+    records = {(c["optimizer"], c["batch_size"]): [_stored(runner, k) for k in c["run_keys"]]
                for c in cells}
     budget = seed_budget_seconds(config, runs) if len(schedule) > 1 or frontier else 0.0
     start = time.perf_counter()

@@ -177,6 +177,11 @@ def from_arrays(
     return dataset
 
 
+def _scaled(x: np.ndarray, scale: float) -> np.ndarray:
+    """``x.astype(np.float32) / scale`` in one allocation (bit for bit the same values)."""
+    return np.divide(x, np.float32(scale), dtype=np.float32)
+
+
 def load(
     name: str,
     *,
@@ -210,10 +215,10 @@ def load(
                         "not read from files (only mnist and fashion_mnist are).")
     raw = loader(data_dir=data_dir, synthetic=synthetic)
     layout = resolve_layout(layout, raw.kind)
-    x_train = _arrange(raw.x_train.astype(np.float32) / raw.scale, raw.kind, layout, data_format,
-                       name)
-    x_test = _arrange(raw.x_test.astype(np.float32) / raw.scale, raw.kind, layout, data_format,
-                      name)
+    # One float32 pass (the same values as astype then divide): each fresh 188 MB array of
+    # MNIST costs a start-up ~0.1-0.3 s of first-touch page faults.
+    x_train = _arrange(_scaled(raw.x_train, raw.scale), raw.kind, layout, data_format, name)
+    x_test = _arrange(_scaled(raw.x_test, raw.scale), raw.kind, layout, data_format, name)
     return from_arrays(
         name, x_train, raw.y_train, x_test, raw.y_test,
         num_classes=raw.num_classes, validation_fraction=validation_fraction, seed=seed,

@@ -16,6 +16,12 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from kbackend.adaptive import (
+    DEFAULT_MIN_BATCH,
+    AutoBatchSize,
+    check_lr_scaling,
+    parse_batch_size,
+)
 from kbackend.data import check_batch_size
 from kbackend.errors import ConfigError, check_field_types
 
@@ -93,6 +99,9 @@ class TrainConfig:
     model: str = "seed_mlp"
     dataset: str = "digits"
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    # A number, or ``"auto"`` / ``"auto:MIN:MAX"`` (``kbackend.adaptive``): the batch grows with
+    # the measured gradient noise scale; ``batch_size`` is then MIN and ``adaptive_batch`` holds
+    # the bounds.
     batch_size: int = 32
     epochs: int = 5
     engine: str = "keras"
@@ -149,8 +158,20 @@ class TrainConfig:
     label: str | None = None
     unsafe_deserialization: bool = False
     from_weights: bool = False
+    # ``batch_size="auto[:MIN:MAX]"`` (set from it): the adaptive batch size's bounds, and how
+    # the learning rate (the rate at MIN) follows the batch (``adaptive.LR_SCALINGS``).
+    adaptive_batch: AutoBatchSize | None = None
+    lr_scaling: str = "sqrt"
 
     def __post_init__(self) -> None:
+        if isinstance(self.batch_size, str | AutoBatchSize):  # "auto[:MIN:MAX]" or a number
+            parsed = (self.batch_size if isinstance(self.batch_size, AutoBatchSize)
+                      else parse_batch_size(self.batch_size))
+            if isinstance(parsed, AutoBatchSize):
+                self.adaptive_batch = parsed
+                self.batch_size = parsed.minimum or DEFAULT_MIN_BATCH
+            else:
+                self.batch_size = parsed
         check_field_types(self, {
             "model": str, "dataset": str, "optimizer": OptimizerSpec, "engine": str,
             "jit_compile": bool, "early_stopping": numbers.Integral, "monitor": str,
@@ -190,6 +211,7 @@ class TrainConfig:
                               "such as val_accuracy, val_loss or val_mae.")
         metric_direction(self.monitor)
         validate_parallel_options(self)
+        check_adaptive_batch(self)
         if self.on_divergence not in DIVERGENCE_ACTIONS:
             raise ConfigError(f"Invalid on_divergence. Expected one of {list(DIVERGENCE_ACTIONS)}. "
                               f"Received: {self.on_divergence!r}.")
@@ -215,6 +237,24 @@ class TrainConfig:
     def metrics(self) -> tuple[str, ...]:
         """The validation metrics every engine reports for this run's task."""
         return ("val_loss", f"val_{self.task.metric}")
+
+
+def check_adaptive_batch(config: TrainConfig) -> None:
+    """``--batch-size auto``'s one-line errors: the engine, the LR scaling, the schedule."""
+    check_lr_scaling(config.lr_scaling)
+    if config.adaptive_batch is None:
+        return
+    if not isinstance(config.adaptive_batch, AutoBatchSize):
+        raise ConfigError(f"Invalid adaptive_batch {config.adaptive_batch!r}: expected an "
+                          "AutoBatchSize (pass batch_size='auto[:MIN:MAX]').")
+    if config.engine != "native" or config.data_parallel or config.devices > 1 \
+            or config.num_processes > 1:
+        raise ConfigError("--batch-size auto runs on the native engine (one device): use "
+                          "--engine native without data parallelism.")
+    spec = config.optimizer
+    if spec.schedule != "constant" or spec.warmup_steps:
+        raise ConfigError("--batch-size auto grows the batch instead of a learning-rate "
+                          "schedule: use --schedule constant without warm-up.")
 
 
 def check_metrics(config: TrainConfig) -> None:

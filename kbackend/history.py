@@ -55,6 +55,8 @@ class RunRecord:
     replica_xla: bool | None = None
     losses_are_global_batch_means: bool | None = None
     validation_dropped: int | None = None
+    # ``--batch-size auto``: bounds, LR scaling and every step range (batch size, rate, B_simple)
+    adaptive_batch: dict[str, Any] | None = None
     # issue 37: a batch size that grows during the run (its step ranges), where one does
     adaptive_batch: dict[str, Any] | None = None
 

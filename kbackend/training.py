@@ -20,6 +20,7 @@ from kbackend import data as data_module
 from kbackend import distributed
 from kbackend.backend_choice import keras as import_keras
 from kbackend.config import MONITORS, Target, TrainConfig
+from kbackend.engines import adaptive as adaptive_engine
 from kbackend.engines import get_engine
 from kbackend.envinfo import environment
 from kbackend.errors import ConfigError, Diverged
@@ -131,7 +132,10 @@ def train(
         with precision_scope(config.precision):
             model = build_model(config.model, dataset.info, config.model_options)
     start = time.perf_counter()
-    history = engine(model, dataset, plan, config, reporter)
+    if config.adaptive_batch is not None:  # the native engine with a growing batch
+        history = adaptive_engine.train(model, dataset, plan, config, reporter)
+    else:
+        history = engine(model, dataset, plan, config, reporter)
     history.timing["wall_time"] = time.perf_counter() - start
     if not history.test:  # the native engine evaluates the test split itself
         test_loss, test_metric = model.evaluate(

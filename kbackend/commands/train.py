@@ -6,11 +6,13 @@ import argparse
 from dataclasses import replace
 from typing import Any
 
+from kbackend.adaptive import LR_SCALINGS, AutoBatchSize, parse_batch_size
 from kbackend.backend_choice import active_backend
 from kbackend.config import MONITORS, Target, TrainConfig, check_metrics
 from kbackend.data import DATASETS
 from kbackend.distributed import engine_name, is_chief
 from kbackend.engines import engine_names
+from kbackend.errors import ConfigError
 from kbackend.hardware.monitor import format_summary
 from kbackend.io import check_distinct_paths, check_output_path
 from kbackend.model_sources import parse_model_source
@@ -26,6 +28,13 @@ def _widths(text: str) -> tuple[int, ...]:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated integers, got {text!r}") from None
+
+
+def _batch_size(text: str) -> int | AutoBatchSize:
+    try:
+        return parse_batch_size(text)
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _fused_steps(text: str) -> int:
@@ -106,7 +115,13 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--engine", default="native", choices=[*engine_names(), AUTO_ENGINE],
                      help="native: K train steps per compiled call (docs/engines.md); keras: "
                           "Keras fit; auto: picked for the data, said why")
-    run.add_argument("--batch-size", type=int, default=32)
+    run.add_argument("--batch-size", type=_batch_size, default=32, metavar="N|auto[:MIN:MAX]",
+                     help="samples per step; auto: grow it with the measured gradient noise "
+                          "scale between MIN (default 8) and MAX (default: this machine's "
+                          "throughput knee), powers of two (docs/adaptive.md)")
+    run.add_argument("--lr-scaling", default="sqrt", choices=list(LR_SCALINGS),
+                     help="--batch-size auto: how the learning rate (the rate at MIN) follows "
+                          "the batch (adascale: AdaScale's gain from the same estimate)")
     run.add_argument("--epochs", type=int, default=5)
     run.add_argument("--no-jit", dest="jit_compile", action="store_false",
                      help="turn off jit_compile (XLA): the Keras engines and TensorFlow's native "
@@ -157,7 +172,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     config = TrainConfig(
         model=args.model, dataset=args.data or args.dataset, label=args.label,
         unsafe_deserialization=args.unsafe_deserialization, from_weights=args.from_weights,
-        optimizer=spec, batch_size=args.batch_size,
+        optimizer=spec, batch_size=args.batch_size, lr_scaling=args.lr_scaling,
         epochs=args.epochs, engine=resolve_engine(args.engine)[0], jit_compile=args.jit_compile,
         precision=getattr(args, "precision", "float32"),
         hardware_monitor=getattr(args, "hardware_monitor", False),
@@ -177,6 +192,19 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 AUTO_ENGINE = "auto"
+
+
+def adaptive_summary(record: dict[str, Any]) -> str:
+    """One line of an adaptive run's batch sizes, each with the step it took over."""
+    probe = record.get("knee_probe")
+    bound = ("" if probe is None else " (MAX: this machine's throughput knee, "
+             + ("stored probe)" if probe.get("cached") else f"measured in {probe['seconds']:.1f}s)"))
+    sizes = " -> ".join(f"{r['batch_size']} (step {r['step']}, lr {r['learning_rate']:.3g})"
+                        for r in record["ranges"])
+    estimate = record.get("b_simple")
+    last = f"; last B_simple ~ {estimate:.0f}" if estimate is not None else ""
+    return (f"batch size auto:{record['min']}:{record['max']}{bound}, lr scaling "
+            f"{record['lr_scaling']}: {sizes}{last}")
 
 
 def resolve_engine(engine: str) -> tuple[str, str | None]:
@@ -277,6 +305,8 @@ def run(args: argparse.Namespace) -> int:
                    "written out one after another here, so a call holds at most "
                    f"{record.fused_steps})")
         print(f"fused steps K={record.fused_steps}{how}")
+    if record.adaptive_batch is not None:  # --batch-size auto: each step range
+        print(adaptive_summary(record.adaptive_batch))
     best = history.best(metric)
     last = history.evals[-1] if history.evals else {}
     compile_time = history.timing.get("compile_time")

@@ -28,12 +28,13 @@ The Keras ``fit`` engines use Keras's loop. How a run goes:
   others go on. ``history.record.diverged`` holds its step and value and there is no further
   evaluation. Raising is the caller's decision (``kbackend.training.train``).
 
-Issue 37 (a batch size that grows during a run) is to plug in here without a second loop: at
-each evaluation point (where every call has ended and the losses are recorded) the loop would
-ask a small policy object for the plan of the next steps; a new plan (another batch size, its
-call lengths and compiled programs, the optimizer state carried over) takes over from the next
-call, re-cutting the rest of the epoch. ``_Loop`` reads every number from ``self.plan`` for
-that reason. Not built yet.
+A batch size that grows during a run (``--batch-size auto``, issue 37) plugs in here without a
+second loop: at each evaluation point (where every call has ended and the losses are recorded)
+``run`` asks its ``policy`` (``engines.adaptive.AdaptiveBatch``) for the plan of the next steps;
+a new plan (another batch size, its call lengths; the same trainer, whose state runs through
+every size) takes over from the next call, with the rest of the epoch's order cut into batches
+of the new size, and evaluation points counted from that step. ``_Loop`` reads every number
+from ``self.plan`` for that reason.
 """
 
 from __future__ import annotations
@@ -105,8 +106,9 @@ class _Loop:
 
     def __init__(self, trainer: Any, plan: TrainPlan, configs: list[TrainConfig],
                  histories: list[History], *, stacked: bool, reporter: Any = None,
-                 censor: Any = None) -> None:
+                 censor: Any = None, policy: Any = None) -> None:
         self.trainer, self.configs, self.histories = trainer, configs, histories
+        self.policy = policy  # a single run's batch-size policy (``run``), or None
         self.stacked, self.reporter, self.censor = stacked, reporter, censor
         self.plan = plan_for_trainer(plan, trainer)
         for history in histories:
@@ -129,6 +131,8 @@ class _Loop:
         self.losses_since_eval: list[list[float]] = [[] for _ in configs]
         self.step = 0  # steps dispatched so far
         self.epoch = 0
+        self.epoch_samples = 0  # samples of this epoch's order dispatched so far
+        self.plan_start = 0  # the step the current plan took over (evaluation points count)
         self.pending: list[tuple[int, Any]] = []  # (first step, device losses) not yet recorded
         self.fetched: list[np.ndarray] = []  # host losses (M, L) of the first pending calls
         self.start = time.perf_counter()
@@ -201,6 +205,7 @@ class _Loop:
         if self.monitor is not None and compile_seconds:
             self.monitor.reset_clock()  # compilation is not a train step
         self.pending.append((self.step, self.trainer.run(rows, start, length)))
+        self.epoch_samples += length * self.plan.batch_size
         if self.monitor is not None:  # waits for the call: monitoring gives up dispatch overlap
             self.monitor.step_end(samples=length * self.plan.batch_size, steps=length,
                                   result=self.pending[-1][1])
@@ -277,15 +282,37 @@ class _Loop:
             self.active.discard(m)
 
     # -- the loop ------------------------------------------------------------------------------
+    def crosses_evaluation(self, step_before: int) -> bool:
+        """Whether the call from ``step_before`` reached an evaluation point (a multiple of
+        ``eval_every`` steps since the current plan took over) or the end of the budget."""
+        every, origin = self.plan.eval_every, self.plan_start
+        return ((self.step - origin) // every > (step_before - origin) // every
+                or self.step >= self.plan.total_steps)
+
+    def regrow(self) -> tuple[Any, list[int]] | None:
+        """At an evaluation point: the policy's new plan, if any, from the next call on; the
+        rest of the epoch's rows (on the device; None if none are left) and their call
+        lengths."""
+        if self.policy is None or not self.active or self.halted:
+            return None
+        grown = self.policy.next_plan(self.plan, self.step, self.epoch, self.epoch_samples)
+        if grown is None:
+            return None
+        plan, rest, steps = grown
+        self.plan, self.plan_start = plan_for_trainer(plan, self.trainer), self.step
+        if not steps:
+            return None, []
+        return (self.trainer.put_epoch(rest),
+                batching.call_lengths(steps, min(self.plan.fused_steps, steps)))
+
     def run(self) -> None:
         """Train until every member has stopped or the plan's budget is spent."""
-        plan = self.plan
-        for epoch in range(1, plan.epochs + 1):
-            self.epoch = epoch
+        for epoch in range(1, self.plan.epochs + 1):
+            self.epoch, self.epoch_samples = epoch, 0
             rows = self._put_epoch()
-            start = 0
-            for length in plan.call_lengths():
-                length = min(length, plan.total_steps - self.step)
+            start, lengths = 0, self.plan.call_lengths()
+            while lengths:
+                length = min(lengths.pop(0), self.plan.total_steps - self.step)
                 if length <= 0 or not self.active:
                     break
                 step_before = self.step
@@ -293,9 +320,12 @@ class _Loop:
                 start += length
                 if self.halted:
                     break
-                if plan.crosses_evaluation(step_before, self.step):
+                if self.crosses_evaluation(step_before):
                     self.evaluate()
-            if not self.active or self.halted or self.step >= plan.total_steps:
+                    grown = self.regrow()
+                    if grown is not None:
+                        (rows, lengths), start = grown, 0
+            if not self.active or self.halted or self.step >= self.plan.total_steps:
                 break
             self.sync()  # epoch end: bound the number of undelivered calls
             if not self.active:
@@ -307,15 +337,19 @@ class _Loop:
 
 
 def run(trainer: Trainer, plan: TrainPlan, config: TrainConfig, reporter: Any = None, *,
-        history: History | None = None) -> History:
+        history: History | None = None, policy: Any = None) -> History:
     """Train with ``trainer`` as ``plan`` says; the history in kbackend's format.
 
     ``config`` supplies the seed, target, early stopping (``monitor``, ``early_stopping``) and
     ``hardware_monitor``, and ``shuffle`` (False: every epoch in the dataset's order).
+    ``policy.next_plan(plan, step, epoch, samples_used) -> (plan, rows, steps) | None``, asked
+    at each evaluation point, changes the plan from the next call on (``--batch-size auto``):
+    the epoch goes on with the first ``steps`` of ``rows``.
     """
     history = history if history is not None else History()
     history.record.update(trainer.run_record)
-    state = _Loop(trainer, plan, [config], [history], stacked=False, reporter=reporter)
+    state = _Loop(trainer, plan, [config], [history], stacked=False, reporter=reporter,
+                  policy=policy)
     state.run()
     if state.monitor is not None:
         history.record.monitor = state.monitor.stop()

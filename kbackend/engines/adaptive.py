@@ -1,0 +1,274 @@
+"""The adaptive batch size on the native engine (``--batch-size auto[:MIN:MAX]``, issue 37).
+
+The run trains with ``backends.adaptive().AdaptiveTrainer``: the native fused steps with
+micro-batched gradients, which return the two squared norms the online noise scale needs
+(``kbackend.adaptive.NoiseScale``). The one epoch loop (``engines.loop``) asks
+``AdaptiveBatch.at_evaluation`` at each evaluation point, after every dispatched call has been
+fetched; when the policy grows the batch, the loop re-cuts the rest of the epoch's order into
+batches of the new size and goes on with the same trainer, whose state (weights, optimizer slots
+and count) runs through every size. Each (size, call length) compiles once.
+
+Bounds: MIN is ``auto:MIN`` or 8 (``kbackend.adaptive.DEFAULT_MIN_BATCH``). MAX is ``auto::MAX``
+or the throughput knee of this model on this machine (``kbackend.hardware.knee``, the definition
+``advise`` uses), measured by ``probe_knee`` on the run's own compiled programs (each size it
+probes is compiled once, for the probe and the run alike) and kept per machine, model and data
+size (``compile_cache.machine_measurement``). The probe's seconds are recorded apart from the
+run's (``record.adaptive_batch["knee_probe"]``), like ``--fused-steps auto``'s.
+
+The learning rate configured is the rate at MIN; ``--lr-scaling`` says how it follows the batch
+(``kbackend.adaptive.scaled_learning_rate``; ``adascale`` is re-evaluated at every evaluation
+point). A schedule is refused: the growing batch is the schedule (Smith et al. 2018), and a
+schedule's horizon in steps means nothing while steps per epoch change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import statistics
+import time
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from kbackend.adaptive import (
+    DEFAULT_MIN_BATCH,
+    AutoBatchSize,
+    BatchBounds,
+    BatchChange,
+    GrowthPolicy,
+    NoiseScale,
+    scaled_learning_rate,
+)
+from kbackend.backends import adaptive as adaptive_backend
+from kbackend.backends import impl
+from kbackend.backends.compile_cache import compile_cache_enabled, machine_measurement
+from kbackend.data import batching
+from kbackend.engines import loop
+from kbackend.engines.keras_fit import compile_model
+from kbackend.engines.plan import TrainPlan
+from kbackend.envinfo import environment_identity
+from kbackend.errors import ConfigError
+from kbackend.hardware.knee import DEFAULT_MIN_GAIN, find_knee
+from kbackend.history import History
+
+KNEE_PROBE_FILE = "adaptive_knee_probe.json"
+DEFAULT_FUSED_STEPS = 8  # K of an adaptive run asked for ``--fused-steps auto``
+PROBE_CALLS = 3  # timed calls per probed size (their median), after one warm-up call
+ADASCALE_RELATIVE_CHANGE = 0.01  # a rate change below this is not recorded as a new range
+
+
+def check_adaptive_options(config: Any) -> None:
+    """One-line errors, before any work, for what an adaptive run cannot do."""
+    spec = config.optimizer
+    if spec.schedule != "constant" or spec.warmup_steps:
+        raise ConfigError("--batch-size auto grows the batch instead of a learning-rate "
+                          "schedule: use --schedule constant without warm-up.")
+
+
+def plan_at(plan: TrainPlan, config: Any, batch_size: int, step: int, epoch: int,
+            rest_of_epoch: int) -> TrainPlan:
+    """The plan of the steps after ``step`` at ``batch_size``: ``rest_of_epoch`` steps left in
+    the current ``epoch`` (1-based), then full epochs of the new size."""
+    steps = batching.steps_per_epoch_dropping_last(plan.n_train, batch_size)
+    if steps < 1:
+        raise ConfigError(f"Batch size {batch_size} is larger than the training split "
+                          f"({plan.n_train} samples).")
+    total = step + rest_of_epoch + (plan.epochs - epoch) * steps
+    if config.max_steps:
+        total = min(total, config.max_steps)
+    fused = min(plan.fused_steps, steps) if plan.fused_steps else DEFAULT_FUSED_STEPS
+    return replace(plan, batch_size=batch_size, steps_per_epoch=steps, total_steps=total,
+                   fused_steps=min(fused, steps), eval_every=config.eval_every or steps)
+
+
+class AdaptiveBatch:
+    """The growth decisions of one run: the smoothed noise scale, the current size and rate,
+    and every step range (``ranges``: ``BatchChange`` from its first step on)."""
+
+    def __init__(self, trainer: Any, config: Any, bounds: BatchBounds, base_rate: float,
+                 reporter: Any = None, warmup_steps: int = 10) -> None:
+        self.trainer, self.config, self.bounds = trainer, config, bounds
+        self.scaling = config.lr_scaling
+        self.base_batch, self.base_rate = bounds.minimum, base_rate
+        self.policy = GrowthPolicy(bounds, warmup_steps)
+        self.noise = NoiseScale()
+        self.batch_size, self.rate = bounds.minimum, base_rate
+        self.interval, self.last_change = 0, None
+        self.reporter = reporter
+        self.ranges = [BatchChange(0, self.batch_size, self.rate, math.nan)]
+        trainer.set_learning_rate(self.rate)
+
+    def observe(self) -> None:
+        """Fold in the noise norms of every call fetched since the last look."""
+        for batch, micro, big in self.trainer.take_noise_norms():
+            self.noise = self.noise.update_steps(micro, big, batch // micro.shape[1], batch)
+
+    def at_evaluation(self, step: int) -> int | None:
+        """At an evaluation point (all calls fetched): the new batch size, or None to keep it.
+        Sets the trainer's rate for the next steps and records the range."""
+        self.observe()
+        self.interval += 1
+        size = self.policy.decide(self.batch_size, self.noise, self.interval, self.last_change)
+        rate = scaled_learning_rate(self.base_rate, size, self.base_batch, self.scaling,
+                                    self.noise)
+        grown = size != self.batch_size
+        if not grown and abs(rate - self.rate) <= ADASCALE_RELATIVE_CHANGE * self.rate:
+            return None
+        self.trainer.set_learning_rate(rate)
+        self.batch_size, self.rate = size, rate
+        change = BatchChange(step, size, rate, self.noise.b_simple)
+        self.ranges.append(change)
+        if grown:
+            self.last_change = self.interval
+            console = getattr(self.reporter, "console", None)
+            if console is not None:
+                console.print(f"{getattr(self.reporter, 'prefix', '')}{change.describe()}")
+        return size if grown else None
+
+    def next_plan(self, plan: TrainPlan, step: int, epoch: int,
+                  consumed: int) -> tuple[TrainPlan, np.ndarray, int] | None:
+        """The loop's question at an evaluation point (``consumed`` samples of ``epoch`` used):
+        None to go on as planned, else the plan at the grown size, the rest of the epoch's
+        order cut into its batches and padded to a whole epoch's rows (so that the size's
+        programs, compiled for that shape, serve it), and how many of those rows are real."""
+        size = self.at_evaluation(step)
+        if size is None:
+            return None
+        rest = epoch_rest(plan.n_train, size, self.config.seed, epoch - 1, self.config.shuffle,
+                          consumed)
+        new_plan = plan_at(plan, self.config, size, step, epoch, len(rest))
+        padded = np.zeros((new_plan.steps_per_epoch, size), dtype=rest.dtype)
+        padded[: len(rest)] = rest
+        return new_plan, padded, len(rest)
+
+    def record(self) -> dict[str, Any]:
+        """What the run record keeps: bounds, scaling, every step range, the final estimate."""
+        def number(value: float) -> float | None:
+            return value if math.isfinite(value) else None
+
+        return {"min": self.bounds.minimum, "max": self.bounds.maximum,
+                "lr_scaling": self.scaling, "base_rate": self.base_rate,
+                "ranges": [{"step": c.step, "batch_size": c.batch_size,
+                            "learning_rate": c.learning_rate, "b_simple": number(c.b_simple)}
+                           for c in self.ranges],
+                "b_simple": number(self.noise.b_simple), "noise_steps": self.noise.steps,
+                "grad_sq": number(self.noise.grad_sq),
+                "trace_sigma": number(self.noise.trace_sigma)}
+
+
+# -- MAX: the throughput knee --------------------------------------------------------------
+def probe_knee(trainer: Any, n_train: int, minimum: int, fused_steps: int,
+               seed: int = 0) -> dict[str, Any]:
+    """Samples/s of the adaptive trainer's own K-step calls at MIN, 2 MIN, ... until a doubling
+    gains less than ``DEFAULT_MIN_GAIN`` (the knee's definition) or a call would not fit one
+    epoch; the knee of that curve. The trainer's full state is put back afterwards."""
+    saved = trainer.state_copy()
+    sizes, throughputs = [], []
+    size = minimum
+    try:
+        while batching.steps_per_epoch_dropping_last(n_train, size) >= 1:
+            steps = batching.steps_per_epoch_dropping_last(n_train, size)
+            length = min(fused_steps, steps)
+            rows = trainer.put_epoch(batching.epoch_batches(n_train, size, seed, 0))
+            trainer.compile(length, rows)
+            trainer.fetch(trainer.run(rows, 0, length))  # warm-up
+            times = []
+            for _ in range(PROBE_CALLS):
+                start = time.perf_counter()
+                trainer.fetch(trainer.run(rows, 0, length))
+                times.append(time.perf_counter() - start)
+            sizes.append(size)
+            throughputs.append(size * length / statistics.median(times))
+            if len(sizes) >= 2 and throughputs[-1] < throughputs[-2] * (1 + DEFAULT_MIN_GAIN):
+                break
+            size *= 2
+    finally:
+        trainer.take_noise_norms()
+        trainer.restore_state(saved)
+    knee = find_knee(sizes, throughputs)
+    return {"sizes": sizes, "samples_per_s": throughputs, "knee": knee.batch_size,
+            "plateau_reached": knee.plateau_reached}
+
+
+def knee_key(model: Any, dataset: Any, spec: Any, minimum: int, fused_steps: int,
+             jit_compile: bool) -> str:
+    """What the knee depends on: the network's layers and shapes, the data's shape and size,
+    the optimizer, MIN, K, XLA, and the backend, versions and device."""
+    layers = [(type(layer).__name__, [list(w.shape) for w in layer.weights])
+              for layer in model._flatten_layers(include_self=False)]
+    payload = {"layers": layers, "policy": str(model.dtype_policy.name),
+               "input": list(dataset.x_train.shape[1:]), "num_train": len(dataset.x_train),
+               "optimizer": spec.name, "minimum": minimum, "fused_steps": fused_steps,
+               "xla": jit_compile, **environment_identity()}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def resolve_bounds(auto: AutoBatchSize, trainer: Any, model: Any, dataset: Any, spec: Any,
+                   fused_steps: int, jit_compile: bool,
+                   seed: int = 0) -> tuple[BatchBounds, dict[str, Any] | None]:
+    """MIN and MAX of the run (a default MAX measured by ``probe_knee``, once per machine);
+    the probe's record (None when MAX was given)."""
+    n_train = len(dataset.x_train)
+    minimum = auto.minimum or DEFAULT_MIN_BATCH
+    if auto.maximum is not None:
+        return auto.resolved(DEFAULT_MIN_BATCH, auto.maximum), None
+    start = time.perf_counter()
+    key = (knee_key(model, dataset, spec, minimum, fused_steps, jit_compile)
+           if compile_cache_enabled() else "")
+    entry, cached = machine_measurement(
+        KNEE_PROBE_FILE, key, lambda: probe_knee(trainer, n_train, minimum, fused_steps, seed))
+    if not isinstance(entry.get("knee"), int):  # a foreign entry: measure again
+        entry, cached = probe_knee(trainer, n_train, minimum, fused_steps, seed), False
+    largest = 1 << (n_train.bit_length() - 1)  # a batch must fit in the training split
+    bounds = auto.resolved(DEFAULT_MIN_BATCH, min(int(entry["knee"]), largest))
+    return bounds, {**entry, "cached": cached, "seconds": time.perf_counter() - start}
+
+
+def check_bounds_fit(bounds: BatchBounds, n_train: int) -> None:
+    if bounds.maximum > n_train:
+        raise ConfigError(f"--batch-size auto MAX {bounds.maximum} is larger than the training "
+                          f"split ({n_train} samples).")
+
+
+def epoch_rest(n_train: int, batch_size: int, seed: int, epoch: int, shuffle: bool,
+               consumed: int) -> np.ndarray:
+    """The epoch's order after its first ``consumed`` samples, cut into full batches."""
+    order = batching.epoch_order(n_train, seed, epoch, shuffle)[consumed:]
+    steps = len(order) // batch_size
+    return order[: steps * batch_size].reshape(steps, batch_size)
+
+
+def train(model: Any, dataset: Any, plan: TrainPlan, config: Any,
+          reporter: Any = None) -> History:
+    """Train ``model`` in place on the native engine with a batch that grows with the measured
+    noise scale (``config.adaptive_batch``, ``config.lr_scaling``); the history in kbackend's
+    format, its step ranges in ``record.adaptive_batch``."""
+    check_adaptive_options(config)
+    spec = plan.optimizer
+    fused = plan.fused_steps or DEFAULT_FUSED_STEPS
+    compile_model(model, spec, config)  # for evaluate/predict/save afterwards (as native's)
+    backend = impl()
+    with backend.compilation_counter() as compiled:
+        trainer = adaptive_backend().AdaptiveTrainer(model, spec, dataset,
+                                                     jit_compile=config.jit_compile,
+                                                     task=config.task)
+        bounds, probe = resolve_bounds(config.adaptive_batch, trainer, model, dataset, spec,
+                                       fused, config.jit_compile, config.seed)
+        check_bounds_fit(bounds, plan.n_train)
+        controller = AdaptiveBatch(trainer, config, bounds, spec.learning_rate, reporter)
+        start_plan = plan_at(replace(plan, fused_steps=fused), config, bounds.minimum, 0, 0, 0)
+        history = History()
+        history.record.engine, history.record.decay_steps = "native", spec.decay_steps
+        history = loop.run(trainer, start_plan, config, reporter, history=history,
+                           policy=controller)
+        history.test = dict(zip(("test_loss", f"test_{config.task.metric}"),
+                                trainer.evaluate_test(), strict=True))
+    history.record.xla_programs = compiled
+    history.record.adaptive_batch = {
+        **controller.record(), "knee_probe": probe,
+        "trace_counts_by_size": {f"{size}x{length}": count for (size, length), count
+                                 in sorted(trainer.trace_counts_by_size.items())}}
+    return history

@@ -57,8 +57,6 @@ class RunRecord:
     validation_dropped: int | None = None
     # ``--batch-size auto``: bounds, LR scaling and every step range (batch size, rate, B_simple)
     adaptive_batch: dict[str, Any] | None = None
-    # issue 37: a batch size that grows during the run (its step ranges), where one does
-    adaptive_batch: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The fields that are set, as JSON values."""

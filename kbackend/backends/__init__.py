@@ -145,7 +145,8 @@ def impl() -> BackendOps:
 def adaptive() -> Any:
     """The active backend's ``adaptive`` module (micro-batched gradients for ``--batch-size
     auto``: ``micro_batched_gradients`` and the adaptive train step), same names in both."""
-    return importlib.import_module(f"{impl().__name__}.adaptive")
+    impl()  # started, as every backend entry point is
+    return importlib.import_module(f"{_PACKAGES[selected_backend()]}.adaptive")
 
 
 _DEVICE_COPIES: dict[int, Any] = {}

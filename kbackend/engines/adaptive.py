@@ -96,7 +96,8 @@ class AdaptiveBatch:
         self.policy = GrowthPolicy(bounds, warmup_steps)
         self.noise = NoiseScale()
         self.batch_size, self.rate = bounds.minimum, base_rate
-        self.interval, self.last_change = 0, None
+        self.interval = 0
+        self.last_change: int | None = None
         self.reporter = reporter
         self.ranges = [BatchChange(0, self.batch_size, self.rate, math.nan)]
         trainer.set_learning_rate(self.rate)

@@ -75,38 +75,6 @@ class RunRecord:
             setattr(self, name, value)
 
 
-class _RecordView(dict[str, Any]):
-    """The ``extra`` dict over a ``RunRecord``: a copy of its set fields whose writes go to the
-    record too (a plain dict, so that it is stored as JSON as ``extra`` was)."""
-
-    def __init__(self, record: RunRecord) -> None:
-        super().__init__(record.to_dict())
-        self._record = record
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        if key not in {f.name for f in fields(RunRecord)}:
-            raise KeyError(f"RunRecord has no field {key!r}")
-        setattr(self._record, key, value)
-        super().__setitem__(key, value)
-
-    def __delitem__(self, key: str) -> None:
-        super().__delitem__(key)
-        setattr(self._record, key, None)
-
-    def pop(self, key: str, *default: Any) -> Any:
-        if key in self:
-            value = self[key]
-            del self[key]
-            return value
-        if default:
-            return default[0]
-        raise KeyError(key)
-
-    def update(self, *args: Any, **kwargs: Any) -> None:
-        for key, value in dict(*args, **kwargs).items():
-            self[key] = value
-
-
 @dataclass
 class History:
     """Loss trajectory, evaluations, test metrics and the run's configuration and environment."""
@@ -126,8 +94,7 @@ class History:
                  time: list[float] | None = None, evals: list[dict[str, float]] | None = None,
                  test: dict[str, float] | None = None, timing: dict[str, float] | None = None,
                  stopped_early: bool = False, config: dict[str, Any] | None = None,
-                 env: dict[str, Any] | None = None, record: RunRecord | None = None,
-                 extra: Mapping[str, Any] | None = None) -> None:
+                 env: dict[str, Any] | None = None, record: RunRecord | None = None) -> None:
         self.step = step if step is not None else []
         self.loss = loss if loss is not None else []
         self.time = time if time is not None else []
@@ -137,14 +104,7 @@ class History:
         self.stopped_early = stopped_early
         self.config = config if config is not None else {}
         self.env = env if env is not None else {}
-        # TEMPORARY: study/ switches next. ``extra``: the dict the record replaced.
-        self.record = record if record is not None else RunRecord.from_dict(extra or {})
-
-    # TEMPORARY: study/ switches next. The record as the ``extra`` dict it replaced (a live
-    # view: reads and writes go to ``record``'s fields).
-    @property
-    def extra(self) -> dict[str, Any]:
-        return _RecordView(self.record)
+        self.record = record if record is not None else RunRecord()
 
     def record_steps(self, steps: list[int], losses: list[float], times: list[float]) -> None:
         """Append per-step losses and their cumulative training times."""

@@ -35,17 +35,11 @@ def test_a_history_written_with_extra_loads(tmp_path):
     assert history.record == RunRecord.from_dict(old["extra"])  # unknown keys left out
 
 
-def test_the_temporary_extra_view_reads_and_writes_the_record():
+def test_a_history_has_no_extra_dict_any_more():
     history = History()
-    history.record.censored_at = 40
-    assert history.extra == {"censored_at": 40} and "target_reached" not in history.extra
-    history.extra["target_reached"] = {"step": 30}
-    assert history.record.target_reached == {"step": 30}
-    history.extra.pop("target_reached")
-    assert history.record.target_reached is None
-    with pytest.raises(KeyError):
-        history.extra["not_a_field"] = 1
-    assert json.loads(json.dumps(history.extra)) == {"censored_at": 40}
+    assert not hasattr(history, "extra")
+    with pytest.raises(TypeError):
+        History(extra={"censored_at": 40})  # type: ignore[call-arg]
 
 
 def test_record_update_takes_the_fields_that_are_set():

@@ -313,7 +313,7 @@ def test_startup_is_taken_out_of_time_to_target(reported, expected, estimated):
     for step in (10, 20, 30):  # 0.05 s per step after a start-up of 4.5 s
         history.record_eval(step=step, epoch=step // 10, train_time=4.5 + 0.05 * step,
                             val_loss=0.1, val_accuracy=0.5 + 0.015 * step)
-    history.extra["target_reached"] = {"step": 30, "epoch": 3, "train_time": 6.0}
+    history.record.target_reached = {"step": 30, "epoch": 3, "train_time": 6.0}
     history.timing.update(train_time=6.0, eval_time=1.0)
     if reported is not None:
         history.timing["compile_time"] = reported
@@ -338,7 +338,7 @@ def _fake_history(plan, steps_to_target):
     history.record_eval(step=steps, epoch=1, train_time=0.01 * steps, val_loss=0.1,
                         val_accuracy=0.95 if reaches else 0.5)
     if steps_to_target and steps_to_target <= plan.max_steps:
-        history.extra["target_reached"] = {"step": steps, "epoch": 1, "train_time": 0.01 * steps}
+        history.record.target_reached = {"step": steps, "epoch": 1, "train_time": 0.01 * steps}
     history.timing.update(train_time=0.01 * steps, eval_time=0.0, wall_time=0.01 * steps)
     history.test = {"test_accuracy": 0.9, "test_loss": 0.3}
     return history
@@ -620,6 +620,59 @@ def test_pruning_with_seeds_keeps_the_winner_exact(tmp_path, monkeypatch):
     assert (interval["low"], interval["high"]) == (120, 700)
 
 
+def test_a_store_written_with_extra_resumes_with_the_same_figures(tmp_path, monkeypatch):
+    # An earlier kbackend stored each run's engine facts as an "extra" dict in its trajectory;
+    # the figures re-derived from such a store are the ones its "record" gives.
+    def execute(self, plan):
+        history = _fake_history(plan, 30 if plan.seed != 1 else None)
+        history.record.dropped_per_epoch = 5  # samples counted as the native engine runs them
+        return history
+
+    monkeypatch.setattr(StudyRunner, "execute", execute)
+    config = _one_cell(batch_sizes=(64,), learning_rates={"sgd": (0.1, 1.0)})
+    with ResultStore(tmp_path / "study.db") as store:
+        first = StudyRunner(config, store).run()
+    with sqlite3.connect(tmp_path / "study.db") as db:
+        rows = db.execute("SELECT key, trajectory FROM results WHERE kind = 'run'").fetchall()
+        for key, text in rows:
+            trajectory = json.loads(text)
+            trajectory["extra"] = trajectory.pop("record")
+            db.execute("UPDATE results SET trajectory = ? WHERE key = ?",
+                       (json.dumps(trajectory), key))
+    assert rows and all("dropped_per_epoch" in json.loads(text)["record"] for _, text in rows)
+    monkeypatch.setattr(StudyRunner, "execute", lambda self, plan: pytest.fail("trained"))
+    with ResultStore(tmp_path / "study.db") as store:
+        runner = StudyRunner(config, store)
+        again = runner.run()
+        assert all("extra" in r["trajectory"] for r in store.records(kind="run"))
+    assert runner.executed == 0
+    assert [r["result"] for r in again["runs"]] == [r["result"] for r in first["runs"]]
+    assert again["cells"] == first["cells"]
+    reached = [r["result"] for r in again["runs"] if r["result"]["reached"]]
+    assert reached and all(r["drops_partial_batch"] and r["samples_to_target"] == 30 * 64
+                           for r in reached)
+
+
+def test_a_stored_trajectory_gives_its_record_or_its_older_extra():
+    from kbackend.history import RunRecord
+    from kbackend.study.summaries import history_from_trajectory, trajectory_record
+
+    facts = {"censored_at": 40, "population": {"members": 4, "index": 1},
+             "diverged": {"step": 3, "loss": "nan", "seen_in": "train_loss"}}
+    assert trajectory_record({"record": facts}) == RunRecord(**facts)
+    # Keys no RunRecord field holds any more are left out.
+    assert trajectory_record({"extra": {**facts, "gone": 1}}) == RunRecord(**facts)
+    assert trajectory_record(None) == trajectory_record({}) == RunRecord()
+    trajectory = {"step": [1, 2], "loss": [1.0, 0.5], "time": [0.1, 0.2],
+                  "evals": [{"step": 2, "epoch": 1, "train_time": 0.2, "val_accuracy": 0.95}],
+                  "extra": {"steps_per_epoch": 2}}
+    # Stored before the target's step was kept: the reaching evaluation is the last one.
+    history = history_from_trajectory(trajectory, {"reached": True, "test_loss": 0.3})
+    assert history.record == RunRecord(steps_per_epoch=2, target_reached={
+        "step": 2, "epoch": 1, "train_time": 0.2})
+    assert history.test == {"test_loss": 0.3}
+
+
 def test_seeds_change_the_runs_and_the_same_seed_repeats_them(tmp_path):
     config = StudyConfig(**DIGITS, optimizers=("adam",), batch_sizes=(64,),
                          learning_rates={"adam": (3e-3,)},
@@ -632,7 +685,7 @@ def test_seeds_change_the_runs_and_the_same_seed_repeats_them(tmp_path):
                                for seed in (0, 0, 1))
     # Multi-threaded XLA reductions differ by ~1e-9 between identical calls: 1e-5 relative.
     np.testing.assert_allclose(again.loss, first.loss, rtol=1e-5)
-    reached_at = [(h.extra.get("target_reached") or {}).get("step") for h in (first, again)]
+    reached_at = [(h.record.target_reached or {}).get("step") for h in (first, again)]
     assert reached_at[0] is not None and reached_at[0] == reached_at[1]
     assert not np.allclose(other.loss[:5], first.loss[:5], rtol=1e-3)
 
@@ -820,7 +873,7 @@ def test_a_population_study_gives_the_sequential_answers_and_resumes(tmp_path):
     # A pruned member is stored as the pruned run it equals (its budget: where it stopped); a
     # run both paths stored (same key) has the same outcome.
     for record in pop_runs.values():
-        if "censored_at" in record["trajectory"]["extra"]:
+        if "censored_at" in record["trajectory"]["record"]:
             assert record["config"]["max_steps"] == record["result"]["steps_run"]
             assert not record["result"]["reached"]
     # A run both paths trained to the target (their budgets may differ: pruning cuts a later
@@ -834,7 +887,7 @@ def test_a_population_study_gives_the_sequential_answers_and_resumes(tmp_path):
     shared = set(seq_reached) & set(pop_reached)
     assert len(shared) >= 4
     assert {k: pop_reached[k] for k in shared} == {k: seq_reached[k] for k in shared}
-    assert all(r["trajectory"]["extra"]["population"]["members"] == 4 for r in pop_runs.values())
+    assert all(r["trajectory"]["record"]["population"]["members"] == 4 for r in pop_runs.values())
     # The cells' answers agree (best rate, median steps and interval).
     answers = {}
     for name in ("seq", "pop"):
@@ -855,7 +908,7 @@ def test_a_population_study_gives_the_sequential_answers_and_resumes(tmp_path):
         assert runner.executed == 2
         kept = set(pop_runs) - set(victims)
         retrained = [r for r in store.records(kind="run") if r["key"] not in kept]
-        assert [r["trajectory"]["extra"]["population"]["members"] for r in retrained] == [2, 2]
+        assert [r["trajectory"]["record"]["population"]["members"] for r in retrained] == [2, 2]
 
 
 def test_the_population_pruner_stops_only_runs_that_cannot_win():
@@ -867,18 +920,18 @@ def test_the_population_pruner_stops_only_runs_that_cannot_win():
              for rate in (0.1, 1.0) for seed in (0, 1, 2)]
     histories = [History() for _ in plans]
     for m, step in ((0, 40), (1, 60)):  # rate 0.1: two of three seeds reached by step 60
-        histories[m].extra["target_reached"] = {"step": step}
+        histories[m].record.target_reached = {"step": step}
     censor = Populations(runner).pruner(plans, list(range(6)), {})
     # Rate 0.1's median is 60; rate 1.0 has nothing yet: reaching at step 70 gives it 70 > 60.
     assert sorted(censor(60, histories, {2, 3, 4, 5})) == [3, 4, 5]
     # At step 50 rate 0.1's median is not known yet: nobody is stopped.
-    histories[1].extra.pop("target_reached")
+    histories[1].record.target_reached = None
     assert censor(50, histories, {1, 2, 3, 4, 5}) == []
     # Rate 1.0 with two seeds in at 30 and 50: median 50 < 60, so rate 0.1's last seed is the
     # one that cannot win (its best case, reaching at 70, leaves the median at 60).
-    histories[1].extra["target_reached"] = {"step": 60}
-    histories[3].extra["target_reached"] = {"step": 30}
-    histories[4].extra["target_reached"] = {"step": 50}
+    histories[1].record.target_reached = {"step": 60}
+    histories[3].record.target_reached = {"step": 30}
+    histories[4].record.target_reached = {"step": 50}
     assert censor(60, histories, {2, 5}) == [2]
 
 

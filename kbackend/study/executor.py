@@ -303,8 +303,11 @@ class StudyRunner:
         key_config = self.run_key_config(plan)
         key = config_key(key_config)
         result = summarize_run(history, plan, self.config.resolved_target, self.num_train)
+        # ``record``: the RunRecord's set fields (trajectories stored before it hold ``extra``;
+        # ``summaries.trajectory_record`` reads either)
         trajectory = {"step": history.step, "loss": history.loss, "time": history.time,
-                      "evals": history.evals, "timing": history.timing, "extra": history.extra}
+                      "evals": history.evals, "timing": history.timing,
+                      "record": history.record.to_dict()}
         store = self.results()
         store.put(key, "run", self.study_id, self.env["backend"], key_config, result, trajectory)
         self.executed += 1

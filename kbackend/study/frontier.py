@@ -82,7 +82,7 @@ def frontier_run(runner: StudyRunnerLike, cell: dict[str, Any], seed: int) -> di
                 "test_metric_name": next((k for k in history.test if k != "test_loss"), None),
                 "final_test_metric": next((v for k, v in history.test.items()
                                            if k != "test_loss"), None),
-                "diverged": "diverged" in history.extra,
+                "diverged": history.record.diverged is not None,
                 "evals": [{k: e.get(k) for k in ("step", "epoch", metric)}
                           for e in history.evals]}
 

@@ -15,7 +15,7 @@ from kbackend.backends.compile_cache import machine_measurement
 from kbackend.history import History
 from kbackend.study.runner_protocol import StudyRunnerLike
 from kbackend.study.store import config_key
-from kbackend.study.summaries import RunPlan, median_or_inf, run_steps
+from kbackend.study.summaries import RunPlan, median_or_inf, run_steps, trajectory_record
 
 PROBE_STEPS = 8  # steps per timed round of the population probe (at least one call)
 POPULATION_PROBE_FILE = "population_probe.json"  # the probes' answers, kept per machine
@@ -125,9 +125,10 @@ class Populations:
                                   runner.time_spent.seconds_since(start, setup_before))
             for index, history in zip(missing, histories, strict=True):
                 plan = plans[index]
-                if "censored_at" in history.extra:  # the run a pruned budget would have made
+                censored_at = history.record.censored_at
+                if censored_at is not None:  # the run a pruned budget would have made
                     plan = runner.plan(optimizer, batch_size, plan.learning_rate,
-                                       history.extra["censored_at"], plan.seed)
+                                       censored_at, plan.seed)
                 records[index] = runner.store_run(plan, history)
         ordered = [records[i] for i in range(len(plans))]
         for rate in grid:
@@ -152,7 +153,7 @@ class Populations:
                     value = best_case = run_steps(stored[index])
                 else:
                     m = member_of[index]
-                    reached = histories[m].extra.get("target_reached")
+                    reached = histories[m].record.target_reached
                     value = float(reached["step"]) if reached else math.inf
                     best_case = float(step + plan.eval_every) if m in active else value
                 steps.setdefault(plan.learning_rate, []).append(value)
@@ -177,7 +178,7 @@ class Populations:
         found = {}
         assert runner.store is not None
         for record in runner.store.records(study=runner.study_id, kind="run"):
-            if "censored_at" in (record["trajectory"] or {}).get("extra", {}):
+            if trajectory_record(record["trajectory"]).censored_at is not None:
                 config = {k: v for k, v in record["config"].items() if k != "max_steps"}
                 found[config_key(config)] = record
         return found

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from kbackend.data.batching import steps_per_epoch_keeping_last
-from kbackend.history import History
+from kbackend.history import History, RunRecord
 from kbackend.stats import median_interval
 from kbackend.training import Target
 
@@ -49,7 +49,7 @@ def samples_seen(step: int, num_train: int, batch_size: int, drops_remainder: bo
 def drops_partial_batch(history: History) -> bool:
     """Whether the run's engine drops each epoch's partial batch (the native engine records
     how many samples it drops; Keras fit drops none)."""
-    return "dropped_per_epoch" in history.extra
+    return history.record.dropped_per_epoch is not None
 
 
 def steady_throughput(history: History, num_train: int, batch_size: int,
@@ -92,19 +92,27 @@ def startup_seconds(history: History) -> tuple[float, bool]:
     return max(0.0, float(times[0] - np.median(np.diff(times)))), True
 
 
+def trajectory_record(trajectory: dict[str, Any] | None) -> RunRecord:
+    """The ``RunRecord`` of a stored trajectory: its ``record`` (``RunRecord.to_dict``), or the
+    ``extra`` dict a trajectory stored before the record existed holds instead (none: empty)."""
+    trajectory = trajectory or {}
+    stored = trajectory.get("record")
+    return RunRecord.from_dict(stored if stored is not None else trajectory.get("extra") or {})
+
+
 def history_from_trajectory(trajectory: dict[str, Any], result: dict[str, Any]) -> History:
     """Rebuild a run's ``History`` from its stored trajectory (to re-derive its figures)."""
     history = History(step=list(trajectory["step"]), loss=list(trajectory["loss"]),
                       time=list(trajectory["time"]), evals=list(trajectory["evals"]),
                       timing=dict(trajectory.get("timing", {})),
-                      extra=dict(trajectory.get("extra", {})))
+                      record=trajectory_record(trajectory))
     history.test = {k: result[k] for k in ("test_accuracy", "test_loss")
                     if result.get(k) is not None}
-    if "target_reached" not in history.extra and result.get("reached"):
-        # Stored before the engine's extra was kept: the reaching evaluation is the last one.
+    if history.record.target_reached is None and result.get("reached"):
+        # Stored before the engine's record was kept: the reaching evaluation is the last one.
         last = history.evals[-1]
-        history.extra["target_reached"] = {"step": last["step"], "epoch": last.get("epoch"),
-                                           "train_time": last["train_time"]}
+        history.record.target_reached = {"step": last["step"], "epoch": last.get("epoch"),
+                                         "train_time": last["train_time"]}
     return history
 
 
@@ -118,7 +126,7 @@ def summarize_run(history: History, plan: RunPlan, target: Target,
     ``time_to_target_raw`` keeps it in.
     """
     metric = target.metric
-    reached = history.extra.get("target_reached")
+    reached = history.record.target_reached
     losses = np.asarray(history.loss, dtype=float)
     drops = drops_partial_batch(history)
     startup, estimated = startup_seconds(history)
@@ -136,7 +144,7 @@ def summarize_run(history: History, plan: RunPlan, target: Target,
         "best_val_loss": history.best("val_loss"),
         "best_metric": history.best(metric),
         "final_train_loss": float(losses[-1]) if losses.size else None,
-        "diverged": "diverged" in history.extra
+        "diverged": history.record.diverged is not None
         or bool(losses.size and not np.all(np.isfinite(losses))),
         "test_accuracy": history.test.get("test_accuracy"),
         # the task's own test metric (test_accuracy, test_mae, ...): the run's model is judged

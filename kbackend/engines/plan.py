@@ -10,8 +10,8 @@ Two things can only be known later, and each is a new plan made from this one, n
 calculation: ``--fused-steps auto`` (K measured on the model, ``with_fused_steps``) and a K
 capped to what a trainer can write out (``with_fused_steps`` again, from ``loop``).
 
-Issue 37 (a batch size that grows at evaluation points) is meant to hand the loop a new plan
-at an evaluation boundary (see ``loop``'s notes); nothing changes the batch size yet.
+A batch size that grows (``--batch-size auto``, issue 37) hands the loop a new plan at an
+evaluation point: ``engines.adaptive.plan_at``.
 """
 
 from __future__ import annotations

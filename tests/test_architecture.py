@@ -55,7 +55,8 @@ def module_name(path: Path) -> str:
 
 
 def unit_of(name: str) -> str:
-    """The top-level unit of module ``name`` (relative to kbackend): ``engines.loop`` -> ``engines``."""
+    """The top-level unit of module ``name`` (relative to kbackend):
+    ``engines.loop`` -> ``engines``."""
     return name.split(".")[0]
 
 
@@ -73,7 +74,8 @@ def backend_branches(source: str) -> list[tuple[int, str]]:
     def names_a_backend(node: ast.AST) -> bool:
         if isinstance(node, ast.Constant):
             return node.value in BACKEND_NAMES
-        return isinstance(node, ast.Tuple | ast.List | ast.Set) and any(map(names_a_backend, node.elts))
+        return (isinstance(node, ast.Tuple | ast.List | ast.Set)
+                and any(map(names_a_backend, node.elts)))
 
     found = []
     for node in ast.walk(ast.parse(source)):
@@ -105,7 +107,8 @@ def kbackend_target(node: ast.ImportFrom | ast.Import, known: set[str]) -> list[
     return sorted(set(found))
 
 
-def scan(source: str, known: set[str]) -> tuple[list[tuple[str, int, bool]], list[tuple[str, int, str]]]:
+def scan(source: str,
+         known: set[str]) -> tuple[list[tuple[str, int, bool]], list[tuple[str, int, str]]]:
     """(kbackend imports as (target, line, in_function), third-party imports in functions)."""
     tree = ast.parse(source)
     lines = source.splitlines()
@@ -121,8 +124,9 @@ def scan(source: str, known: set[str]) -> tuple[list[tuple[str, int, bool]], lis
                 if in_function and not targets and not getattr(child, "level", 0):
                     names = ([child.module] if isinstance(child, ast.ImportFrom)
                              else [a.name for a in child.names])
+                    above = lines[child.lineno - 2] if child.lineno > 1 else ""
                     for name in names:
-                        text = lines[child.lineno - 1] + (lines[child.lineno - 2] if child.lineno > 1 else "")
+                        text = lines[child.lineno - 1] + above
                         deferred.append((name or "", child.lineno, text))
             visit(child, inside)
 
@@ -146,18 +150,20 @@ def violations(modules: dict[str, str]) -> list[str]:
                          "kbackend.backends.impl() (or a backend-free table in kbackend/backends/)"
                          for line, code in backend_branches(source)]
         for target, line, in_function in imports:
+            where = f"kbackend.{name}:{line}"
             if layer_of(target) < own:
-                problems.append(f"kbackend.{name}:{line} imports kbackend.{target} from a higher layer")
+                problems.append(f"{where} imports kbackend.{target} from a higher layer")
             if in_function:
-                problems.append(f"kbackend.{name}:{line} imports kbackend.{target} inside a function")
+                problems.append(f"{where} imports kbackend.{target} inside a function")
             else:
                 graph.setdefault(name, set()).add(target)
         for library, line, text in deferred:
             root = library.split(".")[0]
+            where = f"kbackend.{name}:{line}"
             if root not in DEFERRABLE:
-                problems.append(f"kbackend.{name}:{line} defers '{library}', which is not slow or optional")
+                problems.append(f"{where} defers '{library}', which is not slow or optional")
             elif "#" not in text:
-                problems.append(f"kbackend.{name}:{line} defers '{library}' without a comment saying why")
+                problems.append(f"{where} defers '{library}' without a comment saying why")
     problems += [f"import cycle: {' -> '.join(cycle)}" for cycle in cycles(graph, set(modules))]
     units = {unit_of(name) for name in modules}
     problems += [f"package cycle: {' -> '.join(cycle)} (kbackend/<name> units)"
@@ -219,8 +225,8 @@ def test_the_layers_are_top_level_units():
      "inside a function"),
     ({"engines.loop": "def f():\n    import numpy\n"}, "not slow or optional"),
     ({"engines.loop": "def f():\n    import keras\n"}, "without a comment"),
-    ({"engines.a": "from kbackend.engines import b\n", "engines.b": "from kbackend.engines import a\n"},
-     "import cycle"),
+    ({"engines.a": "from kbackend.engines import b\n",
+      "engines.b": "from kbackend.engines import a\n"}, "import cycle"),
     # acyclic module by module (core -> model, export -> keys), a cycle between the packages
     ({"cache.core": "from kbackend.serving import model\n", "serving.model": "",
       "serving.export": "from kbackend.cache import keys\n", "cache.keys": ""}, "package cycle"),

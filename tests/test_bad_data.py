@@ -76,8 +76,9 @@ NPZ_CASES = {
                     r"Invalid x_train .*\(N, height, width\).*\(30, 784\)"),
     "float pixels": (npz_bytes(mnist_arrays(x_test=np.zeros((N_TEST, 28, 28), np.float32))),
                      r"Invalid x_test .*uint8.*float32"),
-    "integral float labels": (npz_bytes(mnist_arrays(y_train=np.arange(N_TRAIN, dtype=np.float32) % 10)),
-                              r"Invalid y_train .*integer class labels.*float32"),
+    "integral float labels": (
+        npz_bytes(mnist_arrays(y_train=np.arange(N_TRAIN, dtype=np.float32) % 10)),
+        r"Invalid y_train .*integer class labels.*float32"),
     "fractional float labels": (npz_bytes(mnist_arrays(y_test=np.full(N_TEST, 2.5))),
                                 r"Invalid y_test .*integer class labels.*float64"),
     "2-D labels": (npz_bytes(mnist_arrays(y_train=np.zeros((N_TRAIN, 1), np.uint8))),
@@ -139,7 +140,7 @@ def fashion_files(**changes: bytes | None) -> dict[str, bytes]:
         "t10k-images-idx3-ubyte.gz": gzip.compress(idx_bytes(arrays["x_test"])),
         "t10k-labels-idx1-ubyte.gz": gzip.compress(idx_bytes(arrays["y_test"])),
     }
-    files.update({name.replace("_", "-") + "-idx" + ("3" if "images" in name else "1") + "-ubyte.gz":
+    files.update({name.replace("_", "-") + ("-idx3" if "images" in name else "-idx1") + "-ubyte.gz":
                   content for name, content in changes.items()})
     return {name: content for name, content in files.items() if content is not None}
 
@@ -213,8 +214,9 @@ def test_a_bad_keras_download_is_refused_by_name(tmp_path, monkeypatch):
     monkeypatch.delenv("KBACKEND_DATA_DIR", raising=False)
     monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras_home"))
     monkeypatch.setenv("KBACKEND_OFFLINE", "0")
-    bad = sources.RawData(np.zeros((3, 28, 28, 1), np.uint8), np.full(3, 0.5), np.zeros((2, 28, 28, 1), np.uint8),
-                          np.zeros(2, np.uint8), "image", 10, "keras.datasets.mnist download", 255.0)
+    bad = sources.RawData(np.zeros((3, 28, 28, 1), np.uint8), np.full(3, 0.5),
+                          np.zeros((2, 28, 28, 1), np.uint8), np.zeros(2, np.uint8),
+                          "image", 10, "keras.datasets.mnist download", 255.0)
     monkeypatch.setattr(sources, "_download", lambda name: bad)
     with pytest.raises(DataError, match=r"Invalid y_train in keras.datasets.mnist download"):
         data.load("mnist", data_dir=empty)
@@ -293,13 +295,16 @@ def _nan_at(index):
 DATASET_CASES = {
     "label 7 of 3 classes": ({"y_train": lambda y: np.where(np.arange(len(y)) == 3, 7, y)},
                              r"Invalid label 7 in the train split.*\[0, 3\)"),
-    "NaN inputs": ({"x_val": _nan_at(2)}, r"Non-finite inputs \(NaN\) in the validation split.*index 2"),
-    "Inf inputs": ({"x_test": lambda x: x + np.inf}, r"Non-finite inputs \(Inf\) in the test split"),
+    "NaN inputs": ({"x_val": _nan_at(2)},
+                   r"Non-finite inputs \(NaN\) in the validation split.*index 2"),
+    "Inf inputs": ({"x_test": lambda x: x + np.inf},
+                   r"Non-finite inputs \(Inf\) in the test split"),
     "mismatched lengths": ({"y_train": lambda y: y[:-1]}, r"Mismatched lengths in the train split"),
     "empty validation split": ({"x_val": lambda x: x[:0], "y_val": lambda y: y[:0]},
                                r"Empty validation split"),
     "fractional labels": ({"y_test": lambda y: y + 0.5}, r"integer class indices"),
-    "shape unlike info": ({"x_test": lambda x: x[:, :3]}, r"test split: expected samples of shape \(4,\)"),
+    "shape unlike info": ({"x_test": lambda x: x[:, :3]},
+                          r"test split: expected samples of shape \(4,\)"),
     "no class count": ({"info": lambda info: replace(info, num_classes=0)}, r"num_classes"),
 }
 
@@ -353,7 +358,8 @@ def test_good_numbers_are_accepted():
 @pytest.mark.parametrize("argv", [["--l2", "nan"], ["--l2", "inf"], ["--dropout", "1"],
                                   ["--dropout", "nan"], ["--lr", "nan"], ["--lr", "inf"],
                                   ["--lr", "0"], ["--lr", "-1"]])
-def test_bad_numbers_on_the_command_line_are_exit_2_before_training(argv, capsys, engines_never_run):
+def test_bad_numbers_on_the_command_line_are_exit_2_before_training(argv, capsys,
+                                                                     engines_never_run):
     code = cli.main(["train", "--quiet", *argv])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "Invalid" in err and argv[1] in err, err

@@ -12,8 +12,8 @@ from kbackend.history import History
 def test_train_saves_model_and_history(cli, tmp_path, backend):
     model_path, history_path = tmp_path / "m.keras", tmp_path / "h.json"
     # K = 8 (it divides digits' 40 steps per epoch): the auto probe is test_native_engine's subject
-    result = cli("train", "--dataset", "digits", "--epochs", "6", "--batch-size", "32", "--fused-steps", "8",
-                 "--save", str(model_path), "--history", str(history_path))
+    result = cli("train", "--dataset", "digits", "--epochs", "6", "--batch-size", "32",
+                 "--fused-steps", "8", "--save", str(model_path), "--history", str(history_path))
     assert result.returncode == 0, result.stderr
     assert "epoch 6/6" in result.stderr  # per-epoch progress lines
     assert "test_accuracy" in result.stdout
@@ -62,7 +62,8 @@ def test_help_shows_defaults_but_not_for_on_off_flags(cli):
     assert result.returncode == 0
     text = " ".join(result.stdout.split())  # argparse wraps lines
     assert "--fused-steps K" in text and "(default: 1)" in text
-    assert "turn off jit_compile (XLA) (default" not in text  # a store_false flag has no default to show
+    # a store_false flag has no default to show
+    assert "turn off jit_compile (XLA) (default" not in text
     assert ("Keras backend: one of jax, tensorflow (default: $KERAS_BACKEND, else the \"backend\" "
             "of $KERAS_HOME/keras.json or ~/.keras/keras.json, else jax)") in text  # said once
 

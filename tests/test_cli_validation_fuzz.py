@@ -6,10 +6,10 @@ The seam is where each command's work begins: building the model (train), openin
 loading a model (predict, serve, cache; the cheap check of ``--cache`` that creates nothing runs
 for real before it), exporting (export), starting processes (launch, equiv's workers), probing
 (advise), or joining a multi-process job / creating virtual devices (the runtime's start-up).
-Those are replaced by ``ReachedWork``; reaching them means the flags were accepted. ``study``'s seam is
-opening its results store (its first write, after every check against the data); ``info`` has
-no seam (it only reads). Flag values come from each parser's own actions, so a flag added later is
-covered without touching this file.
+Those are replaced by ``ReachedWork``; reaching them means the flags were accepted. ``study``'s
+seam is opening its results store (its first write, after every check against the data); ``info``
+has no seam (it only reads). Flag values come from each parser's own actions, so a flag added
+later is covered without touching this file.
 """
 
 from __future__ import annotations
@@ -73,8 +73,9 @@ TEXTS = ["", "0", "-1", "2", "1e400", "nan", "inf", "exact", "2,2,exact,0", "64,
 PLAUSIBLE_TEXTS = {"loss": ["mse", "sparse_categorical_crossentropy", "CE", "MeanAbsoluteError"],
                    "grid": ["*=0", "0=0:1:3; *=0", "0-3=0,1"], "decimals": ["2", "exact"]}
 INTS = st.one_of(st.integers(-3, 70), st.sampled_from([0, 1, 2**31, -(2**63), 10**20]))
-FLOATS = st.one_of(st.sampled_from(["nan", "inf", "-inf", "1e30", "-0.0", "1e-30", "0", "1.5", "-2"]),
-                   st.floats(-10, 10).map(repr))
+FLOATS = st.one_of(
+    st.sampled_from(["nan", "inf", "-inf", "1e30", "-0.0", "1e-30", "0", "1.5", "-2"]),
+    st.floats(-10, 10).map(repr))
 
 
 def _wild_value(action: argparse.Action, paths: list[str]) -> st.SearchStrategy[str]:

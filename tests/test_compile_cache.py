@@ -136,7 +136,8 @@ def test_tensorflow_entries_reach_the_shared_folder_whole_and_verified(tmp_path)
     publish_entries(private, shared)  # again, at exit, on a removed folder: nothing, no error
 
 
-def test_tensorflow_entries_beyond_the_size_bound_go_least_recently_used_first(tmp_path, monkeypatch):
+def test_tensorflow_entries_beyond_the_size_bound_go_least_recently_used_first(tmp_path,
+                                                                               monkeypatch):
     from kbackend.backends import compile_cache
 
     shared = tmp_path / "shared"
@@ -163,7 +164,8 @@ def test_the_next_tensorflow_process_loads_entries_and_survives_a_corrupt_one(tm
     env.pop(COMPILE_CACHE_ENV, None)
     env.pop("TF_XLA_FLAGS", None)
     code = ("from kbackend.backends import impl; impl(); import tensorflow as tf; print(float("
-            "tf.function(lambda x: tf.reduce_sum(x @ x + 1.0), jit_compile=True)(tf.ones((32, 32)))))")
+            "tf.function(lambda x: tf.reduce_sum(x @ x + 1.0), jit_compile=True)"
+            "(tf.ones((32, 32)))))")
 
     def run() -> subprocess.CompletedProcess:
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -134,10 +134,11 @@ def test_keras_fit_with_hardware_monitor_stores_summary(tmp_path):
     assert result.history.best("val_accuracy") > 0.8  # monitored training still trains
 
 
-@pytest.mark.slow  # a whole CLI training run; test_keras_fit_with_hardware_monitor_stores_summary covers the engine
+# a whole CLI training run; test_keras_fit_with_hardware_monitor_stores_summary covers the engine
+@pytest.mark.slow
 def test_train_cli_hardware_monitor_prints_verdict(cli, tmp_path):
-    completed = cli("train", "--epochs", "1", "--batch-size", "128", "--fused-steps", "5", "--monitor", "--quiet",
-                    "--history", str(tmp_path / "h.json"))
+    completed = cli("train", "--epochs", "1", "--batch-size", "128", "--fused-steps", "5",
+                    "--monitor", "--quiet", "--history", str(tmp_path / "h.json"))
     assert completed.returncode == 0, completed.stderr[-2000:]
     assert "monitor: " in completed.stdout and "-bound" in completed.stdout
     assert "monitor" in (tmp_path / "h.json").read_text()

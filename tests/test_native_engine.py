@@ -42,8 +42,10 @@ def toy_model(dataset, **options):
 
 def run_native(model, dataset, spec, **config):
     """``native.train``; without XLA on TensorFlow unless the test asks (conftest's
-    JIT_FOR_SMALL_RUNS: the XLA loop is compared with it in test_without_xla_the_loop_trains_the_same)."""
-    config = TrainConfig(model="mlp", optimizer=spec, **{"jit_compile": JIT_FOR_SMALL_RUNS, **config})
+    JIT_FOR_SMALL_RUNS: the XLA loop is compared with it in
+    test_without_xla_the_loop_trains_the_same)."""
+    config = TrainConfig(model="mlp", optimizer=spec,
+                         **{"jit_compile": JIT_FOR_SMALL_RUNS, **config})
     return native.train(model, dataset, native.plan_of(config, dataset, spec), config)
 
 
@@ -222,12 +224,17 @@ def test_fused_steps_auto_is_measured_once_per_machine(dataset, tmp_path, monkey
     # Another batch size is another question.
     native.cached_probe_fused_steps(toy_model(dataset), dataset, spec, 16)
     assert len(calls) == 1
+
+    def cached() -> bool:
+        """Whether a probe at batch size 32 was answered from the stored file."""
+        return native.cached_probe_fused_steps(toy_model(dataset), dataset, spec, 32)[1]["cached"]
+
     # A corrupt file is measured again and replaced; the cache switched off always measures.
     (tmp_path / native.PROBE_CACHE_FILE).write_text("{not json")
-    assert native.cached_probe_fused_steps(toy_model(dataset), dataset, spec, 32)[1]["cached"] is False
-    assert native.cached_probe_fused_steps(toy_model(dataset), dataset, spec, 32)[1]["cached"] is True
+    assert cached() is False
+    assert cached() is True
     monkeypatch.setenv("KBACKEND_COMPILE_CACHE", "0")
-    assert native.cached_probe_fused_steps(toy_model(dataset), dataset, spec, 32)[1]["cached"] is False
+    assert cached() is False
     assert len(calls) == 3
 
 
@@ -360,8 +367,9 @@ def test_without_xla_the_loop_trains_the_same(dataset):
     spec = OptimizerSpec("adam", 1e-2)
     with_xla, without = toy_model(dataset, batch_norm=True), toy_model(dataset, batch_norm=True)
     without.set_weights(with_xla.get_weights())
-    a = run_native(with_xla, dataset, spec, batch_size=32, epochs=2, fused_steps=5, jit_compile=True)
-    b = run_native(without, dataset, spec, batch_size=32, epochs=2, fused_steps=5, jit_compile=False)
+    run = {"batch_size": 32, "epochs": 2, "fused_steps": 5}
+    a = run_native(with_xla, dataset, spec, jit_compile=True, **run)
+    b = run_native(without, dataset, spec, jit_compile=False, **run)
     assert a.record.xla is True and b.record.xla is (BACKEND == "jax")
     if BACKEND == "tensorflow":
         assert a.record.xla_programs["programs"] > 0 and b.record.xla_programs["programs"] == 0

@@ -26,7 +26,8 @@ def _free_port() -> int:
     ({"dp_impl": "vmap"}, "Invalid dp_impl"),
     ({"devices": -1}, "Invalid devices"),
     ({"num_processes": 0}, "Invalid num_processes"),
-    ({"num_processes": 2, "process_id": 2, "coordinator": "127.0.0.1:1234"}, r"process_id 2.*\[0, 2\)"),
+    ({"num_processes": 2, "process_id": 2, "coordinator": "127.0.0.1:1234"},
+     r"process_id 2.*\[0, 2\)"),
     ({"num_processes": 2, "process_id": 1}, "needs --coordinator HOST:PORT"),
     ({"num_processes": 2, "coordinator": "localhost"}, "Invalid coordinator 'localhost'"),
     ({"num_processes": 2, "coordinator": "127.0.0.1:70000"}, "port 70000"),
@@ -39,7 +40,8 @@ def test_bad_parallel_options_are_rejected(fields, message):
 
 def test_batch_split_error_names_both_numbers():
     assert check_batch_split(64, 8) == 8
-    with pytest.raises(ConfigError, match=r"batch size 30 does not divide evenly over 4 devices.*multiple of 4"):
+    with pytest.raises(ConfigError, match=r"batch size 30 does not divide evenly over 4 devices"
+                                          r".*multiple of 4"):
         check_batch_split(30, 4)
 
 
@@ -58,7 +60,8 @@ def test_more_devices_than_exist_is_a_clear_error():
     from kbackend.backends import impl
 
     have = impl().device_count()
-    with pytest.raises(ConfigError, match=rf"Requested 64 devices, but only {have} .*--virtual-devices 64"):
+    with pytest.raises(ConfigError, match=rf"Requested 64 devices, but only {have} "
+                                          r".*--virtual-devices 64"):
         train(TrainConfig(devices=64, batch_size=64, epochs=1))
 
 
@@ -83,8 +86,8 @@ def test_keras_fit_across_processes_on_tensorflow_points_to_the_native_engine(mo
     from kbackend.backends.tensorflow import data_parallel, ops
 
     monkeypatch.setattr(ops, "process_count", lambda: 2)
-    with pytest.raises(ConfigError, match="Keras fit cannot train across processes on TensorFlow"), \
-            data_parallel.data_parallel_scope(1):
+    message = "Keras fit cannot train across processes on TensorFlow"
+    with pytest.raises(ConfigError, match=message), data_parallel.data_parallel_scope(1):
         pass
 
 
@@ -130,7 +133,8 @@ def test_single_device_step_matches_keras_train_on_batch():
     def build():
         keras.utils.set_random_seed(3)
         inputs = keras.Input((6,))
-        x = keras.layers.Dense(8, activation="relu", kernel_regularizer=keras.regularizers.L2(0.01))(inputs)
+        x = keras.layers.Dense(8, activation="relu",
+                               kernel_regularizer=keras.regularizers.L2(0.01))(inputs)
         return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(x))
 
     rng = np.random.default_rng(0)

@@ -1,8 +1,9 @@
 """Data parallelism on several devices: N-device training computes what 1-device training does.
 
 Needs 8 devices, which on a CPU must be created before the runtime starts, so these tests are
-marked `devices` and run in their own nox session (``nox -s "devices(jax)"``, ``"devices(tensorflow)"``),
-which sets KBACKEND_VIRTUAL_DEVICES=8 in its environment. Anywhere else they are skipped.
+marked `devices` and run in their own nox session (``nox -s "devices(jax)"``,
+``"devices(tensorflow)"``), which sets KBACKEND_VIRTUAL_DEVICES=8 in its environment. Anywhere
+else they are skipped.
 
 Tolerance: the N-device runs add the same numbers in a different order (per-shard sums, then a
 cross-device mean), so parameters agree to float32 rounding, not bit for bit. After up to 3 steps
@@ -50,7 +51,8 @@ def test_info_shows_virtual_devices(cli):
     assert len(devices) == 8 and {d["platform"] for d in devices} == {"cpu"}
 
 
-def _build(widths: tuple[int, ...], batch_norm: bool, inputs: int = 6, classes: int = 3, seed: int = 0):
+def _build(widths: tuple[int, ...], batch_norm: bool, inputs: int = 6, classes: int = 3,
+           seed: int = 0):
     import keras
 
     keras.utils.set_random_seed(seed)
@@ -89,7 +91,8 @@ def _run_both(model, spec, devices, xs, ys, impl="shard_map"):
         multi, metrics = step(state, jax_step.split_for_pmap((xs, ys), devices))
         multi, metrics = jax.tree.map(lambda leaf: leaf[0], (multi, metrics))
     else:
-        multi, metrics = step(jax_step.replicate(host_start, mesh), jax_step.shard_batch((xs, ys), mesh))
+        state = jax_step.replicate(host_start, mesh)
+        multi, metrics = step(state, jax_step.shard_batch((xs, ys), mesh))
     return (jax_step.to_host(single), jax_step.to_host(multi),
             np.asarray(single_metrics.loss), np.asarray(jax_step.to_host(metrics.loss)))
 
@@ -107,7 +110,8 @@ def _run_both(model, spec, devices, xs, ys, impl="shard_map"):
     optimizer=st.sampled_from(["sgd", "adam"]),
     seed=st.integers(0, 2**16),
 )
-def test_n_devices_train_like_one_device(devices, per_device, fused, widths, batch_norm, optimizer, seed):
+def test_n_devices_train_like_one_device(devices, per_device, fused, widths, batch_norm, optimizer,
+                                         seed):
     model = _build(widths, batch_norm, seed=seed)
     rng = np.random.default_rng(seed)
     batch = devices * per_device
@@ -116,7 +120,8 @@ def test_n_devices_train_like_one_device(devices, per_device, fused, widths, bat
     xs = rng.normal(size=(fused, batch, 6)).astype("float32")
     ys = rng.integers(0, 3, size=(fused, batch)).astype("int32")
     lr = 0.1 if optimizer == "sgd" else 0.01
-    single, multi, single_loss, multi_loss = _run_both(model, OptimizerSpec(optimizer, lr), devices, xs, ys)
+    single, multi, single_loss, multi_loss = _run_both(model, OptimizerSpec(optimizer, lr), devices,
+                                                       xs, ys)
     gap = _largest_gap(single, multi)
     LARGEST_GAP[0] = max(LARGEST_GAP[0], gap)
     print(f"devices={devices} batch={batch} K={fused} widths={widths} bn={batch_norm} "
@@ -132,7 +137,8 @@ def test_n_devices_train_like_one_device(devices, per_device, fused, widths, bat
 def test_pmap_impl_shares_the_step():
     model = _build((8,), True)
     rng = np.random.default_rng(1)
-    xs, ys = rng.normal(size=(2, 16, 6)).astype("float32"), rng.integers(0, 3, (2, 16)).astype("int32")
+    xs = rng.normal(size=(2, 16, 6)).astype("float32")
+    ys = rng.integers(0, 3, (2, 16)).astype("int32")
     single, multi, _, _ = _run_both(model, OptimizerSpec("adam", 0.01), 4, xs, ys, impl="pmap")
     assert _largest_gap(single, multi) < ATOL
 
@@ -146,7 +152,8 @@ def test_negative_control_without_synced_batch_norm(monkeypatch):
 
     model = _build((8,), True)
     rng = np.random.default_rng(2)
-    xs = rng.normal(size=(2, 16, 6)).astype("float32") * rng.uniform(0.5, 3, size=(1, 16, 1)).astype("float32")
+    xs = (rng.normal(size=(2, 16, 6)).astype("float32")
+          * rng.uniform(0.5, 3, size=(1, 16, 1)).astype("float32"))
     ys = rng.integers(0, 3, (2, 16)).astype("int32")
     monkeypatch.setattr(jax_step, "synced_batch_norm", lambda model, axis: nullcontext())
     single, multi, _, _ = _run_both(model, OptimizerSpec("sgd", 0.1), 4, xs, ys)
@@ -163,7 +170,8 @@ def test_engine_on_4_devices_matches_1_device(dp_impl):
     def run(devices):
         config = TrainConfig(model="mlp", engine="data_parallel", devices=devices, batch_size=64,
                              epochs=2, fused_steps=5, optimizer=OptimizerSpec("momentum", 0.05),
-                             model_options=ModelOptions(widths=(32,), batch_norm=True), dp_impl=dp_impl)
+                             model_options=ModelOptions(widths=(32,), batch_norm=True),
+                             dp_impl=dp_impl)
         return train(config)
 
     one, four = run(1), run(4)
@@ -172,7 +180,8 @@ def test_engine_on_4_devices_matches_1_device(dp_impl):
     np.testing.assert_allclose(four.history.loss, one.history.loss, rtol=1e-4, atol=1e-5)
     for a, b in zip(one.model.get_weights(), four.model.get_weights(), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
-    assert four.history.test["test_accuracy"] == pytest.approx(one.history.test["test_accuracy"], abs=0.01)
+    assert (four.history.test["test_accuracy"]
+            == pytest.approx(one.history.test["test_accuracy"], abs=0.01))
 
 
 @pytest.mark.parametrize(("devices", "batch_norm"), [(2, False), (4, True)])
@@ -182,8 +191,10 @@ def test_keras_fit_data_parallel_matches_single_device(devices, batch_norm):
     from kbackend.training import TrainConfig, load_dataset, train
 
     def config(**fields):
-        return TrainConfig(model="mlp", batch_size=64, epochs=1, optimizer=OptimizerSpec("sgd", 0.1),
-                           model_options=ModelOptions(widths=(32,), batch_norm=batch_norm), **fields)
+        return TrainConfig(model="mlp", batch_size=64, epochs=1,
+                           optimizer=OptimizerSpec("sgd", 0.1),
+                           model_options=ModelOptions(widths=(32,), batch_norm=batch_norm),
+                           **fields)
 
     single_config = config()
     single = train(single_config, dataset=whole_batches(load_dataset(single_config), 64))
@@ -346,12 +357,14 @@ def test_tf_negative_control_without_synchronized_batch_norm(monkeypatch):
 
     model = _build((8,), True)
     rng = np.random.default_rng(2)
-    xs = rng.normal(size=(2, 16, 6)).astype("float32") * rng.uniform(0.5, 3, size=(1, 16, 1)).astype("float32")
+    xs = (rng.normal(size=(2, 16, 6)).astype("float32")
+          * rng.uniform(0.5, 3, size=(1, 16, 1)).astype("float32"))
     ys = rng.integers(0, 3, (2, 16)).astype("int32")
     monkeypatch.setattr(data_parallel, "data_parallel_clone_layer",
                         lambda layer: layer.__class__.from_config(layer.get_config()))
     single, multi, _, _ = _tf_run_both(model, OptimizerSpec("sgd", 0.1), 4, xs, ys)
-    assert max(float(np.max(np.abs(a - b))) for a, b in zip(single, multi, strict=True)) > 100 * ATOL
+    gap = max(float(np.max(np.abs(a - b))) for a, b in zip(single, multi, strict=True))
+    assert gap > 100 * ATOL
 
 
 @tf_only

@@ -1,4 +1,4 @@
-"""Multi-process training on one machine: ``kbackend launch`` and ``kbackend train --num-processes``.
+"""Multi-process training on one machine: ``kbackend launch``, ``kbackend train --num-processes``.
 
 Each test starts several Python processes (each imports Keras and a framework), so they are
 few and small; the two heaviest are marked slow.

@@ -55,8 +55,8 @@ def test_early_stopping_stops_and_restores_best():
 
 @pytest.mark.parametrize("schedule", ["cosine", "exponential"])
 def test_schedules_train(schedule):
-    config = TrainConfig(epochs=3, optimizer=OptimizerSpec("sgd", 0.1, schedule=schedule, warmup_steps=5),
-                         jit_compile=JIT_FOR_SMALL_RUNS)
+    spec = OptimizerSpec("sgd", 0.1, schedule=schedule, warmup_steps=5)
+    config = TrainConfig(epochs=3, optimizer=spec, jit_compile=JIT_FOR_SMALL_RUNS)
     assert train(config).history.best("val_accuracy") > 0.8
 
 

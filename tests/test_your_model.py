@@ -123,7 +123,8 @@ def test_a_target_on_a_regression_error_stops_there(tmp_path):
     """``val_mae`` <= target: the direction of an error, on the native and Keras engines."""
     np.savez(tmp_path / "reg.npz", x=X, y=(X @ W[:, 0]).astype(np.float32))
     for engine, fused in (("native", 4), ("keras", 1)):
-        config = TrainConfig(model=f"{tmp_path / 'build.py'}:reg", dataset=str(tmp_path / "reg.npz"),
+        config = TrainConfig(model=f"{tmp_path / 'build.py'}:reg",
+                             dataset=str(tmp_path / "reg.npz"),
                              engine=engine, fused_steps=fused, epochs=20, batch_size=16,
                              optimizer=OptimizerSpec("adam", 1e-2), target=Target("val_mae", 0.6),
                              jit_compile=JIT_FOR_SMALL_RUNS)

@@ -197,8 +197,11 @@ AUTO_ENGINE = "auto"
 def adaptive_summary(record: dict[str, Any]) -> str:
     """One line of an adaptive run's batch sizes, each with the step it took over."""
     probe = record.get("knee_probe")
-    bound = ("" if probe is None else " (MAX: this machine's throughput knee, "
-             + ("stored probe)" if probe.get("cached") else f"measured in {probe['seconds']:.1f}s)"))
+    if probe is None:
+        bound = ""
+    else:
+        source = "stored probe" if probe.get("cached") else f"measured in {probe['seconds']:.1f}s"
+        bound = f" (MAX: this machine's throughput knee, {source})"
     sizes = " -> ".join(f"{r['batch_size']} (step {r['step']}, lr {r['learning_rate']:.3g})"
                         for r in record["ranges"])
     estimate = record.get("b_simple")

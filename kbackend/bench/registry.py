@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kbackend.bench import (
+    adaptive,
     cache,
     engines,
     hardware,
@@ -20,6 +21,6 @@ from kbackend.bench.spec import Benchmark
 BENCHMARKS: dict[str, Benchmark] = {
     bench.name: bench
     for module in (hardware, engines, cache, parallel, population, reproduce, scale_out,
-                   study_ray, time_to_target, unroll, user_model)
+                   study_ray, time_to_target, unroll, user_model, adaptive)
     for bench in module.BENCHMARKS
 }

@@ -1,0 +1,405 @@
+"""Adaptive batch size benchmark (issue 37): the estimator's overhead, and auto vs fixed.
+
+    python scripts/bench_adaptive.py [--quick] [--out DIR] [--backends jax,tensorflow]
+        [--part overhead|compare|both] [--model mlp] [--dataset mnist1d_large]
+        [--batch-sizes 8,32,128,512] [--repeats N] [--fixed 8,16,...,512] [--rates 1e-3,3e-3]
+        [--lr-scalings sqrt,linear,adascale,none] [--auto-min 8] [--auto-max 0,512]
+        [--seeds 0,1,2] [--epochs 20] [--eval-every 25] [--target 0.65] [--plot-dir DIR]
+
+(``--quick``: the seed MLP on digits, overhead at batch 8 and 32 with 2 repeats on 512 of its
+samples, compare with one seed, fixed 32 and 128, one rate, sqrt scaling, auto 8..128, 3 epochs,
+and no XLA on TensorFlow (``--jit``): a smoke run, not the figures.)
+
+``overhead``: one epoch of fused native steps (K = 8) per batch size with the plain trainer and
+with the adaptive trainer (micro-batched gradients and the two norms), alternated, ``--repeats``
+times after a compiling epoch; median us/step with [min, max], and the ratio of medians.
+
+``compare``: per seed, ``train()`` on the native engine at every fixed batch size (each with the
+best of the ``--rates``) and with ``--batch-size auto:MIN:MAX`` for each ``--lr-scalings`` and
+``--auto-max`` (0: the default MAX, the throughput knee probed once per machine); steps,
+samples and train time (compilation included) to the validation ``--target``; medians over
+seeds with [min, max]. Each worker writes ``<plot-dir>/bench_adaptive_<backend>.png`` (written
+atomically): each auto run's batch size over steps on top of its measured B_simple. The runner
+does not tell its workers ``--out``: pass the same folder as ``--plot-dir`` (default
+``runs/bench``, the runner's default ``--out``; with ``--quick``, no plot unless given).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from kbackend.backend_choice import active_backend
+from kbackend.bench.spec import Benchmark, Option, Rows, Settings, int_list
+from kbackend.errors import KBackendError
+from kbackend.io import atomic_write
+from kbackend.reports import markdown_rows
+
+PARTS = ("overhead", "compare", "both")
+FUSED_STEPS = 8
+DEFAULT_PLOT_DIR = "runs/bench"  # the runner's default --out (its workers are not told --out)
+
+# Full and quick defaults of every option left out (quick: a smoke run of a few seconds).
+FULL = {"model": "mlp", "dataset": "mnist1d_large", "batch_sizes": [8, 32, 128, 512],
+        "fixed": [8, 16, 32, 64, 128, 256, 512], "rates": [1e-3, 3e-3],
+        "lr_scalings": ["sqrt", "linear", "adascale", "none"], "auto_min": 8,
+        "auto_max": [0, 512], "seeds": [0, 1, 2], "epochs": 20, "eval_every": 25,
+        "target": 0.65}
+QUICK = {"model": "seed_mlp", "dataset": "digits", "batch_sizes": [8, 32], "fixed": [32, 128],
+         "rates": [3e-3], "lr_scalings": ["sqrt"], "auto_min": 8, "auto_max": [128],
+         "seeds": [0], "epochs": 3, "eval_every": 40, "target": 0.9}
+QUICK_OVERHEAD_SAMPLES = 512  # quick overhead epochs: the first 512 training samples
+
+
+def say(message: str) -> None:
+    print(f"[{active_backend()}] {message}", file=sys.stderr, flush=True)
+
+
+def _part(text: str) -> str:
+    if text not in PARTS:
+        raise ValueError(f"expected one of {', '.join(PARTS)}, got {text!r}")
+    return text
+
+
+def float_list(text: str) -> list[float]:
+    """``'1e-3,3e-3'`` -> ``[0.001, 0.003]`` (an option parser)."""
+    return [float(part) for part in text.split(",") if part.strip()]
+
+
+def name_list(text: str) -> list[str]:
+    """``'sqrt,linear'`` -> ``['sqrt', 'linear']`` (an option parser)."""
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _jit(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise ValueError(f"expected on or off, got {text!r}")
+    return text == "on"
+
+
+def median_interval(values: list[float | None]) -> dict[str, Any]:
+    """Median and [min, max] of the finite values (None where there are none)."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return {"median": None, "min": None, "max": None, "n": 0, "of": len(values)}
+    return {"median": statistics.median(finite), "min": min(finite), "max": max(finite),
+            "n": len(finite), "of": len(values)}
+
+
+def _options(settings: Settings) -> dict[str, Any]:
+    """Every option: the one given, else its quick or full default."""
+    defaults = QUICK if settings.quick else FULL
+    given = settings.options
+    chosen = {name: given[name] if given.get(name) is not None else default
+              for name, default in defaults.items()}
+    chosen["part"] = given.get("part") or "both"
+    chosen["optimizer"] = given.get("optimizer") or "adam"
+    chosen["data_dir"] = given.get("data_dir")
+    # TensorFlow's XLA compilation costs most of a small run on a CPU: quick runs skip it there.
+    jit = given.get("jit")
+    chosen["jit"] = jit if jit is not None else not (settings.quick
+                                                      and active_backend() == "tensorflow")
+    chosen["repeats"] = settings.rounds(quick=2, full=7)
+    chosen["overhead_samples"] = QUICK_OVERHEAD_SAMPLES if settings.quick else None
+    return chosen
+
+
+# -- overhead ------------------------------------------------------------------------------
+def overhead(opts: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per batch size: us/step of the plain and of the adaptive trainer, and their ratio."""
+    from kbackend.backends import adaptive, impl
+    from kbackend.engines.loop import EpochRunner
+    from kbackend.models import ModelOptions, build_model
+    from kbackend.optim import OptimizerSpec
+    from kbackend.training import TrainConfig, load_dataset
+
+    config = TrainConfig(model=opts["model"], dataset=opts["dataset"], seed=0,
+                         data_dir=opts["data_dir"], model_options=ModelOptions(seed=0))
+    dataset = load_dataset(config)
+    if opts["overhead_samples"]:
+        cut = opts["overhead_samples"]
+        dataset = replace(dataset, x_train=dataset.x_train[:cut], y_train=dataset.y_train[:cut])
+    n = len(dataset.x_train)
+    spec = OptimizerSpec("adam", 1e-3)
+    rows = []
+    for batch in opts["batch_sizes"]:
+        model_plain = build_model(opts["model"], dataset.info, config.model_options)
+        model_adaptive = build_model(opts["model"], dataset.info, config.model_options)
+        plain = impl().native_trainer(model_plain, spec, dataset, jit_compile=opts["jit"])
+        grown = adaptive().AdaptiveTrainer(model_adaptive, spec, dataset, jit_compile=opts["jit"])
+        steps = n // batch
+        fused = min(FUSED_STEPS, steps)
+        runners = {"plain": EpochRunner(plain, n, batch, fused),
+                   "adaptive": EpochRunner(grown, n, batch, fused)}
+        for runner in runners.values():
+            runner()  # compiles
+        grown.take_noise_norms()
+        times: dict[str, list[float | None]] = {"plain": [], "adaptive": []}
+        for _ in range(opts["repeats"]):
+            for name, runner in runners.items():  # alternated: drift hits both alike
+                start = time.perf_counter()
+                runner()
+                times[name].append((time.perf_counter() - start) / steps * 1e6)
+            grown.take_noise_norms()
+        plain_us, adaptive_us = median_interval(times["plain"]), median_interval(times["adaptive"])
+        row = {"part": "overhead", "case": f"batch {batch}", "batch_size": batch,
+               "steps_per_epoch": steps, "fused_steps": fused,
+               "plain_us_per_step": plain_us["median"],
+               "adaptive_us_per_step": adaptive_us["median"],
+               "ratio": adaptive_us["median"] / plain_us["median"],
+               "plain_us": plain_us, "adaptive_us": adaptive_us}
+        rows.append(row)
+        say(f"batch {batch:5d}: plain {row['plain_us_per_step']:9.1f} us/step, micro-batched "
+            f"{row['adaptive_us_per_step']:9.1f} us/step, ratio {row['ratio']:.2f}")
+    return rows
+
+
+# -- auto vs fixed -------------------------------------------------------------------------
+def _run(config: Any, dataset: Any) -> dict[str, Any]:
+    from kbackend.training import train
+
+    result = train(config, dataset=dataset)
+    history = result.history
+    reached = history.record.target_reached
+    ranges = (history.record.adaptive_batch or {}).get("ranges")
+    step: int | None = None
+    samples: int | None = None
+    seconds: float | None = None
+    if reached is not None:
+        step = int(reached["step"])
+        samples = _samples_to(step, ranges, config.batch_size)
+        seconds = float(reached["train_time"])  # compilation included (the loop's clock)
+    return {"steps": step, "samples": samples, "time_s": seconds,
+            "compile_s": history.timing.get("compile_time"),
+            "train_time_s": history.timing.get("train_time"),
+            "steps_run": history.steps_run, "test": history.test,
+            "adaptive": history.record.adaptive_batch,
+            "best_val": max((e.get("val_accuracy", 0.0) for e in history.evals), default=None)}
+
+
+def _samples_to(step: int, ranges: list[dict[str, Any]] | None, batch: int) -> int:
+    """Samples the run used up to ``step`` (per step range where the batch grew)."""
+    if not ranges:
+        return step * batch
+    total = 0
+    bounds = [*ranges[1:], {"step": math.inf}]
+    for current, following in zip(ranges, bounds, strict=True):
+        end = min(step, following["step"])
+        if end > current["step"]:
+            total += (end - current["step"]) * current["batch_size"]
+    return int(total)
+
+
+def _key(run: dict[str, Any]) -> tuple[float, float]:
+    """Fewest steps to target first, then least time; a run that missed ranks last."""
+    if run["steps"] is None:
+        return (math.inf, -(run["best_val"] or 0.0))
+    return (run["steps"], run["time_s"])
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}s"
+
+
+def compare(opts: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per cell (fixed size, or auto scaling x MAX): its best-rate run of each seed."""
+    from kbackend.adaptive import AutoBatchSize
+    from kbackend.models import ModelOptions
+    from kbackend.optim import OptimizerSpec
+    from kbackend.training import Target, TrainConfig, load_dataset
+
+    base = dict(model=opts["model"], dataset=opts["dataset"], engine="native",
+                epochs=opts["epochs"], fused_steps=FUSED_STEPS, eval_every=opts["eval_every"],
+                on_divergence="record", target=Target("val_accuracy", opts["target"]),
+                data_dir=opts["data_dir"], jit_compile=opts["jit"])
+    dataset = load_dataset(TrainConfig(**base, model_options=ModelOptions(seed=0)))
+    cells: dict[str, dict[str, Any]] = {}
+
+    def best_of_rates(name: str, seed: int, **fields: Any) -> None:
+        best = None
+        for rate in opts["rates"]:
+            config = TrainConfig(**base, **fields, seed=seed, model_options=ModelOptions(seed=seed),
+                                 optimizer=OptimizerSpec(opts["optimizer"], rate))
+            run = _run(config, dataset)
+            sizes = [r["batch_size"] for r in (run["adaptive"] or {}).get("ranges", [])]
+            say(f"seed {seed} {name} lr {rate:g}: steps {run['steps']} "
+                f"time {_fmt(run['time_s'])}" + (f" sizes {sizes}" if sizes else ""))
+            if best is None or _key(run) < _key(best):
+                best = {**run, "seed": seed, "learning_rate": rate}
+        cells.setdefault(name, {"runs": []})["runs"].append(best)
+
+    for seed in opts["seeds"]:
+        for batch in opts["fixed"]:
+            best_of_rates(f"fixed {batch}", seed, batch_size=batch)
+        for scaling in opts["lr_scalings"]:
+            for maximum in opts["auto_max"]:
+                best_of_rates(f"auto {scaling} max {maximum or 'knee'}", seed,
+                              batch_size=opts["auto_min"], lr_scaling=scaling,
+                              adaptive_batch=AutoBatchSize(opts["auto_min"], maximum or None))
+    rows = []
+    for name, cell in cells.items():
+        runs = cell["runs"]
+        row: dict[str, Any] = {"part": "compare", "case": name,
+                               "reached": sum(r["steps"] is not None for r in runs),
+                               "seeds": len(runs)}
+        for field in ("steps", "samples", "time_s"):
+            row[field] = median_interval([r[field] for r in runs])
+        row["runs"] = runs
+        rows.append(row)
+        steps, seconds = row["steps"], row["time_s"]
+        say(f"{name:16s} reached {row['reached']}/{len(runs)}  steps {steps['median']} "
+            f"[{steps['min']}, {steps['max']}]  time {_fmt(seconds['median'])} "
+            f"[{_fmt(seconds['min'])}, {_fmt(seconds['max'])}]")
+    return rows
+
+
+def plot(rows: list[dict[str, Any]], title: str, path: Path) -> bool:
+    """Each auto run's batch size over steps and its measured B_simple, as a PNG at ``path``
+    (written atomically); False (nothing written) where no auto run recorded a range."""
+    import matplotlib  # deferred: optional and slow to import
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # deferred (as above), after choosing the Agg backend
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    drawn = False
+    for row in rows:
+        if not row["case"].startswith("auto"):
+            continue
+        for index, run in enumerate(row["runs"]):
+            ranges = (run["adaptive"] or {}).get("ranges") or []
+            if not ranges:
+                continue
+            drawn = True
+            steps = [r["step"] for r in ranges] + [run["steps_run"]]
+            sizes = [r["batch_size"] for r in ranges]
+            axis.step(steps, [*sizes, sizes[-1]], where="post",
+                      label=f"{row['case']} batch" if index == 0 else None)
+            measured = [(r["step"], r["b_simple"]) for r in ranges if r.get("b_simple")]
+            if measured:
+                axis.plot(*zip(*measured, strict=True), "o", markersize=3,
+                          label=f"{row['case']} B_simple" if index == 0 else None)
+    if drawn:
+        axis.set_yscale("log", base=2)
+        axis.set_xlabel("step")
+        axis.set_ylabel("batch size / B_simple")
+        axis.set_title(title)
+        axis.legend(fontsize=7)
+        figure.tight_layout()
+        atomic_write(path, lambda tmp: figure.savefig(tmp, format="png", dpi=120))
+    plt.close(figure)
+    return drawn
+
+
+def measure_adaptive(settings: Settings) -> Rows:
+    """The ``--part`` asked for on the active backend: overhead rows, then compare rows."""
+    opts = _options(settings)
+    rows: list[dict[str, Any]] = []
+    if opts["part"] in ("overhead", "both"):
+        rows += overhead(opts)
+    plot_path = None
+    if opts["part"] in ("compare", "both"):
+        compared = compare(opts)
+        rows += compared
+        # The runner tells its workers no --out: the plot goes to --plot-dir, by default the
+        # runner's default --out; a quick run (a smoke test's) writes none unless asked.
+        folder = settings.options.get("plot_dir") or (None if settings.quick
+                                                       else DEFAULT_PLOT_DIR)
+        path = Path(folder or ".") / f"bench_adaptive_{active_backend()}.png"
+        title = (f"{opts['model']} on {opts['dataset']} ({active_backend()}): adaptive batch "
+                 "size")
+        try:
+            if folder is not None and plot(compared, title, path):
+                plot_path = str(path)
+        except (OSError, KBackendError) as error:  # the figures stand without their plot
+            say(f"no plot: {error}")
+    summary = {name: opts[name] for name in ("part", "model", "dataset", "optimizer", "jit")}
+    summary.update(fused_steps=FUSED_STEPS, plot=plot_path)
+    if opts["part"] in ("overhead", "both"):
+        summary.update(repeats=opts["repeats"], batch_sizes=opts["batch_sizes"])
+    if opts["part"] in ("compare", "both"):
+        summary.update({name: opts[name] for name in (
+            "fixed", "rates", "lr_scalings", "auto_min", "auto_max", "seeds", "epochs",
+            "eval_every", "target")})
+    return rows, summary
+
+
+def _interval(cell: dict[str, Any], fmt: str) -> str:
+    if cell["median"] is None:
+        return "-"
+    low, mid, high = (format(cell[k], fmt) for k in ("min", "median", "max"))
+    return mid if low == high else f"{mid} [{low}, {high}]"
+
+
+def adaptive_table(payload: dict[str, Any]) -> str:
+    """The overhead per backend and batch size, then auto vs fixed per backend and cell."""
+    parts = []
+    overhead_rows = [r for r in payload["rows"] if r.get("part") == "overhead"]
+    if overhead_rows:
+        parts.append(
+            "Overhead of the estimator (K = 8 fused steps; median us/step [min, max]):\n\n"
+            + markdown_rows(
+                ["backend", "batch", "plain us/step", "micro-batched us/step", "ratio"],
+                ([row["backend"], str(row["batch_size"]), _interval(row["plain_us"], ".1f"),
+                  _interval(row["adaptive_us"], ".1f"), f"{row['ratio']:.2f}"]
+                 for row in overhead_rows)))
+    compare_rows = [r for r in payload["rows"] if r.get("part") == "compare"]
+    if compare_rows:
+        parts.append(
+            "Auto vs fixed batch sizes (each seed's best rate; medians over the seeds that "
+            "reached the target, [min, max]; time: train time to the target, compilation "
+            "included):\n\n"
+            + markdown_rows(
+                ["backend", "cell", "reached", "steps to target", "samples to target",
+                 "time to target (s)"],
+                ([row["backend"], row["case"], f"{row['reached']}/{row['seeds']}",
+                  _interval(row["steps"], "d"), _interval(row["samples"], "d"),
+                  _interval(row["time_s"], ".2f")] for row in compare_rows)))
+    plots = [s["plot"] for s in payload["summaries"] if s.get("plot")]
+    if plots:
+        parts.append("Batch-size trajectories over B_simple: " + ", ".join(plots))
+    return "\n".join(parts) if parts else "(no rows)\n"
+
+
+BENCHMARKS: tuple[Benchmark, ...] = (
+    Benchmark("bench_adaptive", "Adaptive batch size (--batch-size auto): the noise-scale "
+              "estimator's overhead per step, and steps, samples and time to a target of auto "
+              "vs fixed batch sizes on the native engine.", measure_adaptive,
+              keys=("part", "case"),
+              summary_fields=("part", "model", "dataset", "plot"),
+              options=(
+                  Option("--part", "overhead, compare or both (default both)", _part),
+                  Option("--model", "model (default mlp, quick seed_mlp)"),
+                  Option("--dataset", "dataset (default mnist1d_large, quick digits)"),
+                  Option("--data-dir", "data folder (default: kbackend's)"),
+                  Option("--batch-sizes", "overhead: comma-separated batch sizes (default "
+                         "8,32,128,512, quick 8,32)", int_list),
+                  Option("--fixed", "compare: fixed batch sizes (default 8,16,32,64,128,256,"
+                         "512, quick 32,128)", int_list),
+                  Option("--rates", "compare: learning rates, each cell takes the best "
+                         "(default 1e-3,3e-3, quick 3e-3)", float_list),
+                  Option("--optimizer", "compare: optimizer (default adam)"),
+                  Option("--lr-scalings", "compare: auto runs' scalings (default "
+                         "sqrt,linear,adascale,none, quick sqrt)", name_list),
+                  Option("--auto-min", "compare: auto MIN (default 8)", int),
+                  Option("--auto-max", "compare: auto MAXes, 0 the default (the throughput "
+                         "knee, probed once per machine) (default 0,512, quick 128)", int_list),
+                  Option("--seeds", "compare: seeds (default 0,1,2, quick 0)", int_list),
+                  Option("--epochs", "compare: epochs at most (default 20, quick 3)", int),
+                  Option("--eval-every", "compare: steps between evaluations, where the batch "
+                         "grows (default 25, quick 40)", int),
+                  Option("--target", "compare: validation accuracy target (default 0.65, "
+                         "quick 0.9)", float),
+                  Option("--jit", "on or off: XLA compilation of the native steps (default "
+                         "on; quick: off on tensorflow)", _jit),
+                  Option("--plot-dir", "folder of the PNG per backend: pass the same folder "
+                         f"as --out (default {DEFAULT_PLOT_DIR}; quick: no plot)")),
+              table=adaptive_table,
+              note="overhead: medians of alternated epochs after a compiling one; compare: "
+                   "medians over seeds of each seed's best rate; time includes compilation"),
+)

@@ -18,7 +18,7 @@ from tests.conftest import BACKEND
 
 def test_quick_run_measures_overhead_and_auto_vs_fixed(tmp_path):
     out = tmp_path / "out"
-    options = ["--quick", "--backends", BACKEND, "--out", str(out), "--plot-dir", str(out)]
+    options = ["--quick", "--backends", BACKEND, "--out", str(out)]
     assert run(BENCHMARKS["bench_adaptive"], options, in_process=True) == 0
     payload = json.loads((out / "bench_adaptive.json").read_text())
     assert "error" not in payload["backends"][BACKEND]

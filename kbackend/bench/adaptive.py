@@ -4,7 +4,7 @@
         [--part overhead|compare|both] [--model mlp] [--dataset mnist1d_large]
         [--batch-sizes 8,32,128,512] [--repeats N] [--fixed 8,16,...,512] [--rates 1e-3,3e-3]
         [--lr-scalings sqrt,linear,adascale,none] [--auto-min 8] [--auto-max 0,512]
-        [--seeds 0,1,2] [--epochs 20] [--eval-every 25] [--target 0.65] [--plot-dir DIR]
+        [--seeds 0,1,2] [--epochs 20] [--eval-every 25] [--target 0.65]
 
 (``--quick``: the seed MLP on digits, overhead at batch 8 and 32 with 2 repeats on 512 of its
 samples, compare with one seed, fixed 32 and 128, one rate, sqrt scaling, auto 8..128, 3 epochs,
@@ -18,10 +18,8 @@ times after a compiling epoch; median us/step with [min, max], and the ratio of 
 best of the ``--rates``) and with ``--batch-size auto:MIN:MAX`` for each ``--lr-scalings`` and
 ``--auto-max`` (0: the default MAX, the throughput knee probed once per machine); steps,
 samples and train time (compilation included) to the validation ``--target``; medians over
-seeds with [min, max]. Each worker writes ``<plot-dir>/bench_adaptive_<backend>.png`` (written
-atomically): each auto run's batch size over steps on top of its measured B_simple. The runner
-does not tell its workers ``--out``: pass the same folder as ``--plot-dir`` (default
-``runs/bench``, the runner's default ``--out``; with ``--quick``, no plot unless given).
+seeds with [min, max]. Each worker writes ``<out>/bench_adaptive_<backend>.png`` (written
+atomically): each auto run's batch size over steps on top of its measured B_simple.
 """
 
 from __future__ import annotations
@@ -34,15 +32,20 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from kbackend.adaptive import AutoBatchSize
 from kbackend.backend_choice import active_backend
+from kbackend.backends import adaptive, impl
 from kbackend.bench.spec import Benchmark, Option, Rows, Settings, int_list
+from kbackend.engines.loop import EpochRunner
 from kbackend.errors import KBackendError
 from kbackend.io import atomic_write
+from kbackend.models import ModelOptions, build_model
+from kbackend.optim import OptimizerSpec
 from kbackend.reports import markdown_rows
+from kbackend.training import Target, TrainConfig, load_dataset, train
 
 PARTS = ("overhead", "compare", "both")
 FUSED_STEPS = 8
-DEFAULT_PLOT_DIR = "runs/bench"  # the runner's default --out (its workers are not told --out)
 
 # Full and quick defaults of every option left out (quick: a smoke run of a few seconds).
 FULL = {"model": "mlp", "dataset": "mnist1d_large", "batch_sizes": [8, 32, 128, 512],
@@ -102,8 +105,8 @@ def _options(settings: Settings) -> dict[str, Any]:
     chosen["data_dir"] = given.get("data_dir")
     # TensorFlow's XLA compilation costs most of a small run on a CPU: quick runs skip it there.
     jit = given.get("jit")
-    chosen["jit"] = jit if jit is not None else not (settings.quick
-                                                      and active_backend() == "tensorflow")
+    chosen["jit"] = jit if jit is not None else (not settings.quick
+                                                  or impl().native_loop_uses_xla(False))
     chosen["repeats"] = settings.rounds(quick=2, full=7)
     chosen["overhead_samples"] = QUICK_OVERHEAD_SAMPLES if settings.quick else None
     return chosen
@@ -112,11 +115,6 @@ def _options(settings: Settings) -> dict[str, Any]:
 # -- overhead ------------------------------------------------------------------------------
 def overhead(opts: dict[str, Any]) -> list[dict[str, Any]]:
     """Per batch size: us/step of the plain and of the adaptive trainer, and their ratio."""
-    from kbackend.backends import adaptive, impl
-    from kbackend.engines.loop import EpochRunner
-    from kbackend.models import ModelOptions, build_model
-    from kbackend.optim import OptimizerSpec
-    from kbackend.training import TrainConfig, load_dataset
 
     config = TrainConfig(model=opts["model"], dataset=opts["dataset"], seed=0,
                          data_dir=opts["data_dir"], model_options=ModelOptions(seed=0))
@@ -161,7 +159,6 @@ def overhead(opts: dict[str, Any]) -> list[dict[str, Any]]:
 
 # -- auto vs fixed -------------------------------------------------------------------------
 def _run(config: Any, dataset: Any) -> dict[str, Any]:
-    from kbackend.training import train
 
     result = train(config, dataset=dataset)
     history = result.history
@@ -208,10 +205,6 @@ def _fmt(value: float | None) -> str:
 
 def compare(opts: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per cell (fixed size, or auto scaling x MAX): its best-rate run of each seed."""
-    from kbackend.adaptive import AutoBatchSize
-    from kbackend.models import ModelOptions
-    from kbackend.optim import OptimizerSpec
-    from kbackend.training import Target, TrainConfig, load_dataset
 
     base = dict(model=opts["model"], dataset=opts["dataset"], engine="native",
                 epochs=opts["epochs"], fused_steps=FUSED_STEPS, eval_every=opts["eval_every"],
@@ -306,10 +299,7 @@ def measure_adaptive(settings: Settings) -> Rows:
     if opts["part"] in ("compare", "both"):
         compared = compare(opts)
         rows += compared
-        # The runner tells its workers no --out: the plot goes to --plot-dir, by default the
-        # runner's default --out; a quick run (a smoke test's) writes none unless asked.
-        folder = settings.options.get("plot_dir") or (None if settings.quick
-                                                       else DEFAULT_PLOT_DIR)
+        folder = settings.out
         path = Path(folder or ".") / f"bench_adaptive_{active_backend()}.png"
         title = (f"{opts['model']} on {opts['dataset']} ({active_backend()}): adaptive batch "
                  "size")
@@ -396,9 +386,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                   Option("--target", "compare: validation accuracy target (default 0.65, "
                          "quick 0.9)", float),
                   Option("--jit", "on or off: XLA compilation of the native steps (default "
-                         "on; quick: off on tensorflow)", _jit),
-                  Option("--plot-dir", "folder of the PNG per backend: pass the same folder "
-                         f"as --out (default {DEFAULT_PLOT_DIR}; quick: no plot)")),
+                         "on; quick: off on tensorflow)", _jit)),
               table=adaptive_table,
               note="overhead: medians of alternated epochs after a compiling one; compare: "
                    "medians over seeds of each seed's best rate; time includes compilation"),

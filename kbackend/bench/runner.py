@@ -109,7 +109,8 @@ def run(bench: Benchmark, argv: Sequence[str] | None = None, *, in_process: bool
         print(f"{bench.name}: error: {error}", file=sys.stderr)
         return 2
     settings = Settings(quick=args.quick, repeats=args.repeats,
-                        options={o.dest: getattr(args, o.dest) for o in bench.options})
+                        options={o.dest: getattr(args, o.dest) for o in bench.options},
+                        out=args.out)
     results: dict[str, dict[str, Any]] = {}
     resources = bench.resources(settings) if bench.resources else contextlib.nullcontext({})
     with resources as extra:

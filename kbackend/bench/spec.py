@@ -15,12 +15,14 @@ DEFAULT_NOTE = ("medians over repeated steps; first (compiling) call excluded an
 @dataclass(frozen=True)
 class Settings:
     """What a worker is asked to measure: quick mode, timed repeats (None: the benchmark's
-    default), the benchmark's own options, and the worker's virtual device count."""
+    default), the benchmark's own options, the worker's virtual device count, and the run's
+    output folder (``--out``: where a worker writes files of its own, such as plots)."""
 
     quick: bool = False
     repeats: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
     devices: int | None = None
+    out: str | None = None
 
     def rounds(self, quick: int, full: int) -> int:
         """``--repeats`` if given, else ``quick`` or ``full`` rounds by mode."""

@@ -4,6 +4,7 @@ searched like any cell's, stored (resumable), compared with the best fixed batch
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -18,7 +19,7 @@ from kbackend.study.store import ResultStore
 from kbackend.study.summaries import adaptive_samples
 from kbackend.study.verdicts import OUTCOMES
 from kbackend.training import Target
-from tests.conftest import JIT_FOR_SMALL_RUNS
+from tests.conftest import BACKEND, JIT_FOR_SMALL_RUNS
 
 # 2 optimizers x (16, 128, auto) x 2 seeds, one rate each: 12 runs of at most 300 steps on
 # digits. SGD's auto runs grow from 16 (measured: to 32 at step 48 on JAX).
@@ -185,3 +186,16 @@ def test_cli_bad_auto_input_is_a_one_line_error(tmp_path, monkeypatch, capsys, f
     assert code == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="populations are JAX's vmap")
+def test_a_population_study_runs_its_auto_cell_one_run_at_a_time(tmp_path):
+    config = dataclasses.replace(AUTO_STUDY, optimizers=("adam",), population="on",
+                                 learning_rates={"adam": (3e-3,)},
+                                 max_steps=120, step_time_repeats=0)
+    with ResultStore(tmp_path / "study.db") as store:
+        study = StudyRunner(config, store).run()
+    assert {c["population"]["path"] for c in study["cells"]} == {"population"}
+    (auto,) = study["auto_cells"]
+    assert auto["population"]["path"] == "sequential" and len(study["auto_runs"]) == 2
+    assert all(r["config"]["batch_size"] == "auto:16:128" for r in study["auto_runs"])

@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+from kbackend.adaptive import AUTO, LR_SCALINGS
 from kbackend.api import recommendation, recommendation_lines
 from kbackend.commands.train import add_source_arguments
 from kbackend.engines import engine_names
@@ -48,6 +49,22 @@ def _int_list(text: str) -> tuple[int, ...]:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated integers, got {text!r}") from None
+
+
+def _batch_sizes(text: str) -> tuple[int | str, ...]:
+    """``--batch-sizes``: comma-separated integers, optionally with ``auto`` (an adaptive cell
+    per optimizer between the smallest and largest of them)."""
+    sizes: list[int | str] = []
+    for value in (v.strip() for v in text.split(",") if v.strip()):
+        if value.lower() == AUTO:
+            sizes.append(AUTO)
+            continue
+        try:
+            sizes.append(int(value))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated integers and optionally 'auto', got {text!r}") from None
+    return tuple(sizes)
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -101,9 +118,12 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     grid.add_argument("--optimizers", type=_names, default=("sgd", "momentum", "adam"),
                       help=f"comma-separated, from {', '.join(OPTIMIZERS)} "
                            "(default: sgd,momentum,adam)")
-    grid.add_argument("--batch-sizes", type=_int_list, default=None,
+    grid.add_argument("--batch-sizes", type=_batch_sizes, default=None,
                       help="comma-separated (default: powers of two from 8 to half the "
-                           "training split)")
+                           "training split); 'auto' among them adds an adaptive batch-size "
+                           "cell per optimizer, from the smallest to the largest (native engine)")
+    grid.add_argument("--lr-scaling", default="sqrt", choices=list(LR_SCALINGS),
+                      help="how the auto cell's learning rate follows its batch (default: sqrt)")
     grid.add_argument("--max-batch-size", type=int, default=0,
                       help="cap the default batch sizes (0: the dataset's default cap, "
                            f"{DEFAULT_DATASET} {DEFAULT_MAX_BATCH[DEFAULT_DATASET]}; else none)")
@@ -237,7 +257,7 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
     return StudyConfig(
         model=args.model, dataset=args.data or args.dataset, data_dir=args.data_dir,
         label=args.label, unsafe_deserialization=args.unsafe_deserialization,
-        optimizers=args.optimizers, batch_sizes=args.batch_sizes,
+        optimizers=args.optimizers, batch_sizes=args.batch_sizes, lr_scaling=args.lr_scaling,
         max_batch_size=args.max_batch_size, learning_rates=learning_rates,
         lr_grid_size=args.lr_grid_size, lr_factor=args.lr_factor, target=target,
         max_steps=args.max_steps, max_epochs=args.max_epochs, evals_per_epoch=args.evals_per_epoch,

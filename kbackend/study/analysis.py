@@ -25,6 +25,7 @@ from typing import Any
 
 from kbackend.hardware.knee import curve_knee
 from kbackend.stats import median_coverage, median_interval
+from kbackend.study.auto_verdicts import auto_verdicts
 from kbackend.study.verdicts import (
     DEFAULT_ACCURACY_MARGIN,
     DEFAULT_MARGIN,
@@ -195,6 +196,8 @@ def analyze(study: dict[str, Any]) -> dict[str, Any]:
         "throughput_knee": throughput_knee_verdict(step_times, settings),
         "step_time_spread": step_time_spread(step_times),
     }
+    if study.get("auto_cells"):  # the adaptive batch size against each best fixed one
+        verdicts["adaptive"] = auto_verdicts(study, settings)
     for optimizer, group in _by_optimizer(cells).items():
         b_crit = critical_batch_over_seeds(group)
         verdicts["per_optimizer"][optimizer] = {

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kbackend.adaptive import AUTO, AutoBatchSize, check_lr_scaling, is_power_of_two
 from kbackend.data import check_batch_size
 from kbackend.errors import ConfigError, DataError, path_errors
 from kbackend.optim import OPTIMIZERS, OptimizerSpec
@@ -172,7 +173,9 @@ class StudyConfig:
     unsafe_deserialization: bool = False
     validation_fraction: float = 0.1
     optimizers: tuple[str, ...] = DEFAULT_OPTIMIZERS
-    batch_sizes: tuple[int, ...] | None = None
+    # Fixed sizes, optionally with one ``"auto"``: an adaptive cell per optimizer bounded by the
+    # smallest and the largest fixed size (native engine, local executor; ``lr_scaling``).
+    batch_sizes: tuple[int | str, ...] | None = None
     max_batch_size: int = 0
     learning_rates: dict[str, tuple[float, ...]] = field(default_factory=dict)
     lr_grid_size: int = 3
@@ -207,6 +210,9 @@ class StudyConfig:
     workers: int = 0
     cell_cpus: float = 1.0
     cell_gpus: float | None = None
+    # How the auto cell's learning rate (its rate at MIN) follows its batch: the identity holds
+    # it only for a study with an auto cell.
+    lr_scaling: str = "sqrt"
 
     def __post_init__(self) -> None:
         self._check_executor()
@@ -230,10 +236,17 @@ class StudyConfig:
                     "(or leave it out for powers of two that fit the data)."
                 )
             for size in self.batch_sizes:
-                if not isinstance(size, int) or size < 1:
-                    raise ConfigError(f"Invalid batch size {size!r}: expected a positive integer.")
+                if size == AUTO:
+                    continue
+                if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+                    raise ConfigError(f"Invalid batch size {size!r}: expected a positive integer "
+                                      "or 'auto'.")
+            if self.batch_sizes.count(AUTO) > 1:
+                raise ConfigError(f"Invalid batch sizes {list(self.batch_sizes)}: 'auto' at most "
+                                  "once (it adds one adaptive cell per optimizer).")
             if len(set(self.batch_sizes)) != len(self.batch_sizes):
                 raise ConfigError(f"Duplicate batch sizes in {list(self.batch_sizes)}.")
+            self._check_auto()
         for name, rates in self.learning_rates.items():
             if name not in self.optimizers:
                 raise ConfigError(
@@ -273,6 +286,50 @@ class StudyConfig:
                 f"Invalid noise batch sizes: the small batch ({self.noise_small_batch}) must be "
                 f"smaller than the big one ({self.noise_big_batch})."
             )
+
+    def _check_auto(self) -> None:
+        """``"auto"`` in the batch sizes: one adaptive cell per optimizer, bounded by the fixed
+        sizes (so at least one is needed), trained one run at a time on the native engine."""
+        check_lr_scaling(self.lr_scaling)
+        if not self.adaptive:
+            return
+        fixed = self.fixed_batch_sizes or ()
+        if len(fixed) < 2:
+            raise ConfigError(f"Invalid batch sizes {list(self.batch_sizes or ())}: the auto cell "
+                              "grows between the study's smallest and largest fixed batch size; "
+                              "give at least two, e.g. 32,128,512,auto.")
+        low, high = min(fixed), max(fixed)
+        if not (is_power_of_two(low) and is_power_of_two(high)) or low < 2:
+            raise ConfigError(f"Invalid batch sizes {list(self.batch_sizes or ())}: the auto cell's "
+                              f"bounds (the smallest and largest fixed size, {low} and {high}) "
+                              "must be powers of two of at least 2.")
+        if self.engine != "native":
+            raise ConfigError(f"Batch size 'auto' needs the native engine (the adaptive batch "
+                              f"size runs on it); this study's engine is {self.engine!r}: pass "
+                              "--engine native or drop 'auto'.")
+        if self.executor != LOCAL_EXECUTOR:
+            raise ConfigError(f"Batch size 'auto' runs with the local executor only; this study's "
+                              f"executor is {self.executor!r}: drop 'auto' or --executor.")
+
+    @property
+    def auto_bounds(self) -> AutoBatchSize | None:
+        """The auto cell's bounds (the smallest and largest fixed size), None without one."""
+        fixed = self.fixed_batch_sizes
+        if not self.adaptive or not fixed:
+            return None
+        return AutoBatchSize(min(fixed), max(fixed))
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether the study has an auto (adaptive batch size) cell per optimizer."""
+        return self.batch_sizes is not None and AUTO in self.batch_sizes
+
+    @property
+    def fixed_batch_sizes(self) -> tuple[int, ...] | None:
+        """The explicit fixed batch sizes (without ``"auto"``), None for the default grid."""
+        if self.batch_sizes is None:
+            return None
+        return tuple(s for s in self.batch_sizes if isinstance(s, int))
 
     def _check_verdicts(self) -> None:
         for name, value, high in (("margin", self.margin, math.inf),
@@ -354,21 +411,22 @@ class StudyConfig:
 
     def resolved_batch_sizes(self, num_train: int) -> tuple[int, ...]:
         """The grid's batch sizes, sorted, each checked against the training split's size."""
-        if self.batch_sizes is None:
+        fixed = self.fixed_batch_sizes
+        if fixed is None:
             cap = self.max_batch_size or DEFAULT_MAX_BATCH.get(self.dataset, 0)
             sizes = default_batch_sizes(num_train)
             if cap:
                 sizes = tuple(s for s in sizes if s <= cap) or sizes[:1]
             return sizes
-        too_big = [s for s in self.batch_sizes if s > num_train]
+        too_big = [s for s in fixed if s > num_train]
         if too_big:
             raise DataError(
                 f"Batch sizes {too_big} are larger than the training split ({num_train} samples "
                 f"of {self.dataset!r}): use batch sizes of at most {num_train}."
             )
-        for size in self.batch_sizes:
+        for size in fixed:
             check_batch_size(size, num_train)
-        return tuple(sorted(self.batch_sizes))
+        return tuple(sorted(fixed))
 
     def learning_rate_grid(self, optimizer: str, batch_size: int) -> tuple[float, ...]:
         """The learning rates tried for one cell, in the order they are tried (centre first)."""
@@ -399,6 +457,8 @@ class StudyConfig:
                      "step_time_repeats", "unsafe_deserialization", *EXECUTOR_FIELDS,
                      *VERDICT_FIELDS):
             payload.pop(name)
+        if not self.adaptive:  # only an auto cell reads it: other studies keep their identity
+            payload.pop("lr_scaling")
         if payload["label"] is None:  # studies stored before the option existed keep their identity
             payload.pop("label")
         # A user's file is part of the question: an edited data file or builder is a new study.

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
+from kbackend.adaptive import AutoBatchSize
 from kbackend.backends import impl
 from kbackend.config import check_metrics
 from kbackend.data import Dataset
@@ -32,6 +33,7 @@ from kbackend.errors import ConfigError
 from kbackend.history import History
 from kbackend.models import ModelOptions, build_model, model_layout
 from kbackend.optim import OptimizerSpec
+from kbackend.study.auto_cells import auto_cell_runs, finish_auto_cells, run_auto_cell
 from kbackend.study.config import LOCAL_EXECUTOR, StudyConfig
 from kbackend.study.noise_runs import NoiseMeasurement
 from kbackend.study.ray_executor import require_ray, run_on_ray
@@ -42,6 +44,7 @@ from kbackend.study.store import RunStore, config_key
 from kbackend.study.summaries import (
     RunPlan,
     history_from_trajectory,
+    plan_from_key_config,
     summarize_cell,
     summarize_run,
 )
@@ -181,7 +184,9 @@ class StudyRunner:
                      "num_val": info.num_val, "num_test": info.num_test,
                      "validation_fraction": config.validation_fraction},
             "optimizer": OptimizerSpec(plan.optimizer, plan.learning_rate).to_dict(),
-            "batch_size": plan.batch_size,
+            # an auto cell's run: "auto:MIN:MAX" and its rate scaling (a key of its own)
+            "batch_size": plan.batch_label if plan.auto_max else plan.batch_size,
+            **({"lr_scaling": plan.lr_scaling} if plan.auto_max else {}),
             "learning_rate": plan.learning_rate,
             "seed": plan.seed,
             "max_steps": plan.max_steps,
@@ -198,7 +203,8 @@ class StudyRunner:
         """Runs the grid holds before any extension (pruned runs included: they still run, on a
         smaller budget; a pruned rate may skip its last seeds)."""
         return self.config.seeds * sum(len(self.config.learning_rate_grid(o, b))
-                                       for o in self.config.optimizers for b in self.batch_sizes)
+                                       for o in self.config.optimizers for b in self.batch_sizes) \
+            + auto_cell_runs(self)
 
     # -- running -------------------------------------------------------------------------------
 
@@ -221,13 +227,23 @@ class StudyRunner:
         self.time_spent.step_times += self.time_spent.seconds_since(start, setup_before)
         added = extend_seeds(self, cells, runs, step_times, summarize_cell)
         apply_time_model(cells, step_times)
+        # The auto cells after the fixed grid (their time model reads its step times)
+        auto_cells: list[dict[str, Any]] = []
+        auto_runs: list[dict[str, Any]] = []
+        for optimizer in self.config.optimizers if self.config.adaptive else ():
+            cell = run_auto_cell(self, optimizer)
+            auto_runs.extend(cell.pop("runs"))
+            auto_cells.append(cell)
+        finish_auto_cells(self, auto_cells, cells)
         start, setup_before = time.perf_counter(), self.time_spent.setup
         noise = self.run_noise(cells)
         self.time_spent.noise += self.time_spent.seconds_since(start, setup_before)
         return {"study": self.study_id, "step_times": step_times,
                 "config": self.config.to_dict(), "env": self.env,
                 "dataset": self.dataset.info.to_dict(), "batch_sizes": list(self.batch_sizes),
-                "cells": cells, "runs": runs, "noise": noise, "added_seeds": added}
+                "cells": cells, "runs": runs, "noise": noise, "added_seeds": added,
+                **({"auto_cells": auto_cells, "auto_runs": auto_runs}
+                   if self.config.adaptive else {})}
 
     def _run_on_ray(self) -> dict[str, Any]:
         """The same study, its cells run as Ray tasks and their results stored here."""
@@ -278,10 +294,7 @@ class StudyRunner:
         ``stored_run``), or None."""
         stored = self.results().get(key)
         if stored is not None and stored["trajectory"]:
-            config = stored["config"]
-            plan = RunPlan(config["optimizer"]["name"], config["batch_size"],
-                           config["learning_rate"], config["max_steps"], config["eval_every"],
-                           config["fused_steps"], config["seed"])
+            plan = plan_from_key_config(stored["config"])
             history = history_from_trajectory(stored["trajectory"], stored["result"])
             stored["result"] = {**stored["result"], **summarize_run(
                 history, plan, self.config.resolved_target, self.num_train)}
@@ -336,6 +349,9 @@ class StudyRunner:
             # A diverged run is a result of the grid (recorded as diverged), not a failed study.
             on_divergence="record", task=self.task, label=config.label,
             unsafe_deserialization=config.unsafe_deserialization,
+            # an auto cell's run: the adaptive batch size from MIN (its epochs: MIN's)
+            adaptive_batch=AutoBatchSize(plan.batch_size, plan.auto_max) if plan.auto_max
+            else None, lr_scaling=plan.lr_scaling or "sqrt",
         )
 
     def build_model(self, seed: int | None = None) -> Any:
@@ -370,6 +386,9 @@ class StudyRunner:
         (``engines.native.Runs``: the rate and the initial weights are runtime arguments), so a
         cell pays its start-up once; other engines build and compile per run (``train``).
         """
+        if plan.auto_max:  # the adaptive engine: its own trainer, one run at a time
+            return train(self.train_config(plan), dataset=self.dataset,
+                         model=self.build_model(plan.seed)).history
         if self.config.engine == "native":
             return self.native_runs().train(self.train_config(plan), self.initial_values(plan.seed))
         return train(self.train_config(plan), dataset=self.dataset,

@@ -236,6 +236,7 @@ def _plot_steps(study: dict[str, Any], analysis: dict[str, Any], path: Path) -> 
                     "^", mfc="none", color=colours[optimizer], label="not reached (steps run)")
         if b_simple and math.isfinite(b_simple) and b_simple > 0:
             ax.axvline(b_simple, color="purple", lw=1, label=f"B_simple={b_simple:.0f}")
+        _auto_line(ax, study, optimizer, "steps_to_target", colours[optimizer], "steps")
         ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="steps to target",
                title=optimizer)
         _batch_ticks(ax, study["batch_sizes"])
@@ -259,12 +260,32 @@ def _plot_time(study: dict[str, Any], path: Path) -> Path:
             times, bars = _error_bars(intervals)
             ax.errorbar([c["batch_size"] for c in cells], times, yerr=bars, fmt="o-", capsize=3,
                         color=colours[optimizer], label=optimizer)
+        _auto_line(ax, study, optimizer, "time_to_target", colours[optimizer], "s")
     ax.set(xscale="log", yscale="log", xlabel="batch size",
            ylabel="time to target (s): steps x step time",
            title="Time to target, median and [min, max] (missing: not reached)")
     _batch_ticks(ax, study["batch_sizes"])
     ax.legend()
     return _save(fig, path)
+
+
+def _auto_line(ax: Any, study: dict[str, Any], optimizer: str, name: str, colour: str,
+               unit: str) -> None:
+    """The optimizer's auto cell (adaptive batch size) as a dashed level across the batch
+    sizes it spans, its [min, max] over seeds shaded: it has no single batch size."""
+    for cell in study.get("auto_cells") or []:
+        value = cell.get(name)
+        if cell["optimizer"] != optimizer or not cell.get("reached") or not value:
+            continue
+        bounds = cell.get("auto") or {}
+        low, high = bounds.get("min"), bounds.get("max")
+        interval = (cell.get("intervals") or {}).get(name) or {}
+        ends = [interval.get("low"), interval.get("high")]
+        if all(e is not None and math.isfinite(e) for e in ends):
+            ax.fill_between([low, high], [ends[0]] * 2, [ends[1]] * 2, color=colour, alpha=0.12,
+                            lw=0)
+        ax.plot([low, high], [value, value], "--", color=colour,
+                label=f"{optimizer} auto {low}-{high}: {value:.3g} {unit}")
 
 
 def _plot_throughput(study: dict[str, Any], analysis: dict[str, Any], path: Path) -> Path:

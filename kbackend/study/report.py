@@ -13,6 +13,7 @@ from rich.table import Table
 
 from kbackend.hardware.knee import DEFAULT_MIN_GAIN
 from kbackend.reports import markdown_rows, write_json_and_markdown
+from kbackend.study.auto_verdicts import AUTO_TIME_MODEL, auto_label
 from kbackend.study.plots import PLOTS, pareto_cells, write_plots
 from kbackend.study.verdicts import outcome_text
 from kbackend.task import metric_direction
@@ -51,13 +52,14 @@ def table_rows(study: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     test_key = "test_accuracy" if metric_direction(metric) == "max" or metric == "val_loss" \
         else "test_metric"
     rows = []
-    for c in study["cells"]:
+    for c in [*study["cells"], *(study.get("auto_cells") or [])]:  # the auto cells last
         seeds = c.get("seeds", 1)
         reached = "yes" if c["reached"] else "NOT REACHED"
         if seeds > 1:
             reached += f" ({c.get('seeds_reached', 0)}/{seeds})"
         rows.append([
-            c["optimizer"], str(c["batch_size"]), _fmt(c["learning_rate"]) + edge_label(c), reached,
+            c["optimizer"], auto_label(c) if c.get("auto") else str(c["batch_size"]),
+            _fmt(c["learning_rate"]) + edge_label(c), reached,
             _interval(c, "steps_to_target", ".0f"), _fmt(c["epochs_to_target"], ".2f"),
             _fmt(c["samples_to_target"], ".0f"), _interval(c, "time_to_target", ".3g"),
             _interval(c, "best_metric", ".4f"), _interval(c, test_key, ".4f"),
@@ -132,6 +134,8 @@ def conclusions(study: dict[str, Any], analysis: dict[str, Any]) -> list[str]:
             + ", ".join(f"step {p['step']}: {_point_b_simple(p)}" for p in noise["points"]) + ").")
     for x in verdicts.get("optimizers", []):
         lines.append(f"{x['challenger']} vs {x['incumbent']}: {x['text']}.")
+    for x in verdicts.get("adaptive", []):  # the auto cells against the best fixed batch sizes
+        lines.append(f"Adaptive batch size, {x['text']}.")
     if not verdicts:
         for x in analysis["crossovers"]:
             lines.append(f"{x['challenger']} vs {x['incumbent']}: {x['note']}.")
@@ -405,11 +409,41 @@ def markdown(study: dict[str, Any], analysis: dict[str, Any], wall_time: float |
               "(\"~\": estimated from the first evaluation interval against the later ones).",
               "", "## Findings", ""]
     lines += [f"- {line}" for line in conclusions(study, analysis)]
+    lines += auto_section(study)
     lines += ["", *sources_section(study, analysis), "", *frontier_section(study, analysis),
               *caveats_section(study, analysis)]
     lines += ["", "## Plots", ""]
     lines += [f"![{name}](plots/{name})" for name in PLOTS]
     return "\n".join(lines) + "\n"
+
+
+def auto_section(study: dict[str, Any]) -> list[str]:
+    """The auto cells' part of the markdown report: what they are and each seed's ranges."""
+    autos = study.get("auto_cells") or []
+    if not autos:
+        return []
+    bounds = autos[0].get("auto") or {}
+    lines = ["", "## Adaptive batch size (auto)", "",
+             f"Each optimizer's auto cell grows its batch with the measured gradient noise scale "
+             f"(`--batch-size auto:{bounds.get('min')}:{bounds.get('max')}`, learning-rate "
+             f"scaling {bounds.get('lr_scaling')}), bounded by the study's smallest and largest "
+             "fixed batch size, so the comparison stays within the same sizes. Its base rate (the "
+             "rate at MIN) is searched like any cell's, with the same seeds; it is compared with "
+             "the optimizer's fixed cell of least time to target (Findings). Samples to target: "
+             "each step range's steps x its batch size up to the target step. Time to target: "
+             f"{AUTO_TIME_MODEL} (interpolated in log-log between the grid's sizes), the fixed "
+             "cells' model; it leaves out the estimator's measured steps (about 1.2-1.45x per "
+             "step, docs/adaptive.md) and the compilation at each new size, which the runs' own "
+             "clocks hold (median: " + ", ".join(
+                 f"{c['optimizer']} {_fmt(c.get('time_to_target_runs'), '.3g')} s"
+                 for c in autos) + ").", ""]
+    for cell in autos:
+        seeds = cell.get("ranges") or {}
+        for seed, ranges in sorted(seeds.items(), key=lambda kv: int(kv[0])):
+            steps = ", ".join(f"from step {r['step']}: {r['batch_size']}" for r in ranges)
+            lines.append(f"- {cell['optimizer']} (lr {_fmt(cell['learning_rate'])}), seed {seed}: "
+                         f"{steps or 'no ranges recorded'}")
+    return lines
 
 
 def write_report(study: dict[str, Any], analysis: dict[str, Any], out_dir: str | Path,
@@ -437,6 +471,7 @@ def summary_payload(study: dict[str, Any], analysis: dict[str, Any],
             "cells": study["cells"], "runs": runs, "noise": study["noise"],
             "step_times": study.get("step_times"), "machine_load": study.get("machine_load"),
             "time_spent": study.get("time_spent"), "added_seeds": study.get("added_seeds"),
+            **({"auto_cells": study["auto_cells"]} if study.get("auto_cells") else {}),
             "analysis": analysis, "wall_time": wall_time}
 
 

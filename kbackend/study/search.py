@@ -6,18 +6,29 @@ pruned to the best steps to target so far, and the winner's cut-short seeds re-r
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from kbackend.study.populations import Populations
 from kbackend.study.runner_protocol import StudyRunnerLike
-from kbackend.study.summaries import best_rate, rate_score, summarize_cell
+from kbackend.study.summaries import RunPlan, best_rate, rate_score, summarize_cell
 
 
 class RateSearch:
     """The learning-rate search of each cell of ``runner``'s study."""
 
-    def __init__(self, runner: StudyRunnerLike) -> None:
-        self.runner = runner
+    def __init__(self, runner: StudyRunnerLike, auto_max: int = 0, lr_scaling: str = "") -> None:
+        # ``auto_max``: the search of an auto cell (the adaptive batch size from the cell's
+        # batch size, its MIN, up to this MAX, its rate scaled by ``lr_scaling``), run by run
+        self.runner, self.auto_max, self.lr_scaling = runner, auto_max, lr_scaling
+
+    def plan(self, optimizer: str, batch_size: int, learning_rate: float,
+             budget: int | None = None, seed: int | None = None) -> RunPlan:
+        """The runner's plan, made an auto cell's run where this search is one."""
+        plan = self.runner.plan(optimizer, batch_size, learning_rate, budget, seed)
+        if not self.auto_max:
+            return plan
+        return replace(plan, auto_max=self.auto_max, lr_scaling=self.lr_scaling)
 
     def extension_factors(self, optimizer: str, grid: tuple[float, ...]) -> tuple[float, float]:
         """The ratio a grid is extended by below and above: the study's ``lr_factor`` for a
@@ -38,7 +49,9 @@ class RateSearch:
         by_rate: dict[float, list[dict[str, Any]]] = {}
         runs: list[dict[str, Any]] = []
         populations = Populations(runner)
-        path = populations.path(optimizer, batch_size, grid)
+        path = ({"path": "sequential", "members": len(grid) * config.seeds,
+                 "reason": "an adaptive batch size trains one run at a time"} if self.auto_max
+                else populations.path(optimizer, batch_size, grid))
         if path["path"] == "population":
             runs += populations.run(optimizer, batch_size, grid, by_rate)
         else:
@@ -100,7 +113,7 @@ class RateSearch:
             if pruned and missed > config.seeds - needed:
                 runner.on_event("pruned", runs=1)
                 continue
-            plan = runner.plan(optimizer, batch_size, learning_rate, budget, seed)
+            plan = self.plan(optimizer, batch_size, learning_rate, budget, seed)
             records.append(runner.run_one(plan))
         by_rate[learning_rate] = records
         return list(records)
@@ -112,12 +125,12 @@ class RateSearch:
         if rate is None:
             return []
         runner = self.runner
-        full = runner.plan(optimizer, batch_size, rate).max_steps
+        full = self.plan(optimizer, batch_size, rate).max_steps
         runs = []
         for index, record in enumerate(by_rate[rate]):
             if not record["result"]["reached"] and record["config"]["max_steps"] < full:
                 runner.on_event("extend", runs=1)
-                plan = runner.plan(optimizer, batch_size, rate, seed=record["config"]["seed"])
+                plan = self.plan(optimizer, batch_size, rate, seed=record["config"]["seed"])
                 record = runner.run_one(plan)
                 by_rate[rate][index] = record
                 runs.append(record)

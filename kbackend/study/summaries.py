@@ -31,9 +31,47 @@ class RunPlan:
     eval_every: int
     fused_steps: int
     seed: int = 0
+    # An auto cell's run (the adaptive batch size): ``batch_size`` is its MIN, this its MAX
+    # (0: a fixed batch size), ``lr_scaling`` how its rate (the rate at MIN) follows the batch.
+    auto_max: int = 0
+    lr_scaling: str = ""
+
+    @property
+    def batch_label(self) -> str:
+        """``"32"``, or ``"auto:32:512"`` for an auto cell's run (its store key's batch size)."""
+        return f"auto:{self.batch_size}:{self.auto_max}" if self.auto_max else str(self.batch_size)
 
     def label(self) -> str:
-        return f"{self.optimizer} B={self.batch_size} lr={self.learning_rate:g} seed={self.seed}"
+        return (f"{self.optimizer} B={self.batch_label} lr={self.learning_rate:g} "
+                f"seed={self.seed}")
+
+
+def plan_from_key_config(config: dict[str, Any]) -> RunPlan:
+    """The plan a stored run's key configuration describes (``StudyRunner.run_key_config``)."""
+    batch, auto_max = config["batch_size"], 0
+    if isinstance(batch, str):  # "auto:MIN:MAX"
+        _, low, high = batch.split(":")
+        batch, auto_max = int(low), int(high)
+    return RunPlan(config["optimizer"]["name"], batch, config["learning_rate"],
+                   config["max_steps"], config["eval_every"], config["fused_steps"],
+                   config["seed"], auto_max, config.get("lr_scaling", ""))
+
+
+def adaptive_ranges(history: History) -> list[dict[str, Any]]:
+    """An adaptive run's step ranges (each from its ``step`` on), [] for a fixed batch size."""
+    return list((history.record.adaptive_batch or {}).get("ranges") or [])
+
+
+def adaptive_samples(ranges: list[dict[str, Any]], step: int) -> int:
+    """Samples an adaptive run trained on by the end of ``step``: each range's steps up to
+    ``step`` times its batch size (a range from step s covers steps s+1 to the next range's)."""
+    total = 0
+    for index, entry in enumerate(ranges):
+        start = int(entry["step"])
+        end = int(ranges[index + 1]["step"]) if index + 1 < len(ranges) else step
+        total += max(0, min(end, step) - start) * int(entry["batch_size"])
+    return total
+
 
 
 
@@ -58,6 +96,9 @@ def steady_throughput(history: History, num_train: int, batch_size: int,
     seconds = (history.timing.get("train_time") or 0.0) - startup
     if not history.step or seconds <= 0:
         return math.nan
+    ranges = adaptive_ranges(history)
+    if ranges:
+        return adaptive_samples(ranges, history.steps_run) / seconds
     samples = samples_seen(history.steps_run, num_train, batch_size,
                            drops_partial_batch(history))
     return samples / seconds
@@ -157,7 +198,9 @@ def summarize_run(history: History, plan: RunPlan, target: Target,
     }
     if reached is not None:
         step = int(reached["step"])
-        samples = samples_seen(step, num_train, plan.batch_size, drops)
+        ranges = adaptive_ranges(history)
+        samples = (adaptive_samples(ranges, step) if ranges
+                   else samples_seen(step, num_train, plan.batch_size, drops))
         raw = float(reached["train_time"])
         result.update(steps_to_target=step, samples_to_target=samples,
                       epochs_to_target=samples / num_train, time_to_target_raw=raw,

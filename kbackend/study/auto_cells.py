@@ -1,0 +1,127 @@
+"""The study's auto cells (``--batch-sizes ...,auto``, issue 37): one per optimizer, the adaptive
+batch size growing from the study's smallest fixed batch size (MIN) to its largest (MAX), its
+base rate (the rate at MIN) searched like any cell's and its seeds the study's own. Each run is
+an ordinary stored run whose key holds ``auto:MIN:MAX`` and the rate scaling, so a resumed study
+reuses it; the cells stay out of the fixed grid's analyses (scaling regions, step times, added
+seeds, noise) and are compared with each optimizer's best fixed batch size
+(``auto_verdicts``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from kbackend.stats import median_interval
+from kbackend.study.auto_verdicts import AUTO_TIME_MODEL
+from kbackend.study.runner_protocol import StudyRunnerLike
+from kbackend.study.search import RateSearch
+from kbackend.study.summaries import adaptive_samples, run_steps, trajectory_record
+
+AUTO_LABEL = "auto"
+
+
+def auto_cell_runs(runner: StudyRunnerLike) -> int:
+    """Runs the auto cells hold before any extension (for the progress bar)."""
+    config = runner.config
+    bounds = config.auto_bounds
+    if bounds is None or bounds.minimum is None:
+        return 0
+    return config.seeds * sum(len(config.learning_rate_grid(o, bounds.minimum))
+                              for o in config.optimizers)
+
+
+def run_auto_cell(runner: StudyRunnerLike, optimizer: str) -> dict[str, Any]:
+    """One optimizer's auto cell: its rate search (``RateSearch`` with the adaptive batch size,
+    one run at a time), its runs under ``"runs"``."""
+    bounds = runner.config.auto_bounds
+    assert bounds is not None and bounds.minimum is not None and bounds.maximum is not None
+    cell = RateSearch(runner, bounds.maximum, runner.config.lr_scaling).run_cell(
+        optimizer, bounds.minimum)
+    cell.update(batch_size=AUTO_LABEL, auto={"min": bounds.minimum, "max": bounds.maximum,
+                                             "lr_scaling": runner.config.lr_scaling})
+    return cell
+
+
+def step_time_at(cells: list[dict[str, Any]], optimizer: str, batch_size: int) -> float | None:
+    """Seconds per step of ``optimizer`` at ``batch_size``: its fixed cells' step times
+    (``seconds_per_step`` of the time model, else their run clocks' time / steps) interpolated
+    linearly in log batch size x log seconds; None outside the fixed sizes or without times."""
+    points = []
+    for cell in cells:
+        if cell["optimizer"] != optimizer:
+            continue
+        per_step = (cell.get("seconds_per_step") or {}).get("median")
+        if per_step is None and cell.get("time_to_target") and cell.get("steps_to_target"):
+            per_step = cell["time_to_target"] / cell["steps_to_target"]
+        if per_step and per_step > 0:
+            points.append((math.log(cell["batch_size"]), math.log(per_step)))
+    points.sort()
+    if not points or not points[0][0] <= math.log(batch_size) <= points[-1][0]:
+        return None
+    xs, ys = zip(*points, strict=True)
+    return float(math.exp(np.interp(math.log(batch_size), xs, ys)))
+
+
+def modelled_time(ranges: list[dict[str, Any]], step: int, cells: list[dict[str, Any]],
+                  optimizer: str) -> float | None:
+    """Training seconds to ``step`` of an adaptive run: each range's steps up to ``step`` times
+    the fixed cells' seconds per step at its size (``step_time_at``); None where one is not
+    known. The estimator's measured steps and the recompilations at each size are not in it."""
+    total = 0.0
+    for index, entry in enumerate(ranges):
+        start = int(entry["step"])
+        end = int(ranges[index + 1]["step"]) if index + 1 < len(ranges) else step
+        steps = max(0, min(end, step) - start)
+        if not steps:
+            continue
+        per_step = step_time_at(cells, optimizer, int(entry["batch_size"]))
+        if per_step is None:
+            return None
+        total += steps * per_step
+    return total
+
+
+def finish_auto_cells(runner: StudyRunnerLike, auto_cells: list[dict[str, Any]],
+                      cells: list[dict[str, Any]]) -> None:
+    """Per seed of each auto cell's best rate: samples to target, modelled time to target
+    (``modelled_time``, the run's own clock where it cannot be modelled), and the ranges; the
+    cell's time to target becomes the median modelled time (the runs' clocks kept apart)."""
+    for cell in auto_cells:
+        samples: dict[str, float] = {}
+        times: dict[str, float] = {}
+        ranges_by_seed: dict[str, list[dict[str, Any]]] = {}
+        modelled = True
+        for key in cell["run_keys"]:
+            record = runner.stored_record(key)
+            assert record is not None  # the cell's runs are stored
+            seed = str(record["config"]["seed"])
+            ranges = list((trajectory_record(record.get("trajectory")).adaptive_batch or {})
+                          .get("ranges") or [])
+            ranges_by_seed[seed] = ranges
+            steps = run_steps(record)
+            if not math.isfinite(steps):
+                samples[seed] = times[seed] = math.inf
+                continue
+            samples[seed] = float(adaptive_samples(ranges, int(steps)))
+            seconds = modelled_time(ranges, int(steps), cells, cell["optimizer"])
+            if seconds is None:
+                modelled = False
+                seconds = record["result"].get("time_to_target") or math.inf
+            times[seed] = seconds
+        cell["seed_samples"], cell["seed_times"] = samples, times
+        cell["ranges"] = ranges_by_seed
+        cell["time_to_target_runs"] = cell.get("time_to_target")
+        intervals = cell.setdefault("intervals", {})
+        intervals["time_to_target_runs"] = intervals.get("time_to_target")
+        intervals["time_to_target"] = median_interval(list(times.values()))
+        intervals["samples_to_target"] = median_interval(list(samples.values()))
+        cell["time_model"] = AUTO_TIME_MODEL if modelled else "run clocks"
+        finite = sorted(t for t in times.values() if math.isfinite(t))
+        if cell["reached"] and finite:
+            cell["time_to_target"] = float(np.median(list(times.values())))
+        grown = [max(int(r["batch_size"]) for r in ranges) for ranges in ranges_by_seed.values()
+                 if ranges]
+        cell["largest_batch"] = max(grown) if grown else None

@@ -300,9 +300,9 @@ class StudyConfig:
                               "give at least two, e.g. 32,128,512,auto.")
         low, high = min(fixed), max(fixed)
         if not (is_power_of_two(low) and is_power_of_two(high)) or low < 2:
-            raise ConfigError(f"Invalid batch sizes {list(self.batch_sizes or ())}: the auto cell's "
-                              f"bounds (the smallest and largest fixed size, {low} and {high}) "
-                              "must be powers of two of at least 2.")
+            raise ConfigError(f"Invalid batch sizes {list(self.batch_sizes or ())}: the auto "
+                              f"cell's bounds (the smallest and largest fixed size, {low} and "
+                              f"{high}) must be powers of two of at least 2.")
         if self.engine != "native":
             raise ConfigError(f"Batch size 'auto' needs the native engine (the adaptive batch "
                               f"size runs on it); this study's engine is {self.engine!r}: pass "

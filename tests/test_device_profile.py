@@ -14,7 +14,7 @@ from kbackend.cli import main
 from kbackend.errors import ConfigError
 from kbackend.io import read_json
 from kbackend.study.config import StudyConfig
-from kbackend.study.device_profile import DeviceProfile, load_profile
+from kbackend.study.device_profile import DeviceProfile, load_profile, predict
 from kbackend.study.executor import StudyRunner
 from kbackend.study.pipeline import run_study
 from kbackend.training import Target
@@ -166,3 +166,42 @@ def test_a_bad_profile_is_a_one_line_error_before_training(tmp_path, monkeypatch
     err = capsys.readouterr().err.strip()
     assert message in err and "--device-profile" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "out" / "study.db").exists()  # nothing created, nothing trained
+
+
+def _cell(size, seed_steps, reached=True):
+    finite = sorted(v for v in seed_steps.values())
+    median = finite[len(finite) // 2]
+    return {"optimizer": "sgd", "batch_size": size, "reached": reached,
+            "steps_to_target": median if reached else None, "seed_steps": seed_steps,
+            "time_to_target": median * 1e-3 * size if reached else None, "eval_every": 4,
+            "steps_run": 200, "intervals": {"steps_to_target": {
+                "median": median, "low": finite[0], "high": finite[-1], "n": 3}}}
+
+
+def test_each_range_of_an_auto_run_costs_the_profile_time_at_its_size():
+    profile = DeviceProfile("d", "p.json", "step_time_s", {16: 0.001, 64: 0.004})
+    study = {"config": {"seeds": 3}, "cells": [
+        _cell(16, {"0": 100.0, "1": 120.0, "2": 110.0}),
+        _cell(64, {"0": math.inf, "1": math.inf, "2": 60.0}, reached=False)],
+        "auto_cells": [{**_cell(16, {"0": 100.0, "1": 80.0, "2": math.inf}),
+                        "batch_size": "auto", "auto": {"min": 16, "max": 64,
+                                                       "lr_scaling": "sqrt"},
+                        "ranges": {"0": [{"step": 0, "batch_size": 16},
+                                         {"step": 48, "batch_size": 32}],
+                                   "1": [{"step": 0, "batch_size": 16}],
+                                   "2": [{"step": 0, "batch_size": 16}]}}]}
+    predicted = predict(study, profile)
+    fixed, never = predicted["cells"]
+    assert fixed["time_to_target"] == 110 * 0.001
+    assert fixed["interval"]["low"] == 100 * 0.001 and fixed["interval"]["high"] == 120 * 0.001
+    assert never["time_to_target"] is None and never["seconds_per_step"] == 0.004
+    (auto,) = predicted["auto_cells"]
+    # seed 0: 48 steps at 16 (1 ms), 52 at 32 (2 ms: the log-log midpoint of 1 and 4 ms)
+    assert auto["seed_times"]["0"] == pytest.approx(48 * 0.001 + 52 * 0.002)
+    assert auto["seed_times"]["1"] == pytest.approx(80 * 0.001)
+    assert auto["seed_times"]["2"] == math.inf
+    assert auto["time_to_target"] == pytest.approx(48 * 0.001 + 52 * 0.002)  # the median seed
+    (adaptive,) = predicted["adaptive"]
+    assert adaptive["best_fixed"] == 16
+    assert adaptive["ratio"] == pytest.approx(auto["time_to_target"] / (110 * 0.001))
+    assert predicted["fastest"]["cell"] == {"optimizer": "sgd", "batch_size": 16}

@@ -219,6 +219,11 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                             "GPU, e.g. 0.25: four (default auto: 1 where the cluster has GPUs, "
                             "else 0)")
     output = parser.add_argument_group("output")
+    output.add_argument("--device-profile", default=None, metavar="FILE",
+                        help="a step-time curve measured on another device for this model (JSON "
+                             '{"device": ..., "step_time_s": {"32": 0.0011, ...}}, or `kbackend '
+                             "advise --json` output): the report adds each cell's time to "
+                             "target predicted there (steps here x its step times)")
     output.add_argument("--out", default=DEFAULT_OUT,
                         help=f"folder for study.db and the reports (default {DEFAULT_OUT})")
     output.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -269,6 +274,7 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
         executor=args.executor, workers=args.workers, cell_cpus=args.cell_cpus,
         cell_gpus=args.cell_gpus, max_seeds=args.max_seeds, seed_budget=args.seed_budget,
         margin=args.margin, accuracy_margin=args.accuracy_margin, frontier_epochs=frontier_epochs,
+        device_profile=args.device_profile,
     )
 
 

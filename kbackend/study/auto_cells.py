@@ -10,6 +10,7 @@ seeds, noise) and are compared with each optimizer's best fixed batch size
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -65,11 +66,10 @@ def step_time_at(cells: list[dict[str, Any]], optimizer: str, batch_size: int) -
     return float(math.exp(np.interp(math.log(batch_size), xs, ys)))
 
 
-def modelled_time(ranges: list[dict[str, Any]], step: int, cells: list[dict[str, Any]],
-                  optimizer: str) -> float | None:
+def ranges_time(ranges: list[dict[str, Any]], step: int,
+                per_step: Callable[[int], float | None]) -> float | None:
     """Training seconds to ``step`` of an adaptive run: each range's steps up to ``step`` times
-    the fixed cells' seconds per step at its size (``step_time_at``); None where one is not
-    known. The estimator's measured steps and the recompilations at each size are not in it."""
+    ``per_step`` of its batch size; None where one is not known."""
     total = 0.0
     for index, entry in enumerate(ranges):
         start = int(entry["step"])
@@ -77,11 +77,19 @@ def modelled_time(ranges: list[dict[str, Any]], step: int, cells: list[dict[str,
         steps = max(0, min(end, step) - start)
         if not steps:
             continue
-        per_step = step_time_at(cells, optimizer, int(entry["batch_size"]))
-        if per_step is None:
+        seconds = per_step(int(entry["batch_size"]))
+        if seconds is None:
             return None
-        total += steps * per_step
+        total += steps * seconds
     return total
+
+
+def modelled_time(ranges: list[dict[str, Any]], step: int, cells: list[dict[str, Any]],
+                  optimizer: str) -> float | None:
+    """Training seconds to ``step`` of an adaptive run: each range's steps up to ``step`` times
+    the fixed cells' seconds per step at its size (``step_time_at``); None where one is not
+    known. The estimator's measured steps and the recompilations at each size are not in it."""
+    return ranges_time(ranges, step, lambda size: step_time_at(cells, optimizer, size))
 
 
 def finish_auto_cells(runner: StudyRunnerLike, auto_cells: list[dict[str, Any]],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -213,9 +214,19 @@ class StudyConfig:
     # How the auto cell's learning rate (its rate at MIN) follows its batch: the identity holds
     # it only for a study with an auto cell.
     lr_scaling: str = "sqrt"
+    # A step-time curve measured on another device for this model (``device_profile``): the
+    # report adds each cell's time to target predicted there. It only re-models time: outside
+    # the identity, so a resumed study with another profile trains nothing.
+    device_profile: str | None = None
 
     def __post_init__(self) -> None:
         self._check_executor()
+        if self.device_profile is not None:
+            if isinstance(self.device_profile, os.PathLike):
+                object.__setattr__(self, "device_profile", os.fspath(self.device_profile))
+            if not isinstance(self.device_profile, str) or not self.device_profile.strip():
+                raise ConfigError(f"Invalid device_profile {self.device_profile!r}: expected the "
+                                  "path of a JSON step-time curve.")
         if self.population not in POPULATION_CHOICES:
             raise ConfigError(f"Invalid population {self.population!r}: expected one of "
                               f"{list(POPULATION_CHOICES)}.")
@@ -454,7 +465,8 @@ class StudyConfig:
         """What makes two studies the same question, whatever backend or device answers it."""
         payload = self.to_dict()
         for name in ("data_dir", "engine", "fused_steps", "jit_compile", "population",
-                     "step_time_repeats", "unsafe_deserialization", *EXECUTOR_FIELDS,
+                     "step_time_repeats", "unsafe_deserialization", "device_profile",
+                     *EXECUTOR_FIELDS,
                      *VERDICT_FIELDS):
             payload.pop(name)
         if not self.adaptive:  # only an auto cell reads it: other studies keep their identity

@@ -27,6 +27,7 @@ from kbackend.io import atomic_write_text, check_output_folder, read_json
 from kbackend.reports import markdown_rows
 from kbackend.study.analysis import analyze
 from kbackend.study.config import StudyConfig
+from kbackend.study.device_profile import check_profile, load_profile, predict
 from kbackend.study.executor import StudyRunner
 from kbackend.study.report import CONSOLE_WIDTH, print_table, write_report
 from kbackend.study.store import ResultStore
@@ -170,6 +171,10 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
     load_before = os.getloadavg()[0]
     runner = StudyRunner(config, None)
     runner.prepare()  # every check against the data, before the store is created or opened
+    profile = None
+    if config.device_profile is not None:  # read here, in the driver: it only re-models time
+        profile = load_profile(config.device_profile)
+        check_profile(profile, config.model, config.dataset, runner.batch_sizes)
     # The report's folder too: a file in its place is a one-line error now, not after the runs.
     check_output_folder(report_dir(out, {"config": config.to_dict(), "env": runner.env}),
                         "report")
@@ -185,6 +190,8 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
                                      lines=show_progress and not console.is_terminal)
             runner.on_event = events
             study = runner.run()
+        if profile is not None:
+            study["device_profile"] = predict(study, profile)
         wall_time = time.perf_counter() - start
         study["machine_load"] = {"before": load_before, "after": os.getloadavg()[0],
                                  "cpus": os.cpu_count()}

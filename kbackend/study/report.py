@@ -14,6 +14,8 @@ from rich.table import Table
 from kbackend.hardware.knee import DEFAULT_MIN_GAIN
 from kbackend.reports import markdown_rows, write_json_and_markdown
 from kbackend.study.auto_verdicts import AUTO_TIME_MODEL, auto_label
+from kbackend.study.device_profile import conclusion_lines as profile_conclusions
+from kbackend.study.device_profile import report_section as profile_section
 from kbackend.study.plots import PLOTS, pareto_cells, write_plots
 from kbackend.study.verdicts import outcome_text
 from kbackend.task import metric_direction
@@ -136,6 +138,7 @@ def conclusions(study: dict[str, Any], analysis: dict[str, Any]) -> list[str]:
         lines.append(f"{x['challenger']} vs {x['incumbent']}: {x['text']}.")
     for x in verdicts.get("adaptive", []):  # the auto cells against the best fixed batch sizes
         lines.append(f"Adaptive batch size, {x['text']}.")
+    lines += profile_conclusions(study)  # --device-profile: predicted on another device
     if not verdicts:
         for x in analysis["crossovers"]:
             lines.append(f"{x['challenger']} vs {x['incumbent']}: {x['note']}.")
@@ -410,6 +413,7 @@ def markdown(study: dict[str, Any], analysis: dict[str, Any], wall_time: float |
               "", "## Findings", ""]
     lines += [f"- {line}" for line in conclusions(study, analysis)]
     lines += auto_section(study)
+    lines += profile_section(study)
     lines += ["", *sources_section(study, analysis), "", *frontier_section(study, analysis),
               *caveats_section(study, analysis)]
     lines += ["", "## Plots", ""]
@@ -472,6 +476,8 @@ def summary_payload(study: dict[str, Any], analysis: dict[str, Any],
             "step_times": study.get("step_times"), "machine_load": study.get("machine_load"),
             "time_spent": study.get("time_spent"), "added_seeds": study.get("added_seeds"),
             **({"auto_cells": study["auto_cells"]} if study.get("auto_cells") else {}),
+            **({"device_profile": study["device_profile"]} if study.get("device_profile")
+               else {}),
             "analysis": analysis, "wall_time": wall_time}
 
 

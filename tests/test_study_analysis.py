@@ -9,14 +9,9 @@ import threading
 import pytest
 
 from kbackend.errors import ConfigError, DataError
-from kbackend.study.analysis import (
-    analyze,
-    crossover,
-    fit_critical_batch,
-    scaling_regions,
-    throughput_curve,
-)
+from kbackend.study.analysis import analyze
 from kbackend.study.config import StudyConfig, default_batch_sizes
+from kbackend.study.scaling import crossover, fit_critical_batch, scaling_regions, throughput_curve
 from kbackend.study.store import ResultStore, config_key
 
 
@@ -80,7 +75,7 @@ def test_throughput_curve_and_knee():
 
 
 def test_noise_scale_over_training_is_a_ratio_of_averages():
-    from kbackend.study.analysis import training_noise_scale
+    from kbackend.study.scaling import training_noise_scale
 
     points = [{"step": 0, "grad_sq": 1.0, "trace_sigma": 1000.0},
               {"step": 10, "grad_sq": 2.0, "trace_sigma": 40.0},
@@ -328,7 +323,7 @@ def test_one_seed_resolves_nothing():
 
 
 def test_critical_batch_over_seeds_and_its_agreement_with_the_noise_scale():
-    from kbackend.study.analysis import critical_batch_over_seeds, noise_agreement
+    from kbackend.study.cell_verdicts import critical_batch_over_seeds, noise_agreement
 
     sizes = (8, 16, 32, 64, 128, 256)
     cells = [_seeded_cell("sgd", b, [s_min * (1 + 64 / b) for s_min in (90, 100, 110)])
@@ -345,7 +340,7 @@ def test_critical_batch_over_seeds_and_its_agreement_with_the_noise_scale():
     (0.5, -10.0, "tr(Sigma) estimate is not positive"),
 ])
 def test_a_negative_noise_scale_is_never_a_finding(grad_sq, trace, reason):
-    from kbackend.study.analysis import noise_scale_note, training_noise_scale
+    from kbackend.study.scaling import noise_scale_note, training_noise_scale
 
     noise = {"small_batch": 8, "big_batch": 512, "draws": 24,
              "points": [{"step": 0, "grad_sq": 1.0, "trace_sigma": 5.0},
@@ -370,10 +365,7 @@ def _step_times(per_batch, spread):
 
 
 def test_throughput_knee_is_stated_only_where_the_timings_separate():
-    from kbackend.study.analysis import (
-        step_time_spread,
-        throughput_knee_verdict,
-    )
+    from kbackend.study.cell_verdicts import step_time_spread, throughput_knee_verdict
 
     curve = {8: 1000.0, 16: 2000.0, 32: 3000.0, 64: 3100.0, 128: 3150.0}
     tight = throughput_knee_verdict(_step_times(curve, 0.01))

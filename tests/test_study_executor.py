@@ -772,7 +772,7 @@ def test_an_undefined_noise_scale_retries_once_with_a_wider_batch_pair(tmp_path,
     assert pairs == [(16, 64), (4, 256)]
     assert (noise["small_batch"], noise["big_batch"]) == (4, 256)
     assert noise["first_try"]["small_batch"] == 16
-    from kbackend.study.analysis import training_noise_scale
+    from kbackend.study.scaling import training_noise_scale
 
     assert training_noise_scale(noise) == pytest.approx(50.0)
 

@@ -28,9 +28,9 @@ import numpy as np
 from kbackend.errors import ConfigError, path_errors
 from kbackend.reports import markdown_rows
 from kbackend.stats import median_interval
-from kbackend.study.analysis import fastest_verdict, verdict_settings
 from kbackend.study.auto_cells import ranges_time
 from kbackend.study.auto_verdicts import auto_label, auto_verdict
+from kbackend.study.cell_verdicts import fastest_verdict, verdict_settings
 from kbackend.study.verdicts import outcome_text
 
 EXPECTED = ('expected {"device": "...", "step_time_s": {"32": 0.0011, ...}} (seconds per train '

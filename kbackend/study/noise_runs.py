@@ -13,10 +13,10 @@ import numpy as np
 
 from kbackend.backends import impl
 from kbackend.engines.native import model_values, set_model_values
-from kbackend.study.analysis import training_noise_scale
 from kbackend.study.config import REFERENCE_BATCH
 from kbackend.study.noise import measure_noise_scale
 from kbackend.study.runner_protocol import StudyRunnerLike
+from kbackend.study.scaling import training_noise_scale
 from kbackend.study.summaries import RunPlan
 from kbackend.training import train
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kbackend.study.analysis import (
+from kbackend.study.cell_verdicts import (
     generalization_verdict,
     optimizer_comparison,
     region_verdicts,

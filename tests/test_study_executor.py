@@ -26,8 +26,8 @@ from kbackend.study.config import StudyConfig
 from kbackend.study.executor import StudyRunner
 from kbackend.study.noise_runs import NoiseMeasurement
 from kbackend.study.pipeline import compare, run_study
+from kbackend.study.plots import PLOTS
 from kbackend.study.populations import Populations
-from kbackend.study.report import PLOTS
 from kbackend.study.step_times import StepTimeModel, timed_steps
 from kbackend.study.store import ResultStore
 from kbackend.training import Target
@@ -707,7 +707,7 @@ def test_grid_extends_until_the_best_rate_is_inside_or_at_its_bound(
     assert cell["lr_tried"] == pytest.approx(tried) and cell["learning_rate"] == pytest.approx(best)
     assert cell["lr_at_grid_edge"] is at_bound and cell["lr_at_bound"] is at_bound
     assert len(calls) == len(tried)
-    from kbackend.study.report import edge_label
+    from kbackend.study.report_sections import edge_label
 
     assert edge_label(cell) == (" (edge, at the bound)" if at_bound else "")
 

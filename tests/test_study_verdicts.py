@@ -13,7 +13,8 @@ from kbackend.cli import main
 from kbackend.errors import ConfigError
 from kbackend.study.config import StudyConfig
 from kbackend.study.executor import StudyRunner
-from kbackend.study.report import frontier_rows, pareto_cells
+from kbackend.study.plots import pareto_cells
+from kbackend.study.report_sections import frontier_rows
 from kbackend.study.store import ResultStore
 from kbackend.study.verdicts import (
     VERDICT_CONFIDENCE,

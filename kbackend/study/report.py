@@ -3,7 +3,6 @@ plots (matplotlib, Agg backend). Every file is written atomically."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -11,331 +10,20 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from kbackend.hardware.knee import DEFAULT_MIN_GAIN
 from kbackend.reports import markdown_rows, write_json_and_markdown
-from kbackend.study.auto_verdicts import AUTO_TIME_MODEL, auto_label
-from kbackend.study.device_profile import conclusion_lines as profile_conclusions
+from kbackend.study.auto_verdicts import AUTO_TIME_MODEL
 from kbackend.study.device_profile import report_section as profile_section
-from kbackend.study.plots import PLOTS, pareto_cells, write_plots
-from kbackend.study.verdicts import outcome_text
+from kbackend.study.plots import PLOTS, write_plots
+from kbackend.study.report_sections import (
+    caveats_section,
+    conclusions,
+    format_value,
+    frontier_section,
+    sources_section,
+    table_rows,
+)
 from kbackend.task import metric_direction
 
-
-def _fmt(value: Any, spec: str = ".3g", missing: str = "-") -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return missing
-    return format(value, spec)
-
-
-def _interval(cell: dict[str, Any], name: str, spec: str) -> str:
-    """``median [low, high]`` of one of a cell's figures (``not reached`` for an infinite end)."""
-    interval = (cell.get("intervals") or {}).get(name)
-    if not interval or not interval.get("n"):
-        return _fmt(cell.get(name), spec)
-    if interval["n"] == 1:
-        return _fmt(interval["median"], spec, missing="-")
-    ends = [_fmt(interval[end], spec, missing="never") for end in ("low", "high")]
-    return f"{_fmt(interval['median'], spec, missing='never')} [{ends[0]}, {ends[1]}]"
-
-
-def edge_label(cell: dict[str, Any]) -> str:
-    """Where the cell's best learning rate sits in its (extended) grid, if on an end."""
-    if not cell.get("lr_at_grid_edge"):
-        return ""
-    return " (edge, at the bound)" if cell.get("lr_at_bound") else " (edge)"
-
-
-def table_rows(study: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the per-cell table (terminal and markdown)."""
-    metric = study["config"]["target"]["metric"]
-    header = ["optimizer", "batch", "best lr", "reached", "steps", "epochs", "samples",
-              "time to target (s)", f"best {metric}", "test acc", "samples/s", "start-up (s)"]
-    # the task's test metric: accuracy for classifiers, else the model's (test_mae, ...)
-    test_key = "test_accuracy" if metric_direction(metric) == "max" or metric == "val_loss" \
-        else "test_metric"
-    rows = []
-    for c in [*study["cells"], *(study.get("auto_cells") or [])]:  # the auto cells last
-        seeds = c.get("seeds", 1)
-        reached = "yes" if c["reached"] else "NOT REACHED"
-        if seeds > 1:
-            reached += f" ({c.get('seeds_reached', 0)}/{seeds})"
-        rows.append([
-            c["optimizer"], auto_label(c) if c.get("auto") else str(c["batch_size"]),
-            _fmt(c["learning_rate"]) + edge_label(c), reached,
-            _interval(c, "steps_to_target", ".0f"), _fmt(c["epochs_to_target"], ".2f"),
-            _fmt(c["samples_to_target"], ".0f"), _interval(c, "time_to_target", ".3g"),
-            _interval(c, "best_metric", ".4f"), _interval(c, test_key, ".4f"),
-            _fmt(c["samples_per_s"], ",.0f"),
-            _fmt(c.get("startup_time"), ".2f") + ("~" if c.get("startup_time_estimated") else ""),
-        ])
-    return header, rows
-
-
-def _regions_text(segments: list[dict[str, Any]]) -> str:
-    parts = []
-    for s in segments:
-        k = f"k={s['exponent']:.2f}"
-        if s.get("exponent_low") is not None and math.isfinite(s.get("exponent_low", math.nan)):
-            k += f" [{s['exponent_low']:.2f}, {s['exponent_high']:.2f}]"
-        resolved = s.get("region_resolved", s.get("resolved"))
-        label = s["region"] if resolved else f"region not resolved (median: {s['region']})"
-        steps = ""
-        if s.get("verdict"):
-            steps = {"b": "; fewer steps at the larger batch",
-                     "a": "; more steps at the larger batch",
-                     "equivalent": f"; steps equal within {s['verdict']['margin']:.0%}"}.get(
-                s["outcome"], "; steps not resolved")
-            steps += f", {s['verdict']['seeds']} seeds"
-        parts.append(f"{s['from']}->{s['to']}: {label} ({k}{steps})")
-    return ", ".join(parts)
-
-
-def conclusions(study: dict[str, Any], analysis: dict[str, Any]) -> list[str]:
-    """One line per finding, for the terminal and the markdown report: each verdict only where
-    the intervals of the compared cells separate."""
-    target = study["config"]["target"]
-    verdicts = analysis.get("verdicts") or {}
-    lines = []
-    best = analysis["best"]
-    if best:
-        lines.append(
-            f"Fastest median to {target['metric']} {target['value']:g}: {best['optimizer']} at "
-            f"batch {best['batch_size']} (lr {best['learning_rate']:g}), "
-            f"{best['time_to_target']:.2f} s of training, "
-            f"{_fmt(best['steps_to_target'], '.0f')} steps.")
-    else:
-        lines.append(f"No cell reached {target['metric']} {target['value']:g} within its budget.")
-    if verdicts.get("fastest") and best:
-        lines.append(verdicts["fastest"]["text"][0].upper() + verdicts["fastest"]["text"][1:] + ".")
-    for optimizer, info in analysis["per_optimizer"].items():
-        knee = info["knee"]
-        knee_text = (f"B_crit ~ {knee['b_crit']:.0f} (S_min ~ {knee['s_min']:.0f} steps, "
-                     "median fit)" if knee.get("b_crit") else knee.get("note", ""))
-        per = (verdicts.get("per_optimizer") or {}).get(optimizer, {})
-        segments = per.get("regions", info["regions"])
-        missing = f"; not reached at {info['not_reached']}" if info["not_reached"] else ""
-        lines.append(f"{optimizer}: {knee_text}. "
-                     f"{_regions_text(segments) or 'too few reached cells for regions'}{missing}.")
-    knee = verdicts.get("throughput_knee")
-    if knee and knee.get("batch_size") is not None:
-        lines.append(knee["text"][0].upper() + knee["text"][1:] + ".")
-    elif analysis["throughput_knee"] is not None:
-        plateau = "" if analysis.get("throughput_plateau_reached", True) else \
-            "; no plateau yet: larger batches may still gain"
-        lines.append(f"Throughput knee (next doubling gains < {DEFAULT_MIN_GAIN:.0%} samples/s, "
-                     f"from the runs' own clocks): batch {analysis['throughput_knee']}{plateau}.")
-    noise = study.get("noise")
-    if noise:
-        b_simple = analysis.get("b_simple")
-        head = (f"Gradient noise scale B_simple ~ {b_simple:.0f} over training"
-                if b_simple is not None else
-                f"Gradient noise scale B_simple {analysis.get('b_simple_note') or 'not estimated'}")
-        lines.append(
-            f"{head} ({noise['optimizer']}, batch {noise['batch_size']}, batch pair "
-            f"{noise['small_batch']}/{noise['big_batch']}; per point: "
-            + ", ".join(f"step {p['step']}: {_point_b_simple(p)}" for p in noise["points"]) + ").")
-    for x in verdicts.get("optimizers", []):
-        lines.append(f"{x['challenger']} vs {x['incumbent']}: {x['text']}.")
-    for x in verdicts.get("adaptive", []):  # the auto cells against the best fixed batch sizes
-        lines.append(f"Adaptive batch size, {x['text']}.")
-    lines += profile_conclusions(study)  # --device-profile: predicted on another device
-    if not verdicts:
-        for x in analysis["crossovers"]:
-            lines.append(f"{x['challenger']} vs {x['incumbent']}: {x['note']}.")
-    return lines
-
-
-def _point_b_simple(point: dict[str, Any]) -> str:
-    value = point.get("b_simple")
-    if value is None or not math.isfinite(value) or value <= 0:
-        return "not estimated"
-    return f"{value:.0f}"
-
-
-def _seeds_note(verdicts: dict[str, Any]) -> str:
-    added = verdicts.get("added_seeds") or {}
-    schedule = added.get("schedule") or [verdicts.get("seeds", 1)]
-    if len(schedule) < 2:
-        return (f"No seeds were added (--max-seeds equal to --seeds: {schedule[0]}), so every "
-                "verdict was read once.")
-    spent = added.get("seconds") or 0.0
-    return (f"Seeds were added round by round ({', '.join(map(str, schedule))} seeds) to the "
-            "cells whose comparisons were unresolved and could still resolve: "
-            f"{sum(len(r['runs']) for r in added.get('rounds', []))} runs in "
-            f"{len(added.get('rounds', []))} round(s), {spent:.1f} s including the frontier "
-            f"runs; stopped: {added.get('stopped')}. Each verdict says how many seeds it took.")
-
-
-def sources_section(study: dict[str, Any], analysis: dict[str, Any]) -> list[str]:
-    """"What the sources claim, what this run shows": each claim with this run's three-way
-    verdicts (A better, B better, equivalent within the margin, or not resolved after N seeds
-    with the interval that remains)."""
-    verdicts = analysis.get("verdicts") or {}
-    level = verdicts.get("level", 0.9)
-    confidence = verdicts.get("confidence", 0.9)
-    lines = ["## What the sources claim, what this run shows", "",
-             "Each comparison pairs the seeds (seed s starts every cell from the same weights "
-             "and data order) and reads one interval: of the ratio A/B for times and steps "
-             "(mean of the per-seed log ratios, t-interval; times add the paired step-time "
-             "rounds), of the difference A - B for accuracies. It ends as A better, B better, "
-             f"*equivalent* (the interval inside +-{verdicts.get('margin', 0.1):.0%} for ratios, "
-             f"+-{100 * verdicts.get('accuracy_margin', 0.01):g} point for accuracies) or not "
-             f"resolved. Every interval is at level {level:.2%}: {verdicts.get('looks', 1)} "
-             f"look(s) at most, so the chance that a verdict is wrong is at most "
-             f"{1 - confidence:.0%} however the seed rounds stopped (Bonferroni over the looks; "
-             "coverage checked by simulation in tests/test_study_verdicts.py). "
-             + _seeds_note(verdicts), ""]
-    lines += ["**(a) SGD vs Adam across batch sizes.** Claim (the IPU article on batch sizes and "
-              "optimizers): plain mini-batch SGD is the better choice at small batches, Adam at "
-              "batches of hundreds. A = Adam, B = the other; time to target.", ""]
-    comparisons = verdicts.get("optimizers") or []
-    if not comparisons:
-        lines.append("- Not measured: the study needs both adam and sgd (or momentum).")
-    for x in comparisons:
-        lines.append(f"- {x['challenger']} vs {x['incumbent']}: {x['text']}.")
-        for p in x["per_batch"]:
-            v = p["verdict"]
-            lines.append(f"  - B={p['batch_size']}: " + outcome_text(
-                v, x["challenger"], x["incumbent"], "faster"))
-    lines += ["", "**(b) Scaling regions and the critical batch size.** Claim (Shallue et al. "
-              "2018; McCandlish et al. 2018): steps to target first halve with every doubling of "
-              "the batch (perfect scaling), then fall less (diminishing returns), then not at all "
-              "(saturation); the gradient noise scale B_simple predicts the critical batch size "
-              "B_crit within a small factor. Each step: A = the smaller batch, B = the larger; "
-              "its exponent range comes from the paired steps-ratio interval.", ""]
-    for optimizer, per in (verdicts.get("per_optimizer") or {}).items():
-        regions = _regions_text(per["regions"]) or "too few reached cells"
-        lines.append(f"- {optimizer}: {regions}. {per['noise_agreement']['text']}.")
-    if analysis.get("b_simple") is None and study.get("noise"):
-        lines.append(f"- B_simple {analysis.get('b_simple_note')}.")
-    lines += ["", "**(c) Generalization.** Claim (Keskar et al. 2017, and the generalization-gap "
-              "literature; the seed's caveat: larger batches may cost accuracy): larger batches "
-              "reach lower test accuracy. Here: the test metric at the checkpoint with the best "
-              "validation value within the frontier's equal budget (see the frontier below), "
-              "smallest (A) vs largest (B) batch.", ""]
-    for optimizer, per in (verdicts.get("per_optimizer") or {}).items():
-        lines.append(f"- {optimizer}: {per['generalization']['text']}.")
-    lines += ["", "**(d) The throughput knee of this hardware.** Claim: samples/s rise with the "
-              "batch size until the device is saturated; past the knee a bigger batch buys "
-              "little speed.", ""]
-    knee = verdicts.get("throughput_knee") or {}
-    lines.append(f"- {knee.get('text', 'not measured')}.")
-    curve = analysis.get("throughput") or []
-    if curve and "low" in curve[0]:
-        lines.append("- samples/s per batch size: " + "; ".join(
-            f"{p['batch_size']}: {p['samples_per_s']:,.0f} [{p['low']:,.0f}, {p['high']:,.0f}]"
-            for p in curve) + ".")
-    return lines
-
-
-def frontier_rows(study: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the time-vs-accuracy frontier: per cell its time to target and the best
-    validation value and test metric reached within the equal budget (medians, [min, max])."""
-    metric = study["config"]["target"]["metric"]
-    header = ["optimizer", "batch", "time to target (s)", f"best {metric}", "test at best",
-              "epoch of best", "seeds", "on the frontier"]
-    cells = [c for c in study["cells"] if c.get("frontier")]
-    front = pareto_cells(study)
-    rows = []
-    for c in cells:
-        f = c["frontier"]
-        rows.append([c["optimizer"], str(c["batch_size"]), _interval(c, "time_to_target", ".3g"),
-                     _span_of(f["best_metric"], ".4f"), _span_of(f["test_metric"], ".4f"),
-                     _span_of(f["best_epoch"], ".2g"), str(f["seeds"]),
-                     "yes" if (c["optimizer"], c["batch_size"]) in front else ""])
-    return header, rows
-
-
-def _span_of(interval: dict[str, Any], spec: str) -> str:
-    if not interval or not interval.get("n"):
-        return "-"
-    if interval["n"] == 1:
-        return _fmt(interval["median"], spec)
-    return (f"{_fmt(interval['median'], spec)} [{_fmt(interval['low'], spec)}, "
-            f"{_fmt(interval['high'], spec)}]")
-
-
-def frontier_section(study: dict[str, Any], analysis: dict[str, Any]) -> list[str]:
-    """The time-vs-accuracy frontier: table, its budget and the plot."""
-    header, rows = frontier_rows(study)
-    lines = ["## Time vs accuracy: the frontier", ""]
-    if not rows:
-        return [*lines, "Not measured (--frontier-epochs 0, or an engine other than native).", ""]
-    epochs = study["config"].get("frontier_epochs")
-    metric = study["config"]["target"]["metric"]
-    lines += [f"Each cell's best rate trained again per seed for the same budget, {epochs} "
-              f"epochs (every cell alike), without stopping at the target: the best {metric} "
-              "reached and the test metric of that very checkpoint (evaluated at each new best), "
-              "beside the cell's time to target. \"On the frontier\": no other cell is both "
-              "faster to the target and better at its best (medians).", "",
-              markdown_rows(header, rows).rstrip("\n"), "", "![frontier](plots/frontier.png)", ""]
-    return lines
-
-
-def caveats_section(study: dict[str, Any], analysis: dict[str, Any]) -> list[str]:
-    """What may bias the figures: machine load, step-time spread, the target's granularity."""
-    lines = ["## Caveats", ""]
-    load = study.get("machine_load")
-    if load:
-        lines.append(f"- Machine load (1-minute load average, {load.get('cpus')} CPUs): "
-                     f"{load['before']:.2f} before the study, {load['after']:.2f} after. Time "
-                     "to target is steps x a step time measured apart in interleaved rounds, so "
-                     "load that comes and goes affects every cell alike; the runs' own clocks "
-                     "are kept in study.db but not ranked by.")
-    step_times = study.get("step_times")
-    spread = (analysis.get("verdicts") or {}).get("step_time_spread")
-    if step_times and spread:
-        engine = step_times.get("engine", "native")
-        study_engine = step_times.get("study_engine", study["config"]["engine"])
-        source = (f"the {engine} engine's compiled step" +
-                  ("" if engine == study_engine else
-                   f" (the study trained with the {study_engine} engine, whose own step time is "
-                   "not measured apart)"))
-        unranked = spread["unranked_neighbours"]
-        lines.append(
-            f"- Step times: {source}, {step_times['repeats']} interleaved rounds per cell"
-            + (f", each timing whole calls for at least {1e3 * step_times['min_seconds']:.0f} ms "
-               "or 32 steps" if step_times.get("min_seconds") else "") + ". "
-            f"Their spread (slowest / fastest round) is {spread['median_ratio']:.2f}x at the "
-            f"median cell, {spread['worst_ratio']:.2f}x at worst ({spread['worst']})."
-            + (f" Neighbouring batch sizes whose samples/s overlap and cannot be ranked: "
-               f"{', '.join(unranked)}." if unranked else
-               " Every pair of neighbouring batch sizes is separated in samples/s."))
-    elif not step_times:
-        lines.append("- No step times were measured apart (--step-time-repeats 0): time to "
-                     "target comes from each run's own clock, which moves with machine load.")
-    spent = study.get("time_spent")
-    if spent and spent.get("runs_trained"):
-        ratio = spent["whole_over_steady"]
-        lines.append(
-            f"- Where this process's time went, up to this report ({spent['runs_trained']} runs "
-            f"trained here; runs reused from study.db cost nothing): whole process "
-            f"{spent['whole_process_s']:.1f} s; "
-            f"steady training {spent['steady_training_s']:.1f} s; "
-            f"start-ups (compilation, first calls, and building the model and each cell's "
-            f"trainer: {spent.get('setup_s') or 0.0:.1f} s) {spent['startup_s']:.1f} s; "
-            f"evaluation {spent['evaluation_s']:.1f} s; around the runs (resets, data order, "
-            f"test evaluations) {spent['around_runs_s']:.1f} s; time model "
-            f"{spent['time_model_s']:.1f} s; "
-            f"noise scale {spent['noise_scale_s']:.1f} s; imports, data and checks "
-            f"{spent['other_s']:.1f} s. Whole / steady training: "
-            + (f"{ratio:.1f}x (goal: at most 1.5x steady training + start-ups = "
-               f"{spent['goal_s']:.1f} s, {'met' if spent['goal_met'] else 'not met'})."
-               if ratio else "undefined (no steady training).")
-            + " The console's last line adds the analysis and the report.")
-    info = study["dataset"]
-    metric = study["config"]["target"]["metric"]
-    if metric_direction(metric) == "max" and info.get("num_val"):
-        lines.append(
-            f"- \"best {metric}\" is the first value past the target, not the best a run would "
-            "reach: a run stops at the first evaluation that passes the target. With "
-            f"{info['num_val']} validation samples accuracy moves in steps of "
-            f"{1 / info['num_val']:.2%}, so many cells show the same value just over the target.")
-    return lines
-
-
-# The terminal table's columns (of ``table_rows``), chosen to fit 100 columns; the markdown
-# report has them all.
 CONSOLE_COLUMNS = {"optimizer": "optimizer", "batch": "batch", "best lr": "best lr",
                    "reached": "reached", "steps": "steps to target",
                    "time to target (s)": "time to target (s)", "test acc": "test acc"}
@@ -439,13 +127,14 @@ def auto_section(study: dict[str, Any]) -> list[str]:
              "cells' model; it leaves out the estimator's measured steps (about 1.2-1.45x per "
              "step, docs/adaptive.md) and the compilation at each new size, which the runs' own "
              "clocks hold (median: " + ", ".join(
-                 f"{c['optimizer']} {_fmt(c.get('time_to_target_runs'), '.3g')} s"
+                 f"{c['optimizer']} {format_value(c.get('time_to_target_runs'), '.3g')} s"
                  for c in autos) + ").", ""]
     for cell in autos:
         seeds = cell.get("ranges") or {}
         for seed, ranges in sorted(seeds.items(), key=lambda kv: int(kv[0])):
             steps = ", ".join(f"from step {r['step']}: {r['batch_size']}" for r in ranges)
-            lines.append(f"- {cell['optimizer']} (lr {_fmt(cell['learning_rate'])}), seed {seed}: "
+            rate = format_value(cell["learning_rate"])
+            lines.append(f"- {cell['optimizer']} (lr {rate}), seed {seed}: "
                          f"{steps or 'no ranges recorded'}")
     return lines
 

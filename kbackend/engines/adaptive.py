@@ -93,9 +93,11 @@ def for_devices(config: Any, devices: int) -> Any:
                           f"{1 << (devices.bit_length() - 1)}. Received: {devices} devices.")
     if auto.minimum is None:
         minimum = max(DEFAULT_MIN_BATCH, devices)
-        if auto.maximum is not None and auto.maximum < minimum:
-            raise ConfigError(f"--batch-size auto MAX {auto.maximum} is below the {devices} "
-                              "devices: each device needs at least one sample.")
+        if auto.maximum is not None:
+            if auto.maximum < devices:
+                raise ConfigError(f"--batch-size auto MAX {auto.maximum} is below the {devices} "
+                                  "devices: each device needs at least one sample.")
+            minimum = min(minimum, auto.maximum)
         return replace(config, batch_size=minimum,
                        adaptive_batch=AutoBatchSize(minimum, auto.maximum))
     if auto.minimum < devices:

@@ -34,6 +34,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from kbackend.adaptive import AutoBatchSize
 from kbackend.backend_choice import active_backend
 from kbackend.backends import adaptive, impl
@@ -46,6 +48,7 @@ from kbackend.bench.spec import (
     int_list,
     one_per_backend,
 )
+from kbackend.data import batching
 from kbackend.engines.loop import EpochRunner
 from kbackend.errors import ConfigError, KBackendError
 from kbackend.io import atomic_write
@@ -132,6 +135,27 @@ def adaptive_workers(settings: Settings, backends: Any) -> list[WorkerSpec]:
             for backend in backends]
 
 
+class PacedEpochRunner(EpochRunner):
+    """``EpochRunner``'s epoch with at most two calls in flight, as ``engines.loop`` runs them
+    (a call's losses are read once the next one is dispatched). With a whole epoch of calls
+    queued, XLA:CPU's all-reduce across 4 virtual devices deadlocked here ("Expected 4 threads
+    to join the rendezvous, but only 2 of them arrived", 2 cores under load)."""
+
+    def __call__(self) -> Any:
+        rows = self.trainer.put_epoch(
+            batching.epoch_batches(self.n_train, self.batch_size, self.seed, self.epoch))
+        self.epoch += 1
+        losses, pending, start = [], [], 0
+        for length in self.lengths:
+            self.compile_time += self.trainer.compile(length, rows)
+            pending.append(self.trainer.run(rows, start, length))
+            start += length
+            if len(pending) == 2:
+                losses.append(self.trainer.fetch(pending.pop(0)))
+        losses += [self.trainer.fetch(handle) for handle in pending]
+        return np.concatenate(losses)
+
+
 def _trainers(model_plain: Any, model_adaptive: Any, spec: Any, dataset: Any, batch: int,
               opts: dict[str, Any]) -> tuple[Any, Any]:
     """The plain trainer and the adaptive one: native, or data parallel on ``--devices``."""
@@ -166,8 +190,8 @@ def overhead(opts: dict[str, Any]) -> list[dict[str, Any]]:
         plain, grown = _trainers(model_plain, model_adaptive, spec, dataset, batch, opts)
         steps = n // batch
         fused = min(FUSED_STEPS, steps)
-        runners = {"plain": EpochRunner(plain, n, batch, fused),
-                   "adaptive": EpochRunner(grown, n, batch, fused)}
+        kind = EpochRunner if opts["devices"] <= 1 else PacedEpochRunner
+        runners = {"plain": kind(plain, n, batch, fused), "adaptive": kind(grown, n, batch, fused)}
         for runner in runners.values():
             runner()  # compiles
         grown.take_noise_norms()

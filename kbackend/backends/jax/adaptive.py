@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import PartitionSpec
 
 from kbackend.adaptive import DEFAULT_MEASURE_EVERY, micro_batches_for
 from kbackend.backends.jax.data_parallel import DataParallelTrainer
@@ -39,7 +40,6 @@ from kbackend.backends.jax.step import (
     make_train_step,
     replicate,
     scan_steps,
-    to_host,
 )
 from kbackend.task import CLASSIFICATION, Task
 
@@ -239,11 +239,15 @@ class AdaptiveTrainer(NativeTrainer):
 
 
 def device_noise_norms(shard_grads: Any, mean_grads: Any) -> NoiseNorms:
-    """``make_step``'s ``observe`` for a data-parallel step: every device's squared gradient
-    norm (its shard's, gathered over the axis: shape ``(devices,)``) and that of their mean, the
-    update's. The shards are the micro-batches (McCandlish et al. 2018, appendix A)."""
-    return NoiseNorms(jax.lax.all_gather(squared_norm(shard_grads), AXIS),
-                      squared_norm(mean_grads))
+    """``make_step``'s ``observe`` for a data-parallel step: this device's squared gradient norm
+    (its shard's, shape ``(1,)``) and that of the mean, the update's (the same on every device).
+    The shards are the micro-batches (McCandlish et al. 2018, appendix A). No collective: the
+    per-device values leave the program sharded (``DEVICE_NORMS_SPEC``: ``(K, devices)``)."""
+    return NoiseNorms(squared_norm(shard_grads)[None], squared_norm(mean_grads))
+
+
+# device_noise_norms's values over K steps under shard_map: (K, devices) sharded, (K,) replicated
+DEVICE_NORMS_SPEC = NoiseNorms(PartitionSpec(None, AXIS), PartitionSpec())
 
 
 class DataParallelAdaptiveTrainer(DataParallelTrainer):
@@ -271,7 +275,7 @@ class DataParallelAdaptiveTrainer(DataParallelTrainer):
 
     def _make_step(self, model: Any, tx: Any, dp_impl: str, task: Task) -> Any:
         return make_train_step(model, tx, self.mesh, dp_impl, self.unroll, task,
-                               observe=device_noise_norms)
+                               observe=device_noise_norms, observed_spec=DEVICE_NORMS_SPEC)
 
     def compile(self, length: int, epoch_rows: np.ndarray) -> float:
         """Compile the ``length``-step call at the rows' global batch size if needed."""
@@ -294,14 +298,11 @@ class DataParallelAdaptiveTrainer(DataParallelTrainer):
     def fetch(self, handle: Any) -> np.ndarray:
         """A call's global-batch losses on the host; its noise norms kept."""
         batch, losses, norms = handle
-        values = self._host(jax.block_until_ready((losses, *norms)))
-        losses, micro, big = values
+        losses, micro, big = jax.device_get(jax.block_until_ready((losses, *norms)))
+        if self.pmap:  # (devices, K, ...): device d's values; micro (devices, K, 1)
+            losses, big, micro = losses[0], big[0], np.moveaxis(micro[..., 0], 0, 1)
         self._norms.append((batch, np.asarray(micro, np.float64), np.asarray(big, np.float64)))
         return np.asarray(losses)
-
-    def _host(self, value: Any) -> Any:
-        host = to_host(value)
-        return jax.tree.map(lambda leaf: leaf[0], host) if self.pmap else host
 
     def take_noise_norms(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """``(batch, per-device (K, devices), mean (K,))`` of each call fetched since the last

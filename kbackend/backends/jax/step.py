@@ -256,15 +256,17 @@ def make_mesh(devices: list[Any]) -> Mesh:
 def make_train_step(model: Any, tx: Any, mesh: Mesh | None = None,
                     impl: str = "shard_map", unroll: bool = False,
                     task: Task = CLASSIFICATION,
-                    observe: Callable[[Any, Any], Any] | None = None) -> jax.stages.Wrapped:
+                    observe: Callable[[Any, Any], Any] | None = None,
+                    observed_spec: Any = None) -> jax.stages.Wrapped:
     """The jitted train step ``(state, (xs, ys)) -> (state, StepMetrics)``; the state is donated.
 
     ``mesh=None``: single device, no collectives. ``impl="shard_map"``: ``xs`` of shape
     ``(K, B, ...)`` sharded along B over the mesh (see ``shard_batch``), state replicated
     (``replicate``). ``impl="pmap"``: the same body under ``jax.pmap``; state and batches carry a
     leading device axis (``replicate_for_pmap``, ``split_for_pmap``). ``unroll``: the K steps
-    written out, not looped (``unrolls_its_loop``). ``observe``: as ``make_step``'s; its values
-    must be the same on every device (replicated outputs).
+    written out, not looped (``unrolls_its_loop``). ``observe``: as ``make_step``'s;
+    ``observed_spec`` the ``PartitionSpec`` (tree) of its values stacked over the K steps under
+    ``shard_map`` (default replicated, ``P()``); under pmap every device's values come back.
     """
     if mesh is None:
         return jax.jit(make_step_body(model, tx, None, unroll, task, observe), donate_argnums=0)
@@ -273,8 +275,9 @@ def make_train_step(model: Any, tx: Any, mesh: Mesh | None = None,
         return jax.pmap(body, axis_name=AXIS, devices=list(mesh.devices.flat), donate_argnums=0)
     # check_vma=False: pmap semantics, where gradients of replicated parameters are per-device
     # values that the body averages explicitly with lax.pmean.
+    outputs = P() if observe is None else (P(), P() if observed_spec is None else observed_spec)
     sharded = jax.shard_map(body, mesh=mesh, in_specs=(P(), P(None, AXIS)),
-                            out_specs=(P(), P()), check_vma=False)
+                            out_specs=(P(), outputs), check_vma=False)
     return jax.jit(sharded, donate_argnums=0)
 
 

@@ -198,3 +198,21 @@ def test_tensorflow_refuses_data_parallel_auto_in_one_line(cli):
                  "--dataset", "digits", "--batch-size", "auto:8:64", "--epochs", "1")
     assert result.returncode == 2
     assert one_line_error(result.stderr) and "runs on JAX only" in result.stderr
+
+
+@jax_only
+def test_bench_overhead_on_4_devices(tmp_path):
+    """``bench_adaptive --part overhead --devices 4``: a worker with 4 virtual devices times the
+    plain and the adaptive data-parallel trainers (finite figures; no timing thresholds)."""
+    import json
+
+    from kbackend.bench.registry import BENCHMARKS
+    from kbackend.bench.runner import run
+
+    out = tmp_path / "out"
+    options = ["--quick", "--backends", "jax", "--part", "overhead", "--devices", "4",
+               "--out", str(out)]
+    assert run(BENCHMARKS["bench_adaptive"], options) == 0
+    rows = json.loads((out / "bench_adaptive.json").read_text())["rows"]
+    assert [(r["batch_size"], r["devices"]) for r in rows] == [(8, 4), (32, 4)]
+    assert all(math.isfinite(r["ratio"]) and r["ratio"] > 0 for r in rows)

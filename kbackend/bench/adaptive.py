@@ -391,10 +391,14 @@ def adaptive_table(payload: dict[str, Any]) -> str:
     parts = []
     overhead_rows = [r for r in payload["rows"] if r.get("part") == "overhead"]
     if overhead_rows:
+        devices = max(int(row.get("devices") or 1) for row in overhead_rows)
+        where = f"data parallel on {devices} devices, global batch; " if devices > 1 else ""
+        measured = "per-device-norm" if devices > 1 else "micro-batched"
         parts.append(
-            "Overhead of the estimator (K = 8 fused steps; median us/step [min, max]):\n\n"
+            f"Overhead of the estimator ({where}K = 8 fused steps; median us/step "
+            "[min, max]):\n\n"
             + markdown_rows(
-                ["backend", "batch", "plain us/step", "micro-batched us/step", "ratio"],
+                ["backend", "batch", "plain us/step", f"{measured} us/step", "ratio"],
                 ([row["backend"], str(row["batch_size"]), _interval(row["plain_us"], ".1f"),
                   _interval(row["adaptive_us"], ".1f"), f"{row['ratio']:.2f}"]
                  for row in overhead_rows)))

@@ -159,6 +159,18 @@ def test_a_data_parallel_auto_run_grows_and_trains(dp_run):
 
 
 @jax_only
+def test_pmap_grows_as_shard_map(dp_run):
+    """``--dp-impl pmap`` runs the same step: the same ranges and, to float tolerance, losses."""
+    history = train(dp_config(dp_impl="pmap")).history
+    assert history.record.dp_impl == "pmap"
+    ranges = history.record.adaptive_batch["ranges"]
+    expected = dp_run.history.record.adaptive_batch["ranges"]
+    assert [(r["step"], r["batch_size"]) for r in ranges] == [
+        (r["step"], r["batch_size"]) for r in expected]
+    np.testing.assert_allclose(history.loss, dp_run.history.loss, rtol=1e-4, atol=1e-5)
+
+
+@jax_only
 def test_default_bounds_on_devices_probe_the_data_parallel_knee():
     """``auto`` alone on 4 devices: MIN max(8, 4) = 8, MAX the knee of the data-parallel calls
     (a power of two, so a multiple of the devices), measured once and recorded."""

@@ -247,10 +247,10 @@ def check_adaptive_batch(config: TrainConfig) -> None:
     if not isinstance(config.adaptive_batch, AutoBatchSize):
         raise ConfigError(f"Invalid adaptive_batch {config.adaptive_batch!r}: expected an "
                           "AutoBatchSize (pass batch_size='auto[:MIN:MAX]').")
-    if config.engine != "native" or config.data_parallel or config.devices > 1 \
-            or config.num_processes > 1:
-        raise ConfigError("--batch-size auto runs on the native engine (one device): use "
-                          "--engine native without data parallelism.")
+    if config.engine not in ("native", "data_parallel") or config.num_processes > 1:
+        raise ConfigError("--batch-size auto runs on the native engine in one process (one "
+                          "device, or data parallel with --devices N): use --engine native "
+                          "without --num-processes.")
     spec = config.optimizer
     if spec.schedule != "constant" or spec.warmup_steps:
         raise ConfigError("--batch-size auto grows the batch instead of a learning-rate "

@@ -125,6 +125,7 @@ def train(
     dataset = dataset if dataset is not None else load_dataset(config)
     n_train = len(dataset.x_train)
     devices = distributed.device_count(config) if distributed.is_parallel(config) else 1
+    config = adaptive_engine.for_devices(config, devices)  # --batch-size auto's checks
     # Every number from the batch size to the step, once, after the checks (``Engine.plan``).
     plan = engine.plan(config, n_train, devices)
     if model is None:  # its training state must fit in memory: checked before it is built
@@ -132,7 +133,7 @@ def train(
         with precision_scope(config.precision):
             model = build_model(config.model, dataset.info, config.model_options)
     start = time.perf_counter()
-    if config.adaptive_batch is not None:  # the native engine with a growing batch
+    if config.adaptive_batch is not None:  # the native engines with a growing batch
         history = adaptive_engine.train(model, dataset, plan, config, reporter)
     else:
         history = engine(model, dataset, plan, config, reporter)

@@ -85,7 +85,8 @@ def test_bad_bounds_are_one_line_errors(batch_size, message):
 
 @pytest.mark.parametrize(("overrides", "message"), [
     ({"engine": "keras"}, "runs on the native engine"),
-    ({"engine": "native", "data_parallel": True}, "runs on the native engine"),
+    ({"engine": "keras", "data_parallel": True}, "runs on the native engine"),
+    ({"num_processes": 2, "coordinator": "127.0.0.1:12355"}, "in one process"),
     ({"optimizer": OptimizerSpec("adam", 1e-3, schedule="cosine")}, "--schedule constant"),
     ({"lr_scaling": "cubic"}, "Invalid --lr-scaling"),
 ])

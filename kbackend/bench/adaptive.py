@@ -12,7 +12,9 @@ and no XLA on TensorFlow (``--jit``): a smoke run, not the figures.)
 
 ``overhead``: one epoch of fused native steps (K = 8) per batch size with the plain trainer and
 with the adaptive trainer (micro-batched gradients and the two norms), alternated, ``--repeats``
-times after a compiling epoch; median us/step with [min, max], and the ratio of medians.
+times after a compiling epoch; median us/step with [min, max], and the ratio of medians. With
+``--devices N`` (N > 1; JAX; N virtual devices on a CPU) the two are the data-parallel trainer
+and the data-parallel adaptive one (per-device norms), each batch size the global one.
 
 ``compare``: per seed, ``train()`` on the native engine at every fixed batch size (each with the
 best of the ``--rates``) and with ``--batch-size auto:MIN:MAX`` for each ``--lr-scalings`` and
@@ -32,12 +34,23 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from kbackend.adaptive import AutoBatchSize
 from kbackend.backend_choice import active_backend
 from kbackend.backends import adaptive, impl
-from kbackend.bench.spec import Benchmark, Option, Rows, Settings, int_list
+from kbackend.bench.spec import (
+    Benchmark,
+    Option,
+    Rows,
+    Settings,
+    WorkerSpec,
+    int_list,
+    one_per_backend,
+)
+from kbackend.data import batching
 from kbackend.engines.loop import EpochRunner
-from kbackend.errors import KBackendError
+from kbackend.errors import ConfigError, KBackendError
 from kbackend.io import atomic_write
 from kbackend.models import ModelOptions, build_model
 from kbackend.optim import OptimizerSpec
@@ -109,7 +122,53 @@ def _options(settings: Settings) -> dict[str, Any]:
                                                   or impl().native_loop_uses_xla(False))
     chosen["repeats"] = settings.rounds(quick=2, full=7)
     chosen["overhead_samples"] = QUICK_OVERHEAD_SAMPLES if settings.quick else None
+    chosen["devices"] = given.get("devices") or 1
     return chosen
+
+
+def adaptive_workers(settings: Settings, backends: Any) -> list[WorkerSpec]:
+    """One worker per backend; with ``--devices N`` (N > 1) each with N (virtual) devices."""
+    devices = settings.options.get("devices") or 1
+    if devices <= 1:
+        return one_per_backend(settings, backends)
+    return [WorkerSpec(f"{backend}, {devices} devices", backend, devices)
+            for backend in backends]
+
+
+class PacedEpochRunner(EpochRunner):
+    """``EpochRunner``'s epoch with at most two calls in flight, as ``engines.loop`` runs them
+    (a call's losses are read once the next one is dispatched). With a whole epoch of calls
+    queued, XLA:CPU's all-reduce across 4 virtual devices deadlocked here ("Expected 4 threads
+    to join the rendezvous, but only 2 of them arrived", 2 cores under load)."""
+
+    def __call__(self) -> Any:
+        rows = self.trainer.put_epoch(
+            batching.epoch_batches(self.n_train, self.batch_size, self.seed, self.epoch))
+        self.epoch += 1
+        losses, pending, start = [], [], 0
+        for length in self.lengths:
+            self.compile_time += self.trainer.compile(length, rows)
+            pending.append(self.trainer.run(rows, start, length))
+            start += length
+            if len(pending) == 2:
+                losses.append(self.trainer.fetch(pending.pop(0)))
+        losses += [self.trainer.fetch(handle) for handle in pending]
+        return np.concatenate(losses)
+
+
+def _trainers(model_plain: Any, model_adaptive: Any, spec: Any, dataset: Any, batch: int,
+              opts: dict[str, Any]) -> tuple[Any, Any]:
+    """The plain trainer and the adaptive one: native, or data parallel on ``--devices``."""
+    devices = opts["devices"]
+    if devices <= 1:
+        return (impl().native_trainer(model_plain, spec, dataset, jit_compile=opts["jit"]),
+                adaptive().AdaptiveTrainer(model_adaptive, spec, dataset,
+                                           jit_compile=opts["jit"]))
+    if adaptive().DATA_PARALLEL_REFUSAL is not None:
+        raise ConfigError(adaptive().DATA_PARALLEL_REFUSAL)
+    kwargs = dict(devices=devices, batch_size=batch, dp_impl="shard_map")
+    return (impl().data_parallel_trainer(model_plain, spec, dataset, **kwargs),
+            adaptive().DataParallelAdaptiveTrainer(model_adaptive, spec, dataset, **kwargs))
 
 
 # -- overhead ------------------------------------------------------------------------------
@@ -128,12 +187,11 @@ def overhead(opts: dict[str, Any]) -> list[dict[str, Any]]:
     for batch in opts["batch_sizes"]:
         model_plain = build_model(opts["model"], dataset.info, config.model_options)
         model_adaptive = build_model(opts["model"], dataset.info, config.model_options)
-        plain = impl().native_trainer(model_plain, spec, dataset, jit_compile=opts["jit"])
-        grown = adaptive().AdaptiveTrainer(model_adaptive, spec, dataset, jit_compile=opts["jit"])
+        plain, grown = _trainers(model_plain, model_adaptive, spec, dataset, batch, opts)
         steps = n // batch
         fused = min(FUSED_STEPS, steps)
-        runners = {"plain": EpochRunner(plain, n, batch, fused),
-                   "adaptive": EpochRunner(grown, n, batch, fused)}
+        kind = EpochRunner if opts["devices"] <= 1 else PacedEpochRunner
+        runners = {"plain": kind(plain, n, batch, fused), "adaptive": kind(grown, n, batch, fused)}
         for runner in runners.values():
             runner()  # compiles
         grown.take_noise_norms()
@@ -146,13 +204,14 @@ def overhead(opts: dict[str, Any]) -> list[dict[str, Any]]:
             grown.take_noise_norms()
         plain_us, adaptive_us = median_interval(times["plain"]), median_interval(times["adaptive"])
         row = {"part": "overhead", "case": f"batch {batch}", "batch_size": batch,
+               "devices": opts["devices"],
                "steps_per_epoch": steps, "fused_steps": fused,
                "plain_us_per_step": plain_us["median"],
                "adaptive_us_per_step": adaptive_us["median"],
                "ratio": adaptive_us["median"] / plain_us["median"],
                "plain_us": plain_us, "adaptive_us": adaptive_us}
         rows.append(row)
-        say(f"batch {batch:5d}: plain {row['plain_us_per_step']:9.1f} us/step, micro-batched "
+        say(f"batch {batch:5d}: plain {row['plain_us_per_step']:9.1f} us/step, adaptive "
             f"{row['adaptive_us_per_step']:9.1f} us/step, ratio {row['ratio']:.2f}")
     return rows
 
@@ -311,7 +370,8 @@ def measure_adaptive(settings: Settings) -> Rows:
     summary = {name: opts[name] for name in ("part", "model", "dataset", "optimizer", "jit")}
     summary.update(fused_steps=FUSED_STEPS, plot=plot_path)
     if opts["part"] in ("overhead", "both"):
-        summary.update(repeats=opts["repeats"], batch_sizes=opts["batch_sizes"])
+        summary.update(repeats=opts["repeats"], batch_sizes=opts["batch_sizes"],
+                       devices=opts["devices"])
     if opts["part"] in ("compare", "both"):
         summary.update({name: opts[name] for name in (
             "fixed", "rates", "lr_scalings", "auto_min", "auto_max", "seeds", "epochs",
@@ -331,10 +391,14 @@ def adaptive_table(payload: dict[str, Any]) -> str:
     parts = []
     overhead_rows = [r for r in payload["rows"] if r.get("part") == "overhead"]
     if overhead_rows:
+        devices = max(int(row.get("devices") or 1) for row in overhead_rows)
+        where = f"data parallel on {devices} devices, global batch; " if devices > 1 else ""
+        measured = "per-device-norm" if devices > 1 else "micro-batched"
         parts.append(
-            "Overhead of the estimator (K = 8 fused steps; median us/step [min, max]):\n\n"
+            f"Overhead of the estimator ({where}K = 8 fused steps; median us/step "
+            "[min, max]):\n\n"
             + markdown_rows(
-                ["backend", "batch", "plain us/step", "micro-batched us/step", "ratio"],
+                ["backend", "batch", "plain us/step", f"{measured} us/step", "ratio"],
                 ([row["backend"], str(row["batch_size"]), _interval(row["plain_us"], ".1f"),
                   _interval(row["adaptive_us"], ".1f"), f"{row['ratio']:.2f}"]
                  for row in overhead_rows)))
@@ -386,7 +450,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                   Option("--target", "compare: validation accuracy target (default 0.65, "
                          "quick 0.9)", float),
                   Option("--jit", "on or off: XLA compilation of the native steps (default "
-                         "on; quick: off on tensorflow)", _jit)),
+                         "on; quick: off on tensorflow)", _jit),
+                  Option("--devices", "overhead: N > 1 compares the data-parallel trainers "
+                         "on N devices (JAX; N virtual devices on a CPU) (default 1)", int)),
+              workers=adaptive_workers,
               table=adaptive_table,
               note="overhead: medians of alternated epochs after a compiling one; compare: "
                    "medians over seeds of each seed's best rate; time includes compilation"),

@@ -19,6 +19,14 @@ The learning rate configured is the rate at MIN; ``--lr-scaling`` says how it fo
 (``kbackend.adaptive.scaled_learning_rate``; ``adascale`` is re-evaluated at every evaluation
 point). A schedule is refused: the growing batch is the schedule (Smith et al. 2018), and a
 schedule's horizon in steps means nothing while steps per epoch change.
+
+Data parallel (``--engine data_parallel`` / ``--data-parallel`` / ``--devices N``, one process,
+JAX): the trainer is ``DataParallelAdaptiveTrainer``, whose per-device shards are the
+micro-batches (each device's gradient of its shard and their all-reduced mean: the estimator's
+two batch sizes at no extra gradient). Everything else above is the same code. The batch is the
+global one, doubling from MIN (default ``max(8, devices)``), so with a power-of-two device count
+every size is a multiple of the devices with a power-of-two per-device batch
+(``for_devices``); the knee probe times the data-parallel calls.
 """
 
 from __future__ import annotations
@@ -66,6 +74,37 @@ def check_adaptive_options(config: Any) -> None:
     if spec.schedule != "constant" or spec.warmup_steps:
         raise ConfigError("--batch-size auto grows the batch instead of a learning-rate "
                           "schedule: use --schedule constant without warm-up.")
+
+
+def for_devices(config: Any, devices: int) -> Any:
+    """``config`` for a run on ``devices`` devices, checked before any work: on several, the
+    backend must have a data-parallel adaptive trainer, the device count must be a power of two
+    (the doubling global batch then stays a multiple of it) and MIN at least one sample per
+    device (the default MIN becomes ``max(8, devices)``)."""
+    auto = config.adaptive_batch
+    if auto is None or devices <= 1:
+        return config
+    refusal = adaptive_backend().DATA_PARALLEL_REFUSAL
+    if refusal is not None:
+        raise ConfigError(refusal)
+    if devices & (devices - 1):
+        raise ConfigError(f"--batch-size auto doubles the global batch, which stays a multiple "
+                          f"of the devices only on a power-of-two count: use --devices "
+                          f"{1 << (devices.bit_length() - 1)}. Received: {devices} devices.")
+    if auto.minimum is None:
+        minimum = max(DEFAULT_MIN_BATCH, devices)
+        if auto.maximum is not None:
+            if auto.maximum < devices:
+                raise ConfigError(f"--batch-size auto MAX {auto.maximum} is below the {devices} "
+                                  "devices: each device needs at least one sample.")
+            minimum = min(minimum, auto.maximum)
+        return replace(config, batch_size=minimum,
+                       adaptive_batch=AutoBatchSize(minimum, auto.maximum))
+    if auto.minimum < devices:
+        raise ConfigError(f"--batch-size auto MIN {auto.minimum} is below the {devices} devices: "
+                          f"each device needs at least one sample (use auto:{devices}:... or "
+                          "more).")
+    return config
 
 
 def plan_at(plan: TrainPlan, config: Any, batch_size: int, step: int, epoch: int,
@@ -195,21 +234,24 @@ def probe_knee(trainer: Any, n_train: int, minimum: int, fused_steps: int,
 
 
 def knee_key(model: Any, dataset: Any, spec: Any, minimum: int, fused_steps: int,
-             jit_compile: bool) -> str:
+             jit_compile: bool, devices: int = 1) -> str:
     """What the knee depends on: the network's layers and shapes, the data's shape and size,
-    the optimizer, MIN, K, XLA, and the backend, versions and device."""
+    the optimizer, MIN, K, XLA, the devices a step runs on, and the backend, versions and
+    device."""
     layers = [(type(layer).__name__, [list(w.shape) for w in layer.weights])
               for layer in model._flatten_layers(include_self=False)]
     payload = {"layers": layers, "policy": str(model.dtype_policy.name),
                "input": list(dataset.x_train.shape[1:]), "num_train": len(dataset.x_train),
                "optimizer": spec.name, "minimum": minimum, "fused_steps": fused_steps,
                "xla": jit_compile, **environment_identity()}
+    if devices > 1:  # (a one-device key stays what it was: cached knees remain valid)
+        payload["devices"] = devices
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def resolve_bounds(auto: AutoBatchSize, trainer: Any, model: Any, dataset: Any, spec: Any,
-                   fused_steps: int, jit_compile: bool,
-                   seed: int = 0) -> tuple[BatchBounds, dict[str, Any] | None]:
+                   fused_steps: int, jit_compile: bool, seed: int = 0,
+                   devices: int = 1) -> tuple[BatchBounds, dict[str, Any] | None]:
     """MIN and MAX of the run (a default MAX measured by ``probe_knee``, once per machine);
     the probe's record (None when MAX was given)."""
     n_train = len(dataset.x_train)
@@ -217,7 +259,7 @@ def resolve_bounds(auto: AutoBatchSize, trainer: Any, model: Any, dataset: Any, 
     if auto.maximum is not None:
         return auto.resolved(DEFAULT_MIN_BATCH, auto.maximum), None
     start = time.perf_counter()
-    key = (knee_key(model, dataset, spec, minimum, fused_steps, jit_compile)
+    key = (knee_key(model, dataset, spec, minimum, fused_steps, jit_compile, devices)
            if compile_cache_enabled() else "")
     entry, cached = machine_measurement(
         KNEE_PROBE_FILE, key, lambda: probe_knee(trainer, n_train, minimum, fused_steps, seed))
@@ -242,27 +284,42 @@ def epoch_rest(n_train: int, batch_size: int, seed: int, epoch: int, shuffle: bo
     return order[: steps * batch_size].reshape(steps, batch_size)
 
 
+def make_trainer(model: Any, dataset: Any, plan: TrainPlan, config: Any) -> Any:
+    """The adaptive trainer of ``plan``: micro-batched on one device, the data-parallel one on
+    several (``plan.devices``, checked by ``for_devices``)."""
+    module = adaptive_backend()
+    if plan.devices > 1:
+        return module.DataParallelAdaptiveTrainer(model, plan.optimizer, dataset,
+                                                  devices=plan.devices,
+                                                  batch_size=plan.batch_size,
+                                                  dp_impl=config.dp_impl, task=config.task)
+    return module.AdaptiveTrainer(model, plan.optimizer, dataset, jit_compile=config.jit_compile,
+                                  task=config.task)
+
+
 def train(model: Any, dataset: Any, plan: TrainPlan, config: Any,
           reporter: Any = None) -> History:
-    """Train ``model`` in place on the native engine with a batch that grows with the measured
-    noise scale (``config.adaptive_batch``, ``config.lr_scaling``); the history in kbackend's
-    format, its step ranges in ``record.adaptive_batch``."""
+    """Train ``model`` in place on the native engine (one device, or data parallel over
+    ``plan.devices``) with a batch that grows with the measured noise scale
+    (``config.adaptive_batch``, ``config.lr_scaling``); the history in kbackend's format, its
+    step ranges in ``record.adaptive_batch``."""
     check_adaptive_options(config)
     spec = plan.optimizer
     fused = plan.fused_steps or DEFAULT_FUSED_STEPS
     compile_model(model, spec, config)  # for evaluate/predict/save afterwards (as native's)
     backend = impl()
     with backend.compilation_counter() as compiled:
-        trainer = adaptive_backend().AdaptiveTrainer(model, spec, dataset,
-                                                     jit_compile=config.jit_compile,
-                                                     task=config.task)
+        trainer = make_trainer(model, dataset, plan, config)
         bounds, probe = resolve_bounds(config.adaptive_batch, trainer, model, dataset, spec,
-                                       fused, config.jit_compile, config.seed)
+                                       fused, config.jit_compile, config.seed, plan.devices)
         check_bounds_fit(bounds, plan.n_train)
         controller = AdaptiveBatch(trainer, config, bounds, spec.learning_rate, reporter)
         start_plan = plan_at(replace(plan, fused_steps=fused), config, bounds.minimum, 0, 0, 0)
         history = History()
         history.record.engine, history.record.decay_steps = "native", spec.decay_steps
+        if plan.devices > 1:  # per-device batch at MIN; each range's is its size / devices
+            history.record.devices, history.record.processes = plan.devices, plan.processes
+            history.record.per_device_batch = bounds.minimum // plan.devices
         history = loop.run(trainer, start_plan, config, reporter, history=history,
                            policy=controller)
         history.test = dict(zip(("test_loss", f"test_{config.task.metric}"),

@@ -28,11 +28,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import PartitionSpec
 
 from kbackend.adaptive import DEFAULT_MEASURE_EVERY, micro_batches_for
-from kbackend.backends.jax.native import NativeTrainer
-from kbackend.backends.jax.step import StepMetrics, TrainState, scan_steps
+from kbackend.backends.jax.data_parallel import DataParallelTrainer
+from kbackend.backends.jax.native import NativeTrainer, make_evaluator
+from kbackend.backends.jax.step import (
+    AXIS,
+    StepMetrics,
+    TrainState,
+    make_train_step,
+    replicate,
+    scan_steps,
+)
 from kbackend.task import CLASSIFICATION, Task
+
+# Why ``--batch-size auto`` cannot run data parallel on this backend (None: it can, with
+# ``DataParallelAdaptiveTrainer``); the same name in both backends.
+DATA_PARALLEL_REFUSAL: str | None = None
 
 
 class NoiseNorms(NamedTuple):
@@ -223,3 +236,97 @@ class AdaptiveTrainer(NativeTrainer):
     def restore_state(self, copy: Any) -> None:
         """Put back a ``state_copy`` (the knee probe trains; the run starts where it was)."""
         self.state = jax.tree.map(lambda leaf: jax.device_put(np.asarray(leaf)), copy)
+
+
+def device_noise_norms(shard_grads: Any, mean_grads: Any) -> NoiseNorms:
+    """``make_step``'s ``observe`` for a data-parallel step: this device's squared gradient norm
+    (its shard's, shape ``(1,)``) and that of the mean, the update's (the same on every device).
+    The shards are the micro-batches (McCandlish et al. 2018, appendix A). No collective: the
+    per-device values leave the program sharded (``DEVICE_NORMS_SPEC``: ``(K, devices)``)."""
+    return NoiseNorms(squared_norm(shard_grads)[None], squared_norm(mean_grads))
+
+
+# device_noise_norms's values over K steps under shard_map: (K, devices) sharded, (K,) replicated
+DEVICE_NORMS_SPEC = NoiseNorms(PartitionSpec(None, AXIS), PartitionSpec())
+
+
+class DataParallelAdaptiveTrainer(DataParallelTrainer):
+    """``--batch-size auto`` on the data-parallel engine (one process, ``devices`` devices).
+
+    The plain data-parallel step (``step.make_step`` under ``shard_map`` / ``pmap``) with
+    ``device_noise_norms`` observing it: each device's gradient of its shard and the all-reduced
+    mean are the two batch sizes of the estimator (b = per-device batch, B = global batch), so
+    every step is measured at the cost of one squared norm per device and an all-gather of
+    ``devices`` scalars, with no extra gradient. The update is the plain step's. Each (global
+    batch size, call length) is compiled once (``trace_counts_by_size``); ``fetch`` keeps a
+    call's ``NoiseNorms`` (``(K, devices)`` and ``(K,)``) for ``take_noise_norms``, as
+    ``AdaptiveTrainer`` does, so ``engines.adaptive`` drives both alike.
+    """
+
+    def __init__(self, model: Any, spec: Any, dataset: Any, *, devices: int, batch_size: int,
+                 dp_impl: str = "shard_map", task: Task = CLASSIFICATION) -> None:
+        super().__init__(model, spec, dataset, devices=devices, batch_size=batch_size,
+                         dp_impl=dp_impl, task=task)
+        self.dataset, self.task = dataset, task
+        self._sized: dict[tuple[int, int], Any] = {}
+        self.trace_counts_by_size: dict[tuple[int, int], int] = {}
+        self._norms: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self._evaluate_test: Any = None
+
+    def _make_step(self, model: Any, tx: Any, dp_impl: str, task: Task) -> Any:
+        return make_train_step(model, tx, self.mesh, dp_impl, self.unroll, task,
+                               observe=device_noise_norms, observed_spec=DEVICE_NORMS_SPEC)
+
+    def compile(self, length: int, epoch_rows: np.ndarray) -> float:
+        """Compile the ``length``-step call at the rows' global batch size if needed."""
+        key = (int(epoch_rows.shape[-1]) * jax.process_count(), length)
+        if key in self._sized:
+            return 0.0
+        started = time.perf_counter()
+        self.trace_counts_by_size[key] = self.trace_counts_by_size.get(key, 0) + 1
+        self.trace_counts[length] = self.trace_counts.get(length, 0) + 1
+        self._sized[key] = self.step.lower(self.state,
+                                           self._batches(epoch_rows, 0, length)).compile()
+        return time.perf_counter() - started
+
+    def run(self, epoch_rows: np.ndarray, start: int, length: int) -> Any:
+        batch = int(epoch_rows.shape[-1]) * jax.process_count()
+        self.state, (metrics, norms) = self._sized[batch, length](
+            self.state, self._batches(epoch_rows, start, length))
+        return batch, metrics.loss, norms
+
+    def fetch(self, handle: Any) -> np.ndarray:
+        """A call's global-batch losses on the host; its noise norms kept."""
+        batch, losses, norms = handle
+        losses, micro, big = jax.device_get(jax.block_until_ready((losses, *norms)))
+        if self.pmap:  # (devices, K, ...): device d's values; micro (devices, K, 1)
+            losses, big, micro = losses[0], big[0], np.moveaxis(micro[..., 0], 0, 1)
+        self._norms.append((batch, np.asarray(micro, np.float64), np.asarray(big, np.float64)))
+        return np.asarray(losses)
+
+    def take_noise_norms(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """``(batch, per-device (K, devices), mean (K,))`` of each call fetched since the last
+        take."""
+        taken, self._norms = self._norms, []
+        return taken
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        """The base rate of the next steps (optimizer state: nothing is compiled again)."""
+        rate = np.float32(learning_rate)
+        value = (np.full((self.count,), rate) if self.pmap else replicate(rate, self.mesh))
+        self.state = self.state._replace(
+            opt_state=self.state.opt_state._replace(learning_rate=value))
+
+    def state_copy(self) -> Any:
+        """A host copy of everything a step changes (one device's: they are the same)."""
+        return self._host_state()
+
+    def restore_state(self, copy: Any) -> None:
+        self.state = self._place_state(copy)
+
+    def evaluate_test(self) -> tuple[float, float]:
+        """Test loss and metric on this process's copy of the parameters."""
+        if self._evaluate_test is None:
+            self._evaluate_test = make_evaluator(self.model, self.dataset, "test", task=self.task)
+        current = self._host_state()
+        return self._evaluate_test(current.trainable, current.non_trainable)

@@ -46,25 +46,27 @@ class DataParallelTrainer:
 
     def __init__(self, model: Any, spec: Any, dataset: Any, *, devices: int, batch_size: int,
                  dp_impl: str, task: Task = CLASSIFICATION) -> None:
-        count, batch = devices, batch_size
-        processes, process = jax.process_count(), jax.process_index()
-        if dp_impl == "pmap" and processes > 1:
+        count = devices
+        if dp_impl == "pmap" and jax.process_count() > 1:
             raise ConfigError("--dp-impl pmap runs in one process; use --dp-impl shard_map for "
                               "multi-process jobs.")
         self.model, self.pmap, self.count = model, dp_impl == "pmap", count
         self.mesh = make_mesh(jax.devices()[:count])
         tx = to_optax(spec)
         self.unroll = unrolls_its_loop(model)
-        self.step = make_train_step(model, tx, self.mesh, dp_impl, self.unroll, task)
+        self.step = self._make_step(model, tx, dp_impl, task)
         start = initial_state(model, tx, spec)
         self.state = self._place_state(start)
-        self.columns = slice(process * (batch // processes), (process + 1) * (batch // processes))
+        self.batch_size = batch_size  # global; each epoch's rows may have another (put_epoch)
         self.x_train, self.y_train = dataset.x_train, dataset.y_train
         self._evaluate = make_evaluator(model, dataset, task=task)
         self._compiled: dict[int, Any] = {}
         self.trace_counts: dict[int, int] = {}
         self.run_record = RunRecord(engine="data_parallel", dp_impl=dp_impl,
                                     losses_are_global_batch_means=True, unrolled_loop=self.unroll)
+
+    def _make_step(self, model: Any, tx: Any, dp_impl: str, task: Task) -> Any:
+        return make_train_step(model, tx, self.mesh, dp_impl, self.unroll, task)
 
     def _place_state(self, state: Any) -> Any:
         return replicate_for_pmap(state, self.count) if self.pmap else replicate(state, self.mesh)
@@ -82,8 +84,11 @@ class DataParallelTrainer:
 
     # -- training -------------------------------------------------------------------------
     def put_epoch(self, rows: np.ndarray) -> np.ndarray:
-        """This process's columns of the epoch's ``(steps, global batch)`` index matrix (host)."""
-        return rows[:, self.columns]
+        """This process's columns of the epoch's ``(steps, global batch)`` index matrix (host):
+        block p of ``processes`` equal blocks."""
+        width = rows.shape[1] // jax.process_count()
+        start = jax.process_index() * width
+        return rows[:, start:start + width]
 
     def compile(self, length: int, epoch_rows: np.ndarray) -> float:
         """Compile the ``length``-step call if needed; the seconds it took (0.0 if cached)."""

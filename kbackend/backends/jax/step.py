@@ -178,29 +178,37 @@ def synced_batch_norm(model: Any, axis_name: str | None) -> Iterator[None]:
 
 
 def make_step(model: Any, tx: Any, axis_name: str | None = None,
-              task: Task = CLASSIFICATION) -> Callable[..., Any]:
+              task: Task = CLASSIFICATION,
+              observe: Callable[[Any, Any], Any] | None = None) -> Callable[..., Any]:
     """One train step ``(state, (x, y)) -> (state, StepMetrics)`` with optax transform ``tx``.
 
     Without ``axis_name`` this is the single-device step. With it, the step runs on one
     device's shard (under ``shard_map`` / ``pmap``): BatchNorm statistics are those of the whole
     batch, and gradients and metrics are averaged over the axis, which for equal shards gives
     the gradient and loss of the global-batch mean.
+
+    ``observe(shard_grads, mean_grads)``, if given, sees this device's gradients and their mean
+    over the axis (the update's) and its value is returned beside the metrics: ``(state,
+    (StepMetrics, observed))``; the update is the same (``--batch-size auto`` data parallel).
     """
     grad_fn = jax.value_and_grad(make_loss_fn(model, task), has_aux=True)
 
     def mean_over_devices(value: Any) -> Any:
         return value if axis_name is None else lax.pmean(value, axis_name)
 
-    def step(state: TrainState, batch: tuple[Any, Any]) -> tuple[TrainState, StepMetrics]:
+    def step(state: TrainState, batch: tuple[Any, Any]) -> tuple[TrainState, Any]:
         x, y = batch
         with synced_batch_norm(model, axis_name):
             (loss, (non_trainable, metric)), grads = grad_fn(
                 state.trainable, state.non_trainable, x, y)
-        grads = mean_over_devices(grads)
+        shard_grads, grads = grads, mean_over_devices(grads)
         updates, opt_state = tx.update(grads, state.opt_state, state.trainable)
         trainable = optax.apply_updates(state.trainable, updates)
         metrics = StepMetrics(mean_over_devices(loss), mean_over_devices(metric))
-        return TrainState(trainable, non_trainable, opt_state), metrics
+        new_state = TrainState(trainable, non_trainable, opt_state)
+        if observe is None:
+            return new_state, metrics
+        return new_state, (metrics, observe(shard_grads, grads))
 
     return step
 
@@ -223,14 +231,16 @@ def scan_steps(body: Any, state: Any, xs: Any, unroll: bool) -> tuple[Any, Any]:
 
 
 def make_step_body(model: Any, tx: Any, axis_name: str | None,
-                   unroll: bool = False, task: Task = CLASSIFICATION) -> Callable[..., Any]:
+                   unroll: bool = False, task: Task = CLASSIFICATION,
+                   observe: Callable[[Any, Any], Any] | None = None) -> Callable[..., Any]:
     """K fused steps ``(state, (xs, ys)) -> (state, StepMetrics)`` on one device's shard.
 
     With ``axis_name`` the gradients, metrics and BatchNorm statistics are averaged over that
     axis (run it under ``shard_map`` / ``pmap``); without it this is the single-device step.
-    ``unroll`` writes the K steps out instead of looping (``scan_steps``).
+    ``unroll`` writes the K steps out instead of looping (``scan_steps``); ``observe``: as
+    ``make_step``'s (its values stacked over the K steps).
     """
-    one_step = make_step(model, tx, axis_name, task)
+    one_step = make_step(model, tx, axis_name, task, observe)
 
     def fused_steps(state: TrainState, batches: tuple[Any, Any]) -> tuple[TrainState, StepMetrics]:
         return scan_steps(one_step, state, batches, unroll)
@@ -245,24 +255,29 @@ def make_mesh(devices: list[Any]) -> Mesh:
 
 def make_train_step(model: Any, tx: Any, mesh: Mesh | None = None,
                     impl: str = "shard_map", unroll: bool = False,
-                    task: Task = CLASSIFICATION) -> jax.stages.Wrapped:
+                    task: Task = CLASSIFICATION,
+                    observe: Callable[[Any, Any], Any] | None = None,
+                    observed_spec: Any = None) -> jax.stages.Wrapped:
     """The jitted train step ``(state, (xs, ys)) -> (state, StepMetrics)``; the state is donated.
 
     ``mesh=None``: single device, no collectives. ``impl="shard_map"``: ``xs`` of shape
     ``(K, B, ...)`` sharded along B over the mesh (see ``shard_batch``), state replicated
     (``replicate``). ``impl="pmap"``: the same body under ``jax.pmap``; state and batches carry a
     leading device axis (``replicate_for_pmap``, ``split_for_pmap``). ``unroll``: the K steps
-    written out, not looped (``unrolls_its_loop``).
+    written out, not looped (``unrolls_its_loop``). ``observe``: as ``make_step``'s;
+    ``observed_spec`` the ``PartitionSpec`` (tree) of its values stacked over the K steps under
+    ``shard_map`` (default replicated, ``P()``); under pmap every device's values come back.
     """
     if mesh is None:
-        return jax.jit(make_step_body(model, tx, None, unroll, task), donate_argnums=0)
-    body = make_step_body(model, tx, AXIS, unroll, task)
+        return jax.jit(make_step_body(model, tx, None, unroll, task, observe), donate_argnums=0)
+    body = make_step_body(model, tx, AXIS, unroll, task, observe)
     if impl == "pmap":
         return jax.pmap(body, axis_name=AXIS, devices=list(mesh.devices.flat), donate_argnums=0)
     # check_vma=False: pmap semantics, where gradients of replicated parameters are per-device
     # values that the body averages explicitly with lax.pmean.
+    outputs = P() if observe is None else (P(), P() if observed_spec is None else observed_spec)
     sharded = jax.shard_map(body, mesh=mesh, in_specs=(P(), P(None, AXIS)),
-                            out_specs=(P(), P()), check_vma=False)
+                            out_specs=(P(), outputs), check_vma=False)
     return jax.jit(sharded, donate_argnums=0)
 
 

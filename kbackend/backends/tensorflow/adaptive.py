@@ -26,6 +26,15 @@ from kbackend.backends.tensorflow.native import NativeTrainer
 from kbackend.backends.tensorflow.ops import jit_function
 from kbackend.task import CLASSIFICATION, Task
 
+# Why ``--batch-size auto`` cannot run data parallel here (JAX's ``DataParallelAdaptiveTrainer``
+# can): the tf.distribute step (``data_parallel.DataParallelTrainer``) sums the replicas'
+# gradients inside the Keras optimizer's ``apply`` and fixes the global batch in its loss, so
+# neither a replica's own gradient norm nor another batch size is within reach of the step.
+DATA_PARALLEL_REFUSAL: str | None = (
+    "--batch-size auto with data parallelism runs on JAX only: TensorFlow's tf.distribute step "
+    "reduces the replicas' gradients inside the optimizer and fixes the global batch; use "
+    "KERAS_BACKEND=jax, or --engine native on one device.")
+
 
 def _dense(gradient: Any, variable: Any) -> tf.Tensor:
     """A dense gradient (zeros where the loss does not reach the variable; an Embedding's

@@ -63,6 +63,16 @@ def test_table_of_one_part_and_a_cell_that_missed():
     assert "Overhead" not in table and "trajectories" not in table
 
 
+def test_table_of_an_even_number_of_seeds():
+    # The median of two seeds' steps is a float (it crashed the table once, losing the JSON).
+    steps = {"median": 250.5, "min": 240, "max": 261, "n": 2, "of": 2}
+    payload = {"rows": [{"backend": "jax", "part": "compare", "case": "auto sqrt max 512",
+                         "reached": 2, "seeds": 2, "steps": steps, "samples": steps,
+                         "time_s": {"median": 1.5, "min": 1.0, "max": 2.0, "n": 2, "of": 2}}],
+               "summaries": [{"backend": "jax", "plot": None}]}
+    assert "| 250 [240, 261] |" in adaptive_table(payload)
+
+
 def test_a_bad_part_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         run(BENCHMARKS["bench_adaptive"], ["--part", "all", "--out", str(tmp_path)])

@@ -412,7 +412,7 @@ def adaptive_table(payload: dict[str, Any]) -> str:
                 ["backend", "cell", "reached", "steps to target", "samples to target",
                  "time to target (s)"],
                 ([row["backend"], row["case"], f"{row['reached']}/{row['seeds']}",
-                  _interval(row["steps"], "d"), _interval(row["samples"], "d"),
+                  _interval(row["steps"], ".0f"), _interval(row["samples"], ".0f"),
                   _interval(row["time_s"], ".2f")] for row in compare_rows)))
     plots = [s["plot"] for s in payload["summaries"] if s.get("plot")]
     if plots:

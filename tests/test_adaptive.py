@@ -5,6 +5,7 @@ rules and the ``auto[:MIN:MAX]`` parsing with its one-line errors."""
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -268,3 +269,44 @@ def test_bounds_resolve_with_the_runs_defaults():
     assert AutoBatchSize(None, 4).resolved(8, 512) == BatchBounds(4, 4)
     assert AutoBatchSize(16, 64).resolved(8, 512) == BatchBounds(16, 64)
     assert str(AutoBatchSize(16, 64)) == "auto:16:64" and str(AutoBatchSize()) == "auto"
+
+
+# -- MAX: the knee probe -------------------------------------------------------------------
+class _EverFasterTrainer:
+    """A trainer whose steps take the same time at every batch size: throughput doubles with
+    each doubling, so the probe only stops where a batch no longer fits the training split."""
+
+    def __init__(self) -> None:
+        self.state, self.sizes = "weights", []
+
+    def state_copy(self):
+        return self.state
+
+    def restore_state(self, saved) -> None:
+        self.state = saved
+
+    def put_epoch(self, order):
+        self.sizes.append(order.shape[1])
+        self.state = "changed by the probe"
+        return order
+
+    def compile(self, length, rows) -> None:
+        pass
+
+    def run(self, rows, start, length):
+        time.sleep(0.002 * length)  # the same time per step at every size
+
+    def fetch(self, pending) -> None:
+        pass
+
+    def take_noise_norms(self) -> None:
+        pass
+
+
+def test_the_knee_probe_stops_at_the_training_split_and_restores_the_state():
+    from kbackend.engines.adaptive import probe_knee
+
+    trainer = _EverFasterTrainer()
+    probe = probe_knee(trainer, n_train=1294, minimum=8, fused_steps=4)
+    assert probe["sizes"] == [8, 16, 32, 64, 128, 256, 512, 1024]  # 2048 > 1294 samples
+    assert trainer.sizes == probe["sizes"] and trainer.state == "weights"

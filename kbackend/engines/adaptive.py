@@ -209,7 +209,7 @@ def probe_knee(trainer: Any, n_train: int, minimum: int, fused_steps: int,
     sizes, throughputs = [], []
     size = minimum
     try:
-        while batching.steps_per_epoch_dropping_last(n_train, size) >= 1:
+        while size <= n_train:  # a call must fit one epoch (the helper refuses larger)
             steps = batching.steps_per_epoch_dropping_last(n_train, size)
             length = min(fused_steps, steps)
             rows = trainer.put_epoch(batching.epoch_batches(n_train, size, seed, 0))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 __all__ = ["median_coverage", "median_interval"]
 
 
@@ -30,3 +32,13 @@ def median_interval(values: list[float]) -> dict[str, Any]:
     median = ordered[middle] if n % 2 else (ordered[middle - 1] + ordered[middle]) / 2
     return {"median": median, "low": ordered[0], "high": ordered[-1], "n": n,
             "coverage": median_coverage(n)}
+
+
+def log_log_interpolate(points: dict[int, float], x: float) -> float | None:
+    """``y`` at ``x`` from ``{x: y}`` points (all positive), interpolated linearly in log x and
+    log y; None outside the points' range (never extrapolated) or without points."""
+    xs = sorted(points)
+    if not xs or not xs[0] <= x <= xs[-1]:
+        return None
+    logs = [math.log(points[k]) for k in xs]
+    return float(math.exp(np.interp(math.log(x), [math.log(k) for k in xs], logs)))

@@ -55,6 +55,7 @@ from kbackend.io import atomic_write
 from kbackend.models import ModelOptions, build_model
 from kbackend.optim import OptimizerSpec
 from kbackend.reports import markdown_rows
+from kbackend.study.summaries import adaptive_samples
 from kbackend.training import Target, TrainConfig, load_dataset, train
 
 PARTS = ("overhead", "compare", "both")
@@ -240,15 +241,7 @@ def _run(config: Any, dataset: Any) -> dict[str, Any]:
 
 def _samples_to(step: int, ranges: list[dict[str, Any]] | None, batch: int) -> int:
     """Samples the run used up to ``step`` (per step range where the batch grew)."""
-    if not ranges:
-        return step * batch
-    total = 0
-    bounds = [*ranges[1:], {"step": math.inf}]
-    for current, following in zip(ranges, bounds, strict=True):
-        end = min(step, following["step"])
-        if end > current["step"]:
-            total += (end - current["step"]) * current["batch_size"]
-    return int(total)
+    return adaptive_samples(ranges, step) if ranges else step * batch
 
 
 def _key(run: dict[str, Any]) -> tuple[float, float]:

@@ -10,16 +10,21 @@ seeds, noise) and are compared with each optimizer's best fixed batch size
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from kbackend.stats import median_interval
+from kbackend.stats import log_log_interpolate, median_interval
 from kbackend.study.auto_verdicts import AUTO_TIME_MODEL
 from kbackend.study.runner_protocol import StudyRunnerLike
 from kbackend.study.search import RateSearch
-from kbackend.study.summaries import adaptive_samples, run_steps, trajectory_record
+from kbackend.study.summaries import (
+    adaptive_samples,
+    cell_seconds_per_step,
+    ranges_time,
+    run_steps,
+    trajectory_record,
+)
 
 AUTO_LABEL = "auto"
 
@@ -50,38 +55,12 @@ def step_time_at(cells: list[dict[str, Any]], optimizer: str, batch_size: int) -
     """Seconds per step of ``optimizer`` at ``batch_size``: its fixed cells' step times
     (``seconds_per_step`` of the time model, else their run clocks' time / steps) interpolated
     linearly in log batch size x log seconds; None outside the fixed sizes or without times."""
-    points = []
+    points = {}
     for cell in cells:
-        if cell["optimizer"] != optimizer:
-            continue
-        per_step = (cell.get("seconds_per_step") or {}).get("median")
-        if per_step is None and cell.get("time_to_target") and cell.get("steps_to_target"):
-            per_step = cell["time_to_target"] / cell["steps_to_target"]
+        per_step = cell_seconds_per_step(cell) if cell["optimizer"] == optimizer else None
         if per_step and per_step > 0:
-            points.append((math.log(cell["batch_size"]), math.log(per_step)))
-    points.sort()
-    if not points or not points[0][0] <= math.log(batch_size) <= points[-1][0]:
-        return None
-    xs, ys = zip(*points, strict=True)
-    return float(math.exp(np.interp(math.log(batch_size), xs, ys)))
-
-
-def ranges_time(ranges: list[dict[str, Any]], step: int,
-                per_step: Callable[[int], float | None]) -> float | None:
-    """Training seconds to ``step`` of an adaptive run: each range's steps up to ``step`` times
-    ``per_step`` of its batch size; None where one is not known."""
-    total = 0.0
-    for index, entry in enumerate(ranges):
-        start = int(entry["step"])
-        end = int(ranges[index + 1]["step"]) if index + 1 < len(ranges) else step
-        steps = max(0, min(end, step) - start)
-        if not steps:
-            continue
-        seconds = per_step(int(entry["batch_size"]))
-        if seconds is None:
-            return None
-        total += steps * seconds
-    return total
+            points[int(cell["batch_size"])] = per_step
+    return log_log_interpolate(points, batch_size)
 
 
 def modelled_time(ranges: list[dict[str, Any]], step: int, cells: list[dict[str, Any]],

@@ -13,17 +13,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from kbackend.study.summaries import cell_seconds_per_step
 from kbackend.study.verdicts import outcome_text, ratio_verdict, rounding_sd
 
 # How an auto cell's time to target is modelled (the fixed cells': steps x step time).
 AUTO_TIME_MODEL = "steps at each size x the fixed cells' step times"
-
-
-def _seconds_per_step(cell: dict[str, Any]) -> float | None:
-    per_step = (cell.get("seconds_per_step") or {}).get("median")
-    if per_step is None and cell.get("time_to_target") and cell.get("steps_to_target"):
-        per_step = cell["time_to_target"] / cell["steps_to_target"]
-    return per_step
 
 
 def _budget(cell: dict[str, Any]) -> float | None:
@@ -53,7 +47,7 @@ def auto_verdict(auto: dict[str, Any], cells: list[dict[str, Any]],
     best = min(fixed, key=lambda c: c["time_to_target"])
     size = int(best["batch_size"])
     steps_b = {s: float(v) for s, v in (best.get("seed_steps") or {}).items()}
-    per_step = _seconds_per_step(best) or math.nan
+    per_step = cell_seconds_per_step(best) or math.nan
     level, margin = settings["level"], settings["margin"]
     floor = rounding_sd([auto, best])
     bounds = (_budget(auto), _budget(best))

@@ -6,7 +6,7 @@ seconds per step at the cell's batch size) is applied to it: the steps come from
 trained here, the step times from the profile, interpolated linearly in log batch size x log
 seconds between the profile's sizes, never extrapolated (a study batch size outside the
 profile's range is a one-line error before any training). An auto cell's runs: each step
-range's steps x the profile's time at its size (``auto_cells.ranges_time``).
+range's steps x the profile's time at its size (``summaries.ranges_time``).
 
 Two formats are read: ``{"device": "...", "step_time_s": {"32": 0.0011, ...}}`` (optionally
 ``"model"`` and ``"dataset"``, checked against the study's) and ``kbackend advise --json``
@@ -27,10 +27,10 @@ import numpy as np
 
 from kbackend.errors import ConfigError, path_errors
 from kbackend.reports import markdown_rows
-from kbackend.stats import median_interval
-from kbackend.study.auto_cells import ranges_time
+from kbackend.stats import log_log_interpolate, median_interval
 from kbackend.study.auto_verdicts import auto_label, auto_verdict
 from kbackend.study.cell_verdicts import fastest_verdict, verdict_settings
+from kbackend.study.summaries import cell_seconds_per_step, ranges_time
 from kbackend.study.verdicts import outcome_text
 
 EXPECTED = ('expected {"device": "...", "step_time_s": {"32": 0.0011, ...}} (seconds per train '
@@ -61,10 +61,9 @@ class DeviceProfile:
             raise ValueError(f"batch size {batch_size} is outside the profile's {low}-{high}")
         if batch_size in self.step_time_s:
             return self.step_time_s[batch_size]
-        sizes = sorted(self.step_time_s)
-        xs = [math.log(b) for b in sizes]
-        ys = [math.log(self.step_time_s[b]) for b in sizes]
-        return float(math.exp(np.interp(math.log(batch_size), xs, ys)))
+        interpolated = log_log_interpolate(self.step_time_s, batch_size)
+        assert interpolated is not None  # inside the range, checked above
+        return interpolated
 
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device, "source": self.source, "format": self.format,
@@ -164,21 +163,13 @@ def check_profile(profile: DeviceProfile, model: str, dataset: str,
                           "interpolated, never extrapolated: measure those sizes too.")
 
 
-def _per_step(cell: dict[str, Any]) -> float | None:
-    """Seconds per step here (the time model's, else the runs' clocks)."""
-    per_step = (cell.get("seconds_per_step") or {}).get("median")
-    if per_step is None and cell.get("time_to_target") and cell.get("steps_to_target"):
-        per_step = cell["time_to_target"] / cell["steps_to_target"]
-    return per_step
-
-
 def _fixed(cell: dict[str, Any], profile: DeviceProfile) -> dict[str, Any]:
     per_step = profile.step_time(int(cell["batch_size"]))
     steps = (cell.get("intervals") or {}).get("steps_to_target") or {}
     interval = {k: steps[k] * per_step for k in ("median", "low", "high") if k in steps}
     return {"optimizer": cell["optimizer"], "batch_size": cell["batch_size"],
             "steps_to_target": cell.get("steps_to_target"), "reached": cell["reached"],
-            "seconds_per_step_here": _per_step(cell), "time_to_target_here":
+            "seconds_per_step_here": cell_seconds_per_step(cell), "time_to_target_here":
             cell.get("time_to_target"), "seconds_per_step": per_step,
             "time_to_target": cell["steps_to_target"] * per_step if cell["reached"] else None,
             "interval": {**steps, **interval},

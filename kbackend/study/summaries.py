@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,17 +63,38 @@ def adaptive_ranges(history: History) -> list[dict[str, Any]]:
     return list((history.record.adaptive_batch or {}).get("ranges") or [])
 
 
-def adaptive_samples(ranges: list[dict[str, Any]], step: int) -> int:
-    """Samples an adaptive run trained on by the end of ``step``: each range's steps up to
-    ``step`` times its batch size (a range from step s covers steps s+1 to the next range's)."""
-    total = 0
+def ranges_time(ranges: list[dict[str, Any]], step: int,
+                per_step: Callable[[int], float | None]) -> float | None:
+    """An adaptive run's cost to the end of ``step``: each range's steps up to ``step`` (a range
+    from step s covers steps s+1 to the next range's) times ``per_step`` of its batch size;
+    None where one is not known."""
+    total = 0.0
     for index, entry in enumerate(ranges):
         start = int(entry["step"])
         end = int(ranges[index + 1]["step"]) if index + 1 < len(ranges) else step
-        total += max(0, min(end, step) - start) * int(entry["batch_size"])
+        steps = max(0, min(end, step) - start)
+        if not steps:
+            continue
+        per = per_step(int(entry["batch_size"]))
+        if per is None:
+            return None
+        total += steps * per
     return total
 
 
+def adaptive_samples(ranges: list[dict[str, Any]], step: int) -> int:
+    """Samples an adaptive run trained on by the end of ``step`` (``ranges_time`` at one
+    sample per sample)."""
+    return int(ranges_time(ranges, step, float) or 0)
+
+
+def cell_seconds_per_step(cell: dict[str, Any]) -> float | None:
+    """A cell's seconds per step here: the time model's median, else its runs' clocks (time to
+    target / steps to target)."""
+    per_step = (cell.get("seconds_per_step") or {}).get("median")
+    if per_step is None and cell.get("time_to_target") and cell.get("steps_to_target"):
+        per_step = cell["time_to_target"] / cell["steps_to_target"]
+    return per_step
 
 
 def samples_seen(step: int, num_train: int, batch_size: int, drops_remainder: bool = False) -> int:

@@ -154,7 +154,6 @@ def test_auto_verdict_reads_paired_seeds_and_handles_no_reached_fixed_cell():
     ({"batch_sizes": (32, "auto")}, "give at least two"),
     ({"batch_sizes": (24, 128, "auto")}, "must be powers of two"),
     ({"batch_sizes": (32, 128, "auto"), "engine": "keras"}, "needs the native engine"),
-    ({"batch_sizes": (32, 128, "auto"), "executor": "ray"}, "local executor only"),
     ({"batch_sizes": (32, 128, "auto"), "lr_scaling": "cubic"}, "Invalid --lr-scaling"),
     ({"batch_sizes": (32, "big")}, "Invalid batch size 'big'"),
 ])
@@ -167,8 +166,6 @@ def test_bad_auto_input_is_a_config_error(options, message):
     (["--batch-sizes", "auto,auto,32"], "'auto' at most once"),
     (["--batch-sizes", "auto"], "give at least two"),
     (["--batch-sizes", "32,128,auto", "--engine", "keras"], "needs the native engine"),
-    (["--batch-sizes", "32,128,auto", "--engine", "native", "--executor", "ray"],
-     "local executor only"),
     (["--batch-sizes", "32,128,bad"], "optionally 'auto'"),
 ])
 def test_cli_bad_auto_input_is_a_one_line_error(tmp_path, monkeypatch, capsys, flags, message):

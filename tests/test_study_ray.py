@@ -165,3 +165,32 @@ def test_a_resumed_ray_study_submits_only_unfinished_cells(ray_instance, local_s
     assert sorted(submitted) == [("adam", 64), ("adam", 256)]
     assert result["executed"] == TINY_RUNS // 2 and result["skipped"] == TINY_RUNS // 2
     _same_cells(local_study[1]["study"], result["study"])
+
+
+@pytest.mark.ray
+def test_auto_cells_run_as_ray_tasks_and_resume_locally(ray_instance, tmp_path):
+    """``--batch-sizes ...,auto`` on Ray: each optimizer's auto cell is one task, its runs stored
+    here under the local executor's keys, its verdict made on the driver; the local executor
+    then resumes the study with nothing trained and the same auto cells."""
+    from tests.test_study_adaptive import AUTO_STUDY
+
+    config = dataclasses.replace(AUTO_STUDY, optimizers=("sgd",),
+                                 learning_rates={"sgd": (0.1,)})
+    runs = 2 * 2 + 2  # (16, 128) x 2 seeds + the auto cell's 2 seeds
+    result = run_study(dataclasses.replace(config, executor="ray"), tmp_path,
+                       show_progress=False, print_results=False)
+    study = result["study"]
+    assert result["executed"] == runs
+    [cell] = study["auto_cells"]
+    assert cell["batch_size"] == "auto" and cell["auto"]["min"] == 16
+    [verdict] = result["analysis"]["verdicts"]["adaptive"]
+    assert verdict["optimizer"] == "sgd" and verdict["best_fixed"] in (16, 128)
+    assert all(r["config"]["batch_size"] == "auto:16:128" for r in study["auto_runs"])
+    assert {r["key"] for r in study["auto_runs"]} <= {r["key"] for r in _stored_runs(tmp_path)}
+    assert all(math.isfinite(t) for t in cell["seed_times"].values())
+
+    local = run_study(config, tmp_path, show_progress=False, print_results=False)
+    assert local["executed"] == 0
+    [twin] = local["study"]["auto_cells"]
+    for name in ("learning_rate", "seed_steps", "run_keys", "seed_samples", "ranges"):
+        assert twin[name] == cell[name], name

@@ -13,7 +13,7 @@ and no XLA on TensorFlow (``--jit``): a smoke run, not the figures.)
 ``overhead``: one epoch of fused native steps (K = 8) per batch size with the plain trainer and
 with the adaptive trainer (micro-batched gradients and the two norms), alternated, ``--repeats``
 times after a compiling epoch; median us/step with [min, max], and the ratio of medians. With
-``--devices N`` (N > 1; JAX; N virtual devices on a CPU) the two are the data-parallel trainer
+``--devices N`` (N > 1; N virtual devices on a CPU) the two are the data-parallel trainer
 and the data-parallel adaptive one (per-device norms), each batch size the global one.
 
 ``compare``: per seed, ``train()`` on the native engine at every fixed batch size (each with the
@@ -50,7 +50,7 @@ from kbackend.bench.spec import (
 )
 from kbackend.data import batching
 from kbackend.engines.loop import EpochRunner
-from kbackend.errors import ConfigError, KBackendError
+from kbackend.errors import KBackendError
 from kbackend.io import atomic_write
 from kbackend.models import ModelOptions, build_model
 from kbackend.optim import OptimizerSpec
@@ -165,8 +165,6 @@ def _trainers(model_plain: Any, model_adaptive: Any, spec: Any, dataset: Any, ba
         return (impl().native_trainer(model_plain, spec, dataset, jit_compile=opts["jit"]),
                 adaptive().AdaptiveTrainer(model_adaptive, spec, dataset,
                                            jit_compile=opts["jit"]))
-    if adaptive().DATA_PARALLEL_REFUSAL is not None:
-        raise ConfigError(adaptive().DATA_PARALLEL_REFUSAL)
     kwargs = dict(devices=devices, batch_size=batch, dp_impl="shard_map")
     return (impl().data_parallel_trainer(model_plain, spec, dataset, **kwargs),
             adaptive().DataParallelAdaptiveTrainer(model_adaptive, spec, dataset, **kwargs))
@@ -445,7 +443,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                   Option("--jit", "on or off: XLA compilation of the native steps (default "
                          "on; quick: off on tensorflow)", _jit),
                   Option("--devices", "overhead: N > 1 compares the data-parallel trainers "
-                         "on N devices (JAX; N virtual devices on a CPU) (default 1)", int)),
+                         "on N devices (N virtual devices on a CPU) (default 1)", int)),
               workers=adaptive_workers,
               table=adaptive_table,
               note="overhead: medians of alternated epochs after a compiling one; compare: "

@@ -24,6 +24,7 @@ from typing import Any
 
 from kbackend import logs
 from kbackend.backend_choice import BACKENDS, use_backend, validate_backend
+from kbackend.backends import impl
 from kbackend.bench.registry import BENCHMARKS
 from kbackend.bench.spec import Benchmark, Settings, WorkerSpec
 from kbackend.envinfo import environment
@@ -55,6 +56,7 @@ def parser(bench: Benchmark) -> argparse.ArgumentParser:
 def run_worker(measure: str, settings: dict[str, Any]) -> dict[str, Any]:
     """Worker side (in the child process): run ``measure`` and describe where it ran."""
     backend = use_backend()
+    impl()  # started before Keras runs anything: TF applies the virtual devices only then
     start = time.perf_counter()
     warm_up_s = warm_up()  # one-time process costs stay out of the first case's figures
     rows, summary = resolve(measure)(Settings(**settings))

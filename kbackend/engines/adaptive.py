@@ -21,9 +21,10 @@ point). A schedule is refused: the growing batch is the schedule (Smith et al. 2
 schedule's horizon in steps means nothing while steps per epoch change.
 
 Data parallel (``--engine data_parallel`` / ``--data-parallel`` / ``--devices N``, one process,
-JAX): the trainer is ``DataParallelAdaptiveTrainer``, whose per-device shards are the
-micro-batches (each device's gradient of its shard and their all-reduced mean: the estimator's
-two batch sizes at no extra gradient). Everything else above is the same code. The batch is the
+``shard_map``/``pmap`` on JAX, ``MirroredStrategy`` on TensorFlow): the trainer is the backend's
+``DataParallelAdaptiveTrainer``, whose per-device shards are the micro-batches (each device's
+gradient of its shard and their all-reduced mean: the estimator's two batch sizes at no extra
+gradient). Everything else above is the same code. The batch is the
 global one, doubling from MIN (default ``max(8, devices)``), so with a power-of-two device count
 every size is a multiple of the devices with a power-of-two per-device batch
 (``for_devices``); the knee probe times the data-parallel calls.
@@ -78,15 +79,12 @@ def check_adaptive_options(config: Any) -> None:
 
 def for_devices(config: Any, devices: int) -> Any:
     """``config`` for a run on ``devices`` devices, checked before any work: on several, the
-    backend must have a data-parallel adaptive trainer, the device count must be a power of two
+    device count must be a power of two
     (the doubling global batch then stays a multiple of it) and MIN at least one sample per
     device (the default MIN becomes ``max(8, devices)``)."""
     auto = config.adaptive_batch
     if auto is None or devices <= 1:
         return config
-    refusal = adaptive_backend().DATA_PARALLEL_REFUSAL
-    if refusal is not None:
-        raise ConfigError(refusal)
     if devices & (devices - 1):
         raise ConfigError(f"--batch-size auto doubles the global batch, which stays a multiple "
                           f"of the devices only on a power-of-two count: use --devices "

@@ -300,7 +300,8 @@ class StudyConfig:
 
     def _check_auto(self) -> None:
         """``"auto"`` in the batch sizes: one adaptive cell per optimizer, bounded by the fixed
-        sizes (so at least one is needed), trained one run at a time on the native engine."""
+        sizes (so at least two are needed), trained on the native engine (one run at a time, or
+        one Ray task per optimizer)."""
         check_lr_scaling(self.lr_scaling)
         if not self.adaptive:
             return
@@ -318,9 +319,6 @@ class StudyConfig:
             raise ConfigError(f"Batch size 'auto' needs the native engine (the adaptive batch "
                               f"size runs on it); this study's engine is {self.engine!r}: pass "
                               "--engine native or drop 'auto'.")
-        if self.executor != LOCAL_EXECUTOR:
-            raise ConfigError(f"Batch size 'auto' runs with the local executor only; this study's "
-                              f"executor is {self.executor!r}: drop 'auto' or --executor.")
 
     @property
     def auto_bounds(self) -> AutoBatchSize | None:

@@ -228,35 +228,42 @@ class StudyRunner:
         added = extend_seeds(self, cells, runs, step_times, summarize_cell)
         apply_time_model(cells, step_times)
         # The auto cells after the fixed grid (their time model reads its step times)
-        auto_cells: list[dict[str, Any]] = []
-        auto_runs: list[dict[str, Any]] = []
-        for optimizer in self.config.optimizers if self.config.adaptive else ():
-            cell = run_auto_cell(self, optimizer)
-            auto_runs.extend(cell.pop("runs"))
-            auto_cells.append(cell)
-        finish_auto_cells(self, auto_cells, cells)
+        auto_cells = [run_auto_cell(self, optimizer)
+                      for optimizer in (self.config.optimizers if self.config.adaptive else ())]
+        auto = self._auto_part(auto_cells, cells)
         start, setup_before = time.perf_counter(), self.time_spent.setup
         noise = self.run_noise(cells)
         self.time_spent.noise += self.time_spent.seconds_since(start, setup_before)
-        return {"study": self.study_id, "step_times": step_times,
-                "config": self.config.to_dict(), "env": self.env,
-                "dataset": self.dataset.info.to_dict(), "batch_sizes": list(self.batch_sizes),
-                "cells": cells, "runs": runs, "noise": noise, "added_seeds": added,
-                **({"auto_cells": auto_cells, "auto_runs": auto_runs}
-                   if self.config.adaptive else {})}
+        return self._study(cells, runs, step_times, noise, added, auto)
 
     def _run_on_ray(self) -> dict[str, Any]:
         """The same study, its cells run as Ray tasks and their results stored here."""
         assert self.dataset is not None
-        cells, runs, step_times, noise = run_on_ray(self)
+        results = run_on_ray(self)
+        cells, runs, step_times = results.cells, results.runs, results.step_times
         # the added seeds here, in the driver
         added = extend_seeds(self, cells, runs, step_times, summarize_cell)
         apply_time_model(cells, step_times)
+        auto = self._auto_part(results.auto_cells, cells)
+        return self._study(cells, runs, step_times, results.noise, added, auto)
+
+    def _auto_part(self, auto_cells: list[dict[str, Any]],
+                   cells: list[dict[str, Any]]) -> dict[str, Any]:
+        """The study's ``auto_cells`` and ``auto_runs`` (none without an auto cell), the
+        cells finished against the fixed cells' time model."""
+        if not self.config.adaptive:
+            return {}
+        auto_runs = [run for cell in auto_cells for run in cell.pop("runs")]
+        finish_auto_cells(self, auto_cells, cells)
+        return {"auto_cells": auto_cells, "auto_runs": auto_runs}
+
+    def _study(self, cells: list[dict[str, Any]], runs: list[dict[str, Any]], step_times: Any,
+               noise: Any, added: Any, auto: dict[str, Any]) -> dict[str, Any]:
+        assert self.dataset is not None
         return {"study": self.study_id, "step_times": step_times,
                 "config": self.config.to_dict(), "env": self.env,
-                "dataset": self.dataset.info.to_dict(),
-                "batch_sizes": list(self.batch_sizes), "cells": cells, "runs": runs,
-                "noise": noise, "added_seeds": added}
+                "dataset": self.dataset.info.to_dict(), "batch_sizes": list(self.batch_sizes),
+                "cells": cells, "runs": runs, "noise": noise, "added_seeds": added, **auto}
 
     @property
     def larger_is_better(self) -> bool:

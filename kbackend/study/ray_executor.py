@@ -29,11 +29,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from kbackend.backends import impl
 from kbackend.envinfo import environment_identity
 from kbackend.errors import ConfigError, KBackendError
+from kbackend.study.auto_cells import run_auto_cell
 from kbackend.study.config import LOCAL_EXECUTOR, RAY_EXTRA, StudyConfig
 from kbackend.study.store import config_key
 
@@ -172,7 +173,8 @@ def worker_identity() -> dict[str, Any]:
 def run_phase(runner_class: type, config: StudyConfig, phase: str, cell: tuple[str, int] | None,
               cells: list[dict[str, Any]] | None, records: list[dict[str, Any]],
               crash: str | None = None) -> dict[str, Any]:
-    """One task: a cell (``phase="cell"``), the step times or the noise scale of ``cells``,
+    """One task: a cell (``phase="cell"``), an optimizer's auto cell (``"auto"``, ``cell``'s
+    batch size unused), the step times or the noise scale of ``cells``,
     run on this worker by a ``runner_class`` (the driver's ``StudyRunner``) against ``records``
     in memory. Returns the worker's identity, the phase's result (a cell with its runs as keys)
     and the records it made."""
@@ -189,6 +191,10 @@ def run_phase(runner_class: type, config: StudyConfig, phase: str, cell: tuple[s
     if phase == "cell":
         assert cell is not None
         result = runner.run_cell(*cell)
+        result["runs"] = [r["key"] for r in result["runs"]]
+    elif phase == "auto":
+        assert cell is not None
+        result = run_auto_cell(runner, cell[0])
         result["runs"] = [r["key"] for r in result["runs"]]
     elif phase == "steptime":
         result = runner.measure_step_times(cells or [])
@@ -290,8 +296,9 @@ class RayStudy:
                 self.runner.executed += int(r["kind"] == "run")
         return fresh
 
-    def cell_records(self, optimizer: str, batch_size: int) -> list[dict[str, Any]]:
-        """The stored runs and population probe of one cell: what its task may skip."""
+    def cell_records(self, optimizer: str, batch_size: int | str) -> list[dict[str, Any]]:
+        """The stored runs and population probe of one cell (an auto cell's batch size is its
+        label, ``auto:MIN:MAX``): what its task may skip."""
         def of_cell(config: dict[str, Any]) -> bool:
             name = config.get("optimizer")
             name = name.get("name") if isinstance(name, dict) else name
@@ -315,25 +322,29 @@ class RayStudy:
                 f"Ray lost {what} {CELL_RETRIES + 1} times ({type(error).__name__}); the cells "
                 "finished so far are stored: run the study again to resume.") from None
 
-    def run_cells(self) -> list[dict[str, Any]]:
+    def run_cell_tasks(self, phase: str, keys: list[tuple[str, Any]],
+                       from_store: Callable[[tuple[str, Any]], Any],
+                       records: Callable[[tuple[str, Any]], list[dict[str, Any]]]
+                       ) -> dict[tuple[str, Any], dict[str, Any]]:
+        """Each cell of ``keys`` from the store (``from_store``), else as one ``phase`` task
+        given its stored ``records``; stored here as each task finishes."""
         runner = self.runner
-        keys = [(o, b) for o in runner.config.optimizers for b in runner.batch_sizes]
-        cells: dict[tuple[str, int], dict[str, Any]] = {}
-        pending: dict[Any, tuple[str, int]] = {}
+        cells: dict[tuple[str, Any], dict[str, Any]] = {}
+        pending: dict[Any, tuple[str, Any]] = {}
         for key in keys:
-            done, cell = self.attempt(partial(self.stored.run_cell, *key))
+            done, cell = self.attempt(partial(from_store, key))
             if done:
                 cells[key] = cell  # every run stored: not submitted
             else:
-                pending[self.task.remote(self.runner_class, self.config, "cell", key, None,
-                                         self.cell_records(*key), self.crash)] = key
+                pending[self.task.remote(self.runner_class, self.config, phase, key, None,
+                                         records(key), self.crash)] = key
         try:
             while pending:
                 [ref], _ = self.ray.wait(list(pending), num_returns=1)
                 key = pending.pop(ref)
                 output = self.get(ref, f"cell {key[0]} B={key[1]}")
                 fresh = self.commit(output)
-                done, cell = self.attempt(partial(self.stored.run_cell, *key), fresh)
+                done, cell = self.attempt(partial(from_store, key), fresh)
                 if not done:  # a worker keyed differently (another device): its own cell
                     cell = output["result"]
                     cell["runs"] = [runner.store.get(k) for k in cell["runs"]]
@@ -341,6 +352,26 @@ class RayStudy:
         finally:
             for ref in pending:
                 self.ray.cancel(ref, force=True)
+        return cells
+
+    def run_cells(self) -> list[dict[str, Any]]:
+        keys = [(o, b) for o in self.runner.config.optimizers for b in self.runner.batch_sizes]
+        cells = self.run_cell_tasks("cell", keys, lambda key: self.stored.run_cell(*key),
+                                    lambda key: self.cell_records(*key))
+        return [cells[key] for key in keys]
+
+    def run_auto_cells(self) -> list[dict[str, Any]]:
+        """Each optimizer's auto cell (``--batch-sizes ...,auto``) as one task, as the fixed
+        cells are; none without one."""
+        config = self.runner.config
+        bounds = config.auto_bounds
+        if bounds is None:
+            return []
+        label = f"auto:{bounds.minimum}:{bounds.maximum}"  # the auto runs' key batch size
+        keys = [(o, label) for o in config.optimizers]
+        cells = self.run_cell_tasks("auto", keys,
+                                    lambda key: run_auto_cell(self.stored, key[0]),
+                                    lambda key: self.cell_records(*key))
         return [cells[key] for key in keys]
 
     def measure(self, phase: str, action: Callable[[], Any], cells: list[dict[str, Any]]) -> Any:
@@ -353,17 +384,30 @@ class RayStudy:
         done, result = self.attempt(action, self.commit(output))
         return result if done else output["result"]
 
-    def run(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Any, Any]:
+    def run(self) -> RayResults:
         cells = self.run_cells()
         runs = [run for cell in cells for run in cell.pop("runs")]
         step_times = self.measure("steptime", lambda: self.stored.measure_step_times(cells), cells)
         noise = self.measure("noise", lambda: self.stored.run_noise(cells), cells)
-        return cells, runs, step_times, noise
+        return RayResults(cells, runs, step_times, noise, self.run_auto_cells())
 
 
-def run_on_ray(runner: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Any, Any]:
-    """The prepared ``runner``'s cells, runs, step times and noise scale, trained on Ray and
-    stored in ``runner.store`` (the local executor's results and store, made elsewhere)."""
+class RayResults(NamedTuple):
+    """What the Ray tasks made: the fixed cells and their runs, the step times, the noise scale,
+    and the auto cells (each with its runs, which ``finish_auto_cells`` completes on the
+    driver once the time model is known)."""
+
+    cells: list[dict[str, Any]]
+    runs: list[dict[str, Any]]
+    step_times: Any
+    noise: Any
+    auto_cells: list[dict[str, Any]]
+
+
+def run_on_ray(runner: Any) -> RayResults:
+    """The prepared ``runner``'s cells, runs, step times, noise scale and auto cells, trained on
+    Ray and stored in ``runner.store`` (the local executor's results and store, made
+    elsewhere)."""
     ray = require_ray()
     started = start_ray(runner.config, runner.env["backend"])
     try:

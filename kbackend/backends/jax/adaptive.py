@@ -43,10 +43,6 @@ from kbackend.backends.jax.step import (
 )
 from kbackend.task import CLASSIFICATION, Task
 
-# Why ``--batch-size auto`` cannot run data parallel on this backend (None: it can, with
-# ``DataParallelAdaptiveTrainer``); the same name in both backends.
-DATA_PARALLEL_REFUSAL: str | None = None
-
 
 class NoiseNorms(NamedTuple):
     """Squared gradient norms of one step: ``micro`` per micro-batch (shape ``(M,)``) and

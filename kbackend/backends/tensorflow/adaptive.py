@@ -22,18 +22,11 @@ import numpy as np
 import tensorflow as tf
 
 from kbackend.adaptive import DEFAULT_MEASURE_EVERY, micro_batches_for
+from kbackend.backends.tensorflow.data_parallel import DataParallelTrainer
 from kbackend.backends.tensorflow.native import NativeTrainer
 from kbackend.backends.tensorflow.ops import jit_function
+from kbackend.errors import ConfigError
 from kbackend.task import CLASSIFICATION, Task
-
-# Why ``--batch-size auto`` cannot run data parallel here (JAX's ``DataParallelAdaptiveTrainer``
-# can): the tf.distribute step (``data_parallel.DataParallelTrainer``) sums the replicas'
-# gradients inside the Keras optimizer's ``apply`` and fixes the global batch in its loss, so
-# neither a replica's own gradient norm nor another batch size is within reach of the step.
-DATA_PARALLEL_REFUSAL: str | None = (
-    "--batch-size auto with data parallelism runs on JAX only: TensorFlow's tf.distribute step "
-    "reduces the replicas' gradients inside the optimizer and fixes the global batch; use "
-    "KERAS_BACKEND=jax, or --engine native on one device.")
 
 
 def _dense(gradient: Any, variable: Any) -> tf.Tensor:
@@ -231,3 +224,117 @@ class AdaptiveTrainer(NativeTrainer):
         """Put back a ``state_copy`` (the knee probe trains; the run starts where it was)."""
         for variable, value in zip(self._all_variables(), copy, strict=True):
             variable.assign(value)
+
+
+class DataParallelAdaptiveTrainer(DataParallelTrainer):
+    """``--batch-size auto`` on the data-parallel engine (``MirroredStrategy``, one process).
+
+    The replicas' shards are the micro-batches (McCandlish et al. 2018, appendix A), as on JAX
+    (``backends.jax.adaptive.DataParallelAdaptiveTrainer``): a replica's gradient of its shard
+    and the all-reduced mean are the estimator's two batch sizes, so every step is measured with
+    no extra gradient. The plain step (``DataParallelTrainer``) leaves the all-reduce to the
+    Keras optimizer, out of the step's reach; here the step all-reduces the replicas' gradients
+    itself and this trainer's optimizer is told that they arrive reduced (its
+    ``_all_reduce_sum_gradients``, the one place Keras's TF optimizer sums replicas, returns
+    them as they are). So the update is the plain step's, with the same one all-reduce, plus
+    an all-gather of one scalar per replica; ``test_adaptive_data_parallel`` checks the update
+    against the plain step's, so a Keras that reduced elsewhere would fail there.
+
+    A replica's loss is its share of the global batch's mean (``tf.nn.compute_average_loss``),
+    so its gradient is 1 / replicas of its shard's mean gradient (the penalty's share
+    included): the squared norm kept is ``replicas**2`` times the replica's. Each (global batch
+    size, call length) is compiled once (``trace_counts_by_size``); ``fetch`` keeps a call's
+    norms (``(K, replicas)`` and ``(K,)``) for ``take_noise_norms``.
+    """
+
+    def __init__(self, model: Any, spec: Any, dataset: Any, *, devices: int, batch_size: int,
+                 dp_impl: str = "", task: Task = CLASSIFICATION) -> None:
+        super().__init__(model, spec, dataset, devices=devices, batch_size=batch_size,
+                         dp_impl=dp_impl, task=task)
+        self._sized: dict[tuple[int, int], Any] = {}
+        self.trace_counts_by_size: dict[tuple[int, int], int] = {}
+        self._norms: list[tuple[int, np.ndarray, np.ndarray]] = []
+        if not hasattr(self.optimizer, "_all_reduce_sum_gradients"):
+            raise ConfigError("--batch-size auto with data parallelism needs Keras's TF "
+                              "optimizer to sum replica gradients in _all_reduce_sum_gradients, "
+                              "which this Keras lacks: use KERAS_BACKEND=jax.")
+        self.optimizer._all_reduce_sum_gradients = lambda grads_and_vars: grads_and_vars
+
+    def _adaptive_run_fn(self, batch: int, length: int) -> Any:
+        loss_and_grads = self._replica_loss_fn(batch)
+        model, optimizer, strategy = self.replica_model, self.optimizer, self.strategy
+        share = float(self.replicas) ** 2  # a shard's mean gradient is replicas x the replica's
+
+        def replica_step(xs: tf.Tensor, ys: tf.Tensor, i: tf.Tensor) -> tuple[Any, Any, Any]:
+            loss, grads = loss_and_grads(xs[i], ys[i])
+            grads = [_dense(g, v) for g, v in zip(grads, model.trainable_variables, strict=True)]
+            context = tf.distribute.get_replica_context()
+            summed = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+            optimizer.apply(summed, model.trainable_variables)  # reduces nothing again
+            return loss, (share * _squared_norm(grads))[None], _squared_norm(summed)
+
+        def run(xs: Any, ys: Any, n_steps: tf.Tensor) -> tuple[tf.Tensor, ...]:
+            key = (batch, length)
+            self.trace_counts_by_size[key] = self.trace_counts_by_size.get(key, 0) + 1
+            self.trace_counts[length] = self.trace_counts.get(length, 0) + 1
+            losses = tf.TensorArray(tf.float32, size=n_steps)
+            micros = tf.TensorArray(tf.float32, size=n_steps)
+            bigs = tf.TensorArray(tf.float32, size=n_steps)
+            for i in tf.range(n_steps):
+                loss, micro, big = strategy.run(replica_step, args=(xs, ys, i))
+                losses = losses.write(i, tf.cast(strategy.reduce("SUM", loss, axis=None),
+                                                 tf.float32))
+                micros = micros.write(i, strategy.gather(micro, axis=0))
+                bigs = bigs.write(i, strategy.experimental_local_results(big)[0])
+            return losses.stack(), micros.stack(), bigs.stack()
+
+        return tf.function(run)
+
+    def compile(self, length: int, epoch_rows: np.ndarray) -> float:
+        """Trace the ``length``-step call at the rows' global batch size if needed (a 0-step
+        call); the seconds it took."""
+        key = (int(epoch_rows.shape[-1]), length)
+        if key in self._sized:
+            return 0.0
+        started = time.perf_counter()
+        fn = self._adaptive_run_fn(*key)
+        fn(*self._batches(epoch_rows, 0, length), tf.constant(0))[0].numpy()
+        self._sized[key] = fn
+        return time.perf_counter() - started
+
+    def run(self, epoch_rows: np.ndarray, start: int, length: int) -> Any:
+        batch = int(epoch_rows.shape[-1])
+        return batch, self._sized[batch, length](*self._batches(epoch_rows, start, length),
+                                                 tf.constant(length))
+
+    def fetch(self, handle: Any) -> np.ndarray:
+        """A call's global-batch losses on the host; its noise norms kept."""
+        batch, (losses, micro, big) = handle
+        self._norms.append((batch, np.asarray(micro, np.float64), np.asarray(big, np.float64)))
+        return losses.numpy()
+
+    def take_noise_norms(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """``(batch, per-replica (K, replicas), mean (K,))`` of each call fetched since the last
+        take."""
+        taken, self._norms = self._norms, []
+        return taken
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        """The rate of the next steps: a mirrored variable the traced calls read."""
+        self.optimizer.learning_rate = learning_rate
+
+    def _state_variables(self) -> list[Any]:
+        return [*self._variables(self.replica_model), *self.optimizer.variables]
+
+    def state_copy(self) -> list[np.ndarray]:
+        """A host copy of everything a step changes (every replica holds the same values)."""
+        return [np.array(v.numpy()) for v in self._state_variables()]
+
+    def restore_state(self, copy: list[np.ndarray]) -> None:
+        for variable, value in zip(self._state_variables(), copy, strict=True):
+            variable.assign(value)
+
+    def evaluate_test(self) -> tuple[float, float]:
+        """Test loss and metric of the trained values (written into the Keras model)."""
+        self.finish()
+        return self._evaluator("test")

@@ -77,7 +77,6 @@ class DataParallelTrainer:
             raise ConfigError(f"The TensorFlow strategy has {replicas} replicas; the run asked "
                               f"for {devices} devices.")
         self.model, self.replicas, self.batch_size, self.task = model, replicas, batch_size, task
-        self.per_replica = batch_size // replicas
         with self.strategy.scope():
             self.replica_model = keras.models.clone_model(
                 model, clone_function=data_parallel_clone_layer)
@@ -96,8 +95,10 @@ class DataParallelTrainer:
                                     replica_xla=self.xla, losses_are_global_batch_means=True)
 
     # -- the compiled call ----------------------------------------------------------------
-    def _replica_loss_fn(self) -> Any:
-        model, global_batch, task = self.replica_model, self.batch_size, self.task
+    def _replica_loss_fn(self, global_batch: int) -> Any:
+        """A replica's ``(loss, grads)`` on its shard, its loss a share of the mean over
+        ``global_batch`` samples (the replicas' gradients sum to the global batch's)."""
+        model, task = self.replica_model, self.task
 
         def loss_and_grads(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
             with tf.GradientTape() as tape:
@@ -111,7 +112,7 @@ class DataParallelTrainer:
         return jit_function(loss_and_grads) if self.xla else loss_and_grads
 
     def _run_fn(self, length: int) -> Any:
-        loss_and_grads = self._replica_loss_fn()
+        loss_and_grads = self._replica_loss_fn(self.batch_size)
         model, optimizer, strategy = self.replica_model, self.optimizer, self.strategy
 
         def replica_step(xs: tf.Tensor, ys: tf.Tensor, i: tf.Tensor) -> tf.Tensor:
@@ -133,7 +134,7 @@ class DataParallelTrainer:
     def _batches(self, epoch_rows: np.ndarray, start: int, length: int) -> tuple[Any, Any]:
         """Each local replica's columns of ``length`` global batches, as per-replica values."""
         rows = epoch_rows[start:start + length]
-        per = self.per_replica
+        per = int(rows.shape[-1]) // self.replicas  # the rows hold global batches
 
         def shard(values: np.ndarray) -> Any:
             def of_replica(context: Any) -> tf.Tensor:

@@ -96,3 +96,10 @@ def path_errors(path: str | os.PathLike, what: str,
     except (OSError, ValueError, TypeError) as error:
         reason = getattr(error, "strerror", None) or str(error)
         raise error_type(f"Invalid {what} {str(path)[:80]!r}: {reason}.") from None
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is a device running out of memory (XLA's ``RESOURCE_EXHAUSTED``, TF's
+    OOM), the batch-size probes' signal that a size does not fit."""
+    text = str(error)
+    return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "OOM" in text

@@ -310,3 +310,37 @@ def test_the_knee_probe_stops_at_the_training_split_and_restores_the_state():
     probe = probe_knee(trainer, n_train=1294, minimum=8, fused_steps=4)
     assert probe["sizes"] == [8, 16, 32, 64, 128, 256, 512, 1024]  # 2048 > 1294 samples
     assert trainer.sizes == probe["sizes"] and trainer.state == "weights"
+
+
+class _OutOfMemoryTrainer(_EverFasterTrainer):
+    """``_EverFasterTrainer`` on a device whose memory holds batches up to ``fits`` only."""
+
+    def __init__(self, fits: int) -> None:
+        super().__init__()
+        self.fits = fits
+
+    def compile(self, length, rows) -> None:
+        if rows.shape[1] > self.fits:
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate")
+
+
+def test_the_knee_probe_stops_at_the_memory_limit():
+    """Throughput still growing when 128 runs out of memory: MAX is 64, the largest size that
+    fit, recorded as memory-bound; the state is put back. Out of memory at MIN is a one-line
+    error; any other error is not taken for a memory limit."""
+    from kbackend.engines.adaptive import probe_knee
+
+    trainer = _OutOfMemoryTrainer(fits=64)
+    probe = probe_knee(trainer, n_train=1294, minimum=8, fused_steps=4)
+    assert probe["sizes"] == [8, 16, 32, 64] and probe["out_of_memory_at"] == 128
+    assert probe["knee"] == 64 and trainer.state == "weights"
+    with pytest.raises(ConfigError, match="MIN 8 does not fit in device memory") as error:
+        probe_knee(_OutOfMemoryTrainer(fits=4), n_train=1294, minimum=8, fused_steps=4)
+    assert "\n" not in str(error.value)
+
+    class Broken(_EverFasterTrainer):
+        def compile(self, length, rows) -> None:
+            raise RuntimeError("shape mismatch")
+
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        probe_knee(Broken(), n_train=1294, minimum=8, fused_steps=4)

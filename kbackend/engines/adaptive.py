@@ -12,8 +12,10 @@ Bounds: MIN is ``auto:MIN`` or 8 (``kbackend.adaptive.DEFAULT_MIN_BATCH``). MAX 
 or the throughput knee of this model on this machine (``kbackend.hardware.knee``, the definition
 ``advise`` uses), measured by ``probe_knee`` on the run's own compiled programs (each size it
 probes is compiled once, for the probe and the run alike) and kept per machine, model and data
-size (``compile_cache.machine_measurement``). The probe's seconds are recorded apart from the
-run's (``record.adaptive_batch["knee_probe"]``), like ``--fused-steps auto``'s.
+size (``compile_cache.machine_measurement``). Where a size runs out of device memory before the
+knee, the probe stops there: MAX is then the largest size that fit (on several devices, the
+data-parallel memory limit of the per-device shards). The probe's seconds are recorded apart
+from the run's (``record.adaptive_batch["knee_probe"]``), like ``--fused-steps auto``'s.
 
 The learning rate configured is the rate at MIN; ``--lr-scaling`` says how it follows the batch
 (``kbackend.adaptive.scaled_learning_rate``; ``adascale`` is re-evaluated at every evaluation
@@ -59,7 +61,7 @@ from kbackend.engines import loop
 from kbackend.engines.keras_fit import compile_model
 from kbackend.engines.plan import TrainPlan
 from kbackend.envinfo import environment_identity
-from kbackend.errors import ConfigError
+from kbackend.errors import ConfigError, is_out_of_memory
 from kbackend.hardware.knee import DEFAULT_MIN_GAIN, find_knee
 from kbackend.history import History
 
@@ -201,25 +203,26 @@ class AdaptiveBatch:
 def probe_knee(trainer: Any, n_train: int, minimum: int, fused_steps: int,
                seed: int = 0) -> dict[str, Any]:
     """Samples/s of the adaptive trainer's own K-step calls at MIN, 2 MIN, ... until a doubling
-    gains less than ``DEFAULT_MIN_GAIN`` (the knee's definition) or a call would not fit one
-    epoch; the knee of that curve. The trainer's full state is put back afterwards."""
+    gains less than ``DEFAULT_MIN_GAIN`` (the knee's definition), a call would not fit one
+    epoch, or a size runs out of device memory (``out_of_memory_at``: the memory limit, on
+    several devices the data-parallel one); the knee of the sizes that ran. The trainer's full
+    state is put back afterwards."""
     saved = trainer.state_copy()
     sizes, throughputs = [], []
-    size = minimum
+    size, out_of_memory_at = minimum, None
     try:
         while size <= n_train:  # a call must fit one epoch (the helper refuses larger)
-            steps = batching.steps_per_epoch_dropping_last(n_train, size)
-            length = min(fused_steps, steps)
-            rows = trainer.put_epoch(batching.epoch_batches(n_train, size, seed, 0))
-            trainer.compile(length, rows)
-            trainer.fetch(trainer.run(rows, 0, length))  # warm-up
-            times = []
-            for _ in range(PROBE_CALLS):
-                start = time.perf_counter()
-                trainer.fetch(trainer.run(rows, 0, length))
-                times.append(time.perf_counter() - start)
+            try:
+                throughputs.append(_probe_size(trainer, n_train, size, fused_steps, seed))
+            except Exception as error:
+                if not is_out_of_memory(error):
+                    raise
+                if not sizes:
+                    raise ConfigError(f"--batch-size auto MIN {minimum} does not fit in device "
+                                      f"memory: pass a smaller auto:MIN.") from None
+                out_of_memory_at = size
+                break
             sizes.append(size)
-            throughputs.append(size * length / statistics.median(times))
             if len(sizes) >= 2 and throughputs[-1] < throughputs[-2] * (1 + DEFAULT_MIN_GAIN):
                 break
             size *= 2
@@ -228,7 +231,23 @@ def probe_knee(trainer: Any, n_train: int, minimum: int, fused_steps: int,
         trainer.restore_state(saved)
     knee = find_knee(sizes, throughputs)
     return {"sizes": sizes, "samples_per_s": throughputs, "knee": knee.batch_size,
-            "plateau_reached": knee.plateau_reached}
+            "plateau_reached": knee.plateau_reached, "out_of_memory_at": out_of_memory_at}
+
+
+def _probe_size(trainer: Any, n_train: int, size: int, fused_steps: int, seed: int) -> float:
+    """Samples/s of the trainer's K-step call at ``size`` (median of ``PROBE_CALLS`` timed
+    calls after a warm-up call)."""
+    steps = batching.steps_per_epoch_dropping_last(n_train, size)
+    length = min(fused_steps, steps)
+    rows = trainer.put_epoch(batching.epoch_batches(n_train, size, seed, 0))
+    trainer.compile(length, rows)
+    trainer.fetch(trainer.run(rows, 0, length))  # warm-up
+    times = []
+    for _ in range(PROBE_CALLS):
+        start = time.perf_counter()
+        trainer.fetch(trainer.run(rows, 0, length))
+        times.append(time.perf_counter() - start)
+    return size * length / statistics.median(times)
 
 
 def knee_key(model: Any, dataset: Any, spec: Any, minimum: int, fused_steps: int,

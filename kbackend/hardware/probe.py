@@ -24,7 +24,7 @@ from kbackend.backend_choice import keras as import_keras
 from kbackend.backend_choice import selected_backend
 from kbackend.backends import impl
 from kbackend.data import DatasetInfo
-from kbackend.errors import KBackendError
+from kbackend.errors import KBackendError, is_out_of_memory
 from kbackend.models import SEED_MLP_WIDTHS, ModelOptions, build_model, model_layout
 from kbackend.optim import OptimizerSpec
 from kbackend.precision import precision_scope
@@ -141,11 +141,6 @@ def step_memory_of_recipe(recipe: dict[str, Any], batch_size: int) -> dict[str, 
     return found
 
 
-def _is_oom(error: BaseException) -> bool:
-    text = str(error)
-    return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "OOM" in text
-
-
 def _step_timer(times: list[float]) -> Any:
     # Any: mypy cannot see the classes of a module imported at run time (the bases below)
     keras: Any = import_keras()
@@ -224,7 +219,7 @@ class FitProbe:
         try:
             yield
         except Exception as error:
-            if _is_oom(error):
+            if is_out_of_memory(error):
                 raise OutOfMemory(
                     f"batch {self.batch_size} does not fit in device memory") from error
             raise

@@ -116,3 +116,35 @@ def test_bad_bounds_on_the_command_line_are_one_line_errors(cli):
     assert result.returncode == 2
     assert "MIN is above MAX" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_runs_share_one_adaptive_trainer_and_train_as_train_does():
+    """``engines.native.Runs`` (the study's path): auto runs of one optimizer reuse one
+    ``AdaptiveTrainer``, so a second run compiles no size again, and each run from the same
+    initial values grows and trains as ``train()`` on a fresh model does."""
+    import numpy as np
+
+    from kbackend.engines.native import Runs, model_values
+    from kbackend.models import ModelOptions, build_model
+    from kbackend.training import load_dataset
+
+    config = auto_config()
+    dataset = load_dataset(config)
+
+    def fresh():
+        return build_model("seed_mlp", dataset.info, ModelOptions(seed=0))
+
+    expected = train(config, model=fresh(), dataset=dataset).history
+    runs, values = Runs(fresh(), dataset), model_values(fresh())
+    first, second = runs.train(config, values), runs.train(config, values)
+    assert runs.trainers_built == 1
+    ranges = [(r["step"], r["batch_size"]) for r in expected.record.adaptive_batch["ranges"]]
+    assert len(ranges) >= 2, ranges
+    for history in (first, second):
+        assert [(r["step"], r["batch_size"])
+                for r in history.record.adaptive_batch["ranges"]] == ranges
+        np.testing.assert_allclose(history.loss, expected.loss, rtol=1e-4, atol=1e-5)
+        assert history.test["test_accuracy"] == pytest.approx(
+            expected.test["test_accuracy"], abs=1e-6)
+    # every (size, call length) traced once over both runs: the second compiled nothing
+    assert set(second.record.adaptive_batch["trace_counts_by_size"].values()) == {1}

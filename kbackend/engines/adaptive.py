@@ -315,18 +315,21 @@ def make_trainer(model: Any, dataset: Any, plan: TrainPlan, config: Any) -> Any:
 
 
 def train(model: Any, dataset: Any, plan: TrainPlan, config: Any,
-          reporter: Any = None) -> History:
+          reporter: Any = None, trainer: Any = None) -> History:
     """Train ``model`` in place on the native engine (one device, or data parallel over
     ``plan.devices``) with a batch that grows with the measured noise scale
     (``config.adaptive_batch``, ``config.lr_scaling``); the history in kbackend's format, its
-    step ranges in ``record.adaptive_batch``."""
+    step ranges in ``record.adaptive_batch``. ``trainer``: an ``AdaptiveTrainer`` of ``model``
+    already reset to the run's start (``engines.native.Runs``: its sizes' programs are reused,
+    and the Keras model is not compiled)."""
     check_adaptive_options(config)
     spec = plan.optimizer
     fused = plan.fused_steps or DEFAULT_FUSED_STEPS
-    compile_model(model, spec, config)  # for evaluate/predict/save afterwards (as native's)
+    if trainer is None:
+        compile_model(model, spec, config)  # for evaluate/predict/save afterwards (as native's)
     backend = impl()
     with backend.compilation_counter() as compiled:
-        trainer = make_trainer(model, dataset, plan, config)
+        trainer = trainer or make_trainer(model, dataset, plan, config)
         bounds, probe = resolve_bounds(config.adaptive_batch, trainer, model, dataset, spec,
                                        fused, config.jit_compile, config.seed, plan.devices)
         check_bounds_fit(bounds, plan.n_train)

@@ -32,11 +32,12 @@ from typing import Any
 import numpy as np
 
 from kbackend.backend_choice import keras as import_keras
+from kbackend.backends import adaptive as adaptive_backend
 from kbackend.backends import capabilities, impl
 from kbackend.backends.compile_cache import compile_cache_enabled, machine_measurement
 from kbackend.config import TrainConfig
 from kbackend.data import batching, check_batch_size
-from kbackend.engines import loop
+from kbackend.engines import adaptive, loop
 from kbackend.engines.keras_fit import compile_model
 from kbackend.engines.plan import TrainPlan
 from kbackend.envinfo import environment_identity
@@ -127,23 +128,45 @@ class Runs:
         """The plan of a run of ``config`` on this dataset (the native engine's)."""
         return plan_of(config, self.dataset)
 
+    def adaptive_trainer(self, config: TrainConfig, plan: TrainPlan) -> Any:
+        """The ``AdaptiveTrainer`` that the ``--batch-size auto`` runs of ``config``'s optimizer
+        share: each batch size's programs compiled once for all of them (the rate and the
+        initial values are runtime state, as in ``trainer``)."""
+        adaptive.check_adaptive_options(config)  # a constant rate: only then is it shared
+        spec = plan.optimizer
+        key = ("adaptive", replace(spec, learning_rate=1.0, decay_steps=None),
+               config.jit_compile, config.task)
+        if key not in self._trainers:
+            self._trainers[key] = adaptive_backend().AdaptiveTrainer(
+                self.model, spec, self.dataset, jit_compile=config.jit_compile, task=config.task)
+        return self._trainers[key]
+
     def train(self, config: TrainConfig, values: Any, reporter: Any = None) -> History:
-        """One run of ``config`` (native engine, explicit ``fused_steps``) from the model values
-        ``values`` (``(trainable, non_trainable)`` arrays, see ``model_values``); its history,
-        test metrics included. A non-finite test loss is recorded as ``record.diverged``."""
+        """One run of ``config`` (native engine, explicit ``fused_steps``; a growing batch with
+        ``config.adaptive_batch``) from the model values ``values`` (``(trainable,
+        non_trainable)`` arrays, see ``model_values``); its history, test metrics included. A
+        non-finite test loss is recorded as ``record.diverged``."""
         start, built_before = time.perf_counter(), self.trainers_built
         plan = self.plan(config)
-        trainer = self.trainer(config, plan)
+        auto = config.adaptive_batch is not None
+        trainer = self.adaptive_trainer(config, plan) if auto else self.trainer(config, plan)
         setup = time.perf_counter() - start if self.trainers_built > built_before else 0.0
         trainer.reset(values, plan.optimizer.learning_rate)
-        history = History()
+        if auto:
+            trainer.take_noise_norms()  # none of an earlier run's
+            history = adaptive.train(self.model, self.dataset, plan, config, reporter,
+                                     trainer=trainer)
+        else:
+            history = History()
+            history.record.engine = "native"
+            history.record.decay_steps = plan.optimizer.decay_steps
+            history = loop.run(trainer, plan, config, reporter, history=history)
+            test_loss, test_metric = trainer.evaluate_test()
+            history.test = {"test_loss": test_loss, f"test_{config.task.metric}": test_metric}
         history.timing["setup_time"] = setup  # building this cell's trainer (its first run only)
-        history.record.engine, history.record.decay_steps = "native", plan.optimizer.decay_steps
         history.record.trainers_built = self.trainers_built
-        history = loop.run(trainer, plan, config, reporter, history=history)
         history.timing["wall_time"] = time.perf_counter() - start
-        test_loss, test_metric = trainer.evaluate_test()
-        history.test = {"test_loss": test_loss, f"test_{config.task.metric}": test_metric}
+        test_loss = history.test["test_loss"]
         if history.record.diverged is None and not math.isfinite(test_loss):
             history.record.diverged = {"step": history.steps_run, "loss": str(test_loss),
                                        "seen_in": "test_loss"}

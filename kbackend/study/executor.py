@@ -393,9 +393,6 @@ class StudyRunner:
         (``engines.native.Runs``: the rate and the initial weights are runtime arguments), so a
         cell pays its start-up once; other engines build and compile per run (``train``).
         """
-        if plan.auto_max:  # the adaptive engine: its own trainer, one run at a time
-            return train(self.train_config(plan), dataset=self.dataset,
-                         model=self.build_model(plan.seed)).history
         if self.config.engine == "native":
             return self.native_runs().train(self.train_config(plan), self.initial_values(plan.seed))
         return train(self.train_config(plan), dataset=self.dataset,

@@ -208,7 +208,8 @@ def probe_knee(trainer: Any, n_train: int, minimum: int, fused_steps: int,
     several devices the data-parallel one); the knee of the sizes that ran. The trainer's full
     state is put back afterwards."""
     saved = trainer.state_copy()
-    sizes, throughputs = [], []
+    sizes: list[int] = []
+    throughputs: list[float] = []
     size, out_of_memory_at = minimum, None
     try:
         while size <= n_train:  # a call must fit one epoch (the helper refuses larger)

@@ -45,6 +45,20 @@ def test_quick_run_measures_overhead_and_auto_vs_fixed(tmp_path):
     assert f"| {BACKEND} | auto sqrt max 128 | 1/1 |" in table
 
 
+def test_quick_reuse_part_times_both_ways_of_running_auto_runs(tmp_path):
+    """``--part reuse``: a fresh ``train()`` per auto run and the study's shared trainer, both
+    timed over the same seeds (finite figures and the table; no timing thresholds)."""
+    out = tmp_path / "out"
+    options = ["--quick", "--backends", BACKEND, "--part", "reuse", "--out", str(out)]
+    assert run(BENCHMARKS["bench_adaptive"], options, in_process=True) == 0
+    payload = json.loads((out / "bench_adaptive.json").read_text())
+    rows = [r for r in payload["rows"] if r["part"] == "reuse"]
+    assert [r["case"] for r in rows] == ["fresh train() per run", "Runs: one shared trainer"]
+    assert all(r["wall_s"]["n"] == 1 and r["wall_s"]["median"] > 0 for r in rows)
+    assert rows[0]["ratio"] == 1.0 and math.isfinite(rows[1]["ratio"])
+    assert "one shared trainer" in (out / "bench_adaptive.md").read_text()
+
+
 def test_samples_count_each_step_range_at_its_batch_size():
     ranges = [{"step": 0, "batch_size": 8}, {"step": 40, "batch_size": 32},
               {"step": 100, "batch_size": 128}]

@@ -1,7 +1,7 @@
 """Adaptive batch size benchmark (issue 37): the estimator's overhead, and auto vs fixed.
 
     python scripts/bench_adaptive.py [--quick] [--out DIR] [--backends jax,tensorflow]
-        [--part overhead|compare|both] [--model mlp] [--dataset mnist1d_large]
+        [--part overhead|compare|both|reuse] [--model mlp] [--dataset mnist1d_large]
         [--batch-sizes 8,32,128,512] [--repeats N] [--fixed 8,16,...,512] [--rates 1e-3,3e-3]
         [--lr-scalings sqrt,linear,adascale,none] [--auto-min 8] [--auto-max 0,512]
         [--seeds 0,1,2] [--epochs 20] [--eval-every 25] [--target 0.65]
@@ -15,6 +15,11 @@ with the adaptive trainer (micro-batched gradients and the two norms), alternate
 times after a compiling epoch; median us/step with [min, max], and the ratio of medians. With
 ``--devices N`` (N > 1; N virtual devices on a CPU) the two are the data-parallel trainer
 and the data-parallel adaptive one (per-device norms), each batch size the global one.
+
+``reuse``: auto runs (the first ``--lr-scalings``, MIN ``--auto-min``, the first non-zero
+``--auto-max``, the first rate) as the study trains them, on one shared adaptive trainer
+(``engines.native.Runs``: each size compiled once for all runs), against a fresh ``train()`` per
+run; alternated, one pair per seed after a compiling round; wall seconds per run.
 
 ``compare``: per seed, ``train()`` on the native engine at every fixed batch size (each with the
 best of the ``--rates``) and with ``--batch-size auto:MIN:MAX`` for each ``--lr-scalings`` and
@@ -50,6 +55,7 @@ from kbackend.bench.spec import (
 )
 from kbackend.data import batching
 from kbackend.engines.loop import EpochRunner
+from kbackend.engines.native import Runs, model_values
 from kbackend.errors import KBackendError
 from kbackend.io import atomic_write
 from kbackend.models import ModelOptions, build_model
@@ -58,7 +64,7 @@ from kbackend.reports import markdown_rows
 from kbackend.study.summaries import adaptive_samples
 from kbackend.training import Target, TrainConfig, load_dataset, train
 
-PARTS = ("overhead", "compare", "both")
+PARTS = ("overhead", "compare", "both", "reuse")
 FUSED_STEPS = 8
 
 # Full and quick defaults of every option left out (quick: a smoke run of a few seconds).
@@ -301,6 +307,48 @@ def compare(opts: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def reuse(opts: dict[str, Any]) -> list[dict[str, Any]]:
+    """Auto runs as the study trains them (``engines.native.Runs``: one adaptive trainer, each
+    size compiled once for all runs) against a fresh ``train()`` per run, alternated, one pair
+    per seed after one unmeasured run of each; wall seconds per run, medians [min, max]."""
+    maximum = next((m for m in opts["auto_max"] if m), 128)
+    config = TrainConfig(model=opts["model"], dataset=opts["dataset"], engine="native",
+                         epochs=opts["epochs"], fused_steps=FUSED_STEPS,
+                         eval_every=opts["eval_every"], on_divergence="record",
+                         target=Target("val_accuracy", opts["target"]),
+                         data_dir=opts["data_dir"], jit_compile=opts["jit"],
+                         batch_size=opts["auto_min"], lr_scaling=opts["lr_scalings"][0],
+                         adaptive_batch=AutoBatchSize(opts["auto_min"], maximum),
+                         optimizer=OptimizerSpec(opts["optimizer"], opts["rates"][0]))
+    dataset = load_dataset(config)
+
+    def fresh(seed: int) -> Any:
+        return build_model(config.model, dataset.info, ModelOptions(seed=seed))
+
+    runs = Runs(fresh(0), dataset)
+    cases: dict[str, Any] = {
+        "fresh train() per run": lambda seed: train(replace(config, seed=seed),
+                                                    model=fresh(seed), dataset=dataset),
+        "Runs: one shared trainer": lambda seed: runs.train(replace(config, seed=seed),
+                                                            model_values(fresh(seed))),
+    }
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for index, seed in enumerate([opts["seeds"][0], *opts["seeds"]]):
+        for name, run_one in cases.items():
+            start = time.perf_counter()
+            run_one(seed)
+            if index:  # the first round compiles every size for both: not measured
+                times[name].append(time.perf_counter() - start)
+    rows = [{"part": "reuse", "case": name, "wall_s": median_interval(values)}
+            for name, values in times.items()]
+    fresh_s, shared_s = (row["wall_s"]["median"] for row in rows)
+    for row in rows:
+        row["ratio"] = row["wall_s"]["median"] / fresh_s
+        say(f"{row['case']:26s} {_fmt(row['wall_s']['median'])} per run")
+    say(f"shared / fresh: {shared_s / fresh_s:.2f}")
+    return rows
+
+
 def plot(rows: list[dict[str, Any]], title: str, path: Path) -> bool:
     """Each auto run's batch size over steps and its measured B_simple, as a PNG at ``path``
     (written atomically); False (nothing written) where no auto run recorded a range."""
@@ -345,6 +393,8 @@ def measure_adaptive(settings: Settings) -> Rows:
     rows: list[dict[str, Any]] = []
     if opts["part"] in ("overhead", "both"):
         rows += overhead(opts)
+    if opts["part"] == "reuse":
+        rows += reuse(opts)
     plot_path = None
     if opts["part"] in ("compare", "both"):
         compared = compare(opts)
@@ -405,6 +455,14 @@ def adaptive_table(payload: dict[str, Any]) -> str:
                 ([row["backend"], row["case"], f"{row['reached']}/{row['seeds']}",
                   _interval(row["steps"], ".0f"), _interval(row["samples"], ".0f"),
                   _interval(row["time_s"], ".2f")] for row in compare_rows)))
+    reuse_rows = [r for r in payload["rows"] if r.get("part") == "reuse"]
+    if reuse_rows:
+        parts.append(
+            "Auto runs, each on a fresh train() vs on one shared trainer (the study's Runs); "
+            "wall seconds per run after a compiling round, median [min, max]:\n\n"
+            + markdown_rows(["backend", "case", "s per run", "ratio to fresh"],
+                            ([row["backend"], row["case"], _interval(row["wall_s"], ".2f"),
+                              f"{row['ratio']:.2f}"] for row in reuse_rows)))
     plots = [s["plot"] for s in payload["summaries"] if s.get("plot")]
     if plots:
         parts.append("Batch-size trajectories over B_simple: " + ", ".join(plots))
@@ -418,7 +476,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               keys=("part", "case"),
               summary_fields=("part", "model", "dataset", "plot"),
               options=(
-                  Option("--part", "overhead, compare or both (default both)", _part),
+                  Option("--part", "overhead, compare, both, or reuse (auto runs on one "
+                         "shared trainer vs a fresh train() each) (default both)", _part),
                   Option("--model", "model (default mlp, quick seed_mlp)"),
                   Option("--dataset", "dataset (default mnist1d_large, quick digits)"),
                   Option("--data-dir", "data folder (default: kbackend's)"),

@@ -55,7 +55,7 @@ def test_quick_reuse_part_times_both_ways_of_running_auto_runs(tmp_path):
     rows = [r for r in payload["rows"] if r["part"] == "reuse"]
     assert [r["case"] for r in rows] == ["fresh train() per run", "Runs: one shared trainer"]
     assert all(r["wall_s"]["n"] == 1 and r["wall_s"]["median"] > 0 for r in rows)
-    assert rows[0]["ratio"] == 1.0 and math.isfinite(rows[1]["ratio"])
+    assert rows[0]["ratio"]["median"] == 1.0 and math.isfinite(rows[1]["ratio"]["median"])
     assert "one shared trainer" in (out / "bench_adaptive.md").read_text()
 
 

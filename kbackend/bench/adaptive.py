@@ -35,6 +35,7 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -105,7 +106,7 @@ def _jit(text: str) -> bool:
     return text == "on"
 
 
-def median_interval(values: list[float | None]) -> dict[str, Any]:
+def median_interval(values: Sequence[float | None]) -> dict[str, Any]:
     """Median and [min, max] of the finite values (None where there are none)."""
     finite = [v for v in values if v is not None and math.isfinite(v)]
     if not finite:
@@ -342,9 +343,10 @@ def reuse(opts: dict[str, Any]) -> list[dict[str, Any]]:
     fresh_times, shared_times = times.values()
     # Seeds stop at different steps: each seed's pair (same run both ways) is the comparison.
     paired = median_interval([b / a for a, b in zip(fresh_times, shared_times, strict=True)])
-    rows = [{"part": "reuse", "case": name, "wall_s": median_interval(values),
-             "ratio": median_interval([1.0] * len(values)) if index == 0 else paired}
-            for index, (name, values) in enumerate(times.items())]
+    rows: list[dict[str, Any]] = [
+        {"part": "reuse", "case": name, "wall_s": median_interval(values),
+         "ratio": median_interval([1.0] * len(values)) if index == 0 else paired}
+        for index, (name, values) in enumerate(times.items())]
     for row in rows:
         say(f"{row['case']:26s} {_fmt(row['wall_s']['median'])} per run")
     say(f"shared / fresh, per seed: {paired['median']:.2f} [{paired['min']:.2f}, "

@@ -433,42 +433,40 @@ def _interval(cell: dict[str, Any], fmt: str) -> str:
 
 
 def adaptive_table(payload: dict[str, Any]) -> str:
-    """The overhead per backend and batch size, then auto vs fixed per backend and cell."""
-    parts = []
+    """The overhead per backend and batch size, auto vs fixed per backend and cell, and auto
+    runs on a shared vs a fresh trainer: a table per part that has rows."""
+    parts: list[str] = []
+
+    def section(part: str, title: str, header: list[str], cells: Any) -> None:
+        rows = [r for r in payload["rows"] if r.get("part") == part]
+        if rows:
+            parts.append(f"{title}:\n\n" + markdown_rows(header, (cells(r) for r in rows)))
+
     overhead_rows = [r for r in payload["rows"] if r.get("part") == "overhead"]
-    if overhead_rows:
-        devices = max(int(row.get("devices") or 1) for row in overhead_rows)
-        where = f"data parallel on {devices} devices, global batch; " if devices > 1 else ""
-        measured = "per-device-norm" if devices > 1 else "micro-batched"
-        parts.append(
-            f"Overhead of the estimator ({where}K = 8 fused steps; median us/step "
-            "[min, max]):\n\n"
-            + markdown_rows(
-                ["backend", "batch", "plain us/step", f"{measured} us/step", "ratio"],
-                ([row["backend"], str(row["batch_size"]), _interval(row["plain_us"], ".1f"),
-                  _interval(row["adaptive_us"], ".1f"), f"{row['ratio']:.2f}"]
-                 for row in overhead_rows)))
-    compare_rows = [r for r in payload["rows"] if r.get("part") == "compare"]
-    if compare_rows:
-        parts.append(
+    devices = max((int(row.get("devices") or 1) for row in overhead_rows), default=1)
+    where = f"data parallel on {devices} devices, global batch; " if devices > 1 else ""
+    measured = "per-device-norm" if devices > 1 else "micro-batched"
+    section("overhead",
+            f"Overhead of the estimator ({where}K = 8 fused steps; median us/step [min, max])",
+            ["backend", "batch", "plain us/step", f"{measured} us/step", "ratio"],
+            lambda row: [row["backend"], str(row["batch_size"]), _interval(row["plain_us"], ".1f"),
+                         _interval(row["adaptive_us"], ".1f"), f"{row['ratio']:.2f}"])
+    section("compare",
             "Auto vs fixed batch sizes (each seed's best rate; medians over the seeds that "
             "reached the target, [min, max]; time: train time to the target, compilation "
-            "included):\n\n"
-            + markdown_rows(
-                ["backend", "cell", "reached", "steps to target", "samples to target",
-                 "time to target (s)"],
-                ([row["backend"], row["case"], f"{row['reached']}/{row['seeds']}",
-                  _interval(row["steps"], ".0f"), _interval(row["samples"], ".0f"),
-                  _interval(row["time_s"], ".2f")] for row in compare_rows)))
-    reuse_rows = [r for r in payload["rows"] if r.get("part") == "reuse"]
-    if reuse_rows:
-        parts.append(
+            "included)",
+            ["backend", "cell", "reached", "steps to target", "samples to target",
+             "time to target (s)"],
+            lambda row: [row["backend"], row["case"], f"{row['reached']}/{row['seeds']}",
+                         _interval(row["steps"], ".0f"), _interval(row["samples"], ".0f"),
+                         _interval(row["time_s"], ".2f")])
+    section("reuse",
             "Auto runs, each on a fresh train() vs on one shared trainer (the study's Runs); "
             "wall seconds per run after a compiling round, and each seed's ratio to its fresh "
-            "run, median [min, max]:\n\n"
-            + markdown_rows(["backend", "case", "s per run", "ratio to fresh (per seed)"],
-                            ([row["backend"], row["case"], _interval(row["wall_s"], ".2f"),
-                              _interval(row["ratio"], ".2f")] for row in reuse_rows)))
+            "run, median [min, max]",
+            ["backend", "case", "s per run", "ratio to fresh (per seed)"],
+            lambda row: [row["backend"], row["case"], _interval(row["wall_s"], ".2f"),
+                         _interval(row["ratio"], ".2f")])
     plots = [s["plot"] for s in payload["summaries"] if s.get("plot")]
     if plots:
         parts.append("Batch-size trajectories over B_simple: " + ", ".join(plots))

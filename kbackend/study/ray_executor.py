@@ -188,13 +188,9 @@ def run_phase(runner_class: type, config: StudyConfig, phase: str, cell: tuple[s
             os._exit(1)  # the injected fault: this worker dies mid-cell
 
     runner.on_event = on_event
-    if phase == "cell":
+    if phase in ("cell", "auto"):
         assert cell is not None
-        result = runner.run_cell(*cell)
-        result["runs"] = [r["key"] for r in result["runs"]]
-    elif phase == "auto":
-        assert cell is not None
-        result = run_auto_cell(runner, cell[0])
+        result = runner.run_cell(*cell) if phase == "cell" else run_auto_cell(runner, cell[0])
         result["runs"] = [r["key"] for r in result["runs"]]
     elif phase == "steptime":
         result = runner.measure_step_times(cells or [])
@@ -323,11 +319,11 @@ class RayStudy:
                 "finished so far are stored: run the study again to resume.") from None
 
     def run_cell_tasks(self, phase: str, keys: list[tuple[str, Any]],
-                       from_store: Callable[[tuple[str, Any]], Any],
-                       records: Callable[[tuple[str, Any]], list[dict[str, Any]]]
+                       from_store: Callable[[tuple[str, Any]], Any]
                        ) -> dict[tuple[str, Any], dict[str, Any]]:
-        """Each cell of ``keys`` from the store (``from_store``), else as one ``phase`` task
-        given its stored ``records``; stored here as each task finishes."""
+        """Each cell of ``keys`` (optimizer, batch size or auto label) from the store
+        (``from_store``), else as one ``phase`` task given the cell's stored records; stored
+        here as each task finishes."""
         runner = self.runner
         cells: dict[tuple[str, Any], dict[str, Any]] = {}
         pending: dict[Any, tuple[str, Any]] = {}
@@ -337,7 +333,7 @@ class RayStudy:
                 cells[key] = cell  # every run stored: not submitted
             else:
                 pending[self.task.remote(self.runner_class, self.config, phase, key, None,
-                                         records(key), self.crash)] = key
+                                         self.cell_records(*key), self.crash)] = key
         try:
             while pending:
                 [ref], _ = self.ray.wait(list(pending), num_returns=1)
@@ -356,8 +352,7 @@ class RayStudy:
 
     def run_cells(self) -> list[dict[str, Any]]:
         keys = [(o, b) for o in self.runner.config.optimizers for b in self.runner.batch_sizes]
-        cells = self.run_cell_tasks("cell", keys, lambda key: self.stored.run_cell(*key),
-                                    lambda key: self.cell_records(*key))
+        cells = self.run_cell_tasks("cell", keys, lambda key: self.stored.run_cell(*key))
         return [cells[key] for key in keys]
 
     def run_auto_cells(self) -> list[dict[str, Any]]:
@@ -367,11 +362,8 @@ class RayStudy:
         bounds = config.auto_bounds
         if bounds is None:
             return []
-        label = f"auto:{bounds.minimum}:{bounds.maximum}"  # the auto runs' key batch size
-        keys = [(o, label) for o in config.optimizers]
-        cells = self.run_cell_tasks("auto", keys,
-                                    lambda key: run_auto_cell(self.stored, key[0]),
-                                    lambda key: self.cell_records(*key))
+        keys = [(o, str(bounds)) for o in config.optimizers]  # "auto:MIN:MAX", as runs are keyed
+        cells = self.run_cell_tasks("auto", keys, lambda key: run_auto_cell(self.stored, key[0]))
         return [cells[key] for key in keys]
 
     def measure(self, phase: str, action: Callable[[], Any], cells: list[dict[str, Any]]) -> Any:

@@ -40,8 +40,9 @@ __all__ = ["StudyResult", "recommendation", "study", "train"]
 class StudyResult:
     """A finished study: ``best`` (the recommended cell: optimizer, batch size, learning rate,
     time and steps to target with their intervals, the cells it ties with, the command and the
-    Python call that train at it), ``rows`` (every cell), ``report_path`` and the raw
-    ``study`` / ``analysis`` records."""
+    Python call that train at it), ``rows`` (every cell: the fixed batch sizes', then any
+    auto cells, whose ``batch_size`` is ``"auto"``), ``report_path`` and the raw ``study`` /
+    ``analysis`` records."""
 
     best: dict[str, Any] | None
     rows: list[dict[str, Any]]
@@ -202,7 +203,8 @@ def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
                          engine=options.pop("engine", "native"), **options)
     show = sys.stderr.isatty() if progress is None else progress
     outcome = run_study(config, out_path, show_progress=show)
-    return StudyResult(recommendation(outcome["study"]), list(outcome["study"]["cells"]),
+    cells = [*outcome["study"]["cells"], *outcome["study"].get("auto_cells", [])]
+    return StudyResult(recommendation(outcome["study"]), cells,
                        Path(outcome["paths"]["report"]), outcome["study"], outcome["analysis"])
 
 

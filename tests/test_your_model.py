@@ -296,6 +296,13 @@ def test_a_study_of_a_user_model_names_its_metric_and_resumes(tmp_path):
                                           r["steps_to_target"], r["learning_rate"])
                                          for r in first.rows]
         assert again.report_path == first.report_path
+        # With an auto cell: the fixed runs come from the store, the auto cell (a regression
+        # loss: the noise scale works for any loss) is the last row, with its verdict.
+        auto = kbackend.study(user_models.reg, X, y, **{**kwargs, "batch_sizes": (16, 64, "auto")})
+        assert [r["batch_size"] for r in auto.rows] == [16, 64, "auto"]
+        assert auto.rows[-1]["auto"] == {"min": 16, "max": 64, "lr_scaling": "sqrt"}
+        assert auto.rows[-1]["seeds"] == 2
+        assert [v["optimizer"] for v in auto.analysis["verdicts"]["adaptive"]] == ["adam"]
     finally:
         sys.path.remove(str(tmp_path))
 

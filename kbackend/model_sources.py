@@ -47,6 +47,7 @@ from kbackend.backend_choice import keras as import_keras
 from kbackend.backend_choice import tensorflow_kept_out
 from kbackend.backends import impl
 from kbackend.data import DatasetInfo
+from kbackend.digests import arrays_digest, code_digest, json_digest
 from kbackend.errors import ConfigError, path_errors
 from kbackend.models import (
     BYTES_PER_TRAINING_PARAM,
@@ -559,6 +560,31 @@ class ModelSource:
             return _fresh_copy(self.obj, self.name, weights=self.from_weights, safe_mode=False)
         return _call_builder(self._builder(), info, self.name)
 
+    def digest(self, model: Any) -> str:
+        """A hex digest of what ``model`` (one this source built) trains: its class and config
+        (layers, shapes, dtypes; auto-generated names made positional, so the same model built
+        later in a session has the same digest), its compiled loss and metrics, its variables'
+        shapes and dtypes, the user's source files behind it (a builder's file and the modules it
+        imports, custom layers' modules) and, with ``from_weights``, the weights themselves.
+        Names and paths are not content: a renamed or moved copy has the same digest."""
+        keras = import_keras()
+        layers = list(model._flatten_layers(include_self=False))
+        names = {name: f"<{index}>" for index, name in
+                 enumerate([model.name, *(layer.name for layer in layers)])}
+        payload = {
+            "class": f"{type(model).__module__}.{type(model).__qualname__}",
+            "config": _positional_names(_model_config(model, layers), names),
+            "compile": _positional_names(_task_settings(model), names),
+            "variables": [[list(v.shape), str(v.dtype)] for v in model.weights],
+            "code": code_digest([*([self._builder()] if self.kind == "builder" else []),
+                                 type(model), *(type(layer) for layer in layers)]),
+        }
+        if self.from_weights:
+            payload["weights"] = arrays_digest({
+                str(index): keras.ops.convert_to_numpy(variable)
+                for index, variable in enumerate(model.weights)})
+        return json_digest(payload)
+
     def _builder(self) -> Callable[..., Any]:
         if self.obj is not None:
             return self.obj
@@ -576,6 +602,46 @@ class ModelSource:
             raise ModelError(f"Builder {self.name!r}: the module {what} {self.function!r}; its "
                              f"functions and classes are {', '.join(own) or 'none'}.")
         return builder
+
+
+def _model_config(model: Any, layers: list[Any]) -> Any:
+    """``model``'s config, or (a subclassed model without one) each layer's class and config."""
+    try:
+        return model.get_config()
+    except NotImplementedError:
+        described = []
+        for layer in layers:
+            try:
+                config = layer.get_config()
+            except NotImplementedError:
+                config = None
+            described.append([f"{type(layer).__module__}.{type(layer).__qualname__}", config])
+        return described
+
+
+# What a model's compile settings say about the task (kbackend's engines bring their own
+# optimizer, compilation and steps per call, so those settings are not content).
+TASK_COMPILE_SETTINGS = ("loss", "loss_weights", "metrics", "weighted_metrics")
+
+
+def _task_settings(model: Any) -> dict[str, Any] | None:
+    """The loss and metric settings ``model`` was compiled with, None if it was not."""
+    if not getattr(model, "compiled", False):
+        return None
+    config = model.get_compile_config() or {}
+    return {key: config.get(key) for key in TASK_COMPILE_SETTINGS}
+
+
+def _positional_names(value: Any, names: dict[str, str]) -> Any:
+    """``value`` (JSON-like) with every string that is a layer's or the model's name replaced by
+    its position: Keras numbers auto-generated names per session (``dense_3``)."""
+    if isinstance(value, str):
+        return names.get(value, value)
+    if isinstance(value, dict):
+        return {key: _positional_names(item, names) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_positional_names(item, names) for item in value]
+    return value
 
 
 def _builder_source(text: str) -> ModelSource:

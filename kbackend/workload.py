@@ -120,6 +120,10 @@ class Workload:
     def model_name(self) -> str:
         return self.source.name
 
+    def first_model(self) -> Any:
+        """The model built while preparing (kept for the first ``build``), else a new one."""
+        return self._first[1] if self._first is not None else self.build()
+
     def build(self, seed: int | None = None) -> Any:
         """A fresh model for seed ``seed`` (default: the options' seed)."""
         seed = self.options.seed if seed is None else seed

@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("backends",),  # ALL backend-specific code (optax included) sits above the backend-free maths
     ("optim", "precision", "data", "adaptive"),
     ("backend_choice", "history", "io", "errors", "logs", "reports", "stats", "task", "sqlite",
-     "__init__"),
+     "digests", "__init__"),
 ]
 # Libraries an import inside a function may defer (slow to import, or optional extras;
 # ``scipy.stats`` alone takes ~0.6 s).

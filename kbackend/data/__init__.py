@@ -16,6 +16,7 @@ import numpy as np
 from kbackend.data import sources
 from kbackend.data.sources import RawData
 from kbackend.data.validation import check_batch_size, validate_dataset, validate_split
+from kbackend.digests import arrays_digest, json_digest
 from kbackend.errors import DataError
 
 # "spatial": the data's own shape (images as images, sequences as sequences), for models such as
@@ -80,6 +81,17 @@ class Dataset:
             raise DataError("Invalid split. Expected one of {'train', 'val', 'test'}. "
                             f"Received: {name!r}.")
         return getattr(self, f"x_{name}"), getattr(self, f"y_{name}")
+
+    def digest(self) -> str:
+        """A hex digest of the six arrays (names, shapes, dtypes, bytes) and the label facts the
+        model is built from: a label column, an edited file or another split all change it; the
+        same arrays from another path or name do not."""
+        info = self.info
+        return json_digest({
+            "arrays": arrays_digest({f"{part}_{split}": array for split in ("train", "val", "test")
+                                     for part, array in zip("xy", self.split(split), strict=True)}),
+            "num_classes": info.num_classes, "sparse_labels": info.sparse_labels,
+            "val_is_test": info.val_is_test})
 
 
 def resolve_layout(layout: str, kind: str) -> str:

@@ -3,16 +3,14 @@ the budgets. Everything here is validated before any training starts."""
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from kbackend.adaptive import AUTO, AutoBatchSize, check_lr_scaling, is_power_of_two
 from kbackend.data import check_batch_size
-from kbackend.errors import ConfigError, DataError, path_errors
+from kbackend.errors import ConfigError, DataError
 from kbackend.optim import OPTIMIZERS, OptimizerSpec
 from kbackend.study.verdicts import DEFAULT_ACCURACY_MARGIN, DEFAULT_MARGIN
 from kbackend.training import Target
@@ -85,27 +83,6 @@ EXECUTOR_FIELDS = ("executor", "workers", "cell_cpus", "cell_gpus")
 # identity (every run, added seed and frontier run has its own key), so studies stored before
 # these options existed keep theirs.
 VERDICT_FIELDS = ("max_seeds", "seed_budget", "margin", "accuracy_margin", "frontier_epochs")
-
-
-def source_fingerprint(source: str) -> str | None:
-    """A digest of the file or folder a model or data source names (its contents for a file,
-    names, sizes and modification times for a folder); None for a built-in name or a module."""
-    with path_errors(source, "model or data path"):  # a name too long to look at: one line
-        location = source.split(":")[0] if ":" in source and not Path(source).exists() \
-            else source
-        path = Path(location)
-        if not path.exists():
-            return None
-    digest = hashlib.sha256()
-    if path.is_file():
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-    else:
-        for item in sorted(p for p in path.rglob("*") if p.is_file()):
-            stat = item.stat()
-            digest.update(f"{item.relative_to(path)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    return digest.hexdigest()[:16]
 
 
 def default_frontier_epochs(dataset: str) -> int:
@@ -471,11 +448,8 @@ class StudyConfig:
             payload.pop("lr_scaling")
         if payload["label"] is None:  # studies stored before the option existed keep their identity
             payload.pop("label")
-        # A user's file is part of the question: an edited data file or builder is a new study.
-        for name in ("model", "dataset"):
-            fingerprint = source_fingerprint(payload[name])
-            if fingerprint:
-                payload[f"{name}_fingerprint"] = fingerprint
+        # What the model and data hold is added by the runner once built and read
+        # (``StudyRunner.content_identity``): names and paths are not content.
         # studies stored before the option existed keep their identity
         if not payload["max_epochs"]:
             payload.pop("max_epochs")

@@ -3,9 +3,13 @@ with every seed, the grid extended while its best rate sits on an end), the cell
 times measured apart (the time model), a noise-scale measurement; each finished run committed
 to the results store.
 
-Re-running the same study skips every run already stored (the key is the run's full
-configuration: model, data, optimizer, batch size, learning rate, seed, budget, target, engine,
-backend, package versions and device), so an interrupted study resumes where it stopped.
+Re-running the same study skips every run already stored, so an interrupted study resumes where
+it stopped. A run's key is its content (``content_identity``): digests of the built model (config,
+compiled loss and metrics, the user's source files, the weights it starts from when given) and of
+the split arrays, with every option that changes training (optimizer, batch size, rate, seed,
+budget, evaluation schedule, target, engine, backend, package versions, device). Names and paths
+are not in it: an edited file trains anew, a renamed copy is reused. Runs stored before content
+keys (``CONTENT_KEYS`` absent) stay in the store and are never matched.
 
 ``StudyRunner`` plans, validates and trains single runs; it composes the collaborators that
 take it as a ``runner_protocol.StudyRunnerLike``: ``search.RateSearch`` (a cell's learning-rate
@@ -31,6 +35,7 @@ from kbackend.engines.native import Runs, model_values
 from kbackend.envinfo import environment_identity
 from kbackend.errors import ConfigError
 from kbackend.history import History
+from kbackend.model_sources import parse_model_source
 from kbackend.models import ModelOptions, build_model, model_layout
 from kbackend.optim import OptimizerSpec
 from kbackend.study.auto_cells import auto_cell_runs, finish_auto_cells, run_auto_cell
@@ -55,6 +60,12 @@ from kbackend.workload import Workload
 
 # Engines that validate once per epoch, whatever eval_every asks (Keras fit).
 EPOCH_EVAL_ENGINES = frozenset({"keras"})
+# The version of the run keys' content identity (keys without it predate content keys).
+CONTENT_KEYS = 1
+
+
+# Trains one planned run of a prepared runner and returns its history.
+RunExecutor = Callable[["StudyRunner", RunPlan], History]
 
 
 def default_engine() -> str:
@@ -66,13 +77,19 @@ class StudyRunner:
     """Plans, validates and runs a study against a results store."""
 
     def __init__(self, config: StudyConfig, store: RunStore | None,
-                 on_event: Callable[..., None] | None = None) -> None:
+                 on_event: Callable[..., None] | None = None, *,
+                 run_executor: RunExecutor | None = None) -> None:
         self.config = config
+        # Trains one planned run (``execute``'s default: this process, the study's engine);
+        # tests pass a fake that returns histories without training.
+        self.run_executor = run_executor
         self.store = store
         self.on_event = on_event or (lambda *args, **kwargs: None)
         self.dataset: Dataset | None = None
         self.env = environment_identity()
-        self.study_id = config_key(config.identity())[:12]
+        self.study_id = config_key(config.identity())[:12]  # with content digests: prepare()
+        # Digests of the built model and the split arrays (``content_identity``): prepare()
+        self.digests: dict[str, str] = {}
         self.executed = 0
         self.time_spent = TimeSpent()
         self.batch_sizes: tuple[int, ...] = ()  # set by prepare()
@@ -101,6 +118,8 @@ class StudyRunner:
             self.workload = workload_of(source)
             self.dataset, self.task = self.workload.dataset, self.workload.task
             check_metrics(replace(source, task=self.task))
+        self.digests = self._content_digests()
+        self.study_id = config_key({**config.identity(), **self.digests})[:12]
         self.batch_sizes = config.resolved_batch_sizes(self.num_train)
         if config.population == "on" and (config.engine != "native"
                                            or not impl().supports_populations()):
@@ -110,6 +129,35 @@ class StudyRunner:
         self.noise_batches = self._noise_batches() if config.noise_points else (0, 0)
         if config.executor != LOCAL_EXECUTOR:
             require_ray()  # Ray is an optional extra: a one-line error naming it, before training
+
+    def _content_digests(self) -> dict[str, str]:
+        """The digests of what every run trains: the model (built once, for the study's seed)
+        and the data (``ModelSource.digest``, ``Dataset.digest``)."""
+        assert self.dataset is not None
+        start = time.perf_counter()
+        if self.workload is not None:
+            source, model = self.workload.source, self.workload.first_model()
+        else:
+            source = parse_model_source(self.config.model)
+            model = self.build_model()
+            self._initial_values[self.config.seed] = model_values(model)
+        digests = {"model": source.digest(model), "data": self.dataset.digest()}
+        self.time_spent.setup += time.perf_counter() - start
+        return digests
+
+    def content_identity(self) -> dict[str, Any]:
+        """What every stored result of this study is computed from, by content: the model and
+        data digests and the split sizes (part of every key: runs, step times, probes)."""
+        assert self.dataset is not None and self.digests
+        info = self.dataset.info
+        return {"content_keys": CONTENT_KEYS, "model": self.digests["model"],
+                "data": {"digest": self.digests["data"], "num_train": info.num_train,
+                         "num_val": info.num_val, "num_test": info.num_test}}
+
+    def legacy_runs(self) -> int:
+        """Runs in the store keyed before content keys: kept, never matched by this code."""
+        return sum(1 for record in self.results().records(kind="run")
+                   if not isinstance(record["config"].get("content_keys"), int))
 
     def results(self) -> RunStore:
         """The results store (a runner built without one can plan and validate, not run)."""
@@ -173,16 +221,13 @@ class StudyRunner:
 
     def run_key_config(self, plan: RunPlan) -> dict[str, Any]:
         """Everything that determines a run's outcome: its store key is a hash of this."""
-        assert self.dataset is not None
         config = self.config
-        info = self.dataset.info
         return {
             "kind": "run",
-            "model": config.model,
+            **self.content_identity(),
             "model_options": ModelOptions(seed=plan.seed).key(),
-            "data": {"name": info.name, "source": info.source, "num_train": info.num_train,
-                     "num_val": info.num_val, "num_test": info.num_test,
-                     "validation_fraction": config.validation_fraction},
+            "validation_fraction": config.validation_fraction,
+            "label": config.label,
             "optimizer": OptimizerSpec(plan.optimizer, plan.learning_rate).to_dict(),
             # an auto cell's run: "auto:MIN:MAX" and its rate scaling (a key of its own)
             "batch_size": plan.batch_label if plan.auto_max else plan.batch_size,
@@ -260,7 +305,7 @@ class StudyRunner:
     def _study(self, cells: list[dict[str, Any]], runs: list[dict[str, Any]], step_times: Any,
                noise: Any, added: Any, auto: dict[str, Any]) -> dict[str, Any]:
         assert self.dataset is not None
-        return {"study": self.study_id, "step_times": step_times,
+        return {"study": self.study_id, "digests": self.digests, "step_times": step_times,
                 "config": self.config.to_dict(), "env": self.env,
                 "dataset": self.dataset.info.to_dict(), "batch_sizes": list(self.batch_sizes),
                 "cells": cells, "runs": runs, "noise": noise, "added_seeds": added, **auto}
@@ -393,6 +438,8 @@ class StudyRunner:
         (``engines.native.Runs``: the rate and the initial weights are runtime arguments), so a
         cell pays its start-up once; other engines build and compile per run (``train``).
         """
+        if self.run_executor is not None:
+            return self.run_executor(self, plan)
         if self.config.engine == "native":
             return self.native_runs().train(self.train_config(plan), self.initial_values(plan.seed))
         return train(self.train_config(plan), dataset=self.dataset,

@@ -22,13 +22,15 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from kbackend.data import DATASETS
 from kbackend.errors import ConfigError, DataError, OutputError
 from kbackend.io import atomic_write_text, check_output_folder, read_json
+from kbackend.models import MODELS
 from kbackend.reports import markdown_rows
 from kbackend.study.analysis import analyze
 from kbackend.study.config import StudyConfig
 from kbackend.study.device_profile import check_profile, load_profile, predict
-from kbackend.study.executor import StudyRunner
+from kbackend.study.executor import RunExecutor, StudyRunner
 from kbackend.study.report import CONSOLE_WIDTH, print_table, write_report
 from kbackend.study.store import ResultStore
 from kbackend.study.timing import TimeSpent
@@ -38,10 +40,18 @@ DB_NAME = "study.db"
 
 
 def report_dir(out: Path, study: dict[str, Any]) -> Path:
-    """Where one study's report goes: one folder per dataset, model, backend and engine."""
-    config = study["config"]
-    parts = (config["dataset"], config["model"], study["env"]["backend"], config["engine"])
-    return out / "_".join(folder_name(part) for part in parts)
+    """Where one study's report goes: one folder per dataset, model, backend and engine. A
+    user's model or data is named with the start of its content digest: two sources with the
+    same file name (``a/cls.npz``, ``b/cls.npz``) or one edited never share a folder."""
+    config, digests = study["config"], study.get("digests") or {}
+    parts = [folder_name(config["dataset"]), folder_name(config["model"]),
+             study["env"]["backend"], config["engine"]]
+    for index, (name, builtin) in enumerate(((config["dataset"], DATASETS),
+                                             (config["model"], MODELS))):
+        digest = digests.get("data" if index == 0 else "model")
+        if name not in builtin and digest:
+            parts[index] += f"-{digest[:8]}"
+    return out / "_".join(parts)
 
 
 def folder_name(source: str) -> str:
@@ -159,8 +169,10 @@ def accounting_line(account: dict[str, Any]) -> str:
 
 
 def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool = True,
-              console: Any = None, print_results: bool = True) -> dict[str, Any]:
+              console: Any = None, print_results: bool = True,
+              run_executor: RunExecutor | None = None) -> dict[str, Any]:
     """Run or resume ``config`` with its results in ``out_dir/study.db``; write the report.
+    ``run_executor`` trains each run (default: in this process, ``StudyRunner.execute``).
 
     Returns ``{"study", "analysis", "paths", "wall_time", "executed", "skipped"}``. All input
     checks run before any training.
@@ -169,15 +181,15 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
     out = Path(out_dir)
     start = time.perf_counter()
     load_before = os.getloadavg()[0]
-    runner = StudyRunner(config, None)
+    runner = StudyRunner(config, None, run_executor=run_executor)
     runner.prepare()  # every check against the data, before the store is created or opened
     profile = None
     if config.device_profile is not None:  # read here, in the driver: it only re-models time
         profile = load_profile(config.device_profile)
         check_profile(profile, config.model, config.dataset, runner.batch_sizes)
     # The report's folder too: a file in its place is a one-line error now, not after the runs.
-    check_output_folder(report_dir(out, {"config": config.to_dict(), "env": runner.env}),
-                        "report")
+    check_output_folder(report_dir(out, {"config": config.to_dict(), "env": runner.env,
+                                         "digests": runner.digests}), "report")
     with ResultStore(out / DB_NAME) as store:
         runner.store = store
         total = runner.total_runs() + (1 if config.noise_points else 0) + \
@@ -189,6 +201,11 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
             events = _ProgressEvents(progress, task, console,
                                      lines=show_progress and not console.is_terminal)
             runner.on_event = events
+            legacy = runner.legacy_runs()
+            if legacy and show_progress:
+                console.print(f"{legacy} runs in {out / DB_NAME} predate content keys: kept in "
+                              "the store, never reused (each run is now keyed by what it "
+                              "trains: model, data and options)", highlight=False)
             study = runner.run()
         if profile is not None:
             study["device_profile"] = predict(study, profile)

@@ -66,11 +66,7 @@ class Populations:
         values = [runner.initial_values(p.seed) for p in plans]
         fused = configs[0].fused_steps
         steps = fused * -(-PROBE_STEPS // fused)  # whole calls
-        assert runner.dataset is not None
-        info = runner.dataset.info  # its shape and size: not where its file is cached
-        key_config = {"kind": "population_probe", "model": runner.config.model,
-                      "data": {"name": info.name, "input_shape": list(info.input_shape),
-                               "num_train": info.num_train, "num_val": info.num_val},
+        key_config = {"kind": "population_probe", **runner.content_identity(),
                       "optimizer": optimizer, "min_speedup": POPULATION_MIN_SPEEDUP,
                       "batch_size": batch_size, "fused_steps": configs[0].fused_steps,
                       "members": members, "steps": steps, **runner.env}

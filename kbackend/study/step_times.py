@@ -85,9 +85,8 @@ class StepTimeModel:
             return None
         plans: list[TimingPlan] = [
             (c["optimizer"], c["batch_size"], c["learning_rate"], *self.plan(c)) for c in cells]
-        key_config = {"kind": "steptime", "model": runner.config.model,
+        key_config = {"kind": "steptime", **runner.content_identity(),
                       "seed": runner.config.seed,
-                      "data": runner.dataset.info.to_dict() if runner.dataset else None,
                       "cells": plans, "repeats": repeats, "engine": runner.config.engine,
                       "min_seconds": STEP_TIME_SECONDS, **runner.env}
         return runner.stored_or_measured("steptime", "timing", key_config, None,

@@ -21,7 +21,6 @@ Why opening is careful:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sqlite3
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kbackend.cache.sqlite_store import APPLICATION_ID as CACHE_APPLICATION_ID
+from kbackend.digests import json_digest
 from kbackend.errors import KBackendError
 from kbackend.sqlite import SQLITE_HEADER, immediate_transaction, retry_while_locked
 
@@ -79,8 +79,7 @@ class StudyStoreError(KBackendError):
 
 def config_key(config: dict[str, Any]) -> str:
     """A stable hash of a JSON-ready configuration (key order does not matter)."""
-    text = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return json_digest(config, chars=64)
 
 
 def _refuse(path: Path, what: str) -> StudyStoreError:

@@ -15,13 +15,13 @@ import sqlite3
 import numpy as np
 import pytest
 
-from tests.conftest import JIT_FOR_SMALL_RUNS
 from kbackend.digests import arrays_digest, code_digest, json_digest
 from kbackend.study.config import StudyConfig
 from kbackend.study.executor import StudyRunner
 from kbackend.study.pipeline import DB_NAME, report_dir, run_study
 from kbackend.study.store import ResultStore
 from kbackend.training import Target
+from tests.conftest import JIT_FOR_SMALL_RUNS
 
 BUILDER = ("import keras\n"
            "from custom_layers import Scale\n"

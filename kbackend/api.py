@@ -21,19 +21,20 @@ from typing import Any
 
 import numpy as np
 
+from kbackend.cli import main as cli_main
 from kbackend.config import Target, TrainConfig, check_metrics
-from kbackend.data import DATASETS
 from kbackend.io import atomic_write
 from kbackend.models import ModelOptions
 from kbackend.optim import OptimizerSpec
 from kbackend.progress import EpochReporter
 from kbackend.study.config import StudyConfig
 from kbackend.study.pipeline import run_study
+from kbackend.study.recommend import CONFIRM_SEEDS, recommendation, recommendation_lines
 from kbackend.training import TrainResult
 from kbackend.training import train as train_config
 from kbackend.workload import Workload, prepare_workload
 
-__all__ = ["StudyResult", "recommendation", "study", "train"]
+__all__ = ["StudyResult", "recommendation", "recommendation_lines", "study", "train"]
 
 
 @dataclass
@@ -49,74 +50,6 @@ class StudyResult:
     report_path: Path
     study: dict[str, Any] = field(repr=False)
     analysis: dict[str, Any] = field(repr=False)
-
-
-def recommendation(study: dict[str, Any]) -> dict[str, Any] | None:
-    """The cell to train at: the fastest median time to target; where the intervals cannot
-    separate it from others (``tied_with``), the cheapest among them: the fewest samples
-    processed to the target (steps x batch, the compute a run costs on any hardware). None if
-    no cell reached."""
-    cells = [c for c in study["cells"] if c.get("reached") and c.get("time_to_target")]
-    if not cells:
-        return None
-    fastest = min(cells, key=lambda c: c["time_to_target"])
-    low, high = _span(fastest)
-    tied = [c for c in cells if c is not fastest and _span(c)[0] <= high and low <= _span(c)[1]]
-    best = min([fastest, *tied], key=lambda c: (_samples(c), c["time_to_target"]))
-    tied = [c for c in [fastest, *tied] if c is not best]
-    config = study["config"]
-    target = config["target"]
-    command = (f"kbackend train --model {config['model']} "
-               + (f"--dataset {config['dataset']}" if config["dataset"] in _builtin_datasets()
-                  else f"--data {config['dataset']}")
-               + (f" --label {config['label']}" if config.get("label") else "")
-               + f" --optimizer {best['optimizer']} --lr {best['learning_rate']:g} "
-               f"--batch-size {best['batch_size']} --target-metric {target['metric']} "
-               f"--target {target['value']:g} --epochs 100 --save best.keras")
-    call = (f"kbackend.train({config['model']!r}, data={config['dataset']!r}, "
-            f"optimizer={best['optimizer']!r}, learning_rate={best['learning_rate']:g}, "
-            f"batch_size={best['batch_size']}, target={target['value']:g}, "
-            f"target_metric={target['metric']!r}, epochs=100, save='best.keras')")
-    return {"optimizer": best["optimizer"], "batch_size": best["batch_size"],
-            "learning_rate": best["learning_rate"], "time_to_target": best["time_to_target"],
-            "steps_to_target": best["steps_to_target"],
-            "intervals": {k: best["intervals"].get(k) for k in ("time_to_target",
-                                                                 "steps_to_target")},
-            "tied_with": [(c["optimizer"], c["batch_size"]) for c in tied],
-            "resolved": not tied and best.get("seeds", 1) > 1, "seeds": best.get("seeds", 1),
-            "command": command, "python": call}
-
-
-def recommendation_lines(best: dict[str, Any] | None) -> list[str]:
-    """What the study's console ends with: the cell to train at and the command that does."""
-    if best is None:
-        return ["No cell reached the target: nothing to recommend (raise the budget with "
-                "--max-steps, or lower --target)."]
-    ties = ", ".join(f"{o} at batch {b}" for o, b in best["tied_with"])
-    if best["seeds"] < 2:
-        why = " (one seed: no interval, so not resolved; the fastest median)"
-    elif ties:
-        why = (f" (tied with {ties} within the intervals: of those, the fewest samples to the "
-               "target)")
-    else:
-        why = " (resolved: the intervals separate it from every other cell)"
-    return [f"Recommended: {best['optimizer']} at batch {best['batch_size']}, lr "
-            f"{best['learning_rate']:g}{why}.", f"  {best['command']}", f"  {best['python']}"]
-
-
-def _samples(cell: dict[str, Any]) -> float:
-    samples = cell.get("samples_to_target")
-    return samples if samples is not None else cell["steps_to_target"] * cell["batch_size"]
-
-
-def _span(cell: dict[str, Any]) -> tuple[float, float]:
-    interval = (cell.get("intervals") or {}).get("time_to_target") or {}
-    return (interval.get("low", cell["time_to_target"]),
-            interval.get("high", cell["time_to_target"]))
-
-
-def _builtin_datasets() -> tuple[str, ...]:
-    return tuple(DATASETS)
 
 
 def _workload(model: Any, x: Any, y: Any, validation_data: Any, data: Any, label: str | None,
@@ -175,11 +108,12 @@ def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
           "adam"), batch_sizes: tuple[int, ...] | None = None, target: float | None = None,
           target_metric: str | None = None, seeds: int = 3,
           out: str | os.PathLike = "runs/study", progress: bool | None = None,
-          **options: Any) -> StudyResult:
+          confirm_seeds: int = CONFIRM_SEEDS, **options: Any) -> StudyResult:
     """The batch-size x optimizer study on the user's ``model`` and data: which batch size,
     optimizer and learning rate reach ``target`` of ``target_metric`` (default ``val_`` + the
     model's metric) in the least training time on this machine. Returns a ``StudyResult``
-    (``.best``, ``.rows``, ``.report_path``). ``options``: further ``StudyConfig`` fields.
+    (``.best``, ``.rows``, ``.report_path``). ``confirm_seeds``: held-out seeds the best cell's
+    printed ``train`` command runs on (0: none). ``options``: further ``StudyConfig`` fields.
 
     In-memory data (arrays, ``tf.data``) is written to ``out`` as an ``.npz`` the study reads
     (and keys its store by), so a re-run resumes; a builder given as a function must be
@@ -202,7 +136,8 @@ def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
                          target=Target(metric, target), seeds=seeds,
                          engine=options.pop("engine", "native"), **options)
     show = sys.stderr.isatty() if progress is None else progress
-    outcome = run_study(config, out_path, show_progress=show)
+    outcome = run_study(config, out_path, show_progress=show, command_line=cli_main,
+                        confirm_seeds=confirm_seeds)
     cells = [*outcome["study"]["cells"], *outcome["study"].get("auto_cells", [])]
     return StudyResult(recommendation(outcome["study"]), cells,
                        Path(outcome["paths"]["report"]), outcome["study"], outcome["analysis"])

@@ -37,7 +37,7 @@ def arrays_digest(arrays: Mapping[str, Any]) -> str:
         array = np.ascontiguousarray(arrays[name])
         meta = f"{name}|{array.shape}|{array.dtype.str}|".encode()
         digest.update(len(meta).to_bytes(4, "little") + meta)
-        digest.update(memoryview(array).cast("B"))
+        digest.update(array.reshape(-1).view(np.uint8).data)
     return digest.hexdigest()[:DIGEST_CHARS]
 
 

@@ -370,33 +370,4 @@ def test_a_study_cell_trains_its_own_optimizer_not_the_compiled_one():
     assert runs.train(config, native.model_values(model)).steps_run == 16
 
 
-def _cell(optimizer, batch, time, low, high, steps, seeds=3):
-    return {"optimizer": optimizer, "batch_size": batch, "learning_rate": 0.1, "reached": True,
-            "time_to_target": time, "steps_to_target": steps, "samples_to_target": steps * batch,
-            "seeds": seeds, "intervals": {"time_to_target": {"low": low, "high": high},
-                                          "steps_to_target": {}}}
-
-
-@pytest.mark.parametrize(("cells", "pick", "tied", "resolved"), [
-    # separated: the fastest
-    ([_cell("sgd", 16, 1.0, 0.9, 1.1, 100), _cell("adam", 64, 2.0, 1.8, 2.2, 10)],
-     ("sgd", 16), [], True),
-    # tied: the cheapest of the tie (fewest samples), not the fewest steps
-    ([_cell("adam", 16, 1.0, 0.5, 2.0, 1000), _cell("sgd", 256, 3.0, 1.5, 6.0, 200),
-      _cell("sgd", 64, 1.2, 0.8, 1.9, 240)], ("sgd", 64), [("adam", 16), ("sgd", 256)], False),
-    # one seed: no interval, the fastest median, not called resolved
-    ([_cell("sgd", 16, 1.0, 1.0, 1.0, 50, seeds=1), _cell("adam", 16, 2.0, 2.0, 2.0, 20, 1)],
-     ("sgd", 16), [], False),
-])
-def test_the_recommendation_names_a_cell_even_where_cells_tie(cells, pick, tied, resolved):
-    from kbackend.api import recommendation, recommendation_lines
-
-    study = {"cells": cells, "config": {"model": "m.py:build", "dataset": "d.npz",
-                                        "target": {"metric": "val_mae", "value": 0.4}}}
-    best = recommendation(study)
-    assert (best["optimizer"], best["batch_size"]) == pick
-    assert sorted(best["tied_with"]) == sorted(tied) and best["resolved"] == resolved
-    assert f"--batch-size {pick[1]}" in best["command"] and "--data d.npz" in best["command"]
-    assert "--target-metric val_mae --target 0.4" in best["command"]
-    assert recommendation_lines(best)[0].startswith(f"Recommended: {pick[0]} at batch {pick[1]}")
-    assert recommendation({"cells": [], "config": study["config"]}) is None
+# The recommendation's rule, command and confirmation: tests/test_recommend.py.

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kbackend.adaptive import AUTO, LR_SCALINGS
-from kbackend.api import recommendation, recommendation_lines
+from kbackend.cli import main as cli_main
 from kbackend.commands.train import add_source_arguments
 from kbackend.engines import engine_names
 from kbackend.errors import ConfigError, path_errors
@@ -37,6 +37,7 @@ from kbackend.study.config import (
 )
 from kbackend.study.executor import default_engine
 from kbackend.study.pipeline import compare, load_summaries, run_study, write_comparison
+from kbackend.study.recommend import CONFIRM_SEEDS, recommendation, recommendation_lines
 from kbackend.study.verdicts import DEFAULT_ACCURACY_MARGIN, DEFAULT_MARGIN, DEFAULT_MAX_SEEDS
 from kbackend.training import Target
 
@@ -148,6 +149,11 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                           help="add seeds, round by round, to the cells whose verdicts are "
                                "unresolved and could still resolve, up to this many (default "
                                f"{DEFAULT_MAX_SEEDS}; --max-seeds equal to --seeds: none added)")
+    verdicts.add_argument("--confirm-seeds", type=_non_negative, default=CONFIRM_SEEDS,
+                          metavar="N",
+                          help="run the recommended cell's printed `kbackend train` command on N "
+                               "held-out seeds and report what it reached (default "
+                               f"{CONFIRM_SEEDS}; 0: off)")
     verdicts.add_argument("--seed-budget", type=_budget, default=None, metavar="SECONDS|auto",
                           help="stop adding seeds (and frontier runs) once their runs took this "
                                "many seconds (default auto: half the recorded time of the "
@@ -278,9 +284,20 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
     )
 
 
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
     check_output_folder(args.out, "--out")
-    outcome = run_study(config_from_args(args), args.out, show_progress=not args.no_progress)
+    outcome = run_study(config_from_args(args), args.out, show_progress=not args.no_progress,
+                        command_line=cli_main, confirm_seeds=args.confirm_seeds)
     for line in recommendation_lines(recommendation(outcome["study"])):
         print(line)
     return 0

@@ -19,6 +19,7 @@ from kbackend.model_sources import parse_model_source
 from kbackend.models import MODELS, READOUTS, ModelOptions
 from kbackend.optim import OPTIMIZERS, SCHEDULES, OptimizerSpec
 from kbackend.progress import EpochReporter
+from kbackend.study.summaries import time_to_target
 from kbackend.training import is_builtin, train, workload_of
 
 
@@ -319,16 +320,21 @@ def run(args: argparse.Namespace) -> int:
         f"{metric} {last.get(metric, nan):.4f} (best {best if best is not None else nan:.4f})  "
         f"{test_metric} {history.test.get(test_metric, nan):.4f}  "
         f"test_loss {history.test['test_loss']:.4f}  "
-        f"train_time {train_time:.2f}s"
-        + (f" (compiled in {compile_time:.2f}s apart)" if compile_time is not None else "")
-        + f"  steps {history.steps_run}"
+        # one training time per run: with a target reached, its line below has the times
+        + ("" if record.target_reached else f"train_time {train_time:.2f}s"
+           + (f" (compiled in {compile_time:.2f}s apart)" if compile_time is not None else "")
+           + "  ")
+        + f"steps {history.steps_run}"
     )
     if config.target is not None:
         target = config.target
         relation = ">=" if target.direction == "max" else "<="
         reached = record.target_reached
+        if reached:
+            time, wall = time_to_target(history)  # the study's vocabulary (docs/study.md)
         print(f"target {target.metric} {relation} {target.value:g}: " + (
-            f"reached at step {reached['step']} (train_time {reached['train_time']:.2f}s)"
+            f"reached at step {reached['step']}: time to target {time:.2f}s (wall to target "
+            f"{wall:.2f}s, start-up included)"
             if reached else f"not reached in {history.steps_run} steps"))
     if record.monitor is not None:
         print(format_summary(record.monitor))

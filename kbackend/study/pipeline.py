@@ -31,6 +31,15 @@ from kbackend.study.analysis import analyze
 from kbackend.study.config import StudyConfig
 from kbackend.study.device_profile import check_profile, load_profile, predict
 from kbackend.study.executor import RunExecutor, StudyRunner
+from kbackend.study.recommend import (
+    CONFIRM_SEEDS,
+    HELD_OUT_SEED,
+    CommandLine,
+    confirm,
+    confirm_cell,
+    ranked_cells,
+    train_arguments,
+)
 from kbackend.study.report import CONSOLE_WIDTH, print_table, write_report
 from kbackend.study.store import ResultStore
 from kbackend.study.timing import TimeSpent
@@ -46,11 +55,10 @@ def report_dir(out: Path, study: dict[str, Any]) -> Path:
     config, digests = study["config"], study.get("digests") or {}
     parts = [folder_name(config["dataset"]), folder_name(config["model"]),
              study["env"]["backend"], config["engine"]]
-    for index, (name, builtin) in enumerate(((config["dataset"], DATASETS),
-                                             (config["model"], MODELS))):
-        digest = digests.get("data" if index == 0 else "model")
-        if name not in builtin and digest:
-            parts[index] += f"-{digest[:8]}"
+    if config["dataset"] not in DATASETS and digests.get("data"):
+        parts[0] += f"-{digests['data'][:8]}"
+    if config["model"] not in MODELS and digests.get("model"):
+        parts[1] += f"-{digests['model'][:8]}"
     return out / "_".join(parts)
 
 
@@ -75,16 +83,18 @@ class _ProgressEvents:
             self.progress.update(self.task, total=self.progress.tasks[0].total + runs)
         elif event == "pruned":  # a seed a pruned rate no longer needs
             self.progress.advance(self.task, runs)
-        elif event in ("start", "start_noise", "start_timing", "start_probe", "start_population"):
+        elif event in ("start", "start_noise", "start_timing", "start_probe", "start_population",
+                       "start_confirm"):
             cell = f"{plan.optimizer} B={plan.batch_size}" if plan is not None else ""
             labels = {"start_probe": f"{cell}: population or one by one? (probe)",
+                      "start_confirm": "confirming: the printed train command, held-out seeds",
                       "start_population": f"{cell}: {runs} runs as one population"}
             self.label = (plan.label() if event == "start" else
                           f"noise scale along {plan.label()}" if event == "start_noise" else
                           labels.get(event, "steady step times, interleaved"))
             self.progress.update(self.task, description=self.label)
         elif event in ("finished", "finished_noise", "skipped", "skipped_noise",
-                       "finished_timing", "skipped_timing"):
+                       "finished_timing", "skipped_timing", "finished_confirm", "skipped_confirm"):
             self.skipped += event.startswith("skipped")
             self.progress.advance(self.task)
             if event == "finished" and plan is not None:
@@ -168,11 +178,28 @@ def accounting_line(account: dict[str, Any]) -> str:
             f"steady + start-ups = {account['goal_s']:.1f} s, {verdict})")
 
 
+def _confirmations(runner: StudyRunner, study: dict[str, Any], command_line: CommandLine,
+                   seeds: int) -> list[dict[str, Any]]:
+    """``recommend.confirm`` with each cell's figures stored (keyed by content, the command's
+    arguments and the held-out seeds): a resumed study does not train them again."""
+    def confirm_one(cell: dict[str, Any]) -> dict[str, Any]:
+        key_config = {"kind": "confirmation", **runner.content_identity(),
+                      "arguments": train_arguments(study, cell), "seeds": seeds,
+                      "first_seed": HELD_OUT_SEED + runner.config.seed, **runner.env}
+        return runner.stored_or_measured(
+            "confirmation", "confirm", key_config, None,
+            lambda: confirm_cell(study, cell, command_line, seeds))
+    return confirm(study, confirm_one)
+
+
 def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool = True,
               console: Any = None, print_results: bool = True,
-              run_executor: RunExecutor | None = None) -> dict[str, Any]:
+              run_executor: RunExecutor | None = None, command_line: CommandLine | None = None,
+              confirm_seeds: int = CONFIRM_SEEDS) -> dict[str, Any]:
     """Run or resume ``config`` with its results in ``out_dir/study.db``; write the report.
     ``run_executor`` trains each run (default: in this process, ``StudyRunner.execute``).
+    ``command_line`` (the CLI's ``main``): the recommended cell's printed ``kbackend train``
+    command is run through it on ``confirm_seeds`` held-out seeds (``recommend.confirm``).
 
     Returns ``{"study", "analysis", "paths", "wall_time", "executed", "skipped"}``. All input
     checks run before any training.
@@ -192,8 +219,9 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
                                          "digests": runner.digests}), "report")
     with ResultStore(out / DB_NAME) as store:
         runner.store = store
+        confirming = command_line is not None and confirm_seeds > 0
         total = runner.total_runs() + (1 if config.noise_points else 0) + \
-            (1 if config.step_time_repeats else 0)
+            (1 if config.step_time_repeats else 0) + (1 if confirming else 0)
         with Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
                       console=console, disable=not show_progress, transient=False) as progress:
@@ -207,6 +235,10 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
                               "the store, never reused (each run is now keyed by what it "
                               "trains: model, data and options)", highlight=False)
             study = runner.run()
+            if confirming and ranked_cells(study):
+                assert command_line is not None
+                study["confirmation"] = _confirmations(runner, study, command_line,
+                                                       confirm_seeds)
         if profile is not None:
             study["device_profile"] = predict(study, profile)
         wall_time = time.perf_counter() - start

@@ -179,6 +179,16 @@ def history_from_trajectory(trajectory: dict[str, Any], result: dict[str, Any]) 
     return history
 
 
+def time_to_target(history: History) -> tuple[float, float]:
+    """(time to target, wall to target) of a run that reached its target: training time up to
+    the evaluation that reached it, without evaluation; the first without the run's start-up
+    (compilation, first calls: ``startup_seconds``), the second with it (docs/study.md)."""
+    reached = history.record.target_reached
+    assert reached is not None
+    wall = float(reached["train_time"])
+    return max(wall - startup_seconds(history)[0], 0.0), wall
+
+
 def summarize_run(history: History, plan: RunPlan, target: Target,
                   num_train: int) -> dict[str, Any]:
     """The figures of one finished run.
@@ -223,10 +233,10 @@ def summarize_run(history: History, plan: RunPlan, target: Target,
         ranges = adaptive_ranges(history)
         samples = (adaptive_samples(ranges, step) if ranges
                    else samples_seen(step, num_train, plan.batch_size, drops))
-        raw = float(reached["train_time"])
+        time, wall = time_to_target(history)
         result.update(steps_to_target=step, samples_to_target=samples,
-                      epochs_to_target=samples / num_train, time_to_target_raw=raw,
-                      time_to_target=max(raw - startup, 0.0))
+                      epochs_to_target=samples / num_train, time_to_target_raw=wall,
+                      time_to_target=time)
     else:
         result.update(steps_to_target=None, samples_to_target=None, epochs_to_target=None,
                       time_to_target=None, time_to_target_raw=None)

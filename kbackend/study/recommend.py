@@ -1,0 +1,245 @@
+"""The study's answer: the cell to train at, the ``kbackend train`` command (and Python call) that
+trains there, and that command's own figures on held-out seeds (the confirmation).
+
+The rule (docs/study.md, "When to trust the recommendation"): the cell with the fastest median
+time to target, what the user asked for. Where the intervals over seeds cannot separate it
+from others, the tie is stated, not broken by another criterion. The printed command carries
+everything that decides the steps: engine, evaluation schedule (``--eval-every``), steps per
+call, rate, batch size, target and the budget. The study then runs that command through the
+command line's own ``main`` on seeds it never used (``confirm``); the Recommended line carries
+what ``train`` reached there. A second cell is confirmed only when the first does not reach the
+target on most held-out seeds.
+
+Times, one vocabulary everywhere (the study, ``train``, the confirmation): *time to target* is
+training time up to the evaluation that reached the target, without evaluation and without the
+start-up (compilation, first calls); *wall to target* keeps the start-up in.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from kbackend.data import DATASETS
+from kbackend.history import History
+from kbackend.stats import median_interval
+from kbackend.study.summaries import time_to_target
+
+# Held-out seeds: far from any study's own (``StudyConfig.seed_values``: seed .. seed+max_seeds).
+HELD_OUT_SEED = 10_000
+CONFIRM_SEEDS = 3
+MAX_CONFIRMED_CELLS = 2
+DEFAULT_EPOCHS = 100
+# The command line's ``main``: argv (without the program name) -> exit status.
+CommandLine = Callable[[Sequence[str]], int]
+
+
+def _span(cell: dict[str, Any]) -> tuple[float, float]:
+    interval = (cell.get("intervals") or {}).get("time_to_target") or {}
+    return (interval.get("low", cell["time_to_target"]),
+            interval.get("high", cell["time_to_target"]))
+
+
+def ranked_cells(study: dict[str, Any]) -> list[dict[str, Any]]:
+    """The fixed-batch cells that reached the target, fastest median time to target first."""
+    cells = [c for c in study["cells"] if c.get("reached") and c.get("time_to_target")]
+    return sorted(cells, key=lambda c: (c["time_to_target"], c["batch_size"]))
+
+
+def _cell_runs(study: dict[str, Any], cell: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r["config"] for r in study.get("runs", [])
+            if r["config"].get("optimizer", {}).get("name") == cell["optimizer"]
+            and r["config"].get("batch_size") == cell["batch_size"]
+            and r["config"].get("learning_rate") == cell["learning_rate"]]
+
+
+def train_arguments(study: dict[str, Any], cell: dict[str, Any]) -> list[str]:
+    """The ``kbackend train`` flags that train at ``cell`` as the study's runs did."""
+    config, target = study["config"], study["config"]["target"]
+    builtin_data = config["dataset"] in DATASETS
+    args = ["--model", config["model"], "--dataset" if builtin_data else "--data",
+            config["dataset"]]
+    if config.get("label"):
+        args += ["--label", config["label"]]
+    if config.get("data_dir"):
+        args += ["--data-dir", config["data_dir"]]
+    if config.get("validation_fraction", 0.1) != 0.1:
+        args += ["--validation-fraction", f"{config['validation_fraction']:g}"]
+    if config.get("unsafe_deserialization"):
+        args.append("--unsafe-deserialization")
+    args += ["--engine", config.get("engine", "native"), "--optimizer", cell["optimizer"],
+             "--lr", f"{cell['learning_rate']:g}", "--batch-size", str(cell["batch_size"])]
+    runs = _cell_runs(study, cell)
+    if runs:
+        if runs[0].get("eval_every") and config.get("engine") != "keras":
+            args += ["--eval-every", str(runs[0]["eval_every"])]
+        if config.get("engine", "native") == "native":
+            args += ["--fused-steps", str(runs[0]["fused_steps"])]
+        args += ["--max-steps", str(max(int(r["max_steps"]) for r in runs))]
+    if config.get("jit_compile") is False:
+        args.append("--no-jit")
+    args += ["--target-metric", target["metric"], "--target", f"{target['value']:g}",
+             "--epochs", str(DEFAULT_EPOCHS)]
+    return args
+
+
+def _python_call(study: dict[str, Any], cell: dict[str, Any]) -> str:
+    config, target = study["config"], study["config"]["target"]
+    extra = ""
+    runs = _cell_runs(study, cell)
+    if runs:
+        if runs[0].get("eval_every") and config.get("engine") != "keras":
+            extra += f"eval_every={runs[0]['eval_every']}, "
+        if config.get("engine", "native") == "native":
+            extra += f"fused_steps={runs[0]['fused_steps']}, "
+        extra += f"max_steps={max(int(r['max_steps']) for r in runs)}, "
+    return (f"kbackend.train({config['model']!r}, data={config['dataset']!r}, "
+            f"engine={config.get('engine', 'native')!r}, optimizer={cell['optimizer']!r}, "
+            f"learning_rate={cell['learning_rate']:g}, batch_size={cell['batch_size']}, "
+            f"{extra}target={target['value']:g}, target_metric={target['metric']!r}, "
+            f"epochs={DEFAULT_EPOCHS}, save='best.keras')")
+
+
+def recommendation(study: dict[str, Any]) -> dict[str, Any] | None:
+    """The cell to train at (the fastest median time to target; the cells whose intervals
+    overlap it are named as ``tied_with``), with its command, Python call, whether its rate sits
+    at the bound of the extended grid (``edge``) and, once ``confirm`` ran, what ``train``
+    reached on held-out seeds (``confirmation``). None if no cell reached the target."""
+    cells = ranked_cells(study)
+    if not cells:
+        return None
+    confirmed = study.get("confirmation") or []
+    best = cells[0]
+    if len(confirmed) > 1 and not confirmed[0]["confirmed"] and confirmed[1]["confirmed"]:
+        best = next(c for c in cells if (c["optimizer"], c["batch_size"])
+                    == (confirmed[1]["optimizer"], confirmed[1]["batch_size"]))
+    low, high = _span(best)
+    tied = [c for c in cells if c is not best and _span(c)[0] <= high and low <= _span(c)[1]]
+    mine = next((c for c in confirmed if (c["optimizer"], c["batch_size"])
+                 == (best["optimizer"], best["batch_size"])), None)
+    return {"optimizer": best["optimizer"], "batch_size": best["batch_size"],
+            "learning_rate": best["learning_rate"], "time_to_target": best["time_to_target"],
+            "steps_to_target": best["steps_to_target"],
+            "intervals": {k: best["intervals"].get(k) for k in ("time_to_target",
+                                                                 "steps_to_target")},
+            "tied_with": [(c["optimizer"], c["batch_size"]) for c in tied],
+            "resolved": not tied and best.get("seeds", 1) > 1, "seeds": best.get("seeds", 1),
+            "edge": bool(best.get("lr_at_bound")),
+            "command": shlex.join(["kbackend", "train", *train_arguments(study, best),
+                                   "--save", "best.keras"]),
+            "python": _python_call(study, best), "confirmation": mine,
+            "passed_over": [c for c in confirmed if c is not mine]}
+
+
+def _interval_text(figure: dict[str, Any], unit: str = "", digits: int = 0) -> str:
+    def number(value: float) -> str:
+        return "never" if math.isinf(value) else f"{value:.{digits}f}{unit}"
+    return f"{number(figure['median'])} [{number(figure['low'])}, {number(figure['high'])}]"
+
+
+def recommendation_lines(best: dict[str, Any] | None) -> list[str]:
+    """What the study's console ends with: the cell to train at, what ``train`` reached with the
+    printed command on held-out seeds, and the command and Python call."""
+    if best is None:
+        return ["No cell reached the target: nothing to recommend (raise the budget with "
+                "--max-steps, or lower --target)."]
+    ties = ", ".join(f"{o} at batch {b}" for o, b in best["tied_with"])
+    if best["seeds"] < 2:
+        why = " (one seed: no interval, so not resolved; the fastest median)"
+    elif ties:
+        why = (f" (the fastest median time to target; tied with {ties}: the intervals over seeds "
+               "cannot separate them)")
+    else:
+        why = " (resolved: the intervals separate it from every other cell)"
+    edge = (" The rate is at the bound of the extended grid (edge): a better one may lie "
+            "beyond it." if best.get("edge") else "")
+    lines = [f"Recommended: {best['optimizer']} at batch {best['batch_size']}, lr "
+             f"{best['learning_rate']:g}{' (edge)' if best.get('edge') else ''}{why}.{edge}"]
+    for other in best.get("passed_over") or []:
+        lines.append(f"  {other['optimizer']} at batch {other['batch_size']} was faster in the "
+                     f"study but train reached the target on only {other['reached']} of "
+                     f"{other['seeds']} held-out seeds.")
+    confirmation = best.get("confirmation")
+    if confirmation is not None:
+        lines.append("  " + confirmation_text(confirmation))
+    return [*lines, f"  {best['command']}", f"  {best['python']}"]
+
+
+def confirmation_text(confirmation: dict[str, Any]) -> str:
+    """One line of what the printed command reached on held-out seeds."""
+    seeds = confirmation["seeds"]
+    if not confirmation["reached"]:
+        return (f"Confirmed with this command on {seeds} held-out seeds: the target was not "
+                "reached on any of them.")
+    steps = _interval_text(confirmation["steps_to_target"])
+    time = _interval_text(confirmation["time_to_target"], " s", 2)
+    return (f"Confirmed with this command on {seeds} held-out seeds: train reaches the target in "
+            f"{steps} steps, time to target {time} (median [min, max]; reached on "
+            f"{confirmation['reached']} of {seeds}).")
+
+
+def run_train(command_line: CommandLine, arguments: list[str], seed: int) -> History | None:
+    """``kbackend train ARGUMENTS --seed SEED`` through the command line's ``main`` (its output
+    kept off the console); its history, None if the command failed."""
+    import contextlib
+    import io
+
+    with tempfile.TemporaryDirectory(prefix="kbackend-confirm-") as folder:
+        path = Path(folder) / "history.json"
+        with contextlib.redirect_stdout(io.StringIO()):
+            status = command_line(["train", *arguments, "--seed", str(seed), "--quiet",
+                                   "--history", str(path)])
+        return History.load(path) if status == 0 and path.is_file() else None
+
+
+def confirm_cell(study: dict[str, Any], cell: dict[str, Any], command_line: CommandLine,
+                 seeds: int = CONFIRM_SEEDS,
+                 on_seed: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """The printed command's figures at ``cell`` on ``seeds`` held-out seeds: steps and time to
+    target (median and [min, max]; a seed that did not reach counts as never), wall to target
+    (start-up included) and how many seeds reached."""
+    arguments = train_arguments(study, cell)
+    first = HELD_OUT_SEED + int(study["config"].get("seed", 0))
+    steps: list[float] = []
+    times: list[float] = []
+    walls: list[float] = []
+    failed = 0
+    for seed in range(first, first + seeds):
+        history = run_train(command_line, arguments, seed)
+        if on_seed is not None:
+            on_seed(seed)
+        reached = history.record.target_reached if history is not None else None
+        failed += int(history is None)
+        if reached is None or history is None:
+            figures = (math.inf, math.inf, math.inf)
+        else:
+            figures = (float(reached["step"]), *time_to_target(history))
+        for values, value in zip((steps, times, walls), figures, strict=True):
+            values.append(value)
+    reached_count = sum(1 for s in steps if math.isfinite(s))
+    return {"optimizer": cell["optimizer"], "batch_size": cell["batch_size"],
+            "learning_rate": cell["learning_rate"], "seeds": seeds,
+            "held_out_seeds": list(range(first, first + seeds)), "reached": reached_count,
+            "failed": failed, "confirmed": reached_count * 2 > seeds,
+            "steps_to_target": median_interval(steps),
+            "time_to_target": median_interval(times), "wall_to_target": median_interval(walls),
+            "study_steps_to_target": cell["steps_to_target"],
+            "study_time_to_target": cell["time_to_target"],
+            "arguments": arguments}
+
+
+def confirm(study: dict[str, Any],
+            confirm_one: Callable[[dict[str, Any]], dict[str, Any]]) -> list[dict[str, Any]]:
+    """Confirm the fastest cell (``confirm_one``: ``confirm_cell`` or its stored result); confirm
+    the next one as well (at most ``MAX_CONFIRMED_CELLS``) only when the first does not reach
+    the target on most held-out seeds."""
+    confirmed: list[dict[str, Any]] = []
+    for cell in ranked_cells(study)[:MAX_CONFIRMED_CELLS]:
+        confirmed.append(confirm_one(cell))
+        if confirmed[-1]["confirmed"]:
+            break
+    return confirmed

@@ -1,0 +1,176 @@
+"""The recommendation a user acts on: the printed command carries what decides the steps, the
+fastest cell is recommended with its tie stated, a rate at the grid's bound says "edge", and the
+study confirms the command on held-out seeds through the command line's own ``main``."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+import pytest
+
+from kbackend.history import History
+from kbackend.study.recommend import (
+    HELD_OUT_SEED,
+    confirm,
+    confirm_cell,
+    recommendation,
+    recommendation_lines,
+    train_arguments,
+)
+from tests.conftest import NO_JIT_FLAGS
+
+
+def _cell(optimizer, batch, time, low, high, steps, seeds=3, bound=False):
+    return {"optimizer": optimizer, "batch_size": batch, "learning_rate": 0.1, "reached": True,
+            "time_to_target": time, "steps_to_target": steps, "samples_to_target": steps * batch,
+            "seeds": seeds, "lr_at_bound": bound, "lr_at_grid_edge": bound,
+            "intervals": {"time_to_target": {"low": low, "high": high}, "steps_to_target": {}}}
+
+
+def _run(optimizer, batch, every, fused, budget, lr=0.1):
+    return {"config": {"optimizer": {"name": optimizer}, "batch_size": batch,
+                       "learning_rate": lr, "eval_every": every, "fused_steps": fused,
+                       "max_steps": budget}}
+
+
+def _study(cells, engine="native", runs=()):
+    return {"cells": cells, "runs": list(runs),
+            "config": {"model": "m.py:build", "dataset": "d.npz", "engine": engine, "seed": 0,
+                       "target": {"metric": "val_accuracy", "value": 0.9}}}
+
+
+def test_the_printed_command_carries_everything_that_decides_the_steps():
+    cell = _cell("sgd", 64, 1.0, 0.9, 1.1, 100)
+    study = _study([cell], runs=[_run("sgd", 64, 12, 6, 480), _run("sgd", 64, 12, 6, 240),
+                                 _run("adam", 64, 12, 6, 999)])
+    args = train_arguments(study, cell)
+    flags = dict(zip(args[::2], args[1::2], strict=False))
+    assert flags["--engine"] == "native" and flags["--eval-every"] == "12"
+    assert flags["--fused-steps"] == "6" and flags["--max-steps"] == "480"  # the full budget
+    assert flags["--data"] == "d.npz" and flags["--batch-size"] == "64"
+    assert flags["--lr"] == "0.1" and flags["--target"] == "0.9"
+    # Keras fit validates once an epoch: no --eval-every, no fused steps
+    keras = train_arguments(_study([cell], "keras", [_run("sgd", 64, 12, 1, 480)]), cell)
+    assert "--eval-every" not in keras and "--fused-steps" not in keras
+    assert keras[keras.index("--engine") + 1] == "keras"
+    best = recommendation(study)
+    assert shlex.split(best["command"])[2:-2] == args
+    assert "eval_every=12" in best["python"] and "engine='native'" in best["python"]
+
+
+@pytest.mark.parametrize(("cells", "pick", "tied", "resolved"), [
+    ([_cell("sgd", 16, 1.0, 0.9, 1.1, 100), _cell("adam", 64, 2.0, 1.8, 2.2, 10)],
+     ("sgd", 16), [], True),
+    # tied: the fastest median (what the user asked), the tie stated
+    ([_cell("adam", 16, 1.0, 0.5, 2.0, 1000), _cell("sgd", 256, 3.0, 1.5, 6.0, 200),
+      _cell("sgd", 64, 1.2, 0.8, 1.9, 240)], ("adam", 16), [("sgd", 256), ("sgd", 64)], False),
+])
+def test_the_fastest_median_is_recommended_and_a_tie_is_stated(cells, pick, tied, resolved):
+    best = recommendation(_study(cells))
+    assert (best["optimizer"], best["batch_size"]) == pick
+    assert sorted(best["tied_with"]) == sorted(tied) and best["resolved"] == resolved
+    line = recommendation_lines(best)[0]
+    assert line.startswith(f"Recommended: {pick[0]} at batch {pick[1]}")
+    assert ("tied with" in line) == bool(tied)
+
+
+def test_a_rate_at_the_bound_of_the_extended_grid_says_edge():
+    best = recommendation(_study([_cell("momentum", 64, 1.0, 0.9, 1.1, 6, bound=True)]))
+    assert best["edge"]
+    assert "(edge)" in recommendation_lines(best)[0]
+    assert "edge" not in recommendation_lines(
+        recommendation(_study([_cell("sgd", 64, 1.0, 0.9, 1.1, 6)])))[0]
+
+
+class FakeCommandLine:
+    """``kbackend.cli.main`` for ``train``: writes the --history a run reaching the target at
+    ``steps[seed]`` would (None: never), and records each argv."""
+
+    def __init__(self, steps):
+        self.steps, self.calls = steps, []
+
+    def __call__(self, argv):
+        self.calls.append(list(argv))
+        seed = int(argv[argv.index("--seed") + 1])
+        history = History()
+        reached = self.steps.get(seed)
+        history.record_steps([1, 2], [1.0, 0.5], [0.1, 0.2])
+        history.timing.update(train_time=2.0, compile_time=0.5)
+        if reached is not None:
+            history.record.target_reached = {"step": reached, "epoch": 1, "train_time": 1.5}
+        history.save(argv[argv.index("--history") + 1])
+        return 0
+
+
+def test_the_confirmation_runs_the_printed_command_on_held_out_seeds():
+    cell = _cell("sgd", 64, 1.0, 0.9, 1.1, 100)
+    study = _study([cell], runs=[_run("sgd", 64, 12, 6, 480)])
+    seeds = [HELD_OUT_SEED + s for s in range(3)]
+    fake = FakeCommandLine({seeds[0]: 96, seeds[1]: 120, seeds[2]: None})
+    result = confirm_cell(study, cell, fake, seeds=3)
+    assert [int(c[c.index("--seed") + 1]) for c in fake.calls] == seeds  # not the study's
+    assert all(c[0] == "train" and c[1:1 + len(result["arguments"])] == result["arguments"]
+               for c in fake.calls)
+    assert result["reached"] == 2 and result["confirmed"]
+    assert result["steps_to_target"]["median"] == 120 and result["steps_to_target"]["low"] == 96
+    assert result["steps_to_target"]["high"] == float("inf")
+    study["confirmation"] = [result]
+    lines = recommendation_lines(recommendation(study))
+    assert "train reaches the target in 120 [96, never] steps" in lines[1]
+    assert "reached on 2 of 3" in lines[1]
+
+
+def test_a_second_cell_is_confirmed_only_when_the_first_fails_on_most_seeds():
+    fast, slow = _cell("sgd", 64, 1.0, 0.9, 1.1, 100), _cell("adam", 32, 3.0, 2.9, 3.1, 50)
+    study = _study([slow, fast], runs=[_run("sgd", 64, 12, 6, 480), _run("adam", 32, 24, 8, 900)])
+    asked = []
+
+    def confirm_one(cell):
+        asked.append(cell["optimizer"])
+        seeds = 3
+        reached = 1 if cell is fast else 3
+        return {"optimizer": cell["optimizer"], "batch_size": cell["batch_size"],
+                "seeds": seeds, "reached": reached, "confirmed": reached * 2 > seeds,
+                "steps_to_target": {"median": 60, "low": 50, "high": 70},
+                "time_to_target": {"median": 3.0, "low": 2.8, "high": 3.3}}
+
+    study["confirmation"] = confirm(study, confirm_one)
+    assert asked == ["sgd", "adam"]
+    best = recommendation(study)
+    assert (best["optimizer"], best["batch_size"]) == ("adam", 32)
+    lines = recommendation_lines(best)
+    assert "sgd at batch 64 was faster in the study but train reached the target on only 1 of 3" \
+        in lines[1]
+    asked.clear()
+    assert len(confirm(_study([fast, slow]), lambda c: {**confirm_one(slow), **c})) == 1
+
+
+def test_a_study_confirms_its_command_and_the_command_reproduces_its_runs(tmp_path, cli):
+    """End to end, as a user acts on it: the study's Recommended line carries train's figures
+    on held-out seeds, and the printed command with the study's own seed reaches the target at
+    the same step as the study's run of that seed."""
+    out = tmp_path / "out"
+    result = cli("study", "--model", "seed_mlp", "--dataset", "digits", "--optimizers", "adam",
+                 "--batch-sizes", "64", "--lrs", "adam=0.003", "--seeds", "1", "--max-seeds",
+                 "1", "--noise-points", "0", "--step-time-repeats", "0", "--target", "0.9",
+                 "--frontier-epochs", "0", "--confirm-seeds", "2", "--population", "off",
+                 "--no-progress", "--out", str(out), *NO_JIT_FLAGS)
+    assert result.returncode == 0, result.stderr
+    confirmation = next(line for line in result.stdout.splitlines() if "Confirmed" in line)
+    assert "on 2 held-out seeds" in confirmation and "reached on 2 of 2" in confirmation
+    command = next(line.strip() for line in result.stdout.splitlines()
+                   if line.strip().startswith("kbackend train"))
+    history_path = tmp_path / "h.json"
+    rerun = cli(*shlex.split(command)[1:-2], "--seed", "0", "--quiet", "--history",
+                str(history_path))
+    assert rerun.returncode == 0, rerun.stderr
+    reached = json.loads(history_path.read_text())["record"]["target_reached"]
+    summary = json.loads(next(out.glob("*/summary.json")).read_text())
+    study_steps = summary["cells"][0]["steps_to_target"]
+    assert reached["step"] == study_steps
+    # one training time per run on train's output: the target line's, in the study's words
+    line = next(x for x in rerun.stdout.splitlines() if x.startswith("target "))
+    assert re.search(r"time to target [0-9.]+s \(wall to target [0-9.]+s", line)
+    assert "train_time" not in rerun.stdout

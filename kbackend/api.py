@@ -27,9 +27,10 @@ from kbackend.io import atomic_write
 from kbackend.models import ModelOptions
 from kbackend.optim import OptimizerSpec
 from kbackend.progress import EpochReporter
-from kbackend.study.config import StudyConfig
+from kbackend.study.config import StudyConfig, default_target
 from kbackend.study.pipeline import run_study
 from kbackend.study.recommend import CONFIRM_SEEDS, recommendation, recommendation_lines
+from kbackend.study.targets import missing_target_error, needs_explicit_target
 from kbackend.training import TrainResult
 from kbackend.training import train as train_config
 from kbackend.workload import Workload, prepare_workload
@@ -118,9 +119,6 @@ def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
     In-memory data (arrays, ``tf.data``) is written to ``out`` as an ``.npz`` the study reads
     (and keys its store by), so a re-run resumes; a builder given as a function must be
     importable by name (defined in a module, not in ``__main__``'s interactive session)."""
-    if target is None:
-        raise TypeError("study() needs target=: the validation value every cell races to "
-                        "(e.g. target=0.9 for val_accuracy, target=0.45, target_metric='val_mae').")
     out_path = Path(out)
     model_source = _model_source_string(model)
     data_source = data
@@ -128,6 +126,13 @@ def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
         workload = _workload(model, x, y, validation_data, None, label, 0, target_metric, False,
                              False, options.get("validation_fraction", 0.1))
         data_source = str(_save_arrays(workload, out_path))
+    if target is None:
+        if not needs_explicit_target(str(data_source)):  # a built-in dataset's own default
+            target = default_target(str(data_source)).value
+            target_metric = target_metric or default_target(str(data_source)).metric
+        else:
+            raise missing_target_error(model_source, str(data_source), label=label,
+                                       flag="target=")
     metric = target_metric or "val_accuracy"
     if target_metric is None and x is not None:
         metric = f"val_{workload.task.metric}"

@@ -174,3 +174,72 @@ def test_a_study_confirms_its_command_and_the_command_reproduces_its_runs(tmp_pa
     line = next(x for x in rerun.stdout.splitlines() if x.startswith("target "))
     assert re.search(r"time to target [0-9.]+s \(wall to target [0-9.]+s", line)
     assert "train_time" not in rerun.stdout
+
+
+def test_the_validation_split_size_is_judged_before_training():
+    from kbackend.study import trust
+
+    # the image-folder case: 40 samples at 0.9 cannot resolve the target
+    warning = trust.before_training("val_accuracy", 0.9, 40)
+    assert "40 samples" in warning and "0.025" in warning and "0.0474" in warning
+    assert f"about {trust.samples_to_resolve(0.9)} validation samples" in warning
+    assert trust.samples_to_resolve(0.9) == 225
+    # the default study (1,200 at 0.65) and digits (144 at 0.95) resolve theirs
+    assert trust.before_training("val_accuracy", 0.65, 1200) is None
+    assert trust.before_training("val_accuracy", 0.95, 144) is None
+    assert trust.before_training("val_mae", 0.5, 40) is None  # no binomial error for an error
+
+
+def test_a_plateau_within_two_standard_errors_of_the_target_is_warned():
+    from kbackend.study import trust
+
+    def cell(time, plateau):
+        return {"reached": True, "time_to_target": time,
+                "frontier": {"best_metric": {"median": plateau}}}
+
+    study = {"cells": [cell(1.0, 0.91), cell(2.0, 0.915)]}
+    warning = trust.after_training(study, "val_accuracy", 0.9, 400)  # 2 SE = 0.03
+    assert "plateau at val_accuracy 0.915" in warning
+    assert trust.after_training({"cells": [cell(1.0, 0.97)]}, "val_accuracy", 0.9, 400) is None
+    # without frontier runs the plateau is unknown: nothing said
+    assert trust.after_training({"cells": [{"reached": True, "time_to_target": 1.0,
+                                            "best_metric": 0.901}]},
+                                "val_accuracy", 0.9, 400) is None
+
+
+def test_a_validation_split_under_ten_samples_is_refused_before_any_run(tmp_path, cli,
+                                                                        engines_never_run):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 4)).astype(np.float32)
+    np.savez(tmp_path / "tiny.npz", x_train=x[:30], y_train=(x[:30, 0] > 0).astype(np.int64),
+             x_val=x[30:38], y_val=(x[30:38, 0] > 0).astype(np.int64))
+    result = cli("study", "--model", "logistic", "--data", str(tmp_path / "tiny.npz"),
+                 "--target", "0.8", "--out", str(tmp_path / "out"), "--no-progress")
+    assert result.returncode == 2
+    assert "8 samples" in result.stderr and "at least 10" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out" / "study.db").exists()
+
+
+def test_user_data_without_a_target_is_told_the_metric_and_a_probe_value(tmp_path, cli,
+                                                                          monkeypatch):
+    import numpy as np
+
+    from kbackend.study.executor import StudyRunner
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a study run started without a target")
+
+    monkeypatch.setattr(StudyRunner, "run", forbidden)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 4)).astype(np.float32)
+    np.savez(tmp_path / "u.npz", x_train=x, y_train=(x[:, 0] > 0).astype(np.int64))
+    result = cli("study", "--model", "logistic", "--data", str(tmp_path / "u.npz"),
+                 "--out", str(tmp_path / "out"), "--no-progress")
+    assert result.returncode == 2
+    err = result.stderr.strip()
+    assert len(err.splitlines()) == 1 and "needs --target" in err and "val_accuracy" in err
+    assert re.search(r"Adam probe .* reached 0\.\d+", err)
+    assert "0.65" not in err  # never MNIST-1D's default

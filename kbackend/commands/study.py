@@ -38,6 +38,7 @@ from kbackend.study.config import (
 from kbackend.study.executor import default_engine
 from kbackend.study.pipeline import compare, load_summaries, run_study, write_comparison
 from kbackend.study.recommend import CONFIRM_SEEDS, recommendation, recommendation_lines
+from kbackend.study.targets import missing_target_error, needs_explicit_target
 from kbackend.study.verdicts import DEFAULT_ACCURACY_MARGIN, DEFAULT_MARGIN, DEFAULT_MAX_SEEDS
 from kbackend.training import Target
 
@@ -251,6 +252,10 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
     for name, values in args.lrs or []:
         for optimizer in (args.optimizers if name == "*" else (name,)):
             learning_rates[optimizer] = values
+    if args.target is None and needs_explicit_target(args.data or args.dataset):
+        raise missing_target_error(args.model, args.data or args.dataset, label=args.label,
+                                   data_dir=args.data_dir,
+                                   unsafe_deserialization=args.unsafe_deserialization)
     if args.target is None:
         target = default_target(args.dataset)
         if target.metric != args.target_metric:

@@ -33,7 +33,7 @@ from kbackend.data.batching import steps_per_epoch_dropping_last, steps_per_epoc
 from kbackend.engines import get_engine
 from kbackend.engines.native import Runs, model_values
 from kbackend.envinfo import environment_identity
-from kbackend.errors import ConfigError
+from kbackend.errors import ConfigError, DataError
 from kbackend.history import History
 from kbackend.model_sources import parse_model_source
 from kbackend.models import ModelOptions, build_model, model_layout
@@ -54,6 +54,7 @@ from kbackend.study.summaries import (
     summarize_run,
 )
 from kbackend.study.timing import TimeSpent, apply_time_model
+from kbackend.study.trust import MIN_VALIDATION_SAMPLES
 from kbackend.task import CLASSIFICATION, Task
 from kbackend.training import Target, TrainConfig, is_builtin, load_dataset, train, workload_of
 from kbackend.workload import Workload
@@ -118,6 +119,10 @@ class StudyRunner:
             self.workload = workload_of(source)
             self.dataset, self.task = self.workload.dataset, self.workload.task
             check_metrics(replace(source, task=self.task))
+        if len(self.dataset.x_val) < MIN_VALIDATION_SAMPLES:
+            raise DataError(f"The validation split has {len(self.dataset.x_val)} samples: a "
+                            f"study needs at least {MIN_VALIDATION_SAMPLES} to tell a target "
+                            "reached from noise (more data, or a larger validation fraction).")
         self.digests = self._content_digests()
         self.study_id = config_key({**config.identity(), **self.digests})[:12]
         self.batch_sizes = config.resolved_batch_sizes(self.num_train)

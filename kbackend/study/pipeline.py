@@ -27,6 +27,7 @@ from kbackend.errors import ConfigError, DataError, OutputError
 from kbackend.io import atomic_write_text, check_output_folder, read_json
 from kbackend.models import MODELS
 from kbackend.reports import markdown_rows
+from kbackend.study import trust
 from kbackend.study.analysis import analyze
 from kbackend.study.config import StudyConfig
 from kbackend.study.device_profile import check_profile, load_profile, predict
@@ -217,6 +218,10 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
     # The report's folder too: a file in its place is a one-line error now, not after the runs.
     check_output_folder(report_dir(out, {"config": config.to_dict(), "env": runner.env,
                                          "digests": runner.digests}), "report")
+    target, num_val = config.resolved_target, len(runner.dataset.x_val) if runner.dataset else 0
+    warnings = [w for w in (trust.before_training(target.metric, target.value, num_val),) if w]
+    for warning in warnings:
+        console.print(warning, highlight=False, markup=False)
     with ResultStore(out / DB_NAME) as store:
         runner.store = store
         confirming = command_line is not None and confirm_seeds > 0
@@ -239,6 +244,10 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
                 assert command_line is not None
                 study["confirmation"] = _confirmations(runner, study, command_line,
                                                        confirm_seeds)
+        plateau = trust.after_training(study, target.metric, target.value, num_val)
+        if plateau:
+            console.print(plateau, highlight=False, markup=False)
+        study["warnings"] = [*warnings, *([plateau] if plateau else [])]
         if profile is not None:
             study["device_profile"] = predict(study, profile)
         wall_time = time.perf_counter() - start

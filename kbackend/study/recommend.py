@@ -132,7 +132,8 @@ def recommendation(study: dict[str, Any]) -> dict[str, Any] | None:
             "command": shlex.join(["kbackend", "train", *train_arguments(study, best),
                                    "--save", "best.keras"]),
             "python": _python_call(study, best), "confirmation": mine,
-            "passed_over": [c for c in confirmed if c is not mine]}
+            "passed_over": [c for c in confirmed if c is not mine],
+            "warnings": list(study.get("warnings") or [])}
 
 
 def _interval_text(figure: dict[str, Any], unit: str = "", digits: int = 0) -> str:
@@ -166,6 +167,7 @@ def recommendation_lines(best: dict[str, Any] | None) -> list[str]:
     confirmation = best.get("confirmation")
     if confirmation is not None:
         lines.append("  " + confirmation_text(confirmation))
+    lines += [f"  {warning}" for warning in best.get("warnings") or []]
     return [*lines, f"  {best['command']}", f"  {best['python']}"]
 
 

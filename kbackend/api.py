@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from kbackend.cli import main as cli_main
+from kbackend.commands.train import command_line as train_command_line
 from kbackend.config import Target, TrainConfig, check_metrics
 from kbackend.io import atomic_write
 from kbackend.models import ModelOptions
@@ -141,7 +141,7 @@ def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
                          target=Target(metric, target), seeds=seeds,
                          engine=options.pop("engine", "native"), **options)
     show = sys.stderr.isatty() if progress is None else progress
-    outcome = run_study(config, out_path, show_progress=show, command_line=cli_main,
+    outcome = run_study(config, out_path, show_progress=show, command_line=train_command_line,
                         confirm_seeds=confirm_seeds)
     cells = [*outcome["study"]["cells"], *outcome["study"].get("auto_cells", [])]
     return StudyResult(recommendation(outcome["study"]), cells,

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kbackend.adaptive import AUTO, LR_SCALINGS
-from kbackend.cli import main as cli_main
 from kbackend.commands.train import add_source_arguments
+from kbackend.commands.train import command_line as train_command_line
 from kbackend.engines import engine_names
 from kbackend.errors import ConfigError, path_errors
 from kbackend.io import check_output_folder, check_output_path
@@ -302,7 +302,7 @@ def _non_negative(text: str) -> int:
 def run(args: argparse.Namespace) -> int:
     check_output_folder(args.out, "--out")
     outcome = run_study(config_from_args(args), args.out, show_progress=not args.no_progress,
-                        command_line=cli_main, confirm_seeds=args.confirm_seeds)
+                        command_line=train_command_line, confirm_seeds=args.confirm_seeds)
     for line in recommendation_lines(recommendation(outcome["study"])):
         print(line)
     return 0

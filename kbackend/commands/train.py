@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 from kbackend.adaptive import LR_SCALINGS, AutoBatchSize, parse_batch_size
 from kbackend.backend_choice import active_backend
+from kbackend.commands import OneLineErrorParser
 from kbackend.config import MONITORS, Target, TrainConfig, check_metrics
 from kbackend.data import DATASETS
 from kbackend.distributed import engine_name, is_chief
 from kbackend.engines import engine_names
-from kbackend.errors import ConfigError
+from kbackend.errors import ConfigError, KBackendError
 from kbackend.hardware.monitor import format_summary
 from kbackend.io import check_distinct_paths, check_output_path
 from kbackend.model_sources import parse_model_source
@@ -236,6 +239,22 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--history", default=None, metavar="HISTORY.json",
                         help="write the history as JSON")
     parser.add_argument("--quiet", action="store_true", help="no per-epoch lines")
+
+
+def command_line(argv: Sequence[str]) -> int:
+    """``kbackend train ARGV`` (``argv[0]`` is ``"train"``) as the command line runs it in this
+    process, its parser, checks and ``run``; the exit status (2 for bad input, with the
+    one-line error on stderr). A study confirms its printed command through this."""
+    parser = OneLineErrorParser(prog="kbackend train")
+    add_train_arguments(parser)
+    try:
+        args = parser.parse_args(list(argv)[1:])
+        return int(run(args) or 0)
+    except KBackendError as error:
+        sys.stderr.write(f"kbackend: error: {error}\n")
+        return error.exit_status
+    except SystemExit as exit_:  # argparse's own errors
+        return exit_.code if isinstance(exit_.code, int) else 2
 
 
 def check_args(args: argparse.Namespace) -> TrainConfig:

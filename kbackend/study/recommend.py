@@ -17,6 +17,8 @@ start-up (compilation, first calls); *wall to target* keeps the start-up in.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import shlex
 import tempfile
@@ -187,9 +189,6 @@ def confirmation_text(confirmation: dict[str, Any]) -> str:
 def run_train(command_line: CommandLine, arguments: list[str], seed: int) -> History | None:
     """``kbackend train ARGUMENTS --seed SEED`` through the command line's ``main`` (its output
     kept off the console); its history, None if the command failed."""
-    import contextlib
-    import io
-
     with tempfile.TemporaryDirectory(prefix="kbackend-confirm-") as folder:
         path = Path(folder) / "history.json"
         with contextlib.redirect_stdout(io.StringIO()):

@@ -18,6 +18,7 @@ from kbackend.study.report_sections import frontier_rows
 from kbackend.study.store import ResultStore
 from kbackend.study.verdicts import (
     VERDICT_CONFIDENCE,
+    LookLevels,
     could_resolve,
     decide,
     difference_verdict,
@@ -79,7 +80,8 @@ def _sequential(rng, truth, spread, max_seeds, level, trials, margin=0.1):
             a = {str(i): math.exp(v) for i, v in enumerate(logs[:count])}
             b = {str(i): 1.0 for i in range(count)}
             verdict = ratio_verdict(a, b, level=level, margin=margin)
-            if verdict["resolved"] or not could_resolve(verdict, max_seeds, level):
+            final = level.final if isinstance(level, LookLevels) else level
+            if verdict["resolved"] or not could_resolve(verdict, max_seeds, final):
                 break
         outcomes.append(verdict["outcome"])
         used.append(count)
@@ -282,3 +284,45 @@ def test_frontier_runs_record_the_best_checkpoint_and_are_reused(tmp_path):
         again = StudyRunner(config, store)
         again.run()
         assert again.time_spent.frontier_runs == 0 and again.executed == 0
+
+
+def test_look_levels_spend_the_error_mostly_at_the_first_look():
+    levels = LookLevels.of(3, 10)
+    assert levels.schedule == (3, 5, 8, 10)
+    assert levels.levels[0] == pytest.approx(0.94)
+    assert sum(1 - level for level in levels.levels) == pytest.approx(0.1)
+    assert levels.at(3) == levels.at(2) == levels.levels[0]
+    assert levels.at(4) == levels.at(5) == levels.levels[1]  # a round cut short: its look's
+    assert levels.at(10) == levels.final == levels.levels[-1]
+    assert LookLevels.of(3, 3).levels == (pytest.approx(0.9),)
+
+
+@pytest.mark.parametrize("spread", [0.1, 0.2, 0.35])
+def test_spent_looks_keep_wrong_verdicts_under_ten_percent_when_equal(spread):
+    """Truth "equal" (ratio 1): the sequential rule with the error spent over the looks says A
+    or B is better in at most 10% of simulated studies (plus simulation noise), at the default
+    margin (1.2x) and the old one (1.1x)."""
+    for margin in (0.2, 0.1):
+        outcomes, _ = _sequential(np.random.default_rng(3), 0.0, spread, 10,
+                                  LookLevels.of(3, 10), 2000, margin=margin)
+        wrong = sum(o in ("a", "b") for o in outcomes) / len(outcomes)
+        assert wrong <= (1 - VERDICT_CONFIDENCE) + 0.015, (spread, margin, wrong)
+
+
+def test_spending_at_the_first_look_answers_more_under_a_seed_budget():
+    """A true 1.6x difference, seeds spread 30%, and a budget that stops the seeds at the first
+    look in most studies (as the default study's automatic budget does): spending half the
+    error at the first look answers more comparisons than equal looks, never the wrong way."""
+    def answered(level):
+        outcomes = []
+        for study in range(600):
+            max_seeds = 10 if study % 4 == 0 else 3  # the budget lets one in four extend
+            rng = np.random.default_rng(study)
+            out, _ = _sequential(rng, math.log(1.6), 0.3, max_seeds, level, 1)
+            outcomes += out
+        assert "a" not in outcomes
+        return outcomes.count("b") / len(outcomes)
+
+    spent = answered(LookLevels.of(3, 10))
+    equal = answered(look_level(len(seed_schedule(3, 10))))
+    assert spent > equal + 0.1

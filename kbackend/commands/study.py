@@ -156,12 +156,14 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                                "held-out seeds and report what it reached (default "
                                f"{CONFIRM_SEEDS}; 0: off)")
     verdicts.add_argument("--seed-budget", type=_budget, default=None, metavar="SECONDS|auto",
-                          help="stop adding seeds (and frontier runs) once their runs took this "
-                               "many seconds (default auto: half the recorded time of the "
-                               "grid's runs; 0: no limit)")
+                          help="stop adding seeds once their runs took this many seconds "
+                               "(default auto: half the recorded time of the grid's runs; 0: no "
+                               "limit; the frontier runs come after, outside it)")
     verdicts.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
                           help="equivalence margin of times, steps and error metrics, relative "
-                               f"(default {DEFAULT_MARGIN:g}: within 1.1x)")
+                               f"(default {DEFAULT_MARGIN:g}: within {1 + DEFAULT_MARGIN:g}x; "
+                               "a difference "
+                               "smaller than a shared machine's timing spread)")
     verdicts.add_argument("--accuracy-margin", type=float, default=DEFAULT_ACCURACY_MARGIN,
                           help="equivalence margin of accuracies, absolute (default "
                                f"{DEFAULT_ACCURACY_MARGIN:g}: one percentage point)")

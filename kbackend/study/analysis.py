@@ -74,6 +74,8 @@ def analyze(study: dict[str, Any]) -> dict[str, Any]:
     verdicts: dict[str, Any] = {
         "seeds": seeds, "coverage": median_coverage(seeds),
         "confidence": VERDICT_CONFIDENCE, "level": settings["level"],
+        "look_levels": dict(zip(settings["levels"].schedule, settings["levels"].levels,
+                                strict=True)),
         "looks": settings["looks"], "margin": settings["margin"],
         "accuracy_margin": settings["accuracy_margin"],
         "added_seeds": study.get("added_seeds"),

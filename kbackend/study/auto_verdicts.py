@@ -48,7 +48,7 @@ def auto_verdict(auto: dict[str, Any], cells: list[dict[str, Any]],
     size = int(best["batch_size"])
     steps_b = {s: float(v) for s, v in (best.get("seed_steps") or {}).items()}
     per_step = cell_seconds_per_step(best) or math.nan
-    level, margin = settings["level"], settings["margin"]
+    level, margin = settings["levels"], settings["margin"]
     floor = rounding_sd([auto, best])
     bounds = (_budget(auto), _budget(best))
     steps = ratio_verdict(auto.get("seed_steps") or {}, steps_b, level=level, margin=margin,

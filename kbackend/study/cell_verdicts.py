@@ -24,14 +24,13 @@ from kbackend.study.verdicts import (
     DEFAULT_ACCURACY_MARGIN,
     DEFAULT_MARGIN,
     VERDICT_CONFIDENCE,
+    LookLevels,
     decide,
     difference_verdict,
-    look_level,
     mean_interval,
     outcome_text,
     ratio_verdict,
     rounding_sd,
-    seed_schedule,
     span_text,
     step_time_log_ratios,
 )
@@ -106,8 +105,9 @@ def verdict_settings(study: dict[str, Any]) -> dict[str, Any]:
     config = study.get("config", {})
     seeds = int(config.get("seeds", 1))
     max_seeds = max(seeds, int(config.get("max_seeds") or seeds))
-    looks = len(seed_schedule(seeds, max_seeds))
-    return {"seeds": seeds, "max_seeds": max_seeds, "looks": looks, "level": look_level(looks),
+    levels = LookLevels.of(seeds, max_seeds)
+    return {"seeds": seeds, "max_seeds": max_seeds, "looks": len(levels.schedule),
+            "level": levels.final, "levels": levels,
             "margin": float(config.get("margin", DEFAULT_MARGIN)),
             "accuracy_margin": float(config.get("accuracy_margin", DEFAULT_ACCURACY_MARGIN))}
 
@@ -127,7 +127,7 @@ def time_verdict(a: dict[str, Any], b: dict[str, Any], settings: dict[str, Any],
         scale = (a["time_to_target"] / a["steps_to_target"]) / \
             (b["time_to_target"] / b["steps_to_target"])
     verdict = ratio_verdict(a.get("seed_steps") or {}, b.get("seed_steps") or {},
-                            level=settings["level"], margin=settings["margin"],
+                            level=settings["levels"], margin=settings["margin"],
                             floor_sd=rounding_sd([a, b]), round_log_ratios=rounds, scale=scale,
                             bounds=(_budget_steps(a), _budget_steps(b)))
     verdict["cells"] = [list(_key(a)), list(_key(b))]
@@ -205,7 +205,7 @@ def region_verdicts(group: list[dict[str, Any]], settings: dict[str, Any]) -> li
         span = math.log(c2["batch_size"] / c1["batch_size"])
         exponent = math.log(c1["steps_to_target"] / c2["steps_to_target"]) / span
         verdict = ratio_verdict(c1.get("seed_steps") or {}, c2.get("seed_steps") or {},
-                                level=settings["level"], margin=settings["margin"],
+                                level=settings["levels"], margin=settings["margin"],
                                 floor_sd=rounding_sd([c1, c2]))
         verdict["cells"] = [list(_key(c1)), list(_key(c2))]
         low = high = math.nan
@@ -275,10 +275,10 @@ def test_metric_verdict(a: dict[str, Any], b: dict[str, Any], settings: dict[str
     values_a, source = seed_test_values(a)
     values_b, _ = seed_test_values(b)
     if metric_direction(metric) == "max":
-        verdict = difference_verdict(values_a, values_b, level=settings["level"],
+        verdict = difference_verdict(values_a, values_b, level=settings["levels"],
                                      margin=settings["accuracy_margin"], larger_is_better=True)
     else:
-        verdict = ratio_verdict(values_a, values_b, level=settings["level"],
+        verdict = ratio_verdict(values_a, values_b, level=settings["levels"],
                                 margin=settings["margin"])
     verdict.update(cells=[list(_key(a)), list(_key(b))], source=source, metric=metric)
     return verdict

@@ -6,10 +6,11 @@ report answers (the optimizers at each batch size, each scaling step, the smalle
 largest batch size's test metric) are read; a cell gets the next round's seeds when one of its
 comparisons is unresolved and ``verdicts.could_resolve`` says the added seeds could settle it.
 The rounds stop when no comparison can move, at ``max_seeds``, or when ``seed_budget`` seconds
-of added seeds and frontier runs are spent (checked before each run; by default half the
-recorded time of the grid's runs, which keeps a study within about 1.5x of its time without
-them). Which rule stops them does not change the verdicts' error: each look is counted in the
-level of every interval (``verdicts.look_level``).
+of added seeds are spent (checked before each run; by default half the recorded time of the
+grid's runs, which keeps a study within about 1.5x of its time without them). The frontier runs
+come after the rounds, outside the budget: seeds have its first claim. Which rule stops them
+does not change the verdicts' error: each look has its share of the error in the level of its
+intervals (``verdicts.LookLevels``).
 
 Added seeds are ordinary runs (full budget, the cell's best rate): stored under their own keys,
 so a re-run reuses them. The frontier runs (``frontier``) follow the seeds each cell has.
@@ -113,10 +114,7 @@ def extend_seeds(runner: StudyRunnerLike, cells: list[dict[str, Any]], runs: lis
     budget = seed_budget_seconds(config, runs) if len(schedule) > 1 or frontier else 0.0
     start = time.perf_counter()
     setup_before = runner.time_spent.setup
-    spent = 0.0  # recorded seconds of the added runs, stored or trained now
-    if frontier:
-        for cell in cells:
-            spent += measure_frontier(runner, cell, [int(s) for s in cell["seed_values"]])
+    spent = 0.0  # recorded seconds of the added seeds, stored or trained now
     general = generalization_cells(cells)
     rounds: list[dict[str, Any]] = []
     stopped = "max_seeds reached" if len(schedule) == 1 else "no open verdict could still resolve"
@@ -147,8 +145,6 @@ def extend_seeds(runner: StudyRunnerLike, cells: list[dict[str, Any]], runs: lis
                 added.append([cell["optimizer"], cell["batch_size"], seed])
             records[key].sort(key=lambda r: r["config"]["seed"])
             cell.update(summarize_cell(records[key]))
-            if frontier and key in general:
-                spent += measure_frontier(runner, cell, [int(s) for s in cell["seed_values"]])
         rounds.append({"seeds": count, "cells": sorted([list(k) for k in wanted]),
                        "runs": added})
         if out_of_budget:
@@ -157,8 +153,17 @@ def extend_seeds(runner: StudyRunnerLike, cells: list[dict[str, Any]], runs: lis
     else:
         if len(schedule) > 1:
             stopped = "max_seeds reached"
+    # The frontier after the seeds (the seeds have the budget's first claim): every cell on its
+    # first seeds, the generalization verdicts' cells on all they have.
+    frontier_seconds = 0.0
+    for cell in cells if frontier else []:
+        key = (cell["optimizer"], cell["batch_size"])
+        seeds = [int(s) for s in cell["seed_values"]]
+        frontier_seconds += measure_frontier(runner, cell,
+                                             seeds if key in general else seeds[:config.seeds])
     seconds = runner.time_spent.seconds_since(start, setup_before)
     runner.time_spent.added_seeds += seconds
     return {"schedule": schedule, "max_seeds": settings["max_seeds"], "rounds": rounds,
-            "seconds": seconds, "recorded_seconds": spent, "budget": budget or None,
+            "seconds": seconds, "recorded_seconds": spent, "frontier_seconds": frontier_seconds,
+            "budget": budget or None,
             "stopped": stopped, "frontier_epochs": config.frontier_epochs if frontier else 0}

@@ -13,6 +13,7 @@ import math
 import numbers
 import os
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -46,13 +47,23 @@ MONITORS = ("val_accuracy", "val_loss")
 DIVERGENCE_ACTIONS = ("raise", "record")
 
 
+# When a target counts as reached, read from the evaluations so far (docs/study.md, "A crossing
+# that holds"): ``first``, the first evaluation at or past it; ``mean2``, the mean of the last two
+# evaluations (one lucky evaluation must be matched by the one before it); ``hold2``, the last
+# two evaluations both.
+CROSSING_RULES = ("first", "mean2", "hold2")
+DEFAULT_CROSSING = "mean2"
+
+
 @dataclass(frozen=True)
 class Target:
     """Stop training once validation ``metric`` reaches ``value`` (>= where larger is better,
-    <= for losses and errors: ``kbackend.task.metric_direction``)."""
+    <= for losses and errors: ``kbackend.task.metric_direction``), read by the ``crossing``
+    rule (``CROSSING_RULES``)."""
 
     metric: str = "val_accuracy"
     value: float = 0.9
+    crossing: str = DEFAULT_CROSSING
 
     def __post_init__(self) -> None:
         if not isinstance(self.value, numbers.Real) or isinstance(self.value, bool) or \
@@ -68,6 +79,9 @@ class Target:
         if metric_direction(self.metric) == "min" and self.value <= 0.0:
             raise ConfigError(f"Invalid target {self.metric}={self.value!r}: a loss or error "
                               "target must be > 0.")
+        if self.crossing not in CROSSING_RULES:
+            raise ConfigError(f"Invalid target crossing {self.crossing!r}: expected one of "
+                              f"{', '.join(CROSSING_RULES)}.")
 
     @property
     def direction(self) -> str:
@@ -79,6 +93,18 @@ class Target:
         if self.metric not in record:
             return False
         return reaches(self.metric, record[self.metric], self.value)
+
+    def reached_in(self, evals: Sequence[Mapping[str, Any]]) -> bool:
+        """Whether the evaluations so far (oldest first) reach the target by its ``crossing``
+        rule; the last one must carry the metric."""
+        values = [float(e[self.metric]) for e in evals if self.metric in e]
+        if not values or self.metric not in evals[-1]:
+            return False
+        if self.crossing == "first":
+            return reaches(self.metric, values[-1], self.value)
+        if self.crossing == "mean2":
+            return reaches(self.metric, sum(values[-2:]) / len(values[-2:]), self.value)
+        return len(values) >= 2 and all(reaches(self.metric, v, self.value) for v in values[-2:])
 
 
 # More epochs than any run needs; the step count (epochs x steps per epoch) must also stay

@@ -33,7 +33,7 @@ def test_a_study_of_the_regression_example_recommends_a_cell(example_data, tmp_p
     summary = json.loads(next(tmp_path.glob("*/summary.json")).read_text())
     assert summary["config"]["target"]["metric"] == "val_mae"
     assert any(cell["reached"] for cell in summary["cells"])
-    assert next(tmp_path.glob("diabetes.csv_models.py-regressor_*"))
+    assert next(tmp_path.glob("diabetes.csv-*_models.py-regressor-*_*"))
 
 
 def test_the_binary_example_trains_to_its_target(example_data, cli):

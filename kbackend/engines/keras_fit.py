@@ -100,7 +100,7 @@ def _recorder_class() -> Any:
                 elif key != "learning_rate":
                     record["train_" + key] = float(value)
             self.history.record_eval(**record)
-            if self.target is not None and self.target.reached(record) and \
+            if self.target is not None and self.target.reached_in(self.history.evals) and \
                     self.history.record.target_reached is None:
                 self.history.record.target_reached = {
                     "step": record["step"], "epoch": epoch + 1,

@@ -249,7 +249,7 @@ class _Loop:
             if self.reporter is not None:
                 self.reporter.epoch_end(self.epoch, self.plan.epochs, record)
             target = self.configs[m].target
-            if target is not None and target.reached(record):
+            if target is not None and target.reached_in(self.histories[m].evals):
                 self.histories[m].record.target_reached = {"step": self.step, "epoch": self.epoch,
                                                            "train_time": at}
                 stopped.append(m)

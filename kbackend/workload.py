@@ -198,6 +198,7 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
         notes.append(f"adapted on the training split: {', '.join(adapted)}")
     units = output_units(first)
     splits = {k: (v[0], check_labels(task, v[1], units, k)) for k, v in splits.items()}
+    check_classes(task, splits["train"][1], name)
     dataset = _dataset(name, kind, splits, task, units, validation_fraction, seed, notes)
     workload = Workload(source, dataset, task, options, packing=packing, notes=notes)
     workload._first = (options.seed, first)
@@ -288,6 +289,20 @@ def check_labels(task: Task, y: Any, units: int, split: str) -> np.ndarray:
         raise DataError(f"Invalid labels {where} for {task.loss_name}: expected values in "
                         f"[0, 1]. Received values in [{y.min():g}, {y.max():g}].")
     return y
+
+
+def check_classes(task: Task, y: np.ndarray, name: str) -> None:
+    """A one-line ``DataError`` when a classification task's training labels (as
+    ``check_labels`` returns them) hold a single class: a one-class model learns nothing and
+    scores 0.0 or 1.0."""
+    loss = task.loss_name.lower()
+    if not (task.sparse_labels or "crossentropy" in loss or "hinge" in loss) or not len(y):
+        return
+    classes = np.argmax(y, axis=-1) if not task.sparse_labels and y.shape[-1] > 1 else y
+    found = np.unique(classes)
+    if len(found) < 2:
+        raise DataError(f"Invalid data {name!r}: every training label is class "
+                        f"{found[0].item():g}, and {task.loss_name} needs at least two classes.")
 
 
 def _held_out(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -10,7 +10,7 @@ from kbackend.adaptive import LR_SCALINGS, AutoBatchSize, parse_batch_size
 from kbackend.backend_choice import active_backend
 from kbackend.config import MONITORS, Target, TrainConfig, check_metrics
 from kbackend.data import DATASETS
-from kbackend.distributed import engine_name, is_chief
+from kbackend.distributed import engine_name, is_chief, prepare
 from kbackend.engines import engine_names
 from kbackend.errors import ConfigError
 from kbackend.hardware.monitor import format_summary
@@ -275,6 +275,10 @@ def run(args: argparse.Namespace) -> int:
     reporter = None if args.quiet else EpochReporter()
     workload = None
     if not is_builtin(config):
+        # Virtual devices and a multi-process job must exist before the framework starts,
+        # and preparing the user's model and data starts it (training.train's own call to
+        # prepare then finds both done).
+        prepare(config)
         workload = workload_of(config)
         for note in workload.notes:
             print(note)

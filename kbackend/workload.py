@@ -170,6 +170,7 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
             return Workload(source, dataset, CLASSIFICATION, options, notes=notes)
         splits = {"train": (dataset.x_train, dataset.y_train), "val": (dataset.x_val,
                   dataset.y_val), "test": (dataset.x_test, dataset.y_test)}
+        splits = _in_model_shape(splits, source.input_shape(), data, notes)
         name, kind = data, "builtin"
     else:
         loaded = (user_data.from_python(x, y, validation_data=validation_data)
@@ -203,6 +204,20 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
     workload = Workload(source, dataset, task, options, packing=packing, notes=notes)
     workload._first = (options.seed, first)
     return workload
+
+
+def _in_model_shape(splits: dict[str, tuple[np.ndarray, np.ndarray]],
+                    shape: tuple[int | None, ...] | None, name: str,
+                    notes: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """A built-in dataset's inputs reshaped to the sample shape a saved or given model takes
+    (``(64,)`` for digits saved from an MLP) when the sizes match; else as they are (and
+    ``check_model_matches`` names both shapes)."""
+    have = tuple(splits["train"][0].shape[1:])
+    if shape is None or None in shape or tuple(shape) == have or \
+            int(np.prod(shape)) != int(np.prod(have)):
+        return splits
+    notes.append(f"{name} reshaped from {have} to the model's input shape {tuple(shape)}")
+    return {k: (np.reshape(x, (len(x), *shape)), y) for k, (x, y) in splits.items()}
 
 
 def check_layers(model: Any, name: str) -> None:

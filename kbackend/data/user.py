@@ -58,7 +58,7 @@ import numpy as np
 import psutil
 
 from kbackend.backend_choice import keras as import_keras
-from kbackend.errors import DataError, path_errors
+from kbackend.errors import DataError, exit_call, path_errors
 
 KINDS = ("arrays", "csv", "images", "text", "tfds", "function")
 SPLITS = ("train", "val", "test")
@@ -816,6 +816,10 @@ def _load_function(where: Where, file_text: str, function: str, max_bytes: int) 
         sys.modules.pop(module_name, None)
         raise where.error(f"importing {path.name} raised {_reason(error)}"
                           f"{_user_line(error, path)}.") from None
+    except SystemExit as error:
+        sys.modules.pop(module_name, None)
+        raise where.error(f"importing {path.name} called {exit_call(error)}"
+                          f"{_user_line(error, path)}.") from None
     finally:
         if folder in sys.path:
             sys.path.remove(folder)
@@ -831,6 +835,9 @@ def _load_function(where: Where, file_text: str, function: str, max_bytes: int) 
     except Exception as error:
         raise where.error(f"{path.name}:{function}() raised {_reason(error)}"
                           f"{_user_line(error, path)}.") from None
+    except SystemExit as error:
+        raise where.error(f"{path.name}:{function}() called {exit_call(error)}"
+                          f"{_user_line(error, path)} instead of returning the data.") from None
     return _splits_from_value(where, result, max_bytes)
 
 

@@ -31,6 +31,9 @@ from kbackend.task import CLASSIFICATION, Task, output_units, task_of_model
 TEST_SPLIT_SEED = 1_000_003
 
 
+# How a note that warns begins (commands print every note; study prints these).
+WARNING = "warning: "
+
 # Integers are packed into float32 next to real inputs: exact up to 2**24 (token ids, indices).
 MAX_PACKED_INTEGER = 2**24
 
@@ -191,6 +194,7 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
     check_layers(first, source.name)
     if packing is not None:
         first = packing.wrap(first)
+    notes.extend(check_activation(first, task, source.name))
     if task.source == "inferred":
         notes.append(f"task inferred from the labels (the model is not compiled): "
                      f"{task.describe()}")
@@ -199,6 +203,7 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
         notes.append(f"adapted on the training split: {', '.join(adapted)}")
     units = output_units(first)
     splits = {k: (v[0], check_labels(task, v[1], units, k)) for k, v in splits.items()}
+    check_output_shape(first, task, splits["train"][1], source.name)
     check_classes(task, splits["train"][1], name)
     dataset = _dataset(name, kind, splits, task, units, validation_fraction, seed, notes)
     workload = Workload(source, dataset, task, options, packing=packing, notes=notes)
@@ -218,6 +223,19 @@ def _in_model_shape(splits: dict[str, tuple[np.ndarray, np.ndarray]],
         return splits
     notes.append(f"{name} reshaped from {have} to the model's input shape {tuple(shape)}")
     return {k: (np.reshape(x, (len(x), *shape)), y) for k, (x, y) in splits.items()}
+
+
+def check_activation(model: Any, task: Task, name: str) -> list[str]:
+    """A warning (a note) when a loss compiled with ``from_logits=True`` follows an output
+    that is already a softmax or sigmoid: the loss squashes the probabilities a second time,
+    which trains, but slowly and towards the wrong optimum. Training goes on."""
+    layer = getattr(model, "layers", [None])[-1] if getattr(model, "layers", None) else None
+    activation = getattr(getattr(layer, "activation", None), "__name__", None)
+    if not task.from_logits or activation not in ("softmax", "sigmoid"):
+        return []
+    return [f"{WARNING}model {name!r} ends in a {activation} ({layer.name}) but its loss "
+            f"{task.loss_name} is compiled with from_logits=True: it treats the probabilities "
+            "as logits (drop the activation, or compile with from_logits=False)"]
 
 
 def check_layers(model: Any, name: str) -> None:
@@ -304,6 +322,26 @@ def check_labels(task: Task, y: Any, units: int, split: str) -> np.ndarray:
         raise DataError(f"Invalid labels {where} for {task.loss_name}: expected values in "
                         f"[0, 1]. Received values in [{y.min():g}, {y.max():g}].")
     return y
+
+
+def check_output_shape(model: Any, task: Task, y: np.ndarray, name: str) -> None:
+    """A one-line ``ConfigError`` unless the model's output has the labels' shape (as
+    ``check_labels`` returns them): one row of class scores per sample for class indices, else
+    the label's own shape. A Dense head on images (no Flatten) gives one row per pixel."""
+    outputs = getattr(model, "outputs", None)
+    if not outputs:
+        return
+    got = tuple(outputs[0].shape[1:])
+    want = (got[-1] if got else None,) if task.sparse_labels else tuple(y.shape[1:])
+    if len(got) == len(want) and all(g is None or g == w for g, w in zip(got, want, strict=True)):
+        return
+    labels = "class indices, one per sample" if task.sparse_labels else \
+        f"labels of shape (N, {', '.join(map(str, want))})"
+    shown = ", ".join("N" if d is None else str(d) for d in (None, *got))
+    raise ConfigError(f"Model {name!r} gives outputs of shape ({shown}), and its loss "
+                      f"{task.loss_name} takes {labels}: expected an output of shape "
+                      f"(N, {', '.join(str(d) for d in want)}) (a Flatten or pooling layer "
+                      "before the last Dense layer makes one row per sample).")
 
 
 def check_classes(task: Task, y: np.ndarray, name: str) -> None:

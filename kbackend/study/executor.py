@@ -100,7 +100,7 @@ class StudyRunner:
         else:  # the user's model or data: its task (loss, metric) trains every cell
             self.workload = workload_of(source)
             self.dataset, self.task = self.workload.dataset, self.workload.task
-            check_metrics(replace(source, task=self.task))
+        check_metrics(replace(source, task=self.task))  # a target the model cannot report
         self.batch_sizes = config.resolved_batch_sizes(self.num_train)
         if config.population == "on" and (config.engine != "native"
                                            or not impl().supports_populations()):

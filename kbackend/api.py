@@ -23,6 +23,8 @@ import numpy as np
 
 from kbackend.commands.train import command_line as train_command_line
 from kbackend.config import Target, TrainConfig, check_metrics
+from kbackend.distributed import prepare
+from kbackend.errors import ConfigError
 from kbackend.io import atomic_write
 from kbackend.models import ModelOptions
 from kbackend.optim import OptimizerSpec
@@ -34,6 +36,10 @@ from kbackend.study.targets import missing_target_error, needs_explicit_target
 from kbackend.training import TrainResult
 from kbackend.training import train as train_config
 from kbackend.workload import Workload, prepare_workload
+
+# TrainConfig's fields of a data-parallel or multi-process run (kbackend.distributed.prepare).
+PARALLEL_FIELDS = ("devices", "data_parallel", "dp_impl", "virtual_devices", "num_processes",
+                   "process_id", "coordinator", "coordinator_timeout", "heartbeat_timeout")
 
 __all__ = ["StudyResult", "recommendation", "recommendation_lines", "study", "train"]
 
@@ -58,6 +64,9 @@ def _workload(model: Any, x: Any, y: Any, validation_data: Any, data: Any, label
               unsafe_deserialization: bool, validation_fraction: float) -> Workload:
     if x is None and data is None:
         raise TypeError("No data: pass arrays (x, y), a tf.data.Dataset as x, or data=SOURCE.")
+    if x is not None and data is not None:
+        raise ConfigError(f"Data given twice: x (arrays or a dataset) and data={str(data)[:80]!r}."
+                          " Pass one of them.")
     return prepare_workload(model, data, x=x, y=y, validation_data=validation_data,
                             label=label, validation_fraction=validation_fraction, seed=seed,
                             options=ModelOptions(seed=seed), target_metric=target_metric,
@@ -86,6 +95,9 @@ def train(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
     ``target`` stops at the first evaluation where ``target_metric`` (default ``val_`` + the
     model's metric) reaches it. ``progress``: per-epoch lines (default: on a terminal).
     ``options``: further ``TrainConfig`` fields (``eval_every``, ``max_steps``, ...)."""
+    # Virtual devices and a multi-process job come before the framework starts (preparing
+    # the workload starts it); TrainConfig checks the options first.
+    prepare(TrainConfig(**{k: v for k, v in options.items() if k in PARALLEL_FIELDS}))
     workload = _workload(model, x, y, validation_data, data, label, seed, target_metric,
                          from_weights, unsafe_deserialization, validation_fraction)
     engine = "native" if engine == "auto" else engine  # every source is in memory

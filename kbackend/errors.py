@@ -53,6 +53,14 @@ class Diverged(KBackendError):
         self.step = step
 
 
+def exit_call(error: SystemExit) -> str:
+    """How a user's function ended the program, for a one-line error: ``sys.exit(3)``. The
+    call is refused, not obeyed: an exit from a builder or a data function would end a run
+    with no output and the function's status (0: success; 3: kbackend's lost process)."""
+    return "sys.exit()" if error.code is None else f"sys.exit({str(error.code)[:60]!r})" \
+        if not isinstance(error.code, int) else f"sys.exit({error.code})"
+
+
 _TYPE_NAMES = {type(None): "None", numbers.Integral: "an integer", numbers.Real: "a number",
                str: "a string", bool: "True or False"}
 

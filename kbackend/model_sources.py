@@ -48,7 +48,7 @@ from kbackend.backend_choice import tensorflow_kept_out
 from kbackend.backends import impl
 from kbackend.data import DatasetInfo
 from kbackend.digests import arrays_digest, code_digest, json_digest
-from kbackend.errors import ConfigError, path_errors
+from kbackend.errors import ConfigError, exit_call, path_errors
 from kbackend.models import (
     BYTES_PER_TRAINING_PARAM,
     MODELS,
@@ -342,6 +342,11 @@ def _import_file(path: Path) -> ModuleType:
         del sys.modules[name]
         raise ModelError(f"Builder file {str(path)!r} failed to import: "
                          f"{_one_line(error)}") from error
+    except SystemExit as error:
+        del sys.modules[name]
+        raise ModelError(f"Builder file {str(path)!r} called {exit_call(error)} while it was "
+                         "imported: a builder file defines a function returning a keras.Model."
+                         ) from None
     finally:
         if str(path.parent) in sys.path:
             sys.path.remove(str(path.parent))
@@ -354,6 +359,9 @@ def _import_module(name: str) -> ModuleType:
     except Exception as error:
         raise ModelError(f"Builder module {name!r} failed to import: "
                          f"{_one_line(error)}") from error
+    except SystemExit as error:
+        raise ModelError(f"Builder module {name!r} called {exit_call(error)} while it was "
+                         "imported.") from None
 
 
 def _call_builder(builder: Callable[..., Any], info: DatasetInfo, name: str) -> Any:
@@ -377,6 +385,9 @@ def _call_builder(builder: Callable[..., Any], info: DatasetInfo, name: str) -> 
         model = builder(**arguments)
     except Exception as error:
         raise ModelError(f"Builder {name!r} raised {_one_line(error)}") from error
+    except SystemExit as error:
+        raise ModelError(f"Builder {name!r} called {exit_call(error)} instead of returning a "
+                         "keras.Model.") from None
     if not isinstance(model, keras.Model):
         kind = type(model)
         raise ModelError(f"Builder {name!r} returned {kind.__module__}.{kind.__qualname__}, "
@@ -528,6 +539,21 @@ class ModelSource:
         """The data layout the model takes: a built-in's own, else ``spatial`` (the data's
         own shape, which ``check_model_matches`` holds the model's input to)."""
         return model_layout(self.name) if self.builtin else "spatial"
+
+    def input_shape(self) -> tuple[int | None, ...] | None:
+        """The sample shape a saved or given graph model declares for its one input; None for
+        a builder (its model follows the data), a built-in or a model of several inputs."""
+        if self.kind == "keras_file":
+            assert self.path is not None
+            model = _load_keras(self.path, self.unsafe_deserialization)[0]
+        elif self.kind == "instance":
+            model = self.obj
+        else:
+            return None
+        inputs = getattr(model, "inputs", None) or []
+        if not _is_graph_model(model) or len(inputs) != 1:
+            return None
+        return tuple(inputs[0].shape[1:])
 
     def build(self, info: DatasetInfo, options: ModelOptions | None = None, *,
               seed: int | None = None) -> Any:

@@ -43,9 +43,17 @@ MEAN_METRICS = {
     "mean_squared_logarithmic_error": "mean_squared_logarithmic_error",
     "msle": "mean_squared_logarithmic_error",
 }
+# Per-sample metrics with an argument (k), by the name Keras logs them under by default and
+# by their class -> Keras's function, which takes the argument.
+TOP_K_METRICS = {
+    "sparse_top_k_categorical_accuracy": "sparse_top_k_categorical_accuracy",
+    "top_k_categorical_accuracy": "top_k_categorical_accuracy",
+}
+_TOP_K_CLASSES = {"SparseTopKCategoricalAccuracy": "sparse_top_k_categorical_accuracy",
+                  "TopKCategoricalAccuracy": "top_k_categorical_accuracy"}
 # Keras resolves "accuracy" by the labels and the output (keras.trainers.compile_utils).
 ACCURACY_ALIASES = ("accuracy", "acc")
-SUPPORTED_METRICS = (*ACCURACY_ALIASES, *MEAN_METRICS)
+SUPPORTED_METRICS = (*ACCURACY_ALIASES, *MEAN_METRICS, *TOP_K_METRICS)
 
 # Losses whose labels are class indices (stored as int32); every other loss takes float targets.
 SPARSE_LOSSES = ("sparse_categorical_crossentropy", "SparseCategoricalCrossentropy")
@@ -108,6 +116,8 @@ class Task:
     metric_fn: str
     sparse_labels: bool
     source: str = "builtin"
+    # Keyword arguments of ``metric_fn`` (a top-k accuracy's ``k``), as sorted pairs (hashable).
+    metric_args: tuple[tuple[str, Any], ...] = ()
     # The compiled ``Loss`` object itself where there is one: some losses' configs leave out
     # their arguments (Keras 3.15's ``Huber`` drops ``delta``), so the object is what trains.
     loss_instance: Any = field(default=None, compare=False, repr=False)
@@ -129,7 +139,8 @@ class Task:
     def describe(self) -> str:
         """One line: ``loss binary_crossentropy (from_logits), metric binary_accuracy``."""
         logits = " (from_logits)" if self.from_logits else ""
-        return f"loss {self.loss_name}{logits}, metric {self.metric}"
+        args = "".join(f" ({key}={value})" for key, value in self.metric_args)
+        return f"loss {self.loss_name}{logits}, metric {self.metric}{args}"
 
     @property
     def from_logits(self) -> bool:
@@ -156,12 +167,13 @@ class Task:
         """The metric of each sample, shape ``(batch,)``, as float32."""
         import keras  # deferred: Keras is imported once the backend is chosen
 
-        values = getattr(keras.metrics, self.metric_fn)(y, outputs)
+        values = getattr(keras.metrics, self.metric_fn)(y, outputs, **dict(self.metric_args))
         return _per_sample(keras.ops.cast(values, "float32"))
 
     def to_dict(self) -> dict[str, Any]:
         return {"loss": self.loss_name, "loss_config": self.loss, "metric": self.metric,
-                "metric_fn": self.metric_fn, "sparse_labels": self.sparse_labels,
+                "metric_fn": self.metric_fn, "metric_args": dict(self.metric_args),
+                "sparse_labels": self.sparse_labels,
                 "source": self.source, "from_logits": self.from_logits}
 
 
@@ -246,20 +258,41 @@ def make_task(loss: Any, metrics: list[Any] | None, output_units: int, *, source
     name = type(obj).__name__ if type(obj) is not LossFunctionWrapper else \
         str(getattr(obj.fn, "__name__", obj.name))
     sparse = _is_sparse(name) or _is_sparse(getattr(getattr(obj, "fn", None), "__name__", ""))
-    names = [_metric_name(m) for m in (metrics or [])]
-    chosen = prefer_metric or next((m for m in names if m in SUPPORTED_METRICS), None) \
-        or _default_metric(name)
+    compiled = {_metric_name(m): _metric_args(m) for m in (metrics or [])}
+    unsupported = [m for m in compiled if m not in SUPPORTED_METRICS]
+    if compiled and len(unsupported) == len(compiled) and prefer_metric is None:
+        chosen = unsupported[0]  # the model's own metric, never another in its place
+    else:
+        chosen = prefer_metric or next((m for m in compiled if m in SUPPORTED_METRICS), None) \
+            or _default_metric(name)
     if chosen not in SUPPORTED_METRICS:
         raise ConfigError(
             f"Unsupported metric {chosen!r}: kbackend's engines compute metrics that are a mean "
             f"over samples: {', '.join(SUPPORTED_METRICS)}.")
     fn = (_accuracy_fn(name, output_units, sparse) if chosen in ACCURACY_ALIASES
-          else MEAN_METRICS[chosen])
-    if chosen in ACCURACY_ALIASES and not any(w in name.lower() for w in _CLASSIFICATION_LOSSES):
+          else MEAN_METRICS.get(chosen) or TOP_K_METRICS[chosen])
+    classifier = any(w in name.lower() for w in _CLASSIFICATION_LOSSES)
+    if (chosen in ACCURACY_ALIASES or chosen in TOP_K_METRICS) and not classifier:
         raise ConfigError(f"Invalid metric {chosen!r} for the regression loss {name}: use an "
                           "error metric such as mae or mse.")
+    if sparse and chosen in MEAN_METRICS:
+        raise ConfigError(f"Invalid metric {chosen!r} for the classifier's loss {name}: its "
+                          "labels are class indices, which an error metric cannot compare with "
+                          f"the {output_units} class probabilities; use accuracy.")
     instance = loss if isinstance(loss, keras.losses.Loss) else None
-    return Task(key, "accuracy" if chosen == "acc" else chosen, fn, sparse, source, instance)
+    return Task(key, "accuracy" if chosen == "acc" else chosen, fn, sparse, source,
+                tuple(sorted(compiled.get(chosen, {}).items())), instance)
+
+
+def _metric_args(metric: Any) -> dict[str, Any]:
+    """The arguments a compiled per-sample metric passes its function (a top-k's ``k``)."""
+    if isinstance(metric, dict):
+        config = metric.get("config") or {}
+    elif isinstance(metric, str):
+        config = {}
+    else:
+        config = metric.get_config() if hasattr(metric, "get_config") else {}
+    return {"k": int(config["k"])} if "k" in config else {}
 
 
 def _metric_name(metric: Any) -> str:
@@ -267,7 +300,11 @@ def _metric_name(metric: Any) -> str:
     if isinstance(metric, str):
         return metric
     if isinstance(metric, dict):
+        if metric.get("class_name") in _TOP_K_CLASSES:  # under its function's name
+            return _TOP_K_CLASSES[metric["class_name"]]
         return str((metric.get("config") or {}).get("name") or metric.get("class_name"))
+    if type(metric).__name__ in _TOP_K_CLASSES:
+        return _TOP_K_CLASSES[type(metric).__name__]
     name = getattr(metric, "name", None) or getattr(metric, "__name__", None)
     return str(name)
 

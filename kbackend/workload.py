@@ -31,6 +31,9 @@ from kbackend.task import CLASSIFICATION, Task, output_units, task_of_model
 TEST_SPLIT_SEED = 1_000_003
 
 
+# How a note that warns begins (commands print every note; study prints these).
+WARNING = "warning: "
+
 # Integers are packed into float32 next to real inputs: exact up to 2**24 (token ids, indices).
 MAX_PACKED_INTEGER = 2**24
 
@@ -174,6 +177,7 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
             return Workload(source, dataset, CLASSIFICATION, options, notes=notes)
         splits = {"train": (dataset.x_train, dataset.y_train), "val": (dataset.x_val,
                   dataset.y_val), "test": (dataset.x_test, dataset.y_test)}
+        splits = _in_model_shape(splits, source.input_shape(), data, notes)
         name, kind = data, "builtin"
     else:
         loaded = (user_data.from_python(x, y, validation_data=validation_data)
@@ -194,6 +198,7 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
     check_layers(first, source.name)
     if packing is not None:
         first = packing.wrap(first)
+    notes.extend(check_activation(first, task, source.name))
     if task.source == "inferred":
         notes.append(f"task inferred from the labels (the model is not compiled): "
                      f"{task.describe()}")
@@ -202,10 +207,39 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
         notes.append(f"adapted on the training split: {', '.join(adapted)}")
     units = output_units(first)
     splits = {k: (v[0], check_labels(task, v[1], units, k)) for k, v in splits.items()}
+    check_output_shape(first, task, splits["train"][1], source.name)
+    check_classes(task, splits["train"][1], name)
     dataset = _dataset(name, kind, splits, task, units, validation_fraction, seed, notes)
     workload = Workload(source, dataset, task, options, packing=packing, notes=notes)
     workload._first = (options.seed, first)
     return workload
+
+
+def _in_model_shape(splits: dict[str, tuple[np.ndarray, np.ndarray]],
+                    shape: tuple[int | None, ...] | None, name: str,
+                    notes: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """A built-in dataset's inputs reshaped to the sample shape a saved or given model takes
+    (``(64,)`` for digits saved from an MLP) when the sizes match; else as they are (and
+    ``check_model_matches`` names both shapes)."""
+    have = tuple(splits["train"][0].shape[1:])
+    if shape is None or None in shape or tuple(shape) == have or \
+            int(np.prod(shape)) != int(np.prod(have)):
+        return splits
+    notes.append(f"{name} reshaped from {have} to the model's input shape {tuple(shape)}")
+    return {k: (np.reshape(x, (len(x), *shape)), y) for k, (x, y) in splits.items()}
+
+
+def check_activation(model: Any, task: Task, name: str) -> list[str]:
+    """A warning (a note) when a loss compiled with ``from_logits=True`` follows an output
+    that is already a softmax or sigmoid: the loss squashes the probabilities a second time,
+    which trains, but slowly and towards the wrong optimum. Training goes on."""
+    layer = getattr(model, "layers", [None])[-1] if getattr(model, "layers", None) else None
+    activation = getattr(getattr(layer, "activation", None), "__name__", None)
+    if not task.from_logits or activation not in ("softmax", "sigmoid"):
+        return []
+    return [f"{WARNING}model {name!r} ends in a {activation} ({layer.name}) but its loss "
+            f"{task.loss_name} is compiled with from_logits=True: it treats the probabilities "
+            "as logits (drop the activation, or compile with from_logits=False)"]
 
 
 def check_layers(model: Any, name: str) -> None:
@@ -292,6 +326,40 @@ def check_labels(task: Task, y: Any, units: int, split: str) -> np.ndarray:
         raise DataError(f"Invalid labels {where} for {task.loss_name}: expected values in "
                         f"[0, 1]. Received values in [{y.min():g}, {y.max():g}].")
     return y
+
+
+def check_output_shape(model: Any, task: Task, y: np.ndarray, name: str) -> None:
+    """A one-line ``ConfigError`` unless the model's output has the labels' shape (as
+    ``check_labels`` returns them): one row of class scores per sample for class indices, else
+    the label's own shape. A Dense head on images (no Flatten) gives one row per pixel."""
+    outputs = getattr(model, "outputs", None)
+    if not outputs:
+        return
+    got = tuple(outputs[0].shape[1:])
+    want = (got[-1] if got else None,) if task.sparse_labels else tuple(y.shape[1:])
+    if len(got) == len(want) and all(g is None or g == w for g, w in zip(got, want, strict=True)):
+        return
+    labels = "class indices, one per sample" if task.sparse_labels else \
+        f"labels of shape (N, {', '.join(map(str, want))})"
+    shown = ", ".join("N" if d is None else str(d) for d in (None, *got))
+    raise ConfigError(f"Model {name!r} gives outputs of shape ({shown}), and its loss "
+                      f"{task.loss_name} takes {labels}: expected an output of shape "
+                      f"(N, {', '.join(str(d) for d in want)}) (a Flatten or pooling layer "
+                      "before the last Dense layer makes one row per sample).")
+
+
+def check_classes(task: Task, y: np.ndarray, name: str) -> None:
+    """A one-line ``DataError`` when a classification task's training labels (as
+    ``check_labels`` returns them) hold a single class: a one-class model learns nothing and
+    scores 0.0 or 1.0."""
+    loss = task.loss_name.lower()
+    if not (task.sparse_labels or "crossentropy" in loss or "hinge" in loss) or not len(y):
+        return
+    classes = np.argmax(y, axis=-1) if not task.sparse_labels and y.shape[-1] > 1 else y
+    found = np.unique(classes)
+    if len(found) < 2:
+        raise DataError(f"Invalid data {name!r}: every training label is class "
+                        f"{found[0].item():g}, and {task.loss_name} needs at least two classes.")
 
 
 def _held_out(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import BACKEND, ROOT, one_line_error
+from tests.conftest import BACKEND, ROOT, one_line_error, run_cli
 
 TRAIN = ["--model", "mlp", "--widths", "16", "--batch-size", "64", "--optimizer", "sgd",
          "--lr", "0.1", "--quiet"]
@@ -77,6 +77,53 @@ def test_two_processes_train_like_one(tmp_path, cli, options):
             zip(_weights(tmp_path / "one.keras"), _weights(tmp_path / "two.keras"), strict=True)]
     print(f"largest parameter gap, 2 processes vs 1 ({BACKEND}, {options}): {max(gaps):.3g}")
     assert max(gaps) < PROCESS_GAP_TOLERANCE
+
+
+USER_BUILDER = """
+import keras
+
+
+def build(input_shape, num_classes):
+    inputs = keras.Input(input_shape)
+    hidden = keras.layers.Dense(16, activation="relu")(inputs)
+    hidden = keras.layers.BatchNormalization()(hidden)
+    outputs = keras.layers.Dense(num_classes, activation="softmax")(hidden)
+    model = keras.Model(inputs, outputs)
+    model.compile(loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+"""
+
+
+def _user_sources(folder) -> list[str]:
+    """A user's builder (BatchNorm) and .npz (three classes), as train flags."""
+    (folder / "builder.py").write_text(USER_BUILDER)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(640, 8)).astype("float32")
+    y = (x[:, 0] + x[:, 1] > 0).astype("int64") + (x[:, 2] > 1)
+    np.savez(folder / "data.npz", x=x, y=y)
+    return ["--model", f"{folder / 'builder.py'}:build", "--data", str(folder / "data.npz")]
+
+
+@pytest.mark.slow
+def test_a_users_model_and_data_train_alike_on_two_processes_two_devices_and_one(tmp_path, cli):
+    # The user's builder and .npz start the framework while the workload is prepared: the
+    # job and the virtual devices must exist before that, on both ways of splitting a batch.
+    flags = [*_user_sources(tmp_path), "--optimizer", "adam", "--lr", "0.01", "--epochs", "2",
+             "--fused-steps", "4", "--quiet"]
+    two = cli("launch", "-N", "2", "--", *flags, "--engine", "data_parallel",
+              "--save", str(tmp_path / "two.keras"))
+    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
+    devices = run_cli("train", *flags, "--engine", "data_parallel", "--virtual-devices", "2",
+                      "--save", str(tmp_path / "devices.keras"), env=_env())
+    assert devices.returncode == 0, devices.stderr[-3000:]
+    one = cli("train", *flags, "--engine", "native", "--save", str(tmp_path / "one.keras"))
+    assert one.returncode == 0, one.stderr[-3000:]
+    reference = _weights(tmp_path / "one.keras")
+    for run in ("two", "devices"):
+        gaps = [float(np.max(np.abs(a - b))) for a, b in
+                zip(reference, _weights(tmp_path / f"{run}.keras"), strict=True)]
+        print(f"largest parameter gap, {run} vs one process ({BACKEND}): {max(gaps):.3g}")
+        assert max(gaps) < PROCESS_GAP_TOLERANCE, run
 
 
 @pytest.mark.slow
@@ -250,11 +297,31 @@ def test_a_launcher_killed_with_sigkill_leaves_no_process_running(tmp_path):
             worker.kill()
 
 
-def test_launch_passes_a_workers_bad_input_on_as_2(cli, tmp_path):
-    # A user's data file is read by each process (the launcher checks built-in data only):
-    # every process fails with one line, exit 2; the launcher exits 2 naming one of them.
+def test_launch_checks_a_users_data_before_starting_a_process(cli, tmp_path):
+    # What needs no framework is checked once in the launcher: a .npz is read in full, a
+    # folder listed, a data function's file parsed (nothing of the user's code runs there).
     (tmp_path / "data.npz").write_text("not an archive")
-    result = cli("launch", "-N", "2", "--", "--data", str(tmp_path / "data.npz"), "--epochs", "1")
+    (tmp_path / "one" / "cats").mkdir(parents=True)
+    (tmp_path / "one" / "cats" / "a.png").write_bytes(b"")
+    (tmp_path / "broken.py").write_text("def data(:\n")
+    cases = {str(tmp_path / "data.npz"): "not a .npz archive",
+             str(tmp_path / "one"): "one class subfolder (cats/): classification needs at "
+                                    "least two classes",
+             f"{tmp_path / 'broken.py'}:data": "syntax error at broken.py:1",
+             f"{tmp_path / 'absent.py'}:data": "not found"}
+    for source, message in cases.items():
+        result = cli("launch", "-N", "2", "--", "--data", source, "--epochs", "1")
+        assert result.returncode == 2 and one_line_error(result.stderr), result.stderr
+        assert message in result.stderr, result.stderr
+        assert "processes, coordinator" not in result.stderr  # nothing was started
+
+
+def test_launch_passes_a_workers_bad_input_on_as_2(cli, tmp_path):
+    # A data function runs in each process only (the launcher does not run the user's code):
+    # every process fails with one line, exit 2; the launcher exits 2 naming one of them.
+    (tmp_path / "data.py").write_text("def data():\n    raise ValueError('no rows today')\n")
+    result = cli("launch", "-N", "2", "--", "--data", f"{tmp_path / 'data.py'}:data",
+                 "--epochs", "1")
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     assert "kbackend launch: error: process" in result.stderr
     assert "exited with status 2 (bad input)" in result.stderr

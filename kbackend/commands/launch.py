@@ -10,7 +10,9 @@ process live).
 
 Before any process starts, the launcher checks once what every process would check alike: the
 train flags, the output paths, the data (loaded here once, for a built-in model and dataset),
-the batch against the data and the processes, the model's memory; and N against the CPUs (each
+the batch against the data and the processes, the model's memory; with the user's model or
+data, what needs no framework (the model file or builder source, a ``.npz`` or ``.csv`` read
+in full, a folder's listing); and N against the CPUs (each
 process needs one; ``--oversubscribe`` allows more). So a bad value is one line, exit 2, not N
 failed processes.
 
@@ -32,11 +34,15 @@ import sys
 import threading
 import time
 
+from kbackend import data as data_module
 from kbackend import distributed
 from kbackend.backend_choice import selected_backend
 from kbackend.backends.cluster import free_ports, worker_environments
 from kbackend.commands import LAUNCHER_PID_ENV, OneLineErrorParser, bound_integer_flags
 from kbackend.commands import train as train_command
+from kbackend.config import TrainConfig
+from kbackend.data import DATASETS
+from kbackend.data import user as user_data
 from kbackend.engines import get_engine
 from kbackend.errors import ConfigError
 from kbackend.models import check_model_fits
@@ -102,14 +108,27 @@ def check_train_args(train_args: list[str], num_processes: int, coordinator: str
     bound_integer_flags(parser)
     args = parser.parse_args([*train_args, "--num-processes", str(num_processes),
                               "--process-id", "0", "--coordinator", coordinator])
-    config = train_command.check_args(args)
-    if not is_builtin(config):  # a user's model or data: each process prepares it
+    config = train_command.check_args(args)  # the model source's checks among them
+    if not is_builtin(config):
+        check_user_data(config)
         return
     dataset = load_dataset(config)
     # Devices per process are known only once a process starts its backend: one here, so the
     # split over the processes is checked (each process checks its devices again).
     get_engine(distributed.engine_name(config)).plan(config, len(dataset.x_train))  # checks
     check_model_fits(config.model, dataset.info, config.model_options)
+
+
+def check_user_data(config: TrainConfig) -> None:
+    """The data of a run with the user's model or data, checked as far as the launcher can
+    without starting the framework (each process then prepares the model and data itself,
+    with every check): a built-in dataset is loaded, a user's source checked by
+    ``kbackend.data.user.check_source`` (``.npz`` and ``.csv`` read in full)."""
+    if config.dataset in DATASETS:
+        data_module.load(config.dataset, layout="spatial", validation_fraction=
+                         config.validation_fraction, seed=config.seed, data_dir=config.data_dir)
+    else:
+        user_data.check_source(config.dataset, label=config.label)
 
 
 def free_port() -> int:

@@ -13,7 +13,7 @@ from kbackend.backend_choice import active_backend
 from kbackend.commands import OneLineErrorParser
 from kbackend.config import MONITORS, Target, TrainConfig, check_metrics
 from kbackend.data import DATASETS
-from kbackend.distributed import engine_name, is_chief
+from kbackend.distributed import engine_name, is_chief, prepare
 from kbackend.engines import engine_names
 from kbackend.errors import ConfigError, KBackendError
 from kbackend.hardware.monitor import format_summary
@@ -24,6 +24,7 @@ from kbackend.optim import OPTIMIZERS, SCHEDULES, OptimizerSpec
 from kbackend.progress import EpochReporter
 from kbackend.study.summaries import time_to_target
 from kbackend.training import is_builtin, train, workload_of
+from kbackend.workload import WARNING
 
 
 def _widths(text: str) -> tuple[int, ...]:
@@ -123,9 +124,10 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                      help="samples per step; auto: grow it with the measured gradient noise "
                           "scale between MIN (default 8) and MAX (default: this machine's "
                           "throughput knee), powers of two (docs/adaptive.md)")
-    run.add_argument("--lr-scaling", default="sqrt", choices=list(LR_SCALINGS),
+    run.add_argument("--lr-scaling", default=None, choices=list(LR_SCALINGS),
                      help="--batch-size auto: how the learning rate (the rate at MIN) follows "
-                          "the batch (adascale: AdaScale's gain from the same estimate)")
+                          "the batch (adascale: AdaScale's gain from the same estimate; "
+                          "default sqrt)")
     run.add_argument("--epochs", type=int, default=5)
     run.add_argument("--no-jit", dest="jit_compile", action="store_false",
                      help="turn off jit_compile (XLA): the Keras engines and TensorFlow's native "
@@ -171,12 +173,16 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         filters=args.filters, units=args.units, bidirectional=args.bidirectional,
         readout=args.readout,
     )
+    if args.lr_scaling is not None and not isinstance(args.batch_size, AutoBatchSize):
+        raise ConfigError(f"--lr-scaling {args.lr_scaling} sets how the learning rate follows "
+                          "a growing batch: it needs --batch-size auto[:MIN:MAX], and this run's "
+                          f"batch is fixed at {args.batch_size}.")
     default_metric = "val_accuracy" if args.model in MODELS else None
     target_metric = args.target_metric or default_metric or "val_loss"
     config = TrainConfig(
         model=args.model, dataset=args.data or args.dataset, label=args.label,
         unsafe_deserialization=args.unsafe_deserialization, from_weights=args.from_weights,
-        optimizer=spec, batch_size=args.batch_size, lr_scaling=args.lr_scaling,
+        optimizer=spec, batch_size=args.batch_size, lr_scaling=args.lr_scaling or "sqrt",
         epochs=args.epochs, engine=resolve_engine(args.engine)[0], jit_compile=args.jit_compile,
         precision=getattr(args, "precision", "float32"),
         hardware_monitor=getattr(args, "hardware_monitor", False),
@@ -295,9 +301,13 @@ def run(args: argparse.Namespace) -> int:
     reporter = None if args.quiet else EpochReporter()
     workload = None
     if not is_builtin(config):
+        # Virtual devices and a multi-process job must exist before the framework starts,
+        # and preparing the user's model and data starts it (training.train's own call to
+        # prepare then finds both done).
+        prepare(config)
         workload = workload_of(config)
         for note in workload.notes:
-            print(note)
+            print(note, file=sys.stderr if note.startswith(WARNING) else sys.stdout)
         print(f"{workload.model_name}: {workload.task.describe()}")
         config = replace(config, task=workload.task)
         metric = f"val_{workload.task.metric}"  # the defaults name the model's own metric

@@ -34,6 +34,7 @@ checks them against the model's loss. Every error is a one-line ``DataError``.
 
 from __future__ import annotations
 
+import ast
 import csv
 import hashlib
 import importlib
@@ -57,7 +58,7 @@ import numpy as np
 import psutil
 
 from kbackend.backend_choice import keras as import_keras
-from kbackend.errors import DataError, path_errors
+from kbackend.errors import DataError, exit_call, path_errors
 
 KINDS = ("arrays", "csv", "images", "text", "tfds", "function")
 SPLITS = ("train", "val", "test")
@@ -216,6 +217,9 @@ def _encode_labels(where: Where, splits: dict[str, tuple[np.ndarray, np.ndarray]
                    ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], tuple[str, ...]]:
     """String labels -> int32 indices of the training split's sorted class names."""
     names = np.unique(_label_text(splits["train"][1]))
+    if len(names) < 2:
+        raise where.error(f"every label of the training split is {str(names[0])!r}: "
+                          "classification needs at least two classes.")
     encoded = {}
     for split, (x, y) in splits.items():
         text = _label_text(y)
@@ -564,6 +568,9 @@ def _scan_folder(where: Where, folder: Path) -> tuple[list[Path], list[Path], in
                 f"({' '.join(IMAGE_EXTENSIONS)}) or text files (.txt)")
     if not classes:
         raise where.error(f"{expected}; {str(folder)!r} has no subfolders.")
+    if len(classes) == 1:
+        raise where.error(f"{str(folder)!r} has one class subfolder ({classes[0].name}/): "
+                          "classification needs at least two classes.")
     images, texts, text_bytes = [], [], 0
     for class_folder in classes:
         for root, _, files in os.walk(class_folder):
@@ -809,6 +816,10 @@ def _load_function(where: Where, file_text: str, function: str, max_bytes: int) 
         sys.modules.pop(module_name, None)
         raise where.error(f"importing {path.name} raised {_reason(error)}"
                           f"{_user_line(error, path)}.") from None
+    except SystemExit as error:
+        sys.modules.pop(module_name, None)
+        raise where.error(f"importing {path.name} called {exit_call(error)}"
+                          f"{_user_line(error, path)}.") from None
     finally:
         if folder in sys.path:
             sys.path.remove(folder)
@@ -824,6 +835,9 @@ def _load_function(where: Where, file_text: str, function: str, max_bytes: int) 
     except Exception as error:
         raise where.error(f"{path.name}:{function}() raised {_reason(error)}"
                           f"{_user_line(error, path)}.") from None
+    except SystemExit as error:
+        raise where.error(f"{path.name}:{function}() called {exit_call(error)}"
+                          f"{_user_line(error, path)} instead of returning the data.") from None
     return _splits_from_value(where, result, max_bytes)
 
 
@@ -936,3 +950,35 @@ def from_python(x: Any, y: Any = None, *, validation_data: Any = None, name: str
             raise where.error("validation data given twice: in x's splits and validation_data.")
         splits["val"] = _read_pair(where, validation_data, "val", limit)
     return _finish(where, name=name, source=name, kind="arrays", splits=splits)
+
+
+def check_source(source: str, *, label: str | None = None) -> None:
+    """What can be checked of ``source`` without starting a framework or running the user's
+    code (``kbackend launch``, before any of its processes starts): a ``.npz`` or ``.csv`` file
+    is read in full (NumPy only), a folder's class subfolders and files are listed, a prepared
+    TFDS folder is looked up, a ``FILE.py:FUNCTION`` file is parsed. A one-line ``DataError``."""
+    where = Where(f"data source {str(source)[:200]!r}")
+    function = _function_parts(source) if isinstance(source, str) else None
+    with path_errors(source, "data source", DataError):
+        path = Path(function[0] if function else source)
+        is_dir = function is None and not source.startswith(TFDS_PREFIX) and path.is_dir()
+    if label is not None and (function or is_dir or source.startswith(TFDS_PREFIX)):
+        raise where.error(f"label={label!r} names a CSV source's label column; this source is "
+                          "not a CSV file.")
+    if source.startswith(TFDS_PREFIX):
+        name, _, config = source[len(TFDS_PREFIX):].partition(":")
+        _tfds_folder(where, name, config)
+    elif function is not None:
+        if not path.is_file():
+            raise where.error(f"Python file {function[0]!r} not found (expected "
+                              "FILE.py:FUNCTION).")
+        try:
+            ast.parse(path.read_bytes(), filename=str(path))
+        except SyntaxError as error:
+            raise where.error(f"syntax error at {path.name}:{error.lineno}: "
+                              f"{error.msg}.") from None
+    elif is_dir:
+        for folder in _folder_splits(where, path).values():
+            _scan_folder(where, folder)
+    else:
+        load_source(source, label=label)

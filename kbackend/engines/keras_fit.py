@@ -137,7 +137,7 @@ def _keras_metric(task: Any) -> Any:
     """The task's metric as a Keras metric logged under ``task.metric``."""
     keras = import_keras()
     return keras.metrics.MeanMetricWrapper(getattr(keras.metrics, task.metric_fn),
-                                           name=task.metric)
+                                           name=task.metric, **dict(task.metric_args))
 
 
 def train(model: Any, dataset: Any, plan: TrainPlan, config: TrainConfig,

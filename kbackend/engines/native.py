@@ -352,7 +352,7 @@ def probe_key(model: Any, dataset: Any, spec: Any, batch_size: int, jit_compile:
     if not jit_compile:  # (absent where XLA is on: the keys stored before it still match)
         payload["xla"] = False
     if task != CLASSIFICATION:  # (likewise absent for the built-in models' task)
-        payload["task"] = [task.loss, task.metric_fn]
+        payload["task"] = [task.loss, task.metric_fn, *task.metric_args]
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -118,7 +118,7 @@ class StudyRunner:
         else:  # the user's model or data: its task (loss, metric) trains every cell
             self.workload = workload_of(source)
             self.dataset, self.task = self.workload.dataset, self.workload.task
-            check_metrics(replace(source, task=self.task))
+        check_metrics(replace(source, task=self.task))  # a target the model cannot report
         if len(self.dataset.x_val) < MIN_VALIDATION_SAMPLES:
             raise DataError(f"The validation split has {len(self.dataset.x_val)} samples: a "
                             f"study needs at least {MIN_VALIDATION_SAMPLES} to tell a target "

@@ -45,6 +45,7 @@ from kbackend.study.report import CONSOLE_WIDTH, print_table, write_report
 from kbackend.study.store import ResultStore
 from kbackend.study.timing import TimeSpent
 from kbackend.task import metric_direction
+from kbackend.workload import WARNING
 
 DB_NAME = "study.db"
 
@@ -211,6 +212,9 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
     load_before = os.getloadavg()[0]
     runner = StudyRunner(config, None, run_executor=run_executor)
     runner.prepare()  # every check against the data, before the store is created or opened
+    for note in runner.workload.notes if runner.workload is not None else ():
+        if note.startswith(WARNING):  # what the user's model does that they may not mean
+            console.print(note, highlight=False, markup=False)
     profile = None
     if config.device_profile is not None:  # read here, in the driver: it only re-models time
         profile = load_profile(config.device_profile)

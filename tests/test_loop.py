@@ -143,8 +143,9 @@ def test_with_no_healthy_member_left_the_loop_stops_one_call_after_the_diverging
     assert histories[1].record.diverged == single.record.diverged
 
 
-def test_members_stop_at_their_own_targets_and_censoring():
-    run_config = config(target=Target("val_accuracy", 0.35))
+@pytest.mark.parametrize(("crossing", "steps"), [("mean2", [20, 15]), ("first", [20, 12])])
+def test_members_stop_at_their_own_targets_and_censoring(crossing, steps):
+    run_config = config(target=Target("val_accuracy", 0.35, crossing=crossing))
     plan = TrainPlan.of(run_config, n_train=80)
 
     def censor(step, histories, active):
@@ -153,8 +154,9 @@ def test_members_stop_at_their_own_targets_and_censoring():
     histories = loop.run_population(ScriptedPopulation([NEVER] * 3), plan, [run_config] * 3,
                                     censor)
     # Evaluations at steps 6, 12, 15, 20 (calls of 3, the first passing each multiple of 5);
-    # accuracy 0.1 e (m + 1): member 1 reaches 0.35 at its 2nd evaluation, member 0 at its 4th.
-    assert [h.record.target_reached["step"] for h in histories[:2]] == [20, 12]
+    # accuracy 0.1 e (m + 1): member 1 passes 0.35 at its 2nd evaluation (0.4), and the mean of
+    # its last two evaluations at its 3rd ((0.4 + 0.6) / 2); member 0 at its 4th by either rule.
+    assert [h.record.target_reached["step"] for h in histories[:2]] == steps
     assert histories[2].record.censored_at == 6 and histories[2].record.target_reached is None
     assert [h.stopped_early for h in histories] == [True, True, False]
 

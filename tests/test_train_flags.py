@@ -22,13 +22,16 @@ def train_json(tmp_path, capsys, *flags: str) -> tuple[dict, str]:
     return json.loads(history.read_text()), out
 
 
-def test_target_stops_at_the_first_evaluation_past_it(tmp_path, capsys):
+def test_target_stops_where_the_last_two_evaluations_reach_it(tmp_path, capsys):
+    """The crossing that holds (docs/study.md): the first evaluation whose mean with the one
+    before reaches the target."""
     history, out = train_json(tmp_path, capsys, "--engine", "native", "--batch-size", "32",
                               "--epochs", "20", "--eval-every", "10", "--target", "0.9")
     evals = history["evals"]
-    reached = [e for e in evals if e["val_accuracy"] >= 0.9]
-    assert reached and evals[-1]["step"] == reached[0]["step"]
-    assert all(e["val_accuracy"] < 0.9 for e in evals[:-1])
+    values = [e["val_accuracy"] for e in evals]
+    means = [sum(values[max(0, i - 1):i + 1]) / len(values[max(0, i - 1):i + 1])
+             for i in range(len(values))]
+    assert means[-1] >= 0.9 and all(m < 0.9 for m in means[:-1])
     assert history["record"]["target_reached"]["step"] == evals[-1]["step"]
     assert evals[-1]["step"] < 20 * (1294 // 32)  # stopped long before the epochs ran out
     assert f"reached at step {evals[-1]['step']}" in out

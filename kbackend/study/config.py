@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kbackend.adaptive import AUTO, AutoBatchSize, check_lr_scaling, is_power_of_two
+from kbackend.config import MAX_EPOCHS, MAX_STEPS
 from kbackend.data import check_batch_size
 from kbackend.errors import ConfigError, DataError, path_errors
 from kbackend.optim import OPTIMIZERS, OptimizerSpec
@@ -353,9 +354,23 @@ class StudyConfig:
                                            or self.max_seeds < self.seeds):
             raise ConfigError(f"Invalid max_seeds {self.max_seeds!r}: expected an integer >= "
                               f"seeds ({self.seeds}).")
-        if not isinstance(self.frontier_epochs, int) or self.frontier_epochs < 0:
-            raise ConfigError(f"Invalid frontier_epochs {self.frontier_epochs!r}: expected an "
-                              "integer >= 0 (0: no frontier runs).")
+        if not isinstance(self.frontier_epochs, int) or isinstance(self.frontier_epochs, bool) \
+                or not 0 <= self.frontier_epochs <= MAX_EPOCHS:
+            raise ConfigError(f"Invalid --frontier-epochs (frontier_epochs) "
+                              f"{self.frontier_epochs!r}: expected an integer from 0 to "
+                              f"{MAX_EPOCHS:,} (0: no frontier runs).")
+
+    def check_frontier_steps(self, num_train: int, batch_sizes: tuple[int, ...]) -> None:
+        """The frontier runs' budget (``frontier_epochs`` epochs at the smallest batch size) in
+        steps stays within the optimizer's int32 step count; checked once the data is known."""
+        if not self.frontier_epochs or not batch_sizes:
+            return
+        steps = self.frontier_epochs * max(1, num_train // min(batch_sizes))
+        if steps > MAX_STEPS:
+            raise ConfigError(f"Invalid --frontier-epochs (frontier_epochs) "
+                              f"{self.frontier_epochs:,}: {steps:,} steps at batch size "
+                              f"{min(batch_sizes)}, more than {MAX_STEPS:,} (the optimizer's "
+                              "int32 step count).")
 
     @property
     def resolved_max_seeds(self) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,12 @@ from kbackend.study.cell_verdicts import fastest_verdict, verdict_settings
 from kbackend.study.summaries import cell_seconds_per_step, ranges_time
 from kbackend.study.verdicts import outcome_text
 
+# A step time outside these bounds is no measurement of a train step (a nanosecond is a few
+# cycles; a day per step trains nothing): refused when the profile is read, so that the
+# predictions (steps x seconds) stay finite and printable.
+MIN_STEP_S = 1e-9
+MAX_STEP_S = 86_400.0
+MAX_BATCH = 2**31 - 1
 EXPECTED = ('expected {"device": "...", "step_time_s": {"32": 0.0011, ...}} (seconds per train '
             "step by batch size, measured for this model) or `kbackend advise --json` output")
 FORMATS = ("step_time_s", "advise")
@@ -77,18 +84,23 @@ def _refuse(path: str, what: str) -> ConfigError:
 
 def _batch_size(path: str, key: Any) -> int:
     """A batch size of the curve: a positive integer (a JSON object's key: its digits)."""
-    if isinstance(key, int) and not isinstance(key, bool) and key >= 1:
+    if isinstance(key, int) and not isinstance(key, bool) and 1 <= key <= MAX_BATCH:
         return key
-    if isinstance(key, str) and key.strip().isdigit() and int(key) >= 1:
+    if isinstance(key, str) and key.strip().isdigit() and len(key) <= 12 \
+            and 1 <= int(key) <= MAX_BATCH:
         return int(key)
-    raise _refuse(path, f"batch size {key!r} is not a positive integer")
+    raise _refuse(path, f"batch size {str(key)[:40]!r} is not a positive integer (at most "
+                        f"{MAX_BATCH:,})")
 
 
 def _seconds(path: str, size: int, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) \
             or not math.isfinite(value) or value <= 0:
-        raise _refuse(path, f"the step time at batch {size} is {value!r}, not a positive "
-                            "number of seconds")
+        raise _refuse(path, f"the step time at batch {size} is {str(value)[:40]!r}, not a "
+                            "positive number of seconds")
+    if not MIN_STEP_S <= value <= MAX_STEP_S:
+        raise _refuse(path, f"the step time at batch {size} is {value:g} s, outside "
+                            f"{MIN_STEP_S:g}-{MAX_STEP_S:g} s (a nanosecond to a day)")
     return float(value)
 
 
@@ -101,8 +113,10 @@ def load_profile(path: str) -> DeviceProfile:
     try:
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise _refuse(path, f"not JSON ({type(error).__name__}: {str(error)[:60]})") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
+        # RecursionError: JSON nested deeper than Python's parser recurses
+        reason = textwrap.shorten(str(error), width=80, placeholder=" ...")
+        raise _refuse(path, f"not JSON ({type(error).__name__}: {reason})") from None
     if not isinstance(data, dict):
         raise _refuse(path, f"a JSON {type(data).__name__}, not an object")
     pairs: list[tuple[Any, Any]]

@@ -102,6 +102,7 @@ class StudyRunner:
             self.dataset, self.task = self.workload.dataset, self.workload.task
             check_metrics(replace(source, task=self.task))
         self.batch_sizes = config.resolved_batch_sizes(self.num_train)
+        config.check_frontier_steps(self.num_train, self.batch_sizes)
         if config.population == "on" and (config.engine != "native"
                                            or not impl().supports_populations()):
             raise ConfigError("--population on needs the native engine on JAX (vmap); this "

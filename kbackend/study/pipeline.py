@@ -170,10 +170,10 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
     start = time.perf_counter()
     load_before = os.getloadavg()[0]
     runner = StudyRunner(config, None)
+    # Read and checked here, in the driver (it only re-models time), before the data loads.
+    profile = None if config.device_profile is None else load_profile(config.device_profile)
     runner.prepare()  # every check against the data, before the store is created or opened
-    profile = None
-    if config.device_profile is not None:  # read here, in the driver: it only re-models time
-        profile = load_profile(config.device_profile)
+    if profile is not None:
         check_profile(profile, config.model, config.dataset, runner.batch_sizes)
     # The report's folder too: a file in its place is a one-line error now, not after the runs.
     check_output_folder(report_dir(out, {"config": config.to_dict(), "env": runner.env}),

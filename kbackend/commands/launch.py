@@ -35,7 +35,12 @@ import time
 from kbackend import distributed
 from kbackend.backend_choice import selected_backend
 from kbackend.backends.cluster import free_ports, worker_environments
-from kbackend.commands import LAUNCHER_PID_ENV, OneLineErrorParser, bound_integer_flags
+from kbackend.commands import (
+    LAUNCHER_PID_ENV,
+    OneLineErrorParser,
+    add_import_flag,
+    bound_integer_flags,
+)
 from kbackend.commands import train as train_command
 from kbackend.engines import get_engine
 from kbackend.errors import ConfigError
@@ -67,6 +72,7 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                         help="allow more processes than this machine's CPUs")
     parser.add_argument("train_args", nargs=argparse.REMAINDER, metavar="-- TRAIN_ARGS",
                         help="arguments of kbackend train, after --")
+    add_import_flag(parser)
     parser.set_defaults(func=run)
 
 

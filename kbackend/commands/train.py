@@ -8,6 +8,7 @@ from typing import Any
 
 from kbackend.adaptive import LR_SCALINGS, AutoBatchSize, parse_batch_size
 from kbackend.backend_choice import active_backend
+from kbackend.commands import add_import_flag
 from kbackend.config import MONITORS, Target, TrainConfig, check_metrics
 from kbackend.data import DATASETS
 from kbackend.distributed import engine_name, is_chief
@@ -66,6 +67,7 @@ def add_source_arguments(data: Any, model: Any, *, dataset: str, model_default: 
                             "PATH.keras, or a builder FILE.py:FUNCTION / package.module:FUNCTION")
     model.add_argument("--unsafe-deserialization", action="store_true",
                        help="--model PATH.keras: load Lambda layers (their code runs)")
+    add_import_flag(model)
 
 
 def add_training_arguments(parser: argparse.ArgumentParser) -> None:

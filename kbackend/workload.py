@@ -138,6 +138,7 @@ class Workload:
 
 def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = None,
                      y: Any = None, validation_data: Any = None, label: str | None = None,
+                     image_size: tuple[int, int] | None = None,
                      validation_fraction: float = 0.1, seed: int = 0,
                      data_dir: str | None = None, options: ModelOptions | None = None,
                      target_metric: str | None = None, unsafe_deserialization: bool = False,
@@ -173,7 +174,8 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
         name, kind = data, "builtin"
     else:
         loaded = (user_data.from_python(x, y, validation_data=validation_data)
-                  if x is not None else user_data.load_source(data, label=label, seed=seed))
+                  if x is not None else user_data.load_source(data, label=label, seed=seed,
+                                                       image_size=image_size))
         splits, name, kind = dict(loaded.splits), loaded.name, loaded.kind
         notes.extend(loaded.notes)
     metric = target_metric[len("val_"):] if target_metric and target_metric != "val_loss" \

@@ -13,6 +13,7 @@ from typing import Any
 from kbackend.adaptive import AUTO, AutoBatchSize, check_lr_scaling, is_power_of_two
 from kbackend.config import MAX_EPOCHS, MAX_STEPS
 from kbackend.data import check_batch_size
+from kbackend.data.user import check_image_size
 from kbackend.errors import ConfigError, DataError, path_errors
 from kbackend.optim import OPTIMIZERS, OptimizerSpec
 from kbackend.study.verdicts import DEFAULT_ACCURACY_MARGIN, DEFAULT_MARGIN
@@ -172,6 +173,8 @@ class StudyConfig:
     data_dir: str | None = None
     # A CSV data source's label column; a .keras model's Lambda layers loaded (their code runs).
     label: str | None = None
+    # An image folder's (height, width) to read every image at (None: the first image's size).
+    image_size: tuple[int, int] | None = None
     unsafe_deserialization: bool = False
     validation_fraction: float = 0.1
     optimizers: tuple[str, ...] = DEFAULT_OPTIMIZERS
@@ -222,6 +225,8 @@ class StudyConfig:
 
     def __post_init__(self) -> None:
         self._check_executor()
+        if self.image_size is not None:
+            check_image_size(self.image_size)
         if self.device_profile is not None:
             if isinstance(self.device_profile, os.PathLike):
                 object.__setattr__(self, "device_profile", os.fspath(self.device_profile))
@@ -484,8 +489,9 @@ class StudyConfig:
             payload.pop(name)
         if not self.adaptive:  # only an auto cell reads it: other studies keep their identity
             payload.pop("lr_scaling")
-        if payload["label"] is None:  # studies stored before the option existed keep their identity
-            payload.pop("label")
+        for name in ("label", "image_size"):
+            if payload[name] is None:  # studies stored before the option keep their identity
+                payload.pop(name)
         # A user's file is part of the question: an edited data file or builder is a new study.
         for name in ("model", "dataset"):
             fingerprint = source_fingerprint(payload[name])

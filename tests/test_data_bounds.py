@@ -10,6 +10,7 @@ import sys
 import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kbackend.data import user
@@ -142,3 +143,130 @@ def test_a_bad_image_size_is_one_line(text, cli):
     result = cli("train", "--image-size", text)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "--image-size" in result.stderr
+
+
+# --- loading costs: refusals before reading, splits in place, the same arrays ----------------
+
+
+def declared_npz(path: Path, declared: int) -> Path:
+    """An .npz whose x declares ``declared`` bytes of float32 zeros (deflated: a small file)."""
+    import zipfile
+
+    header = np.lib.format.header_data_from_array_1_0(np.zeros((1, 1), np.float32))
+    header["shape"] = (declared // 16, 4)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        with archive.open("x.npy", "w", force_zip64=True) as member:
+            np.lib.format.write_array_header_1_0(member, header)
+            for _ in range(declared // 2**20):
+                member.write(bytes(2**20))
+        with archive.open("y.npy", "w") as member:
+            np.lib.format.write_array(member, np.zeros(declared // 16, np.int8))
+    return path
+
+
+def test_an_npz_declaring_more_than_fits_is_refused_before_reading(tmp_path, monkeypatch,
+                                                                    cli, engines_never_run):
+    path = declared_npz(tmp_path / "big.npz", 8 * 2**20)
+    assert path.stat().st_size < 100_000  # 8 MiB declared in a small file
+
+    def no_reading(*args, **kwargs):
+        raise AssertionError("an array was read before the size check")
+
+    monkeypatch.setattr(user, "_read_member", no_reading)
+    with pytest.raises(DataError, match=r"its arrays \(inputs as float32, with room to split "
+                                        r"them\) would take 13,369,344 bytes"):
+        load_source(str(path), max_bytes=8 * 2**20)
+    monkeypatch.setattr(user, "default_max_bytes", lambda: 2**20)  # "free memory": 1 MiB
+    before = path.read_bytes()
+    result = cli("train", "--data", path, "--model", "seed_mlp", "--epochs", "1")
+    assert result.returncode == 2 and one_line_error(result.stderr)
+    assert "13,369,344 bytes" in result.stderr and path.read_bytes() == before
+
+
+def test_float64_npz_inputs_become_float32_while_read_and_beyond_range_is_refused(tmp_path):
+    x = np.random.default_rng(0).standard_normal((300, 5))
+    np.savez(tmp_path / "ok.npz", x=x, y=np.arange(300) % 3)
+    data = load_source(str(tmp_path / "ok.npz"))
+    assert data.owned and data.splits["train"][0].dtype == np.float32
+    np.testing.assert_array_equal(data.splits["train"][0], x.astype(np.float32))
+    x[123, 2] = -1e300
+    np.savez(tmp_path / "bad.npz", x=x, y=np.arange(300) % 3)
+    with pytest.raises(DataError, match=r"inputs beyond float32's range in the train split "
+                                        r"\(largest magnitude 1e\+300\)"):
+        load_source(str(tmp_path / "bad.npz"))
+
+
+def test_a_csv_whose_values_cannot_fit_is_refused_before_parsing(tmp_path):
+    path = tmp_path / "data.csv"
+    path.write_text("a,b,label\n" + "1,2,0\n" * 1000)
+    with pytest.raises(DataError, match=r"its values would take 20,040 bytes in memory, more "
+                                        r"than the 20,000 allowed"):
+        load_source(str(path), label="label", max_bytes=20_000)  # 1,001 newlines + 1 lines x (2 x 4 + 12)
+
+
+@pytest.mark.parametrize(("labels", "expected"), [
+    (["0", "1", "2"], np.array([0, 1, 2], np.int32)),
+    (["0.5", "1", "2"], np.array([0.5, 1, 2], np.float32)),
+    (["cat", "1", "dog"], np.array(["cat", "1", "dog"])),
+    (["1", "2", "x"], np.array(["1", "2", "x"]))])
+def test_csv_labels_keep_their_kind(tmp_path, labels, expected):
+    path = tmp_path / "data.csv"
+    path.write_text("a,label\n" + "".join(f"{i},{v}\n" for i, v in enumerate(labels)))
+    x, y = user._load_csv(user.Where("t"), path, "label", 10**6)
+    np.testing.assert_array_equal(x[:, 0], np.arange(len(labels), dtype=np.float32))
+    assert y.dtype.kind == expected.dtype.kind
+    np.testing.assert_array_equal(y, expected)
+
+
+def test_take_rows_in_place_equals_fancy_indexing():
+    from kbackend.data import take_rows
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((5000, 7, 3)).astype(np.float32)
+    rows = np.sort(rng.choice(5000, 4000, replace=False))
+    expected = x[rows]
+    taken = take_rows(x, rows, in_place=True)
+    assert np.shares_memory(taken, x)  # no second copy
+    np.testing.assert_array_equal(taken, expected)
+    user_array = rng.standard_normal((50, 2)).astype(np.float32)
+    kept = user_array.copy()
+    take_rows(user_array, np.array([3, 9]), in_place=False)
+    np.testing.assert_array_equal(user_array, kept)  # not ours: untouched
+
+
+def test_a_file_and_the_same_arrays_from_python_give_the_same_dataset(tmp_path):
+    from kbackend.task import CLASSIFICATION
+    from kbackend.workload import dataset_of
+
+    rng = np.random.default_rng(2)
+    x, y = rng.standard_normal((400, 6)).astype(np.float32), rng.integers(0, 3, 400)
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    loaded = load_source(str(tmp_path / "d.npz"))
+    given = user.from_python(x, y)
+    assert loaded.owned and not given.owned
+    a = dataset_of("d", "arrays", dict(loaded.splits), CLASSIFICATION, 3, 0.1, 7, [],
+                   owned=loaded.owned)
+    b = dataset_of("d", "arrays", dict(given.splits), CLASSIFICATION, 3, 0.1, 7, [])
+    for name in ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+    np.testing.assert_array_equal(given.splits["train"][0], x)  # the caller's arrays untouched
+
+
+@pytest.mark.slow  # one child process per case
+def test_the_data_memory_benchmark_quick_run(tmp_path):
+    import json
+
+    from kbackend.bench.registry import BENCHMARKS
+    from kbackend.bench.runner import run
+    from tests.conftest import BACKEND
+
+    assert run(BENCHMARKS["bench_data_memory"],
+               ["--quick", "--backends", BACKEND, "--out", str(tmp_path)]) == 0
+    payload = json.loads((tmp_path / "bench_data_memory.json").read_text())
+    cases = {row["case"]: row for row in payload["rows"]}
+    assert {"npz float32", "npz float64", "csv", "image folder"} <= set(cases)
+    assert all(row["held_mb"] > 0 and row["rise_mb"] >= 0 for name, row in cases.items()
+               if not row["refused"])
+    refused = [row for row in payload["rows"] if row["refused"]]
+    assert len(refused) == 1 and refused[0]["met"]
+    assert "| npz float32 |" in (tmp_path / "bench_data_memory.md").read_text()

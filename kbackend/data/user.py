@@ -47,7 +47,6 @@ import textwrap
 import traceback
 import zipfile
 import zlib
-from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +74,11 @@ IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")  # what Keras's ima
 TEXT_EXTENSIONS = (".txt",)
 MEMORY_FRACTION = 0.5
 READ_BATCH = 256
+# An .npz member is read in chunks of this many bytes into its preallocated array.
+NPZ_CHUNK_BYTES = 4 * 2**20
+# Peak memory of loading arrays over what they hold, budgeted by the size check: the chunks
+# and the validation rows copied out (10%), the finite check's mask (a quarter of float32).
+NPZ_PEAK_FACTOR = 1.5
 # The most pixels an image of a folder may have (a 4096x4096 image) unless ``image_size``
 # (``--image-size HxW``) names the size to read every image at: a larger one costs seconds and
 # hundreds of megabytes to decode, and its size would become every image's.
@@ -95,6 +99,9 @@ class UserData:
     kind: str  # one of KINDS
     class_names: tuple[str, ...] | None = None  # class folders, string labels, TFDS class labels
     notes: tuple[str, ...] = ()  # lines to print (what was done to the data on the way)
+    # The arrays were made here (read from a file), referenced by nothing else: the caller may
+    # take its splits out of them in place (``kbackend.data.take_rows``) instead of copying.
+    owned: bool = False
 
 
 def default_max_bytes() -> int:
@@ -192,7 +199,8 @@ def _dtype_words(dtype: np.dtype) -> str:
 
 
 def _finish(where: Where, *, name: str, source: str, kind: str, splits: dict[str, Any],
-            class_names: tuple[str, ...] | None = None, notes: tuple[str, ...] = ()) -> UserData:
+            class_names: tuple[str, ...] | None = None, notes: tuple[str, ...] = (),
+            owned: bool = False) -> UserData:
     """Every split checked, string labels mapped to class indices, as a ``UserData``."""
     if "train" not in splits:
         raise where.error(f"no training split. Received splits: {sorted(splits)}.")
@@ -211,7 +219,7 @@ def _finish(where: Where, *, name: str, source: str, kind: str, splits: dict[str
     if string_labels:
         checked, class_names = _encode_labels(where, checked)
     return UserData(name=name, source=source, splits=checked, kind=kind,
-                    class_names=class_names, notes=tuple(notes))
+                    class_names=class_names, notes=tuple(notes), owned=owned)
 
 
 def _label_text(values: np.ndarray) -> np.ndarray:
@@ -240,13 +248,21 @@ def npy_data_bytes(where: Where, handle: Any, stored: int, name: str) -> int:
     """The data bytes the ``.npy`` header at ``handle`` declares, read header-first (no data):
     a one-line error for an unreadable header, object arrays (loading would unpickle) or a
     declared size that disagrees with the ``stored`` bytes (a cut or altered file)."""
+    shape, _, dtype = _npy_header_fields(where, handle, stored, name)
+    return math.prod(shape) * dtype.itemsize
+
+
+def _npy_header_fields(where: Where, handle: Any, stored: int, name: str
+                       ) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, Fortran order, dtype) of the ``.npy`` header at ``handle``, checked as
+    ``npy_data_bytes`` says; ``handle`` is left at the first data byte."""
     fmt = np.lib.format
     try:
         version = fmt.read_magic(handle)
         if version == (1, 0):
-            shape, _, dtype = fmt.read_array_header_1_0(handle)
+            shape, fortran, dtype = fmt.read_array_header_1_0(handle)
         elif version == (2, 0):
-            shape, _, dtype = fmt.read_array_header_2_0(handle)
+            shape, fortran, dtype = fmt.read_array_header_2_0(handle)
         else:
             raise ValueError(f".npy format version {version[0]}.{version[1]} is not read here")
     except ValueError as error:
@@ -261,13 +277,61 @@ def npy_data_bytes(where: Where, handle: Any, stored: int, name: str) -> int:
         raise where.error(
             f"{name} declares shape {shape} of {dtype} ({nbytes:,} bytes) in its header, but "
             f"holds {stored - header_end:,} bytes of data: a cut or altered file.")
-    return nbytes
+    return shape, fortran, dtype
 
 
 def _npy_header(where: Where, archive: zipfile.ZipFile, info: zipfile.ZipInfo, key: str) -> int:
     """The size in bytes ``key``'s .npy header declares, checked against its zip entry."""
+    shape, dtype = _npy_shape(where, archive, info, key)
+    return math.prod(shape) * dtype.itemsize
+
+
+def _npy_shape(where: Where, archive: zipfile.ZipFile, info: zipfile.ZipInfo, key: str
+               ) -> tuple[tuple[int, ...], np.dtype]:
+    """The (shape, dtype) ``key``'s .npy header declares, checked against its zip entry."""
     with archive.open(info) as handle:
-        return npy_data_bytes(where, handle, info.file_size, f"array {key!r}")
+        shape, _, dtype = _npy_header_fields(where, handle, info.file_size, f"array {key!r}")
+    return shape, dtype
+
+
+def _held_dtype(key: str, dtype: np.dtype) -> np.dtype:
+    """The dtype ``key`` is held in: numeric inputs as float32 (what training takes, converted
+    while reading), anything else as stored (labels, and inputs the checks will refuse)."""
+    return np.dtype(np.float32) if key.startswith("x") and dtype.kind in "biuf" else dtype
+
+
+def _read_member(where: Where, archive: zipfile.ZipFile, info: zipfile.ZipInfo, key: str,
+                 split: str) -> np.ndarray:
+    """The array ``key`` read chunk by chunk into one preallocated array of its held dtype:
+    a float64 input never exists in memory at full size beside its float32 copy."""
+    with archive.open(info) as handle:
+        shape, fortran, dtype = _npy_header_fields(where, handle, info.file_size,
+                                                   f"array {key!r}")
+        held = _held_dtype(key, dtype)
+        out = np.empty(math.prod(shape), dtype=held)
+        per_chunk = max(1, NPZ_CHUNK_BYTES // max(1, dtype.itemsize))
+        for start in range(0, out.size, per_chunk):
+            count = min(per_chunk, out.size - start)
+            data = handle.read(count * dtype.itemsize)
+            if len(data) != count * dtype.itemsize:
+                raise where.error(f"array {key!r} ends early: a cut or altered file.")
+            values = np.frombuffer(data, dtype=dtype)
+            if held != dtype and dtype.kind == "f" and dtype.itemsize > 4:
+                _check_float32_range(where, values, split)
+            out[start:start + count] = values
+    return out.reshape(shape, order="F" if fortran else "C")
+
+
+def _check_float32_range(where: Where, values: np.ndarray, split: str) -> None:
+    """A one-line error for a finite value float32 cannot hold (it would become inf). Reduces
+    without temporaries; a chunk with an inf or NaN is left to the non-finite check."""
+    if not values.size:
+        return
+    high, low = np.fmax.reduce(values), np.fmin.reduce(values)  # NaN-ignoring, no copies
+    largest = max(abs(float(high)), abs(float(low)))
+    if math.isfinite(largest) and largest > float(np.finfo(np.float32).max):
+        raise where.error(f"inputs beyond float32's range in the {split} split (largest "
+                          f"magnitude {largest:.3g}): kbackend trains in float32; rescale them.")
 
 
 def _npz_keys(where: Where, present: list[str]) -> list[tuple[str, str, str]]:
@@ -296,11 +360,17 @@ def _load_npz(where: Where, path: Path, max_bytes: int) -> dict[str, tuple]:
             members = {info.filename.removesuffix(".npy"): info for info in archive.infolist()
                        if not info.is_dir()}
             pairs = _npz_keys(where, list(members))
-            total = sum(_npy_header(where, archive, members[key], key)
-                        for _, *keys in pairs for key in keys)
-        _check_limit(where, total, max_bytes, "its arrays")
-        with np.load(path, allow_pickle=False) as loaded:
-            return {split: (loaded[x_key], loaded[y_key]) for split, x_key, y_key in pairs}
+            headers = {key: _npy_shape(where, archive, members[key], key)
+                       for _, *keys in pairs for key in keys}
+            # What loading holds (inputs as float32), and what the split into train and
+            # validation may add on top (``NPZ_PEAK_FACTOR``): refused before any array is read.
+            held = sum(math.prod(shape) * _held_dtype(key, dtype).itemsize
+                       for key, (shape, dtype) in headers.items())
+            _check_limit(where, int(held * NPZ_PEAK_FACTOR), max_bytes,
+                         "its arrays (inputs as float32, with room to split them)")
+            return {split: (_read_member(where, archive, members[x_key], x_key, split),
+                            _read_member(where, archive, members[y_key], y_key, split))
+                    for split, x_key, y_key in pairs}
     except _READ_ERRORS as error:
         if isinstance(error, DataError):
             raise
@@ -317,44 +387,108 @@ def _csv_dialect(sample: str) -> type[csv.Dialect] | csv.Dialect:
         return csv.excel
 
 
-def _csv_labels(cells: list[str]) -> np.ndarray:
-    """The label column as int (all whole numbers), float (other numbers) or str (class names)."""
-    try:
-        numbers = np.array([float(cell) for cell in cells], dtype=np.float64)
-    except ValueError:
-        return np.array(cells, dtype=str)
-    finite = np.isfinite(numbers)
-    if finite.all() and np.array_equal(numbers, np.round(numbers)):
-        small = np.abs(numbers).max() < 2**31
-        return numbers.astype(np.int32 if small else np.int64)
-    return numbers.astype(np.float32)
+# A label column keeps the id of each distinct text while it has at most this many (enough for
+# any class names); past it, only numbers are kept (a regression target).
+MAX_LABEL_TEXTS = 65_536
+
+
+class _LabelColumn:
+    """A CSV's label cells, parsed into preallocated arrays as they are read: each as a number
+    and, while there are at most ``MAX_LABEL_TEXTS`` distinct texts, as the id of its text (so
+    class names need no list of every cell)."""
+
+    def __init__(self, rows: int) -> None:
+        self.numbers = np.empty(rows, dtype=np.float64)
+        self.ids: np.ndarray | None = np.empty(rows, dtype=np.int32)
+        self.texts: dict[str, int] | None = {}
+        self.numeric = True
+
+    def add(self, row: int, cell: str) -> bool:
+        """Store ``cell`` at ``row``; False if it cannot be kept (text past the id limit)."""
+        try:
+            self.numbers[row] = float(cell)
+        except ValueError:
+            self.numeric = False
+        if self.texts is not None and self.ids is not None:
+            self.ids[row] = self.texts.setdefault(cell, len(self.texts))
+            if len(self.texts) > MAX_LABEL_TEXTS and self.numeric:
+                self.texts = self.ids = None  # a numeric target: its numbers are enough
+        return self.numeric or self.texts is not None
+
+    def array(self, rows: int) -> np.ndarray:
+        """The column as int (all whole numbers), float (other numbers) or str (class names)."""
+        if not self.numeric:
+            assert self.texts is not None and self.ids is not None
+            return np.array(list(self.texts), dtype=str)[self.ids[:rows]]
+        numbers = self.numbers[:rows]
+        if np.isfinite(numbers).all() and np.array_equal(numbers, np.round(numbers)):
+            small = np.abs(numbers).max() < 2**31
+            return numbers.astype(np.int32 if small else np.int64)
+        return numbers.astype(np.float32)
+
+
+def _count_lines(path: Path) -> int:
+    """An upper bound on a text file's rows: its newlines + 1 (read in 1 MiB blocks)."""
+    count = 1
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(2**20), b""):
+            count += block.count(b"\n")
+    return count
+
+
+def _csv_columns(where: Where, reader: Any, label: str | None) -> tuple[list[str], int, list[int]]:
+    """(header, label column, feature columns) from the header row, checked."""
+    header = [column.strip() for column in next(reader, [])]
+    if not any(header):
+        raise where.error("the file is empty: expected a header row of column names.")
+    duplicates = sorted({column for column in header if header.count(column) > 1})
+    if duplicates:
+        raise where.error(f"column names repeat in the header: {duplicates}.")
+    if label is None:
+        raise where.error(f"a CSV source needs its label column named (label=COLUMN, "
+                          f"--label COLUMN). Columns: {header}.")
+    if label not in header:
+        raise where.error(f"label column {label!r} is not among the columns: {header}.")
+    label_index = header.index(label)
+    features = [i for i in range(len(header)) if i != label_index]
+    if not features:
+        raise where.error(f"no feature columns besides the label column {label!r}.")
+    return header, label_index, features
+
+
+def _bad_feature(where: Where, header: list[str], row: list[str], features: list[int],
+                 line: int) -> DataError:
+    """The one-line error for the first feature cell of ``row`` that is not a number."""
+    for i in features:
+        try:
+            float(row[i])
+        except ValueError:
+            cell = row[i].strip()
+            if not cell:
+                return where.error(f"missing value in feature column {header[i]!r} at line "
+                                   f"{line}: fill or drop it.")
+            return where.error(f"non-numeric feature column {header[i]!r} (value {cell[:40]!r} "
+                               f"at line {line}): features must be numbers; encode it or drop "
+                               "the column.")
+    return where.error(f"line {line} could not be read as numbers.")
 
 
 def _load_csv(where: Where, path: Path, label: str | None, max_bytes: int
               ) -> tuple[np.ndarray, np.ndarray]:
-    # Numbers of at least one digit and a separator become 4-byte floats: at most 2x the file.
-    _check_limit(where, 2 * path.stat().st_size, max_bytes, "its values")
+    """Features as float32 (N, F) and the label column, parsed straight into arrays sized from
+    the file's line count (checked against ``max_bytes`` before they are made)."""
     try:
         with open(path, newline="", encoding="utf-8-sig") as handle:
             dialect = _csv_dialect(handle.read(64 * 1024))
             handle.seek(0)
             reader = csv.reader(handle, dialect)
-            header = [column.strip() for column in next(reader, [])]
-            if not any(header):
-                raise where.error("the file is empty: expected a header row of column names.")
-            duplicates = sorted({column for column in header if header.count(column) > 1})
-            if duplicates:
-                raise where.error(f"column names repeat in the header: {duplicates}.")
-            if label is None:
-                raise where.error(f"a CSV source needs its label column named (label=COLUMN, "
-                                  f"--label COLUMN). Columns: {header}.")
-            if label not in header:
-                raise where.error(f"label column {label!r} is not among the columns: {header}.")
-            label_index = header.index(label)
-            features = [i for i in range(len(header)) if i != label_index]
-            if not features:
-                raise where.error(f"no feature columns besides the label column {label!r}.")
-            values, labels = array("f"), []
+            header, label_index, features = _csv_columns(where, reader, label)
+            lines = _count_lines(path)
+            # float32 features, the label as a float64 number and an int32 text id
+            _check_limit(where, lines * (4 * len(features) + 12), max_bytes, "its values")
+            x = np.empty((lines, len(features)), dtype=np.float32)
+            labels = _LabelColumn(lines)
+            rows = 0
             for row in reader:
                 if not any(cell.strip() for cell in row):
                     continue  # a blank line
@@ -362,28 +496,25 @@ def _load_csv(where: Where, path: Path, label: str | None, max_bytes: int
                 if len(row) != len(header):
                     raise where.error(f"line {line} has {len(row)} values but the header has "
                                       f"{len(header)} columns.")
-                for i in features:
-                    try:
-                        values.append(float(row[i]))
-                    except ValueError:
-                        cell = row[i].strip()
-                        if not cell:
-                            raise where.error(f"missing value in feature column {header[i]!r} "
-                                              f"at line {line}: fill or drop it.") from None
-                        raise where.error(
-                            f"non-numeric feature column {header[i]!r} (value {cell[:40]!r} at "
-                            f"line {line}): features must be numbers; encode it or drop the "
-                            "column.") from None
+                try:
+                    with np.errstate(over="ignore"):  # past float32: inf, refused as non-finite
+                        x[rows] = [float(row[i]) for i in features]
+                except ValueError:
+                    raise _bad_feature(where, header, row, features, line) from None
                 cell = row[label_index].strip()
                 if not cell:
                     raise where.error(f"missing label in column {label!r} at line {line}.")
-                labels.append(cell)
+                if not labels.add(rows, cell):
+                    raise where.error(f"label column {label!r} mixes numbers and text (value "
+                                      f"{cell[:40]!r} at line {line}) among more than "
+                                      f"{MAX_LABEL_TEXTS:,} distinct values: use numbers or "
+                                      "class names throughout.")
+                rows += 1
     except (OSError, UnicodeDecodeError, csv.Error) as error:
         raise where.error(f"not a readable CSV file ({_reason(error)}).") from None
-    if not labels:
+    if not rows:
         raise where.error("the file has a header but no data rows.")
-    x = np.frombuffer(values, dtype=np.float32).reshape(len(labels), len(features))
-    return x, _csv_labels(labels)
+    return x[:rows], labels.array(rows)
 
 
 # --- TensorFlow: folders, TFDS, tf.data ------------------------------------------------------
@@ -436,9 +567,47 @@ def _element_bytes(spec: Any) -> int | None:
     return math.prod(spec.shape) * spec.dtype.size
 
 
+class _Batches:
+    """Batches of ``(x, y)`` gathered into one pair of arrays: written into arrays allocated at
+    the first batch when the number of ``rows`` is known (no second copy at the end), else
+    kept and concatenated."""
+
+    def __init__(self, where: Where, split: str, rows: int | None) -> None:
+        self.where, self.split, self.rows = where, split, rows
+        self.xs: list[np.ndarray] = []
+        self.ys: list[np.ndarray] = []
+        self.filled = 0
+
+    def add(self, x: np.ndarray, y: np.ndarray) -> None:
+        if self.rows is None:
+            self.xs.append(x)
+            self.ys.append(y)
+            return
+        if not self.xs:
+            self.xs = [np.empty((self.rows, *x.shape[1:]), dtype=x.dtype)]
+            self.ys = [np.empty((self.rows, *y.shape[1:]), dtype=y.dtype)]
+        end = self.filled + len(x)
+        target_x, target_y = self.xs[0], self.ys[0]
+        if end > self.rows or x.shape[1:] != target_x.shape[1:] \
+                or y.shape[1:] != target_y.shape[1:]:  # not as announced: gather them instead
+            self.xs, self.ys = [target_x[:self.filled]], [target_y[:self.filled]]
+            self.rows = None
+            self.add(x, y)
+            return
+        target_x[self.filled:end], target_y[self.filled:end] = x, y
+        self.filled = end
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.rows is not None and self.xs:
+            return self.xs[0][:self.filled], self.ys[0][:self.filled]
+        return _concatenate(self.where, self.split, self.xs, self.ys)
+
+
 def _read_tf_dataset(where: Where, dataset: Any, split: str, max_bytes: int,
-                     batched: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """A finite ``tf.data.Dataset`` of ``(x, y)`` read into memory, at most ``max_bytes``."""
+                     batched: bool | None = None,
+                     rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """A finite ``tf.data.Dataset`` of ``(x, y)`` read into memory, at most ``max_bytes``;
+    ``rows``: how many samples it holds, if known (else its cardinality when unbatched)."""
     tf = _tensorflow()
     spec = dataset.element_spec
     if not (isinstance(spec, tuple) and len(spec) == 2
@@ -458,8 +627,9 @@ def _read_tf_dataset(where: Where, dataset: Any, split: str, max_bytes: int,
     if cardinality > 0 and len(known) == len(sizes):
         _check_limit(where, cardinality * sum(known), max_bytes, f"the {split} dataset")
     if not batched:
+        rows = rows if rows is not None else cardinality if cardinality > 0 else None
         dataset = dataset.batch(READ_BATCH)
-    xs, ys, total = [], [], 0
+    batches, total = _Batches(where, split, rows), 0
     try:
         for x, y in dataset.as_numpy_iterator():
             x, y = np.asarray(x), np.asarray(y)
@@ -468,13 +638,12 @@ def _read_tf_dataset(where: Where, dataset: Any, split: str, max_bytes: int,
                                   "values: batch it or give arrays.")
             total += x.nbytes + y.nbytes
             _check_limit(where, total, max_bytes, f"the {split} dataset (or it is infinite)")
-            xs.append(x)
-            ys.append(y)
+            batches.add(x, y)
     except (tf.errors.OpError, ValueError, TypeError) as error:
         if isinstance(error, DataError):
             raise
         raise where.error(f"reading the {split} dataset failed ({_reason(error)}).") from None
-    return _concatenate(where, split, xs, ys)
+    return batches.arrays()
 
 
 def _concatenate(where: Where, split: str, xs: list, ys: list) -> tuple[np.ndarray, np.ndarray]:
@@ -744,7 +913,9 @@ def _load_folder(where: Where, folder: Path, *, seed: int, max_bytes: int,
     if kind == "text":
         datasets, note = _vectorize_text(datasets)
         notes.append(note)
-    splits = {split: _read_tf_dataset(where, dataset, split, max_bytes, batched=True)
+    # each split's file count: its arrays are allocated once, at that size
+    splits = {split: _read_tf_dataset(where, dataset, split, max_bytes, batched=True,
+                                      rows=len(scans[split][0]) if kind == "images" else None)
               for split, dataset in datasets.items()}
     return kind, splits, class_names, tuple(notes)
 
@@ -995,7 +1166,7 @@ def load_source(source: str, *, label: str | None = None, seed: int = 0,
     if source.startswith(TFDS_PREFIX):
         splits, class_names, notes = _load_tfds(where, source[len(TFDS_PREFIX):], limit)
         return _finish(where, name=source, kind="tfds", splits=splits, class_names=class_names,
-                       notes=notes, source=source)
+                       notes=notes, source=source, owned=True)
     if function is not None:
         file_text, function_name = function
         splits = _load_function(where, file_text, function_name, limit)
@@ -1008,7 +1179,7 @@ def load_source(source: str, *, label: str | None = None, seed: int = 0,
         kind, splits, class_names, notes = _load_folder(where, path, seed=seed, max_bytes=limit,
                                                         image_size=image_size)
         return _finish(where, name=path.resolve().name, kind=kind, splits=splits,
-                       class_names=class_names, notes=notes, source=source)
+                       class_names=class_names, notes=notes, source=source, owned=True)
     suffix = path.suffix.lower()
     if not is_file:
         builtin = "" if suffix or os.sep in source else (
@@ -1016,10 +1187,11 @@ def load_source(source: str, *, label: str | None = None, seed: int = 0,
         raise where.error(f"no such file or folder.{builtin}")
     if suffix == ".npz":
         return _finish(where, name=path.name, kind="arrays", splits=_load_npz(where, path, limit),
-                       source=source)
+                       source=source, owned=True)
     if suffix == ".csv":
         x, y = _load_csv(where, path, label, limit)
-        return _finish(where, name=path.name, kind="csv", splits={"train": (x, y)}, source=source)
+        return _finish(where, name=path.name, kind="csv", splits={"train": (x, y)}, source=source,
+                       owned=True)
     if suffix == ".npy":
         raise where.error("a .npy file holds one array, not a dataset: save inputs and labels "
                           "together, numpy.savez(PATH.npz, x_train=x, y_train=y).")

@@ -201,7 +201,8 @@ def test_a_csv_whose_values_cannot_fit_is_refused_before_parsing(tmp_path):
     path.write_text("a,b,label\n" + "1,2,0\n" * 1000)
     with pytest.raises(DataError, match=r"its values would take 20,040 bytes in memory, more "
                                         r"than the 20,000 allowed"):
-        load_source(str(path), label="label", max_bytes=20_000)  # 1,001 newlines + 1 lines x (2 x 4 + 12)
+        # 1,002 lines (newlines + 1) x (2 features x 4 + 12)
+        load_source(str(path), label="label", max_bytes=20_000)
 
 
 @pytest.mark.parametrize(("labels", "expected"), [

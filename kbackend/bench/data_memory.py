@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -26,9 +27,14 @@ from typing import Any
 
 import numpy as np
 
+from kbackend.backend_choice import active_backend
 from kbackend.bench.spec import Benchmark, Rows, Settings, WorkerSpec
+from kbackend.data import user
+from kbackend.errors import DataError
 from kbackend.reports import markdown_rows
 from kbackend.runtime.child import run_in_child
+from kbackend.task import CLASSIFICATION
+from kbackend.workload import dataset_of
 
 GOALS = {"npz": 1.5, "images": 1.5, "csv": 3.0}
 CLASSES = 10
@@ -44,8 +50,6 @@ def peak_rss() -> int:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    import resource  # deferred: POSIX only
-
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
@@ -73,11 +77,6 @@ def held_bytes(arrays: list[np.ndarray]) -> int:
 def load_case(kind: str, path: str, label: str | None = None,
               max_bytes: int | None = None) -> dict[str, Any]:
     """Child side: load ``path`` as ``kbackend train --data`` does; the memory it cost."""
-    from kbackend.data import user
-    from kbackend.errors import DataError
-    from kbackend.task import CLASSIFICATION
-    from kbackend.workload import dataset_of
-
     if kind == "images":
         user._tensorflow()  # the framework's own memory is not the data's
     gc.collect()
@@ -173,8 +172,6 @@ def _cases(folder: Path, quick: bool) -> list[tuple[str, str, Path, dict[str, An
 
 def measure_data_memory(settings: Settings) -> Rows:
     """Every case in a fresh child process; one row each."""
-    from kbackend.backend_choice import active_backend
-
     rows = []
     with tempfile.TemporaryDirectory(prefix="kb-data-memory-") as temp:
         for name, kind, path, options in _cases(Path(temp), settings.quick):

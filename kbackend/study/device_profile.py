@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from kbackend.errors import ConfigError, path_errors
+from kbackend.escaping import markdown_text
 from kbackend.reports import markdown_rows
 from kbackend.stats import log_log_interpolate, median_interval
 from kbackend.study.auto_verdicts import auto_label, auto_verdict
@@ -285,7 +286,7 @@ def report_section(study: dict[str, Any]) -> list[str]:
     if not predicted:
         return []
     profile = predicted["profile"]
-    device = profile["device"]
+    device = markdown_text(profile["device"])  # the user's text, in a heading and table cells
     curve = ", ".join(f"{b}: {1e3 * t:.3g}" for b, t in profile["step_time_s"].items())
     header = ["optimizer", "batch", "steps", "ms/step here", "time here (s)",
               f"ms/step on {device}", f"time on {device} (s)"]
@@ -307,7 +308,8 @@ def report_section(study: dict[str, Any]) -> list[str]:
                      "by range", _fmt(c["time_to_target_here"], ".3g"), "by range", there])
     lines = ["", f"## Predicted on {device}", "",
              f"Time to target predicted from a step-time curve measured on {device} "
-             f"(`--device-profile {profile['source']}`, {profile['format']} format; ms per step "
+             f"(--device-profile {markdown_text(profile['source'])}, {profile['format']} format; "
+             "ms per step "
              f"by batch size: {curve}): each cell's steps to target trained here x the profile's "
              "seconds per step at its batch size, interpolated in log-log between the profile's "
              "sizes (never extrapolated); an auto cell: each step range's steps x the profile's "
@@ -315,5 +317,5 @@ def report_section(study: dict[str, Any]) -> list[str]:
              "input pipeline, compilation, evaluation and the other device's own convergence "
              "(precision, reductions) are not; the curve must be measured for this model.", "",
              markdown_rows(header, rows).rstrip("\n"), ""]
-    lines += [f"- {line}" for line in conclusion_lines(study)]
+    lines += [f"- {markdown_text(line)}" for line in conclusion_lines(study)]
     return lines

@@ -23,6 +23,7 @@ from rich.progress import (
 )
 
 from kbackend.errors import ConfigError, DataError, OutputError
+from kbackend.escaping import console_text, markdown_text
 from kbackend.io import atomic_write_text, check_output_folder, read_json
 from kbackend.reports import markdown_rows
 from kbackend.study.analysis import analyze
@@ -215,8 +216,8 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
         stdout = Console() if Console().is_terminal else Console(width=CONSOLE_WIDTH)
         print_table(study, analysis, console=stdout)
         stdout.print(f"{runner.executed} runs trained, {events.skipped} reused from "
-                        f"{out / DB_NAME}; wall time {wall_time:.1f} s; report: {paths['report']}",
-                        highlight=False)
+                     f"{console_text(out / DB_NAME)}; wall time {wall_time:.1f} s; report: "
+                     f"{console_text(paths['report'])}", highlight=False)
         stdout.print(f"Time: {accounting_line(account)}", highlight=False)
     return {"study": study, "analysis": analysis, "paths": paths, "wall_time": wall_time,
             "executed": runner.executed, "skipped": events.skipped, "time_spent": account}
@@ -302,8 +303,9 @@ def compare(summaries: list[dict[str, Any]]) -> str:
         config = group[0]["config"]
         target = config["target"]
         relation = ">=" if metric_direction(target["metric"]) == "max" else "<="
-        lines += [f"## Study {study_id}: {config['model']} on {config['dataset']}, "
-                  f"{target['metric']} {relation} {target['value']:g}", ""]
+        lines += [f"## Study {study_id}: {markdown_text(config['model'])} on "
+                  f"{markdown_text(config['dataset'])}, {markdown_text(target['metric'])} "
+                  f"{relation} {target['value']:g}", ""]
         columns = [_column(s) for s in group]
         header = ["optimizer", "batch"] + [f"{c} time (s)" for c in columns] + \
                  [f"{c} steps" for c in columns] + [f"{c} samples/s" for c in columns]
@@ -328,7 +330,8 @@ def compare(summaries: list[dict[str, Any]]) -> str:
             noise = (f"B_simple ~ {b_simple:.0f}" if b_simple and math.isfinite(b_simple)
                      else "B_simple n/a")
             best_text, knee, cross = _verdict_texts(summary["analysis"])
-            lines.append(f"- {_column(summary)} on {summary['env']['device']}: {best_text}; "
+            lines.append(f"- {markdown_text(_column(summary))} on "
+                         f"{markdown_text(summary['env']['device'])}: {best_text}; "
                          f"{knee}; {noise}; {cross}")
         lines.append("")
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""Data memory benchmark: kbackend/bench/data_memory.py, docs/data.md (--help for options)."""
+"""Data memory benchmark: kbackend/bench/data_memory.py, docs/your-model.md (--help for options)."""
 
 import sys
 from pathlib import Path

@@ -165,9 +165,8 @@ def from_arrays(
     for validation (``info.val_is_test``), as papers that report test curves do. Nothing may then
     select on it (``TrainConfig`` refuses early stopping and targets). ``x_val``/``y_val``: the
     user's own validation split (then nothing is held out of train). ``sparse_labels`` False:
-    float targets (``validate_split``), kept in their shape. ``owned``: the arrays are the
-    caller's to overwrite (read from a file, referenced nowhere else): the validation split is
-    then taken out of ``x_train`` in place (``take_rows``), not copied.
+    float targets (``validate_split``), kept in their shape. ``owned``: ``x_train`` may be
+    overwritten (read from a file): the validation split is taken out in place (``take_rows``).
     """
     if (x_val is None) != (y_val is None):
         raise DataError("x_val and y_val come together: pass both (the validation split) or "
@@ -179,8 +178,7 @@ def from_arrays(
         validate_split(np.asarray(x), np.asarray(y), num_classes, split, sparse_labels)
     label_dtype = np.int32 if sparse_labels else np.float32
     converted = np.asarray(x_train, dtype=np.float32)
-    owned = owned or converted is not x_train  # a converted copy is ours in any case
-    x_train = converted
+    owned, x_train = owned or converted is not x_train, converted  # a converted copy is ours
     y_train = np.asarray(y_train).astype(label_dtype)
     x_test = np.asarray(x_test, dtype=np.float32)
     y_test = np.asarray(y_test).astype(label_dtype)

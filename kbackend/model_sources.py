@@ -241,18 +241,20 @@ def _has_lambda(config: Any) -> bool:
     return False
 
 
-def _lambda_error(path: Path | str) -> ModelError:
+def _lambda_error(path: Path | str, unsafe_flag: bool = True) -> ModelError:
+    remedy = (f"Pass {UNSAFE_FLAG} (unsafe_deserialization=True) only for a file you trust."
+              if unsafe_flag else "This command loads only models without Lambda layers.")
     return ModelError(f"Model file {str(path)!r} has a Lambda layer, whose Python code runs "
-                      f"when it loads: refused in safe mode. Pass {UNSAFE_FLAG} "
-                      "(unsafe_deserialization=True) only for a file you trust.")
+                      f"when it loads: refused in safe mode. {remedy}")
 
 
-def load_keras_file(path: str | os.PathLike, *, compile: bool = False,
-                    safe_mode: bool = True) -> Any:
+def load_keras_file(path: str | os.PathLike, *, compile: bool = False, safe_mode: bool = True,
+                    unsafe_flag: bool = True) -> Any:
     """The model in the ``.keras`` file ``path`` (checked header-first by ``check_model_file``):
     the one place kbackend loads a model file. The ``--import`` modules this process inherited
     are imported first; a class the file names that no module registered is a one-line
-    ``ModelError`` naming it, as is any other failure."""
+    ``ModelError`` naming it, as is any other failure (``unsafe_flag``: whether the command
+    offers ``--unsafe-deserialization``, which a Lambda layer's error then names)."""
     path = check_model_file(path)
     import_inherited()
     keras = import_keras()
@@ -260,7 +262,7 @@ def load_keras_file(path: str | os.PathLike, *, compile: bool = False,
         return keras.saving.load_model(path, compile=compile, safe_mode=safe_mode)
     except Exception as error:  # Keras raises many types for a bad file; all mean "does not load"
         if "safe_mode" in str(error) and safe_mode:
-            raise _lambda_error(path) from None
+            raise _lambda_error(path, unsafe_flag) from None
         missing = _unregistered(_read_config(path), keras)
         if missing:
             raise _unregistered_error(path, *missing) from None

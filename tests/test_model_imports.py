@@ -152,3 +152,20 @@ def test_ray_workers_get_the_imports(custom_model):
     folder, name, _path = custom_model
     register_imports([str(folder / f"{name}.py")], import_now=False)
     assert json.loads(worker_env(BACKEND)[IMPORT_ENV]) == [{"file": str(folder / f"{name}.py")}]
+
+
+def test_the_one_loader_names_the_lambda_flag_only_where_a_command_has_it(tmp_path):
+    import keras
+
+    from kbackend.serving.model import load_model as load_for_serving
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Lambda(lambda t: t * 2.0),
+                              keras.layers.Dense(2)])
+    path = tmp_path / "lambda.keras"
+    model.save(path)
+    with pytest.raises(ModelError, match="Pass --unsafe-deserialization"):
+        load_keras_file(path)
+    with pytest.raises(ModelError) as raised:
+        load_for_serving(path)
+    assert "--unsafe-deserialization" not in str(raised.value)
+    assert "loads only models without Lambda layers" in str(raised.value)

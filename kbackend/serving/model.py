@@ -56,7 +56,7 @@ def model_fingerprint(model: Any) -> str:
 
 def load_model(path: str | os.PathLike) -> Any:
     """Load a ``.keras`` model for inference (without its optimizer), with a one-line error."""
-    model = load_keras_file(path)
+    model = load_keras_file(path, unsafe_flag=False)  # serving never runs a Lambda's code
     check_servable(model, str(path))
     return model
 

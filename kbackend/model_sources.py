@@ -450,7 +450,7 @@ def _import_one(entry: dict[str, str]) -> None:
         sys.path.insert(0, folder)  # as `python -m` finds a module of the working folder
         try:
             importlib.import_module(entry["module"])
-        except Exception as error:
+        except (Exception, SystemExit) as error:  # a module calling sys.exit() is an error too
             raise ModelError(f"{IMPORT_FLAG} {entry['module']!r} failed to import: "
                              f"{_one_line(error)}") from None
         finally:

@@ -98,11 +98,13 @@ def test_import_of_a_file_reaches_load_keras_file(custom_model, monkeypatch):
 
 @pytest.mark.parametrize(("spec", "message"), [
     ("missing_file.py", "file not found"), ("not a module", "expected a module name"),
-    ("no_such_module_kb45", "No module named 'no_such_module_kb45'")])
+    ("no_such_module_kb45", "No module named 'no_such_module_kb45'"),
+    ("exits_kb45", "failed to import: SystemExit: 0")])
 def test_a_bad_import_is_one_line_before_any_work(cli, monkeypatch, engines_never_run, spec,
                                                   message, tmp_path):
     monkeypatch.setenv(IMPORT_ENV, "[]")
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "exits_kb45.py").write_text("import sys\nsys.exit(0)\n")
     result = cli(*TRAIN, "--import", spec)
     assert result.returncode == 2 and one_line_error(result.stderr), result.stderr
     assert "--import" in result.stderr and message in result.stderr

@@ -271,3 +271,9 @@ def test_the_data_memory_benchmark_quick_run(tmp_path):
     refused = [row for row in payload["rows"] if row["refused"]]
     assert len(refused) == 1 and refused[0]["met"]
     assert "| npz float32 |" in (tmp_path / "bench_data_memory.md").read_text()
+
+
+def test_an_image_pil_refuses_to_open_is_still_measured_from_its_header(tmp_path):
+    path = tmp_path / "huge.png"
+    path.write_bytes(png_bytes(20_000, 20_000))  # 400 M pixels: PIL's bomb check refuses it
+    assert image_header(path) == (20_000, 20_000, False)

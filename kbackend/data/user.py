@@ -45,6 +45,7 @@ import re
 import sys
 import textwrap
 import traceback
+import warnings
 import zipfile
 import zlib
 from collections.abc import Callable
@@ -831,11 +832,14 @@ def image_header(path: Path) -> tuple[int, int, bool] | None:
     except ImportError:
         return _header_without_pil(path)
     try:
-        with Image.open(path) as image:  # reads the header only; decoding waits for .load()
-            width, height = image.size
-            return height, width, image.mode in _GRAY_MODES
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # refused below
+            with Image.open(path) as image:  # reads the header only; decoding waits for .load()
+                width, height = image.size
+                return height, width, image.mode in _GRAY_MODES
     except (OSError, ValueError, Image.DecompressionBombError):
-        return None
+        # PIL refuses to open a huge image at all: its header still says how huge
+        return _header_without_pil(path)
 
 
 def _image_geometry(where: Where, images: list[Path], count: int, max_bytes: int,

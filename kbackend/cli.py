@@ -47,6 +47,7 @@ from kbackend.backend_choice import BACKENDS, skip_optional_imports, use_backend
 from kbackend.backends.compile_cache import COMPILE_CACHE_ENV
 from kbackend.commands import LAUNCHER_PID_ENV, OneLineErrorParser, bound_integer_flags
 from kbackend.errors import KBackendError
+from kbackend.model_sources import register_imports
 
 PROG = "kbackend"
 # How soon a Ctrl-C that arrived inside a GC callback or a finalizer is raised again.
@@ -220,8 +221,11 @@ def _main(argv: Sequence[str] | None, own_process: bool) -> int:
     try:
         if args.no_compile_cache:
             os.environ[COMPILE_CACHE_ENV] = "0"  # read when the backend starts
-        if getattr(args, "needs_backend", True):
+        needs_backend = getattr(args, "needs_backend", True)
+        if needs_backend:
             use_backend(args.backend)
+        if getattr(args, "imports", None):  # --import: here, and in every process started
+            register_imports(args.imports, import_now=needs_backend)
         return int(args.func(args) or 0)
     except KBackendError as error:
         sys.stderr.write(f"{PROG}: error: {error}\n")

@@ -24,6 +24,7 @@ from kbackend.adaptive import (
     parse_batch_size,
 )
 from kbackend.data import check_batch_size
+from kbackend.data.user import check_image_size
 from kbackend.errors import ConfigError, check_field_types
 
 # The output-path checks live with the writes they protect (kbackend.io); named here too, where
@@ -184,6 +185,8 @@ class TrainConfig:
     label: str | None = None
     unsafe_deserialization: bool = False
     from_weights: bool = False
+    # An image folder's (height, width) to read every image at (None: the first image's size).
+    image_size: tuple[int, int] | None = None
     # ``batch_size="auto[:MIN:MAX]"`` (set from it): the adaptive batch size's bounds, and how
     # the learning rate (the rate at MIN) follows the batch (``adaptive.LR_SCALINGS``).
     adaptive_batch: AutoBatchSize | None = None
@@ -206,6 +209,8 @@ class TrainConfig:
             "dp_impl": str, "precision": str, "hardware_monitor": bool, "on_divergence": str,
             "batch_size": numbers.Integral, "task": Task, "label": (str, type(None)),
             "unsafe_deserialization": bool, "from_weights": bool})
+        if self.image_size is not None:
+            check_image_size(self.image_size)
         for name in ("fused_steps", "eval_every", "max_steps"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ConfigError(

@@ -36,8 +36,9 @@ import os
 import re
 import struct
 import sys
+import textwrap
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
@@ -73,6 +74,16 @@ MAX_BUILDER_SOURCE_BYTES = 16 * 2**20
 BUILDER_ARGUMENTS = ("input_shape", "num_classes")
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _LAMBDA_CLASSES = ("Lambda", "__lambda__")
+# ``--import MODULE`` (repeatable): the modules that register a model file's own classes
+# (``@keras.saving.register_keras_serializable``). The command line imports them and records them
+# here, so that every process it starts (launch workers, Ray tasks, equivalence workers, child
+# runners) imports them before it loads a model: a JSON list of {"file": PATH} or
+# {"module": NAME, "path": FOLDER} (the folder it was found from, first on sys.path).
+IMPORT_FLAG = "--import"
+IMPORT_ENV = "KBACKEND_IMPORT"
+# Packages whose classes Keras itself finds by module and name (no registration needed).
+_KERAS_PACKAGES = ("keras", "keras_hub", "keras_cv", "keras_nlp", "builtins")
+_imported: set[str] = set()  # the IMPORT_ENV entries this process has imported
 
 
 class ModelError(ConfigError):
@@ -81,7 +92,8 @@ class ModelError(ConfigError):
 
 
 def _one_line(error: BaseException, limit: int = 300) -> str:
-    text = " ".join(str(error).split())[:limit]
+    """``error`` on one line, at most about ``limit`` characters, never cut mid-word."""
+    text = textwrap.shorten(" ".join(str(error).split()), width=limit, placeholder=" ...")
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
@@ -230,23 +242,80 @@ def _has_lambda(config: Any) -> bool:
     return False
 
 
-def _lambda_error(path: Path | str) -> ModelError:
+def _lambda_error(path: Path | str, unsafe_flag: bool = True) -> ModelError:
+    remedy = (f"Pass {UNSAFE_FLAG} (unsafe_deserialization=True) only for a file you trust."
+              if unsafe_flag else "This command loads only models without Lambda layers.")
     return ModelError(f"Model file {str(path)!r} has a Lambda layer, whose Python code runs "
-                      f"when it loads: refused in safe mode. Pass {UNSAFE_FLAG} "
-                      "(unsafe_deserialization=True) only for a file you trust.")
+                      f"when it loads: refused in safe mode. {remedy}")
+
+
+def load_keras_file(path: str | os.PathLike, *, compile: bool = False, safe_mode: bool = True,
+                    unsafe_flag: bool = True) -> Any:
+    """The model in the ``.keras`` file ``path`` (checked header-first by ``check_model_file``):
+    the one place kbackend loads a model file. The ``--import`` modules this process inherited
+    are imported first; a class the file names that no module registered is a one-line
+    ``ModelError`` naming it, as is any other failure (``unsafe_flag``: whether the command
+    offers ``--unsafe-deserialization``, which a Lambda layer's error then names)."""
+    path = check_model_file(path)
+    import_inherited()
+    keras = import_keras()
+    try:
+        return keras.saving.load_model(path, compile=compile, safe_mode=safe_mode)
+    except Exception as error:  # Keras raises many types for a bad file; all mean "does not load"
+        if "safe_mode" in str(error) and safe_mode:
+            raise _lambda_error(path, unsafe_flag) from None
+        missing = _unregistered(_read_config(path), keras)
+        if missing:
+            raise _unregistered_error(path, *missing) from None
+        raise ModelError(f"Model file {str(path)!r} does not load as a Keras model: "
+                         f"{_one_line(error)}") from None
+
+
+def _keras_objects(config: Any) -> Iterator[dict[str, Any]]:
+    """Every serialized Keras object (a dict with ``class_name`` and ``module``) in ``config``."""
+    stack = [config]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if isinstance(item.get("class_name"), str) and "module" in item:
+                yield item
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def _unregistered(config: Any, keras: Any) -> tuple[str, str, str] | None:
+    """(class, module, registered name) of the first object of ``config`` that Keras finds only
+    by registration and that no imported module registered; None if there is none."""
+    for item in _keras_objects(config):
+        module = str(item.get("module") or "")
+        if item["class_name"] == "function":  # a function: {"config": "package>name"}
+            name = item.get("config")
+            if isinstance(name, str) and ">" in name and \
+                    keras.saving.get_registered_object(name) is None:
+                return name.rpartition(">")[2], module, name
+            continue
+        if module.split(".")[0] in _KERAS_PACKAGES:
+            continue
+        registered = item.get("registered_name") or item["class_name"]
+        if keras.saving.get_registered_object(str(registered)) is None:
+            return item["class_name"], module, str(registered)
+    return None
+
+
+def _unregistered_error(path: Path, name: str, module: str, registered: str) -> ModelError:
+    where = f"module {module!r}, " if module else ""
+    hint = module if module and module != "__main__" else "MODULE"
+    return ModelError(
+        f"Model file {str(path)!r} uses the class {name!r} ({where}registered as "
+        f"{registered!r}), which no imported module registers: pass {IMPORT_FLAG} {hint} (a "
+        "module name or FILE.py that defines it with @keras.saving.register_keras_serializable).")
 
 
 def _load_keras(path: Path, unsafe_deserialization: bool) -> tuple[Any, dict[str, Any]]:
     """(the model in ``path``, uncompiled, without optimizer state; its compile settings as
     saved in config.json, empty if it was not compiled)."""
-    keras = import_keras()
-    try:
-        model = keras.saving.load_model(path, compile=False, safe_mode=not unsafe_deserialization)
-    except Exception as error:  # Keras raises many types for a bad file; all mean "does not load"
-        if "safe_mode" in str(error) and not unsafe_deserialization:
-            raise _lambda_error(path) from None
-        raise ModelError(f"Model file {str(path)!r} does not load as a Keras model: "
-                         f"{_one_line(error)}") from None
+    model = load_keras_file(path, safe_mode=not unsafe_deserialization)
     config = _read_config(path)
     compile_config = config.get("compile_config") if isinstance(config, dict) else None
     return model, compile_config if isinstance(compile_config, dict) else {}
@@ -319,7 +388,7 @@ def _check_builder_source(path: Path, function: str) -> None:
                          f"classes are {', '.join(callables) or 'none'}.")
 
 
-def _import_file(path: Path) -> ModuleType:
+def _import_file(path: Path, what: str = "Builder file") -> ModuleType:
     """The module of the Python file ``path``, imported once per version of the file, under a
     name made from its path (kept in ``sys.modules``: Keras's registered classes live there).
     While it runs, its folder is first on ``sys.path``, so it may import its neighbours."""
@@ -332,7 +401,7 @@ def _import_file(path: Path) -> ModuleType:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise ModelError(f"Builder file {str(path)!r} does not import as a Python module.")
+        raise ModelError(f"{what} {str(path)!r} does not import as a Python module.")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     sys.path.insert(0, str(path.parent))
@@ -340,7 +409,7 @@ def _import_file(path: Path) -> ModuleType:
         spec.loader.exec_module(module)
     except Exception as error:
         del sys.modules[name]
-        raise ModelError(f"Builder file {str(path)!r} failed to import: "
+        raise ModelError(f"{what} {str(path)!r} failed to import: "
                          f"{_one_line(error)}") from error
     except SystemExit as error:
         del sys.modules[name]
@@ -351,6 +420,84 @@ def _import_file(path: Path) -> ModuleType:
         if str(path.parent) in sys.path:
             sys.path.remove(str(path.parent))
     return module
+
+
+# --- --import: modules that register the classes of a model file ----------------------------
+
+
+def _import_entry(spec: str) -> dict[str, str]:
+    """The ``IMPORT_ENV`` entry of one ``--import`` value, checked (nothing is imported)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ModelError(f"Invalid {IMPORT_FLAG} {spec!r}: expected a module name or FILE.py.")
+    if spec.endswith(".py"):
+        with path_errors(spec, IMPORT_FLAG, ModelError):
+            path = Path(spec).resolve()
+            found = path.is_file()
+        if not found:
+            raise ModelError(f"Invalid {IMPORT_FLAG} {spec!r}: file not found (expected a "
+                             "module name or FILE.py).")
+        return {"file": str(path)}
+    if not _MODULE_NAME.fullmatch(spec):
+        raise ModelError(f"Invalid {IMPORT_FLAG} {spec[:80]!r}: expected a module name "
+                         "(package.module) or FILE.py.")
+    return {"module": spec, "path": os.getcwd()}
+
+
+def _import_one(entry: dict[str, str]) -> None:
+    """Import one ``IMPORT_ENV`` entry (once per process), one-line ``ModelError`` if it fails."""
+    key = json.dumps(entry, sort_keys=True)
+    if key in _imported:
+        return
+    import_keras()  # the backend is chosen before the user's module imports Keras
+    if "file" in entry:
+        _import_file(Path(entry["file"]), f"{IMPORT_FLAG} file")
+    else:
+        folder = entry.get("path") or os.getcwd()
+        sys.path.insert(0, folder)  # as `python -m` finds a module of the working folder
+        try:
+            importlib.import_module(entry["module"])
+        except (Exception, SystemExit) as error:  # a module calling sys.exit() is an error too
+            raise ModelError(f"{IMPORT_FLAG} {entry['module']!r} failed to import: "
+                             f"{_one_line(error)}") from None
+        finally:
+            if folder in sys.path:
+                sys.path.remove(folder)
+    _imported.add(key)
+
+
+def _inherited_entries() -> list[dict[str, str]]:
+    text = os.environ.get(IMPORT_ENV, "")
+    try:
+        entries = json.loads(text) if text else []
+    except ValueError:
+        entries = None
+    if not isinstance(entries, list) or not all(
+            isinstance(e, dict) and all(isinstance(v, str) for v in e.values())
+            and ("file" in e or "module" in e) for e in entries):
+        raise ModelError(f"Invalid ${IMPORT_ENV} {text[:80]!r}: expected what {IMPORT_FLAG} "
+                         "records (a JSON list of modules); unset it.")
+    return entries
+
+
+def register_imports(specs: Sequence[str], *, import_now: bool = True) -> None:
+    """``--import``: check each module name or ``FILE.py``, record them for every process this
+    one starts (``IMPORT_ENV``), and import them here now (``import_now``; a command that runs
+    no Keras itself, such as ``equiv``, leaves that to its workers)."""
+    entries = _inherited_entries()
+    for spec in specs:
+        entry = _import_entry(spec)
+        if entry not in entries:
+            entries.append(entry)
+    os.environ[IMPORT_ENV] = json.dumps(entries)
+    if import_now:
+        import_inherited()
+
+
+def import_inherited() -> None:
+    """Import the ``--import`` modules recorded in ``IMPORT_ENV`` (by this process or the one
+    that started it) that this process has not imported yet."""
+    for entry in _inherited_entries():
+        _import_one(entry)
 
 
 def _import_module(name: str) -> ModuleType:

@@ -8,6 +8,8 @@ from typing import Any
 
 from rich.console import Console
 
+from kbackend.escaping import console_text
+
 
 class EpochReporter:
     """Prints one line per epoch (or evaluation) with the metrics recorded so far and, on a
@@ -55,4 +57,4 @@ class EpochReporter:
                     parts.append(f"{key} {value:.4f}")
         if "train_time" in record:
             parts.append(f"train {record['train_time']:.2f}s")
-        self.console.print("  ".join(parts))
+        self.console.print(console_text("  ".join(parts)))  # metric names are the model's

@@ -60,7 +60,7 @@ def is_builtin(config: TrainConfig) -> bool:
 def workload_of(config: TrainConfig) -> Workload:
     """The ``Workload`` (model source, data, task) ``config``'s model and dataset name."""
     return prepare_workload(
-        config.model, config.dataset, label=config.label,
+        config.model, config.dataset, label=config.label, image_size=config.image_size,
         validation_fraction=config.validation_fraction, seed=config.seed,
         data_dir=config.data_dir, options=config.model_options,
         target_metric=config.target.metric if config.target is not None else None,

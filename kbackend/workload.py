@@ -145,6 +145,7 @@ class Workload:
 
 def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = None,
                      y: Any = None, validation_data: Any = None, label: str | None = None,
+                     image_size: tuple[int, int] | None = None,
                      validation_fraction: float = 0.1, seed: int = 0,
                      data_dir: str | None = None, options: ModelOptions | None = None,
                      target_metric: str | None = None, unsafe_deserialization: bool = False,
@@ -165,6 +166,7 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
     source = parse_model_source(model, unsafe_deserialization=unsafe_deserialization,
                                 from_weights=from_weights)
     notes: list[str] = []
+    owned = False  # arrays read from a file here: split in place (``dataset_of``)
     if x is None and isinstance(data, str) and data in data_module.DATASETS:
         if not source.builtin:  # the data's own shape (a model's Reshape layer adapts it)
             dataset = data_module.load(data, layout="spatial", validation_fraction=
@@ -181,8 +183,10 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
         name, kind = data, "builtin"
     else:
         loaded = (user_data.from_python(x, y, validation_data=validation_data)
-                  if x is not None else user_data.load_source(data, label=label, seed=seed))
+                  if x is not None else user_data.load_source(data, label=label, seed=seed,
+                                                       image_size=image_size))
         splits, name, kind = dict(loaded.splits), loaded.name, loaded.kind
+        owned = loaded.owned
         notes.extend(loaded.notes)
     metric = target_metric[len("val_"):] if target_metric and target_metric != "val_loss" \
         else None
@@ -209,7 +213,8 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
     splits = {k: (v[0], check_labels(task, v[1], units, k)) for k, v in splits.items()}
     check_output_shape(first, task, splits["train"][1], source.name)
     check_classes(task, splits["train"][1], name)
-    dataset = _dataset(name, kind, splits, task, units, validation_fraction, seed, notes)
+    dataset = dataset_of(name, kind, splits, task, units, validation_fraction, seed, notes,
+                         owned=owned)
     workload = Workload(source, dataset, task, options, packing=packing, notes=notes)
     workload._first = (options.seed, first)
     return workload
@@ -370,14 +375,18 @@ def _held_out(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarra
     return np.sort(order[count:]), np.sort(order[:count])
 
 
-def _dataset(name: str, kind: str, splits: dict[str, tuple[np.ndarray, np.ndarray]], task: Task,
-             units: int, validation_fraction: float, seed: int,
-             notes: list[str]) -> data_module.Dataset:
+def dataset_of(name: str, kind: str, splits: dict[str, tuple[np.ndarray, np.ndarray]],
+               task: Task, units: int, validation_fraction: float, seed: int,
+               notes: list[str], owned: bool = False) -> data_module.Dataset:
+    """The ``Dataset`` of a user's checked ``splits``: a test split held out when there is none,
+    the validation split from ``validation_fraction``. ``owned``: the arrays were read from a
+    file (``UserData.owned``), so the splits are taken out of them in place, not copied."""
     x_train, y_train = splits["train"]
     if "test" not in splits:
         keep, test = _held_out(len(x_train), validation_fraction or 0.1, TEST_SPLIT_SEED)
-        splits["test"] = (x_train[test], y_train[test])
-        x_train, y_train = x_train[keep], y_train[keep]
+        splits["test"] = (x_train[test], y_train[test])  # copied out first
+        x_train = data_module.take_rows(x_train, keep, in_place=owned)
+        y_train = y_train[keep]
         notes.append(f"no test split in the data: {len(test)} samples held out as one "
                      "(a fixed draw, the same for every seed)")
     x_val = y_val = None
@@ -388,4 +397,4 @@ def _dataset(name: str, kind: str, splits: dict[str, tuple[np.ndarray, np.ndarra
         name, x_train, y_train, x_test, y_test, num_classes=units,
         validation_fraction=validation_fraction, seed=seed, source=kind,
         layout="flat" if np.ndim(x_train) == 2 else "spatial",
-        sparse_labels=task.sparse_labels, x_val=x_val, y_val=y_val)
+        sparse_labels=task.sparse_labels, x_val=x_val, y_val=y_val, owned=owned)

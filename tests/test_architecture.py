@@ -31,12 +31,12 @@ LAYERS: list[tuple[str, ...]] = [
     ("backends",),  # ALL backend-specific code (optax included) sits above the backend-free maths
     ("optim", "precision", "data", "adaptive"),
     ("backend_choice", "history", "io", "errors", "logs", "reports", "stats", "task", "sqlite",
-     "digests", "__init__"),
+     "digests", "escaping", "__init__"),
 ]
 # Libraries an import inside a function may defer (slow to import, or optional extras;
 # ``scipy.stats`` alone takes ~0.6 s).
 DEFERRABLE = {"keras", "tensorflow", "jax", "jaxlib", "optax", "matplotlib", "redis", "ray",
-              "pynvml", "mnist1d", "sklearn", "scipy", "tensorflow_datasets"}
+              "pynvml", "mnist1d", "sklearn", "scipy", "tensorflow_datasets", "PIL"}
 # Frameworks no kbackend module may import when it is imported, outside the backend packages
 # (which only ``kbackend.backends.impl()`` imports, once the backend is chosen).
 HEAVY = ("keras", "jax", "tensorflow", "optax", "matplotlib")

@@ -240,7 +240,8 @@ BAD_SOURCES = [
      ["(y_val missing)", "Received keys: ['x_train', 'y_train', 'x_test', 'y_test', 'x_val']"]),
     ("npz over max_bytes",
      lambda p: (npz(p, **valid_arrays()), {"max_bytes": 100}),
-     ["its arrays would take", "more than the 100 allowed"]),
+     ["its arrays (inputs as float32, with room to split them) would take",
+      "more than the 100 allowed"]),
     ("npz header and entry disagree",
      lambda p: (forged_npz(p), {}),
      ["'x_train' declares shape (1000000, 1000)", "cut or altered file"]),
@@ -403,11 +404,13 @@ def test_an_oversized_npz_is_refused_from_its_headers_alone(tmp_path, monkeypatc
     source = npz(tmp_path, x=np.ones((1000, 100)), y=np.ones(1000))
 
     def no_loading(*args, **kwargs):
-        raise AssertionError("np.load called before the size check")
+        raise AssertionError("an array was read before the size check")
 
     monkeypatch.setattr(np, "load", no_loading)
-    with pytest.raises(DataError, match=r"808,000 bytes in memory, more than the 800,000"):
-        load_source(source, max_bytes=800_000)
+    monkeypatch.setattr("kbackend.data.user._read_member", no_loading)
+    # held: x as float32 (400,000 bytes) and y (8,000), x 1.5 for the split: 612,000 bytes
+    with pytest.raises(DataError, match=r"612,000 bytes in memory, more than the 611,999"):
+        load_source(source, max_bytes=611_999)
 
 
 # --- each kind of source on generated data ---------------------------------------------------
@@ -424,7 +427,10 @@ def test_npz_with_all_three_splits(tmp_path):
     for split, key in (("train", "train"), ("val", "val"), ("test", "test")):
         np.testing.assert_array_equal(data.splits[split][0], arrays[f"x_{key}"])
         np.testing.assert_array_equal(data.splits[split][1], arrays[f"y_{key}"])
-    assert data.splits["val"][0].dtype == np.uint8  # dtypes are the caller's to convert
+    # numeric inputs are read as float32, what training takes (converted while reading);
+    # labels keep their dtype
+    assert data.splits["val"][0].dtype == np.float32
+    assert data.splits["val"][1].dtype == arrays["y_val"].dtype
 
 
 def test_npz_with_x_and_y_and_string_labels(tmp_path):

@@ -149,6 +149,12 @@ def test_the_profile_is_outside_the_identity():
     ({"device": "x", "model": "mlp", "step_time_s": {"32": 0.001, "128": 0.001}},
      "measured for model 'mlp'"),
     ({"device": "x", "step_time_s": {"64": 0.001, "128": 0.001}}, "lie outside"),
+    # issue 45: extreme step times and deep nesting are refused when the profile is read
+    ({"device": "x", "step_time_s": {"32": 1e-300, "128": 0.001}}, "outside 1e-09-86400 s"),
+    ({"device": "x", "step_time_s": {"32": 0.001, "128": 1e300}}, "outside 1e-09-86400 s"),
+    ({"device": "x", "step_time_s": {"32": 0.001, "99999999999999999999": 0.001}},
+     "is not a positive integer"),
+    ('{"device": ' + "[" * 100_000 + "]" * 100_000 + "}", "not JSON (RecursionError"),
 ])
 def test_a_bad_profile_is_a_one_line_error_before_training(tmp_path, monkeypatch, capsys,
                                                           payload, message):
@@ -166,6 +172,39 @@ def test_a_bad_profile_is_a_one_line_error_before_training(tmp_path, monkeypatch
     err = capsys.readouterr().err.strip()
     assert message in err and "--device-profile" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "out" / "study.db").exists()  # nothing created, nothing trained
+
+
+def test_a_profile_is_read_before_the_data_loads(tmp_path, monkeypatch, capsys):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the data was loaded before the profile was checked")
+
+    monkeypatch.setattr(StudyRunner, "prepare", forbidden)
+    path = _write(tmp_path / "profile.json", {"device": "x", "step_time_s": {"32": 1e300}})
+    code = main(["study", "--dataset", "digits", "--out", str(tmp_path / "out"),
+                 "--no-progress", "--device-profile", path])
+    assert code == 2 and "outside" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("epochs", ["2147483647", "1000001"])
+def test_frontier_epochs_beyond_the_cap_is_refused_under_its_own_name_before_the_data(
+        tmp_path, monkeypatch, capsys, epochs):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the data was loaded before --frontier-epochs was checked")
+
+    monkeypatch.setattr(StudyRunner, "prepare", forbidden)
+    code = main(["study", "--dataset", "digits", "--out", str(tmp_path / "out"),
+                 "--no-progress", "--frontier-epochs", epochs])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "Invalid --frontier-epochs" in err and "1,000,000" in err and "max" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_frontier_epochs_whose_steps_overflow_are_refused_once_the_data_is_known():
+    config = dataclasses.replace(STUDY, frontier_epochs=1_000_000)
+    config.check_frontier_steps(2147, (1, 128))  # 2,147,000,000 steps: within int32
+    with pytest.raises(ConfigError, match=r"Invalid --frontier-epochs .* steps at batch size 1"):
+        config.check_frontier_steps(2148, (1, 128))
 
 
 def _cell(size, seed_steps, reached=True):

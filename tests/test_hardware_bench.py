@@ -35,7 +35,8 @@ ONCE = {"bench_parallel": "runs JAX workers whatever the backend",
         # (test_parallel_processes: launch -N 2 against one process; test_train_flags:
         # train --target).
         "bench_scale_out": "whole processes, the orchestration backend-neutral",
-        "bench_time_to_target": "whole processes, the orchestration backend-neutral"}
+        "bench_time_to_target": "whole processes, the orchestration backend-neutral",
+        "bench_data_memory": "loading data is backend-free (one child process per case)"}
 
 
 def check_report(out: Path, name: str, bench: Benchmark | None = None,

@@ -5,6 +5,7 @@ migrates an earlier kbackend's store in one transaction, and keeps every committ
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import shutil
 import sqlite3
@@ -318,3 +319,91 @@ def test_study_command_refuses_a_foreign_store_with_exit_2(tmp_path, cli, monkey
     result = cli("study", "compare", "--out", out)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert snapshot(out) == before
+
+
+# --- damaged rows: quarantined, warned about, retrained (issue 45) ------------------------------
+
+def _damage(path: Path, column: str, value: object, key: str = "k1") -> None:
+    connection = sqlite3.connect(path)
+    connection.execute(f"UPDATE results SET {column} = ? WHERE key = ?", (value, key))
+    connection.commit()
+    connection.close()
+
+
+@pytest.mark.parametrize(("column", "value"), [
+    ("config", '{"i": 1'), ("result", "[1, 2]"), ("trajectory", b"\xff\xfe"),
+    ("result", "[" * 100_000)])
+def test_a_damaged_row_is_quarantined_with_one_warning_and_the_rest_is_used(
+        tmp_path, column, value):
+    path = tmp_path / "study.db"
+    real_store(path)
+    _damage(path, column, value)
+    warnings: list[str] = []
+    with ResultStore(path, warn=warnings.append) as store:
+        records = store.records()
+        assert [r["key"] for r in records] == ["k0", "k2"]
+        assert len(warnings) == 1 and "'k1'" not in warnings[0] and "run k1 " in warnings[0]
+        assert column in warnings[0] and "\n" not in warnings[0]
+        assert store.get("k1") is None  # gone from the results: the run is trained again
+        assert store.put("k1", "run", "s", "jax", {"i": 1}, {"reached": False})
+        assert store.get("k1")["result"] == {"reached": False}
+        kept = store.quarantined()
+        assert len(warnings) == 1  # reported once, when it was moved
+    assert [(q["source"], q["name"]) for q in kept] == [("results", "k1")]
+    content = json.loads(kept[0]["content"])
+    assert content[column] == (value.hex() if isinstance(value, bytes) else value)
+    assert content["key"] == "k1" and content["study"] == "s"
+
+
+def test_get_of_a_damaged_row_quarantines_it(tmp_path):
+    path = tmp_path / "study.db"
+    real_store(path)
+    _damage(path, "config", "not json")
+    warnings: list[str] = []
+    with ResultStore(path, warn=warnings.append) as store:
+        assert store.get("k1") is None
+        assert store.get("k0") is not None
+        assert [r["key"] for r in store.records()] == ["k0", "k2"]
+    assert len(warnings) == 1
+    assert inspect_store(path) == "current"  # the quarantine table keeps the store a store
+
+
+def test_a_damaged_summary_is_quarantined(tmp_path):
+    path = tmp_path / "study.db"
+    warnings: list[str] = []
+    with ResultStore(path, warn=warnings.append) as store:
+        store.put_summary("s", "jax/native", "cpu", {"a": 1})
+        store.put_summary("t", "jax/native", "cpu", {"b": 2})
+    connection = sqlite3.connect(path)
+    connection.execute("UPDATE summaries SET payload = '{' WHERE study = 's'")
+    connection.commit()
+    connection.close()
+    with ResultStore(path, warn=warnings.append) as store:
+        assert store.summaries() == [{"b": 2}]
+        assert store.quarantined()[0]["name"] == "s/jax/native/cpu"
+    assert len(warnings) == 1 and "summary s/jax/native/cpu" in warnings[0]
+
+
+@pytest.mark.slow
+def test_a_study_retrains_a_damaged_run_and_reuses_the_rest(tmp_path, cli):
+    out = tmp_path / "out"
+    args = ("study", "--dataset", "digits", "--model", "seed_mlp", "--engine", "native",
+            "--optimizers", "sgd", "--batch-sizes", "64,128", "--seeds", "1",
+            "--lr-grid-size", "1", "--noise-points", "0", "--step-time-repeats", "0",
+            "--frontier-epochs", "0", "--max-steps", "40", "--no-progress", "--out", str(out))
+    first = cli(*args)
+    assert first.returncode == 0, first.stderr
+    connection = sqlite3.connect(out / "study.db")
+    keys = [row[0] for row in connection.execute(
+        "SELECT key FROM results WHERE kind = 'run' ORDER BY key")]
+    connection.execute("UPDATE results SET result = '{\"reached\": tr' WHERE key = ?", (keys[0],))
+    connection.commit()
+    connection.close()
+    second = cli(*args)
+    assert second.returncode == 0, second.stderr
+    warnings = [line for line in second.stderr.splitlines() if "kbackend: warning:" in line]
+    assert len(warnings) == 1 and keys[0][:16] in warnings[0] and "quarantine" in warnings[0]
+    assert f"1 runs trained, {len(keys) - 1} reused" in second.stdout
+    with ResultStore(out / "study.db") as store:
+        assert [q["name"] for q in store.quarantined()] == [keys[0]]
+        assert store.get(keys[0]) is not None

@@ -228,7 +228,7 @@ def test_added_seeds_stop_at_the_seed_budget(tmp_path, monkeypatch):
     (["--accuracy-margin", "1.5"], "Invalid accuracy_margin 1.5"),
     (["--seeds", "4", "--max-seeds", "3"], "Invalid --max-seeds 3: expected at least --seeds (4)"),
     (["--seed-budget", "-1"], "Invalid seed_budget -1.0"),
-    (["--frontier-epochs", "-1"], "Invalid frontier_epochs -1"),
+    (["--frontier-epochs", "-1"], "Invalid --frontier-epochs (frontier_epochs) -1"),
 ])
 def test_bad_verdict_flags_are_one_line_errors_before_any_work(tmp_path, capsys, flags, message):
     assert main(["study", "--out", str(tmp_path), "--no-progress", *flags]) == 2

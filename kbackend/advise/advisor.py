@@ -107,7 +107,8 @@ def _source_flags(model: str, dataset: str, label: str | None, unsafe: bool) -> 
 
 def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool = False,
            budget_s: float = 100.0, log: Callable[[str], None] = print,
-           label: str | None = None, unsafe_deserialization: bool = False) -> Advice:
+           label: str | None = None, unsafe_deserialization: bool = False,
+           image_size: tuple[int, int] | None = None) -> Advice:
     """Run the probe within about ``budget_s`` seconds (measurements left over are skipped and
     listed). Configurations are compiled once and timed round-robin (``FitProbe``), so a change
     of machine load hits all of them alike.
@@ -118,7 +119,7 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
     one inferred from the labels); the data format, a built-in model's option, is not compared
     for it."""
     config = TrainConfig(model=model, dataset=dataset, label=label, data_dir=data_dir,
-                         unsafe_deserialization=unsafe_deserialization)
+                         unsafe_deserialization=unsafe_deserialization, image_size=image_size)
     if is_builtin(config):
         work = probe.workload(model, dataset, data_dir=data_dir, samples=8192)
     else:

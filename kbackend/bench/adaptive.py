@@ -58,6 +58,7 @@ from kbackend.data import batching
 from kbackend.engines.loop import EpochRunner
 from kbackend.engines.native import Runs, model_values
 from kbackend.errors import KBackendError
+from kbackend.escaping import plot_text
 from kbackend.io import atomic_write
 from kbackend.models import ModelOptions, build_model
 from kbackend.optim import OptimizerSpec
@@ -406,8 +407,8 @@ def measure_adaptive(settings: Settings) -> Rows:
         rows += compared
         folder = settings.out
         path = Path(folder or ".") / f"bench_adaptive_{active_backend()}.png"
-        title = (f"{opts['model']} on {opts['dataset']} ({active_backend()}): adaptive batch "
-                 "size")
+        title = (f"{plot_text(opts['model'])} on {plot_text(opts['dataset'])} "
+                 f"({active_backend()}): adaptive batch size")
         try:
             if folder is not None and plot(compared, title, path):
                 plot_path = str(path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from kbackend.bench import (
     adaptive,
     cache,
+    data_memory,
     engines,
     hardware,
     parallel,
@@ -20,7 +21,7 @@ from kbackend.bench.spec import Benchmark
 
 BENCHMARKS: dict[str, Benchmark] = {
     bench.name: bench
-    for module in (hardware, engines, cache, parallel, population, reproduce, scale_out,
-                   study_ray, time_to_target, unroll, user_model, adaptive)
+    for module in (hardware, engines, cache, data_memory, parallel, population, reproduce,
+                   scale_out, study_ray, time_to_target, unroll, user_model, adaptive)
     for bench in module.BENCHMARKS
 }

@@ -36,6 +36,7 @@ from kbackend.bench.spec import Benchmark, Rows, Settings
 from kbackend.data import load
 from kbackend.errors import DataError
 from kbackend.history import History
+from kbackend.model_sources import load_keras_file
 from kbackend.reports import markdown_table
 
 CONFIGS = ("1 process", "2 processes", "2 devices")
@@ -69,9 +70,7 @@ def _command(config: str, dataset: str, fused: int,
 
 
 def _weights(path: Path) -> list[np.ndarray]:
-    import keras  # deferred: the worker's backend is chosen before Keras is imported
-
-    return keras.saving.load_model(path, compile=False).get_weights()
+    return load_keras_file(path).get_weights()
 
 
 def _run(config: str, dataset: str, fused: int, folder: Path) -> dict[str, Any]:

@@ -54,6 +54,18 @@ class OneLineErrorParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def add_import_flag(parser: Any) -> None:
+    """``--import MODULE`` (repeatable), on every command that loads a model: the modules (names
+    or ``FILE.py``) that register a model file's own classes; ``kbackend.cli`` imports them and
+    hands them to every process the command starts (``model_sources.register_imports``)."""
+    parser.add_argument(
+        "--import", dest="imports", action="append", default=[], metavar="MODULE",
+        help="import MODULE (a module name, or FILE.py) before loading a model, here and in "
+             "every process this command starts: the module that registers a .keras file's "
+             "own layers, losses or metrics (@keras.saving.register_keras_serializable); "
+             "repeatable")
+
+
 def bounded_int(text: str) -> int:
     """``int(text)`` within +-``MAX_INT_FLAG``; argparse says "invalid int value" otherwise."""
     value = int(text)

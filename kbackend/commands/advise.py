@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
           flush=True)
     advice = advise(args.model, dataset, data_dir=args.data_dir, quick=args.quick, budget_s=budget,
                     log=lambda line: print(line, file=sys.stderr, flush=True), label=args.label,
-                    unsafe_deserialization=args.unsafe_deserialization)
+                    image_size=args.image_size, unsafe_deserialization=args.unsafe_deserialization)
     print(format_advice(advice))
     if args.json:
         atomic_write_json(args.json, advice.to_dict())

@@ -17,6 +17,7 @@ from kbackend.cache import (
     parse_grid_text,
 )
 from kbackend.cache.sqlite_store import SQLiteStore
+from kbackend.commands import add_import_flag
 from kbackend.commands.predict import add_cache_arguments, load_array
 from kbackend.errors import ConfigError
 from kbackend.io import check_distinct_paths, strict_json_text
@@ -43,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     warm.add_argument("--max-rows", type=int, default=1_000_000,
                       help="refuse larger grids (default 1e6)")
     warm.add_argument("--chunk", type=int, default=1024, help="rows per lookup")
+    add_import_flag(warm)
     warm.set_defaults(func=run_warm)
 
     stats = actions.add_parser("stats", parents=parents, help="entries, hits and misses per model")

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from kbackend.commands import add_import_flag
 from kbackend.config import MAX_TIMEOUT_S
 from kbackend.data.user import Where, _npy_header, npy_data_bytes  # header-first checks
 from kbackend.equivalence import (
@@ -78,6 +79,7 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                         help="seconds a worker may take per request before it is killed")
     parser.add_argument("--failures-only", action="store_true", help="print only failing rows")
     parser.add_argument("--json", default=None, metavar="OUT.json", help="also write the report")
+    add_import_flag(parser)
     parser.set_defaults(func=run, needs_backend=False)
 
 

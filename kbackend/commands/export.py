@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from kbackend.commands import add_import_flag
 from kbackend.commands.predict import load_array
 from kbackend.io import check_distinct_paths, check_output_folder, strict_json_text
 from kbackend.serving.export import DEFAULT_ATOL, FORMATS, check_export_options, export_model
@@ -24,6 +25,7 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     parser.add_argument("--atol", type=float, default=DEFAULT_ATOL,
                         help=f"largest absolute difference allowed (default {DEFAULT_ATOL:g})")
     parser.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    add_import_flag(parser)
     parser.set_defaults(func=run)
 
 

@@ -38,7 +38,12 @@ from kbackend import data as data_module
 from kbackend import distributed
 from kbackend.backend_choice import selected_backend
 from kbackend.backends.cluster import free_ports, worker_environments
-from kbackend.commands import LAUNCHER_PID_ENV, OneLineErrorParser, bound_integer_flags
+from kbackend.commands import (
+    LAUNCHER_PID_ENV,
+    OneLineErrorParser,
+    add_import_flag,
+    bound_integer_flags,
+)
 from kbackend.commands import train as train_command
 from kbackend.config import TrainConfig
 from kbackend.data import DATASETS
@@ -73,6 +78,7 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                         help="allow more processes than this machine's CPUs")
     parser.add_argument("train_args", nargs=argparse.REMAINDER, metavar="-- TRAIN_ARGS",
                         help="arguments of kbackend train, after --")
+    add_import_flag(parser)
     parser.set_defaults(func=run)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from kbackend.cache import PredictionCache, Rounding, check_cacheable, check_store, open_store
+from kbackend.commands import add_import_flag
 from kbackend.errors import DataError
 from kbackend.io import atomic_write, check_distinct_paths, check_output_path, read_array
 from kbackend.serving.model import (
@@ -41,6 +42,7 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     parser.add_argument("--out", required=True, metavar="Y.npy",
                         help="where to write the predictions")
     add_cache_arguments(parser)
+    add_import_flag(parser)
     parser.set_defaults(func=run)
 
 

@@ -15,6 +15,7 @@ from kbackend.cache import (
     model_fingerprint,
     open_store,
 )
+from kbackend.commands import add_import_flag
 from kbackend.commands.predict import add_cache_arguments
 from kbackend.errors import DataError
 from kbackend.serving.model import BatchPredictor, check_model_file, input_shape, load_model
@@ -36,6 +37,7 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                              "(default 2 ms)")
     parser.add_argument("--max-request-rows", type=int, default=4096,
                         help="most rows in one request")
+    add_import_flag(parser)
     parser.set_defaults(func=run)
 
 

@@ -274,7 +274,8 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
         raise ConfigError(f"Invalid --noise-batches {args.noise_batches}: expected SMALL,BIG.")
     return StudyConfig(
         model=args.model, dataset=args.data or args.dataset, data_dir=args.data_dir,
-        label=args.label, unsafe_deserialization=args.unsafe_deserialization,
+        label=args.label, image_size=args.image_size,
+        unsafe_deserialization=args.unsafe_deserialization,
         optimizers=args.optimizers, batch_sizes=args.batch_sizes, lr_scaling=args.lr_scaling,
         max_batch_size=args.max_batch_size, learning_rates=learning_rates,
         lr_grid_size=args.lr_grid_size, lr_factor=args.lr_factor, target=target,

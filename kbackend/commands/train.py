@@ -10,12 +10,13 @@ from typing import Any
 
 from kbackend.adaptive import LR_SCALINGS, AutoBatchSize, parse_batch_size
 from kbackend.backend_choice import active_backend
-from kbackend.commands import OneLineErrorParser
+from kbackend.commands import OneLineErrorParser, add_import_flag
 from kbackend.config import MONITORS, Target, TrainConfig, check_metrics
 from kbackend.data import DATASETS
+from kbackend.data.user import MAX_IMAGE_PIXELS, parse_image_size
 from kbackend.distributed import engine_name, is_chief, prepare
 from kbackend.engines import engine_names
-from kbackend.errors import ConfigError, KBackendError
+from kbackend.errors import ConfigError, DataError, KBackendError
 from kbackend.hardware.monitor import format_summary
 from kbackend.io import check_distinct_paths, check_output_path
 from kbackend.model_sources import parse_model_source
@@ -33,6 +34,13 @@ def _widths(text: str) -> tuple[int, ...]:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated integers, got {text!r}") from None
+
+
+def _image_size(text: str) -> tuple[int, int]:
+    try:
+        return parse_image_size(text)
+    except DataError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _batch_size(text: str) -> int | AutoBatchSize:
@@ -65,12 +73,17 @@ def add_source_arguments(data: Any, model: Any, *, dataset: str, model_default: 
                            "FILE.py:FUNCTION (docs/your-model.md)")
     data.add_argument("--label", default=None, metavar="COLUMN",
                       help="--data PATH.csv: the label column")
+    data.add_argument("--image-size", default=None, type=_image_size, metavar="HxW",
+                      help="--data FOLDER of images: read every image at this size (default: "
+                           "the first image's; needed for images over "
+                           f"{MAX_IMAGE_PIXELS:,} pixels)")
     data.add_argument("--data-dir", default=None, help="folder with MNIST / Fashion-MNIST files")
     model.add_argument("--model", default=model_default, metavar="MODEL",
                        help=f"a built-in model ({', '.join(sorted(MODELS))}{model_help}), your "
                             "PATH.keras, or a builder FILE.py:FUNCTION / package.module:FUNCTION")
     model.add_argument("--unsafe-deserialization", action="store_true",
                        help="--model PATH.keras: load Lambda layers (their code runs)")
+    add_import_flag(model)
 
 
 def add_training_arguments(parser: argparse.ArgumentParser) -> None:
@@ -181,6 +194,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     target_metric = args.target_metric or default_metric or "val_loss"
     config = TrainConfig(
         model=args.model, dataset=args.data or args.dataset, label=args.label,
+        image_size=args.image_size,
         unsafe_deserialization=args.unsafe_deserialization, from_weights=args.from_weights,
         optimizer=spec, batch_size=args.batch_size, lr_scaling=args.lr_scaling or "sqrt",
         epochs=args.epochs, engine=resolve_engine(args.engine)[0], jit_compile=args.jit_compile,

@@ -35,6 +35,7 @@ DATASETS: dict[str, tuple[Callable[..., RawData], bool]] = {
 }
 
 __all__ = ["DATASETS", "Dataset", "DatasetInfo", "check_batch_size", "from_arrays", "load",
+           "take_rows",
            "validate_dataset", "validate_split"]
 
 
@@ -120,6 +121,26 @@ def _arrange(x: np.ndarray, kind: str, layout: str, data_format: str, name: str)
     return x
 
 
+# Rows moved per step by ``take_rows``: the only temporary it makes.
+_TAKE_CHUNK_BYTES = 4 * 2**20
+
+
+def take_rows(x: np.ndarray, rows: np.ndarray, *, in_place: bool) -> np.ndarray:
+    """``x[rows]`` for sorted, distinct ``rows``. ``in_place``: moved to the front of ``x``
+    itself (the caller's array is overwritten) and returned as a view, chunk by chunk, so a split
+    costs no second copy of the data (``x[rows]`` would hold both until ``x`` is dropped).
+
+    Safe because ``rows[i] >= i`` for sorted distinct rows: a row is read before any write
+    reaches its position, and each chunk is copied out before it is written."""
+    if not in_place or not x.flags.writeable or not x.flags.c_contiguous:
+        return x[rows]
+    step = max(1, _TAKE_CHUNK_BYTES // max(1, x[:1].nbytes))
+    for start in range(0, len(rows), step):
+        chunk = rows[start:start + step]
+        x[start:start + len(chunk)] = x[chunk]
+    return x[:len(rows)]
+
+
 def _validation_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     if not 0.0 < fraction < 1.0:
         raise DataError(f"Invalid validation fraction {fraction!r}: expected a value in [0, 1) "
@@ -148,6 +169,7 @@ def from_arrays(
     sparse_labels: bool = True,
     x_val: np.ndarray | None = None,
     y_val: np.ndarray | None = None,
+    owned: bool = False,
 ) -> Dataset:
     """Build a validated ``Dataset`` from user arrays; the validation split is held out of train.
 
@@ -155,7 +177,8 @@ def from_arrays(
     for validation (``info.val_is_test``), as papers that report test curves do. Nothing may then
     select on it (``TrainConfig`` refuses early stopping and targets). ``x_val``/``y_val``: the
     user's own validation split (then nothing is held out of train). ``sparse_labels`` False:
-    float targets (``validate_split``), kept in their shape.
+    float targets (``validate_split``), kept in their shape. ``owned``: ``x_train`` may be
+    overwritten (read from a file): the validation split is taken out in place (``take_rows``).
     """
     if (x_val is None) != (y_val is None):
         raise DataError("x_val and y_val come together: pass both (the validation split) or "
@@ -166,7 +189,8 @@ def from_arrays(
     for split, (x, y) in given.items():
         validate_split(np.asarray(x), np.asarray(y), num_classes, split, sparse_labels)
     label_dtype = np.int32 if sparse_labels else np.float32
-    x_train = np.asarray(x_train, dtype=np.float32)
+    converted = np.asarray(x_train, dtype=np.float32)
+    owned, x_train = owned or converted is not x_train, converted  # a converted copy is ours
     y_train = np.asarray(y_train).astype(label_dtype)
     x_test = np.asarray(x_test, dtype=np.float32)
     y_test = np.asarray(y_test).astype(label_dtype)
@@ -177,8 +201,9 @@ def from_arrays(
         x_val, y_val = x_test, y_test
     else:
         train_idx, val_idx = _validation_indices(len(x_train), validation_fraction, seed)
-        x_train, y_train, x_val, y_val = (x_train[train_idx], y_train[train_idx],
-                                          x_train[val_idx], y_train[val_idx])
+        x_val, y_val = x_train[val_idx], y_train[val_idx]  # copied out first
+        x_train = take_rows(x_train, train_idx, in_place=owned)
+        y_train = y_train[train_idx]
     dataset = Dataset(
         x_train, y_train, x_val, y_val, x_test, y_test,
         DatasetInfo(name, tuple(int(d) for d in x_train.shape[1:]), int(num_classes), source,

@@ -46,13 +46,13 @@ import re
 import sys
 import textwrap
 import traceback
+import warnings
 import zipfile
 import zlib
-from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import psutil
@@ -76,6 +76,17 @@ IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")  # what Keras's ima
 TEXT_EXTENSIONS = (".txt",)
 MEMORY_FRACTION = 0.5
 READ_BATCH = 256
+# An .npz member is read in chunks of this many bytes into its preallocated array.
+NPZ_CHUNK_BYTES = 4 * 2**20
+# Peak memory of loading arrays over what they hold, budgeted by the size check: the chunks
+# and the validation rows copied out (10%), the finite check's mask (a quarter of float32).
+NPZ_PEAK_FACTOR = 1.5
+# The most pixels an image of a folder may have (a 4096x4096 image) unless ``image_size``
+# (``--image-size HxW``) names the size to read every image at: a larger one costs seconds and
+# hundreds of megabytes to decode, and its size would become every image's.
+MAX_IMAGE_PIXELS = 4096 * 4096
+# PIL modes (and, without PIL, PNG colour types / JPEG components) read as one channel.
+_GRAY_MODES = ("1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "F")
 _READ_ERRORS = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error)
 
 
@@ -90,6 +101,9 @@ class UserData:
     kind: str  # one of KINDS
     class_names: tuple[str, ...] | None = None  # class folders, string labels, TFDS class labels
     notes: tuple[str, ...] = ()  # lines to print (what was done to the data on the way)
+    # The arrays were made here (read from a file), referenced by nothing else: the caller may
+    # take its splits out of them in place (``kbackend.data.take_rows``) instead of copying.
+    owned: bool = False
 
 
 def default_max_bytes() -> int:
@@ -187,7 +201,8 @@ def _dtype_words(dtype: np.dtype) -> str:
 
 
 def _finish(where: Where, *, name: str, source: str, kind: str, splits: dict[str, Any],
-            class_names: tuple[str, ...] | None = None, notes: tuple[str, ...] = ()) -> UserData:
+            class_names: tuple[str, ...] | None = None, notes: tuple[str, ...] = (),
+            owned: bool = False) -> UserData:
     """Every split checked, string labels mapped to class indices, as a ``UserData``."""
     if "train" not in splits:
         raise where.error(f"no training split. Received splits: {sorted(splits)}.")
@@ -206,7 +221,7 @@ def _finish(where: Where, *, name: str, source: str, kind: str, splits: dict[str
     if string_labels:
         checked, class_names = _encode_labels(where, checked)
     return UserData(name=name, source=source, splits=checked, kind=kind,
-                    class_names=class_names, notes=tuple(notes))
+                    class_names=class_names, notes=tuple(notes), owned=owned)
 
 
 def _label_text(values: np.ndarray) -> np.ndarray:
@@ -238,13 +253,21 @@ def npy_data_bytes(where: Where, handle: Any, stored: int, name: str) -> int:
     """The data bytes the ``.npy`` header at ``handle`` declares, read header-first (no data):
     a one-line error for an unreadable header, object arrays (loading would unpickle) or a
     declared size that disagrees with the ``stored`` bytes (a cut or altered file)."""
+    shape, _, dtype = _npy_header_fields(where, handle, stored, name)
+    return math.prod(shape) * dtype.itemsize
+
+
+def _npy_header_fields(where: Where, handle: Any, stored: int, name: str
+                       ) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, Fortran order, dtype) of the ``.npy`` header at ``handle``, checked as
+    ``npy_data_bytes`` says; ``handle`` is left at the first data byte."""
     fmt = np.lib.format
     try:
         version = fmt.read_magic(handle)
         if version == (1, 0):
-            shape, _, dtype = fmt.read_array_header_1_0(handle)
+            shape, fortran, dtype = fmt.read_array_header_1_0(handle)
         elif version == (2, 0):
-            shape, _, dtype = fmt.read_array_header_2_0(handle)
+            shape, fortran, dtype = fmt.read_array_header_2_0(handle)
         else:
             raise ValueError(f".npy format version {version[0]}.{version[1]} is not read here")
     except ValueError as error:
@@ -259,13 +282,61 @@ def npy_data_bytes(where: Where, handle: Any, stored: int, name: str) -> int:
         raise where.error(
             f"{name} declares shape {shape} of {dtype} ({nbytes:,} bytes) in its header, but "
             f"holds {stored - header_end:,} bytes of data: a cut or altered file.")
-    return nbytes
+    return shape, fortran, dtype
 
 
 def _npy_header(where: Where, archive: zipfile.ZipFile, info: zipfile.ZipInfo, key: str) -> int:
     """The size in bytes ``key``'s .npy header declares, checked against its zip entry."""
+    shape, dtype = _npy_shape(where, archive, info, key)
+    return math.prod(shape) * dtype.itemsize
+
+
+def _npy_shape(where: Where, archive: zipfile.ZipFile, info: zipfile.ZipInfo, key: str
+               ) -> tuple[tuple[int, ...], np.dtype]:
+    """The (shape, dtype) ``key``'s .npy header declares, checked against its zip entry."""
     with archive.open(info) as handle:
-        return npy_data_bytes(where, handle, info.file_size, f"array {key!r}")
+        shape, _, dtype = _npy_header_fields(where, handle, info.file_size, f"array {key!r}")
+    return shape, dtype
+
+
+def _held_dtype(key: str, dtype: np.dtype) -> np.dtype:
+    """The dtype ``key`` is held in: numeric inputs as float32 (what training takes, converted
+    while reading), anything else as stored (labels, and inputs the checks will refuse)."""
+    return np.dtype(np.float32) if key.startswith("x") and dtype.kind in "biuf" else dtype
+
+
+def _read_member(where: Where, archive: zipfile.ZipFile, info: zipfile.ZipInfo, key: str,
+                 split: str) -> np.ndarray:
+    """The array ``key`` read chunk by chunk into one preallocated array of its held dtype:
+    a float64 input never exists in memory at full size beside its float32 copy."""
+    with archive.open(info) as handle:
+        shape, fortran, dtype = _npy_header_fields(where, handle, info.file_size,
+                                                   f"array {key!r}")
+        held = _held_dtype(key, dtype)
+        out = np.empty(math.prod(shape), dtype=held)
+        per_chunk = max(1, NPZ_CHUNK_BYTES // max(1, dtype.itemsize))
+        for start in range(0, out.size, per_chunk):
+            count = min(per_chunk, out.size - start)
+            data = handle.read(count * dtype.itemsize)
+            if len(data) != count * dtype.itemsize:
+                raise where.error(f"array {key!r} ends early: a cut or altered file.")
+            values = np.frombuffer(data, dtype=dtype)
+            if held != dtype and dtype.kind == "f" and dtype.itemsize > 4:
+                _check_float32_range(where, values, split)
+            out[start:start + count] = values
+    return out.reshape(shape, order="F" if fortran else "C")
+
+
+def _check_float32_range(where: Where, values: np.ndarray, split: str) -> None:
+    """A one-line error for a finite value float32 cannot hold (it would become inf). Reduces
+    without temporaries; a chunk with an inf or NaN is left to the non-finite check."""
+    if not values.size:
+        return
+    high, low = np.fmax.reduce(values), np.fmin.reduce(values)  # NaN-ignoring, no copies
+    largest = max(abs(float(high)), abs(float(low)))
+    if math.isfinite(largest) and largest > float(np.finfo(np.float32).max):
+        raise where.error(f"inputs beyond float32's range in the {split} split (largest "
+                          f"magnitude {largest:.3g}): kbackend trains in float32; rescale them.")
 
 
 def _npz_keys(where: Where, present: list[str]) -> list[tuple[str, str, str]]:
@@ -294,11 +365,17 @@ def _load_npz(where: Where, path: Path, max_bytes: int) -> dict[str, tuple]:
             members = {info.filename.removesuffix(".npy"): info for info in archive.infolist()
                        if not info.is_dir()}
             pairs = _npz_keys(where, list(members))
-            total = sum(_npy_header(where, archive, members[key], key)
-                        for _, *keys in pairs for key in keys)
-        _check_limit(where, total, max_bytes, "its arrays")
-        with np.load(path, allow_pickle=False) as loaded:
-            return {split: (loaded[x_key], loaded[y_key]) for split, x_key, y_key in pairs}
+            headers = {key: _npy_shape(where, archive, members[key], key)
+                       for _, *keys in pairs for key in keys}
+            # What loading holds (inputs as float32), and what the split into train and
+            # validation may add on top (``NPZ_PEAK_FACTOR``): refused before any array is read.
+            held = sum(math.prod(shape) * _held_dtype(key, dtype).itemsize
+                       for key, (shape, dtype) in headers.items())
+            _check_limit(where, int(held * NPZ_PEAK_FACTOR), max_bytes,
+                         "its arrays (inputs as float32, with room to split them)")
+            return {split: (_read_member(where, archive, members[x_key], x_key, split),
+                            _read_member(where, archive, members[y_key], y_key, split))
+                    for split, x_key, y_key in pairs}
     except _READ_ERRORS as error:
         if isinstance(error, DataError):
             raise
@@ -315,44 +392,108 @@ def _csv_dialect(sample: str) -> type[csv.Dialect] | csv.Dialect:
         return csv.excel
 
 
-def _csv_labels(cells: list[str]) -> np.ndarray:
-    """The label column as int (all whole numbers), float (other numbers) or str (class names)."""
-    try:
-        numbers = np.array([float(cell) for cell in cells], dtype=np.float64)
-    except ValueError:
-        return np.array(cells, dtype=str)
-    finite = np.isfinite(numbers)
-    if finite.all() and np.array_equal(numbers, np.round(numbers)):
-        small = np.abs(numbers).max() < 2**31
-        return numbers.astype(np.int32 if small else np.int64)
-    return numbers.astype(np.float32)
+# A label column keeps the id of each distinct text while it has at most this many (enough for
+# any class names); past it, only numbers are kept (a regression target).
+MAX_LABEL_TEXTS = 65_536
+
+
+class _LabelColumn:
+    """A CSV's label cells, parsed into preallocated arrays as they are read: each as a number
+    and, while there are at most ``MAX_LABEL_TEXTS`` distinct texts, as the id of its text (so
+    class names need no list of every cell)."""
+
+    def __init__(self, rows: int) -> None:
+        self.numbers = np.empty(rows, dtype=np.float64)
+        self.ids: np.ndarray | None = np.empty(rows, dtype=np.int32)
+        self.texts: dict[str, int] | None = {}
+        self.numeric = True
+
+    def add(self, row: int, cell: str) -> bool:
+        """Store ``cell`` at ``row``; False if it cannot be kept (text past the id limit)."""
+        try:
+            self.numbers[row] = float(cell)
+        except ValueError:
+            self.numeric = False
+        if self.texts is not None and self.ids is not None:
+            self.ids[row] = self.texts.setdefault(cell, len(self.texts))
+            if len(self.texts) > MAX_LABEL_TEXTS and self.numeric:
+                self.texts = self.ids = None  # a numeric target: its numbers are enough
+        return self.numeric or self.texts is not None
+
+    def array(self, rows: int) -> np.ndarray:
+        """The column as int (all whole numbers), float (other numbers) or str (class names)."""
+        if not self.numeric:
+            assert self.texts is not None and self.ids is not None
+            return np.array(list(self.texts), dtype=str)[self.ids[:rows]]
+        numbers = self.numbers[:rows]
+        if np.isfinite(numbers).all() and np.array_equal(numbers, np.round(numbers)):
+            small = np.abs(numbers).max() < 2**31
+            return numbers.astype(np.int32 if small else np.int64)
+        return numbers.astype(np.float32)
+
+
+def _count_lines(path: Path) -> int:
+    """An upper bound on a text file's rows: its newlines + 1 (read in 1 MiB blocks)."""
+    count = 1
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(2**20), b""):
+            count += block.count(b"\n")
+    return count
+
+
+def _csv_columns(where: Where, reader: Any, label: str | None) -> tuple[list[str], int, list[int]]:
+    """(header, label column, feature columns) from the header row, checked."""
+    header = [column.strip() for column in next(reader, [])]
+    if not any(header):
+        raise where.error("the file is empty: expected a header row of column names.")
+    duplicates = sorted({column for column in header if header.count(column) > 1})
+    if duplicates:
+        raise where.error(f"column names repeat in the header: {duplicates}.")
+    if label is None:
+        raise where.error(f"a CSV source needs its label column named (label=COLUMN, "
+                          f"--label COLUMN). Columns: {header}.")
+    if label not in header:
+        raise where.error(f"label column {label!r} is not among the columns: {header}.")
+    label_index = header.index(label)
+    features = [i for i in range(len(header)) if i != label_index]
+    if not features:
+        raise where.error(f"no feature columns besides the label column {label!r}.")
+    return header, label_index, features
+
+
+def _bad_feature(where: Where, header: list[str], row: list[str], features: list[int],
+                 line: int) -> DataError:
+    """The one-line error for the first feature cell of ``row`` that is not a number."""
+    for i in features:
+        try:
+            float(row[i])
+        except ValueError:
+            cell = row[i].strip()
+            if not cell:
+                return where.error(f"missing value in feature column {header[i]!r} at line "
+                                   f"{line}: fill or drop it.")
+            return where.error(f"non-numeric feature column {header[i]!r} (value {cell[:40]!r} "
+                               f"at line {line}): features must be numbers; encode it or drop "
+                               "the column.")
+    return where.error(f"line {line} could not be read as numbers.")
 
 
 def _load_csv(where: Where, path: Path, label: str | None, max_bytes: int
               ) -> tuple[np.ndarray, np.ndarray]:
-    # Numbers of at least one digit and a separator become 4-byte floats: at most 2x the file.
-    _check_limit(where, 2 * path.stat().st_size, max_bytes, "its values")
+    """Features as float32 (N, F) and the label column, parsed straight into arrays sized from
+    the file's line count (checked against ``max_bytes`` before they are made)."""
     try:
         with open(path, newline="", encoding="utf-8-sig") as handle:
             dialect = _csv_dialect(handle.read(64 * 1024))
             handle.seek(0)
             reader = csv.reader(handle, dialect)
-            header = [column.strip() for column in next(reader, [])]
-            if not any(header):
-                raise where.error("the file is empty: expected a header row of column names.")
-            duplicates = sorted({column for column in header if header.count(column) > 1})
-            if duplicates:
-                raise where.error(f"column names repeat in the header: {duplicates}.")
-            if label is None:
-                raise where.error(f"a CSV source needs its label column named (label=COLUMN, "
-                                  f"--label COLUMN). Columns: {header}.")
-            if label not in header:
-                raise where.error(f"label column {label!r} is not among the columns: {header}.")
-            label_index = header.index(label)
-            features = [i for i in range(len(header)) if i != label_index]
-            if not features:
-                raise where.error(f"no feature columns besides the label column {label!r}.")
-            values, labels = array("f"), []
+            header, label_index, features = _csv_columns(where, reader, label)
+            lines = _count_lines(path)
+            # float32 features, the label as a float64 number and an int32 text id
+            _check_limit(where, lines * (4 * len(features) + 12), max_bytes, "its values")
+            x = np.empty((lines, len(features)), dtype=np.float32)
+            labels = _LabelColumn(lines)
+            rows = 0
             for row in reader:
                 if not any(cell.strip() for cell in row):
                     continue  # a blank line
@@ -360,28 +501,25 @@ def _load_csv(where: Where, path: Path, label: str | None, max_bytes: int
                 if len(row) != len(header):
                     raise where.error(f"line {line} has {len(row)} values but the header has "
                                       f"{len(header)} columns.")
-                for i in features:
-                    try:
-                        values.append(float(row[i]))
-                    except ValueError:
-                        cell = row[i].strip()
-                        if not cell:
-                            raise where.error(f"missing value in feature column {header[i]!r} "
-                                              f"at line {line}: fill or drop it.") from None
-                        raise where.error(
-                            f"non-numeric feature column {header[i]!r} (value {cell[:40]!r} at "
-                            f"line {line}): features must be numbers; encode it or drop the "
-                            "column.") from None
+                try:
+                    with np.errstate(over="ignore"):  # past float32: inf, refused as non-finite
+                        x[rows] = [float(row[i]) for i in features]
+                except ValueError:
+                    raise _bad_feature(where, header, row, features, line) from None
                 cell = row[label_index].strip()
                 if not cell:
                     raise where.error(f"missing label in column {label!r} at line {line}.")
-                labels.append(cell)
+                if not labels.add(rows, cell):
+                    raise where.error(f"label column {label!r} mixes numbers and text (value "
+                                      f"{cell[:40]!r} at line {line}) among more than "
+                                      f"{MAX_LABEL_TEXTS:,} distinct values: use numbers or "
+                                      "class names throughout.")
+                rows += 1
     except (OSError, UnicodeDecodeError, csv.Error) as error:
         raise where.error(f"not a readable CSV file ({_reason(error)}).") from None
-    if not labels:
+    if not rows:
         raise where.error("the file has a header but no data rows.")
-    x = np.frombuffer(values, dtype=np.float32).reshape(len(labels), len(features))
-    return x, _csv_labels(labels)
+    return x[:rows], labels.array(rows)
 
 
 # --- TensorFlow: folders, TFDS, tf.data ------------------------------------------------------
@@ -434,9 +572,47 @@ def _element_bytes(spec: Any) -> int | None:
     return math.prod(spec.shape) * spec.dtype.size
 
 
+class _Batches:
+    """Batches of ``(x, y)`` gathered into one pair of arrays: written into arrays allocated at
+    the first batch when the number of ``rows`` is known (no second copy at the end), else
+    kept and concatenated."""
+
+    def __init__(self, where: Where, split: str, rows: int | None) -> None:
+        self.where, self.split, self.rows = where, split, rows
+        self.xs: list[np.ndarray] = []
+        self.ys: list[np.ndarray] = []
+        self.filled = 0
+
+    def add(self, x: np.ndarray, y: np.ndarray) -> None:
+        if self.rows is None:
+            self.xs.append(x)
+            self.ys.append(y)
+            return
+        if not self.xs:
+            self.xs = [np.empty((self.rows, *x.shape[1:]), dtype=x.dtype)]
+            self.ys = [np.empty((self.rows, *y.shape[1:]), dtype=y.dtype)]
+        end = self.filled + len(x)
+        target_x, target_y = self.xs[0], self.ys[0]
+        if end > self.rows or x.shape[1:] != target_x.shape[1:] \
+                or y.shape[1:] != target_y.shape[1:]:  # not as announced: gather them instead
+            self.xs, self.ys = [target_x[:self.filled]], [target_y[:self.filled]]
+            self.rows = None
+            self.add(x, y)
+            return
+        target_x[self.filled:end], target_y[self.filled:end] = x, y
+        self.filled = end
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.rows is not None and self.xs:
+            return self.xs[0][:self.filled], self.ys[0][:self.filled]
+        return _concatenate(self.where, self.split, self.xs, self.ys)
+
+
 def _read_tf_dataset(where: Where, dataset: Any, split: str, max_bytes: int,
-                     batched: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """A finite ``tf.data.Dataset`` of ``(x, y)`` read into memory, at most ``max_bytes``."""
+                     batched: bool | None = None,
+                     rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """A finite ``tf.data.Dataset`` of ``(x, y)`` read into memory, at most ``max_bytes``;
+    ``rows``: how many samples it holds, if known (else its cardinality when unbatched)."""
     tf = _tensorflow()
     spec = dataset.element_spec
     if not (isinstance(spec, tuple) and len(spec) == 2
@@ -456,8 +632,9 @@ def _read_tf_dataset(where: Where, dataset: Any, split: str, max_bytes: int,
     if cardinality > 0 and len(known) == len(sizes):
         _check_limit(where, cardinality * sum(known), max_bytes, f"the {split} dataset")
     if not batched:
+        rows = rows if rows is not None else cardinality if cardinality > 0 else None
         dataset = dataset.batch(READ_BATCH)
-    xs, ys, total = [], [], 0
+    batches, total = _Batches(where, split, rows), 0
     try:
         for x, y in dataset.as_numpy_iterator():
             x, y = np.asarray(x), np.asarray(y)
@@ -466,13 +643,12 @@ def _read_tf_dataset(where: Where, dataset: Any, split: str, max_bytes: int,
                                   "values: batch it or give arrays.")
             total += x.nbytes + y.nbytes
             _check_limit(where, total, max_bytes, f"the {split} dataset (or it is infinite)")
-            xs.append(x)
-            ys.append(y)
+            batches.add(x, y)
     except (tf.errors.OpError, ValueError, TypeError) as error:
         if isinstance(error, DataError):
             raise
         raise where.error(f"reading the {split} dataset failed ({_reason(error)}).") from None
-    return _concatenate(where, split, xs, ys)
+    return batches.arrays()
 
 
 def _concatenate(where: Where, split: str, xs: list, ys: list) -> tuple[np.ndarray, np.ndarray]:
@@ -590,6 +766,116 @@ def _scan_folder(where: Where, folder: Path) -> tuple[list[Path], list[Path], in
     return sorted(images), texts, text_bytes
 
 
+def parse_image_size(text: str) -> tuple[int, int]:
+    """``"HxW"`` (or ``"H,W"``, or one number for a square) as (height, width); ``DataError``
+    otherwise."""
+    parts = re.split(r"[x,X]", str(text).strip())
+    if len(parts) == 1:
+        parts = parts * 2
+    if len(parts) != 2 or not all(part.strip().isdigit() and len(part.strip()) <= 6
+                                  for part in parts):
+        raise DataError(f"Invalid --image-size {str(text)[:40]!r}: expected HEIGHTxWIDTH in "
+                        "pixels, e.g. 64x64.")
+    height, width = (int(part) for part in parts)
+    check_image_size((height, width))
+    return height, width
+
+
+def check_image_size(size: Any) -> None:
+    """``DataError`` unless ``size`` is (height, width), each 1 .. 65535 pixels."""
+    if not (isinstance(size, tuple | list) and len(size) == 2 and all(
+            isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= 65535 for d in size)):
+        raise DataError(f"Invalid image size {size!r}: expected (height, width), each from 1 to "
+                        "65535 pixels.")
+
+
+def _png_header(head: bytes) -> tuple[int, int, bool] | None:
+    if head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR" or len(head) < 26:
+        return None
+    width, height = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+    return height, width, head[25] in (0, 4)  # colour types 0 and 4: gray (with alpha)
+
+
+def _jpeg_header(handle: BinaryIO) -> tuple[int, int, bool] | None:
+    """(height, width, gray) from a JPEG's start-of-frame segment, markers walked header-first."""
+    handle.seek(2)
+    while True:
+        marker = handle.read(4)
+        if len(marker) < 4 or marker[0] != 0xFF:
+            return None
+        kind, length = marker[1], int.from_bytes(marker[2:4], "big")
+        if 0xC0 <= kind <= 0xCF and kind not in (0xC4, 0xC8, 0xCC):
+            frame = handle.read(6)
+            if len(frame) < 6:
+                return None
+            height, width = int.from_bytes(frame[1:3], "big"), int.from_bytes(frame[3:5], "big")
+            return height, width, frame[5] == 1
+        if length < 2:
+            return None
+        handle.seek(length - 2, os.SEEK_CUR)
+
+
+def _header_without_pil(path: Path) -> tuple[int, int, bool] | None:
+    """(height, width, gray) from a PNG, JPEG, GIF or BMP header, None if unrecognized."""
+    with open(path, "rb") as handle:
+        head = handle.read(32)
+        if head[:2] == b"\xff\xd8":
+            return _jpeg_header(handle)
+    if head[:6] in (b"GIF87a", b"GIF89a") and len(head) >= 10:
+        return int.from_bytes(head[8:10], "little"), int.from_bytes(head[6:8], "little"), False
+    if head[:2] == b"BM" and len(head) >= 26:
+        width = int.from_bytes(head[18:22], "little", signed=True)
+        height = int.from_bytes(head[22:26], "little", signed=True)
+        return abs(height), abs(width), False
+    return _png_header(head)
+
+
+def image_header(path: Path) -> tuple[int, int, bool] | None:
+    """(height, width, grayscale) of the image at ``path``, read from its header without
+    decoding it (PIL's lazy open when PIL is installed, else the PNG, JPEG, GIF or BMP header
+    parsed here); None if the header cannot be read."""
+    try:
+        from PIL import Image  # deferred, optional: Pillow comes with matplotlib, not always
+    except ImportError:
+        return _header_without_pil(path)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # refused below
+            with Image.open(path) as image:  # reads the header only; decoding waits for .load()
+                width, height = image.size
+                return height, width, image.mode in _GRAY_MODES
+    except (OSError, ValueError, Image.DecompressionBombError):
+        # PIL refuses to open a huge image at all: its header still says how huge
+        return _header_without_pil(path)
+
+
+def _image_geometry(where: Where, images: list[Path], count: int, max_bytes: int,
+                    image_size: tuple[int, int] | None) -> tuple[int, int, int, str]:
+    """(height, width, channels, colour mode) every image is read at, from the headers alone:
+    each image's pixels within ``MAX_IMAGE_PIXELS`` unless ``image_size`` is given, and the
+    ``count`` images at that size within ``max_bytes``, all checked before any image is
+    decoded."""
+    first = None
+    for path in images:
+        header = image_header(path)
+        if header is None:
+            raise where.error(f"image {str(path)!r} has no readable PNG, JPEG, GIF or BMP "
+                              "header: remove it or convert it.")
+        height, width = header[0], header[1]
+        if image_size is None and height * width > MAX_IMAGE_PIXELS:
+            raise where.error(
+                f"image {str(path)!r} is {height}x{width} pixels, more than the "
+                f"{MAX_IMAGE_PIXELS:,} read unless --image-size HxW (image_size) names the size "
+                "to resize every image to, e.g. --image-size 224x224.")
+        first = first or header
+    assert first is not None  # a folder without images was refused by _scan_folder
+    height, width = image_size or (first[0], first[1])
+    channels, mode = (1, "grayscale") if first[2] else (3, "rgb")
+    _check_limit(where, count * height * width * channels * 4, max_bytes,
+                 f"{count:,} images of {height}x{width}x{channels} float32")
+    return height, width, channels, mode
+
+
 def _load_folder(where: Where, folder: Path, *, seed: int, max_bytes: int,
                  image_size: tuple[int, int] | None) -> tuple[str, dict, tuple, tuple]:
     """(kind, splits, class names, notes) of a folder of images or text files."""
@@ -599,6 +885,12 @@ def _load_folder(where: Where, folder: Path, *, seed: int, max_bytes: int,
     if len(kinds) > 1:
         raise where.error("its split folders hold different kinds of files (images in some, "
                           "text in others).")
+    if kinds == {"images"}:  # from the headers, before TensorFlow or any image is read
+        # the training folder's first image sets the size; every header is checked
+        images = scans["train"][0] + [p for split, (found, _, _) in scans.items()
+                                      if split != "train" for p in found]
+        height, width, _, mode = _image_geometry(where, images, len(images), max_bytes,
+                                                 image_size)
     keras = import_keras()
     tf = _tensorflow()
     options = {"labels": "inferred", "label_mode": "int", "batch_size": READ_BATCH,
@@ -606,13 +898,6 @@ def _load_folder(where: Where, folder: Path, *, seed: int, max_bytes: int,
     notes: list[str] = []
     try:
         if kinds == {"images"}:
-            first = tf.io.decode_image(tf.io.read_file(str(scans["train"][0][0])),
-                                       expand_animations=False).shape  # (H, W, C) as stored
-            height, width = image_size or (int(first[0]), int(first[1]))
-            channels, mode = (1, "grayscale") if first[2] in (1, 2) else (3, "rgb")
-            count = sum(len(images) for images, _, _ in scans.values())
-            _check_limit(where, count * height * width * channels * 4, max_bytes,
-                         f"{count:,} images of {height}x{width}x{channels} float32")
             datasets = {split: keras.utils.image_dataset_from_directory(
                 path, color_mode=mode, image_size=(height, width), interpolation="bilinear",
                 data_format="channels_last", **options) for split, path in split_folders.items()}
@@ -639,7 +924,9 @@ def _load_folder(where: Where, folder: Path, *, seed: int, max_bytes: int,
     if kind == "text":
         datasets, note = _vectorize_text(datasets)
         notes.append(note)
-    splits = {split: _read_tf_dataset(where, dataset, split, max_bytes, batched=True)
+    # each split's file count: its arrays are allocated once, at that size
+    splits = {split: _read_tf_dataset(where, dataset, split, max_bytes, batched=True,
+                                      rows=len(scans[split][0]) if kind == "images" else None)
               for split, dataset in datasets.items()}
     return kind, splits, class_names, tuple(notes)
 
@@ -897,7 +1184,7 @@ def load_source(source: str, *, label: str | None = None, seed: int = 0,
     if source.startswith(TFDS_PREFIX):
         splits, class_names, notes = _load_tfds(where, source[len(TFDS_PREFIX):], limit)
         return _finish(where, name=source, kind="tfds", splits=splits, class_names=class_names,
-                       notes=notes, source=source)
+                       notes=notes, source=source, owned=True)
     if function is not None:
         file_text, function_name = function
         splits = _load_function(where, file_text, function_name, limit)
@@ -910,7 +1197,7 @@ def load_source(source: str, *, label: str | None = None, seed: int = 0,
         kind, splits, class_names, notes = _load_folder(where, path, seed=seed, max_bytes=limit,
                                                         image_size=image_size)
         return _finish(where, name=path.resolve().name, kind=kind, splits=splits,
-                       class_names=class_names, notes=notes, source=source)
+                       class_names=class_names, notes=notes, source=source, owned=True)
     suffix = path.suffix.lower()
     if not is_file:
         builtin = "" if suffix or os.sep in source else (
@@ -918,10 +1205,11 @@ def load_source(source: str, *, label: str | None = None, seed: int = 0,
         raise where.error(f"no such file or folder.{builtin}")
     if suffix == ".npz":
         return _finish(where, name=path.name, kind="arrays", splits=_load_npz(where, path, limit),
-                       source=source)
+                       source=source, owned=True)
     if suffix == ".csv":
         x, y = _load_csv(where, path, label, limit)
-        return _finish(where, name=path.name, kind="csv", splits={"train": (x, y)}, source=source)
+        return _finish(where, name=path.name, kind="csv", splits={"train": (x, y)}, source=source,
+                       owned=True)
     if suffix == ".npy":
         raise where.error("a .npy file holds one array, not a dataset: save inputs and labels "
                           "together, numpy.savez(PATH.npz, x_train=x, y_train=y).")

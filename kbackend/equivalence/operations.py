@@ -28,7 +28,7 @@ from kbackend.engines import get_engine
 from kbackend.equivalence.compare import safe_mode
 from kbackend.equivalence.grammar import build_model
 from kbackend.io import atomic_write
-from kbackend.model_sources import parse_model_source
+from kbackend.model_sources import import_inherited, load_keras_file, parse_model_source
 from kbackend.optim import OptimizerSpec
 from kbackend.training import TrainConfig
 
@@ -40,8 +40,9 @@ def load_model(source: dict[str, Any]) -> Any:
     """The Keras model ``source`` describes (a builder's compiled as its builder compiles it)."""
     keras = import_keras()
     kind = source["kind"]
+    import_inherited()  # --import: the modules registering the model's own classes
     if kind == "keras_file":
-        return keras.saving.load_model(source["path"], compile=False, safe_mode=safe_mode(source))
+        return load_keras_file(source["path"], safe_mode=safe_mode(source))
     if kind == "builder":
         shape = tuple(int(d) for d in source["input_shape"])
         info = data.DatasetInfo("equivalence", shape, int(source["num_classes"]), "arrays",
@@ -61,8 +62,7 @@ def compiled_loss(source: dict[str, Any], model: Any = None) -> Any:
     keras = import_keras()
     if source["kind"] == "keras_file":
         try:
-            model = keras.saving.load_model(source["path"], compile=True,
-                                            safe_mode=safe_mode(source))
+            model = load_keras_file(source["path"], compile=True, safe_mode=safe_mode(source))
         except Exception:  # a compile config that does not load: the caller chooses a loss
             return None
     elif source["kind"] != "builder" or not getattr(model, "compiled", False):
@@ -293,7 +293,7 @@ def channels_first_probe() -> str | None:
 def predict_saved(path: str, x: list[np.ndarray], safe_mode: bool = True) -> dict[str, Any]:
     """Load a ``.keras`` file saved by another backend; its weights and inference outputs."""
     keras = import_keras()
-    model = keras.saving.load_model(path, compile=False, safe_mode=safe_mode)
+    model = load_keras_file(path, safe_mode=safe_mode)
     return {"backend": keras.backend.backend(), "outputs": forward(model, x),
             "weights": [np.asarray(w) for w in model.get_weights()]}
 

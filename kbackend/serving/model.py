@@ -22,7 +22,11 @@ import numpy as np
 
 from kbackend.backend_choice import keras as import_keras
 from kbackend.errors import DataError
-from kbackend.model_sources import ModelError, check_model_file  # shared with training
+from kbackend.model_sources import (  # shared with training
+    ModelError,
+    check_model_file,
+    load_keras_file,
+)
 
 __all__ = ["BatchPredictor", "ModelError", "bucket_size", "check_model_file", "check_servable",
            "input_shape", "load_model", "model_fingerprint", "output_shape", "validate_inputs"]
@@ -52,14 +56,7 @@ def model_fingerprint(model: Any) -> str:
 
 def load_model(path: str | os.PathLike) -> Any:
     """Load a ``.keras`` model for inference (without its optimizer), with a one-line error."""
-    path = check_model_file(path)
-    keras = import_keras()
-    try:
-        model = keras.saving.load_model(path, compile=False)
-    except Exception as error:  # Keras raises many types for a bad file; all mean "does not load"
-        reason = " ".join(str(error).split())[:300]
-        raise ModelError(f"Model file {str(path)!r} does not load as a Keras model: "
-                         f"{type(error).__name__}: {reason}") from None
+    model = load_keras_file(path, unsafe_flag=False)  # serving never runs a Lambda's code
     check_servable(model, str(path))
     return model
 

@@ -9,7 +9,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kbackend.adaptive import AUTO, AutoBatchSize, check_lr_scaling, is_power_of_two
+from kbackend.config import MAX_EPOCHS, MAX_STEPS
 from kbackend.data import check_batch_size
+from kbackend.data.user import check_image_size
 from kbackend.errors import ConfigError, DataError
 from kbackend.optim import OPTIMIZERS, OptimizerSpec
 from kbackend.study.verdicts import DEFAULT_ACCURACY_MARGIN, DEFAULT_MARGIN
@@ -148,6 +150,8 @@ class StudyConfig:
     data_dir: str | None = None
     # A CSV data source's label column; a .keras model's Lambda layers loaded (their code runs).
     label: str | None = None
+    # An image folder's (height, width) to read every image at (None: the first image's size).
+    image_size: tuple[int, int] | None = None
     unsafe_deserialization: bool = False
     validation_fraction: float = 0.1
     optimizers: tuple[str, ...] = DEFAULT_OPTIMIZERS
@@ -198,6 +202,8 @@ class StudyConfig:
 
     def __post_init__(self) -> None:
         self._check_executor()
+        if self.image_size is not None:
+            check_image_size(self.image_size)
         if self.device_profile is not None:
             if isinstance(self.device_profile, os.PathLike):
                 object.__setattr__(self, "device_profile", os.fspath(self.device_profile))
@@ -330,9 +336,23 @@ class StudyConfig:
                                            or self.max_seeds < self.seeds):
             raise ConfigError(f"Invalid max_seeds {self.max_seeds!r}: expected an integer >= "
                               f"seeds ({self.seeds}).")
-        if not isinstance(self.frontier_epochs, int) or self.frontier_epochs < 0:
-            raise ConfigError(f"Invalid frontier_epochs {self.frontier_epochs!r}: expected an "
-                              "integer >= 0 (0: no frontier runs).")
+        if not isinstance(self.frontier_epochs, int) or isinstance(self.frontier_epochs, bool) \
+                or not 0 <= self.frontier_epochs <= MAX_EPOCHS:
+            raise ConfigError(f"Invalid --frontier-epochs (frontier_epochs) "
+                              f"{self.frontier_epochs!r}: expected an integer from 0 to "
+                              f"{MAX_EPOCHS:,} (0: no frontier runs).")
+
+    def check_frontier_steps(self, num_train: int, batch_sizes: tuple[int, ...]) -> None:
+        """The frontier runs' budget (``frontier_epochs`` epochs at the smallest batch size) in
+        steps stays within the optimizer's int32 step count; checked once the data is known."""
+        if not self.frontier_epochs or not batch_sizes:
+            return
+        steps = self.frontier_epochs * max(1, num_train // min(batch_sizes))
+        if steps > MAX_STEPS:
+            raise ConfigError(f"Invalid --frontier-epochs (frontier_epochs) "
+                              f"{self.frontier_epochs:,}: {steps:,} steps at batch size "
+                              f"{min(batch_sizes)}, more than {MAX_STEPS:,} (the optimizer's "
+                              "int32 step count).")
 
     @property
     def resolved_max_seeds(self) -> int:
@@ -446,8 +466,9 @@ class StudyConfig:
             payload.pop(name)
         if not self.adaptive:  # only an auto cell reads it: other studies keep their identity
             payload.pop("lr_scaling")
-        if payload["label"] is None:  # studies stored before the option existed keep their identity
-            payload.pop("label")
+        for name in ("label", "image_size"):
+            if payload[name] is None:  # studies stored before the option keep their identity
+                payload.pop(name)
         # What the model and data hold is added by the runner once built and read
         # (``StudyRunner.content_identity``): names and paths are not content.
         # studies stored before the option existed keep their identity

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from kbackend.errors import ConfigError, path_errors
+from kbackend.escaping import markdown_text
 from kbackend.reports import markdown_rows
 from kbackend.stats import log_log_interpolate, median_interval
 from kbackend.study.auto_verdicts import auto_label, auto_verdict
@@ -33,6 +35,12 @@ from kbackend.study.cell_verdicts import fastest_verdict, verdict_settings
 from kbackend.study.summaries import cell_seconds_per_step, ranges_time
 from kbackend.study.verdicts import outcome_text
 
+# A step time outside these bounds is no measurement of a train step (a nanosecond is a few
+# cycles; a day per step trains nothing): refused when the profile is read, so that the
+# predictions (steps x seconds) stay finite and printable.
+MIN_STEP_S = 1e-9
+MAX_STEP_S = 86_400.0
+MAX_BATCH = 2**31 - 1
 EXPECTED = ('expected {"device": "...", "step_time_s": {"32": 0.0011, ...}} (seconds per train '
             "step by batch size, measured for this model) or `kbackend advise --json` output")
 FORMATS = ("step_time_s", "advise")
@@ -77,18 +85,23 @@ def _refuse(path: str, what: str) -> ConfigError:
 
 def _batch_size(path: str, key: Any) -> int:
     """A batch size of the curve: a positive integer (a JSON object's key: its digits)."""
-    if isinstance(key, int) and not isinstance(key, bool) and key >= 1:
+    if isinstance(key, int) and not isinstance(key, bool) and 1 <= key <= MAX_BATCH:
         return key
-    if isinstance(key, str) and key.strip().isdigit() and int(key) >= 1:
+    if isinstance(key, str) and key.strip().isdigit() and len(key) <= 12 \
+            and 1 <= int(key) <= MAX_BATCH:
         return int(key)
-    raise _refuse(path, f"batch size {key!r} is not a positive integer")
+    raise _refuse(path, f"batch size {str(key)[:40]!r} is not a positive integer (at most "
+                        f"{MAX_BATCH:,})")
 
 
 def _seconds(path: str, size: int, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) \
             or not math.isfinite(value) or value <= 0:
-        raise _refuse(path, f"the step time at batch {size} is {value!r}, not a positive "
-                            "number of seconds")
+        raise _refuse(path, f"the step time at batch {size} is {str(value)[:40]!r}, not a "
+                            "positive number of seconds")
+    if not MIN_STEP_S <= value <= MAX_STEP_S:
+        raise _refuse(path, f"the step time at batch {size} is {value:g} s, outside "
+                            f"{MIN_STEP_S:g}-{MAX_STEP_S:g} s (a nanosecond to a day)")
     return float(value)
 
 
@@ -101,8 +114,10 @@ def load_profile(path: str) -> DeviceProfile:
     try:
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise _refuse(path, f"not JSON ({type(error).__name__}: {str(error)[:60]})") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
+        # RecursionError: JSON nested deeper than Python's parser recurses
+        reason = textwrap.shorten(str(error), width=80, placeholder=" ...")
+        raise _refuse(path, f"not JSON ({type(error).__name__}: {reason})") from None
     if not isinstance(data, dict):
         raise _refuse(path, f"a JSON {type(data).__name__}, not an object")
     pairs: list[tuple[Any, Any]]
@@ -271,7 +286,7 @@ def report_section(study: dict[str, Any]) -> list[str]:
     if not predicted:
         return []
     profile = predicted["profile"]
-    device = profile["device"]
+    device = markdown_text(profile["device"])  # the user's text, in a heading and table cells
     curve = ", ".join(f"{b}: {1e3 * t:.3g}" for b, t in profile["step_time_s"].items())
     header = ["optimizer", "batch", "steps", "ms/step here", "time here (s)",
               f"ms/step on {device}", f"time on {device} (s)"]
@@ -293,7 +308,8 @@ def report_section(study: dict[str, Any]) -> list[str]:
                      "by range", _fmt(c["time_to_target_here"], ".3g"), "by range", there])
     lines = ["", f"## Predicted on {device}", "",
              f"Time to target predicted from a step-time curve measured on {device} "
-             f"(`--device-profile {profile['source']}`, {profile['format']} format; ms per step "
+             f"(--device-profile {markdown_text(profile['source'])}, {profile['format']} format; "
+             "ms per step "
              f"by batch size: {curve}): each cell's steps to target trained here x the profile's "
              "seconds per step at its batch size, interpolated in log-log between the profile's "
              "sizes (never extrapolated); an auto cell: each step range's steps x the profile's "
@@ -301,5 +317,5 @@ def report_section(study: dict[str, Any]) -> list[str]:
              "input pipeline, compilation, evaluation and the other device's own convergence "
              "(precision, reductions) are not; the curve must be measured for this model.", "",
              markdown_rows(header, rows).rstrip("\n"), ""]
-    lines += [f"- {line}" for line in conclusion_lines(study)]
+    lines += [f"- {markdown_text(line)}" for line in conclusion_lines(study)]
     return lines

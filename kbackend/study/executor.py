@@ -110,7 +110,8 @@ class StudyRunner:
         config.resolved_target  # noqa: B018 - validated on construction, resolved here
         source = TrainConfig(model=config.model, dataset=config.dataset, data_dir=config.data_dir,
                              validation_fraction=config.validation_fraction, seed=config.seed,
-                             label=config.label, target=config.resolved_target,
+                             label=config.label, image_size=config.image_size,
+                             target=config.resolved_target,
                              unsafe_deserialization=config.unsafe_deserialization)
         if is_builtin(source):
             model_layout(config.model)
@@ -126,6 +127,7 @@ class StudyRunner:
         self.digests = self._content_digests()
         self.study_id = config_key({**config.identity(), **self.digests})[:12]
         self.batch_sizes = config.resolved_batch_sizes(self.num_train)
+        config.check_frontier_steps(self.num_train, self.batch_sizes)
         if config.population == "on" and (config.engine != "native"
                                            or not impl().supports_populations()):
             raise ConfigError("--population on needs the native engine on JAX (vmap); this "
@@ -405,6 +407,7 @@ class StudyRunner:
             model_options=ModelOptions(seed=plan.seed),
             # A diverged run is a result of the grid (recorded as diverged), not a failed study.
             on_divergence="record", task=self.task, label=config.label,
+            image_size=config.image_size,
             unsafe_deserialization=config.unsafe_deserialization,
             # an auto cell's run: the adaptive batch size from MIN (its epochs: MIN's)
             adaptive_batch=AutoBatchSize(plan.batch_size, plan.auto_max) if plan.auto_max

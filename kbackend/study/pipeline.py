@@ -24,6 +24,7 @@ from rich.progress import (
 
 from kbackend.data import DATASETS
 from kbackend.errors import ConfigError, DataError, OutputError
+from kbackend.escaping import console_text, markdown_text
 from kbackend.io import atomic_write_text, check_output_folder, read_json
 from kbackend.models import MODELS
 from kbackend.reports import markdown_rows
@@ -211,13 +212,13 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
     start = time.perf_counter()
     load_before = os.getloadavg()[0]
     runner = StudyRunner(config, None, run_executor=run_executor)
+    # Read and checked here, in the driver (it only re-models time), before the data loads.
+    profile = None if config.device_profile is None else load_profile(config.device_profile)
     runner.prepare()  # every check against the data, before the store is created or opened
     for note in runner.workload.notes if runner.workload is not None else ():
         if note.startswith(WARNING):  # what the user's model does that they may not mean
             console.print(note, highlight=False, markup=False)
-    profile = None
-    if config.device_profile is not None:  # read here, in the driver: it only re-models time
-        profile = load_profile(config.device_profile)
+    if profile is not None:
         check_profile(profile, config.model, config.dataset, runner.batch_sizes)
     # The report's folder too: a file in its place is a one-line error now, not after the runs.
     check_output_folder(report_dir(out, {"config": config.to_dict(), "env": runner.env,
@@ -277,8 +278,8 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
         stdout = Console() if Console().is_terminal else Console(width=CONSOLE_WIDTH)
         print_table(study, analysis, console=stdout)
         stdout.print(f"{runner.executed} runs trained, {events.skipped} reused from "
-                        f"{out / DB_NAME}; wall time {wall_time:.1f} s; report: {paths['report']}",
-                        highlight=False)
+                     f"{console_text(out / DB_NAME)}; wall time {wall_time:.1f} s; report: "
+                     f"{console_text(paths['report'])}", highlight=False)
         stdout.print(f"Time: {accounting_line(account)}", highlight=False)
     return {"study": study, "analysis": analysis, "paths": paths, "wall_time": wall_time,
             "executed": runner.executed, "skipped": events.skipped, "time_spent": account}
@@ -364,8 +365,9 @@ def compare(summaries: list[dict[str, Any]]) -> str:
         config = group[0]["config"]
         target = config["target"]
         relation = ">=" if metric_direction(target["metric"]) == "max" else "<="
-        lines += [f"## Study {study_id}: {config['model']} on {config['dataset']}, "
-                  f"{target['metric']} {relation} {target['value']:g}", ""]
+        lines += [f"## Study {study_id}: {markdown_text(config['model'])} on "
+                  f"{markdown_text(config['dataset'])}, {markdown_text(target['metric'])} "
+                  f"{relation} {target['value']:g}", ""]
         columns = [_column(s) for s in group]
         header = ["optimizer", "batch"] + [f"{c} time (s)" for c in columns] + \
                  [f"{c} steps" for c in columns] + [f"{c} samples/s" for c in columns]
@@ -390,7 +392,8 @@ def compare(summaries: list[dict[str, Any]]) -> str:
             noise = (f"B_simple ~ {b_simple:.0f}" if b_simple and math.isfinite(b_simple)
                      else "B_simple n/a")
             best_text, knee, cross = _verdict_texts(summary["analysis"])
-            lines.append(f"- {_column(summary)} on {summary['env']['device']}: {best_text}; "
+            lines.append(f"- {markdown_text(_column(summary))} on "
+                         f"{markdown_text(summary['env']['device'])}: {best_text}; "
                          f"{knee}; {noise}; {cross}")
         lines.append("")
     return "\n".join(lines)

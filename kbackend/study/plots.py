@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from kbackend.escaping import plot_text
 from kbackend.hardware.knee import DEFAULT_MIN_GAIN
 from kbackend.io import atomic_write
 from kbackend.task import metric_direction
@@ -117,7 +118,7 @@ def _plot_frontier(study: dict[str, Any], path: Path) -> Path:
     _target_line(ax, study)
     epochs = study["config"].get("frontier_epochs")
     ax.set(xscale="log", xlabel="time to target (s): steps x step time",
-           ylabel=f"best {metric} within {epochs} epochs",
+           ylabel=f"best {plot_text(metric)} within {epochs} epochs",
            title="Time to target vs the best each cell reaches (labels: batch size)")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
@@ -146,7 +147,7 @@ def optimizer_colours(study: dict[str, Any]) -> dict[str, str]:
 def _target_line(ax: Any, study: dict[str, Any]) -> None:
     target = study["config"]["target"]
     ax.axhline(target["value"], color="grey", ls="--", lw=1,
-               label=f"target {target['metric']} {target['value']:g}")
+               label=f"target {plot_text(target['metric'])} {target['value']:g}")
 
 
 def _error_bars(values: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
@@ -194,7 +195,7 @@ def _plot_trajectories(study: dict[str, Any], path: Path) -> Path:
         axes[1, column].set(yscale="log", xlabel="training time after start-up (s)",
                             ylabel="train loss (smoothed)")
         axes[2, column].set(xlabel="training time after start-up (s)",
-                            ylabel=f"validation {metric}")
+                            ylabel=f"validation {plot_text(metric)}")
         _target_line(axes[2, column], study)
         axes[2, column].legend(fontsize=7)
         axes[0, column].legend(fontsize=7)

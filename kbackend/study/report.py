@@ -10,6 +10,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from kbackend.escaping import console_text, markdown_text
 from kbackend.reports import markdown_rows, write_json_and_markdown
 from kbackend.study.auto_verdicts import AUTO_TIME_MODEL
 from kbackend.study.device_profile import report_section as profile_section
@@ -37,8 +38,9 @@ def print_table(study: dict[str, Any], analysis: dict[str, Any], console: Any = 
     target = study["config"]["target"]
     header, rows = table_rows(study)
     keep = [header.index(name) for name in CONSOLE_COLUMNS]
-    table = Table(title=f"{study['config']['model']} on {study['dataset']['name']}: time to "
-                        f"{target['metric']} {target['value']:g} ({study['env']['backend']})",
+    title = (f"{study['config']['model']} on {study['dataset']['name']}: time to "
+             f"{target['metric']} {target['value']:g} ({study['env']['backend']})")
+    table = Table(title=console_text(title),
                   box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
     for index in keep:
         name = header[index]
@@ -55,7 +57,7 @@ def print_table(study: dict[str, Any], analysis: dict[str, Any], console: Any = 
     console.print("(medians over seeds, [min, max]; every column and interval: the report)",
                   highlight=False)
     for line in conclusions(study, analysis):
-        console.print(f"- {line}", highlight=False)
+        console.print(f"- {console_text(line)}", highlight=False)
 
 
 def markdown(study: dict[str, Any], analysis: dict[str, Any], wall_time: float | None) -> str:
@@ -66,14 +68,16 @@ def markdown(study: dict[str, Any], analysis: dict[str, Any], wall_time: float |
     epoch_cap = (f" or {config['max_epochs']} epochs, whichever is fewer"
                  if config.get("max_epochs") else "")
     lines = [
-        f"# Batch-size x optimizer study: {config['model']} on {info['name']}",
+        f"# Batch-size x optimizer study: {markdown_text(config['model'])} on "
+        f"{markdown_text(info['name'])}",
         "",
         f"Question: which batch size and optimizer reach {target['metric']} "
         f"{'>=' if metric_direction(target['metric']) == 'max' else '<='} {target['value']:g} "
         "in the least training "
         "time (evaluation and compilation excluded) on this machine?",
         "",
-        f"- backend: {env['backend']}, engine: {config['engine']}, device: {env['device']}",
+        f"- backend: {env['backend']}, engine: {config['engine']}, device: "
+        f"{markdown_text(env['device'])}",
         f"- data: {info['num_train']} train / {info['num_val']} validation / "
         f"{info['num_test']} test",
         f"- grid: optimizers {', '.join(config['optimizers'])}; batch sizes "
@@ -99,7 +103,7 @@ def markdown(study: dict[str, Any], analysis: dict[str, Any], wall_time: float |
               f"--lr-extend ({config.get('lr_extend', 0)}) allows. Start-up is listed apart "
               "(\"~\": estimated from the first evaluation interval against the later ones).",
               "", "## Findings", ""]
-    lines += [f"- {line}" for line in conclusions(study, analysis)]
+    lines += [f"- {markdown_text(line)}" for line in conclusions(study, analysis)]
     lines += auto_section(study)
     lines += profile_section(study)
     lines += ["", *sources_section(study, analysis), "", *frontier_section(study, analysis),

@@ -17,6 +17,11 @@ Why opening is careful:
   and schema version in one transaction, after re-checking its tables under the write lock.
 - Every commit is followed by a WAL checkpoint, so ``study.db`` alone holds every committed run
   (a copy of that one file, or a kill, loses nothing that was committed).
+
+A row whose JSON cannot be read (a damaged disk block, a hand edit) is not an error for the whole
+store: it is moved, as stored, into the ``quarantine`` table (made when first needed; nothing is
+deleted), one warning line names it, and the study goes on without it, so its run is trained
+again and stored anew.
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -71,6 +77,23 @@ CREATE TABLE summaries (
     PRIMARY KEY (study, backend, device)
 );
 """
+
+# Rows that could not be read, kept aside as stored (``content``: the row's columns as a JSON
+# object; a BLOB value as its hex). Not in ``_COLUMNS``: a store without it is complete.
+_QUARANTINE = """
+CREATE TABLE IF NOT EXISTS quarantine (
+    source TEXT NOT NULL,
+    name TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    content TEXT NOT NULL,
+    quarantined_at REAL NOT NULL
+)
+"""
+_RESULT_COLUMNS = "key, kind, study, backend, config, result, trajectory, finished_at"
+
+
+class DamagedRow(ValueError):
+    """A stored row whose JSON cannot be read, or whose values are not the expected kinds."""
 
 
 class StudyStoreError(KBackendError):
@@ -216,8 +239,11 @@ class ResultStore:
     new or empty file, or a store of an earlier kbackend (migrated in one transaction).
     """
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike,
+                 warn: Callable[[str], None] | None = None) -> None:
         self.path = Path(path)
+        # Where a quarantined row is reported (one line each): stderr unless told otherwise.
+        self.warn = warn or _warn_on_stderr
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -293,9 +319,9 @@ class ResultStore:
         """The stored record for ``key`` (config, result, trajectory), or None."""
         with self._errors():
             row = self._connection.execute(
-                "SELECT key, kind, study, backend, config, result, trajectory, finished_at "
-                "FROM results WHERE key = ?", (key,)).fetchone()
-        return None if row is None else _record(row)
+                f"SELECT {_RESULT_COLUMNS} FROM results WHERE key = ?", (key,)).fetchone()
+        records = [] if row is None else self._readable([row])
+        return records[0] if records else None
 
     def put(self, key: str, kind: str, study: str, backend: str, config: dict[str, Any],
             result: dict[str, Any], trajectory: dict[str, Any] | None = None) -> bool:
@@ -321,9 +347,50 @@ class ResultStore:
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
         with self._errors():
             rows = self._connection.execute(
-                "SELECT key, kind, study, backend, config, result, trajectory, finished_at "
-                f"FROM results{where} ORDER BY finished_at", values).fetchall()
-        return [_record(row) for row in rows]
+                f"SELECT {_RESULT_COLUMNS} FROM results{where} ORDER BY finished_at",
+                values).fetchall()
+        return self._readable(rows)
+
+    def _readable(self, rows: list[tuple]) -> list[dict[str, Any]]:
+        """``rows`` as records; each damaged one quarantined (with a warning) and left out."""
+        records = []
+        for row in rows:
+            try:
+                records.append(_record(row))
+            except DamagedRow as error:
+                self._quarantine("results", row, str(error))
+        return records
+
+    def _quarantine(self, source: str, row: tuple, reason: str) -> None:
+        """Move ``row`` of ``source`` (results or summaries) into ``quarantine``, as stored, in
+        one transaction; a row another process moved (or rewrote) meanwhile is left alone."""
+        columns = _COLUMNS[source]
+        content = json.dumps(dict(zip(columns, row, strict=True)), sort_keys=True,
+                             default=lambda value: value.hex() if isinstance(value, bytes)
+                             else str(value))
+        where = " AND ".join(f"{column} IS ?" for column in columns)
+        name = row[0] if source == "results" else "/".join(map(str, row[:3]))
+        with self._errors(), self._write() as cursor:
+            cursor.execute(_QUARANTINE)
+            if cursor.execute(f"DELETE FROM {source} WHERE {where}", row).rowcount:
+                cursor.execute("INSERT INTO quarantine VALUES (?, ?, ?, ?, ?)",
+                               (source, str(name), reason, content, time.time()))
+        what = f"run {str(name)[:16]}" if source == "results" else f"summary {name}"
+        self.warn(f"study store {str(self.path)!r}: the {what} could not be read ({reason}); "
+                  "it was moved to the store's quarantine table and is left out (a run is "
+                  "trained again)")
+
+    def quarantined(self) -> list[dict[str, Any]]:
+        """The rows kept aside as unreadable, oldest first."""
+        with self._errors():
+            if not self._connection.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' "
+                                            "AND name = 'quarantine'").fetchone():
+                return []
+            rows = self._connection.execute(
+                "SELECT source, name, reason, content, quarantined_at FROM quarantine "
+                "ORDER BY quarantined_at").fetchall()
+        return [dict(zip(("source", "name", "reason", "content", "quarantined_at"), row,
+                         strict=True)) for row in rows]
 
     def put_summary(self, study: str, backend: str, device: str, payload: dict[str, Any]) -> None:
         """Store (replace) the analysed summary of a study on one backend and device."""
@@ -336,8 +403,15 @@ class ResultStore:
         where, values = ("WHERE study = ?", [study]) if study else ("", [])
         with self._errors():
             rows = self._connection.execute(
-                f"SELECT payload FROM summaries {where} ORDER BY written_at", values).fetchall()
-        return [json.loads(row[0]) for row in rows]
+                f"SELECT {', '.join(_COLUMNS['summaries'])} FROM summaries {where} "
+                "ORDER BY written_at", values).fetchall()
+        payloads = []
+        for row in rows:
+            try:
+                payloads.append(_json(row[3], "payload", dict))
+            except DamagedRow as error:
+                self._quarantine("summaries", row, str(error))
+        return payloads
 
 
 def _dumps(payload: Any) -> str:
@@ -345,9 +419,26 @@ def _dumps(payload: Any) -> str:
     return json.dumps(payload, sort_keys=True, default=str)
 
 
+def _warn_on_stderr(line: str) -> None:
+    sys.stderr.write(f"kbackend: warning: {line}\n")
+    sys.stderr.flush()
+
+
+def _json(text: Any, column: str, kind: type) -> Any:
+    """``text`` parsed as JSON of type ``kind``; ``DamagedRow`` naming ``column`` otherwise."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError, RecursionError) as error:
+        raise DamagedRow(f"{column} is not JSON: {type(error).__name__}") from None
+    if not isinstance(value, kind):
+        raise DamagedRow(f"{column} is a JSON {type(value).__name__}, not an object")
+    return value
+
+
 def _record(row: tuple) -> dict[str, Any]:
+    """A results row as a record; ``DamagedRow`` if any JSON column cannot be read."""
     key, kind, study, backend, config, result, trajectory, finished_at = row
     return {"key": key, "kind": kind, "study": study, "backend": backend,
-            "config": json.loads(config), "result": json.loads(result),
-            "trajectory": None if trajectory is None else json.loads(trajectory),
+            "config": _json(config, "config", dict), "result": _json(result, "result", dict),
+            "trajectory": None if trajectory is None else _json(trajectory, "trajectory", dict),
             "finished_at": finished_at}

@@ -96,3 +96,18 @@ def test_a_hostile_device_profile_stays_text_in_the_report_and_on_the_console(tm
     for line in conclusion_lines(study):
         console.print(console_text(line), highlight=False)
     assert "[red]x[/red]" in buffer.getvalue()
+
+
+def test_the_study_tables_note_keeps_its_brackets_on_the_console(monkeypatch):
+    from kbackend.study import report
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=100, color_system=None)
+    study = {"config": {"model": "m[red]", "target": {"metric": "val_accuracy", "value": 0.9}},
+             "dataset": {"name": "d"}, "env": {"backend": "jax"}}
+    monkeypatch.setattr(report, "table_rows", lambda s: (
+        [*report.CONSOLE_COLUMNS, "test acc", "reached"], []))
+    monkeypatch.setattr(report, "conclusions", lambda s, a: ["B_crit [lo, hi] from [link=x]"])
+    report.print_table(study, {}, console=console)
+    shown = buffer.getvalue()
+    assert "[min, max]" in shown and "m[red]" in shown and "[link=x]" in shown

@@ -54,8 +54,9 @@ def print_table(study: dict[str, Any], analysis: dict[str, Any], console: Any = 
         cells[keep.index(reached)] = row[reached].replace("NOT REACHED", "no")
         table.add_row(*cells, style=None if row[3].startswith("yes") else "dim")
     console.print(table, width=min(console.width, CONSOLE_WIDTH))
-    console.print("(medians over seeds, [min, max]; every column and interval: the report)",
-                  highlight=False)
+    # escaped: rich would read "[min, max]" as a markup tag and drop it
+    console.print(console_text("(medians over seeds, [min, max]; every column and interval: "
+                               "the report)"), highlight=False)
     for line in conclusions(study, analysis):
         console.print(f"- {console_text(line)}", highlight=False)
 

@@ -333,8 +333,9 @@ def test_launch_checks_a_users_data_before_starting_a_process(cli, tmp_path):
 
 def test_launch_passes_a_workers_bad_input_on_as_2(cli, tmp_path):
     # A data function runs in each process only (the launcher does not run the user's code):
-    # every process fails with one line, exit 2; the launcher exits 2 naming one of them.
-    (tmp_path / "data.py").write_text("def data():\n    raise ValueError('no rows today')\n")
+    # every process fails with one line, exit 2; the launcher exits 2 naming one of them. Its
+    # sys.exit(3) is the user's, not a lost process's: bad input, 2.
+    (tmp_path / "data.py").write_text("import sys\n\n\ndef data():\n    sys.exit(3)\n")
     result = cli("launch", "-N", "2", "--", "--data", f"{tmp_path / 'data.py'}:data",
                  "--epochs", "1")
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]

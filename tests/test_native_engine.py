@@ -80,6 +80,13 @@ def test_native_matches_keras_train_steps(dataset, spec):
     for got, want in zip(weights_of(native_model), weights_of(keras_model), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     assert np.mean(history.loss[-5:]) < np.mean(history.loss[:5])
+    # The native run leaves Keras's own optimizer state in the model: iterations and slots
+    # as train_on_batch left them (a saved model resumes training from it).
+    got, want = ([np.asarray(v) for v in m.optimizer.variables] for m in (native_model,
+                                                                      keras_model))
+    assert int(got[0]) == int(want[0]) == 20 and len(got) == len(want)
+    for native_slot, keras_slot in zip(got, want, strict=True):
+        np.testing.assert_allclose(native_slot, keras_slot, rtol=1e-4, atol=1e-5)
 
 
 def test_fused_steps_equal_single_steps(dataset):
@@ -379,3 +386,24 @@ def test_without_xla_the_loop_trains_the_same(dataset):
                                rtol=1e-5, atol=1e-6)
     for got, want in zip(weights_of(without), weights_of(with_xla), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam"])
+def test_a_saved_native_run_holds_its_optimizer_state(tmp_path, optimizer):
+    """The .keras file of a native run resumes: iterations = the steps run, each slot saved."""
+    import keras
+
+    from kbackend.training import train
+
+    result = train(TrainConfig(model="mlp", engine="native", batch_size=64, epochs=1, fused_steps=4,
+                               optimizer=OptimizerSpec(optimizer, 0.01),
+                               model_options=ModelOptions(widths=(16,))),
+                   save=tmp_path / "m.keras")
+    saved = [np.asarray(v) for v in keras.saving.load_model(tmp_path / "m.keras")
+             .optimizer.variables]
+    trained = [np.asarray(v) for v in result.model.optimizer.variables]
+    assert int(saved[0]) == result.history.steps_run == 20
+    assert len(saved) == 2 + {"sgd": 0, "momentum": 1, "adam": 2}[optimizer] * 4
+    assert all(np.any(slot) for slot in saved[2:])
+    for a, b in zip(saved, trained, strict=True):
+        np.testing.assert_array_equal(a, b)

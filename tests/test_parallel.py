@@ -79,6 +79,14 @@ def test_data_parallel_engine_on_one_device_trains_like_native():
     np.testing.assert_allclose(parallel.history.loss, native.history.loss, rtol=1e-5, atol=1e-6)
     for a, b in zip(native.model.get_weights(), parallel.model.get_weights(), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    # Both leave the trained optimizer state in the model (a saved one resumes from it).
+    steps = native.history.steps_run
+    for result in (native, parallel):
+        variables = [np.asarray(v) for v in result.model.optimizer.variables]
+        assert int(variables[0]) == steps and all(np.any(v) for v in variables[2:])
+    for a, b in zip(native.model.optimizer.variables, parallel.model.optimizer.variables,
+                    strict=True):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's Keras fit limitation")

@@ -41,6 +41,12 @@ def _weights(path) -> list[np.ndarray]:
     return keras.saving.load_model(path, compile=False).get_weights()
 
 
+def _optimizer_state(path) -> list[np.ndarray]:
+    import keras
+
+    return [np.asarray(v) for v in keras.saving.load_model(path).optimizer.variables]
+
+
 # Every optimizer of the parity table (kbackend.optim), one launch each, BatchNorm on every other
 # one; rates large enough that a wrong optimizer state (an update count off, slots per replica, a
 # decay applied twice) moves parameters by far more than the tolerance, and AdamW's decay large.
@@ -77,6 +83,12 @@ def test_two_processes_train_like_one(tmp_path, cli, options):
             zip(_weights(tmp_path / "one.keras"), _weights(tmp_path / "two.keras"), strict=True)]
     print(f"largest parameter gap, 2 processes vs 1 ({BACKEND}, {options}): {max(gaps):.3g}")
     assert max(gaps) < PROCESS_GAP_TOLERANCE
+    # The trained optimizer state is saved alike (iterations = steps, the slots), so either
+    # file resumes training.
+    one_state, two_state = (_optimizer_state(tmp_path / f"{n}.keras") for n in ("one", "two"))
+    assert int(one_state[0]) == int(two_state[0]) == 40 and len(one_state) == len(two_state)
+    for a, b in zip(one_state[1:], two_state[1:], strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=PROCESS_GAP_TOLERANCE)
 
 
 USER_BUILDER = """
@@ -124,6 +136,9 @@ def test_a_users_model_and_data_train_alike_on_two_processes_two_devices_and_one
                 zip(reference, _weights(tmp_path / f"{run}.keras"), strict=True)]
         print(f"largest parameter gap, {run} vs one process ({BACKEND}): {max(gaps):.3g}")
         assert max(gaps) < PROCESS_GAP_TOLERANCE, run
+        state = _optimizer_state(tmp_path / f"{run}.keras")  # the same Adam state saved
+        for a, b in zip(_optimizer_state(tmp_path / "one.keras"), state, strict=True):
+            np.testing.assert_allclose(b, a, rtol=1e-4, atol=PROCESS_GAP_TOLERANCE)
 
 
 @pytest.mark.slow
@@ -318,8 +333,9 @@ def test_launch_checks_a_users_data_before_starting_a_process(cli, tmp_path):
 
 def test_launch_passes_a_workers_bad_input_on_as_2(cli, tmp_path):
     # A data function runs in each process only (the launcher does not run the user's code):
-    # every process fails with one line, exit 2; the launcher exits 2 naming one of them.
-    (tmp_path / "data.py").write_text("def data():\n    raise ValueError('no rows today')\n")
+    # every process fails with one line, exit 2; the launcher exits 2 naming one of them. Its
+    # sys.exit(3) is the user's, not a lost process's: bad input, 2.
+    (tmp_path / "data.py").write_text("import sys\n\n\ndef data():\n    sys.exit(3)\n")
     result = cli("launch", "-N", "2", "--", "--data", f"{tmp_path / 'data.py'}:data",
                  "--epochs", "1")
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]

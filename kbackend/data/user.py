@@ -744,9 +744,6 @@ def _scan_folder(where: Where, folder: Path) -> tuple[list[Path], list[Path], in
                 f"({' '.join(IMAGE_EXTENSIONS)}) or text files (.txt)")
     if not classes:
         raise where.error(f"{expected}; {str(folder)!r} has no subfolders.")
-    if len(classes) == 1:
-        raise where.error(f"{str(folder)!r} has one class subfolder ({classes[0].name}/): "
-                          "classification needs at least two classes.")
     images, texts, text_bytes = [], [], 0
     for class_folder in classes:
         for root, _, files in os.walk(class_folder):
@@ -763,6 +760,9 @@ def _scan_folder(where: Where, folder: Path) -> tuple[list[Path], list[Path], in
     if images and texts:
         raise where.error(f"{str(folder)!r} mixes images ({len(images)}) and text files "
                           f"({len(texts)}): {expected}, one kind.")
+    if len(classes) == 1:
+        raise where.error(f"{str(folder)!r} has one class subfolder ({classes[0].name}/): "
+                          "classification needs at least two classes.")
     return sorted(images), texts, text_bytes
 
 

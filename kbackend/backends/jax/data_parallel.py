@@ -34,6 +34,7 @@ from kbackend.backends.jax.step import (
     split_for_pmap,
     to_host,
     unrolls_its_loop,
+    write_optimizer_state,
 )
 from kbackend.errors import ConfigError
 from kbackend.history import RunRecord
@@ -135,6 +136,7 @@ class DataParallelTrainer:
                  *zip(self.model.non_trainable_variables, current.non_trainable, strict=True)]
         for variable, value in pairs:
             variable.assign(value)
+        write_optimizer_state(self.model, current.opt_state)  # a saved model resumes
 
 
 @contextmanager

@@ -30,6 +30,7 @@ from kbackend.backends.jax.step import (
     make_step,
     scan_steps,
     unrolls_its_loop,
+    write_optimizer_state,
 )
 from kbackend.data.batching import pad_to_chunks
 from kbackend.history import RunRecord
@@ -219,3 +220,4 @@ class NativeTrainer(CompiledCalls):
                  *zip(self.model.non_trainable_variables, self.state.non_trainable, strict=True)]
         for variable, value in pairs:
             variable.assign(value)
+        write_optimizer_state(self.model, self.state.opt_state)  # a saved model resumes

@@ -39,7 +39,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from kbackend.backends import capabilities
-from kbackend.backends.jax.optimizers import to_optax
+from kbackend.backends.jax.optimizers import KerasOptState, to_optax
 from kbackend.task import CLASSIFICATION, Task
 
 AXIS = "batch"
@@ -330,3 +330,31 @@ def to_host(value: Any) -> Any:
         return np.asarray(leaf)
 
     return jax.tree.map(fetch, value)
+
+
+# Where Keras 3.15's optimizers keep their slots, per trainable variable, in the order of
+# ``KerasOptState``'s: SGD(momentum) ``momentums``; Adam and AdamW ``_momentums`` and
+# ``_velocities``.
+_KERAS_SLOTS = {"momentum": ("momentums", "_momentums"), "velocity": ("_velocities",)}
+
+
+def write_optimizer_state(model: Any, opt_state: Any) -> None:
+    """The run's optimizer state into the Keras model's optimizer (``spec.to_keras()``, which
+    ``engines.keras_fit.compile_model`` gave it), as Keras's own ``fit`` leaves it:
+    ``iterations`` the updates applied, each slot (velocity, Adam's moments) per variable. A
+    model saved after a native run then resumes training where the run stopped."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or not isinstance(opt_state, KerasOptState):
+        return
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # a loss-scale wrapper's own
+    if not inner.built:
+        inner.build(model.trainable_variables)
+    for target in {id(optimizer): optimizer, id(inner): inner}.values():
+        target.iterations.assign(np.asarray(opt_state.count))
+    for field, names in _KERAS_SLOTS.items():
+        values = getattr(opt_state, field)
+        slots = next((getattr(inner, name) for name in names if getattr(inner, name, None)), [])
+        if values == () or not slots:
+            continue
+        for slot, value in zip(slots, values, strict=True):
+            slot.assign(np.asarray(value))

@@ -183,6 +183,14 @@ class DataParallelTrainer:
         """Write the trained values into the Keras model (save/evaluate/predict use them)."""
         for variable, value in zip(self._variables(self.model), self.snapshot(), strict=True):
             variable.assign(value)
+        # The optimizer state too (iterations, slots), so a saved model resumes: the model's
+        # optimizer is the same spec's Keras optimizer, built on the same variables in order.
+        optimizer = self.model.optimizer
+        if optimizer is not None:
+            if not optimizer.built:
+                optimizer.build(self.model.trainable_variables)
+            for target, value in zip(optimizer.variables, self.optimizer.variables, strict=True):
+                target.assign(value.numpy())
 
     def evaluate(self) -> tuple[float, float]:
         """Validation loss (the task's + regularization) and metric, on this process."""

@@ -13,110 +13,37 @@ terminal.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from kbackend.config import Target, TrainConfig, check_metrics
-from kbackend.data import DATASETS
+from kbackend.data.user import own_batch_size
 from kbackend.io import atomic_write
 from kbackend.models import ModelOptions
 from kbackend.optim import OptimizerSpec
 from kbackend.progress import EpochReporter
 from kbackend.study.config import StudyConfig
 from kbackend.study.pipeline import run_study
-from kbackend.training import TrainResult
+from kbackend.study.results import (
+    CellRow,
+    Recommendation,
+    StudyResult,
+    recommendation,
+    recommendation_lines,
+)
+from kbackend.training import TrainResult, save_model
 from kbackend.training import train as train_config
 from kbackend.workload import Workload, prepare_workload
 
-__all__ = ["StudyResult", "recommendation", "study", "train"]
+__all__ = ["CellRow", "Recommendation", "StudyResult", "recommendation", "recommendation_lines",
+           "study", "train"]
 
-
-@dataclass
-class StudyResult:
-    """A finished study: ``best`` (the recommended cell: optimizer, batch size, learning rate,
-    time and steps to target with their intervals, the cells it ties with, the command and the
-    Python call that train at it), ``rows`` (every cell: the fixed batch sizes', then any
-    auto cells, whose ``batch_size`` is ``"auto"``), ``report_path`` and the raw ``study`` /
-    ``analysis`` records."""
-
-    best: dict[str, Any] | None
-    rows: list[dict[str, Any]]
-    report_path: Path
-    study: dict[str, Any] = field(repr=False)
-    analysis: dict[str, Any] = field(repr=False)
-
-
-def recommendation(study: dict[str, Any]) -> dict[str, Any] | None:
-    """The cell to train at: the fastest median time to target; where the intervals cannot
-    separate it from others (``tied_with``), the cheapest among them: the fewest samples
-    processed to the target (steps x batch, the compute a run costs on any hardware). None if
-    no cell reached."""
-    cells = [c for c in study["cells"] if c.get("reached") and c.get("time_to_target")]
-    if not cells:
-        return None
-    fastest = min(cells, key=lambda c: c["time_to_target"])
-    low, high = _span(fastest)
-    tied = [c for c in cells if c is not fastest and _span(c)[0] <= high and low <= _span(c)[1]]
-    best = min([fastest, *tied], key=lambda c: (_samples(c), c["time_to_target"]))
-    tied = [c for c in [fastest, *tied] if c is not best]
-    config = study["config"]
-    target = config["target"]
-    command = (f"kbackend train --model {config['model']} "
-               + (f"--dataset {config['dataset']}" if config["dataset"] in _builtin_datasets()
-                  else f"--data {config['dataset']}")
-               + (f" --label {config['label']}" if config.get("label") else "")
-               + f" --optimizer {best['optimizer']} --lr {best['learning_rate']:g} "
-               f"--batch-size {best['batch_size']} --target-metric {target['metric']} "
-               f"--target {target['value']:g} --epochs 100 --save best.keras")
-    call = (f"kbackend.train({config['model']!r}, data={config['dataset']!r}, "
-            f"optimizer={best['optimizer']!r}, learning_rate={best['learning_rate']:g}, "
-            f"batch_size={best['batch_size']}, target={target['value']:g}, "
-            f"target_metric={target['metric']!r}, epochs=100, save='best.keras')")
-    return {"optimizer": best["optimizer"], "batch_size": best["batch_size"],
-            "learning_rate": best["learning_rate"], "time_to_target": best["time_to_target"],
-            "steps_to_target": best["steps_to_target"],
-            "intervals": {k: best["intervals"].get(k) for k in ("time_to_target",
-                                                                 "steps_to_target")},
-            "tied_with": [(c["optimizer"], c["batch_size"]) for c in tied],
-            "resolved": not tied and best.get("seeds", 1) > 1, "seeds": best.get("seeds", 1),
-            "command": command, "python": call}
-
-
-def recommendation_lines(best: dict[str, Any] | None) -> list[str]:
-    """What the study's console ends with: the cell to train at and the command that does."""
-    if best is None:
-        return ["No cell reached the target: nothing to recommend (raise the budget with "
-                "--max-steps, or lower --target)."]
-    ties = ", ".join(f"{o} at batch {b}" for o, b in best["tied_with"])
-    if best["seeds"] < 2:
-        why = " (one seed: no interval, so not resolved; the fastest median)"
-    elif ties:
-        why = (f" (tied with {ties} within the intervals: of those, the fewest samples to the "
-               "target)")
-    else:
-        why = " (resolved: the intervals separate it from every other cell)"
-    return [f"Recommended: {best['optimizer']} at batch {best['batch_size']}, lr "
-            f"{best['learning_rate']:g}{why}.", f"  {best['command']}", f"  {best['python']}"]
-
-
-def _samples(cell: dict[str, Any]) -> float:
-    samples = cell.get("samples_to_target")
-    return samples if samples is not None else cell["steps_to_target"] * cell["batch_size"]
-
-
-def _span(cell: dict[str, Any]) -> tuple[float, float]:
-    interval = (cell.get("intervals") or {}).get("time_to_target") or {}
-    return (interval.get("low", cell["time_to_target"]),
-            interval.get("high", cell["time_to_target"]))
-
-
-def _builtin_datasets() -> tuple[str, ...]:
-    return tuple(DATASETS)
+DEFAULT_BATCH_SIZE = 32  # Keras fit's default
 
 
 def _workload(model: Any, x: Any, y: Any, validation_data: Any, data: Any, label: str | None,
@@ -138,20 +65,26 @@ def _target(target: float | None, target_metric: str | None, workload: Workload)
 
 
 def train(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = None,
-          data: Any = None, label: str | None = None, batch_size: int = 32, epochs: int = 5,
+          data: Any = None, label: str | None = None, batch_size: int | None = None,
+          epochs: int = 5,
           optimizer: str = "adam", learning_rate: float = 1e-3, engine: str = "native",
           fused_steps: int | str = "auto", target: float | None = None,
           target_metric: str | None = None, early_stopping: int = 0, seed: int = 0,
           validation_fraction: float = 0.1, from_weights: bool = False,
           unsafe_deserialization: bool = False, progress: bool | None = None,
           save: str | os.PathLike | None = None, history: str | os.PathLike | None = None,
-          **options: Any) -> TrainResult:
+          tensorboard: str | os.PathLike | None = None, **options: Any) -> TrainResult:
     """Train the user's ``model`` on their data, as ``model.fit(x, y, validation_data=...)``
     would, on kbackend's engines; the trained model, its history and the dataset.
 
-    ``target`` stops at the first evaluation where ``target_metric`` (default ``val_`` + the
-    model's metric) reaches it. ``progress``: per-epoch lines (default: on a terminal).
-    ``options``: further ``TrainConfig`` fields (``eval_every``, ``max_steps``, ...)."""
+    ``batch_size``: default a ``tf.data`` set's own (``.batch(64)``), else 32; one that
+    replaces the set's own is said in one line. ``target`` stops at the first evaluation where
+    ``target_metric`` (default ``val_`` + the model's metric) reaches it. ``progress``:
+    per-epoch lines (default: on a terminal). ``tensorboard``: a folder for TensorBoard event
+    files (each evaluation's scalars). ``options``: further ``TrainConfig`` fields
+    (``eval_every``, ``max_steps``, ...). ``result.history.history`` is a dict of
+    per-evaluation lists, as Keras's ``History.history``."""
+    batch_size = _batch_size(batch_size, x, progress)
     workload = _workload(model, x, y, validation_data, data, label, seed, target_metric,
                          from_weights, unsafe_deserialization, validation_fraction)
     engine = "native" if engine == "auto" else engine  # every source is in memory
@@ -167,7 +100,19 @@ def train(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
         validation_fraction=validation_fraction, task=workload.task, **options)
     check_metrics(config)
     return train_config(config, reporter=_reporter(progress), save=save, history_path=history,
-                        workload=workload)
+                        workload=workload, tensorboard=tensorboard)
+
+
+def _batch_size(asked: int | None, x: Any, progress: bool | None) -> int:
+    """The batch size to train at: ``asked``, else the tf.data set's own, else 32; where
+    ``asked`` replaces the set's own, one line says so (unless ``progress=False``)."""
+    own = own_batch_size(x)
+    if asked is None:
+        return own or DEFAULT_BATCH_SIZE
+    if own is not None and own != asked and _shown(progress):
+        print(f"batch_size={asked} replaces the tf.data set's own batch of {own} (kbackend "
+              "reads the set into memory and batches it itself).", file=sys.stderr)
+    return asked
 
 
 def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = None,
@@ -175,20 +120,25 @@ def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
           "adam"), batch_sizes: tuple[int, ...] | None = None, target: float | None = None,
           target_metric: str | None = None, seeds: int = 3,
           out: str | os.PathLike = "runs/study", progress: bool | None = None,
-          **options: Any) -> StudyResult:
+          tensorboard: str | os.PathLike | None = None, **options: Any) -> StudyResult:
     """The batch-size x optimizer study on the user's ``model`` and data: which batch size,
     optimizer and learning rate reach ``target`` of ``target_metric`` (default ``val_`` + the
     model's metric) in the least training time on this machine. Returns a ``StudyResult``
-    (``.best``, ``.rows``, ``.report_path``). ``options``: further ``StudyConfig`` fields.
+    (``.best``: a ``Recommendation``; ``.rows``: ``CellRow`` s; ``.report_path``,
+    ``.runs_path``, ``.to_dict()``, ``.to_pandas()``). ``progress``: the progress bar and the
+    printed table (default: on a terminal; False prints nothing). ``tensorboard``: a folder for
+    a TensorBoard run per run and the HParams experiment. ``options``: further
+    ``StudyConfig`` fields.
 
-    In-memory data (arrays, ``tf.data``) is written to ``out`` as an ``.npz`` the study reads
-    (and keys its store by), so a re-run resumes; a builder given as a function must be
-    importable by name (defined in a module, not in ``__main__``'s interactive session)."""
+    In-memory data (arrays, ``tf.data``) and a ``keras.Model`` are written under ``out``, named
+    by their content (the model by its architecture and compile settings: every run starts from
+    fresh weights), so a re-run resumes; a builder given as a function must be importable by
+    name (defined in a module, not in ``__main__``'s interactive session)."""
     if target is None:
         raise TypeError("study() needs target=: the validation value every cell races to "
                         "(e.g. target=0.9 for val_accuracy, target=0.45, target_metric='val_mae').")
     out_path = Path(out)
-    model_source = _model_source_string(model)
+    model_source = _model_source_string(model, out_path)
     data_source = data
     if x is not None:
         workload = _workload(model, x, y, validation_data, None, label, 0, target_metric, False,
@@ -201,24 +151,48 @@ def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
                          optimizers=tuple(optimizers), batch_sizes=batch_sizes,
                          target=Target(metric, target), seeds=seeds,
                          engine=options.pop("engine", "native"), **options)
-    show = sys.stderr.isatty() if progress is None else progress
-    outcome = run_study(config, out_path, show_progress=show)
-    cells = [*outcome["study"]["cells"], *outcome["study"].get("auto_cells", [])]
-    return StudyResult(recommendation(outcome["study"]), cells,
-                       Path(outcome["paths"]["report"]), outcome["study"], outcome["analysis"])
+    show = _shown(progress)
+    outcome = run_study(config, out_path, show_progress=show, print_results=show,
+                        tensorboard=tensorboard)
+    paths = outcome["paths"]
+    return StudyResult.of(outcome["study"], outcome["analysis"], Path(paths["report"]),
+                          Path(paths["runs"]) if paths.get("runs") else None)
 
 
-def _model_source_string(model: Any) -> str:
-    """A source string a study's runs (and Ray workers) can rebuild ``model`` from."""
+def _model_source_string(model: Any, out: Path) -> str:
+    """A source string a study's runs (and Ray workers) can rebuild ``model`` from: a live
+    ``keras.Model`` is saved under ``out`` first (``_save_model``)."""
     if isinstance(model, str | os.PathLike):
         return str(model)
+    if _is_keras_model(model):
+        return str(_save_model(model, out))
     module = getattr(model, "__module__", None)
     name = getattr(model, "__qualname__", None)
     if callable(model) and module and name and module != "__main__" and "<" not in name:
         return f"{module}:{name}"
-    raise TypeError("study() takes the model as a built-in name, a .keras path, "
+    raise TypeError("study() takes the model as a keras.Model, a built-in name, a .keras path, "
                     "FILE.py:FUNCTION or an importable builder function (its runs build a "
-                    "fresh model per seed and cell); save a keras.Model with model.save().")
+                    "fresh model per seed and cell).")
+
+
+def _is_keras_model(model: Any) -> bool:
+    keras = sys.modules.get("keras")  # a live keras.Model means Keras is already imported
+    return keras is not None and isinstance(model, keras.Model)
+
+
+def _save_model(model: Any, out: Path) -> Path:
+    """``model`` as ``out/models/<name>-<digest>.keras`` (atomically; reused when present),
+    the digest of its architecture and compile settings: what its runs rebuild, each from
+    fresh weights, so a re-run with the same model resumes from the store."""
+    digest = hashlib.sha256(model.to_json().encode())
+    compiled = model.get_compile_config() if hasattr(model, "get_compile_config") else None
+    digest.update(json.dumps(compiled, sort_keys=True, default=str).encode())
+    name = "".join(c if c.isalnum() or c in "-_" else "_" for c in model.name) or "model"
+    path = out / "models" / f"{name}-{digest.hexdigest()[:16]}.keras"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_model(model, path)
+    return path
 
 
 def _save_arrays(workload: Workload, out: Path) -> Path:
@@ -237,7 +211,10 @@ def _save_arrays(workload: Workload, out: Path) -> Path:
     return path
 
 
+def _shown(progress: bool | None) -> bool:
+    return sys.stderr.isatty() if progress is None else progress
+
+
 def _reporter(progress: bool | None) -> EpochReporter | None:
-    show = sys.stderr.isatty() if progress is None else progress
-    return EpochReporter() if show else None
+    return EpochReporter() if _shown(progress) else None
 

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kbackend.adaptive import AUTO, LR_SCALINGS
-from kbackend.api import recommendation, recommendation_lines
 from kbackend.commands.train import add_source_arguments
 from kbackend.engines import engine_names
 from kbackend.errors import ConfigError, path_errors
@@ -226,6 +225,11 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                              "target predicted there (steps here x its step times)")
     output.add_argument("--out", default=DEFAULT_OUT,
                         help=f"folder for study.db and the reports (default {DEFAULT_OUT})")
+    output.add_argument("--tensorboard", default=None, metavar="DIR",
+                        help="also write a TensorBoard run folder per run (each evaluation's "
+                             "scalars) and the HParams experiment (optimizer, batch size, rate; "
+                             "steps and time to target, best validation value) to DIR; needs "
+                             "the tensorboard extra")
     output.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 
@@ -280,9 +284,8 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
 
 def run(args: argparse.Namespace) -> int:
     check_output_folder(args.out, "--out")
-    outcome = run_study(config_from_args(args), args.out, show_progress=not args.no_progress)
-    for line in recommendation_lines(recommendation(outcome["study"])):
-        print(line)
+    run_study(config_from_args(args), args.out, show_progress=not args.no_progress,
+              tensorboard=args.tensorboard)
     return 0
 
 

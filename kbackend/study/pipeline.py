@@ -29,10 +29,13 @@ from kbackend.study.analysis import analyze
 from kbackend.study.config import StudyConfig
 from kbackend.study.device_profile import check_profile, load_profile, predict
 from kbackend.study.executor import StudyRunner
+from kbackend.study.exports import write_runs_csv, write_tensorboard
 from kbackend.study.report import CONSOLE_WIDTH, print_table, write_report
+from kbackend.study.results import recommendation, recommendation_lines
 from kbackend.study.store import ResultStore
 from kbackend.study.timing import TimeSpent
 from kbackend.task import metric_direction
+from kbackend.tensorboard_logs import check_logdir, require_hparams_plugin
 
 DB_NAME = "study.db"
 
@@ -159,14 +162,22 @@ def accounting_line(account: dict[str, Any]) -> str:
 
 
 def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool = True,
-              console: Any = None, print_results: bool = True) -> dict[str, Any]:
-    """Run or resume ``config`` with its results in ``out_dir/study.db``; write the report.
+              console: Any = None, print_results: bool = True,
+              tensorboard: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Run or resume ``config`` with its results in ``out_dir/study.db``; write the report,
+    ``runs.csv`` beside it and, with ``tensorboard``, a TensorBoard run folder per run and the
+    HParams experiment there.
 
     Returns ``{"study", "analysis", "paths", "wall_time", "executed", "skipped"}``. All input
     checks run before any training.
     """
     console = console or Console(stderr=True)
     out = Path(out_dir)
+    if tensorboard is not None:
+        require_hparams_plugin()
+        check_logdir(tensorboard, inputs={"--model": config.model, "--data": config.dataset,
+                                          "--out": out / DB_NAME})
+    started_at = time.time()  # runs stored before it are reused (runs.csv's ``reused``)
     start = time.perf_counter()
     load_before = os.getloadavg()[0]
     runner = StudyRunner(config, None)
@@ -205,18 +216,23 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
             raise OutputError(f"Could not write the report under {str(out)!r}: "
                               f"{error.strerror or error}; every run is kept in the store, so "
                               "running the command again writes it.") from None
+            paths["runs"] = write_runs_csv(study, report_dir(out, study), started_at)
+            if tensorboard is not None:
+                write_tensorboard(study, tensorboard)
         summary = read_json(paths["summary"])
         # One summary per backend, engine and device: what `study compare` puts side by side.
         store.put_summary(study["study"], f"{study['env']['backend']}/{config.engine}",
                           study["env"]["device"], summary)
     account = time_accounting(runner.time_spent, wall_time, study["time_spent"]["whole_process_s"],
                               report_seconds=time.perf_counter() - before_report)
-    if print_results:
+    if print_results:  # the answer and the wall time first, then the table and the findings
         stdout = Console() if Console().is_terminal else Console(width=CONSOLE_WIDTH)
+        for line in recommendation_lines(recommendation(study)):
+            stdout.print(line, highlight=False, soft_wrap=True)
+        stdout.print(f"wall time {wall_time:.1f} s: {runner.executed} runs trained, "
+                     f"{events.skipped} reused from {out / DB_NAME}; report: {paths['report']}",
+                     highlight=False)
         print_table(study, analysis, console=stdout)
-        stdout.print(f"{runner.executed} runs trained, {events.skipped} reused from "
-                        f"{out / DB_NAME}; wall time {wall_time:.1f} s; report: {paths['report']}",
-                        highlight=False)
         stdout.print(f"Time: {accounting_line(account)}", highlight=False)
     return {"study": study, "analysis": analysis, "paths": paths, "wall_time": wall_time,
             "executed": runner.executed, "skipped": events.skipped, "time_spent": account}

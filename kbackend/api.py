@@ -184,9 +184,9 @@ def _save_model(model: Any, out: Path) -> Path:
     """``model`` as ``out/models/<name>-<digest>.keras`` (atomically; reused when present),
     the digest of its architecture and compile settings: what its runs rebuild, each from
     fresh weights, so a re-run with the same model resumes from the store."""
-    digest = hashlib.sha256(model.to_json().encode())
     compiled = model.get_compile_config() if hasattr(model, "get_compile_config") else None
-    digest.update(json.dumps(compiled, sort_keys=True, default=str).encode())
+    digest = hashlib.sha256(json.dumps(_canonical_names([json.loads(model.to_json()), compiled]),
+                                       sort_keys=True, default=str).encode())
     name = "".join(c if c.isalnum() or c in "-_" else "_" for c in model.name) or "model"
     path = out / "models" / f"{name}-{digest.hexdigest()[:16]}.keras"
     if not path.exists():
@@ -213,6 +213,33 @@ def _save_arrays(workload: Workload, out: Path) -> Path:
 
 def _shown(progress: bool | None) -> bool:
     return sys.stderr.isatty() if progress is None else progress
+
+
+def _canonical_names(config: Any) -> Any:
+    """``config`` with every ``"name"`` (and each reference to it) replaced by its order of
+    appearance: Keras numbers the layers of each new model on (``dense_3``), so the same
+    architecture built twice has the same canonical config."""
+    names: dict[str, str] = {}
+
+    def collect(value: Any) -> None:
+        if isinstance(value, dict):
+            if isinstance(value.get("name"), str):
+                names.setdefault(value["name"], f"#{len(names)}")
+            for item in value.values():
+                collect(item)
+        elif isinstance(value, list):
+            for item in value:
+                collect(item)
+
+    def rename(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: rename(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [rename(item) for item in value]
+        return names.get(value, value) if isinstance(value, str) else value
+
+    collect(config)
+    return rename(config)
 
 
 def _reporter(progress: bool | None) -> EpochReporter | None:

@@ -212,13 +212,13 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
         analysis = analyze(study)
         try:
             paths = write_report(study, analysis, report_dir(out, study), wall_time)
+            paths["runs"] = write_runs_csv(study, report_dir(out, study), started_at)
+            if tensorboard is not None:
+                write_tensorboard(study, tensorboard)
         except OSError as error:  # the runs are stored: a re-run writes the report from them
             raise OutputError(f"Could not write the report under {str(out)!r}: "
                               f"{error.strerror or error}; every run is kept in the store, so "
                               "running the command again writes it.") from None
-            paths["runs"] = write_runs_csv(study, report_dir(out, study), started_at)
-            if tensorboard is not None:
-                write_tensorboard(study, tensorboard)
         summary = read_json(paths["summary"])
         # One summary per backend, engine and device: what `study compare` puts side by side.
         store.put_summary(study["study"], f"{study['env']['backend']}/{config.engine}",

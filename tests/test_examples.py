@@ -53,6 +53,7 @@ def test_the_conv1d_batchnorm_example_trains(example_data, cli):
     assert "conv1d_classifier on sequences.npz" in result.stdout
 
 
+@pytest.mark.slow  # a study and a training run in a fresh process: ~60-100 s here
 def test_the_tensorboard_example_logs_a_study_and_a_training_run(tmp_path):
     """examples/tensorboard_study.py --quick: the study's run folders with the HParams
     experiment, runs.csv, and the best cell trained with its scalars logged."""

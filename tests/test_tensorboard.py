@@ -271,3 +271,20 @@ def test_the_console_shows_the_stored_test_value_after_a_resume(studied):
     _, first, again, *_ = studied
     assert [r.test_metric for r in again.rows] == [r.test_metric for r in first.rows]
     assert all(r.test_metric is not None for r in again.rows)
+
+
+def test_a_narrow_console_drops_whole_columns_and_names_them(studied):
+    from kbackend.study.report import console_rows, fitting_columns
+
+    study = _with_auto_cell(studied[2].study)
+    header, rows, _ = console_rows(study)
+    full = sum(max(len(t) for t in [h, *(r[i] for r in rows)]) for i, h in enumerate(header))
+    needed = full + 2 * (len(header) - 1)
+    assert fitting_columns(header, rows, needed) == list(range(len(header)))
+    assert fitting_columns(header, rows, needed - 1) == list(range(len(header) - 1))
+    lines = _printed(study, width=needed - 1)
+    assert max(len(line) for line in lines) <= needed - 1
+    assert "…" not in "\n".join(lines)
+    table = [line for line in lines if line.lstrip().startswith("adam")]
+    assert all(len(line.split()) >= 6 for line in table)  # nothing blank
+    assert "testmaeandeverycolumn:thereport" in "".join("".join(lines).split())

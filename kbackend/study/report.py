@@ -28,6 +28,7 @@ CONSOLE_WIDTH = 100
 # The console table's columns, most needed first: where the console is too narrow for all, the
 # last ones are dropped whole (never cut or left blank; every column is in the report).
 CONSOLE_COLUMNS = ("optimizer", "batch", "lr", "time (s)", "steps", "reached", "test")
+_GAP = 2  # spaces between the console table's columns (rich: collapsed padding of 1)
 # Metric names shortened in the console's test column header.
 _SHORT_METRICS = {"accuracy": "acc", "sparse_categorical_accuracy": "acc",
                   "categorical_accuracy": "acc", "binary_accuracy": "acc",
@@ -68,12 +69,12 @@ def console_rows(study: dict[str, Any]) -> tuple[list[str], list[list[str]], lis
 
 
 def fitting_columns(header: list[str], rows: list[list[str]], width: int) -> list[int]:
-    """The columns (indices, in order) that fit ``width`` at their full width with one space
-    between them: the last of ``CONSOLE_COLUMNS`` are dropped first."""
+    """The columns (indices, in order) that fit ``width`` at their full width with
+    ``_GAP`` spaces between them: the last of ``CONSOLE_COLUMNS`` are dropped first."""
     widths = [max(len(text) for text in [name, *(row[i] for row in rows)])
               for i, name in enumerate(header)]
     keep = list(range(len(header)))
-    while len(keep) > 2 and sum(widths[i] for i in keep) + len(keep) - 1 > width:
+    while len(keep) > 2 and sum(widths[i] for i in keep) + _GAP * (len(keep) - 1) > width:
         keep.pop()
     return keep
 
@@ -90,7 +91,8 @@ def print_table(study: dict[str, Any], analysis: dict[str, Any], console: Any = 
     console.print(f"{study['config']['model']} on {study['dataset']['name']}: time to "
                   f"{target['metric']} {target['value']:g} ({study['env']['backend']})",
                   highlight=False)
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), show_edge=False)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), show_edge=False,
+                  collapse_padding=True)  # _GAP spaces between columns
     for index in keep:
         table.add_column(header[index], no_wrap=True, min_width=len(header[index]),
                          justify="left" if index in (0, 5) else "right")

@@ -288,3 +288,21 @@ def test_a_narrow_console_drops_whole_columns_and_names_them(studied):
     table = [line for line in lines if line.lstrip().startswith("adam")]
     assert all(len(line.split()) >= 6 for line in table)  # nothing blank
     assert "testmaeandeverycolumn:thereport" in "".join("".join(lines).split())
+
+
+def test_study_cli_refuses_a_bad_tensorboard_folder_in_one_line(cli, tmp_path, monkeypatch):
+    np.savez(tmp_path / "d.npz", x_train=X, y_train=CLASSES)
+    afile = tmp_path / "a.txt"
+    afile.write_text("x")
+    flags = ("study", "--model", "seed_mlp", "--data", str(tmp_path / "d.npz"), "--target",
+             "0.9", "--out", str(tmp_path / "out"), "--no-progress")
+    for path, words in ((afile, "is a file"), (tmp_path / "d.npz", "is also --data")):
+        bad = cli(*flags, "--tensorboard", str(path))
+        assert bad.returncode == 2 and words in bad.stderr, bad.stderr
+        assert len(bad.stderr.strip().splitlines()) == 1
+    import kbackend.tensorboard_logs as logs
+
+    monkeypatch.setattr(logs.importlib.util, "find_spec", lambda name: None)
+    bad = cli(*flags, "--tensorboard", str(tmp_path / "tb"))
+    assert bad.returncode == 2 and "pip install 'kbackend[tensorboard]'" in bad.stderr
+    assert not (tmp_path / "out" / "study.db").exists()

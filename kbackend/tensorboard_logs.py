@@ -14,7 +14,8 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,21 @@ class ScalarWriter:
     def close(self) -> None:
         self.writer.flush()
         self.writer.close()
+
+
+@contextmanager
+def scalar_writer(logdir: str | os.PathLike | None, spec: OptimizerSpec, batch_size: int,
+                  auto: bool, inner: Any) -> Iterator[Any]:
+    """The reporter a run reports to: a ``ScalarWriter`` around ``inner`` (closed when the run
+    ends) where ``logdir`` is given, else ``inner`` itself."""
+    if logdir is None:
+        yield inner
+        return
+    writer = ScalarWriter(logdir, spec, batch_size, auto=auto, inner=inner)
+    try:
+        yield writer
+    finally:
+        writer.close()
 
 
 def write_scalars(writer: Any, step: int, scalars: Mapping[str, float]) -> None:

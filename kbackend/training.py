@@ -28,7 +28,7 @@ from kbackend.history import History
 from kbackend.io import atomic_write, check_output_path
 from kbackend.models import MODELS, build_model, check_model_fits, model_layout
 from kbackend.precision import precision_scope
-from kbackend.tensorboard_logs import ScalarWriter, check_logdir
+from kbackend.tensorboard_logs import check_logdir, scalar_writer
 from kbackend.workload import Workload, prepare_workload, unwrap
 
 __all__ = ["MONITORS", "Diverged", "Target", "TrainConfig", "TrainResult", "load_dataset",
@@ -138,19 +138,13 @@ def train(
         check_model_fits(config.model, dataset.info, config.model_options)
         with precision_scope(config.precision):
             model = build_model(config.model, dataset.info, config.model_options)
-    writer = None
-    if tensorboard is not None and distributed.is_chief():
-        reporter = writer = ScalarWriter(tensorboard, plan.optimizer, plan.batch_size,
-                                         auto=config.adaptive_batch is not None, inner=reporter)
     start = time.perf_counter()
-    try:
+    with scalar_writer(tensorboard if distributed.is_chief() else None, plan.optimizer,
+                       plan.batch_size, config.adaptive_batch is not None, reporter) as reporter:
         if config.adaptive_batch is not None:  # the native engines with a growing batch
             history = adaptive_engine.train(model, dataset, plan, config, reporter)
         else:
             history = engine(model, dataset, plan, config, reporter)
-    finally:
-        if writer is not None:
-            writer.close()
     history.timing["wall_time"] = time.perf_counter() - start
     if not history.test:  # the native engine evaluates the test split itself
         test_loss, test_metric = model.evaluate(

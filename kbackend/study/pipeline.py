@@ -173,10 +173,7 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
     """
     console = console or Console(stderr=True)
     out = Path(out_dir)
-    if tensorboard is not None:
-        require_hparams_plugin()
-        check_logdir(tensorboard, inputs={"--model": config.model, "--data": config.dataset,
-                                          "--out": out / DB_NAME})
+    _check_tensorboard(config, out, tensorboard)
     started_at = time.time()  # runs stored before it are reused (runs.csv's ``reused``)
     start = time.perf_counter()
     load_before = os.getloadavg()[0]
@@ -225,17 +222,33 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
                           study["env"]["device"], summary)
     account = time_accounting(runner.time_spent, wall_time, study["time_spent"]["whole_process_s"],
                               report_seconds=time.perf_counter() - before_report)
-    if print_results:  # the answer and the wall time first, then the table and the findings
-        stdout = Console() if Console().is_terminal else Console(width=CONSOLE_WIDTH)
-        for line in recommendation_lines(recommendation(study)):
-            stdout.print(line, highlight=False, soft_wrap=True)
-        stdout.print(f"wall time {wall_time:.1f} s: {runner.executed} runs trained, "
-                     f"{events.skipped} reused from {out / DB_NAME}; report: {paths['report']}",
-                     highlight=False)
-        print_table(study, analysis, console=stdout)
-        stdout.print(f"Time: {accounting_line(account)}", highlight=False)
+    if print_results:
+        print_results_of(study, analysis, f"wall time {wall_time:.1f} s: {runner.executed} runs "
+                         f"trained, {events.skipped} reused from {out / DB_NAME}; report: "
+                         f"{paths['report']}", account)
     return {"study": study, "analysis": analysis, "paths": paths, "wall_time": wall_time,
             "executed": runner.executed, "skipped": events.skipped, "time_spent": account}
+
+
+def print_results_of(study: dict[str, Any], analysis: dict[str, Any], wall_line: str,
+                     account: dict[str, Any]) -> None:
+    """The console's answer and wall time first, then the table and the findings, then where
+    the time went."""
+    stdout = Console() if Console().is_terminal else Console(width=CONSOLE_WIDTH)
+    for line in recommendation_lines(recommendation(study)):
+        stdout.print(line, highlight=False, soft_wrap=True)
+    stdout.print(wall_line, highlight=False)
+    print_table(study, analysis, console=stdout)
+    stdout.print(f"Time: {accounting_line(account)}", highlight=False)
+
+
+def _check_tensorboard(config: StudyConfig, out: Path,
+                       tensorboard: str | os.PathLike | None) -> None:
+    """``--tensorboard``: the HParams plugin installed, the folder writable and no input."""
+    if tensorboard is not None:
+        require_hparams_plugin()
+        check_logdir(tensorboard, inputs={"--model": config.model, "--data": config.dataset,
+                                          "--out": out / DB_NAME})
 
 
 # -- comparison across backends / devices --------------------------------------------------------

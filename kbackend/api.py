@@ -13,9 +13,9 @@ terminal.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ import numpy as np
 
 from kbackend.commands.train import command_line as train_command_line
 from kbackend.config import Target, TrainConfig, check_metrics
+from kbackend.data.user import own_batch_size
 from kbackend.distributed import prepare
 from kbackend.errors import ConfigError
 from kbackend.io import atomic_write
@@ -31,9 +32,16 @@ from kbackend.optim import OptimizerSpec
 from kbackend.progress import EpochReporter
 from kbackend.study.config import StudyConfig, default_target
 from kbackend.study.pipeline import run_study
-from kbackend.study.recommend import CONFIRM_SEEDS, recommendation, recommendation_lines
+from kbackend.study.recommend import CONFIRM_SEEDS
+from kbackend.study.results import (
+    CellRow,
+    Recommendation,
+    StudyResult,
+    recommendation,
+    recommendation_lines,
+)
 from kbackend.study.targets import missing_target_error, needs_explicit_target
-from kbackend.training import TrainResult
+from kbackend.training import TrainResult, save_model
 from kbackend.training import train as train_config
 from kbackend.workload import Workload, prepare_workload
 
@@ -41,22 +49,10 @@ from kbackend.workload import Workload, prepare_workload
 PARALLEL_FIELDS = ("devices", "data_parallel", "dp_impl", "virtual_devices", "num_processes",
                    "process_id", "coordinator", "coordinator_timeout", "heartbeat_timeout")
 
-__all__ = ["StudyResult", "recommendation", "recommendation_lines", "study", "train"]
+__all__ = ["CellRow", "Recommendation", "StudyResult", "recommendation", "recommendation_lines",
+           "study", "train"]
 
-
-@dataclass
-class StudyResult:
-    """A finished study: ``best`` (the recommended cell: optimizer, batch size, learning rate,
-    time and steps to target with their intervals, the cells it ties with, the command and the
-    Python call that train at it), ``rows`` (every cell: the fixed batch sizes', then any
-    auto cells, whose ``batch_size`` is ``"auto"``), ``report_path`` and the raw ``study`` /
-    ``analysis`` records."""
-
-    best: dict[str, Any] | None
-    rows: list[dict[str, Any]]
-    report_path: Path
-    study: dict[str, Any] = field(repr=False)
-    analysis: dict[str, Any] = field(repr=False)
+DEFAULT_BATCH_SIZE = 32  # Keras fit's default
 
 
 def _workload(model: Any, x: Any, y: Any, validation_data: Any, data: Any, label: str | None,
@@ -81,20 +77,26 @@ def _target(target: float | None, target_metric: str | None, workload: Workload)
 
 
 def train(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = None,
-          data: Any = None, label: str | None = None, batch_size: int = 32, epochs: int = 5,
+          data: Any = None, label: str | None = None, batch_size: int | None = None,
+          epochs: int = 5,
           optimizer: str = "adam", learning_rate: float = 1e-3, engine: str = "native",
           fused_steps: int | str = "auto", target: float | None = None,
           target_metric: str | None = None, early_stopping: int = 0, seed: int = 0,
           validation_fraction: float = 0.1, from_weights: bool = False,
           unsafe_deserialization: bool = False, progress: bool | None = None,
           save: str | os.PathLike | None = None, history: str | os.PathLike | None = None,
-          **options: Any) -> TrainResult:
+          tensorboard: str | os.PathLike | None = None, **options: Any) -> TrainResult:
     """Train the user's ``model`` on their data, as ``model.fit(x, y, validation_data=...)``
     would, on kbackend's engines; the trained model, its history and the dataset.
 
-    ``target`` stops at the first evaluation where ``target_metric`` (default ``val_`` + the
-    model's metric) reaches it. ``progress``: per-epoch lines (default: on a terminal).
-    ``options``: further ``TrainConfig`` fields (``eval_every``, ``max_steps``, ...)."""
+    ``batch_size``: default a ``tf.data`` set's own (``.batch(64)``), else 32; one that
+    replaces the set's own is said in one line. ``target`` stops at the first evaluation where
+    ``target_metric`` (default ``val_`` + the model's metric) reaches it. ``progress``:
+    per-epoch lines (default: on a terminal). ``tensorboard``: a folder for TensorBoard event
+    files (each evaluation's scalars). ``options``: further ``TrainConfig`` fields
+    (``eval_every``, ``max_steps``, ...). ``result.history.history`` is a dict of
+    per-evaluation lists, as Keras's ``History.history``."""
+    batch_size = _batch_size(batch_size, x, progress)
     # Virtual devices and a multi-process job come before the framework starts (preparing
     # the workload starts it); TrainConfig checks the options first.
     prepare(TrainConfig(**{k: v for k, v in options.items() if k in PARALLEL_FIELDS}))
@@ -113,7 +115,19 @@ def train(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
         validation_fraction=validation_fraction, task=workload.task, **options)
     check_metrics(config)
     return train_config(config, reporter=_reporter(progress), save=save, history_path=history,
-                        workload=workload)
+                        workload=workload, tensorboard=tensorboard)
+
+
+def _batch_size(asked: int | None, x: Any, progress: bool | None) -> int:
+    """The batch size to train at: ``asked``, else the tf.data set's own, else 32; where
+    ``asked`` replaces the set's own, one line says so (unless ``progress=False``)."""
+    own = own_batch_size(x)
+    if asked is None:
+        return own or DEFAULT_BATCH_SIZE
+    if own is not None and own != asked and _shown(progress):
+        print(f"batch_size={asked} replaces the tf.data set's own batch of {own} (kbackend "
+              "reads the set into memory and batches it itself).", file=sys.stderr)
+    return asked
 
 
 def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = None,
@@ -121,18 +135,25 @@ def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
           "adam"), batch_sizes: tuple[int, ...] | None = None, target: float | None = None,
           target_metric: str | None = None, seeds: int = 3,
           out: str | os.PathLike = "runs/study", progress: bool | None = None,
-          confirm_seeds: int = CONFIRM_SEEDS, **options: Any) -> StudyResult:
+          confirm_seeds: int = CONFIRM_SEEDS, tensorboard: str | os.PathLike | None = None,
+          **options: Any) -> StudyResult:
     """The batch-size x optimizer study on the user's ``model`` and data: which batch size,
     optimizer and learning rate reach ``target`` of ``target_metric`` (default ``val_`` + the
     model's metric) in the least training time on this machine. Returns a ``StudyResult``
-    (``.best``, ``.rows``, ``.report_path``). ``confirm_seeds``: held-out seeds the best cell's
-    printed ``train`` command runs on (0: none). ``options``: further ``StudyConfig`` fields.
+    (``.best``: a ``Recommendation``; ``.rows``: ``CellRow`` s; ``.report_path``,
+    ``.runs_path``, ``.to_dict()``, ``.to_pandas()``). ``target``: required for the user's own
+    data (the error names the metric and what a short probe reached). ``confirm_seeds``:
+    held-out seeds the best cell's printed ``train`` command runs on (0: none). ``progress``:
+    the progress bar and the printed table (default: on a terminal; False prints nothing).
+    ``tensorboard``: a folder for a TensorBoard run per run and the HParams experiment.
+    ``options``: further ``StudyConfig`` fields.
 
-    In-memory data (arrays, ``tf.data``) is written to ``out`` as an ``.npz`` the study reads
-    (and keys its store by), so a re-run resumes; a builder given as a function must be
-    importable by name (defined in a module, not in ``__main__``'s interactive session)."""
+    In-memory data (arrays, ``tf.data``) and a ``keras.Model`` are written under ``out``, named
+    by their content (the model by its architecture and compile settings: every run starts from
+    fresh weights), so a re-run resumes; a builder given as a function must be importable by
+    name (defined in a module, not in ``__main__``'s interactive session)."""
     out_path = Path(out)
-    model_source = _model_source_string(model)
+    model_source = _model_source_string(model, out_path)
     data_source = data
     if x is not None:
         workload = _workload(model, x, y, validation_data, None, label, 0, target_metric, False,
@@ -152,25 +173,49 @@ def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
                          optimizers=tuple(optimizers), batch_sizes=batch_sizes,
                          target=Target(metric, target), seeds=seeds,
                          engine=options.pop("engine", "native"), **options)
-    show = sys.stderr.isatty() if progress is None else progress
-    outcome = run_study(config, out_path, show_progress=show, command_line=train_command_line,
+    show = _shown(progress)
+    outcome = run_study(config, out_path, show_progress=show, print_results=show,
+                        tensorboard=tensorboard, command_line=train_command_line,
                         confirm_seeds=confirm_seeds)
-    cells = [*outcome["study"]["cells"], *outcome["study"].get("auto_cells", [])]
-    return StudyResult(recommendation(outcome["study"]), cells,
-                       Path(outcome["paths"]["report"]), outcome["study"], outcome["analysis"])
+    paths = outcome["paths"]
+    return StudyResult.of(outcome["study"], outcome["analysis"], Path(paths["report"]),
+                          Path(paths["runs"]) if paths.get("runs") else None)
 
 
-def _model_source_string(model: Any) -> str:
-    """A source string a study's runs (and Ray workers) can rebuild ``model`` from."""
+def _model_source_string(model: Any, out: Path) -> str:
+    """A source string a study's runs (and Ray workers) can rebuild ``model`` from: a live
+    ``keras.Model`` is saved under ``out`` first (``_save_model``)."""
     if isinstance(model, str | os.PathLike):
         return str(model)
+    if _is_keras_model(model):
+        return str(_save_model(model, out))
     module = getattr(model, "__module__", None)
     name = getattr(model, "__qualname__", None)
     if callable(model) and module and name and module != "__main__" and "<" not in name:
         return f"{module}:{name}"
-    raise TypeError("study() takes the model as a built-in name, a .keras path, "
+    raise TypeError("study() takes the model as a keras.Model, a built-in name, a .keras path, "
                     "FILE.py:FUNCTION or an importable builder function (its runs build a "
-                    "fresh model per seed and cell); save a keras.Model with model.save().")
+                    "fresh model per seed and cell).")
+
+
+def _is_keras_model(model: Any) -> bool:
+    keras = sys.modules.get("keras")  # a live keras.Model means Keras is already imported
+    return keras is not None and isinstance(model, keras.Model)
+
+
+def _save_model(model: Any, out: Path) -> Path:
+    """``model`` as ``out/models/<name>-<digest>.keras`` (atomically; reused when present),
+    the digest of its architecture and compile settings: what its runs rebuild, each from
+    fresh weights, so a re-run with the same model resumes from the store."""
+    compiled = model.get_compile_config() if hasattr(model, "get_compile_config") else None
+    digest = hashlib.sha256(json.dumps(_canonical_names([json.loads(model.to_json()), compiled]),
+                                       sort_keys=True, default=str).encode())
+    name = "".join(c if c.isalnum() or c in "-_" else "_" for c in model.name) or "model"
+    path = out / "models" / f"{name}-{digest.hexdigest()[:16]}.keras"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_model(model, path)
+    return path
 
 
 def _save_arrays(workload: Workload, out: Path) -> Path:
@@ -189,7 +234,37 @@ def _save_arrays(workload: Workload, out: Path) -> Path:
     return path
 
 
+def _shown(progress: bool | None) -> bool:
+    return sys.stderr.isatty() if progress is None else progress
+
+
+def _canonical_names(config: Any) -> Any:
+    """``config`` with every ``"name"`` (and each reference to it) replaced by its order of
+    appearance: Keras numbers the layers of each new model on (``dense_3``), so the same
+    architecture built twice has the same canonical config."""
+    names: dict[str, str] = {}
+
+    def collect(value: Any) -> None:
+        if isinstance(value, dict):
+            if isinstance(value.get("name"), str):
+                names.setdefault(value["name"], f"#{len(names)}")
+            for item in value.values():
+                collect(item)
+        elif isinstance(value, list):
+            for item in value:
+                collect(item)
+
+    def rename(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: rename(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [rename(item) for item in value]
+        return names.get(value, value) if isinstance(value, str) else value
+
+    collect(config)
+    return rename(config)
+
+
 def _reporter(progress: bool | None) -> EpochReporter | None:
-    show = sys.stderr.isatty() if progress is None else progress
-    return EpochReporter() if show else None
+    return EpochReporter() if _shown(progress) else None
 

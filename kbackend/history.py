@@ -9,6 +9,7 @@ step, the monitor's summary, ...) is the typed ``RunRecord`` in ``history.record
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -16,6 +17,9 @@ from typing import Any
 
 from kbackend.io import atomic_write_json, read_json
 from kbackend.task import best_of
+
+# Evaluation entries that say where it was taken, not what it measured.
+EVAL_POSITIONS = ("step", "epoch", "train_time")
 
 
 @dataclass
@@ -115,6 +119,20 @@ class History:
     def record_eval(self, **values: float) -> None:
         """Append one evaluation (e.g. step, epoch, train_time, val_loss, val_accuracy)."""
         self.evals.append({k: (float(v) if isinstance(v, float) else v) for k, v in values.items()})
+
+    @property
+    def history(self) -> dict[str, list[float]]:
+        """Per-evaluation lists, as Keras's ``History.history``: ``loss`` and the metric of
+        training (the mean since the last evaluation), ``val_loss`` and ``val_<metric>``; one
+        entry per evaluation (``evals``' steps and times stay there), NaN where an evaluation
+        lacks a figure."""
+        names: dict[str, str] = {}
+        for record in self.evals:
+            for key in record:
+                if key not in EVAL_POSITIONS:
+                    names.setdefault(key, key.removeprefix("train_"))
+        return {name: [float(e.get(key, math.nan)) for e in self.evals]
+                for key, name in names.items()}
 
     @property
     def steps_run(self) -> int:

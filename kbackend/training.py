@@ -28,6 +28,7 @@ from kbackend.history import History
 from kbackend.io import atomic_write, check_output_path
 from kbackend.models import MODELS, build_model, check_model_fits, model_layout
 from kbackend.precision import precision_scope
+from kbackend.tensorboard_logs import check_logdir, scalar_writer
 from kbackend.workload import Workload, prepare_workload, unwrap
 
 __all__ = ["MONITORS", "Diverged", "Target", "TrainConfig", "TrainResult", "load_dataset",
@@ -88,6 +89,7 @@ def train(
     save: str | os.PathLike | None = None,
     history_path: str | os.PathLike | None = None,
     workload: Workload | None = None,
+    tensorboard: str | os.PathLike | None = None,
 ) -> TrainResult:
     """Train ``config.model`` on ``config.dataset`` with ``config.engine``.
 
@@ -101,6 +103,7 @@ def train(
     A run whose train loss becomes NaN or infinite stops (at most one compiled call late) and
     saves no model; the history, if asked for, is written with ``record.diverged``. Then
     ``Diverged`` is raised, or with ``config.on_divergence == "record"`` the result returned.
+    ``tensorboard``: a folder for TensorBoard event files, the scalars of every evaluation.
     """
     if not isinstance(config, TrainConfig):
         raise ConfigError(f"Invalid config: expected a kbackend.training.TrainConfig. Received: "
@@ -109,6 +112,9 @@ def train(
         check_output_path(save, "--save", suffix=".keras")
     if history_path is not None:
         check_output_path(history_path, "--history")
+    if tensorboard is not None:
+        check_logdir(tensorboard, inputs={"--data": config.dataset, "--model": config.model,
+                                          "--save": save, "--history": history_path})
     if dataset is not None:  # one built in Python skipped load()'s checks
         data_module.validate_dataset(dataset)
     engine = get_engine(distributed.engine_name(config))
@@ -133,10 +139,12 @@ def train(
         with precision_scope(config.precision):
             model = build_model(config.model, dataset.info, config.model_options)
     start = time.perf_counter()
-    if config.adaptive_batch is not None:  # the native engines with a growing batch
-        history = adaptive_engine.train(model, dataset, plan, config, reporter)
-    else:
-        history = engine(model, dataset, plan, config, reporter)
+    with scalar_writer(tensorboard if distributed.is_chief() else None, plan.optimizer,
+                       plan.batch_size, config.adaptive_batch is not None, reporter) as reporter:
+        if config.adaptive_batch is not None:  # the native engines with a growing batch
+            history = adaptive_engine.train(model, dataset, plan, config, reporter)
+        else:
+            history = engine(model, dataset, plan, config, reporter)
     history.timing["wall_time"] = time.perf_counter() - start
     if not history.test:  # the native engine evaluates the test split itself
         test_loss, test_metric = model.evaluate(

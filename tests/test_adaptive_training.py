@@ -26,8 +26,12 @@ def auto_config(**overrides) -> TrainConfig:
 
 
 @pytest.fixture(scope="module")
-def auto_run():
-    return train(auto_config())
+def auto_run(tmp_path_factory):
+    """The auto run, its TensorBoard scalars written to ``result.tensorboard``."""
+    folder = tmp_path_factory.mktemp("tensorboard")
+    result = train(auto_config(), tensorboard=folder)
+    result.tensorboard = folder
+    return result
 
 
 def test_an_auto_run_grows_and_reaches_its_target(auto_run):
@@ -148,3 +152,28 @@ def test_runs_share_one_adaptive_trainer_and_train_as_train_does():
             expected.test["test_accuracy"], abs=1e-6)
     # every (size, call length) traced once over both runs: the second compiled nothing
     assert set(second.record.adaptive_batch["trace_counts_by_size"].values()) == {1}
+
+
+def test_tensorboard_logs_the_batch_size_and_rate_of_each_range(auto_run):
+    """``--tensorboard`` on an auto run: at each evaluation the batch size and rate the steps
+    since the previous one ran at (the range in force then), and samples/s at that size."""
+    reader = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    from tensorboard.util import tensor_util
+
+    events = reader.EventAccumulator(str(auto_run.tensorboard),
+                                     size_guidance={reader.TENSORS: 0})
+    events.Reload()
+
+    def scalars(tag):
+        return [(e.step, float(tensor_util.make_ndarray(e.tensor_proto)))
+                for e in events.Tensors(tag)]
+
+    ranges = auto_run.history.record.adaptive_batch["ranges"]
+    evals = auto_run.history.evals
+    previous = [0] + [e["step"] for e in evals[:-1]]
+    in_force = [[r for r in ranges if r["step"] <= start][-1] for start in previous]
+    assert [s for s, _ in scalars("batch_size")] == [e["step"] for e in evals]
+    assert [v for _, v in scalars("batch_size")] == [r["batch_size"] for r in in_force]
+    assert [v for _, v in scalars("learning_rate")] == pytest.approx(
+        [r["learning_rate"] for r in in_force], rel=1e-6)
+    assert len({v for _, v in scalars("batch_size")}) >= 2  # it grew

@@ -97,3 +97,37 @@ def test_a_bad_model_is_refused_in_one_line_before_any_probe(cli, user_files, mo
     result = cli("advise", "--model", model, "--data", "classes.npz", "--quick")
     assert result.returncode == 2, result.stderr
     assert one_line_error(result.stderr) and message in result.stderr, result.stderr
+
+
+def test_the_follow_up_study_targets_the_models_own_metric(user_files):
+    """A regression's follow-up study names its metric (val_mae) and a target of half the
+    validation error of predicting the training mean; accuracy keeps the study's default."""
+    from kbackend.advise.advisor import BASELINE_FRACTION, study_target_flags
+
+    work = workload_of(TrainConfig(model=f"{user_files / 'models.py'}:regressor",
+                                   dataset=str(user_files / "values.npz")))
+    data = work.dataset
+    baseline = np.mean(np.abs(data.y_val.reshape(-1) - data.y_train.mean()))
+    flags = study_target_flags(work.task, data).split()
+    assert flags[:2] == ["--target-metric", "val_mae"] and flags[2] == "--target"
+    assert float(flags[3]) == pytest.approx(BASELINE_FRACTION * baseline, rel=1e-2)
+    classes = workload_of(TrainConfig(model=f"{user_files / 'models.py'}:classifier",
+                                      dataset=str(user_files / "classes.npz")))
+    assert study_target_flags(classes.task, classes.dataset) == ""
+
+
+@pytest.mark.slow
+def test_advise_prints_a_study_command_that_runs_for_a_regression(cli, user_files, tmp_path):
+    import shlex
+
+    model, data = f"{user_files / 'models.py'}:regressor", str(user_files / "values.npz")
+    result = cli("advise", "--model", model, "--data", data, "--quick", "--budget", "1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    command = next(line.strip() for line in result.stdout.splitlines()
+                   if line.strip().startswith("kbackend study"))
+    assert "--target-metric val_mae --target " in command
+    study = cli(*shlex.split(command)[1:], "--optimizers", "adam", "--lr-grid-size", "1",
+                "--seeds", "1", "--max-seeds", "1", "--max-steps", "40", "--noise-points", "0",
+                "--step-time-repeats", "0", "--frontier-epochs", "0", "--no-progress",
+                "--out", str(tmp_path / "study"))
+    assert study.returncode == 0, study.stderr[-2000:]

@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("bench",),  # the one benchmark runner: an application of everything below it
     ("study", "equivalence", "serving", "cache", "advise"),  # the capabilities users run
     ("engines", "training"),
-    ("hardware", "distributed", "runtime", "progress", "envinfo"),
+    ("hardware", "distributed", "runtime", "progress", "envinfo", "tensorboard_logs"),
     ("config", "models", "model_sources", "workload"),
     ("backends",),  # ALL backend-specific code (optax included) sits above the backend-free maths
     ("optim", "precision", "data", "adaptive"),
@@ -36,7 +36,8 @@ LAYERS: list[tuple[str, ...]] = [
 # Libraries an import inside a function may defer (slow to import, or optional extras;
 # ``scipy.stats`` alone takes ~0.6 s).
 DEFERRABLE = {"keras", "tensorflow", "jax", "jaxlib", "optax", "matplotlib", "redis", "ray",
-              "pynvml", "mnist1d", "sklearn", "scipy", "tensorflow_datasets", "PIL"}
+              "pynvml", "mnist1d", "sklearn", "scipy", "tensorflow_datasets", "PIL",
+              "tensorboard", "pandas"}
 # Frameworks no kbackend module may import when it is imported, outside the backend packages
 # (which only ``kbackend.backends.impl()`` imports, once the backend is chosen).
 HEAVY = ("keras", "jax", "tensorflow", "optax", "matplotlib")

@@ -51,3 +51,20 @@ def test_the_conv1d_batchnorm_example_trains(example_data, cli):
                  "--fused-steps", "1", "--lr", "0.01")
     assert result.returncode == 0, result.stderr
     assert "conv1d_classifier on sequences.npz" in result.stdout
+
+
+@pytest.mark.slow  # a study and a training run in a fresh process: ~60-100 s here
+def test_the_tensorboard_example_logs_a_study_and_a_training_run(tmp_path):
+    """examples/tensorboard_study.py --quick: the study's run folders with the HParams
+    experiment, runs.csv, and the best cell trained with its scalars logged."""
+    pytest.importorskip("tensorboard")
+    result = subprocess.run([sys.executable, str(EXAMPLES / "tensorboard_study.py"),
+                             str(tmp_path), "--quick"], capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "best: " in result.stdout and "val_accuracy per evaluation: [" in result.stdout
+    board = tmp_path / "tensorboard"
+    assert len(list(board.glob("*-seed*/events.out.tfevents.*"))) == 8  # 2 x 2 cells x 2 seeds
+    assert list(board.glob("events.out.tfevents.*"))  # the HParams experiment
+    assert list((board / "best-train").glob("events.out.tfevents.*"))
+    assert next(tmp_path.glob("study/*/runs.csv")).read_text().count("\n") >= 5

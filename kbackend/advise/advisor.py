@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 from kbackend.advise.engine_probe import engine_throughput
 from kbackend.backend_choice import active_backend
 from kbackend.backends import impl
@@ -23,6 +25,7 @@ from kbackend.data import DATASETS
 from kbackend.hardware import probe
 from kbackend.hardware.knee import DEFAULT_MIN_GAIN, Knee, curve_knee
 from kbackend.models import model_layout
+from kbackend.task import metric_direction
 from kbackend.training import TrainConfig, is_builtin, workload_of
 
 # A setting other than the default is recommended only when it is at least this much faster:
@@ -105,6 +108,27 @@ def _source_flags(model: str, dataset: str, label: str | None, unsafe: bool) -> 
             + (" --unsafe-deserialization" if unsafe else ""))
 
 
+# The follow-up study's target for an error metric: this fraction of the error of predicting
+# the training labels' mean (a target any model that learns something reaches, and a poor one
+# does not).
+BASELINE_FRACTION = 0.5
+
+
+def study_target_flags(task: Any, dataset: Any) -> str:
+    """The ``--target-metric`` and ``--target`` the follow-up study needs for ``task``: none
+    for accuracy (the study's default), 0.9 for another score, and for an error metric
+    (``mae``, ...) ``BASELINE_FRACTION`` of the validation error of the training labels'
+    mean, in the model's own metric."""
+    metric = f"val_{task.metric}"
+    if metric_direction(metric) == "max":
+        return "" if task.metric == "accuracy" else f" --target-metric {metric} --target 0.9"
+    y_val = np.asarray(dataset.y_val, dtype=np.float32)
+    guess = np.broadcast_to(np.mean(np.asarray(dataset.y_train, dtype=np.float32), axis=0),
+                            y_val.shape).astype(np.float32)
+    error = float(np.mean(np.asarray(task.per_sample_metric(y_val, guess))))
+    return f" --target-metric {metric} --target {BASELINE_FRACTION * error:.3g}"
+
+
 def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool = False,
            budget_s: float = 100.0, log: Callable[[str], None] = print,
            label: str | None = None, unsafe_deserialization: bool = False,
@@ -127,6 +151,7 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
         for note in prepared.notes:
             log(f"  {note}")
         work = probe.user_workload(prepared)
+    target = "" if is_builtin(config) else study_target_flags(prepared.task, prepared.dataset)
     advice = Advice(model, dataset, active_backend(), quick, work.task.describe())
     log(f"  {work.model}: {advice.task}")
     num_train = len(work.x)
@@ -254,7 +279,7 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
                             + (f" --data-format {data_format}" if convolves else ""))
     study_sizes = sorted({max(1, batch // 4), batch, min(num_train, batch * 4)})
     advice.study_command = (f"kbackend study {source} "
-                            f"--batch-sizes {','.join(str(b) for b in study_sizes)}")
+                            f"--batch-sizes {','.join(str(b) for b in study_sizes)}{target}")
     advice.elapsed_s = time.perf_counter() - start
     advice.budget_s = budget_s
     return advice

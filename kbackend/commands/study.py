@@ -37,7 +37,7 @@ from kbackend.study.config import (
 )
 from kbackend.study.executor import default_engine
 from kbackend.study.pipeline import compare, load_summaries, run_study, write_comparison
-from kbackend.study.recommend import CONFIRM_SEEDS, recommendation, recommendation_lines
+from kbackend.study.recommend import CONFIRM_SEEDS
 from kbackend.study.targets import missing_target_error, needs_explicit_target
 from kbackend.study.verdicts import DEFAULT_ACCURACY_MARGIN, DEFAULT_MARGIN, DEFAULT_MAX_SEEDS
 from kbackend.training import Target
@@ -235,6 +235,11 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                              "target predicted there (steps here x its step times)")
     output.add_argument("--out", default=DEFAULT_OUT,
                         help=f"folder for study.db and the reports (default {DEFAULT_OUT})")
+    output.add_argument("--tensorboard", default=None, metavar="DIR",
+                        help="also write a TensorBoard run folder per run (each evaluation's "
+                             "scalars) and the HParams experiment (optimizer, batch size, rate; "
+                             "steps and time to target, best validation value) to DIR; needs "
+                             "the tensorboard extra")
     output.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 
@@ -304,10 +309,9 @@ def _non_negative(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     check_output_folder(args.out, "--out")
-    outcome = run_study(config_from_args(args), args.out, show_progress=not args.no_progress,
-                        command_line=train_command_line, confirm_seeds=args.confirm_seeds)
-    for line in recommendation_lines(recommendation(outcome["study"])):
-        print(line)
+    run_study(config_from_args(args), args.out, show_progress=not args.no_progress,
+              tensorboard=args.tensorboard, command_line=train_command_line,
+              confirm_seeds=args.confirm_seeds)
     return 0
 
 

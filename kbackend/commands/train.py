@@ -24,6 +24,7 @@ from kbackend.models import MODELS, READOUTS, ModelOptions
 from kbackend.optim import OPTIMIZERS, SCHEDULES, OptimizerSpec
 from kbackend.progress import EpochReporter
 from kbackend.study.summaries import time_to_target
+from kbackend.tensorboard_logs import check_logdir
 from kbackend.training import is_builtin, train, workload_of
 from kbackend.workload import WARNING
 
@@ -258,6 +259,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="save the trained model")
     parser.add_argument("--history", default=None, metavar="HISTORY.json",
                         help="write the history as JSON")
+    parser.add_argument("--tensorboard", default=None, metavar="DIR",
+                        help="write TensorBoard event files to DIR: loss, the metric, learning "
+                             "rate, samples/s (and the batch size of --batch-size auto) at each "
+                             "evaluation")
     parser.add_argument("--quiet", action="store_true", help="no per-epoch lines")
 
 
@@ -296,6 +301,9 @@ def check_outputs(args: argparse.Namespace, config: TrainConfig) -> None:
         check_output_path(args.save, "--save", suffix=".keras")
     if args.history is not None:
         check_output_path(args.history, "--history", suffix=".json")
+    if args.tensorboard is not None:
+        check_logdir(args.tensorboard, inputs={"--model": config.model, "--data": config.dataset,
+                                               "--save": args.save, "--history": args.history})
 
 
 def check_sources(config: TrainConfig) -> None:
@@ -331,7 +339,7 @@ def run(args: argparse.Namespace) -> int:
             config = replace(config, monitor=metric)
         check_metrics(config)
     result = train(config, reporter=reporter, save=args.save, history_path=args.history,
-                   workload=workload)
+                   workload=workload, tensorboard=args.tensorboard)
     history = result.history
     info = result.dataset.info
     metric = f"val_{config.task.metric}"

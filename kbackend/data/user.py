@@ -566,6 +566,26 @@ def _is_batched(dataset: Any) -> bool:
             and x_spec.shape[0] is None and y_spec.shape[0] is None)
 
 
+def own_batch_size(value: Any) -> int | None:
+    """The batch size a ``tf.data.Dataset`` was batched with (``.batch(64)``: 64), or None for
+    anything else (arrays, an unbatched or generated dataset, a size TensorFlow cannot say)."""
+    if not _is_tf_dataset(value):
+        return None
+    node = value
+    while node is not None:
+        kind = type(node).__name__
+        if "Unbatch" in kind or "TensorSlice" in kind:
+            return None
+        size = getattr(node, "_batch_size", None)
+        if size is not None:
+            try:
+                return int(size)
+            except (TypeError, ValueError):
+                return None
+        node = getattr(node, "_input_dataset", None)
+    return None
+
+
 def _element_bytes(spec: Any) -> int | None:
     if spec.dtype.name == "string" or not spec.shape.is_fully_defined():
         return None

@@ -140,6 +140,7 @@ class AdaptiveBatch:
         self.reporter = reporter
         self.ranges = [BatchChange(0, self.batch_size, self.rate, math.nan)]
         trainer.set_learning_rate(self.rate)
+        self._announce()
 
     def observe(self) -> None:
         """Fold in the noise norms of every call fetched since the last look."""
@@ -161,12 +162,20 @@ class AdaptiveBatch:
         self.batch_size, self.rate = size, rate
         change = BatchChange(step, size, rate, self.noise.b_simple)
         self.ranges.append(change)
+        self._announce()
         if grown:
             self.last_change = self.interval
             console = getattr(self.reporter, "console", None)
             if console is not None:
                 console.print(f"{getattr(self.reporter, 'prefix', '')}{change.describe()}")
         return size if grown else None
+
+    def _announce(self) -> None:
+        """Tell a reporter that keeps the batch size and rate (TensorBoard's writer) what holds
+        from the next step on."""
+        changed = getattr(self.reporter, "batch_changed", None)
+        if changed is not None:
+            changed(self.batch_size, self.rate)
 
     def next_plan(self, plan: TrainPlan, step: int, epoch: int,
                   consumed: int) -> tuple[TrainPlan, np.ndarray, int] | None:

@@ -33,6 +33,7 @@ from kbackend.study.analysis import analyze
 from kbackend.study.config import StudyConfig
 from kbackend.study.device_profile import check_profile, load_profile, predict
 from kbackend.study.executor import RunExecutor, StudyRunner
+from kbackend.study.exports import write_runs_csv, write_tensorboard
 from kbackend.study.recommend import (
     CONFIRM_SEEDS,
     HELD_OUT_SEED,
@@ -43,9 +44,11 @@ from kbackend.study.recommend import (
     train_arguments,
 )
 from kbackend.study.report import CONSOLE_WIDTH, print_table, write_report
+from kbackend.study.results import recommendation, recommendation_lines
 from kbackend.study.store import ResultStore
 from kbackend.study.timing import TimeSpent
 from kbackend.task import metric_direction
+from kbackend.tensorboard_logs import check_logdir, require_hparams_plugin
 from kbackend.workload import WARNING
 
 DB_NAME = "study.db"
@@ -198,17 +201,22 @@ def _confirmations(runner: StudyRunner, study: dict[str, Any], command_line: Com
 def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool = True,
               console: Any = None, print_results: bool = True,
               run_executor: RunExecutor | None = None, command_line: CommandLine | None = None,
-              confirm_seeds: int = CONFIRM_SEEDS) -> dict[str, Any]:
-    """Run or resume ``config`` with its results in ``out_dir/study.db``; write the report.
-    ``run_executor`` trains each run (default: in this process, ``StudyRunner.execute``).
-    ``command_line`` (the CLI's ``main``): the recommended cell's printed ``kbackend train``
-    command is run through it on ``confirm_seeds`` held-out seeds (``recommend.confirm``).
+              confirm_seeds: int = CONFIRM_SEEDS,
+              tensorboard: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Run or resume ``config`` with its results in ``out_dir/study.db``; write the report,
+    ``runs.csv`` beside it and, with ``tensorboard``, a TensorBoard run folder per run and the
+    HParams experiment there. ``run_executor`` trains each run (default: in this process,
+    ``StudyRunner.execute``). ``command_line`` (the train command's entry): the recommended
+    cell's printed ``kbackend train`` command is run through it on ``confirm_seeds`` held-out
+    seeds (``recommend.confirm``).
 
     Returns ``{"study", "analysis", "paths", "wall_time", "executed", "skipped"}``. All input
     checks run before any training.
     """
     console = console or Console(stderr=True)
     out = Path(out_dir)
+    _check_tensorboard(config, out, tensorboard)
+    started_at = time.time()  # runs stored before it are reused (runs.csv's ``reused``)
     start = time.perf_counter()
     load_before = os.getloadavg()[0]
     runner = StudyRunner(config, None, run_executor=run_executor)
@@ -264,6 +272,9 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
         analysis = analyze(study)
         try:
             paths = write_report(study, analysis, report_dir(out, study), wall_time)
+            paths["runs"] = write_runs_csv(study, report_dir(out, study), started_at)
+            if tensorboard is not None:
+                write_tensorboard(study, tensorboard)
         except OSError as error:  # the runs are stored: a re-run writes the report from them
             raise OutputError(f"Could not write the report under {str(out)!r}: "
                               f"{error.strerror or error}; every run is kept in the store, so "
@@ -275,14 +286,32 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
     account = time_accounting(runner.time_spent, wall_time, study["time_spent"]["whole_process_s"],
                               report_seconds=time.perf_counter() - before_report)
     if print_results:
-        stdout = Console() if Console().is_terminal else Console(width=CONSOLE_WIDTH)
-        print_table(study, analysis, console=stdout)
-        stdout.print(f"{runner.executed} runs trained, {events.skipped} reused from "
-                     f"{console_text(out / DB_NAME)}; wall time {wall_time:.1f} s; report: "
-                     f"{console_text(paths['report'])}", highlight=False)
-        stdout.print(f"Time: {accounting_line(account)}", highlight=False)
+        print_results_of(study, analysis, f"wall time {wall_time:.1f} s: {runner.executed} runs "
+                         f"trained, {events.skipped} reused from {console_text(out / DB_NAME)}; "
+                         f"report: {console_text(paths['report'])}", account)
     return {"study": study, "analysis": analysis, "paths": paths, "wall_time": wall_time,
             "executed": runner.executed, "skipped": events.skipped, "time_spent": account}
+
+
+def print_results_of(study: dict[str, Any], analysis: dict[str, Any], wall_line: str,
+                     account: dict[str, Any]) -> None:
+    """The console's answer and wall time first, then the table and the findings, then where
+    the time went."""
+    stdout = Console() if Console().is_terminal else Console(width=CONSOLE_WIDTH)
+    for line in recommendation_lines(recommendation(study)):
+        stdout.print(line, highlight=False, soft_wrap=True)
+    stdout.print(wall_line, highlight=False)
+    print_table(study, analysis, console=stdout)
+    stdout.print(f"Time: {accounting_line(account)}", highlight=False)
+
+
+def _check_tensorboard(config: StudyConfig, out: Path,
+                       tensorboard: str | os.PathLike | None) -> None:
+    """``--tensorboard``: the HParams plugin installed, the folder writable and no input."""
+    if tensorboard is not None:
+        require_hparams_plugin()
+        check_logdir(tensorboard, inputs={"--model": config.model, "--data": config.dataset,
+                                          "--out": out / DB_NAME})
 
 
 # -- comparison across backends / devices --------------------------------------------------------

@@ -25,39 +25,86 @@ from kbackend.study.report_sections import (
 )
 from kbackend.task import metric_direction
 
-CONSOLE_COLUMNS = {"optimizer": "optimizer", "batch": "batch", "best lr": "best lr",
-                   "reached": "reached", "steps": "steps to target",
-                   "time to target (s)": "time to target (s)", "test acc": "test acc"}
 CONSOLE_WIDTH = 100
+# The console table's columns, most needed first: where the console is too narrow for all, the
+# last ones are dropped whole (never cut or left blank; every column is in the report).
+CONSOLE_COLUMNS = ("optimizer", "batch", "lr", "time (s)", "steps", "reached", "test")
+_GAP = 2  # spaces between the console table's columns (rich: collapsed padding of 1)
+# Metric names shortened in the console's test column header.
+_SHORT_METRICS = {"accuracy": "acc", "sparse_categorical_accuracy": "acc",
+                  "categorical_accuracy": "acc", "binary_accuracy": "acc",
+                  "mean_absolute_error": "mae", "mean_squared_error": "mse",
+                  "root_mean_squared_error": "rmse"}
+
+
+def test_metric_label(study: dict[str, Any]) -> str:
+    """``test acc``, ``test mae``, ...: the task's test metric, as the cells name it."""
+    cells = [*study["cells"], *(study.get("auto_cells") or [])]
+    name = next((c["test_metric_name"] for c in cells if c.get("test_metric_name")), None)
+    metric = (name or "test_accuracy").removeprefix("test_")
+    return f"test {_SHORT_METRICS.get(metric, metric)}"
+
+
+def console_rows(study: dict[str, Any]) -> tuple[list[str], list[list[str]], list[bool]]:
+    """The console table: ``CONSOLE_COLUMNS`` (the test column named by the task's metric),
+    medians only (their intervals: the report), a rate on its grid's edge marked ``*``; and
+    whether each cell reached."""
+    header = [*CONSOLE_COLUMNS[:-1], test_metric_label(study)]
+    rows, reached = [], []
+    for c in [*study["cells"], *(study.get("auto_cells") or [])]:
+        auto = c.get("auto") or {}
+        seeds = c.get("seeds", 1)
+        test = c.get("test_metric")
+        rows.append([
+            c["optimizer"],
+            f"auto {auto.get('min')}-{auto.get('max')}" if auto else str(c["batch_size"]),
+            format_value(c["learning_rate"]) + ("*" if c.get("lr_at_grid_edge") else ""),
+            format_value(c.get("time_to_target"), ".3g"),
+            format_value(c.get("steps_to_target"), ".0f"),
+            ("yes" if c["reached"] else "no")
+            + (f" ({c.get('seeds_reached', 0)}/{seeds})" if seeds > 1 else ""),
+            format_value(test if test is not None else c.get("test_accuracy"), ".4f"),
+        ])
+        reached.append(bool(c["reached"]))
+    return header, rows, reached
+
+
+def fitting_columns(header: list[str], rows: list[list[str]], width: int) -> list[int]:
+    """The columns (indices, in order) that fit ``width`` at their full width with
+    ``_GAP`` spaces between them: the last of ``CONSOLE_COLUMNS`` are dropped first."""
+    widths = [max(len(text) for text in [name, *(row[i] for row in rows)])
+              for i, name in enumerate(header)]
+    keep = list(range(len(header)))
+    while len(keep) > 2 and sum(widths[i] for i in keep) + _GAP * (len(keep) - 1) > width:
+        keep.pop()
+    return keep
 
 
 def print_table(study: dict[str, Any], analysis: dict[str, Any], console: Any = None) -> None:
-    """The per-cell table (the columns that fit ``CONSOLE_WIDTH``; every column is in the
-    report) and the conclusions, printed with rich."""
+    """The per-cell table (the columns that fit the console, at most ``CONSOLE_WIDTH``; every
+    column is in the report) and the conclusions, printed with rich. The scaling exponents
+    along each optimizer's batch sizes are in the report only."""
     console = console or Console()
+    width = min(console.width, CONSOLE_WIDTH)
     target = study["config"]["target"]
-    header, rows = table_rows(study)
-    keep = [header.index(name) for name in CONSOLE_COLUMNS]
-    title = (f"{study['config']['model']} on {study['dataset']['name']}: time to "
-             f"{target['metric']} {target['value']:g} ({study['env']['backend']})")
-    table = Table(title=console_text(title),
-                  box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    header, rows, reached = console_rows(study)
+    keep = fitting_columns(header, rows, width)
+    console.print(console_text(f"{study['config']['model']} on {study['dataset']['name']}: "
+                               f"time to {target['metric']} {target['value']:g} "
+                               f"({study['env']['backend']})"), highlight=False)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), show_edge=False,
+                  collapse_padding=True)  # _GAP spaces between columns
     for index in keep:
-        name = header[index]
-        table.add_column(CONSOLE_COLUMNS[name], no_wrap=True,
-                         justify="left" if name in ("optimizer", "reached") else "right")
-    for row in rows:
-        cells = [row[i] for i in keep]
-        test = header.index("test acc")
-        cells[keep.index(test)] = row[test].split(" [")[0]  # the median; its interval: report
-        reached = header.index("reached")
-        cells[keep.index(reached)] = row[reached].replace("NOT REACHED", "no")
-        table.add_row(*cells, style=None if row[3].startswith("yes") else "dim")
-    console.print(table, width=min(console.width, CONSOLE_WIDTH))
-    # escaped: rich would read "[min, max]" as a markup tag and drop it
-    console.print(console_text("(medians over seeds, [min, max]; every column and interval: "
-                               "the report)"), highlight=False)
-    for line in conclusions(study, analysis):
+        table.add_column(header[index], no_wrap=True, min_width=len(header[index]),
+                         justify="left" if index in (0, 5) else "right")
+    for row, hit in zip(rows, reached, strict=True):
+        table.add_row(*(row[i] for i in keep), style=None if hit else "dim")
+    console.print(table, width=width)
+    dropped = [header[i] for i in range(len(header)) if i not in keep]
+    console.print(console_text("(medians over seeds; *: best rate on its grid's edge; intervals"
+                               + (f", {', '.join(dropped)}" if dropped else "")
+                               + " and every column: the report)"), highlight=False)
+    for line in conclusions(study, analysis, scaling=False):
         console.print(f"- {console_text(line)}", highlight=False)
 
 

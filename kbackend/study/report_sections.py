@@ -42,13 +42,16 @@ def edge_label(cell: dict[str, Any]) -> str:
 def table_rows(study: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the per-cell table (terminal and markdown)."""
     metric = study["config"]["target"]["metric"]
+    cells = [*study["cells"], *(study.get("auto_cells") or [])]  # the auto cells last
+    # the task's test metric (test_accuracy for classifiers, test_mae, ...), as the runs name it
+    test_name = next((c["test_metric_name"] for c in cells if c.get("test_metric_name")),
+                     "test_accuracy")
     header = ["optimizer", "batch", "best lr", "reached", "steps", "epochs", "samples",
-              "time to target (s)", f"best {metric}", "test acc", "samples/s", "start-up (s)"]
-    # the task's test metric: accuracy for classifiers, else the model's (test_mae, ...)
-    test_key = "test_accuracy" if metric_direction(metric) == "max" or metric == "val_loss" \
-        else "test_metric"
+              "time to target (s)", f"best {metric}", test_name.replace("_", " "), "samples/s",
+              "start-up (s)"]
     rows = []
-    for c in [*study["cells"], *(study.get("auto_cells") or [])]:  # the auto cells last
+    for c in cells:
+        test_key = "test_metric" if c.get("test_metric") is not None else "test_accuracy"
         seeds = c.get("seeds", 1)
         reached = "yes" if c["reached"] else "NOT REACHED"
         if seeds > 1:
@@ -85,9 +88,11 @@ def _regions_text(segments: list[dict[str, Any]]) -> str:
     return ", ".join(parts)
 
 
-def conclusions(study: dict[str, Any], analysis: dict[str, Any]) -> list[str]:
+def conclusions(study: dict[str, Any], analysis: dict[str, Any],
+                scaling: bool = True) -> list[str]:
     """One line per finding, for the terminal and the markdown report: each verdict only where
-    the intervals of the compared cells separate."""
+    the intervals of the compared cells separate. ``scaling=False`` (the terminal) leaves out
+    each optimizer's critical batch and scaling exponents (the report has them)."""
     target = study["config"]["target"]
     verdicts = analysis.get("verdicts") or {}
     lines = []
@@ -102,7 +107,7 @@ def conclusions(study: dict[str, Any], analysis: dict[str, Any]) -> list[str]:
         lines.append(f"No cell reached {target['metric']} {target['value']:g} within its budget.")
     if verdicts.get("fastest") and best:
         lines.append(verdicts["fastest"]["text"][0].upper() + verdicts["fastest"]["text"][1:] + ".")
-    for optimizer, info in analysis["per_optimizer"].items():
+    for optimizer, info in analysis["per_optimizer"].items() if scaling else ():
         knee = info["knee"]
         knee_text = (f"B_crit ~ {knee['b_crit']:.0f} (S_min ~ {knee['s_min']:.0f} steps, "
                      "median fit)" if knee.get("b_crit") else knee.get("note", ""))

@@ -171,6 +171,9 @@ def history_from_trajectory(trajectory: dict[str, Any], result: dict[str, Any]) 
                       record=trajectory_record(trajectory))
     history.test = {k: result[k] for k in ("test_accuracy", "test_loss")
                     if result.get(k) is not None}
+    # the task's own test metric (test_mae, ...): kept, so a resumed study's table shows it
+    if result.get("test_metric_name") and result.get("test_metric") is not None:
+        history.test[result["test_metric_name"]] = result["test_metric"]
     if history.record.target_reached is None and result.get("reached"):
         # Stored before the engine's record was kept: the reaching evaluation is the last one.
         last = history.evals[-1]

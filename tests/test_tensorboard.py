@@ -137,7 +137,10 @@ def test_a_study_takes_a_live_model_and_returns_typed_results(studied):
     assert best.optimizer == "adam" and best.batch_size in (16, 32)
     assert best.learning_rate > 0 and "--target-metric val_mae" in best.command
     assert best.python.startswith("kbackend.train(") and best["batch_size"] == best.batch_size
-    assert best.confirmation is None and best.edge is None and best.tie is None
+    # the printed command confirmed on held-out seeds, typed
+    assert best.confirmation is not None and best.confirmation.seeds == (10000, 10001, 10002)
+    assert best.confirmation.reached <= 3 and best.edge in (True, False)
+    assert (best.tie is None) == (not best.tied_with)
     assert [(r.optimizer, r.batch_size) for r in first.rows] == [("adam", 16), ("adam", 32)]
     assert all(r.reached and r.test_metric_name == "test_mae" for r in first.rows)
     assert first.rows[0]["seeds"] == 2  # the full record by key

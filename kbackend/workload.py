@@ -14,6 +14,7 @@ fixed draw that does not depend on the seed (every seed's runs are tested on the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -227,20 +228,23 @@ def _in_model_shape(splits: dict[str, tuple[np.ndarray, np.ndarray]],
     (``(64,)`` for digits saved from an MLP) when the sizes match; else as they are (and
     ``check_model_matches`` names both shapes)."""
     have = tuple(splits["train"][0].shape[1:])
-    if shape is None or None in shape or tuple(shape) == have or \
-            int(np.prod(shape)) != int(np.prod(have)):
+    if shape is None or None in shape:
         return splits
-    notes.append(f"{name} reshaped from {have} to the model's input shape {tuple(shape)}")
-    return {k: (np.reshape(x, (len(x), *shape)), y) for k, (x, y) in splits.items()}
+    want = tuple(int(d) for d in shape if d is not None)
+    if want == have or math.prod(want) != math.prod(have):
+        return splits
+    notes.append(f"{name} reshaped from {have} to the model's input shape {want}")
+    return {k: (np.reshape(x, (len(x), *want)), y) for k, (x, y) in splits.items()}
 
 
 def check_activation(model: Any, task: Task, name: str) -> list[str]:
     """A warning (a note) when a loss compiled with ``from_logits=True`` follows an output
     that is already a softmax or sigmoid: the loss squashes the probabilities a second time,
     which trains, but slowly and towards the wrong optimum. Training goes on."""
-    layer = getattr(model, "layers", [None])[-1] if getattr(model, "layers", None) else None
+    layers = getattr(model, "layers", None)
+    layer = layers[-1] if layers else None
     activation = getattr(getattr(layer, "activation", None), "__name__", None)
-    if not task.from_logits or activation not in ("softmax", "sigmoid"):
+    if layer is None or not task.from_logits or activation not in ("softmax", "sigmoid"):
         return []
     return [f"{WARNING}model {name!r} ends in a {activation} ({layer.name}) but its loss "
             f"{task.loss_name} is compiled with from_logits=True: it treats the probabilities "

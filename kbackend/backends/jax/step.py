@@ -353,8 +353,9 @@ def write_optimizer_state(model: Any, opt_state: Any) -> None:
         target.iterations.assign(np.asarray(opt_state.count))
     for field, names in _KERAS_SLOTS.items():
         values = getattr(opt_state, field)
-        slots = next((getattr(inner, name) for name in names if getattr(inner, name, None)), [])
-        if values == () or not slots:
+        slots: list[Any] = next((getattr(inner, name) for name in names
+                                 if getattr(inner, name, None)), [])
+        if len(values) == 0 or not slots:  # sgd's (): no slot
             continue
         for slot, value in zip(slots, values, strict=True):
             slot.assign(np.asarray(value))

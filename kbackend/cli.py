@@ -44,7 +44,7 @@ from typing import Any, cast
 
 from kbackend import __version__, commands, logs
 from kbackend.backend_choice import BACKENDS, skip_optional_imports, use_backend
-from kbackend.backends.compile_cache import COMPILE_CACHE_ENV
+from kbackend.backends.compile_cache import COMPILE_CACHE_ENV, request_reprobe
 from kbackend.commands import LAUNCHER_PID_ENV, OneLineErrorParser, bound_integer_flags
 from kbackend.errors import KBackendError
 
@@ -220,6 +220,8 @@ def _main(argv: Sequence[str] | None, own_process: bool) -> int:
     try:
         if args.no_compile_cache:
             os.environ[COMPILE_CACHE_ENV] = "0"  # read when the backend starts
+        if getattr(args, "reprobe", False):
+            request_reprobe()  # an environment variable: launch's processes inherit it
         if getattr(args, "needs_backend", True):
             use_backend(args.backend)
         return int(args.func(args) or 0)

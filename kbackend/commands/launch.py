@@ -35,7 +35,12 @@ import time
 from kbackend import distributed
 from kbackend.backend_choice import selected_backend
 from kbackend.backends.cluster import free_ports, worker_environments
-from kbackend.commands import LAUNCHER_PID_ENV, OneLineErrorParser, bound_integer_flags
+from kbackend.commands import (
+    LAUNCHER_PID_ENV,
+    OneLineErrorParser,
+    add_reprobe_flag,
+    bound_integer_flags,
+)
 from kbackend.commands import train as train_command
 from kbackend.engines import get_engine
 from kbackend.errors import ConfigError
@@ -63,6 +68,7 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     parser.add_argument("--all-output", action="store_true",
                         help="show every process's output as it comes (default: process 0's; "
                              "the others' only if the job fails)")
+    add_reprobe_flag(parser)
     parser.add_argument("--oversubscribe", action="store_true",
                         help="allow more processes than this machine's CPUs")
     parser.add_argument("train_args", nargs=argparse.REMAINDER, metavar="-- TRAIN_ARGS",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from kbackend.adaptive import AUTO, LR_SCALINGS
 from kbackend.api import recommendation, recommendation_lines
+from kbackend.commands import add_reprobe_flag
 from kbackend.commands.train import add_source_arguments
 from kbackend.engines import engine_names
 from kbackend.errors import ConfigError, path_errors
@@ -110,6 +111,7 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                     "learning rate tuned, and report which reaches the validation target in the "
                     "least training time on this machine. `kbackend study compare` compares "
                     "studies across backends.")
+    add_reprobe_flag(parser)
     grid = parser.add_argument_group("grid")
     add_source_arguments(grid, grid, dataset=DEFAULT_DATASET, model_default=DEFAULT_MODEL,
                          dataset_help=f"default {DEFAULT_DATASET}: MNIST-1D drawn larger, "

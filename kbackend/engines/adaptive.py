@@ -50,6 +50,7 @@ from kbackend.adaptive import (
     BatchChange,
     GrowthPolicy,
     NoiseScale,
+    estimator_settings,
     scaled_learning_rate,
 )
 from kbackend.backends import adaptive as adaptive_backend
@@ -131,8 +132,12 @@ class AdaptiveBatch:
         self.trainer, self.config, self.bounds = trainer, config, bounds
         self.scaling = config.lr_scaling
         self.base_batch, self.base_rate = bounds.minimum, base_rate
+        decay = NoiseScale().decay
+        spacing = getattr(trainer, "measure_every", None)  # (data parallel: every step, as was)
+        if spacing is not None:  # the same memory and warm-up in steps at any spacing
+            decay, warmup_steps = estimator_settings(spacing)
         self.policy = GrowthPolicy(bounds, warmup_steps)
-        self.noise = NoiseScale()
+        self.noise = NoiseScale(decay)
         self.batch_size, self.rate = bounds.minimum, base_rate
         self.interval = 0
         self.last_change: int | None = None

@@ -27,7 +27,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.sharding import PartitionSpec
 
 from kbackend.adaptive import DEFAULT_MEASURE_EVERY, micro_batches_for
@@ -35,8 +34,7 @@ from kbackend.backends.jax.data_parallel import DataParallelTrainer
 from kbackend.backends.jax.native import NativeTrainer, make_evaluator
 from kbackend.backends.jax.step import (
     AXIS,
-    StepMetrics,
-    TrainState,
+    make_step,
     make_train_step,
     replicate,
     scan_steps,
@@ -99,23 +97,6 @@ def micro_batched_value_and_grad(model: Any, micro_batches: int,
     return value_and_grad
 
 
-def make_adaptive_step(model: Any, tx: Any, micro_batches: int,
-                       task: Task = CLASSIFICATION) -> Callable[..., Any]:
-    """``step.make_step``'s single-device train step with micro-batch gradients:
-    ``(state, (x, y)) -> (state, (StepMetrics, NoiseNorms))``."""
-    value_and_grad = micro_batched_value_and_grad(model, micro_batches, task)
-
-    def step(state: TrainState, batch: tuple[Any, Any]) -> tuple[TrainState, Any]:
-        x, y = batch
-        (loss, (non_trainable, metric)), grads, norms = value_and_grad(
-            state.trainable, state.non_trainable, x, y)
-        updates, opt_state = tx.update(grads, state.opt_state, state.trainable)
-        trainable = optax.apply_updates(state.trainable, updates)
-        return TrainState(trainable, non_trainable, opt_state), (StepMetrics(loss, metric), norms)
-
-    return step
-
-
 # model -> {(micro-batches, task) -> jitted micro-batched gradient}; dies with its model.
 _FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -147,9 +128,15 @@ class AdaptiveTrainer(NativeTrainer):
     length) is compiled once (``trace_counts_by_size``). ``fetch`` returns a call's losses, as
     the loop expects, and keeps its ``NoiseNorms`` on the host for ``take_noise_norms``.
     ``set_learning_rate`` changes the base rate, which is optimizer state
-    (``optimizers.KerasOptState.learning_rate``): no program is traced again. Every
-    ``measure_every``-th row of an epoch runs the micro-batch step; the others run the plain
-    step (``lax.cond``) and report NaN norms, which the estimator skips.
+    (``optimizers.KerasOptState.learning_rate``): no program is traced again.
+
+    The estimate is taken inside the fused call: its first K - 1 steps are the plain step
+    (``step.make_step``, the native trainer's), its last step the same step with the
+    micro-batched gradient injected (``micro_batched_value_and_grad``) on every
+    ``calls_between(K)``-th call (a run-time flag: ``lax.cond``, one program per size), the
+    plain one otherwise (NaN norms, skipped by the estimator): one measured step per
+    ``measure_every`` steps. ``measure_every=1`` measures every step (the reference
+    estimator the benchmark compares with).
     """
 
     def __init__(self, model: Any, spec: Any, dataset: Any, jit_compile: bool = True,
@@ -159,34 +146,47 @@ class AdaptiveTrainer(NativeTrainer):
         self._sized: dict[tuple[int, int], Any] = {}
         self.trace_counts_by_size: dict[tuple[int, int], int] = {}
         self._norms: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self._calls = 0
+
+    def calls_between(self, length: int) -> int:
+        """Calls of ``length`` steps from one measured step to the next."""
+        return max(1, round(self.measure_every / length))
 
     def _adaptive_run_fn(self, batch: int, length: int) -> Any:
-        count, every = micro_batches_for(batch), self.measure_every
-        measured = make_adaptive_step(self.model, self.tx, count, self.task)
+        count = micro_batches_for(batch)
+        measured = make_step(self.model, self.tx, task=self.task,
+                             value_and_grad=micro_batched_value_and_grad(self.model, count,
+                                                                          self.task))
         unmeasured = NoiseNorms(jnp.full((count,), jnp.nan, jnp.float32), jnp.float32(jnp.nan))
 
-        def run(state, x_all, y_all, epoch_rows, start):
+        def with_norms(state, batch_xy):
+            state, (metrics, norms) = measured(state, batch_xy)
+            return state, (metrics.loss, norms)
+
+        def without_norms(state, batch_xy):  # the plain step; NaN norms are skipped
+            state, metrics = self.train_step(state, batch_xy)
+            return state, (metrics.loss, unmeasured)
+
+        def run(state, x_all, y_all, epoch_rows, start, measure):
             key = (batch, length)
             self.trace_counts_by_size[key] = self.trace_counts_by_size.get(key, 0) + 1
             self.trace_counts[length] = self.trace_counts.get(length, 0) + 1
             rows = jax.lax.dynamic_slice_in_dim(epoch_rows, start, length)
-            indices = start + jnp.arange(length, dtype=jnp.int32)
+            if self.measure_every <= 1:  # every step measured
+                return scan_steps(lambda s, row: with_norms(s, (x_all[row], y_all[row])),
+                                  state, rows, self.unroll)
 
-            def body(state, inputs):
-                row, index = inputs
-                batch_xy = (x_all[row], y_all[row])
+            def plain(state, row):
+                state, metrics = self.train_step(state, (x_all[row], y_all[row]))
+                return state, metrics.loss
 
-                def with_norms(state):
-                    state, (metrics, norms) = measured(state, batch_xy)
-                    return state, (metrics.loss, norms)
-
-                def without_norms(state):  # the plain step; NaN norms are skipped
-                    state, metrics = self.train_step(state, batch_xy)
-                    return state, (metrics.loss, unmeasured)
-
-                return jax.lax.cond(index % every == 0, with_norms, without_norms, state)
-
-            return scan_steps(body, state, (rows, indices), self.unroll)
+            losses = jnp.zeros((0,), jnp.float32)
+            if length > 1:
+                state, losses = scan_steps(plain, state, rows[:-1], self.unroll)
+            last = (x_all[rows[-1]], y_all[rows[-1]])
+            state, (loss, norms) = jax.lax.cond(measure, with_norms, without_norms, state, last)
+            return state, (jnp.concatenate([losses, loss[None]]),
+                           NoiseNorms(norms.micro[None], norms.batch[None]))
 
         return run
 
@@ -198,13 +198,17 @@ class AdaptiveTrainer(NativeTrainer):
         start = time.perf_counter()
         jitted = jax.jit(self._adaptive_run_fn(*key), donate_argnums=0)
         self._sized[key] = jitted.lower(
-            self.state, self.x_train, self.y_train, epoch_rows, np.int32(0)).compile()
+            self.state, self.x_train, self.y_train, epoch_rows, np.int32(0),
+            np.bool_(True)).compile()
         return time.perf_counter() - start
 
     def run(self, epoch_rows: Any, start: int, length: int) -> Any:
         batch = int(epoch_rows.shape[-1])
+        measure = self._calls % self.calls_between(length) == 0
+        self._calls += 1
         self.state, (losses, norms) = self._sized[batch, length](
-            self.state, self.x_train, self.y_train, epoch_rows, np.int32(start))
+            self.state, self.x_train, self.y_train, epoch_rows, np.int32(start),
+            np.bool_(measure))
         return batch, losses, norms
 
     def fetch(self, handle: Any) -> np.ndarray:

@@ -25,6 +25,7 @@ from the same estimate.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -46,6 +47,15 @@ DEFAULT_EMA_DECAY = 0.95  # ~20 measurements of memory: B_simple moves over hund
 EMA_MEMORY_STEPS = 80
 WARMUP_TRAIN_STEPS = 40
 LR_SCALINGS = ("linear", "sqrt", "adascale", "none")
+
+
+# ``KBACKEND_ADAPTIVE_AHEAD=0`` turns off compiling the next batch size in the background.
+AHEAD_ENV = "KBACKEND_ADAPTIVE_AHEAD"
+
+
+def compile_ahead_enabled() -> bool:
+    """Whether an adaptive run compiles the next power of two while the current size trains."""
+    return os.environ.get(AHEAD_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 # -- parsing -----------------------------------------------------------------------------------

@@ -117,3 +117,18 @@ def test_set_learning_rate_changes_the_update(dataset):
     assert max(moved) > 1e-3
     for a, b in zip(still.model.get_weights(), initial, strict=True):
         np.testing.assert_array_equal(a, b)  # a zero rate: not one weight moved
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="compiling ahead is JAX's (TensorFlow compiles a "
+                    "tf.function's XLA program at its first call)")
+def test_a_size_compiled_ahead_in_the_background_trains_like_one_compiled_on_demand(dataset):
+    spec = OptimizerSpec("adam", 3e-3)
+    _, ahead = _trainers(dataset, spec, jit=True)
+    _, demand = _trainers(dataset, spec, jit=True)
+    n = len(dataset.x_train)
+    ahead.compile_ahead(32, 5, n // 32)
+    ahead.compile_ahead(32, 5, n // 32)  # asked twice: compiled once
+    losses = [EpochRunner(trainer, n, 32, 5)() for trainer in (ahead, demand)]
+    np.testing.assert_allclose(losses[0], losses[1], rtol=LOSS_RTOL)
+    assert ahead.ahead_record["sizes"] == 1 and ahead.trace_counts_by_size[32, 5] == 1
+    assert ahead.ahead_record["waited_s"] >= 0.0 and ahead.ahead_record["hidden_s"] >= 0.0

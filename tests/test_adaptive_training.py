@@ -54,7 +54,9 @@ def test_a_growing_run_compiles_each_size_once(auto_run):
     assert traces and set(traces.values()) == {1}
     sizes = {int(key.split("x")[0]) for key in traces}
     grown_to = {r["batch_size"] for r in auto_run.history.record.adaptive_batch["ranges"]}
-    assert sizes == grown_to
+    # The sizes it grew to, and (compiled ahead in the background, JAX) the next power of two
+    # of each within MAX.
+    assert grown_to <= sizes <= grown_to | {2 * s for s in grown_to if 2 * s <= 128}
     # At most log2(MAX / MIN) + 1 sizes, each with at most a few call lengths (K, an epoch's
     # rest, and a rest after a change inside an epoch).
     assert len(sizes) <= int(math.log2(128 / 8)) + 1

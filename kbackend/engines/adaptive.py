@@ -44,12 +44,14 @@ from typing import Any
 import numpy as np
 
 from kbackend.adaptive import (
+    DEFAULT_MEASURE_EVERY,
     DEFAULT_MIN_BATCH,
     AutoBatchSize,
     BatchBounds,
     BatchChange,
     GrowthPolicy,
     NoiseScale,
+    compile_ahead_enabled,
     estimator_settings,
     scaled_learning_rate,
 )
@@ -68,6 +70,9 @@ from kbackend.history import History
 
 KNEE_PROBE_FILE = "adaptive_knee_probe.json"
 DEFAULT_FUSED_STEPS = 8  # K of an adaptive run asked for ``--fused-steps auto``
+# Steps per measured step of the one-device trainer (``bench_adaptive --part estimator`` sets 1,
+# the every-step reference, in its worker process).
+MEASURE_EVERY = DEFAULT_MEASURE_EVERY
 ADASCALE_RELATIVE_CHANGE = 0.01  # a rate change below this is not recorded as a new range
 
 
@@ -184,9 +189,22 @@ class AdaptiveBatch:
         rest = epoch_rest(plan.n_train, size, self.config.seed, epoch - 1, self.config.shuffle,
                           consumed)
         new_plan = plan_at(plan, self.config, size, step, epoch, len(rest))
+        self.compile_ahead(new_plan)
         padded = np.zeros((new_plan.steps_per_epoch, size), dtype=rest.dtype)
         padded[: len(rest)] = rest
         return new_plan, padded, len(rest)
+
+    def compile_ahead(self, plan: TrainPlan) -> None:
+        """Start compiling the next power of two's call in the background while ``plan``'s
+        size trains (where the trainer can: JAX's; ``KBACKEND_ADAPTIVE_AHEAD=0`` turns it
+        off)."""
+        size = plan.batch_size * 2
+        ahead = getattr(self.trainer, "compile_ahead", None)
+        if ahead is None or size > self.bounds.maximum or not compile_ahead_enabled():
+            return
+        steps = batching.steps_per_epoch_dropping_last(plan.n_train, size)
+        if steps >= 1:
+            ahead(size, min(plan.fused_steps or DEFAULT_FUSED_STEPS, steps), steps)
 
     def record(self) -> dict[str, Any]:
         """What the run record keeps: bounds, scaling, every step range, the final estimate."""
@@ -429,7 +447,7 @@ def make_trainer(model: Any, dataset: Any, plan: TrainPlan, config: Any) -> Any:
                                                   batch_size=plan.batch_size,
                                                   dp_impl=config.dp_impl, task=config.task)
     return module.AdaptiveTrainer(model, plan.optimizer, dataset, jit_compile=config.jit_compile,
-                                  task=config.task)
+                                  task=config.task, measure_every=MEASURE_EVERY)
 
 
 def train(model: Any, dataset: Any, plan: TrainPlan, config: Any,
@@ -461,6 +479,7 @@ def train(model: Any, dataset: Any, plan: TrainPlan, config: Any,
         if plan.devices > 1:  # per-device batch at MIN; each range's is its size / devices
             history.record.devices, history.record.processes = plan.devices, plan.processes
             history.record.per_device_batch = bounds.minimum // plan.devices
+        controller.compile_ahead(start_plan)
         history = loop.run(trainer, start_plan, config, reporter, history=history,
                            policy=controller)
         history.test = dict(zip(("test_loss", f"test_{config.task.metric}"),
@@ -468,6 +487,8 @@ def train(model: Any, dataset: Any, plan: TrainPlan, config: Any,
     history.record.xla_programs = compiled
     history.record.adaptive_batch = {
         **controller.record(), "knee_probe": probe,
+        "compile_ahead": {"enabled": compile_ahead_enabled(),
+                          **getattr(trainer, "ahead_record", {"sizes": 0})},
         "trace_counts_by_size": {f"{size}x{length}": count for (size, length), count
                                  in sorted(trainer.trace_counts_by_size.items())}}
     return history

@@ -19,6 +19,7 @@ the squared norm of their mean, the two inputs of ``kbackend.adaptive.NoiseScale
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -147,10 +148,21 @@ class AdaptiveTrainer(NativeTrainer):
         self.trace_counts_by_size: dict[tuple[int, int], int] = {}
         self._norms: list[tuple[int, np.ndarray, np.ndarray]] = []
         self._calls = 0
+        self._lock = threading.Lock()
+        self._ahead: dict[tuple[int, int], Any] = {}
+        # Calls compiled ahead: how many, the seconds ``compile`` still waited for them, and
+        # the seconds of their compilation that overlapped training.
+        self.ahead_record: dict[str, Any] = {"sizes": 0, "waited_s": 0.0, "hidden_s": 0.0}
 
     def calls_between(self, length: int) -> int:
         """Calls of ``length`` steps from one measured step to the next."""
         return max(1, round(self.measure_every / length))
+
+    def reset(self, values: Any, learning_rate: float) -> None:
+        """A new run on the compiled programs, measured from its first call as a fresh
+        trainer's run is."""
+        super().reset(values, learning_rate)
+        self._calls = 0
 
     def _adaptive_run_fn(self, batch: int, length: int) -> Any:
         count = micro_batches_for(batch)
@@ -190,17 +202,58 @@ class AdaptiveTrainer(NativeTrainer):
 
         return run
 
+    def _compile_call(self, key: tuple[int, int], state: Any, epoch_rows: Any) -> Any:
+        """The ``jit(...).lower(...).compile()``d call of ``key`` (one at a time: the lock)."""
+        with self._lock:
+            jitted = jax.jit(self._adaptive_run_fn(*key), donate_argnums=0)
+            return jitted.lower(state, self.x_train, self.y_train, epoch_rows, np.int32(0),
+                                np.bool_(True)).compile()
+
     def compile(self, length: int, epoch_rows: Any) -> float:
-        """Compile the ``length``-step call at the rows' batch size if needed; its seconds."""
+        """Compile the ``length``-step call at the rows' batch size if needed; the seconds the
+        caller waited (for a call compiled ahead, only what was left of its compilation)."""
         key = (int(epoch_rows.shape[-1]), length)
         if key in self._sized:
             return 0.0
         start = time.perf_counter()
-        jitted = jax.jit(self._adaptive_run_fn(*key), donate_argnums=0)
-        self._sized[key] = jitted.lower(
-            self.state, self.x_train, self.y_train, epoch_rows, np.int32(0),
-            np.bool_(True)).compile()
+        ahead = self._ahead.pop(key, None)
+        if ahead is not None:
+            ahead.join()
+            waited = time.perf_counter() - start
+            if "error" not in ahead.result:  # (a failed compilation is made again, here)
+                self._sized[key] = ahead.result["compiled"]
+                self.ahead_record["waited_s"] += waited
+                self.ahead_record["hidden_s"] += max(0.0, ahead.result["seconds"] - waited)
+                return waited
+        self._sized[key] = self._compile_call(key, self.state, epoch_rows)
         return time.perf_counter() - start
+
+    def compile_ahead(self, batch: int, length: int, steps: int) -> None:
+        """Start compiling the ``length``-step call at ``batch`` for an epoch of ``steps`` rows
+        in a background thread, on abstract arguments (shapes and dtypes): ``compile`` then
+        takes the compiled object instead of compiling."""
+        key = (batch, length)
+        if key in self._sized or key in self._ahead:
+            return
+        state = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype),
+                             self.state)
+        rows = jax.ShapeDtypeStruct((steps, batch), jnp.int32)
+        result: dict[str, Any] = {}
+
+        def work() -> None:
+            started = time.perf_counter()
+            try:
+                result["compiled"] = self._compile_call(key, state, rows)
+            except Exception as error:  # compiled again (and raised) by ``compile``
+                result["error"] = error
+            result["seconds"] = time.perf_counter() - started
+
+        thread = threading.Thread(target=work, name=f"compile-ahead-{batch}x{length}",
+                                  daemon=True)
+        thread.result = result  # type: ignore[attr-defined]
+        self._ahead[key] = thread
+        self.ahead_record["sizes"] += 1
+        thread.start()
 
     def run(self, epoch_rows: Any, start: int, length: int) -> Any:
         batch = int(epoch_rows.shape[-1])
@@ -234,8 +287,10 @@ class AdaptiveTrainer(NativeTrainer):
         return jax.device_get(self.state)
 
     def restore_state(self, copy: Any) -> None:
-        """Put back a ``state_copy`` (the knee probe trains; the run starts where it was)."""
+        """Put back a ``state_copy`` (the knee probe trains; the run starts where it was, its
+        first call measured)."""
         self.state = jax.tree.map(lambda leaf: jax.device_put(np.asarray(leaf)), copy)
+        self._calls = 0
 
 
 def device_noise_norms(shard_grads: Any, mean_grads: Any) -> NoiseNorms:

@@ -149,6 +149,12 @@ class AdaptiveTrainer(NativeTrainer):
         """Calls of ``length`` steps from one measured step to the next."""
         return max(1, round(self.measure_every / length))
 
+    def reset(self, values: Any, learning_rate: float) -> None:
+        """A new run on the compiled programs, measured from its first call as a fresh
+        trainer's run is."""
+        super().reset(values, learning_rate)
+        self._calls = 0
+
     def _adaptive_run_fn(self, batch: int, length: int) -> Any:
         step = self._adaptive_step(batch)
         count = micro_batches_for(batch)
@@ -253,9 +259,11 @@ class AdaptiveTrainer(NativeTrainer):
         return [np.array(v.numpy()) for v in self._all_variables()]
 
     def restore_state(self, copy: list[np.ndarray]) -> None:
-        """Put back a ``state_copy`` (the knee probe trains; the run starts where it was)."""
+        """Put back a ``state_copy`` (the knee probe trains; the run starts where it was, its
+        first call measured)."""
         for variable, value in zip(self._all_variables(), copy, strict=True):
             variable.assign(value)
+        self._calls = 0
 
 
 class DataParallelAdaptiveTrainer(DataParallelTrainer):

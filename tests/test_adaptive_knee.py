@@ -258,3 +258,33 @@ def test_a_knee_stored_at_min_by_a_busy_probe_is_measured_again_and_the_batch_gr
     assert max(r["batch_size"] for r in record["ranges"]) > 8
     stored = json.loads((store / engine.KNEE_PROBE_FILE).read_text())["workload"]
     assert stored["knee"] == 16 and stored["format"] == engine.KNEE_PROBE_FORMAT
+
+
+# -- the command line -------------------------------------------------------------------------
+def test_info_lists_the_stored_probes(store, cli):
+    (store / engine.KNEE_PROBE_FILE).write_text(json.dumps({
+        "a" * 64: {"format": engine.KNEE_PROBE_FORMAT, "resolved": True, "knee": 64,
+                   "sizes": [8, 16, 32, 64, 128], "noisy": False, "remeasured": 1}}))
+    (store / "fused_steps_probe.json").write_text(json.dumps({"b" * 64: {"fused_steps": 16}}))
+    result = cli("info")
+    assert result.returncode == 0
+    assert "stored throughput knee:  1" in result.stdout
+    assert "aaaaaaaaaaaa: knee 64, sizes 8-128, noisy no, re-measured 1" in result.stdout
+    assert "bbbbbbbbbbbb: K=16" in result.stdout and "stored population:       0" in result.stdout
+    listed = json.loads(cli("info", "--json").stdout)["stored_probes"]
+    assert listed["fused steps"] == {"b" * 12: "K=16"}
+
+
+@pytest.mark.parametrize("command", ["train", "study", "launch"])
+def test_reprobe_is_a_flag_of_the_commands_that_train(cli, command):
+    assert "--reprobe" in cli(command, "--help").stdout
+
+
+def test_reprobe_on_the_command_line_asks_this_process_and_its_children(cli, monkeypatch):
+    import os
+
+    monkeypatch.setenv(compile_cache.REPROBE_ENV, "0")  # restored after the test
+    assert not compile_cache.reprobe_requested()
+    result = cli("train", "--engine", "native", "--reprobe", "--batch-size", "auto:64:8")
+    assert result.returncode == 2  # (bad input: stops before any work, after the flag)
+    assert os.environ[compile_cache.REPROBE_ENV] == "1" and compile_cache.reprobe_requested()

@@ -1,7 +1,7 @@
 """Adaptive batch size benchmark (issue 37): the estimator's overhead, and auto vs fixed.
 
     python scripts/bench_adaptive.py [--quick] [--out DIR] [--backends jax,tensorflow]
-        [--part overhead|compare|both|reuse] [--model mlp] [--dataset mnist1d_large]
+        [--part overhead|compare|both|reuse|estimator] [--model mlp] [--dataset mnist1d_large]
         [--batch-sizes 8,32,128,512] [--repeats N] [--fixed 8,16,...,512] [--rates 1e-3,3e-3]
         [--lr-scalings sqrt,linear,adascale,none] [--auto-min 8] [--auto-max 0,512]
         [--seeds 0,1,2] [--epochs 20] [--eval-every 25] [--target 0.65]
@@ -20,6 +20,11 @@ and the data-parallel adaptive one (per-device norms), each batch size the globa
 ``--auto-max``, the first rate) as the study trains them, on one shared adaptive trainer
 (``engines.native.Runs``: each size compiled once for all runs), against a fresh ``train()`` per
 run; alternated, one pair per seed after a compiling round; wall seconds per run.
+
+``estimator``: auto runs (the first ``--lr-scalings`` and rate, MIN ``--auto-min``, the first
+non-zero ``--auto-max``) per seed with the every-step estimator and with the default (one
+measured step in 16, the last of a fused call), alternated: the step each size was reached at
+and the largest gap between the two, in evaluation intervals.
 
 ``compare``: per seed, ``train()`` on the native engine at every fixed batch size (each with the
 best of the ``--rates``) and with ``--batch-size auto:MIN:MAX`` for each ``--lr-scalings`` and

@@ -25,6 +25,7 @@ from the same estimate.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -36,10 +37,25 @@ from kbackend.errors import ConfigError
 AUTO = "auto"
 DEFAULT_MIN_BATCH = 8
 DEFAULT_MICRO_BATCHES = 2  # micro-batches per step (b = B / M samples): M backward passes
-# Steps between measured steps: the others run the plain step (M - 1 backward passes fewer).
-DEFAULT_MEASURE_EVERY = 4
-DEFAULT_EMA_DECAY = 0.95  # ~20 steps of memory: B_simple moves over hundreds of steps
+# Steps between measured steps (the last step of every 16 / K-th fused call of K steps): the
+# others run the plain step (M - 1 backward passes fewer). A measured step costs ~1.7 plain
+# ones (M = 2), so 1 in 16 keeps the estimator near 1.04x the plain step's time.
+DEFAULT_MEASURE_EVERY = 16
+DEFAULT_EMA_DECAY = 0.95  # ~20 measurements of memory: B_simple moves over hundreds of steps
+# What the estimate remembers and needs before it is trusted, in training steps whatever the
+# spacing of the measurements (one every 4 steps with decay 0.95 and 10 measurements before).
+EMA_MEMORY_STEPS = 80
+WARMUP_TRAIN_STEPS = 40
 LR_SCALINGS = ("linear", "sqrt", "adascale", "none")
+
+
+# ``KBACKEND_ADAPTIVE_AHEAD=0`` turns off compiling the next batch size in the background.
+AHEAD_ENV = "KBACKEND_ADAPTIVE_AHEAD"
+
+
+def compile_ahead_enabled() -> bool:
+    """Whether an adaptive run compiles the next power of two while the current size trains."""
+    return os.environ.get(AHEAD_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 # -- parsing -----------------------------------------------------------------------------------
@@ -196,6 +212,16 @@ class NoiseScale:
         if not self.steps:
             return math.nan
         return self.trace_sigma_sum / self.grad_sq_sum if self.grad_sq_sum > 0 else math.inf
+
+
+def estimator_settings(spacing: int) -> tuple[float, int]:
+    """The EMA decay per measurement and the measurements of warm-up when one step in
+    ``spacing`` is measured: ``EMA_MEMORY_STEPS`` of memory (1 / (1 - decay) measurements) and
+    ``WARMUP_TRAIN_STEPS`` of warm-up (at least 2 measurements), whatever the spacing."""
+    if spacing < 1:
+        raise ConfigError(f"Invalid measurement spacing {spacing}: expected >= 1 step.")
+    decay = max(0.0, 1.0 - spacing / EMA_MEMORY_STEPS)
+    return decay, max(2, math.ceil(WARMUP_TRAIN_STEPS / spacing))
 
 
 # -- the growth policy -------------------------------------------------------------------------

@@ -44,7 +44,7 @@ from typing import Any, cast
 
 from kbackend import __version__, commands, logs
 from kbackend.backend_choice import BACKENDS, skip_optional_imports, use_backend
-from kbackend.backends.compile_cache import COMPILE_CACHE_ENV
+from kbackend.backends.compile_cache import COMPILE_CACHE_ENV, request_reprobe
 from kbackend.commands import LAUNCHER_PID_ENV, OneLineErrorParser, bound_integer_flags
 from kbackend.errors import KBackendError
 from kbackend.model_sources import register_imports
@@ -221,6 +221,8 @@ def _main(argv: Sequence[str] | None, own_process: bool) -> int:
     try:
         if args.no_compile_cache:
             os.environ[COMPILE_CACHE_ENV] = "0"  # read when the backend starts
+        if getattr(args, "reprobe", False):
+            request_reprobe()  # an environment variable: launch's processes inherit it
         needs_backend = getattr(args, "needs_backend", True)
         if needs_backend:
             use_backend(args.backend)

@@ -5,7 +5,6 @@ rules and the ``auto[:MIN:MAX]`` parsing with its one-line errors."""
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -277,7 +276,10 @@ class _EverFasterTrainer:
     each doubling, so the probe only stops where a batch no longer fits the training split."""
 
     def __init__(self) -> None:
-        self.state, self.sizes = "weights", []
+        self.state, self.sizes, self.now = "weights", [], 0.0
+
+    def clock(self) -> float:  # the probe's clock: seconds charged by ``run``
+        return self.now
 
     def state_copy(self):
         return self.state
@@ -294,7 +296,7 @@ class _EverFasterTrainer:
         pass
 
     def run(self, rows, start, length):
-        time.sleep(0.002 * length)  # the same time per step at every size
+        self.now += 0.002 * length  # the same time per step at every size
 
     def fetch(self, pending) -> None:
         pass
@@ -307,9 +309,10 @@ def test_the_knee_probe_stops_at_the_training_split_and_restores_the_state():
     from kbackend.engines.adaptive import probe_knee
 
     trainer = _EverFasterTrainer()
-    probe = probe_knee(trainer, n_train=1294, minimum=8, fused_steps=4)
+    probe = probe_knee(trainer, n_train=1294, minimum=8, fused_steps=4, clock=trainer.clock)
     assert probe["sizes"] == [8, 16, 32, 64, 128, 256, 512, 1024]  # 2048 > 1294 samples
-    assert trainer.sizes == probe["sizes"] and trainer.state == "weights"
+    assert sorted(set(trainer.sizes)) == probe["sizes"] and trainer.state == "weights"
+    assert probe["knee"] == 1024 and probe["resolved"] and not probe["plateau_reached"]
 
 
 class _OutOfMemoryTrainer(_EverFasterTrainer):
@@ -331,7 +334,7 @@ def test_the_knee_probe_stops_at_the_memory_limit():
     from kbackend.engines.adaptive import probe_knee
 
     trainer = _OutOfMemoryTrainer(fits=64)
-    probe = probe_knee(trainer, n_train=1294, minimum=8, fused_steps=4)
+    probe = probe_knee(trainer, n_train=1294, minimum=8, fused_steps=4, clock=trainer.clock)
     assert probe["sizes"] == [8, 16, 32, 64] and probe["out_of_memory_at"] == 128
     assert probe["knee"] == 64 and trainer.state == "weights"
     with pytest.raises(ConfigError, match="MIN 8 does not fit in device memory") as error:

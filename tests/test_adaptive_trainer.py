@@ -71,18 +71,35 @@ def test_growing_carries_the_state_over_and_compiles_each_size_once(dataset):
     assert count == steps
     # Training went on from where it was: the second epoch at 32 starts below the first.
     assert losses[32][1][:5].mean() < losses[32][0][:5].mean()
-    # One batch of noise norms per fetched call: (K, M) and (K,), M = 2 micro-batches.
+    # One row of noise norms per fetched call, its last step's: (1, M) and (1,), M = 2
+    # micro-batches; measured on every calls_between(K)-th call (16 / 5 -> 3), NaN otherwise.
     norms = grown.take_noise_norms()
-    assert sum(len(big) for _, _, big in norms) == steps
-    assert all(micro.shape == (len(big), 2) for _, micro, big in norms)
+    calls = sum(-(-(n // batch) // 5) for batch in (8, 32, 8, 32))
+    assert len(norms) == calls and grown.calls_between(5) == 3
+    assert all(micro.shape == (1, 2) and big.shape == (1,) for _, micro, big in norms)
     assert grown.take_noise_norms() == []
     noise = NoiseScale()
     for batch, micro, big in norms:
         noise = noise.update_steps(micro, big, batch // 2, batch)
-    # Every 4th row of an epoch is measured (DEFAULT_MEASURE_EVERY); the others report NaN.
-    measured = 2 * -(-(n // 8) // 4) + 2 * -(-(n // 32) // 4)
-    assert noise.steps == measured and noise.trace_sigma > 0
-    assert sum(int(np.isfinite(big).sum()) for _, _, big in norms) == measured
+    measured = [bool(np.isfinite(big).all()) for _, _, big in norms]
+    assert noise.steps == sum(measured) and noise.trace_sigma > 0
+    assert measured[:7] == [True, False, False, True, False, False, True]
+
+
+def test_every_step_measured_is_the_reference_estimator(dataset):
+    """``measure_every=1``: every step of every call measured, (K, M) norms, all finite."""
+    from kbackend.backends import adaptive
+
+    spec = OptimizerSpec("adam", 3e-3)
+    model = toy_model(dataset, seed=5)
+    trainer = adaptive().AdaptiveTrainer(model, spec, dataset, jit_compile=True,
+                                         measure_every=1)
+    n = len(dataset.x_train)
+    EpochRunner(trainer, n, 16, 4)()
+    norms = trainer.take_noise_norms()
+    assert sum(len(big) for _, _, big in norms) == n // 16
+    assert all(np.isfinite(big).all() and micro.shape == (len(big), 2)
+               for _, micro, big in norms)
 
 
 def test_set_learning_rate_changes_the_update(dataset):
@@ -100,3 +117,18 @@ def test_set_learning_rate_changes_the_update(dataset):
     assert max(moved) > 1e-3
     for a, b in zip(still.model.get_weights(), initial, strict=True):
         np.testing.assert_array_equal(a, b)  # a zero rate: not one weight moved
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="compiling ahead is JAX's (TensorFlow compiles a "
+                    "tf.function's XLA program at its first call)")
+def test_a_size_compiled_ahead_in_the_background_trains_like_one_compiled_on_demand(dataset):
+    spec = OptimizerSpec("adam", 3e-3)
+    _, ahead = _trainers(dataset, spec, jit=True)
+    _, demand = _trainers(dataset, spec, jit=True)
+    n = len(dataset.x_train)
+    ahead.compile_ahead(32, 5, n // 32)
+    ahead.compile_ahead(32, 5, n // 32)  # asked twice: compiled once
+    losses = [EpochRunner(trainer, n, 32, 5)() for trainer in (ahead, demand)]
+    np.testing.assert_allclose(losses[0], losses[1], rtol=LOSS_RTOL)
+    assert ahead.ahead_record["sizes"] == 1 and ahead.trace_counts_by_size[32, 5] == 1
+    assert ahead.ahead_record["waited_s"] >= 0.0 and ahead.ahead_record["hidden_s"] >= 0.0

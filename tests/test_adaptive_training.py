@@ -25,8 +25,20 @@ def auto_config(**overrides) -> TrainConfig:
     return TrainConfig(**{**fields, **overrides})
 
 
+@pytest.fixture(scope="module", autouse=True)
+def measured_every_fourth_step():
+    """These tests are of the growth mechanics on a 2-epoch digits run, whose expectations
+    (growth before the target) were set with one measured step in 4; the default, one in 16, is
+    measured against the every-step estimator by ``bench_adaptive --part estimator``."""
+    from kbackend.engines import adaptive
+
+    adaptive.MEASURE_EVERY = 4
+    yield
+    adaptive.MEASURE_EVERY = adaptive.DEFAULT_MEASURE_EVERY
+
+
 @pytest.fixture(scope="module")
-def auto_run(tmp_path_factory):
+def auto_run(tmp_path_factory, measured_every_fourth_step):
     """The auto run, its TensorBoard scalars written to ``result.tensorboard``."""
     folder = tmp_path_factory.mktemp("tensorboard")
     result = train(auto_config(), tensorboard=folder)
@@ -58,7 +70,9 @@ def test_a_growing_run_compiles_each_size_once(auto_run):
     assert traces and set(traces.values()) == {1}
     sizes = {int(key.split("x")[0]) for key in traces}
     grown_to = {r["batch_size"] for r in auto_run.history.record.adaptive_batch["ranges"]}
-    assert sizes == grown_to
+    # The sizes it grew to, and (compiled ahead in the background, JAX) the next power of two
+    # of each within MAX.
+    assert grown_to <= sizes <= grown_to | {2 * s for s in grown_to if 2 * s <= 128}
     # At most log2(MAX / MIN) + 1 sizes, each with at most a few call lengths (K, an epoch's
     # rest, and a rest after a change inside an epoch).
     assert len(sizes) <= int(math.log2(128 / 8)) + 1

@@ -1,7 +1,7 @@
 """Adaptive batch size benchmark (issue 37): the estimator's overhead, and auto vs fixed.
 
     python scripts/bench_adaptive.py [--quick] [--out DIR] [--backends jax,tensorflow]
-        [--part overhead|compare|both|reuse] [--model mlp] [--dataset mnist1d_large]
+        [--part overhead|compare|both|reuse|estimator] [--model mlp] [--dataset mnist1d_large]
         [--batch-sizes 8,32,128,512] [--repeats N] [--fixed 8,16,...,512] [--rates 1e-3,3e-3]
         [--lr-scalings sqrt,linear,adascale,none] [--auto-min 8] [--auto-max 0,512]
         [--seeds 0,1,2] [--epochs 20] [--eval-every 25] [--target 0.65]
@@ -20,6 +20,11 @@ and the data-parallel adaptive one (per-device norms), each batch size the globa
 ``--auto-max``, the first rate) as the study trains them, on one shared adaptive trainer
 (``engines.native.Runs``: each size compiled once for all runs), against a fresh ``train()`` per
 run; alternated, one pair per seed after a compiling round; wall seconds per run.
+
+``estimator``: auto runs (the first ``--lr-scalings`` and rate, MIN ``--auto-min``, the first
+non-zero ``--auto-max``) per seed with the every-step estimator and with the default (one
+measured step in 16, the last of a fused call), alternated: the step each size was reached at
+and the largest gap between the two, in evaluation intervals.
 
 ``compare``: per seed, ``train()`` on the native engine at every fixed batch size (each with the
 best of the ``--rates``) and with ``--batch-size auto:MIN:MAX`` for each ``--lr-scalings`` and
@@ -42,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from kbackend.adaptive import AutoBatchSize
+from kbackend.adaptive import DEFAULT_MEASURE_EVERY, AutoBatchSize
 from kbackend.backend_choice import active_backend
 from kbackend.backends import adaptive, impl
 from kbackend.bench.spec import (
@@ -55,6 +60,7 @@ from kbackend.bench.spec import (
     one_per_backend,
 )
 from kbackend.data import batching
+from kbackend.engines import adaptive as engine_adaptive
 from kbackend.engines.loop import EpochRunner
 from kbackend.engines.native import Runs, model_values
 from kbackend.errors import KBackendError
@@ -66,7 +72,7 @@ from kbackend.reports import markdown_rows
 from kbackend.study.summaries import adaptive_samples
 from kbackend.training import Target, TrainConfig, load_dataset, train
 
-PARTS = ("overhead", "compare", "both", "reuse")
+PARTS = ("overhead", "compare", "both", "reuse", "estimator")
 FUSED_STEPS = 8
 
 # Full and quick defaults of every option left out (quick: a smoke run of a few seconds).
@@ -309,6 +315,44 @@ def compare(opts: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def estimator(opts: dict[str, Any]) -> list[dict[str, Any]]:
+    """Auto runs (the first scaling and rate, MIN ``--auto-min``, the first non-zero
+    ``--auto-max``) with the every-step estimator (``MEASURE_EVERY`` 1) and with the default
+    (one step in ``DEFAULT_MEASURE_EVERY``, the last of a fused call), alternated per seed: the
+    step each size was reached at, the largest gap between the two in evaluation intervals, and
+    steps and time to the target."""
+    maximum = next((m for m in opts["auto_max"] if m), 512)
+    config = TrainConfig(model=opts["model"], dataset=opts["dataset"], engine="native",
+                         epochs=opts["epochs"], fused_steps=FUSED_STEPS,
+                         eval_every=opts["eval_every"], on_divergence="record",
+                         target=Target("val_accuracy", opts["target"]),
+                         data_dir=opts["data_dir"], jit_compile=opts["jit"],
+                         batch_size=opts["auto_min"], lr_scaling=opts["lr_scalings"][0],
+                         adaptive_batch=AutoBatchSize(opts["auto_min"], maximum),
+                         optimizer=OptimizerSpec(opts["optimizer"], opts["rates"][0]))
+    dataset = load_dataset(config)
+    rows = []
+    for seed in opts["seeds"]:
+        runs = {}
+        for every in (1, DEFAULT_MEASURE_EVERY):
+            engine_adaptive.MEASURE_EVERY = every
+            try:
+                run = _run(replace(config, seed=seed, model_options=ModelOptions(seed=seed)),
+                           dataset)
+            finally:
+                engine_adaptive.MEASURE_EVERY = DEFAULT_MEASURE_EVERY
+            runs[every] = {r["batch_size"]: r["step"] for r in run["adaptive"]["ranges"]}
+            say(f"seed {seed} measured every {every}: sizes reached at {runs[every]}, steps "
+                f"{run['steps']}, time {_fmt(run['time_s'])}")
+            rows.append({"part": "estimator", "case": f"seed {seed} every {every}",
+                         "seed": seed, "measure_every": every, "reached_at": runs[every],
+                         "steps": run["steps"], "time_s": run["time_s"]})
+        gaps = [abs(runs[1][size] - runs[DEFAULT_MEASURE_EVERY].get(size, math.inf))
+                / opts["eval_every"] for size in runs[1]]
+        rows[-1]["gap_intervals"] = rows[-2]["gap_intervals"] = max(gaps, default=0.0)
+    return rows
+
+
 def reuse(opts: dict[str, Any]) -> list[dict[str, Any]]:
     """Auto runs as the study trains them (``engines.native.Runs``: one adaptive trainer, each
     size compiled once for all runs) against a fresh ``train()`` per run, alternated, one pair
@@ -401,6 +445,8 @@ def measure_adaptive(settings: Settings) -> Rows:
         rows += overhead(opts)
     if opts["part"] == "reuse":
         rows += reuse(opts)
+    if opts["part"] == "estimator":
+        rows += estimator(opts)
     plot_path = None
     if opts["part"] in ("compare", "both"):
         compared = compare(opts)
@@ -468,6 +514,15 @@ def adaptive_table(payload: dict[str, Any]) -> str:
             ["backend", "case", "s per run", "ratio to fresh (per seed)"],
             lambda row: [row["backend"], row["case"], _interval(row["wall_s"], ".2f"),
                          _interval(row["ratio"], ".2f")])
+    section("estimator",
+            "Growth with the every-step estimator vs one step in 16 (the last of a fused "
+            "call): the step each batch size was reached at; gap: the largest difference in "
+            "evaluation intervals",
+            ["backend", "case", "reached at (size: step)", "gap (intervals)", "steps to target",
+             "time to target (s)"],
+            lambda row: [row["backend"], row["case"],
+                         ", ".join(f"{k}: {v}" for k, v in row["reached_at"].items()),
+                         f"{row['gap_intervals']:.1f}", str(row["steps"]), _fmt(row["time_s"])])
     plots = [s["plot"] for s in payload["summaries"] if s.get("plot")]
     if plots:
         parts.append("Batch-size trajectories over B_simple: " + ", ".join(plots))
@@ -481,8 +536,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               keys=("part", "case"),
               summary_fields=("part", "model", "dataset", "plot"),
               options=(
-                  Option("--part", "overhead, compare, both, or reuse (auto runs on one "
-                         "shared trainer vs a fresh train() each) (default both)", _part),
+                  Option("--part", "overhead, compare, both, reuse (auto runs on one "
+                         "shared trainer vs a fresh train() each), or estimator (growth with "
+                         "the every-step estimator vs the default) (default both)", _part),
                   Option("--model", "model (default mlp, quick seed_mlp)"),
                   Option("--dataset", "dataset (default mnist1d_large, quick digits)"),
                   Option("--data-dir", "data folder (default: kbackend's)"),

@@ -66,6 +66,16 @@ def add_import_flag(parser: Any) -> None:
              "repeatable")
 
 
+def add_reprobe_flag(parser: argparse.ArgumentParser) -> None:
+    """``--reprobe`` (train, study, launch; ``kbackend.cli`` acts on it): take again the
+    measurements kept per machine that the run would reuse."""
+    parser.add_argument(
+        "--reprobe", action="store_true",
+        help="measure again what is kept per machine and this run would reuse (--fused-steps "
+             "auto's K, --batch-size auto's throughput knee, the study's population choice; "
+             "`kbackend info` lists them); with nothing stored it simply measures")
+
+
 def bounded_int(text: str) -> int:
     """``int(text)`` within +-``MAX_INT_FLAG``; argparse says "invalid int value" otherwise."""
     value = int(text)

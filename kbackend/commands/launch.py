@@ -42,6 +42,7 @@ from kbackend.commands import (
     LAUNCHER_PID_ENV,
     OneLineErrorParser,
     add_import_flag,
+    add_reprobe_flag,
     bound_integer_flags,
 )
 from kbackend.commands import train as train_command
@@ -74,6 +75,7 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     parser.add_argument("--all-output", action="store_true",
                         help="show every process's output as it comes (default: process 0's; "
                              "the others' only if the job fails)")
+    add_reprobe_flag(parser)
     parser.add_argument("--oversubscribe", action="store_true",
                         help="allow more processes than this machine's CPUs")
     parser.add_argument("train_args", nargs=argparse.REMAINDER, metavar="-- TRAIN_ARGS",

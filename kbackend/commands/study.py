@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kbackend.adaptive import AUTO, LR_SCALINGS
+from kbackend.commands import add_reprobe_flag
 from kbackend.commands.train import add_source_arguments
 from kbackend.commands.train import command_line as train_command_line
 from kbackend.engines import engine_names
@@ -112,6 +113,7 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                     "learning rate tuned, and report which reaches the validation target in the "
                     "least training time on this machine. `kbackend study compare` compares "
                     "studies across backends.")
+    add_reprobe_flag(parser)
     grid = parser.add_argument_group("grid")
     add_source_arguments(grid, grid, dataset=DEFAULT_DATASET, model_default=DEFAULT_MODEL,
                          dataset_help=f"default {DEFAULT_DATASET}: MNIST-1D drawn larger, "

@@ -10,7 +10,7 @@ from typing import Any
 
 from kbackend.adaptive import LR_SCALINGS, AutoBatchSize, parse_batch_size
 from kbackend.backend_choice import active_backend
-from kbackend.commands import OneLineErrorParser, add_import_flag
+from kbackend.commands import OneLineErrorParser, add_import_flag, add_reprobe_flag
 from kbackend.config import MONITORS, Target, TrainConfig, check_metrics
 from kbackend.data import DATASETS
 from kbackend.data.user import MAX_IMAGE_PIXELS, parse_image_size
@@ -226,7 +226,7 @@ def adaptive_summary(record: dict[str, Any]) -> str:
         bound = ""
     else:
         source = "stored probe" if probe.get("cached") else f"measured in {probe['seconds']:.1f}s"
-        bound = f" (MAX: this machine's throughput knee, {source})"
+        bound = f" ({probe.get('note', 'MAX: the throughput knee')}; {source})"
     sizes = " -> ".join(f"{r['batch_size']} (step {r['step']}, lr {r['learning_rate']:.3g})"
                         for r in record["ranges"])
     estimate = record.get("b_simple")
@@ -255,6 +255,7 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """Every flag of ``kbackend train`` (also parsed by ``kbackend launch`` before it starts)."""
     add_training_arguments(parser)
+    add_reprobe_flag(parser)
     parser.add_argument("--save", default=None, metavar="MODEL.keras",
                         help="save the trained model")
     parser.add_argument("--history", default=None, metavar="HISTORY.json",

@@ -37,7 +37,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import statistics
 import time
 from dataclasses import replace
 from typing import Any
@@ -45,12 +44,15 @@ from typing import Any
 import numpy as np
 
 from kbackend.adaptive import (
+    DEFAULT_MEASURE_EVERY,
     DEFAULT_MIN_BATCH,
     AutoBatchSize,
     BatchBounds,
     BatchChange,
     GrowthPolicy,
     NoiseScale,
+    compile_ahead_enabled,
+    estimator_settings,
     scaled_learning_rate,
 )
 from kbackend.backends import adaptive as adaptive_backend
@@ -62,12 +64,15 @@ from kbackend.engines.keras_fit import compile_model
 from kbackend.engines.plan import TrainPlan
 from kbackend.envinfo import environment_identity
 from kbackend.errors import ConfigError, is_out_of_memory
-from kbackend.hardware.knee import DEFAULT_MIN_GAIN, find_knee
+from kbackend.hardware.knee import DEFAULT_MIN_GAIN, MeasuredGain, measured_gain
+from kbackend.hardware.timing import Clock, Timing, summarize, time_interleaved
 from kbackend.history import History
 
 KNEE_PROBE_FILE = "adaptive_knee_probe.json"
 DEFAULT_FUSED_STEPS = 8  # K of an adaptive run asked for ``--fused-steps auto``
-PROBE_CALLS = 3  # timed calls per probed size (their median), after one warm-up call
+# Steps per measured step of the one-device trainer (``bench_adaptive --part estimator`` sets 1,
+# the every-step reference, in its worker process).
+MEASURE_EVERY = DEFAULT_MEASURE_EVERY
 ADASCALE_RELATIVE_CHANGE = 0.01  # a rate change below this is not recorded as a new range
 
 
@@ -132,8 +137,12 @@ class AdaptiveBatch:
         self.trainer, self.config, self.bounds = trainer, config, bounds
         self.scaling = config.lr_scaling
         self.base_batch, self.base_rate = bounds.minimum, base_rate
+        decay = NoiseScale().decay
+        spacing = getattr(trainer, "measure_every", None)  # (data parallel: every step, as was)
+        if spacing is not None:  # the same memory and warm-up in steps at any spacing
+            decay, warmup_steps = estimator_settings(spacing)
         self.policy = GrowthPolicy(bounds, warmup_steps)
-        self.noise = NoiseScale()
+        self.noise = NoiseScale(decay)
         self.batch_size, self.rate = bounds.minimum, base_rate
         self.interval = 0
         self.last_change: int | None = None
@@ -189,9 +198,22 @@ class AdaptiveBatch:
         rest = epoch_rest(plan.n_train, size, self.config.seed, epoch - 1, self.config.shuffle,
                           consumed)
         new_plan = plan_at(plan, self.config, size, step, epoch, len(rest))
+        self.compile_ahead(new_plan)
         padded = np.zeros((new_plan.steps_per_epoch, size), dtype=rest.dtype)
         padded[: len(rest)] = rest
         return new_plan, padded, len(rest)
+
+    def compile_ahead(self, plan: TrainPlan) -> None:
+        """Start compiling the next power of two's call in the background while ``plan``'s
+        size trains (where the trainer can: JAX's; ``KBACKEND_ADAPTIVE_AHEAD=0`` turns it
+        off)."""
+        size = plan.batch_size * 2
+        ahead = getattr(self.trainer, "compile_ahead", None)
+        if ahead is None or size > self.bounds.maximum or not compile_ahead_enabled():
+            return
+        steps = batching.steps_per_epoch_dropping_last(plan.n_train, size)
+        if steps >= 1:
+            ahead(size, min(plan.fused_steps or DEFAULT_FUSED_STEPS, steps), steps)
 
     def record(self) -> dict[str, Any]:
         """What the run record keeps: bounds, scaling, every step range, the final estimate."""
@@ -209,78 +231,191 @@ class AdaptiveBatch:
 
 
 # -- MAX: the throughput knee --------------------------------------------------------------
-def probe_knee(trainer: Any, n_train: int, minimum: int, fused_steps: int,
-               seed: int = 0) -> dict[str, Any]:
-    """Samples/s of the adaptive trainer's own K-step calls at MIN, 2 MIN, ... until a doubling
-    gains less than ``DEFAULT_MIN_GAIN`` (the knee's definition), a call would not fit one
-    epoch, or a size runs out of device memory (``out_of_memory_at``: the memory limit, on
-    several devices the data-parallel one); the knee of the sizes that ran. The trainer's full
-    state is put back afterwards."""
+KNEE_PROBE_FORMAT = 2  # format 1 (3 sequential calls per size, no noise kept): measured again
+PROBE_ROUNDS = 5  # interleaved rounds per pair of sizes: [min, max] covers the median at 94 %
+PROBE_BUDGET_S = 30.0  # seconds a probe may take before a noisy pair is no longer re-measured
+PROBE_MAX_REMEASURES = 4  # re-measurements of noisy pairs (and of a knee at MIN) per probe
+DATA_BOUND_DIVISOR = 32  # MAX where the knee stays unresolved: the training split / 32
+PROBE_CLOCK: Clock = time.perf_counter  # the probe's timer (tests slow it on purpose)
+
+
+def data_bound(n_train: int, minimum: int) -> int:
+    """MAX from the data where the knee stays unresolved: the largest power of two at or below
+    the training split / ``DATA_BOUND_DIVISOR`` (at least 32 steps per epoch), at least MIN."""
+    share = n_train // DATA_BOUND_DIVISOR
+    return max(minimum, 1 << (share.bit_length() - 1)) if share >= 1 else minimum
+
+
+class _KneeProbe:
+    """One knee probe: pairs of sizes (s, 2 s) timed interleaved (``timing.time_interleaved``),
+    each doubling's gain a median over rounds with its interval (``knee.measured_gain``)."""
+
+    def __init__(self, trainer: Any, n_train: int, minimum: int, fused_steps: int, seed: int,
+                 clock: Clock, budget_s: float, rounds: int) -> None:
+        self.trainer, self.n_train, self.minimum = trainer, n_train, minimum
+        self.fused_steps, self.seed, self.clock = fused_steps, seed, clock
+        self.budget_s, self.rounds = budget_s, rounds
+        self.started = clock()
+        self.calls: dict[tuple[int, int], Any] = {}
+        self.lengths: dict[int, int] = {}  # each size's call length when last timed
+        self.remeasured = 0
+
+    def call(self, size: int, length: int) -> Any:
+        """The trainer's ``length``-step call at ``size``, compiled once (out of memory
+        propagates)."""
+        if (size, length) not in self.calls:
+            rows = self.trainer.put_epoch(batching.epoch_batches(self.n_train, size, self.seed, 0))
+            self.trainer.compile(length, rows)
+            self.calls[size, length] = lambda: self.trainer.fetch(self.trainer.run(rows, 0, length))
+        return self.calls[size, length]
+
+    def measure(self, size: int, previous: dict[int, Timing] | None = None,
+                ) -> tuple[MeasuredGain, dict[int, Timing]]:
+        """Time ``size`` and ``2 size`` interleaved (equal call lengths), added to
+        ``previous`` rounds of the same pair; the gain of the doubling."""
+        length = min(self.fused_steps, batching.steps_per_epoch_dropping_last(self.n_train,
+                                                                               2 * size))
+        fns = {size: self.call(size, length), 2 * size: self.call(2 * size, length)}
+        self.lengths.update(dict.fromkeys(fns, length))
+        timings = time_interleaved(fns, self.rounds, wait=lambda value: value, clock=self.clock,
+                                   first_calls=previous is None)
+        if previous:
+            timings = {key: summarize(previous[key].first_call_s,
+                                      previous[key].times + timing.times)
+                       for key, timing in timings.items()}
+        gain = measured_gain(timings[size], timings[2 * size], size * length,
+                             2 * size * length)
+        return gain, timings
+
+    def can_remeasure(self) -> bool:
+        return (self.remeasured < PROBE_MAX_REMEASURES
+                and self.clock() - self.started < self.budget_s)
+
+    def decide(self, size: int) -> tuple[MeasuredGain, dict[int, Timing]]:
+        """The doubling from ``size``, re-measured while noisy (rounds added) and, where it
+        would put the knee at MIN, measured afresh once more before it is trusted."""
+        gain, timings = self.measure(size)
+        while gain.noisy and self.can_remeasure():
+            self.remeasured += 1
+            gain, timings = self.measure(size, timings)
+        if size == self.minimum and not gain.noisy and gain.median < DEFAULT_MIN_GAIN \
+                and self.can_remeasure():
+            self.remeasured += 1
+            fresh, timings = self.measure(size)
+            if fresh.noisy or fresh.median >= DEFAULT_MIN_GAIN:
+                return fresh, timings  # the first measurement did not hold
+        return gain, timings
+
+
+def probe_knee(trainer: Any, n_train: int, minimum: int, fused_steps: int, seed: int = 0, *,
+               clock: Clock | None = None, budget_s: float = PROBE_BUDGET_S,
+               rounds: int = PROBE_ROUNDS) -> dict[str, Any]:
+    """The throughput knee of the adaptive trainer's own K-step calls: MIN and 2 MIN timed
+    interleaved, then 2 MIN and 4 MIN, ... until a doubling gains less than
+    ``DEFAULT_MIN_GAIN`` (the knee), the next size would not fit the training split (no
+    plateau: the largest size), a size runs out of device memory (the largest that fit,
+    ``out_of_memory_at``), or a doubling stays noisy within the budget (``resolved`` False,
+    ``knee`` None). A knee at MIN is measured twice. The trainer's state is put back."""
     saved = trainer.state_copy()
-    sizes: list[int] = []
-    throughputs: list[float] = []
-    size, out_of_memory_at = minimum, None
+    probe = _KneeProbe(trainer, n_train, minimum, fused_steps, seed, clock or PROBE_CLOCK,
+                       budget_s, rounds)
+    medians: dict[int, Timing] = {}
+    gains: list[dict[str, Any]] = []
+    size, knee, out_of_memory_at, plateau = minimum, None, None, False
     try:
-        while size <= n_train:  # a call must fit one epoch (the helper refuses larger)
+        while 2 * size <= n_train:  # a call must fit one epoch (the helper refuses larger)
             try:
-                throughputs.append(_probe_size(trainer, n_train, size, fused_steps, seed))
+                gain, timings = probe.decide(size)
             except Exception as error:
                 if not is_out_of_memory(error):
                     raise
-                if not sizes:
+                if not probe.calls:
                     raise ConfigError(f"--batch-size auto MIN {minimum} does not fit in device "
                                       f"memory: pass a smaller auto:MIN.") from None
-                out_of_memory_at = size
+                knee, out_of_memory_at = size, 2 * size
                 break
-            sizes.append(size)
-            if len(sizes) >= 2 and throughputs[-1] < throughputs[-2] * (1 + DEFAULT_MIN_GAIN):
+            medians.update(timings)
+            gains.append({"from": size, **gain.to_dict()})
+            if gain.noisy or gain.median < DEFAULT_MIN_GAIN:
+                knee, plateau = (None, False) if gain.noisy else (size, True)
                 break
             size *= 2
+        else:
+            knee = size  # still gaining at the largest size that fits: no plateau
     finally:
         trainer.take_noise_norms()
         trainer.restore_state(saved)
-    knee = find_knee(sizes, throughputs)
-    return {"sizes": sizes, "samples_per_s": throughputs, "knee": knee.batch_size,
-            "plateau_reached": knee.plateau_reached, "out_of_memory_at": out_of_memory_at}
+    return _knee_record(medians, gains, knee, plateau, out_of_memory_at, probe)
 
 
-def _probe_size(trainer: Any, n_train: int, size: int, fused_steps: int, seed: int) -> float:
-    """Samples/s of the trainer's K-step call at ``size`` (median of ``PROBE_CALLS`` timed
-    calls after a warm-up call)."""
-    steps = batching.steps_per_epoch_dropping_last(n_train, size)
-    length = min(fused_steps, steps)
-    rows = trainer.put_epoch(batching.epoch_batches(n_train, size, seed, 0))
-    trainer.compile(length, rows)
-    trainer.fetch(trainer.run(rows, 0, length))  # warm-up
-    times = []
-    for _ in range(PROBE_CALLS):
-        start = time.perf_counter()
-        trainer.fetch(trainer.run(rows, 0, length))
-        times.append(time.perf_counter() - start)
-    return size * length / statistics.median(times)
+def _knee_record(timings: dict[int, Timing], gains: list[dict[str, Any]], knee: int | None,
+                 plateau: bool, out_of_memory_at: int | None, probe: _KneeProbe) -> dict[str, Any]:
+    sizes = sorted(timings)
+    return {"format": KNEE_PROBE_FORMAT, "knee": knee, "resolved": knee is not None,
+            "sizes": sizes,
+            "samples_per_s": [s * probe.lengths[s] / timings[s].median_s for s in sizes],
+            "cv": [timings[s].cv for s in sizes], "gains": gains,
+            "noisy": any(g["noisy"] for g in gains), "plateau_reached": plateau,
+            "out_of_memory_at": out_of_memory_at, "remeasured": probe.remeasured,
+            "probe_seconds": probe.clock() - probe.started, "budget_s": probe.budget_s,
+            "rounds": probe.rounds}
 
 
 def knee_key(model: Any, dataset: Any, spec: Any, minimum: int, fused_steps: int,
              jit_compile: bool, devices: int = 1) -> str:
-    """What the knee depends on: the network's layers and shapes, the data's shape and size,
-    the optimizer, MIN, K, XLA, the devices a step runs on, and the backend, versions and
-    device."""
+    """What the knee depends on in the workload: the network's layers and shapes, the data's
+    shape and size, the optimizer, MIN, K, XLA and the devices a step runs on. The machine and
+    the versions are the entry's stamp (``knee_stamp``), not part of the key."""
     layers = [(type(layer).__name__, [list(w.shape) for w in layer.weights])
               for layer in model._flatten_layers(include_self=False)]
     payload = {"layers": layers, "policy": str(model.dtype_policy.name),
                "input": list(dataset.x_train.shape[1:]), "num_train": len(dataset.x_train),
                "optimizer": spec.name, "minimum": minimum, "fused_steps": fused_steps,
-               "xla": jit_compile, **environment_identity()}
-    if devices > 1:  # (a one-device key stays what it was: cached knees remain valid)
-        payload["devices"] = devices
+               "xla": jit_compile, "devices": devices}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def knee_stamp() -> str:
+    """Where a knee is measured: backend, versions, device and processor, and the format."""
+    payload = {**environment_identity(), "format": KNEE_PROBE_FORMAT}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def distrust_knee(entry: dict[str, Any]) -> str | None:
+    """Why a stored knee entry is measured again before use (None: use it)."""
+    if entry.get("format") != KNEE_PROBE_FORMAT or not isinstance(entry.get("resolved"), bool):
+        return "an older or damaged entry"
+    if not entry["resolved"]:
+        return "its curve was unresolved (a noisy probe)"
+    if not isinstance(entry.get("knee"), int):
+        return "a damaged entry"
+    return None
+
+
+def knee_bound(entry: dict[str, Any], n_train: int, minimum: int) -> tuple[int, str, str]:
+    """MAX from a knee probe's record, where it came from (``knee``, ``knee at MIN`` or
+    ``data``) and the one line that says so."""
+    largest = 1 << (n_train.bit_length() - 1)  # a batch must fit in the training split
+    if not entry.get("resolved"):
+        bound = min(data_bound(n_train, minimum), largest)
+        return bound, "data", (
+            f"MAX {bound} from the data (largest power of two <= training split / "
+            f"{DATA_BOUND_DIVISOR}): the throughput knee stayed unresolved on this busy machine "
+            f"after {entry.get('remeasured', 0)} re-measurements")
+    knee = min(int(entry["knee"]), largest)
+    if knee <= minimum:
+        return knee, "knee at MIN", (
+            f"MAX {knee} = MIN: this machine's throughput knee for this model is at MIN "
+            "(measured twice), so the batch will not grow; pass auto:MIN:MAX to let it")
+    return knee, "knee", f"MAX {knee}: this machine's throughput knee"
 
 
 def resolve_bounds(auto: AutoBatchSize, trainer: Any, model: Any, dataset: Any, spec: Any,
                    fused_steps: int, jit_compile: bool, seed: int = 0,
                    devices: int = 1) -> tuple[BatchBounds, dict[str, Any] | None]:
-    """MIN and MAX of the run (a default MAX measured by ``probe_knee``, once per machine);
-    the probe's record (None when MAX was given)."""
+    """MIN and MAX of the run (a default MAX measured by ``probe_knee``, once per machine,
+    measured again where stored unresolved, older or from elsewhere); the probe's record with
+    ``note``, the line that says where MAX came from (None when MAX was given)."""
     n_train = len(dataset.x_train)
     minimum = auto.minimum or DEFAULT_MIN_BATCH
     if auto.maximum is not None:
@@ -289,12 +424,12 @@ def resolve_bounds(auto: AutoBatchSize, trainer: Any, model: Any, dataset: Any, 
     key = (knee_key(model, dataset, spec, minimum, fused_steps, jit_compile, devices)
            if compile_cache_enabled() else "")
     entry, cached = machine_measurement(
-        KNEE_PROBE_FILE, key, lambda: probe_knee(trainer, n_train, minimum, fused_steps, seed))
-    if not isinstance(entry.get("knee"), int):  # a foreign entry: measure again
-        entry, cached = probe_knee(trainer, n_train, minimum, fused_steps, seed), False
-    largest = 1 << (n_train.bit_length() - 1)  # a batch must fit in the training split
-    bounds = auto.resolved(DEFAULT_MIN_BATCH, min(int(entry["knee"]), largest))
-    return bounds, {**entry, "cached": cached, "seconds": time.perf_counter() - start}
+        KNEE_PROBE_FILE, key, lambda: probe_knee(trainer, n_train, minimum, fused_steps, seed),
+        stamp=knee_stamp(), distrust=distrust_knee)
+    maximum, source, note = knee_bound(entry, n_train, minimum)
+    bounds = auto.resolved(DEFAULT_MIN_BATCH, maximum)
+    return bounds, {**entry, "cached": cached, "bound": source, "note": note,
+                    "seconds": time.perf_counter() - start}
 
 
 def check_bounds_fit(bounds: BatchBounds, n_train: int) -> None:
@@ -321,7 +456,7 @@ def make_trainer(model: Any, dataset: Any, plan: TrainPlan, config: Any) -> Any:
                                                   batch_size=plan.batch_size,
                                                   dp_impl=config.dp_impl, task=config.task)
     return module.AdaptiveTrainer(model, plan.optimizer, dataset, jit_compile=config.jit_compile,
-                                  task=config.task)
+                                  task=config.task, measure_every=MEASURE_EVERY)
 
 
 def train(model: Any, dataset: Any, plan: TrainPlan, config: Any,
@@ -343,6 +478,9 @@ def train(model: Any, dataset: Any, plan: TrainPlan, config: Any,
         bounds, probe = resolve_bounds(config.adaptive_batch, trainer, model, dataset, spec,
                                        fused, config.jit_compile, config.seed, plan.devices)
         check_bounds_fit(bounds, plan.n_train)
+        console = getattr(reporter, "console", None)
+        if probe is not None and probe["bound"] != "knee" and console is not None:
+            console.print(f"{getattr(reporter, 'prefix', '')}batch size auto: {probe['note']}")
         controller = AdaptiveBatch(trainer, config, bounds, spec.learning_rate, reporter)
         start_plan = plan_at(replace(plan, fused_steps=fused), config, bounds.minimum, 0, 0, 0)
         history = History()
@@ -350,6 +488,7 @@ def train(model: Any, dataset: Any, plan: TrainPlan, config: Any,
         if plan.devices > 1:  # per-device batch at MIN; each range's is its size / devices
             history.record.devices, history.record.processes = plan.devices, plan.processes
             history.record.per_device_batch = bounds.minimum // plan.devices
+        controller.compile_ahead(start_plan)
         history = loop.run(trainer, start_plan, config, reporter, history=history,
                            policy=controller)
         history.test = dict(zip(("test_loss", f"test_{config.task.metric}"),
@@ -357,6 +496,8 @@ def train(model: Any, dataset: Any, plan: TrainPlan, config: Any,
     history.record.xla_programs = compiled
     history.record.adaptive_batch = {
         **controller.record(), "knee_probe": probe,
+        "compile_ahead": {"enabled": compile_ahead_enabled(),
+                          **getattr(trainer, "ahead_record", {"sizes": 0})},
         "trace_counts_by_size": {f"{size}x{length}": count for (size, length), count
                                  in sorted(trainer.trace_counts_by_size.items())}}
     return history

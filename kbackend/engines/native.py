@@ -138,7 +138,8 @@ class Runs:
                config.jit_compile, config.task)
         if key not in self._trainers:
             self._trainers[key] = adaptive_backend().AdaptiveTrainer(
-                self.model, spec, self.dataset, jit_compile=config.jit_compile, task=config.task)
+                self.model, spec, self.dataset, jit_compile=config.jit_compile, task=config.task,
+                measure_every=adaptive.MEASURE_EVERY)
         return self._trainers[key]
 
     def train(self, config: TrainConfig, values: Any, reporter: Any = None) -> History:

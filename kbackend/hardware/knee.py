@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kbackend.errors import ConfigError
+from kbackend.hardware.timing import Timing, paired_ratios
+from kbackend.stats import median_interval
 
 # Doubling the batch must raise samples/s by at least this fraction to count as worth it.
 DEFAULT_MIN_GAIN = 0.10
@@ -81,3 +83,35 @@ def curve_knee(curve: Sequence[Mapping[str, Any]], min_gain: float = DEFAULT_MIN
     """The knee of measured rows, each with ``batch_size`` and ``samples_per_s``, in batch order."""
     return find_knee([int(row["batch_size"]) for row in curve],
                      [float(row["samples_per_s"]) for row in curve], min_gain)
+
+
+@dataclass(frozen=True)
+class MeasuredGain:
+    """The gain in samples/s of one step up the curve (per doubling), from interleaved timings:
+    the median over rounds of each round's paired gain, its [low, high] over rounds, and whether
+    it is too noisy to decide on (either size's repeats vary by more than 10 %, or the interval
+    straddles ``min_gain``)."""
+
+    median: float
+    low: float
+    high: float
+    rounds: int
+    noisy: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def measured_gain(small: Timing, large: Timing, small_samples: int, large_samples: int,
+                  min_gain: float = DEFAULT_MIN_GAIN) -> MeasuredGain:
+    """``MeasuredGain`` of going from ``small`` to ``large``: interleaved timings of calls that
+    train ``small_samples`` and ``large_samples`` samples (``timing.time_interleaved``)."""
+    exponent = 1.0 / math.log2(large_samples / small_samples) if large_samples != small_samples \
+        else 1.0
+    gains = [(large_samples / small_samples * ratio) ** exponent - 1.0
+             for ratio in paired_ratios(small, large)]  # t_small / t_large, round by round
+    interval = median_interval(gains)
+    straddles = bool(gains) and interval["low"] < min_gain < interval["high"]
+    return MeasuredGain(float(interval["median"]), float(interval["low"]),
+                        float(interval["high"]), len(gains),
+                        small.noisy or large.noisy or straddles or not gains)

@@ -19,6 +19,7 @@ the squared norm of their mean, the two inputs of ``kbackend.adaptive.NoiseScale
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -27,7 +28,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.sharding import PartitionSpec
 
 from kbackend.adaptive import DEFAULT_MEASURE_EVERY, micro_batches_for
@@ -35,8 +35,7 @@ from kbackend.backends.jax.data_parallel import DataParallelTrainer
 from kbackend.backends.jax.native import NativeTrainer, make_evaluator
 from kbackend.backends.jax.step import (
     AXIS,
-    StepMetrics,
-    TrainState,
+    make_step,
     make_train_step,
     replicate,
     scan_steps,
@@ -99,23 +98,6 @@ def micro_batched_value_and_grad(model: Any, micro_batches: int,
     return value_and_grad
 
 
-def make_adaptive_step(model: Any, tx: Any, micro_batches: int,
-                       task: Task = CLASSIFICATION) -> Callable[..., Any]:
-    """``step.make_step``'s single-device train step with micro-batch gradients:
-    ``(state, (x, y)) -> (state, (StepMetrics, NoiseNorms))``."""
-    value_and_grad = micro_batched_value_and_grad(model, micro_batches, task)
-
-    def step(state: TrainState, batch: tuple[Any, Any]) -> tuple[TrainState, Any]:
-        x, y = batch
-        (loss, (non_trainable, metric)), grads, norms = value_and_grad(
-            state.trainable, state.non_trainable, x, y)
-        updates, opt_state = tx.update(grads, state.opt_state, state.trainable)
-        trainable = optax.apply_updates(state.trainable, updates)
-        return TrainState(trainable, non_trainable, opt_state), (StepMetrics(loss, metric), norms)
-
-    return step
-
-
 # model -> {(micro-batches, task) -> jitted micro-batched gradient}; dies with its model.
 _FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -147,9 +129,15 @@ class AdaptiveTrainer(NativeTrainer):
     length) is compiled once (``trace_counts_by_size``). ``fetch`` returns a call's losses, as
     the loop expects, and keeps its ``NoiseNorms`` on the host for ``take_noise_norms``.
     ``set_learning_rate`` changes the base rate, which is optimizer state
-    (``optimizers.KerasOptState.learning_rate``): no program is traced again. Every
-    ``measure_every``-th row of an epoch runs the micro-batch step; the others run the plain
-    step (``lax.cond``) and report NaN norms, which the estimator skips.
+    (``optimizers.KerasOptState.learning_rate``): no program is traced again.
+
+    The estimate is taken inside the fused call: its first K - 1 steps are the plain step
+    (``step.make_step``, the native trainer's), its last step the same step with the
+    micro-batched gradient injected (``micro_batched_value_and_grad``) on every
+    ``calls_between(K)``-th call (a run-time flag: ``lax.cond``, one program per size), the
+    plain one otherwise (NaN norms, skipped by the estimator): one measured step per
+    ``measure_every`` steps. ``measure_every=1`` measures every step (the reference
+    estimator the benchmark compares with).
     """
 
     def __init__(self, model: Any, spec: Any, dataset: Any, jit_compile: bool = True,
@@ -159,52 +147,121 @@ class AdaptiveTrainer(NativeTrainer):
         self._sized: dict[tuple[int, int], Any] = {}
         self.trace_counts_by_size: dict[tuple[int, int], int] = {}
         self._norms: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self._calls = 0
+        self._lock = threading.Lock()
+        self._ahead: dict[tuple[int, int], Any] = {}
+        # Calls compiled ahead: how many, the seconds ``compile`` still waited for them, and
+        # the seconds of their compilation that overlapped training.
+        self.ahead_record: dict[str, Any] = {"sizes": 0, "waited_s": 0.0, "hidden_s": 0.0}
+
+    def calls_between(self, length: int) -> int:
+        """Calls of ``length`` steps from one measured step to the next."""
+        return max(1, round(self.measure_every / length))
+
+    def reset(self, values: Any, learning_rate: float) -> None:
+        """A new run on the compiled programs, measured from its first call as a fresh
+        trainer's run is."""
+        super().reset(values, learning_rate)
+        self._calls = 0
 
     def _adaptive_run_fn(self, batch: int, length: int) -> Any:
-        count, every = micro_batches_for(batch), self.measure_every
-        measured = make_adaptive_step(self.model, self.tx, count, self.task)
+        count = micro_batches_for(batch)
+        measured = make_step(self.model, self.tx, task=self.task,
+                             value_and_grad=micro_batched_value_and_grad(self.model, count,
+                                                                          self.task))
         unmeasured = NoiseNorms(jnp.full((count,), jnp.nan, jnp.float32), jnp.float32(jnp.nan))
 
-        def run(state, x_all, y_all, epoch_rows, start):
+        def with_norms(state, batch_xy):
+            state, (metrics, norms) = measured(state, batch_xy)
+            return state, (metrics.loss, norms)
+
+        def without_norms(state, batch_xy):  # the plain step; NaN norms are skipped
+            state, metrics = self.train_step(state, batch_xy)
+            return state, (metrics.loss, unmeasured)
+
+        def run(state, x_all, y_all, epoch_rows, start, measure):
             key = (batch, length)
             self.trace_counts_by_size[key] = self.trace_counts_by_size.get(key, 0) + 1
             self.trace_counts[length] = self.trace_counts.get(length, 0) + 1
             rows = jax.lax.dynamic_slice_in_dim(epoch_rows, start, length)
-            indices = start + jnp.arange(length, dtype=jnp.int32)
+            if self.measure_every <= 1:  # every step measured
+                return scan_steps(lambda s, row: with_norms(s, (x_all[row], y_all[row])),
+                                  state, rows, self.unroll)
 
-            def body(state, inputs):
-                row, index = inputs
-                batch_xy = (x_all[row], y_all[row])
+            def plain(state, row):
+                state, metrics = self.train_step(state, (x_all[row], y_all[row]))
+                return state, metrics.loss
 
-                def with_norms(state):
-                    state, (metrics, norms) = measured(state, batch_xy)
-                    return state, (metrics.loss, norms)
-
-                def without_norms(state):  # the plain step; NaN norms are skipped
-                    state, metrics = self.train_step(state, batch_xy)
-                    return state, (metrics.loss, unmeasured)
-
-                return jax.lax.cond(index % every == 0, with_norms, without_norms, state)
-
-            return scan_steps(body, state, (rows, indices), self.unroll)
+            losses = jnp.zeros((0,), jnp.float32)
+            if length > 1:
+                state, losses = scan_steps(plain, state, rows[:-1], self.unroll)
+            last = (x_all[rows[-1]], y_all[rows[-1]])
+            state, (loss, norms) = jax.lax.cond(measure, with_norms, without_norms, state, last)
+            return state, (jnp.concatenate([losses, loss[None]]),
+                           NoiseNorms(norms.micro[None], norms.batch[None]))
 
         return run
 
+    def _compile_call(self, key: tuple[int, int], state: Any, epoch_rows: Any) -> Any:
+        """The ``jit(...).lower(...).compile()``d call of ``key`` (one at a time: the lock)."""
+        with self._lock:
+            jitted = jax.jit(self._adaptive_run_fn(*key), donate_argnums=0)
+            return jitted.lower(state, self.x_train, self.y_train, epoch_rows, np.int32(0),
+                                np.bool_(True)).compile()
+
     def compile(self, length: int, epoch_rows: Any) -> float:
-        """Compile the ``length``-step call at the rows' batch size if needed; its seconds."""
+        """Compile the ``length``-step call at the rows' batch size if needed; the seconds the
+        caller waited (for a call compiled ahead, only what was left of its compilation)."""
         key = (int(epoch_rows.shape[-1]), length)
         if key in self._sized:
             return 0.0
         start = time.perf_counter()
-        jitted = jax.jit(self._adaptive_run_fn(*key), donate_argnums=0)
-        self._sized[key] = jitted.lower(
-            self.state, self.x_train, self.y_train, epoch_rows, np.int32(0)).compile()
+        ahead = self._ahead.pop(key, None)
+        if ahead is not None:
+            ahead.join()
+            waited = time.perf_counter() - start
+            if "error" not in ahead.result:  # (a failed compilation is made again, here)
+                self._sized[key] = ahead.result["compiled"]
+                self.ahead_record["waited_s"] += waited
+                self.ahead_record["hidden_s"] += max(0.0, ahead.result["seconds"] - waited)
+                return waited
+        self._sized[key] = self._compile_call(key, self.state, epoch_rows)
         return time.perf_counter() - start
+
+    def compile_ahead(self, batch: int, length: int, steps: int) -> None:
+        """Start compiling the ``length``-step call at ``batch`` for an epoch of ``steps`` rows
+        in a background thread, on abstract arguments (shapes and dtypes): ``compile`` then
+        takes the compiled object instead of compiling."""
+        key = (batch, length)
+        if key in self._sized or key in self._ahead:
+            return
+        state = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype),
+                             self.state)
+        rows = jax.ShapeDtypeStruct((steps, batch), jnp.int32)
+        result: dict[str, Any] = {}
+
+        def work() -> None:
+            started = time.perf_counter()
+            try:
+                result["compiled"] = self._compile_call(key, state, rows)
+            except Exception as error:  # compiled again (and raised) by ``compile``
+                result["error"] = error
+            result["seconds"] = time.perf_counter() - started
+
+        thread = threading.Thread(target=work, name=f"compile-ahead-{batch}x{length}",
+                                  daemon=True)
+        thread.result = result  # type: ignore[attr-defined]
+        self._ahead[key] = thread
+        self.ahead_record["sizes"] += 1
+        thread.start()
 
     def run(self, epoch_rows: Any, start: int, length: int) -> Any:
         batch = int(epoch_rows.shape[-1])
+        measure = self._calls % self.calls_between(length) == 0
+        self._calls += 1
         self.state, (losses, norms) = self._sized[batch, length](
-            self.state, self.x_train, self.y_train, epoch_rows, np.int32(start))
+            self.state, self.x_train, self.y_train, epoch_rows, np.int32(start),
+            np.bool_(measure))
         return batch, losses, norms
 
     def fetch(self, handle: Any) -> np.ndarray:
@@ -230,8 +287,10 @@ class AdaptiveTrainer(NativeTrainer):
         return jax.device_get(self.state)
 
     def restore_state(self, copy: Any) -> None:
-        """Put back a ``state_copy`` (the knee probe trains; the run starts where it was)."""
+        """Put back a ``state_copy`` (the knee probe trains; the run starts where it was, its
+        first call measured)."""
         self.state = jax.tree.map(lambda leaf: jax.device_put(np.asarray(leaf)), copy)
+        self._calls = 0
 
 
 def device_noise_norms(shard_grads: Any, mean_grads: Any) -> NoiseNorms:

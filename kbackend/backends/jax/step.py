@@ -179,7 +179,8 @@ def synced_batch_norm(model: Any, axis_name: str | None) -> Iterator[None]:
 
 def make_step(model: Any, tx: Any, axis_name: str | None = None,
               task: Task = CLASSIFICATION,
-              observe: Callable[[Any, Any], Any] | None = None) -> Callable[..., Any]:
+              observe: Callable[[Any, Any], Any] | None = None,
+              value_and_grad: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """One train step ``(state, (x, y)) -> (state, StepMetrics)`` with optax transform ``tx``.
 
     Without ``axis_name`` this is the single-device step. With it, the step runs on one
@@ -190,8 +191,21 @@ def make_step(model: Any, tx: Any, axis_name: str | None = None,
     ``observe(shard_grads, mean_grads)``, if given, sees this device's gradients and their mean
     over the axis (the update's) and its value is returned beside the metrics: ``(state,
     (StepMetrics, observed))``; the update is the same (``--batch-size auto`` data parallel).
+
+    ``value_and_grad(trainable, non_trainable, x, y) -> ((loss, (non_trainable, metric)),
+    grads, observed)``, if given, replaces the gradient of ``make_loss_fn``; what it observed is
+    returned beside the metrics as ``observe``'s (``--batch-size auto``'s micro-batched
+    gradients and their noise norms, ``backends.jax.adaptive``).
     """
-    grad_fn = jax.value_and_grad(make_loss_fn(model, task), has_aux=True)
+    if value_and_grad is None:
+        plain = jax.value_and_grad(make_loss_fn(model, task), has_aux=True)
+
+        def value_and_grad(*args: Any) -> Any:
+            return (*plain(*args), None)
+
+        observes = observe is not None
+    else:
+        observes = True
 
     def mean_over_devices(value: Any) -> Any:
         return value if axis_name is None else lax.pmean(value, axis_name)
@@ -199,16 +213,16 @@ def make_step(model: Any, tx: Any, axis_name: str | None = None,
     def step(state: TrainState, batch: tuple[Any, Any]) -> tuple[TrainState, Any]:
         x, y = batch
         with synced_batch_norm(model, axis_name):
-            (loss, (non_trainable, metric)), grads = grad_fn(
+            (loss, (non_trainable, metric)), grads, observed = value_and_grad(
                 state.trainable, state.non_trainable, x, y)
         shard_grads, grads = grads, mean_over_devices(grads)
         updates, opt_state = tx.update(grads, state.opt_state, state.trainable)
         trainable = optax.apply_updates(state.trainable, updates)
         metrics = StepMetrics(mean_over_devices(loss), mean_over_devices(metric))
         new_state = TrainState(trainable, non_trainable, opt_state)
-        if observe is None:
-            return new_state, metrics
-        return new_state, (metrics, observe(shard_grads, grads))
+        if observe is not None:
+            observed = observe(shard_grads, grads)
+        return (new_state, (metrics, observed)) if observes else (new_state, metrics)
 
     return step
 

@@ -120,9 +120,13 @@ class AdaptiveTrainer(NativeTrainer):
     length) is compiled once (``trace_counts_by_size``). ``fetch`` returns a call's losses, as
     the loop expects, and keeps its noise norms on the host for ``take_noise_norms``. The
     learning rate is a Keras variable the programs read (``set_learning_rate``); schedules are
-    refused before a run (a schedule is traced into the program). Every ``measure_every``-th
-    row of an epoch runs the micro-batch step; the others run the plain step (``tf.cond``) and
-    report NaN norms, which the estimator skips.
+    refused before a run (a schedule is traced into the program).
+
+    The estimate is taken inside the fused call: its first K - 1 steps are the plain step, its
+    last step the micro-batch step on every ``calls_between(K)``-th call (a run-time flag:
+    ``tf.cond``, one program per size), the plain one otherwise (NaN norms, skipped by the
+    estimator): one measured step per ``measure_every`` steps. ``measure_every=1`` measures
+    every step (the reference estimator the benchmark compares with).
     """
 
     def __init__(self, model: Any, spec: Any, dataset: Any, jit_compile: bool = True,
@@ -133,6 +137,7 @@ class AdaptiveTrainer(NativeTrainer):
         self._steps: dict[int, Any] = {}
         self.trace_counts_by_size: dict[tuple[int, int], int] = {}
         self._norms: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self._calls = 0
 
     def _adaptive_step(self, batch: int) -> Any:
         if batch not in self._steps:
@@ -140,40 +145,68 @@ class AdaptiveTrainer(NativeTrainer):
                                                           micro_batches_for(batch), self.task)
         return self._steps[batch]
 
+    def calls_between(self, length: int) -> int:
+        """Calls of ``length`` steps from one measured step to the next."""
+        return max(1, round(self.measure_every / length))
+
+    def reset(self, values: Any, learning_rate: float) -> None:
+        """A new run on the compiled programs, measured from its first call as a fresh
+        trainer's run is."""
+        super().reset(values, learning_rate)
+        self._calls = 0
+
     def _adaptive_run_fn(self, batch: int, length: int) -> Any:
         step = self._adaptive_step(batch)
-        count, every = micro_batches_for(batch), self.measure_every
+        count = micro_batches_for(batch)
+        nan = tf.constant(float("nan"), tf.float32)
 
-        def step_at(x_all, y_all, epoch_rows, index):
+        def batch_at(x_all, y_all, epoch_rows, index):
             row = tf.gather(epoch_rows, index)
-            x, y = tf.gather(x_all, row), tf.gather(y_all, row)
+            return tf.gather(x_all, row), tf.gather(y_all, row)
 
-            def with_norms():
-                loss, micro, big = step(x, y)
-                return tf.cast(loss, tf.float32), micro, big
+        def measured(x, y):
+            loss, micro, big = step(x, y)
+            return tf.cast(loss, tf.float32), micro, big
 
-            def without_norms():  # the plain step; NaN norms are skipped
-                nan = tf.constant(float("nan"), tf.float32)
-                return (tf.cast(self.train_step(x, y), tf.float32), tf.fill([count], nan), nan)
+        def plain(x, y):  # NaN norms are skipped by the estimator
+            return tf.cast(self.train_step(x, y), tf.float32), tf.fill([count], nan), nan
 
-            return tf.cond(index % every == 0, with_norms, without_norms)
+        def last_step(x_all, y_all, epoch_rows, index, measure):
+            x, y = batch_at(x_all, y_all, epoch_rows, index)
+            return tf.cond(measure, lambda: measured(x, y), lambda: plain(x, y))
 
-        def run(x_all, y_all, epoch_rows, start, n_steps):
+        def run(x_all, y_all, epoch_rows, start, n_steps, measure):
             key = (batch, length)
             self.trace_counts_by_size[key] = self.trace_counts_by_size.get(key, 0) + 1
             self.trace_counts[length] = self.trace_counts.get(length, 0) + 1
+            every = self.measure_every <= 1
             if self.writes_out(length):  # the steps written out; ``n_steps`` is ``length``
-                outputs = [step_at(x_all, y_all, epoch_rows, start + i) for i in range(length)]
-                return tuple(tf.stack(values) for values in zip(*outputs, strict=True))
+                outputs = [(measured if every else plain)(
+                    *batch_at(x_all, y_all, epoch_rows, start + i)) for i in range(length - 1)]
+                outputs.append(last_step(x_all, y_all, epoch_rows, start + length - 1,
+                                         tf.constant(True) if every else measure))
+                losses, micros, bigs = (tf.stack(values) for values in zip(*outputs,
+                                                                            strict=True))
+                return (losses, micros, bigs) if every else (losses, micros[-1:], bigs[-1:])
             losses = tf.zeros([length], tf.float32)
-            micros = tf.zeros([length, count], tf.float32)
-            bigs = tf.zeros([length], tf.float32)
-            for i in tf.range(n_steps):
-                loss, micro, big = step_at(x_all, y_all, epoch_rows, start + i)
+            micros, bigs = tf.fill([length, count], nan), tf.fill([length], nan)
+            last = tf.maximum(n_steps - 1, 0)  # a 0-step call (compiling) trains nothing
+            for i in tf.range(last):
+                x, y = batch_at(x_all, y_all, epoch_rows, start + i)
+                loss, micro, big = measured(x, y) if every else plain(x, y)
                 losses = tf.tensor_scatter_nd_update(losses, [[i]], [loss])
                 micros = tf.tensor_scatter_nd_update(micros, [[i]], [micro])
                 bigs = tf.tensor_scatter_nd_update(bigs, [[i]], [big])
-            return losses, micros, bigs
+            loss, micro, big = tf.cond(
+                n_steps > 0,
+                lambda: last_step(x_all, y_all, epoch_rows, start + last, measure | every),
+                lambda: (tf.constant(0.0), tf.fill([count], nan), nan))
+            losses = tf.tensor_scatter_nd_update(losses, [[last]], [loss])
+            if every:
+                micros = tf.tensor_scatter_nd_update(micros, [[last]], [micro])
+                bigs = tf.tensor_scatter_nd_update(bigs, [[last]], [big])
+                return losses, micros, bigs
+            return losses, micro[None], big[None]
 
         return jit_function(run, self.jit_compile)
 
@@ -187,18 +220,23 @@ class AdaptiveTrainer(NativeTrainer):
         fn = self._adaptive_run_fn(*key)
         if self.writes_out(length):
             saved = [np.array(v.numpy()) for v in self._all_variables()]
-            fn(self.x_train, self.y_train, epoch_rows, tf.constant(0), tf.constant(length))
+            fn(self.x_train, self.y_train, epoch_rows, tf.constant(0), tf.constant(length),
+               tf.constant(False))
             for variable, value in zip(self._all_variables(), saved, strict=True):
                 variable.assign(value)
         else:
-            fn(self.x_train, self.y_train, epoch_rows, tf.constant(0), tf.constant(0))
+            fn(self.x_train, self.y_train, epoch_rows, tf.constant(0), tf.constant(0),
+               tf.constant(False))
         self._sized[key] = fn
         return time.perf_counter() - start
 
     def run(self, epoch_rows: Any, start: int, length: int) -> Any:
         batch = int(epoch_rows.shape[-1])
+        measure = self._calls % self.calls_between(length) == 0
+        self._calls += 1
         outputs = self._sized[batch, length](self.x_train, self.y_train, epoch_rows,
-                                             tf.constant(start), tf.constant(length))
+                                             tf.constant(start), tf.constant(length),
+                                             tf.constant(measure))
         return batch, outputs
 
     def fetch(self, handle: Any) -> np.ndarray:
@@ -221,9 +259,11 @@ class AdaptiveTrainer(NativeTrainer):
         return [np.array(v.numpy()) for v in self._all_variables()]
 
     def restore_state(self, copy: list[np.ndarray]) -> None:
-        """Put back a ``state_copy`` (the knee probe trains; the run starts where it was)."""
+        """Put back a ``state_copy`` (the knee probe trains; the run starts where it was, its
+        first call measured)."""
         for variable, value in zip(self._all_variables(), copy, strict=True):
             variable.assign(value)
+        self._calls = 0
 
 
 class DataParallelAdaptiveTrainer(DataParallelTrainer):

@@ -1,0 +1,292 @@
+"""The adaptive batch size's MAX: a throughput knee that holds on a busy machine.
+
+The probe times pairs of sizes interleaved, keeps the noise with the figure, re-measures a noisy
+pair or a knee at MIN within its budget, and falls back to a bound from the data where the curve
+stays unresolved. Its clock is injected: a virtual clock advanced by a cost model stands for the
+machine, slowed on purpose to stand for a busy one. The per-machine store: a damaged file is
+kept as a backup, an entry from another machine or version is measured again, ``--reprobe``
+measures again, and ``kbackend info`` lists what is stored."""
+
+from __future__ import annotations
+
+import json
+import random
+import warnings
+
+import pytest
+
+from kbackend.backends import compile_cache
+from kbackend.backends.compile_cache import MeasurementWarning, machine_measurement
+from kbackend.engines import adaptive as engine
+from kbackend.hardware.knee import measured_gain
+from kbackend.hardware.timing import summarize, time_interleaved
+
+
+class VirtualClock:
+    """Seconds that pass only when a (fake or real) trainer's call is charged to it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def step_seconds(size: int) -> float:
+    """A device whose step costs 1 ms + 0.1 ms per sample: each doubling gains 10 / (10 + 2b),
+    >= 10 % up to batch 32 -> 64 (13.5 %), 7 % from 64 to 128: the knee is 64."""
+    return 1e-3 + 1e-4 * size
+
+
+class CostTrainer:
+    """A trainer whose calls charge ``step_seconds`` per step to ``clock``, times ``slow(size,
+    call)`` (a busy machine); it records the sizes compiled and puts its state back."""
+
+    def __init__(self, clock: VirtualClock, slow=lambda size, call: 1.0) -> None:
+        self.clock, self.slow, self.calls, self.state = clock, slow, 0, "weights"
+        self.compiled: list[tuple[int, int]] = []
+
+    def state_copy(self):
+        return self.state
+
+    def restore_state(self, saved) -> None:
+        self.state = saved
+
+    def put_epoch(self, order):
+        self.state = "changed by the probe"
+        return order
+
+    def compile(self, length, rows) -> None:
+        self.compiled.append((rows.shape[1], length))
+
+    def run(self, rows, start, length):
+        size = rows.shape[1]
+        self.clock.now += length * step_seconds(size) * self.slow(size, self.calls)
+        self.calls += 1
+
+    def fetch(self, pending) -> None:
+        pass
+
+    def take_noise_norms(self) -> None:
+        pass
+
+
+def probe(trainer: CostTrainer, n_train: int = 4096, **options):
+    return engine.probe_knee(trainer, n_train, 8, 8, clock=trainer.clock, **options)
+
+
+# -- the harness ----------------------------------------------------------------------------
+def test_interleaved_timing_rotates_the_order_and_keeps_the_noise():
+    clock, order = VirtualClock(), []
+
+    def call(name, seconds):
+        def fn():
+            order.append(name)
+            clock.now += seconds
+        return fn
+
+    timings = time_interleaved({"a": call("a", 1.0), "b": call("b", 2.0)}, 3,
+                               wait=lambda v: v, clock=clock)
+    assert order == ["a", "b", "a", "b", "b", "a", "a", "b"]  # first calls, then rotated rounds
+    assert timings["a"].times == (1.0, 1.0, 1.0) and timings["b"].median_s == 2.0
+    assert timings["a"].cv == 0.0 and not timings["a"].noisy
+    assert summarize(1.0, [1.0, 1.5, 0.7]).noisy  # cv ~ 0.37
+
+
+def test_a_gain_interval_straddling_ten_percent_is_noisy():
+    small = summarize(0.0, [1.0, 1.0, 1.0, 1.0, 1.0])
+    steady = measured_gain(small, summarize(0.0, [1.5] * 5), 8, 16)  # 2 / 1.5 - 1 = 0.33
+    assert steady.median == pytest.approx(1 / 3) and not steady.noisy
+    mixed = measured_gain(small, summarize(0.0, [1.5, 1.9, 1.5, 1.9, 1.7]), 8, 16)
+    assert mixed.low < 0.1 < mixed.high and mixed.noisy
+
+
+# -- the probe ------------------------------------------------------------------------------
+def test_a_quiet_machine_finds_the_knee_and_restores_the_state():
+    trainer = CostTrainer(VirtualClock())
+    record = probe(trainer)
+    assert record["knee"] == 64 and record["resolved"] and record["plateau_reached"]
+    assert record["sizes"] == [8, 16, 32, 64, 128]
+    assert record["remeasured"] == 0 and not record["noisy"]
+    assert [g["from"] for g in record["gains"]] == [8, 16, 32, 64]
+    assert record["gains"][-1]["median"] == pytest.approx(10 / 138)
+    assert trainer.state == "weights"
+
+
+def test_a_busy_probe_that_ends_at_min_is_measured_again_and_grows():
+    """The busy-machine case of issue 47: while the first pair is timed, every call above MIN
+    runs 3x slower (8 -> 16 'loses' 40 %), which put the stored knee at MIN = 8. The knee at
+    MIN is measured afresh before it is trusted; the load has passed, the knee is 64."""
+    trainer = CostTrainer(VirtualClock(), slow=lambda size, call: 3.0 if call < 12 and size > 8
+                          else 1.0)
+    record = probe(trainer)
+    assert record["knee"] == 64 and record["resolved"] and record["remeasured"] == 1
+
+
+def test_a_model_whose_knee_is_at_min_keeps_it_after_measuring_twice():
+    clock = VirtualClock()
+    trainer = CostTrainer(clock)
+    trainer.run = lambda rows, start, length: setattr(  # time per sample flat: no gain
+        clock, "now", clock.now + length * 1e-4 * rows.shape[1])
+    record = probe(trainer)
+    assert record["knee"] == 8 and record["resolved"] and record["remeasured"] == 1
+    maximum, source, note = engine.knee_bound(record, 4096, 8)
+    assert (maximum, source) == (8, "knee at MIN") and "\n" not in note and "MIN" in note
+
+
+def test_a_curve_that_stays_noisy_falls_back_to_the_data_bound_within_the_budget():
+    noise = random.Random(0)
+    trainer = CostTrainer(VirtualClock(), slow=lambda size, call: noise.choice([0.5, 1.0, 2.5]))
+    record = probe(trainer, budget_s=5.0)
+    assert not record["resolved"] and record["knee"] is None and record["noisy"]
+    assert 1 <= record["remeasured"] <= engine.PROBE_MAX_REMEASURES
+    maximum, source, note = engine.knee_bound(record, 4096, 8)
+    assert (maximum, source) == (128, "data")  # 4096 / 32
+    assert "unresolved" in note and "training split / 32" in note and "\n" not in note
+    # The budget stops re-measuring: with none left, one measurement per pair only.
+    assert probe(CostTrainer(VirtualClock(), slow=trainer.slow), budget_s=0.0)["remeasured"] == 0
+
+
+@pytest.mark.parametrize(("n_train", "expected"), [(4096, 128), (1293, 32), (100, 8), (20, 8)])
+def test_the_data_bound(n_train, expected):
+    assert engine.data_bound(n_train, 8) == expected
+
+
+# -- the per-machine store --------------------------------------------------------------------
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv("KBACKEND_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(compile_cache.REPROBE_ENV, raising=False)
+    monkeypatch.setattr(compile_cache, "_REPROBED", set())
+    return tmp_path
+
+
+def test_measured_once_then_stored(store):
+    counts = []
+    measure = lambda: counts.append(1) or {"value": len(counts)}  # noqa: E731
+    assert machine_measurement("m.json", "k", measure, stamp="here") == (
+        {"value": 1, "measured_on": "here"}, False)
+    assert machine_measurement("m.json", "k", measure, stamp="here")[1] is True
+    assert len(counts) == 1
+
+
+def test_a_damaged_file_is_backed_up_and_measured_again(store):
+    (store / "m.json").write_text('{"k": {"value": 1}, "other": ')
+    with pytest.warns(MeasurementWarning, match="damaged"):
+        entry, cached = machine_measurement("m.json", "k", lambda: {"value": 2})
+    assert entry == {"value": 2} and not cached
+    backups = list(store.glob("m.json.damaged-*"))
+    assert len(backups) == 1 and backups[0].read_text().startswith('{"k"')
+
+
+def test_a_damaged_entry_is_dropped_and_the_others_kept(store):
+    (store / "m.json").write_text(json.dumps({"bad": [1, 2], "good": {"value": 1}}))
+    with pytest.warns(MeasurementWarning, match="1 damaged entries ignored"):
+        machine_measurement("m.json", "new", lambda: {"value": 3})
+    stored = json.loads((store / "m.json").read_text())
+    assert stored == {"good": {"value": 1}, "new": {"value": 3}}
+
+
+def test_an_entry_from_another_machine_is_measured_again_with_a_warning(store):
+    machine_measurement("m.json", "k", lambda: {"value": 1}, stamp="elsewhere")
+    with pytest.warns(MeasurementWarning, match="another machine or kbackend version"):
+        entry, cached = machine_measurement("m.json", "k", lambda: {"value": 2}, stamp="here")
+    assert entry["value"] == 2 and not cached
+
+
+def test_a_stored_unresolved_or_older_knee_is_not_trusted():
+    assert engine.distrust_knee({"knee": 8, "sizes": [8, 16]}) == "an older or damaged entry"
+    unresolved = {"format": engine.KNEE_PROBE_FORMAT, "resolved": False, "knee": None}
+    assert "unresolved" in engine.distrust_knee(unresolved)
+    assert engine.distrust_knee({**unresolved, "resolved": True, "knee": 64}) is None
+
+
+def test_reprobe_measures_again_once_per_process_and_needs_nothing_stored(store):
+    compile_cache.request_reprobe()
+    counts = []
+    measure = lambda: counts.append(1) or {"value": len(counts)}  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing stored: no warning, no error
+        assert machine_measurement("m.json", "k", measure) == ({"value": 1}, False)
+    assert machine_measurement("m.json", "k", measure) == ({"value": 1}, True)
+    compile_cache._REPROBED.clear()  # a new process with --reprobe
+    assert machine_measurement("m.json", "k", measure) == ({"value": 2}, False)
+
+
+
+# -- end to end: the busy-machine case on this backend ----------------------------------------
+def small_device_step_seconds(size: int) -> float:
+    """A device whose knee is 16: 8 -> 16 gains 3 / 19 = 16 %, 16 -> 32 3 / 35 = 9 %."""
+    return 1e-3 + (1e-3 / 3) * size
+
+
+@pytest.mark.slow  # three sizes compiled for the probe (about 10 s each on a loaded 2-core CPU)
+def test_a_knee_stored_at_min_by_a_busy_probe_is_measured_again_and_the_batch_grows(
+        store, monkeypatch):
+    """Issue 47's busy-machine case: the landed probe stored knee 8 (= MIN) for this workload;
+    the next ``--batch-size auto`` run ignores that older entry with a warning, measures the
+    knee again on its own compiled calls (the clock a cost model whose knee is 16) and grows
+    past 8."""
+    from kbackend.backends import adaptive as adaptive_backend
+    from kbackend.optim import OptimizerSpec
+    from kbackend.training import TrainConfig, train
+    from tests.conftest import JIT_FOR_SMALL_RUNS
+
+    monkeypatch.setattr(engine, "knee_key", lambda *args, **kwargs: "workload")
+    (store / engine.KNEE_PROBE_FILE).write_text(json.dumps({"workload": {
+        "sizes": [8, 16], "samples_per_s": [41000.0, 36000.0], "knee": 8,
+        "plateau_reached": True, "out_of_memory_at": None}}))  # the landed format, busy
+    clock = VirtualClock()
+    monkeypatch.setattr(engine, "PROBE_CLOCK", clock)
+    trainer_class = adaptive_backend().AdaptiveTrainer
+    real_run = trainer_class.run
+
+    def charged_run(self, rows, start, length):
+        clock.now += length * small_device_step_seconds(int(rows.shape[-1]))
+        return real_run(self, rows, start, length)
+
+    monkeypatch.setattr(trainer_class, "run", charged_run)
+    config = TrainConfig(model="seed_mlp", dataset="digits", engine="native", batch_size="auto",
+                         optimizer=OptimizerSpec("adam", 3e-3), epochs=3, fused_steps=8,
+                         eval_every=40, seed=0, jit_compile=JIT_FOR_SMALL_RUNS)
+    with pytest.warns(MeasurementWarning, match="another machine or kbackend version"):
+        record = train(config).history.record.adaptive_batch
+    probe = record["knee_probe"]
+    assert probe["knee"] == 16 and probe["resolved"] and not probe["cached"]
+    assert probe["bound"] == "knee" and record["max"] == 16
+    assert probe["probe_seconds"] > 0 and "remeasured" in probe and "budget_s" in probe
+    assert max(r["batch_size"] for r in record["ranges"]) > 8
+    stored = json.loads((store / engine.KNEE_PROBE_FILE).read_text())["workload"]
+    assert stored["knee"] == 16 and stored["format"] == engine.KNEE_PROBE_FORMAT
+
+
+# -- the command line -------------------------------------------------------------------------
+def test_info_lists_the_stored_probes(store, cli):
+    (store / engine.KNEE_PROBE_FILE).write_text(json.dumps({
+        "a" * 64: {"format": engine.KNEE_PROBE_FORMAT, "resolved": True, "knee": 64,
+                   "sizes": [8, 16, 32, 64, 128], "noisy": False, "remeasured": 1}}))
+    (store / "fused_steps_probe.json").write_text(json.dumps({"b" * 64: {"fused_steps": 16}}))
+    result = cli("info")
+    assert result.returncode == 0
+    assert "stored throughput knee:  1" in result.stdout
+    assert "aaaaaaaaaaaa: knee 64, sizes 8-128, noisy no, re-measured 1" in result.stdout
+    assert "bbbbbbbbbbbb: K=16" in result.stdout and "stored population:       0" in result.stdout
+    listed = json.loads(cli("info", "--json").stdout)["stored_probes"]
+    assert listed["fused steps"] == {"b" * 12: "K=16"}
+
+
+@pytest.mark.parametrize("command", ["train", "study", "launch"])
+def test_reprobe_is_a_flag_of_the_commands_that_train(cli, command):
+    assert "--reprobe" in cli(command, "--help").stdout
+
+
+def test_reprobe_on_the_command_line_asks_this_process_and_its_children(cli, monkeypatch):
+    import os
+
+    monkeypatch.setenv(compile_cache.REPROBE_ENV, "0")  # restored after the test
+    assert not compile_cache.reprobe_requested()
+    from kbackend.commands import train as train_command
+
+    monkeypatch.setattr(train_command, "run", lambda args: 0)  # the flag, not a training
+    assert cli("train", "--reprobe").returncode == 0
+    assert os.environ[compile_cache.REPROBE_ENV] == "1" and compile_cache.reprobe_requested()

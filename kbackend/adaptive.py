@@ -49,13 +49,14 @@ WARMUP_TRAIN_STEPS = 40
 LR_SCALINGS = ("linear", "sqrt", "adascale", "none")
 
 
-# ``KBACKEND_ADAPTIVE_AHEAD=0`` turns off compiling the next batch size in the background.
+# ``KBACKEND_ADAPTIVE_AHEAD=1`` compiles the next batch size in the background (JAX). Off by
+# default: on a 2-core CPU it made start-up slower (docs/adaptive.md, "Compile ahead").
 AHEAD_ENV = "KBACKEND_ADAPTIVE_AHEAD"
 
 
 def compile_ahead_enabled() -> bool:
     """Whether an adaptive run compiles the next power of two while the current size trains."""
-    return os.environ.get(AHEAD_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return os.environ.get(AHEAD_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 # -- parsing -----------------------------------------------------------------------------------

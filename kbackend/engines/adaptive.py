@@ -133,13 +133,15 @@ class AdaptiveBatch:
     and every step range (``ranges``: ``BatchChange`` from its first step on)."""
 
     def __init__(self, trainer: Any, config: Any, bounds: BatchBounds, base_rate: float,
-                 reporter: Any = None, warmup_steps: int = 10) -> None:
+                 reporter: Any = None, warmup_steps: int = 10,
+                 fused_steps: int = DEFAULT_FUSED_STEPS) -> None:
         self.trainer, self.config, self.bounds = trainer, config, bounds
         self.scaling = config.lr_scaling
         self.base_batch, self.base_rate = bounds.minimum, base_rate
         decay = NoiseScale().decay
-        spacing = getattr(trainer, "measure_every", None)  # (data parallel: every step, as was)
-        if spacing is not None:  # the same memory and warm-up in steps at any spacing
+        between = getattr(trainer, "calls_between", None)  # (data parallel: every step, as was)
+        if between is not None:  # the same memory and warm-up in steps at any spacing
+            spacing = 1 if trainer.measure_every <= 1 else between(fused_steps) * fused_steps
             decay, warmup_steps = estimator_settings(spacing)
         self.policy = GrowthPolicy(bounds, warmup_steps)
         self.noise = NoiseScale(decay)
@@ -481,7 +483,8 @@ def train(model: Any, dataset: Any, plan: TrainPlan, config: Any,
         console = getattr(reporter, "console", None)
         if probe is not None and probe["bound"] != "knee" and console is not None:
             console.print(f"{getattr(reporter, 'prefix', '')}batch size auto: {probe['note']}")
-        controller = AdaptiveBatch(trainer, config, bounds, spec.learning_rate, reporter)
+        controller = AdaptiveBatch(trainer, config, bounds, spec.learning_rate, reporter,
+                                   fused_steps=fused)
         start_plan = plan_at(replace(plan, fused_steps=fused), config, bounds.minimum, 0, 0, 0)
         history = History()
         history.record.engine, history.record.decay_steps = "native", spec.decay_steps

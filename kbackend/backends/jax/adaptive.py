@@ -150,6 +150,7 @@ class AdaptiveTrainer(NativeTrainer):
         self._calls = 0
         self._lock = threading.Lock()
         self._ahead: dict[tuple[int, int], Any] = {}
+        self._to_start: list[threading.Thread] = []
         # Calls compiled ahead: how many, the seconds ``compile`` still waited for them, and
         # the seconds of their compilation that overlapped training.
         self.ahead_record: dict[str, Any] = {"sizes": 0, "waited_s": 0.0, "hidden_s": 0.0}
@@ -218,6 +219,9 @@ class AdaptiveTrainer(NativeTrainer):
         start = time.perf_counter()
         ahead = self._ahead.pop(key, None)
         if ahead is not None:
+            if ahead in self._to_start:  # asked for, not started: compiled here instead
+                self._to_start.remove(ahead)
+                ahead.start()
             ahead.join()
             waited = time.perf_counter() - start
             if "error" not in ahead.result:  # (a failed compilation is made again, here)
@@ -253,12 +257,16 @@ class AdaptiveTrainer(NativeTrainer):
         thread.result = result  # type: ignore[attr-defined]
         self._ahead[key] = thread
         self.ahead_record["sizes"] += 1
-        thread.start()
+        # Started by the next ``run``: the programs the current size needs first are compiled
+        # by then (a background compilation holds the lock ``compile`` would wait for).
+        self._to_start.append(thread)
 
     def run(self, epoch_rows: Any, start: int, length: int) -> Any:
         batch = int(epoch_rows.shape[-1])
         measure = self._calls % self.calls_between(length) == 0
         self._calls += 1
+        while self._to_start:
+            self._to_start.pop().start()
         self.state, (losses, norms) = self._sized[batch, length](
             self.state, self.x_train, self.y_train, epoch_rows, np.int32(start),
             np.bool_(measure))

@@ -13,6 +13,7 @@ from kbackend.bench import (
     scale_out,
     study_ray,
     time_to_target,
+    tuner,
     unroll,
     user_model,
 )
@@ -21,6 +22,6 @@ from kbackend.bench.spec import Benchmark
 BENCHMARKS: dict[str, Benchmark] = {
     bench.name: bench
     for module in (hardware, engines, cache, parallel, population, reproduce, scale_out,
-                   study_ray, time_to_target, unroll, user_model, adaptive)
+                   study_ray, time_to_target, unroll, user_model, adaptive, tuner)
     for bench in module.BENCHMARKS
 }

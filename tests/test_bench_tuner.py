@@ -134,6 +134,8 @@ def test_quick_measurement_runs_both_tools_on_the_same_cells():
         assert pick["learning_rate"] in cells["rates"][pick["optimizer"]]
         assert pick["batch_size"] in cells["batch_sizes"]
     assert theirs["trials"] == 2 and theirs["search_s"] > 0 and theirs["wall_s"] > 0
+    assert {(t["optimizer"], t["batch_size"]) for t in theirs["trial_results"]} == {
+        ("sgd", 64), ("adam", 64)}
     assert ours["confirmed_on"] == "1 of 1" and ours["confirmation_s"] > 0
     assert ours["runs_trained"] >= 2 * cells["seeds"] and ours["time_spent"]["whole_process_s"] > 0
     assert summary["ratio"]["ratio"] == pytest.approx(ours["wall_s"] / theirs["wall_s"])

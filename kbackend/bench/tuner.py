@@ -143,7 +143,7 @@ for trial in tuner.oracle.trials.values():
     trials.append({"optimizer": hp["optimizer"], "rate": hp["rate"],
                    "batch_size": hp["batch_size"], **metrics})
 print(json.dumps({"imports_s": imported - start, "before_search_s": searched - imported,
-                  "search_s": done - searched, "trials": len(trials),
+                  "search_s": done - searched, "trials": len(trials), "trial_results": trials,
                   "reached": sum(1 for t in trials if (t["wall_to_target"] or 1e9) < 1e6),
                   "pick": {"optimizer": best["optimizer"], "batch_size": best["batch_size"],
                            "learning_rate": grid["rates"][best["optimizer"]][best["rate"]]}}))

@@ -14,6 +14,7 @@ from kbackend.bench import (
     scale_out,
     study_ray,
     time_to_target,
+    tuner,
     unroll,
     user_model,
 )
@@ -22,6 +23,6 @@ from kbackend.bench.spec import Benchmark
 BENCHMARKS: dict[str, Benchmark] = {
     bench.name: bench
     for module in (hardware, engines, cache, data_memory, parallel, population, reproduce,
-                   scale_out, study_ray, time_to_target, unroll, user_model, adaptive)
+                   scale_out, study_ray, time_to_target, unroll, user_model, adaptive, tuner)
     for bench in module.BENCHMARKS
 }

@@ -138,7 +138,7 @@ def test_auto_verdict_reads_paired_seeds_and_handles_no_reached_fixed_cell():
             "seed_steps": {str(i): 200.0 + i for i in range(4)},
             "seed_samples": {str(i): 6000.0 + i for i in range(4)},
             "seed_times": {str(i): 0.3 + i / 1000 for i in range(4)}}
-    settings = {"level": 0.9, "margin": 0.1}
+    settings = {"level": 0.9, "levels": 0.9, "margin": 0.1}
     verdict = auto_verdict(auto, cells, settings)
     assert verdict["best_fixed"] == 128  # the least time to target: 0.2 s
     assert verdict["steps"]["outcome"] == "b"  # 128 in fewer steps

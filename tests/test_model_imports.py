@@ -171,3 +171,17 @@ def test_the_one_loader_names_the_lambda_flag_only_where_a_command_has_it(tmp_pa
         load_for_serving(path)
     assert "--unsafe-deserialization" not in str(raised.value)
     assert "loads only models without Lambda layers" in str(raised.value)
+
+
+@pytest.mark.slow  # a two-process job
+def test_launch_workers_get_the_imports(custom_model, cli, monkeypatch):
+    """``launch -N 2 --import MODULE`` trains a .keras file with the user's registered layer in
+    every process; without it each process names the class in its one-line error (exit 2)."""
+    folder, name, path = custom_model
+    monkeypatch.chdir(folder)
+    args = ("--", "--model", str(path), "--dataset", "digits", "--epochs", "1", "--quiet")
+    refused = cli("launch", "-N", "2", *args)
+    output = refused.stdout + refused.stderr
+    assert refused.returncode == 2 and "uses the class 'Scale'" in output, output[-2000:]
+    result = cli("launch", "-N", "2", "--import", name, *args)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]

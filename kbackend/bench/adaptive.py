@@ -322,14 +322,7 @@ def estimator(opts: dict[str, Any]) -> list[dict[str, Any]]:
     step each size was reached at, the largest gap between the two in evaluation intervals, and
     steps and time to the target."""
     maximum = next((m for m in opts["auto_max"] if m), 512)
-    config = TrainConfig(model=opts["model"], dataset=opts["dataset"], engine="native",
-                         epochs=opts["epochs"], fused_steps=FUSED_STEPS,
-                         eval_every=opts["eval_every"], on_divergence="record",
-                         target=Target("val_accuracy", opts["target"]),
-                         data_dir=opts["data_dir"], jit_compile=opts["jit"],
-                         batch_size=opts["auto_min"], lr_scaling=opts["lr_scalings"][0],
-                         adaptive_batch=AutoBatchSize(opts["auto_min"], maximum),
-                         optimizer=OptimizerSpec(opts["optimizer"], opts["rates"][0]))
+    config = _auto_config(opts, maximum)
     dataset = load_dataset(config)
     rows = []
     for seed in opts["seeds"]:
@@ -353,19 +346,24 @@ def estimator(opts: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _auto_config(opts: dict[str, Any], maximum: int) -> TrainConfig:
+    """The benchmark's auto run from its options: MIN to ``maximum``, the first rate and scaling."""
+    return TrainConfig(model=opts["model"], dataset=opts["dataset"], engine="native",
+                       epochs=opts["epochs"], fused_steps=FUSED_STEPS,
+                       eval_every=opts["eval_every"], on_divergence="record",
+                       target=Target("val_accuracy", opts["target"]),
+                       data_dir=opts["data_dir"], jit_compile=opts["jit"],
+                       batch_size=opts["auto_min"], lr_scaling=opts["lr_scalings"][0],
+                       adaptive_batch=AutoBatchSize(opts["auto_min"], maximum),
+                       optimizer=OptimizerSpec(opts["optimizer"], opts["rates"][0]))
+
+
 def reuse(opts: dict[str, Any]) -> list[dict[str, Any]]:
     """Auto runs as the study trains them (``engines.native.Runs``: one adaptive trainer, each
     size compiled once for all runs) against a fresh ``train()`` per run, alternated, one pair
     per seed after one unmeasured run of each; wall seconds per run, medians [min, max]."""
     maximum = next((m for m in opts["auto_max"] if m), 128)
-    config = TrainConfig(model=opts["model"], dataset=opts["dataset"], engine="native",
-                         epochs=opts["epochs"], fused_steps=FUSED_STEPS,
-                         eval_every=opts["eval_every"], on_divergence="record",
-                         target=Target("val_accuracy", opts["target"]),
-                         data_dir=opts["data_dir"], jit_compile=opts["jit"],
-                         batch_size=opts["auto_min"], lr_scaling=opts["lr_scalings"][0],
-                         adaptive_batch=AutoBatchSize(opts["auto_min"], maximum),
-                         optimizer=OptimizerSpec(opts["optimizer"], opts["rates"][0]))
+    config = _auto_config(opts, maximum)
     dataset = load_dataset(config)
 
     def fresh(seed: int) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
+from collections.abc import Callable
 from typing import Any
 
 MAX_INT_FLAG = 2**31 - 1
@@ -74,6 +75,25 @@ def add_reprobe_flag(parser: argparse.ArgumentParser) -> None:
         help="measure again what is kept per machine and this run would reuse (--fused-steps "
              "auto's K, --batch-size auto's throughput knee, the study's population choice; "
              "`kbackend info` lists them); with nothing stored it simply measures")
+
+
+def int_at_least(minimum: int, *, auto: bool = False) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``minimum`` (with ``auto``: also the word ``auto``, as 0,
+    for the command to decide)."""
+    def parse(text: str) -> int:
+        if auto and text == "auto":
+            return 0
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            words = "a positive integer" if minimum == 1 else f"a whole number >= {minimum}"
+            words += " or 'auto'" if auto else ""
+            raise argparse.ArgumentTypeError(f"expected {words}, got {text!r}")
+        return value
+    parse.__name__ = "int"
+    return parse
 
 
 def bounded_int(text: str) -> int:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kbackend.adaptive import AUTO, LR_SCALINGS
-from kbackend.commands import add_reprobe_flag
+from kbackend.commands import add_reprobe_flag, int_at_least
 from kbackend.commands.train import add_source_arguments
 from kbackend.commands.train import command_line as train_command_line
 from kbackend.engines import engine_names
@@ -152,7 +152,7 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                           help="add seeds, round by round, to the cells whose verdicts are "
                                "unresolved and could still resolve, up to this many (default "
                                f"{DEFAULT_MAX_SEEDS}; --max-seeds equal to --seeds: none added)")
-    verdicts.add_argument("--confirm-seeds", type=_non_negative, default=CONFIRM_SEEDS,
+    verdicts.add_argument("--confirm-seeds", type=int_at_least(0), default=CONFIRM_SEEDS,
                           metavar="N",
                           help="run the recommended cell's printed `kbackend train` command on N "
                                "held-out seeds and report what it reached (default "
@@ -297,16 +297,6 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
         margin=args.margin, accuracy_margin=args.accuracy_margin, frontier_epochs=frontier_epochs,
         device_profile=args.device_profile,
     )
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:

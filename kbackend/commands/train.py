@@ -10,7 +10,12 @@ from typing import Any
 
 from kbackend.adaptive import LR_SCALINGS, AutoBatchSize, parse_batch_size
 from kbackend.backend_choice import active_backend
-from kbackend.commands import OneLineErrorParser, add_import_flag, add_reprobe_flag
+from kbackend.commands import (
+    OneLineErrorParser,
+    add_import_flag,
+    add_reprobe_flag,
+    int_at_least,
+)
 from kbackend.config import MONITORS, Target, TrainConfig, check_metrics
 from kbackend.data import DATASETS
 from kbackend.data.user import MAX_IMAGE_PIXELS, parse_image_size
@@ -49,19 +54,6 @@ def _batch_size(text: str) -> int | AutoBatchSize:
         return parse_batch_size(text)
     except ConfigError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def _fused_steps(text: str) -> int:
-    """``--fused-steps``: a positive integer, or ``auto`` (0: chosen by a measured probe)."""
-    if text == "auto":
-        return 0
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {text!r}")
-    return value
 
 
 def add_source_arguments(data: Any, model: Any, *, dataset: str, model_default: str,
@@ -155,7 +147,7 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                      help="val_loss or val_<the model's metric> (default: the metric, e.g. "
                           "val_accuracy)")
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--fused-steps", type=_fused_steps, default=None, metavar="K",
+    run.add_argument("--fused-steps", type=int_at_least(1, auto=True), default=None, metavar="K",
                      help="--engine native: train steps per compiled device call (K), or "
                           "'auto' (the fastest of a few, measured once per machine and model) "
                           "(default: auto on one device, 1 otherwise)")

@@ -44,10 +44,10 @@ from typing import Any, cast
 
 from kbackend import __version__, commands, logs
 from kbackend.backend_choice import BACKENDS, skip_optional_imports, use_backend
-from kbackend.backends.compile_cache import COMPILE_CACHE_ENV, request_reprobe
+from kbackend.backends.compile_cache import COMPILE_CACHE_ENV, REPROBE_ENV, request_reprobe
 from kbackend.commands import LAUNCHER_PID_ENV, OneLineErrorParser, bound_integer_flags
 from kbackend.errors import KBackendError
-from kbackend.model_sources import register_imports
+from kbackend.model_sources import IMPORT_ENV, register_imports
 
 PROG = "kbackend"
 # How soon a Ctrl-C that arrived inside a GC callback or a finalizer is raised again.
@@ -186,6 +186,9 @@ def main(argv: Sequence[str] | None = None, *, own_process: bool = False) -> int
     handler is put back on return.
     """
     previous = install_interrupt_handler()
+    # --import and --reprobe record themselves in the environment for the processes a command
+    # starts; in another caller's process they are undone on return (not handed to its next call)
+    recorded = {name: os.environ.get(name) for name in (IMPORT_ENV, REPROBE_ENV)}
     try:
         return _main(argv, own_process)
     except KeyboardInterrupt:
@@ -195,6 +198,12 @@ def main(argv: Sequence[str] | None = None, *, own_process: bool = False) -> int
         if previous is not None and not own_process:
             signal.signal(signal.SIGINT, previous)
             sys.unraisablehook = _previous_unraisable_hook
+        if not own_process:
+            for name, value in recorded.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 def _main(argv: Sequence[str] | None, own_process: bool) -> int:

@@ -484,11 +484,15 @@ def register_imports(specs: Sequence[str], *, import_now: bool = True) -> None:
     one starts (``IMPORT_ENV``), and import them here now (``import_now``; a command that runs
     no Keras itself, such as ``equiv``, leaves that to its workers)."""
     entries = _inherited_entries()
+    added: list[dict[str, str]] = []
     for spec in specs:
         entry = _import_entry(spec)
-        if entry not in entries:
-            entries.append(entry)
-    os.environ[IMPORT_ENV] = json.dumps(entries)
+        if entry not in entries and entry not in added:
+            added.append(entry)
+    if import_now:  # imported before they are recorded: a module that fails is never handed on
+        for entry in added:
+            _import_one(entry)
+    os.environ[IMPORT_ENV] = json.dumps(entries + added)
     if import_now:
         import_inherited()
 

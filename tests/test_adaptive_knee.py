@@ -156,7 +156,12 @@ def test_the_data_bound(n_train, expected):
 @pytest.fixture
 def store(tmp_path, monkeypatch):
     monkeypatch.setenv("KBACKEND_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv(compile_cache.REPROBE_ENV, raising=False)
+    # set (to off) rather than deleted: monkeypatch then restores the variable's absence after
+    # the test, whatever a test's --reprobe wrote
+    monkeypatch.setenv(compile_cache.REPROBE_ENV, "0")
+    # the store is kept only with the compile cache on (an in-process --no-compile-cache, as the
+    # command-line fuzz runs, leaves it off)
+    monkeypatch.setenv(compile_cache.COMPILE_CACHE_ENV, "1")
     monkeypatch.setattr(compile_cache, "_REPROBED", set())
     return tmp_path
 
@@ -287,6 +292,8 @@ def test_reprobe_on_the_command_line_asks_this_process_and_its_children(cli, mon
     assert not compile_cache.reprobe_requested()
     from kbackend.commands import train as train_command
 
-    monkeypatch.setattr(train_command, "run", lambda args: 0)  # the flag, not a training
+    seen = []  # what the command saw while it ran (main undoes it on return, in-process)
+    monkeypatch.setattr(train_command, "run", lambda args: seen.append(
+        (os.environ[compile_cache.REPROBE_ENV], compile_cache.reprobe_requested())) or 0)
     assert cli("train", "--reprobe").returncode == 0
-    assert os.environ[compile_cache.REPROBE_ENV] == "1" and compile_cache.reprobe_requested()
+    assert seen == [("1", True)]

@@ -60,7 +60,7 @@ from kbackend.backends import impl
 from kbackend.backends.compile_cache import compile_cache_enabled, machine_measurement
 from kbackend.data import batching
 from kbackend.engines import loop
-from kbackend.engines.keras_fit import compile_model
+from kbackend.engines.keras_fit import build_optimizer, compile_model
 from kbackend.engines.plan import TrainPlan
 from kbackend.envinfo import environment_identity
 from kbackend.errors import ConfigError, is_out_of_memory
@@ -474,6 +474,7 @@ def train(model: Any, dataset: Any, plan: TrainPlan, config: Any,
     fused = plan.fused_steps or DEFAULT_FUSED_STEPS
     if trainer is None:
         compile_model(model, spec, config)  # for evaluate/predict/save afterwards (as native's)
+        build_optimizer(model)
     backend = impl()
     with backend.compilation_counter() as compiled:
         trainer = trainer or make_trainer(model, dataset, plan, config)

@@ -116,6 +116,16 @@ def _recorder_class() -> Any:
     return Recorder
 
 
+def build_optimizer(model: Any) -> None:
+    """Make the compiled model's optimizer variables now (iterations, slots): the run writes its
+    trained state into them at the end (a saved model resumes), and making them is set-up, not
+    one of the run's own programs (``record.xla_programs``)."""
+    optimizer = getattr(model, "optimizer", None)
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # a loss-scale wrapper's own
+    if inner is not None and not inner.built:
+        inner.build(model.trainable_variables)
+
+
 def compile_model(model: Any, spec: Any, config: Any) -> None:
     """Compile ``model`` for its task (``config.task``: loss and metric) with ``spec``'s
     optimizer."""

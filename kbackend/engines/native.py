@@ -38,7 +38,7 @@ from kbackend.backends.compile_cache import compile_cache_enabled, machine_measu
 from kbackend.config import TrainConfig
 from kbackend.data import batching, check_batch_size
 from kbackend.engines import adaptive, loop
-from kbackend.engines.keras_fit import compile_model
+from kbackend.engines.keras_fit import build_optimizer, compile_model
 from kbackend.engines.plan import TrainPlan
 from kbackend.envinfo import environment_identity
 from kbackend.errors import ConfigError
@@ -63,6 +63,7 @@ def train(model: Any, dataset: Any, plan: TrainPlan, config: TrainConfig,
         plan = plan.with_fused_steps(fused_steps)
     # Compiled for evaluate/predict/save afterwards; the TF loop trains with this optimizer.
     compile_model(model, spec, config)
+    build_optimizer(model)
     with impl().compilation_counter() as compiled:
         trainer = impl().native_trainer(model, spec, dataset, jit_compile=config.jit_compile,
                                         task=config.task)

@@ -187,7 +187,10 @@ def test_auto_cells_run_as_ray_tasks_and_resume_locally(ray_instance, tmp_path):
     assert verdict["optimizer"] == "sgd" and verdict["best_fixed"] in (16, 128)
     assert all(r["config"]["batch_size"] == "auto:16:128" for r in study["auto_runs"])
     assert {r["key"] for r in study["auto_runs"]} <= {r["key"] for r in _stored_runs(tmp_path)}
-    assert all(math.isfinite(t) for t in cell["seed_times"].values())
+    # each seed that reached has its time from the fixed cells' step times (the auto cell's
+    # runs read a crossing of two evaluations now: a seed may stop at the budget instead)
+    reached = [s for s, steps in cell["seed_steps"].items() if math.isfinite(steps)]
+    assert reached and all(math.isfinite(cell["seed_times"][s]) for s in reached)
 
     local = run_study(config, tmp_path, show_progress=False, print_results=False)
     assert local["executed"] == 0

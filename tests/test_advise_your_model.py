@@ -120,7 +120,13 @@ def test_the_follow_up_study_targets_the_models_own_metric(user_files):
 def test_advise_prints_a_study_command_that_runs_for_a_regression(cli, user_files, tmp_path):
     import shlex
 
-    model, data = f"{user_files / 'models.py'}:regressor", str(user_files / "values.npz")
+    import numpy as np
+
+    # four times the fixture's rows (a study refuses a validation split under 10 samples)
+    with np.load(user_files / "values.npz") as saved:
+        arrays = {key: np.concatenate([saved[key]] * 4) for key in saved.files}
+    np.savez(tmp_path / "values.npz", **arrays)
+    model, data = f"{user_files / 'models.py'}:regressor", str(tmp_path / "values.npz")
     result = cli("advise", "--model", model, "--data", data, "--quick", "--budget", "1")
     assert result.returncode == 0, result.stderr[-2000:]
     command = next(line.strip() for line in result.stdout.splitlines()

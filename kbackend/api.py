@@ -12,8 +12,6 @@ terminal.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import sys
 from pathlib import Path
@@ -27,6 +25,7 @@ from kbackend.data.user import own_batch_size
 from kbackend.distributed import prepare
 from kbackend.errors import ConfigError
 from kbackend.io import atomic_write
+from kbackend.model_sources import parse_model_source
 from kbackend.models import ModelOptions
 from kbackend.optim import OptimizerSpec
 from kbackend.progress import EpochReporter
@@ -207,11 +206,9 @@ def _save_model(model: Any, out: Path) -> Path:
     """``model`` as ``out/models/<name>-<digest>.keras`` (atomically; reused when present),
     the digest of its architecture and compile settings: what its runs rebuild, each from
     fresh weights, so a re-run with the same model resumes from the store."""
-    compiled = model.get_compile_config() if hasattr(model, "get_compile_config") else None
-    digest = hashlib.sha256(json.dumps(_canonical_names([json.loads(model.to_json()), compiled]),
-                                       sort_keys=True, default=str).encode())
+    digest = parse_model_source(model).digest(model)  # the run keys' own model digest
     name = "".join(c if c.isalnum() or c in "-_" else "_" for c in model.name) or "model"
-    path = out / "models" / f"{name}-{digest.hexdigest()[:16]}.keras"
+    path = out / "models" / f"{name}-{digest}.keras"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         save_model(model, path)
@@ -223,11 +220,7 @@ def _save_arrays(workload: Workload, out: Path) -> Path:
     data = workload.dataset
     arrays = {"x_train": data.x_train, "y_train": data.y_train, "x_val": data.x_val,
               "y_val": data.y_val, "x_test": data.x_test, "y_test": data.y_test}
-    digest = hashlib.sha256()
-    for key in sorted(arrays):
-        digest.update(key.encode())
-        digest.update(np.ascontiguousarray(arrays[key]).tobytes())
-    path = out / "data" / f"arrays-{digest.hexdigest()[:16]}.npz"
+    path = out / "data" / f"arrays-{data.digest()}.npz"  # the run keys' own data digest
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, lambda tmp: np.savez(tmp, allow_pickle=False, **arrays))
@@ -236,33 +229,6 @@ def _save_arrays(workload: Workload, out: Path) -> Path:
 
 def _shown(progress: bool | None) -> bool:
     return sys.stderr.isatty() if progress is None else progress
-
-
-def _canonical_names(config: Any) -> Any:
-    """``config`` with every ``"name"`` (and each reference to it) replaced by its order of
-    appearance: Keras numbers the layers of each new model on (``dense_3``), so the same
-    architecture built twice has the same canonical config."""
-    names: dict[str, str] = {}
-
-    def collect(value: Any) -> None:
-        if isinstance(value, dict):
-            if isinstance(value.get("name"), str):
-                names.setdefault(value["name"], f"#{len(names)}")
-            for item in value.values():
-                collect(item)
-        elif isinstance(value, list):
-            for item in value:
-                collect(item)
-
-    def rename(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {key: rename(item) for key, item in value.items()}
-        if isinstance(value, list):
-            return [rename(item) for item in value]
-        return names.get(value, value) if isinstance(value, str) else value
-
-    collect(config)
-    return rename(config)
 
 
 def _reporter(progress: bool | None) -> EpochReporter | None:

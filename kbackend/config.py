@@ -98,9 +98,10 @@ class Target:
     def reached_in(self, evals: Sequence[Mapping[str, Any]]) -> bool:
         """Whether the evaluations so far (oldest first) reach the target by its ``crossing``
         rule; the last one must carry the metric."""
-        values = [float(e[self.metric]) for e in evals if self.metric in e]
-        if not values or self.metric not in evals[-1]:
+        if not evals or self.metric not in evals[-1]:
             return False
+        # the last two evaluations at most: read at every evaluation, so never the whole list
+        values = [float(e[self.metric]) for e in evals[-2:] if self.metric in e]
         if self.crossing == "first":
             return reaches(self.metric, values[-1], self.value)
         if self.crossing == "mean2":

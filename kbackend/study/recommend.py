@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from kbackend.data import DATASETS
+from kbackend.engines import get_engine
 from kbackend.history import History
 from kbackend.stats import median_interval
+from kbackend.study.executor import EPOCH_EVAL_ENGINES
 from kbackend.study.summaries import time_to_target
 
 # Held-out seeds: far from any study's own (``StudyConfig.seed_values``: seed .. seed+max_seeds).
@@ -59,6 +61,23 @@ def _cell_runs(study: dict[str, Any], cell: dict[str, Any]) -> list[dict[str, An
             and r["config"].get("learning_rate") == cell["learning_rate"]]
 
 
+def _schedule(study: dict[str, Any], cell: dict[str, Any]) -> dict[str, int]:
+    """What the study's runs of ``cell`` were trained with that decides their steps and speed:
+    the evaluation interval (engines that validate once an epoch have none to give), the fused
+    steps (engines that fuse) and the full step budget; empty without stored runs."""
+    runs = _cell_runs(study, cell)
+    if not runs:
+        return {}
+    engine_name = study["config"].get("engine", "native")
+    schedule = {}
+    if runs[0].get("eval_every") and engine_name not in EPOCH_EVAL_ENGINES:
+        schedule["eval_every"] = int(runs[0]["eval_every"])
+    if get_engine(engine_name).fuses_steps:
+        schedule["fused_steps"] = int(runs[0]["fused_steps"])
+    schedule["max_steps"] = max(int(r["max_steps"]) for r in runs)
+    return schedule
+
+
 def train_arguments(study: dict[str, Any], cell: dict[str, Any]) -> list[str]:
     """The ``kbackend train`` flags that train at ``cell`` as the study's runs did."""
     config, target = study["config"], study["config"]["target"]
@@ -75,13 +94,8 @@ def train_arguments(study: dict[str, Any], cell: dict[str, Any]) -> list[str]:
         args.append("--unsafe-deserialization")
     args += ["--engine", config.get("engine", "native"), "--optimizer", cell["optimizer"],
              "--lr", f"{cell['learning_rate']:g}", "--batch-size", str(cell["batch_size"])]
-    runs = _cell_runs(study, cell)
-    if runs:
-        if runs[0].get("eval_every") and config.get("engine") != "keras":
-            args += ["--eval-every", str(runs[0]["eval_every"])]
-        if config.get("engine", "native") == "native":
-            args += ["--fused-steps", str(runs[0]["fused_steps"])]
-        args += ["--max-steps", str(max(int(r["max_steps"]) for r in runs))]
+    for name, value in _schedule(study, cell).items():
+        args += [f"--{name.replace('_', '-')}", str(value)]
     if config.get("jit_compile") is False:
         args.append("--no-jit")
     args += ["--target-metric", target["metric"], "--target", f"{target['value']:g}",
@@ -91,14 +105,7 @@ def train_arguments(study: dict[str, Any], cell: dict[str, Any]) -> list[str]:
 
 def _python_call(study: dict[str, Any], cell: dict[str, Any]) -> str:
     config, target = study["config"], study["config"]["target"]
-    extra = ""
-    runs = _cell_runs(study, cell)
-    if runs:
-        if runs[0].get("eval_every") and config.get("engine") != "keras":
-            extra += f"eval_every={runs[0]['eval_every']}, "
-        if config.get("engine", "native") == "native":
-            extra += f"fused_steps={runs[0]['fused_steps']}, "
-        extra += f"max_steps={max(int(r['max_steps']) for r in runs)}, "
+    extra = "".join(f"{name}={value}, " for name, value in _schedule(study, cell).items())
     return (f"kbackend.train({config['model']!r}, data={config['dataset']!r}, "
             f"engine={config.get('engine', 'native')!r}, optimizer={cell['optimizer']!r}, "
             f"learning_rate={cell['learning_rate']:g}, batch_size={cell['batch_size']}, "

@@ -60,6 +60,20 @@ def test_the_printed_command_carries_everything_that_decides_the_steps():
     assert "eval_every=12" in best["python"] and "engine='native'" in best["python"]
 
 
+def test_the_printed_budget_is_the_cells_full_one_not_a_pruned_rates():
+    """The search cuts later rates' budgets to the best so far: the recommended rate's own runs
+    may have had 30 steps; the command gets the full budget (in whole evaluation intervals)."""
+    cell = _cell("adam", 32, 1.0, 0.9, 1.1, 30)
+    study = _study([cell], runs=[_run("adam", 32, 10, 10, 30)])
+    study["dataset"] = {"num_train": 1000}
+    study["config"].update(max_steps=3000, max_epochs=40)
+    flags = train_arguments(study, cell)
+    assert flags[flags.index("--max-steps") + 1] == "1240"  # 40 epochs x 31 steps, in 10s
+    study["config"]["max_epochs"] = 0
+    flags = train_arguments(study, cell)
+    assert flags[flags.index("--max-steps") + 1] == "3000"
+
+
 @pytest.mark.parametrize(("cells", "pick", "tied", "resolved"), [
     ([_cell("sgd", 16, 1.0, 0.9, 1.1, 100), _cell("adam", 64, 2.0, 1.8, 2.2, 10)],
      ("sgd", 16), [], True),

@@ -224,7 +224,8 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
     profile = None if config.device_profile is None else load_profile(config.device_profile)
     runner.prepare()  # every check against the data, before the store is created or opened
     for note in runner.workload.notes if runner.workload is not None else ():
-        if note.startswith(WARNING):  # what the user's model does that they may not mean
+        # what the user's model does that they may not mean (progress=False: nothing printed)
+        if note.startswith(WARNING) and (show_progress or print_results):
             console.print(note, highlight=False, markup=False)
     if profile is not None:
         check_profile(profile, config.model, config.dataset, runner.batch_sizes)
@@ -233,7 +234,7 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
                                          "digests": runner.digests}), "report")
     target, num_val = config.resolved_target, len(runner.dataset.x_val) if runner.dataset else 0
     warnings = [w for w in (trust.before_training(target.metric, target.value, num_val),) if w]
-    for warning in warnings:
+    for warning in warnings if show_progress or print_results else ():  # progress=False: none
         console.print(warning, highlight=False, markup=False)
     with ResultStore(out / DB_NAME) as store:
         runner.store = store
@@ -258,7 +259,7 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
                 study["confirmation"] = _confirmations(runner, study, command_line,
                                                        confirm_seeds)
         plateau = trust.after_training(study, target.metric, target.value, num_val)
-        if plateau:
+        if plateau and (show_progress or print_results):
             console.print(plateau, highlight=False, markup=False)
         study["warnings"] = [*warnings, *([plateau] if plateau else [])]
         if profile is not None:
@@ -299,7 +300,7 @@ def print_results_of(study: dict[str, Any], analysis: dict[str, Any], wall_line:
     the time went."""
     stdout = Console() if Console().is_terminal else Console(width=CONSOLE_WIDTH)
     for line in recommendation_lines(recommendation(study)):
-        stdout.print(line, highlight=False, soft_wrap=True)
+        stdout.print(line, highlight=False, soft_wrap=True, markup=False)  # '[min, max]'
     stdout.print(wall_line, highlight=False)
     print_table(study, analysis, console=stdout)
     stdout.print(f"Time: {accounting_line(account)}", highlight=False)

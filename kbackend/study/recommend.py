@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from kbackend.data import DATASETS
+from kbackend.data.batching import steps_per_epoch_dropping_last
 from kbackend.engines import get_engine
 from kbackend.history import History
 from kbackend.stats import median_interval
@@ -74,8 +75,24 @@ def _schedule(study: dict[str, Any], cell: dict[str, Any]) -> dict[str, int]:
         schedule["eval_every"] = int(runs[0]["eval_every"])
     if get_engine(engine_name).fuses_steps:
         schedule["fused_steps"] = int(runs[0]["fused_steps"])
-    schedule["max_steps"] = max(int(r["max_steps"]) for r in runs)
+    schedule["max_steps"] = _full_budget(study, cell, schedule.get("eval_every", 1)) or \
+        max(int(r["max_steps"]) for r in runs)
     return schedule
+
+
+def _full_budget(study: dict[str, Any], cell: dict[str, Any], every: int) -> int | None:
+    """The cell's unpruned step budget (``StudyConfig.step_budget`` in whole evaluation
+    intervals), as its first run had: the search cuts later rates' budgets to the best so far,
+    so the recommended rate's own runs may have stopped short of it. None where the study does
+    not say (no dataset or budget recorded)."""
+    config, num_train = study["config"], (study.get("dataset") or {}).get("num_train")
+    if not num_train or not config.get("max_steps"):
+        return None
+    budget = int(config["max_steps"])
+    if config.get("max_epochs"):
+        per_epoch = steps_per_epoch_dropping_last(int(num_train), int(cell["batch_size"]))
+        budget = min(budget, int(config["max_epochs"]) * per_epoch)
+    return -(-budget // every) * every
 
 
 def train_arguments(study: dict[str, Any], cell: dict[str, Any]) -> list[str]:
@@ -145,9 +162,9 @@ def recommendation(study: dict[str, Any]) -> dict[str, Any] | None:
             "warnings": list(study.get("warnings") or [])}
 
 
-def _interval_text(figure: dict[str, Any], unit: str = "", digits: int = 0) -> str:
+def _interval_text(figure: dict[str, Any], unit: str = "", spec: str = ".0f") -> str:
     def number(value: float) -> str:
-        return "never" if math.isinf(value) else f"{value:.{digits}f}{unit}"
+        return "never" if math.isinf(value) else f"{value:{spec}}{unit}"
     return f"{number(figure['median'])} [{number(figure['low'])}, {number(figure['high'])}]"
 
 
@@ -187,7 +204,7 @@ def confirmation_text(confirmation: dict[str, Any]) -> str:
         return (f"Confirmed with this command on {seeds} held-out seeds: the target was not "
                 "reached on any of them.")
     steps = _interval_text(confirmation["steps_to_target"])
-    time = _interval_text(confirmation["time_to_target"], " s", 2)
+    time = _interval_text(confirmation["time_to_target"], " s", ".3g")
     return (f"Confirmed with this command on {seeds} held-out seeds: train reaches the target in "
             f"{steps} steps, time to target {time} (median [min, max]; reached on "
             f"{confirmation['reached']} of {seeds}).")

@@ -205,9 +205,10 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                         help="train a cell's learning rates x seeds as one vmapped program (JAX, "
                              "native engine): auto = where a short measured probe finds it "
                              "faster (default auto)")
-    target.add_argument("--step-time-repeats", type=int, default=5,
+    target.add_argument("--step-time-repeats", type=int, default=StudyConfig.step_time_repeats,
                         help="interleaved rounds timing each cell's steady step apart: time to "
-                             "target = median steps x median step time (0: the runs' own clocks)")
+                             "target = median steps x median step time (0: the runs' own "
+                             f"clocks; default {StudyConfig.step_time_repeats})")
     noise = parser.add_argument_group("gradient noise scale")
     noise.add_argument("--noise-points", type=int, default=4,
                        help="points along training where B_simple is measured (0: skip)")

@@ -27,12 +27,12 @@ from kbackend.study.verdicts import (
     LookLevels,
     decide,
     difference_verdict,
-    mean_interval,
     outcome_text,
     ratio_verdict,
     rounding_sd,
     span_text,
     step_time_log_ratios,
+    trimmed_interval,
 )
 from kbackend.task import metric_direction
 
@@ -326,7 +326,7 @@ def measured_throughput(step_times: dict[str, Any] | None) -> list[dict[str, Any
 def doubling_gains(step_times: dict[str, Any] | None, level: float) -> list[dict[str, Any]]:
     """Per neighbouring pair of timed batch sizes, the interval of samples/s at the larger over
     the smaller, per doubling: per-round log ratios (rounds pair) of every optimizer timed at
-    both, pooled, t-interval at ``level``."""
+    both, pooled, Yuen's trimmed interval at ``level`` (``verdicts.trimmed_interval``)."""
     cells = (step_times or {}).get("cells", [])
     sizes = sorted({c["batch_size"] for c in cells})
     optimizers = sorted({c["optimizer"] for c in cells})
@@ -338,7 +338,7 @@ def doubling_gains(step_times: dict[str, Any] | None, level: float) -> list[dict
             # seconds per sample at b1 over b2 = samples/s at b2 over b1
             ratios = step_time_log_ratios(step_times, (optimizer, b1), (optimizer, b2))
             logs += [(r + math.log(b2 / b1)) * per_doubling for r in ratios or []]
-        estimate, low, high = mean_interval(logs, level)
+        estimate, low, high = trimmed_interval(logs, level)
         gains.append({"from": b1, "to": b2, "timings": len(logs), "gain": math.exp(estimate) - 1,
                       "low": math.exp(low) - 1, "high": math.exp(high) - 1})
     return gains

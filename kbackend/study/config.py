@@ -174,7 +174,7 @@ class StudyConfig:
     prune: bool = True
     seeds: int = 3
     lr_extend: int = 2
-    step_time_repeats: int = 5
+    step_time_repeats: int = 10
     noise_points: int = 4
     noise_draws: int = 24
     noise_small_batch: int = 0

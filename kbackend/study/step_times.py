@@ -19,12 +19,15 @@ from kbackend.stats import median_interval
 from kbackend.study.runner_protocol import StudyRunnerLike
 
 # A timed call of the time model runs whole fused calls until it lasts STEP_TIME_SECONDS or
-# holds STEP_TIME_STEPS steps, whichever comes first. 20 ms is far above the clock's and a
-# dispatch's jitter (microseconds); what varies is the machine's load, which the interleaved
-# rounds spread over the cells. At batch 1,024 of the default study, six calls of a fixed 32
-# steps came to 30-70% of the steps the cell's runs trained (a fifth of all samples trained).
-STEP_TIME_STEPS = 32
-STEP_TIME_SECONDS = 0.02
+# holds STEP_TIME_STEPS steps, whichever comes first. 50 ms is far above the clock's and a
+# dispatch's jitter (microseconds) and spans several of the scheduler's time slices on a busy
+# machine (20 ms calls varied 2-10x between rounds at load 6-14); what varies is the machine's
+# load, which the interleaved rounds spread over the cells and the trimmed round mean
+# (``verdicts.trimmed_mean``) keeps from one burst. At batch 1,024 of the default study a call
+# is 2-4 fused calls of 2 steps, so the step cap binds only for mid-sized batches. The time model
+# took 6 s of a 650 s default study with 5 rounds of 20 ms.
+STEP_TIME_STEPS = 64
+STEP_TIME_SECONDS = 0.05
 
 # (optimizer, batch size, learning rate, most steps per timed call, fused steps) of one cell
 TimingPlan = tuple[str, int, float, int, int]
@@ -110,8 +113,9 @@ class StepTimeModel:
             else:  # a fresh model per timer, compiled by its first call: one timer, full size
                 steps.append(plan[3])
             timers.append(self.timer(cell, steps[-1]))
-            if not native:  # native: whole calls of the program warmed above
-                timers[-1]()  # warms up (compiles: the programs are new)
+            # Untimed: a fresh timer's first call compiles (keras engines) or places its state
+            # and rows (native: 5-10x a steady call, measured at batch 16-64).
+            timers[-1]()
             warm_up.append(time.perf_counter() - start)
         for round_index in range(repeats):
             shift = round_index % len(cells)

@@ -1,0 +1,133 @@
+"""The measured goals of issue 44 ("One house, round two"), read off a checkout: each concern
+the review found with two or more mechanisms and the rule that detects it, functions over 60
+lines, ``dict[str, Any]`` in kbackend/study/, engine-name comparisons outside engines/, package
+cycles, and kbackend/'s lines against the review's tree.
+
+    python scripts/house_goals.py [--list]
+
+Each concern's rule counts mechanisms (AST or text, over kbackend/*.py unless it says tests/);
+a concern is "one place" at a count of 1 (0: the concern is gone). ``--list`` names each long
+function and each engine-name comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run from a checkout
+
+from tests.test_architecture import all_modules, violations  # noqa: E402
+
+REVIEW_LINES = 28_896  # kbackend/ at 4eb9dcc, the review's tree
+LONG_FUNCTION = 60
+ENGINE_NAMES = ("native", "keras", "data_parallel", "keras_data_parallel")
+
+
+def sources(folder: str = "kbackend") -> dict[Path, str]:
+    """Every .py file under ``folder`` of the checkout and its text."""
+    return {p: p.read_text() for p in sorted((ROOT / folder).rglob("*.py"))}
+
+
+def count(pattern: str, folder: str = "kbackend", exclude: str | None = None) -> int:
+    """Files under ``folder`` (not under ``exclude``) whose text matches ``pattern``."""
+    regex = re.compile(pattern, re.MULTILINE)
+    return sum(1 for path, text in sources(folder).items()
+               if regex.search(text) and not (exclude and exclude in path.as_posix()))
+
+
+def long_functions() -> list[str]:
+    """``path:line name (lines)`` of every function over ``LONG_FUNCTION`` lines."""
+    found = []
+    for path, text in sources().items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > LONG_FUNCTION:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length})")
+    return found
+
+
+def engine_comparisons() -> list[str]:
+    """``path:line`` of every ==, != or in against an engine-name literal outside engines/."""
+    found = []
+    for path, text in sources().items():
+        if "kbackend/engines/" in path.as_posix():
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.Compare):
+                continue
+            literals = [c for c in [node.left, *node.comparators] if isinstance(c, ast.Constant)]
+            literals += [e for c in node.comparators
+                         if isinstance(c, ast.Tuple | ast.Set | ast.List)
+                         for e in c.elts if isinstance(e, ast.Constant)]
+            if any(lit.value in ENGINE_NAMES for lit in literals) and any(
+                    isinstance(op, ast.Eq | ast.NotEq | ast.In | ast.NotIn) for op in node.ops):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+# (concern, detection rule in words, mechanisms counted)
+CONCERNS: list[tuple[str, str, Callable[[], int]]] = [
+    ("engine facts", "files outside engines/ comparing an engine name",
+     lambda: len({c.split(":")[0] for c in engine_comparisons()}) + 1),
+    ("steps per epoch / budget", "files with `-(-max_steps // per_epoch)` style ceilings "
+     "outside engines/", lambda: count(r"-\(-\s*\w*max_steps\w*\s*//", exclude="engines/") + 1),
+    ("plan types", "classes named *Plan holding a batch size",
+     lambda: count(r"^class \w*Plan\b.*:\n(?:.*\n){0,30}?\s+batch_size:")),
+    ("JAX train steps", "functions make_*step in backends/jax",
+     lambda: count(r"^def make_(adaptive_)?step\(", "kbackend/backends/jax")),
+    ("noise-scale estimators", "functions estimating B_simple (def b_simple / "
+     "estimate_noise_scale)", lambda: count(r"def (b_simple|estimate_noise_scale)\(")),
+    ("model loaders", "functions named load_model outside model_sources.py",
+     lambda: count(r"^def load_model\(", exclude="model_sources.py") + 1),
+    ("SQLite set-up", "files calling sqlite3.connect", lambda: count(r"sqlite3\.connect\(")),
+    ("measurement harness", "files with their own probe key for machine_measurement",
+     lambda: count(r"machine_measurement\(", exclude="compile_cache.py")),
+    ("runtime subclass for Ray", "object.__new__ in study/", lambda: count(
+        r"object\.__new__\(", "kbackend/study") + 1),
+    ("tests replacing StudyRunner.execute", "test files patching StudyRunner's execute",
+     lambda: count(r"setattr\(StudyRunner, \"execute\"", "tests") + 1),
+    ("user errors", "files raising bare ValueError/RuntimeError/TypeError beside KBackendError",
+     lambda: count(r"raise (ValueError|RuntimeError|TypeError)\(") + 1),
+]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--list", action="store_true", help="name each long function and "
+                        "engine-name comparison")
+    args = parser.parse_args()
+    print("| concern | detection rule | mechanisms |\n| --- | --- | --- |")
+    several = 0
+    for concern, rule, measure in CONCERNS:
+        mechanisms = measure()
+        several += mechanisms >= 2
+        print(f"| {concern} | {rule} | {mechanisms} |")
+    long = long_functions()
+    compares = engine_comparisons()
+    study_dicts = sum(text.count("dict[str, Any]")
+                      for text in sources("kbackend/study").values())
+    lines = sum(text.count("\n") for text in sources().values())
+    cycles = [p for p in violations({name: path.read_text()
+                                     for name, path in all_modules().items()}) if "cycle" in p]
+    print(f"\nconcerns with two or more mechanisms: {several} (goal <= 3)")
+    print(f"functions over {LONG_FUNCTION} lines: {len(long)} (goal <= 8)")
+    print(f"dict[str, Any] in kbackend/study/: {study_dicts} (goal <= 40)")
+    print(f"engine-name comparisons outside engines/: {len(compares)} (goal 0)")
+    print(f"package and import cycles: {len(cycles)} (goal 0)")
+    print(f"kbackend/ lines: {lines:,} ({lines - REVIEW_LINES:+,} against 4eb9dcc's "
+          f"{REVIEW_LINES:,})")
+    if args.list:
+        print("\n".join(["", "long functions:", *long, "", "engine-name comparisons:",
+                         *compares]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -24,6 +24,8 @@ from kbackend.study.verdicts import (
     difference_verdict,
     look_level,
     mean_interval,
+    open_bound,
+    outcome_text,
     ratio_verdict,
     seed_schedule,
     trimmed_mean,
@@ -98,6 +100,20 @@ def test_trimmed_mean_is_the_plain_mean_below_five_values_and_drops_the_ends_abo
     assert mean == pytest.approx(0.2) and df == 2
     winsorized = [0.1, 0.1, 0.2, 0.3, 0.3]
     assert variance == pytest.approx(4 * np.var(winsorized, ddof=1) / (3 * 2))
+
+
+def test_an_open_comparison_states_the_tightest_bound_its_interval_supports():
+    """Not resolved: "within 1.3x either way" from the larger of high and 1/low (a ratio), or
+    the larger end in points (a difference); answered or unbounded verdicts state none."""
+    ratio = {"kind": "ratio", "outcome": "not_resolved", "low": 0.8, "high": 1.25, "seeds": 3,
+             "estimate": 1.0, "level": 0.95, "margin": 0.2}
+    assert open_bound(ratio) == "within 1.2x either way"
+    assert open_bound({**ratio, "low": 0.5}) == "within 2x either way"
+    assert "A and B within 2x either way" in outcome_text({**ratio, "low": 0.5}, "A", "B", "faster")
+    assert open_bound({**ratio, "outcome": "a"}) is None
+    assert open_bound({**ratio, "low": -math.inf}) is None
+    difference = {**ratio, "kind": "difference", "low": -0.004, "high": 0.021}
+    assert open_bound(difference) == "within 2.1 pt either way"
 
 
 def _sequential(rng, truth, spread, max_seeds, level, trials, margin=0.1):

@@ -27,6 +27,7 @@ from kbackend.study.verdicts import (
     LookLevels,
     decide,
     difference_verdict,
+    open_bound,
     outcome_text,
     ratio_verdict,
     rounding_sd,
@@ -177,7 +178,9 @@ def optimizer_comparison(cells: list[dict[str, Any]], challenger: str, incumbent
         label = {"a": f"{challenger} faster", "b": f"{incumbent} faster",
                  "equivalent": f"equivalent within {settings['margin']:.0%}"}.get(
             p["outcome"], f"not resolved after {p['verdict']['seeds']} seeds")
-        groups.setdefault(label, []).append(str(p["batch_size"]))
+        bound = open_bound(p["verdict"])
+        groups.setdefault(label, []).append(f"{p['batch_size']}"
+                                            + (f" ({bound})" if bound else ""))
     result["text"] = "; ".join(f"{label} at batch {', '.join(sizes)}"
                                for label, sizes in groups.items()) or "no common batch size"
     if result["batch_size"] is not None:

@@ -321,6 +321,19 @@ def span_text(verdict: dict[str, Any], spec: str = ".3g") -> str:
             f"{verdict['high'] * scale:+.2f}]")
 
 
+def open_bound(verdict: dict[str, Any]) -> str | None:
+    """The tightest statement an unresolved verdict's interval supports: "within 1.3x either
+    way" (a ratio: the larger of high and 1/low) or "within 2.1 pt either way" (a difference);
+    None where the interval is unbounded or the verdict is answered. It is not an answer: the
+    interval still holds equality and reaches past the margin."""
+    low, high = verdict.get("low", math.nan), verdict.get("high", math.nan)
+    if verdict["outcome"] != "not_resolved" or not (math.isfinite(low) and math.isfinite(high)):
+        return None
+    if verdict["kind"] == "ratio":
+        return f"within {max(high, 1.0 / low):.2g}x either way" if low > 0 else None
+    return f"within {100 * max(abs(low), abs(high)):.2g} pt either way"
+
+
 def outcome_text(verdict: dict[str, Any], a_name: str, b_name: str, better: str,
                  seconds: float | None = None) -> str:
     """One phrase: who is ``better`` (e.g. "faster"), "equivalent within 10%" or "not resolved
@@ -337,5 +350,7 @@ def outcome_text(verdict: dict[str, Any], a_name: str, b_name: str, better: str,
         head = f"{a_name} and {b_name} equivalent within {margin}"
     else:
         spent = f" and {seconds:.0f} s of added seeds" if seconds else ""
-        head = f"not resolved after {n} seed{'s' if n != 1 else ''}{spent}"
+        bound = open_bound(verdict)
+        head = (f"not resolved after {n} seed{'s' if n != 1 else ''}{spent}"
+                + (f": {a_name} and {b_name} {bound}" if bound else ""))
     return f"{head} ({figures}, {n} seeds, {verdict['level']:.1%} interval)"

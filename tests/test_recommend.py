@@ -22,10 +22,14 @@ from kbackend.study.recommend import (
 from tests.conftest import NO_JIT_FLAGS
 
 
-def _cell(optimizer, batch, time, low, high, steps, seeds=3, bound=False):
+def _cell(optimizer, batch, time, low, high, steps, seeds=3, bound=False,
+          spread=(0.95, 1.0, 1.05)):
+    """A reached cell; ``spread``: its seeds' steps over the median, seed by seed (the paired
+    verdict the tie rule reads pairs them with another cell's)."""
     return {"optimizer": optimizer, "batch_size": batch, "learning_rate": 0.1, "reached": True,
             "time_to_target": time, "steps_to_target": steps, "samples_to_target": steps * batch,
             "seeds": seeds, "lr_at_bound": bound, "lr_at_grid_edge": bound,
+            "seed_steps": {str(i): steps * f for i, f in enumerate(spread[:seeds])},
             "intervals": {"time_to_target": {"low": low, "high": high}, "steps_to_target": {}}}
 
 
@@ -38,6 +42,7 @@ def _run(optimizer, batch, every, fused, budget, lr=0.1):
 def _study(cells, engine="native", runs=()):
     return {"cells": cells, "runs": list(runs),
             "config": {"model": "m.py:build", "dataset": "d.npz", "engine": engine, "seed": 0,
+                       "seeds": 3, "max_seeds": 3,
                        "target": {"metric": "val_accuracy", "value": 0.9}}}
 
 
@@ -77,9 +82,13 @@ def test_the_printed_budget_is_the_cells_full_one_not_a_pruned_rates():
 @pytest.mark.parametrize(("cells", "pick", "tied", "resolved"), [
     ([_cell("sgd", 16, 1.0, 0.9, 1.1, 100), _cell("adam", 64, 2.0, 1.8, 2.2, 10)],
      ("sgd", 16), [], True),
-    # tied: the fastest median (what the user asked), the tie stated
-    ([_cell("adam", 16, 1.0, 0.5, 2.0, 1000), _cell("sgd", 256, 3.0, 1.5, 6.0, 200),
-      _cell("sgd", 64, 1.2, 0.8, 1.9, 240)], ("adam", 16), [("sgd", 256), ("sgd", 64)], False),
+    # tied: the fastest median (what the user asked), the tie stated; seeds that disagree
+    # (A's slowest seed is B's fastest) leave the paired time ratio unresolved
+    ([_cell("adam", 16, 1.0, 0.5, 2.0, 1000, spread=(0.5, 1.0, 2.0)),
+      _cell("sgd", 256, 3.0, 1.5, 6.0, 200, spread=(2.0, 1.0, 0.5)),
+      _cell("sgd", 64, 1.2, 0.8, 1.9, 240, spread=(1.6, 1.0, 0.6)),
+      _cell("momentum", 64, 2.4, 2.2, 2.6, 240, spread=(0.5, 1.0, 2.0))],
+     ("adam", 16), [("sgd", 256), ("sgd", 64)], False),
 ])
 def test_the_fastest_median_is_recommended_and_a_tie_is_stated(cells, pick, tied, resolved):
     best = recommendation(_study(cells))
@@ -184,6 +193,8 @@ def test_a_study_confirms_its_command_and_the_command_reproduces_its_runs(tmp_pa
     summary = json.loads(next(out.glob("*/summary.json")).read_text())
     study_steps = summary["cells"][0]["steps_to_target"]
     assert reached["step"] == study_steps
+    # the stored summary (what `study compare` and a resumed Python call read) prints the same
+    assert recommendation(summary)["command"] == command
     # one training time per run on train's output: the target line's, in the study's words
     line = next(x for x in rerun.stdout.splitlines() if x.startswith("target "))
     assert re.search(r"time to target [0-9.]+s \(wall to target [0-9.]+s", line)

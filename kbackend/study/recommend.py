@@ -31,6 +31,7 @@ from kbackend.data.batching import steps_per_epoch_dropping_last
 from kbackend.engines import get_engine
 from kbackend.history import History
 from kbackend.stats import median_interval
+from kbackend.study.cell_verdicts import time_verdict, verdict_settings
 from kbackend.study.executor import EPOCH_EVAL_ENGINES
 from kbackend.study.summaries import time_to_target
 
@@ -39,14 +40,9 @@ HELD_OUT_SEED = 10_000
 CONFIRM_SEEDS = 3
 MAX_CONFIRMED_CELLS = 2
 DEFAULT_EPOCHS = 100
+TIES_SHOWN = 4  # tied cells named on the Recommended line (all of them in the report)
 # The command line's ``main``: argv (without the program name) -> exit status.
 CommandLine = Callable[[Sequence[str]], int]
-
-
-def _span(cell: dict[str, Any]) -> tuple[float, float]:
-    interval = (cell.get("intervals") or {}).get("time_to_target") or {}
-    return (interval.get("low", cell["time_to_target"]),
-            interval.get("high", cell["time_to_target"]))
 
 
 def ranked_cells(study: dict[str, Any]) -> list[dict[str, Any]]:
@@ -56,8 +52,13 @@ def ranked_cells(study: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _cell_runs(study: dict[str, Any], cell: dict[str, Any]) -> list[dict[str, Any]]:
+    """The configs of ``cell``'s runs at its rate: a live study's runs name their optimizer in
+    the config, a stored summary's (``report.summary_payload``) beside it."""
+    def optimizer(run: dict[str, Any]) -> str | None:
+        return run.get("optimizer") or (run["config"].get("optimizer") or {}).get("name")
+
     return [r["config"] for r in study.get("runs", [])
-            if r["config"].get("optimizer", {}).get("name") == cell["optimizer"]
+            if optimizer(r) == cell["optimizer"]
             and r["config"].get("batch_size") == cell["batch_size"]
             and r["config"].get("learning_rate") == cell["learning_rate"]]
 
@@ -73,7 +74,7 @@ def _schedule(study: dict[str, Any], cell: dict[str, Any]) -> dict[str, int]:
     schedule = {}
     if runs[0].get("eval_every") and engine_name not in EPOCH_EVAL_ENGINES:
         schedule["eval_every"] = int(runs[0]["eval_every"])
-    if get_engine(engine_name).fuses_steps:
+    if get_engine(engine_name).fuses_steps and runs[0].get("fused_steps"):
         schedule["fused_steps"] = int(runs[0]["fused_steps"])
     schedule["max_steps"] = _full_budget(study, cell, schedule.get("eval_every", 1)) or \
         max(int(r["max_steps"]) for r in runs)
@@ -131,10 +132,11 @@ def _python_call(study: dict[str, Any], cell: dict[str, Any]) -> str:
 
 
 def recommendation(study: dict[str, Any]) -> dict[str, Any] | None:
-    """The cell to train at (the fastest median time to target; the cells whose intervals
-    overlap it are named as ``tied_with``), with its command, Python call, whether its rate sits
-    at the bound of the extended grid (``edge``) and, once ``confirm`` ran, what ``train``
-    reached on held-out seeds (``confirmation``). None if no cell reached the target."""
+    """The cell to train at (the fastest median time to target; the cells the paired time
+    verdict does not show slower are named as ``tied_with``), with its command, Python call,
+    whether its rate sits at the bound of the extended grid (``edge``) and, once ``confirm``
+    ran, what ``train`` reached on held-out seeds (``confirmation``). None if no cell reached
+    the target."""
     cells = ranked_cells(study)
     if not cells:
         return None
@@ -143,8 +145,11 @@ def recommendation(study: dict[str, Any]) -> dict[str, Any] | None:
     if len(confirmed) > 1 and not confirmed[0]["confirmed"] and confirmed[1]["confirmed"]:
         best = next(c for c in cells if (c["optimizer"], c["batch_size"])
                     == (confirmed[1]["optimizer"], confirmed[1]["batch_size"]))
-    low, high = _span(best)
-    tied = [c for c in cells if c is not best and _span(c)[0] <= high and low <= _span(c)[1]]
+    settings = verdict_settings(study)
+    # The report's own paired verdict (``fastest_verdict``): a cell is tied unless it is shown
+    # slower; equivalent within the margin is a tie too.
+    tied = [c for c in cells if c is not best
+            and time_verdict(best, c, settings, study.get("step_times"))["outcome"] != "a"]
     mine = next((c for c in confirmed if (c["optimizer"], c["batch_size"])
                  == (best["optimizer"], best["batch_size"])), None)
     return {"optimizer": best["optimizer"], "batch_size": best["batch_size"],
@@ -174,12 +179,15 @@ def recommendation_lines(best: dict[str, Any] | None) -> list[str]:
     if best is None:
         return ["No cell reached the target: nothing to recommend (raise the budget with "
                 "--max-steps, or lower --target)."]
-    ties = ", ".join(f"{o} at batch {b}" for o, b in best["tied_with"])
+    names = [f"{o} at batch {b}" for o, b in best["tied_with"]]
+    ties = ", ".join(names[:TIES_SHOWN]) + (
+        f" and {len(names) - TIES_SHOWN} more (report.md names them)"
+        if len(names) > TIES_SHOWN else "")
     if best["seeds"] < 2:
         why = " (one seed: no interval, so not resolved; the fastest median)"
     elif ties:
-        why = (f" (the fastest median time to target; tied with {ties}: the intervals over seeds "
-               "cannot separate them)")
+        why = (f" (the fastest median time to target; tied with {ties}: the paired intervals "
+               "over seeds do not show it faster)")
     else:
         why = " (resolved: the intervals separate it from every other cell)"
     edge = (" The rate is at the bound of the extended grid (edge): a better one may lie "

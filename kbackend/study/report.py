@@ -208,7 +208,8 @@ def summary_payload(study: dict[str, Any], analysis: dict[str, Any],
                     wall_time: float | None) -> dict[str, Any]:
     """The study without its trajectories, plus the analysis: what ``study compare`` reads."""
     runs = [{"key": r["key"], "config": {k: r["config"].get(k) for k in (
-                 "batch_size", "learning_rate", "seed", "max_steps", "eval_every")},
+                 "batch_size", "learning_rate", "seed", "max_steps", "eval_every",
+                 "fused_steps")},
              "optimizer": r["config"]["optimizer"]["name"], "result": r["result"]}
             for r in study["runs"]]
     return {"study": study["study"], "config": study["config"], "env": study["env"],

@@ -334,6 +334,7 @@ def summarize_cell(records: list[dict[str, Any]]) -> dict[str, Any]:
         "test_metric_name": next((r["result"].get("test_metric_name") for r in records
                                   if r["result"].get("test_metric_name")), None),
         "eval_every": records[0]["config"].get("eval_every") if records else None,
+        "fused_steps": records[0]["config"].get("fused_steps") if records else None,
         "run_key": middle["key"],
         "run_keys": [r["key"] for r in records],
         "intervals": {"steps_to_target": steps, "time_to_target": times,

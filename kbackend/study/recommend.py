@@ -40,7 +40,7 @@ HELD_OUT_SEED = 10_000
 CONFIRM_SEEDS = 3
 MAX_CONFIRMED_CELLS = 2
 DEFAULT_EPOCHS = 100
-TIES_SHOWN = 4  # tied cells named on the Recommended line (all of them in the report)
+TIES_SHOWN = 4  # tied cells named on the Recommended line (all in summary.json: tied_with)
 # The command line's ``main``: argv (without the program name) -> exit status.
 CommandLine = Callable[[Sequence[str]], int]
 
@@ -181,7 +181,7 @@ def recommendation_lines(best: dict[str, Any] | None) -> list[str]:
                 "--max-steps, or lower --target)."]
     names = [f"{o} at batch {b}" for o, b in best["tied_with"]]
     ties = ", ".join(names[:TIES_SHOWN]) + (
-        f" and {len(names) - TIES_SHOWN} more (report.md names them)"
+        f" and {len(names) - TIES_SHOWN} more"
         if len(names) > TIES_SHOWN else "")
     if best["seeds"] < 2:
         why = " (one seed: no interval, so not resolved; the fastest median)"

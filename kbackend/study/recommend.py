@@ -40,7 +40,7 @@ HELD_OUT_SEED = 10_000
 CONFIRM_SEEDS = 3
 MAX_CONFIRMED_CELLS = 2
 DEFAULT_EPOCHS = 100
-TIES_SHOWN = 4  # tied cells named on the Recommended line (all in summary.json: tied_with)
+TIES_SHOWN = 4  # tied cells named on the Recommended line (all: Recommendation.tied_with)
 # The command line's ``main``: argv (without the program name) -> exit status.
 CommandLine = Callable[[Sequence[str]], int]
 

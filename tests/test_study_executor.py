@@ -743,13 +743,13 @@ def test_time_model_times_cells_interleaved_and_multiplies_median_steps(tmp_path
 
 
 @pytest.mark.parametrize(("call_seconds", "fused", "most", "steps"), [
-    (0.0045, 4, 32, 20),   # 5 calls of 4 steps reach 20 ms
-    (0.05, 4, 32, 4),      # one call already lasts longer: one call
-    (1e-6, 4, 32, 32),     # never 20 ms: capped at the most steps
+    (0.0045, 4, 64, 48),   # 12 calls of 4 steps reach 50 ms
+    (0.06, 4, 64, 4),      # one call already lasts longer: one call
+    (1e-6, 4, 64, 64),     # never 50 ms: capped at the most steps
     (0.0, 5, 35, 35),      # a call too fast to clock: the most steps
-    (0.0045, 1, 32, 5),    # one step per call
+    (0.0045, 1, 64, 12),   # one step per call
 ])
-def test_timed_calls_last_20_ms_or_hold_the_most_steps_in_whole_calls(call_seconds, fused, most,
+def test_timed_calls_last_50_ms_or_hold_the_most_steps_in_whole_calls(call_seconds, fused, most,
                                                                      steps):
     assert timed_steps(call_seconds, fused, most) == steps
 

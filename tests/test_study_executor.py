@@ -28,7 +28,7 @@ from kbackend.study.noise_runs import NoiseMeasurement
 from kbackend.study.pipeline import compare, run_study
 from kbackend.study.plots import PLOTS
 from kbackend.study.populations import Populations
-from kbackend.study.step_times import StepTimeModel, timed_steps
+from kbackend.study.step_times import ROUND_CALLS, StepTimeModel, timed_steps
 from kbackend.study.store import ResultStore
 from kbackend.training import Target
 from tests.conftest import BACKEND, JIT_FOR_SMALL_RUNS, NO_JIT_FLAGS, ROOT
@@ -727,8 +727,10 @@ def test_time_model_times_cells_interleaved_and_multiplies_median_steps(tmp_path
     with ResultStore(tmp_path / "study.db") as store:
         study = StudyRunner(config, store).run()
         cells = [("sgd", 647), ("sgd", 1294), ("adam", 647), ("adam", 1294)]
-        # One untimed warm-up call each, then three rounds, each starting one cell later.
-        assert order == cells + cells + cells[1:] + cells[:1] + cells[2:] + cells[:2]
+        # One untimed warm-up call each, then three rounds, each starting one cell later and
+        # timing ROUND_CALLS calls of each cell back to back (the fastest kept).
+        rounds = [cells, cells[1:] + cells[:1], cells[2:] + cells[:2]]
+        assert order == cells + [c for turn in rounds for c in turn for _ in range(ROUND_CALLS)]
         for cell in study["cells"]:
             per_step = cell["seconds_per_step"]
             assert per_step["n"] == 3 and cell["time_model"] == "steps x step time"
@@ -743,13 +745,13 @@ def test_time_model_times_cells_interleaved_and_multiplies_median_steps(tmp_path
 
 
 @pytest.mark.parametrize(("call_seconds", "fused", "most", "steps"), [
-    (0.0045, 4, 64, 48),   # 12 calls of 4 steps reach 50 ms
-    (0.06, 4, 64, 4),      # one call already lasts longer: one call
-    (1e-6, 4, 64, 64),     # never 50 ms: capped at the most steps
+    (0.0045, 4, 64, 28),   # 7 calls of 4 steps reach 30 ms
+    (0.04, 4, 64, 4),      # one call already lasts longer: one call
+    (1e-6, 4, 64, 64),     # never 30 ms: capped at the most steps
     (0.0, 5, 35, 35),      # a call too fast to clock: the most steps
-    (0.0045, 1, 64, 12),   # one step per call
+    (0.0045, 1, 64, 7),    # one step per call
 ])
-def test_timed_calls_last_50_ms_or_hold_the_most_steps_in_whole_calls(call_seconds, fused, most,
+def test_timed_calls_last_30_ms_or_hold_the_most_steps_in_whole_calls(call_seconds, fused, most,
                                                                      steps):
     assert timed_steps(call_seconds, fused, most) == steps
 

@@ -19,15 +19,17 @@ from kbackend.stats import median_interval
 from kbackend.study.runner_protocol import StudyRunnerLike
 
 # A timed call of the time model runs whole fused calls until it lasts STEP_TIME_SECONDS or
-# holds STEP_TIME_STEPS steps, whichever comes first. 50 ms is far above the clock's and a
-# dispatch's jitter (microseconds) and spans several of the scheduler's time slices on a busy
-# machine (20 ms calls varied 2-10x between rounds at load 6-14); what varies is the machine's
-# load, which the interleaved rounds spread over the cells and the trimmed round mean
-# (``verdicts.trimmed_mean``) keeps from one burst. At batch 1,024 of the default study a call
-# is 2-4 fused calls of 2 steps, so the step cap binds only for mid-sized batches. The time model
-# took 6 s of a 650 s default study with 5 rounds of 20 ms.
+# holds STEP_TIME_STEPS steps, whichever comes first. 30 ms is far above the clock's and a
+# dispatch's jitter (microseconds); what varies is the machine's load, which only ever slows a
+# call. So a round times ROUND_CALLS calls of each cell back to back and keeps the fastest (as
+# timeit does): TensorFlow's Adam/SGD step-time log ratio at batch 64 spread 0.28 over ten
+# single calls and 0.17 over ten fastest-of-3 at load 4-5 (JAX: 0.10 either way). The
+# interleaved rounds spread what load remains over the cells, and the trimmed round mean
+# (``verdicts.trimmed_mean``) keeps one burst from deciding. At batch 1,024 of the default study
+# a call is 2-4 fused calls of 2 steps, so the step cap binds only for mid-sized batches.
 STEP_TIME_STEPS = 64
-STEP_TIME_SECONDS = 0.05
+STEP_TIME_SECONDS = 0.03
+ROUND_CALLS = 3
 
 # (optimizer, batch size, learning rate, most steps per timed call, fused steps) of one cell
 TimingPlan = tuple[str, int, float, int, int]
@@ -38,6 +40,12 @@ def timed_steps(seconds_per_call: float, fused: int, most: int) -> int:
     ``STEP_TIME_SECONDS`` (by ``seconds_per_call``, one call's time) or holds ``most``."""
     calls = math.ceil(STEP_TIME_SECONDS / max(seconds_per_call, 1e-9))
     return fused * max(1, min(calls, most // fused))
+
+
+def _clock(call: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
 
 
 class StepTimeModel:
@@ -78,8 +86,9 @@ class StepTimeModel:
 
     def measure(self, cells: list[dict[str, Any]]) -> dict[str, Any] | None:
         """Each cell's steady seconds per step, in ``step_time_repeats`` interleaved rounds: in
-        each round every cell times one call of ``timed_steps`` steps, in an order rotated by
-        the round, so a load that comes and goes spreads over every cell alike. The first calls
+        each round every cell times ``ROUND_CALLS`` calls of ``timed_steps`` steps and keeps
+        the fastest, in an order rotated by the round, so a load that comes and goes spreads
+        over every cell alike. The first calls
         of each cell (compilation, warm-up, the estimate that sizes its timed call) are not
         timed. Stored, so a resumed study reuses it."""
         runner = self.runner
@@ -91,7 +100,8 @@ class StepTimeModel:
         key_config = {"kind": "steptime", **runner.content_identity(),
                       "seed": runner.config.seed,
                       "cells": plans, "repeats": repeats, "engine": runner.config.engine,
-                      "min_seconds": STEP_TIME_SECONDS, **runner.env}
+                      "min_seconds": STEP_TIME_SECONDS, "round_calls": ROUND_CALLS,
+                      **runner.env}
         return runner.stored_or_measured("steptime", "timing", key_config, None,
                                          lambda: self._time(cells, plans, repeats))
 
@@ -120,12 +130,11 @@ class StepTimeModel:
         for round_index in range(repeats):
             shift = round_index % len(cells)
             for index in list(range(shift, len(cells))) + list(range(shift)):
-                start = time.perf_counter()
-                timers[index]()
-                seconds[index].append((time.perf_counter() - start) / steps[index])
+                seconds[index].append(min(_clock(timers[index]) for _ in range(ROUND_CALLS))
+                                      / steps[index])
         return {
             "engine": "native", "study_engine": self.runner.config.engine, "repeats": repeats,
-            "min_seconds": STEP_TIME_SECONDS,
+            "min_seconds": STEP_TIME_SECONDS, "round_calls": ROUND_CALLS,
             "cells": [{"optimizer": p[0], "batch_size": p[1], "learning_rate": p[2],
                        "steps_per_call": n, "fused_steps": p[4], "warm_up_s": w,
                        "seconds": s, "seconds_per_step": median_interval(s)}

@@ -67,7 +67,7 @@ from kbackend.backends import capabilities, impl
 from kbackend.bench.engines import measure
 from kbackend.bench.spec import Benchmark, Option, Rows, Settings
 from kbackend.config import Target, TrainConfig
-from kbackend.data.batching import epoch_batches, steps_per_epoch_dropping_last
+from kbackend.data.batching import epoch_batches, epochs_for_steps, steps_per_epoch_dropping_last
 from kbackend.engines.keras_fit import compile_model
 from kbackend.engines.native import Runs, epoch_runner, model_values
 from kbackend.errors import ConfigError
@@ -212,8 +212,8 @@ def run_to_target(runs: Runs, values: Any, task: Task, dataset: Any, plan: Any, 
     config = TrainConfig(
         model="mlp", dataset=TWIN_DATASET, engine="native",
         optimizer=OptimizerSpec("adam", plan.learning_rate), batch_size=plan.batch_size,
-        epochs=-(-max_steps // per_epoch), max_steps=max_steps, eval_every=plan.eval_every,
-        fused_steps=plan.fused_steps, target=TWIN_TARGET, seed=seed,
+        epochs=epochs_for_steps(max_steps, per_epoch), max_steps=max_steps,
+        eval_every=plan.eval_every, fused_steps=plan.fused_steps, target=TWIN_TARGET, seed=seed,
         model_options=ModelOptions(seed=seed), on_divergence="record", task=task)
     history = runs.train(config, values)
     reached = history.record.target_reached

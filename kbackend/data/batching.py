@@ -31,6 +31,18 @@ def steps_per_epoch_keeping_last(num_samples: int, batch_size: int) -> int:
     return -(-num_samples // batch_size)
 
 
+def steps_per_epoch(num_samples: int, batch_size: int, *, drops_last: bool) -> int:
+    """Steps in one epoch: floor (the remainder dropped) or ceil (the last batch partial)."""
+    if drops_last:
+        return steps_per_epoch_dropping_last(num_samples, batch_size)
+    return steps_per_epoch_keeping_last(num_samples, batch_size)
+
+
+def epochs_for_steps(steps: int, per_epoch: int) -> int:
+    """Whole epochs (at least one) that hold ``steps`` steps of ``per_epoch`` each."""
+    return max(1, -(-steps // per_epoch))
+
+
 def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
     """The sample order of ``epoch``: a permutation fixed by ``(seed, epoch)``, or 0..n-1."""
     if not shuffle:

@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from kbackend.data.batching import steps_per_epoch_dropping_last
+from kbackend.engine_facts import engine_facts
 from kbackend.stats import median_interval
 from kbackend.study.runner_protocol import StudyRunnerLike
 from kbackend.task import better
@@ -52,7 +53,7 @@ class BestCheckpoint:
 
 def frontier_supported(runner: StudyRunnerLike) -> bool:
     """Whether ``runner``'s study can measure the frontier (native engine, a budget > 0)."""
-    return runner.config.engine == "native" and runner.config.frontier_epochs > 0
+    return engine_facts(runner.config.engine).compiled_cells and runner.config.frontier_epochs > 0
 
 
 def frontier_run(runner: StudyRunnerLike, cell: dict[str, Any], seed: int) -> dict[str, Any]:

@@ -28,10 +28,9 @@ from typing import Any
 
 from kbackend.data import DATASETS
 from kbackend.data.batching import steps_per_epoch_dropping_last
-from kbackend.engines import get_engine
+from kbackend.engine_facts import DEFAULT_ENGINE, engine_facts
 from kbackend.history import History
 from kbackend.stats import median_interval
-from kbackend.study.executor import EPOCH_EVAL_ENGINES
 from kbackend.study.summaries import time_to_target
 
 # Held-out seeds: far from any study's own (``StudyConfig.seed_values``: seed .. seed+max_seeds).
@@ -69,11 +68,11 @@ def _schedule(study: dict[str, Any], cell: dict[str, Any]) -> dict[str, int]:
     runs = _cell_runs(study, cell)
     if not runs:
         return {}
-    engine_name = study["config"].get("engine", "native")
+    facts = engine_facts(study["config"].get("engine", DEFAULT_ENGINE))
     schedule = {}
-    if runs[0].get("eval_every") and engine_name not in EPOCH_EVAL_ENGINES:
+    if runs[0].get("eval_every") and not facts.evaluates_per_epoch:
         schedule["eval_every"] = int(runs[0]["eval_every"])
-    if get_engine(engine_name).fuses_steps:
+    if facts.fuses_steps:
         schedule["fused_steps"] = int(runs[0]["fused_steps"])
     schedule["max_steps"] = _full_budget(study, cell, schedule.get("eval_every", 1)) or \
         max(int(r["max_steps"]) for r in runs)

@@ -34,7 +34,7 @@ from typing import Any
 
 from kbackend.backends import impl
 from kbackend.config import validate_parallel_options
-from kbackend.engine_facts import engine_facts, engines_where
+from kbackend.engine_facts import engine_facts
 from kbackend.errors import ConfigError, JobError, KBackendError
 
 # The rendezvous of a job's processes before the framework joins them (``check_coordinator``).
@@ -50,15 +50,7 @@ def is_parallel(config: Any) -> bool:
 
 def engine_name(config: Any) -> str:
     """The engine that runs ``config``: the data-parallel version of ``config.engine`` if asked."""
-    if not is_parallel(config):
-        return config.engine
-    twin = engine_facts(config.engine).parallel_twin
-    if twin is None:
-        raise ConfigError(
-            f"Engine {config.engine!r} has no data-parallel version. Expected one of "
-            f"{sorted(engines_where('parallel_twin'))} with --data-parallel / --devices / "
-            "--num-processes.")
-    return twin
+    return engine_facts(config.engine).parallel_twin if is_parallel(config) else config.engine
 
 
 def prepare(config: Any) -> None:

@@ -1,8 +1,8 @@
 """What each engine is, as the facts its callers branch on: the one table, backend-free.
 
-``kbackend.engines.ENGINES`` pairs each row with its train function; the configuration's
-checks, the front doors (CLI, ``kbackend.train`` / ``kbackend.study``) and the study read the
-rows here, low in the layers, and never compare an engine's name (tests/test_architecture.py).
+``kbackend.engines.ENGINES`` pairs each row with its train function. The configuration's
+checks, the front doors (CLI, ``kbackend.train``, ``kbackend.study``) and the study read a row;
+none compares an engine's name (tests/test_architecture.py).
 """
 
 from __future__ import annotations
@@ -17,28 +17,21 @@ from kbackend.errors import ConfigError
 class EngineFacts:
     """One engine's facts."""
 
+    # The engine that runs it data parallel (``kbackend.distributed.engine_name``).
+    parallel_twin: str
     # floor(n / batch) steps per epoch (a fused loop or an even device split needs one batch
     # shape); otherwise ceil(n / batch), the last batch partial, as Keras fit does.
-    drops_last_batch: bool
-    # Runs K fused steps per device call (``fused_steps``); the others take only K = 1.
-    fuses_steps: bool
-    # K when none is asked: 0 measures it (``--fused-steps auto``), 1 runs one step per call.
-    default_fused_steps: int = 1
-    # Validates once per epoch whatever ``eval_every`` asks (Keras fit).
-    evaluates_per_epoch: bool = False
-    # The utilization monitor can time it (kbackend.hardware.monitor).
-    monitored: bool = False
-    # The engine that runs it data parallel (``kbackend.distributed.engine_name``); None: none.
-    parallel_twin: str | None = None
-    # Is itself a data-parallel engine (asking for it asks for a parallel run).
-    parallel: bool = False
-    # Grows the batch with ``--batch-size auto`` (engines.adaptive; one process).
-    auto_batch: bool = False
-    # Applies loss scaling (LossScaleOptimizer), which mixed_float16 needs.
-    loss_scaling: bool = False
-    # A study trains its cells through ``engines.native.Runs``: a cell's programs compiled once
-    # (rate and initial weights are runtime arguments), so the study can also train a grid as
-    # one population, measure the frontier, time steps and the noise scale on them.
+    drops_last_batch: bool = True
+    # Runs K fused steps per device call; the others take only K = 1.
+    fuses_steps: bool = False
+    default_fused_steps: int = 1  # K when none is asked: 0 measures it (``auto``)
+    evaluates_per_epoch: bool = False  # whatever ``eval_every`` asks (Keras fit)
+    monitored: bool = False  # kbackend.hardware.monitor can time it
+    parallel: bool = False  # asking for it asks for a data-parallel run
+    auto_batch: bool = False  # grows the batch (``--batch-size auto``, engines.adaptive)
+    loss_scaling: bool = False  # LossScaleOptimizer: what mixed_float16 needs
+    # A study trains its cells on ``engines.native.Runs`` (programs compiled once per cell),
+    # and so can train a grid as a population, measure the frontier, steps and noise on them.
     compiled_cells: bool = False
 
     def steps_per_epoch(self, n_train: int, batch_size: int) -> int:
@@ -47,19 +40,16 @@ class EngineFacts:
 
 
 FACTS: dict[str, EngineFacts] = {
-    "keras": EngineFacts(drops_last_batch=False, fuses_steps=False, evaluates_per_epoch=True,
-                         monitored=True, parallel_twin="keras_data_parallel",
-                         loss_scaling=True),
-    "native": EngineFacts(drops_last_batch=True, fuses_steps=True, default_fused_steps=0,
-                          monitored=True, parallel_twin="data_parallel", auto_batch=True,
-                          compiled_cells=True),
-    "data_parallel": EngineFacts(drops_last_batch=True, fuses_steps=True,
-                                 parallel_twin="data_parallel", parallel=True, auto_batch=True),
-    "keras_data_parallel": EngineFacts(drops_last_batch=True, fuses_steps=False,
-                                       parallel_twin="keras_data_parallel", parallel=True),
+    "keras": EngineFacts("keras_data_parallel", drops_last_batch=False,
+                         evaluates_per_epoch=True, monitored=True, loss_scaling=True),
+    "native": EngineFacts("data_parallel", fuses_steps=True, default_fused_steps=0,
+                          monitored=True, auto_batch=True, compiled_cells=True),
+    "data_parallel": EngineFacts("data_parallel", fuses_steps=True, parallel=True,
+                                 auto_batch=True),
+    "keras_data_parallel": EngineFacts("keras_data_parallel", parallel=True),
 }
-# Every front door's engine (the CLI's ``--engine``, ``TrainConfig``, ``StudyConfig``,
-# ``kbackend.train`` and ``kbackend.study``): K fused steps per call, the fastest measured.
+# Every front door's engine: the CLI's ``--engine``, ``TrainConfig``, ``StudyConfig``,
+# ``kbackend.train`` and ``kbackend.study``.
 DEFAULT_ENGINE = "native"
 
 

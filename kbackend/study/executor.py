@@ -29,7 +29,7 @@ from kbackend.adaptive import AutoBatchSize
 from kbackend.backends import impl
 from kbackend.config import check_metrics
 from kbackend.data import Dataset
-from kbackend.data.batching import epochs_for_steps, steps_per_epoch_dropping_last
+from kbackend.data.batching import epochs_for_steps, steps_per_epoch
 from kbackend.engine_facts import EngineFacts, engine_facts
 from kbackend.engines.native import Runs, model_values
 from kbackend.envinfo import environment_identity
@@ -201,7 +201,7 @@ class StudyRunner:
         the epoch so that every fused call has the same length (one compilation per run)."""
         if self.facts.evaluates_per_epoch:
             return self.facts.steps_per_epoch(self.num_train, batch_size)
-        per_epoch = steps_per_epoch_dropping_last(self.num_train, batch_size)
+        per_epoch = steps_per_epoch(self.num_train, batch_size)
         wanted = max(1, round(per_epoch / self.config.evals_per_epoch))
         divisors = [d for d in range(1, per_epoch + 1) if per_epoch % d == 0]
         nearest = min(divisors, key=lambda d: (abs(math.log(d / wanted)), d))
@@ -209,7 +209,7 @@ class StudyRunner:
 
     def full_budget(self, batch_size: int) -> int:
         """The step budget of a run at ``batch_size`` that no pruning has cut."""
-        return self.config.step_budget(steps_per_epoch_dropping_last(self.num_train, batch_size))
+        return self.config.step_budget(steps_per_epoch(self.num_train, batch_size))
 
     def plan(self, optimizer: str, batch_size: int, learning_rate: float,
              budget: int | None = None, seed: int | None = None) -> RunPlan:
@@ -220,7 +220,7 @@ class StudyRunner:
             fused = 1
         else:
             fused = min(self.config.fused_steps or every,
-                        steps_per_epoch_dropping_last(self.num_train, batch_size))
+                        steps_per_epoch(self.num_train, batch_size))
         return RunPlan(optimizer, batch_size, learning_rate, steps, every, fused,
                        self.config.seed if seed is None else seed)
 
@@ -391,7 +391,7 @@ class StudyRunner:
         config = self.config
         max_steps = plan.max_steps if max_steps is None else max_steps
         # Enough epochs for the budget even when the engine drops each epoch's partial batch.
-        per_epoch = steps_per_epoch_dropping_last(self.num_train, plan.batch_size)
+        per_epoch = steps_per_epoch(self.num_train, plan.batch_size)
         return TrainConfig(
             model=config.model, dataset=config.dataset, data_dir=config.data_dir,
             validation_fraction=config.validation_fraction,

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from kbackend.data import DATASETS
-from kbackend.data.batching import steps_per_epoch_dropping_last
+from kbackend.data.batching import steps_per_epoch
 from kbackend.engine_facts import DEFAULT_ENGINE, engine_facts
 from kbackend.history import History
 from kbackend.stats import median_interval
@@ -89,7 +89,7 @@ def _full_budget(study: dict[str, Any], cell: dict[str, Any], every: int) -> int
         return None
     budget = int(config["max_steps"])
     if config.get("max_epochs"):
-        per_epoch = steps_per_epoch_dropping_last(int(num_train), int(cell["batch_size"]))
+        per_epoch = steps_per_epoch(int(num_train), int(cell["batch_size"]))
         budget = min(budget, int(config["max_epochs"]) * per_epoch)
     return -(-budget // every) * every
 

@@ -199,9 +199,9 @@ class StudyRunner:
     def eval_every(self, batch_size: int) -> int:
         """Steps between evaluations: about ``evals_per_epoch`` per epoch, preferably a divisor of
         the epoch so that every fused call has the same length (one compilation per run)."""
+        per_epoch = self.facts.steps_per_epoch(self.num_train, batch_size)
         if self.facts.evaluates_per_epoch:
-            return self.facts.steps_per_epoch(self.num_train, batch_size)
-        per_epoch = steps_per_epoch(self.num_train, batch_size)
+            return per_epoch
         wanted = max(1, round(per_epoch / self.config.evals_per_epoch))
         divisors = [d for d in range(1, per_epoch + 1) if per_epoch % d == 0]
         nearest = min(divisors, key=lambda d: (abs(math.log(d / wanted)), d))

@@ -108,7 +108,7 @@ def train_arguments(study: dict[str, Any], cell: dict[str, Any]) -> list[str]:
         args += ["--validation-fraction", f"{config['validation_fraction']:g}"]
     if config.get("unsafe_deserialization"):
         args.append("--unsafe-deserialization")
-    args += ["--engine", config.get("engine", "native"), "--optimizer", cell["optimizer"],
+    args += ["--engine", config.get("engine", DEFAULT_ENGINE), "--optimizer", cell["optimizer"],
              "--lr", f"{cell['learning_rate']:g}", "--batch-size", str(cell["batch_size"])]
     for name, value in _schedule(study, cell).items():
         args += [f"--{name.replace('_', '-')}", str(value)]
@@ -123,7 +123,7 @@ def _python_call(study: dict[str, Any], cell: dict[str, Any]) -> str:
     config, target = study["config"], study["config"]["target"]
     extra = "".join(f"{name}={value}, " for name, value in _schedule(study, cell).items())
     return (f"kbackend.train({config['model']!r}, data={config['dataset']!r}, "
-            f"engine={config.get('engine', 'native')!r}, optimizer={cell['optimizer']!r}, "
+            f"engine={config.get('engine', DEFAULT_ENGINE)!r}, optimizer={cell['optimizer']!r}, "
             f"learning_rate={cell['learning_rate']:g}, batch_size={cell['batch_size']}, "
             f"{extra}target={target['value']:g}, target_metric={target['metric']!r}, "
             f"epochs={DEFAULT_EPOCHS}, save='best.keras')")

@@ -344,14 +344,14 @@ def check_run(config: TrainConfig, n_train: int, engine: EngineFacts,
     """
     check_batch_size(config.batch_size, n_train)
     check_metrics(config)
-    total = engine.steps_per_epoch(n_train, config.batch_size) * config.epochs
+    per_epoch = engine.steps_per_epoch(n_train, config.batch_size)
+    total = per_epoch * config.epochs
     if total > MAX_STEPS:
         raise ConfigError(f"Invalid epochs {config.epochs:,}: {total:,} steps, more than "
                           f"{MAX_STEPS:,} (the optimizer's int32 step count).")
     if devices > 1 or config.num_processes > 1:
         check_batch_split(config.batch_size, devices, config.num_processes)
     if not engine.fuses_steps:
-        per_epoch = engine.steps_per_epoch(n_train, config.batch_size)
         if config.eval_every and config.eval_every % per_epoch:
             raise ConfigError(
                 f"Invalid --eval-every {config.eval_every}: the {config.engine} engine validates "

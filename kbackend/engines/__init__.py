@@ -3,9 +3,8 @@
 An engine's ``train(model, dataset, plan, config, reporter) -> History`` trains ``model`` in
 place (the trained values end up in the Keras model's variables) as its ``TrainPlan`` says
 (``Engine.plan``: built once, after the checks; the optimizer spec with its schedule length is
-the plan's). All engines are registered in ``ENGINES``, the one table (each with its row of
-``kbackend.engine_facts.FACTS``); the native ones share
-``kbackend.engines.loop``.
+the plan's). All engines are registered in ``ENGINES``, each with its row of
+``kbackend.engine_facts.FACTS``; the native ones share ``kbackend.engines.loop``.
 """
 
 from __future__ import annotations

@@ -20,9 +20,11 @@ from typing import Any
 import numpy as np
 
 from kbackend.commands.train import command_line as train_command_line
+from kbackend.commands.train import resolve_engine
 from kbackend.config import Target, TrainConfig, check_metrics
 from kbackend.data.user import own_batch_size
 from kbackend.distributed import prepare
+from kbackend.engine_facts import DEFAULT_ENGINE, engine_facts
 from kbackend.errors import ConfigError
 from kbackend.io import atomic_write
 from kbackend.model_sources import parse_model_source
@@ -78,7 +80,7 @@ def _target(target: float | None, target_metric: str | None, workload: Workload)
 def train(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = None,
           data: Any = None, label: str | None = None, batch_size: int | None = None,
           epochs: int = 5,
-          optimizer: str = "adam", learning_rate: float = 1e-3, engine: str = "native",
+          optimizer: str = "adam", learning_rate: float = 1e-3, engine: str = DEFAULT_ENGINE,
           fused_steps: int | str = "auto", target: float | None = None,
           target_metric: str | None = None, early_stopping: int = 0, seed: int = 0,
           validation_fraction: float = 0.1, from_weights: bool = False,
@@ -101,9 +103,9 @@ def train(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
     prepare(TrainConfig(**{k: v for k, v in options.items() if k in PARALLEL_FIELDS}))
     workload = _workload(model, x, y, validation_data, data, label, seed, target_metric,
                          from_weights, unsafe_deserialization, validation_fraction)
-    engine = "native" if engine == "auto" else engine  # every source is in memory
+    engine = resolve_engine(engine)[0]  # "auto": every source is in memory
     if fused_steps == "auto":
-        fused_steps = 0 if engine == "native" else 1
+        fused_steps = engine_facts(engine).default_fused_steps
     monitor = target_metric or f"val_{workload.task.metric}"
     config = TrainConfig(
         model=workload.model_name, dataset=workload.dataset.info.name,
@@ -170,8 +172,7 @@ def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
         metric = f"val_{workload.task.metric}"
     config = StudyConfig(model=model_source, dataset=str(data_source), label=label,
                          optimizers=tuple(optimizers), batch_sizes=batch_sizes,
-                         target=Target(metric, target), seeds=seeds,
-                         engine=options.pop("engine", "native"), **options)
+                         target=Target(metric, target), seeds=seeds, **options)
     show = _shown(progress)
     outcome = run_study(config, out_path, show_progress=show, print_results=show,
                         tensorboard=tensorboard, command_line=train_command_line,

@@ -25,6 +25,7 @@ from kbackend.adaptive import (
 )
 from kbackend.data import check_batch_size
 from kbackend.data.user import check_image_size
+from kbackend.engine_facts import DEFAULT_ENGINE, EngineFacts, engine_facts, engines_where
 from kbackend.errors import ConfigError, check_field_types
 
 # The output-path checks live with the writes they protect (kbackend.io); named here too, where
@@ -34,8 +35,6 @@ from kbackend.optim import OptimizerSpec
 from kbackend.precision import PRECISIONS
 from kbackend.task import CLASSIFICATION, Task, metric_direction, reaches
 
-# Engines the utilization monitor can time (kbackend.hardware.monitor).
-MONITORED_ENGINES = ("keras", "native")
 DP_IMPLS = ("shard_map", "pmap")
 _COORDINATOR = re.compile(r"^[A-Za-z0-9_.\-]+:\d{1,5}$|^\[[0-9A-Fa-f:]+\]:\d{1,5}$")
 
@@ -132,7 +131,7 @@ class TrainConfig:
     # the bounds.
     batch_size: int = 32
     epochs: int = 5
-    engine: str = "keras"
+    engine: str = DEFAULT_ENGINE
     jit_compile: bool = True
     steps_per_execution: int = 1
     early_stopping: int = 0
@@ -251,14 +250,15 @@ class TrainConfig:
             raise ConfigError(
                 f"Invalid precision. Expected one of {list(PRECISIONS)}. "
                 f"Received: {self.precision!r}.")
-        if self.precision == "mixed_float16" and self.engine != "keras":
+        facts = engine_facts(self.engine)
+        if self.precision == "mixed_float16" and not facts.loss_scaling:
             raise ConfigError(
                 "mixed_float16 needs loss scaling, which only the keras engine applies "
                 f"(LossScaleOptimizer). Received: engine={self.engine!r}; use mixed_bfloat16 or "
                 "--engine keras.")
-        if self.hardware_monitor and self.engine not in MONITORED_ENGINES:
+        if self.hardware_monitor and not facts.monitored:
             raise ConfigError(
-                f"The hardware monitor is supported with engines {list(MONITORED_ENGINES)} "
+                f"The hardware monitor is supported with engines {engines_where('monitored')} "
                 f"(see docs/hardware.md). Received: engine={self.engine!r}.")
 
     def to_dict(self) -> dict[str, Any]:
@@ -279,7 +279,7 @@ def check_adaptive_batch(config: TrainConfig) -> None:
     if not isinstance(config.adaptive_batch, AutoBatchSize):
         raise ConfigError(f"Invalid adaptive_batch {config.adaptive_batch!r}: expected an "
                           "AutoBatchSize (pass batch_size='auto[:MIN:MAX]').")
-    if config.engine not in ("native", "data_parallel") or config.num_processes > 1:
+    if not engine_facts(config.engine).auto_batch or config.num_processes > 1:
         raise ConfigError("--batch-size auto runs on the native engine in one process (one "
                           "device, or data parallel with --devices N): use --engine native "
                           "without --num-processes.")
@@ -335,22 +335,23 @@ def validate_parallel_options(config: Any) -> None:
                               f"{MAX_TIMEOUT_S} (seconds, a week).")
 
 
-def check_run(config: TrainConfig, n_train: int, engine: Any, devices: int = 1) -> None:
+def check_run(config: TrainConfig, n_train: int, engine: EngineFacts,
+              devices: int = 1) -> None:
     """Everything about ``config`` that needs the data and the engine, checked before any work.
 
-    ``engine`` is the ``kbackend.engines.Engine`` that will run (its ``fuses_steps`` and
-    ``steps_per_epoch``); ``devices`` the devices each global batch is split over.
+    ``engine``: the facts of the engine that will run (``config.engine``'s data-parallel twin
+    in a parallel run); ``devices`` the devices each global batch is split over.
     """
     check_batch_size(config.batch_size, n_train)
     check_metrics(config)
-    total = engine.steps_per_epoch(n_train, config.batch_size) * config.epochs
+    per_epoch = engine.steps_per_epoch(n_train, config.batch_size)
+    total = per_epoch * config.epochs
     if total > MAX_STEPS:
         raise ConfigError(f"Invalid epochs {config.epochs:,}: {total:,} steps, more than "
                           f"{MAX_STEPS:,} (the optimizer's int32 step count).")
     if devices > 1 or config.num_processes > 1:
         check_batch_split(config.batch_size, devices, config.num_processes)
     if not engine.fuses_steps:
-        per_epoch = engine.steps_per_epoch(n_train, config.batch_size)
         if config.eval_every and config.eval_every % per_epoch:
             raise ConfigError(
                 f"Invalid --eval-every {config.eval_every}: the {config.engine} engine validates "

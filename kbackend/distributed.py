@@ -34,34 +34,23 @@ from typing import Any
 
 from kbackend.backends import impl
 from kbackend.config import validate_parallel_options
+from kbackend.engine_facts import engine_facts
 from kbackend.errors import ConfigError, JobError, KBackendError
 
-NATIVE_ENGINE = "data_parallel"
 # The rendezvous of a job's processes before the framework joins them (``check_coordinator``).
 _HELLO, _GO, _REFUSED = b"kbackend-join 1", b"kbackend-go", b"kbackend-refused"
 _BEAT, _BYE = b".", b"!"  # JobWatch's heartbeat and goodbye
-KERAS_ENGINE = "keras_data_parallel"
-# Engines whose data-parallel version is one of the above.
-_DATA_PARALLEL_ENGINES = {"keras": KERAS_ENGINE, "native": NATIVE_ENGINE,
-                          NATIVE_ENGINE: NATIVE_ENGINE, KERAS_ENGINE: KERAS_ENGINE}
 
 
 def is_parallel(config: Any) -> bool:
     """Whether ``config`` asks for a data-parallel or multi-process run."""
-    return bool(config.data_parallel or config.engine in (NATIVE_ENGINE, KERAS_ENGINE)
+    return bool(config.data_parallel or engine_facts(config.engine).parallel
                 or config.num_processes > 1 or config.devices > 1)
 
 
 def engine_name(config: Any) -> str:
     """The engine that runs ``config``: the data-parallel version of ``config.engine`` if asked."""
-    if not is_parallel(config):
-        return config.engine
-    if config.engine not in _DATA_PARALLEL_ENGINES:
-        raise ConfigError(
-            f"Engine {config.engine!r} has no data-parallel version. Expected one of "
-            f"{sorted(_DATA_PARALLEL_ENGINES)} with --data-parallel / --devices / --num-processes."
-        )
-    return _DATA_PARALLEL_ENGINES[config.engine]
+    return engine_facts(config.engine).parallel_twin if is_parallel(config) else config.engine
 
 
 def prepare(config: Any) -> None:

@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("hardware", "distributed", "runtime", "progress", "envinfo", "tensorboard_logs"),
     ("config", "models", "model_sources", "workload"),
     ("backends",),  # ALL backend-specific code (optax included) sits above the backend-free maths
-    ("optim", "precision", "data", "adaptive"),
+    ("optim", "precision", "data", "adaptive", "engine_facts"),
     ("backend_choice", "history", "io", "errors", "logs", "reports", "stats", "task", "sqlite",
      "digests", "escaping", "__init__"),
 ]
@@ -46,6 +46,14 @@ BACKEND_PACKAGES = ("backends.jax", "backends.tensorflow")
 # the name is read and checked (``KERAS_BACKEND``), before any backend package is imported.
 BACKEND_NAMES = ("jax", "tensorflow")
 MAY_NAME_BACKENDS = ("backends", "backend_choice")
+# Likewise engine names: outside ``engines`` and its table of facts (``engine_facts``), code
+# reads an engine's facts (``engine_facts(name).fuses_steps``), never compares its name nor
+# keeps its own set of names. Argparse ``choices=`` and help text name engines without
+# comparing; ``serving.export`` compares an export format, ``"keras"``, not an engine, and
+# ``"keras" in sys.modules`` asks after the library.
+ENGINE_NAMES = ("keras", "native", "data_parallel", "keras_data_parallel")
+MAY_NAME_ENGINES = ("engines", "engine_facts")
+NOT_ENGINES = {("serving.export", "keras")}
 
 
 def module_name(path: Path) -> str:
@@ -69,12 +77,14 @@ def layer_of(name: str) -> int:
                          "LAYERS and the doc")
 
 
-def backend_branches(source: str) -> list[tuple[int, str]]:
+def backend_branches(source: str, names: tuple[str, ...] = BACKEND_NAMES,
+                     allowed: frozenset[str] = frozenset()) -> list[tuple[int, str]]:
     """(line, code) of each comparison with a backend's name (``backend == "jax"``,
-    ``name in ("jax", "tensorflow")``) and each ``case "jax":``: a branch on the backend."""
+    ``name in ("jax", "tensorflow")``) and each ``case "jax":``: a branch on the backend (on
+    ``names``, less ``allowed``)."""
     def names_a_backend(node: ast.AST) -> bool:
         if isinstance(node, ast.Constant):
-            return node.value in BACKEND_NAMES
+            return node.value in names and node.value not in allowed
         return (isinstance(node, ast.Tuple | ast.List | ast.Set)
                 and any(map(names_a_backend, node.elts)))
 
@@ -88,6 +98,23 @@ def backend_branches(source: str) -> list[tuple[int, str]]:
                 for value in ast.walk(node.pattern)):
             found.append((node.pattern.lineno, f"case {ast.unparse(node.pattern)}"))
     return found
+
+
+def engine_name_breaches(name: str, source: str) -> list[str]:
+    """Each comparison with an engine's name in module ``name``, and each collection of engine
+    names only (``MONITORED = ("keras", "native")``: a fact kept beside the table)."""
+    allowed = frozenset(value for module, value in NOT_ENGINES if module == name)
+    found = [(line, code, "compares an engine's name")
+             for line, code in backend_branches(source, ENGINE_NAMES, allowed)
+             if "sys.modules" not in code]  # the library keras is imported, not the engine
+    for node in ast.walk(ast.parse(source)):
+        items = (node.keys if isinstance(node, ast.Dict)
+                 else node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else [])
+        if items and all(isinstance(item, ast.Constant) and item.value in ENGINE_NAMES
+                         for item in items):
+            found.append((node.lineno, ast.unparse(node)[:60], "keeps a set of engine names"))
+    return [f"kbackend.{name}:{line} {what} ({code}): read a fact of "
+            "kbackend.engine_facts instead" for line, code, what in found]
 
 
 def kbackend_target(node: ast.ImportFrom | ast.Import, known: set[str]) -> list[str]:
@@ -150,6 +177,8 @@ def violations(modules: dict[str, str]) -> list[str]:
             problems += [f"kbackend.{name}:{line} branches on the backend's name ({code}): call "
                          "kbackend.backends.impl() (or a backend-free table in kbackend/backends/)"
                          for line, code in backend_branches(source)]
+        if unit_of(name) not in MAY_NAME_ENGINES:
+            problems += engine_name_breaches(name, source)
         for target, line, in_function in imports:
             where = f"kbackend.{name}:{line}"
             if layer_of(target) < own:
@@ -238,6 +267,17 @@ def test_the_layers_are_top_level_units():
      "branches on the backend's name"),
     ({"engines.loop": "def f(backend):\n    match backend:\n        case 'jax':\n"
                       "            return 1\n"}, "branches on the backend's name"),
+    ({"study.executor": "def f(config):\n    return config.engine == 'native'\n"},
+     "compares an engine's name"),
+    ({"config": "def f(engine):\n    return engine not in ('native', 'data_parallel')\n"},
+     "compares an engine's name"),
+    ({"api": "def f(engine):\n    match engine:\n        case 'keras':\n            return 1\n"},
+     "compares an engine's name"),
+    ({"study.executor": "EPOCH_EVAL = frozenset({'keras'})\n"}, "keeps a set of engine names"),
+    ({"distributed": "TWINS = {'keras': 1, 'native': 2}\n"}, "keeps a set of engine names"),
+    # the export format "keras" is not an engine, but "native" in the same module is
+    ({"serving.export": "def f(fmt):\n    return fmt == 'native'\n"},
+     "compares an engine's name"),
 ])
 def test_the_rule_catches_each_kind_of_breach(modules, expected):
     """Negative controls: each kind of breach is reported."""
@@ -260,11 +300,34 @@ def test_breaches_planted_in_the_real_code_are_caught():
     modules = {name: path.read_text() for name, path in all_modules().items()}
     modules["hardware.probe"] += "\nfrom kbackend.training import train\n"
     modules["commands.launch"] += "\nif selected_backend() == 'tensorflow':\n    pass\n"
+    modules["study.frontier"] += "\nNATIVE = runner.config.engine != 'native'\n"
     problems = violations(modules)
+    assert any(p.startswith("kbackend.study.frontier:") and "engine's name" in p
+               for p in problems), problems
     assert any(p.startswith("package cycle:") and "hardware" in p and "training" in p
                for p in problems), problems
     assert any(p.startswith("kbackend.commands.launch:") and "backend's name" in p
                for p in problems), problems
+
+
+def test_engine_names_may_be_named_without_being_compared(tmp_path):
+    """A planted engine-name branch written to a file is caught; what only names engines is not:
+    argparse choices and help, a default, the table itself, the export format "keras"."""
+    planted = tmp_path / "frontier.py"
+    planted.write_text("def supported(runner):\n"
+                       "    return runner.config.engine == 'native'\n")
+    assert violations({"study.frontier": planted.read_text()}) == [
+        "kbackend.study.frontier:2 compares an engine's name "
+        "(runner.config.engine == 'native'): read a fact of kbackend.engine_facts instead"]
+    naming = ("def add(parser):\n"
+              "    parser.add_argument('--engine', default='native', choices=['native', 'x'],\n"
+              "                        help='native: fused; keras: fit')\n"
+              "    return 'keras' if parser else 'native'\n")
+    assert violations({"commands.train": naming}) == []
+    assert violations({"engine_facts": "FACTS = {'keras': 1, 'native': 2}\n",
+                       "engines.loop": "def f(e):\n    return e == 'native'\n",
+                       "serving.export": "def f(fmt):\n    return fmt == 'keras'\n",
+                       "envinfo": "import sys\nLOADED = 'keras' in sys.modules\n"}) == []
 
 
 def heavy_modules_after_importing(modules: list[str]) -> list[str]:

@@ -83,3 +83,46 @@ def test_the_plan_is_immutable():
     plan = TrainPlan.of(TrainConfig(batch_size=10, epochs=1), 100)
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.batch_size = 20  # type: ignore[misc]
+
+
+def test_the_facts_table_and_the_engines_agree():
+    """Every engine has a row of facts; a data-parallel twin is a parallel engine whose own twin
+    is itself; each engine's rounding is the plan's."""
+    from kbackend.engine_facts import FACTS, engine_facts
+    from kbackend.engines import ENGINES
+
+    assert list(FACTS) == list(ENGINES)
+    for name, engine in ENGINES.items():
+        assert engine.facts is FACTS[name]
+        twin = engine_facts(engine.facts.parallel_twin)
+        assert twin.parallel and twin.parallel_twin == engine.facts.parallel_twin
+        config = TrainConfig(engine=name, batch_size=32, epochs=1)
+        assert get_engine(name).plan(config, 1000).steps_per_epoch == \
+            engine.facts.steps_per_epoch(1000, 32) == (32 if name == "keras" else 31)
+    with pytest.raises(ConfigError, match=r"Unknown engine.*'fit'"):
+        engine_facts("fit")
+    with pytest.raises(ConfigError, match=r"Unknown engine.*'fit'"):
+        TrainConfig(engine="fit")
+
+
+def test_every_front_door_has_one_default_engine():
+    """The CLI's train and study, TrainConfig, StudyConfig, kbackend.train and kbackend.study
+    (which passes StudyConfig's) read one default."""
+    import inspect
+
+    from kbackend import api
+    from kbackend.cli import build_parser
+    from kbackend.engine_facts import DEFAULT_ENGINE
+    from kbackend.study.config import StudyConfig
+
+    parser = build_parser()
+    assert {parser.parse_args(["train"]).engine, parser.parse_args(["study"]).engine,
+            TrainConfig().engine, StudyConfig().engine,
+            inspect.signature(api.train).parameters["engine"].default} == {DEFAULT_ENGINE}
+    assert "engine" not in inspect.signature(api.study).parameters  # StudyConfig's own
+
+
+def test_epochs_for_a_step_budget():
+    from kbackend.data.batching import epochs_for_steps
+
+    assert [epochs_for_steps(steps, 10) for steps in (1, 10, 11, 30)] == [1, 1, 2, 3]

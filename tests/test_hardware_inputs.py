@@ -73,7 +73,8 @@ def test_fit_reads_every_epoch_in_the_batching_order():
 def test_monitor_does_not_change_a_keras_engine_run():
     from kbackend.training import TrainConfig, train
 
-    config = TrainConfig(epochs=2, batch_size=64, seed=1, jit_compile=JIT_FOR_SMALL_RUNS)
+    config = TrainConfig(epochs=2, batch_size=64, seed=1,
+                         engine="keras", jit_compile=JIT_FOR_SMALL_RUNS)
     plain = train(config).history
     monitored = train(replace(config, hardware_monitor=True)).history
     assert monitored.record.monitor is not None and plain.record.monitor is None

@@ -91,11 +91,11 @@ def test_prefetch_reraises_source_errors_and_rejects_bad_depth():
 
 
 def test_monitor_with_an_unmonitored_engine_is_a_clear_error():
-    from kbackend.config import MONITORED_ENGINES
+    from kbackend.engine_facts import engines_where
     from kbackend.engines import engine_names
     from kbackend.training import TrainConfig
 
-    others = [name for name in engine_names() if name not in MONITORED_ENGINES]
+    others = [name for name in engine_names() if name not in engines_where("monitored")]
     if not others:
         pytest.skip("only the keras engine is registered")
     with pytest.raises(ConfigError, match=r"hardware monitor.*Received: engine="):
@@ -124,7 +124,7 @@ def test_keras_fit_with_hardware_monitor_stores_summary(tmp_path):
     from kbackend.history import History
     from kbackend.training import TrainConfig, train
 
-    result = train(TrainConfig(epochs=2, batch_size=64, hardware_monitor=True,
+    result = train(TrainConfig(engine="keras", epochs=2, batch_size=64, hardware_monitor=True,
                                jit_compile=JIT_FOR_SMALL_RUNS),
                    history_path=tmp_path / "h.json")
     summary = History.load(tmp_path / "h.json").record.monitor

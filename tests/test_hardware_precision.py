@@ -19,7 +19,7 @@ def test_mixed_bfloat16_keeps_float32_variables_and_reaches_accuracy_bound():
     import keras
 
     result = train(TrainConfig(epochs=3, batch_size=32, seed=0, precision="mixed_bfloat16",
-                               optimizer=OptimizerSpec("adam", 3e-3),
+                               engine="keras", optimizer=OptimizerSpec("adam", 3e-3),
                                jit_compile=JIT_FOR_SMALL_RUNS))
     model = result.model
     assert {v.dtype for v in model.trainable_variables} == {"float32"}
@@ -35,7 +35,7 @@ def test_mixed_bfloat16_keeps_float32_variables_and_reaches_accuracy_bound():
 def test_mixed_float16_trains_with_loss_scaling():
     import keras
 
-    result = train(TrainConfig(epochs=1, batch_size=64, precision="mixed_float16",
+    result = train(TrainConfig(engine="keras", epochs=1, batch_size=64, precision="mixed_float16",
                                jit_compile=JIT_FOR_SMALL_RUNS))
     assert isinstance(result.model.optimizer, keras.optimizers.LossScaleOptimizer)
     assert {v.dtype for v in result.model.trainable_variables} == {"float32"}

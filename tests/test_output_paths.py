@@ -73,7 +73,7 @@ def test_a_full_disk_at_save_is_one_line_and_keeps_the_history(tmp_path, monkeyp
 
     monkeypatch.setattr(keras.Model, "save", full_disk)
     with pytest.raises(OutputError, match=r"No space left on device .* free there") as raised:
-        train(TrainConfig(epochs=1, max_steps=2), save=tmp_path / "m.keras",
+        train(TrainConfig(engine="keras", epochs=1, max_steps=2), save=tmp_path / "m.keras",
               history_path=tmp_path / "h.json")
     assert "\n" not in str(raised.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["h.json"]

@@ -46,11 +46,14 @@ def test_batch_split_error_names_both_numbers():
 
 
 @pytest.mark.parametrize(("fields", "engine"), [
-    ({}, "keras"),
-    ({"data_parallel": True}, "keras_data_parallel"),
-    ({"devices": 2}, "keras_data_parallel"),
+    ({}, "native"),  # the default engine
+    ({"devices": 2}, "data_parallel"),
+    ({"engine": "keras"}, "keras"),
+    ({"engine": "keras", "data_parallel": True}, "keras_data_parallel"),
+    ({"engine": "keras", "devices": 2}, "keras_data_parallel"),
     ({"engine": "data_parallel"}, "data_parallel"),
-    ({"num_processes": 2, "coordinator": "127.0.0.1:1234"}, "keras_data_parallel"),
+    ({"engine": "keras", "num_processes": 2, "coordinator": "127.0.0.1:1234"},
+     "keras_data_parallel"),
 ])
 def test_engine_choice(fields, engine):
     assert parallel.engine_name(TrainConfig(**fields)) == engine

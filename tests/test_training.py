@@ -15,14 +15,14 @@ from tests.conftest import JIT_FOR_SMALL_RUNS
 
 
 def test_seed_mlp_reaches_90_percent_on_digits():
-    result = train(TrainConfig(epochs=8, batch_size=32, seed=0))
+    result = train(TrainConfig(engine="keras", epochs=8, batch_size=32, seed=0))
     assert result.history.best("val_accuracy") >= 0.90
     assert result.history.test["test_accuracy"] >= 0.88
 
 
 def test_history_records_every_step_and_excludes_eval_time():
     result = train(TrainConfig(epochs=2, batch_size=100, optimizer=OptimizerSpec("sgd", 0.1),
-                               jit_compile=JIT_FOR_SMALL_RUNS))
+                               engine="keras", jit_compile=JIT_FOR_SMALL_RUNS))
     history = result.history
     steps_per_epoch = -(-result.dataset.info.num_train // 100)
     assert history.step == list(range(1, 2 * steps_per_epoch + 1))
@@ -39,7 +39,7 @@ def test_history_records_every_step_and_excludes_eval_time():
 
 def test_training_is_reproducible_for_a_seed():
     config = TrainConfig(epochs=1, batch_size=64, seed=5, optimizer=OptimizerSpec("momentum", 0.05),
-                         jit_compile=JIT_FOR_SMALL_RUNS)
+                         engine="keras", jit_compile=JIT_FOR_SMALL_RUNS)
     a, b = train(config).history, train(config).history
     # XLA on a multi-threaded CPU may differ by ~1e-9 between identical calls (design notes).
     np.testing.assert_allclose(a.loss, b.loss, rtol=1e-5, atol=1e-7)
@@ -47,7 +47,7 @@ def test_training_is_reproducible_for_a_seed():
 
 def test_early_stopping_stops_and_restores_best():
     config = TrainConfig(epochs=40, batch_size=16, early_stopping=2, monitor="val_loss",
-                         jit_compile=JIT_FOR_SMALL_RUNS,
+                         engine="keras", jit_compile=JIT_FOR_SMALL_RUNS,
                          optimizer=OptimizerSpec("adam", 0.01))
     history = train(config).history
     assert history.stopped_early and history.record.epochs_run < 40
@@ -56,7 +56,7 @@ def test_early_stopping_stops_and_restores_best():
 @pytest.mark.parametrize("schedule", ["cosine", "exponential"])
 def test_schedules_train(schedule):
     spec = OptimizerSpec("sgd", 0.1, schedule=schedule, warmup_steps=5)
-    config = TrainConfig(epochs=3, optimizer=spec, jit_compile=JIT_FOR_SMALL_RUNS)
+    config = TrainConfig(engine="keras", epochs=3, optimizer=spec, jit_compile=JIT_FOR_SMALL_RUNS)
     assert train(config).history.best("val_accuracy") > 0.8
 
 
@@ -75,7 +75,7 @@ def test_schedule_values():
 @pytest.mark.mnist
 def test_seed_mlp_one_epoch_on_mnist(data_dir):
     config = TrainConfig(dataset="mnist", data_dir=str(data_dir), epochs=1, batch_size=128,
-                         jit_compile=JIT_FOR_SMALL_RUNS)
+                         engine="keras", jit_compile=JIT_FOR_SMALL_RUNS)
     history = train(config).history
     assert history.test["test_accuracy"] >= 0.95
 
@@ -97,7 +97,7 @@ def test_target_stops_training_and_records_when_reached():
     from kbackend.training import Target
 
     config = TrainConfig(epochs=30, batch_size=32, target=Target("val_accuracy", 0.85),
-                         jit_compile=JIT_FOR_SMALL_RUNS)
+                         engine="keras", jit_compile=JIT_FOR_SMALL_RUNS)
     history = train(config).history
     reached = history.record.target_reached
     assert reached["epoch"] < 30 and history.evals[-1]["val_accuracy"] >= 0.85
@@ -114,7 +114,7 @@ def test_unreachable_target_is_rejected():
 
 
 def test_max_steps_stops_mid_epoch_and_the_evaluation_names_the_last_step():
-    history = train(TrainConfig(epochs=5, batch_size=32, max_steps=10,
+    history = train(TrainConfig(engine="keras", epochs=5, batch_size=32, max_steps=10,
                                 jit_compile=JIT_FOR_SMALL_RUNS)).history  # 41 steps an epoch
     assert history.steps_run == 10 and history.step[-1] == 10
     assert history.evals[-1]["step"] == 10

@@ -112,7 +112,7 @@ def precision_accuracy(precision: str, steps: int) -> dict[str, Any]:
     """Validation accuracy of the seed MLP on digits after ``steps`` Adam steps under
     ``precision``."""
     config = TrainConfig(model="seed_mlp", dataset="digits", batch_size=32, epochs=100,
-                         max_steps=steps, precision=precision, seed=0)
+                         max_steps=steps, precision=precision, seed=0, engine="keras")
     result = train(config)
     return {"val_accuracy": result.history.best("val_accuracy"),
             "test_accuracy": result.history.test["test_accuracy"], "budget_steps": steps,

@@ -22,7 +22,7 @@ import numpy as np
 
 from kbackend.backend_choice import active_backend
 from kbackend.bench.spec import Benchmark, Option, Rows, Settings, int_list
-from kbackend.data.batching import steps_per_epoch_dropping_last
+from kbackend.data.batching import steps_per_epoch
 from kbackend.engines.native import Runs, model_values
 from kbackend.models import ModelOptions, build_model
 from kbackend.optim import OptimizerSpec
@@ -57,7 +57,7 @@ def measure_population(settings: Settings) -> Rows:
         values = [model_values(build_model(model_name, dataset.info, ModelOptions(seed=m)))
                   for m in range(members)]
         for batch in batch_sizes:
-            fused = min(FUSED, steps_per_epoch_dropping_last(len(dataset.x_train), batch))
+            fused = min(FUSED, steps_per_epoch(len(dataset.x_train), batch))
             configs = [TrainConfig(model=model_name, dataset=dataset_name, engine="native",
                                    optimizer=OptimizerSpec("adam", 1e-3 * (1 + m % 3)),
                                    batch_size=batch, fused_steps=fused, eval_every=fused,

@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from kbackend.bench.spec import Benchmark, Option, Rows, Settings
+from kbackend.data.batching import epochs_for_steps
 from kbackend.models import ModelOptions
 from kbackend.optim import OptimizerSpec
 from kbackend.reports import markdown_table
@@ -51,7 +52,7 @@ def mnist1d_config(model: str, seed: int, steps: int = MNIST1D_STEPS) -> TrainCo
     return TrainConfig(
         model=name, dataset="mnist1d", batch_size=MNIST1D_BATCH,
         optimizer=OptimizerSpec("adam", MNIST1D_LR, weight_decay=0.0),
-        epochs=-(-steps // per_epoch), max_steps=steps, shuffle=False, seed=seed,
+        epochs=epochs_for_steps(steps, per_epoch), max_steps=steps, shuffle=False, seed=seed,
         validation_fraction=0.0, engine="native", fused_steps=min(MNIST1D_FUSED, steps),
         eval_every=min(MNIST1D_EVAL_EVERY, steps), model_options=replace(options, seed=seed),
     )

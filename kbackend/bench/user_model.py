@@ -67,7 +67,7 @@ from kbackend.backends import capabilities, impl
 from kbackend.bench.engines import measure
 from kbackend.bench.spec import Benchmark, Option, Rows, Settings
 from kbackend.config import Target, TrainConfig
-from kbackend.data.batching import epoch_batches, steps_per_epoch_dropping_last
+from kbackend.data.batching import epoch_batches, epochs_for_steps, steps_per_epoch
 from kbackend.engines.keras_fit import compile_model
 from kbackend.engines.native import Runs, epoch_runner, model_values
 from kbackend.errors import ConfigError
@@ -180,7 +180,7 @@ def twin_step_rows(dataset: Any, workload: Any, batch_sizes: list[int],
     """Steady us/step of both sides' native epochs, interleaved (one row per batch size)."""
     rows = []
     for batch in batch_sizes:
-        per_epoch = steps_per_epoch_dropping_last(len(dataset.x_train), batch)
+        per_epoch = steps_per_epoch(len(dataset.x_train), batch)
         plan = study_plan(dataset, batch)
         fused, spec = plan.fused_steps, OptimizerSpec("adam", plan.learning_rate)
         runners = {
@@ -208,12 +208,12 @@ def run_to_target(runs: Runs, values: Any, task: Task, dataset: Any, plan: Any, 
                   max_steps: int) -> tuple[int | None, float]:
     """One run of the study's ``plan`` (seed ``seed``) to ``TWIN_TARGET``: its steps to the
     target (None: not reached within ``max_steps``) and its train time."""
-    per_epoch = steps_per_epoch_dropping_last(len(dataset.x_train), plan.batch_size)
+    per_epoch = steps_per_epoch(len(dataset.x_train), plan.batch_size)
     config = TrainConfig(
         model="mlp", dataset=TWIN_DATASET, engine="native",
         optimizer=OptimizerSpec("adam", plan.learning_rate), batch_size=plan.batch_size,
-        epochs=-(-max_steps // per_epoch), max_steps=max_steps, eval_every=plan.eval_every,
-        fused_steps=plan.fused_steps, target=TWIN_TARGET, seed=seed,
+        epochs=epochs_for_steps(max_steps, per_epoch), max_steps=max_steps,
+        eval_every=plan.eval_every, fused_steps=plan.fused_steps, target=TWIN_TARGET, seed=seed,
         model_options=ModelOptions(seed=seed), on_divergence="record", task=task)
     history = runs.train(config, values)
     reached = history.record.target_reached
@@ -310,7 +310,7 @@ def conv_row(workload: Any, batch: int, quick: bool, repeats: int) -> dict[str, 
         dataset = replace(dataset, x_train=dataset.x_train[:n], y_train=dataset.y_train[:n])
     model = workload.build(0)
     initial = model.get_weights()
-    steps = steps_per_epoch_dropping_last(len(dataset.x_train), batch)
+    steps = steps_per_epoch(len(dataset.x_train), batch)
     unrolled = capabilities.unrolls_its_loop(model, impl().platform())
     fused = QUICK_CONV_K if quick else (capabilities.MAX_UNROLLED_STEPS if unrolled else steps)
     spec = OptimizerSpec("sgd", CONV_LR)

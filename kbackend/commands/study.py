@@ -16,6 +16,7 @@ from kbackend.adaptive import AUTO, LR_SCALINGS
 from kbackend.commands import add_reprobe_flag, int_at_least
 from kbackend.commands.train import add_source_arguments
 from kbackend.commands.train import command_line as train_command_line
+from kbackend.engine_facts import DEFAULT_ENGINE
 from kbackend.engines import engine_names
 from kbackend.errors import ConfigError, path_errors
 from kbackend.io import check_output_folder, check_output_path
@@ -36,7 +37,6 @@ from kbackend.study.config import (
     default_frontier_epochs,
     default_target,
 )
-from kbackend.study.executor import default_engine
 from kbackend.study.pipeline import compare, load_summaries, run_study, write_comparison
 from kbackend.study.recommend import CONFIRM_SEEDS
 from kbackend.study.targets import missing_target_error, needs_explicit_target
@@ -193,8 +193,8 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     target.add_argument("--evals-per-epoch", type=int, default=DEFAULT_EVALS_PER_EPOCH,
                         help="how often the target is checked (engines that validate once per "
                              "epoch ignore it)")
-    target.add_argument("--engine", default=None, choices=engine_names(),
-                        help="training engine (default: native when available, else keras)")
+    target.add_argument("--engine", default=DEFAULT_ENGINE, choices=engine_names(),
+                        help="training engine (default: %(default)s)")
     target.add_argument("--fused-steps", type=int, default=0,
                         help="steps per compiled call for the native engine (0: one evaluation "
                              "interval)")
@@ -288,7 +288,7 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
         max_batch_size=args.max_batch_size, learning_rates=learning_rates,
         lr_grid_size=args.lr_grid_size, lr_factor=args.lr_factor, target=target,
         max_steps=args.max_steps, max_epochs=args.max_epochs, evals_per_epoch=args.evals_per_epoch,
-        engine=args.engine or default_engine(), fused_steps=args.fused_steps,
+        engine=args.engine, fused_steps=args.fused_steps,
         jit_compile=args.jit_compile, population=args.population, seed=args.seed,
         seeds=args.seeds, lr_extend=args.lr_extend, step_time_repeats=args.step_time_repeats,
         prune=args.prune, noise_points=args.noise_points, noise_draws=args.noise_draws,

@@ -20,6 +20,7 @@ from kbackend.config import MONITORS, Target, TrainConfig, check_metrics
 from kbackend.data import DATASETS
 from kbackend.data.user import MAX_IMAGE_PIXELS, parse_image_size
 from kbackend.distributed import engine_name, is_chief, prepare
+from kbackend.engine_facts import DEFAULT_ENGINE, engine_facts
 from kbackend.engines import engine_names
 from kbackend.errors import ConfigError, DataError, KBackendError
 from kbackend.hardware.monitor import format_summary
@@ -123,7 +124,7 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     optim.add_argument("--momentum", type=float, default=0.9)
     optim.add_argument("--weight-decay", type=float, default=1e-4)
     run = parser.add_argument_group("run")
-    run.add_argument("--engine", default="native", choices=[*engine_names(), AUTO_ENGINE],
+    run.add_argument("--engine", default=DEFAULT_ENGINE, choices=[*engine_names(), AUTO_ENGINE],
                      help="native: K train steps per compiled call (docs/engines.md); keras: "
                           "Keras fit; auto: picked for the data, said why")
     run.add_argument("--batch-size", type=_batch_size, default=32, metavar="N|auto[:MIN:MAX]",
@@ -203,8 +204,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         target=None if args.target is None else Target(target_metric, args.target),
         **parallel_config_fields(args),
     )
-    if args.fused_steps is None and engine_name(config) == "native":
-        config = replace(config, fused_steps=0)  # single-device native: K measured (cached)
+    if args.fused_steps is None:  # the engine's own: single-device native measures K (cached)
+        config = replace(config, fused_steps=engine_facts(engine_name(config)).default_fused_steps)
     return config
 
 

@@ -19,16 +19,16 @@ from kbackend.data.validation import check_batch_size
 from kbackend.errors import ConfigError
 
 
-def steps_per_epoch_dropping_last(num_samples: int, batch_size: int) -> int:
-    """Full batches in one epoch: ``floor(n / batch_size)`` (the remainder is dropped)."""
+def steps_per_epoch(num_samples: int, batch_size: int, *, drops_last: bool = True) -> int:
+    """Steps in one epoch: ``floor(n / batch_size)``, the remainder dropped (the native
+    engines), or ``ceil``, the last batch partial (Keras fit)."""
     check_batch_size(batch_size, num_samples)
-    return num_samples // batch_size
+    return num_samples // batch_size if drops_last else -(-num_samples // batch_size)
 
 
-def steps_per_epoch_keeping_last(num_samples: int, batch_size: int) -> int:
-    """Batches in one epoch when the last may be partial: ``ceil(n / batch_size)`` (Keras fit)."""
-    steps_per_epoch_dropping_last(num_samples, batch_size)  # same checks
-    return -(-num_samples // batch_size)
+def epochs_for_steps(steps: int, per_epoch: int) -> int:
+    """Whole epochs (at least one) that hold ``steps`` steps of ``per_epoch`` each."""
+    return max(1, -(-steps // per_epoch))
 
 
 def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
@@ -41,7 +41,7 @@ def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool = True) -
 def epoch_batches(num_samples: int, batch_size: int, seed: int, epoch: int,
                   shuffle: bool = True) -> np.ndarray:
     """An ``(steps_per_epoch, batch_size)`` int32 matrix: row ``i`` holds step ``i``'s samples."""
-    steps = steps_per_epoch_dropping_last(num_samples, batch_size)
+    steps = steps_per_epoch(num_samples, batch_size)
     order = epoch_order(num_samples, seed, epoch, shuffle)
     return order[: steps * batch_size].reshape(steps, batch_size)
 

@@ -116,7 +116,7 @@ def plan_at(plan: TrainPlan, config: Any, batch_size: int, step: int, epoch: int
             rest_of_epoch: int) -> TrainPlan:
     """The plan of the steps after ``step`` at ``batch_size``: ``rest_of_epoch`` steps left in
     the current ``epoch`` (1-based), then full epochs of the new size."""
-    steps = batching.steps_per_epoch_dropping_last(plan.n_train, batch_size)
+    steps = batching.steps_per_epoch(plan.n_train, batch_size)
     if steps < 1:
         raise ConfigError(f"Batch size {batch_size} is larger than the training split "
                           f"({plan.n_train} samples).")
@@ -213,7 +213,7 @@ class AdaptiveBatch:
         ahead = getattr(self.trainer, "compile_ahead", None)
         if ahead is None or size > self.bounds.maximum or not compile_ahead_enabled():
             return
-        steps = batching.steps_per_epoch_dropping_last(plan.n_train, size)
+        steps = batching.steps_per_epoch(plan.n_train, size)
         if steps >= 1:
             ahead(size, min(plan.fused_steps or DEFAULT_FUSED_STEPS, steps), steps)
 
@@ -275,7 +275,7 @@ class _KneeProbe:
                 ) -> tuple[MeasuredGain, dict[int, Timing]]:
         """Time ``size`` and ``2 size`` interleaved (equal call lengths), added to
         ``previous`` rounds of the same pair; the gain of the doubling."""
-        length = min(self.fused_steps, batching.steps_per_epoch_dropping_last(self.n_train,
+        length = min(self.fused_steps, batching.steps_per_epoch(self.n_train,
                                                                                2 * size))
         fns = {size: self.call(size, length), 2 * size: self.call(2 * size, length)}
         self.lengths.update(dict.fromkeys(fns, length))

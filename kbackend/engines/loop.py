@@ -405,7 +405,7 @@ class EpochRunner:
     def __init__(self, trainer: Trainer, n_train: int, batch_size: int, fused_steps: int,
                  seed: int = 0) -> None:
         self.trainer, self.n_train, self.batch_size, self.seed = trainer, n_train, batch_size, seed
-        steps = batching.steps_per_epoch_dropping_last(n_train, batch_size)
+        steps = batching.steps_per_epoch(n_train, batch_size)
         batching.check_fused_steps(fused_steps, steps, n_train, batch_size)
         self.lengths = batching.call_lengths(steps, steps_per_call(trainer, fused_steps))
         self.epoch = 0

@@ -251,7 +251,7 @@ class Runs:
         fused = loop.steps_per_call(population, first.fused_steps)
         rows = population.put_epoch(np.stack([
             batching.epoch_batches(n_train, first.batch_size, c.seed, 0) for c in configs]))
-        per_epoch = batching.steps_per_epoch_dropping_last(n_train, first.batch_size)
+        per_epoch = batching.steps_per_epoch(n_train, first.batch_size)
         population.compile(fused, rows)
         starts = [(index * fused) % (per_epoch - fused + 1) for index in range(-(-steps // fused))]
 
@@ -288,7 +288,7 @@ class Runs:
         n_train, batch = len(self.dataset.x_train), config.batch_size
         fused = loop.steps_per_call(trainer, config.fused_steps)
         rows = trainer.put_epoch(batching.epoch_batches(n_train, batch, config.seed, 0))
-        per_epoch = batching.steps_per_epoch_dropping_last(n_train, batch)
+        per_epoch = batching.steps_per_epoch(n_train, batch)
         trainer.compile(fused, rows)
         # Consecutive calls through the epoch, wrapping before a call would run past its end.
         starts = [(index * fused) % (per_epoch - fused + 1) for index in range(-(-steps // fused))]
@@ -397,7 +397,7 @@ def probe_fused_steps(model: Any, dataset: Any, spec: Any, batch_size: int, seed
     """
     if candidates is None:
         candidates = probe_candidates(model, jit_compile)
-    steps = batching.steps_per_epoch_dropping_last(len(dataset.x_train), batch_size)
+    steps = batching.steps_per_epoch(len(dataset.x_train), batch_size)
     ks = sorted({min(k, steps) for k in candidates})
     probe_steps = max(ks)
     subset = replace(dataset, x_train=dataset.x_train[: probe_steps * batch_size],

@@ -48,10 +48,7 @@ class TrainPlan:
         replaces ``config.optimizer`` (its schedule length is set here either way). An explicit
         K must fit in one epoch (``batching.check_fused_steps``: a call never spans two)."""
         batch = config.batch_size
-        if drops_last_batch:
-            steps = batching.steps_per_epoch_dropping_last(n_train, batch)
-        else:
-            steps = batching.steps_per_epoch_keeping_last(n_train, batch)
+        steps = batching.steps_per_epoch(n_train, batch, drops_last=drops_last_batch)
         if config.fused_steps:
             batching.check_fused_steps(config.fused_steps, steps, n_train, batch)
         schedule = steps * config.epochs

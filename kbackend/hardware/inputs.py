@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from kbackend.backend_choice import keras as import_keras
-from kbackend.data.batching import epoch_batches_with_remainder, steps_per_epoch_keeping_last
+from kbackend.data.batching import epoch_batches_with_remainder, steps_per_epoch
 
 
 def iterate_batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, epochs: int = 1,
@@ -55,7 +55,7 @@ def monitored_batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, monitor:
             self._rows = (0, epoch_batches_with_remainder(len(x), batch_size, seed, 0, shuffle))
 
         def __len__(self) -> int:
-            return steps_per_epoch_keeping_last(len(x), batch_size)
+            return steps_per_epoch(len(x), batch_size, drops_last=False)
 
         def rows(self, index: int) -> np.ndarray:
             """The sample indices of batch ``index`` of the current epoch."""

@@ -12,6 +12,7 @@ from kbackend.adaptive import AUTO, AutoBatchSize, check_lr_scaling, is_power_of
 from kbackend.config import MAX_EPOCHS, MAX_STEPS
 from kbackend.data import check_batch_size
 from kbackend.data.user import check_image_size
+from kbackend.engine_facts import DEFAULT_ENGINE, engine_facts
 from kbackend.errors import ConfigError, DataError
 from kbackend.optim import OPTIMIZERS, OptimizerSpec
 from kbackend.study.verdicts import DEFAULT_ACCURACY_MARGIN, DEFAULT_MARGIN
@@ -166,7 +167,7 @@ class StudyConfig:
     max_steps: int | None = None
     max_epochs: int | None = None
     evals_per_epoch: int = DEFAULT_EVALS_PER_EPOCH
-    engine: str = "keras"
+    engine: str = DEFAULT_ENGINE
     fused_steps: int = 0
     jit_compile: bool = True
     population: str = "auto"
@@ -298,7 +299,7 @@ class StudyConfig:
             raise ConfigError(f"Invalid batch sizes {list(self.batch_sizes or ())}: the auto "
                               f"cell's bounds (the smallest and largest fixed size, {low} and "
                               f"{high}) must be powers of two of at least 2.")
-        if self.engine != "native":
+        if not engine_facts(self.engine).compiled_cells:
             raise ConfigError(f"Batch size 'auto' needs the native engine (the adaptive batch "
                               f"size runs on it); this study's engine is {self.engine!r}: pass "
                               "--engine native or drop 'auto'.")

@@ -29,8 +29,8 @@ from kbackend.adaptive import AutoBatchSize
 from kbackend.backends import impl
 from kbackend.config import check_metrics
 from kbackend.data import Dataset
-from kbackend.data.batching import steps_per_epoch_dropping_last, steps_per_epoch_keeping_last
-from kbackend.engines import get_engine
+from kbackend.data.batching import epochs_for_steps, steps_per_epoch
+from kbackend.engine_facts import EngineFacts, engine_facts
 from kbackend.engines.native import Runs, model_values
 from kbackend.envinfo import environment_identity
 from kbackend.errors import ConfigError, DataError
@@ -59,19 +59,12 @@ from kbackend.task import CLASSIFICATION, Task
 from kbackend.training import Target, TrainConfig, is_builtin, load_dataset, train, workload_of
 from kbackend.workload import Workload
 
-# Engines that validate once per epoch, whatever eval_every asks (Keras fit).
-EPOCH_EVAL_ENGINES = frozenset({"keras"})
 # The version of the run keys' content identity (keys without it predate content keys).
 CONTENT_KEYS = 1
 
 
 # Trains one planned run of a prepared runner and returns its history.
 RunExecutor = Callable[["StudyRunner", RunPlan], History]
-
-
-def default_engine() -> str:
-    """The engine a study runs unless told otherwise: the native one (K fused steps per call)."""
-    return "native"
 
 
 class StudyRunner:
@@ -103,10 +96,15 @@ class StudyRunner:
 
     # -- validation and planning (everything here runs before any training) ------------------
 
+    @property
+    def facts(self) -> EngineFacts:
+        """The facts of the study's engine (``kbackend.engine_facts``)."""
+        return engine_facts(self.config.engine)
+
     def prepare(self) -> None:
         """Load the data and check every option; raise a ``KBackendError`` on bad input."""
         config = self.config
-        get_engine(config.engine)
+        engine_facts(config.engine)  # an unknown engine: a one-line error
         config.resolved_target  # noqa: B018 - validated on construction, resolved here
         source = TrainConfig(model=config.model, dataset=config.dataset, data_dir=config.data_dir,
                              validation_fraction=config.validation_fraction, seed=config.seed,
@@ -128,7 +126,7 @@ class StudyRunner:
         self.study_id = config_key({**config.identity(), **self.digests})[:12]
         self.batch_sizes = config.resolved_batch_sizes(self.num_train)
         config.check_frontier_steps(self.num_train, self.batch_sizes)
-        if config.population == "on" and (config.engine != "native"
+        if config.population == "on" and (not self.facts.compiled_cells
                                            or not impl().supports_populations()):
             raise ConfigError("--population on needs the native engine on JAX (vmap); this "
                               f"study runs the {config.engine} engine on {self.env['backend']}: "
@@ -201,9 +199,9 @@ class StudyRunner:
     def eval_every(self, batch_size: int) -> int:
         """Steps between evaluations: about ``evals_per_epoch`` per epoch, preferably a divisor of
         the epoch so that every fused call has the same length (one compilation per run)."""
-        if self.config.engine in EPOCH_EVAL_ENGINES:
-            return steps_per_epoch_keeping_last(self.num_train, batch_size)
-        per_epoch = steps_per_epoch_dropping_last(self.num_train, batch_size)
+        per_epoch = self.facts.steps_per_epoch(self.num_train, batch_size)
+        if self.facts.evaluates_per_epoch:
+            return per_epoch
         wanted = max(1, round(per_epoch / self.config.evals_per_epoch))
         divisors = [d for d in range(1, per_epoch + 1) if per_epoch % d == 0]
         nearest = min(divisors, key=lambda d: (abs(math.log(d / wanted)), d))
@@ -211,18 +209,18 @@ class StudyRunner:
 
     def full_budget(self, batch_size: int) -> int:
         """The step budget of a run at ``batch_size`` that no pruning has cut."""
-        return self.config.step_budget(steps_per_epoch_dropping_last(self.num_train, batch_size))
+        return self.config.step_budget(steps_per_epoch(self.num_train, batch_size))
 
     def plan(self, optimizer: str, batch_size: int, learning_rate: float,
              budget: int | None = None, seed: int | None = None) -> RunPlan:
         every = self.eval_every(batch_size)
         steps = budget if budget is not None else self.full_budget(batch_size)
         steps = -(-steps // every) * every  # whole evaluation intervals
-        if not get_engine(self.config.engine).fuses_steps:
+        if not self.facts.fuses_steps:
             fused = 1
         else:
             fused = min(self.config.fused_steps or every,
-                        steps_per_epoch_dropping_last(self.num_train, batch_size))
+                        steps_per_epoch(self.num_train, batch_size))
         return RunPlan(optimizer, batch_size, learning_rate, steps, every, fused,
                        self.config.seed if seed is None else seed)
 
@@ -393,14 +391,14 @@ class StudyRunner:
         config = self.config
         max_steps = plan.max_steps if max_steps is None else max_steps
         # Enough epochs for the budget even when the engine drops each epoch's partial batch.
-        per_epoch = steps_per_epoch_dropping_last(self.num_train, plan.batch_size)
+        per_epoch = steps_per_epoch(self.num_train, plan.batch_size)
         return TrainConfig(
             model=config.model, dataset=config.dataset, data_dir=config.data_dir,
             validation_fraction=config.validation_fraction,
             optimizer=OptimizerSpec(plan.optimizer, plan.learning_rate),
-            batch_size=plan.batch_size, epochs=max(1, -(-max_steps // per_epoch)),
+            batch_size=plan.batch_size, epochs=epochs_for_steps(max_steps, per_epoch),
             engine=config.engine, jit_compile=config.jit_compile, max_steps=max_steps,
-            eval_every=0 if config.engine in EPOCH_EVAL_ENGINES else plan.eval_every,
+            eval_every=0 if self.facts.evaluates_per_epoch else plan.eval_every,
             fused_steps=plan.fused_steps,
             target=config.resolved_target if target is True else (target or None),
             seed=plan.seed if seed is None else seed,
@@ -448,7 +446,7 @@ class StudyRunner:
         """
         if self.run_executor is not None:
             return self.run_executor(self, plan)
-        if self.config.engine == "native":
+        if self.facts.compiled_cells:
             return self.native_runs().train(self.train_config(plan), self.initial_values(plan.seed))
         return train(self.train_config(plan), dataset=self.dataset,
                      model=self.build_model(plan.seed)).history

@@ -20,7 +20,8 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from kbackend.data.batching import steps_per_epoch_dropping_last
+from kbackend.data.batching import steps_per_epoch
+from kbackend.engine_facts import engine_facts
 from kbackend.stats import median_interval
 from kbackend.study.runner_protocol import StudyRunnerLike
 from kbackend.task import better
@@ -52,13 +53,13 @@ class BestCheckpoint:
 
 def frontier_supported(runner: StudyRunnerLike) -> bool:
     """Whether ``runner``'s study can measure the frontier (native engine, a budget > 0)."""
-    return runner.config.engine == "native" and runner.config.frontier_epochs > 0
+    return engine_facts(runner.config.engine).compiled_cells and runner.config.frontier_epochs > 0
 
 
 def frontier_run(runner: StudyRunnerLike, cell: dict[str, Any], seed: int) -> dict[str, Any]:
     """The stored frontier figures of ``cell``'s best rate with ``seed`` (trained if missing)."""
     config = runner.config
-    per_epoch = steps_per_epoch_dropping_last(runner.num_train, cell["batch_size"])
+    per_epoch = steps_per_epoch(runner.num_train, cell["batch_size"])
     plan = replace(runner.plan(cell["optimizer"], cell["batch_size"], cell["learning_rate"],
                                seed=seed), max_steps=config.frontier_epochs * per_epoch)
     metric = config.resolved_target.metric

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from kbackend.backends import impl
+from kbackend.engine_facts import engine_facts
 from kbackend.engines.native import model_values, set_model_values
 from kbackend.study.config import REFERENCE_BATCH
 from kbackend.study.noise import measure_noise_scale
@@ -88,7 +89,7 @@ class NoiseMeasurement:
         runner = self.runner
         dataset, seed = runner.dataset, runner.config.seed
         assert dataset is not None
-        native = runner.config.engine == "native"
+        native = engine_facts(runner.config.engine).compiled_cells
         # The native engine trains the segments on the cells' compiled programs (Runs writes
         # each segment's result into its model); other engines train a model of their own.
         if native:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kbackend.backends.compile_cache import machine_measurement
+from kbackend.engine_facts import engine_facts
 from kbackend.history import History
 from kbackend.study.runner_protocol import StudyRunnerLike
 from kbackend.study.store import config_key
@@ -52,7 +53,7 @@ class Populations:
         config, members = runner.config, len(grid) * runner.config.seeds
         if config.population == "off":
             return {"path": "sequential", "members": members, "reason": "--population off"}
-        if config.engine != "native":
+        if not engine_facts(config.engine).compiled_cells:
             return {"path": "sequential", "members": members,
                     "reason": f"the {config.engine} engine trains one run at a time"}
         if members < 2:

@@ -27,12 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from kbackend.data import DATASETS
-from kbackend.data.batching import steps_per_epoch_dropping_last
-from kbackend.engines import get_engine
+from kbackend.data.batching import steps_per_epoch
+from kbackend.engine_facts import DEFAULT_ENGINE, engine_facts
 from kbackend.history import History
 from kbackend.stats import median_interval
 from kbackend.study.cell_verdicts import time_verdict, verdict_settings
-from kbackend.study.executor import EPOCH_EVAL_ENGINES
 from kbackend.study.summaries import time_to_target
 
 # Held-out seeds: far from any study's own (``StudyConfig.seed_values``: seed .. seed+max_seeds).
@@ -70,11 +69,11 @@ def _schedule(study: dict[str, Any], cell: dict[str, Any]) -> dict[str, int]:
     runs = _cell_runs(study, cell)
     if not runs:
         return {}
-    engine_name = study["config"].get("engine", "native")
+    facts = engine_facts(study["config"].get("engine", DEFAULT_ENGINE))
     schedule = {}
-    if runs[0].get("eval_every") and engine_name not in EPOCH_EVAL_ENGINES:
+    if runs[0].get("eval_every") and not facts.evaluates_per_epoch:
         schedule["eval_every"] = int(runs[0]["eval_every"])
-    if get_engine(engine_name).fuses_steps and runs[0].get("fused_steps"):
+    if facts.fuses_steps and runs[0].get("fused_steps"):
         schedule["fused_steps"] = int(runs[0]["fused_steps"])
     schedule["max_steps"] = _full_budget(study, cell, schedule.get("eval_every", 1)) or \
         max(int(r["max_steps"]) for r in runs)
@@ -91,7 +90,7 @@ def _full_budget(study: dict[str, Any], cell: dict[str, Any], every: int) -> int
         return None
     budget = int(config["max_steps"])
     if config.get("max_epochs"):
-        per_epoch = steps_per_epoch_dropping_last(int(num_train), int(cell["batch_size"]))
+        per_epoch = steps_per_epoch(int(num_train), int(cell["batch_size"]))
         budget = min(budget, int(config["max_epochs"]) * per_epoch)
     return -(-budget // every) * every
 
@@ -110,7 +109,7 @@ def train_arguments(study: dict[str, Any], cell: dict[str, Any]) -> list[str]:
         args += ["--validation-fraction", f"{config['validation_fraction']:g}"]
     if config.get("unsafe_deserialization"):
         args.append("--unsafe-deserialization")
-    args += ["--engine", config.get("engine", "native"), "--optimizer", cell["optimizer"],
+    args += ["--engine", config.get("engine", DEFAULT_ENGINE), "--optimizer", cell["optimizer"],
              "--lr", f"{cell['learning_rate']:g}", "--batch-size", str(cell["batch_size"])]
     for name, value in _schedule(study, cell).items():
         args += [f"--{name.replace('_', '-')}", str(value)]
@@ -125,7 +124,7 @@ def _python_call(study: dict[str, Any], cell: dict[str, Any]) -> str:
     config, target = study["config"], study["config"]["target"]
     extra = "".join(f"{name}={value}, " for name, value in _schedule(study, cell).items())
     return (f"kbackend.train({config['model']!r}, data={config['dataset']!r}, "
-            f"engine={config.get('engine', 'native')!r}, optimizer={cell['optimizer']!r}, "
+            f"engine={config.get('engine', DEFAULT_ENGINE)!r}, optimizer={cell['optimizer']!r}, "
             f"learning_rate={cell['learning_rate']:g}, batch_size={cell['batch_size']}, "
             f"{extra}target={target['value']:g}, target_metric={target['metric']!r}, "
             f"epochs={DEFAULT_EPOCHS}, save='best.keras')")

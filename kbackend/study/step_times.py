@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from kbackend.engine_facts import engine_facts
 from kbackend.engines.native import epoch_runner
 from kbackend.optim import OptimizerSpec
 from kbackend.stats import median_interval
@@ -71,7 +72,7 @@ class StepTimeModel:
         runner = self.runner
         assert runner.dataset is not None
         fused = self.plan(cell)[1]
-        if runner.config.engine == "native":
+        if engine_facts(runner.config.engine).compiled_cells:
             plan = runner.plan(cell["optimizer"], cell["batch_size"], cell["learning_rate"])
             return runner.native_runs().step_timer(runner.train_config(plan),
                                                    runner.initial_values(runner.config.seed),
@@ -107,7 +108,7 @@ class StepTimeModel:
 
     def _time(self, cells: list[dict[str, Any]], plans: list[TimingPlan],
               repeats: int) -> dict[str, Any]:
-        native = self.runner.config.engine == "native"
+        native = engine_facts(self.runner.config.engine).compiled_cells
         timers: list[Callable[[], Any]] = []
         seconds: list[list[float]] = [[] for _ in cells]
         steps: list[int] = []

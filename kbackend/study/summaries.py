@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from kbackend.data.batching import steps_per_epoch_keeping_last
+from kbackend.data.batching import steps_per_epoch
 from kbackend.history import History, RunRecord
 from kbackend.stats import median_interval
 from kbackend.training import Target
@@ -101,7 +101,7 @@ def samples_seen(step: int, num_train: int, batch_size: int, drops_remainder: bo
     """Training samples processed by the end of ``step``."""
     if drops_remainder:
         return int(step) * batch_size
-    per_epoch = steps_per_epoch_keeping_last(num_train, batch_size)
+    per_epoch = steps_per_epoch(num_train, batch_size, drops_last=False)
     full_epochs, rest = divmod(int(step), per_epoch)
     return full_epochs * num_train + rest * batch_size
 

@@ -203,7 +203,7 @@ def test_numbers_for_a_string_model_and_strings_for_serving_are_one_line():
     assert "\n" not in str(raised.value)
     with pytest.raises(DataError, match=r"expected strings of shape \(N, 1\)"):
         validate_inputs(np.array([["a", "b"]]), (1,), "inputs", strings=True)
-    with pytest.raises(KBackendError, match="takes strings|expected numbers|dtype") as raised:
+    with pytest.raises(KBackendError, match="the model takes strings") as raised:
         prepare_workload(text_classifier(), x=np.zeros((40, 1), np.float32), y=Y[:40])
     assert "\n" not in str(raised.value)
 
@@ -241,3 +241,47 @@ def test_the_saved_model_serves_raw_strings(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _text_folder(root, texts: np.ndarray, labels: np.ndarray):
+    for index, (text, label) in enumerate(zip(texts, labels, strict=True)):
+        folder = root / ("pos" if label else "neg")
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{index}.txt").write_text(str(text))
+    return root
+
+
+def embedding_classifier(input_shape):
+    """A model without string preprocessing, for token ids."""
+    model = keras.Sequential([keras.Input(input_shape), keras.layers.Embedding(20_000, 4),
+                              keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(2)])
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+def test_a_text_folder_uses_the_models_own_layer_else_the_built_in_one(tmp_path):
+    """The model's own TextVectorization (length 8, adapted on the folder's training split);
+    kbackend's built-in one (length 200) only for a model without one, said in one line."""
+    folder = _text_folder(tmp_path / "reviews", X[:200], Y[:200])
+    own = prepare_workload(text_classifier, str(folder))
+    assert own.dataset.x_train.shape[1:] == (8,)
+    assert any("string preprocessing (TextVectorization) run on the host" in note
+               for note in own.notes)
+    assert not any("kbackend's TextVectorization" in note for note in own.notes)
+    built_in = prepare_workload(embedding_classifier, str(folder))
+    assert built_in.dataset.x_train.shape[1:] == (200,)
+    assert built_in.front is None
+    assert sum("kbackend's TextVectorization" in note for note in built_in.notes) == 1
+
+
+@pytest.mark.slow  # a study in this process: ~20-40 s
+def test_a_study_of_a_live_text_model_on_raw_strings(tmp_path):
+    """``kbackend.study`` on a live text model and raw strings: its runs adapt and run the
+    front themselves (the raw texts stored under ``out``), and the best cell is typed."""
+    result = kbackend.study(text_classifier(), X, Y, optimizers=("adam",), batch_sizes=(16, 64),
+                            target=0.9, seeds=1, lr_grid_size=1, max_steps=200,
+                            noise_points=0, step_time_repeats=0, out=tmp_path, progress=False,
+                            confirm_seeds=0)
+    assert result.best is not None and result.best.optimizer == "adam"
+    assert list((tmp_path / "data").glob("texts-*.npz"))

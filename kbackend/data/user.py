@@ -174,7 +174,7 @@ def _check_split(where: Where, split: str, x: Any, y: Any) -> tuple[np.ndarray, 
                           f"samples but y has {len(y)}.")
     if x.dtype.kind in "OS":  # strings (a tf.data string tensor reads as bytes objects)
         x = text_array(x, where.error, f"x of the {split} split")
-    if x.dtype.kind not in "biufU":
+    if x.dtype.kind not in "biufUO":  # "O": strings only, text_array checked them
         raise where.error(
             f"x of the {split} split holds {_dtype_words(x.dtype)}: expected numbers or "
             "strings (for a model whose string preprocessing layers come first).")

@@ -169,7 +169,7 @@ def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
             raise missing_target_error(model_source, str(data_source), label=label,
                                        flag="target=")
     metric = target_metric or "val_accuracy"
-    if target_metric is None and x is not None:
+    if target_metric is None and workload is not None:
         metric = f"val_{workload.task.metric}"
     config = StudyConfig(model=model_source, dataset=str(data_source), label=label,
                          optimizers=tuple(optimizers), batch_sizes=batch_sizes,

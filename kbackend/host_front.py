@@ -21,6 +21,7 @@ model (adapted as before).
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -184,9 +185,11 @@ class HostFront:
         want = self.input_shape
         if tuple(x.shape[1:]) == want:
             return x
-        if None not in want and int(np.prod(want)) == int(np.prod(x.shape[1:])):
-            return x.reshape(len(x), *want)
-        raise DataError(f"Invalid {what}: model {self.name!r} takes strings of shape "
+        fixed = [int(d) for d in want if d is not None]
+        if len(fixed) == len(want) and math.prod(fixed) == math.prod(x.shape[1:]):
+            return x.reshape(len(x), *fixed)
+        kind = "strings" if self.takes_text else "inputs"
+        raise DataError(f"Invalid {what}: model {self.name!r} takes {kind} of shape "
                         f"(N, {', '.join(map(str, want))}), received {x.shape}.")
 
     def adapt(self, x_train: np.ndarray) -> list[str]:

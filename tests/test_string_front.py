@@ -6,6 +6,7 @@ export; the models it cannot split refused in one line before any work."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import urllib.request
 
@@ -285,3 +286,16 @@ def test_a_study_of_a_live_text_model_on_raw_strings(tmp_path):
                             confirm_seeds=0)
     assert result.best is not None and result.best.optimizer == "adam"
     assert list((tmp_path / "data").glob("texts-*.npz"))
+
+
+@pytest.mark.devices
+@pytest.mark.skipif(int(os.environ.get("KBACKEND_VIRTUAL_DEVICES") or 0) != 8,
+                    reason="needs KBACKEND_VIRTUAL_DEVICES=8 set before the runtime starts")
+@pytest.mark.parametrize("engine", ["data_parallel", "keras_data_parallel"])
+def test_the_data_parallel_engines_train_a_text_model(engine, tmp_path):
+    """The data-parallel engines share the path: the front's output split over 8 devices."""
+    result = kbackend.train(text_classifier(), X, Y, epochs=3, learning_rate=0.05,
+                            engine=engine, fused_steps=1, batch_size=32, progress=False,
+                            save=tmp_path / "m.keras")
+    assert result.history.best("val_accuracy") >= 0.9
+    assert keras.saving.load_model(tmp_path / "m.keras").layers[1].vocabulary_size() > 2

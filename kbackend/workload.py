@@ -166,26 +166,14 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
     ``validation_data``). ``target_metric`` (``val_mae``, ...) picks the metric the engines
     report among the model's compiled ones. Raises a one-line ``KBackendError`` on bad input."""
     options = options or ModelOptions(seed=seed)
-    packing = None
-    if isinstance(x, dict) and y is not None:  # a model's named inputs: packed side by side
-        packing = InputPacking.of(x)
-        x = packing.pack(x, "train")
-        if validation_data is not None:
-            validation_data = (packing.pack(validation_data[0], "validation"),
-                               *tuple(validation_data)[1:])
+    packing, x, validation_data = _packed(x, y, validation_data)
     source = parse_model_source(model, unsafe_deserialization=unsafe_deserialization,
                                 from_weights=from_weights)
     notes: list[str] = []
     owned = False  # arrays read from a file here: split in place (``dataset_of``)
     if x is None and isinstance(data, str) and data in data_module.DATASETS:
-        if not source.builtin:  # the data's own shape (a model's Reshape layer adapts it)
-            dataset = data_module.load(data, layout="spatial", validation_fraction=
-                                       validation_fraction, seed=seed, data_dir=data_dir)
-        else:
-            dataset = data_module.load(data, layout=source.layout,
-                                       data_format=options.data_format,
-                                       validation_fraction=validation_fraction, seed=seed,
-                                       data_dir=data_dir)
+        dataset = _builtin_dataset(source, data, options, validation_fraction, seed, data_dir)
+        if source.builtin:
             return Workload(source, dataset, CLASSIFICATION, options, notes=notes)
         splits = {"train": (dataset.x_train, dataset.y_train), "val": (dataset.x_val,
                   dataset.y_val), "test": (dataset.x_test, dataset.y_test)}
@@ -196,11 +184,9 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
                   if x is not None else user_data.load_source(data, label=label, seed=seed,
                                                               image_size=image_size,
                                                               raw_text=True))
-        splits, name, kind = dict(loaded.splits), loaded.name, loaded.kind
-        owned = loaded.owned
+        splits, name, kind, owned = dict(loaded.splits), loaded.name, loaded.kind, loaded.owned
         notes.extend(loaded.notes)
-    metric = target_metric[len("val_"):] if target_metric and target_metric != "val_loss" \
-        else None
+    metric = None if target_metric in (None, "val_loss") else str(target_metric)[len("val_"):]
     if source.builtin and source.layout == "flat":  # a built-in MLP takes rows of features
         splits = {k: (np.reshape(v[0], (len(v[0]), -1)), v[1]) for k, v in splits.items()}
     splits = _text_shaped(splits, source)
@@ -215,13 +201,7 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
     full, first = first, front.rest(first) if front is not None else first
     if packing is not None:
         first = packing.wrap(first)
-    notes.extend(check_activation(first, task, source.name))
-    if task.source == "inferred":
-        notes.append(f"task inferred from the labels (the model is not compiled): "
-                     f"{task.describe()}")
-    adapted = adapt_preprocessing(first, x_train)
-    if adapted:
-        notes.append(f"adapted on the training split: {', '.join(adapted)}")
+    _model_notes(first, task, x_train, source.name, notes)
     units = output_units(full)
     splits = {k: (v[0], check_labels(task, v[1], units, k)) for k, v in splits.items()}
     check_output_shape(full, task, splits["train"][1], source.name)
@@ -232,6 +212,45 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
                         raw_shape=raw_shape if front is not None else None, notes=notes)
     workload._first = (options.seed, first)
     return workload
+
+
+def _packed(x: Any, y: Any, validation_data: Any) -> tuple[InputPacking | None, Any, Any]:
+    """(the packing of a model's named inputs given as a dict, else None; ``x`` and
+    ``validation_data`` packed side by side)."""
+    if not (isinstance(x, dict) and y is not None):
+        return None, x, validation_data
+    packing = InputPacking.of(x)
+    x = packing.pack(x, "train")
+    if validation_data is not None:
+        validation_data = (packing.pack(validation_data[0], "validation"),
+                           *tuple(validation_data)[1:])
+    return packing, x, validation_data
+
+
+def _builtin_dataset(source: ModelSource, data: str, options: ModelOptions,
+                     validation_fraction: float, seed: int,
+                     data_dir: str | None) -> data_module.Dataset:
+    """A built-in dataset in the layout a built-in model takes, else in its own shape (a
+    model's Reshape layer adapts it)."""
+    if not source.builtin:
+        return data_module.load(data, layout="spatial", validation_fraction=validation_fraction,
+                                seed=seed, data_dir=data_dir)
+    return data_module.load(data, layout=source.layout, data_format=options.data_format,
+                            validation_fraction=validation_fraction, seed=seed,
+                            data_dir=data_dir)
+
+
+def _model_notes(model: Any, task: Task, x_train: np.ndarray, name: str,
+                 notes: list[str]) -> None:
+    """The notes on the model to train (an output squashed twice, a task inferred), and its
+    input's Normalization layers adapted on the training split (``adapt_preprocessing``)."""
+    notes.extend(check_activation(model, task, name))
+    if task.source == "inferred":
+        notes.append(f"task inferred from the labels (the model is not compiled): "
+                     f"{task.describe()}")
+    adapted = adapt_preprocessing(model, x_train)
+    if adapted:
+        notes.append(f"adapted on the training split: {', '.join(adapted)}")
 
 
 def _in_model_shape(splits: dict[str, tuple[np.ndarray, np.ndarray]],

@@ -209,15 +209,43 @@ def test_numbers_for_a_string_model_and_strings_for_serving_are_one_line():
     assert "\n" not in str(raised.value)
 
 
-@pytest.mark.slow  # a server and a study: ~10-20 s
-def test_the_saved_model_serves_raw_strings(tmp_path):
+@pytest.fixture(scope="module")
+def saved_text_model(tmp_path_factory):
+    """A text model trained on raw strings and saved (its front adapted)."""
+    path = tmp_path_factory.mktemp("text-model") / "m.keras"
+    kbackend.train(text_classifier(), X, Y, epochs=3, learning_rate=0.05, fused_steps=1,
+                   progress=False, save=path)
+    return path
+
+
+def test_export_and_predict_take_raw_strings(saved_text_model, tmp_path, cli):
+    """``export --format keras`` checks the artifact on a sample of texts drawn from the
+    vocabulary; ``predict`` reads a .npy of strings; ``--cache`` is refused in one line."""
+    from kbackend.backend_choice import active_backend
+    from kbackend.serving.export import export_model
+
+    manifest = export_model(saved_text_model, "keras", tmp_path / "export", rows=8,
+                            check_backends=(active_backend(),))
+    assert manifest["ok"] and manifest["sample_rows"] == 8
+    texts = tmp_path / "texts.npy"
+    np.save(texts, np.array(["a superb and lovely film", "an awful boring plot"]))
+    result = cli("predict", "--model", saved_text_model, "--input", texts, "--out",
+                 tmp_path / "p.npy")
+    assert result.returncode == 0, result.stderr
+    assert list(np.argmax(np.load(tmp_path / "p.npy"), axis=1)) == [1, 0]
+    result = cli("predict", "--model", saved_text_model, "--input", texts, "--out",
+                 tmp_path / "q.npy", "--cache", tmp_path / "cache.sqlite")
+    assert result.returncode == 2 and "Cannot cache a model that takes strings" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "cache.sqlite").exists()
+
+
+def test_the_saved_model_serves_raw_strings(saved_text_model):
     """``kbackend serve``'s server on the saved text model: a JSON list of strings in,
     predictions out; numbers refused with 422."""
     from kbackend.serving.server import PredictionServer
 
-    kbackend.train(text_classifier(), X, Y, epochs=3, learning_rate=0.05, progress=False,
-                   save=tmp_path / "m.keras")
-    predictor = BatchPredictor(load_model(tmp_path / "m.keras"))
+    predictor = BatchPredictor(load_model(saved_text_model))
     server = PredictionServer("127.0.0.1", 0, predict=predictor,
                               row_shape=predictor.input_shape, info={},
                               strings=predictor.takes_strings)

@@ -90,10 +90,20 @@ def _describe_shape(shape: tuple[int | None, ...]) -> str:
     return "(N, " + ", ".join("?" if d is None else str(d) for d in shape) + ")"
 
 
+def host_front(model: Any) -> HostFront | None:
+    """The string front of ``model`` (``kbackend.host_front``) that serving runs on the host;
+    None if it has none, or one kbackend cannot split off (Keras runs such a model whole, as
+    before: TensorFlow can, JAX cannot)."""
+    try:
+        return HostFront.of(model)
+    except ModelError:
+        return None
+
+
 def takes_strings(model: Any) -> bool:
     """Whether ``model`` starts with string preprocessing (``kbackend.host_front``): its
     inputs are raw strings, run through that front on the host before the model."""
-    front = HostFront.of(model)
+    front = host_front(model)
     return front is not None and front.takes_text
 
 
@@ -168,7 +178,7 @@ class BatchPredictor:
         check_servable(model)
         # A string front (TextVectorization, StringLookup, ...) runs on the host, the rest of
         # the model in the compiled predict function (XLA has no strings).
-        self.front = HostFront.of(model)
+        self.front = host_front(model)
         self.takes_strings = self.front is not None and self.front.takes_text
         self.model = self.front.rest(model) if self.front is not None else model
         self.max_batch = max_batch

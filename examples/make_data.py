@@ -9,6 +9,10 @@
   target standardized (column `target`), for regression.
 - `breast_cancer.npz`: scikit-learn's embedded breast-cancer data (569 samples, 30 features,
   standardized), labels 0/1, for binary classification.
+- `reviews/`: a text folder as `keras.utils.text_dataset_from_directory` reads it (`train/` and
+  `test/`, each with `neg/` and `pos/` subfolders of .txt files): 800 + 200 short made-up
+  reviews whose sentiment words (two of the label's side, one of the other now and then)
+  decide the label.
 """
 
 import csv
@@ -30,6 +34,29 @@ def sequences(n: int = 6000, length: int = 64, seed: int = 0) -> tuple[np.ndarra
     return x[..., None].astype(np.float32), labels.astype(np.int64)
 
 
+POSITIVE = ("good", "great", "lovely", "superb", "moving", "funny", "clever", "fine")
+NEGATIVE = ("bad", "awful", "dull", "boring", "weak", "silly", "poor", "tedious")
+FILLER = ("the", "movie", "film", "plot", "cast", "was", "a", "very", "and", "story", "it",
+          "acting", "ending", "quite", "really", "of", "this", "with")
+
+
+def reviews(out: Path, n: int = 1000, seed: int = 0) -> None:
+    """``n`` made-up reviews as .txt files under ``out/{train,test}/{neg,pos}/``."""
+    rng = np.random.default_rng(seed)
+    for index in range(n):
+        label = int(rng.integers(0, 2))
+        words = list(rng.choice(FILLER, int(rng.integers(4, 12))))
+        mixed = rng.random() < 0.3  # one word of the other side now and then
+        sides = [label, label, 1 - label] if mixed else [label, label]
+        for side in sides:
+            words.insert(int(rng.integers(0, len(words) + 1)),
+                         str(rng.choice(POSITIVE if side else NEGATIVE)))
+        split = "train" if index < n * 4 // 5 else "test"
+        folder = out / split / ("pos" if label else "neg")
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{index}.txt").write_text(" ".join(words) + ".\n")
+
+
 def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     x, y = sequences()
@@ -45,7 +72,8 @@ def main(out: Path) -> None:
     cancer = load_breast_cancer()
     data = (cancer.data - cancer.data.mean(0)) / cancer.data.std(0)
     np.savez(out / "breast_cancer.npz", x=data.astype(np.float32), y=cancer.target)
-    print(f"wrote sequences.npz, diabetes.csv, breast_cancer.npz to {out}")
+    reviews(out / "reviews")
+    print(f"wrote sequences.npz, diabetes.csv, breast_cancer.npz, reviews/ to {out}")
 
 
 if __name__ == "__main__":

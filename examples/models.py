@@ -51,3 +51,18 @@ def binary_classifier(input_shape):
     model.compile(optimizer="adam", loss=keras.losses.BinaryCrossentropy(from_logits=True),
                   metrics=["accuracy"])
     return model
+
+
+def text_classifier():
+    """keras.io's text classification, raw strings in: TextVectorization first (not adapted
+    here: kbackend adapts it on the training split, runs it on the host, and saves this whole
+    model, which then takes raw strings), an Embedding, pooling and a sigmoid output."""
+    vectorizer = keras.layers.TextVectorization(max_tokens=2000, output_sequence_length=32)
+    inputs = keras.Input(shape=(1,), dtype="string")
+    x = keras.layers.Embedding(2000, 16)(vectorizer(inputs))
+    x = keras.layers.GlobalAveragePooling1D()(x)
+    x = keras.layers.Dense(16, activation="relu")(x)
+    outputs = keras.layers.Dense(1, activation="sigmoid")(x)
+    model = keras.Model(inputs, outputs, name="text_classifier")
+    model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
+    return model

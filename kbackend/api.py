@@ -22,7 +22,8 @@ import numpy as np
 from kbackend.commands.train import command_line as train_command_line
 from kbackend.commands.train import resolve_engine
 from kbackend.config import Target, TrainConfig, check_metrics
-from kbackend.data.user import own_batch_size
+from kbackend.data.user import from_python, own_batch_size
+from kbackend.digests import arrays_digest, json_digest
 from kbackend.distributed import prepare
 from kbackend.engine_facts import DEFAULT_ENGINE, engine_facts
 from kbackend.errors import ConfigError
@@ -44,7 +45,7 @@ from kbackend.study.results import (
 from kbackend.study.targets import missing_target_error, needs_explicit_target
 from kbackend.training import TrainResult, save_model
 from kbackend.training import train as train_config
-from kbackend.workload import Workload, prepare_workload
+from kbackend.workload import Workload, prepare_workload, unwrap
 
 # TrainConfig's fields of a data-parallel or multi-process run (kbackend.distributed.prepare).
 PARALLEL_FIELDS = ("devices", "data_parallel", "dp_impl", "virtual_devices", "num_processes",
@@ -154,12 +155,14 @@ def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
     fresh weights), so a re-run resumes; a builder given as a function must be importable by
     name (defined in a module, not in ``__main__``'s interactive session)."""
     out_path = Path(out)
-    model_source = _model_source_string(model, out_path)
     data_source = data
+    workload = None
     if x is not None:
         workload = _workload(model, x, y, validation_data, None, label, 0, target_metric, False,
                              False, options.get("validation_fraction", 0.1))
-        data_source = str(_save_arrays(workload, out_path))
+        data_source = str(_save_arrays(workload, out_path) if workload.front is None
+                          else _save_texts(x, y, validation_data, out_path))
+    model_source = _model_source_string(model, out_path, workload)
     if target is None:
         if not needs_explicit_target(str(data_source)):  # a built-in dataset's own default
             target = default_target(str(data_source)).value
@@ -168,7 +171,7 @@ def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
             raise missing_target_error(model_source, str(data_source), label=label,
                                        flag="target=")
     metric = target_metric or "val_accuracy"
-    if target_metric is None and x is not None:
+    if target_metric is None and workload is not None:
         metric = f"val_{workload.task.metric}"
     config = StudyConfig(model=model_source, dataset=str(data_source), label=label,
                          optimizers=tuple(optimizers), batch_sizes=batch_sizes,
@@ -182,12 +185,15 @@ def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
                           Path(paths["runs"]) if paths.get("runs") else None)
 
 
-def _model_source_string(model: Any, out: Path) -> str:
+def _model_source_string(model: Any, out: Path, workload: Workload | None = None) -> str:
     """A source string a study's runs (and Ray workers) can rebuild ``model`` from: a live
-    ``keras.Model`` is saved under ``out`` first (``_save_model``)."""
+    ``keras.Model`` is saved under ``out`` first (``_save_model``); one with a string front
+    with the front as ``workload`` adapted it (Keras cannot load a lookup layer saved empty)."""
     if isinstance(model, str | os.PathLike):
         return str(model)
     if _is_keras_model(model):
+        if workload is not None and workload.front is not None:
+            return str(_save_model(unwrap(workload.first_model()), out, workload.front.digest()))
         return str(_save_model(model, out))
     module = getattr(model, "__module__", None)
     name = getattr(model, "__qualname__", None)
@@ -203,11 +209,14 @@ def _is_keras_model(model: Any) -> bool:
     return keras is not None and isinstance(model, keras.Model)
 
 
-def _save_model(model: Any, out: Path) -> Path:
+def _save_model(model: Any, out: Path, front: str = "") -> Path:
     """``model`` as ``out/models/<name>-<digest>.keras`` (atomically; reused when present),
-    the digest of its architecture and compile settings: what its runs rebuild, each from
-    fresh weights, so a re-run with the same model resumes from the store."""
+    the digest of its architecture and compile settings (and ``front``: its string front's
+    digest, vocabularies included): what its runs rebuild, each from fresh weights, so a re-run
+    with the same model resumes from the store."""
     digest = parse_model_source(model).digest(model)  # the run keys' own model digest
+    if front:
+        digest = json_digest([digest, front])
     name = "".join(c if c.isalnum() or c in "-_" else "_" for c in model.name) or "model"
     path = out / "models" / f"{name}-{digest}.keras"
     if not path.exists():
@@ -222,6 +231,20 @@ def _save_arrays(workload: Workload, out: Path) -> Path:
     arrays = {"x_train": data.x_train, "y_train": data.y_train, "x_val": data.x_val,
               "y_val": data.y_val, "x_test": data.x_test, "y_test": data.y_test}
     path = out / "data" / f"arrays-{data.digest()}.npz"  # the run keys' own data digest
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda tmp: np.savez(tmp, allow_pickle=False, **arrays))
+    return path
+
+
+def _save_texts(x: Any, y: Any, validation_data: Any, out: Path) -> Path:
+    """The raw splits of a model with a string front (its runs adapt and run the front
+    themselves) as ``out/data/texts-<digest>.npz``: strings as ``str`` arrays, read back
+    without pickle."""
+    splits = from_python(x, y, validation_data=validation_data).splits
+    arrays = {f"{part}_{split}": (np.asarray(value).astype(str) if part == "x" else value)
+              for split, pair in splits.items() for part, value in zip("xy", pair, strict=True)}
+    path = out / "data" / f"texts-{arrays_digest(arrays)}.npz"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, lambda tmp: np.savez(tmp, allow_pickle=False, **arrays))

@@ -31,10 +31,19 @@ def json_digest(value: Any, chars: int = DIGEST_CHARS) -> str:
 
 
 def arrays_digest(arrays: Mapping[str, Any]) -> str:
-    """A hex digest of named arrays: each name, shape, dtype and the bytes in C order."""
+    """A hex digest of named arrays: each name, shape, dtype and the bytes in C order (arrays of
+    strings: each string's UTF-8 bytes, so ``str`` and ``object`` arrays of the same text agree)."""
     digest = hashlib.sha256()
     for name in sorted(arrays):
-        array = np.ascontiguousarray(arrays[name])
+        array = np.asarray(arrays[name])
+        if array.dtype.kind in "OUS":  # strings: each one's UTF-8 bytes, never object pointers
+            meta = f"{name}|{array.shape}|str|".encode()
+            digest.update(len(meta).to_bytes(4, "little") + meta)
+            for item in array.reshape(-1).tolist():
+                data = item if isinstance(item, bytes) else str(item).encode("utf-8")
+                digest.update(len(data).to_bytes(8, "little") + data)
+            continue
+        array = np.ascontiguousarray(array)
         meta = f"{name}|{array.shape}|{array.dtype.str}|".encode()
         digest.update(len(meta).to_bytes(4, "little") + meta)
         digest.update(array.reshape(-1).view(np.uint8).data)

@@ -36,6 +36,7 @@ import os
 import re
 import struct
 import sys
+import tempfile
 import textwrap
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
@@ -557,6 +558,59 @@ def _is_graph_model(model: Any) -> bool:
     return isinstance(model, keras.Sequential | Functional)
 
 
+is_graph_model = _is_graph_model  # public name (kbackend.host_front)
+
+
+def layer_state(layer: Any) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """(``layer``'s own variables, its asset files' bytes): what Keras saves of it beyond its
+    config (a lookup layer's vocabulary file, its IDF weights)."""
+    store: dict[str, Any] = {}
+    if hasattr(layer, "save_own_variables"):  # a Hashing layer has neither: nothing to keep
+        layer.save_own_variables(store)
+    if not hasattr(layer, "save_assets"):
+        return store, {}
+    with tempfile.TemporaryDirectory() as folder:
+        layer.save_assets(folder)
+        assets = {path.name: path.read_bytes() for path in sorted(Path(folder).iterdir())}
+    return store, assets
+
+
+def copy_layer_state(source: Any, target: Any) -> None:
+    """``source``'s saved state (``layer_state``) loaded into ``target``, as Keras's saving
+    does (``load_assets``, ``load_own_variables``)."""
+    store, assets = layer_state(source)
+    with tempfile.TemporaryDirectory() as folder:
+        for name, data in assets.items():
+            (Path(folder) / name).write_bytes(data)
+        target.load_assets(folder)
+    if store:
+        target.load_own_variables(store)
+
+
+def holds_vocabulary(layer: Any) -> bool:
+    """Whether ``layer`` is a lookup layer (``TextVectorization``, ``StringLookup``, ...) whose
+    table holds more than a layer made anew from its config without a vocabulary: adapted, or
+    given one."""
+    if not hasattr(layer, "vocabulary_size"):
+        return False
+    config = {**layer.get_config(), "vocabulary": None}
+    if "idf_weights" in config:
+        config["idf_weights"] = None
+    return int(layer.vocabulary_size()) > int(type(layer).from_config(config).vocabulary_size())
+
+
+def _copy_vocabularies(model: Any, clone: Any) -> None:
+    """Each lookup layer's vocabulary (``TextVectorization``, ``StringLookup``, ...) copied
+    from ``model`` into ``clone``: ``clone_model`` rebuilds layers from their configs, which
+    hold a vocabulary given as an argument but not one ``adapt`` made. A vocabulary is data
+    preparation, not a weight: the user's adapted layer stays adapted in every seed's copy."""
+    pairs = zip(model._flatten_layers(include_self=False),
+                clone._flatten_layers(include_self=False), strict=False)
+    for source, target in pairs:
+        if type(source) is type(target) and holds_vocabulary(source):
+            copy_layer_state(source, target)
+
+
 def _fresh_copy(model: Any, name: str, *, weights: bool = False, safe_mode: bool = True,
                 compile_config: dict[str, Any] | None = None) -> Any:
     """A clone of the graph model ``model`` (new layers, fresh weights from their initializers
@@ -574,12 +628,32 @@ def _fresh_copy(model: Any, name: str, *, weights: bool = False, safe_mode: bool
                          "(FILE.py:FUNCTION, or a function returning the model).")
     with SafeModeScope(safe_mode), tensorflow_kept_out():
         clone = keras.models.clone_model(model)
+        _copy_vocabularies(model, clone)
         if weights:
             clone.set_weights(model.get_weights())
         if compile_config is None and getattr(model, "compiled", False):
             compile_config = model.get_compile_config()
         _compile(clone, compile_config or {}, name)
     return clone
+
+
+# Layers that take strings or hold a lookup table: a model's string front (kbackend.host_front).
+STRING_FRONT_LAYERS = ("TextVectorization", "StringLookup", "IntegerLookup", "Hashing")
+
+
+def _check_no_string_front(model: Any, name: str) -> None:
+    """A one-line ``ModelError`` for a subclassed model holding string preprocessing layers:
+    kbackend runs such a front on the host, split off a graph it cannot read from ``call``."""
+    keras = import_keras()
+    kinds = tuple(getattr(keras.layers, kind) for kind in STRING_FRONT_LAYERS)
+    found = next((layer for layer in model._flatten_layers(include_self=False)
+                  if isinstance(layer, kinds)), None)
+    if found is not None:
+        raise ModelError(
+            f"Model {name!r} is subclassed ({type(model).__qualname__}) and holds a "
+            f"{type(found).__name__} layer ({found.name}): kbackend splits string preprocessing "
+            "off only a Sequential or functional model (keras.Input(shape=(1,), "
+            "dtype='string') first), or give token ids made in the input pipeline.")
 
 
 def check_model_matches(model: Any, info: DatasetInfo, name: str = "model") -> None:
@@ -601,6 +675,8 @@ def check_model_matches(model: Any, info: DatasetInfo, name: str = "model") -> N
         except Exception as error:
             raise ModelError(f"Model {name!r} does not build for inputs of shape {_shape(shape)} "
                              f"({info.name}): {_one_line(error, 200)}") from None
+    if not _is_graph_model(model):
+        _check_no_string_front(model, name)
     if _is_graph_model(model):
         inputs, outputs = len(model.inputs), len(model.outputs)
         if inputs != 1 or outputs != 1:

@@ -24,7 +24,8 @@ from kbackend import data as data_module
 from kbackend.backend_choice import keras as import_keras
 from kbackend.data import user as user_data
 from kbackend.errors import ConfigError, DataError
-from kbackend.model_sources import ModelSource, parse_model_source
+from kbackend.host_front import HostFront
+from kbackend.model_sources import ModelError, ModelSource, parse_model_source
 from kbackend.models import ModelOptions
 from kbackend.task import CLASSIFICATION, Task, output_units, task_of_model
 
@@ -116,6 +117,10 @@ class Workload:
     options: ModelOptions = field(default_factory=ModelOptions)
     # Named inputs packed into one array (a dict of arrays given as x), else None.
     packing: InputPacking | None = None
+    # The model's string front (kbackend.host_front), run on the host once per split, and the
+    # sample shape of the raw inputs it takes; else None.
+    front: HostFront | None = None
+    raw_shape: tuple[int, ...] | None = None
     # Lines a command prints before training (the inferred task, held-out splits, ...).
     notes: list[str] = field(default_factory=list)
     _first: Any = field(default=None, repr=False)
@@ -137,9 +142,13 @@ class Workload:
         info = self.dataset.info
         if self.packing is not None:
             info = replace(info, input_shape=self.packing.input_shapes)
+        if self.front is not None and self.raw_shape is not None:
+            info = replace(info, input_shape=self.raw_shape)
         model = self.source.build(info, self.options, seed=seed)
         if self.packing is not None:
             return self.packing.wrap(model)
+        if self.front is not None:  # the rest after the front, with the first's vocabularies
+            model = self.front.attach(model)
         adapt_preprocessing(model, self.dataset.x_train)
         return model
 
@@ -157,26 +166,14 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
     ``validation_data``). ``target_metric`` (``val_mae``, ...) picks the metric the engines
     report among the model's compiled ones. Raises a one-line ``KBackendError`` on bad input."""
     options = options or ModelOptions(seed=seed)
-    packing = None
-    if isinstance(x, dict) and y is not None:  # a model's named inputs: packed side by side
-        packing = InputPacking.of(x)
-        x = packing.pack(x, "train")
-        if validation_data is not None:
-            validation_data = (packing.pack(validation_data[0], "validation"),
-                               *tuple(validation_data)[1:])
+    packing, x, validation_data = _packed(x, y, validation_data)
     source = parse_model_source(model, unsafe_deserialization=unsafe_deserialization,
                                 from_weights=from_weights)
     notes: list[str] = []
     owned = False  # arrays read from a file here: split in place (``dataset_of``)
     if x is None and isinstance(data, str) and data in data_module.DATASETS:
-        if not source.builtin:  # the data's own shape (a model's Reshape layer adapts it)
-            dataset = data_module.load(data, layout="spatial", validation_fraction=
-                                       validation_fraction, seed=seed, data_dir=data_dir)
-        else:
-            dataset = data_module.load(data, layout=source.layout,
-                                       data_format=options.data_format,
-                                       validation_fraction=validation_fraction, seed=seed,
-                                       data_dir=data_dir)
+        dataset = _builtin_dataset(source, data, options, validation_fraction, seed, data_dir)
+        if source.builtin:
             return Workload(source, dataset, CLASSIFICATION, options, notes=notes)
         splits = {"train": (dataset.x_train, dataset.y_train), "val": (dataset.x_val,
                   dataset.y_val), "test": (dataset.x_test, dataset.y_test)}
@@ -185,40 +182,75 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
     else:
         loaded = (user_data.from_python(x, y, validation_data=validation_data)
                   if x is not None else user_data.load_source(data, label=label, seed=seed,
-                                                       image_size=image_size))
-        splits, name, kind = dict(loaded.splits), loaded.name, loaded.kind
-        owned = loaded.owned
+                                                              image_size=image_size,
+                                                              raw_text=True))
+        splits, name, kind, owned = dict(loaded.splits), loaded.name, loaded.kind, loaded.owned
         notes.extend(loaded.notes)
-    metric = target_metric[len("val_"):] if target_metric and target_metric != "val_loss" \
-        else None
+    metric = None if target_metric in (None, "val_loss") else str(target_metric)[len("val_"):]
     if source.builtin and source.layout == "flat":  # a built-in MLP takes rows of features
         splits = {k: (np.reshape(v[0], (len(v[0]), -1)), v[1]) for k, v in splits.items()}
+    splits = _text_shaped(splits, source)
+    first, front, splits = _first_model(source, splits, name, options, packing, notes)
+    raw_shape = tuple(int(d) for d in splits["train"][0].shape[1:])
     x_train, y_train = splits["train"]
-    info = _provisional_info(name, x_train, y_train)
-    if packing is not None:
-        info = replace(info, input_shape=packing.input_shapes)
-    first = source.build(info, options, seed=options.seed)
     task = CLASSIFICATION if source.builtin else task_of_model(first, y_train,
                                                                prefer_metric=metric)
-    check_layers(first, source.name)
+    if front is not None:  # the splits now hold what the front gives, the rest trains on them
+        splits = through_front(front, splits, validation_fraction, seed, notes)
+        x_train = splits["train"][0]
+    full, first = first, front.rest(first) if front is not None else first
     if packing is not None:
         first = packing.wrap(first)
-    notes.extend(check_activation(first, task, source.name))
-    if task.source == "inferred":
-        notes.append(f"task inferred from the labels (the model is not compiled): "
-                     f"{task.describe()}")
-    adapted = adapt_preprocessing(first, x_train)
-    if adapted:
-        notes.append(f"adapted on the training split: {', '.join(adapted)}")
-    units = output_units(first)
+    _model_notes(first, task, x_train, source.name, notes)
+    units = output_units(full)
     splits = {k: (v[0], check_labels(task, v[1], units, k)) for k, v in splits.items()}
-    check_output_shape(first, task, splits["train"][1], source.name)
+    check_output_shape(full, task, splits["train"][1], source.name)
     check_classes(task, splits["train"][1], name)
     dataset = dataset_of(name, kind, splits, task, units, validation_fraction, seed, notes,
                          owned=owned)
-    workload = Workload(source, dataset, task, options, packing=packing, notes=notes)
+    workload = Workload(source, dataset, task, options, packing=packing, front=front,
+                        raw_shape=raw_shape if front is not None else None, notes=notes)
     workload._first = (options.seed, first)
     return workload
+
+
+def _packed(x: Any, y: Any, validation_data: Any) -> tuple[InputPacking | None, Any, Any]:
+    """(the packing of a model's named inputs given as a dict, else None; ``x`` and
+    ``validation_data`` packed side by side)."""
+    if not (isinstance(x, dict) and y is not None):
+        return None, x, validation_data
+    packing = InputPacking.of(x)
+    x = packing.pack(x, "train")
+    if validation_data is not None:
+        validation_data = (packing.pack(validation_data[0], "validation"),
+                           *tuple(validation_data)[1:])
+    return packing, x, validation_data
+
+
+def _builtin_dataset(source: ModelSource, data: str, options: ModelOptions,
+                     validation_fraction: float, seed: int,
+                     data_dir: str | None) -> data_module.Dataset:
+    """A built-in dataset in the layout a built-in model takes, else in its own shape (a
+    model's Reshape layer adapts it)."""
+    if not source.builtin:
+        return data_module.load(data, layout="spatial", validation_fraction=validation_fraction,
+                                seed=seed, data_dir=data_dir)
+    return data_module.load(data, layout=source.layout, data_format=options.data_format,
+                            validation_fraction=validation_fraction, seed=seed,
+                            data_dir=data_dir)
+
+
+def _model_notes(model: Any, task: Task, x_train: np.ndarray, name: str,
+                 notes: list[str]) -> None:
+    """The notes on the model to train (an output squashed twice, a task inferred), and its
+    input's Normalization layers adapted on the training split (``adapt_preprocessing``)."""
+    notes.extend(check_activation(model, task, name))
+    if task.source == "inferred":
+        notes.append(f"task inferred from the labels (the model is not compiled): "
+                     f"{task.describe()}")
+    adapted = adapt_preprocessing(model, x_train)
+    if adapted:
+        notes.append(f"adapted on the training split: {', '.join(adapted)}")
 
 
 def _in_model_shape(splits: dict[str, tuple[np.ndarray, np.ndarray]],
@@ -251,18 +283,75 @@ def check_activation(model: Any, task: Task, name: str) -> list[str]:
             "as logits (drop the activation, or compile with from_logits=False)"]
 
 
-def check_layers(model: Any, name: str) -> None:
-    """A layer kbackend's compiled engines cannot run, as a one-line error: ``TextVectorization``
-    takes strings, which no XLA program holds (a folder of .txt class subfolders is vectorized
-    in the input pipeline instead)."""
-    keras = import_keras()
-    for layer in model._flatten_layers(include_self=False):
-        if isinstance(layer, keras.layers.TextVectorization):
-            raise ConfigError(
-                f"Model {name!r} has a TextVectorization layer ({layer.name}): kbackend's engines "
-                "compile the model with XLA, which has no strings. Vectorize in the input "
-                "pipeline: give a folder of .txt class subfolders as --data (vectorized on the "
-                "training split), and start the model at its Embedding.")
+def _text_shaped(splits: dict[str, tuple[Any, Any]], source: ModelSource
+                 ) -> dict[str, tuple[Any, Any]]:
+    """Texts (N,) as (N, 1), the shape of ``keras.Input(shape=(1,), dtype="string")``, unless the
+    saved or given model declares (N,) itself."""
+    x = splits["train"][0]
+    if not (isinstance(x, np.ndarray) and x.dtype.kind in "OU" and x.ndim == 1):
+        return splits
+    if source.kind in ("keras_file", "instance") and source.input_shape() == ():
+        return splits
+    return {k: (np.reshape(v[0], (len(v[0]), 1)), v[1]) for k, v in splits.items()}
+
+
+def _first_model(source: ModelSource, splits: dict[str, tuple[Any, Any]], name: str,
+                 options: ModelOptions, packing: InputPacking | None, notes: list[str]
+                 ) -> tuple[Any, HostFront | None, dict[str, tuple[Any, Any]]]:
+    """(the model built for the data, its string front or None, the splits). Texts for a
+    model without a string front of its own are vectorized by kbackend's built-in layer
+    (``user_data.vectorize_text``, said in a note) and the model built for the token ids."""
+    x_train, y_train = splits["train"]
+    text = x_train.dtype.kind in "OU"
+    info = _provisional_info(name, x_train, y_train)
+    if packing is not None:
+        info = replace(info, input_shape=packing.input_shapes)
+    try:
+        first = source.build(info, options, seed=options.seed)
+    except ModelError:
+        if not text:
+            raise
+        first = None  # a model that does not take strings: built again for token ids
+    front = HostFront.of(first, source.name) if first is not None else None
+    if text and front is None:
+        splits, note = user_data.vectorize_text(
+            {k: (np.reshape(x, (len(x), -1))[:, 0], y) for k, (x, y) in splits.items()})
+        notes.append(note)
+        x_train, y_train = splits["train"]
+        first = source.build(_provisional_info(name, x_train, y_train), options,
+                             seed=options.seed)
+        front = HostFront.of(first, source.name)
+    return first, front, splits
+
+
+def through_front(front: HostFront, splits: dict[str, tuple[Any, Any]],
+                  validation_fraction: float, seed: int, notes: list[str]
+                  ) -> dict[str, tuple[np.ndarray, Any]]:
+    """The raw splits held out as ``dataset_of`` and ``from_arrays`` would hold them out (the
+    same draws), the front adapted on the training split only (where it holds no vocabulary
+    yet), and every split run through it on the host, once (``HostFront.apply``, cached)."""
+    splits = dict(splits)
+    x, y = splits["train"]
+    if "test" not in splits:
+        keep, test = _held_out(len(x), validation_fraction or 0.1, TEST_SPLIT_SEED)
+        splits["test"], (x, y) = (x[test], y[test]), (x[keep], y[keep])
+        notes.append(_held_out_note(len(test)))
+    if "val" not in splits and validation_fraction:
+        keep, val = data_module.validation_indices(len(x), validation_fraction, seed)
+        splits["val"], (x, y) = (x[val], y[val]), (x[keep], y[keep])
+    splits["train"] = (x, y)
+    adapted = front.adapt(front.inputs(x, "inputs of the train split"))
+    if adapted:
+        notes.append(f"adapted on the training split: {', '.join(adapted)}")
+    layers = ", ".join(type(layer).__name__ for layer in front.layers)
+    notes.append(f"string preprocessing ({layers}) run on the host once per split; the "
+                 "saved model takes raw strings")
+    return {k: (front.apply(v[0], f"inputs of the {k} split"), v[1]) for k, v in splits.items()}
+
+
+def _held_out_note(count: int) -> str:
+    return (f"no test split in the data: {count} samples held out as one (a fixed draw, the "
+            "same for every seed)")
 
 
 def adapt_preprocessing(model: Any, x_train: np.ndarray) -> list[str]:
@@ -391,8 +480,7 @@ def dataset_of(name: str, kind: str, splits: dict[str, tuple[np.ndarray, np.ndar
         splits["test"] = (x_train[test], y_train[test])  # copied out first
         x_train = data_module.take_rows(x_train, keep, in_place=owned)
         y_train = y_train[keep]
-        notes.append(f"no test split in the data: {len(test)} samples held out as one "
-                     "(a fixed draw, the same for every seed)")
+        notes.append(_held_out_note(len(test)))
     x_val = y_val = None
     if "val" in splits:
         x_val, y_val = splits["val"]

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("study", "equivalence", "serving", "cache", "advise"),  # the capabilities users run
     ("engines", "training"),
     ("hardware", "distributed", "runtime", "progress", "envinfo", "tensorboard_logs"),
-    ("config", "models", "model_sources", "workload"),
+    ("config", "models", "model_sources", "workload", "host_front"),
     ("backends",),  # ALL backend-specific code (optax included) sits above the backend-free maths
     ("optim", "precision", "data", "adaptive", "engine_facts"),
     ("backend_choice", "history", "io", "errors", "logs", "reports", "stats", "task", "sqlite",

@@ -268,9 +268,9 @@ BAD_SOURCES = [
     ("npz Inf in float labels",
      lambda p: (npz(p, x=np.ones((3, 1)), y=np.array([0.5, 1.0, -np.inf])), {}),
      ["non-finite labels (Inf) in the train split, first at index 2"]),
-    ("npz string inputs",
-     lambda p: (npz(p, x=np.array(["a", "b"]), y=np.ones(2)), {}),
-     ["x of the train split holds strings (dtype <U1)"]),
+    ("npz complex inputs",
+     lambda p: (npz(p, x=np.array([1 + 2j, 3j]), y=np.ones(2)), {}),
+     ["x of the train split holds values of dtype complex128"]),
     ("npz scalar labels",
      lambda p: (npz(p, x=np.ones((2, 2)), y=np.float32(1)), {}),
      ["y of the train split is a single value"]),
@@ -625,6 +625,18 @@ def tfds_dir(tmp_path_factory):
     for builder in (KbackendTinySet, KbackendTinyText):
         builder(data_dir=str(root)).download_and_prepare(download_config=config)
     return root
+
+
+def test_strings_load_raw_for_a_string_front_and_are_vectorized_otherwise(tmp_path):
+    """Texts in an .npz: kept as strings with ``raw_text`` (the model's own string front takes
+    them), else token ids from kbackend's built-in TextVectorization, said in a note."""
+    path = tmp_path / "texts.npz"
+    np.savez(path, x=np.array(["good film", "bad film", "good cast"]), y=np.array([1, 0, 1]))
+    raw = load_source(str(path), raw_text=True)
+    assert raw.splits["train"][0].tolist() == ["good film", "bad film", "good cast"]
+    ids = load_source(str(path))
+    assert ids.splits["train"][0].shape == (3, TEXT_SEQUENCE_LENGTH)
+    assert any("kbackend's TextVectorization" in note for note in ids.notes)
 
 
 def test_tfds_prepared_folder(tfds_dir, monkeypatch):

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -68,3 +69,35 @@ def test_the_tensorboard_example_logs_a_study_and_a_training_run(tmp_path):
     assert list(board.glob("events.out.tfevents.*"))  # the HParams experiment
     assert list((board / "best-train").glob("events.out.tfevents.*"))
     assert next(tmp_path.glob("study/*/runs.csv")).read_text().count("\n") >= 5
+
+
+@pytest.mark.slow  # a training run, its model saved and loaded for predict: ~15 s
+def test_the_text_example_trains_from_its_folder_and_predicts_raw_strings(example_data,
+                                                                         tmp_path, cli):
+    """keras.io's text classifier (TextVectorization first) on the reviews/ folder: its own
+    layer adapted and run on the host, the saved model predicting from raw strings."""
+    saved = tmp_path / "reviews.keras"
+    result = cli("train", "--model", f"{EXAMPLES / 'models.py'}:text_classifier", "--data",
+                 str(example_data / "reviews"), "--epochs", "3", "--lr", "0.01",
+                 "--fused-steps", "1", "--target", "0.85", "--save", str(saved))
+    assert result.returncode == 0, result.stderr
+    assert "string preprocessing (TextVectorization) run on the host" in result.stdout
+    assert "kbackend's TextVectorization" not in result.stdout
+    assert "target val_accuracy >= 0.85: reached" in result.stdout
+    texts = tmp_path / "texts.npy"
+    np.save(texts, np.array(["a lovely, clever and moving film", "dull, boring and awful"]))
+    out = tmp_path / "predictions.npy"
+    result = cli("predict", "--model", str(saved), "--input", str(texts), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert list(np.load(out)[:, 0] > 0.5) == [True, False]
+
+
+@pytest.mark.slow  # a study of the text example: ~30-40 s
+def test_a_study_of_the_text_example_recommends_a_cell(example_data, tmp_path, cli):
+    result = cli("study", "--model", f"{EXAMPLES / 'models.py'}:text_classifier", "--data",
+                 str(example_data / "reviews"), "--target", "0.85", "--optimizers", "sgd,adam",
+                 "--batch-sizes", "16,64", "--seeds", "1", "--lr-grid-size", "1",
+                 "--max-steps", "300", "--noise-points", "0", "--step-time-repeats", "0",
+                 "--out", str(tmp_path), "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert "Recommended:" in result.stdout and "adam" in result.stdout

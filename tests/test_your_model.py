@@ -24,7 +24,7 @@ from kbackend.errors import ConfigError, DataError, KBackendError
 from kbackend.optim import OptimizerSpec
 from kbackend.task import infer_task, metric_direction, task_of_model
 from kbackend.training import train
-from kbackend.workload import check_layers, prepare_workload
+from kbackend.workload import prepare_workload
 from tests.conftest import JIT_FOR_SMALL_RUNS
 
 keras = import_keras()
@@ -343,15 +343,7 @@ def test_dict_inputs_that_do_not_match_the_model_are_one_line():
     assert "\n" not in str(raised.value)
 
 
-def test_a_text_vectorization_layer_in_the_model_is_one_line():
-    vectorizer = keras.layers.TextVectorization(max_tokens=10, output_sequence_length=8,
-                                                vocabulary=["a", "b"])
-    model = keras.Sequential([keras.Input((1,), dtype="string"), vectorizer,
-                              keras.layers.Embedding(10, 4), keras.layers.Flatten(),
-                              keras.layers.Dense(3, activation="softmax")])
-    with pytest.raises(ConfigError, match="TextVectorization layer") as raised:
-        check_layers(model, "text_model")
-    assert "\n" not in str(raised.value)
+# A model that starts with TextVectorization trains: tests/test_string_front.py.
 
 
 def test_a_study_cell_trains_its_own_optimizer_not_the_compiled_one():

@@ -19,6 +19,7 @@ from kbackend.serving.model import (
     input_shape,
     model_fingerprint,
     output_shape,
+    takes_strings,
     validate_inputs,
 )
 
@@ -60,6 +61,9 @@ def check_cacheable(model: Any, rounding: Rounding | None = None) -> tuple[int, 
     (one input and one output, per-feature decimals matching its features, a fixed output
     shape), else a one-line error. Commands call it before they open (and so create) a store."""
     check_servable(model)
+    if takes_strings(model):
+        raise CacheError("Cannot cache a model that takes strings (its first layers are string "
+                         "preprocessing): the cache keys rows of numbers. Run it without --cache.")
     (rounding or Rounding()).check(input_shape(model))
     shape = output_shape(model)
     fixed = tuple(int(d) for d in shape if d is not None)

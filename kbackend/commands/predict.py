@@ -58,10 +58,12 @@ def run(args: argparse.Namespace) -> int:
     if args.cache:
         check_store(args.cache)  # a bad cache fails before the model loads
     model = load_model(args.model)
-    batch = validate_inputs(x, input_shape(model), f"--input {args.input}")
+    predictor = BatchPredictor(model)
+    batch = validate_inputs(x, input_shape(model), f"--input {args.input}",
+                            strings=predictor.takes_strings)
     if args.cache is None:
         store = None
-        predictions = BatchPredictor(model)(batch)
+        predictions = predictor(batch)
     else:
         check_cacheable(model, rounding)
         store = open_store(args.cache)  # created only now that every input was checked

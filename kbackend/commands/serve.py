@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         cache_stats=(lambda: cache.stats().to_dict()) if cache else None,
         max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
         max_request_rows=args.max_request_rows,
-        verbose=args.verbose,
+        verbose=args.verbose, strings=predictor.takes_strings,
     )
     predictor.warm_up()  # compile the one-row bucket before the first request
     signal.signal(signal.SIGTERM,

@@ -141,7 +141,9 @@ def take_rows(x: np.ndarray, rows: np.ndarray, *, in_place: bool) -> np.ndarray:
     return x[:len(rows)]
 
 
-def _validation_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def validation_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(training rows, validation rows) of ``n`` samples, ``fraction`` held out, drawn by
+    ``seed``: the one draw of a held-out validation split."""
     if not 0.0 < fraction < 1.0:
         raise DataError(f"Invalid validation fraction {fraction!r}: expected a value in [0, 1) "
                         "(0: no validation split, the test split stands in).")
@@ -200,7 +202,7 @@ def from_arrays(
     elif val_is_test:
         x_val, y_val = x_test, y_test
     else:
-        train_idx, val_idx = _validation_indices(len(x_train), validation_fraction, seed)
+        train_idx, val_idx = validation_indices(len(x_train), validation_fraction, seed)
         x_val, y_val = x_train[val_idx], y_train[val_idx]  # copied out first
         x_train = take_rows(x_train, train_idx, in_place=owned)
         y_train = y_train[train_idx]

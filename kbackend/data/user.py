@@ -50,7 +50,7 @@ import warnings
 import zipfile
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -172,10 +172,12 @@ def _check_split(where: Where, split: str, x: Any, y: Any) -> tuple[np.ndarray, 
     if len(x) != len(y):
         raise where.error(f"x and y of the {split} split differ in length: x has {len(x)} "
                           f"samples but y has {len(y)}.")
-    if x.dtype.kind not in "biuf":
+    if x.dtype.kind in "OS":  # strings (a tf.data string tensor reads as bytes objects)
+        x = text_array(x, where.error, f"x of the {split} split")
+    if x.dtype.kind not in "biufUO":  # "O": strings only, text_array checked them
         raise where.error(
-            f"x of the {split} split holds {_dtype_words(x.dtype)}: expected numbers (text "
-            "belongs in a folder of .txt class subfolders; encode other values as numbers).")
+            f"x of the {split} split holds {_dtype_words(x.dtype)}: expected numbers or "
+            "strings (for a model whose string preprocessing layers come first).")
     if y.dtype.kind not in "biufUS":
         raise where.error(f"y of the {split} split holds {_dtype_words(y.dtype)}: expected "
                           "numbers or string class names.")
@@ -718,18 +720,40 @@ def _read_py_dataset(where: Where, dataset: Any, split: str, max_bytes: int
     return _concatenate(where, split, xs, ys)
 
 
-def _vectorize_text(datasets: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """Batched (text, label) datasets -> (token ids, label), with a ``TextVectorization`` adapted
-    on the training split only, run in tf.data on the host (it needs TensorFlow graphs, and its
-    int ids feed an ``Embedding`` on every backend)."""
+def text_array(x: Any, error: Callable[[str], Exception], what: str) -> np.ndarray:
+    """``x`` as an array of ``str`` (bytes decoded as UTF-8; ``object`` dtype, so one long text
+    does not widen every row), or ``error(reason)`` raised."""
+    array = np.asarray(x)
+    if array.dtype.kind == "U":
+        return array
+    flat = array.reshape(-1).tolist()
+    if array.dtype.kind not in "OS" or not all(isinstance(i, str | bytes) for i in flat):
+        raise error(f"{what} holds {_dtype_words(array.dtype)}: expected strings.")
+    return np.array([i.decode("utf-8", "replace") if isinstance(i, bytes) else i
+                     for i in flat], dtype=object).reshape(array.shape)
+
+
+def vectorize_text(splits: dict[str, tuple[np.ndarray, np.ndarray]]
+                   ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], str]:
+    """Splits of (text, label) -> (token ids, label), with kbackend's own ``TextVectorization``
+    (``TEXT_MAX_TOKENS``, ``TEXT_SEQUENCE_LENGTH``) adapted on the training split only, run in
+    tf.data on the host (it needs TensorFlow graphs, and its int ids feed an ``Embedding`` on
+    every backend). For a model without string preprocessing layers of its own."""
     keras = import_keras()
+    tf = _tensorflow()
     vectorizer = keras.layers.TextVectorization(max_tokens=TEXT_MAX_TOKENS,
                                                 output_sequence_length=TEXT_SEQUENCE_LENGTH)
-    vectorizer.adapt(datasets["train"].map(lambda text, _: text))
-    tf = _tensorflow()
-    vectorized = {split: dataset.map(lambda text, y: (tf.cast(vectorizer(text), tf.int32), y))
-                  for split, dataset in datasets.items()}
-    note = (f"text vectorized on the host: {vectorizer.vocabulary_size():,} tokens (at most "
+
+    def batches(x: np.ndarray) -> Any:
+        return tf.data.Dataset.from_tensor_slices(x.reshape(len(x)).astype(str)).batch(
+            READ_BATCH)
+
+    vectorizer.adapt(batches(splits["train"][0]))
+    vectorized = {split: (np.concatenate(list(batches(x).map(
+        lambda text: tf.cast(vectorizer(text), tf.int32)).as_numpy_iterator())), y)
+        for split, (x, y) in splits.items()}
+    note = (f"text vectorized on the host by kbackend's TextVectorization (the model has no "
+            f"string preprocessing layer): {vectorizer.vocabulary_size():,} tokens (at most "
             f"{TEXT_MAX_TOKENS:,}, adapted on the training split), length "
             f"{TEXT_SEQUENCE_LENGTH}")
     return vectorized, note
@@ -941,9 +965,6 @@ def _load_folder(where: Where, folder: Path, *, seed: int, max_bytes: int,
             raise where.error(f"the {split} folder's classes {list(dataset.class_names)} differ "
                               f"from the training folder's {list(class_names)}.")
     kind = "images" if kinds == {"images"} else "text"
-    if kind == "text":
-        datasets, note = _vectorize_text(datasets)
-        notes.append(note)
     # each split's file count: its arrays are allocated once, at that size
     splits = {split: _read_tf_dataset(where, dataset, split, max_bytes, batched=True,
                                       rows=len(scans[split][0]) if kind == "images" else None)
@@ -1029,10 +1050,8 @@ def _load_tfds(where: Where, spec: str, max_bytes: int) -> tuple[dict, tuple | N
             notes.append(f"TFDS splits not read: {', '.join(skipped)}")
         if datasets["train"].element_spec[0].dtype == tf.string:
             batched = {split: dataset.batch(READ_BATCH) for split, dataset in datasets.items()}
-            datasets, note = _vectorize_text(batched)
-            notes.append(note)
             splits = {split: _read_tf_dataset(where, dataset, split, max_bytes, batched=True)
-                      for split, dataset in datasets.items()}
+                      for split, dataset in batched.items()}
         else:
             splits = {split: _read_tf_dataset(where, dataset, split, max_bytes, batched=False)
                       for split, dataset in datasets.items()}
@@ -1176,15 +1195,27 @@ def _check_max_bytes(max_bytes: int | None) -> int:
 
 
 def load_source(source: str, *, label: str | None = None, seed: int = 0,
-                max_bytes: int | None = None,
-                image_size: tuple[int, int] | None = None) -> UserData:
+                max_bytes: int | None = None, image_size: tuple[int, int] | None = None,
+                raw_text: bool = False) -> UserData:
     """Read the user's data at ``source`` (see the module doc for the forms) into arrays.
 
     ``label``: a CSV source's label column (any other source refuses it). ``seed``: the order
     the folder readers shuffle files into. ``max_bytes``: the most the data may take in memory
     (default: half the memory available). ``image_size``: (height, width) for image folders
-    (default: the first image's size).
+    (default: the first image's size). ``raw_text``: a text folder's or TFDS set's texts kept
+    as strings (for a model with its own string preprocessing layers; ``vectorize_text`` makes
+    token ids of them otherwise, as happens here without it).
     """
+    data = _load_source(source, label=label, seed=seed, max_bytes=max_bytes,
+                        image_size=image_size)
+    if raw_text or not any(x.dtype.kind in "OU" for x, _ in data.splits.values()):
+        return data
+    splits, note = vectorize_text(dict(data.splits))
+    return replace(data, splits=splits, notes=(*data.notes, note))
+
+
+def _load_source(source: str, *, label: str | None, seed: int, max_bytes: int | None,
+                 image_size: tuple[int, int] | None) -> UserData:
     where = Where(f"data source {str(source)[:200]!r}")
     if not isinstance(source, str) or not source.strip():
         raise where.error("expected a .npz or .csv file, a folder, tfds:NAME or FILE.py:FUNCTION.")

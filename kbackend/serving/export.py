@@ -27,7 +27,14 @@ from kbackend.backend_choice import BACKENDS, active_backend
 from kbackend.errors import ConfigError, KBackendError
 from kbackend.io import atomic_write, atomic_write_json, check_output_folder, temp_folder
 from kbackend.runtime.child import ChildFailed, ChildTimeout, run_in_child
-from kbackend.serving.model import input_shape, load_model, model_fingerprint, validate_inputs
+from kbackend.serving.model import (
+    BatchPredictor,
+    input_shape,
+    load_model,
+    model_fingerprint,
+    takes_strings,
+    validate_inputs,
+)
 
 FORMATS = ("keras", "savedmodel")
 DEFAULT_ATOL = 1e-5  # float32 predictions of the same weights on two XLA builds differ by ~1e-7
@@ -62,6 +69,8 @@ def load_artifact(path: str | os.PathLike, fmt: str) -> Any:
     """A callable ``f(x: float32 array) -> predictions`` for an exported artifact."""
     if fmt == "keras":
         model = load_model(path)
+        if takes_strings(model):  # its string front on the host, as kbackend serves it
+            return BatchPredictor(model)
         return lambda x: np.asarray(model.predict_on_batch(x))
     import tensorflow as tf  # deferred: heavy, and needed only for SavedModel artifacts
 
@@ -120,6 +129,32 @@ def _sample(row_shape: tuple[int | None, ...], rows: int, seed: int) -> np.ndarr
     return np.random.default_rng(seed).random((rows, *fixed), dtype=np.float32)
 
 
+def _text_sample(predictor: BatchPredictor, rows: int, seed: int) -> np.ndarray:
+    """``rows`` texts of 1-8 words drawn from the first front layer's vocabulary, in the shape
+    the model takes (a model with a string front; ``--sample`` names other inputs)."""
+    assert predictor.front is not None
+    layer = predictor.front.layers[0]
+    words = [str(w) for w in layer.get_vocabulary()] if hasattr(layer, "get_vocabulary") else []
+    words = [w for w in words if w and w != "[UNK]"] or ["text"]
+    rng = np.random.default_rng(seed)
+    texts = [" ".join(rng.choice(words, int(rng.integers(1, 9)))) for _ in range(rows)]
+    return validate_inputs(np.array(texts), predictor.input_shape, "sample", strings=True)
+
+
+def _reference(model: Any, sample: np.ndarray | None, rows: int, seed: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(the check sample, the model's predictions on it): ``sample`` checked, else drawn."""
+    row_shape = input_shape(model)
+    if takes_strings(model):
+        predictor = BatchPredictor(model)
+        x = (validate_inputs(sample, row_shape, "--sample", strings=True) if sample is not None
+             else _text_sample(predictor, rows, seed))
+        return x.astype(str), predictor(x)  # str, not object: np.load reads it without pickle
+    x = validate_inputs(sample, row_shape, "--sample") if sample is not None else \
+        _sample(row_shape, rows, seed)
+    return x, np.asarray(model.predict_on_batch(x), dtype=np.float32)
+
+
 def _write_savedmodel(model: Any, target: Path) -> None:
     """``model.export`` into a staging folder, then swap it in (no half-written artifact).
 
@@ -159,12 +194,7 @@ def export_model(model_path: str | os.PathLike, fmt: str, out_dir: str | os.Path
             f"Invalid export format. Expected one of {list(FORMATS)}. Received: {fmt!r}.")
     check_output_folder(out_dir, "--out")  # before the model loads (the API too, not only the CLI)
     model = load_model(model_path)
-    row_shape = input_shape(model)
-    if sample is not None:
-        x = validate_inputs(sample, row_shape, "--sample")
-    else:
-        x = _sample(row_shape, rows, seed)
-    reference = np.asarray(model.predict_on_batch(x), dtype=np.float32)
+    x, reference = _reference(model, sample, rows, seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     target = artifact_path(out, fmt)

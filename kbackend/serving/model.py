@@ -21,7 +21,9 @@ from typing import Any
 import numpy as np
 
 from kbackend.backend_choice import keras as import_keras
+from kbackend.data.user import text_array
 from kbackend.errors import DataError
+from kbackend.host_front import HostFront
 from kbackend.model_sources import (  # shared with training
     ModelError,
     check_model_file,
@@ -29,7 +31,8 @@ from kbackend.model_sources import (  # shared with training
 )
 
 __all__ = ["BatchPredictor", "ModelError", "bucket_size", "check_model_file", "check_servable",
-           "input_shape", "load_model", "model_fingerprint", "output_shape", "validate_inputs"]
+           "input_shape", "load_model", "model_fingerprint", "output_shape", "takes_strings",
+           "validate_inputs"]
 
 
 def _jsonable(value: Any) -> Any:
@@ -87,11 +90,48 @@ def _describe_shape(shape: tuple[int | None, ...]) -> str:
     return "(N, " + ", ".join("?" if d is None else str(d) for d in shape) + ")"
 
 
-def validate_inputs(x: Any, row_shape: tuple[int | None, ...], name: str = "inputs") -> np.ndarray:
-    """``x`` as a float32 batch of rows of ``row_shape``; ``DataError`` naming what is wrong.
+def host_front(model: Any) -> HostFront | None:
+    """The string front of ``model`` (``kbackend.host_front``) that serving runs on the host;
+    None if it has none, or one kbackend cannot split off (Keras runs such a model whole, as
+    before: TensorFlow can, JAX cannot)."""
+    try:
+        return HostFront.of(model)
+    except ModelError:
+        return None
+
+
+def takes_strings(model: Any) -> bool:
+    """Whether ``model`` starts with string preprocessing (``kbackend.host_front``): its
+    inputs are raw strings, run through that front on the host before the model."""
+    front = host_front(model)
+    return front is not None and front.takes_text
+
+
+def _validate_strings(x: Any, row_shape: tuple[int | None, ...], name: str) -> np.ndarray:
+    """``x`` as an array of strings of rows ``row_shape`` (a list of strings is a column
+    for a model taking ``(N, 1)``); ``DataError`` naming what is wrong."""
+    array = text_array(x, DataError, f"Invalid {name}: the model takes strings; the input")
+    if array.ndim == 1 and tuple(row_shape) == (1,):
+        array = array.reshape(len(array), 1)
+    if array.ndim != len(row_shape) + 1 or any(
+            want is not None and got != want
+            for got, want in zip(array.shape[1:], row_shape, strict=False)):
+        raise DataError(f"Invalid {name}: expected strings of shape {_describe_shape(row_shape)}"
+                        f", received {array.shape}.")
+    if array.shape[0] == 0:
+        raise DataError(f"Invalid {name}: expected at least one string, received 0 rows.")
+    return array
+
+
+def validate_inputs(x: Any, row_shape: tuple[int | None, ...], name: str = "inputs", *,
+                    strings: bool = False) -> np.ndarray:
+    """``x`` as a float32 batch of rows of ``row_shape`` (``strings``: as an array of strings,
+    for a model with a string front); ``DataError`` naming what is wrong.
 
     Refused: non-numeric dtypes, a wrong number of axes or features, an empty batch, NaN or inf.
     """
+    if strings:
+        return _validate_strings(x, row_shape, name)
     array = np.asarray(x)
     if array.dtype.kind not in "iuf":
         raise DataError(
@@ -136,14 +176,21 @@ class BatchPredictor:
         if max_batch < 1 or max_batch & (max_batch - 1):
             raise DataError(f"Invalid max_batch {max_batch}: expected a power of two >= 1.")
         check_servable(model)
-        self.model = model
+        # A string front (TextVectorization, StringLookup, ...) runs on the host, the rest of
+        # the model in the compiled predict function (XLA has no strings).
+        self.front = host_front(model)
+        self.takes_strings = self.front is not None and self.front.takes_text
+        self.model = self.front.rest(model) if self.front is not None else model
         self.max_batch = max_batch
         self.input_shape = input_shape(model)
         self.output_shape = output_shape(model)
         self._lock = threading.Lock()
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        """Predictions for the float32 batch ``x`` (already validated) as a float32 array."""
+        """Predictions for the float32 batch ``x`` (already validated; strings for a model
+        with a string front) as a float32 array."""
+        if self.front is not None:
+            x = self.front.apply(x, cache=False)
         outputs = []
         for start in range(0, len(x), self.max_batch):
             chunk = x[start:start + self.max_batch]
@@ -163,4 +210,5 @@ class BatchPredictor:
         if len(fixed) < len(self.input_shape):
             return
         for rows in sizes:
-            self(np.zeros((rows, *fixed), dtype=np.float32))
+            self(np.full((rows, *fixed), "", dtype=object) if self.takes_strings
+                 else np.zeros((rows, *fixed), dtype=np.float32))

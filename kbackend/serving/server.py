@@ -281,13 +281,16 @@ class PredictionServer(ThreadingHTTPServer):
                  max_body_bytes: int = MAX_BODY_BYTES,
                  max_concurrent_bodies: int = MAX_CONCURRENT_BODIES,
                  request_deadline_s: float = REQUEST_DEADLINE_S,
-                 body_slot_wait_s: float = BODY_SLOT_WAIT_S) -> None:
+                 body_slot_wait_s: float = BODY_SLOT_WAIT_S, strings: bool = False) -> None:
         self.row_shape = row_shape
+        self.strings = strings  # a model with a string front: rows of raw strings
         self.info = info
         self.cache_stats = cache_stats
         check_batching_options(max_batch, max_wait_ms, max_request_rows)
         self.max_request_rows = max_request_rows
-        self.max_body_bytes = body_limit(row_shape, max_request_rows, max_body_bytes)
+        # strings have no fixed size per value: the body limit alone bounds them
+        self.max_body_bytes = max_body_bytes if strings else body_limit(
+            row_shape, max_request_rows, max_body_bytes)
         self.max_concurrent_bodies = max_concurrent_bodies
         self.body_slots = threading.BoundedSemaphore(max_concurrent_bodies)
         self.request_deadline_s = request_deadline_s
@@ -614,7 +617,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _check_counts(self, body: bytes) -> None:
         """A large body's lists and numbers counted (no parsing) against what the row limit
         holds: a body of many tiny rows is refused before it becomes millions of objects."""
-        if len(body) <= PRESCAN_BYTES:
+        if len(body) <= PRESCAN_BYTES or self.server.strings:  # commas inside strings
             return
         rows, shape = self.server.max_request_rows, self.server.row_shape
         lists, values = _lists_per_row(shape), _values_per_row(shape)
@@ -662,6 +665,6 @@ class _Handler(BaseHTTPRequestHandler):
                                 f"{len(array)} rows exceed the limit of "
                                 f"{self.server.max_request_rows} per request")
         try:
-            return validate_inputs(array, self.server.row_shape)
+            return validate_inputs(array, self.server.row_shape, strings=self.server.strings)
         except DataError as error:
             raise _RequestError(HTTPStatus.UNPROCESSABLE_ENTITY, str(error)) from None

@@ -147,11 +147,11 @@ def train(
             history = engine(model, dataset, plan, config, reporter)
     history.timing["wall_time"] = time.perf_counter() - start
     if not history.test:  # the native engine evaluates the test split itself
-        test_loss, test_metric = model.evaluate(
-            dataset.x_test, dataset.y_test, batch_size=max(config.batch_size, 256), verbose=0
-        )
-        history.test = {"test_loss": float(test_loss),
-                        f"test_{config.task.metric}": float(test_metric)}
+        results = model.evaluate(
+            dataset.x_test, config.task.fit_labels(dataset.y_test),
+            batch_size=max(config.batch_size, 256), verbose=0, return_dict=True)
+        history.test = {"test_loss": float(results["loss"]),
+                        f"test_{config.task.metric}": float(results[config.task.metric])}
     history.config = {**config.to_dict(), "optimizer": plan.optimizer.to_dict(),
                       "dataset_info": dataset.info.to_dict(), "params": int(model.count_params())}
     history.env = environment()

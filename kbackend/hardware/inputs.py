@@ -30,7 +30,8 @@ def iterate_batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, epochs: in
 
 def monitored_batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, monitor: Any = None,
                       transform: Callable[[np.ndarray], np.ndarray] | None = None,
-                      seed: int = 0, shuffle: bool = True) -> Any:
+                      seed: int = 0, shuffle: bool = True,
+                      label_transform: Callable[[np.ndarray], Any] | None = None) -> Any:
     """A Keras ``PyDataset`` of each epoch's batches; with a ``monitor``, the time spent building
     each batch counts as input wait.
 
@@ -68,7 +69,9 @@ def monitored_batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, monitor:
 
         def _batch(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             batch = x[rows]
-            return (transform(batch) if transform is not None else batch), y[rows]
+            labels = y[rows]  # a multi-output task's packed rows -> a dict by output
+            return (transform(batch) if transform is not None else batch), \
+                (label_transform(labels) if label_transform is not None else labels)
 
         def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
             rows = self.rows(index)

@@ -9,6 +9,9 @@
   target standardized (column `target`), for regression.
 - `breast_cancer.npz`: scikit-learn's embedded breast-cancer data (569 samples, 30 features,
   standardized), labels 0/1, for binary classification.
+- `diabetes_heads.npz`: the diabetes data for a model with two outputs: `progression` (the
+  standardized target) and `risk` (its tertile, 3 classes), as y_train_<output> keys, the last
+  42 patients as x_test / y_test_<output>.
 """
 
 import csv
@@ -42,10 +45,18 @@ def main(out: Path) -> None:
         writer = csv.writer(handle)
         writer.writerow([*diabetes.feature_names, "target"])
         writer.writerows([*row, value] for row, value in zip(features, target, strict=True))
+    tertiles = np.quantile(target, [1 / 3, 2 / 3])
+    risk = np.searchsorted(tertiles, target).astype(np.int64)
+    heads = {"x": features.astype(np.float32), "progression": target.astype(np.float32),
+             "risk": risk}
+    np.savez(out / "diabetes_heads.npz", x_train=heads["x"][:400], x_test=heads["x"][400:],
+             **{f"y_{split}_{name}": heads[name][rows] for split, rows in
+                (("train", slice(0, 400)), ("test", slice(400, None)))
+                for name in ("progression", "risk")})
     cancer = load_breast_cancer()
     data = (cancer.data - cancer.data.mean(0)) / cancer.data.std(0)
     np.savez(out / "breast_cancer.npz", x=data.astype(np.float32), y=cancer.target)
-    print(f"wrote sequences.npz, diabetes.csv, breast_cancer.npz to {out}")
+    print(f"wrote sequences.npz, diabetes.csv, diabetes_heads.npz, breast_cancer.npz to {out}")
 
 
 if __name__ == "__main__":

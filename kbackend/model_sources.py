@@ -20,8 +20,9 @@ a callable                     as a builder function
 
 Fresh weights come from ``kbackend.backends.impl().set_random_seed(seed)`` before the model is
 made: the same seed gives the same weights (an initializer with a seed of its own keeps it).
-Every model is checked against the data (``check_model_matches``): one input (or named inputs
-given as a dict), the input shape the data's, and one output unless the model is functional. Errors are one-line ``ModelError``s (a ``ConfigError``: exit status 2).
+Every model is checked against the data (``check_model_matches``): one input (or named
+inputs given as a dict), the input shape the data's, one output unless it is functional.
+Errors are one-line ``ModelError``s (a ``ConfigError``: exit status 2).
 """
 
 from __future__ import annotations

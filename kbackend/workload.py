@@ -26,8 +26,14 @@ from kbackend.data import user as user_data
 from kbackend.errors import ConfigError, DataError
 from kbackend.model_sources import ModelSource, parse_model_source
 from kbackend.models import ModelOptions
-from kbackend.task import (CLASSIFICATION, MultiOutputTask, Task, output_names, output_units,
-                           task_of_model)
+from kbackend.task import (
+    CLASSIFICATION,
+    MultiOutputTask,
+    Task,
+    output_names,
+    output_units,
+    task_of_model,
+)
 
 # The fixed draw behind a held-out test split (independent of the run's seed).
 TEST_SPLIT_SEED = 1_000_003
@@ -305,7 +311,7 @@ def check_label_outputs(model: Any, y: Any, name: str) -> None:
                         "output: give one label array (y_train).")
 
 
-def output_labels(model: Any, task: MultiOutputTask, y: dict[str, Any], split: str,
+def output_labels(model: Any, task: MultiOutputTask, y: Any, split: str,
                   data: str) -> np.ndarray:
     """A multi-output model's labels of one split (a dict by output name), each checked as its
     output's loss takes it (``check_labels``), packed into one float32 array (``task.pack``).
@@ -317,9 +323,10 @@ def output_labels(model: Any, task: MultiOutputTask, y: dict[str, Any], split: s
                         f"no such output (its outputs: {list(names)}).")
     missing = [head.name for head in task.heads if head.name not in y]
     if missing:
+        trained = [head.name for head in task.heads]
         raise DataError(f"Labels missing for output {missing[0]!r} in the {split} split: "
-                        f"expected labels for each output with a loss ({[h.name for h in task.heads]}"
-                        f"), .npz key y_{split}_{missing[0]} or the dict key {missing[0]!r}.")
+                        f"expected labels for each output with a loss ({trained}), .npz key "
+                        f"y_{split}_{missing[0]} or the dict key {missing[0]!r}.")
     checked = {}
     for i, head in zip(task.index or (), task.heads, strict=True):
         units = int(model.outputs[i].shape[-1] or 1) if len(model.outputs[i].shape) > 1 else 1

@@ -23,6 +23,7 @@ from kbackend.errors import ConfigError, DataError, KBackendError
 from kbackend.optim import OptimizerSpec
 from kbackend.task import MultiOutputTask
 from kbackend.workload import prepare_workload
+from tests.conftest import JIT_FOR_SMALL_RUNS
 
 keras = import_keras()
 RNG = np.random.default_rng(0)
@@ -75,7 +76,8 @@ def test_the_native_total_loss_is_keras_weighted_sum():
     keras_model.set_weights(native_model.get_weights())
     data, spec, batch = workload.dataset, OptimizerSpec("adam", 3e-3), 16
     config = TrainConfig(model="user", optimizer=spec, batch_size=batch, epochs=1,
-                         fused_steps=5, shuffle=False, task=workload.task)
+                         fused_steps=5, shuffle=False, task=workload.task,
+                         jit_compile=JIT_FOR_SMALL_RUNS)
     compile_model(keras_model, spec, config)
     steps = len(data.x_train) // batch
     keras_losses = [float(keras_model.train_on_batch(

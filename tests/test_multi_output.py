@@ -174,3 +174,18 @@ def test_an_uncompiled_two_output_model_is_one_line():
                                             "output") as raised:
         prepare_workload(model, None, x=X, y={"a": CLASSES, "b": VALUES[:, 0]})
     assert "\n" not in str(raised.value)
+
+
+@pytest.mark.slow
+def test_a_study_of_a_two_head_model_recommends_a_train_command_on_its_target(tmp_path):
+    """kbackend.study on a live two-output model and dict labels: the arrays are stored as
+    y_<split>_<output> keys, the runs (and their noise-scale gradients, on the task's weighted
+    loss) train both heads, and the recommended command names the output's target metric."""
+    result = kbackend.study(two_heads(), X, LABELS, target=0.7,
+                            target_metric="val_kind_accuracy", optimizers=("sgd",),
+                            batch_sizes=(16, 64), seeds=2, max_steps=300, lr_grid_size=1,
+                            step_time_repeats=0, out=tmp_path, progress=False)
+    assert result.best is not None
+    assert "--target-metric val_kind_accuracy" in result.best.command
+    stored = np.load(next((tmp_path / "data").glob("arrays-*.npz")))
+    assert {"y_train_kind", "y_train_size", "y_val_size", "y_test_kind"} <= set(stored.files)

@@ -3,7 +3,8 @@
 ``load_source(source)`` reads, by the source's form:
 
 - ``PATH.npz``: arrays ``x_train``, ``y_train`` and optionally ``x_val``/``y_val``,
-  ``x_test``/``y_test``; or ``x`` and ``y``. Each member's .npy header is read first: object
+  ``x_test``/``y_test``; or ``x`` and ``y``. A multi-output model's labels: ``y_train_<output>``
+  per output (``y_val_<output>``, ``y_test_<output>``), read as a dict by output. Each member's .npy header is read first: object
   arrays (which loading would unpickle) and archives declaring more than ``max_bytes`` are refused
   before any array is read, and so is a member whose zip entry and header disagree on its size.
   A ``.npy`` file is not a dataset (it has no labels).

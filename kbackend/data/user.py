@@ -4,9 +4,10 @@
 
 - ``PATH.npz``: arrays ``x_train``, ``y_train`` and optionally ``x_val``/``y_val``,
   ``x_test``/``y_test``; or ``x`` and ``y``. A multi-output model's labels: ``y_train_<output>``
-  per output (``y_val_<output>``, ``y_test_<output>``), read as a dict by output. Each member's .npy header is read first: object
-  arrays (which loading would unpickle) and archives declaring more than ``max_bytes`` are refused
-  before any array is read, and so is a member whose zip entry and header disagree on its size.
+  per output (``y_val_<output>``, ``y_test_<output>``), read as a dict by output. Each
+  member's .npy header is read first: object arrays (which loading would unpickle) and archives
+  declaring more than ``max_bytes`` are refused before any array is read, and so is a member
+  whose zip entry and header disagree on its size.
   A ``.npy`` file is not a dataset (it has no labels).
 - ``PATH.csv`` with ``label=COLUMN``: every other column a numeric feature (float32); the label
   column numbers (int when all are whole, else float) or strings (sorted class names -> indices).

@@ -42,9 +42,10 @@ def gradients(model: Any, x: Any, y: Any, *, training: bool = True,
     training call and ``compute_loss``; the model must be compiled); the training call updates
     BatchNormalization's moving statistics in place, as a train step does. ``training=False``:
     the mean sparse categorical cross-entropy of an inference-mode forward pass (with ``task``,
-    a ``kbackend.task.Task``: the mean of its loss), one XLA ``tf.function`` per model and task. ``as_numpy=False`` returns the tensors as TF produces them (an
-    Embedding's gradient is a sparse ``tf.IndexedSlices``; None where the loss does not depend on
-    a variable); ``as_numpy=True`` dense arrays (zeros for None).
+    a ``kbackend.task.Task``: the mean of its loss), one XLA ``tf.function`` per model and task.
+    ``as_numpy=False`` returns the tensors as TF produces them (an Embedding's gradient is a
+    sparse ``tf.IndexedSlices``; None where the loss does not depend on a variable);
+    ``as_numpy=True`` dense arrays (zeros for None).
     """
     if training:
         with tf.GradientTape() as tape:

@@ -174,6 +174,11 @@ class Task:
         """Labels as Keras ``fit`` and ``evaluate`` take them (a multi-output task unpacks)."""
         return y
 
+    def as_outputs(self, y: np.ndarray) -> Any:
+        """Label-shaped values (a constant guess) as the model's outputs, for
+        ``per_sample_metric``: a multi-output task's as one array per output."""
+        return y
+
     def to_dict(self) -> dict[str, Any]:
         return {"loss": self.loss_name, "loss_config": self.loss, "metric": self.metric,
                 "metric_fn": self.metric_fn, "metric_args": dict(self.metric_args),
@@ -454,6 +459,18 @@ class MultiOutputTask(Task):
 
     def fit_labels(self, y: np.ndarray) -> Any:
         return self.unpack(y)
+
+    def as_outputs(self, y: np.ndarray) -> Any:
+        outputs: list[Any] = [None] * max(len(self.names), len(self.heads))
+        for i, head in enumerate(self.heads):
+            part = np.asarray(y[:, head.start:head.start + head.width], np.float32)
+            outputs[self.index[i] if self.index is not None else i] = \
+                part.reshape(len(y), *head.shape) if head.shape else part
+        return outputs
+
+    def loss_object(self) -> Any:
+        """The outputs' Keras losses, a dict by output name (as ``compile`` takes them)."""
+        return {head.name: head.task.loss_object() for head in self.heads}
 
     def unpack(self, y: np.ndarray) -> dict[str, np.ndarray]:
         """Packed label rows as the dict of arrays Keras ``fit`` takes, keyed by output."""

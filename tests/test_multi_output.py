@@ -189,3 +189,16 @@ def test_a_study_of_a_two_head_model_recommends_a_train_command_on_its_target(tm
     assert "--target-metric val_kind_accuracy" in result.best.command
     stored = np.load(next((tmp_path / "data").glob("arrays-*.npz")))
     assert {"y_train_kind", "y_train_size", "y_val_size", "y_test_kind"} <= set(stored.files)
+
+
+def test_advise_follow_up_target_reads_the_regression_output_error():
+    """advise's follow-up study target for an error metric on one output: half the validation
+    error of predicting that output's training mean (the other outputs play no part)."""
+    from kbackend.advise.advisor import study_target_flags
+
+    workload = prepare_workload(two_heads(), None, x=X, y=LABELS, target_metric="val_size_mae")
+    data = workload.dataset
+    size_val, size_train = (workload.task.unpack(y)["size"] for y in (data.y_val, data.y_train))
+    want = 0.5 * float(np.mean(np.abs(size_val - size_train.mean(axis=0))))
+    assert study_target_flags(workload.task, data) == \
+        f" --target-metric val_size_mae --target {want:.3g}"

@@ -148,7 +148,7 @@ def _loss_and_metrics(task: Any) -> dict[str, Any]:
     name ``task.metric`` has), else the one loss and metric."""
     if isinstance(task, MultiOutputTask):
         head = task.head(task.metric_head)
-        return {"loss": {h.name: h.task.loss_object() for h in task.heads},
+        return {"loss": task.loss_object(),
                 "loss_weights": {h.name: h.weight for h in task.heads},
                 "metrics": {head.name: [_keras_metric(head.task)]}}
     return {"loss": task.loss_object(), "metrics": [_keras_metric(task)]}

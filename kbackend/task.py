@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -440,12 +441,11 @@ class MultiOutputTask(Task):
 
     def per_sample_loss(self, y: Any, outputs: Any) -> Any:
         """The weighted sum of the outputs' per-sample losses (Keras's total, before the mean)."""
-        total = None
-        for i, head in enumerate(self.heads):
-            loss = head.task.per_sample_loss(self._labels(y, head), self._output(outputs, i))
-            term = loss * head.weight
-            total = term if total is None else total + term
-        return total
+        # A comprehension, not a loop with a running total: TensorFlow's autograph rewrites
+        # loops and conditional expressions in a traced function (and got this one wrong).
+        terms = [head.task.per_sample_loss(self._labels(y, head), self._output(outputs, i))
+                 * head.weight for i, head in enumerate(self.heads)]
+        return functools.reduce(operator.add, terms)
 
     def per_sample_metric(self, y: Any, outputs: Any) -> Any:
         i = next(i for i, head in enumerate(self.heads) if head.name == self.metric_head)

@@ -92,10 +92,11 @@ def test_the_native_total_loss_is_keras_weighted_sum():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", ["native", "keras"])
+@pytest.mark.parametrize("engine", ["native", "keras", "data_parallel", "keras_data_parallel"])
 def test_each_engine_trains_both_heads_to_a_target_on_one_output(engine):
     """A target on the classification head's accuracy stops the run there; the regression head
-    learns too (its validation error falls), on the native engine and on Keras fit."""
+    learns too (its validation error falls), on every engine (one device for the data-parallel
+    ones: their replicas and per-device batches, the same labels packing)."""
     result = kbackend.train(two_heads(), X, LABELS, epochs=30, batch_size=32, learning_rate=0.1,
                             engine=engine, target=0.8, target_metric="val_kind_accuracy",
                             progress=False)

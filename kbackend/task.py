@@ -452,6 +452,21 @@ class MultiOutputTask(Task):
         head = self.heads[i]
         return head.task.per_sample_metric(self._labels(y, head), self._output(outputs, i))
 
+    def output_results(self, outputs: Any, y: np.ndarray, prefix: str) -> dict[str, float]:
+        """Each output's mean loss and metric on packed labels ``y`` given the model's
+        ``outputs`` (host arrays, ``model.predict``'s), named as Keras's ``evaluate`` names them:
+        ``<prefix>_<output>_loss``, ``<prefix>_<output>_<metric>`` (unweighted)."""
+        import keras  # deferred: Keras is imported once the backend is chosen
+
+        results = {}
+        for i, head in enumerate(self.heads):
+            labels, out = self._labels(y, head), self._output(outputs, i)
+            for name, values in (("loss", head.task.per_sample_loss(labels, out)),
+                                 (head.task.metric, head.task.per_sample_metric(labels, out))):
+                mean = np.mean(keras.ops.convert_to_numpy(values))
+                results[f"{prefix}_{head.name}_{name}"] = float(mean)
+        return results
+
     def pack(self, labels: dict[str, np.ndarray]) -> np.ndarray:
         """Checked labels per output (``workload.check_labels``) as one float32 array."""
         return np.concatenate([np.asarray(labels[h.name], np.float32).reshape(
@@ -547,8 +562,12 @@ def multi_output_task(model: Any, *, prefer_metric: str | None = None) -> MultiO
     for name in (n for n in names if n in losses):
         output = model.outputs[names.index(name)]
         units = int(output.shape[-1]) if len(output.shape) > 1 and output.shape[-1] else 1
-        task = make_task(losses[name], metrics.get(name, []) if name == chosen else [], units,
-                         source="compiled", prefer_metric=metric if name == chosen else None)
+        # Another output's metric is reported beside the target's where the engines can
+        # compute it (its first supported one, else its loss family's default).
+        supported = [m for m in metrics.get(name, []) if _metric_name(m) in SUPPORTED_METRICS]
+        task = make_task(losses[name], metrics.get(name, []) if name == chosen else supported,
+                         units, source="compiled",
+                         prefer_metric=metric if name == chosen else None)
         shape = () if task.sparse_labels else tuple(output.shape[1:]) or (1,)
         if any(d is None for d in shape):
             raise ConfigError(f"Output {name!r} has shape {tuple(output.shape)}: kbackend packs "

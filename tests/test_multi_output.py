@@ -91,6 +91,19 @@ def test_the_native_total_loss_is_keras_weighted_sum():
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("engine", ["native", "keras"])
+def test_each_outputs_test_loss_and_metric_are_reported_and_sum_to_the_total(engine):
+    """The test results name every output's loss and metric as Keras's ``evaluate`` does, and
+    the total is their weighted sum (1.0 x kind + 0.5 x size), on both kinds of engine."""
+    test = kbackend.train(two_heads(), X, LABELS, epochs=1, batch_size=64, engine=engine,
+                          progress=False).history.test
+    assert {"test_loss", "test_kind_loss", "test_size_loss", "test_kind_accuracy",
+            "test_size_mae"} <= set(test)
+    np.testing.assert_allclose(test["test_kind_loss"] + 0.5 * test["test_size_loss"],
+                               test["test_loss"], rtol=1e-4)
+    assert 0.0 <= test["test_kind_accuracy"] <= 1.0 and test["test_size_mae"] > 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["native", "keras", "data_parallel", "keras_data_parallel"])
 def test_each_engine_trains_both_heads_to_a_target_on_one_output(engine):

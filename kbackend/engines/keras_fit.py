@@ -147,10 +147,9 @@ def _loss_and_metrics(task: Any) -> dict[str, Any]:
     dicts keyed by output (Keras then logs ``<output>_loss`` and ``<output>_<metric>``, the
     name ``task.metric`` has), else the one loss and metric."""
     if isinstance(task, MultiOutputTask):
-        head = task.head(task.metric_head)
         return {"loss": task.loss_object(),
                 "loss_weights": {h.name: h.weight for h in task.heads},
-                "metrics": {head.name: [_keras_metric(head.task)]}}
+                "metrics": {h.name: [_keras_metric(h.task)] for h in task.heads}}
     return {"loss": task.loss_object(), "metrics": [_keras_metric(task)]}
 
 

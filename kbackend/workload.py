@@ -219,13 +219,7 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
     if adapted:
         notes.append(f"adapted on the training split: {', '.join(adapted)}")
     units = output_units(first)
-    if isinstance(task, MultiOutputTask):
-        splits = {k: (v[0], output_labels(first, task, v[1], k, name)) for k, v in
-                  splits.items()}
-    else:
-        splits = {k: (v[0], check_labels(task, v[1], units, k)) for k, v in splits.items()}
-        check_output_shape(first, task, splits["train"][1], source.name)
-        check_classes(task, splits["train"][1], name)
+    splits = checked_splits(first, task, splits, name, source.name)
     dataset = dataset_of(name, kind, splits, task, units, validation_fraction, seed, notes,
                          owned=owned)
     workload = Workload(source, dataset, task, options, packing=packing, notes=notes)
@@ -296,6 +290,19 @@ def adapt_preprocessing(model: Any, x_train: np.ndarray) -> list[str]:
             layer.adapt(x_train)
             adapted.append(layer.name)
     return adapted
+
+
+def checked_splits(model: Any, task: Task, splits: dict[str, tuple[Any, Any]], data: str,
+                   name: str) -> dict[str, tuple[Any, np.ndarray]]:
+    """Every split's labels checked against ``task`` and the model's output (``check_labels``,
+    ``check_output_shape``, ``check_classes``); a multi-output task's packed (``output_labels``)."""
+    if isinstance(task, MultiOutputTask):
+        return {k: (x, output_labels(model, task, y, k, data)) for k, (x, y) in splits.items()}
+    units = output_units(model)
+    checked = {k: (x, check_labels(task, y, units, k)) for k, (x, y) in splits.items()}
+    check_output_shape(model, task, checked["train"][1], name)
+    check_classes(task, checked["train"][1], data)
+    return checked
 
 
 def check_label_outputs(model: Any, y: Any, name: str) -> None:

@@ -148,6 +148,15 @@ def test_the_cli_trains_a_saved_two_head_model_on_y_train_output_keys(tmp_path, 
     assert saved.output_names == ["kind", "size"]
 
 
+def test_the_cli_refuses_a_target_on_an_output_the_model_lacks_with_exit_2(tmp_path, cli):
+    two_heads().save(tmp_path / "heads.keras")
+    np.savez(tmp_path / "heads.npz", x_train=X, y_train_kind=CLASSES, y_train_size=VALUES)
+    result = cli("train", "--model", tmp_path / "heads.keras", "--data", tmp_path / "heads.npz",
+                 "--target-metric", "val_colour_accuracy", "--target", "0.9")
+    assert result.returncode == 2
+    assert "val_<output>_<metric>" in result.stderr and "Traceback" not in result.stderr
+
+
 def _bad_npz(tmp_path, **arrays):
     np.savez(tmp_path / "bad.npz", **arrays)
     return lambda: prepare_workload(two_heads(), str(tmp_path / "bad.npz"))

@@ -13,6 +13,9 @@
   `test/`, each with `neg/` and `pos/` subfolders of .txt files): 800 + 200 short made-up
   reviews whose sentiment words (two of the label's side, one of the other now and then)
   decide the label.
+- `diabetes_heads.npz`: the diabetes data for a model with two outputs: `progression` (the
+  standardized target) and `risk` (its tertile, 3 classes), as y_train_<output> keys, the last
+  42 patients as x_test / y_test_<output>.
 """
 
 import csv
@@ -69,11 +72,20 @@ def main(out: Path) -> None:
         writer = csv.writer(handle)
         writer.writerow([*diabetes.feature_names, "target"])
         writer.writerows([*row, value] for row, value in zip(features, target, strict=True))
+    tertiles = np.quantile(target, [1 / 3, 2 / 3])
+    risk = np.searchsorted(tertiles, target).astype(np.int64)
+    heads = {"x": features.astype(np.float32), "progression": target.astype(np.float32),
+             "risk": risk}
+    np.savez(out / "diabetes_heads.npz", x_train=heads["x"][:400], x_test=heads["x"][400:],
+             **{f"y_{split}_{name}": heads[name][rows] for split, rows in
+                (("train", slice(0, 400)), ("test", slice(400, None)))
+                for name in ("progression", "risk")})
     cancer = load_breast_cancer()
     data = (cancer.data - cancer.data.mean(0)) / cancer.data.std(0)
     np.savez(out / "breast_cancer.npz", x=data.astype(np.float32), y=cancer.target)
     reviews(out / "reviews")
-    print(f"wrote sequences.npz, diabetes.csv, breast_cancer.npz, reviews/ to {out}")
+    print(f"wrote sequences.npz, diabetes.csv, diabetes_heads.npz, breast_cancer.npz, reviews/ "
+          f"to {out}")
 
 
 if __name__ == "__main__":

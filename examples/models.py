@@ -66,3 +66,21 @@ def text_classifier():
     model = keras.Model(inputs, outputs, name="text_classifier")
     model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
     return model
+
+
+def two_heads(input_shape):
+    """A multi-output model (docs/your-model.md, "Several outputs"): a shared body, a regression
+    head `progression` and a 3-class head `risk` (logits), compiled with a loss per output and
+    loss weights, as Keras's functional API guide does. Its labels: y_train_progression and
+    y_train_risk in the .npz (`make_data.py`'s diabetes_heads.npz)."""
+    inputs = keras.Input(input_shape, name="features")
+    x = keras.layers.Dense(32, activation="relu")(inputs)
+    progression = keras.layers.Dense(1, name="progression")(x)
+    risk = keras.layers.Dense(3, name="risk")(x)
+    model = keras.Model(inputs, [progression, risk], name="two_heads")
+    model.compile(optimizer="adam",
+                  loss={"progression": "mse",
+                        "risk": keras.losses.SparseCategoricalCrossentropy(from_logits=True)},
+                  loss_weights={"progression": 0.5, "risk": 1.0},
+                  metrics={"progression": ["mae"], "risk": ["accuracy"]})
+    return model

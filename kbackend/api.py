@@ -228,8 +228,13 @@ def _save_model(model: Any, out: Path, front: str = "") -> Path:
 def _save_arrays(workload: Workload, out: Path) -> Path:
     """The workload's splits as ``out/data/<digest>.npz`` (atomically; reused when present)."""
     data = workload.dataset
-    arrays = {"x_train": data.x_train, "y_train": data.y_train, "x_val": data.x_val,
-              "y_val": data.y_val, "x_test": data.x_test, "y_test": data.y_test}
+    arrays = {}
+    for split in ("train", "val", "test"):
+        arrays[f"x_{split}"] = getattr(data, f"x_{split}")
+        labels = workload.task.fit_labels(getattr(data, f"y_{split}"))
+        # A multi-output task's labels as the y_<split>_<output> keys the .npz reader takes.
+        arrays.update({f"y_{split}_{name}": value for name, value in labels.items()}
+                      if isinstance(labels, dict) else {f"y_{split}": labels})
     path = out / "data" / f"arrays-{data.digest()}.npz"  # the run keys' own data digest
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -20,8 +20,9 @@ a callable                     as a builder function
 
 Fresh weights come from ``kbackend.backends.impl().set_random_seed(seed)`` before the model is
 made: the same seed gives the same weights (an initializer with a seed of its own keeps it).
-Every model is checked against the data (``check_model_matches``): one input and one output, the
-input shape the data's. Errors are one-line ``ModelError``s (a ``ConfigError``: exit status 2).
+Every model is checked against the data (``check_model_matches``): one input (or named
+inputs given as a dict), the input shape the data's, one output unless it is functional.
+Errors are one-line ``ModelError``s (a ``ConfigError``: exit status 2).
 """
 
 from __future__ import annotations
@@ -658,7 +659,9 @@ def _check_no_string_front(model: Any, name: str) -> None:
 
 def check_model_matches(model: Any, info: DatasetInfo, name: str = "model") -> None:
     """A one-line ``ModelError`` unless ``model`` takes one input of the data's shape
-    (``info.input_shape``; a dimension the model leaves open matches any) and gives one output.
+    (``info.input_shape``; a dimension the model leaves open matches any). A functional model
+    may give several outputs (a multi-output task, ``kbackend.task``); a subclassed one gives
+    one.
 
     An unbuilt Sequential model is built for the data's shape; a subclassed model is called on a
     symbolic batch of it. Output units against classes are the task's check, not this one.
@@ -678,10 +681,10 @@ def check_model_matches(model: Any, info: DatasetInfo, name: str = "model") -> N
     if not _is_graph_model(model):
         _check_no_string_front(model, name)
     if _is_graph_model(model):
-        inputs, outputs = len(model.inputs), len(model.outputs)
-        if inputs != 1 or outputs != 1:
-            raise ModelError(f"Model {name!r} has {inputs} inputs and {outputs} outputs: "
-                             "kbackend trains models with one input and one output.")
+        inputs = len(model.inputs)
+        if inputs != 1:  # several outputs are a multi-output task (kbackend.task)
+            raise ModelError(f"Model {name!r} has {inputs} inputs: kbackend trains a model with "
+                             "several inputs on data given as a dict keyed by input name.")
         got = tuple(model.inputs[0].shape[1:])
         if len(got) != len(shape) or any(g is not None and g != w
                                          for g, w in zip(got, shape, strict=True)):
@@ -696,13 +699,14 @@ def check_model_matches(model: Any, info: DatasetInfo, name: str = "model") -> N
                          f"({info.name}): {_one_line(error, 200)}") from None
     outputs = len(keras.tree.flatten(output))
     if outputs != 1:
-        raise ModelError(f"Model {name!r} has {outputs} outputs: kbackend trains models with one "
-                         "input and one output.")
+        raise ModelError(f"Model {name!r} is subclassed and has {outputs} outputs: kbackend "
+                         "names a multi-output model's outputs by its output layers; build it "
+                         "as a functional model.")
 
 
 def _check_named_inputs(model: Any, shapes: dict[str, tuple[int, ...]], name: str) -> None:
     """A multi-input model against data given as a dict (``shapes``: the data's shape per
-    input name): the same input names, each input's shape the data's, and one output."""
+    input name): the same input names, each input's shape the data's."""
     wanted = {key: tuple(shape) for key, shape in shapes.items()}
     if not _is_graph_model(model):
         raise ModelError(f"Model {name!r} is subclassed: dict inputs need a functional model "
@@ -717,9 +721,6 @@ def _check_named_inputs(model: Any, shapes: dict[str, tuple[int, ...]], name: st
                                            for h, w in zip(have, shape, strict=True)):
             raise ModelError(f"Model {name!r} takes input {key!r} of shape {_shape(have)}, the "
                              f"data's {key!r} has {_shape(shape)}.")
-    if len(model.outputs) != 1:
-        raise ModelError(f"Model {name!r} has {len(model.outputs)} outputs: kbackend trains "
-                         "models with one output.")
 
 
 def _check_fits(model: Any, name: str) -> None:

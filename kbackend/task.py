@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -170,6 +171,15 @@ class Task:
         values = getattr(keras.metrics, self.metric_fn)(y, outputs, **dict(self.metric_args))
         return _per_sample(keras.ops.cast(values, "float32"))
 
+    def fit_labels(self, y: np.ndarray) -> Any:
+        """Labels as Keras ``fit`` and ``evaluate`` take them (a multi-output task unpacks)."""
+        return y
+
+    def as_outputs(self, y: np.ndarray) -> Any:
+        """Label-shaped values (a constant guess) as the model's outputs, for
+        ``per_sample_metric``: a multi-output task's as one array per output."""
+        return y
+
     def to_dict(self) -> dict[str, Any]:
         return {"loss": self.loss_name, "loss_config": self.loss, "metric": self.metric,
                 "metric_fn": self.metric_fn, "metric_args": dict(self.metric_args),
@@ -310,7 +320,10 @@ def _metric_name(metric: Any) -> str:
 
 
 def task_of_model(model: Any, y: np.ndarray, *, prefer_metric: str | None = None) -> Task:
-    """The task of ``model``: its compiled loss and metrics, else inferred from labels ``y``."""
+    """The task of ``model``: its compiled loss and metrics, else inferred from labels ``y``.
+    A model with several outputs gets a ``MultiOutputTask`` (its compiled loss per output)."""
+    if len(output_names(model)) > 1:
+        return multi_output_task(model, prefer_metric=prefer_metric)
     units = output_units(model)
     loss = getattr(model, "loss", None) if getattr(model, "compiled", False) else None
     if loss is not None:
@@ -352,3 +365,230 @@ def infer_task(y: np.ndarray, units: int, *, prefer_metric: str | None = None) -
     else:
         loss, metric = "mean_squared_error", "mae"
     return make_task(loss, [prefer_metric or metric], units, source="inferred")
+
+
+# --- models with several outputs ---------------------------------------------------------------
+
+
+def output_names(model: Any) -> tuple[str, ...]:
+    """The names a model's outputs go by in ``compile``'s loss dict and in Keras's logs
+    (``val_<output>_<metric>``): a functional model's ``output_names`` (its output layers'
+    names, in output order); a model without them has one unnamed output, ``()``."""
+    return tuple(str(name) for name in (getattr(model, "output_names", None) or ()))
+
+
+@dataclass(frozen=True)
+class OutputHead:
+    """One output of a multi-output task: its name, its own task (loss, metric), the weight of
+    its loss in the total, and where its labels lie in the packed label rows (``start``,
+    ``shape``: one column of class indices for a sparse loss, else the label's own shape)."""
+
+    name: str
+    task: Task
+    weight: float
+    start: int
+    shape: tuple[int, ...]
+
+    @property
+    def width(self) -> int:
+        return int(np.prod(self.shape)) if self.shape else 1
+
+
+@dataclass(frozen=True)
+class MultiOutputTask(Task):
+    """A model with several outputs, compiled with a loss per output (a dict or list, with
+    ``loss_weights``). Every engine handles one label array: the outputs' labels are packed side
+    by side into float32 rows (``pack``; class indices are exact up to 2**24), and the loss is
+    Keras's total, the weighted sum of the outputs' losses (``per_sample_loss``); the metric the
+    engines report is one output's (``metric_head``), named as Keras logs it (``cls_accuracy``).
+    ``index``: the position of each head's output in the model's outputs (a list), or None
+    where the model returns a dict keyed by the names."""
+
+    heads: tuple[OutputHead, ...] = ()
+    metric_head: str = ""
+    index: tuple[int, ...] | None = None
+    names: tuple[str, ...] = ()  # every output of the model, with a loss or not
+
+    def head(self, name: str) -> OutputHead:
+        return next(head for head in self.heads if head.name == name)
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{h.name}: {h.task.loss_name}"
+                          f"{' (from_logits)' if h.task.from_logits else ''} x {h.weight:g}"
+                          for h in self.heads)
+        return f"loss {parts}; metric {self.metric}"
+
+    @property
+    def loss_name(self) -> str:
+        return " + ".join(f"{h.weight:g} {h.task.loss_name}" for h in self.heads)
+
+    @property
+    def from_logits(self) -> bool:
+        return False  # per output: each head's own task says
+
+    def _output(self, outputs: Any, head: int) -> Any:
+        if isinstance(outputs, dict):
+            return outputs[self.heads[head].name]
+        return outputs[self.index[head] if self.index is not None else head]
+
+    def _labels(self, y: Any, head: OutputHead) -> Any:
+        import keras  # deferred: Keras is imported once the backend is chosen
+
+        part = y[:, head.start:head.start + head.width]
+        if head.task.sparse_labels:
+            return keras.ops.cast(part[:, 0], "int32")
+        return keras.ops.reshape(part, (-1, *head.shape))
+
+    def per_sample_loss(self, y: Any, outputs: Any) -> Any:
+        """The weighted sum of the outputs' per-sample losses (Keras's total, before the mean)."""
+        # A comprehension, not a loop with a running total: TensorFlow's autograph rewrites
+        # loops and conditional expressions in a traced function (and got this one wrong).
+        terms = [head.task.per_sample_loss(self._labels(y, head), self._output(outputs, i))
+                 * head.weight for i, head in enumerate(self.heads)]
+        return functools.reduce(operator.add, terms)
+
+    def per_sample_metric(self, y: Any, outputs: Any) -> Any:
+        i = next(i for i, head in enumerate(self.heads) if head.name == self.metric_head)
+        head = self.heads[i]
+        return head.task.per_sample_metric(self._labels(y, head), self._output(outputs, i))
+
+    def output_results(self, outputs: Any, y: np.ndarray, prefix: str) -> dict[str, float]:
+        """Each output's mean loss and metric on packed labels ``y`` given the model's
+        ``outputs`` (host arrays, ``model.predict``'s), named as Keras's ``evaluate`` names them:
+        ``<prefix>_<output>_loss``, ``<prefix>_<output>_<metric>`` (unweighted)."""
+        import keras  # deferred: Keras is imported once the backend is chosen
+
+        results = {}
+        for i, head in enumerate(self.heads):
+            labels, out = self._labels(y, head), self._output(outputs, i)
+            for name, values in (("loss", head.task.per_sample_loss(labels, out)),
+                                 (head.task.metric, head.task.per_sample_metric(labels, out))):
+                mean = np.mean(keras.ops.convert_to_numpy(values))
+                results[f"{prefix}_{head.name}_{name}"] = float(mean)
+        return results
+
+    def pack(self, labels: dict[str, np.ndarray]) -> np.ndarray:
+        """Checked labels per output (``workload.check_labels``) as one float32 array."""
+        return np.concatenate([np.asarray(labels[h.name], np.float32).reshape(
+            len(labels[h.name]), h.width) for h in self.heads], axis=1)
+
+    def fit_labels(self, y: np.ndarray) -> Any:
+        return self.unpack(y)
+
+    def as_outputs(self, y: np.ndarray) -> Any:
+        outputs: list[Any] = [None] * max(len(self.names), len(self.heads))
+        for i, head in enumerate(self.heads):
+            part = np.asarray(y[:, head.start:head.start + head.width], np.float32)
+            outputs[self.index[i] if self.index is not None else i] = \
+                part.reshape(len(y), *head.shape) if head.shape else part
+        return outputs
+
+    def loss_object(self) -> Any:
+        """The outputs' Keras losses, a dict by output name (as ``compile`` takes them)."""
+        return {head.name: head.task.loss_object() for head in self.heads}
+
+    def unpack(self, y: np.ndarray) -> dict[str, np.ndarray]:
+        """Packed label rows as the dict of arrays Keras ``fit`` takes, keyed by output."""
+        out = {}
+        for head in self.heads:
+            part = y[:, head.start:head.start + head.width]
+            out[head.name] = part[:, 0].astype(np.int32) if head.task.sparse_labels else \
+                part.reshape(len(y), *head.shape)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "metric_output": self.metric_head,
+                "outputs": {h.name: {**h.task.to_dict(), "weight": h.weight}
+                            for h in self.heads}}
+
+
+def _per_output(value: Any, names: tuple[str, ...], what: str) -> dict[str, Any]:
+    """A compile setting given per output (a dict by name, or a list in output order) as a
+    dict by name; a name no output has is a one-line ``ConfigError``."""
+    if value is None:
+        return {}
+    if isinstance(value, dict) and "class_name" not in value:
+        unknown = [key for key in value if key not in names]
+        if unknown:
+            raise ConfigError(f"Invalid {what}: output {unknown[0]!r} is not an output of the "
+                              f"model, whose outputs are {list(names)}.")
+        return dict(value)
+    if isinstance(value, (list, tuple)):
+        if len(value) != len(names):
+            raise ConfigError(f"Invalid {what}: {len(value)} entries for the model's "
+                              f"{len(names)} outputs {list(names)}.")
+        return dict(zip(names, value, strict=True))
+    return {name: value for name in names}  # one setting for every output, as Keras does
+
+
+def split_metric(metric: str | None, names: tuple[str, ...]) -> tuple[str | None, str | None]:
+    """``cls_accuracy`` -> (``cls``, ``accuracy``) for a model with outputs ``names`` (the
+    longest name that prefixes it); ``None`` -> (None, None). A metric that names no output is
+    a one-line ``ConfigError``."""
+    if metric is None:
+        return None, None
+    for name in sorted(names, key=len, reverse=True):
+        if metric.startswith(name + "_") and len(metric) > len(name) + 1:
+            return name, metric[len(name) + 1:]
+    raise ConfigError(f"Invalid target metric 'val_{metric}': a model with several outputs "
+                      f"names one output's metric, val_<output>_<metric>, with <output> one of "
+                      f"{list(names)} (or val_loss, the total).")
+
+
+def multi_output_task(model: Any, *, prefer_metric: str | None = None) -> MultiOutputTask:
+    """The task of a compiled model with several outputs: a head per output that has a loss
+    (Keras trains nothing for an output left out of the loss dict), weighted by
+    ``loss_weights`` (default 1). ``prefer_metric`` (``cls_accuracy``) picks the output and
+    metric the engines report; by default the first output's first supported compiled metric,
+    else the first output's default. One-line ``ConfigError`` for an uncompiled model, an
+    output name no output has, or an output whose shape is not fixed."""
+    names = output_names(model)
+    if not getattr(model, "compiled", False) or getattr(model, "loss", None) is None:
+        raise ConfigError(f"The model has {len(names)} outputs {list(names)} and no compiled "
+                          "loss: compile it with a loss per output (a dict keyed by output name, "
+                          "with loss_weights); kbackend infers a loss only for one output.")
+    config = model.get_compile_config() or {}
+    losses = {k: v for k, v in _per_output(model.loss, names, "loss").items() if v is not None}
+    weights = _per_output(config.get("loss_weights"), names, "loss_weights")
+    metrics = _output_metrics(config.get("metrics"), names)
+    wanted, metric = split_metric(prefer_metric, names)
+    if wanted is not None and wanted not in losses:
+        raise ConfigError(f"Invalid target metric 'val_{prefer_metric}': output {wanted!r} has "
+                          "no loss, so it is not trained.")
+    chosen = wanted or next((n for n in names if n in losses and any(
+        _metric_name(m) in SUPPORTED_METRICS for m in metrics.get(n, []))),
+        next(n for n in names if n in losses))
+    heads, start = [], 0
+    for name in (n for n in names if n in losses):
+        output = model.outputs[names.index(name)]
+        units = int(output.shape[-1]) if len(output.shape) > 1 and output.shape[-1] else 1
+        # Another output's metric is reported beside the target's where the engines can
+        # compute it (its first supported one, else its loss family's default).
+        supported = [m for m in metrics.get(name, []) if _metric_name(m) in SUPPORTED_METRICS]
+        task = make_task(losses[name], metrics.get(name, []) if name == chosen else supported,
+                         units, source="compiled",
+                         prefer_metric=metric if name == chosen else None)
+        shape = () if task.sparse_labels else tuple(output.shape[1:]) or (1,)
+        if any(d is None for d in shape):
+            raise ConfigError(f"Output {name!r} has shape {tuple(output.shape)}: kbackend packs "
+                              "each output's labels in fixed-size rows; give it a fixed shape.")
+        heads.append(OutputHead(name, task, float(weights.get(name, 1.0)), start, shape))
+        start += heads[-1].width
+    head = next(h for h in heads if h.name == chosen)
+    key = json.dumps({"outputs": [[h.name, h.task.loss, h.weight, list(h.shape)] for h in heads],
+                      "metric": [chosen, head.task.metric_fn, head.task.metric_args]},
+                     sort_keys=True, default=str)
+    index = tuple(names.index(h.name) for h in heads)
+    return MultiOutputTask(key, f"{chosen}_{head.task.metric}", head.task.metric_fn, False,
+                           "compiled", head.task.metric_args, None, tuple(heads), chosen, index,
+                           names)
+
+
+def _output_metrics(metrics: Any, names: tuple[str, ...]) -> dict[str, list[Any]]:
+    """Compiled metrics per output: a dict by name, a list of lists in output order, or one
+    flat list that Keras applies to every output."""
+    if isinstance(metrics, (list, tuple)) and not all(isinstance(m, (list, tuple))
+                                                      for m in metrics):
+        metrics = {name: list(metrics) for name in names}
+    return {name: _flat_metrics(value)
+            for name, value in _per_output(metrics, names, "metrics").items()}

@@ -28,6 +28,7 @@ from kbackend.history import History
 from kbackend.io import atomic_write, check_output_path
 from kbackend.models import MODELS, build_model, check_model_fits, model_layout
 from kbackend.precision import precision_scope
+from kbackend.task import MultiOutputTask
 from kbackend.tensorboard_logs import check_logdir, scalar_writer
 from kbackend.workload import Workload, prepare_workload, unwrap
 
@@ -78,6 +79,22 @@ def load_dataset(config: TrainConfig) -> data_module.Dataset:
         seed=config.seed,
         data_dir=config.data_dir,
     )
+
+
+def _test_results(model: Any, dataset: Any, config: TrainConfig,
+                  test: dict[str, float]) -> dict[str, float]:
+    """The test split's loss and metric: the native engines' own (``test``), else Keras's
+    ``evaluate``; a multi-output task's per-output losses and metrics beside them, named as
+    Keras's ``evaluate`` names them (``test_kind_loss``, ``test_size_mae``)."""
+    batch_size = max(config.batch_size, 256)
+    if not test:  # the Keras engines: compiled with the task's loss and metrics
+        results = model.evaluate(dataset.x_test, config.task.fit_labels(dataset.y_test),
+                                 batch_size=batch_size, verbose=0, return_dict=True)
+        return {f"test_{key}": float(value) for key, value in results.items()}
+    if isinstance(config.task, MultiOutputTask):
+        outputs = model.predict(dataset.x_test, batch_size=batch_size, verbose=0)
+        return {**config.task.output_results(outputs, dataset.y_test, "test"), **test}
+    return test
 
 
 def train(
@@ -146,12 +163,7 @@ def train(
         else:
             history = engine(model, dataset, plan, config, reporter)
     history.timing["wall_time"] = time.perf_counter() - start
-    if not history.test:  # the native engine evaluates the test split itself
-        test_loss, test_metric = model.evaluate(
-            dataset.x_test, dataset.y_test, batch_size=max(config.batch_size, 256), verbose=0
-        )
-        history.test = {"test_loss": float(test_loss),
-                        f"test_{config.task.metric}": float(test_metric)}
+    history.test = _test_results(model, dataset, config, history.test)
     history.config = {**config.to_dict(), "optimizer": plan.optimizer.to_dict(),
                       "dataset_info": dataset.info.to_dict(), "params": int(model.count_params())}
     history.env = environment()

@@ -27,7 +27,14 @@ from kbackend.errors import ConfigError, DataError
 from kbackend.host_front import HostFront
 from kbackend.model_sources import ModelError, ModelSource, parse_model_source
 from kbackend.models import ModelOptions
-from kbackend.task import CLASSIFICATION, Task, output_units, task_of_model
+from kbackend.task import (
+    CLASSIFICATION,
+    MultiOutputTask,
+    Task,
+    output_names,
+    output_units,
+    task_of_model,
+)
 
 # The fixed draw behind a held-out test split (independent of the run's seed).
 TEST_SPLIT_SEED = 1_000_003
@@ -193,6 +200,7 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
     first, front, splits = _first_model(source, splits, name, options, packing, notes)
     raw_shape = tuple(int(d) for d in splits["train"][0].shape[1:])
     x_train, y_train = splits["train"]
+    check_label_outputs(first, y_train, source.name)
     task = CLASSIFICATION if source.builtin else task_of_model(first, y_train,
                                                                prefer_metric=metric)
     if front is not None:  # the splits now hold what the front gives, the rest trains on them
@@ -203,9 +211,7 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
         first = packing.wrap(first)
     _model_notes(first, task, x_train, source.name, notes)
     units = output_units(full)
-    splits = {k: (v[0], check_labels(task, v[1], units, k)) for k, v in splits.items()}
-    check_output_shape(full, task, splits["train"][1], source.name)
-    check_classes(task, splits["train"][1], name)
+    splits = checked_splits(full, task, splits, name, source.name)
     dataset = dataset_of(name, kind, splits, task, units, validation_fraction, seed, notes,
                          owned=owned)
     workload = Workload(source, dataset, task, options, packing=packing, front=front,
@@ -375,6 +381,59 @@ def adapt_preprocessing(model: Any, x_train: np.ndarray) -> list[str]:
     return adapted
 
 
+def checked_splits(model: Any, task: Task, splits: dict[str, tuple[Any, Any]], data: str,
+                   name: str) -> dict[str, tuple[Any, np.ndarray]]:
+    """Every split's labels checked against ``task`` and the model's output (``check_labels``,
+    ``check_output_shape``, ``check_classes``); a multi-output task's packed (``output_labels``)."""
+    if isinstance(task, MultiOutputTask):
+        return {k: (x, output_labels(model, task, y, k, data)) for k, (x, y) in splits.items()}
+    units = output_units(model)
+    checked = {k: (x, check_labels(task, y, units, k)) for k, (x, y) in splits.items()}
+    check_output_shape(model, task, checked["train"][1], name)
+    check_classes(task, checked["train"][1], data)
+    return checked
+
+
+def check_label_outputs(model: Any, y: Any, name: str) -> None:
+    """A one-line ``DataError`` where the labels' form does not fit the model's outputs: one
+    array for a model with several outputs, or labels per output for a model with one."""
+    names = output_names(model)
+    if len(names) > 1 and not isinstance(y, dict):
+        raise DataError(f"Model {name!r} has {len(names)} outputs {list(names)}: give labels per "
+                        "output, .npz keys y_train_<output> (y_val_<output>, y_test_<output>) "
+                        "or a dict keyed by output name.")
+    if len(names) <= 1 and isinstance(y, dict):
+        raise DataError(f"Labels per output ({sorted(y)}) for model {name!r}, which has one "
+                        "output: give one label array (y_train).")
+
+
+def output_labels(model: Any, task: MultiOutputTask, y: Any, split: str,
+                  data: str) -> np.ndarray:
+    """A multi-output model's labels of one split (a dict by output name), each checked as its
+    output's loss takes it (``check_labels``), packed into one float32 array (``task.pack``).
+    One-line ``DataError`` for an output name the model lacks or an output without labels."""
+    names = task.names  # the user's model's (``model`` may be an InputPacking wrapper)
+    unknown = sorted(set(y) - set(names))
+    if unknown:
+        raise DataError(f"Labels for output {unknown[0]!r} in the {split} split: the model has "
+                        f"no such output (its outputs: {list(names)}).")
+    missing = [head.name for head in task.heads if head.name not in y]
+    if missing:
+        trained = [head.name for head in task.heads]
+        raise DataError(f"Labels missing for output {missing[0]!r} in the {split} split: "
+                        f"expected labels for each output with a loss ({trained}), .npz key "
+                        f"y_{split}_{missing[0]} or the dict key {missing[0]!r}.")
+    checked = {}
+    for i, head in zip(task.index or (), task.heads, strict=True):
+        units = int(model.outputs[i].shape[-1] or 1) if len(model.outputs[i].shape) > 1 else 1
+        checked[head.name] = check_labels(head.task, y[head.name], units,
+                                          f"{split} ({head.name!r} output)")
+        check_output_shape(model, head.task, checked[head.name], f"{data}: {head.name}", i)
+        if split == "train":
+            check_classes(head.task, checked[head.name], f"{data}: {head.name}")
+    return task.pack(checked)
+
+
 def _provisional_info(name: str, x: np.ndarray, y: np.ndarray) -> data_module.DatasetInfo:
     """What a builder is told before the task is known: the input shape, and the classes the
     labels name (integer labels: max + 1; one-hot rows: their width; else 1)."""
@@ -395,6 +454,9 @@ def check_labels(task: Task, y: Any, units: int, split: str) -> np.ndarray:
     output's units, binary labels outside [0, 1], one-hot rows of the wrong width."""
     y = np.asarray(y)
     where = f"in the {split} split"
+    if y.dtype == object:
+        raise DataError(f"Invalid labels {where}: expected an array of numbers. Received "
+                        f"{type(y.item()).__name__ if y.ndim == 0 else 'objects'}.")
     if not (np.issubdtype(y.dtype, np.number) or np.issubdtype(y.dtype, np.bool_)):
         raise DataError(f"Invalid labels {where}: dtype {y.dtype} is not numeric.")
     if np.issubdtype(y.dtype, np.floating) and not np.isfinite(y).all():
@@ -426,14 +488,14 @@ def check_labels(task: Task, y: Any, units: int, split: str) -> np.ndarray:
     return y
 
 
-def check_output_shape(model: Any, task: Task, y: np.ndarray, name: str) -> None:
+def check_output_shape(model: Any, task: Task, y: np.ndarray, name: str, index: int = 0) -> None:
     """A one-line ``ConfigError`` unless the model's output has the labels' shape (as
     ``check_labels`` returns them): one row of class scores per sample for class indices, else
     the label's own shape. A Dense head on images (no Flatten) gives one row per pixel."""
     outputs = getattr(model, "outputs", None)
     if not outputs:
         return
-    got = tuple(outputs[0].shape[1:])
+    got = tuple(outputs[index].shape[1:])
     want = (got[-1] if got else None,) if task.sparse_labels else tuple(y.shape[1:])
     if len(got) == len(want) and all(g is None or g == w for g, w in zip(got, want, strict=True)):
         return

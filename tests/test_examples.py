@@ -54,6 +54,15 @@ def test_the_conv1d_batchnorm_example_trains(example_data, cli):
     assert "conv1d_classifier on sequences.npz" in result.stdout
 
 
+def test_the_two_head_example_trains_to_a_target_on_one_output(example_data, cli):
+    result = cli("train", "--model", f"{EXAMPLES / 'models.py'}:two_heads", "--data",
+                 str(example_data / "diabetes_heads.npz"), "--target-metric",
+                 "val_risk_accuracy", "--target", "0.5", "--epochs", "40", "--lr", "0.01")
+    assert result.returncode == 0, result.stderr
+    assert "progression: mse x 0.5" in result.stdout
+    assert "target val_risk_accuracy >= 0.5: reached" in result.stdout
+
+
 @pytest.mark.slow  # a study and a training run in a fresh process: ~60-100 s here
 def test_the_tensorboard_example_logs_a_study_and_a_training_run(tmp_path):
     """examples/tensorboard_study.py --quick: the study's run folders with the HParams

@@ -125,7 +125,7 @@ def study_target_flags(task: Any, dataset: Any) -> str:
     y_val = np.asarray(dataset.y_val, dtype=np.float32)
     guess = np.broadcast_to(np.mean(np.asarray(dataset.y_train, dtype=np.float32), axis=0),
                             y_val.shape).astype(np.float32)
-    error = float(np.mean(np.asarray(task.per_sample_metric(y_val, guess))))
+    error = float(np.mean(np.asarray(task.per_sample_metric(y_val, task.as_outputs(guess)))))
     return f" --target-metric {metric} --target {BASELINE_FRACTION * error:.3g}"
 
 

@@ -3,9 +3,11 @@
 ``load_source(source)`` reads, by the source's form:
 
 - ``PATH.npz``: arrays ``x_train``, ``y_train`` and optionally ``x_val``/``y_val``,
-  ``x_test``/``y_test``; or ``x`` and ``y``. Each member's .npy header is read first: object
-  arrays (which loading would unpickle) and archives declaring more than ``max_bytes`` are refused
-  before any array is read, and so is a member whose zip entry and header disagree on its size.
+  ``x_test``/``y_test``; or ``x`` and ``y``. A multi-output model's labels: ``y_train_<output>``
+  per output (``y_val_<output>``, ``y_test_<output>``), read as a dict by output. Each
+  member's .npy header is read first: object arrays (which loading would unpickle) and archives
+  declaring more than ``max_bytes`` are refused before any array is read, and so is a member
+  whose zip entry and header disagree on its size.
   A ``.npy`` file is not a dataset (it has no labels).
 - ``PATH.csv`` with ``label=COLUMN``: every other column a numeric feature (float32); the label
   column numbers (int when all are whole, else float) or strings (sorted class names -> indices).
@@ -155,14 +157,33 @@ def _first_non_finite(values: np.ndarray) -> int | None:
     return int(np.argmax(bad)) if bad.any() else None
 
 
-def _check_split(where: Where, split: str, x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
-    """``(x, y)`` as arrays, or a one-line error saying what is wrong with them."""
+def _check_output_labels(where: Where, split: str, x: Any, y: dict) -> tuple[np.ndarray, dict]:
+    """``(x, y)`` where ``y`` holds a multi-output model's labels, a dict keyed by output name:
+    each checked as one output's labels (numbers; class names are for one output)."""
+    if not y or not all(isinstance(key, str) for key in y):
+        raise where.error(f"the labels of the {split} split are a dict: expected one array per "
+                          f"model output, keyed by output name. Received keys: {list(y)}.")
+    checked = {}
+    for key, labels in y.items():
+        x, checked[key] = _check_split(where, split, x, labels, f"y[{key!r}]")
+        if checked[key].dtype.kind in "US":
+            raise where.error(f"labels y[{key!r}] of the {split} split are strings: a "
+                              "multi-output model's labels are numbers (class indices).")
+    return x, checked
+
+
+def _check_split(where: Where, split: str, x: Any, y: Any, y_name: str = "y"
+                 ) -> tuple[np.ndarray, Any]:
+    """``(x, y)`` as arrays (``y`` a dict of arrays for a multi-output model), or a one-line
+    error saying what is wrong with them."""
+    if isinstance(y, dict):
+        return _check_output_labels(where, split, x, y)
     try:
         x, y = np.asarray(x), np.asarray(y)
     except (ValueError, TypeError) as error:
         raise where.error(f"the {split} split is not a pair of arrays "
                           f"({_reason(error)}).") from None
-    for role, values in (("x", x), ("y", y)):
+    for role, values in (("x", x), (y_name, y)):
         if values.ndim == 0:
             raise where.error(f"{role} of the {split} split is a single value (shape ()): "
                               "expected an array with one entry per sample.")
@@ -170,8 +191,8 @@ def _check_split(where: Where, split: str, x: Any, y: Any) -> tuple[np.ndarray, 
         raise where.error(f"the {split} split is empty: x has {len(x)} samples and y has "
                           f"{len(y)}; expected at least 1.")
     if len(x) != len(y):
-        raise where.error(f"x and y of the {split} split differ in length: x has {len(x)} "
-                          f"samples but y has {len(y)}.")
+        raise where.error(f"x and {y_name} of the {split} split differ in length: x has "
+                          f"{len(x)} samples but {y_name} has {len(y)}.")
     if x.dtype.kind in "OS":  # strings (a tf.data string tensor reads as bytes objects)
         x = text_array(x, where.error, f"x of the {split} split")
     if x.dtype.kind not in "biufUO":  # "O": strings only, text_array checked them
@@ -210,13 +231,14 @@ def _finish(where: Where, *, name: str, source: str, kind: str, splits: dict[str
         raise where.error(f"no training split. Received splits: {sorted(splits)}.")
     checked = {split: _check_split(where, split, *splits[split])
                for split in SPLITS if split in splits}
-    x_shape, y_shape = checked["train"][0].shape[1:], checked["train"][1].shape[1:]
+    x_shape, y_shape = checked["train"][0].shape[1:], _label_shape(checked["train"][1])
     for split, (x, y) in checked.items():
-        if x.shape[1:] != x_shape or y.shape[1:] != y_shape:
+        if x.shape[1:] != x_shape or _label_shape(y) != y_shape:
             raise where.error(
-                f"the {split} split's samples have shape x {x.shape[1:]}, y {y.shape[1:]}, but "
-                f"the training split's have x {x_shape}, y {y_shape}.")
-    string_labels = [split for split, (_, y) in checked.items() if y.dtype.kind in "US"]
+                f"the {split} split's samples have shape x {x.shape[1:]}, y {_label_shape(y)}, "
+                f"but the training split's have x {x_shape}, y {y_shape}.")
+    string_labels = [split for split, (_, y) in checked.items()
+                     if not isinstance(y, dict) and y.dtype.kind in "US"]
     if string_labels and len(string_labels) != len(checked):
         raise where.error(f"labels are class names in the {', '.join(string_labels)} split(s) "
                           "but numbers in the others: use one kind throughout.")
@@ -224,6 +246,12 @@ def _finish(where: Where, *, name: str, source: str, kind: str, splits: dict[str
         checked, class_names = _encode_labels(where, checked)
     return UserData(name=name, source=source, splits=checked, kind=kind,
                     class_names=class_names, notes=tuple(notes), owned=owned)
+
+
+def _label_shape(y: Any) -> Any:
+    """A label's shape per sample; a multi-output model's labels: a dict of them by output."""
+    return {key: value.shape[1:] for key, value in y.items()} if isinstance(y, dict) \
+        else y.shape[1:]
 
 
 def _label_text(values: np.ndarray) -> np.ndarray:
@@ -341,8 +369,38 @@ def _check_float32_range(where: Where, values: np.ndarray, split: str) -> None:
                           f"magnitude {largest:.3g}): kbackend trains in float32; rescale them.")
 
 
-def _npz_keys(where: Where, present: list[str]) -> list[tuple[str, str, str]]:
-    """The (split, x key, y key) triples to read, from the keys the archive has."""
+def _npz_output_keys(where: Where, present: list[str]) -> list[tuple[str, str, Any]]:
+    """A multi-output model's arrays: ``x_<split>`` and ``y_<split>_<output>`` for each output
+    named by the ``y_train_<output>`` keys; (split, x key, {output: y key}) per split."""
+    outputs = sorted(key[len("y_train_"):] for key in present if key.startswith("y_train_"))
+    if "y_train" in present or "y" in present:
+        raise where.error("labels both as y_train (one output) and as y_train_<output> (one per "
+                          f"output): use one form. Received keys: {present}.")
+    pairs = []
+    for split, x_key, y_key in NPZ_PAIRS:
+        ys = {name: f"{y_key}_{name}" for name in outputs}
+        found = [key for key in ys.values() if key in present]
+        if split != "train" and x_key not in present and not found:
+            continue
+        missing = [key for key in (x_key, *ys.values()) if key not in present]
+        if missing:
+            raise where.error(f"the {split} split misses {', '.join(missing)} (labels for every "
+                              f"output of {outputs}, named by the y_train_<output> keys). "
+                              f"Received keys: {present}.")
+        pairs.append((split, x_key, ys))
+    extra = [key for key in present if key.startswith("y_") and
+             not any(key in ys.values() for *_, ys in pairs)]
+    if extra:
+        raise where.error(f"labels {extra[0]!r} name no output of the training split's "
+                          f"y_train_<output> keys ({outputs}).")
+    return pairs
+
+
+def _npz_keys(where: Where, present: list[str]) -> list[tuple[str, str, Any]]:
+    """The (split, x key, y key) triples to read, from the keys the archive has (the y key a
+    dict of keys by output for a multi-output model's labels, ``y_train_<output>``)."""
+    if any(key.startswith("y_train_") for key in present):
+        return _npz_output_keys(where, present)
     if "x_train" in present or "y_train" in present:
         pairs = [pair for pair in NPZ_PAIRS if pair[1] in present or pair[2] in present]
     elif "x" in present or "y" in present:
@@ -358,6 +416,10 @@ def _npz_keys(where: Where, present: list[str]) -> list[tuple[str, str, str]]:
     return pairs
 
 
+def _key_list(y_key: Any) -> list[str]:
+    return list(y_key.values()) if isinstance(y_key, dict) else [y_key]
+
+
 def _load_npz(where: Where, path: Path, max_bytes: int) -> dict[str, tuple]:
     try:
         if not zipfile.is_zipfile(path):
@@ -368,15 +430,19 @@ def _load_npz(where: Where, path: Path, max_bytes: int) -> dict[str, tuple]:
                        if not info.is_dir()}
             pairs = _npz_keys(where, list(members))
             headers = {key: _npy_shape(where, archive, members[key], key)
-                       for _, *keys in pairs for key in keys}
+                       for _, x_key, y_key in pairs for key in (x_key, *_key_list(y_key))}
             # What loading holds (inputs as float32), and what the split into train and
             # validation may add on top (``NPZ_PEAK_FACTOR``): refused before any array is read.
             held = sum(math.prod(shape) * _held_dtype(key, dtype).itemsize
                        for key, (shape, dtype) in headers.items())
             _check_limit(where, int(held * NPZ_PEAK_FACTOR), max_bytes,
                          "its arrays (inputs as float32, with room to split them)")
-            return {split: (_read_member(where, archive, members[x_key], x_key, split),
-                            _read_member(where, archive, members[y_key], y_key, split))
+            def read(key: str, split: str) -> np.ndarray:
+                return _read_member(where, archive, members[key], key, split)
+
+            return {split: (read(x_key, split), {name: read(key, split) for name, key in
+                                                 y_key.items()} if isinstance(y_key, dict)
+                            else read(y_key, split))
                     for split, x_key, y_key in pairs}
     except _READ_ERRORS as error:
         if isinstance(error, DataError):

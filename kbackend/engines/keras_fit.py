@@ -18,7 +18,7 @@ from kbackend.engines.plan import TrainPlan
 from kbackend.hardware.inputs import monitored_batches
 from kbackend.hardware.monitor import StepMonitor, keras_callback
 from kbackend.history import History
-from kbackend.task import metric_direction
+from kbackend.task import MultiOutputTask, metric_direction
 
 
 def _recorder_class() -> Any:
@@ -136,11 +136,21 @@ def compile_model(model: Any, spec: Any, config: Any) -> None:
     object.__setattr__(model, "_kbackend_spec", spec)
     model.compile(
         optimizer=spec.to_keras(),
-        loss=task.loss_object(),
-        metrics=[_keras_metric(task)],
+        **_loss_and_metrics(task),
         jit_compile=config.jit_compile,
         steps_per_execution=config.steps_per_execution,
     )
+
+
+def _loss_and_metrics(task: Any) -> dict[str, Any]:
+    """``compile``'s loss, loss weights and metrics for ``task``: a multi-output task's as
+    dicts keyed by output (Keras then logs ``<output>_loss`` and ``<output>_<metric>``, the
+    name ``task.metric`` has), else the one loss and metric."""
+    if isinstance(task, MultiOutputTask):
+        return {"loss": task.loss_object(),
+                "loss_weights": {h.name: h.weight for h in task.heads},
+                "metrics": {h.name: [_keras_metric(h.task)] for h in task.heads}}
+    return {"loss": task.loss_object(), "metrics": [_keras_metric(task)]}
 
 
 def _keras_metric(task: Any) -> Any:
@@ -178,12 +188,14 @@ def train(model: Any, dataset: Any, plan: TrainPlan, config: TrainConfig,
         monitor = StepMonitor()
         callbacks.append(keras_callback(monitor, batch, config.steps_per_execution))
     source = monitored_batches(dataset.x_train, dataset.y_train, batch,
-                               monitor=monitor, seed=config.seed, shuffle=config.shuffle)
+                               monitor=monitor, seed=config.seed, shuffle=config.shuffle,
+                               label_transform=config.task.fit_labels)
     callbacks.append(source.epoch_callback())
     inputs = {"x": source, "shuffle": False}  # the source's order, not shuffled again by fit
     fit_history = model.fit(
         **inputs, epochs=plan.epochs,
-        validation_data=(dataset.x_val, dataset.y_val), callbacks=callbacks,
+        validation_data=(dataset.x_val, config.task.fit_labels(dataset.y_val)),
+        callbacks=callbacks,
         verbose=0,
     )
     if monitor is not None:

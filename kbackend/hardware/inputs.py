@@ -30,9 +30,10 @@ def iterate_batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, epochs: in
 
 def monitored_batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, monitor: Any = None,
                       transform: Callable[[np.ndarray], np.ndarray] | None = None,
-                      seed: int = 0, shuffle: bool = True) -> Any:
-    """A Keras ``PyDataset`` of each epoch's batches; with a ``monitor``, the time spent building
-    each batch counts as input wait.
+                      seed: int = 0, shuffle: bool = True,
+                      label_transform: Callable[[np.ndarray], Any] | None = None) -> Any:
+    """A Keras ``PyDataset`` of each epoch's batches (``label_transform``: a multi-output task's
+    packed labels -> a dict by output); with a ``monitor``, building a batch counts as input wait.
 
     Batch ``i`` of epoch ``e`` is a pure function of ``(seed, e, i)``. The epoch is set by the
     callback ``epoch_callback()`` returns (add it to ``fit``'s callbacks; without it every
@@ -41,9 +42,8 @@ def monitored_batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, monitor:
     its calls before training differ between backends, and TensorFlow creates the next epoch's
     iterator before it.
 
-    On JAX, ``fit`` reads a ``PyDataset`` on the training thread (the wait is exact); on
-    TensorFlow ``fit`` reads it through ``tf.data`` on a producer thread, so the recorded time is
-    an upper bound of the wait (the monitor summary says which).
+    On JAX, ``fit`` reads a ``PyDataset`` on the training thread (the wait is exact); on TF
+    through ``tf.data`` on a producer thread: the time is an upper bound (the summary says so).
     """
     # Any: mypy cannot see the classes of a module imported at run time (the bases below)
     keras: Any = import_keras()
@@ -67,8 +67,8 @@ def monitored_batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, monitor:
             return rows[index]
 
         def _batch(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            batch = x[rows]
-            return (transform(batch) if transform is not None else batch), y[rows]
+            labels = y[rows] if label_transform is None else label_transform(y[rows])
+            return (transform(x[rows]) if transform is not None else x[rows]), labels
 
         def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
             rows = self.rows(index)

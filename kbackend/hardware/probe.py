@@ -106,6 +106,11 @@ def loss_of(work: Workload) -> Any:
     return work.task.loss_object()
 
 
+def labels_of(work: Workload, y: np.ndarray) -> Any:
+    """Rows of ``work``'s labels as ``fit`` takes them (a multi-output task's, by output)."""
+    return work.task.fit_labels(y)
+
+
 def train_step_memory(work: Workload, batch_size: int) -> dict[str, Any]:
     """MiB one train step of ``work``'s model at ``batch_size`` needs beyond its resident inputs
     (``impl().train_step_memory``: XLA's buffer assignment on JAX, the allocator's peak on TF).
@@ -127,7 +132,8 @@ def _step_memory_here(work: Workload, batch_size: int) -> dict[str, Any]:
     model = make_model(work)
     model.compile(optimizer=OptimizerSpec("sgd", 0.01).to_keras(), loss=loss_of(work),
                   jit_compile=True)
-    return impl().train_step_memory(model, work.x[:batch_size], work.y[:batch_size])
+    return impl().train_step_memory(model, work.x[:batch_size],
+                                    labels_of(work, work.y[:batch_size]))
 
 
 def step_memory_of_recipe(recipe: dict[str, Any], batch_size: int) -> dict[str, Any]:
@@ -200,7 +206,7 @@ class FitProbe:
         x_all = work.x if x is None else x
         calls = max(2, -(-steps // steps_per_execution) + 1)
         index = np.arange(calls * steps_per_execution * batch_size) % len(x_all)
-        xs, ys = x_all[index], work.y[index]
+        xs, ys = x_all[index], labels_of(work, work.y[index])
         spec = optimizer or OptimizerSpec("sgd", 0.01)
         with self._oom_as_error():
             with precision_scope(precision):

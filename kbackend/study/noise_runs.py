@@ -102,7 +102,7 @@ class NoiseMeasurement:
             small, big = runner.noise_batches
 
         def gradients(xb: Any, yb: Any) -> Any:
-            return impl().gradients(model, xb, yb, training=False)[1]
+            return impl().gradients(model, xb, yb, training=False, task=runner.task)[1]
 
         points: list[dict[str, Any]] = []
         done = 0

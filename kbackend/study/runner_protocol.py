@@ -15,6 +15,7 @@ from kbackend.study.config import StudyConfig
 from kbackend.study.store import RunStore
 from kbackend.study.summaries import RunPlan
 from kbackend.study.timing import TimeSpent
+from kbackend.task import Task
 from kbackend.training import Target, TrainConfig
 
 
@@ -24,6 +25,7 @@ class StudyRunnerLike(Protocol):
     config: StudyConfig
     store: RunStore | None
     dataset: Dataset | None
+    task: Task  # the loss the runs train (the noise scale's gradients take it)
     env: dict[str, Any]
     study_id: str
     batch_sizes: tuple[int, ...]

@@ -13,27 +13,30 @@ import numpy as np
 _GRADIENT_FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _gradient_function(model: Any, training: bool) -> Any:
+def _gradient_function(model: Any, training: bool, task: Any = None) -> Any:
     functions = _GRADIENT_FUNCTIONS.setdefault(model, {})
-    if training not in functions:
+    key = (training, None if training else task)
+    if key not in functions:
         if training:
             loss_fn = functools.partial(model.compute_loss_and_updates, training=True)
-            functions[training] = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))
+            functions[key] = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))
         else:
             import keras  # deferred: Keras is imported once the backend is chosen
 
             def mean_loss(trainable, non_trainable, inputs, labels):
-                probabilities, _ = model.stateless_call(trainable, non_trainable, inputs,
-                                                        training=False)
+                outputs, _ = model.stateless_call(trainable, non_trainable, inputs,
+                                                  training=False)
+                if task is not None:  # the task's loss (a multi-output task's weighted sum)
+                    return jax.numpy.mean(task.per_sample_loss(labels, outputs))
                 return jax.numpy.mean(
-                    keras.losses.sparse_categorical_crossentropy(labels, probabilities))
+                    keras.losses.sparse_categorical_crossentropy(labels, outputs))
 
-            functions[training] = jax.jit(jax.value_and_grad(mean_loss))
-    return functions[training]
+            functions[key] = jax.jit(jax.value_and_grad(mean_loss))
+    return functions[key]
 
 
 def gradients(model: Any, x: Any, y: Any, *, training: bool = True,
-              as_numpy: bool = True) -> tuple[Any, list[Any]]:
+              as_numpy: bool = True, task: Any = None) -> tuple[Any, list[Any]]:
     """The loss of ``model`` on ``(x, y)`` and its gradients, in ``model.trainable_variables``
     order.
 
@@ -42,10 +45,11 @@ def gradients(model: Any, x: Any, y: Any, *, training: bool = True,
     state (BatchNormalization's moving statistics) is written back, as a train step does. The
     model must be compiled. ``training=False``: the mean sparse categorical cross-entropy of an
     inference-mode forward pass (no dropout noise, moving statistics), a function of the weights
-    and the batch alone. ``as_numpy=False`` returns backend arrays. One jitted function per
-    (model, mode), compiled once per batch shape.
+    and the batch alone; with ``task`` (a ``kbackend.task.Task``), the mean of its loss instead.
+    ``as_numpy=False`` returns backend arrays. One jitted function per (model, mode, task),
+    compiled once per batch shape.
     """
-    function = _gradient_function(model, training)
+    function = _gradient_function(model, training, task)
     trainable = [v.value for v in model.trainable_variables]
     non_trainable = [v.value for v in model.non_trainable_variables]
     if training:

@@ -9,38 +9,43 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-# model -> jitted inference-mode gradient; entries live and die with their model.
+# model -> {task -> jitted inference-mode gradient}; entries live and die with their model.
 _INFERENCE_GRADIENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _inference_gradient(model: Any) -> Any:
-    if model not in _INFERENCE_GRADIENTS:
+def _inference_gradient(model: Any, task: Any = None) -> Any:
+    functions = _INFERENCE_GRADIENTS.setdefault(model, {})
+    if task not in functions:
         import keras  # deferred: Keras is imported once the backend is chosen
 
         @tf.function(jit_compile=True)
         def value_and_gradient(inputs, labels):
             with tf.GradientTape() as tape:
-                probabilities = model(inputs, training=False)
-                losses = keras.losses.sparse_categorical_crossentropy(labels, probabilities)
+                outputs = model(inputs, training=False)
+                if task is not None:  # the task's loss (a multi-output task's weighted sum)
+                    losses = task.per_sample_loss(labels, outputs)
+                else:
+                    losses = keras.losses.sparse_categorical_crossentropy(labels, outputs)
                 loss = tf.reduce_mean(losses)
             return loss, tape.gradient(loss, model.trainable_variables)
 
-        _INFERENCE_GRADIENTS[model] = value_and_gradient
-    return _INFERENCE_GRADIENTS[model]
+        functions[task] = value_and_gradient
+    return functions[task]
 
 
 def gradients(model: Any, x: Any, y: Any, *, training: bool = True,
-              as_numpy: bool = True) -> tuple[Any, list[Any]]:
+              as_numpy: bool = True, task: Any = None) -> tuple[Any, list[Any]]:
     """The loss of ``model`` on ``(x, y)`` and its gradients, in ``model.trainable_variables``
     order.
 
     ``training=True``: the computation of Keras's TF ``train_step`` (a ``GradientTape`` around the
     training call and ``compute_loss``; the model must be compiled); the training call updates
     BatchNormalization's moving statistics in place, as a train step does. ``training=False``:
-    the mean sparse categorical cross-entropy of an inference-mode forward pass, one XLA
-    ``tf.function`` per model. ``as_numpy=False`` returns the tensors as TF produces them (an
-    Embedding's gradient is a sparse ``tf.IndexedSlices``; None where the loss does not depend on
-    a variable); ``as_numpy=True`` dense arrays (zeros for None).
+    the mean sparse categorical cross-entropy of an inference-mode forward pass (with ``task``,
+    a ``kbackend.task.Task``: the mean of its loss), one XLA ``tf.function`` per model and task.
+    ``as_numpy=False`` returns the tensors as TF produces them (an Embedding's gradient is a
+    sparse ``tf.IndexedSlices``; None where the loss does not depend on a variable);
+    ``as_numpy=True`` dense arrays (zeros for None).
     """
     if training:
         with tf.GradientTape() as tape:
@@ -48,7 +53,8 @@ def gradients(model: Any, x: Any, y: Any, *, training: bool = True,
             loss = model.compute_loss(x=x, y=y, y_pred=y_pred, training=True)
         grads = tape.gradient(loss, model.trainable_variables)
     else:
-        loss, grads = _inference_gradient(model)(tf.convert_to_tensor(x), tf.convert_to_tensor(y))
+        loss, grads = _inference_gradient(model, task)(tf.convert_to_tensor(x),
+                                                       tf.convert_to_tensor(y))
     if not as_numpy:
         return loss, list(grads)
     return float(loss), [

@@ -91,7 +91,7 @@ def test_the_summary_and_the_report_hold_the_predictions(predicted):
     assert "compilation" in report  # the caveat: compute only
 
 
-def test_resuming_with_an_advise_profile_trains_nothing(predicted, tmp_path, monkeypatch):
+def test_resuming_with_an_advise_profile_trains_nothing(predicted, tmp_path):
     out, config, first = predicted
     advice = tmp_path / "advice.json"
     assert main(["advise", "--quick", "--model", "seed_mlp", "--dataset", "digits",
@@ -100,12 +100,11 @@ def test_resuming_with_an_advise_profile_trains_nothing(predicted, tmp_path, mon
     assert profile.format == "advise" and profile.model == "seed_mlp"
     assert profile.batch_range == (32, 256)
 
-    def forbidden(*args, **kwargs):
+    def forbidden(runner, plan):
         raise AssertionError("a stored run was trained again")
 
-    monkeypatch.setattr(StudyRunner, "execute", forbidden)
     again = run_study(dataclasses.replace(config, device_profile=str(advice)), out,
-                      show_progress=False, print_results=False)
+                      show_progress=False, print_results=False, run_executor=forbidden)
     assert again["executed"] == 0
     assert again["study"]["study"] == first["study"]["study"]  # the identity is unchanged
     predicted_again = again["study"]["device_profile"]

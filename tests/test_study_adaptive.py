@@ -91,14 +91,14 @@ def test_the_report_shows_the_auto_cells_and_states_the_verdict(auto_study):
     assert "from step 0: 16" in report
 
 
-def test_resuming_the_study_trains_nothing(auto_study, monkeypatch):
+def test_resuming_the_study_trains_nothing(auto_study):
     out, first = auto_study
 
-    def forbidden(*args, **kwargs):
+    def forbidden(runner, plan):
         raise AssertionError("a stored run was trained again")
 
-    monkeypatch.setattr(StudyRunner, "execute", forbidden)
-    again = run_study(AUTO_STUDY, out, show_progress=False, print_results=False)
+    again = run_study(AUTO_STUDY, out, show_progress=False, print_results=False,
+                      run_executor=forbidden)
     assert again["executed"] == 0
     assert [c["seed_steps"] for c in again["study"]["auto_cells"]] == \
         [c["seed_steps"] for c in first["study"]["auto_cells"]]

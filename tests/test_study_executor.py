@@ -57,10 +57,10 @@ RESUMED_ARGS = ["study", "--model", "seed_mlp", "--dataset", "digits", "--optimi
 TINY_RUNS = 8
 
 
-def _run_grid(config, out_dir) -> StudyRunner:
+def _run_grid(config, out_dir, run_executor=None) -> StudyRunner:
     """The study's runs into ``out_dir/study.db`` (no report): what resumption is about."""
     with ResultStore(out_dir / "study.db") as store:
-        runner = StudyRunner(config, store)
+        runner = StudyRunner(config, store, run_executor=run_executor)
         runner.run()
     return runner
 
@@ -186,27 +186,24 @@ def test_rerun_skips_every_finished_run(baseline):
             == [c["run_key"] for c in first["study"]["cells"]])
 
 
-def test_resume_after_an_exception_mid_grid(tmp_path, baseline, monkeypatch):
+def test_resume_after_an_exception_mid_grid(tmp_path, baseline):
     if BACKEND != "jax":
         pytest.skip("the resume logic is above the backends: once, in the JAX session (the slow "
                     "killed-process resume test runs on both)")
-    original = StudyRunner.execute
     calls = []
 
-    def failing_third_run(self, plan):
+    def failing_third_run(runner, plan):
         calls.append(plan)
         if len(calls) == 3:
             raise RuntimeError("simulated crash")
-        return original(self, plan)
+        return runner.train_here(plan)
 
-    monkeypatch.setattr(StudyRunner, "execute", failing_third_run)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        _run_grid(RESUMED, tmp_path)
+        _run_grid(RESUMED, tmp_path, failing_third_run)
     with ResultStore(tmp_path / "study.db") as store:
         finished = {r["key"]: r["finished_at"] for r in store.records(kind="run")}
     assert len(finished) == 2  # the third run was in flight
 
-    monkeypatch.setattr(StudyRunner, "execute", original)
     assert _run_grid(RESUMED, tmp_path).executed == TINY_RUNS - 2
     with ResultStore(tmp_path / "study.db") as store:
         after = {r["key"]: r["finished_at"] for r in store.records(kind="run")}
@@ -345,22 +342,21 @@ def _fake_history(plan, steps_to_target):
     return history
 
 
-def test_learning_rate_search_prunes_and_picks_the_fewest_steps(tmp_path, monkeypatch):
+def test_learning_rate_search_prunes_and_picks_the_fewest_steps(tmp_path):
     # Stand-in engine: steps to target by learning rate (None: never reached).
     outcome = {0.1: 300, 0.01: None, 1.0: 120, 0.3: 200}
     budgets = []
 
-    def execute(self, plan):
+    def execute(runner, plan):
         budgets.append((plan.learning_rate, plan.max_steps))
         return _fake_history(plan, outcome[plan.learning_rate])
 
-    monkeypatch.setattr(StudyRunner, "execute", execute)
     config = StudyConfig(**DIGITS, optimizers=("sgd",), batch_sizes=(1294,), max_steps=1000,
                          engine="keras",
                          learning_rates={"sgd": (0.1, 0.01, 1.0, 0.3)}, noise_points=0,
                          seeds=1, lr_extend=0, step_time_repeats=0)
     with ResultStore(tmp_path / "study.db") as store:
-        study = StudyRunner(config, store).run()
+        study = StudyRunner(config, store, run_executor=execute).run()
     # One step per epoch at batch 1294 (the keras engine evaluates every epoch).
     assert budgets == [(0.1, 1000), (0.01, 300), (1.0, 300), (0.3, 120)]
     (cell,) = study["cells"]
@@ -497,25 +493,30 @@ def test_compare_refuses_a_bad_summary_with_one_line(baseline, tmp_path, capsys,
 
 
 def test_noise_batch_larger_than_the_training_split_is_refused_before_training(monkeypatch):
-    calls = _planted(monkeypatch, lambda rate, seed: 10)
+    calls = _planted(lambda rate, seed: 10)
     config = dataclasses.replace(TINY, noise_big_batch=100_000, noise_small_batch=8)
     with pytest.raises(ConfigError, match=r"the big batch \(100000\) is larger than the training "
                                           r"split \(1294 samples\)"):
-        StudyRunner(config, None).prepare()
+        StudyRunner(config, None, run_executor=calls).prepare()
     assert calls == []
 
 
-def _planted(monkeypatch, outcome):
-    """A stand-in engine: ``outcome(learning_rate, seed)`` is the run's steps to target (None:
-    never reached). Returns the list of (learning rate, seed, budget) it was asked to train."""
-    calls = []
+class _Planted(list):
+    """A stand-in run executor (``StudyRunner(run_executor=...)``): ``outcome(learning_rate,
+    seed)`` is the run's steps to target (None: never reached); the list holds the (learning
+    rate, seed, budget) of every run it was asked to train."""
 
-    def execute(self, plan):
-        calls.append((plan.learning_rate, plan.seed, plan.max_steps))
-        return _fake_history(plan, outcome(plan.learning_rate, plan.seed))
+    def __init__(self, outcome):
+        super().__init__()
+        self.outcome = outcome
 
-    monkeypatch.setattr(StudyRunner, "execute", execute)
-    return calls
+    def __call__(self, runner, plan):
+        self.append((plan.learning_rate, plan.seed, plan.max_steps))
+        return _fake_history(plan, self.outcome(plan.learning_rate, plan.seed))
+
+
+def _planted(outcome) -> _Planted:
+    return _Planted(outcome)
 
 
 def _one_cell(**overrides):
@@ -525,18 +526,17 @@ def _one_cell(**overrides):
     return StudyConfig(**options)
 
 
-def test_max_epochs_caps_the_budget_where_the_epochs_end_first(tmp_path, monkeypatch):
+def test_max_epochs_caps_the_budget_where_the_epochs_end_first(tmp_path):
     budgets = {}
 
-    def execute(self, plan):
+    def execute(runner, plan):
         budgets[plan.batch_size] = plan.max_steps
         return _fake_history(plan, None)
 
-    monkeypatch.setattr(StudyRunner, "execute", execute)
     config = _one_cell(batch_sizes=(8, 1294), seeds=1, max_epochs=3,
                        learning_rates={"sgd": (0.1,)})
     with ResultStore(tmp_path / "study.db") as store:
-        study = StudyRunner(config, store).run()
+        study = StudyRunner(config, store, run_executor=execute).run()
     # Batch 8: 3 epochs of 161 steps (483) is under max_steps, rounded up to whole evaluation
     # intervals (the keras engine evaluates every 162 steps). Batch 1294: one step per epoch.
     assert budgets == {8: 486, 1294: 3}
@@ -555,14 +555,14 @@ def test_max_epochs_caps_the_budget_where_the_epochs_end_first(tmp_path, monkeyp
     assert StudyConfig(dataset="mnist", max_epochs=0).step_budget(52) == 20_000
 
 
-def test_seeds_pick_the_rate_with_the_best_median_and_give_intervals(tmp_path, monkeypatch):
+def test_seeds_pick_the_rate_with_the_best_median_and_give_intervals(tmp_path):
     # Rate 0.1 has the luckiest seed (50) but rate 1.0 the best median (200 < 300).
     steps = {(0.1, 0): 50, (0.1, 1): 300, (0.1, 2): None, (1.0, 0): 250, (1.0, 1): 200,
              (1.0, 2): 150}
-    calls = _planted(monkeypatch, lambda lr, seed: steps[lr, seed])
+    calls = _planted(lambda lr, seed: steps[lr, seed])
     config = _one_cell(learning_rates={"sgd": (0.1, 1.0)}, prune=False)
     with ResultStore(tmp_path / "study.db") as store:
-        study = StudyRunner(config, store).run()
+        study = StudyRunner(config, store, run_executor=calls).run()
         assert sorted((lr, seed) for lr, seed, _ in calls) == sorted(steps)
         (cell,) = study["cells"]
         assert cell["learning_rate"] == 1.0 and cell["steps_to_target"] == 200
@@ -572,7 +572,7 @@ def test_seeds_pick_the_rate_with_the_best_median_and_give_intervals(tmp_path, m
         assert interval["coverage"] == pytest.approx(0.75)
         # Every seed is its own stored run: a second pass trains nothing.
         calls.clear()
-        again = StudyRunner(config, store)
+        again = StudyRunner(config, store, run_executor=calls)
         again.run()
         assert calls == [] and again.executed == 0
         assert len({r["key"] for r in store.records(kind="run")}) == 6
@@ -594,24 +594,25 @@ def test_a_tie_on_median_steps_is_broken_by_steps_not_by_a_clock():
     assert best_rate(by_rate, larger_is_better=True) == 1.0
 
 
-def test_a_cell_reaches_only_when_its_median_seed_does(tmp_path, monkeypatch):
-    _planted(monkeypatch, lambda lr, seed: 100 if seed == 0 else None)
+def test_a_cell_reaches_only_when_its_median_seed_does(tmp_path):
+    planted = _planted(lambda lr, seed: 100 if seed == 0 else None)
     with ResultStore(tmp_path / "study.db") as store:
-        (cell,) = StudyRunner(_one_cell(learning_rates={"sgd": (0.1,)}), store).run()["cells"]
+        (cell,) = StudyRunner(_one_cell(learning_rates={"sgd": (0.1,)}), store,
+                              run_executor=planted).run()["cells"]
     assert not cell["reached"] and cell["steps_to_target"] is None and cell["seeds_reached"] == 1
     assert math.isinf(cell["intervals"]["steps_to_target"]["high"])
 
 
-def test_pruning_with_seeds_keeps_the_winner_exact(tmp_path, monkeypatch):
+def test_pruning_with_seeds_keeps_the_winner_exact(tmp_path):
     # 0.1: median 300 (the budget of later rates). 1.0: two seeds reach under 300, one never
     # does within the pruned budget: it wins on its median, and its cut-short seed is re-run on
     # the full budget for the interval's upper end. 0.01: two misses, its last seed is skipped.
     steps = {(0.1, 0): 300, (0.1, 1): 280, (0.1, 2): 400, (1.0, 0): 120, (1.0, 1): 700,
              (1.0, 2): 200, (0.01, 0): None, (0.01, 1): 900, (0.01, 2): 10}
-    calls = _planted(monkeypatch, lambda lr, seed: steps[lr, seed])
+    calls = _planted(lambda lr, seed: steps[lr, seed])
     config = _one_cell(learning_rates={"sgd": (0.1, 1.0, 0.01)})
     with ResultStore(tmp_path / "study.db") as store:
-        (cell,) = StudyRunner(config, store).run()["cells"]
+        (cell,) = StudyRunner(config, store, run_executor=calls).run()["cells"]
     assert calls == [(0.1, 0, 1000), (0.1, 1, 1000), (0.1, 2, 1000),
                      (1.0, 0, 300), (1.0, 1, 300), (1.0, 2, 300),
                      (0.01, 0, 200), (0.01, 1, 200),
@@ -621,18 +622,17 @@ def test_pruning_with_seeds_keeps_the_winner_exact(tmp_path, monkeypatch):
     assert (interval["low"], interval["high"]) == (120, 700)
 
 
-def test_a_store_written_with_extra_resumes_with_the_same_figures(tmp_path, monkeypatch):
+def test_a_store_written_with_extra_resumes_with_the_same_figures(tmp_path):
     # An earlier kbackend stored each run's engine facts as an "extra" dict in its trajectory;
     # the figures re-derived from such a store are the ones its "record" gives.
-    def execute(self, plan):
+    def execute(runner, plan):
         history = _fake_history(plan, 30 if plan.seed != 1 else None)
         history.record.dropped_per_epoch = 5  # samples counted as the native engine runs them
         return history
 
-    monkeypatch.setattr(StudyRunner, "execute", execute)
     config = _one_cell(batch_sizes=(64,), learning_rates={"sgd": (0.1, 1.0)})
     with ResultStore(tmp_path / "study.db") as store:
-        first = StudyRunner(config, store).run()
+        first = StudyRunner(config, store, run_executor=execute).run()
     with sqlite3.connect(tmp_path / "study.db") as db:
         rows = db.execute("SELECT key, trajectory FROM results WHERE kind = 'run'").fetchall()
         for key, text in rows:
@@ -641,9 +641,9 @@ def test_a_store_written_with_extra_resumes_with_the_same_figures(tmp_path, monk
             db.execute("UPDATE results SET trajectory = ? WHERE key = ?",
                        (json.dumps(trajectory), key))
     assert rows and all("dropped_per_epoch" in json.loads(text)["record"] for _, text in rows)
-    monkeypatch.setattr(StudyRunner, "execute", lambda self, plan: pytest.fail("trained"))
     with ResultStore(tmp_path / "study.db") as store:
-        runner = StudyRunner(config, store)
+        runner = StudyRunner(config, store,
+                             run_executor=lambda runner, plan: pytest.fail("trained"))
         again = runner.run()
         assert all("extra" in r["trajectory"] for r in store.records(kind="run"))
     assert runner.executed == 0
@@ -699,12 +699,12 @@ def test_seeds_change_the_runs_and_the_same_seed_repeats_them(tmp_path):
     (1.272, 2, [0.1272, 1.272, 12.72], 1.272, False),                # interior: no extension
 ])
 def test_grid_extends_until_the_best_rate_is_inside_or_at_its_bound(
-        tmp_path, monkeypatch, optimum, extend, tried, best, at_bound):
+        tmp_path, optimum, extend, tried, best, at_bound):
     # Steps to target grow by 50 per decade away from the optimum learning rate.
-    calls = _planted(monkeypatch, lambda lr, seed: 100 + round(50 * abs(math.log10(lr / optimum))))
+    calls = _planted(lambda lr, seed: 100 + round(50 * abs(math.log10(lr / optimum))))
     config = _one_cell(lr_grid_size=3, lr_factor=10.0, lr_extend=extend, seeds=1)
     with ResultStore(tmp_path / "study.db") as store:
-        (cell,) = StudyRunner(config, store).run()["cells"]
+        (cell,) = StudyRunner(config, store, run_executor=calls).run()["cells"]
     assert cell["lr_tried"] == pytest.approx(tried) and cell["learning_rate"] == pytest.approx(best)
     assert cell["lr_at_grid_edge"] is at_bound and cell["lr_at_bound"] is at_bound
     assert len(calls) == len(tried)
@@ -714,7 +714,7 @@ def test_grid_extends_until_the_best_rate_is_inside_or_at_its_bound(
 
 
 def test_time_model_times_cells_interleaved_and_multiplies_median_steps(tmp_path, monkeypatch):
-    _planted(monkeypatch, lambda lr, seed: {0: 100, 1: 120, 2: 90}[seed])
+    planted = _planted(lambda lr, seed: {0: 100, 1: 120, 2: 90}[seed])
     order = []
 
     def step_timer(self, cell, steps):
@@ -725,7 +725,7 @@ def test_time_model_times_cells_interleaved_and_multiplies_median_steps(tmp_path
     config = _one_cell(optimizers=("sgd", "adam"), batch_sizes=(647, 1294), step_time_repeats=3,
                        learning_rates={"sgd": (0.1,), "adam": (0.01,)})
     with ResultStore(tmp_path / "study.db") as store:
-        study = StudyRunner(config, store).run()
+        study = StudyRunner(config, store, run_executor=planted).run()
         cells = [("sgd", 647), ("sgd", 1294), ("adam", 647), ("adam", 1294)]
         # One untimed warm-up call each, then three rounds, each starting one cell later and
         # timing ROUND_CALLS calls of each cell back to back (the fastest kept).
@@ -740,7 +740,7 @@ def test_time_model_times_cells_interleaved_and_multiplies_median_steps(tmp_path
             assert interval["high"] == pytest.approx(120 * per_step["high"])
             assert cell["time_to_target_runs"] == pytest.approx(1.0)  # the runs' own clocks
         order.clear()
-        again = StudyRunner(config, store).run()  # stored: not measured again
+        again = StudyRunner(config, store, run_executor=planted).run()  # stored: not measured
         assert order == [] and again["step_times"] == study["step_times"]
 
 
@@ -757,7 +757,7 @@ def test_timed_calls_last_30_ms_or_hold_the_most_steps_in_whole_calls(call_secon
 
 
 def test_an_undefined_noise_scale_retries_once_with_a_wider_batch_pair(tmp_path, monkeypatch):
-    _planted(monkeypatch, lambda lr, seed: 100)
+    planted = _planted(lambda lr, seed: 100)
     pairs = []
 
     def measure_noise(self, plan, checkpoints, small=None, big=None):
@@ -771,7 +771,7 @@ def test_an_undefined_noise_scale_retries_once_with_a_wider_batch_pair(tmp_path,
     config = _one_cell(batch_sizes=(16, 64), learning_rates={"sgd": (0.1,)}, noise_points=2,
                        seeds=1)
     with ResultStore(tmp_path / "study.db") as store:
-        noise = StudyRunner(config, store).run()["noise"]
+        noise = StudyRunner(config, store, run_executor=planted).run()["noise"]
     assert pairs == [(16, 64), (4, 256)]
     assert (noise["small_batch"], noise["big_batch"]) == (4, 256)
     assert noise["first_try"]["small_batch"] == 16
@@ -785,7 +785,7 @@ def test_report_states_sources_verdicts_and_caveats(tmp_path, monkeypatch):
     steps = {("sgd", 16): 100, ("adam", 16): 200, ("sgd", 64): 80, ("adam", 64): 20}
     spread = {0: 0.9, 1: 1.0, 2: 1.1}
 
-    def execute(self, plan):
+    def execute(runner, plan):
         planted = steps[plan.optimizer, plan.batch_size] * spread[plan.seed]
         return _fake_history(plan, round(planted))
 
@@ -797,11 +797,11 @@ def test_report_states_sources_verdicts_and_caveats(tmp_path, monkeypatch):
             {"optimizer": c["optimizer"], "batch_size": c["batch_size"], "seconds": seconds,
              "seconds_per_step": median_interval(seconds)} for c in cells]}
 
-    monkeypatch.setattr(StudyRunner, "execute", execute)
     monkeypatch.setattr(StudyRunner, "measure_step_times", measure_step_times)
     config = _one_cell(optimizers=("sgd", "adam"), batch_sizes=(16, 64), step_time_repeats=3,
                        learning_rates={"sgd": (0.1,), "adam": (0.01,)})
-    result = run_study(config, tmp_path, show_progress=False, print_results=False)
+    result = run_study(config, tmp_path, show_progress=False, print_results=False,
+                       run_executor=execute)
     report = result["paths"]["report"].read_text()
     assert "## What the sources claim, what this run shows" in report and "## Caveats" in report
     for claim in ("**(a) SGD vs Adam", "**(b) Scaling regions", "**(c) Generalization",

@@ -212,18 +212,15 @@ SGD_FACTORS = [1.0, 1.3, 0.8, 1.1, 0.9, 1.2, 0.95, 1.05, 1.15, 0.85]
 ADAM_FACTORS = [1.3, 0.8, 1.0, 1.1, 0.95, 1.2, 0.9, 1.0, 1.1, 0.85]
 
 
-def _planted_pair(monkeypatch):
-    """Adam needs 1.6x SGD's steps, spread over the seeds so that 3 seeds do not resolve it."""
-    calls = []
+class _PlantedPair(list):
+    """A run executor: Adam needs 1.6x SGD's steps, spread over the seeds so that 3 seeds do
+    not resolve it; the list holds the (optimizer, seed) of every run trained."""
 
-    def execute(self, plan):
-        calls.append((plan.optimizer, plan.seed))
+    def __call__(self, runner, plan):
+        self.append((plan.optimizer, plan.seed))
         factors = SGD_FACTORS if plan.optimizer == "sgd" else ADAM_FACTORS
         base = 100 if plan.optimizer == "sgd" else 160
         return _fake_history(plan, round(base * factors[plan.seed]))
-
-    monkeypatch.setattr(StudyRunner, "execute", execute)
-    return calls
 
 
 def _pair_config(**overrides):
@@ -239,13 +236,14 @@ def _adam_vs_sgd(study):
     return entry["verdict"]
 
 
-def test_a_study_resolves_with_added_seeds_and_reuses_them(tmp_path, monkeypatch):
-    calls = _planted_pair(monkeypatch)
+def test_a_study_resolves_with_added_seeds_and_reuses_them(tmp_path):
+    calls = _PlantedPair()
     with ResultStore(tmp_path / "study.db") as store:
-        fixed = StudyRunner(_pair_config(max_seeds=3), store).run()
+        fixed = StudyRunner(_pair_config(max_seeds=3), store, run_executor=calls).run()
         assert _adam_vs_sgd(fixed)["outcome"] == "not_resolved" and len(calls) == 6
         calls.clear()
-        study = StudyRunner(_pair_config(max_seeds=10, seed_budget=0.0), store).run()
+        study = StudyRunner(_pair_config(max_seeds=10, seed_budget=0.0), store,
+                            run_executor=calls).run()
         verdict = _adam_vs_sgd(study)
         # resolved at the look that reads it (5 or 8 seeds: LookLevels' second or third)
         n = verdict["seeds"]
@@ -255,15 +253,17 @@ def test_a_study_resolves_with_added_seeds_and_reuses_them(tmp_path, monkeypatch
         assert added["schedule"] == [3, 5, 8, 10] and len(added["rounds"]) == [5, 8].index(n) + 1
         assert all(c["seeds"] == n for c in study["cells"])
         calls.clear()
-        again = StudyRunner(_pair_config(max_seeds=10, seed_budget=0.0), store)
+        again = StudyRunner(_pair_config(max_seeds=10, seed_budget=0.0), store,
+                            run_executor=calls)
         again.run()
         assert calls == [] and again.executed == 0  # added seeds are stored runs
 
 
-def test_added_seeds_stop_at_the_seed_budget(tmp_path, monkeypatch):
-    calls = _planted_pair(monkeypatch)
+def test_added_seeds_stop_at_the_seed_budget(tmp_path):
+    calls = _PlantedPair()
     with ResultStore(tmp_path / "study.db") as store:
-        study = StudyRunner(_pair_config(max_seeds=10, seed_budget=1e-9), store).run()
+        study = StudyRunner(_pair_config(max_seeds=10, seed_budget=1e-9), store,
+                            run_executor=calls).run()
     # one added run, then the budget is spent: that cell has 4 seeds, the other 3
     assert len(calls) == 7 and study["added_seeds"]["stopped"].startswith("seed budget spent")
     verdict = _adam_vs_sgd(study)

@@ -446,6 +446,11 @@ class StudyRunner:
         """
         if self.run_executor is not None:
             return self.run_executor(self, plan)
+        return self.train_here(plan)
+
+    def train_here(self, plan: RunPlan) -> History:
+        """``execute``'s default: train ``plan`` in this process on the study's engine (a run
+        executor that wraps it, a test's failing one, calls this)."""
         if self.facts.compiled_cells:
             return self.native_runs().train(self.train_config(plan), self.initial_values(plan.seed))
         return train(self.train_config(plan), dataset=self.dataset,

@@ -28,7 +28,7 @@ from kbackend.study.noise_runs import NoiseMeasurement
 from kbackend.study.pipeline import compare, run_study
 from kbackend.study.plots import PLOTS
 from kbackend.study.populations import Populations
-from kbackend.study.step_times import MORE_ROUNDS, ROUND_CALLS, StepTimeModel, timed_steps
+from kbackend.study.step_times import ROUND_CALLS, StepTimeModel, timed_steps
 from kbackend.study.store import ResultStore
 from kbackend.training import Target
 from tests.conftest import BACKEND, JIT_FOR_SMALL_RUNS, NO_JIT_FLAGS, ROOT
@@ -730,13 +730,7 @@ def test_time_model_times_cells_interleaved_and_multiplies_median_steps(tmp_path
         # One untimed warm-up call each, then three rounds, each starting one cell later and
         # timing ROUND_CALLS calls of each cell back to back (the fastest kept).
         rounds = [cells, cells[1:] + cells[:1], cells[2:] + cells[:2]]
-        base = cells + [c for turn in rounds for c in turn for _ in range(ROUND_CALLS)]
-        assert order[:len(base)] == base
-        # Then MORE_ROUNDS more for the cells whose timing carries more of a comparison's
-        # variance than its seeds: here all four (every seed's steps are the same for both
-        # optimizers, so the seeds' log ratios do not spread at all).
-        assert study["added_seeds"]["more_timing_rounds_cells"] == 4
-        assert len(order) == len(base) + 4 + MORE_ROUNDS * 4 * ROUND_CALLS
+        assert order == cells + [c for turn in rounds for c in turn for _ in range(ROUND_CALLS)]
         for cell in study["cells"]:
             per_step = cell["seconds_per_step"]
             assert per_step["n"] == 3 and cell["time_model"] == "steps x step time"
@@ -748,18 +742,6 @@ def test_time_model_times_cells_interleaved_and_multiplies_median_steps(tmp_path
         order.clear()
         again = StudyRunner(config, store, run_executor=planted).run()  # stored: not measured
         assert order == [] and again["step_times"] == study["step_times"]
-        # More rounds for two cells: one warm-up each, then rounds of those two alone, stored
-        runner = StudyRunner(config, store, run_executor=planted)
-        runner.prepare()
-        step_times = {"cells": list(study["step_times"]["cells"])}
-        block = StepTimeModel(runner).more_rounds(step_times, study["cells"][:2], rounds=2)
-        pair = cells[:2]
-        assert order == pair + [c for turn in (pair, pair[::-1]) for c in turn
-                                for _ in range(ROUND_CALLS)]
-        assert step_times["more_rounds"] == [block] and len(block["cells"][0]["seconds"]) == 2
-        order.clear()
-        StepTimeModel(runner).more_rounds({}, study["cells"][:2], rounds=2)
-        assert order == []
 
 
 @pytest.mark.parametrize(("call_seconds", "fused", "most", "steps"), [

@@ -15,7 +15,6 @@ from kbackend.study.config import StudyConfig
 from kbackend.study.executor import StudyRunner
 from kbackend.study.plots import pareto_cells
 from kbackend.study.report_sections import frontier_rows
-from kbackend.study.sequential import timing_bound_cells
 from kbackend.study.store import ResultStore
 from kbackend.study.verdicts import (
     VERDICT_CONFIDENCE,
@@ -29,7 +28,6 @@ from kbackend.study.verdicts import (
     outcome_text,
     ratio_verdict,
     seed_schedule,
-    step_time_log_ratios,
     trimmed_mean,
 )
 from kbackend.training import Target
@@ -102,40 +100,6 @@ def test_trimmed_mean_is_the_plain_mean_below_five_values_and_drops_the_ends_abo
     assert mean == pytest.approx(0.2) and df == 2
     winsorized = [0.1, 0.1, 0.2, 0.3, 0.3]
     assert variance == pytest.approx(4 * np.var(winsorized, ddof=1) / (3 * 2))
-
-
-def _timed(cells, seconds):
-    return [{"optimizer": o, "batch_size": b, "seconds": list(seconds[o, b])} for o, b in cells]
-
-
-def test_added_timing_rounds_pair_only_within_their_block():
-    base = {("adam", 8): [2.0, 2.0], ("sgd", 8): [1.0, 1.0], ("momentum", 8): [1.0, 1.0]}
-    step_times = {"cells": _timed(base, base),
-                  "more_rounds": [{"cells": _timed([("adam", 8), ("sgd", 8)],
-                                                   {("adam", 8): [3.0], ("sgd", 8): [1.0]})}]}
-    ratios = step_time_log_ratios(step_times, ("adam", 8), ("sgd", 8))
-    assert ratios == pytest.approx([math.log(2), math.log(2), math.log(3)])
-    # momentum was not in the block: its pairs read the time model's rounds alone
-    assert len(step_time_log_ratios(step_times, ("adam", 8), ("momentum", 8))) == 2
-    assert step_time_log_ratios(step_times, ("adam", 8), ("adam", 16)) is None
-
-
-def test_timing_rounds_go_where_they_carry_more_variance_than_the_seeds_blinded():
-    """Adam vs SGD at 8: seeds agree (ratio 2.0 +-1%), rounds spread 30%: timing-bound. At 16:
-    seeds spread 40%, rounds 1%: seed-bound. Moving every round's ratio (the estimate) by a
-    constant factor does not change the choice."""
-    rng = np.random.default_rng(0)
-    cells = []
-    for batch, seed_spread in ((8, 0.01), (16, 0.4)):
-        for optimizer, steps in (("adam", 200.0), ("sgd", 100.0)):
-            noise = rng.normal(0, seed_spread, 3) if optimizer == "adam" else np.zeros(3)
-            cells.append({"optimizer": optimizer, "batch_size": batch,
-                          "seed_steps": {str(i): steps * math.exp(n) for i, n in enumerate(noise)}})
-    for shift in (1.0, 3.0):
-        seconds = {("adam", 8): shift * np.exp(rng.normal(0, 0.3, 10)), ("sgd", 8): np.ones(10),
-                   ("adam", 16): shift * np.exp(rng.normal(0, 0.01, 10)), ("sgd", 16): np.ones(10)}
-        chosen = timing_bound_cells(cells, {"cells": _timed(seconds, seconds)})
-        assert [(c["optimizer"], c["batch_size"]) for c in chosen] == [("adam", 8), ("sgd", 8)]
 
 
 def test_an_open_comparison_states_the_tightest_bound_its_interval_supports():

@@ -1,11 +1,6 @@
 """Sequential seeds: after the first ``seeds``, more seeds of a cell's best learning rate only
 where a verdict on the sources' questions is unresolved and could still resolve.
 
-Before them, more step-time rounds (``add_timing_rounds``) for the cells of every per-batch
-optimizer comparison whose timing rounds carry more of its variance than its seeds: a round
-costs milliseconds, a seed seconds, and seeds cannot shrink the timing's share. The rule reads
-spreads only, never an estimate or outcome, so it spends none of a verdict's looks.
-
 Round by round (``verdicts.seed_schedule``: 3, 5, 8, 10 seeds by default), the comparisons the
 report answers (the optimizers at each batch size, each scaling step, the smallest against the
 largest batch size's test metric) are read; a cell gets the next round's seeds when one of its
@@ -23,12 +18,9 @@ so a re-run reuses them. The frontier runs (``frontier``) follow the seeds each 
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from typing import Any
-
-import numpy as np
 
 from kbackend.study.cell_verdicts import (
     generalization_verdict,
@@ -36,56 +28,12 @@ from kbackend.study.cell_verdicts import (
     region_verdicts,
     verdict_settings,
 )
-from kbackend.study.config import AUTO_SEED_BUDGET_SHARE, LOCAL_EXECUTOR
+from kbackend.study.config import AUTO_SEED_BUDGET_SHARE
 from kbackend.study.frontier import frontier_supported, measure_frontier
 from kbackend.study.runner_protocol import StudyRunnerLike
-from kbackend.study.step_times import StepTimeModel
-from kbackend.study.verdicts import (
-    could_resolve,
-    seed_schedule,
-    step_time_log_ratios,
-    trimmed_mean,
-)
+from kbackend.study.verdicts import could_resolve, seed_schedule
 
 COMPARED = (("adam", "sgd"), ("adam", "momentum"))  # the report's optimizer comparisons
-
-
-def timing_bound_cells(cells: list[dict[str, Any]],
-                       step_times: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """The cells of every per-batch optimizer comparison whose step-time rounds carry more of
-    its variance than its seeds' steps ratios do (``StepTimeModel.more_rounds`` gives them
-    more rounds). Blinded: it reads the two spreads, never the estimate or the outcome, so the
-    rounds it adds spend no look of the verdict's error."""
-    by_key = {(c["optimizer"], c["batch_size"]): c for c in cells}
-    wanted: set[tuple[str, int]] = set()
-    for challenger, incumbent in COMPARED:
-        for batch in sorted({c["batch_size"] for c in cells}):
-            a, b = by_key.get((challenger, batch)), by_key.get((incumbent, batch))
-            rounds = step_time_log_ratios(step_times, (challenger, batch), (incumbent, batch))
-            if a is None or b is None or not rounds:
-                continue
-            steps_a, steps_b = a.get("seed_steps") or {}, b.get("seed_steps") or {}
-            logs = [math.log(steps_a[s] / steps_b[s]) for s in steps_a if s in steps_b
-                    and 0 < steps_a[s] < math.inf and 0 < steps_b[s] < math.inf]
-            if len(logs) > 1 and trimmed_mean(rounds)[1] > np.var(logs, ddof=1) / len(logs):
-                wanted.update({(challenger, batch), (incumbent, batch)})
-    return [by_key[key] for key in sorted(wanted)]
-
-
-def add_timing_rounds(runner: StudyRunnerLike, cells: list[dict[str, Any]],
-                      step_times: dict[str, Any] | None) -> int:
-    """``MORE_ROUNDS`` more step-time rounds for ``timing_bound_cells`` (local studies with a
-    time model only: a Ray study's rounds were timed on its workers). Returns how many cells
-    got them."""
-    config = runner.config
-    if step_times is None or config.executor != LOCAL_EXECUTOR or not config.step_time_repeats:
-        return 0
-    extra = timing_bound_cells(cells, step_times)
-    if extra:
-        start, setup_before = time.perf_counter(), runner.time_spent.setup
-        StepTimeModel(runner).more_rounds(step_times, extra)
-        runner.time_spent.step_times += runner.time_spent.seconds_since(start, setup_before)
-    return len(extra)
 
 
 def open_comparisons(cells: list[dict[str, Any]], step_times: dict[str, Any] | None,
@@ -159,7 +107,6 @@ def extend_seeds(runner: StudyRunnerLike, cells: list[dict[str, Any]], runs: lis
     seconds spent against the budget and why the rounds stopped."""
     config = runner.config
     settings = verdict_settings({"config": config.to_dict()})
-    timed_more = add_timing_rounds(runner, cells, step_times)
     schedule = seed_schedule(config.seeds, settings["max_seeds"])
     frontier = frontier_supported(runner)
     records = {(c["optimizer"], c["batch_size"]): [_stored(runner, k) for k in c["run_keys"]]
@@ -217,7 +164,6 @@ def extend_seeds(runner: StudyRunnerLike, cells: list[dict[str, Any]], runs: lis
     seconds = runner.time_spent.seconds_since(start, setup_before)
     runner.time_spent.added_seeds += seconds
     return {"schedule": schedule, "max_seeds": settings["max_seeds"], "rounds": rounds,
-            "more_timing_rounds_cells": timed_more,
             "seconds": seconds, "recorded_seconds": spent, "frontier_seconds": frontier_seconds,
             "budget": budget or None,
             "stopped": stopped, "frontier_epochs": config.frontier_epochs if frontier else 0}

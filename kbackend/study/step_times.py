@@ -31,9 +31,6 @@ from kbackend.study.runner_protocol import StudyRunnerLike
 STEP_TIME_STEPS = 64
 STEP_TIME_SECONDS = 0.03
 ROUND_CALLS = 3
-# Rounds added for the cells of a comparison whose step-time rounds carry more of its variance
-# than its seeds (``sequential.timing_bound_cells``): rounds cost milliseconds, seeds seconds.
-MORE_ROUNDS = 20
 
 # (optimizer, batch size, learning rate, most steps per timed call, fused steps) of one cell
 TimingPlan = tuple[str, int, float, int, int]
@@ -87,24 +84,6 @@ class StepTimeModel:
         return epoch_runner(runner.build_model(), subset,
                             OptimizerSpec(cell["optimizer"], cell["learning_rate"]),
                             batch, fused, runner.config.seed)
-
-    def more_rounds(self, step_times: dict[str, Any], cells: list[dict[str, Any]],
-                    rounds: int = MORE_ROUNDS) -> dict[str, Any]:
-        """``rounds`` more interleaved rounds of ``cells`` alone (``measure``'s protocol),
-        appended to ``step_times["more_rounds"]`` as one block (its rounds pair only with
-        each other: ``verdicts.step_time_log_ratios`` reads base and blocks apart). Stored, so
-        a resumed study reuses it. Returns the block."""
-        runner = self.runner
-        plans: list[TimingPlan] = [
-            (c["optimizer"], c["batch_size"], c["learning_rate"], *self.plan(c)) for c in cells]
-        key_config = {"kind": "steptime", "more_rounds": True, **runner.content_identity(),
-                      "seed": runner.config.seed, "cells": plans, "repeats": rounds,
-                      "engine": runner.config.engine, "min_seconds": STEP_TIME_SECONDS,
-                      "round_calls": ROUND_CALLS, **runner.env}
-        block = runner.stored_or_measured("steptime", "timing", key_config, None,
-                                          lambda: self._time(cells, plans, rounds))
-        step_times.setdefault("more_rounds", []).append(block)
-        return block
 
     def measure(self, cells: list[dict[str, Any]]) -> dict[str, Any] | None:
         """Each cell's steady seconds per step, in ``step_time_repeats`` interleaved rounds: in

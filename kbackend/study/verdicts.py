@@ -287,17 +287,12 @@ def could_resolve(verdict: dict[str, Any], max_seeds: int, level: float) -> bool
 def step_time_log_ratios(step_times: dict[str, Any] | None, a: tuple[str, int],
                          b: tuple[str, int]) -> list[float] | None:
     """Per-round log ratios of two cells' measured seconds per step (rounds pair: they were
-    timed moments apart): the time model's rounds, then those of every block of added rounds
-    (``step_times["more_rounds"]``) that timed both; None when either cell was not timed."""
-    blocks = [(step_times or {}).get("cells", []),
-              *(block["cells"] for block in (step_times or {}).get("more_rounds", []))]
-    ratios: list[float] | None = None
-    for block in blocks:
-        timed = {(c["optimizer"], c["batch_size"]): c["seconds"] for c in block}
-        if a in timed and b in timed:
-            ratios = (ratios or []) + [math.log(x / y) for x, y in
-                                       zip(timed[a], timed[b], strict=False) if x > 0 and y > 0]
-    return ratios
+    timed moments apart); None when either cell was not timed."""
+    timed = {(c["optimizer"], c["batch_size"]): c["seconds"]
+             for c in (step_times or {}).get("cells", [])}
+    if a not in timed or b not in timed:
+        return None
+    return [math.log(x / y) for x, y in zip(timed[a], timed[b], strict=False) if x > 0 and y > 0]
 
 
 def rounding_sd(cells: Sequence[dict[str, Any]]) -> float:

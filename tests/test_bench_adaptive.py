@@ -16,6 +16,8 @@ from kbackend.bench.runner import run
 from tests.conftest import BACKEND
 
 
+# Benchmark smoke runs (79 s and 55 s on JAX in CI's default suite): the slow suite's.
+@pytest.mark.slow
 def test_quick_run_measures_overhead_and_auto_vs_fixed(tmp_path):
     out = tmp_path / "out"
     options = ["--quick", "--backends", BACKEND, "--out", str(out)]
@@ -45,6 +47,7 @@ def test_quick_run_measures_overhead_and_auto_vs_fixed(tmp_path):
     assert f"| {BACKEND} | auto sqrt max 128 | 1/1 |" in table
 
 
+@pytest.mark.slow
 def test_quick_reuse_part_times_both_ways_of_running_auto_runs(tmp_path):
     """``--part reuse``: a fresh ``train()`` per auto run and the study's shared trainer, both
     timed over the same seeds (finite figures and the table; no timing thresholds)."""

@@ -191,7 +191,7 @@ def test_keras_fit_data_parallel_matches_single_device(devices, batch_norm):
     from kbackend.training import TrainConfig, load_dataset, train
 
     def config(**fields):
-        return TrainConfig(model="mlp", batch_size=64, epochs=1,
+        return TrainConfig(model="mlp", batch_size=64, epochs=1, engine="keras",
                            optimizer=OptimizerSpec("sgd", 0.1),
                            model_options=ModelOptions(widths=(32,), batch_norm=batch_norm),
                            **fields)

@@ -121,6 +121,7 @@ def test_auto_forms_of_the_python_api():
     assert auto_config(batch_size=32).adaptive_batch is None
 
 
+@pytest.mark.slow
 def test_train_prints_each_change(cli, tmp_path):
     result = cli("train", "--engine", "native", "--model", "seed_mlp", "--dataset", "digits",
                  "--batch-size", "auto:8:64", "--lr", "0.003", "--epochs", "2",
@@ -137,6 +138,7 @@ def test_bad_bounds_on_the_command_line_are_one_line_errors(cli):
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_runs_share_one_adaptive_trainer_and_train_as_train_does():
     """``engines.native.Runs`` (the study's path): auto runs of one optimizer reuse one
     ``AdaptiveTrainer``, so a second run compiles no size again, and each run from the same

@@ -50,6 +50,7 @@ def sequences(n: int):
     return x, y.astype(np.int32)
 
 
+@pytest.mark.slow
 def test_quick_measurement_rows_and_table():
     rows, summary = measure_user_model(Settings(quick=True, options={"max_steps": 14}))
     parts = {row["part"]: row for row in rows}

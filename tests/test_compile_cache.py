@@ -157,6 +157,7 @@ def test_tensorflow_entries_beyond_the_size_bound_go_least_recently_used_first(t
     assert sorted(p.name.split(".")[0] for p in shared.iterdir()) == ["fresh", "used"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's cache (JAX's: the tests above)")
 def test_the_next_tensorflow_process_loads_entries_and_survives_a_corrupt_one(tmp_path):
     env = {**os.environ, "KBACKEND_CACHE_DIR": str(tmp_path), "KERAS_BACKEND": "tensorflow",
@@ -208,6 +209,7 @@ def test_a_child_gets_its_own_tensorflow_folder_and_a_users_setting_stays(tmp_pa
     assert os.environ["TF_XLA_FLAGS"] == users
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow counts traces of its XLA functions")
 def test_a_function_collected_meanwhile_does_not_count_against_the_block():
     import gc

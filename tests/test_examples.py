@@ -22,6 +22,7 @@ def example_data(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_a_study_of_the_regression_example_recommends_a_cell(example_data, tmp_path, cli):
     result = cli("study", "--model", f"{EXAMPLES / 'models.py'}:regressor", "--data",
                  str(example_data / "diabetes.csv"), "--label", "target", "--target-metric",

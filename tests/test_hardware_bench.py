@@ -78,6 +78,7 @@ def measure_tiny(settings: Settings):
 TINY = Benchmark("bench_tiny", "tiny", measure_tiny, ["case"], ["median_ms"], ["quick"])
 
 
+@pytest.mark.slow
 def test_runner_runs_each_backend_in_its_own_process(tmp_path, capsys):
     if BACKEND != "jax":
         pytest.skip("starts a worker of each backend whatever the session's: "
@@ -229,6 +230,7 @@ def test_time_to_target_summary_and_table_from_planted_rows():
     assert "train --help" not in table
 
 
+@pytest.mark.slow
 def test_advise_quick_prints_recommendations(cli, tmp_path):
     completed = cli("advise", "--model", "seed_mlp", "--dataset", "digits", "--quick",
                     "--json", str(tmp_path / "advice.json"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from rich.console import Console
 
 from kbackend import cli
@@ -47,6 +48,7 @@ def test_a_log_gets_one_line_per_evaluation_and_no_live_line():
     assert "ETA" not in out.getvalue() and "\r" not in out.getvalue()
 
 
+@pytest.mark.slow
 def test_train_prints_k_and_compile_time_apart(capsys):
     assert cli.main(["train", "--quiet", "--epochs", "1"]) == 0
     out = capsys.readouterr().out

@@ -37,6 +37,7 @@ def test_python_and_numpy_generators_are_seeded():
     assert (random.random(), np.random.rand()) == first
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(BACKEND != "jax", reason="TensorFlow is the framework of the TF backend")
 def test_a_jax_training_run_never_imports_tensorflow():
     # A fresh process is the point: this test process may have imported TensorFlow already.

@@ -38,6 +38,7 @@ def auto_study(tmp_path_factory):
     return out, run_study(AUTO_STUDY, out, show_progress=False, print_results=False)
 
 
+@pytest.mark.slow
 def test_an_auto_cell_per_optimizer_with_its_ranges_and_samples(auto_study):
     _, outcome = auto_study
     study = outcome["study"]
@@ -67,6 +68,7 @@ def test_an_auto_cell_per_optimizer_with_its_ranges_and_samples(auto_study):
     assert any(c["largest_batch"] > 16 for c in study["auto_cells"])  # some run grew
 
 
+@pytest.mark.slow
 def test_the_verdict_against_the_best_fixed_batch_size(auto_study):
     _, outcome = auto_study
     verdicts = outcome["analysis"]["verdicts"]["adaptive"]
@@ -82,6 +84,7 @@ def test_the_verdict_against_the_best_fixed_batch_size(auto_study):
                                           "best fixed batch size")
 
 
+@pytest.mark.slow
 def test_the_report_shows_the_auto_cells_and_states_the_verdict(auto_study):
     _, outcome = auto_study
     report = outcome["paths"]["report"].read_text()
@@ -91,6 +94,7 @@ def test_the_report_shows_the_auto_cells_and_states_the_verdict(auto_study):
     assert "from step 0: 16" in report
 
 
+@pytest.mark.slow
 def test_resuming_the_study_trains_nothing(auto_study):
     out, first = auto_study
 

@@ -864,6 +864,7 @@ def _cell_answers(study):
             for c in study["cells"]]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(BACKEND != "jax", reason="populations are JAX's vmap")
 def test_a_population_study_gives_the_sequential_answers_and_resumes(tmp_path):
     sequential = _run_grid(dataclasses.replace(POPULATED, population="off"), tmp_path / "seq")

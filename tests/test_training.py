@@ -72,6 +72,7 @@ def test_schedule_values():
     assert float(schedule_value(expo, 20, keras.ops)) == pytest.approx(0.025, rel=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.mnist
 def test_seed_mlp_one_epoch_on_mnist(data_dir):
     config = TrainConfig(dataset="mnist", data_dir=str(data_dir), epochs=1, batch_size=128,

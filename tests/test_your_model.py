@@ -267,6 +267,7 @@ def test_a_population_trains_the_user_loss_as_its_runs_alone(family):
         assert member.test.keys() == alone.test.keys() == {"test_loss", f"test_{task.metric}"}
 
 
+@pytest.mark.slow
 def test_a_study_of_a_user_model_names_its_metric_and_resumes(tmp_path):
     """kbackend.study on arrays: a recommendation with the command, the report named after the
     user's model and data, and a second call reusing every stored run."""

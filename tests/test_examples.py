@@ -88,7 +88,7 @@ def test_the_text_example_trains_from_its_folder_and_predicts_raw_strings(exampl
     layer adapted and run on the host, the saved model predicting from raw strings."""
     saved = tmp_path / "reviews.keras"
     result = cli("train", "--model", f"{EXAMPLES / 'models.py'}:text_classifier", "--data",
-                 str(example_data / "reviews"), "--epochs", "3", "--lr", "0.01",
+                 str(example_data / "reviews"), "--epochs", "10", "--lr", "0.01",
                  "--fused-steps", "1", "--target", "0.85", "--save", str(saved))
     assert result.returncode == 0, result.stderr
     assert "string preprocessing (TextVectorization) run on the host" in result.stdout

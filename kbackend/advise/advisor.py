@@ -129,6 +129,153 @@ def study_target_flags(task: Any, dataset: Any) -> str:
     return f" --target-metric {metric} --target {BASELINE_FRACTION * error:.3g}"
 
 
+class _Budget:
+    """The probe's time budget, counted from its first measurement (not start-up or data)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.start = seconds, time.perf_counter()
+
+    def left(self) -> float:
+        return self.seconds - (time.perf_counter() - self.start)
+
+
+def _throughput_curve(work: Any, advice: Advice, budget: _Budget,
+                      log: Callable[[str], None]) -> tuple[list[probe.FitProbe], Knee]:
+    """1. Throughput vs batch size (each size compiled once, then re-timed round-robin) and
+    its knee, recommended."""
+    quick, num_train = advice.quick, len(work.x)
+    sizes = [32, 256] if quick else [2**k for k in range(4, 13)]
+    sizes = [b for b in sizes if b <= num_train] or [num_train]
+    probes: list[probe.FitProbe] = []
+    previous = None
+    for batch in sizes:
+        if len(probes) >= 2 and budget.left() < budget.seconds * 0.6:  # time for the rest
+            advice.skipped.append(f"batch sizes >= {batch} (time budget)")
+            break
+        steps = _steps_for(previous and previous * batch / probes[-1].batch_size, quick)
+        try:
+            probes.append(probe.FitProbe(work, batch, steps=steps))
+        except probe.OutOfMemory:
+            advice.skipped.append(f"batch sizes >= {batch} (out of device memory)")
+            break
+        row = probes[-1].result()
+        previous = row["step_ms"]
+        log(f"  batch {batch:>5}: {_fmt(row)}, compile {row['compile_s']:.1f}s")
+    extra = _round_robin(probes, budget.left, budget.seconds * 0.45, 1 if quick else 4)
+    curve = [item.result() for item in probes]
+    if extra:
+        log(f"  re-timed every batch size {extra} more time(s), round-robin: "
+            + ", ".join(f"{r['batch_size']}: {r['samples_per_s']:,.0f}/s" for r in curve))
+    return probes, recommend_batch_size(advice, curve)
+
+
+def _variants_at(work: Any, source: tuple[str, str, str | None], base_probe: probe.FitProbe,
+                 steps: int, support: dict[str, dict[str, bool]], advice: Advice,
+                 budget: _Budget, log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    """2.-4. The data format (built-in image models) and precision policies at the knee's batch
+    size, timed round-robin with ``base_probe`` (float32, one step per call); their results by
+    name, the base under ``"base"``."""
+    model, dataset, data_dir = source
+    batch = base_probe.batch_size
+    compare: dict[str, probe.FitProbe] = {}
+    if work.prepared is not None:
+        advice.skipped.append("data format (a built-in model's option, compared on the "
+                              "built-in datasets; your model's layers set their own)")
+    if _convolves(work, model) and impl().supports_channels_first_conv():
+        first = probe.workload(model, dataset, data_dir=data_dir, samples=8192,
+                               data_format="channels_first")
+        compare["channels_first"] = probe.FitProbe(first, batch, steps=steps)
+    for name in ("mixed_bfloat16", "mixed_float16"):
+        if not support.get(name, {}).get("runs"):
+            advice.skipped.append(f"precision {name} (does not run on this device)")
+        elif name == "mixed_bfloat16" or budget.left() > budget.seconds * 0.2:
+            compare[name] = probe.FitProbe(work, batch, steps=steps, precision=name)
+        else:
+            advice.skipped.append(f"precision {name} (time budget)")
+    _round_robin([base_probe, *compare.values()], budget.left, 0.0, 1 if advice.quick else 3)
+    results = {"base": base_probe.result(),
+               **{name: item.result() for name, item in compare.items()}}
+    log(f"  at batch {batch}: base (float32, 1 step per call) {_fmt(results['base'])}; "
+        + "; ".join(f"{name} {_fmt(row)}" for name, row in results.items() if name != "base"))
+    return results
+
+
+def _convolves(work: Any, model: str) -> bool:
+    """Whether the data format is this workload's choice: a built-in image model."""
+    return work.prepared is None and model_layout(model) in ("image", "spatial")
+
+
+def _recommend_fused(advice: Advice, work: Any, batch: int, steps: int) -> int:
+    """The native engine's fused steps, 1 against 8, timed through train() (not interleaved)."""
+    rows = [{"fused": fused, **engine_throughput(work, batch, "native", steps=max(32, steps),
+                                                 fused_steps=fused)} for fused in (1, 8)]
+    advice.measurements["fused"] = rows
+    speedup = rows[1]["samples_per_s"] / rows[0]["samples_per_s"]
+    advice.recommend("fused_steps", 8 if speedup >= MIN_SPEEDUP else 1,
+                     f"at batch {batch}: 1 -> {_fmt(rows[0])}, 8 -> {_fmt(rows[1])} "
+                     f"(x{speedup:.2f}; recommended when >= x{MIN_SPEEDUP:.2f})")
+    return 8 if speedup >= MIN_SPEEDUP else 1
+
+
+def _recommend_data_format(advice: Advice, results: dict[str, dict[str, Any]]) -> str:
+    """channels_first where it runs and is ``MIN_SPEEDUP`` faster, else channels_last."""
+    if "channels_first" not in results:
+        advice.recommend("data_format", "channels_last",
+                         "channels_first convolutions fail on this build (probed)")
+        return "channels_last"
+    rows = [{"data_format": "channels_last", **results["base"]},
+            {"data_format": "channels_first", **results["channels_first"]}]
+    advice.measurements["data_format"] = rows
+    speedup = rows[1]["samples_per_s"] / rows[0]["samples_per_s"]
+    data_format = "channels_first" if speedup >= MIN_SPEEDUP else "channels_last"
+    advice.recommend("data_format", data_format,
+                     f"channels_last {_fmt(rows[0])}, channels_first {_fmt(rows[1])} "
+                     f"(x{speedup:.2f})")
+    return data_format
+
+
+def _recommend_precision(advice: Advice, results: dict[str, dict[str, Any]],
+                         support: dict[str, dict[str, bool]]) -> str:
+    """The fastest precision policy where it is ``MIN_SPEEDUP`` faster than float32."""
+    base = results["base"]
+    rows = [{"precision": "float32", "accelerated": True, **base}] + [
+        {"precision": name, "accelerated": support[name]["accelerated"], **results[name]}
+        for name in ("mixed_bfloat16", "mixed_float16") if name in results]
+    advice.measurements["precision"] = rows
+    fastest = max(rows, key=lambda r: r["samples_per_s"])
+    speedup = fastest["samples_per_s"] / base["samples_per_s"]
+    precision = fastest["precision"] if speedup >= MIN_SPEEDUP else "float32"
+    figures = "; ".join(f"{r['precision']} {_fmt(r)}" for r in rows)
+    advice.recommend("precision", precision,
+                     f"{figures} (x{speedup:.2f} for the fastest; hardware support: "
+                     + ", ".join(f"{k} {'accelerated' if v['accelerated'] else 'emulated'}"
+                                 for k, v in support.items() if k != "float32")
+                     + "; check accuracy: reduced precision can cost some)")
+    return precision
+
+
+def _recommend_device(advice: Advice, work: Any, batch: int, steps: int, budget: _Budget,
+                      log: Callable[[str], None]) -> None:
+    """5. Device platforms (measured only when there is a choice)."""
+    platforms = probe.platforms()
+    if len(platforms) == 1:
+        advice.recommend("device", platforms[0], f"only {platforms[0]} devices are present")
+        return
+    if budget.left() <= 0:
+        advice.skipped.append("device comparison (time budget)")
+        return
+    rows = []
+    for platform in platforms:
+        with impl().device_scope(platform):
+            row = probe.fit_throughput(work, batch, steps=steps)
+        rows.append({"device": platform, **row})
+        log(f"  device {platform}: {_fmt(row)}")
+    advice.measurements["device"] = rows
+    fastest = max(rows, key=lambda r: r["samples_per_s"])
+    advice.recommend("device", fastest["device"],
+                     "; ".join(f"{r['device']} {_fmt(r)}" for r in rows))
+
+
 def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool = False,
            budget_s: float = 100.0, log: Callable[[str], None] = print,
            label: str | None = None, unsafe_deserialization: bool = False,
@@ -144,6 +291,7 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
     for it."""
     config = TrainConfig(model=model, dataset=dataset, label=label, data_dir=data_dir,
                          unsafe_deserialization=unsafe_deserialization, image_size=image_size)
+    target = ""
     if is_builtin(config):
         work = probe.workload(model, dataset, data_dir=data_dir, samples=8192)
     else:
@@ -151,136 +299,30 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
         for note in prepared.notes:
             log(f"  {note}")
         work = probe.user_workload(prepared)
-    target = "" if is_builtin(config) else study_target_flags(prepared.task, prepared.dataset)
+        target = study_target_flags(prepared.task, prepared.dataset)
     advice = Advice(model, dataset, active_backend(), quick, work.task.describe())
     log(f"  {work.model}: {advice.task}")
-    num_train = len(work.x)
     probe.warm_up()
-    start = time.perf_counter()  # the budget covers measurements, not start-up and data loading
-
-    def left() -> float:
-        return budget_s - (time.perf_counter() - start)
-
-    # 1. Throughput vs batch size, and the knee.
-    sizes = [32, 256] if quick else [2**k for k in range(4, 13)]
-    sizes = [b for b in sizes if b <= num_train] or [num_train]
-    probes: list[probe.FitProbe] = []
-    previous = None
-    for batch in sizes:
-        if len(probes) >= 2 and left() < budget_s * 0.6:  # keep time for rounds and the rest
-            advice.skipped.append(f"batch sizes >= {batch} (time budget)")
-            break
-        steps = _steps_for(previous and previous * batch / probes[-1].batch_size, quick)
-        try:
-            probes.append(probe.FitProbe(work, batch, steps=steps))
-        except probe.OutOfMemory:
-            advice.skipped.append(f"batch sizes >= {batch} (out of device memory)")
-            break
-        row = probes[-1].result()
-        previous = row["step_ms"]
-        log(f"  batch {batch:>5}: {_fmt(row)}, compile {row['compile_s']:.1f}s")
-    extra = _round_robin(probes, left, budget_s * 0.45, 1 if quick else 4)
-    curve = [item.result() for item in probes]
-    if extra:
-        log(f"  re-timed every batch size {extra} more time(s), round-robin: "
-            + ", ".join(f"{r['batch_size']}: {r['samples_per_s']:,.0f}/s" for r in curve))
-    knee = recommend_batch_size(advice, curve)
+    budget = _Budget(budget_s)
+    probes, knee = _throughput_curve(work, advice, budget, log)
     batch = knee.batch_size
-    base_probe = probes[knee.index]  # float32, one step per call, at the recommended batch
-    previous = curve[knee.index]["step_ms"]
-    steps = _steps_for(previous, quick)
-
-    # 2.-4. Fused steps, data format and precision at that batch, compared with the base probe.
-    compare: dict[str, probe.FitProbe] = {}
-    # The native engine is timed through train(); its two runs are not interleaved.
-    native_rows = [{"fused": fused, **engine_throughput(
-        work, batch, "native", steps=max(32, steps), fused_steps=fused)} for fused in (1, 8)]
-    convolves = work.prepared is None and model_layout(model) in ("image", "spatial")
-    if work.prepared is not None:
-        advice.skipped.append("data format (a built-in model's option, compared on the "
-                              "built-in datasets; your model's layers set their own)")
-    if convolves and impl().supports_channels_first_conv():
-        first = probe.workload(model, dataset, data_dir=data_dir, samples=8192,
-                               data_format="channels_first")
-        compare["channels_first"] = probe.FitProbe(first, batch, steps=steps)
+    steps = _steps_for(probes[knee.index].result()["step_ms"], quick)
+    fused_value = _recommend_fused(advice, work, batch, steps)
     support = impl().precision_support()
-    for name in ("mixed_bfloat16", "mixed_float16"):
-        if not support.get(name, {}).get("runs"):
-            advice.skipped.append(f"precision {name} (does not run on this device)")
-        elif name == "mixed_bfloat16" or left() > budget_s * 0.2:
-            compare[name] = probe.FitProbe(work, batch, steps=steps, precision=name)
-        else:
-            advice.skipped.append(f"precision {name} (time budget)")
-    _round_robin([base_probe, *compare.values()], left, 0.0, 1 if quick else 3)
-    base = base_probe.result()
-    results = {name: item.result() for name, item in compare.items()}
-    log(f"  at batch {batch}: base (float32, 1 step per call) {_fmt(base)}; "
-        + "; ".join(f"{name} {_fmt(row)}" for name, row in results.items()))
-
-    rows = native_rows
-    advice.measurements["fused"] = rows
-    speedup = rows[1]["samples_per_s"] / rows[0]["samples_per_s"]
-    fused_value = 8 if speedup >= MIN_SPEEDUP else 1
-    advice.recommend("fused_steps", fused_value,
-                     f"at batch {batch}: 1 -> {_fmt(rows[0])}, 8 -> {_fmt(rows[1])} "
-                     f"(x{speedup:.2f}; recommended when >= x{MIN_SPEEDUP:.2f})")
-
-    data_format = "channels_last"
-    if convolves:
-        if "channels_first" not in results:
-            advice.recommend("data_format", "channels_last",
-                             "channels_first convolutions fail on this build (probed)")
-        else:
-            rows = [{"data_format": "channels_last", **base},
-                    {"data_format": "channels_first", **results["channels_first"]}]
-            advice.measurements["data_format"] = rows
-            speedup = rows[1]["samples_per_s"] / rows[0]["samples_per_s"]
-            data_format = "channels_first" if speedup >= MIN_SPEEDUP else "channels_last"
-            advice.recommend("data_format", data_format,
-                             f"channels_last {_fmt(rows[0])}, channels_first {_fmt(rows[1])} "
-                             f"(x{speedup:.2f})")
-
-    rows = [{"precision": "float32", "accelerated": True, **base}] + [
-        {"precision": name, "accelerated": support[name]["accelerated"], **results[name]}
-        for name in ("mixed_bfloat16", "mixed_float16") if name in results]
-    advice.measurements["precision"] = rows
-    fastest = max(rows, key=lambda r: r["samples_per_s"])
-    speedup = fastest["samples_per_s"] / base["samples_per_s"]
-    precision = fastest["precision"] if speedup >= MIN_SPEEDUP else "float32"
-    figures = "; ".join(f"{r['precision']} {_fmt(r)}" for r in rows)
-    advice.recommend("precision", precision,
-                     f"{figures} (x{speedup:.2f} for the fastest; hardware support: "
-                     + ", ".join(f"{k} {'accelerated' if v['accelerated'] else 'emulated'}"
-                                 for k, v in support.items() if k != "float32")
-                     + "; check accuracy: reduced precision can cost some)")
-
-    # 5. Device platforms (only when there is a choice).
-    platforms = probe.platforms()
-    if len(platforms) > 1 and left() > 0:
-        rows = []
-        for platform in platforms:
-            with impl().device_scope(platform):
-                row = probe.fit_throughput(work, batch, steps=steps)
-            rows.append({"device": platform, **row})
-            log(f"  device {platform}: {_fmt(row)}")
-        advice.measurements["device"] = rows
-        fastest = max(rows, key=lambda r: r["samples_per_s"])
-        advice.recommend("device", fastest["device"],
-                         "; ".join(f"{r['device']} {_fmt(r)}" for r in rows))
-    elif len(platforms) > 1:
-        advice.skipped.append("device comparison (time budget)")
-    else:
-        advice.recommend("device", platforms[0], f"only {platforms[0]} devices are present")
-
-    fused_flag = f"--engine native --fused-steps {fused_value}"
+    results = _variants_at(work, (model, dataset, data_dir), probes[knee.index], steps,
+                           support, advice, budget, log)
+    convolves = _convolves(work, model)
+    data_format = _recommend_data_format(advice, results) if convolves else "channels_last"
+    precision = _recommend_precision(advice, results, support)
+    _recommend_device(advice, work, batch, steps, budget, log)
     source = _source_flags(model, dataset, label, unsafe_deserialization)
     advice.train_command = (f"kbackend train {source} --batch-size {batch} "
-                            f"{fused_flag} --precision {precision}"
+                            f"--engine native --fused-steps {fused_value} --precision {precision}"
                             + (f" --data-format {data_format}" if convolves else ""))
-    study_sizes = sorted({max(1, batch // 4), batch, min(num_train, batch * 4)})
+    study_sizes = sorted({max(1, batch // 4), batch, min(len(work.x), batch * 4)})
     advice.study_command = (f"kbackend study {source} "
                             f"--batch-sizes {','.join(str(b) for b in study_sizes)}{target}")
-    advice.elapsed_s = time.perf_counter() - start
+    advice.elapsed_s = time.perf_counter() - budget.start
     advice.budget_s = budget_s
     return advice
 

@@ -255,7 +255,10 @@ def tuner_side(splits: Path, cells: dict[str, Any], folder: Path,
 RECOMMENDED = re.compile(r"^Recommended:\s+(\w+)\s+at\s+batch\s+(\d+),\s+lr\s+([0-9.eE+-]+)",
                          re.M)
 # the confirmation line (the console may wrap it)
-CONFIRMED = re.compile(r"reached\s+on\s+(\d+)\s+of\s+(\d+)\)|not\s+reached\s+on\s+any")
+# what a goal judged on the ratio's estimate alone adds
+UNRESOLVED = " by the estimate, not resolved (the interval includes 1.0)"
+CONFIRMED = re.compile(r"reached\s+on\s+(\d+)\s+of\s+(\d+)\)|on\s+(\d+)\s+held-out\s+seeds:"
+                       r"\s+the\s+target\s+was\s+not\s+reached")
 
 
 def recommended(stdout: str) -> dict[str, Any]:
@@ -268,7 +271,7 @@ def recommended(stdout: str) -> dict[str, Any]:
     return {"pick": {"optimizer": found[1], "batch_size": int(found[2]),
                      "learning_rate": float(found[3])},
             "confirmed_on": None if confirmed is None
-            else f"{confirmed[1] or 0} of {confirmed[2] or '?'}"}
+            else f"{confirmed[1] or 0} of {confirmed[2] or confirmed[3]}"}
 
 
 def kbackend_side(splits: Path, cells: dict[str, Any], out: Path, env: dict[str, str],
@@ -414,7 +417,7 @@ def tuner_table(payload: dict[str, Any]) -> str:
                    f"{ratio['level']:.0%} t-interval over {ratio['pairs']} repeats): "
                    f"{format_value(ratio['ratio'])} {interval}; goal <= 1.0x "
                    f"{'met' if summary['goal_met'] else 'not met'}"
-                   f"{'' if summary['goal_resolved'] else ' (the interval includes 1.0)'}\n"
+                   f"{'' if summary['goal_resolved'] else UNRESOLVED}\n"
                    f"- same pick in every repeat: {format_value(summary['same_pick'])}\n"
                    "- kbackend's own time accounting (median s; other includes the "
                    "confirmation, shown apart): " + ", ".join(

@@ -42,35 +42,27 @@ from kbackend.study.verdicts import (
 )
 
 
-def analyze(study: dict[str, Any]) -> dict[str, Any]:
-    """Conclusions of a study result (the runner's output)."""
-    cells = study["cells"]
-    per_optimizer = {}
-    for optimizer, group in by_optimizer(cells).items():
-        points = [(c["batch_size"], float(c["steps_to_target"])) for c in group if c["reached"]]
-        fastest = min(group, key=cell_time)
-        per_optimizer[optimizer] = {
-            "steps_to_target": [{"batch_size": c["batch_size"], "steps": c["steps_to_target"],
-                                 "reached": c["reached"]} for c in group],
-            "regions": scaling_regions(points),
-            "knee": fit_critical_batch(points),
-            "fastest": None if not fastest["reached"] else
-            {"batch_size": fastest["batch_size"], "time_to_target": fastest["time_to_target"]},
-            "not_reached": [c["batch_size"] for c in group if not c["reached"]],
-        }
-    measured = measured_throughput(study.get("step_times"))
-    # The time model's interleaved timings when there are any; else the runs' own clocks.
-    curve = measured or throughput_curve(study["runs"])
-    knee = curve_knee(curve) if curve else None
-    reached = [c for c in cells if c["reached"]]
-    best = min(reached, key=cell_time) if reached else None
-    crossovers = [x for x in (crossover(cells, "adam", "sgd"), crossover(cells, "adam", "momentum"))
-                  if x is not None]
-    noise = study.get("noise")
+def optimizer_figures(group: list[dict[str, Any]]) -> dict[str, Any]:
+    """One optimizer's cells: steps to target per batch size, scaling regions, the fitted
+    critical batch size, its fastest cell and the batch sizes that never reached."""
+    points = [(c["batch_size"], float(c["steps_to_target"])) for c in group if c["reached"]]
+    fastest = min(group, key=cell_time)
+    return {
+        "steps_to_target": [{"batch_size": c["batch_size"], "steps": c["steps_to_target"],
+                             "reached": c["reached"]} for c in group],
+        "regions": scaling_regions(points),
+        "knee": fit_critical_batch(points),
+        "fastest": None if not fastest["reached"] else
+        {"batch_size": fastest["batch_size"], "time_to_target": fastest["time_to_target"]},
+        "not_reached": [c["batch_size"] for c in group if not c["reached"]],
+    }
+
+
+def study_verdicts(study: dict[str, Any], b_simple: float | None) -> dict[str, Any]:
+    """Every verdict of a study, with the settings (seeds, levels, looks, margins) they used."""
+    cells, step_times = study["cells"], study.get("step_times")
     settings = verdict_settings(study)
     seeds = settings["seeds"]
-    b_simple = training_noise_scale(noise)
-    step_times = study.get("step_times")
     verdicts: dict[str, Any] = {
         "seeds": seeds, "coverage": median_coverage(seeds),
         "confidence": VERDICT_CONFIDENCE, "level": settings["level"],
@@ -98,9 +90,26 @@ def analyze(study: dict[str, Any]) -> dict[str, Any]:
             "noise_agreement": noise_agreement(b_crit, b_simple, b_crit.get("n") or seeds),
             "generalization": generalization_verdict(group, settings),
         }
+    return verdicts
+
+
+def analyze(study: dict[str, Any]) -> dict[str, Any]:
+    """Conclusions of a study result (the runner's output)."""
+    cells = study["cells"]
+    measured = measured_throughput(study.get("step_times"))
+    # The time model's interleaved timings when there are any; else the runs' own clocks.
+    curve = measured or throughput_curve(study["runs"])
+    knee = curve_knee(curve) if curve else None
+    reached = [c for c in cells if c["reached"]]
+    best = min(reached, key=cell_time) if reached else None
+    crossovers = [x for x in (crossover(cells, "adam", "sgd"), crossover(cells, "adam", "momentum"))
+                  if x is not None]
+    noise = study.get("noise")
+    b_simple = training_noise_scale(noise)
     return {
-        "verdicts": verdicts,
-        "per_optimizer": per_optimizer,
+        "verdicts": study_verdicts(study, b_simple),
+        "per_optimizer": {optimizer: optimizer_figures(group)
+                          for optimizer, group in by_optimizer(cells).items()},
         "throughput": curve,
         "throughput_knee": None if knee is None else knee.batch_size,
         "throughput_plateau_reached": None if knee is None else knee.plateau_reached,

@@ -198,6 +198,76 @@ def _confirmations(runner: StudyRunner, study: dict[str, Any], command_line: Com
     return confirm(study, confirm_one)
 
 
+def _prepared_runner(config: StudyConfig, out: Path, run_executor: RunExecutor | None,
+                     say: Any) -> tuple[StudyRunner, Any, list[str]]:
+    """The study's runner with its data read and every input check done (before the store is
+    created or opened): the runner, the device profile (or None) and the before-training
+    warnings, each said through ``say`` (None: nothing said)."""
+    runner = StudyRunner(config, None, run_executor=run_executor)
+    # Read and checked here, in the driver (it only re-models time), before the data loads.
+    profile = None if config.device_profile is None else load_profile(config.device_profile)
+    runner.prepare()
+    for note in runner.workload.notes if runner.workload is not None else ():
+        if note.startswith(WARNING) and say:  # what the user's model does that they may not mean
+            say(note)
+    if profile is not None:
+        check_profile(profile, config.model, config.dataset, runner.batch_sizes)
+    # The report's folder too: a file in its place is a one-line error now, not after the runs.
+    check_output_folder(report_dir(out, {"config": config.to_dict(), "env": runner.env,
+                                         "digests": runner.digests}), "report")
+    target = config.resolved_target
+    num_val = len(runner.dataset.x_val) if runner.dataset else 0
+    warnings = [w for w in (trust.before_training(target.metric, target.value, num_val),) if w]
+    for warning in warnings if say else ():
+        say(warning)
+    return runner, profile, warnings
+
+
+def _run_with_progress(runner: StudyRunner, out: Path, console: Any, show_progress: bool,
+                       command_line: CommandLine | None,
+                       confirm_seeds: int) -> tuple[dict[str, Any], _ProgressEvents]:
+    """Run (or resume) the study in ``runner.store`` under a progress bar, then confirm its
+    recommendation with ``command_line``; the study and the progress events (what was reused)."""
+    config = runner.config
+    confirming = command_line is not None and confirm_seeds > 0
+    total = runner.total_runs() + (1 if config.noise_points else 0) + \
+        (1 if config.step_time_repeats else 0) + (1 if confirming else 0)
+    with Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                  console=console, disable=not show_progress, transient=False) as progress:
+        task = progress.add_task("study", total=total)
+        events = _ProgressEvents(progress, task, console,
+                                 lines=show_progress and not console.is_terminal)
+        runner.on_event = events
+        legacy = runner.legacy_runs()
+        if legacy and show_progress:
+            console.print(f"{legacy} runs in {out / DB_NAME} predate content keys: kept in "
+                          "the store, never reused (each run is now keyed by what it "
+                          "trains: model, data and options)", highlight=False)
+        study = runner.run()
+        if confirming and ranked_cells(study):
+            assert command_line is not None
+            study["confirmation"] = _confirmations(runner, study, command_line, confirm_seeds)
+    return study, events
+
+
+def _write_outputs(study: dict[str, Any], analysis: dict[str, Any], out: Path,
+                   wall_time: float, started_at: float,
+                   tensorboard: str | os.PathLike | None) -> dict[str, Any]:
+    """The report, ``runs.csv`` and the TensorBoard runs; their paths. A failed write is a
+    one-line ``OutputError``: the runs are stored, so a re-run writes the report from them."""
+    try:
+        paths = write_report(study, analysis, report_dir(out, study), wall_time)
+        paths["runs"] = write_runs_csv(study, report_dir(out, study), started_at)
+        if tensorboard is not None:
+            write_tensorboard(study, tensorboard)
+    except OSError as error:
+        raise OutputError(f"Could not write the report under {str(out)!r}: "
+                          f"{error.strerror or error}; every run is kept in the store, so "
+                          "running the command again writes it.") from None
+    return paths
+
+
 def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool = True,
               console: Any = None, print_results: bool = True,
               run_executor: RunExecutor | None = None, command_line: CommandLine | None = None,
@@ -219,48 +289,21 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
     started_at = time.time()  # runs stored before it are reused (runs.csv's ``reused``)
     start = time.perf_counter()
     load_before = os.getloadavg()[0]
-    runner = StudyRunner(config, None, run_executor=run_executor)
-    # Read and checked here, in the driver (it only re-models time), before the data loads.
-    profile = None if config.device_profile is None else load_profile(config.device_profile)
-    runner.prepare()  # every check against the data, before the store is created or opened
-    for note in runner.workload.notes if runner.workload is not None else ():
-        # what the user's model does that they may not mean (progress=False: nothing printed)
-        if note.startswith(WARNING) and (show_progress or print_results):
-            console.print(note, highlight=False, markup=False)
-    if profile is not None:
-        check_profile(profile, config.model, config.dataset, runner.batch_sizes)
-    # The report's folder too: a file in its place is a one-line error now, not after the runs.
-    check_output_folder(report_dir(out, {"config": config.to_dict(), "env": runner.env,
-                                         "digests": runner.digests}), "report")
-    target, num_val = config.resolved_target, len(runner.dataset.x_val) if runner.dataset else 0
-    warnings = [w for w in (trust.before_training(target.metric, target.value, num_val),) if w]
-    for warning in warnings if show_progress or print_results else ():  # progress=False: none
-        console.print(warning, highlight=False, markup=False)
+
+    def say(line: str) -> None:
+        console.print(line, highlight=False, markup=False)
+    speaking = show_progress or print_results  # progress=False: nothing said
+    runner, profile, warnings = _prepared_runner(config, out, run_executor,
+                                                 say if speaking else None)
+    target = config.resolved_target
+    num_val = len(runner.dataset.x_val) if runner.dataset else 0
     with ResultStore(out / DB_NAME) as store:
         runner.store = store
-        confirming = command_line is not None and confirm_seeds > 0
-        total = runner.total_runs() + (1 if config.noise_points else 0) + \
-            (1 if config.step_time_repeats else 0) + (1 if confirming else 0)
-        with Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                      console=console, disable=not show_progress, transient=False) as progress:
-            task = progress.add_task("study", total=total)
-            events = _ProgressEvents(progress, task, console,
-                                     lines=show_progress and not console.is_terminal)
-            runner.on_event = events
-            legacy = runner.legacy_runs()
-            if legacy and show_progress:
-                console.print(f"{legacy} runs in {out / DB_NAME} predate content keys: kept in "
-                              "the store, never reused (each run is now keyed by what it "
-                              "trains: model, data and options)", highlight=False)
-            study = runner.run()
-            if confirming and ranked_cells(study):
-                assert command_line is not None
-                study["confirmation"] = _confirmations(runner, study, command_line,
-                                                       confirm_seeds)
+        study, events = _run_with_progress(runner, out, console, show_progress, command_line,
+                                           confirm_seeds)
         plateau = trust.after_training(study, target.metric, target.value, num_val)
-        if plateau and (show_progress or print_results):
-            console.print(plateau, highlight=False, markup=False)
+        if plateau and speaking:
+            say(plateau)
         study["warnings"] = [*warnings, *([plateau] if plateau else [])]
         if profile is not None:
             study["device_profile"] = predict(study, profile)
@@ -271,19 +314,10 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
         study["time_spent"] = time_accounting(runner.time_spent, wall_time, process_seconds())
         before_report = time.perf_counter()
         analysis = analyze(study)
-        try:
-            paths = write_report(study, analysis, report_dir(out, study), wall_time)
-            paths["runs"] = write_runs_csv(study, report_dir(out, study), started_at)
-            if tensorboard is not None:
-                write_tensorboard(study, tensorboard)
-        except OSError as error:  # the runs are stored: a re-run writes the report from them
-            raise OutputError(f"Could not write the report under {str(out)!r}: "
-                              f"{error.strerror or error}; every run is kept in the store, so "
-                              "running the command again writes it.") from None
-        summary = read_json(paths["summary"])
+        paths = _write_outputs(study, analysis, out, wall_time, started_at, tensorboard)
         # One summary per backend, engine and device: what `study compare` puts side by side.
         store.put_summary(study["study"], f"{study['env']['backend']}/{config.engine}",
-                          study["env"]["device"], summary)
+                          study["env"]["device"], read_json(paths["summary"]))
     account = time_accounting(runner.time_spent, wall_time, study["time_spent"]["whole_process_s"],
                               report_seconds=time.perf_counter() - before_report)
     if print_results:

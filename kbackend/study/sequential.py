@@ -98,6 +98,45 @@ def _stored(runner: StudyRunnerLike, key: str) -> dict[str, Any]:
     return record
 
 
+class _SeedRounds:
+    """The added seeds' runs of ``extend_seeds``: each cell's records, the runs trained, and the
+    recorded seconds spent against the seed budget."""
+
+    def __init__(self, runner: StudyRunnerLike, cells: list[dict[str, Any]],
+                 runs: list[dict[str, Any]], budget: float) -> None:
+        self.runner, self.runs, self.budget = runner, runs, budget
+        self.records = {(c["optimizer"], c["batch_size"]): [_stored(runner, k)
+                                                            for k in c["run_keys"]]
+                        for c in cells}
+        self.spent = 0.0  # recorded seconds of the added seeds, stored or trained now
+        self.out_of_budget = False
+
+    def add(self, cell: dict[str, Any], count: int,
+            summarize_cell: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> list[list[Any]]:
+        """Train ``cell``'s missing seeds up to ``count`` (until the budget is spent), update
+        its figures in place; returns [optimizer, batch size, seed] of each run added."""
+        runner, key = self.runner, (cell["optimizer"], cell["batch_size"])
+        have = {int(r["config"]["seed"]) for r in self.records[key]}
+        added = []
+        for seed in (runner.config.seed + i for i in range(count)):
+            if seed in have:
+                continue
+            if self.budget and self.spent >= self.budget:
+                self.out_of_budget = True
+                break
+            runner.on_event("extend", runs=1)
+            record = runner.run_one(runner.plan(cell["optimizer"], cell["batch_size"],
+                                                cell["learning_rate"], seed=seed))
+            self.spent += record["result"].get("wall_time") or 0.0
+            self.records[key].append(record)
+            self.runs.append(record)
+            runner.time_spent.added_seed_runs += 1
+            added.append([cell["optimizer"], cell["batch_size"], seed])
+        self.records[key].sort(key=lambda r: r["config"]["seed"])
+        cell.update(summarize_cell(self.records[key]))
+        return added
+
+
 def extend_seeds(runner: StudyRunnerLike, cells: list[dict[str, Any]], runs: list[dict[str, Any]],
                  step_times: dict[str, Any] | None,
                  summarize_cell: Callable[[list[dict[str, Any]]], dict[str, Any]],
@@ -109,61 +148,43 @@ def extend_seeds(runner: StudyRunnerLike, cells: list[dict[str, Any]], runs: lis
     settings = verdict_settings({"config": config.to_dict()})
     schedule = seed_schedule(config.seeds, settings["max_seeds"])
     frontier = frontier_supported(runner)
-    records = {(c["optimizer"], c["batch_size"]): [_stored(runner, k) for k in c["run_keys"]]
-               for c in cells}
     budget = seed_budget_seconds(config, runs) if len(schedule) > 1 or frontier else 0.0
     start = time.perf_counter()
     setup_before = runner.time_spent.setup
-    spent = 0.0  # recorded seconds of the added seeds, stored or trained now
-    general = generalization_cells(cells)
+    seeds = _SeedRounds(runner, cells, runs, budget)
     rounds: list[dict[str, Any]] = []
     stopped = "max_seeds reached" if len(schedule) == 1 else "no open verdict could still resolve"
-    out_of_budget = False
     for count in schedule[1:]:
         wanted = cells_to_extend(cells, step_times, settings)
         if not wanted:
             break
-        added = []
-        for cell in cells:
-            key = (cell["optimizer"], cell["batch_size"])
-            if key not in wanted or out_of_budget:
-                continue
-            have = {int(r["config"]["seed"]) for r in records[key]}
-            for seed in (config.seed + i for i in range(count)):
-                if seed in have:
-                    continue
-                if budget and spent >= budget:
-                    out_of_budget = True
-                    break
-                runner.on_event("extend", runs=1)
-                record = runner.run_one(runner.plan(cell["optimizer"], cell["batch_size"],
-                                                    cell["learning_rate"], seed=seed))
-                spent += record["result"].get("wall_time") or 0.0
-                records[key].append(record)
-                runs.append(record)
-                runner.time_spent.added_seed_runs += 1
-                added.append([cell["optimizer"], cell["batch_size"], seed])
-            records[key].sort(key=lambda r: r["config"]["seed"])
-            cell.update(summarize_cell(records[key]))
+        added = [run for cell in cells if (cell["optimizer"], cell["batch_size"]) in wanted
+                 and not seeds.out_of_budget for run in seeds.add(cell, count, summarize_cell)]
         rounds.append({"seeds": count, "cells": sorted([list(k) for k in wanted]),
                        "runs": added})
-        if out_of_budget:
-            stopped = f"seed budget spent ({spent:.1f} of {budget:.1f} s)"
+        if seeds.out_of_budget:
+            stopped = f"seed budget spent ({seeds.spent:.1f} of {budget:.1f} s)"
             break
     else:
         if len(schedule) > 1:
             stopped = "max_seeds reached"
-    # The frontier after the seeds (the seeds have the budget's first claim): every cell on its
-    # first seeds, the generalization verdicts' cells on all they have.
-    frontier_seconds = 0.0
-    for cell in cells if frontier else []:
-        key = (cell["optimizer"], cell["batch_size"])
-        seeds = [int(s) for s in cell["seed_values"]]
-        frontier_seconds += measure_frontier(runner, cell,
-                                             seeds if key in general else seeds[:config.seeds])
+    frontier_seconds = _frontiers(runner, cells) if frontier else 0.0
     seconds = runner.time_spent.seconds_since(start, setup_before)
     runner.time_spent.added_seeds += seconds
     return {"schedule": schedule, "max_seeds": settings["max_seeds"], "rounds": rounds,
-            "seconds": seconds, "recorded_seconds": spent, "frontier_seconds": frontier_seconds,
-            "budget": budget or None,
+            "seconds": seconds, "recorded_seconds": seeds.spent,
+            "frontier_seconds": frontier_seconds, "budget": budget or None,
             "stopped": stopped, "frontier_epochs": config.frontier_epochs if frontier else 0}
+
+
+def _frontiers(runner: StudyRunnerLike, cells: list[dict[str, Any]]) -> float:
+    """The frontier after the seeds (the seeds have the budget's first claim): every cell on
+    its first seeds, the generalization verdicts' cells on all they have; the seconds spent."""
+    general = generalization_cells(cells)
+    seconds = 0.0
+    for cell in cells:
+        key = (cell["optimizer"], cell["batch_size"])
+        seeds = [int(s) for s in cell["seed_values"]]
+        seconds += measure_frontier(runner, cell,
+                                    seeds if key in general else seeds[:runner.config.seeds])
+    return seconds

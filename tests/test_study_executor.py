@@ -622,6 +622,35 @@ def test_pruning_with_seeds_keeps_the_winner_exact(tmp_path):
     assert (interval["low"], interval["high"]) == (120, 700)
 
 
+def test_a_rate_behind_on_its_metric_skips_its_last_seed_when_no_rate_reaches(tmp_path):
+    # No run reaches the target, so rates rank by their median best validation accuracy. 0.1's
+    # is 0.60. 1.0's first two seeds reach 0.40 and 0.50: even a perfect third seed leaves its
+    # median at 0.50, so it is skipped. 0.01's 0.30 and 0.70 could still make a median of 0.70
+    # with a good third seed: it runs (and, at 0.65, wins on its median 0.65).
+    accuracy = {(0.1, 0): 0.6, (0.1, 1): 0.55, (0.1, 2): 0.62, (1.0, 0): 0.4, (1.0, 1): 0.5,
+                (1.0, 2): 0.99, (0.01, 0): 0.3, (0.01, 1): 0.7, (0.01, 2): 0.65}
+    calls = []
+
+    def execute(runner, plan):
+        calls.append((plan.learning_rate, plan.seed))
+        history = _fake_history(plan, None)
+        history.evals[-1]["val_accuracy"] = accuracy[plan.learning_rate, plan.seed]
+        return history
+
+    config = _one_cell(learning_rates={"sgd": (0.1, 1.0, 0.01)})
+    with ResultStore(tmp_path / "study.db") as store:
+        (cell,) = StudyRunner(config, store, run_executor=execute).run()["cells"]
+    assert calls == [(0.1, 0), (0.1, 1), (0.1, 2), (1.0, 0), (1.0, 1),
+                     (0.01, 0), (0.01, 1), (0.01, 2)]
+    assert cell["learning_rate"] == 0.01 and not cell["reached"]
+    # The same study without pruning trains every seed and picks the same rate.
+    calls.clear()
+    with ResultStore(tmp_path / "unpruned.db") as store:
+        (cell,) = StudyRunner(dataclasses.replace(config, prune=False), store,
+                              run_executor=execute).run()["cells"]
+    assert len(calls) == 9 and cell["learning_rate"] == 0.01
+
+
 def test_a_store_written_with_extra_resumes_with_the_same_figures(tmp_path):
     # An earlier kbackend stored each run's engine facts as an "extra" dict in its trajectory;
     # the figures re-derived from such a store are the ones its "record" gives.

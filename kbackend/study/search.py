@@ -95,22 +95,23 @@ class RateSearch:
 
         With pruning, the rate's budget is the best median steps-to-target so far: a run that
         does not reach the target within it counts as never reaching it, which can only make
-        this rate's median worse than the best one's, never better. Once too few seeds are left
-        for the median seed to reach, the remaining seeds are skipped: the rate cannot win.
+        this rate's median worse than the best one's, never better. Once the rate ranks behind
+        the best one however its remaining seeds end (``cannot_win``), they are skipped: with
+        no rate reaching yet, that is when even a best-case last seed leaves its median
+        validation metric below the best rate's.
         """
         runner = self.runner
         config = runner.config
         best = best_rate(by_rate, runner.larger_is_better)
-        best_median = (rate_score(by_rate[best], runner.larger_is_better)[0]
-                       if best is not None else math.inf)
-        pruned = config.prune and math.isfinite(best_median)
-        budget = (min(runner.full_budget(batch_size), math.ceil(best_median))
-                  if pruned else None)
-        needed = config.seeds // 2 + 1  # seeds that must reach for the median seed to reach
+        best_score = (rate_score(by_rate[best], runner.larger_is_better)
+                      if best is not None else None)
+        pruned = config.prune and best_score is not None and math.isfinite(best_score[0])
+        budget = (min(runner.full_budget(batch_size), math.ceil(best_score[0]))
+                  if pruned and best_score is not None else None)
         records: list[dict[str, Any]] = []
-        for seed in config.seed_values:
-            missed = sum(1 for r in records if not r["result"]["reached"])
-            if pruned and missed > config.seeds - needed:
+        for index, seed in enumerate(config.seed_values):
+            if config.prune and best_score is not None and cannot_win(
+                    records, config.seeds - index, best_score, runner.larger_is_better):
                 runner.on_event("pruned", runs=1)
                 continue
             plan = self.plan(optimizer, batch_size, learning_rate, budget, seed)
@@ -135,3 +136,19 @@ class RateSearch:
                 by_rate[rate][index] = record
                 runs.append(record)
         return runs
+
+
+def cannot_win(records: list[dict[str, Any]], remaining: int,
+               best_score: tuple[float, float, float, float], larger_is_better: bool) -> bool:
+    """Whether a learning rate with ``records`` so far ranks behind ``best_score``
+    (``rate_score``) however its ``remaining`` seeds end: each scored at its best case (the
+    target reached at step 0, instantly, with the best possible metric), every part of the
+    score is as low as it can get, so a best case still behind is behind for certain."""
+    best_case = {"result": {"steps_to_target": 0, "reached": True, "time_to_target": 0.0,
+                            "best_metric": BEST_CASE_METRIC if larger_is_better
+                            else -BEST_CASE_METRIC}}
+    return rate_score([*records, *[best_case] * remaining], larger_is_better) > best_score
+
+
+# A finite stand-in for "the best metric a seed could reach" (``rate_score`` ignores infinities)
+BEST_CASE_METRIC = 1e300

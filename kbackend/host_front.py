@@ -56,11 +56,6 @@ def front_types() -> tuple[type, ...]:
     return tuple(getattr(keras.layers, name) for name in STRING_FRONT_LAYERS)
 
 
-def is_text(x: Any) -> bool:
-    """Whether ``x`` is an array of strings (str, bytes, or objects holding them)."""
-    return isinstance(x, np.ndarray) and x.dtype.kind in "OUS"
-
-
 def _graph(model: Any) -> Any:
     """The functional graph of a Sequential or functional model."""
     return getattr(model, "_functional", None) or model

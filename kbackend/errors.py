@@ -27,6 +27,20 @@ class ConfigError(KBackendError):
     """A training, model or optimizer option is invalid."""
 
 
+class ApiTypeError(ConfigError, TypeError):
+    """The Python API was given the wrong kind of argument (no data, a model it cannot use):
+    a ``TypeError`` too, as Python's own calls raise for wrong arguments."""
+
+
+class StoredFileError(KBackendError):
+    """A file kbackend wrote earlier (a measurement store) is damaged or not what it wrote."""
+
+
+class InternalError(RuntimeError):
+    """A broken invariant inside kbackend (a bug or a caller's misuse of an internal function),
+    not bad input: deliberately no ``KBackendError``, so the CLI shows its traceback."""
+
+
 class OutputError(KBackendError):
     """A file could not be written (disk full, quota, read-only): one line naming the path and
     the free space there; whatever was at the path is unchanged."""

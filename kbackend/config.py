@@ -129,6 +129,8 @@ _TIMEOUT = declared(int, low=1, high=MAX_TIMEOUT_S, why="seconds, a week")
 # The engines a run can name (``kbackend.engine_facts``): the declared choice of both configs
 # and of their ``--engine`` flags.
 ENGINE_CHOICES = tuple(FACTS)
+# How a learning rate follows an adaptive batch (``kbackend.adaptive``), in both configs.
+LR_SCALING = declared(str, choices=LR_SCALINGS, shown="--lr-scaling")
 _SEED_RANGE = "NumPy's seed range"
 _COUNT = declared(int, low=0)
 
@@ -213,7 +215,7 @@ class TrainConfig:
     # the learning rate (the rate at MIN) follows the batch (``adaptive.LR_SCALINGS``).
     adaptive_batch: AutoBatchSize | None = field(default=None, metadata=declared(
         (AutoBatchSize, type(None)), why="pass batch_size='auto[:MIN:MAX]'"))
-    lr_scaling: str = field(default="sqrt", metadata=declared(str, choices=LR_SCALINGS))
+    lr_scaling: str = field(default="sqrt", metadata=LR_SCALING)
 
     def __post_init__(self) -> None:
         if isinstance(self.batch_size, str | AutoBatchSize):  # "auto[:MIN:MAX]" or a number

@@ -82,16 +82,18 @@ _TYPE_NAMES = {type(None): "None", numbers.Integral: "an integer", numbers.Real:
 _NUMBERS = (numbers.Integral, numbers.Real, int, float)
 
 
-def _type_error(owner: Any, name: str, value: Any, kinds: Any) -> ConfigError | None:
+def _type_error(owner: Any, name: str, value: Any, kinds: Any,
+                why: str = "") -> ConfigError | None:
     """The one-line error for ``value`` of ``owner.name`` unless it is an instance of ``kinds``
-    (a bool is not a number here unless ``bool`` is listed)."""
+    (a bool is not a number here unless ``bool`` is listed); ``why`` follows what is expected."""
     allowed = kinds if isinstance(kinds, tuple) else (kinds,)
     numeric = any(kind in _NUMBERS for kind in allowed)
     if isinstance(value, allowed) and not (numeric and isinstance(value, bool)
                                            and bool not in allowed):
         return None
     names = " or ".join(dict.fromkeys(_TYPE_NAMES.get(kind, kind.__name__) for kind in allowed))
-    return ConfigError(f"Invalid {type(owner).__name__}.{name}: expected {names}. "
+    why = f" ({why})" if why else ""
+    return ConfigError(f"Invalid {type(owner).__name__}.{name}: expected {names}{why}. "
                        f"Received: {value!r} ({type(value).__name__}).")
 
 
@@ -107,11 +109,12 @@ def check_field_types(owner: Any, expected: dict[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class Declared:
-    """A dataclass field's declared rule (``declared``): its type(s) (``None`` in them: optional,
-    and then nothing else is checked), bounds (``low``/``high``, open with ``open_low``/
-    ``open_high``; ``finite`` refuses infinities), ``choices`` and the one-line ``why`` that the
-    message and the command line's help give. ``check_declared`` checks it; the commands read it
-    for ``choices=`` and help (``kbackend.commands.declared_flag``)."""
+    """A dataclass field's declared rule (``declared``): its type(s) (``None`` among them: may
+    be None, and then nothing else is checked), bounds (``low``/``high``, open with ``open_low``/
+    ``open_high``; ``finite`` refuses infinities), ``choices``, the one-line ``why`` the message
+    and the command line's help give, and ``shown``, what the message calls the field (default:
+    its name). ``check_declared`` checks it; the commands read it for ``choices=`` and help
+    (``kbackend.commands.declared_flag``)."""
 
     types: Any
     low: float | None = None
@@ -121,6 +124,8 @@ class Declared:
     finite: bool = False
     choices: tuple[Any, ...] = ()
     why: str = ""
+    # What the message calls the field where users know it by its flag (default: its name).
+    shown: str = ""
 
     def expected(self) -> str:
         """What a valid value is, in words: "an integer from 1 to 1,000,000", "one of [...]"."""
@@ -172,12 +177,13 @@ def check_declared(owner: Any) -> None:
         if rule is None:
             continue
         value = getattr(owner, item.name)
-        error = _type_error(owner, item.name, value, rule.types)
+        error = _type_error(owner, item.name, value, rule.types, rule.why)
         if error is not None:
             raise error
         if value is not None and not rule.admits(value):
             why = f" ({rule.why})" if rule.why else ""
-            raise ConfigError(f"Invalid {item.name} {value!r}: expected {rule.expected()}{why}.")
+            raise ConfigError(f"Invalid {rule.shown or item.name} {value!r}: expected "
+                              f"{rule.expected()}{why}.")
 
 
 def check_int_sequence(owner: Any, name: str) -> None:

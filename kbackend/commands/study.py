@@ -12,12 +12,11 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-from kbackend.adaptive import AUTO, LR_SCALINGS
-from kbackend.commands import add_reprobe_flag, int_at_least
+from kbackend.adaptive import AUTO
+from kbackend.commands import add_reprobe_flag, declared_flag, int_at_least
 from kbackend.commands.train import add_source_arguments
 from kbackend.commands.train import command_line as train_command_line
 from kbackend.engine_facts import DEFAULT_ENGINE
-from kbackend.engines import engine_names
 from kbackend.errors import ConfigError, path_errors
 from kbackend.io import check_output_folder, check_output_path
 from kbackend.optim import OPTIMIZERS
@@ -31,7 +30,6 @@ from kbackend.study.config import (
     DEFAULT_MODEL,
     FALLBACK_FRONTIER_EPOCHS,
     LOCAL_EXECUTOR,
-    POPULATION_CHOICES,
     RAY_EXTRA,
     StudyConfig,
     default_frontier_epochs,
@@ -126,17 +124,17 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                       help="comma-separated (default: powers of two from 8 to half the "
                            "training split); 'auto' among them adds an adaptive batch-size "
                            "cell per optimizer, from the smallest to the largest (native engine)")
-    grid.add_argument("--lr-scaling", default="sqrt", choices=list(LR_SCALINGS),
-                      help="how the auto cell's learning rate follows its batch (default: sqrt)")
+    declared_flag(grid, "--lr-scaling", StudyConfig, default="sqrt",
+                  help="how the auto cell's learning rate follows its batch (default: sqrt)")
     grid.add_argument("--max-batch-size", type=int, default=0,
                       help="cap the default batch sizes (0: the dataset's default cap, "
                            f"{DEFAULT_DATASET} {DEFAULT_MAX_BATCH[DEFAULT_DATASET]}; else none)")
     grid.add_argument("--lrs", type=_lr_entry, action="append", default=None, metavar="[OPT=]LR,LR",
                       help="explicit learning-rate grid, per optimizer (repeatable) or for all")
-    grid.add_argument("--lr-grid-size", type=int, default=3,
-                      help="learning rates tried per cell when --lrs is not given (default 3)")
-    grid.add_argument("--lr-factor", type=float, default=math.sqrt(10.0),
-                      help="ratio between neighbouring learning rates (default sqrt(10))")
+    declared_flag(grid, "--lr-grid-size", StudyConfig, type=int, default=3,
+                  help="learning rates tried per cell when --lrs is not given (default 3)")
+    declared_flag(grid, "--lr-factor", StudyConfig, type=float, default=math.sqrt(10.0),
+                  help="ratio between neighbouring learning rates (default sqrt(10))")
     grid.add_argument("--no-prune", dest="prune", action="store_false",
                       help="give every learning rate the full budget (default: later rates of a "
                            "cell get the best steps-to-target so far as budget)")
@@ -144,9 +142,9 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                       help="extra learning rates a cell may add beyond each end of its grid while "
                            "its best rate sits on that end (default 2; 0: never extend)")
     grid.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
-    grid.add_argument("--seeds", type=int, default=3,
-                      help="seeds per learning rate (initial weights and data order): seed, "
-                           "seed+1, ...; figures are medians over them (default 3)")
+    declared_flag(grid, "--seeds", StudyConfig, type=int, default=3,
+                  help="seeds per learning rate (initial weights and data order): seed, "
+                       "seed+1, ...; figures are medians over them (default 3)")
     verdicts = parser.add_argument_group("verdicts, sequential seeds and the frontier")
     verdicts.add_argument("--max-seeds", type=int, default=DEFAULT_MAX_SEEDS,
                           help="add seeds, round by round, to the cells whose verdicts are "
@@ -161,14 +159,15 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                           help="stop adding seeds once their runs took this many seconds "
                                "(default auto: half the recorded time of the grid's runs; 0: no "
                                "limit; the frontier runs come after, outside it)")
-    verdicts.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
-                          help="equivalence margin of times, steps and error metrics, relative "
-                               f"(default {DEFAULT_MARGIN:g}: within {1 + DEFAULT_MARGIN:g}x; "
-                               "a difference "
-                               "smaller than a shared machine's timing spread)")
-    verdicts.add_argument("--accuracy-margin", type=float, default=DEFAULT_ACCURACY_MARGIN,
-                          help="equivalence margin of accuracies, absolute (default "
-                               f"{DEFAULT_ACCURACY_MARGIN:g}: one percentage point)")
+    declared_flag(verdicts, "--margin", StudyConfig, type=float, default=DEFAULT_MARGIN,
+                  help="equivalence margin of times, steps and error metrics, relative "
+                       f"(default {DEFAULT_MARGIN:g}: within {1 + DEFAULT_MARGIN:g}x; "
+                       "a difference "
+                       "smaller than a shared machine's timing spread)")
+    declared_flag(verdicts, "--accuracy-margin", StudyConfig, type=float,
+                  default=DEFAULT_ACCURACY_MARGIN,
+                  help="equivalence margin of accuracies, absolute (default "
+                       f"{DEFAULT_ACCURACY_MARGIN:g}: one percentage point)")
     verdicts.add_argument("--frontier-epochs", type=int, default=None,
                           help="equal budget, in epochs, of the runs that measure the best "
                                "validation value each cell reaches (default per dataset: "
@@ -193,18 +192,18 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     target.add_argument("--evals-per-epoch", type=int, default=DEFAULT_EVALS_PER_EPOCH,
                         help="how often the target is checked (engines that validate once per "
                              "epoch ignore it)")
-    target.add_argument("--engine", default=DEFAULT_ENGINE, choices=engine_names(),
-                        help="training engine (default: %(default)s)")
+    declared_flag(target, "--engine", StudyConfig, default=DEFAULT_ENGINE,
+                  help="training engine (default: %(default)s)")
     target.add_argument("--fused-steps", type=int, default=0,
                         help="steps per compiled call for the native engine (0: one evaluation "
                              "interval)")
     target.add_argument("--no-jit", dest="jit_compile", action="store_false",
                         help="train the Keras engines and TensorFlow's native loop without XLA "
                              "(JAX's native loop is always one XLA program)")
-    target.add_argument("--population", default="auto", choices=sorted(POPULATION_CHOICES),
-                        help="train a cell's learning rates x seeds as one vmapped program (JAX, "
-                             "native engine): auto = where a short measured probe finds it "
-                             "faster (default auto)")
+    declared_flag(target, "--population", StudyConfig, default="auto",
+                  help="train a cell's learning rates x seeds as one vmapped program (JAX, "
+                       "native engine): auto = where a short measured probe finds it "
+                       "faster (default auto)")
     target.add_argument("--step-time-repeats", type=int, default=StudyConfig.step_time_repeats,
                         help="interleaved rounds timing each cell's steady step apart: time to "
                              "target = median steps x median step time (0: the runs' own "
@@ -224,8 +223,8 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     where.add_argument("--workers", type=int, default=0,
                        help="--executor ray without an address: cells at once (the local "
                             "instance's CPUs; default 0: one per core)")
-    where.add_argument("--cell-cpus", type=float, default=1.0,
-                       help="CPUs each cell's Ray task asks for (default 1)")
+    declared_flag(where, "--cell-cpus", StudyConfig, type=float, default=1.0,
+                  help="CPUs each cell's Ray task asks for (default 1)")
     where.add_argument("--cell-gpus", type=_gpus, default=None, metavar="auto|N",
                        help="GPUs each cell's Ray task asks for; a fraction packs cells on one "
                             "GPU, e.g. 0.25: four (default auto: 1 where the cluster has GPUs, "

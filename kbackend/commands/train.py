@@ -8,12 +8,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from kbackend.adaptive import LR_SCALINGS, AutoBatchSize, parse_batch_size
+from kbackend.adaptive import AutoBatchSize, parse_batch_size
 from kbackend.backend_choice import active_backend
 from kbackend.commands import (
     OneLineErrorParser,
     add_import_flag,
     add_reprobe_flag,
+    declared_flag,
     int_at_least,
 )
 from kbackend.config import MONITORS, Target, TrainConfig, check_metrics
@@ -21,7 +22,6 @@ from kbackend.data import DATASETS
 from kbackend.data.user import MAX_IMAGE_PIXELS, parse_image_size
 from kbackend.distributed import engine_name, is_chief, prepare
 from kbackend.engine_facts import DEFAULT_ENGINE, engine_facts
-from kbackend.engines import engine_names
 from kbackend.errors import ConfigError, DataError, KBackendError
 from kbackend.hardware.monitor import format_summary
 from kbackend.io import check_distinct_paths, check_output_path
@@ -88,9 +88,9 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--from-weights", action="store_true",
                        help="--model PATH.keras: start from its saved weights (default: fresh "
                             "weights from its initializers, per seed)")
-    data.add_argument("--validation-fraction", type=float, default=0.1,
-                      help="share of the training data held out for validation (0: none, the "
-                           "test split is evaluated instead; no early stopping or target then)")
+    declared_flag(data, "--validation-fraction", TrainConfig, type=float, default=0.1,
+                  help="share of the training data held out for validation (no early stopping "
+                       "or target without one)")
     model.add_argument("--data-format", default="channels_last",
                        choices=["channels_last", "channels_first"])
     model.add_argument("--dropout", type=float, default=0.0)
@@ -109,9 +109,8 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                        help="--model gru: the last state, or all steps' states flattened, into "
                             "the classifier")
     hardware = parser.add_argument_group("hardware (see docs/hardware.md)")
-    hardware.add_argument("--precision", default="float32",
-                          choices=["float32", "mixed_bfloat16", "mixed_float16"],
-                          help="Keras dtype policy (mixed_float16 adds loss scaling)")
+    declared_flag(hardware, "--precision", TrainConfig, default="float32",
+                  help="Keras dtype policy (mixed_float16 adds loss scaling)")
     hardware.add_argument("--monitor", "--hardware-monitor", dest="hardware_monitor",
                           action="store_true",
                           help="record per-step input wait vs compute, utilization and device "
@@ -124,42 +123,43 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     optim.add_argument("--momentum", type=float, default=0.9)
     optim.add_argument("--weight-decay", type=float, default=1e-4)
     run = parser.add_argument_group("run")
-    run.add_argument("--engine", default=DEFAULT_ENGINE, choices=[*engine_names(), AUTO_ENGINE],
-                     help="native: K train steps per compiled call (docs/engines.md); keras: "
-                          "Keras fit; auto: picked for the data, said why")
+    declared_flag(run, "--engine", TrainConfig, default=DEFAULT_ENGINE,
+                  extra_choices=[AUTO_ENGINE],
+                  help="native: K train steps per compiled call (docs/engines.md); keras: "
+                       "Keras fit; auto: picked for the data, said why")
     run.add_argument("--batch-size", type=_batch_size, default=32, metavar="N|auto[:MIN:MAX]",
                      help="samples per step; auto: grow it with the measured gradient noise "
                           "scale between MIN (default 8) and MAX (default: this machine's "
                           "throughput knee), powers of two (docs/adaptive.md)")
-    run.add_argument("--lr-scaling", default=None, choices=list(LR_SCALINGS),
-                     help="--batch-size auto: how the learning rate (the rate at MIN) follows "
-                          "the batch (adascale: AdaScale's gain from the same estimate; "
-                          "default sqrt)")
-    run.add_argument("--epochs", type=int, default=5)
+    declared_flag(run, "--lr-scaling", TrainConfig, default=None,
+                  help="--batch-size auto: how the learning rate (the rate at MIN) follows "
+                       "the batch (adascale: AdaScale's gain from the same estimate; "
+                       "default sqrt)")
+    declared_flag(run, "--epochs", TrainConfig, type=int, default=5)
     run.add_argument("--no-jit", dest="jit_compile", action="store_false",
                      help="turn off jit_compile (XLA): the Keras engines and TensorFlow's native "
                           "loop run as graphs without XLA (JAX's native loop is always one XLA "
                           "program)")
-    run.add_argument("--steps-per-execution", type=int, default=1)
-    run.add_argument("--early-stopping", type=int, default=0, metavar="PATIENCE",
-                     help="stop after PATIENCE evaluations without improvement of "
-                          "--early-stopping-metric (0: off)")
+    declared_flag(run, "--steps-per-execution", TrainConfig, type=int, default=1)
+    declared_flag(run, "--early-stopping", TrainConfig, type=int, default=0, metavar="PATIENCE",
+                  help="stop after PATIENCE evaluations without improvement of "
+                       "--early-stopping-metric")
     run.add_argument("--early-stopping-metric", dest="monitor", default=None, metavar="METRIC",
                      help="val_loss or val_<the model's metric> (default: the metric, e.g. "
                           "val_accuracy)")
-    run.add_argument("--seed", type=int, default=0)
+    declared_flag(run, "--seed", TrainConfig, type=int, default=0)
     run.add_argument("--fused-steps", type=int_at_least(1, auto=True), default=None, metavar="K",
                      help="--engine native: train steps per compiled device call (K), or "
                           "'auto' (the fastest of a few, measured once per machine and model) "
                           "(default: auto on one device, 1 otherwise)")
-    run.add_argument("--max-steps", type=int, default=0, metavar="N",
-                     help="stop after N train steps (0: --epochs decides)")
+    declared_flag(run, "--max-steps", TrainConfig, type=int, default=0, metavar="N",
+                  help="stop after N train steps (0: --epochs decides)")
     run.add_argument("--no-shuffle", dest="shuffle", action="store_false",
                      help="every epoch in the dataset's order (default: a fresh order per epoch "
                           "from --seed)")
-    run.add_argument("--eval-every", type=int, default=0, metavar="STEPS",
-                     help="validate every STEPS steps (0: once per epoch; the keras engine "
-                          "validates per epoch only)")
+    declared_flag(run, "--eval-every", TrainConfig, type=int, default=0, metavar="STEPS",
+                  help="validate every STEPS steps (0: once per epoch; the keras engine "
+                       "validates per epoch only)")
     run.add_argument("--target", type=float, default=None, metavar="VALUE",
                      help="stop at the first evaluation that reaches VALUE of --target-metric")
     run.add_argument("--target-metric", default=None, metavar="METRIC",
@@ -395,25 +395,26 @@ def run(args: argparse.Namespace) -> int:
 def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
     """Data-parallel and multi-process flags (see docs/parallel.md)."""
     group = parser.add_argument_group("parallel")
-    group.add_argument("--devices", type=int, default=0, metavar="N",
-                       help="split each batch over N devices (0: all; > 1 implies --data-parallel)")
+    declared_flag(group, "--devices", TrainConfig, type=int, default=0, metavar="N",
+                  help="split each batch over N devices (> 1 implies --data-parallel)")
     group.add_argument("--data-parallel", action="store_true",
                        help="run the data-parallel version of --engine (keras: DataParallel / "
                             "MirroredStrategy; native: the shard_map engine)")
-    group.add_argument("--dp-impl", default="shard_map", choices=["shard_map", "pmap"],
-                       help="how the data_parallel engine maps its step onto devices")
-    group.add_argument("--virtual-devices", type=int, default=0, metavar="N",
-                       help="split the host CPU into N virtual devices (for trying it on a laptop)")
-    group.add_argument("--num-processes", type=int, default=1, metavar="N",
-                       help="processes in a multi-process job (see kbackend launch)")
+    declared_flag(group, "--dp-impl", TrainConfig, default="shard_map",
+                  help="how the data_parallel engine maps its step onto devices")
+    declared_flag(group, "--virtual-devices", TrainConfig, type=int, default=0, metavar="N",
+                  help="split the host CPU into N virtual devices (for trying it on a laptop)")
+    declared_flag(group, "--num-processes", TrainConfig, type=int, default=1, metavar="N",
+                  help="processes in a multi-process job (see kbackend launch)")
     group.add_argument("--process-id", type=int, default=0, metavar="I",
                        help="this process's index")
     group.add_argument("--coordinator", default=None, metavar="HOST:PORT",
                        help="address of process 0 in a multi-process job")
-    group.add_argument("--coordinator-timeout", type=int, default=60, metavar="SECONDS",
-                       help="how long to wait for the coordinator or a collective")
-    group.add_argument("--heartbeat-timeout", type=int, default=10, metavar="SECONDS",
-                       help="a peer silent this long counts as dead and stops the job")
+    declared_flag(group, "--coordinator-timeout", TrainConfig, type=int, default=60,
+                  metavar="SECONDS", help="how long to wait for the coordinator or a collective")
+    declared_flag(group, "--heartbeat-timeout", TrainConfig, type=int, default=10,
+                  metavar="SECONDS",
+                  help="a peer silent this long counts as dead and stops the job")
 
 
 def parallel_config_fields(args: argparse.Namespace) -> dict:

@@ -9,7 +9,6 @@ second, never a run lost after training.
 
 from __future__ import annotations
 
-import math
 import numbers
 import os
 import re
@@ -71,13 +70,13 @@ class Target:
     rule (``CROSSING_RULES``)."""
 
     metric: str = "val_accuracy"
-    value: float = 0.9
-    crossing: str = DEFAULT_CROSSING
+    value: float = field(default=0.9, metadata=declared(numbers.Real, finite=True,
+                                                        shown="target value"))
+    crossing: str = field(default=DEFAULT_CROSSING, metadata=declared(
+        str, choices=CROSSING_RULES, shown="target crossing"))
 
     def __post_init__(self) -> None:
-        if not isinstance(self.value, numbers.Real) or isinstance(self.value, bool) or \
-                not math.isfinite(self.value):
-            raise ConfigError(f"Invalid target value {self.value!r}: expected a finite number.")
+        check_declared(self)
         check_validation_metric("target metric", self.metric)
         if self.metric.endswith("accuracy") and not 0.0 < self.value <= 1.0:
             raise ConfigError(f"Invalid target {self.metric}={self.value!r}: accuracy can only "
@@ -85,9 +84,6 @@ class Target:
         if metric_direction(self.metric) == "min" and self.value <= 0.0:
             raise ConfigError(f"Invalid target {self.metric}={self.value!r}: a loss or error "
                               "target must be > 0.")
-        if self.crossing not in CROSSING_RULES:
-            raise ConfigError(f"Invalid target crossing {self.crossing!r}: expected one of "
-                              f"{', '.join(CROSSING_RULES)}.")
 
     @property
     def direction(self) -> str:
@@ -133,6 +129,7 @@ ENGINE_CHOICES = tuple(FACTS)
 LR_SCALING = declared(str, choices=LR_SCALINGS, shown="--lr-scaling")
 _SEED_RANGE = "NumPy's seed range"
 _COUNT = declared(int, low=0)
+_STR, _BOOL, _STR_OR_NONE = declared(str), declared(bool), declared((str, type(None)))
 
 
 @dataclass
@@ -141,8 +138,8 @@ class TrainConfig:
     declared beside it (``errors.declared``) and checked by ``errors.check_declared``; the rules
     between fields are the ``_check_*`` methods."""
 
-    model: str = field(default="seed_mlp", metadata=declared(str))
-    dataset: str = field(default="digits", metadata=declared(str))
+    model: str = field(default="seed_mlp", metadata=_STR)
+    dataset: str = field(default="digits", metadata=_STR)
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec,
                                      metadata=declared(OptimizerSpec))
     # A number, or ``"auto"`` / ``"auto:MIN:MAX"`` (``kbackend.adaptive``): the batch grows with
@@ -151,11 +148,11 @@ class TrainConfig:
     batch_size: int = field(default=32, metadata=declared(numbers.Integral))
     epochs: int = field(default=5, metadata=declared(int, low=1, high=MAX_EPOCHS))
     engine: str = field(default=DEFAULT_ENGINE, metadata=declared(str, choices=ENGINE_CHOICES))
-    jit_compile: bool = field(default=True, metadata=declared(bool))
+    jit_compile: bool = field(default=True, metadata=_BOOL)
     steps_per_execution: int = field(default=1, metadata=declared(int, low=1))
     early_stopping: int = field(default=0, metadata=declared(
         numbers.Integral, low=0, why="patience, 0: off"))
-    monitor: str = field(default="val_accuracy", metadata=declared(str))
+    monitor: str = field(default="val_accuracy", metadata=_STR)
     seed: int = field(default=0, metadata=declared(int, low=0, high=MAX_SEED, why=_SEED_RANGE))
     model_options: ModelOptions = field(default_factory=ModelOptions,
                                         metadata=declared(ModelOptions))
@@ -173,7 +170,7 @@ class TrainConfig:
     max_steps: int = field(default=0, metadata=_COUNT)
     # Each epoch's batches in a fresh order drawn from the seed; False: the dataset's own order
     # every epoch (the MNIST-1D paper's recipe; reproducing runs that did not shuffle).
-    shuffle: bool = field(default=True, metadata=declared(bool))
+    shuffle: bool = field(default=True, metadata=_BOOL)
     # Stop as soon as an evaluation reaches this target (None: train to the end).
     target: Target | None = field(default=None, metadata=declared((Target, type(None))))
     # Parallel runs (kbackend.distributed, docs/parallel.md).
@@ -181,7 +178,7 @@ class TrainConfig:
     devices: int = field(default=0, metadata=declared(int, low=0, why="0: all"))
     # Run the data-parallel version of ``engine`` (keras -> keras_data_parallel,
     # native -> data_parallel).
-    data_parallel: bool = field(default=False, metadata=declared(bool))
+    data_parallel: bool = field(default=False, metadata=_BOOL)
     # How the native data-parallel engine maps the step onto devices: shard_map or pmap.
     dp_impl: str = field(default="shard_map", metadata=declared(str, choices=DP_IMPLS))
     # Split the host CPU into this many virtual devices before the runtime starts (0: leave it).
@@ -190,14 +187,14 @@ class TrainConfig:
     # the coordinator at ``coordinator`` (HOST:PORT).
     num_processes: int = field(default=1, metadata=declared(int, low=1))
     process_id: int = field(default=0, metadata=declared(int))
-    coordinator: str | None = field(default=None, metadata=declared((str, type(None))))
+    coordinator: str | None = field(default=None, metadata=_STR_OR_NONE)
     # Seconds to wait for the coordinator / a collective; seconds without heartbeat = dead peer.
     coordinator_timeout: int = field(default=60, metadata=_TIMEOUT)
     heartbeat_timeout: int = field(default=10, metadata=_TIMEOUT)
     # Keras dtype policy the model is built under: float32, mixed_bfloat16 or mixed_float16.
     precision: str = field(default="float32", metadata=declared(str, choices=PRECISIONS))
     # Record per-step input wait vs compute, utilization and memory (history.record.monitor).
-    hardware_monitor: bool = field(default=False, metadata=declared(bool))
+    hardware_monitor: bool = field(default=False, metadata=_BOOL)
     # On a NaN / infinite loss: "raise" ``kbackend.errors.Diverged`` or "record" it and return.
     on_divergence: str = field(default="raise",
                                metadata=declared(str, choices=DIVERGENCE_ACTIONS))
@@ -206,9 +203,9 @@ class TrainConfig:
     task: Task = field(default=CLASSIFICATION, metadata=declared(Task))
     # A user data source's label column (CSV), and how a .keras model is loaded: with its
     # Lambda layers' code (unsafe), and from its saved weights instead of fresh ones.
-    label: str | None = field(default=None, metadata=declared((str, type(None))))
-    unsafe_deserialization: bool = field(default=False, metadata=declared(bool))
-    from_weights: bool = field(default=False, metadata=declared(bool))
+    label: str | None = field(default=None, metadata=_STR_OR_NONE)
+    unsafe_deserialization: bool = field(default=False, metadata=_BOOL)
+    from_weights: bool = field(default=False, metadata=_BOOL)
     # An image folder's (height, width) to read every image at (None: the first image's size).
     image_size: tuple[int, int] | None = None
     # ``batch_size="auto[:MIN:MAX]"`` (set from it): the adaptive batch size's bounds, and how

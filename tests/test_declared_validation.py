@@ -119,8 +119,8 @@ def test_a_bounded_flags_help_states_its_declared_bounds(command, flag, words):
     (lambda: TrainConfig(precision="mixed_float16"), "mixed_float16 needs loss scaling"),
     (lambda: TrainConfig(monitor="accuracy"), "Invalid monitor 'accuracy': expected a "
                                               "validation metric"),
-    (lambda: StudyConfig(seeds=3, max_seeds=2), r"Invalid max_seeds 2: expected an integer >= "
-                                                r"seeds \(3\)"),
+    (lambda: StudyConfig(seeds=3, max_seeds=2), r"Invalid --max-seeds 2: expected at least "
+                                                r"--seeds \(3\)"),
     (lambda: StudyConfig(noise_small_batch=64, noise_big_batch=32),
      r"the small batch \(64\) must be smaller than the big one \(32\)"),
     (lambda: StudyConfig(workers=2), "--workers sizes a Ray instance started here"),

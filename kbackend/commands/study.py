@@ -112,6 +112,25 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                     "least training time on this machine. `kbackend study compare` compares "
                     "studies across backends.")
     add_reprobe_flag(parser)
+    _add_grid_flags(parser)
+    _add_verdict_flags(parser)
+    _add_budget_flags(parser)
+    _add_noise_executor_output_flags(parser)
+    parser.set_defaults(func=run)
+
+    actions = parser.add_subparsers(dest="study_action", metavar="[compare]",
+                                    title="actions (optional)")
+    compare = actions.add_parser("compare", parents=parents,
+                                 help="compare studies (e.g. a JAX and a TF run) side by side")
+    compare.add_argument("reports", nargs="*", help="report folders or summary.json files "
+                         "(default: every study stored in --out)")
+    compare.add_argument("--out", default=DEFAULT_OUT, help=f"study folder (default {DEFAULT_OUT})")
+    compare.set_defaults(func=run_compare, needs_backend=False)
+
+
+
+def _add_grid_flags(parser: argparse.ArgumentParser) -> None:
+    """The grid: model and data, optimizers, batch sizes, learning rates, seeds."""
     grid = parser.add_argument_group("grid")
     add_source_arguments(grid, grid, dataset=DEFAULT_DATASET, model_default=DEFAULT_MODEL,
                          dataset_help=f"default {DEFAULT_DATASET}: MNIST-1D drawn larger, "
@@ -145,6 +164,10 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     declared_flag(grid, "--seeds", StudyConfig, type=int, default=3,
                   help="seeds per learning rate (initial weights and data order): seed, "
                        "seed+1, ...; figures are medians over them (default 3)")
+
+
+def _add_verdict_flags(parser: argparse.ArgumentParser) -> None:
+    """Verdicts, added seeds and the frontier."""
     verdicts = parser.add_argument_group("verdicts, sequential seeds and the frontier")
     verdicts.add_argument("--max-seeds", type=int, default=DEFAULT_MAX_SEEDS,
                           help="add seeds, round by round, to the cells whose verdicts are "
@@ -173,6 +196,10 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                                "validation value each cell reaches (default per dataset: "
                                + ", ".join(f"{k} {v}" for k, v in DEFAULT_FRONTIER_EPOCHS.items())
                                + f", else {FALLBACK_FRONTIER_EPOCHS}; 0: none; native engine)")
+
+
+def _add_budget_flags(parser: argparse.ArgumentParser) -> None:
+    """The target, each run's budget, the engine and how it trains."""
     target = parser.add_argument_group("target and budget")
     target.add_argument("--target", type=float, default=None,
                         help="validation target value (default per dataset: mnist1d_large 0.65, "
@@ -208,6 +235,10 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                         help="interleaved rounds timing each cell's steady step apart: time to "
                              "target = median steps x median step time (0: the runs' own "
                              f"clocks; default {StudyConfig.step_time_repeats})")
+
+
+def _add_noise_executor_output_flags(parser: argparse.ArgumentParser) -> None:
+    """The gradient noise scale, where the cells run, and what is written."""
     noise = parser.add_argument_group("gradient noise scale")
     noise.add_argument("--noise-points", type=int, default=4,
                        help="points along training where B_simple is measured (0: skip)")
@@ -243,17 +274,6 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                              "steps and time to target, best validation value) to DIR; needs "
                              "the tensorboard extra")
     output.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.set_defaults(func=run)
-
-    actions = parser.add_subparsers(dest="study_action", metavar="[compare]",
-                                    title="actions (optional)")
-    compare = actions.add_parser("compare", parents=parents,
-                                 help="compare studies (e.g. a JAX and a TF run) side by side")
-    compare.add_argument("reports", nargs="*", help="report folders or summary.json files "
-                         "(default: every study stored in --out)")
-    compare.add_argument("--out", default=DEFAULT_OUT, help=f"study folder (default {DEFAULT_OUT})")
-    compare.set_defaults(func=run_compare, needs_backend=False)
-
 
 def config_from_args(args: argparse.Namespace) -> StudyConfig:
     """The ``StudyConfig`` the flags describe (validated)."""
@@ -272,9 +292,6 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
                               "--target value.")
     else:
         target = Target(args.target_metric, args.target)
-    if args.max_seeds < args.seeds:
-        raise ConfigError(f"Invalid --max-seeds {args.max_seeds}: expected at least --seeds "
-                          f"({args.seeds}).")
     frontier_epochs = (default_frontier_epochs(args.data or args.dataset)
                        if args.frontier_epochs is None else args.frontier_epochs)
     if len(args.noise_batches) != 2:

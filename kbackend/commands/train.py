@@ -122,6 +122,13 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     optim.add_argument("--warmup-steps", type=int, default=0)
     optim.add_argument("--momentum", type=float, default=0.9)
     optim.add_argument("--weight-decay", type=float, default=1e-4)
+    _add_run_arguments(parser)
+    add_parallel_arguments(parser)
+
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the run trains: engine, batch size, epochs and steps, evaluation, stopping."""
     run = parser.add_argument_group("run")
     declared_flag(run, "--engine", TrainConfig, default=DEFAULT_ENGINE,
                   extra_choices=[AUTO_ENGINE],
@@ -165,8 +172,6 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--target-metric", default=None, metavar="METRIC",
                      help="the metric --target applies to: val_loss or val_<the model's metric> "
                           f"(default {MONITORS[0]}; accuracies >=, losses and errors <=)")
-    add_parallel_arguments(parser)
-
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The ``TrainConfig`` the parsed flags describe (validated)."""

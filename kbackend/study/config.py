@@ -326,8 +326,8 @@ class StudyConfig:
     def _check_verdicts(self) -> None:
         """Added seeds: at most ``max_seeds``, never fewer than ``seeds``."""
         if self.max_seeds is not None and self.max_seeds < self.seeds:
-            raise ConfigError(f"Invalid max_seeds {self.max_seeds!r}: expected an integer >= "
-                              f"seeds ({self.seeds}).")
+            raise ConfigError(f"Invalid --max-seeds {self.max_seeds!r}: expected at least "
+                              f"--seeds ({self.seeds}).")
 
     def check_frontier_steps(self, num_train: int, batch_sizes: tuple[int, ...]) -> None:
         """The frontier runs' budget (``frontier_epochs`` epochs at the smallest batch size) in

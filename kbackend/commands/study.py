@@ -8,6 +8,7 @@ side by side.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -296,24 +297,13 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
                        if args.frontier_epochs is None else args.frontier_epochs)
     if len(args.noise_batches) != 2:
         raise ConfigError(f"Invalid --noise-batches {args.noise_batches}: expected SMALL,BIG.")
-    return StudyConfig(
-        model=args.model, dataset=args.data or args.dataset, data_dir=args.data_dir,
-        label=args.label, image_size=args.image_size,
-        unsafe_deserialization=args.unsafe_deserialization,
-        optimizers=args.optimizers, batch_sizes=args.batch_sizes, lr_scaling=args.lr_scaling,
-        max_batch_size=args.max_batch_size, learning_rates=learning_rates,
-        lr_grid_size=args.lr_grid_size, lr_factor=args.lr_factor, target=target,
-        max_steps=args.max_steps, max_epochs=args.max_epochs, evals_per_epoch=args.evals_per_epoch,
-        engine=args.engine, fused_steps=args.fused_steps,
-        jit_compile=args.jit_compile, population=args.population, seed=args.seed,
-        seeds=args.seeds, lr_extend=args.lr_extend, step_time_repeats=args.step_time_repeats,
-        prune=args.prune, noise_points=args.noise_points, noise_draws=args.noise_draws,
-        noise_small_batch=args.noise_batches[0], noise_big_batch=args.noise_batches[1],
-        executor=args.executor, workers=args.workers, cell_cpus=args.cell_cpus,
-        cell_gpus=args.cell_gpus, max_seeds=args.max_seeds, seed_budget=args.seed_budget,
-        margin=args.margin, accuracy_margin=args.accuracy_margin, frontier_epochs=frontier_epochs,
-        device_profile=args.device_profile,
-    )
+    # every flag named as its field passes through; the others are derived above
+    flags = {item.name: getattr(args, item.name) for item in dataclasses.fields(StudyConfig)
+             if hasattr(args, item.name)}
+    return StudyConfig(**{**flags, "dataset": args.data or args.dataset, "target": target,
+                          "learning_rates": learning_rates, "frontier_epochs": frontier_epochs,
+                          "noise_small_batch": args.noise_batches[0],
+                          "noise_big_batch": args.noise_batches[1]})
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -191,24 +192,17 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                           f"batch is fixed at {args.batch_size}.")
     default_metric = "val_accuracy" if args.model in MODELS else None
     target_metric = args.target_metric or default_metric or "val_loss"
-    config = TrainConfig(
-        model=args.model, dataset=args.data or args.dataset, label=args.label,
-        image_size=args.image_size,
-        unsafe_deserialization=args.unsafe_deserialization, from_weights=args.from_weights,
-        optimizer=spec, batch_size=args.batch_size, lr_scaling=args.lr_scaling or "sqrt",
-        epochs=args.epochs, engine=resolve_engine(args.engine)[0], jit_compile=args.jit_compile,
-        precision=getattr(args, "precision", "float32"),
-        hardware_monitor=getattr(args, "hardware_monitor", False),
-        steps_per_execution=args.steps_per_execution, early_stopping=args.early_stopping,
-        monitor=args.monitor or args.target_metric or default_metric or "val_loss",
-        seed=args.seed, model_options=options,
-        validation_fraction=args.validation_fraction, data_dir=args.data_dir,
-        fused_steps=1 if args.fused_steps is None else args.fused_steps,
-        max_steps=args.max_steps, eval_every=args.eval_every,
-        shuffle=args.shuffle,
-        target=None if args.target is None else Target(target_metric, args.target),
-        **parallel_config_fields(args),
-    )
+    # every flag named as its field passes through (a command without one: the field's
+    # default); the others are derived here
+    flags = {item.name: getattr(args, item.name) for item in dataclasses.fields(TrainConfig)
+             if hasattr(args, item.name)}
+    config = TrainConfig(**{
+        **flags, "dataset": args.data or args.dataset, "optimizer": spec,
+        "model_options": options, "lr_scaling": args.lr_scaling or "sqrt",
+        "engine": resolve_engine(args.engine)[0],
+        "monitor": args.monitor or args.target_metric or default_metric or "val_loss",
+        "fused_steps": 1 if args.fused_steps is None else args.fused_steps,
+        "target": None if args.target is None else Target(target_metric, args.target)})
     if args.fused_steps is None:  # the engine's own: single-device native measures K (cached)
         config = replace(config, fused_steps=engine_facts(engine_name(config)).default_fused_steps)
     return config
@@ -420,14 +414,3 @@ def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
     declared_flag(group, "--heartbeat-timeout", TrainConfig, type=int, default=10,
                   metavar="SECONDS",
                   help="a peer silent this long counts as dead and stops the job")
-
-
-def parallel_config_fields(args: argparse.Namespace) -> dict:
-    """The ``TrainConfig`` fields of the parallel flags."""
-    return {
-        "devices": args.devices, "data_parallel": args.data_parallel, "dp_impl": args.dp_impl,
-        "virtual_devices": args.virtual_devices, "num_processes": args.num_processes,
-        "process_id": args.process_id, "coordinator": args.coordinator,
-        "coordinator_timeout": args.coordinator_timeout,
-        "heartbeat_timeout": args.heartbeat_timeout,
-    }

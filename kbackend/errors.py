@@ -91,9 +91,12 @@ def _type_error(owner: Any, name: str, value: Any, kinds: Any,
     if isinstance(value, allowed) and not (numeric and isinstance(value, bool)
                                            and bool not in allowed):
         return None
-    names = " or ".join(dict.fromkeys(_TYPE_NAMES.get(kind, kind.__name__) for kind in allowed))
+    kinds_named = [_TYPE_NAMES.get(kind, kind.__name__) for kind in allowed]
+    if "a number" in kinds_named:  # an integer is a number too
+        kinds_named = [n for n in kinds_named if n != "an integer"]
     why = f" ({why})" if why else ""
-    return ConfigError(f"Invalid {type(owner).__name__}.{name}: expected {names}{why}. "
+    return ConfigError(f"Invalid {type(owner).__name__}.{name}: expected "
+                       f"{' or '.join(dict.fromkeys(kinds_named))}{why}. "
                        f"Received: {value!r} ({type(value).__name__}).")
 
 

@@ -38,7 +38,7 @@ class Sample:
     ({"count": 11}, "Invalid count 11: expected an integer from 1 to 10."),
     ({"ratio": 1.0}, "Invalid ratio 1.0: expected a number in [0, 1) (a share)."),
     ({"ratio": math.nan}, "Invalid ratio nan: expected a number in [0, 1) (a share)."),
-    ({"ratio": None}, "Invalid Sample.ratio: expected an integer or a number (a share). "
+    ({"ratio": None}, "Invalid Sample.ratio: expected a number (a share). "
                       "Received: None (NoneType)."),
     ({"mode": "c"}, "Invalid mode 'c': expected one of ['a', 'b']."),
     ({"budget": math.inf}, "Invalid --budget inf: expected a finite number >= 0."),

@@ -26,7 +26,7 @@ from kbackend.data.user import from_python, own_batch_size
 from kbackend.digests import arrays_digest, json_digest
 from kbackend.distributed import prepare
 from kbackend.engine_facts import DEFAULT_ENGINE, engine_facts
-from kbackend.errors import ConfigError
+from kbackend.errors import ApiTypeError, ConfigError
 from kbackend.io import atomic_write
 from kbackend.model_sources import parse_model_source
 from kbackend.models import ModelOptions
@@ -61,7 +61,7 @@ def _workload(model: Any, x: Any, y: Any, validation_data: Any, data: Any, label
               seed: int, target_metric: str | None, from_weights: bool,
               unsafe_deserialization: bool, validation_fraction: float) -> Workload:
     if x is None and data is None:
-        raise TypeError("No data: pass arrays (x, y), a tf.data.Dataset as x, or data=SOURCE.")
+        raise ApiTypeError("No data: pass arrays (x, y), a tf.data.Dataset as x, or data=SOURCE.")
     if x is not None and data is not None:
         raise ConfigError(f"Data given twice: x (arrays or a dataset) and data={str(data)[:80]!r}."
                           " Pass one of them.")
@@ -199,7 +199,7 @@ def _model_source_string(model: Any, out: Path, workload: Workload | None = None
     name = getattr(model, "__qualname__", None)
     if callable(model) and module and name and module != "__main__" and "<" not in name:
         return f"{module}:{name}"
-    raise TypeError("study() takes the model as a keras.Model, a built-in name, a .keras path, "
+    raise ApiTypeError("study() takes the model as a keras.Model, a built-in name, a .keras path, "
                     "FILE.py:FUNCTION or an importable builder function (its runs build a "
                     "fresh model per seed and cell).")
 

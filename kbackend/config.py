@@ -9,7 +9,6 @@ second, never a run lost after training.
 
 from __future__ import annotations
 
-import math
 import numbers
 import os
 import re
@@ -17,16 +16,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from kbackend.adaptive import (
-    DEFAULT_MIN_BATCH,
-    AutoBatchSize,
-    check_lr_scaling,
-    parse_batch_size,
-)
+from kbackend.adaptive import DEFAULT_MIN_BATCH, LR_SCALINGS, AutoBatchSize, parse_batch_size
 from kbackend.data import check_batch_size
 from kbackend.data.user import check_image_size
-from kbackend.engine_facts import DEFAULT_ENGINE, EngineFacts, engine_facts, engines_where
-from kbackend.errors import ConfigError, check_field_types
+from kbackend.engine_facts import (
+    DEFAULT_ENGINE,
+    FACTS,
+    EngineFacts,
+    engine_facts,
+    engines_where,
+)
+from kbackend.errors import ConfigError, check_declared, declared
 
 # The output-path checks live with the writes they protect (kbackend.io); named here too, where
 # the study's modules still import them from.
@@ -47,6 +47,14 @@ MONITORS = ("val_accuracy", "val_loss")
 DIVERGENCE_ACTIONS = ("raise", "record")
 
 
+def check_validation_metric(what: str, metric: Any) -> None:
+    """A target's or early stopping's metric: a validation metric whose direction is known."""
+    if not isinstance(metric, str) or not metric.startswith("val_"):
+        raise ConfigError(f"Invalid {what} {metric!r}: expected a validation metric such as "
+                          "val_accuracy, val_loss or val_mae.")
+    metric_direction(metric)  # an unknown direction is a one-line error
+
+
 # When a target counts as reached, read from the evaluations so far (docs/study.md, "A crossing
 # that holds"): ``first``, the first evaluation at or past it; ``mean2``, the mean of the last two
 # evaluations (one lucky evaluation must be matched by the one before it); ``hold2``, the last
@@ -62,26 +70,20 @@ class Target:
     rule (``CROSSING_RULES``)."""
 
     metric: str = "val_accuracy"
-    value: float = 0.9
-    crossing: str = DEFAULT_CROSSING
+    value: float = field(default=0.9, metadata=declared(numbers.Real, finite=True,
+                                                        shown="target value"))
+    crossing: str = field(default=DEFAULT_CROSSING, metadata=declared(
+        str, choices=CROSSING_RULES, shown="target crossing"))
 
     def __post_init__(self) -> None:
-        if not isinstance(self.value, numbers.Real) or isinstance(self.value, bool) or \
-                not math.isfinite(self.value):
-            raise ConfigError(f"Invalid target value {self.value!r}: expected a finite number.")
-        if not isinstance(self.metric, str) or not self.metric.startswith("val_"):
-            raise ConfigError(f"Invalid target metric {self.metric!r}: expected a validation "
-                              "metric such as val_accuracy, val_loss or val_mae.")
-        metric_direction(self.metric)  # an unknown direction is a one-line error
+        check_declared(self)
+        check_validation_metric("target metric", self.metric)
         if self.metric.endswith("accuracy") and not 0.0 < self.value <= 1.0:
             raise ConfigError(f"Invalid target {self.metric}={self.value!r}: accuracy can only "
                               "reach values in (0, 1].")
         if metric_direction(self.metric) == "min" and self.value <= 0.0:
             raise ConfigError(f"Invalid target {self.metric}={self.value!r}: a loss or error "
                               "target must be > 0.")
-        if self.crossing not in CROSSING_RULES:
-            raise ConfigError(f"Invalid target crossing {self.crossing!r}: expected one of "
-                              f"{', '.join(CROSSING_RULES)}.")
 
     @property
     def direction(self) -> str:
@@ -117,80 +119,100 @@ MAX_SEED = 2**32 - 1
 # The longest timeout a flag may set (seconds): beyond about 9e9 s socket and thread waits raise
 # OverflowError (a traceback after the job started); no wait of a run needs more than a week.
 MAX_TIMEOUT_S = 7 * 24 * 3600
+_TIMEOUT = declared(int, low=1, high=MAX_TIMEOUT_S, why="seconds, a week")
+
+
+# The engines a run can name (``kbackend.engine_facts``): the declared choice of both configs
+# and of their ``--engine`` flags.
+ENGINE_CHOICES = tuple(FACTS)
+# How a learning rate follows an adaptive batch (``kbackend.adaptive``), in both configs.
+LR_SCALING = declared(str, choices=LR_SCALINGS, shown="--lr-scaling")
+_SEED_RANGE = "NumPy's seed range"
+_COUNT = declared(int, low=0)
+_STR, _BOOL, _STR_OR_NONE = declared(str), declared(bool), declared((str, type(None)))
 
 
 @dataclass
 class TrainConfig:
-    """Everything that defines a training run."""
+    """Everything that defines a training run. Each field's type, bounds and choices are
+    declared beside it (``errors.declared``) and checked by ``errors.check_declared``; the rules
+    between fields are the ``_check_*`` methods."""
 
-    model: str = "seed_mlp"
-    dataset: str = "digits"
-    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    model: str = field(default="seed_mlp", metadata=_STR)
+    dataset: str = field(default="digits", metadata=_STR)
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec,
+                                     metadata=declared(OptimizerSpec))
     # A number, or ``"auto"`` / ``"auto:MIN:MAX"`` (``kbackend.adaptive``): the batch grows with
     # the measured gradient noise scale; ``batch_size`` is then MIN and ``adaptive_batch`` holds
     # the bounds.
-    batch_size: int = 32
-    epochs: int = 5
-    engine: str = DEFAULT_ENGINE
-    jit_compile: bool = True
-    steps_per_execution: int = 1
-    early_stopping: int = 0
-    monitor: str = "val_accuracy"
-    seed: int = 0
-    model_options: ModelOptions = field(default_factory=ModelOptions)
-    validation_fraction: float = 0.1
-    data_dir: str | None = None
+    batch_size: int = field(default=32, metadata=declared(numbers.Integral))
+    epochs: int = field(default=5, metadata=declared(int, low=1, high=MAX_EPOCHS))
+    engine: str = field(default=DEFAULT_ENGINE, metadata=declared(str, choices=ENGINE_CHOICES))
+    jit_compile: bool = field(default=True, metadata=_BOOL)
+    steps_per_execution: int = field(default=1, metadata=declared(int, low=1))
+    early_stopping: int = field(default=0, metadata=declared(
+        numbers.Integral, low=0, why="patience, 0: off"))
+    monitor: str = field(default="val_accuracy", metadata=_STR)
+    seed: int = field(default=0, metadata=declared(int, low=0, high=MAX_SEED, why=_SEED_RANGE))
+    model_options: ModelOptions = field(default_factory=ModelOptions,
+                                        metadata=declared(ModelOptions))
+    validation_fraction: float = field(default=0.1, metadata=declared(
+        (int, float), low=0, high=1, open_high=True,
+        why="0: no validation split, the test split stands in"))
+    data_dir: str | None = field(default=None, metadata=declared((str, os.PathLike, type(None))))
     # Steps per compiled call of the native engine (K train steps fused into one device call);
     # 0: chosen by a short measured probe (kbackend.engines.native.probe_fused_steps); only
     # the engines that fuse steps (native, data_parallel) take a value other than 1..
-    fused_steps: int = 1
+    fused_steps: int = field(default=1, metadata=_COUNT)
     # Validate every this many steps (0: once per epoch). The Keras engine validates per epoch.
-    eval_every: int = 0
+    eval_every: int = field(default=0, metadata=_COUNT)
     # Stop after this many steps (0: ``epochs`` decides).
-    max_steps: int = 0
+    max_steps: int = field(default=0, metadata=_COUNT)
     # Each epoch's batches in a fresh order drawn from the seed; False: the dataset's own order
     # every epoch (the MNIST-1D paper's recipe; reproducing runs that did not shuffle).
-    shuffle: bool = True
+    shuffle: bool = field(default=True, metadata=_BOOL)
     # Stop as soon as an evaluation reaches this target (None: train to the end).
-    target: Target | None = None
+    target: Target | None = field(default=None, metadata=declared((Target, type(None))))
     # Parallel runs (kbackend.distributed, docs/parallel.md).
     # Devices to split each batch over (0: all the job has); > 1 implies data parallelism.
-    devices: int = 0
+    devices: int = field(default=0, metadata=declared(int, low=0, why="0: all"))
     # Run the data-parallel version of ``engine`` (keras -> keras_data_parallel,
     # native -> data_parallel).
-    data_parallel: bool = False
+    data_parallel: bool = field(default=False, metadata=_BOOL)
     # How the native data-parallel engine maps the step onto devices: shard_map or pmap.
-    dp_impl: str = "shard_map"
+    dp_impl: str = field(default="shard_map", metadata=declared(str, choices=DP_IMPLS))
     # Split the host CPU into this many virtual devices before the runtime starts (0: leave it).
-    virtual_devices: int = 0
+    virtual_devices: int = field(default=0, metadata=declared(int, low=0, why="0: none"))
     # Multi-process job: this process is ``process_id`` of ``num_processes``; process 0 hosts
     # the coordinator at ``coordinator`` (HOST:PORT).
-    num_processes: int = 1
-    process_id: int = 0
-    coordinator: str | None = None
+    num_processes: int = field(default=1, metadata=declared(int, low=1))
+    process_id: int = field(default=0, metadata=declared(int))
+    coordinator: str | None = field(default=None, metadata=_STR_OR_NONE)
     # Seconds to wait for the coordinator / a collective; seconds without heartbeat = dead peer.
-    coordinator_timeout: int = 60
-    heartbeat_timeout: int = 10
+    coordinator_timeout: int = field(default=60, metadata=_TIMEOUT)
+    heartbeat_timeout: int = field(default=10, metadata=_TIMEOUT)
     # Keras dtype policy the model is built under: float32, mixed_bfloat16 or mixed_float16.
-    precision: str = "float32"
+    precision: str = field(default="float32", metadata=declared(str, choices=PRECISIONS))
     # Record per-step input wait vs compute, utilization and memory (history.record.monitor).
-    hardware_monitor: bool = False
+    hardware_monitor: bool = field(default=False, metadata=_BOOL)
     # On a NaN / infinite loss: "raise" ``kbackend.errors.Diverged`` or "record" it and return.
-    on_divergence: str = "raise"
+    on_divergence: str = field(default="raise",
+                               metadata=declared(str, choices=DIVERGENCE_ACTIONS))
     # The loss every engine trains and the metric it reports (``kbackend.task``): the built-in
     # models' softmax classification, or a user model's compiled (or inferred) task.
-    task: Task = CLASSIFICATION
+    task: Task = field(default=CLASSIFICATION, metadata=declared(Task))
     # A user data source's label column (CSV), and how a .keras model is loaded: with its
     # Lambda layers' code (unsafe), and from its saved weights instead of fresh ones.
-    label: str | None = None
-    unsafe_deserialization: bool = False
-    from_weights: bool = False
+    label: str | None = field(default=None, metadata=_STR_OR_NONE)
+    unsafe_deserialization: bool = field(default=False, metadata=_BOOL)
+    from_weights: bool = field(default=False, metadata=_BOOL)
     # An image folder's (height, width) to read every image at (None: the first image's size).
     image_size: tuple[int, int] | None = None
     # ``batch_size="auto[:MIN:MAX]"`` (set from it): the adaptive batch size's bounds, and how
     # the learning rate (the rate at MIN) follows the batch (``adaptive.LR_SCALINGS``).
-    adaptive_batch: AutoBatchSize | None = None
-    lr_scaling: str = "sqrt"
+    adaptive_batch: AutoBatchSize | None = field(default=None, metadata=declared(
+        (AutoBatchSize, type(None)), why="pass batch_size='auto[:MIN:MAX]'"))
+    lr_scaling: str = field(default="sqrt", metadata=LR_SCALING)
 
     def __post_init__(self) -> None:
         if isinstance(self.batch_size, str | AutoBatchSize):  # "auto[:MIN:MAX]" or a number
@@ -201,55 +223,52 @@ class TrainConfig:
                 self.batch_size = parsed.minimum or DEFAULT_MIN_BATCH
             else:
                 self.batch_size = parsed
-        check_field_types(self, {
-            "model": str, "dataset": str, "optimizer": OptimizerSpec, "engine": str,
-            "jit_compile": bool, "early_stopping": numbers.Integral, "monitor": str,
-            "model_options": ModelOptions, "data_dir": (str, os.PathLike, type(None)),
-            "shuffle": bool, "target": (Target, type(None)), "data_parallel": bool,
-            "dp_impl": str, "precision": str, "hardware_monitor": bool, "on_divergence": str,
-            "batch_size": numbers.Integral, "task": Task, "label": (str, type(None)),
-            "unsafe_deserialization": bool, "from_weights": bool})
+        check_declared(self)
         if self.image_size is not None:
             check_image_size(self.image_size)
-        for name in ("fused_steps", "eval_every", "max_steps"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
-                raise ConfigError(
-                    f"Invalid {name} {getattr(self, name)!r}: expected an integer >= 0.")
-        if not isinstance(self.epochs, int) or not 1 <= self.epochs <= MAX_EPOCHS:
-            raise ConfigError(f"Invalid epochs {self.epochs!r}: expected an integer from 1 to "
-                              f"{MAX_EPOCHS:,}.")
-        if not isinstance(self.steps_per_execution, int) or self.steps_per_execution < 1:
-            raise ConfigError(
-                f"Invalid steps_per_execution {self.steps_per_execution!r}: expected >= 1."
-            )
-        if not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
-            raise ConfigError(f"Invalid seed {self.seed!r}: expected an integer in [0, {MAX_SEED}] "
-                              "(NumPy's seed range).")
-        if not (isinstance(self.validation_fraction, (int, float))
-                and 0 <= self.validation_fraction < 1):
-            raise ConfigError(f"Invalid validation_fraction {self.validation_fraction!r}: expected "
-                              "a value in [0, 1) (0: no validation split, the test split stands "
-                              "in).")
+        check_validation_metric("monitor", self.monitor)
+        self._check_selection_split()
+        self.check_processes()
+        self._check_auto_batch()
+        self._check_engine_supports()
+
+    def _check_selection_split(self) -> None:
+        """Early stopping and targets select on the validation split, never on the test split."""
         if self.validation_fraction == 0 and (self.early_stopping or self.target is not None):
             raise ConfigError("validation_fraction 0 validates on the test split: early stopping "
                               "and targets would select on the test set; hold out a validation "
                               "split.")
-        if self.early_stopping < 0:
+
+    def check_processes(self) -> None:
+        """A multi-process job: this process's id among them, and the coordinator's address."""
+        if not 0 <= self.process_id < self.num_processes:
             raise ConfigError(
-                f"Invalid early_stopping patience {self.early_stopping!r}: expected >= 0.")
-        if not self.monitor.startswith("val_"):
-            raise ConfigError(f"Invalid monitor {self.monitor!r}: expected a validation metric "
-                              "such as val_accuracy, val_loss or val_mae.")
-        metric_direction(self.monitor)
-        validate_parallel_options(self)
-        check_adaptive_batch(self)
-        if self.on_divergence not in DIVERGENCE_ACTIONS:
-            raise ConfigError(f"Invalid on_divergence. Expected one of {list(DIVERGENCE_ACTIONS)}. "
-                              f"Received: {self.on_divergence!r}.")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(
-                f"Invalid precision. Expected one of {list(PRECISIONS)}. "
-                f"Received: {self.precision!r}.")
+                f"Invalid process_id {self.process_id!r}: expected an integer in "
+                f"[0, {self.num_processes}) for num_processes={self.num_processes}.")
+        if self.num_processes > 1:
+            if not self.coordinator or not _COORDINATOR.match(self.coordinator):
+                raise ConfigError(
+                    f"Invalid coordinator {self.coordinator!r}: multi-process training needs "
+                    "--coordinator HOST:PORT (e.g. 127.0.0.1:12355).")
+            port = int(self.coordinator.rsplit(":", 1)[1])
+            if not 0 < port < 65536:
+                raise ConfigError(f"Invalid coordinator port {port}: expected 1-65535.")
+
+    def _check_auto_batch(self) -> None:
+        """``--batch-size auto``: the native engine in one process, a constant learning rate."""
+        if self.adaptive_batch is None:
+            return
+        if not engine_facts(self.engine).auto_batch or self.num_processes > 1:
+            raise ConfigError("--batch-size auto runs on the native engine in one process (one "
+                              "device, or data parallel with --devices N): use --engine native "
+                              "without --num-processes.")
+        spec = self.optimizer
+        if spec.schedule != "constant" or spec.warmup_steps:
+            raise ConfigError("--batch-size auto grows the batch instead of a learning-rate "
+                              "schedule: use --schedule constant without warm-up.")
+
+    def _check_engine_supports(self) -> None:
+        """What only some engines do: loss scaling (mixed_float16), the hardware monitor."""
         facts = engine_facts(self.engine)
         if self.precision == "mixed_float16" and not facts.loss_scaling:
             raise ConfigError(
@@ -271,24 +290,6 @@ class TrainConfig:
         return ("val_loss", f"val_{self.task.metric}")
 
 
-def check_adaptive_batch(config: TrainConfig) -> None:
-    """``--batch-size auto``'s one-line errors: the engine, the LR scaling, the schedule."""
-    check_lr_scaling(config.lr_scaling)
-    if config.adaptive_batch is None:
-        return
-    if not isinstance(config.adaptive_batch, AutoBatchSize):
-        raise ConfigError(f"Invalid adaptive_batch {config.adaptive_batch!r}: expected an "
-                          "AutoBatchSize (pass batch_size='auto[:MIN:MAX]').")
-    if not engine_facts(config.engine).auto_batch or config.num_processes > 1:
-        raise ConfigError("--batch-size auto runs on the native engine in one process (one "
-                          "device, or data parallel with --devices N): use --engine native "
-                          "without --num-processes.")
-    spec = config.optimizer
-    if spec.schedule != "constant" or spec.warmup_steps:
-        raise ConfigError("--batch-size auto grows the batch instead of a learning-rate "
-                          "schedule: use --schedule constant without warm-up.")
-
-
 def check_metrics(config: TrainConfig) -> None:
     """A target or early-stopping metric the run's task does not report: a one-line error
     listing those it does (before any work)."""
@@ -301,38 +302,11 @@ def check_metrics(config: TrainConfig) -> None:
                               f"{', '.join(config.metrics)} ({config.task.describe()}).")
 
 
-def validate_parallel_options(config: Any) -> None:
-    """Check the parallel fields of a ``TrainConfig`` (raises ``ConfigError``)."""
-    for name in ("devices", "virtual_devices"):
-        value = getattr(config, name)
-        if not isinstance(value, int) or value < 0:
-            raise ConfigError(
-                f"Invalid {name} {value!r}: expected an integer >= 0 (0: all / none).")
-    if config.dp_impl not in DP_IMPLS:
-        raise ConfigError(f"Invalid dp_impl. Expected one of {list(DP_IMPLS)}. "
-                          f"Received: {config.dp_impl!r}.")
-    if not isinstance(config.num_processes, int) or config.num_processes < 1:
-        raise ConfigError(
-            f"Invalid num_processes {config.num_processes!r}: expected an integer >= 1.")
-    if not isinstance(config.process_id, int) or not 0 <= config.process_id < config.num_processes:
-        raise ConfigError(
-            f"Invalid process_id {config.process_id!r}: expected an integer in "
-            f"[0, {config.num_processes}) for num_processes={config.num_processes}."
-        )
-    if config.num_processes > 1:
-        if not config.coordinator or not _COORDINATOR.match(config.coordinator):
-            raise ConfigError(
-                f"Invalid coordinator {config.coordinator!r}: multi-process training needs "
-                "--coordinator HOST:PORT (e.g. 127.0.0.1:12355)."
-            )
-        port = int(config.coordinator.rsplit(":", 1)[1])
-        if not 0 < port < 65536:
-            raise ConfigError(f"Invalid coordinator port {port}: expected 1-65535.")
-    for name in ("coordinator_timeout", "heartbeat_timeout"):
-        value = getattr(config, name)
-        if not isinstance(value, int) or not 1 <= value <= MAX_TIMEOUT_S:
-            raise ConfigError(f"Invalid {name} {value!r}: expected an integer from 1 to "
-                              f"{MAX_TIMEOUT_S} (seconds, a week).")
+def validate_parallel_options(config: TrainConfig) -> None:
+    """The parallel fields' rules again (``distributed.prepare`` runs it at the start of a run, on
+    a config that may have been changed since it was built): all declared fields, the job's."""
+    check_declared(config)
+    config.check_processes()
 
 
 def check_run(config: TrainConfig, n_train: int, engine: EngineFacts,

@@ -238,12 +238,12 @@ def strict_json_payload(payload: Any) -> Any:
     non_finite: dict[str, str] = {}
     converted = _finite_copy(payload, "", non_finite)
     if isinstance(payload, dict) and NON_FINITE_KEY in payload:
-        raise ValueError("Cannot write strict JSON: the payload has its own "
+        raise OutputError("Cannot write strict JSON: the payload has its own "
                          f"{NON_FINITE_KEY!r} key, which the record of non-finite numbers "
                          "would overwrite.")
     if non_finite:
         if not isinstance(converted, dict):
-            raise ValueError("Cannot write strict JSON: non-finite numbers at "
+            raise OutputError("Cannot write strict JSON: non-finite numbers at "
                              f"{sorted(non_finite)} need a top-level object for their record. "
                              f"Received: {type(payload).__name__}.")
         converted[NON_FINITE_KEY] = non_finite

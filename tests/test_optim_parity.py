@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kbackend.errors import InternalError
 from kbackend.optim import OPTIMIZERS, OptimizerSpec
 
 jax = pytest.importorskip("jax")
@@ -93,5 +94,5 @@ def test_adamw_needs_params():
     spec = OptimizerSpec("adamw", 0.01)
     transform = to_optax(spec)
     zeros = [np.zeros(2, np.float32)]
-    with pytest.raises(ValueError, match="params"):
+    with pytest.raises(InternalError, match="params"):
         transform.update(zeros, transform.init(zeros))

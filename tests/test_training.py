@@ -87,7 +87,8 @@ def test_seed_mlp_one_epoch_on_mnist(data_dir):
     (lambda: OptimizerSpec("sgd", -1.0), ConfigError, "learning.rate"),
     (lambda: TrainConfig(epochs=0), ConfigError, "epochs"),
     (lambda: train(TrainConfig(batch_size=5000)), DataError, "larger than the training split"),
-    (lambda: train(TrainConfig(engine="warp")), ConfigError, "Unknown engine"),
+    (lambda: train(TrainConfig(engine="warp")), ConfigError,
+     "Invalid engine 'warp': expected one of"),
 ])
 def test_bad_options_fail_before_training(make, error, message):
     with pytest.raises(error, match=message):

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from kbackend.data.sources import cache_dir
+from kbackend.errors import StoredFileError
 from kbackend.io import atomic_write_json, read_json
 
 COMPILE_CACHE_ENV = "KBACKEND_COMPILE_CACHE"
@@ -189,7 +190,7 @@ def stored_measurements(file_name: str) -> dict[str, dict[str, Any]]:
     try:
         loaded = read_json(path)
         if not isinstance(loaded, dict):
-            raise ValueError("not a JSON object")
+            raise StoredFileError("not a JSON object")
     except (OSError, ValueError) as error:
         backup = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
         with contextlib.suppress(OSError):

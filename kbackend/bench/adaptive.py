@@ -36,6 +36,7 @@ atomically): each auto run's batch size over steps on top of its measured B_simp
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
 import sys
@@ -93,7 +94,7 @@ def say(message: str) -> None:
 
 def _part(text: str) -> str:
     if text not in PARTS:
-        raise ValueError(f"expected one of {', '.join(PARTS)}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(PARTS)}, got {text!r}")
     return text
 
 
@@ -109,7 +110,7 @@ def name_list(text: str) -> list[str]:
 
 def _jit(text: str) -> bool:
     if text not in ("on", "off"):
-        raise ValueError(f"expected on or off, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
     return text == "on"
 
 

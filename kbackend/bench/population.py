@@ -16,6 +16,7 @@ population trainer (``backends/tensorflow/population.py``): its rows say so.
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 import numpy as np
@@ -40,7 +41,7 @@ FUSED = 16
 def _members(value: str) -> int:
     members = int(value)
     if members < 2:
-        raise ValueError(f"expected at least 2 members, got {value!r}")
+        raise argparse.ArgumentTypeError(f"expected at least 2 members, got {value!r}")
     return members
 
 

@@ -50,6 +50,7 @@ from kbackend.data import load
 from kbackend.errors import DataError
 from kbackend.history import History
 from kbackend.reports import markdown_table
+from kbackend.runtime.child import ChildFailed
 
 # How often to validate. Every validation costs E seconds; validating every n steps finds the
 # target on average n / 2 steps late, at s seconds a step. Over a run of S steps the expected cost
@@ -135,7 +136,7 @@ def _timed_process(argv: list[str], env: dict[str, str]) -> tuple[float, str]:
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise RuntimeError(f"{argv[1:3]} failed with exit {done.returncode}: {tail}")
+        raise ChildFailed(f"{argv[1:3]} failed with exit {done.returncode}: {tail}")
     return seconds, done.stdout
 
 

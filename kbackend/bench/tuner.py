@@ -60,6 +60,7 @@ import numpy as np
 
 from kbackend.bench.spec import Benchmark, Option, Rows, Settings
 from kbackend.reports import format_value, markdown_rows
+from kbackend.runtime.child import ChildFailed
 from kbackend.study.verdicts import mean_interval
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -239,7 +240,7 @@ def timed_process(argv: list[str], env: dict[str, str]) -> tuple[float, str]:
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise RuntimeError(f"{' '.join(argv[1:4])} failed with exit {done.returncode}: {tail}")
+        raise ChildFailed(f"{' '.join(argv[1:4])} failed with exit {done.returncode}: {tail}")
     return seconds, done.stdout
 
 

@@ -50,6 +50,7 @@ the reference takes the first epoch's batches pre-stacked, as the engines benchm
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib.util
 import math
@@ -115,14 +116,15 @@ QUICK_CONV_STEPS, QUICK_CONV_K = 4, 2
 def _parts(text: str) -> list[str]:
     parts = [p.strip() for p in text.split(",") if p.strip()]
     if not parts or any(p not in PARTS for p in parts):
-        raise ValueError(f"expected a comma-separated subset of {list(PARTS)}, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated subset of {list(PARTS)}, got {text!r}")
     return parts
 
 
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
-        raise ValueError(f"expected an integer >= 1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
     return value
 
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from kbackend.errors import declared_rule
 
 MAX_INT_FLAG = 2**31 - 1
 # Set by ``kbackend launch`` in each worker's environment: the launcher's process id. A worker
@@ -75,6 +77,21 @@ def add_reprobe_flag(parser: argparse.ArgumentParser) -> None:
         help="measure again what is kept per machine and this run would reuse (--fused-steps "
              "auto's K, --batch-size auto's throughput knee, the study's population choice; "
              "`kbackend info` lists them); with nothing stored it simply measures")
+
+
+def declared_flag(group: Any, flag: str, owner: type, *, field: str | None = None,
+                  extra_choices: Sequence[str] = (), **kwargs: Any) -> argparse.Action:
+    """Add ``flag`` for the dataclass field ``owner.<field>`` (default: the flag's name) from
+    the field's declaration (``errors.Declared``): its ``choices=`` (plus ``extra_choices``,
+    words the command resolves itself), or for a bounded field what it accepts at the end of
+    its help, so that the command line and the Python API cannot drift apart."""
+    rule = declared_rule(owner, field or flag.lstrip("-").replace("-", "_"))
+    if rule.choices:
+        kwargs["choices"] = [*rule.choices, *extra_choices]
+    elif rule.low is not None or rule.high is not None:
+        accepts = rule.expected() + (f"; {rule.why}" if rule.why else "")
+        kwargs["help"] = f"{kwargs['help']} ({accepts})" if kwargs.get("help") else accepts
+    return group.add_argument(flag, **kwargs)
 
 
 def int_at_least(minimum: int, *, auto: bool = False) -> Callable[[str], int]:

@@ -8,16 +8,16 @@ side by side.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 from collections.abc import Callable
 from pathlib import Path
 
-from kbackend.adaptive import AUTO, LR_SCALINGS
-from kbackend.commands import add_reprobe_flag, int_at_least
+from kbackend.adaptive import AUTO
+from kbackend.commands import add_reprobe_flag, declared_flag, int_at_least
 from kbackend.commands.train import add_source_arguments
 from kbackend.commands.train import command_line as train_command_line
 from kbackend.engine_facts import DEFAULT_ENGINE
-from kbackend.engines import engine_names
 from kbackend.errors import ConfigError, path_errors
 from kbackend.io import check_output_folder, check_output_path
 from kbackend.optim import OPTIMIZERS
@@ -31,7 +31,6 @@ from kbackend.study.config import (
     DEFAULT_MODEL,
     FALLBACK_FRONTIER_EPOCHS,
     LOCAL_EXECUTOR,
-    POPULATION_CHOICES,
     RAY_EXTRA,
     StudyConfig,
     default_frontier_epochs,
@@ -114,6 +113,25 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                     "least training time on this machine. `kbackend study compare` compares "
                     "studies across backends.")
     add_reprobe_flag(parser)
+    _add_grid_flags(parser)
+    _add_verdict_flags(parser)
+    _add_budget_flags(parser)
+    _add_noise_executor_output_flags(parser)
+    parser.set_defaults(func=run)
+
+    actions = parser.add_subparsers(dest="study_action", metavar="[compare]",
+                                    title="actions (optional)")
+    compare = actions.add_parser("compare", parents=parents,
+                                 help="compare studies (e.g. a JAX and a TF run) side by side")
+    compare.add_argument("reports", nargs="*", help="report folders or summary.json files "
+                         "(default: every study stored in --out)")
+    compare.add_argument("--out", default=DEFAULT_OUT, help=f"study folder (default {DEFAULT_OUT})")
+    compare.set_defaults(func=run_compare, needs_backend=False)
+
+
+
+def _add_grid_flags(parser: argparse.ArgumentParser) -> None:
+    """The grid: model and data, optimizers, batch sizes, learning rates, seeds."""
     grid = parser.add_argument_group("grid")
     add_source_arguments(grid, grid, dataset=DEFAULT_DATASET, model_default=DEFAULT_MODEL,
                          dataset_help=f"default {DEFAULT_DATASET}: MNIST-1D drawn larger, "
@@ -126,17 +144,17 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                       help="comma-separated (default: powers of two from 8 to half the "
                            "training split); 'auto' among them adds an adaptive batch-size "
                            "cell per optimizer, from the smallest to the largest (native engine)")
-    grid.add_argument("--lr-scaling", default="sqrt", choices=list(LR_SCALINGS),
-                      help="how the auto cell's learning rate follows its batch (default: sqrt)")
+    declared_flag(grid, "--lr-scaling", StudyConfig, default="sqrt",
+                  help="how the auto cell's learning rate follows its batch (default: sqrt)")
     grid.add_argument("--max-batch-size", type=int, default=0,
                       help="cap the default batch sizes (0: the dataset's default cap, "
                            f"{DEFAULT_DATASET} {DEFAULT_MAX_BATCH[DEFAULT_DATASET]}; else none)")
     grid.add_argument("--lrs", type=_lr_entry, action="append", default=None, metavar="[OPT=]LR,LR",
                       help="explicit learning-rate grid, per optimizer (repeatable) or for all")
-    grid.add_argument("--lr-grid-size", type=int, default=3,
-                      help="learning rates tried per cell when --lrs is not given (default 3)")
-    grid.add_argument("--lr-factor", type=float, default=math.sqrt(10.0),
-                      help="ratio between neighbouring learning rates (default sqrt(10))")
+    declared_flag(grid, "--lr-grid-size", StudyConfig, type=int, default=3,
+                  help="learning rates tried per cell when --lrs is not given (default 3)")
+    declared_flag(grid, "--lr-factor", StudyConfig, type=float, default=math.sqrt(10.0),
+                  help="ratio between neighbouring learning rates (default sqrt(10))")
     grid.add_argument("--no-prune", dest="prune", action="store_false",
                       help="give every learning rate the full budget (default: later rates of a "
                            "cell get the best steps-to-target so far as budget)")
@@ -144,9 +162,13 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                       help="extra learning rates a cell may add beyond each end of its grid while "
                            "its best rate sits on that end (default 2; 0: never extend)")
     grid.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
-    grid.add_argument("--seeds", type=int, default=3,
-                      help="seeds per learning rate (initial weights and data order): seed, "
-                           "seed+1, ...; figures are medians over them (default 3)")
+    declared_flag(grid, "--seeds", StudyConfig, type=int, default=3,
+                  help="seeds per learning rate (initial weights and data order): seed, "
+                       "seed+1, ...; figures are medians over them (default 3)")
+
+
+def _add_verdict_flags(parser: argparse.ArgumentParser) -> None:
+    """Verdicts, added seeds and the frontier."""
     verdicts = parser.add_argument_group("verdicts, sequential seeds and the frontier")
     verdicts.add_argument("--max-seeds", type=int, default=DEFAULT_MAX_SEEDS,
                           help="add seeds, round by round, to the cells whose verdicts are "
@@ -161,19 +183,24 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                           help="stop adding seeds once their runs took this many seconds "
                                "(default auto: half the recorded time of the grid's runs; 0: no "
                                "limit; the frontier runs come after, outside it)")
-    verdicts.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
-                          help="equivalence margin of times, steps and error metrics, relative "
-                               f"(default {DEFAULT_MARGIN:g}: within {1 + DEFAULT_MARGIN:g}x; "
-                               "a difference "
-                               "smaller than a shared machine's timing spread)")
-    verdicts.add_argument("--accuracy-margin", type=float, default=DEFAULT_ACCURACY_MARGIN,
-                          help="equivalence margin of accuracies, absolute (default "
-                               f"{DEFAULT_ACCURACY_MARGIN:g}: one percentage point)")
+    declared_flag(verdicts, "--margin", StudyConfig, type=float, default=DEFAULT_MARGIN,
+                  help="equivalence margin of times, steps and error metrics, relative "
+                       f"(default {DEFAULT_MARGIN:g}: within {1 + DEFAULT_MARGIN:g}x; "
+                       "a difference "
+                       "smaller than a shared machine's timing spread)")
+    declared_flag(verdicts, "--accuracy-margin", StudyConfig, type=float,
+                  default=DEFAULT_ACCURACY_MARGIN,
+                  help="equivalence margin of accuracies, absolute (default "
+                       f"{DEFAULT_ACCURACY_MARGIN:g}: one percentage point)")
     verdicts.add_argument("--frontier-epochs", type=int, default=None,
                           help="equal budget, in epochs, of the runs that measure the best "
                                "validation value each cell reaches (default per dataset: "
                                + ", ".join(f"{k} {v}" for k, v in DEFAULT_FRONTIER_EPOCHS.items())
                                + f", else {FALLBACK_FRONTIER_EPOCHS}; 0: none; native engine)")
+
+
+def _add_budget_flags(parser: argparse.ArgumentParser) -> None:
+    """The target, each run's budget, the engine and how it trains."""
     target = parser.add_argument_group("target and budget")
     target.add_argument("--target", type=float, default=None,
                         help="validation target value (default per dataset: mnist1d_large 0.65, "
@@ -193,22 +220,26 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     target.add_argument("--evals-per-epoch", type=int, default=DEFAULT_EVALS_PER_EPOCH,
                         help="how often the target is checked (engines that validate once per "
                              "epoch ignore it)")
-    target.add_argument("--engine", default=DEFAULT_ENGINE, choices=engine_names(),
-                        help="training engine (default: %(default)s)")
+    declared_flag(target, "--engine", StudyConfig, default=DEFAULT_ENGINE,
+                  help="training engine (default: %(default)s)")
     target.add_argument("--fused-steps", type=int, default=0,
                         help="steps per compiled call for the native engine (0: one evaluation "
                              "interval)")
     target.add_argument("--no-jit", dest="jit_compile", action="store_false",
                         help="train the Keras engines and TensorFlow's native loop without XLA "
                              "(JAX's native loop is always one XLA program)")
-    target.add_argument("--population", default="auto", choices=sorted(POPULATION_CHOICES),
-                        help="train a cell's learning rates x seeds as one vmapped program (JAX, "
-                             "native engine): auto = where a short measured probe finds it "
-                             "faster (default auto)")
+    declared_flag(target, "--population", StudyConfig, default="auto",
+                  help="train a cell's learning rates x seeds as one vmapped program (JAX, "
+                       "native engine): auto = where a short measured probe finds it "
+                       "faster (default auto)")
     target.add_argument("--step-time-repeats", type=int, default=StudyConfig.step_time_repeats,
                         help="interleaved rounds timing each cell's steady step apart: time to "
                              "target = median steps x median step time (0: the runs' own "
                              f"clocks; default {StudyConfig.step_time_repeats})")
+
+
+def _add_noise_executor_output_flags(parser: argparse.ArgumentParser) -> None:
+    """The gradient noise scale, where the cells run, and what is written."""
     noise = parser.add_argument_group("gradient noise scale")
     noise.add_argument("--noise-points", type=int, default=4,
                        help="points along training where B_simple is measured (0: skip)")
@@ -224,8 +255,8 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
     where.add_argument("--workers", type=int, default=0,
                        help="--executor ray without an address: cells at once (the local "
                             "instance's CPUs; default 0: one per core)")
-    where.add_argument("--cell-cpus", type=float, default=1.0,
-                       help="CPUs each cell's Ray task asks for (default 1)")
+    declared_flag(where, "--cell-cpus", StudyConfig, type=float, default=1.0,
+                  help="CPUs each cell's Ray task asks for (default 1)")
     where.add_argument("--cell-gpus", type=_gpus, default=None, metavar="auto|N",
                        help="GPUs each cell's Ray task asks for; a fraction packs cells on one "
                             "GPU, e.g. 0.25: four (default auto: 1 where the cluster has GPUs, "
@@ -244,17 +275,6 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                              "steps and time to target, best validation value) to DIR; needs "
                              "the tensorboard extra")
     output.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.set_defaults(func=run)
-
-    actions = parser.add_subparsers(dest="study_action", metavar="[compare]",
-                                    title="actions (optional)")
-    compare = actions.add_parser("compare", parents=parents,
-                                 help="compare studies (e.g. a JAX and a TF run) side by side")
-    compare.add_argument("reports", nargs="*", help="report folders or summary.json files "
-                         "(default: every study stored in --out)")
-    compare.add_argument("--out", default=DEFAULT_OUT, help=f"study folder (default {DEFAULT_OUT})")
-    compare.set_defaults(func=run_compare, needs_backend=False)
-
 
 def config_from_args(args: argparse.Namespace) -> StudyConfig:
     """The ``StudyConfig`` the flags describe (validated)."""
@@ -273,31 +293,17 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
                               "--target value.")
     else:
         target = Target(args.target_metric, args.target)
-    if args.max_seeds < args.seeds:
-        raise ConfigError(f"Invalid --max-seeds {args.max_seeds}: expected at least --seeds "
-                          f"({args.seeds}).")
     frontier_epochs = (default_frontier_epochs(args.data or args.dataset)
                        if args.frontier_epochs is None else args.frontier_epochs)
     if len(args.noise_batches) != 2:
         raise ConfigError(f"Invalid --noise-batches {args.noise_batches}: expected SMALL,BIG.")
-    return StudyConfig(
-        model=args.model, dataset=args.data or args.dataset, data_dir=args.data_dir,
-        label=args.label, image_size=args.image_size,
-        unsafe_deserialization=args.unsafe_deserialization,
-        optimizers=args.optimizers, batch_sizes=args.batch_sizes, lr_scaling=args.lr_scaling,
-        max_batch_size=args.max_batch_size, learning_rates=learning_rates,
-        lr_grid_size=args.lr_grid_size, lr_factor=args.lr_factor, target=target,
-        max_steps=args.max_steps, max_epochs=args.max_epochs, evals_per_epoch=args.evals_per_epoch,
-        engine=args.engine, fused_steps=args.fused_steps,
-        jit_compile=args.jit_compile, population=args.population, seed=args.seed,
-        seeds=args.seeds, lr_extend=args.lr_extend, step_time_repeats=args.step_time_repeats,
-        prune=args.prune, noise_points=args.noise_points, noise_draws=args.noise_draws,
-        noise_small_batch=args.noise_batches[0], noise_big_batch=args.noise_batches[1],
-        executor=args.executor, workers=args.workers, cell_cpus=args.cell_cpus,
-        cell_gpus=args.cell_gpus, max_seeds=args.max_seeds, seed_budget=args.seed_budget,
-        margin=args.margin, accuracy_margin=args.accuracy_margin, frontier_epochs=frontier_epochs,
-        device_profile=args.device_profile,
-    )
+    # every flag named as its field passes through; the others are derived above
+    flags = {item.name: getattr(args, item.name) for item in dataclasses.fields(StudyConfig)
+             if hasattr(args, item.name)}
+    return StudyConfig(**{**flags, "dataset": args.data or args.dataset, "target": target,
+                          "learning_rates": learning_rates, "frontier_epochs": frontier_epochs,
+                          "noise_small_batch": args.noise_batches[0],
+                          "noise_big_batch": args.noise_batches[1]})
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from kbackend.adaptive import LR_SCALINGS, AutoBatchSize, parse_batch_size
+from kbackend.adaptive import AutoBatchSize, parse_batch_size
 from kbackend.backend_choice import active_backend
 from kbackend.commands import (
     OneLineErrorParser,
     add_import_flag,
     add_reprobe_flag,
+    declared_flag,
     int_at_least,
 )
 from kbackend.config import MONITORS, Target, TrainConfig, check_metrics
@@ -21,7 +23,6 @@ from kbackend.data import DATASETS
 from kbackend.data.user import MAX_IMAGE_PIXELS, parse_image_size
 from kbackend.distributed import engine_name, is_chief, prepare
 from kbackend.engine_facts import DEFAULT_ENGINE, engine_facts
-from kbackend.engines import engine_names
 from kbackend.errors import ConfigError, DataError, KBackendError
 from kbackend.hardware.monitor import format_summary
 from kbackend.io import check_distinct_paths, check_output_path
@@ -88,9 +89,9 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--from-weights", action="store_true",
                        help="--model PATH.keras: start from its saved weights (default: fresh "
                             "weights from its initializers, per seed)")
-    data.add_argument("--validation-fraction", type=float, default=0.1,
-                      help="share of the training data held out for validation (0: none, the "
-                           "test split is evaluated instead; no early stopping or target then)")
+    declared_flag(data, "--validation-fraction", TrainConfig, type=float, default=0.1,
+                  help="share of the training data held out for validation (no early stopping "
+                       "or target without one)")
     model.add_argument("--data-format", default="channels_last",
                        choices=["channels_last", "channels_first"])
     model.add_argument("--dropout", type=float, default=0.0)
@@ -109,9 +110,8 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                        help="--model gru: the last state, or all steps' states flattened, into "
                             "the classifier")
     hardware = parser.add_argument_group("hardware (see docs/hardware.md)")
-    hardware.add_argument("--precision", default="float32",
-                          choices=["float32", "mixed_bfloat16", "mixed_float16"],
-                          help="Keras dtype policy (mixed_float16 adds loss scaling)")
+    declared_flag(hardware, "--precision", TrainConfig, default="float32",
+                  help="Keras dtype policy (mixed_float16 adds loss scaling)")
     hardware.add_argument("--monitor", "--hardware-monitor", dest="hardware_monitor",
                           action="store_true",
                           help="record per-step input wait vs compute, utilization and device "
@@ -123,50 +123,56 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     optim.add_argument("--warmup-steps", type=int, default=0)
     optim.add_argument("--momentum", type=float, default=0.9)
     optim.add_argument("--weight-decay", type=float, default=1e-4)
+    _add_run_arguments(parser)
+    add_parallel_arguments(parser)
+
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the run trains: engine, batch size, epochs and steps, evaluation, stopping."""
     run = parser.add_argument_group("run")
-    run.add_argument("--engine", default=DEFAULT_ENGINE, choices=[*engine_names(), AUTO_ENGINE],
-                     help="native: K train steps per compiled call (docs/engines.md); keras: "
-                          "Keras fit; auto: picked for the data, said why")
+    declared_flag(run, "--engine", TrainConfig, default=DEFAULT_ENGINE,
+                  extra_choices=[AUTO_ENGINE],
+                  help="native: K train steps per compiled call (docs/engines.md); keras: "
+                       "Keras fit; auto: picked for the data, said why")
     run.add_argument("--batch-size", type=_batch_size, default=32, metavar="N|auto[:MIN:MAX]",
                      help="samples per step; auto: grow it with the measured gradient noise "
                           "scale between MIN (default 8) and MAX (default: this machine's "
                           "throughput knee), powers of two (docs/adaptive.md)")
-    run.add_argument("--lr-scaling", default=None, choices=list(LR_SCALINGS),
-                     help="--batch-size auto: how the learning rate (the rate at MIN) follows "
-                          "the batch (adascale: AdaScale's gain from the same estimate; "
-                          "default sqrt)")
-    run.add_argument("--epochs", type=int, default=5)
+    declared_flag(run, "--lr-scaling", TrainConfig, default=None,
+                  help="--batch-size auto: how the learning rate (the rate at MIN) follows "
+                       "the batch (adascale: AdaScale's gain from the same estimate; "
+                       "default sqrt)")
+    declared_flag(run, "--epochs", TrainConfig, type=int, default=5)
     run.add_argument("--no-jit", dest="jit_compile", action="store_false",
                      help="turn off jit_compile (XLA): the Keras engines and TensorFlow's native "
                           "loop run as graphs without XLA (JAX's native loop is always one XLA "
                           "program)")
-    run.add_argument("--steps-per-execution", type=int, default=1)
-    run.add_argument("--early-stopping", type=int, default=0, metavar="PATIENCE",
-                     help="stop after PATIENCE evaluations without improvement of "
-                          "--early-stopping-metric (0: off)")
+    declared_flag(run, "--steps-per-execution", TrainConfig, type=int, default=1)
+    declared_flag(run, "--early-stopping", TrainConfig, type=int, default=0, metavar="PATIENCE",
+                  help="stop after PATIENCE evaluations without improvement of "
+                       "--early-stopping-metric")
     run.add_argument("--early-stopping-metric", dest="monitor", default=None, metavar="METRIC",
                      help="val_loss or val_<the model's metric> (default: the metric, e.g. "
                           "val_accuracy)")
-    run.add_argument("--seed", type=int, default=0)
+    declared_flag(run, "--seed", TrainConfig, type=int, default=0)
     run.add_argument("--fused-steps", type=int_at_least(1, auto=True), default=None, metavar="K",
                      help="--engine native: train steps per compiled device call (K), or "
                           "'auto' (the fastest of a few, measured once per machine and model) "
                           "(default: auto on one device, 1 otherwise)")
-    run.add_argument("--max-steps", type=int, default=0, metavar="N",
-                     help="stop after N train steps (0: --epochs decides)")
+    declared_flag(run, "--max-steps", TrainConfig, type=int, default=0, metavar="N",
+                  help="stop after N train steps (0: --epochs decides)")
     run.add_argument("--no-shuffle", dest="shuffle", action="store_false",
                      help="every epoch in the dataset's order (default: a fresh order per epoch "
                           "from --seed)")
-    run.add_argument("--eval-every", type=int, default=0, metavar="STEPS",
-                     help="validate every STEPS steps (0: once per epoch; the keras engine "
-                          "validates per epoch only)")
+    declared_flag(run, "--eval-every", TrainConfig, type=int, default=0, metavar="STEPS",
+                  help="validate every STEPS steps (0: once per epoch; the keras engine "
+                       "validates per epoch only)")
     run.add_argument("--target", type=float, default=None, metavar="VALUE",
                      help="stop at the first evaluation that reaches VALUE of --target-metric")
     run.add_argument("--target-metric", default=None, metavar="METRIC",
                      help="the metric --target applies to: val_loss or val_<the model's metric> "
                           f"(default {MONITORS[0]}; accuracies >=, losses and errors <=)")
-    add_parallel_arguments(parser)
-
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The ``TrainConfig`` the parsed flags describe (validated)."""
@@ -186,24 +192,17 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                           f"batch is fixed at {args.batch_size}.")
     default_metric = "val_accuracy" if args.model in MODELS else None
     target_metric = args.target_metric or default_metric or "val_loss"
-    config = TrainConfig(
-        model=args.model, dataset=args.data or args.dataset, label=args.label,
-        image_size=args.image_size,
-        unsafe_deserialization=args.unsafe_deserialization, from_weights=args.from_weights,
-        optimizer=spec, batch_size=args.batch_size, lr_scaling=args.lr_scaling or "sqrt",
-        epochs=args.epochs, engine=resolve_engine(args.engine)[0], jit_compile=args.jit_compile,
-        precision=getattr(args, "precision", "float32"),
-        hardware_monitor=getattr(args, "hardware_monitor", False),
-        steps_per_execution=args.steps_per_execution, early_stopping=args.early_stopping,
-        monitor=args.monitor or args.target_metric or default_metric or "val_loss",
-        seed=args.seed, model_options=options,
-        validation_fraction=args.validation_fraction, data_dir=args.data_dir,
-        fused_steps=1 if args.fused_steps is None else args.fused_steps,
-        max_steps=args.max_steps, eval_every=args.eval_every,
-        shuffle=args.shuffle,
-        target=None if args.target is None else Target(target_metric, args.target),
-        **parallel_config_fields(args),
-    )
+    # every flag named as its field passes through (a command without one: the field's
+    # default); the others are derived here
+    flags = {item.name: getattr(args, item.name) for item in dataclasses.fields(TrainConfig)
+             if hasattr(args, item.name)}
+    config = TrainConfig(**{
+        **flags, "dataset": args.data or args.dataset, "optimizer": spec,
+        "model_options": options, "lr_scaling": args.lr_scaling or "sqrt",
+        "engine": resolve_engine(args.engine)[0],
+        "monitor": args.monitor or args.target_metric or default_metric or "val_loss",
+        "fused_steps": 1 if args.fused_steps is None else args.fused_steps,
+        "target": None if args.target is None else Target(target_metric, args.target)})
     if args.fused_steps is None:  # the engine's own: single-device native measures K (cached)
         config = replace(config, fused_steps=engine_facts(engine_name(config)).default_fused_steps)
     return config
@@ -395,33 +394,23 @@ def run(args: argparse.Namespace) -> int:
 def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
     """Data-parallel and multi-process flags (see docs/parallel.md)."""
     group = parser.add_argument_group("parallel")
-    group.add_argument("--devices", type=int, default=0, metavar="N",
-                       help="split each batch over N devices (0: all; > 1 implies --data-parallel)")
+    declared_flag(group, "--devices", TrainConfig, type=int, default=0, metavar="N",
+                  help="split each batch over N devices (> 1 implies --data-parallel)")
     group.add_argument("--data-parallel", action="store_true",
                        help="run the data-parallel version of --engine (keras: DataParallel / "
                             "MirroredStrategy; native: the shard_map engine)")
-    group.add_argument("--dp-impl", default="shard_map", choices=["shard_map", "pmap"],
-                       help="how the data_parallel engine maps its step onto devices")
-    group.add_argument("--virtual-devices", type=int, default=0, metavar="N",
-                       help="split the host CPU into N virtual devices (for trying it on a laptop)")
-    group.add_argument("--num-processes", type=int, default=1, metavar="N",
-                       help="processes in a multi-process job (see kbackend launch)")
+    declared_flag(group, "--dp-impl", TrainConfig, default="shard_map",
+                  help="how the data_parallel engine maps its step onto devices")
+    declared_flag(group, "--virtual-devices", TrainConfig, type=int, default=0, metavar="N",
+                  help="split the host CPU into N virtual devices (for trying it on a laptop)")
+    declared_flag(group, "--num-processes", TrainConfig, type=int, default=1, metavar="N",
+                  help="processes in a multi-process job (see kbackend launch)")
     group.add_argument("--process-id", type=int, default=0, metavar="I",
                        help="this process's index")
     group.add_argument("--coordinator", default=None, metavar="HOST:PORT",
                        help="address of process 0 in a multi-process job")
-    group.add_argument("--coordinator-timeout", type=int, default=60, metavar="SECONDS",
-                       help="how long to wait for the coordinator or a collective")
-    group.add_argument("--heartbeat-timeout", type=int, default=10, metavar="SECONDS",
-                       help="a peer silent this long counts as dead and stops the job")
-
-
-def parallel_config_fields(args: argparse.Namespace) -> dict:
-    """The ``TrainConfig`` fields of the parallel flags."""
-    return {
-        "devices": args.devices, "data_parallel": args.data_parallel, "dp_impl": args.dp_impl,
-        "virtual_devices": args.virtual_devices, "num_processes": args.num_processes,
-        "process_id": args.process_id, "coordinator": args.coordinator,
-        "coordinator_timeout": args.coordinator_timeout,
-        "heartbeat_timeout": args.heartbeat_timeout,
-    }
+    declared_flag(group, "--coordinator-timeout", TrainConfig, type=int, default=60,
+                  metavar="SECONDS", help="how long to wait for the coordinator or a collective")
+    declared_flag(group, "--heartbeat-timeout", TrainConfig, type=int, default=10,
+                  metavar="SECONDS",
+                  help="a peer silent this long counts as dead and stops the job")

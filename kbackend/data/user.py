@@ -299,7 +299,7 @@ def _npy_header_fields(where: Where, handle: Any, stored: int, name: str
         elif version == (2, 0):
             shape, fortran, dtype = fmt.read_array_header_2_0(handle)
         else:
-            raise ValueError(f".npy format version {version[0]}.{version[1]} is not read here")
+            raise DataError(f".npy format version {version[0]}.{version[1]} is not read here")
     except ValueError as error:
         raise where.error(f"{name} is not a readable .npy array ({_reason(error)}).") from None
     header_end = handle.tell()

@@ -27,6 +27,7 @@ from kbackend.backends import impl
 from kbackend.engines import get_engine
 from kbackend.equivalence.compare import safe_mode
 from kbackend.equivalence.grammar import build_model
+from kbackend.errors import InternalError
 from kbackend.io import atomic_write
 from kbackend.model_sources import import_inherited, load_keras_file, parse_model_source
 from kbackend.optim import OptimizerSpec
@@ -52,7 +53,7 @@ def load_model(source: dict[str, Any]) -> Any:
         return keras.models.model_from_json(source["config"])
     if kind == "arch":
         return build_model(source["arch"])
-    raise ValueError(f"Unknown model source kind {kind!r}: expected keras_file, builder, config "
+    raise InternalError(f"Unknown model source kind {kind!r}: expected keras_file, builder, config "
                      "or arch.")
 
 

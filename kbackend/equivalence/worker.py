@@ -21,6 +21,7 @@ from kbackend.backends import impl
 from kbackend.equivalence import operations
 from kbackend.equivalence.operations import channels_first_probe
 from kbackend.equivalence.protocol import ChannelClosed, receive, send
+from kbackend.errors import InternalError
 from kbackend.runtime.child import reply_error, reply_ok
 
 
@@ -76,7 +77,7 @@ def main() -> int:
             return 0
         try:
             if op not in handlers:
-                raise ValueError(f"unknown operation {op!r}; expected one of {sorted(handlers)}")
+                raise InternalError(f"unknown operation {op!r}; expected one of {sorted(handlers)}")
             reply = reply_ok(handlers[op](**request.get("args", {})))
         except Exception as error:
             reply = reply_error(error)

@@ -426,11 +426,11 @@ def parse_json_body(body: bytes) -> Any:
         return json.loads(body, parse_constant=_reject_constant, parse_int=_parse_int,
                           parse_float=_parse_float)
     except RecursionError:
-        raise ValueError("nested too deeply") from None
+        raise DataError("nested too deeply") from None
     except UnicodeDecodeError as error:
-        raise ValueError(f"not UTF-8 ({error.reason} at byte {error.start})") from None
+        raise DataError(f"not UTF-8 ({error.reason} at byte {error.start})") from None
     except ValueError as error:  # JSONDecodeError, _NumberTooLong, int()'s digit limit
-        raise ValueError(_one_line(str(error))) from None
+        raise DataError(_one_line(str(error))) from None
 
 
 class _Handler(BaseHTTPRequestHandler):

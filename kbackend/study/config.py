@@ -8,12 +8,12 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kbackend.adaptive import AUTO, AutoBatchSize, check_lr_scaling, is_power_of_two
-from kbackend.config import MAX_EPOCHS, MAX_STEPS
+from kbackend.adaptive import AUTO, AutoBatchSize, is_power_of_two
+from kbackend.config import ENGINE_CHOICES, LR_SCALING, MAX_EPOCHS, MAX_STEPS
 from kbackend.data import check_batch_size
 from kbackend.data.user import check_image_size
 from kbackend.engine_facts import DEFAULT_ENGINE, engine_facts
-from kbackend.errors import ConfigError, DataError
+from kbackend.errors import ConfigError, DataError, check_declared, declared
 from kbackend.optim import OPTIMIZERS, OptimizerSpec
 from kbackend.study.verdicts import DEFAULT_ACCURACY_MARGIN, DEFAULT_MARGIN
 from kbackend.training import Target
@@ -24,6 +24,8 @@ LOCAL_EXECUTOR = "local"
 RAY_EXECUTOR = "ray"  # "ray" starts a local Ray instance; "ray:ADDRESS" joins a running cluster
 RAY_EXTRA = "kbackend[ray]"  # what installs Ray (pyproject's optional dependencies)
 SMALLEST_DEFAULT_BATCH = 8
+_COUNT = declared(int, low=0)
+_POSITIVE = declared(int, low=1)
 # The default study: MNIST-1D drawn larger (15,000 sequences: 10,800 train, 1,200 validation,
 # 3,000 test), generated offline by the mnist1d package, and the MNIST-1D paper's kind of model
 # (a ReLU MLP, here 40-256-128-10). Not trivial (the paper: logistic 32%, MLP 68%, CNN 94% test
@@ -154,66 +156,89 @@ class StudyConfig:
     # An image folder's (height, width) to read every image at (None: the first image's size).
     image_size: tuple[int, int] | None = None
     unsafe_deserialization: bool = False
-    validation_fraction: float = 0.1
+    validation_fraction: float = field(default=0.1, metadata=declared(
+        (int, float), low=0, high=1, open_low=True, open_high=True,
+        why="a study stops each run at a validation target, so it needs a split"))
     optimizers: tuple[str, ...] = DEFAULT_OPTIMIZERS
     # Fixed sizes, optionally with one ``"auto"``: an adaptive cell per optimizer bounded by the
     # smallest and the largest fixed size (native engine, local executor; ``lr_scaling``).
     batch_sizes: tuple[int | str, ...] | None = None
-    max_batch_size: int = 0
+    max_batch_size: int = field(default=0, metadata=_COUNT)
     learning_rates: dict[str, tuple[float, ...]] = field(default_factory=dict)
-    lr_grid_size: int = 3
-    lr_factor: float = math.sqrt(10.0)
+    lr_grid_size: int = field(default=3, metadata=_POSITIVE)
+    lr_factor: float = field(default=math.sqrt(10.0), metadata=declared(
+        (int, float), low=1, open_low=True, why="a ratio"))
     target: Target | None = None
-    max_steps: int | None = None
-    max_epochs: int | None = None
-    evals_per_epoch: int = DEFAULT_EVALS_PER_EPOCH
-    engine: str = DEFAULT_ENGINE
-    fused_steps: int = 0
+    max_steps: int | None = field(default=None, metadata=declared((int, type(None)), low=1))
+    max_epochs: int | None = field(default=None, metadata=declared((int, type(None)), low=0))
+    evals_per_epoch: int = field(default=DEFAULT_EVALS_PER_EPOCH, metadata=_POSITIVE)
+    engine: str = field(default=DEFAULT_ENGINE, metadata=declared(str, choices=ENGINE_CHOICES))
+    fused_steps: int = field(default=0, metadata=_COUNT)
     jit_compile: bool = True
-    population: str = "auto"
+    population: str = field(default="auto", metadata=declared(str, choices=POPULATION_CHOICES))
     seed: int = 0
     prune: bool = True
-    seeds: int = 3
-    lr_extend: int = 2
-    step_time_repeats: int = 10
-    noise_points: int = 4
-    noise_draws: int = 24
-    noise_small_batch: int = 0
-    noise_big_batch: int = 0
+    seeds: int = field(default=3, metadata=_POSITIVE)
+    lr_extend: int = field(default=2, metadata=_COUNT)
+    step_time_repeats: int = field(default=10, metadata=_COUNT)
+    noise_points: int = field(default=4, metadata=_COUNT)
+    noise_draws: int = field(default=24, metadata=_POSITIVE)
+    noise_small_batch: int = field(default=0, metadata=_COUNT)
+    noise_big_batch: int = field(default=0, metadata=_COUNT)
     # Sequential seeds and three-way verdicts (kbackend.study.verdicts): None = ``seeds`` (no
     # seed is added); ``seed_budget``: seconds of added seeds and frontier runs at most, counted
     # by the runs' own recorded wall times (so a resumed study decides alike); None = half the
     # recorded time of the grid's runs (what keeps a study within 1.5x), 0 = no limit.
-    max_seeds: int | None = None
-    seed_budget: float | None = None
-    margin: float = DEFAULT_MARGIN
-    accuracy_margin: float = DEFAULT_ACCURACY_MARGIN
-    frontier_epochs: int = 0
-    executor: str = LOCAL_EXECUTOR
-    workers: int = 0
-    cell_cpus: float = 1.0
-    cell_gpus: float | None = None
+    max_seeds: int | None = field(default=None, metadata=declared((int, type(None))))
+    seed_budget: float | None = field(default=None, metadata=declared(
+        (int, float, type(None)), low=0, finite=True))
+    margin: float = field(default=DEFAULT_MARGIN, metadata=declared((int, float), low=0,
+                                                                    finite=True))
+    accuracy_margin: float = field(default=DEFAULT_ACCURACY_MARGIN, metadata=declared(
+        (int, float), low=0, high=1, open_high=True))
+    frontier_epochs: int = field(default=0, metadata=declared(
+        int, low=0, high=MAX_EPOCHS, why="0: no frontier runs",
+        shown="--frontier-epochs (frontier_epochs)"))
+    executor: str = field(default=LOCAL_EXECUTOR, metadata=declared(str))
+    workers: int = field(default=0, metadata=declared(int, low=0, why="0: one per core"))
+    cell_cpus: float = field(default=1.0, metadata=declared((int, float), low=0, open_low=True,
+                                                            finite=True))
+    cell_gpus: float | None = field(default=None, metadata=declared(
+        (int, float, type(None)), low=0, finite=True))
     # How the auto cell's learning rate (its rate at MIN) follows its batch: the identity holds
     # it only for a study with an auto cell.
-    lr_scaling: str = "sqrt"
+    lr_scaling: str = field(default="sqrt", metadata=LR_SCALING)
     # A step-time curve measured on another device for this model (``device_profile``): the
     # report adds each cell's time to target predicted there. It only re-models time: outside
     # the identity, so a resumed study with another profile trains nothing.
     device_profile: str | None = None
 
     def __post_init__(self) -> None:
-        self._check_executor()
+        if isinstance(self.device_profile, os.PathLike):
+            object.__setattr__(self, "device_profile", os.fspath(self.device_profile))
+        check_declared(self)
         if self.image_size is not None:
             check_image_size(self.image_size)
-        if self.device_profile is not None:
-            if isinstance(self.device_profile, os.PathLike):
-                object.__setattr__(self, "device_profile", os.fspath(self.device_profile))
-            if not isinstance(self.device_profile, str) or not self.device_profile.strip():
-                raise ConfigError(f"Invalid device_profile {self.device_profile!r}: expected the "
-                                  "path of a JSON step-time curve.")
-        if self.population not in POPULATION_CHOICES:
-            raise ConfigError(f"Invalid population {self.population!r}: expected one of "
-                              f"{list(POPULATION_CHOICES)}.")
+        if self.device_profile is not None and (not isinstance(self.device_profile, str)
+                                                or not self.device_profile.strip()):
+            raise ConfigError(f"Invalid device_profile {self.device_profile!r}: expected the "
+                              "path of a JSON step-time curve.")
+        self._check_executor()
+        self._check_optimizers()
+        if self.batch_sizes is not None:
+            self._check_batch_sizes()
+        self._check_auto()
+        self._check_learning_rates()
+        self._check_verdicts()
+        if self.noise_small_batch and self.noise_big_batch and \
+                self.noise_small_batch >= self.noise_big_batch:
+            raise ConfigError(
+                f"Invalid noise batch sizes: the small batch ({self.noise_small_batch}) must be "
+                f"smaller than the big one ({self.noise_big_batch})."
+            )
+
+    def _check_optimizers(self) -> None:
+        """At least one optimizer, each known, none twice."""
         if not self.optimizers:
             raise ConfigError("Empty optimizer list: expected at least one of "
                               f"{list(OPTIMIZERS)}.")
@@ -224,24 +249,28 @@ class StudyConfig:
                 )
         if len(set(self.optimizers)) != len(self.optimizers):
             raise ConfigError(f"Duplicate optimizers in {list(self.optimizers)}.")
-        if self.batch_sizes is not None:
-            if len(self.batch_sizes) == 0:
-                raise ConfigError(
-                    "Empty batch-size list: expected at least one batch size, e.g. 8,32,128 "
-                    "(or leave it out for powers of two that fit the data)."
-                )
-            for size in self.batch_sizes:
-                if size == AUTO:
-                    continue
-                if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-                    raise ConfigError(f"Invalid batch size {size!r}: expected a positive integer "
-                                      "or 'auto'.")
-            if self.batch_sizes.count(AUTO) > 1:
-                raise ConfigError(f"Invalid batch sizes {list(self.batch_sizes)}: 'auto' at most "
-                                  "once (it adds one adaptive cell per optimizer).")
-            if len(set(self.batch_sizes)) != len(self.batch_sizes):
-                raise ConfigError(f"Duplicate batch sizes in {list(self.batch_sizes)}.")
-            self._check_auto()
+
+    def _check_batch_sizes(self) -> None:
+        """An explicit grid: at least one size, each a positive integer or one ``"auto"``."""
+        sizes = self.batch_sizes or ()
+        if len(sizes) == 0:
+            raise ConfigError(
+                "Empty batch-size list: expected at least one batch size, e.g. 8,32,128 "
+                "(or leave it out for powers of two that fit the data)."
+            )
+        for size in sizes:
+            if size != AUTO and (not isinstance(size, int) or isinstance(size, bool)
+                                 or size < 1):
+                raise ConfigError(f"Invalid batch size {size!r}: expected a positive integer "
+                                  "or 'auto'.")
+        if sizes.count(AUTO) > 1:
+            raise ConfigError(f"Invalid batch sizes {list(sizes)}: 'auto' at most "
+                              "once (it adds one adaptive cell per optimizer).")
+        if len(set(sizes)) != len(sizes):
+            raise ConfigError(f"Duplicate batch sizes in {list(sizes)}.")
+
+    def _check_learning_rates(self) -> None:
+        """Explicit grids only for the study's optimizers, each non-empty, each rate valid."""
         for name, rates in self.learning_rates.items():
             if name not in self.optimizers:
                 raise ConfigError(
@@ -252,41 +281,11 @@ class StudyConfig:
                 raise ConfigError(f"Empty learning-rate list for {name!r}.")
             for rate in rates:
                 OptimizerSpec(name, rate)  # raises for a rate that is not finite and > 0
-        if not isinstance(self.lr_grid_size, int) or self.lr_grid_size < 1:
-            raise ConfigError(
-                f"Invalid lr_grid_size {self.lr_grid_size!r}: expected an integer >= 1.")
-        if not self.lr_factor > 1.0:
-            raise ConfigError(f"Invalid lr_factor {self.lr_factor!r}: expected a ratio > 1.")
-        fraction = self.validation_fraction
-        if not (isinstance(fraction, (int, float)) and 0 < fraction < 1):
-            raise ConfigError(f"Invalid validation_fraction {fraction!r}: a study stops "
-                              "each run at a validation target, so it needs a split in (0, 1).")
-        for name in ("max_steps", "evals_per_epoch", "noise_draws", "seeds"):
-            value = getattr(self, name)
-            if name == "max_steps" and value is None:
-                continue
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"Invalid {name} {value!r}: expected an integer >= 1.")
-        for name in ("max_epochs", "fused_steps", "noise_points", "noise_small_batch",
-                     "noise_big_batch", "max_batch_size", "lr_extend", "step_time_repeats"):
-            value = getattr(self, name)
-            if name == "max_epochs" and value is None:
-                continue
-            if not isinstance(value, int) or value < 0:
-                raise ConfigError(f"Invalid {name} {value!r}: expected an integer >= 0.")
-        self._check_verdicts()
-        if self.noise_small_batch and self.noise_big_batch and \
-                self.noise_small_batch >= self.noise_big_batch:
-            raise ConfigError(
-                f"Invalid noise batch sizes: the small batch ({self.noise_small_batch}) must be "
-                f"smaller than the big one ({self.noise_big_batch})."
-            )
 
     def _check_auto(self) -> None:
         """``"auto"`` in the batch sizes: one adaptive cell per optimizer, bounded by the fixed
         sizes (so at least two are needed), trained on the native engine (one run at a time, or
         one Ray task per optimizer)."""
-        check_lr_scaling(self.lr_scaling)
         if not self.adaptive:
             return
         fixed = self.fixed_batch_sizes or ()
@@ -325,23 +324,10 @@ class StudyConfig:
         return tuple(s for s in self.batch_sizes if isinstance(s, int))
 
     def _check_verdicts(self) -> None:
-        for name, value, high in (("margin", self.margin, math.inf),
-                                  ("accuracy_margin", self.accuracy_margin, 1.0),
-                                  ("seed_budget", 0.0 if self.seed_budget is None
-                                   else self.seed_budget, math.inf)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not (0 <= value < high) or math.isnan(value):
-                bound = f"a number >= 0 and < {high:g}" if math.isfinite(high) else "a number >= 0"
-                raise ConfigError(f"Invalid {name} {value!r}: expected {bound}.")
-        if self.max_seeds is not None and (not isinstance(self.max_seeds, int)
-                                           or self.max_seeds < self.seeds):
-            raise ConfigError(f"Invalid max_seeds {self.max_seeds!r}: expected an integer >= "
-                              f"seeds ({self.seeds}).")
-        if not isinstance(self.frontier_epochs, int) or isinstance(self.frontier_epochs, bool) \
-                or not 0 <= self.frontier_epochs <= MAX_EPOCHS:
-            raise ConfigError(f"Invalid --frontier-epochs (frontier_epochs) "
-                              f"{self.frontier_epochs!r}: expected an integer from 0 to "
-                              f"{MAX_EPOCHS:,} (0: no frontier runs).")
+        """Added seeds: at most ``max_seeds``, never fewer than ``seeds``."""
+        if self.max_seeds is not None and self.max_seeds < self.seeds:
+            raise ConfigError(f"Invalid --max-seeds {self.max_seeds!r}: expected at least "
+                              f"--seeds ({self.seeds}).")
 
     def check_frontier_steps(self, num_train: int, batch_sizes: tuple[int, ...]) -> None:
         """The frontier runs' budget (``frontier_epochs`` epochs at the smallest batch size) in
@@ -361,23 +347,19 @@ class StudyConfig:
         return self.seeds if self.max_seeds is None else self.max_seeds
 
     def _check_executor(self) -> None:
+        """local, ray or ray:ADDRESS; ``workers`` only for a Ray instance started here; a cell's
+        GPUs a fraction (cells that share one) or whole GPUs."""
         kind, _, address = self.executor.partition(":")
         if kind not in (LOCAL_EXECUTOR, RAY_EXECUTOR) or (kind == LOCAL_EXECUTOR and address) \
                 or (kind == RAY_EXECUTOR and ":" in self.executor and not address.strip()):
             raise ConfigError(f"Invalid executor: expected local, ray or ray:ADDRESS (e.g. "
                               f"ray:10.0.0.1:6379). Received: {self.executor!r}.")
-        if not isinstance(self.workers, int) or isinstance(self.workers, bool) or self.workers < 0:
-            raise ConfigError(f"Invalid workers {self.workers!r}: expected an integer >= 0.")
         if self.workers and self.executor != RAY_EXECUTOR:
             raise ConfigError(f"--workers sizes a Ray instance started here (--executor ray); "
                               f"this study's executor is {self.executor!r}: leave --workers out "
                               "(a cluster's size is its own).")
-        if not (isinstance(self.cell_cpus, (int, float)) and math.isfinite(self.cell_cpus)
-                and self.cell_cpus > 0):
-            raise ConfigError(f"Invalid cell_cpus {self.cell_cpus!r}: expected a number > 0.")
         gpus = self.cell_gpus
-        if gpus is not None and not (isinstance(gpus, (int, float)) and math.isfinite(gpus)
-                                     and gpus >= 0 and (gpus <= 1 or float(gpus).is_integer())):
+        if gpus is not None and not (gpus <= 1 or float(gpus).is_integer()):
             raise ConfigError(f"Invalid cell_gpus {gpus!r}: expected a fraction in [0, 1] (cells "
                               "that share a GPU) or a whole number of GPUs.")
 

@@ -66,7 +66,7 @@ class DeviceProfile:
         between the two measured sizes around it; ValueError outside the measured range."""
         low, high = self.batch_range
         if not low <= batch_size <= high:
-            raise ValueError(f"batch size {batch_size} is outside the profile's {low}-{high}")
+            raise ConfigError(f"batch size {batch_size} is outside the profile's {low}-{high}")
         if batch_size in self.step_time_s:
             return self.step_time_s[batch_size]
         interpolated = log_log_interpolate(self.step_time_s, batch_size)

@@ -33,7 +33,7 @@ from kbackend.data.batching import epochs_for_steps, steps_per_epoch
 from kbackend.engine_facts import EngineFacts, engine_facts
 from kbackend.engines.native import Runs, model_values
 from kbackend.envinfo import environment_identity
-from kbackend.errors import ConfigError, DataError
+from kbackend.errors import ConfigError, DataError, InternalError
 from kbackend.history import History
 from kbackend.model_sources import parse_model_source
 from kbackend.models import ModelOptions, build_model, model_layout
@@ -167,7 +167,7 @@ class StudyRunner:
     def results(self) -> RunStore:
         """The results store (a runner built without one can plan and validate, not run)."""
         if self.store is None:
-            raise RuntimeError("This StudyRunner has no results store to run against.")
+            raise InternalError("This StudyRunner has no results store to run against.")
         return self.store
 
     def platform(self) -> str:

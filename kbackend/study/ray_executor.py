@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 from kbackend.backends import impl
 from kbackend.envinfo import environment_identity
-from kbackend.errors import ConfigError, KBackendError
+from kbackend.errors import ConfigError, InternalError, KBackendError
 from kbackend.study.auto_cells import run_auto_cell
 from kbackend.study.config import LOCAL_EXECUTOR, RAY_EXTRA, StudyConfig
 from kbackend.study.store import config_key
@@ -197,7 +197,7 @@ def run_phase(runner_class: type, config: StudyConfig, phase: str, cell: tuple[s
     elif phase == "noise":
         result = runner.run_noise(cells or [])
     else:
-        raise ValueError(f"Unknown phase {phase!r}.")
+        raise InternalError(f"Unknown phase {phase!r}.")
     return {"env": runner.env, "platform": runner.platform(), "result": result,
             "records": store.added, "executed": runner.executed}
 

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from kbackend.errors import InternalError
 from kbackend.optim import OptimizerSpec, schedule_value
 
 f32 = jnp.float32
@@ -108,7 +109,7 @@ def keras_adam(spec: OptimizerSpec) -> optax.GradientTransformation:
             updates = jax.tree.map(lambda s: -s, steps)
         else:
             if params is None:
-                raise ValueError("adamw's weight decay needs the parameters: pass params=.")
+                raise InternalError("adamw's weight decay needs the parameters: pass params=.")
             decay = f32(spec.weight_decay)
             # Keras decays first, then takes the Adam step. Written as (new - old), adding the
             # update back gives Keras's value exactly whenever it is within 2x of the old one.

@@ -31,6 +31,7 @@ from kbackend.backends.jax.step import (
     scan_steps,
     unrolls_its_loop,
 )
+from kbackend.errors import InternalError
 from kbackend.task import CLASSIFICATION, Task
 
 
@@ -73,7 +74,7 @@ class PopulationTrainer(CompiledCalls):
         """Start the members' runs: member m from ``values[m]`` (``(trainable,
         non_trainable)``) with a fresh optimizer state at base rate ``learning_rates[m]``."""
         if len(values) != self.members or len(learning_rates) != self.members:
-            raise ValueError(f"expected {self.members} members' values and rates, got "
+            raise InternalError(f"expected {self.members} members' values and rates, got "
                              f"{len(values)} and {len(learning_rates)}")
 
         def stacked(part: int) -> list[Any]:
@@ -100,7 +101,7 @@ class PopulationTrainer(CompiledCalls):
     def _values(self) -> tuple[Any, Any]:
         """The members' current ``(trainable, non_trainable)`` values (``reset`` sets them)."""
         if self.state is None:
-            raise RuntimeError("The population has no members yet: call reset first.")
+            raise InternalError("The population has no members yet: call reset first.")
         return self.state.trainable, self.state.non_trainable
 
     def _evaluate(self, split: str, values: Any) -> tuple[np.ndarray, np.ndarray]:

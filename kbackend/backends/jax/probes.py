@@ -13,6 +13,7 @@ import optax
 
 from kbackend.backends.capabilities import precision_accelerated
 from kbackend.backends.jax.step import initial_state, make_train_step, unrolls_its_loop
+from kbackend.errors import InternalError
 
 
 def supports_channels_first_conv() -> bool:
@@ -73,6 +74,6 @@ def train_step_memory(model: Any, x: np.ndarray, y: np.ndarray) -> dict[str, Any
     compiled = step.lower(initial_state(model, tx), (x[None], y[None])).compile()
     analysis = compiled.memory_analysis()
     if analysis is None:  # every XLA platform has one; its API allows none
-        raise RuntimeError("XLA gave no memory analysis of the compiled train step.")
+        raise InternalError("XLA gave no memory analysis of the compiled train step.")
     return {"step_memory_bytes": int(analysis.temp_size_in_bytes),
             "memory_source": "XLA buffer assignment: the compiled step's temporaries"}

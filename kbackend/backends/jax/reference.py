@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from kbackend.data.batching import call_lengths
+from kbackend.errors import InternalError
 
 
 def reference_train_loop(params: Sequence[tuple[np.ndarray, np.ndarray]], x: np.ndarray,
@@ -96,7 +97,7 @@ def reference_conv1d_loop(params: Sequence[np.ndarray], x: np.ndarray, y: np.nda
     arrays = [np.asarray(p, np.float32) for p in params]
     blocks = (len(arrays) - 2) // 5
     if len(arrays) != 5 * blocks + 2 or blocks < 1:
-        raise ValueError(f"Expected (kernel, gamma, beta, moving mean, moving variance) per "
+        raise InternalError(f"Expected (kernel, gamma, beta, moving mean, moving variance) per "
                          f"block and a dense kernel and bias. Received {len(arrays)} arrays.")
     trainable = [tuple(arrays[5 * b:5 * b + 3]) for b in range(blocks)] + [tuple(arrays[-2:])]
     stats = [tuple(arrays[5 * b + 3:5 * b + 5]) for b in range(blocks)]

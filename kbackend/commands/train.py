@@ -306,45 +306,30 @@ def check_sources(config: TrainConfig) -> None:
                        from_weights=config.from_weights)
 
 
-def run(args: argparse.Namespace) -> int:
-    config = config_from_args(args)
-    check_sources(config)
-    check_outputs(args, config)
-    why = resolve_engine(args.engine)[1]
-    if why:
-        print(why)
-    reporter = None if args.quiet else EpochReporter()
-    workload = None
-    if not is_builtin(config):
-        # Virtual devices and a multi-process job must exist before the framework starts,
-        # and preparing the user's model and data starts it (training.train's own call to
-        # prepare then finds both done).
-        prepare(config)
-        workload = workload_of(config)
-        for note in workload.notes:
-            print(note, file=sys.stderr if note.startswith(WARNING) else sys.stdout)
-        print(f"{workload.model_name}: {workload.task.describe()}")
-        config = replace(config, task=workload.task)
-        metric = f"val_{workload.task.metric}"  # the defaults name the model's own metric
-        if config.target is not None and args.target_metric is None:
-            config = replace(config, target=Target(metric, config.target.value))
-        if args.monitor is None and args.target_metric is None:
-            config = replace(config, monitor=metric)
-        check_metrics(config)
-    result = train(config, reporter=reporter, save=args.save, history_path=args.history,
-                   workload=workload, tensorboard=args.tensorboard)
-    history = result.history
-    info = result.dataset.info
-    metric = f"val_{config.task.metric}"
-    test_metric = f"test_{config.task.metric}"
-    print(
-        f"{config.model} on {info.name} ({info.num_train} train / "
-        f"{'test split as val' if info.val_is_test else f'{info.num_val} val'} / "
-        f"{info.num_test} test), {config.optimizer.name} lr={config.optimizer.learning_rate:g}, "
-        f"batch {config.batch_size}, engine {engine_name(config)}, backend {active_backend()}"
-    )
-    record = history.record
-    if record.fused_steps is not None:  # the native engines: K, and how it was chosen
+def _user_workload(args: argparse.Namespace, config: TrainConfig) -> tuple[TrainConfig, Any]:
+    """A user's model and data prepared (their notes printed) and ``config`` made to name the
+    model's own task and metric where the flags left them to the defaults."""
+    # Virtual devices and a multi-process job must exist before the framework starts, and
+    # preparing the user's model and data starts it (training.train's own call to prepare then
+    # finds both done).
+    prepare(config)
+    workload = workload_of(config)
+    for note in workload.notes:
+        print(note, file=sys.stderr if note.startswith(WARNING) else sys.stdout)
+    print(f"{workload.model_name}: {workload.task.describe()}")
+    config = replace(config, task=workload.task)
+    metric = f"val_{workload.task.metric}"  # the defaults name the model's own metric
+    if config.target is not None and args.target_metric is None:
+        config = replace(config, target=Target(metric, config.target.value))
+    if args.monitor is None and args.target_metric is None:
+        config = replace(config, monitor=metric)
+    check_metrics(config)
+    return config, workload
+
+
+def _engine_lines(record: Any) -> None:
+    """The native engines' K and how it was chosen; an adaptive batch size's step ranges."""
+    if record.fused_steps is not None:
         probe = record.fused_steps_probe
         how = "" if probe is None else (" (auto: stored probe)" if probe.get("cached")
                                         else f" (auto: measured in {probe['seconds']:.1f}s)")
@@ -355,11 +340,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"fused steps K={record.fused_steps}{how}")
     if record.adaptive_batch is not None:  # --batch-size auto: each step range
         print(adaptive_summary(record.adaptive_batch))
+
+
+def _result_lines(config: TrainConfig, history: Any) -> None:
+    """The metrics line (one training time per run) and, with a target, where it was reached
+    in the study's vocabulary of times (docs/study.md)."""
+    record, nan = history.record, float("nan")
+    metric, test_metric = f"val_{config.task.metric}", f"test_{config.task.metric}"
     best = history.best(metric)
     last = history.evals[-1] if history.evals else {}
     compile_time = history.timing.get("compile_time")
-    train_time = history.timing.get("train_time", float("nan")) - (compile_time or 0.0)
-    nan = float("nan")
+    train_time = history.timing.get("train_time", nan) - (compile_time or 0.0)
     print(
         f"{metric} {last.get(metric, nan):.4f} (best {best if best is not None else nan:.4f})  "
         f"{test_metric} {history.test.get(test_metric, nan):.4f}  "
@@ -370,19 +361,43 @@ def run(args: argparse.Namespace) -> int:
            + "  ")
         + f"steps {history.steps_run}"
     )
-    if config.target is not None:
-        target = config.target
-        relation = ">=" if target.direction == "max" else "<="
-        reached = record.target_reached
-        if reached:
-            time, wall = time_to_target(history)  # the study's vocabulary (docs/study.md)
-        print(f"target {target.metric} {relation} {target.value:g}: " + (
-            f"reached at step {reached['step']}: time to target {time:.2f}s (wall to target "
-            f"{wall:.2f}s, start-up included)"
-            if reached else f"not reached in {history.steps_run} steps"))
-    if record.monitor is not None:
-        print(format_summary(record.monitor))
+    if config.target is None:
+        return
+    target, reached = config.target, record.target_reached
+    relation = ">=" if target.direction == "max" else "<="
+    if reached:
+        time, wall = time_to_target(history)
+    print(f"target {target.metric} {relation} {target.value:g}: " + (
+        f"reached at step {reached['step']}: time to target {time:.2f}s (wall to target "
+        f"{wall:.2f}s, start-up included)"
+        if reached else f"not reached in {history.steps_run} steps"))
 
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    check_sources(config)
+    check_outputs(args, config)
+    why = resolve_engine(args.engine)[1]
+    if why:
+        print(why)
+    reporter = None if args.quiet else EpochReporter()
+    workload = None
+    if not is_builtin(config):
+        config, workload = _user_workload(args, config)
+    result = train(config, reporter=reporter, save=args.save, history_path=args.history,
+                   workload=workload, tensorboard=args.tensorboard)
+    history = result.history
+    info = result.dataset.info
+    print(
+        f"{config.model} on {info.name} ({info.num_train} train / "
+        f"{'test split as val' if info.val_is_test else f'{info.num_val} val'} / "
+        f"{info.num_test} test), {config.optimizer.name} lr={config.optimizer.learning_rate:g}, "
+        f"batch {config.batch_size}, engine {engine_name(config)}, backend {active_backend()}"
+    )
+    _engine_lines(history.record)
+    _result_lines(config, history)
+    if history.record.monitor is not None:
+        print(format_summary(history.record.monitor))
     if args.save and is_chief():  # in a multi-process job only process 0 writes
         print(f"saved model to {args.save}")
     if args.history and is_chief():

@@ -12,7 +12,10 @@ of their mean, ``|G_B|^2``. For batches drawn independently, ``E|G_n|^2 = |G|^2 
 
 Each step's estimates are noisy (|G|^2 often comes out negative), so the numerator and the
 denominator are smoothed separately over steps (exponential moving averages) and
-``B_simple = tr(Sigma) / |G|^2`` is the ratio of the averages. The epoch's batches are drawn
+``B_simple = tr(Sigma) / |G|^2`` is the ratio of the averages (not the average of ratios,
+which is biased). The study measures the same estimates at fixed weights from pairs of batches
+drawn with replacement (``estimate_noise_scale``: plain averages over draws, with standard
+errors). The epoch's batches are drawn
 without replacement from a finite training split, which shrinks ``tr(Sigma)`` by the finite
 population factor ``(N - B) / (N - 1)``: negligible while B is much smaller than N.
 
@@ -28,12 +31,14 @@ import math
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
+from typing import Any, TypeVar
 
 import numpy as np
 
 from kbackend.errors import ConfigError
 
+F = TypeVar("F", float, np.ndarray)  # one step's norms, or one per step or draw
 AUTO = "auto"
 DEFAULT_MIN_BATCH = 8
 DEFAULT_MICRO_BATCHES = 2  # micro-batches per step (b = B / M samples): M backward passes
@@ -138,16 +143,60 @@ def _bound(field: str | None, name: str, text: str) -> int | None:
 
 
 # -- the estimator -----------------------------------------------------------------------------
-def step_estimates(micro_sq_norm: float, batch_sq_norm: float, micro_batch: int,
-                   batch: int) -> tuple[float, float]:
-    """One step's unbiased ``(|G|^2, tr(Sigma))`` from ``|G_b|^2`` (mean over micro-batches of
-    b samples) and ``|G_B|^2`` (their mean, B samples)."""
+def step_estimates(micro_sq_norm: F, batch_sq_norm: F, micro_batch: int,
+                   batch: int) -> tuple[F, F]:
+    """The unbiased ``(|G|^2, tr(Sigma))`` from ``|G_b|^2`` (b samples: the mean over a step's
+    micro-batches, or a small batch) and ``|G_B|^2`` (B samples): floats for one step, or
+    arrays with one value per step or draw."""
     if not 0 < micro_batch < batch:
-        raise ConfigError(f"Invalid micro-batch size {micro_batch} for batch {batch}: expected "
+        raise ConfigError(f"Invalid noise-scale batch sizes ({micro_batch}, {batch}): expected "
                           "0 < micro-batch < batch.")
     grad_sq = (batch * batch_sq_norm - micro_batch * micro_sq_norm) / (batch - micro_batch)
     trace_sigma = (micro_sq_norm - batch_sq_norm) / (1.0 / micro_batch - 1.0 / batch)
     return grad_sq, trace_sigma
+
+
+@dataclass(frozen=True)
+class NoiseEstimate:
+    """Averaged unbiased estimates at one point of training, with standard errors over draws."""
+
+    grad_sq: float
+    trace_sigma: float
+    grad_sq_se: float
+    trace_sigma_se: float
+    small_batch: int
+    big_batch: int
+    draws: int
+
+    @property
+    def b_simple(self) -> float:
+        """tr(Sigma) / |G|^2, or ``inf`` when the |G|^2 estimate is not positive."""
+        return self.trace_sigma / self.grad_sq if self.grad_sq > 0 else math.inf
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "b_simple": self.b_simple}
+
+
+def estimate_noise_scale(small_sq_norms: Sequence[float] | np.ndarray,
+                         big_sq_norms: Sequence[float] | np.ndarray,
+                         small_batch: int, big_batch: int) -> NoiseEstimate:
+    """Average the per-draw ``step_estimates`` of paired squared norms of a small and a big
+    batch (drawn with replacement, so the identity is exact for a finite data set)."""
+    small = np.asarray(small_sq_norms, dtype=np.float64)
+    big = np.asarray(big_sq_norms, dtype=np.float64)
+    if small.shape != big.shape or small.ndim != 1 or small.size == 0:
+        raise ConfigError(
+            f"Expected two equally long, non-empty 1-D arrays of squared norms. Received shapes "
+            f"{small.shape} and {big.shape}."
+        )
+    grad_sq, trace_sigma = step_estimates(small, big, small_batch, big_batch)
+    n = grad_sq.size
+
+    def se(values: np.ndarray) -> float:
+        return float(values.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
+
+    return NoiseEstimate(float(grad_sq.mean()), float(trace_sigma.mean()), se(grad_sq),
+                         se(trace_sigma), int(small_batch), int(big_batch), int(n))
 
 
 @dataclass(frozen=True)

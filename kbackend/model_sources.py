@@ -251,26 +251,51 @@ def _lambda_error(path: Path | str, unsafe_flag: bool = True) -> ModelError:
                       f"when it loads: refused in safe mode. {remedy}")
 
 
-def load_keras_file(path: str | os.PathLike, *, compile: bool = False, safe_mode: bool = True,
-                    unsafe_flag: bool = True) -> Any:
-    """The model in the ``.keras`` file ``path`` (checked header-first by ``check_model_file``):
-    the one place kbackend loads a model file. The ``--import`` modules this process inherited
-    are imported first; a class the file names that no module registered is a one-line
-    ``ModelError`` naming it, as is any other failure (``unsafe_flag``: whether the command
-    offers ``--unsafe-deserialization``, which a Lambda layer's error then names)."""
-    path = check_model_file(path)
+def load_model(model: Any, *, info: DatasetInfo | None = None, compile: bool = False,
+               unsafe_deserialization: bool = False, serving: bool = False) -> Any:
+    """The one loader: the Keras model ``model`` names, after the ``--import`` modules this
+    process inherited are imported (so a file's own classes resolve). ``model``: a ``.keras``
+    file (checked header-first by ``check_model_file``; with its weights, in Keras's safe mode
+    unless ``unsafe_deserialization``), a model config as JSON (``model.to_json()``), or, with
+    ``info``, a builder (``FILE.py:FUNCTION``, ``package.module:FUNCTION``) built for that data
+    with seed 0 (its code runs anyway, so safe mode guards nothing). ``serving``: the file is
+    for inference (a Lambda is refused without naming a flag serving does not offer, and the
+    model must have one input and one output). A class no module registered, and any other
+    failure, is a one-line ``ModelError``."""
+    is_file = info is None and not (isinstance(model, str) and model.startswith("{"))
+    path = check_model_file(model) if is_file else None
     import_inherited()
     keras = import_keras()
+    if info is not None:
+        return parse_model_source(model).build(info, seed=0)
+    if path is None:
+        return keras.models.model_from_json(model)
+    safe_mode = not unsafe_deserialization
     try:
-        return keras.saving.load_model(path, compile=compile, safe_mode=safe_mode)
+        loaded = keras.saving.load_model(path, compile=compile, safe_mode=safe_mode)
     except Exception as error:  # Keras raises many types for a bad file; all mean "does not load"
         if "safe_mode" in str(error) and safe_mode:
-            raise _lambda_error(path, unsafe_flag) from None
+            raise _lambda_error(path, unsafe_flag=not serving) from None
         missing = _unregistered(_read_config(path), keras)
         if missing:
             raise _unregistered_error(path, *missing) from None
         raise ModelError(f"Model file {str(path)!r} does not load as a Keras model: "
                          f"{_one_line(error)}") from None
+    if serving:
+        check_servable(loaded, str(model))
+    return loaded
+
+
+def check_servable(model: Any, name: str = "model") -> None:
+    """Raise ``ModelError`` unless ``model`` has one input and one output tensor."""
+    if not hasattr(model, "inputs") or not hasattr(model, "outputs"):
+        raise ModelError(f"Invalid {name}: expected a Keras model. Received: "
+                         f"{type(model).__name__}.")
+    if len(model.inputs or []) != 1 or len(model.outputs or []) != 1:
+        raise ModelError(
+            f"Invalid {name}: expected a model with one input and one output, received "
+            f"{len(model.inputs or [])} inputs and {len(model.outputs or [])} outputs."
+        )
 
 
 def _keras_objects(config: Any) -> Iterator[dict[str, Any]]:
@@ -317,7 +342,7 @@ def _unregistered_error(path: Path, name: str, module: str, registered: str) -> 
 def _load_keras(path: Path, unsafe_deserialization: bool) -> tuple[Any, dict[str, Any]]:
     """(the model in ``path``, uncompiled, without optimizer state; its compile settings as
     saved in config.json, empty if it was not compiled)."""
-    model = load_keras_file(path, safe_mode=not unsafe_deserialization)
+    model = load_model(path, unsafe_deserialization=unsafe_deserialization)
     config = _read_config(path)
     compile_config = config.get("compile_config") if isinstance(config, dict) else None
     return model, compile_config if isinstance(compile_config, dict) else {}

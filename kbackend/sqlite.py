@@ -1,5 +1,7 @@
 """What both SQLite stores (the prediction cache, the study's results) do alike.
 
+- Every connection is opened by ``connect``: autocommit (transactions explicit), SQLite's busy
+  handler set, and for a writer the store's own set-up, WAL journal mode and its durability.
 - A write that reads first runs in one ``BEGIN IMMEDIATE`` transaction
   (``immediate_transaction``): in WAL mode a deferred read-then-write transaction fails at once
   with "database is locked" under concurrency, ignoring ``busy_timeout``; an immediate one takes
@@ -7,11 +9,12 @@
 - ``busy_timeout`` makes SQLite wait inside each call, but not everywhere (switching the journal
   mode, for one): ``retry_while_locked`` is the backstop there.
 
-Each store keeps its own error messages, file checks and durability settings.
+Each store keeps its own error messages, file checks and durability level.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -49,6 +52,31 @@ def retry_while_locked(action: Callable[[], T], timeout_s: float) -> T:
                 raise
             time.sleep(delay)
             delay = min(delay * 2, LONGEST_RETRY_S)
+
+
+def connect(path: str | os.PathLike, timeout_s: float, *, synchronous: str | None = None,
+            setup: Callable[[sqlite3.Connection], None] | None = None, uri: bool = False,
+            check_same_thread: bool = True) -> sqlite3.Connection:
+    """A connection to ``path`` (``uri``: a ``file:`` URI) that waits up to ``timeout_s`` for
+    another's lock, with ``isolation_level=None`` (transactions are explicit). Then
+    ``setup(connection)`` (the store's checks and schema), and for a writer (``synchronous``:
+    ``NORMAL`` or ``FULL``) WAL journal mode and that durability level. Closed if any step
+    raises (``sqlite3.Error``s propagate for the store's own message)."""
+    conn = sqlite3.connect(path, timeout=timeout_s, isolation_level=None, uri=uri,
+                           check_same_thread=check_same_thread)
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
+        if setup is not None:
+            setup(conn)
+        if synchronous is not None:
+            # The busy handler does not cover a journal-mode switch: retry while it is locked.
+            retry_while_locked(lambda: conn.execute("PRAGMA journal_mode = WAL").fetchone(),
+                               timeout_s)
+            conn.execute(f"PRAGMA synchronous = {synchronous}")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 @contextmanager

@@ -174,8 +174,8 @@ def test_cache_stats_json_is_strict(cli, files, tmp_path):
 def _api_cases(files, tmp_path):
     from kbackend.cache import parse_grid
     from kbackend.io import read_arrays
+    from kbackend.model_sources import load_model
     from kbackend.serving.export import export_model
-    from kbackend.serving.model import load_model
     from kbackend.training import TrainConfig, train
 
     def cache(*args):
@@ -193,8 +193,9 @@ def _api_cases(files, tmp_path):
         "parse_grid features '4'": (lambda: parse_grid("*=0", "4"), "Invalid features"),
         "train(None)": (lambda: train(None), "Invalid config"),
         "train save=3": (lambda: train(TrainConfig(), save=3), "Invalid --save path"),
-        "load_model(None)": (lambda: load_model(None), "Invalid model path"),
-        "load_model('x'*300)": (lambda: load_model("x" * 300 + ".keras"), "File name too long"),
+        "load_model(None)": (lambda: load_model(None, serving=True), "Invalid model path"),
+        "load_model('x'*300)": (lambda: load_model("x" * 300 + ".keras", serving=True),
+                                "File name too long"),
         "read_arrays(None)": (lambda: read_arrays(None, "--input"), "Invalid --input"),
         "cache rounding 2": (lambda: cache(model, "STORE", 2), "Invalid rounding"),
         "cache model None": (lambda: cache(None, "STORE"), "expected a Keras model"),

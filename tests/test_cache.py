@@ -17,7 +17,8 @@ from kbackend.cache import (
     parse_grid,
 )
 from kbackend.errors import ConfigError, DataError
-from kbackend.serving.model import BatchPredictor, ModelError, bucket_size, load_model
+from kbackend.model_sources import load_model
+from kbackend.serving.model import BatchPredictor, ModelError, bucket_size
 
 FEATURES = 4
 ATOL = 1e-6  # one model, two batch compositions: float32 XLA results may differ in the last bits
@@ -108,7 +109,7 @@ def test_misses_are_predicted_in_one_batched_call_once_per_distinct_row(model, s
 
 def test_changing_one_weight_invalidates(model, store, tmp_path):
     model.save(tmp_path / "tiny.keras")
-    changed = load_model(tmp_path / "tiny.keras")
+    changed = load_model(tmp_path / "tiny.keras", serving=True)
     assert model_fingerprint(changed) == model_fingerprint(model), (
         "a reloaded model keeps its fingerprint")
     x = rows(64)
@@ -202,14 +203,14 @@ def test_model_file_that_does_not_load(tmp_path):
     broken = tmp_path / "broken.keras"
     broken.write_bytes(b"PK\x03\x04 not really a zip")
     with pytest.raises(ModelError, match=r"is not a \.keras archive"):
-        load_model(broken)
+        load_model(broken, serving=True)
     not_keras = tmp_path / "zip.keras"
     with zipfile.ZipFile(not_keras, "w") as archive:  # a sound zip without a Keras model in it
         archive.writestr("readme.txt", "hello")
     with pytest.raises(ModelError, match="does not load as a Keras model"):
-        load_model(not_keras)
+        load_model(not_keras, serving=True)
     with pytest.raises(ModelError, match="not found"):
-        load_model(tmp_path / "absent.keras")
+        load_model(tmp_path / "absent.keras", serving=True)
 
 
 def test_store_counters_stats_and_clear(model, store):

@@ -7,10 +7,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from functools import partial
 
 import pytest
 
 from kbackend.cli import main
+from kbackend.commands import study as study_command
 from kbackend.errors import ConfigError
 from kbackend.io import read_json
 from kbackend.study.config import StudyConfig
@@ -161,7 +163,9 @@ def test_a_bad_profile_is_a_one_line_error_before_training(tmp_path, monkeypatch
         raise AssertionError("training started despite a bad profile")
 
     monkeypatch.setattr("kbackend.study.executor.train", forbidden)
-    monkeypatch.setattr(StudyRunner, "execute", forbidden)
+    # the fake run executor through the study command's seam (run_study(run_executor=...))
+    monkeypatch.setattr(study_command, "run_study",
+                        partial(study_command.run_study, run_executor=forbidden))
     path = tmp_path / "profile.json"
     if payload is not None:
         _write(path, payload)

@@ -40,11 +40,11 @@ def test_export_round_trip_under_both_backends(model_file, tmp_path, fmt, backen
     on_disk = json.loads((tmp_path / "out" / "export.json").read_text())
     assert on_disk["checks"] == manifest["checks"]
     # The stored reference really is the source model's output (so the check compares something).
-    from kbackend.serving.model import load_model
+    from kbackend.model_sources import load_model
 
+    served = load_model(model_file, serving=True)
     with np.load(tmp_path / "out" / SAMPLE_FILE) as data:
-        np.testing.assert_array_equal(data["reference"],
-                                      load_model(model_file).predict_on_batch(data["x"]))
+        np.testing.assert_array_equal(data["reference"], served.predict_on_batch(data["x"]))
 
 
 def test_check_detects_an_artifact_that_differs(model_file, tmp_path):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kbackend import model_sources
-from kbackend.model_sources import IMPORT_ENV, ModelError, load_keras_file, register_imports
+from kbackend.model_sources import IMPORT_ENV, ModelError, load_model, register_imports
 from tests.conftest import BACKEND, one_line_error
 
 LAYERS = '''
@@ -88,12 +88,12 @@ def test_train_with_import_of_a_module_name_or_a_file_succeeds(custom_model, cli
     assert json.loads(os.environ[IMPORT_ENV]) == []
 
 
-def test_import_of_a_file_reaches_load_keras_file(custom_model, monkeypatch):
+def test_import_of_a_file_reaches_the_one_loader(custom_model, monkeypatch):
     folder, name, path = custom_model
     with pytest.raises(ModelError, match="uses the class 'Scale'"):
-        load_keras_file(path)
+        load_model(path)
     register_imports([str(folder / f"{name}.py")])
-    assert next(type(layer).__name__ for layer in load_keras_file(path).layers) == "Scale"
+    assert next(type(layer).__name__ for layer in load_model(path).layers) == "Scale"
 
 
 @pytest.mark.parametrize(("spec", "message"), [
@@ -131,7 +131,7 @@ def test_every_command_that_loads_a_model_takes_import(command):
 
 def child_layer_names(path: str) -> list[str]:
     """Run in a child process (``run_in_child``): the layer classes of the model at ``path``."""
-    return [type(layer).__name__ for layer in load_keras_file(path).layers]
+    return [type(layer).__name__ for layer in load_model(path).layers]
 
 
 @pytest.mark.slow  # two child processes
@@ -159,16 +159,14 @@ def test_ray_workers_get_the_imports(custom_model):
 def test_the_one_loader_names_the_lambda_flag_only_where_a_command_has_it(tmp_path):
     import keras
 
-    from kbackend.serving.model import load_model as load_for_serving
-
     model = keras.Sequential([keras.Input((3,)), keras.layers.Lambda(lambda t: t * 2.0),
                               keras.layers.Dense(2)])
     path = tmp_path / "lambda.keras"
     model.save(path)
     with pytest.raises(ModelError, match="Pass --unsafe-deserialization"):
-        load_keras_file(path)
+        load_model(path)
     with pytest.raises(ModelError) as raised:
-        load_for_serving(path)
+        load_model(path, serving=True)
     assert "--unsafe-deserialization" not in str(raised.value)
     assert "loads only models without Lambda layers" in str(raised.value)
 

@@ -19,8 +19,9 @@ from kbackend.backend_choice import keras as import_keras
 from kbackend.config import TrainConfig
 from kbackend.errors import DataError, KBackendError
 from kbackend.host_front import HostFront
+from kbackend.model_sources import load_model
 from kbackend.optim import OptimizerSpec
-from kbackend.serving.model import BatchPredictor, load_model, validate_inputs
+from kbackend.serving.model import BatchPredictor, validate_inputs
 from kbackend.training import train
 from kbackend.workload import TEST_SPLIT_SEED, _held_out, prepare_workload, unwrap
 from tests.conftest import JIT_FOR_SMALL_RUNS
@@ -100,7 +101,7 @@ def test_the_rest_trains_as_keras_fit_on_the_same_split(engine, tmp_path):
                        shuffle=False, verbose=0)
     want = reference_rest.predict(probe_ids, verbose=0)
     assert np.abs(want - before).max() > 1e-2  # 20 steps moved the predictions
-    served = BatchPredictor(load_model(tmp_path / "reviews.keras"))
+    served = BatchPredictor(load_model(tmp_path / "reviews.keras", serving=True))
     got = served(validate_inputs(probe, served.input_shape, strings=True))
     np.testing.assert_allclose(got, want, atol=1e-4)
     assert result.model is user  # the whole model: what was saved
@@ -245,7 +246,7 @@ def test_the_saved_model_serves_raw_strings(saved_text_model):
     predictions out; numbers refused with 422."""
     from kbackend.serving.server import PredictionServer
 
-    predictor = BatchPredictor(load_model(saved_text_model))
+    predictor = BatchPredictor(load_model(saved_text_model, serving=True))
     server = PredictionServer("127.0.0.1", 0, predict=predictor,
                               row_shape=predictor.input_shape, info={},
                               strings=predictor.takes_strings)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from functools import partial
 
 import pytest
 
 from kbackend.cli import main
+from kbackend.commands import study as study_command
 from kbackend.errors import ConfigError
 from kbackend.study.auto_verdicts import auto_verdict
 from kbackend.study.config import StudyConfig
@@ -177,7 +179,9 @@ def test_cli_bad_auto_input_is_a_one_line_error(tmp_path, monkeypatch, capsys, f
         raise AssertionError("training started despite bad input")
 
     monkeypatch.setattr("kbackend.study.executor.train", forbidden)
-    monkeypatch.setattr(StudyRunner, "execute", forbidden)
+    # the fake run executor through the study command's seam (run_study(run_executor=...))
+    monkeypatch.setattr(study_command, "run_study",
+                        partial(study_command.run_study, run_executor=forbidden))
     argv = ["study", "--dataset", "digits", "--model", "seed_mlp", "--out", str(tmp_path),
             "--no-progress", *flags]
     try:

@@ -28,6 +28,7 @@ from kbackend.study.noise_runs import NoiseMeasurement
 from kbackend.study.pipeline import compare, run_study
 from kbackend.study.plots import PLOTS
 from kbackend.study.populations import Populations
+from kbackend.study.runner_protocol import NotStored
 from kbackend.study.step_times import ROUND_CALLS, StepTimeModel, timed_steps
 from kbackend.study.store import ResultStore
 from kbackend.training import Target
@@ -979,3 +980,24 @@ def test_auto_runs_one_by_one_on_a_cpu_without_probing(monkeypatch):
     runner.prepare()
     path = Populations(runner).path("adam", 16, (1e-3, 3e-3))
     assert path["path"] == "sequential" and "a CPU" in path["reason"] and path["members"] == 4
+
+
+def test_a_stored_view_reads_the_store_and_never_trains(tmp_path):
+    # The Ray driver's view of its cells (StudyRunner.stored_view, run executor stored_only):
+    # a stored cell reads back as the local runner made it; an unstored one raises NotStored
+    # before anything trains or is measured.
+    config = _one_cell(batch_sizes=(64,), seeds=2, learning_rates={"sgd": (0.1, 1.0)})
+    planted = _planted(lambda rate, seed: 30 if rate == 1.0 else None)
+    with ResultStore(tmp_path / "study.db") as store:
+        runner = StudyRunner(config, store, run_executor=planted)
+        runner.prepare()
+        view = runner.stored_view("tpu")
+        with pytest.raises(NotStored):
+            view.run_cell("sgd", 64)
+        with pytest.raises(NotStored):
+            view.native_runs()
+        assert planted == [] and view.platform() == "tpu" != runner.platform()
+        cell = runner.run_cell("sgd", 64)
+        trained = len(planted)
+        assert view.run_cell("sgd", 64) == cell and len(planted) == trained == 4
+        assert runner.run_executor is planted and view.store is store

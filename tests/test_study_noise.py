@@ -10,13 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kbackend.adaptive import estimate_noise_scale, step_estimates
 from kbackend.errors import ConfigError
-from kbackend.study.noise import (
-    estimate_noise_scale,
-    measure_noise_scale,
-    squared_norm,
-    unbiased_estimates,
-)
+from kbackend.study.noise import measure_noise_scale, squared_norm
 
 # Tolerance of the Monte Carlo checks: within 5 standard errors of the mean over draws
 # (a false failure has probability ~6e-7 per check) plus 1e-9 of the problem's scale for
@@ -73,7 +69,7 @@ def test_estimator_converges_to_within_five_percent_with_many_draws():
 def test_exact_expectations_give_exact_values(grad_sq, trace_sigma, small, extra):
     big = small + extra
     expected = [grad_sq + trace_sigma / small], [grad_sq + trace_sigma / big]
-    g, s = unbiased_estimates(*expected, small, big)
+    g, s = step_estimates(*map(np.asarray, expected), small, big)
     assert g[0] == pytest.approx(grad_sq, rel=1e-6, abs=1e-9 * trace_sigma)
     assert s[0] == pytest.approx(trace_sigma, rel=1e-6, abs=1e-9 * grad_sq * big)
 
@@ -89,7 +85,7 @@ def test_noise_scale_is_infinite_when_the_gradient_estimate_is_not_positive():
 ])
 def test_estimator_rejects_bad_input(small, big, a, b):
     with pytest.raises(ConfigError):
-        unbiased_estimates(a, b, small, big)
+        estimate_noise_scale(a, b, small, big)
 
 
 def _softmax_regression(dim: int, classes: int):

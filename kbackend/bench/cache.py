@@ -33,8 +33,9 @@ from kbackend.backends import impl
 from kbackend.bench.spec import Benchmark, Rows, Settings
 from kbackend.cache import PredictionCache, Rounding, open_store
 from kbackend.data import load
+from kbackend.model_sources import load_model
 from kbackend.models import ModelOptions, build_model
-from kbackend.serving.model import BatchPredictor, load_model
+from kbackend.serving.model import BatchPredictor
 
 DECIMALS = ("exact", "3", "2", "1", "0")
 BATCHES = (1, 1024)
@@ -71,7 +72,7 @@ def _train_model(quick: bool, folder: Path) -> tuple[Any, Any, float]:
     model.fit(data.x_train, data.y_train, batch_size=64, epochs=2 if quick else 8, verbose=0)
     accuracy = float(model.evaluate(data.x_test, data.y_test, verbose=0)[1])
     model.save(folder / "seed_mlp.keras")
-    return load_model(folder / "seed_mlp.keras"), data, accuracy
+    return load_model(folder / "seed_mlp.keras", serving=True), data, accuracy
 
 
 def measure_cache(settings: Settings) -> Rows:

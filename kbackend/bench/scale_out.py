@@ -36,7 +36,7 @@ from kbackend.bench.spec import Benchmark, Rows, Settings
 from kbackend.data import load
 from kbackend.errors import DataError
 from kbackend.history import History
-from kbackend.model_sources import load_keras_file
+from kbackend.model_sources import load_model
 from kbackend.reports import markdown_table
 
 CONFIGS = ("1 process", "2 processes", "2 devices")
@@ -70,7 +70,7 @@ def _command(config: str, dataset: str, fused: int,
 
 
 def _weights(path: Path) -> list[np.ndarray]:
-    return load_keras_file(path).get_weights()
+    return load_model(path).get_weights()
 
 
 def _run(config: str, dataset: str, fused: int, folder: Path) -> dict[str, Any]:

@@ -244,7 +244,7 @@ def twin_target_rows(dataset: Any, workload: Any, batch_sizes: list[int], seeds:
     rows = []
     for batch in batch_sizes:
         plan = study_plan(dataset, batch)
-        budget = -(-max_steps // plan.eval_every) * plan.eval_every  # whole intervals
+        budget = epochs_for_steps(max_steps, plan.eval_every) * plan.eval_every  # whole intervals
         row: dict[str, Any] = {"part": "twin steps to target", "batch_size": batch,
                                "target": f"{TWIN_TARGET.metric} {TWIN_TARGET.value}",
                                "learning_rate": plan.learning_rate, "seeds": seeds,

@@ -27,7 +27,13 @@ from typing import Any, TypeVar
 from kbackend.cache.store import CacheError, NamespaceInfo
 from kbackend.errors import path_errors
 from kbackend.io import check_output_path
-from kbackend.sqlite import SQLITE_HEADER, immediate_transaction, is_locked, retry_while_locked
+from kbackend.sqlite import (
+    SQLITE_HEADER,
+    connect,
+    immediate_transaction,
+    is_locked,
+    retry_while_locked,
+)
 
 APPLICATION_ID = 0x6B62_6361  # "kbca": marks a file as a kbackend prediction cache
 SCHEMA_VERSION = 1
@@ -134,29 +140,20 @@ class SQLiteStore:
         return conn
 
     def _open_connection(self) -> sqlite3.Connection:
+        def setup(conn: sqlite3.Connection) -> None:
+            self._validate(conn)
+            self._retry(lambda: self._initialize(conn))
+
         try:
             # check_same_thread=False only so close() may close every thread's connection; each
             # connection is still used by the one thread that opened it.
-            conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None,
-                                   check_same_thread=False)
-        except sqlite3.Error as error:
-            raise CacheError(f"Cannot open cache {str(self.path)!r}: {error}.") from None
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
-            self._validate(conn)
-            self._retry(lambda: conn.execute("PRAGMA journal_mode = WAL").fetchone())
-            conn.execute("PRAGMA synchronous = NORMAL")
-            self._retry(lambda: self._initialize(conn))
+            return self._retry(lambda: connect(self.path, self.busy_timeout_s, setup=setup,
+                                               synchronous="NORMAL", check_same_thread=False))
         except sqlite3.DatabaseError as error:
-            conn.close()
             raise CacheError(
                 f"Cache file {str(self.path)!r} is not a usable SQLite database ({error}); "
                 "it was left unchanged: pass another --cache path."
             ) from None
-        except BaseException:
-            conn.close()
-            raise
-        return conn
 
     def _validate(self, conn: sqlite3.Connection) -> None:
         """Refuse corrupt files and other applications' databases (reads only)."""

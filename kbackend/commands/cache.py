@@ -21,7 +21,8 @@ from kbackend.commands import add_import_flag
 from kbackend.commands.predict import add_cache_arguments, load_array
 from kbackend.errors import ConfigError
 from kbackend.io import check_distinct_paths, strict_json_text
-from kbackend.serving.model import check_model_file, input_shape, load_model, validate_inputs
+from kbackend.model_sources import load_model
+from kbackend.serving.model import check_model_file, input_shape, validate_inputs
 
 
 def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
@@ -74,7 +75,7 @@ def run_warm(args: argparse.Namespace) -> int:
     rows = load_array(args.input) if args.input is not None else None
     check_model_file(args.model)
     check_store(args.cache)
-    model = load_model(args.model)
+    model = load_model(args.model, serving=True)
     row_shape = input_shape(model)
     if grid_text is not None:
         if any(d is None for d in row_shape):

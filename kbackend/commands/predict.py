@@ -11,11 +11,11 @@ from kbackend.cache import PredictionCache, Rounding, check_cacheable, check_sto
 from kbackend.commands import add_import_flag
 from kbackend.errors import DataError
 from kbackend.io import atomic_write, check_distinct_paths, check_output_path, read_array
+from kbackend.model_sources import load_model
 from kbackend.serving.model import (
     BatchPredictor,
     check_model_file,
     input_shape,
-    load_model,
     validate_inputs,
 )
 
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     check_model_file(args.model)
     if args.cache:
         check_store(args.cache)  # a bad cache fails before the model loads
-    model = load_model(args.model)
+    model = load_model(args.model, serving=True)
     predictor = BatchPredictor(model)
     batch = validate_inputs(x, input_shape(model), f"--input {args.input}",
                             strings=predictor.takes_strings)

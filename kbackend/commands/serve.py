@@ -18,7 +18,8 @@ from kbackend.cache import (
 from kbackend.commands import add_import_flag
 from kbackend.commands.predict import add_cache_arguments
 from kbackend.errors import DataError
-from kbackend.serving.model import BatchPredictor, check_model_file, input_shape, load_model
+from kbackend.model_sources import load_model
+from kbackend.serving.model import BatchPredictor, check_model_file, input_shape
 from kbackend.serving.server import PredictionServer, check_batching_options, check_port
 
 
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     check_model_file(args.model)
     if args.cache:
         check_store(args.cache)  # a bad cache fails before the model loads
-    model = load_model(args.model)
+    model = load_model(args.model, serving=True)
     predictor = BatchPredictor(model, max_batch=args.max_batch)
     if args.cache:
         check_cacheable(model, rounding)

@@ -29,7 +29,7 @@ from kbackend.equivalence.compare import safe_mode
 from kbackend.equivalence.grammar import build_model
 from kbackend.errors import InternalError
 from kbackend.io import atomic_write
-from kbackend.model_sources import import_inherited, load_keras_file, parse_model_source
+from kbackend.model_sources import load_model
 from kbackend.optim import OptimizerSpec
 from kbackend.training import TrainConfig
 
@@ -37,33 +37,32 @@ from kbackend.training import TrainConfig
 _STOCHASTIC_ATTRIBUTES = {"rate": 0.0, "stddev": 0.0, "dropout": 0.0, "recurrent_dropout": 0.0}
 
 
-def load_model(source: dict[str, Any]) -> Any:
-    """The Keras model ``source`` describes (a builder's compiled as its builder compiles it)."""
-    keras = import_keras()
+def _model(source: dict[str, Any], compile: bool = False) -> Any:
+    """The Keras model ``source`` describes: an architecture built here, any other kind loaded
+    by ``kbackend.model_sources.load_model`` (a builder's compiled as its builder compiles it;
+    ``compile``: a ``.keras`` file's with its saved compile settings)."""
     kind = source["kind"]
-    import_inherited()  # --import: the modules registering the model's own classes
-    if kind == "keras_file":
-        return load_keras_file(source["path"], safe_mode=safe_mode(source))
-    if kind == "builder":
-        shape = tuple(int(d) for d in source["input_shape"])
-        info = data.DatasetInfo("equivalence", shape, int(source["num_classes"]), "arrays",
-                                "spatial", None, 1, 0, 0)
-        return parse_model_source(source["model"]).build(info, seed=0)
-    if kind == "config":
-        return keras.models.model_from_json(source["config"])
     if kind == "arch":
         return build_model(source["arch"])
-    raise InternalError(f"Unknown model source kind {kind!r}: expected keras_file, builder, config "
-                     "or arch.")
+    info = None
+    if kind == "builder":
+        info = data.DatasetInfo("equivalence", tuple(int(d) for d in source["input_shape"]),
+                                int(source["num_classes"]), "arrays", "spatial", None, 1, 0, 0)
+    model = {"keras_file": "path", "builder": "model", "config": "config"}.get(kind)
+    if model is None:
+        raise InternalError(f"Unknown model source kind {kind!r}: expected keras_file, builder, "
+                            "config or arch.")
+    return load_model(source[model], info=info, compile=compile,
+                      unsafe_deserialization=not safe_mode(source))
 
 
 def compiled_loss(source: dict[str, Any], model: Any = None) -> Any:
     """The loss the model of ``source`` was compiled with (serialized), or None: a ``.keras``
-    file's, or the one its builder compiled ``model`` (as built by ``load_model``) with."""
+    file's, or the one its builder compiled ``model`` (as built by ``_model``) with."""
     keras = import_keras()
     if source["kind"] == "keras_file":
         try:
-            model = load_keras_file(source["path"], compile=True, safe_mode=safe_mode(source))
+            model = _model(source, compile=True)
         except Exception:  # a compile config that does not load: the caller chooses a loss
             return None
     elif source["kind"] != "builder" or not getattr(model, "compiled", False):
@@ -135,7 +134,7 @@ def describe(source: dict[str, Any], seed: int = 0) -> dict[str, Any]:
     state the worker's generator was left in), so a case is the same in every run."""
     keras = import_keras()
     impl().set_random_seed(seed)
-    model = load_model(source)
+    model = _model(source)
     inputs = []
     for tensor in model.inputs:
         dtype = str(keras.backend.standardize_dtype(tensor.dtype))
@@ -239,7 +238,7 @@ def evaluate(source: dict[str, Any], weights: list[np.ndarray], x: list[np.ndarr
     order of ``trainable_names``); for each optimizer spec, the weights after step 1 and after
     ``steps`` steps. With ``save_path``, the model (with ``weights``) is saved there first.
     """
-    model = load_model(source)
+    model = _model(source)
     model.set_weights(weights)
     result: dict[str, Any] = {"backend": import_keras().backend.backend(),
                               "weight_names": weight_names(model)}
@@ -294,7 +293,7 @@ def channels_first_probe() -> str | None:
 def predict_saved(path: str, x: list[np.ndarray], safe_mode: bool = True) -> dict[str, Any]:
     """Load a ``.keras`` file saved by another backend; its weights and inference outputs."""
     keras = import_keras()
-    model = load_keras_file(path, safe_mode=safe_mode)
+    model = load_model(path, unsafe_deserialization=not safe_mode)
     return {"backend": keras.backend.backend(), "outputs": forward(model, x),
             "weights": [np.asarray(w) for w in model.get_weights()]}
 
@@ -302,7 +301,7 @@ def predict_saved(path: str, x: list[np.ndarray], safe_mode: bool = True) -> dic
 def engine_run(source: dict[str, Any], weights: list[np.ndarray], x: np.ndarray, y: np.ndarray,
                engine: str, spec: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     """Train with a kbackend engine on ``(x, y)``; the per-step losses and final weights."""
-    model = load_model(source)
+    model = _model(source)
     model.set_weights(weights)
     num_classes = int(model.outputs[0].shape[-1])
     info = data.DatasetInfo("equivalence", tuple(int(d) for d in x.shape[1:]), num_classes,

@@ -26,11 +26,11 @@ import numpy as np
 from kbackend.backend_choice import BACKENDS, active_backend
 from kbackend.errors import ConfigError, KBackendError
 from kbackend.io import atomic_write, atomic_write_json, check_output_folder, temp_folder
+from kbackend.model_sources import load_model
 from kbackend.runtime.child import ChildFailed, ChildTimeout, run_in_child
 from kbackend.serving.model import (
     BatchPredictor,
     input_shape,
-    load_model,
     model_fingerprint,
     takes_strings,
     validate_inputs,
@@ -68,7 +68,7 @@ def artifact_path(out_dir: Path, fmt: str) -> Path:
 def load_artifact(path: str | os.PathLike, fmt: str) -> Any:
     """A callable ``f(x: float32 array) -> predictions`` for an exported artifact."""
     if fmt == "keras":
-        model = load_model(path)
+        model = load_model(path, serving=True)
         if takes_strings(model):  # its string front on the host, as kbackend serves it
             return BatchPredictor(model)
         return lambda x: np.asarray(model.predict_on_batch(x))
@@ -193,7 +193,7 @@ def export_model(model_path: str | os.PathLike, fmt: str, out_dir: str | os.Path
         raise ConfigError(
             f"Invalid export format. Expected one of {list(FORMATS)}. Received: {fmt!r}.")
     check_output_folder(out_dir, "--out")  # before the model loads (the API too, not only the CLI)
-    model = load_model(model_path)
+    model = load_model(model_path, serving=True)
     x, reference = _reference(model, sample, rows, seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

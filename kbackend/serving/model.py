@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import threading
 from typing import Any
 
@@ -24,14 +23,10 @@ from kbackend.backend_choice import keras as import_keras
 from kbackend.data.user import text_array
 from kbackend.errors import DataError
 from kbackend.host_front import HostFront
-from kbackend.model_sources import (  # shared with training
-    ModelError,
-    check_model_file,
-    load_keras_file,
-)
+from kbackend.model_sources import ModelError, check_model_file, check_servable  # shared
 
 __all__ = ["BatchPredictor", "ModelError", "bucket_size", "check_model_file", "check_servable",
-           "input_shape", "load_model", "model_fingerprint", "output_shape", "takes_strings",
+           "input_shape", "model_fingerprint", "output_shape", "takes_strings",
            "validate_inputs"]
 
 
@@ -55,25 +50,6 @@ def model_fingerprint(model: Any) -> str:
         digest.update(len(meta).to_bytes(4, "little") + meta)
         digest.update(value.tobytes())
     return digest.hexdigest()
-
-
-def load_model(path: str | os.PathLike) -> Any:
-    """Load a ``.keras`` model for inference (without its optimizer), with a one-line error."""
-    model = load_keras_file(path, unsafe_flag=False)  # serving never runs a Lambda's code
-    check_servable(model, str(path))
-    return model
-
-
-def check_servable(model: Any, name: str = "model") -> None:
-    """Raise ``ModelError`` unless ``model`` has one input and one output tensor."""
-    if not hasattr(model, "inputs") or not hasattr(model, "outputs"):
-        raise ModelError(f"Invalid {name}: expected a Keras model. Received: "
-                         f"{type(model).__name__}.")
-    if len(model.inputs or []) != 1 or len(model.outputs or []) != 1:
-        raise ModelError(
-            f"Invalid {name}: expected a model with one input and one output, received "
-            f"{len(model.inputs or [])} inputs and {len(model.outputs or [])} outputs."
-        )
 
 
 def input_shape(model: Any) -> tuple[int | None, ...]:

@@ -19,6 +19,7 @@ search, with ``populations.Populations``), ``step_times.StepTimeModel`` (the tim
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable
@@ -42,6 +43,7 @@ from kbackend.study.auto_cells import auto_cell_runs, finish_auto_cells, run_aut
 from kbackend.study.config import LOCAL_EXECUTOR, StudyConfig
 from kbackend.study.noise_runs import NoiseMeasurement
 from kbackend.study.ray_executor import require_ray, run_on_ray
+from kbackend.study.runner_protocol import NotStored, stored_only
 from kbackend.study.search import RateSearch
 from kbackend.study.sequential import extend_seeds
 from kbackend.study.step_times import StepTimeModel
@@ -93,6 +95,7 @@ class StudyRunner:
         # A user model or dataset (``kbackend.workload``) and the task every run trains.
         self.workload: Workload | None = None
         self.task: Task = CLASSIFICATION
+        self._platform: str | None = None  # a stored view's: its Ray workers'
 
     # -- validation and planning (everything here runs before any training) ------------------
 
@@ -172,7 +175,14 @@ class StudyRunner:
 
     def platform(self) -> str:
         """The platform the cells train on (``"cpu"``, ``"gpu"``, ...): this process's."""
-        return impl().platform()
+        return self._platform or impl().platform()
+
+    def stored_view(self, platform: str) -> StudyRunner:
+        """This prepared runner (its store, data and plans shared) reading only the store:
+        ``stored_only`` trains and measures nothing (``NotStored``), for ``platform``'s cells."""
+        view = copy.copy(self)
+        view.run_executor, view._platform = stored_only, platform
+        return view
 
     @property
     def num_train(self) -> int:
@@ -431,6 +441,8 @@ class StudyRunner:
 
     def native_runs(self) -> Runs:
         """The native engine's runs of this study, on one model (built on first use)."""
+        if self.run_executor is stored_only:
+            raise NotStored
         if self._native_runs is None:
             start = time.perf_counter()
             self._native_runs = Runs(self.build_model(), self.dataset)
@@ -467,6 +479,8 @@ class StudyRunner:
         if stored is not None:
             self.on_event(f"skipped_{event}", record=stored)
             return stored["result"]
+        if self.run_executor is stored_only:
+            raise NotStored
         self.on_event(f"start_{event}", plan=plan)
         result = measure()
         store.put(key, kind, self.study_id, self.env["backend"], key_config, result)

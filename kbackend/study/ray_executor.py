@@ -5,11 +5,12 @@ stored becomes one task asking for ``cell_cpus`` CPUs and ``cell_gpus`` GPUs. Th
 driver's stored records of that cell (never the store), runs the cell with the same
 ``StudyRunner`` the local executor uses, and sends back the records it made. The driver alone
 writes them to the store, as each cell finishes, and then reads the cell back from the store
-exactly as a resumed local study would (``_StoredOnly``): the cells, the report and resumption
-are the local executor's. A task whose worker dies is retried by Ray (``CELL_RETRIES``); what
-the lost attempt made never reached the store, and a record already stored is never stored
-again (``ResultStore.put``). The step-time measurement and the noise scale run as one task each
-after the cells, on the same kind of worker.
+exactly as a resumed local study would (``StudyRunner.stored_view``, whose run executor trains
+nothing): the cells, the report and resumption are the local executor's. A task whose worker
+dies is retried by Ray (``CELL_RETRIES``); what the lost attempt made never reached the store,
+and a record already stored is never stored again (``ResultStore.put``). The step-time
+measurement and the noise scale run as one task each after the cells, on the same kind of
+worker.
 
 Workers get the driver's backend and kbackend settings (``worker_env``: ``KERAS_BACKEND``,
 ``KBACKEND_*``, JAX / XLA flags) through Ray's ``runtime_env``, since the backend is chosen
@@ -36,6 +37,7 @@ from kbackend.envinfo import environment_identity
 from kbackend.errors import ConfigError, InternalError, KBackendError
 from kbackend.study.auto_cells import run_auto_cell
 from kbackend.study.config import LOCAL_EXECUTOR, RAY_EXTRA, StudyConfig
+from kbackend.study.runner_protocol import NotStored
 from kbackend.study.store import config_key
 
 CELL_RETRIES = 3  # attempts after the first when a task's worker (or its node) is lost
@@ -204,45 +206,6 @@ def run_phase(runner_class: type, config: StudyConfig, phase: str, cell: tuple[s
 
 # -- the driver side ------------------------------------------------------------------------------
 
-class _NotStored(Exception):
-    """Raised where a stored-only runner would have to train or measure."""
-
-
-def _not_stored() -> Any:
-    raise _NotStored
-
-
-class _StoredOnly:
-    """Mixed into the driver's runner class (``stored_only``): everything read from the store,
-    nothing trained or measured; a cell (or a measurement) it completes is exactly what a
-    resumed local study would report."""
-
-    _platform: str
-
-    def platform(self) -> str:
-        return self._platform
-
-    def execute(self, plan: Any) -> Any:
-        raise _NotStored
-
-    def native_runs(self) -> Any:
-        raise _NotStored
-
-    def stored_or_measured(self, kind: str, event: str, key_config: dict[str, Any],
-                           plan: Any, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        return super().stored_or_measured(kind, event, key_config, plan, _not_stored)  # type: ignore[misc]
-
-
-def stored_only(runner: Any, platform: str) -> Any:
-    """A view of the prepared ``runner`` (its store, data and plans shared) that only reads
-    the store, with the workers' ``platform``."""
-    cls = type(f"StoredOnly{type(runner).__name__}", (_StoredOnly, type(runner)), {})
-    view: Any = object.__new__(cls)  # a bare instance: its state is copied from runner below
-    view.__dict__.update(runner.__dict__)
-    view._platform = platform
-    return view
-
-
 class RayStudy:
     """Runs a prepared ``StudyRunner``'s study on Ray; see the module docstring."""
 
@@ -258,7 +221,7 @@ class RayStudy:
         identity = ray.get(ray.remote(**self.resources)(worker_identity).remote())
         # Runs are keyed by the device that trains them: the workers', not this process's.
         runner.env = identity["env"]
-        self.stored = stored_only(runner, identity["platform"])
+        self.stored = runner.stored_view(identity["platform"])
         self.runner_class = type(runner)
 
     def attempt(self, action: Callable[[], Any],
@@ -276,7 +239,7 @@ class RayStudy:
         self.stored.on_event = buffer
         try:
             result = action()
-        except _NotStored:
+        except NotStored:
             return False, None
         for event, kwargs in events:
             self.runner.on_event(event, **kwargs)

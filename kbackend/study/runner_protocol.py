@@ -19,6 +19,17 @@ from kbackend.task import Task
 from kbackend.training import Target, TrainConfig
 
 
+class NotStored(Exception):
+    """Raised where a runner that only reads the store (``stored_only``) would have to train or
+    measure."""
+
+
+def stored_only(runner: Any, plan: RunPlan) -> History:
+    """The run executor of a runner that only reads the store (the Ray driver's view of the
+    cells its workers train): it trains nothing."""
+    raise NotStored
+
+
 class StudyRunnerLike(Protocol):
     """A prepared study runner: its configuration, data, store, clocks and run plumbing."""
 

@@ -39,7 +39,7 @@ from typing import Any, Protocol
 from kbackend.cache.sqlite_store import APPLICATION_ID as CACHE_APPLICATION_ID
 from kbackend.digests import json_digest
 from kbackend.errors import KBackendError
-from kbackend.sqlite import SQLITE_HEADER, immediate_transaction, retry_while_locked
+from kbackend.sqlite import SQLITE_HEADER, connect, immediate_transaction
 
 APPLICATION_ID = 0x6B62_7374  # "kbst": marks a file as a kbackend study store
 SCHEMA_VERSION = 1
@@ -141,7 +141,7 @@ def inspect_store(path: str | os.PathLike) -> str:
     # committed rows, so with one present the ordinary read-only mode reads them too.
     uri = path.resolve().as_uri() + ("?mode=ro" if has_wal else "?mode=ro&immutable=1")
     try:
-        conn = sqlite3.connect(uri, uri=True, timeout=_BUSY_TIMEOUT_S, isolation_level=None)
+        conn = connect(uri, _BUSY_TIMEOUT_S, uri=True)
     except sqlite3.Error as error:
         raise _refuse(path, f"cannot be opened ({error})") from None
     try:
@@ -251,29 +251,15 @@ class ResultStore:
                 f"Cannot create the folder of study store {str(self.path)!r}: {error.strerror}. "
                 "Expected a writable folder path: pass another --out folder.") from None
         inspect_store(self.path)  # before the first write: a refused file is never touched
-        try:
-            # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
-            self._connection = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S,
-                                               isolation_level=None)
+        try:  # FULL: a commit survives power loss
+            self._connection = connect(self.path, _BUSY_TIMEOUT_S, setup=self._initialize,
+                                       synchronous="FULL")
         except sqlite3.Error as error:
             raise StudyStoreError(f"Cannot open study store {str(self.path)!r}: {error}.") from None
-        try:
-            self._connection.execute(f"PRAGMA busy_timeout={int(_BUSY_TIMEOUT_S * 1000)}")
-            self._initialize()
-            # The busy handler does not cover a journal-mode switch: retry while it is locked.
-            retry_while_locked(
-                lambda: self._connection.execute("PRAGMA journal_mode=WAL").fetchone(),
-                _BUSY_TIMEOUT_S)
-            self._connection.execute("PRAGMA synchronous=FULL")  # a commit survives power loss
-        except sqlite3.Error as error:
-            self._connection.close()
-            raise StudyStoreError(f"Cannot open study store {str(self.path)!r}: {error}.") from None
-        except BaseException:
-            self._connection.close()
-            raise
 
-    def _initialize(self) -> None:
+    def _initialize(self, connection: sqlite3.Connection) -> None:
         """Create a new store or migrate an earlier one, all in one transaction."""
+        self._connection = connection
         with self._write() as cursor:
             # Checked again under the write lock: another process may have changed the file
             # since the read-only inspection.

@@ -152,6 +152,19 @@ def check_model_file(path: str | os.PathLike, *, max_members: int = MAX_MEMBERS,
     no ``config.json``; members that unpack to more than ``max_bytes`` bytes in all, or a
     ``config.json`` over ``max_config_bytes``.
     """
+    path, size = _check_archive_file(path)
+    infos = _archive_directory(path, size, max_members)
+    _check_members(path, infos, max_bytes, max_config_bytes)
+    return path
+
+
+def _not_zip(shown: str, size: int) -> ModelError:
+    return ModelError(f"Model file {shown} is not a .keras archive ({size} bytes, no zip "
+                      "directory): the file is truncated or not a Keras model.")
+
+
+def _check_archive_file(path: str | os.PathLike) -> tuple[Path, int]:
+    """The path and size of a non-empty zip file named ``.keras``, else a ``ModelError``."""
     with path_errors(path, "model path", ModelError):
         path = Path(path)
         exists = path.exists()
@@ -171,16 +184,21 @@ def check_model_file(path: str | os.PathLike, *, max_members: int = MAX_MEMBERS,
     if size == 0:
         raise ModelError(f"Model file {shown} is empty (0 bytes): expected a .keras archive "
                          "saved by kbackend train --save or keras.Model.save.")
-    not_zip = ModelError(f"Model file {shown} is not a .keras archive ({size} bytes, no zip "
-                         "directory): the file is truncated or not a Keras model.")
     if not is_zip:
-        raise not_zip
+        raise _not_zip(shown, size)
+    return path, size
+
+
+def _archive_directory(path: Path, size: int, max_members: int) -> list[zipfile.ZipInfo]:
+    """The archive's members, its central directory's size checked from the end record first
+    (a zip bomb's directory is never parsed)."""
+    shown = repr(str(path))
     refused = f"Model file {shown} is refused before loading:"
     try:
         with open(path, "rb") as file:
             members, directory_bytes = _directory_size(file, size)
     except (OSError, zipfile.BadZipFile, struct.error, ValueError):
-        raise not_zip from None
+        raise _not_zip(shown, size) from None
     if members > max_members:
         raise ModelError(f"{refused} its zip directory lists {members} members, expected at "
                          f"most {max_members} (a .keras archive holds config.json, "
@@ -192,10 +210,19 @@ def check_model_file(path: str | os.PathLike, *, max_members: int = MAX_MEMBERS,
         with zipfile.ZipFile(path) as archive:
             infos = archive.infolist()
     except (OSError, zipfile.BadZipFile, ValueError, EOFError):
-        raise not_zip from None
+        raise _not_zip(shown, size) from None
     if len(infos) > max_members:
         raise ModelError(f"{refused} it holds {len(infos)} members, expected at most "
                          f"{max_members}.")
+    return infos
+
+
+def _check_members(path: Path, infos: list[zipfile.ZipInfo], max_bytes: int,
+                   max_config_bytes: int) -> None:
+    """Only a ``.keras`` archive's members, each once, ``config.json`` among them, and their
+    unpacked sizes within the bounds."""
+    shown = repr(str(path))
+    refused = f"Model file {shown} is refused before loading:"
     names = [info.filename for info in infos]
     for info in infos:
         if not _expected_member(info.filename):
@@ -217,7 +244,6 @@ def check_model_file(path: str | os.PathLike, *, max_members: int = MAX_MEMBERS,
     if config_bytes > max_config_bytes:
         raise ModelError(f"{refused} its config.json is {config_bytes} bytes, expected at most "
                          f"{max_config_bytes}.")
-    return path
 
 
 def _read_config(path: Path) -> Any:

@@ -313,18 +313,7 @@ def compare_model(pool: WorkerPool, case: Case, reference: str | None = None,
     try:
         results = pool.call_each(args, "evaluate")
     except WorkerFailed as error:
-        if set(error.failed_backends) >= set(backends) and len(backends) > 1:
-            raise CaseError(
-                f"The case runs on no backend ({', '.join(backends)}), so the model, its inputs, "
-                f"targets and loss ({loss_words(loss)}) do not fit together: not a difference "
-                f"between backends. {error.backend}: {' '.join(error.error.split())[:400]}"
-            ) from None
-        divergence = divergence_for_error(error.error)
-        note = (f"known divergence {divergence.name!r}: {divergence.what}" if divergence
-                else "the model does not run on this backend")
-        report.rows.append(Row("forward", f"run on {error.backend}", math.inf, math.inf, False,
-                               f"{note} [{error.error}]",
-                               known=divergence.name if divergence else ""))
+        report.rows.append(_failure_row(error, backends, loss))
         return report
     inert = results[reference].get("inert") or []
     if inert:
@@ -342,6 +331,22 @@ def compare_model(pool: WorkerPool, case: Case, reference: str | None = None,
         report.rows.extend(_compare_saved(pool, case, weights, saved, results, output_names))
     _attribute_misrouted_adds(report, results)
     return report
+
+
+def _failure_row(error: WorkerFailed, backends: tuple[str, ...], loss: Any) -> Row:
+    """The row of a backend the case does not run on (a known divergence named where one
+    matches); a ``CaseError`` when it runs on none: then the case, not a backend, is wrong."""
+    if set(error.failed_backends) >= set(backends) and len(backends) > 1:
+        raise CaseError(
+            f"The case runs on no backend ({', '.join(backends)}), so the model, its inputs, "
+            f"targets and loss ({loss_words(loss)}) do not fit together: not a difference "
+            f"between backends. {error.backend}: {' '.join(error.error.split())[:400]}"
+        ) from None
+    divergence = divergence_for_error(error.error)
+    note = (f"known divergence {divergence.name!r}: {divergence.what}" if divergence
+            else "the model does not run on this backend")
+    return Row("forward", f"run on {error.backend}", math.inf, math.inf, False,
+               f"{note} [{error.error}]", known=divergence.name if divergence else "")
 
 
 def _attribute_misrouted_adds(report: Report, results: dict[str, Any]) -> None:

@@ -82,6 +82,58 @@ def _conv(draw: Any, spatial: list[int], filters: Any = None) -> tuple[dict[str,
     return spec, new_spatial
 
 
+def _input(draw: Any, family: str, data_format: str
+           ) -> tuple[dict[str, Any], list[dict[str, Any]], list[int], int]:
+    """The input of an architecture of ``family``: its spec, the layers it starts with (a
+    token family's embedding), its spatial sizes and channels."""
+    if family == "dense":
+        channels = draw(st.integers(1, 6))
+        return {"shape": [channels], "dtype": "float32"}, [], [], channels
+    if family == "tokens":
+        length, vocab = draw(st.integers(2, 6)), draw(st.integers(2, 10))
+        channels = draw(st.integers(1, 4))
+        return ({"shape": [length], "dtype": "int32", "vocab": vocab},
+                [{"type": "embedding", "input_dim": vocab, "output_dim": channels}],
+                [length], channels)
+    rank = 2 if family == "conv2d" else 1
+    spatial = [draw(st.integers(2, 7)) for _ in range(rank)]
+    channels = draw(st.integers(1, 3))
+    shape = [channels, *spatial] if data_format == "channels_first" else [*spatial, channels]
+    return {"shape": shape, "dtype": "float32"}, [], spatial, channels
+
+
+def _layer(draw: Any, kind: str, spatial: list[int],
+           channels: int) -> tuple[dict[str, Any], list[int], int]:
+    """One hidden layer of ``kind`` after an output of ``spatial`` sizes and ``channels``: its
+    spec and the spatial sizes and channels after it."""
+    if kind == "activation":
+        return {"type": "activation", "activation": draw(st.sampled_from(ACTIVATIONS))}, \
+            spatial, channels
+    if kind in ("batchnorm", "layernorm"):
+        return {"type": kind}, spatial, channels
+    if kind == "dropout":
+        return {"type": "dropout", "rate": draw(st.sampled_from([0.5, 0.1]))}, spatial, channels
+    if kind == "dense":
+        channels = draw(st.integers(1, 6))
+        return {"type": "dense", "units": channels,
+                "activation": draw(st.sampled_from([None, "relu", "tanh"]))}, spatial, channels
+    if kind == "conv":
+        spec, spatial = draw(_conv(spatial))
+        return spec, spatial, spec["filters"]
+    if kind in ("maxpool", "avgpool"):
+        return {"type": kind, "pool": 2}, [d // 2 for d in spatial], channels
+    if kind in ("gru", "lstm"):
+        channels = draw(st.integers(1, 4))
+        return {"type": kind, "units": channels, "return_sequences": True}, spatial, channels
+    # residual: a conv (or dense) body keeping the shape, maybe a normalization after it
+    body = ([draw(_conv(spatial, filters="same"))[0]] if spatial else
+            [{"type": "dense", "units": "same",
+              "activation": draw(st.sampled_from([None, "relu", "tanh"]))}])
+    if draw(st.booleans()):
+        body.append({"type": draw(st.sampled_from(["batchnorm", "layernorm"]))})
+    return {"type": "residual", "body": body}, spatial, channels
+
+
 @st.composite
 def architectures(draw: Any, families: tuple[str, ...] = FAMILIES,
                   data_format: str = "channels_last", max_layers: int = 4,
@@ -90,50 +142,11 @@ def architectures(draw: Any, families: tuple[str, ...] = FAMILIES,
     or ``output_activation`` after it). ``dropout=False`` leaves out Dropout layers (for
     comparisons of training runs, where two engines draw different masks)."""
     family = draw(st.sampled_from(families))
-    layers: list[dict[str, Any]] = []
-    if family == "dense":
-        spatial, channels = [], draw(st.integers(1, 6))
-        input_spec = {"shape": [channels], "dtype": "float32"}
-    elif family == "tokens":
-        length, vocab = draw(st.integers(2, 6)), draw(st.integers(2, 10))
-        spatial, channels = [length], draw(st.integers(1, 4))
-        input_spec = {"shape": [length], "dtype": "int32", "vocab": vocab}
-        layers.append({"type": "embedding", "input_dim": vocab, "output_dim": channels})
-    else:
-        rank = 2 if family == "conv2d" else 1
-        spatial = [draw(st.integers(2, 7)) for _ in range(rank)]
-        channels = draw(st.integers(1, 3))
-        shape = [channels, *spatial] if data_format == "channels_first" else [*spatial, channels]
-        input_spec = {"shape": shape, "dtype": "float32"}
+    input_spec, layers, spatial, channels = _input(draw, family, data_format)
     for _ in range(draw(st.integers(0, max_layers))):
         kind = draw(st.sampled_from(_spatial_options(family, spatial, data_format, dropout)))
-        if kind == "activation":
-            layers.append({"type": "activation", "activation": draw(st.sampled_from(ACTIVATIONS))})
-        elif kind in ("batchnorm", "layernorm"):
-            layers.append({"type": kind})
-        elif kind == "dropout":
-            layers.append({"type": "dropout", "rate": draw(st.sampled_from([0.5, 0.1]))})
-        elif kind == "dense":
-            channels = draw(st.integers(1, 6))
-            layers.append({"type": "dense", "units": channels,
-                           "activation": draw(st.sampled_from([None, "relu", "tanh"]))})
-        elif kind == "conv":
-            spec, spatial = draw(_conv(spatial))
-            channels = spec["filters"]
-            layers.append(spec)
-        elif kind in ("maxpool", "avgpool"):
-            layers.append({"type": kind, "pool": 2})
-            spatial = [d // 2 for d in spatial]
-        elif kind in ("gru", "lstm"):
-            channels = draw(st.integers(1, 4))
-            layers.append({"type": kind, "units": channels, "return_sequences": True})
-        elif kind == "residual":
-            body = ([draw(_conv(spatial, filters="same"))[0]] if spatial else
-                    [{"type": "dense", "units": "same",
-                      "activation": draw(st.sampled_from([None, "relu", "tanh"]))}])
-            if draw(st.booleans()):
-                body.append({"type": draw(st.sampled_from(["batchnorm", "layernorm"]))})
-            layers.append({"type": "residual", "body": body})
+        spec, spatial, channels = _layer(draw, kind, spatial, channels)
+        layers.append(spec)
     if spatial:
         heads = ["flatten", "gap"]
         if family in ("sequence", "tokens"):

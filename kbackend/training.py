@@ -20,8 +20,9 @@ from kbackend import data as data_module
 from kbackend import distributed
 from kbackend.backend_choice import keras as import_keras
 from kbackend.config import MONITORS, Target, TrainConfig
+from kbackend.engines import Engine, get_engine
 from kbackend.engines import adaptive as adaptive_engine
-from kbackend.engines import get_engine
+from kbackend.engines.plan import TrainPlan
 from kbackend.envinfo import environment
 from kbackend.errors import ConfigError, Diverged
 from kbackend.history import History
@@ -122,6 +123,43 @@ def train(
     ``Diverged`` is raised, or with ``config.on_divergence == "record"`` the result returned.
     ``tensorboard``: a folder for TensorBoard event files, the scalars of every evaluation.
     """
+    _check_request(config, dataset, save=save, history_path=history_path,
+                   tensorboard=tensorboard)
+    engine = get_engine(distributed.engine_name(config))
+    distributed.prepare(config)  # virtual devices, multi-process start-up, device checks
+    run = _prepare(engine, config, dataset=dataset, model=model, workload=workload)
+    history = _train_and_test(engine, run, reporter, tensorboard)
+    diverged = (history.record.diverged
+                or non_finite_result(run.model, history, check_weights=save is not None))
+    if diverged:
+        history.record.diverged = diverged
+    # Only process 0 writes; the small history first, so a full disk loses the least.
+    if history_path is not None and distributed.is_chief():
+        history.save(history_path)
+    model = unwrap(run.model)  # the user's own model (named inputs: without kbackend's front)
+    if save is not None and distributed.is_chief() and not diverged:
+        save_model(model, save)
+    if diverged and run.config.on_divergence == "raise":
+        raise _diverged_error(diverged, run.config, history_path)
+    return TrainResult(model, history, run.dataset, run.config)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What a run trains, settled before training starts: the configuration (a workload's task,
+    ``--batch-size auto``'s checks applied), the dataset, the model and the engine's plan."""
+
+    config: TrainConfig
+    dataset: data_module.Dataset
+    model: Any
+    plan: TrainPlan
+
+
+def _check_request(config: TrainConfig, dataset: data_module.Dataset | None, *,
+                   save: str | os.PathLike | None, history_path: str | os.PathLike | None,
+                   tensorboard: str | os.PathLike | None) -> None:
+    """The checks of ``train``'s own arguments: the config's type, the output paths, and a
+    dataset built in Python (which skipped ``load()``'s checks)."""
     if not isinstance(config, TrainConfig):
         raise ConfigError(f"Invalid config: expected a kbackend.training.TrainConfig. Received: "
                           f"{type(config).__name__}.")
@@ -134,8 +172,13 @@ def train(
                                           "--save": save, "--history": history_path})
     if dataset is not None:  # one built in Python skipped load()'s checks
         data_module.validate_dataset(dataset)
-    engine = get_engine(distributed.engine_name(config))
-    distributed.prepare(config)  # virtual devices, multi-process start-up, device checks
+
+
+def _prepare(engine: Engine, config: TrainConfig, *, dataset: data_module.Dataset | None,
+             model: Any, workload: Workload | None) -> _Run:
+    """The run's dataset, plan and model, each checked before the next (the model's training
+    state against memory before it is built): a workload's (prepared here for a model or
+    dataset that is not built in), else those passed, else the built-in ones."""
     if workload is None and model is None and dataset is None and not is_builtin(config):
         with precision_scope(config.precision):
             workload = workload_of(config)
@@ -146,15 +189,22 @@ def train(
             with precision_scope(config.precision):
                 model = workload.build(config.seed)
     dataset = dataset if dataset is not None else load_dataset(config)
-    n_train = len(dataset.x_train)
     devices = distributed.device_count(config) if distributed.is_parallel(config) else 1
     config = adaptive_engine.for_devices(config, devices)  # --batch-size auto's checks
     # Every number from the batch size to the step, once, after the checks (``Engine.plan``).
-    plan = engine.plan(config, n_train, devices)
+    plan = engine.plan(config, len(dataset.x_train), devices)
     if model is None:  # its training state must fit in memory: checked before it is built
         check_model_fits(config.model, dataset.info, config.model_options)
         with precision_scope(config.precision):
             model = build_model(config.model, dataset.info, config.model_options)
+    return _Run(config, dataset, model, plan)
+
+
+def _train_and_test(engine: Engine, run: _Run, reporter: Any,
+                    tensorboard: str | os.PathLike | None) -> History:
+    """Train ``run`` with ``engine`` (or the adaptive batch's loop), timed, then evaluate on the
+    test split; the history holds the run's configuration and environment."""
+    config, plan, model, dataset = run.config, run.plan, run.model, run.dataset
     start = time.perf_counter()
     with scalar_writer(tensorboard if distributed.is_chief() else None, plan.optimizer,
                        plan.batch_size, config.adaptive_batch is not None, reporter) as reporter:
@@ -167,26 +217,20 @@ def train(
     history.config = {**config.to_dict(), "optimizer": plan.optimizer.to_dict(),
                       "dataset_info": dataset.info.to_dict(), "params": int(model.count_params())}
     history.env = environment()
-    diverged = (history.record.diverged
-                or non_finite_result(model, history, check_weights=save is not None))
-    if diverged:
-        history.record.diverged = diverged
-    # Only process 0 writes; the small history first, so a full disk loses the least.
-    if history_path is not None and distributed.is_chief():
-        history.save(history_path)
-    model = unwrap(model)  # the user's own model (named inputs: without kbackend's front)
-    if save is not None and distributed.is_chief() and not diverged:
-        save_model(model, save)
-    if diverged and config.on_divergence == "raise":
-        written = f"; the history was written to {history_path}" if history_path is not None else ""
-        seen_in = diverged.get("seen_in", "train_loss")
-        what = _DIVERGENCE_SIGNS[seen_in].format(loss=diverged["loss"])
-        raise Diverged(
-            f"Training diverged at step {diverged['step']}: {what}. "
-            f"Expected finite losses; lower the learning rate (received lr="
-            f"{config.optimizer.learning_rate:g}) or add warmup. No model was saved{written}.",
-            step=int(diverged["step"]))
-    return TrainResult(model, history, dataset, config)
+    return history
+
+
+def _diverged_error(diverged: dict[str, Any], config: TrainConfig,
+                    history_path: str | os.PathLike | None) -> Diverged:
+    """The error that reports ``diverged`` (``history.record.diverged``) to the user."""
+    written = f"; the history was written to {history_path}" if history_path is not None else ""
+    seen_in = diverged.get("seen_in", "train_loss")
+    what = _DIVERGENCE_SIGNS[seen_in].format(loss=diverged["loss"])
+    return Diverged(
+        f"Training diverged at step {diverged['step']}: {what}. "
+        f"Expected finite losses; lower the learning rate (received lr="
+        f"{config.optimizer.learning_rate:g}) or add warmup. No model was saved{written}.",
+        step=int(diverged["step"]))
 
 
 def non_finite_result(model: Any, history: History, *,

@@ -31,7 +31,7 @@ import numpy as np
 from kbackend.backend_choice import keras as import_keras
 from kbackend.backends import impl
 from kbackend.bench.spec import Benchmark, Rows, Settings
-from kbackend.cache import PredictionCache, Rounding, open_store
+from kbackend.cache import CacheStore, PredictionCache, Rounding, open_store
 from kbackend.data import load
 from kbackend.model_sources import load_model
 from kbackend.models import ModelOptions, build_model
@@ -88,32 +88,12 @@ def measure_cache(settings: Settings) -> Rows:
             repeats = (settings.rounds(quick=5, full=30) if batch == 1
                        else settings.rounds(quick=3, full=10))
             x = data.x_train[rng.integers(0, len(data.x_train), batch)]
-            methods: dict[str, Callable[[], Any]] = {
-                "model.predict": functools.partial(model.predict, x, verbose=0,
-                                                   batch_size=len(x)),
-                "predict_on_batch (bucketed)": functools.partial(predictor, x),
-            }
-            stores = [("sqlite", open_store(str(folder / f"hits{batch}.db")))]
-            if redis_url:
-                redis_store = open_store(redis_url)
-                redis_store.clear()
-                stores.append(("redis", redis_store))
-            for name, store in stores:
-                cache = PredictionCache(model, store, predictor=predictor)
-                cache.predict(x)  # every later lookup of x is a hit
-                methods[f"cache hit ({name})"] = functools.partial(cache.predict, x)
-            miss_cache = PredictionCache(model, open_store(str(folder / f"miss{batch}.db")),
-                                         predictor=predictor)
-            # a new offset each call: every row is new
-            methods["cache miss (sqlite)"] = functools.partial(
-                _predict_shifted, miss_cache, x, iter(range(1, 10_000)))
+            methods, stores = _lookup_methods(model, predictor, x, folder, redis_url)
             for method, seconds in _timed(methods, repeats).items():
                 latency.append({"method": method, "batch": batch, "repeats": repeats,
                                 "median_ms": seconds * 1e3, "rows_per_s": batch / seconds})
-            for _, store in stores:
+            for store in stores:
                 store.close()
-            miss_cache.store.close()
-
         stream_len = 500 if settings.quick else 4000
         indices = rng.zipf(1.3, stream_len) % len(data.x_test)  # a few rows are very popular
         hit_rates = []
@@ -122,25 +102,56 @@ def measure_cache(settings: Settings) -> Rows:
             if noise:
                 stream = stream + rng.normal(0, noise, stream.shape)
             stream = np.clip(stream, 0, 1).astype(np.float32)
-            exact = predictor(stream)
-            cache = PredictionCache(model, open_store(str(folder / f"dec{decimals}_{noise}.db")),
-                                    Rounding.parse(decimals), predictor=predictor)
-            answers = np.concatenate([cache.predict(stream[i:i + 32])
-                                      for i in range(0, stream_len, 32)])
-            stats = cache.stats()
-            hit_rates.append({
-                "noise_sigma": noise, "decimals": decimals, "requests": stream_len,
-                "hit_rate": stats.hit_rate,
-                "distinct_keys": stats.stored,
-                "class_agreement": float(np.mean(answers.argmax(1) == exact.argmax(1))),
-                "max_abs_prob_diff": float(np.max(np.abs(answers - exact))),
-            })
-            cache.store.close()
+            store = open_store(str(folder / f"dec{decimals}_{noise}.db"))
+            hit_rates.append({"noise_sigma": noise, "decimals": decimals,
+                              **_hit_rate(model, predictor, store, decimals, stream)})
         return latency, {"test_accuracy": accuracy, "redis": bool(redis_url),
                          "hit_rate_vs_decimals": hit_rates,
                          "distinct_requested_rows": len(np.unique(indices))}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _lookup_methods(model: Any, predictor: BatchPredictor, x: np.ndarray, folder: Path,
+                    redis_url: str | None) -> tuple[dict[str, Callable[[], Any]], list[CacheStore]]:
+    """The ways to answer ``x`` that the latency rows time (direct predicts, cache lookups that
+    all hit, SQLite and Redis when ``redis_url``, and lookups that all miss), and the stores they
+    opened in ``folder`` (the caller closes them after timing)."""
+    batch = len(x)
+    methods: dict[str, Callable[[], Any]] = {
+        "model.predict": functools.partial(model.predict, x, verbose=0, batch_size=len(x)),
+        "predict_on_batch (bucketed)": functools.partial(predictor, x),
+    }
+    stores = [("sqlite", open_store(str(folder / f"hits{batch}.db")))]
+    if redis_url:
+        redis_store = open_store(redis_url)
+        redis_store.clear()
+        stores.append(("redis", redis_store))
+    for name, store in stores:
+        cache = PredictionCache(model, store, predictor=predictor)
+        cache.predict(x)  # every later lookup of x is a hit
+        methods[f"cache hit ({name})"] = functools.partial(cache.predict, x)
+    miss_cache = PredictionCache(model, open_store(str(folder / f"miss{batch}.db")),
+                                 predictor=predictor)
+    # a new offset each call: every row is new
+    methods["cache miss (sqlite)"] = functools.partial(
+        _predict_shifted, miss_cache, x, iter(range(1, 10_000)))
+    return methods, [store for _, store in stores] + [miss_cache.store]
+
+
+def _hit_rate(model: Any, predictor: BatchPredictor, store: CacheStore, decimals: str,
+              stream: np.ndarray) -> dict[str, Any]:
+    """``stream`` asked of a cache in ``store`` rounding to ``decimals``, in batches of 32: its
+    hit rate and keys, and how its answers compare with the exact model's (closes ``store``)."""
+    exact = predictor(stream)
+    cache = PredictionCache(model, store, Rounding.parse(decimals), predictor=predictor)
+    answers = np.concatenate([cache.predict(stream[i:i + 32])
+                              for i in range(0, len(stream), 32)])
+    stats = cache.stats()
+    store.close()
+    return {"requests": len(stream), "hit_rate": stats.hit_rate, "distinct_keys": stats.stored,
+            "class_agreement": float(np.mean(answers.argmax(1) == exact.argmax(1))),
+            "max_abs_prob_diff": float(np.max(np.abs(answers - exact)))}
 
 
 @contextlib.contextmanager

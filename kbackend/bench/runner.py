@@ -99,49 +99,70 @@ def run(bench: Benchmark, argv: Sequence[str] | None = None, *, in_process: bool
     worker. Figures measured that way share the process with whatever ran before them.
     """
     args = parser(bench).parse_args(argv)
-    if args.repeats is not None and args.repeats < 1:
-        print(f"{bench.name}: error: Invalid --repeats {args.repeats}: expected an integer >= 1.",
-              file=sys.stderr)
-        return 2
-    try:
-        backends = [validate_backend(b) for b in args.backends.split(",") if b.strip()]
-        # a bad --out fails now, not after the run
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-    except (KBackendError, OSError) as error:
-        print(f"{bench.name}: error: {error}", file=sys.stderr)
+    backends = _checked_backends(bench, args)
+    if backends is None:
         return 2
     settings = Settings(quick=args.quick, repeats=args.repeats,
                         options={o.dest: getattr(args, o.dest) for o in bench.options},
                         out=args.out)
-    results: dict[str, dict[str, Any]] = {}
     resources = bench.resources(settings) if bench.resources else contextlib.nullcontext({})
     with resources as extra:
         settings = replace(settings, options={**settings.options, **extra})
-        for spec in bench.workers(settings, backends):
-            print(f"{bench.name}: running {spec.label} ({'quick' if args.quick else 'full'}) ...",
-                  file=sys.stderr, flush=True)
-            kwargs: dict[str, Any] = {
-                "measure": _target(bench),
-                "settings": asdict(replace(settings, devices=spec.virtual_devices))}
-            try:
-                if in_process and _in_this_process(spec):
-                    results[spec.label] = run_worker(**kwargs)
-                else:
-                    results[spec.label] = run_in_child("kbackend.bench.runner:run_worker",
-                                                       spec.backend, kwargs, echo=True,
-                                                       virtual_devices=spec.virtual_devices)
-                print(f"{bench.name}: {spec.label} done in {results[spec.label]['wall_s']:.1f}s",
-                      file=sys.stderr, flush=True)
-            except ChildFailed as error:
-                results[spec.label] = {"backend": spec.backend, "rows": [], "summary": {},
-                                       "error": str(error)}
-                print(f"{bench.name}: {spec.label} FAILED: {error}", file=sys.stderr, flush=True)
+        results = {spec.label: _run_one(bench, spec, settings, in_process)
+                   for spec in bench.workers(settings, backends)}
+    _write_payload(bench, settings, results, args.out)
+    return 1 if any("error" in r for r in results.values()) else 0
+
+
+def _checked_backends(bench: Benchmark, args: argparse.Namespace) -> list[str] | None:
+    """The backends of ``--backends``, after checking every option before any worker starts
+    (a bad ``--out`` fails now, not after the run); None, the error printed, if one is bad."""
+    if args.repeats is not None and args.repeats < 1:
+        print(f"{bench.name}: error: Invalid --repeats {args.repeats}: expected an integer >= 1.",
+              file=sys.stderr)
+        return None
+    try:
+        backends = [validate_backend(b) for b in args.backends.split(",") if b.strip()]
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+    except (KBackendError, OSError) as error:
+        print(f"{bench.name}: error: {error}", file=sys.stderr)
+        return None
+    return backends
+
+
+def _run_one(bench: Benchmark, spec: WorkerSpec, settings: Settings,
+             in_process: bool) -> dict[str, Any]:
+    """One worker's result: in this process where ``in_process`` allows, else in a child; a
+    worker that fails gives its error and no rows (the other workers still run)."""
+    print(f"{bench.name}: running {spec.label} ({'quick' if settings.quick else 'full'}) ...",
+          file=sys.stderr, flush=True)
+    kwargs: dict[str, Any] = {
+        "measure": _target(bench),
+        "settings": asdict(replace(settings, devices=spec.virtual_devices))}
+    try:
+        if in_process and _in_this_process(spec):
+            result = run_worker(**kwargs)
+        else:
+            result = run_in_child("kbackend.bench.runner:run_worker", spec.backend, kwargs,
+                                  echo=True, virtual_devices=spec.virtual_devices)
+        print(f"{bench.name}: {spec.label} done in {result['wall_s']:.1f}s",
+              file=sys.stderr, flush=True)
+    except ChildFailed as error:
+        result = {"backend": spec.backend, "rows": [], "summary": {}, "error": str(error)}
+        print(f"{bench.name}: {spec.label} FAILED: {error}", file=sys.stderr, flush=True)
+    return result
+
+
+def _write_payload(bench: Benchmark, settings: Settings, results: dict[str, dict[str, Any]],
+                   out: str) -> None:
+    """Write the workers' ``results`` under ``out`` as JSON and a markdown table, and print
+    the table."""
     rows = [row for result in results.values() for row in result["rows"]]
     if bench.derive is not None:
         bench.derive(rows)
     payload = {
-        "benchmark": bench.name, "description": bench.description, "quick": args.quick,
-        "settings": {"repeats": args.repeats, "options": settings.options},
+        "benchmark": bench.name, "description": bench.description, "quick": settings.quick,
+        "settings": {"repeats": settings.repeats, "options": settings.options},
         "keys": list(bench.keys), "values": list(bench.values), "rows": rows,
         "summaries": [{"backend": label, **result["summary"]} for label, result in results.items()],
         "backends": {label: {k: v for k, v in r.items() if k != "rows"}
@@ -149,11 +170,10 @@ def run(bench: Benchmark, argv: Sequence[str] | None = None, *, in_process: bool
         "note": bench.note,
     }
     table = bench.table(payload) if bench.table else default_table(bench, payload)
-    json_path, md_path = write_report(args.out, bench.name, payload,
+    json_path, md_path = write_report(out, bench.name, payload,
                                       f"{bench.description}\n\n{table}")
     print(table)
     print(f"wrote {json_path} and {md_path}", file=sys.stderr)
-    return 1 if any("error" in r for r in results.values()) else 0
 
 
 def main(name: str, argv: Sequence[str] | None = None) -> int:

@@ -21,97 +21,108 @@ from kbackend.history import History
 from kbackend.task import MultiOutputTask, metric_direction
 
 
+class _FitRecording:
+    """Records per-step train losses and training time with evaluation time excluded: the
+    behaviour of ``fit``'s recording callback, mixed into ``keras.callbacks.Callback`` by
+    ``_recorder_class`` (which supplies ``model``).
+
+    Keras reports the running mean of the loss over the epoch, weighted by batch size; the
+    loss of each executed interval is recovered exactly from consecutive running means.
+    With ``steps_per_execution`` > 1 callbacks fire once per execution, so each recorded
+    point is the mean loss of that execution's steps.
+    """
+
+    model: Any  # Keras's Callback.model: the model fit is training
+
+    def __init__(self, history: History, batch_sizes: list[int], steps_per_epoch: int,
+                 steps_per_execution: int, reporter: Any, epochs: int,
+                 max_steps: int = 0, target: Any = None) -> None:
+        super().__init__()
+        self.history = history
+        self.batch_sizes = batch_sizes
+        self.steps_per_epoch = steps_per_epoch
+        self.steps_per_execution = steps_per_execution
+        self.reporter = reporter
+        self.epochs = epochs
+        self.eval_time = 0.0
+        self.epoch = 0
+        self.max_steps = max_steps
+        self.target = target
+
+    def _train_time(self) -> float:
+        return time.perf_counter() - self.start - self.eval_time
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        self.start = time.perf_counter()
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self.epoch = epoch
+        self.seen_samples = 0
+        self.seen_loss_sum = 0.0
+        self.last_batch = -1
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        running_mean = float(logs["loss"])
+        elapsed = self._train_time()
+        first, last = self.last_batch + 1, batch
+        interval_samples = sum(self.batch_sizes[first:last + 1])
+        total = self.seen_samples + interval_samples
+        interval_loss = (running_mean * total - self.seen_loss_sum) / interval_samples
+        self.seen_samples, self.seen_loss_sum = total, running_mean * total
+        self.last_batch = batch
+        step = self.epoch * self.steps_per_epoch + batch + 1
+        self.history.record_steps([step], [interval_loss], [elapsed])
+        if not math.isfinite(running_mean):
+            # With steps_per_execution > 1 this is the execution's last step: Keras reports
+            # no finer loss.
+            self.history.record.diverged = {"step": step, "loss": str(interval_loss),
+                                            "seen_in": "train_loss"}
+            self.model.stop_training = True
+        if self.max_steps and step >= self.max_steps:
+            self.model.stop_training = True
+
+    def on_test_begin(self, logs: Any = None) -> None:
+        self.test_start = time.perf_counter()
+
+    def on_test_end(self, logs: Any = None) -> None:
+        self.eval_time += time.perf_counter() - self.test_start
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if self.history.record.diverged is not None:
+            return  # Keras validated the diverged weights anyway; nothing to record
+        logs = logs or {}
+        # The last step run, not the epoch boundary: max_steps can stop an epoch early.
+        record = {"step": self.history.steps_run, "epoch": epoch + 1,
+                  "train_time": self._train_time()}
+        for key, value in logs.items():  # loss, the compiled metric, their val_ twins
+            if key.startswith("val_"):
+                record[key] = float(value)
+            elif key != "learning_rate":
+                record["train_" + key] = float(value)
+        self.history.record_eval(**record)
+        if self.target is not None and self.target.reached_in(self.history.evals) and \
+                self.history.record.target_reached is None:
+            self.history.record.target_reached = {
+                "step": record["step"], "epoch": epoch + 1,
+                "train_time": record["train_time"]}
+            self.model.stop_training = True
+        if self.reporter is not None:
+            self.reporter.epoch_end(epoch + 1, self.epochs, record)
+
+    def on_train_end(self, logs: Any = None) -> None:
+        self.history.timing["train_time"] = self._train_time()
+        self.history.timing["eval_time"] = self.eval_time
+
+
 def _recorder_class() -> Any:
-    # Any: mypy cannot see the classes of a module imported at run time (the bases below)
+    """``_FitRecording`` as a Keras callback class. Built when a run asks for it, not at import:
+    its base comes from Keras, and importing this module must not import Keras (that picks the
+    backend and costs seconds of start-up)."""
+    # Any: mypy cannot see the classes of a module imported at run time (the base below)
     keras: Any = import_keras()
 
-    class Recorder(keras.callbacks.Callback):
-        """Records per-step train losses and training time with evaluation time excluded.
-
-        Keras reports the running mean of the loss over the epoch, weighted by batch size; the
-        loss of each executed interval is recovered exactly from consecutive running means.
-        With ``steps_per_execution`` > 1 callbacks fire once per execution, so each recorded
-        point is the mean loss of that execution's steps.
-        """
-
-        def __init__(self, history: History, batch_sizes: list[int], steps_per_epoch: int,
-                     steps_per_execution: int, reporter: Any, epochs: int,
-                     max_steps: int = 0, target: Any = None) -> None:
-            super().__init__()
-            self.history = history
-            self.batch_sizes = batch_sizes
-            self.steps_per_epoch = steps_per_epoch
-            self.steps_per_execution = steps_per_execution
-            self.reporter = reporter
-            self.epochs = epochs
-            self.eval_time = 0.0
-            self.epoch = 0
-            self.max_steps = max_steps
-            self.target = target
-
-        def _train_time(self) -> float:
-            return time.perf_counter() - self.start - self.eval_time
-
-        def on_train_begin(self, logs=None):
-            self.start = time.perf_counter()
-
-        def on_epoch_begin(self, epoch, logs=None):
-            self.epoch = epoch
-            self.seen_samples = 0
-            self.seen_loss_sum = 0.0
-            self.last_batch = -1
-
-        def on_train_batch_end(self, batch, logs=None):
-            running_mean = float(logs["loss"])
-            elapsed = self._train_time()
-            first, last = self.last_batch + 1, batch
-            interval_samples = sum(self.batch_sizes[first:last + 1])
-            total = self.seen_samples + interval_samples
-            interval_loss = (running_mean * total - self.seen_loss_sum) / interval_samples
-            self.seen_samples, self.seen_loss_sum = total, running_mean * total
-            self.last_batch = batch
-            step = self.epoch * self.steps_per_epoch + batch + 1
-            self.history.record_steps([step], [interval_loss], [elapsed])
-            if not math.isfinite(running_mean):
-                # With steps_per_execution > 1 this is the execution's last step: Keras reports
-                # no finer loss.
-                self.history.record.diverged = {"step": step, "loss": str(interval_loss),
-                                                "seen_in": "train_loss"}
-                self.model.stop_training = True
-            if self.max_steps and step >= self.max_steps:
-                self.model.stop_training = True
-
-        def on_test_begin(self, logs=None):
-            self.test_start = time.perf_counter()
-
-        def on_test_end(self, logs=None):
-            self.eval_time += time.perf_counter() - self.test_start
-
-        def on_epoch_end(self, epoch, logs=None):
-            if self.history.record.diverged is not None:
-                return  # Keras validated the diverged weights anyway; nothing to record
-            logs = logs or {}
-            # The last step run, not the epoch boundary: max_steps can stop an epoch early.
-            record = {"step": self.history.steps_run, "epoch": epoch + 1,
-                      "train_time": self._train_time()}
-            for key, value in logs.items():  # loss, the compiled metric, their val_ twins
-                if key.startswith("val_"):
-                    record[key] = float(value)
-                elif key != "learning_rate":
-                    record["train_" + key] = float(value)
-            self.history.record_eval(**record)
-            if self.target is not None and self.target.reached_in(self.history.evals) and \
-                    self.history.record.target_reached is None:
-                self.history.record.target_reached = {
-                    "step": record["step"], "epoch": epoch + 1,
-                    "train_time": record["train_time"]}
-                self.model.stop_training = True
-            if self.reporter is not None:
-                self.reporter.epoch_end(epoch + 1, self.epochs, record)
-
-        def on_train_end(self, logs=None):
-            self.history.timing["train_time"] = self._train_time()
-            self.history.timing["eval_time"] = self.eval_time
+    class Recorder(_FitRecording, keras.callbacks.Callback):
+        """``fit``'s recording callback (``_FitRecording``)."""
 
     return Recorder
 

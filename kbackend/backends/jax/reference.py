@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from kbackend.data.batching import call_lengths
-from kbackend.errors import InternalError
+from kbackend.backends.reference_parts import (
+    BN_EPSILON,
+    BN_MOMENTUM,
+    ReferenceLoop,
+    conv1d_arrays,
+    epoch_spans,
+)
 
 
 def reference_train_loop(params: Sequence[tuple[np.ndarray, np.ndarray]], x: np.ndarray,
@@ -48,24 +53,6 @@ def reference_train_loop(params: Sequence[tuple[np.ndarray, np.ndarray]], x: np.
     return run
 
 
-# Keras's BatchNormalization defaults, which the Conv1D reference matches.
-BN_MOMENTUM = 0.99
-BN_EPSILON = 1e-3
-
-
-class ReferenceLoop:
-    """A hand-written loop's epoch as a call: ``loop()`` trains one epoch and returns its
-    per-step losses (host copies: the epoch has finished); ``loop.weights()`` returns the
-    current values in the order the loop was given them."""
-
-    def __init__(self, run_epoch: Callable[[], np.ndarray],
-                 weights: Callable[[], list[np.ndarray]]) -> None:
-        self._run_epoch, self.weights = run_epoch, weights
-
-    def __call__(self) -> np.ndarray:
-        return self._run_epoch()
-
-
 def reference_conv1d_loop(params: Sequence[np.ndarray], x: np.ndarray, y: np.ndarray,
                           learning_rate: float, *, steps_per_call: int = 0,
                           unroll: bool = False) -> ReferenceLoop:
@@ -90,41 +77,66 @@ def reference_conv1d_loop(params: Sequence[np.ndarray], x: np.ndarray, y: np.nda
     for conv models on a CPU, ``capabilities.unrolls_its_loop``).
     """
     import jax  # deferred: importing JAX is heavy
-    import jax.numpy as jnp
     import optax  # deferred with JAX
 
-
-    arrays = [np.asarray(p, np.float32) for p in params]
-    blocks = (len(arrays) - 2) // 5
-    if len(arrays) != 5 * blocks + 2 or blocks < 1:
-        raise InternalError(f"Expected (kernel, gamma, beta, moving mean, moving variance) per "
-                         f"block and a dense kernel and bias. Received {len(arrays)} arrays.")
+    arrays, blocks = conv1d_arrays(params)
     trainable = [tuple(arrays[5 * b:5 * b + 3]) for b in range(blocks)] + [tuple(arrays[-2:])]
     stats = [tuple(arrays[5 * b + 3:5 * b + 5]) for b in range(blocks)]
     transform = optax.sgd(learning_rate)
+    call = _conv1d_call(transform, unroll)
+    chunks = [(jax.device_put(x[a:b]), jax.device_put(y[a:b].astype(np.int32)))
+              for a, b in epoch_spans(len(x), steps_per_call)]
+    device_trainable = jax.device_put(trainable)
+    state = {"carry": (device_trainable, jax.device_put(stats),
+                       transform.init(device_trainable))}
 
-    def loss_fn(trainable, stats, xb, yb):
-        h, new_stats = xb, []
-        for (kernel, gamma, beta), (moving_mean, moving_var) in zip(trainable[:-1], stats,
-                                                                    strict=True):
-            h = jax.lax.conv_general_dilated(h, kernel, window_strides=(1,), padding="SAME",
-                                             dimension_numbers=("NWC", "WIO", "NWC"))
-            mean, var = jnp.mean(h, axis=(0, 1)), jnp.var(h, axis=(0, 1))
-            inv = jax.lax.rsqrt(var + BN_EPSILON) * gamma
-            h = h * inv + (beta - mean * inv)
-            h = jax.nn.relu(h)
-            h = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 2, 1), (1, 2, 1), "VALID")
-            new_stats.append((moving_mean * BN_MOMENTUM + mean * (1.0 - BN_MOMENTUM),
-                              moving_var * BN_MOMENTUM + var * (1.0 - BN_MOMENTUM)))
-        dense_kernel, dense_bias = trainable[-1]
-        logits = jnp.mean(h, axis=1) @ dense_kernel + dense_bias
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, yb).mean()
-        return loss, new_stats
+    def run_epoch() -> np.ndarray:
+        losses = []
+        for xs, ys in chunks:
+            state["carry"], chunk_losses = call(state["carry"], xs, ys)
+            losses.append(chunk_losses)
+        return np.concatenate([np.asarray(jax.block_until_ready(part)) for part in losses])
+
+    return ReferenceLoop(run_epoch, lambda: _keras_order(state["carry"]))
+
+
+def _conv1d_loss(trainable: Any, stats: Any, xb: Any, yb: Any) -> tuple[Any, list[Any]]:
+    """The classifier's mean loss on one batch in training mode (batch statistics), and each
+    block's moving mean and variance updated with that batch's statistics."""
+    import jax  # deferred: importing JAX is heavy
+    import jax.numpy as jnp
+    import optax  # deferred with JAX
+
+    h, new_stats = xb, []
+    for (kernel, gamma, beta), (moving_mean, moving_var) in zip(trainable[:-1], stats,
+                                                                strict=True):
+        h = jax.lax.conv_general_dilated(h, kernel, window_strides=(1,), padding="SAME",
+                                         dimension_numbers=("NWC", "WIO", "NWC"))
+        mean, var = jnp.mean(h, axis=(0, 1)), jnp.var(h, axis=(0, 1))
+        inv = jax.lax.rsqrt(var + BN_EPSILON) * gamma
+        h = h * inv + (beta - mean * inv)
+        h = jax.nn.relu(h)
+        h = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 2, 1), (1, 2, 1), "VALID")
+        new_stats.append((moving_mean * BN_MOMENTUM + mean * (1.0 - BN_MOMENTUM),
+                          moving_var * BN_MOMENTUM + var * (1.0 - BN_MOMENTUM)))
+    dense_kernel, dense_bias = trainable[-1]
+    logits = jnp.mean(h, axis=1) @ dense_kernel + dense_bias
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, yb).mean()
+    return loss, new_stats
+
+
+def _conv1d_call(transform: Any, unroll: bool) -> Callable[..., Any]:
+    """One compiled call of the epoch: ``call(carry, xs, ys) -> (carry, losses)`` runs
+    ``len(xs)`` SGD steps (``transform``) from ``carry`` (trainable values, moving statistics,
+    optimizer state; donated), in a ``lax.scan`` or, with ``unroll``, written out."""
+    import jax  # deferred: importing JAX is heavy
+    import jax.numpy as jnp
+    import optax  # deferred with JAX
 
     def step(carry, batch):
         trainable, stats, opt_state = carry
-        (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable, stats,
-                                                                         *batch)
+        (loss, stats), grads = jax.value_and_grad(_conv1d_loss, has_aux=True)(trainable, stats,
+                                                                              *batch)
         updates, opt_state = transform.update(grads, opt_state, trainable)
         return (optax.apply_updates(trainable, updates), stats, opt_state), loss
 
@@ -137,28 +149,15 @@ def reference_conv1d_loop(params: Sequence[np.ndarray], x: np.ndarray, y: np.nda
             losses.append(loss)
         return carry, jnp.stack(losses)
 
-    call = jax.jit(steps, donate_argnums=0)
-    n_steps = len(x)
-    lengths = call_lengths(n_steps, steps_per_call or n_steps)
-    bounds = np.cumsum([0, *lengths])
-    chunks = [(jax.device_put(x[a:b]), jax.device_put(y[a:b].astype(np.int32)))
-              for a, b in itertools.pairwise(bounds)]
-    device_trainable = jax.device_put(trainable)
-    state = {"carry": (device_trainable, jax.device_put(stats),
-                       transform.init(device_trainable))}
+    return jax.jit(steps, donate_argnums=0)
 
-    def run_epoch() -> np.ndarray:
-        losses = []
-        for xs, ys in chunks:
-            state["carry"], chunk_losses = call(state["carry"], xs, ys)
-            losses.append(chunk_losses)
-        return np.concatenate([np.asarray(jax.block_until_ready(part)) for part in losses])
 
-    def weights() -> list[np.ndarray]:
-        trainable, stats, _ = jax.device_get(state["carry"])
-        out: list[np.ndarray] = []
-        for (kernel, gamma, beta), (mean, var) in zip(trainable[:-1], stats, strict=True):
-            out += [kernel, gamma, beta, mean, var]
-        return [np.asarray(a) for a in [*out, *trainable[-1]]]
+def _keras_order(carry: Any) -> list[np.ndarray]:
+    """The values of ``carry`` on the host, in the Keras model's ``get_weights()`` order."""
+    import jax  # deferred: importing JAX is heavy
 
-    return ReferenceLoop(run_epoch, weights)
+    trainable, stats, _ = jax.device_get(carry)
+    out: list[np.ndarray] = []
+    for (kernel, gamma, beta), (mean, var) in zip(trainable[:-1], stats, strict=True):
+        out += [kernel, gamma, beta, mean, var]
+    return [np.asarray(a) for a in [*out, *trainable[-1]]]

@@ -4,14 +4,18 @@ MLP (bench_engines) and the Conv1D + BatchNorm classifier of examples/models.py
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from kbackend.data.batching import call_lengths
-from kbackend.errors import InternalError
+from kbackend.backends.reference_parts import (
+    BN_EPSILON,
+    BN_MOMENTUM,
+    ReferenceLoop,
+    conv1d_arrays,
+    epoch_spans,
+)
 
 
 def reference_train_loop(params: Sequence[tuple[np.ndarray, np.ndarray]], x: np.ndarray,
@@ -49,24 +53,6 @@ def reference_train_loop(params: Sequence[tuple[np.ndarray, np.ndarray]], x: np.
     return run
 
 
-# Keras's BatchNormalization defaults, which the Conv1D reference matches.
-BN_MOMENTUM = 0.99
-BN_EPSILON = 1e-3
-
-
-class ReferenceLoop:
-    """A hand-written loop's epoch as a call: ``loop()`` trains one epoch and returns its
-    per-step losses (host copies: the epoch has finished); ``loop.weights()`` returns the
-    current values in the order the loop was given them."""
-
-    def __init__(self, run_epoch: Callable[[], np.ndarray],
-                 weights: Callable[[], list[np.ndarray]]) -> None:
-        self._run_epoch, self.weights = run_epoch, weights
-
-    def __call__(self) -> np.ndarray:
-        return self._run_epoch()
-
-
 def reference_conv1d_loop(params: Sequence[np.ndarray], x: np.ndarray, y: np.ndarray,
                           learning_rate: float, *, steps_per_call: int = 0,
                           unroll: bool = False) -> ReferenceLoop:
@@ -90,13 +76,29 @@ def reference_conv1d_loop(params: Sequence[np.ndarray], x: np.ndarray, y: np.nda
     """
     import tensorflow as tf  # deferred: importing TensorFlow is heavy
 
-
-    arrays = [np.asarray(p, np.float32) for p in params]
-    blocks = (len(arrays) - 2) // 5
-    if len(arrays) != 5 * blocks + 2 or blocks < 1:
-        raise InternalError(f"Expected (kernel, gamma, beta, moving mean, moving variance) per "
-                         f"block and a dense kernel and bias. Received {len(arrays)} arrays.")
+    arrays, blocks = conv1d_arrays(params)
     variables = [tf.Variable(a) for a in arrays]
+    train_step = _conv1d_train_step(variables, blocks, learning_rate)
+    spans = epoch_spans(len(x), steps_per_call)
+    calls = {length: _conv1d_call(train_step, length, unroll)
+             for length in {b - a for a, b in spans}}
+    chunks = [(tf.identity(tf.constant(x[a:b])), tf.identity(tf.constant(y[a:b], tf.int32)))
+              for a, b in spans]
+
+    def run_epoch() -> np.ndarray:
+        losses = [calls[len(xs)](xs, ys) for xs, ys in chunks]
+        return np.concatenate([part.numpy() for part in losses])  # to the host: finished
+
+    return ReferenceLoop(run_epoch, lambda: [v.numpy() for v in variables])
+
+
+def _conv1d_train_step(variables: list[Any], blocks: int,
+                       learning_rate: float) -> Callable[[Any, Any], Any]:
+    """One SGD step of the classifier on ``variables`` (the Keras ``get_weights()`` order):
+    ``train_step(xb, yb)`` returns the batch's loss, the trainable variables stepped and the
+    moving statistics updated with the batch's."""
+    import tensorflow as tf  # deferred: importing TensorFlow is heavy
+
     trainable = [v for i, v in enumerate(variables[:-2]) if i % 5 < 3] + variables[-2:]
 
     def train_step(xb, yb):
@@ -119,30 +121,22 @@ def reference_conv1d_loop(params: Sequence[np.ndarray], x: np.ndarray, y: np.nda
             moving.assign(moving * BN_MOMENTUM + batch_value * (1.0 - BN_MOMENTUM))
         return loss
 
-    def make_call(length: int) -> Callable[..., Any]:
-        @tf.function(jit_compile=True)
-        def call(xs, ys):
-            if unroll:  # written out: no loop in the program
-                return tf.stack([train_step(xs[i], ys[i]) for i in range(length)])
-            losses = tf.TensorArray(tf.float32, size=length)
-            for i in tf.range(length):
-                losses = losses.write(i, train_step(xs[i], ys[i]))
-            return losses.stack()
+    return train_step
 
-        return call
 
-    n_steps = len(x)
-    lengths = call_lengths(n_steps, steps_per_call or n_steps)
-    calls = {length: make_call(length) for length in set(lengths)}
-    bounds = np.cumsum([0, *lengths])
-    chunks = [(tf.identity(tf.constant(x[a:b])), tf.identity(tf.constant(y[a:b], tf.int32)))
-              for a, b in itertools.pairwise(bounds)]
+def _conv1d_call(train_step: Callable[[Any, Any], Any], length: int,
+                 unroll: bool) -> Callable[..., Any]:
+    """One compiled call of the epoch: ``call(xs, ys)`` runs ``length`` steps and returns their
+    losses, in an XLA loop or, with ``unroll``, written out."""
+    import tensorflow as tf  # deferred: importing TensorFlow is heavy
 
-    def run_epoch() -> np.ndarray:
-        losses = [calls[len(xs)](xs, ys) for xs, ys in chunks]
-        return np.concatenate([part.numpy() for part in losses])  # to the host: finished
+    @tf.function(jit_compile=True)
+    def call(xs, ys):
+        if unroll:  # written out: no loop in the program
+            return tf.stack([train_step(xs[i], ys[i]) for i in range(length)])
+        losses = tf.TensorArray(tf.float32, size=length)
+        for i in tf.range(length):
+            losses = losses.write(i, train_step(xs[i], ys[i]))
+        return losses.stack()
 
-    def weights() -> list[np.ndarray]:
-        return [v.numpy() for v in variables]
-
-    return ReferenceLoop(run_epoch, weights)
+    return call

@@ -161,3 +161,40 @@ def test_a_damaged_probe_file_is_kept_as_a_backup_and_listed_as_empty(store):
     entry = remembered(KNEE, model(), data(), {}, lambda: {"resolved": True, "knee": 16})
     assert entry["knee"] == 16
     assert json.loads((store / KNEE.file_name).read_text()).popitem()[1]["knee"] == 16
+
+
+# -- the probes on the harness ------------------------------------------------------------------
+@pytest.mark.slow  # a study prepared (about 17 s on a loaded 2-core CPU)
+def test_the_population_probe_is_kept_per_machine_across_studies(store, tmp_path, monkeypatch):
+    """On an accelerator (planted) ``population auto`` probes a cell once per machine: a second
+    study (another results store) of the same cell reads the harness's entry; ``--reprobe``
+    measures it again."""
+    import dataclasses
+
+    from kbackend.engines.native import Runs
+    from kbackend.hardware.measure import POPULATION
+    from kbackend.study.executor import StudyRunner
+    from kbackend.study.populations import Populations
+    from kbackend.study.store import ResultStore
+    from tests.test_study_executor import POPULATED
+
+    probes = []
+    monkeypatch.setattr(Runs, "probe_population", lambda self, configs, values, steps, **kw:
+                        probes.append(steps) or {"path": "population", "members": len(configs),
+                                                 "speedup": 2.0})
+    monkeypatch.setattr(StudyRunner, "platform", lambda self: "gpu")
+
+    runner = StudyRunner(dataclasses.replace(POPULATED, population="auto"), None)
+    runner.prepare()
+
+    def path(folder: str):  # a study of the cell with its own results store
+        with ResultStore(tmp_path / f"{folder}.db") as runner.store:
+            return Populations(runner).path("adam", 16, (1e-3, 3e-3))
+
+    first = path("one")
+    assert first["path"] == "population" and first["cached"] is False and len(probes) == 1
+    assert path("two")["cached"] is True and len(probes) == 1
+    assert list(stored_probes()[POPULATION.name].values()) == ["population (4 members)"]
+    measure.request_reprobe()
+    measure._REPROBED.clear()  # a new process with --reprobe
+    assert path("three")["cached"] is False and len(probes) == 2

@@ -289,7 +289,7 @@ def test_info_lists_the_stored_probes(store, cli):
     assert "aaaaaaaaaaaa: knee 64, sizes 8-128, noisy no, re-measured 1" in result.stdout
     assert "bbbbbbbbbbbb: K=16" in result.stdout and "stored population:       0" in result.stdout
     listed = json.loads(cli("info", "--json").stdout)["stored_probes"]
-    assert listed["fused steps"] == {"b" * 12: "K=16"}
+    assert listed["fused steps"] == {"b" * 12: "K=16 (measured elsewhere)"}  # stamp "here"
 
 
 @pytest.mark.parametrize("command", ["train", "study", "launch"])

@@ -265,7 +265,7 @@ def remembered(probe: Probe, model: Any, dataset: Any, options: dict[str, Any],
 
 
 def _describe_knee(entry: dict[str, Any]) -> str:
-    answer = str(entry["knee"]) if entry.get("resolved") else "unresolved (noisy)"
+    answer = entry.get("knee") if entry.get("resolved") else "unresolved (noisy)"
     sizes = entry.get("sizes") or []
     span = f", sizes {sizes[0]}-{sizes[-1]}" if sizes else ""
     return (f"knee {answer}{span}, noisy {'yes' if entry.get('noisy') else 'no'}, "
@@ -281,7 +281,13 @@ PROBES = (FUSED_STEPS, KNEE, POPULATION)
 
 
 def stored_probes() -> dict[str, dict[str, str]]:
-    """Every stored probe: ``{probe name: {key prefix: its answer}}``."""
-    return {probe.name: {key[:12]: probe.describe(entry)
-                         for key, entry in stored_measurements(probe.file_name).items()}
-            for probe in PROBES}
+    """Every stored probe: ``{probe name: {key prefix: its answer}}``; an entry measured on
+    another machine or version (measured again before use) says so."""
+    listed: dict[str, dict[str, str]] = {}
+    for probe in PROBES:
+        here = machine_stamp(probe.record_format)
+        listed[probe.name] = {
+            key[:12]: probe.describe(entry) + ("" if entry["measured_on"] == here
+                                               else " (measured elsewhere)")
+            for key, entry in stored_measurements(probe.file_name).items()}
+    return listed

@@ -198,3 +198,29 @@ def test_the_population_probe_is_kept_per_machine_across_studies(store, tmp_path
     measure.request_reprobe()
     measure._REPROBED.clear()  # a new process with --reprobe
     assert path("three")["cached"] is False and len(probes) == 2
+
+
+def test_a_knee_stored_before_the_harness_is_still_read(store):
+    """Knee entries of format 2 (issue 47, before the harness) keep their key and stamp: the
+    key and stamp below are that code's own formulas; the run reads the entry, probing nothing."""
+    import hashlib
+
+    from kbackend.adaptive import AutoBatchSize
+    from kbackend.engines import adaptive
+    from kbackend.optim import OptimizerSpec
+
+    def digest(payload):
+        return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+    net, dataset = model(), data(n=4096)
+    layers = [(type(layer).__name__, [list(w.shape) for w in layer.weights])
+              for layer in net._flatten_layers(include_self=False)]
+    old_key = digest({"layers": layers, "policy": str(net.dtype_policy.name), "input": [3],
+                      "num_train": 4096, "optimizer": "sgd", "minimum": 8, "fused_steps": 8,
+                      "xla": True, "devices": 1})
+    old_stamp = digest({**measure.environment_identity(), "format": 2})
+    (store / KNEE.file_name).write_text(json.dumps({old_key: {
+        "format": 2, "resolved": True, "knee": 64, "measured_on": old_stamp}}))
+    bounds, record = adaptive.resolve_bounds(AutoBatchSize(None, None), None, net, dataset,
+                                             OptimizerSpec("sgd", 0.1), 8, True)
+    assert record["cached"] is True and bounds.maximum == 64 and record["bound"] == "knee"

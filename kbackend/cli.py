@@ -44,9 +44,10 @@ from typing import Any, cast
 
 from kbackend import __version__, commands, logs
 from kbackend.backend_choice import BACKENDS, skip_optional_imports, use_backend
-from kbackend.backends.compile_cache import COMPILE_CACHE_ENV, REPROBE_ENV, request_reprobe
+from kbackend.backends.compile_cache import COMPILE_CACHE_ENV
 from kbackend.commands import LAUNCHER_PID_ENV, OneLineErrorParser, bound_integer_flags
 from kbackend.errors import KBackendError
+from kbackend.hardware.measure import REPROBE_ENV, request_reprobe
 from kbackend.model_sources import IMPORT_ENV, register_imports
 
 PROG = "kbackend"

@@ -16,10 +16,16 @@ import warnings
 import pytest
 
 from kbackend.backends import compile_cache
-from kbackend.backends.compile_cache import MeasurementWarning, machine_measurement
 from kbackend.engines import adaptive as engine
+from kbackend.hardware import measure
 from kbackend.hardware.knee import measured_gain
-from kbackend.hardware.timing import summarize, time_interleaved
+from kbackend.hardware.measure import (
+    KNEE,
+    MeasurementWarning,
+    machine_measurement,
+    summarize,
+    time_interleaved,
+)
 
 
 class VirtualClock:
@@ -158,38 +164,40 @@ def store(tmp_path, monkeypatch):
     monkeypatch.setenv("KBACKEND_CACHE_DIR", str(tmp_path))
     # set (to off) rather than deleted: monkeypatch then restores the variable's absence after
     # the test, whatever a test's --reprobe wrote
-    monkeypatch.setenv(compile_cache.REPROBE_ENV, "0")
+    monkeypatch.setenv(measure.REPROBE_ENV, "0")
     # the store is kept only with the compile cache on (an in-process --no-compile-cache, as the
     # command-line fuzz runs, leaves it off)
     monkeypatch.setenv(compile_cache.COMPILE_CACHE_ENV, "1")
-    monkeypatch.setattr(compile_cache, "_REPROBED", set())
+    monkeypatch.setattr(measure, "_REPROBED", set())
     return tmp_path
 
 
 def test_measured_once_then_stored(store):
     counts = []
-    measure = lambda: counts.append(1) or {"value": len(counts)}  # noqa: E731
-    assert machine_measurement("m.json", "k", measure, stamp="here") == (
+    count = lambda: counts.append(1) or {"value": len(counts)}  # noqa: E731
+    assert machine_measurement("m.json", "k", count, stamp="here") == (
         {"value": 1, "measured_on": "here"}, False)
-    assert machine_measurement("m.json", "k", measure, stamp="here")[1] is True
+    assert machine_measurement("m.json", "k", count, stamp="here")[1] is True
     assert len(counts) == 1
 
 
 def test_a_damaged_file_is_backed_up_and_measured_again(store):
     (store / "m.json").write_text('{"k": {"value": 1}, "other": ')
     with pytest.warns(MeasurementWarning, match="damaged"):
-        entry, cached = machine_measurement("m.json", "k", lambda: {"value": 2})
-    assert entry == {"value": 2} and not cached
+        entry, cached = machine_measurement("m.json", "k", lambda: {"value": 2}, "here")
+    assert entry == {"value": 2, "measured_on": "here"} and not cached
     backups = list(store.glob("m.json.damaged-*"))
     assert len(backups) == 1 and backups[0].read_text().startswith('{"k"')
 
 
-def test_a_damaged_entry_is_dropped_and_the_others_kept(store):
-    (store / "m.json").write_text(json.dumps({"bad": [1, 2], "good": {"value": 1}}))
-    with pytest.warns(MeasurementWarning, match="1 damaged entries ignored"):
-        machine_measurement("m.json", "new", lambda: {"value": 3})
+def test_a_damaged_or_older_entry_is_dropped_and_the_others_kept(store):
+    good = {"value": 1, "measured_on": "here"}
+    older = {"value": 0}  # no stamp: written before the harness
+    (store / "m.json").write_text(json.dumps({"bad": [1, 2], "older": older, "good": good}))
+    with pytest.warns(MeasurementWarning, match="2 damaged or older entries ignored"):
+        machine_measurement("m.json", "new", lambda: {"value": 3}, "here")
     stored = json.loads((store / "m.json").read_text())
-    assert stored == {"good": {"value": 1}, "new": {"value": 3}}
+    assert stored == {"good": good, "new": {"value": 3, "measured_on": "here"}}
 
 
 def test_an_entry_from_another_machine_is_measured_again_with_a_warning(store):
@@ -207,15 +215,17 @@ def test_a_stored_unresolved_or_older_knee_is_not_trusted():
 
 
 def test_reprobe_measures_again_once_per_process_and_needs_nothing_stored(store):
-    compile_cache.request_reprobe()
+    measure.request_reprobe()
     counts = []
-    measure = lambda: counts.append(1) or {"value": len(counts)}  # noqa: E731
+    count = lambda: counts.append(1) or {"value": len(counts)}  # noqa: E731
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing stored: no warning, no error
-        assert machine_measurement("m.json", "k", measure) == ({"value": 1}, False)
-    assert machine_measurement("m.json", "k", measure) == ({"value": 1}, True)
-    compile_cache._REPROBED.clear()  # a new process with --reprobe
-    assert machine_measurement("m.json", "k", measure) == ({"value": 2}, False)
+        assert machine_measurement("m.json", "k", count, "here") == (
+            {"value": 1, "measured_on": "here"}, False)
+    assert machine_measurement("m.json", "k", count, "here")[1] is True
+    measure._REPROBED.clear()  # a new process with --reprobe
+    assert machine_measurement("m.json", "k", count, "here") == (
+        {"value": 2, "measured_on": "here"}, False)
 
 
 
@@ -237,8 +247,8 @@ def test_a_knee_stored_at_min_by_a_busy_probe_is_measured_again_and_the_batch_gr
     from kbackend.training import TrainConfig, train
     from tests.conftest import JIT_FOR_SMALL_RUNS
 
-    monkeypatch.setattr(engine, "knee_key", lambda *args, **kwargs: "workload")
-    (store / engine.KNEE_PROBE_FILE).write_text(json.dumps({"workload": {
+    monkeypatch.setattr(measure, "measurement_key", lambda *args, **kwargs: "workload")
+    (store / KNEE.file_name).write_text(json.dumps({"workload": {
         "sizes": [8, 16], "samples_per_s": [41000.0, 36000.0], "knee": 8,
         "plateau_reached": True, "out_of_memory_at": None}}))  # the landed format, busy
     clock = VirtualClock()
@@ -254,30 +264,32 @@ def test_a_knee_stored_at_min_by_a_busy_probe_is_measured_again_and_the_batch_gr
     config = TrainConfig(model="seed_mlp", dataset="digits", engine="native", batch_size="auto",
                          optimizer=OptimizerSpec("adam", 3e-3), epochs=3, fused_steps=8,
                          eval_every=40, seed=0, jit_compile=JIT_FOR_SMALL_RUNS)
-    with pytest.warns(MeasurementWarning, match="another machine or kbackend version"):
+    with pytest.warns(MeasurementWarning, match="older entries ignored"):
         record = train(config).history.record.adaptive_batch
     probe = record["knee_probe"]
     assert probe["knee"] == 16 and probe["resolved"] and not probe["cached"]
     assert probe["bound"] == "knee" and record["max"] == 16
     assert probe["probe_seconds"] > 0 and "remeasured" in probe and "budget_s" in probe
     assert max(r["batch_size"] for r in record["ranges"]) > 8
-    stored = json.loads((store / engine.KNEE_PROBE_FILE).read_text())["workload"]
+    stored = json.loads((store / KNEE.file_name).read_text())["workload"]
     assert stored["knee"] == 16 and stored["format"] == engine.KNEE_PROBE_FORMAT
 
 
 # -- the command line -------------------------------------------------------------------------
 def test_info_lists_the_stored_probes(store, cli):
-    (store / engine.KNEE_PROBE_FILE).write_text(json.dumps({
+    (store / KNEE.file_name).write_text(json.dumps({
         "a" * 64: {"format": engine.KNEE_PROBE_FORMAT, "resolved": True, "knee": 64,
-                   "sizes": [8, 16, 32, 64, 128], "noisy": False, "remeasured": 1}}))
-    (store / "fused_steps_probe.json").write_text(json.dumps({"b" * 64: {"fused_steps": 16}}))
+                   "sizes": [8, 16, 32, 64, 128], "noisy": False, "remeasured": 1,
+                   "measured_on": "here"}}))
+    (store / "fused_steps_probe.json").write_text(json.dumps({"b" * 64: {
+        "fused_steps": 16, "measured_on": "here"}}))
     result = cli("info")
     assert result.returncode == 0
     assert "stored throughput knee:  1" in result.stdout
     assert "aaaaaaaaaaaa: knee 64, sizes 8-128, noisy no, re-measured 1" in result.stdout
     assert "bbbbbbbbbbbb: K=16" in result.stdout and "stored population:       0" in result.stdout
     listed = json.loads(cli("info", "--json").stdout)["stored_probes"]
-    assert listed["fused steps"] == {"b" * 12: "K=16"}
+    assert listed["fused steps"] == {"b" * 12: "K=16 (measured elsewhere)"}  # stamp "here"
 
 
 @pytest.mark.parametrize("command", ["train", "study", "launch"])
@@ -288,12 +300,12 @@ def test_reprobe_is_a_flag_of_the_commands_that_train(cli, command):
 def test_reprobe_on_the_command_line_asks_this_process_and_its_children(cli, monkeypatch):
     import os
 
-    monkeypatch.setenv(compile_cache.REPROBE_ENV, "0")  # restored after the test
-    assert not compile_cache.reprobe_requested()
+    monkeypatch.setenv(measure.REPROBE_ENV, "0")  # restored after the test
+    assert not measure.reprobe_requested()
     from kbackend.commands import train as train_command
 
     seen = []  # what the command saw while it ran (main undoes it on return, in-process)
     monkeypatch.setattr(train_command, "run", lambda args: seen.append(
-        (os.environ[compile_cache.REPROBE_ENV], compile_cache.reprobe_requested())) or 0)
+        (os.environ[measure.REPROBE_ENV], measure.reprobe_requested())) or 0)
     assert cli("train", "--reprobe").returncode == 0
     assert seen == [("1", True)]

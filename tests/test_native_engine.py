@@ -13,6 +13,7 @@ from kbackend import data as data_module
 from kbackend.engines import loop, native
 from kbackend.engines.keras_fit import compile_model
 from kbackend.errors import ConfigError
+from kbackend.hardware.measure import FUSED_STEPS
 from kbackend.models import ModelOptions, build_model
 from kbackend.optim import OptimizerSpec
 from kbackend.training import Target, TrainConfig
@@ -220,9 +221,10 @@ def test_fused_steps_auto_is_measured_once_per_machine(dataset, tmp_path, monkey
     # stand-in answers at once (four real probes were 12 compilations, minutes on TensorFlow).
     calls = []
     monkeypatch.setattr(native, "probe_fused_steps",
-                        lambda *a, **kw: calls.append(a) or (8, {1: 3.0, 8: 1.0}))
+                        lambda *a, **kw: calls.append(a) or (8, {1: 3.0, 8: 1.0},
+                                                             {1: 0.0, 8: 0.0}))
     k, first = native.cached_probe_fused_steps(toy_model(dataset), dataset, spec, 32)
-    assert first["cached"] is False and (tmp_path / native.PROBE_CACHE_FILE).is_file()
+    assert first["cached"] is False and (tmp_path / FUSED_STEPS.file_name).is_file()
     assert k == 8 and len(calls) == 1
     calls.clear()
     # Another model of the same architecture (other weights): the stored answer, no probe.
@@ -237,7 +239,7 @@ def test_fused_steps_auto_is_measured_once_per_machine(dataset, tmp_path, monkey
         return native.cached_probe_fused_steps(toy_model(dataset), dataset, spec, 32)[1]["cached"]
 
     # A corrupt file is measured again and replaced; the cache switched off always measures.
-    (tmp_path / native.PROBE_CACHE_FILE).write_text("{not json")
+    (tmp_path / FUSED_STEPS.file_name).write_text("{not json")
     assert cached() is False
     assert cached() is True
     monkeypatch.setenv("KBACKEND_COMPILE_CACHE", "0")
@@ -254,8 +256,8 @@ def test_cli_refuses_a_too_large_k(cli):
 def test_fused_steps_auto_picks_a_measured_k(dataset):
     model = toy_model(dataset)
     before = weights_of(model)
-    best, timings = native.probe_fused_steps(model, dataset, OptimizerSpec("sgd", 0.1), 32)
-    assert set(timings) == {1, 8, 10} and best in timings  # 32 is capped at the epoch's 10
+    best, timings, cv = native.probe_fused_steps(model, dataset, OptimizerSpec("sgd", 0.1), 32)
+    assert set(timings) == {1, 8, 10} == set(cv) and best in timings  # 32: capped at 10
     assert all(v > 0 for v in timings.values())
     for got, want in zip(weights_of(model), before, strict=True):
         np.testing.assert_array_equal(got, want)  # the probe trains a clone

@@ -31,15 +31,9 @@ import re
 import shutil
 import stat
 import tempfile
-import time
-import warnings
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from kbackend.data.sources import cache_dir
-from kbackend.errors import StoredFileError
-from kbackend.io import atomic_write_json, read_json
 
 COMPILE_CACHE_ENV = "KBACKEND_COMPILE_CACHE"
 _OFF = ("0", "false", "no", "off")
@@ -153,91 +147,3 @@ def _running(pid: int) -> bool:
     except OSError:
         return True  # someone else's process: alive
     return True
-
-
-class MeasurementWarning(UserWarning):
-    """A stored per-machine measurement was not used: damaged, from another machine or
-    version, or not trusted; it is measured again."""
-
-
-REPROBE_ENV = "KBACKEND_REPROBE"  # set by ``--reprobe``: stored measurements are taken again
-_REPROBED: set[tuple[str, str]] = set()  # (file, key) measured again in this process already
-
-
-def request_reprobe() -> None:
-    """Make this process (and the processes it starts) measure again what it would read from
-    the per-machine store (``--reprobe``), each entry once."""
-    os.environ[REPROBE_ENV] = "1"
-
-
-def reprobe_requested() -> bool:
-    return os.environ.get(REPROBE_ENV, "0").strip().lower() not in ("", *_OFF)
-
-
-def measurement_path(file_name: str) -> Path:
-    return cache_dir() / file_name
-
-
-def stored_measurements(file_name: str) -> dict[str, dict[str, Any]]:
-    """The entries of ``<kbackend cache folder>/<file_name>`` (``machine_measurement``'s store).
-
-    A file that is not a JSON object is moved aside to ``<file_name>.damaged-<time>`` (the
-    backup) with a ``MeasurementWarning`` and read as empty; entries that are not objects are
-    dropped with a warning, the others kept."""
-    path = measurement_path(file_name)
-    if not path.is_file():
-        return {}
-    try:
-        loaded = read_json(path)
-        if not isinstance(loaded, dict):
-            raise StoredFileError("not a JSON object")
-    except (OSError, ValueError) as error:
-        backup = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
-        with contextlib.suppress(OSError):
-            os.replace(path, backup)
-        warnings.warn(f"{path} is damaged ({error}): kept as {backup.name}, its measurements "
-                      "taken again", MeasurementWarning, stacklevel=2)
-        return {}
-    damaged = [key for key, entry in loaded.items() if not isinstance(entry, dict)]
-    if damaged:
-        warnings.warn(f"{path}: {len(damaged)} damaged entries ignored (the other "
-                      f"{len(loaded) - len(damaged)} kept)", MeasurementWarning, stacklevel=2)
-    return {key: entry for key, entry in loaded.items() if isinstance(entry, dict)}
-
-
-def machine_measurement(file_name: str, key: str, measure: Callable[[], dict[str, Any]], *,
-                        stamp: str | None = None,
-                        distrust: Callable[[dict[str, Any]], str | None] | None = None,
-                        ) -> tuple[dict[str, Any], bool]:
-    """``measure()``'s result for ``key``, measured once per machine and software and kept in
-    ``<kbackend cache folder>/<file_name>`` (JSON, written atomically; a damaged file or entry:
-    ``stored_measurements``); returns it and whether it was stored. With the caches off
-    (``KBACKEND_COMPILE_CACHE=0``) it measures every time; with ``--reprobe``
-    (``REPROBE_ENV``) each key is measured again once per process.
-
-    ``stamp``: where and with what the measurement is taken (machine, versions, format): kept
-    in the entry as ``measured_on``; an entry with another stamp is ignored with a
-    ``MeasurementWarning`` and measured again. ``distrust(entry)``: a reason not to use a
-    stored entry (None to use it): it is measured again, the reason a warning. Without a
-    stamp, ``key`` must hold the machine and versions itself."""
-    path = measurement_path(file_name) if compile_cache_enabled() else None
-    entry = stored_measurements(file_name).get(key) if path is not None else None
-    again = reprobe_requested() and (file_name, key) not in _REPROBED
-    if entry is not None and not again:
-        reason = ("it was measured on another machine or kbackend version"
-                  if stamp is not None and entry.get("measured_on") != stamp
-                  else distrust(entry) if distrust is not None else None)
-        if reason is None:
-            return entry, True
-        warnings.warn(f"stored measurement in {file_name} not used ({reason}): measuring "
-                      "again", MeasurementWarning, stacklevel=2)
-    result = measure()
-    if stamp is not None:
-        result = {**result, "measured_on": stamp}
-    _REPROBED.add((file_name, key))
-    if path is not None:
-        # Read again just before writing: entries other processes stored meanwhile are kept. An
-        # unwritable cache folder costs a measurement next time, nothing else.
-        with contextlib.suppress(OSError):
-            atomic_write_json(path, {**stored_measurements(file_name), key: result})
-    return result, False

@@ -12,10 +12,11 @@ Bounds: MIN is ``auto:MIN`` or 8 (``kbackend.adaptive.DEFAULT_MIN_BATCH``). MAX 
 or the throughput knee of this model on this machine (``kbackend.hardware.knee``, the definition
 ``advise`` uses), measured by ``probe_knee`` on the run's own compiled programs (each size it
 probes is compiled once, for the probe and the run alike) and kept per machine, model and data
-size (``compile_cache.machine_measurement``). Where a size runs out of device memory before the
-knee, the probe stops there: MAX is then the largest size that fit (on several devices, the
-data-parallel memory limit of the per-device shards). The probe's seconds are recorded apart
-from the run's (``record.adaptive_batch["knee_probe"]``), like ``--fused-steps auto``'s.
+size (the measurement harness, ``hardware.measure``). Where a size runs out of device memory
+before the knee, the probe stops there: MAX is then the largest size that fit (on several
+devices, the data-parallel memory limit of the per-device shards). The probe's seconds are
+recorded apart from the run's (``record.adaptive_batch["knee_probe"]``), like
+``--fused-steps auto``'s.
 
 The learning rate configured is the rate at MIN; ``--lr-scaling`` says how it follows the batch
 (``kbackend.adaptive.scaled_learning_rate``; ``adascale`` is re-evaluated at every evaluation
@@ -34,8 +35,6 @@ every size is a multiple of the devices with a power-of-two per-device batch
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import time
 from dataclasses import replace
@@ -57,18 +56,15 @@ from kbackend.adaptive import (
 )
 from kbackend.backends import adaptive as adaptive_backend
 from kbackend.backends import impl
-from kbackend.backends.compile_cache import compile_cache_enabled, machine_measurement
 from kbackend.data import batching
 from kbackend.engines import loop
 from kbackend.engines.keras_fit import build_optimizer, compile_model
 from kbackend.engines.plan import TrainPlan
-from kbackend.envinfo import environment_identity
 from kbackend.errors import ConfigError, is_out_of_memory
 from kbackend.hardware.knee import DEFAULT_MIN_GAIN, MeasuredGain, measured_gain
-from kbackend.hardware.timing import Clock, Timing, summarize, time_interleaved
+from kbackend.hardware.measure import KNEE, Budget, Clock, Timing, remembered, time_interleaved
 from kbackend.history import History
 
-KNEE_PROBE_FILE = "adaptive_knee_probe.json"
 DEFAULT_FUSED_STEPS = 8  # K of an adaptive run asked for ``--fused-steps auto``
 # Steps per measured step of the one-device trainer (``bench_adaptive --part estimator`` sets 1,
 # the every-step reference, in its worker process).
@@ -233,7 +229,7 @@ class AdaptiveBatch:
 
 
 # -- MAX: the throughput knee --------------------------------------------------------------
-KNEE_PROBE_FORMAT = 2  # format 1 (3 sequential calls per size, no noise kept): measured again
+KNEE_PROBE_FORMAT = KNEE.record_format  # format 1 (3 sequential calls per size): measured again
 PROBE_ROUNDS = 5  # interleaved rounds per pair of sizes: [min, max] covers the median at 94 %
 PROBE_BUDGET_S = 30.0  # seconds a probe may take before a noisy pair is no longer re-measured
 PROBE_MAX_REMEASURES = 4  # re-measurements of noisy pairs (and of a knee at MIN) per probe
@@ -249,18 +245,17 @@ def data_bound(n_train: int, minimum: int) -> int:
 
 
 class _KneeProbe:
-    """One knee probe: pairs of sizes (s, 2 s) timed interleaved (``timing.time_interleaved``),
-    each doubling's gain a median over rounds with its interval (``knee.measured_gain``)."""
+    """One knee probe: pairs of sizes (s, 2 s) timed interleaved (``measure.time_interleaved``),
+    each doubling's gain a median over rounds with its interval (``knee.measured_gain``),
+    re-measured within a ``measure.Budget``."""
 
     def __init__(self, trainer: Any, n_train: int, minimum: int, fused_steps: int, seed: int,
                  clock: Clock, budget_s: float, rounds: int) -> None:
         self.trainer, self.n_train, self.minimum = trainer, n_train, minimum
-        self.fused_steps, self.seed, self.clock = fused_steps, seed, clock
-        self.budget_s, self.rounds = budget_s, rounds
-        self.started = clock()
+        self.fused_steps, self.seed, self.clock, self.rounds = fused_steps, seed, clock, rounds
+        self.budget = Budget(budget_s, PROBE_MAX_REMEASURES, clock)
         self.calls: dict[tuple[int, int], Any] = {}
         self.lengths: dict[int, int] = {}  # each size's call length when last timed
-        self.remeasured = 0
 
     def call(self, size: int, length: int) -> Any:
         """The trainer's ``length``-step call at ``size``, compiled once (out of memory
@@ -275,34 +270,23 @@ class _KneeProbe:
                 ) -> tuple[MeasuredGain, dict[int, Timing]]:
         """Time ``size`` and ``2 size`` interleaved (equal call lengths), added to
         ``previous`` rounds of the same pair; the gain of the doubling."""
-        length = min(self.fused_steps, batching.steps_per_epoch(self.n_train,
-                                                                               2 * size))
+        length = min(self.fused_steps, batching.steps_per_epoch(self.n_train, 2 * size))
         fns = {size: self.call(size, length), 2 * size: self.call(2 * size, length)}
         self.lengths.update(dict.fromkeys(fns, length))
         timings = time_interleaved(fns, self.rounds, wait=lambda value: value, clock=self.clock,
-                                   first_calls=previous is None)
-        if previous:
-            timings = {key: summarize(previous[key].first_call_s,
-                                      previous[key].times + timing.times)
-                       for key, timing in timings.items()}
+                                   previous=previous)
         gain = measured_gain(timings[size], timings[2 * size], size * length,
                              2 * size * length)
         return gain, timings
-
-    def can_remeasure(self) -> bool:
-        return (self.remeasured < PROBE_MAX_REMEASURES
-                and self.clock() - self.started < self.budget_s)
 
     def decide(self, size: int) -> tuple[MeasuredGain, dict[int, Timing]]:
         """The doubling from ``size``, re-measured while noisy (rounds added) and, where it
         would put the knee at MIN, measured afresh once more before it is trusted."""
         gain, timings = self.measure(size)
-        while gain.noisy and self.can_remeasure():
-            self.remeasured += 1
+        while gain.noisy and self.budget.take():
             gain, timings = self.measure(size, timings)
         if size == self.minimum and not gain.noisy and gain.median < DEFAULT_MIN_GAIN \
-                and self.can_remeasure():
-            self.remeasured += 1
+                and self.budget.take():
             fresh, timings = self.measure(size)
             if fresh.noisy or fresh.median >= DEFAULT_MIN_GAIN:
                 return fresh, timings  # the first measurement did not hold
@@ -358,29 +342,8 @@ def _knee_record(timings: dict[int, Timing], gains: list[dict[str, Any]], knee: 
             "samples_per_s": [s * probe.lengths[s] / timings[s].median_s for s in sizes],
             "cv": [timings[s].cv for s in sizes], "gains": gains,
             "noisy": any(g["noisy"] for g in gains), "plateau_reached": plateau,
-            "out_of_memory_at": out_of_memory_at, "remeasured": probe.remeasured,
-            "probe_seconds": probe.clock() - probe.started, "budget_s": probe.budget_s,
-            "rounds": probe.rounds}
-
-
-def knee_key(model: Any, dataset: Any, spec: Any, minimum: int, fused_steps: int,
-             jit_compile: bool, devices: int = 1) -> str:
-    """What the knee depends on in the workload: the network's layers and shapes, the data's
-    shape and size, the optimizer, MIN, K, XLA and the devices a step runs on. The machine and
-    the versions are the entry's stamp (``knee_stamp``), not part of the key."""
-    layers = [(type(layer).__name__, [list(w.shape) for w in layer.weights])
-              for layer in model._flatten_layers(include_self=False)]
-    payload = {"layers": layers, "policy": str(model.dtype_policy.name),
-               "input": list(dataset.x_train.shape[1:]), "num_train": len(dataset.x_train),
-               "optimizer": spec.name, "minimum": minimum, "fused_steps": fused_steps,
-               "xla": jit_compile, "devices": devices}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def knee_stamp() -> str:
-    """Where a knee is measured: backend, versions, device and processor, and the format."""
-    payload = {**environment_identity(), "format": KNEE_PROBE_FORMAT}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+            "out_of_memory_at": out_of_memory_at, "rounds": probe.rounds,
+            **probe.budget.record()}
 
 
 def distrust_knee(entry: dict[str, Any]) -> str | None:
@@ -422,16 +385,12 @@ def resolve_bounds(auto: AutoBatchSize, trainer: Any, model: Any, dataset: Any, 
     minimum = auto.minimum or DEFAULT_MIN_BATCH
     if auto.maximum is not None:
         return auto.resolved(DEFAULT_MIN_BATCH, auto.maximum), None
-    start = time.perf_counter()
-    key = (knee_key(model, dataset, spec, minimum, fused_steps, jit_compile, devices)
-           if compile_cache_enabled() else "")
-    entry, cached = machine_measurement(
-        KNEE_PROBE_FILE, key, lambda: probe_knee(trainer, n_train, minimum, fused_steps, seed),
-        stamp=knee_stamp(), distrust=distrust_knee)
+    options = {"optimizer": spec.name, "minimum": minimum, "fused_steps": fused_steps,
+               "xla": jit_compile, "devices": devices}
+    entry = remembered(KNEE, model, dataset, options, distrust=distrust_knee, measure=lambda:
+                       probe_knee(trainer, n_train, minimum, fused_steps, seed))
     maximum, source, note = knee_bound(entry, n_train, minimum)
-    bounds = auto.resolved(DEFAULT_MIN_BATCH, maximum)
-    return bounds, {**entry, "cached": cached, "bound": source, "note": note,
-                    "seconds": time.perf_counter() - start}
+    return auto.resolved(DEFAULT_MIN_BATCH, maximum), {**entry, "bound": source, "note": note}
 
 
 def check_bounds_fit(bounds: BatchBounds, n_train: int) -> None:

@@ -21,8 +21,6 @@ compiles once however many rates and seeds it tries.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import time
 from collections.abc import Callable
@@ -34,14 +32,13 @@ import numpy as np
 from kbackend.backend_choice import keras as import_keras
 from kbackend.backends import adaptive as adaptive_backend
 from kbackend.backends import capabilities, impl
-from kbackend.backends.compile_cache import compile_cache_enabled, machine_measurement
 from kbackend.config import TrainConfig
 from kbackend.data import batching, check_batch_size
 from kbackend.engines import adaptive, loop
 from kbackend.engines.keras_fit import build_optimizer, compile_model
 from kbackend.engines.plan import TrainPlan
-from kbackend.envinfo import environment_identity
 from kbackend.errors import ConfigError
+from kbackend.hardware.measure import FUSED_STEPS, remembered, time_interleaved
 from kbackend.history import History
 from kbackend.task import CLASSIFICATION, Task
 
@@ -236,11 +233,12 @@ class Runs:
         """Whether ``configs`` train faster as one population than one after another, measured.
 
         Both programs are compiled and warmed up, then timed on ``steps`` steps (whole calls of
-        K) in ``repeats`` interleaved rounds: the population (every member at once) against one
-        member alone, whose time x the number of members is the sequential path's (members of
-        a cell have identical shapes, so each costs the same). ``path`` is ``"population"`` when
-        the sequential median is at least ``min_speedup`` times the population's. Where the
-        backend has no population trainer the answer is ``"sequential"`` with the reason.
+        K) in ``repeats`` interleaved rounds (``measure.time_interleaved``): the population
+        (every member at once) against one member alone, whose time x the number of members is
+        the sequential path's (members of a cell have identical shapes, so each costs the
+        same). ``path`` is ``"population"`` when the sequential median is at least
+        ``min_speedup`` times the population's. Where the backend has no population trainer the
+        answer is ``"sequential"`` with the reason.
         """
         if not impl().supports_populations():
             return {"path": "sequential", "members": len(configs),
@@ -259,25 +257,16 @@ class Runs:
             for handle in [population.run(rows, first_row, fused) for first_row in starts]:
                 population.fetch(handle)
 
-        run_single = self.step_timer(first, values[0], steps)
-        run_population()  # warm-up: first calls allocate
-        run_single()
-        timings: dict[str, list[float]] = {"population": [], "one_member": []}
-        for _ in range(repeats):
-            for name, fn in (("population", run_population), ("one_member", run_single)):
-                clock = time.perf_counter()
-                fn()
-                timings[name].append(time.perf_counter() - clock)
-        members = len(configs)
-        population_s = float(np.median(timings["population"]))
-        sequential_s = members * float(np.median(timings["one_member"]))
-        path = "population" if sequential_s >= min_speedup * population_s else "sequential"
-        return {"path": path,
-                "min_speedup": min_speedup,
-                "members": members, "steps": len(starts) * fused, "repeats": repeats,
-                "population_s": timings["population"],
-                "sequential_s": [members * t for t in timings["one_member"]],
-                "speedup": sequential_s / population_s}
+        timings = time_interleaved({"population": run_population,
+                                    "one_member": self.step_timer(first, values[0], steps)},
+                                   repeats, wait=lambda value: value)  # first calls allocate
+        members, together, one = len(configs), timings["population"], timings["one_member"]
+        speedup = members * one.median_s / together.median_s
+        return {"path": "population" if speedup >= min_speedup else "sequential",
+                "min_speedup": min_speedup, "members": members, "steps": len(starts) * fused,
+                "repeats": repeats, "population_s": list(together.times),
+                "sequential_s": [members * t for t in one.times], "speedup": speedup,
+                "cv": {name: timing.cv for name, timing in timings.items()}}
 
     def step_timer(self, config: TrainConfig, values: Any, steps: int) -> Callable[[], None]:
         """A callable that trains ``steps`` steps (whole calls of ``config.fused_steps``) of
@@ -324,9 +313,6 @@ def epoch_runner(model: Any, dataset: Any, spec: Any, batch_size: int, fused_ste
     return loop.EpochRunner(trainer, len(dataset.x_train), batch_size, fused_steps, seed)
 
 
-PROBE_CACHE_FILE = "fused_steps_probe.json"
-
-
 def probe_candidates(model: Any, jit_compile: bool = True) -> tuple[int, ...]:
     """The K that ``--fused-steps auto`` tries for ``model`` on this backend's device:
     ``PROBE_CANDIDATES``, capped at ``capabilities.MAX_UNROLLED_STEPS`` where the K steps are
@@ -340,60 +326,45 @@ def probe_candidates(model: Any, jit_compile: bool = True) -> tuple[int, ...]:
     return tuple(sorted({min(k, capabilities.MAX_UNROLLED_STEPS) for k in PROBE_CANDIDATES}))
 
 
-def probe_key(model: Any, dataset: Any, spec: Any, batch_size: int, jit_compile: bool = True,
-              task: Task = CLASSIFICATION) -> str:
-    """What a ``--fused-steps auto`` answer depends on: the network's layers and weight shapes
-    (not their names or values), its dtype policy, the data's shape and size, the optimizer,
-    the batch size, the candidates, XLA or not, and the backend, versions and device."""
-    layers = [(type(layer).__name__, [list(w.shape) for w in layer.weights])
-              for layer in model._flatten_layers(include_self=False)]
-    payload = {"layers": layers, "policy": str(model.dtype_policy.name),
-               "input": list(dataset.x_train.shape[1:]), "num_train": len(dataset.x_train),
-               "optimizer": spec.name, "batch_size": batch_size,
-               "candidates": list(probe_candidates(model, jit_compile)), **environment_identity()}
-    if not jit_compile:  # (absent where XLA is on: the keys stored before it still match)
-        payload["xla"] = False
-    if task != CLASSIFICATION:  # (likewise absent for the built-in models' task)
-        payload["task"] = [task.loss, task.metric_fn, *task.metric_args]
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+PROBE_ROUNDS = 3  # interleaved rounds of the candidates' timed calls
 
 
 def cached_probe_fused_steps(model: Any, dataset: Any, spec: Any, batch_size: int,
                              seed: int = 0, jit_compile: bool = True,
                              task: Task = CLASSIFICATION) -> tuple[int, dict[str, Any]]:
-    """``probe_fused_steps``'s K, measured once per ``probe_key`` and kept in the kbackend
-    cache folder (``fused_steps_probe.json``: ``compile_cache.machine_measurement``).
-    ``KBACKEND_COMPILE_CACHE=0`` (``--no-compile-cache``) measures every time. Returns K and
-    the probe's record (``"cached"``: whether it was stored)."""
-    start = time.perf_counter()
-
+    """``probe_fused_steps``'s K, measured once per machine and workload (the harness's
+    ``measure.remembered``: the model, the data, the optimizer, the batch size, the candidates,
+    XLA and the task). ``KBACKEND_COMPILE_CACHE=0`` (``--no-compile-cache``) measures every
+    time. Returns K and the probe's record (``"cached"``: whether it was stored)."""
     def measure() -> dict[str, Any]:
-        best, timings = probe_fused_steps(model, dataset, spec, batch_size, seed,
-                                          jit_compile=jit_compile, task=task)
-        return {"fused_steps": best, "us_per_step": {str(k): v for k, v in timings.items()}}
+        best, timings, cv = probe_fused_steps(model, dataset, spec, batch_size, seed,
+                                              jit_compile=jit_compile, task=task)
+        return {"fused_steps": best, "us_per_step": {str(k): v for k, v in timings.items()},
+                "cv": {str(k): v for k, v in cv.items()}}
 
-    key = (probe_key(model, dataset, spec, batch_size, jit_compile, task)
-           if compile_cache_enabled() else "")
-    entry, cached = machine_measurement(PROBE_CACHE_FILE, key, measure)
-    if not isinstance(entry.get("fused_steps"), int):  # a foreign entry: measure again
-        entry, cached = measure(), False
-    return entry["fused_steps"], {**entry, "cached": cached,
-                                  "seconds": time.perf_counter() - start}
+    options = {"optimizer": spec.name, "batch_size": batch_size, "xla": jit_compile,
+               "candidates": list(probe_candidates(model, jit_compile)),
+               "task": [task.loss, task.metric_fn, *task.metric_args]}
+    entry = remembered(FUSED_STEPS, model, dataset, options, measure, distrust=lambda e: (
+        None if isinstance(e.get("fused_steps"), int) else "a damaged entry"))
+    return entry["fused_steps"], entry
 
 
 def probe_fused_steps(model: Any, dataset: Any, spec: Any, batch_size: int, seed: int = 0,
-                      candidates: tuple[int, ...] | None = None,
-                      jit_compile: bool = True, task: Task = CLASSIFICATION) -> tuple[int, dict]:
+                      candidates: tuple[int, ...] | None = None, jit_compile: bool = True,
+                      task: Task = CLASSIFICATION) -> tuple[int, dict, dict]:
     """The fastest K among ``candidates`` (capped at one epoch; by default
-    ``probe_candidates(model)``), measured, and us/step of each.
+    ``probe_candidates(model)``), measured, with the median us/step of each and its
+    coefficient of variation.
 
-    Each candidate trains ``model`` from its current weights on a probe epoch of
-    ``max(candidates)`` batches, once to compile and warm up, once timed, and its weights are put
-    back after each (not a ``keras.models.clone_model`` copy: cloning serializes the layers'
-    configs, and Keras's serializer imports TensorFlow to check for a ``TensorShape``, seconds of
-    start-up in a JAX process). Where per-call overhead dominates (small batches) large K wins;
-    where the step's arithmetic dominates, K barely matters and the probe keeps whichever
-    program XLA made fastest.
+    Each candidate trains ``model`` from its weights on a probe epoch of ``max(candidates)``
+    batches: once to compile and warm up, then in ``PROBE_ROUNDS`` interleaved rounds
+    (``measure.time_interleaved``); the weights are put back after (not a
+    ``keras.models.clone_model`` copy: cloning serializes the layers' configs, and Keras's
+    serializer imports TensorFlow to check for a ``TensorShape``, seconds of start-up in a JAX
+    process). Where per-call overhead dominates (small batches) large K wins; where the step's
+    arithmetic dominates, K barely matters and the probe keeps whichever program XLA made
+    fastest.
     """
     if candidates is None:
         candidates = probe_candidates(model, jit_compile)
@@ -402,16 +373,12 @@ def probe_fused_steps(model: Any, dataset: Any, spec: Any, batch_size: int, seed
     probe_steps = max(ks)
     subset = replace(dataset, x_train=dataset.x_train[: probe_steps * batch_size],
                      y_train=dataset.y_train[: probe_steps * batch_size])
-    timings: dict[int, float] = {}
     weights = model.get_weights()
     try:
-        for k in ks:
-            runner = epoch_runner(model, subset, spec, batch_size, k, seed, jit_compile, task)
-            runner()  # compiles
-            start = time.perf_counter()
-            runner()
-            timings[k] = (time.perf_counter() - start) / probe_steps * 1e6
-            model.set_weights(weights)
+        timings = time_interleaved(
+            {k: epoch_runner(model, subset, spec, batch_size, k, seed, jit_compile, task)
+             for k in ks}, PROBE_ROUNDS, wait=lambda losses: losses)
     finally:
         model.set_weights(weights)
-    return min(timings, key=timings.__getitem__), timings
+    us = {k: t.median_s / probe_steps * 1e6 for k, t in timings.items()}
+    return min(us, key=us.__getitem__), us, {k: t.cv for k, t in timings.items()}

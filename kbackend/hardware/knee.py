@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kbackend.errors import ConfigError
-from kbackend.hardware.timing import Timing, paired_ratios
+from kbackend.hardware.measure import Timing, paired_ratios
 from kbackend.stats import median_interval
 
 # Doubling the batch must raise samples/s by at least this fraction to count as worth it.
@@ -105,7 +105,7 @@ class MeasuredGain:
 def measured_gain(small: Timing, large: Timing, small_samples: int, large_samples: int,
                   min_gain: float = DEFAULT_MIN_GAIN) -> MeasuredGain:
     """``MeasuredGain`` of going from ``small`` to ``large``: interleaved timings of calls that
-    train ``small_samples`` and ``large_samples`` samples (``timing.time_interleaved``)."""
+    train ``small_samples`` and ``large_samples`` samples (``measure.time_interleaved``)."""
     exponent = 1.0 / math.log2(large_samples / small_samples) if large_samples != small_samples \
         else 1.0
     gains = [(large_samples / small_samples * ratio) ** exponent - 1.0

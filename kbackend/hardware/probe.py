@@ -25,6 +25,7 @@ from kbackend.backend_choice import selected_backend
 from kbackend.backends import impl
 from kbackend.data import DatasetInfo
 from kbackend.errors import KBackendError, is_out_of_memory
+from kbackend.hardware.measure import time_interleaved
 from kbackend.models import SEED_MLP_WIDTHS, ModelOptions, build_model, model_layout
 from kbackend.optim import OptimizerSpec
 from kbackend.precision import precision_scope
@@ -319,17 +320,12 @@ def dense_train_flops(widths: list[int], batch_size: int) -> float:
 
 def numpy_matmul_flops(n: int = 2048, repeats: int = 10) -> dict[str, float]:
     """Measured FLOP/s of NumPy's (BLAS) float32 ``n x n`` matmul: median and best of
-    ``repeats``."""
+    ``repeats`` after a first call."""
     rng = np.random.default_rng(0)
     a, b = (rng.normal(size=(n, n)).astype(np.float32) for _ in range(2))
-    times = []
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - start)
-    median = float(np.median(times[1:]))
-    return {"n": n, "median_s": median, "flops": 2.0 * n**3 / median,
-            "best_flops": 2.0 * n**3 / min(times[1:])}
+    timing = time_interleaved({0: lambda: a @ b}, repeats, wait=lambda product: product)[0]
+    return {"n": n, "median_s": timing.median_s, "flops": 2.0 * n**3 / timing.median_s,
+            "best_flops": 2.0 * n**3 / min(timing.times)}
 
 
 def matmul_peak(n: int = 2048, repeats: int = 10) -> dict[str, Any]:

@@ -11,15 +11,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kbackend.backends.compile_cache import machine_measurement
 from kbackend.engine_facts import engine_facts
+from kbackend.hardware.measure import POPULATION, remembered
 from kbackend.history import History
 from kbackend.study.runner_protocol import StudyRunnerLike
 from kbackend.study.store import config_key
 from kbackend.study.summaries import RunPlan, median_or_inf, run_steps, trajectory_record
 
 PROBE_STEPS = 8  # steps per timed round of the population probe (at least one call)
-POPULATION_PROBE_FILE = "population_probe.json"  # the probes' answers, kept per machine
 # The per-step speedup a population must show to be chosen. Members run in lockstep until the
 # slowest stops and are pruned later than one by one: in the default study on a 2-core CPU the
 # population path's steady training equalled the sequential path's at probe speedups of
@@ -67,17 +66,17 @@ class Populations:
         values = [runner.initial_values(p.seed) for p in plans]
         fused = configs[0].fused_steps
         steps = fused * -(-PROBE_STEPS // fused)  # whole calls
-        key_config = {"kind": "population_probe", **runner.content_identity(),
-                      "optimizer": optimizer, "min_speedup": POPULATION_MIN_SPEEDUP,
-                      "batch_size": batch_size, "fused_steps": configs[0].fused_steps,
-                      "members": members, "steps": steps, **runner.env}
+        options = {"optimizer": optimizer, "min_speedup": POPULATION_MIN_SPEEDUP,
+                   "batch_size": batch_size, "fused_steps": fused, "members": members,
+                   "steps": steps}
+        key_config = {"kind": "population_probe", **runner.content_identity(), **options,
+                      **runner.env}
 
         def measure() -> dict[str, Any]:  # once per machine (and software) for this cell
-            probe, cached = machine_measurement(
-                POPULATION_PROBE_FILE, config_key(key_config),
-                lambda: runner.native_runs().probe_population(
-                    configs, values, steps, min_speedup=POPULATION_MIN_SPEEDUP))
-            return {**probe, "cached": cached}
+            runs = runner.native_runs()
+            return remembered(POPULATION, runs.model, runs.dataset, options,
+                              lambda: runs.probe_population(configs, values, steps,
+                                                            min_speedup=POPULATION_MIN_SPEEDUP))
 
         return runner.stored_or_measured("population_probe", "probe", key_config, plans[0],
                                          measure)

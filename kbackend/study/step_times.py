@@ -15,6 +15,7 @@ import numpy as np
 
 from kbackend.engine_facts import engine_facts
 from kbackend.engines.native import epoch_runner
+from kbackend.hardware.measure import time_interleaved
 from kbackend.optim import OptimizerSpec
 from kbackend.stats import median_interval
 from kbackend.study.runner_protocol import StudyRunnerLike
@@ -43,10 +44,9 @@ def timed_steps(seconds_per_call: float, fused: int, most: int) -> int:
     return fused * max(1, min(calls, most // fused))
 
 
-def _clock(call: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
+def _done(result: Any) -> Any:
+    """The timers wait for their own results."""
+    return result
 
 
 class StepTimeModel:
@@ -110,34 +110,28 @@ class StepTimeModel:
               repeats: int) -> dict[str, Any]:
         native = engine_facts(self.runner.config.engine).compiled_cells
         timers: list[Callable[[], Any]] = []
-        seconds: list[list[float]] = [[] for _ in cells]
         steps: list[int] = []
-        warm_up: list[float] = []
+        built: list[float] = []
         for cell, plan in zip(cells, plans, strict=True):
             start = time.perf_counter()
-            if native:  # the cell's programs exist: size the call
-                one_call = self.timer(cell, plan[4])
-                one_call()  # warms up
-                clock = time.perf_counter()
-                one_call()
-                steps.append(timed_steps(time.perf_counter() - clock, plan[4], plan[3]))
+            if native:  # the cell's programs exist: size the call (a warm-up, then one call)
+                one_call = time_interleaved({0: self.timer(cell, plan[4])}, 1, wait=_done)[0]
+                steps.append(timed_steps(one_call.median_s, plan[4], plan[3]))
             else:  # a fresh model per timer, compiled by its first call: one timer, full size
                 steps.append(plan[3])
             timers.append(self.timer(cell, steps[-1]))
-            # Untimed: a fresh timer's first call compiles (keras engines) or places its state
-            # and rows (native: 5-10x a steady call, measured at batch 16-64).
-            timers[-1]()
-            warm_up.append(time.perf_counter() - start)
-        for round_index in range(repeats):
-            shift = round_index % len(cells)
-            for index in list(range(shift, len(cells))) + list(range(shift)):
-                seconds[index].append(min(_clock(timers[index]) for _ in range(ROUND_CALLS))
-                                      / steps[index])
-        return {
-            "engine": "native", "study_engine": self.runner.config.engine, "repeats": repeats,
-            "min_seconds": STEP_TIME_SECONDS, "round_calls": ROUND_CALLS,
-            "cells": [{"optimizer": p[0], "batch_size": p[1], "learning_rate": p[2],
-                       "steps_per_call": n, "fused_steps": p[4], "warm_up_s": w,
-                       "seconds": s, "seconds_per_step": median_interval(s)}
-                      for p, n, w, s in zip(plans, steps, warm_up, seconds, strict=True)],
-        }
+            built.append(time.perf_counter() - start)
+        # Each timer's first call is an untimed warm-up: it compiles (keras engines) or places
+        # its state and rows (native: 5-10x a steady call, measured at batch 16-64).
+        timings = time_interleaved(dict(enumerate(timers)), repeats, wait=_done,
+                                   best_of=ROUND_CALLS)
+        rows = []
+        for index, (plan, n) in enumerate(zip(plans, steps, strict=True)):
+            timing, seconds = timings[index], [t / n for t in timings[index].times]
+            rows.append({"optimizer": plan[0], "batch_size": plan[1], "learning_rate": plan[2],
+                         "steps_per_call": n, "fused_steps": plan[4],
+                         "warm_up_s": built[index] + timing.first_call_s, "seconds": seconds,
+                         "seconds_per_step": median_interval(seconds), "cv": timing.cv})
+        return {"engine": "native", "study_engine": self.runner.config.engine,
+                "repeats": repeats, "min_seconds": STEP_TIME_SECONDS, "round_calls": ROUND_CALLS,
+                "cells": rows}

@@ -119,8 +119,6 @@ def test_set_learning_rate_changes_the_update(dataset):
         np.testing.assert_array_equal(a, b)  # a zero rate: not one weight moved
 
 
-@pytest.mark.skipif(BACKEND != "jax", reason="compiling ahead is JAX's (TensorFlow compiles a "
-                    "tf.function's XLA program at its first call)")
 def test_a_size_compiled_ahead_in_the_background_trains_like_one_compiled_on_demand(dataset):
     spec = OptimizerSpec("adam", 3e-3)
     _, ahead = _trainers(dataset, spec, jit=True)
@@ -132,3 +130,22 @@ def test_a_size_compiled_ahead_in_the_background_trains_like_one_compiled_on_dem
     np.testing.assert_allclose(losses[0], losses[1], rtol=LOSS_RTOL)
     assert ahead.ahead_record["sizes"] == 1 and ahead.trace_counts_by_size[32, 5] == 1
     assert ahead.ahead_record["waited_s"] >= 0.0 and ahead.ahead_record["hidden_s"] >= 0.0
+    # The program compiled ahead is the one trained with: nothing compiled on demand.
+    assert demand.ahead_record["sizes"] == 0 and demand.trace_counts_by_size[32, 5] == 1
+
+
+def test_compiling_ahead_while_a_size_trains_changes_no_weight(dataset):
+    # The next size compiles in the background during the current size's calls (the call that
+    # compiles reads the variables and writes none): the run's weights equal a run without it.
+    spec = OptimizerSpec("sgd", 0.05)
+    _, ahead = _trainers(dataset, spec, jit=True)
+    _, plain = _trainers(dataset, spec, jit=True)
+    n = len(dataset.x_train)
+    ahead.compile_ahead(32, 5, n // 32)
+    for trainer in (ahead, plain):
+        EpochRunner(trainer, n, 16, 5)()  # trains at 16 while 32 compiles
+        EpochRunner(trainer, n, 32, 5)()
+        trainer.finish()
+    assert ahead.ahead_record["sizes"] == 1
+    for a, b in zip(ahead.model.get_weights(), plain.model.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -31,6 +31,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from kbackend.adaptive import DEFAULT_MEASURE_EVERY, micro_batches_for
+from kbackend.backends.compile_ahead import AheadCompiler
 from kbackend.backends.jax.data_parallel import DataParallelTrainer
 from kbackend.backends.jax.native import NativeTrainer, make_evaluator
 from kbackend.backends.jax.step import (
@@ -149,11 +150,12 @@ class AdaptiveTrainer(NativeTrainer):
         self._norms: list[tuple[int, np.ndarray, np.ndarray]] = []
         self._calls = 0
         self._lock = threading.Lock()
-        self._ahead: dict[tuple[int, int], Any] = {}
-        self._to_start: list[threading.Thread] = []
-        # Calls compiled ahead: how many, the seconds ``compile`` still waited for them, and
-        # the seconds of their compilation that overlapped training.
-        self.ahead_record: dict[str, Any] = {"sizes": 0, "waited_s": 0.0, "hidden_s": 0.0}
+        self.ahead = AheadCompiler()
+
+    @property
+    def ahead_record(self) -> dict[str, Any]:
+        """Calls compiled ahead (``AheadCompiler.record``)."""
+        return self.ahead.record
 
     def calls_between(self, length: int) -> int:
         """Calls of ``length`` steps from one measured step to the next."""
@@ -217,56 +219,28 @@ class AdaptiveTrainer(NativeTrainer):
         if key in self._sized:
             return 0.0
         start = time.perf_counter()
-        ahead = self._ahead.pop(key, None)
-        if ahead is not None:
-            if ahead in self._to_start:  # asked for, not started: compiled here instead
-                self._to_start.remove(ahead)
-                ahead.start()
-            ahead.join()
-            waited = time.perf_counter() - start
-            if "error" not in ahead.result:  # (a failed compilation is made again, here)
-                self._sized[key] = ahead.result["compiled"]
-                self.ahead_record["waited_s"] += waited
-                self.ahead_record["hidden_s"] += max(0.0, ahead.result["seconds"] - waited)
-                return waited
-        self._sized[key] = self._compile_call(key, self.state, epoch_rows)
+        compiled = self.ahead.take(key)
+        self._sized[key] = (compiled if compiled is not None
+                            else self._compile_call(key, self.state, epoch_rows))
         return time.perf_counter() - start
 
     def compile_ahead(self, batch: int, length: int, steps: int) -> None:
-        """Start compiling the ``length``-step call at ``batch`` for an epoch of ``steps`` rows
-        in a background thread, on abstract arguments (shapes and dtypes): ``compile`` then
-        takes the compiled object instead of compiling."""
+        """Compile the ``length``-step call at ``batch`` for an epoch of ``steps`` rows in a
+        background thread, on abstract arguments (shapes and dtypes): ``compile`` then takes
+        the compiled object instead of compiling."""
         key = (batch, length)
-        if key in self._sized or key in self._ahead:
+        if key in self._sized:
             return
         state = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype),
                              self.state)
         rows = jax.ShapeDtypeStruct((steps, batch), jnp.int32)
-        result: dict[str, Any] = {}
-
-        def work() -> None:
-            started = time.perf_counter()
-            try:
-                result["compiled"] = self._compile_call(key, state, rows)
-            except Exception as error:  # compiled again (and raised) by ``compile``
-                result["error"] = error
-            result["seconds"] = time.perf_counter() - started
-
-        thread = threading.Thread(target=work, name=f"compile-ahead-{batch}x{length}",
-                                  daemon=True)
-        thread.result = result  # type: ignore[attr-defined]
-        self._ahead[key] = thread
-        self.ahead_record["sizes"] += 1
-        # Started by the next ``run``: the programs the current size needs first are compiled
-        # by then (a background compilation holds the lock ``compile`` would wait for).
-        self._to_start.append(thread)
+        self.ahead.request(key, lambda: self._compile_call(key, state, rows))
 
     def run(self, epoch_rows: Any, start: int, length: int) -> Any:
         batch = int(epoch_rows.shape[-1])
         measure = self._calls % self.calls_between(length) == 0
         self._calls += 1
-        while self._to_start:
-            self._to_start.pop().start()
+        self.ahead.start_pending()
         self.state, (losses, norms) = self._sized[batch, length](
             self.state, self.x_train, self.y_train, epoch_rows, np.int32(start),
             np.bool_(measure))

@@ -14,6 +14,7 @@ of their mean, the two inputs of ``kbackend.adaptive.NoiseScale``.
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from typing import Any
@@ -22,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from kbackend.adaptive import DEFAULT_MEASURE_EVERY, micro_batches_for
+from kbackend.backends.compile_ahead import AheadCompiler
 from kbackend.backends.tensorflow.data_parallel import DataParallelTrainer
 from kbackend.backends.tensorflow.native import NativeTrainer
 from kbackend.backends.tensorflow.ops import jit_function
@@ -138,6 +140,13 @@ class AdaptiveTrainer(NativeTrainer):
         self.trace_counts_by_size: dict[tuple[int, int], int] = {}
         self._norms: list[tuple[int, np.ndarray, np.ndarray]] = []
         self._calls = 0
+        self._lock = threading.Lock()  # one trace at a time (the model's layers are shared)
+        self.ahead = AheadCompiler()
+
+    @property
+    def ahead_record(self) -> dict[str, Any]:
+        """Calls compiled ahead (``AheadCompiler.record``)."""
+        return self.ahead.record
 
     def _adaptive_step(self, batch: int) -> Any:
         if batch not in self._steps:
@@ -210,30 +219,54 @@ class AdaptiveTrainer(NativeTrainer):
 
         return jit_function(run, self.jit_compile)
 
+    def _compiled_call(self, key: tuple[int, int], epoch_rows: Any) -> Any:
+        """``key``'s call traced and XLA-compiled by a call that trains nothing (a 0-step
+        call: reads the variables, writes none), so it may run beside training."""
+        with self._lock:
+            fn = self._adaptive_run_fn(*key)
+            fn(self.x_train, self.y_train, epoch_rows, tf.constant(0), tf.constant(0),
+               tf.constant(False))
+        return fn
+
     def compile(self, length: int, epoch_rows: Any) -> float:
         """Compile the ``length``-step call at the rows' batch size if needed; its seconds
-        (a written-out call trains ``length`` steps and puts the variables back)."""
+        (for a call compiled ahead, only what was left of its compilation; a written-out call
+        trains ``length`` steps and puts the variables back)."""
         key = (int(epoch_rows.shape[-1]), length)
         if key in self._sized:
             return 0.0
         start = time.perf_counter()
-        fn = self._adaptive_run_fn(*key)
-        if self.writes_out(length):
+        compiled = self.ahead.take(key)
+        if compiled is not None:
+            self._sized[key] = compiled
+        elif self.writes_out(length):
+            fn = self._adaptive_run_fn(*key)
             saved = [np.array(v.numpy()) for v in self._all_variables()]
             fn(self.x_train, self.y_train, epoch_rows, tf.constant(0), tf.constant(length),
                tf.constant(False))
             for variable, value in zip(self._all_variables(), saved, strict=True):
                 variable.assign(value)
+            self._sized[key] = fn
         else:
-            fn(self.x_train, self.y_train, epoch_rows, tf.constant(0), tf.constant(0),
-               tf.constant(False))
-        self._sized[key] = fn
+            self._sized[key] = self._compiled_call(key, epoch_rows)
         return time.perf_counter() - start
+
+    def compile_ahead(self, batch: int, length: int, steps: int) -> None:
+        """Trace and compile the ``length``-step call at ``batch`` for an epoch of ``steps``
+        rows in a background thread (a 0-step call on rows of that shape): ``compile`` then
+        takes it. Not for a call whose steps are written out: only a call that trains steps
+        compiles it, which cannot run beside training."""
+        key = (batch, length)
+        if key in self._sized or self.writes_out(length):
+            return
+        rows = np.zeros((steps, batch), np.int32)
+        self.ahead.request(key, lambda: self._compiled_call(key, rows))
 
     def run(self, epoch_rows: Any, start: int, length: int) -> Any:
         batch = int(epoch_rows.shape[-1])
         measure = self._calls % self.calls_between(length) == 0
         self._calls += 1
+        self.ahead.start_pending()
         outputs = self._sized[batch, length](self.x_train, self.y_train, epoch_rows,
                                              tf.constant(start), tf.constant(length),
                                              tf.constant(measure))

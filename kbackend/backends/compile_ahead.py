@@ -1,0 +1,70 @@
+"""Compiling the next batch size's call in a background thread while the current size trains
+(``--batch-size auto`` with ``KBACKEND_ADAPTIVE_AHEAD=1``): the bookkeeping both backends'
+adaptive trainers share. Backend-free; each trainer supplies the function that compiles.
+
+A compilation asked for is started at the trainer's next call, not at once: by then the
+programs the current size needs first are compiled (a background compilation holds the lock
+they would wait for). The record says how many sizes were compiled ahead, the seconds the loop
+still waited for them and the seconds of their compilation that overlapped training.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Hashable
+from typing import Any
+
+
+class AheadCompiler:
+    """Background compilations by key (batch size, call length) and their record."""
+
+    def __init__(self) -> None:
+        self._threads: dict[Hashable, threading.Thread] = {}
+        self._results: dict[Hashable, dict[str, Any]] = {}
+        self._to_start: list[threading.Thread] = []
+        self.record: dict[str, Any] = {"sizes": 0, "waited_s": 0.0, "hidden_s": 0.0}
+
+    def request(self, key: Hashable, compile_call: Callable[[], Any]) -> None:
+        """Compile ``key``'s call with ``compile_call`` in the background (started by
+        ``start_pending``); a key already asked for is not compiled twice."""
+        if key in self._threads:
+            return
+        result: dict[str, Any] = {}
+
+        def work() -> None:
+            started = time.perf_counter()
+            try:
+                result["compiled"] = compile_call()
+            except Exception as error:  # compiled again (and raised) by the trainer
+                result["error"] = error
+            result["seconds"] = time.perf_counter() - started
+
+        thread = threading.Thread(target=work, name=f"compile-ahead-{key}", daemon=True)
+        self._threads[key], self._results[key] = thread, result
+        self.record["sizes"] += 1
+        self._to_start.append(thread)
+
+    def start_pending(self) -> None:
+        """Start the compilations asked for since the last call (the trainer's ``run``)."""
+        while self._to_start:
+            self._to_start.pop().start()
+
+    def take(self, key: Hashable) -> Any | None:
+        """``key``'s call compiled ahead (waiting for what is left of it), or None: not asked
+        for, or failed (the trainer then compiles it, and raises its error, itself)."""
+        thread = self._threads.pop(key, None)
+        if thread is None:
+            return None
+        result = self._results.pop(key)
+        start = time.perf_counter()
+        if thread in self._to_start:  # asked for, not started: compiled here instead
+            self._to_start.remove(thread)
+            thread.start()
+        thread.join()
+        if "error" in result:
+            return None
+        waited = time.perf_counter() - start
+        self.record["waited_s"] += waited
+        self.record["hidden_s"] += max(0.0, result["seconds"] - waited)
+        return result["compiled"]

@@ -101,7 +101,7 @@ def test_the_facts_table_and_the_engines_agree():
             engine.facts.steps_per_epoch(1000, 32) == (32 if name == "keras" else 31)
     with pytest.raises(ConfigError, match=r"Unknown engine.*'fit'"):
         engine_facts("fit")
-    with pytest.raises(ConfigError, match=r"Unknown engine.*'fit'"):
+    with pytest.raises(ConfigError, match=r"Invalid engine .fit.: expected one of"):
         TrainConfig(engine="fit")
 
 

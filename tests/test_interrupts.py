@@ -82,14 +82,24 @@ def test_kbackend_raises_it_once_the_callback_returned(place):
 def test_ctrl_c_in_the_first_seconds_of_a_command_exits_130():
     # Commands that would train for minutes, each sent SIGINT at another moment of its start-up
     # (imports, JAX's or TensorFlow's start, data, compilation), all at once to keep it short.
+    # The delays count from each interpreter's first line of Python: a signal inside CPython's
+    # own start-up (its site import, before any code runs) is a fatal error kbackend cannot
+    # reach, and on a loaded machine 0.5 s after the spawn can still be there. The command runs
+    # as ``python -m kbackend`` does (runpy), in the same interpreter, with the SIGINT handler
+    # a fresh interpreter has (KeyboardInterrupt; the test process may have SIGINT ignored).
     delays = (0.5, 1.0, 1.5, 2.5, 4.0)
     command = [sys.executable, "-c",
-               DEFAULT_SIGINT + "os.execv(sys.executable, [sys.executable, '-m', 'kbackend', "
-               "*sys.argv[1:]])", "train", "--epochs", "1000", "--quiet", "--no-compile-cache"]
+               "import runpy, signal, sys; signal.signal(signal.SIGINT, "
+               "signal.default_int_handler); sys.stderr.write('started\\n'); "
+               "sys.stderr.flush(); sys.argv = ['kbackend', *sys.argv[1:]]; "
+               "runpy.run_module('kbackend', run_name='__main__', alter_sys=True)",
+               "train", "--epochs", "1000", "--quiet", "--no-compile-cache"]
     env = {**os.environ, "KERAS_BACKEND": BACKEND, "KBACKEND_OFFLINE": "1"}
-    started = time.monotonic()
     processes = [subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True) for _ in delays]
+    for process in processes:
+        assert process.stderr is not None and process.stderr.readline() == "started\n"
+    started = time.monotonic()
     try:
         for delay, process in zip(delays, processes, strict=True):
             time.sleep(max(0.0, started + delay - time.monotonic()))

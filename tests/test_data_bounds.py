@@ -104,7 +104,7 @@ def test_images_over_the_memory_cap_are_refused_before_decoding(tmp_path, reader
         raise AssertionError("an image was decoded before the memory check")
 
     folder = folder_with(tmp_path / "pets", png_bytes(6, 5), others=4)
-    monkeypatch.setattr(user, "import_keras", no_decoding)
+    monkeypatch.setattr(user.folder, "import_keras", no_decoding)
     # 9 images x 6 x 5 x 3 float32 = 3,240 bytes
     with pytest.raises(DataError, match=r"9 images of 6x5x3 float32 would take 3,240 bytes"):
         load_source(str(folder), max_bytes=3_239)
@@ -116,7 +116,7 @@ def test_images_over_the_memory_cap_are_refused_before_decoding(tmp_path, reader
 def test_image_size_lifts_the_pixel_cap(tmp_path, monkeypatch):
     from PIL import Image
 
-    monkeypatch.setattr(user, "MAX_IMAGE_PIXELS", 99)  # a 10x10 image is over it
+    monkeypatch.setattr(user.folder, "MAX_IMAGE_PIXELS", 99)  # a 10x10 image is over it
     folder = folder_with(tmp_path / "pets", png_bytes(6, 5))
     Image.new("RGB", (10, 10), (10, 20, 30)).save(folder / "a" / "0.png")
     with pytest.raises(DataError, match="is 10x10 pixels, more than the 99 read unless"):
@@ -172,11 +172,11 @@ def test_an_npz_declaring_more_than_fits_is_refused_before_reading(tmp_path, mon
     def no_reading(*args, **kwargs):
         raise AssertionError("an array was read before the size check")
 
-    monkeypatch.setattr(user, "_read_member", no_reading)
+    monkeypatch.setattr(user.npz, "_read_member", no_reading)
     with pytest.raises(DataError, match=r"its arrays \(inputs as float32, with room to split "
                                         r"them\) would take 13,369,344 bytes"):
         load_source(str(path), max_bytes=8 * 2**20)
-    monkeypatch.setattr(user, "default_max_bytes", lambda: 2**20)  # "free memory": 1 MiB
+    monkeypatch.setattr(user.common, "default_max_bytes", lambda: 2**20)  # "free memory": 1 MiB
     before = path.read_bytes()
     result = cli("train", "--data", path, "--model", "seed_mlp", "--epochs", "1")
     assert result.returncode == 2 and one_line_error(result.stderr)

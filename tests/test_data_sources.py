@@ -1,6 +1,6 @@
 """A user's own data sources (issue 34): .npz, .csv, folders of images or text, TFDS folders,
 FILE.py:FUNCTION, and Python objects, read into NumPy arrays; every bad input a one-line
-``DataError`` saying what was wrong (kbackend/data/user.py).
+``DataError`` saying what was wrong (kbackend/data/user/).
 
 Every file is generated under ``tmp_path``; nothing reaches the network. The TFDS tests build a
 tiny prepared dataset with a builder defined here, and skip when TensorFlow Datasets (the ``tfds``
@@ -407,7 +407,7 @@ def test_an_oversized_npz_is_refused_from_its_headers_alone(tmp_path, monkeypatc
         raise AssertionError("an array was read before the size check")
 
     monkeypatch.setattr(np, "load", no_loading)
-    monkeypatch.setattr("kbackend.data.user._read_member", no_loading)
+    monkeypatch.setattr("kbackend.data.user.npz._read_member", no_loading)
     # held: x as float32 (400,000 bytes) and y (8,000), x 1.5 for the split: 612,000 bytes
     with pytest.raises(DataError, match=r"612,000 bytes in memory, more than the 611,999"):
         load_source(source, max_bytes=611_999)

@@ -97,6 +97,10 @@ def test_the_studys_pick_is_read_from_what_it_printed():
                      "confirmed_on": "2 of 3"}
     assert tuner.CONFIRMATION_S.search(stdout)[1] == "4.25"
     assert tuner.recommended("No cell reached the target: nothing to recommend")["pick"] is None
+    # A command that reached the target on none of its held-out seeds (the console may wrap).
+    missed = ("Recommended: sgd at batch 32, lr 0.632 (edge) (resolved).\n  Confirmed with this "
+              "command on 3 held-out seeds: the target was not\nreached on any of them.\n")
+    assert tuner.recommended(missed)["confirmed_on"] == "0 of 3"
 
 
 def test_the_table_shows_repeats_ratio_and_picks():

@@ -55,11 +55,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kbackend.adaptive import AutoBatchSize
 from kbackend.backend_choice import active_backend
+from kbackend.data.sources import cache_dir
 from kbackend.errors import ConfigError, DataError
+from kbackend.models import ModelOptions
+from kbackend.optim import OptimizerSpec
 from kbackend.reports import markdown_rows
 from kbackend.runtime.child import run_in_child
+from kbackend.study.pipeline import load_summaries
+from kbackend.study.recommend import ranked_cells
 from kbackend.study.verdicts import mean_interval
+from kbackend.training import Target, TrainConfig, load_dataset, train
 
 LEVEL = 0.95
 GOALS = {"fixed_min": 0.7, "best_fixed": 1.2}  # auto / other, wall to the target
@@ -91,9 +98,6 @@ def say(message: str) -> None:
 def study_problem(path: str, auto_min: int | None) -> dict[str, Any]:
     """The problem and rates of a stored study (see the module): one ``ConfigError`` line when
     it has no recommended cell or no cell of that optimizer at MIN."""
-    from kbackend.study.pipeline import load_summaries  # deferred: the study stack is large
-    from kbackend.study.recommend import ranked_cells
-
     (summary,) = load_summaries([path])
     ranked = ranked_cells(summary)
     if not ranked:
@@ -141,11 +145,6 @@ def run_side(model: str, dataset: str, target: float, optimizer: str, rate: floa
              auto_max: int | None = None) -> dict[str, Any]:
     """One whole ``train()`` (the child's target): its wall to the target from the call (None
     where it never reached), its whole wall, steps and auto's step ranges."""
-    from kbackend.adaptive import AutoBatchSize
-    from kbackend.models import ModelOptions
-    from kbackend.optim import OptimizerSpec
-    from kbackend.training import Target, TrainConfig, load_dataset, train
-
     config = TrainConfig(model=model, dataset=dataset, engine="native", seed=seed,
                          model_options=ModelOptions(seed=seed), batch_size=batch_size,
                          adaptive_batch=AutoBatchSize(batch_size, auto_max) if auto else None,
@@ -199,8 +198,6 @@ def _child(problem: dict[str, Any], side: str, seed: int, cache: Path,
 def _fresh_cache(root: Path, name: str) -> Path:
     """An empty cache folder but for the generated data files of this process's cache (so a
     cold run compiles afresh without generating its data again)."""
-    from kbackend.data.sources import cache_dir
-
     folder = root / name
     folder.mkdir(parents=True)
     for data_file in cache_dir().glob("mnist1d-*.npz"):
@@ -212,8 +209,6 @@ def _fresh_cache(root: Path, name: str) -> Path:
 def _ensure_data(problem: dict[str, Any], opts: dict[str, Any]) -> str | None:
     """None when the problem's data loads here (generated data is cached for the children),
     else the one line that says why it is skipped."""
-    from kbackend.training import TrainConfig, load_dataset
-
     try:
         load_dataset(TrainConfig(model=problem["model"], dataset=problem["dataset"],
                                  data_dir=opts["data_dir"]))

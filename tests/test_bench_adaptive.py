@@ -64,6 +64,32 @@ def test_quick_reuse_part_times_both_ways_of_running_auto_runs(tmp_path):
     assert "one shared trainer" in (out / "bench_adaptive.md").read_text()
 
 
+@pytest.mark.slow
+def test_quick_timewin_part_runs_every_side_in_a_fresh_process(tmp_path):
+    """``--part timewin --quick``: auto, fixed MIN and the best fixed size on digits, each a
+    whole train() in a child with an empty cache, to the target; the goals row and tables."""
+    out = tmp_path / "out"
+    options = ["--quick", "--backends", BACKEND, "--part", "timewin", "--out", str(out)]
+    assert run(BENCHMARKS["bench_adaptive"], options, in_process=True) == 0
+    payload = json.loads((out / "bench_adaptive.json").read_text())
+    runs = {r["side"]: r for r in payload["rows"] if r["part"] == "timewin"}
+    assert list(runs) == ["auto", "fixed_min", "best_fixed"]
+    for side, run_row in runs.items():
+        assert run_row["cache"] == "cold" and run_row["seed"] == 0, side
+        assert 0 < run_row["wall_s"] <= run_row["run_wall_s"], side  # digits' 0.9 is reached
+        assert run_row["steps"] > 0, side
+    sizes = [r["batch_size"] for r in runs["auto"]["adaptive"]["ranges"]]
+    assert sizes[0] == 8 and sizes == sorted(sizes) and sizes[-1] <= 128
+    (goals,) = [r for r in payload["rows"] if r["part"] == "timewin goals"]
+    for goal in ("fixed_min", "best_fixed"):
+        verdict = goals["goals"][goal]
+        assert verdict["seeds"] == 1 and verdict["high"] is None and not verdict["resolved"]
+        ratio = runs["auto"]["wall_s"] / runs[goal]["wall_s"]
+        assert verdict["ratio"] == pytest.approx(ratio)
+    table = (out / "bench_adaptive.md").read_text()
+    assert "Time win goals" in table and f"| {BACKEND} | digits | cold | best fixed |" in table
+
+
 def test_samples_count_each_step_range_at_its_batch_size():
     ranges = [{"step": 0, "batch_size": 8}, {"step": 40, "batch_size": 32},
               {"step": 100, "batch_size": 128}]

@@ -80,6 +80,7 @@ def test_quick_timewin_part_runs_every_side_in_a_fresh_process(tmp_path):
         assert run_row["steps"] > 0, side
     sizes = [r["batch_size"] for r in runs["auto"]["adaptive"]["ranges"]]
     assert sizes[0] == 8 and sizes == sorted(sizes) and sizes[-1] <= 128
+    assert runs["auto"]["adaptive"]["maximum"] == 128  # auto:8:128: no knee probe
     (goals,) = [r for r in payload["rows"] if r["part"] == "timewin goals"]
     for goal in ("fixed_min", "best_fixed"):
         verdict = goals["goals"][goal]

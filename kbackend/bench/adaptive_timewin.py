@@ -165,13 +165,15 @@ def run_side(model: str, dataset: str, target: float, optimizer: str, rate: floa
     history = train(config, dataset=data, reporter=Clock()).history
     whole = time.perf_counter() - start
     reached = history.record.target_reached
-    ranges = (history.record.adaptive_batch or {}).get("ranges") or []
+    record = history.record.adaptive_batch or {}
+    ranges = record.get("ranges") or []
     return {"wall_s": evals[int(reached["step"])] - start if reached else None,
             "run_wall_s": whole, "steps": int(reached["step"]) if reached else None,
             "steps_run": history.steps_run, "compile_s": history.timing.get("compile_time"),
             "adaptive": {"ranges": [{k: r.get(k) for k in ("step", "batch_size", "b_simple")}
                                     for r in ranges],
-                         "maximum": (history.record.adaptive_batch or {}).get("maximum")}
+                         "maximum": record.get("max"),
+                         "probe_seconds": (record.get("knee_probe") or {}).get("probe_seconds")}
             if auto else None}
 
 

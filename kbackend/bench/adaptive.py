@@ -1,7 +1,8 @@
 """Adaptive batch size benchmark (issue 37): the estimator's overhead, and auto vs fixed.
 
     python scripts/bench_adaptive.py [--quick] [--out DIR] [--backends jax,tensorflow]
-        [--part overhead|compare|both|reuse|estimator] [--model mlp] [--dataset mnist1d_large]
+        [--part overhead|compare|both|reuse|estimator|timewin] [--model mlp]
+        [--dataset mnist1d_large]
         [--batch-sizes 8,32,128,512] [--repeats N] [--fixed 8,16,...,512] [--rates 1e-3,3e-3]
         [--lr-scalings sqrt,linear,adascale,none] [--auto-min 8] [--auto-max 0,512]
         [--seeds 0,1,2] [--epochs 20] [--eval-every 25] [--target 0.65]
@@ -26,6 +27,12 @@ non-zero ``--auto-max``) per seed with the every-step estimator and with the def
 measured step in 16, the last of a fused call), alternated: the step each size was reached at
 and the largest gap between the two, in evaluation intervals.
 
+``timewin`` (issue 47): auto's wall to the target, a whole ``train()`` per run in a fresh
+process, cold and warm compile caches, against fixed MIN and the best fixed size, with the
+goals (<= 0.7x, <= 1.2x); ``[--problems mnist,mnist1d_large] [--study DIR] [--caches
+cold,warm] [--min-rate R] [--best-batch B] [--best-rate R] [--seeds 0,1,2,3,4]``: see
+``bench/adaptive_timewin.py``.
+
 ``compare``: per seed, ``train()`` on the native engine at every fixed batch size (each with the
 best of the ``--rates``) and with ``--batch-size auto:MIN:MAX`` for each ``--lr-scalings`` and
 ``--auto-max`` (0: the default MAX, the throughput knee probed once per machine); steps,
@@ -38,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import sys
 import time
@@ -51,6 +59,7 @@ import numpy as np
 from kbackend.adaptive import DEFAULT_MEASURE_EVERY, AutoBatchSize
 from kbackend.backend_choice import active_backend
 from kbackend.backends import adaptive, impl
+from kbackend.bench import adaptive_timewin
 from kbackend.bench.spec import (
     Benchmark,
     Option,
@@ -73,7 +82,7 @@ from kbackend.reports import markdown_rows
 from kbackend.study.summaries import adaptive_samples
 from kbackend.training import Target, TrainConfig, load_dataset, train
 
-PARTS = ("overhead", "compare", "both", "reuse", "estimator")
+PARTS = ("overhead", "compare", "both", "reuse", "estimator", "timewin")
 FUSED_STEPS = 8
 
 # Full and quick defaults of every option left out (quick: a smoke run of a few seconds).
@@ -446,10 +455,13 @@ def measure_adaptive(settings: Settings) -> Rows:
         rows += reuse(opts)
     if opts["part"] == "estimator":
         rows += estimator(opts)
+    if opts["part"] == "timewin":
+        opts.update(adaptive_timewin.timewin_options(settings.quick, settings.options))
+        rows += adaptive_timewin.timewin(opts, settings.options, settings.quick)
     plot_path = None
-    if opts["part"] in ("compare", "both"):
-        compared = compare(opts)
-        rows += compared
+    if opts["part"] in ("compare", "both", "timewin"):
+        compared = compare(opts) if opts["part"] != "timewin" else _timewin_plot_rows(rows)
+        rows += compared if opts["part"] != "timewin" else []
         folder = settings.out
         path = Path(folder or ".") / f"bench_adaptive_{active_backend()}.png"
         title = (f"{plot_text(opts['model'])} on {plot_text(opts['dataset'])} "
@@ -464,11 +476,26 @@ def measure_adaptive(settings: Settings) -> Rows:
     if opts["part"] in ("overhead", "both"):
         summary.update(repeats=opts["repeats"], batch_sizes=opts["batch_sizes"],
                        devices=opts["devices"])
+    if opts["part"] == "timewin":
+        summary.update(seeds=opts["seeds"], caches=opts["caches"], goals=adaptive_timewin.GOALS,
+                       load=os.getloadavg())
     if opts["part"] in ("compare", "both"):
         summary.update({name: opts[name] for name in (
             "fixed", "rates", "lr_scalings", "auto_min", "auto_max", "seeds", "epochs",
             "eval_every", "target")})
     return rows, summary
+
+
+def _timewin_plot_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The timewin auto runs as ``plot`` reads them: one case per problem and cache state."""
+    cases: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if row.get("part") == "timewin" and row["side"] == "auto":
+            case = cases.setdefault(f"auto {row['problem']} {row['cache']}",
+                                    {"case": f"auto {row['problem']} {row['cache']}",
+                                     "runs": []})
+            case["runs"].append(row)
+    return list(cases.values())
 
 
 def _interval(cell: dict[str, Any], fmt: str) -> str:
@@ -522,6 +549,7 @@ def adaptive_table(payload: dict[str, Any]) -> str:
             lambda row: [row["backend"], row["case"],
                          ", ".join(f"{k}: {v}" for k, v in row["reached_at"].items()),
                          f"{row['gap_intervals']:.1f}", str(row["steps"]), _fmt(row["time_s"])])
+    parts += adaptive_timewin.tables(payload["rows"])
     plots = [s["plot"] for s in payload["summaries"] if s.get("plot")]
     if plots:
         parts.append("Batch-size trajectories over B_simple: " + ", ".join(plots))
@@ -536,8 +564,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               summary_fields=("part", "model", "dataset", "plot"),
               options=(
                   Option("--part", "overhead, compare, both, reuse (auto runs on one "
-                         "shared trainer vs a fresh train() each), or estimator (growth with "
-                         "the every-step estimator vs the default) (default both)", _part),
+                         "shared trainer vs a fresh train() each), estimator (growth with "
+                         "the every-step estimator vs the default), or timewin (auto's wall "
+                         "to the target vs fixed MIN and the best fixed size, issue 47) "
+                         "(default both)", _part),
                   Option("--model", "model (default mlp, quick seed_mlp)"),
                   Option("--dataset", "dataset (default mnist1d_large, quick digits)"),
                   Option("--data-dir", "data folder (default: kbackend's)"),
@@ -561,6 +591,18 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                          "quick 0.9)", float),
                   Option("--jit", "on or off: XLA compilation of the native steps (default "
                          "on; quick: off on tensorflow)", _jit),
+                  Option("--problems", "timewin: problems (default mnist,mnist1d_large)",
+                         adaptive_timewin.problem_list),
+                  Option("--study", "timewin: a kbackend study report folder or its "
+                         "summary.json: its problem, rate at MIN and best fixed cell"),
+                  Option("--caches", "timewin: cold, warm or both (default cold,warm, quick "
+                         "cold)", adaptive_timewin.cache_list),
+                  Option("--min-rate", "timewin: the rate at MIN of auto and fixed MIN "
+                         "(default: the problem's)", float),
+                  Option("--best-batch", "timewin: the best fixed batch size (default: the "
+                         "problem's)", int),
+                  Option("--best-rate", "timewin: the best fixed size's rate (default: the "
+                         "problem's)", float),
                   Option("--devices", "overhead: N > 1 compares the data-parallel trainers "
                          "on N devices (N virtual devices on a CPU) (default 1)", int)),
               workers=adaptive_workers,

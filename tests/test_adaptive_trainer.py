@@ -148,4 +148,4 @@ def test_compiling_ahead_while_a_size_trains_changes_no_weight(dataset):
         trainer.finish()
     assert ahead.ahead_record["sizes"] == 1
     for a, b in zip(ahead.model.get_weights(), plain.model.get_weights(), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(a, b, rtol=LOSS_RTOL, atol=1e-5)

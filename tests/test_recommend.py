@@ -226,10 +226,14 @@ def test_a_plateau_within_two_standard_errors_of_the_target_is_warned():
     warning = trust.after_training(study, "val_accuracy", 0.9, 400)  # 2 SE = 0.03
     assert "plateau at val_accuracy 0.915" in warning
     assert trust.after_training({"cells": [cell(1.0, 0.97)]}, "val_accuracy", 0.9, 400) is None
-    # without frontier runs the plateau is unknown: nothing said
-    assert trust.after_training({"cells": [{"reached": True, "time_to_target": 1.0,
-                                            "best_metric": 0.901}]},
-                                "val_accuracy", 0.9, 400) is None
+    # without frontier runs the plateau is unknown: said in one line, not silently skipped
+    unchecked = trust.after_training({"cells": [{"reached": True, "time_to_target": 1.0,
+                                                 "best_metric": 0.901}]},
+                                     "val_accuracy", 0.9, 400)
+    assert unchecked.startswith("note: the plateau was not checked") and "\n" not in unchecked
+    assert trust.after_training({"cells": [{"reached": False, "time_to_target": None}]},
+                                "val_accuracy", 0.9, 400) is None  # no cell reached: no plateau
+    assert trust.after_training({"cells": [cell(1.0, 0.91)]}, "val_mae", 0.9, 400) is None
 
 
 def test_a_validation_split_under_ten_samples_is_refused_before_any_run(tmp_path, cli,

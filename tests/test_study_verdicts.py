@@ -374,3 +374,37 @@ def test_spending_at_the_first_look_answers_more_under_a_seed_budget():
     spent = answered(LookLevels.of(3, 10))
     equal = answered(look_level(len(seed_schedule(3, 10))))
     assert spent > equal + 0.1
+
+
+def test_an_answer_at_an_earlier_look_stands_when_seeds_added_for_another_comparison_blur_it():
+    """Three seeds resolve "B better" at the first look (level 0.95); seven seeds added for
+    another comparison that shares a cell leave the ten-seed interval open at the last look's
+    stricter level: the verdict is the first look's, marked with its seed count. A float level
+    (one look) reads every seed, as before."""
+    levels = LookLevels.of(3, 10)
+    first = [1.45, 1.5, 1.55]
+    later = [0.6, 2.0, 0.7, 2.1, 0.65, 1.9, 0.8]
+    a, b = _seeds(first + later), _seeds([1.0] * 10)
+    on_ten = ratio_verdict(a, b, level=levels.final, margin=0.2)
+    assert on_ten["outcome"] == "not_resolved" and on_ten["seeds"] == 10
+    verdict = ratio_verdict(a, b, level=levels, margin=0.2)
+    assert verdict["outcome"] == "b" and verdict["look"] == 3 and verdict["seeds"] == 3
+    assert verdict["level"] == pytest.approx(levels.levels[0])
+    assert "look" not in ratio_verdict(a, b, level=0.9, margin=0.2)
+    # a difference (accuracies) reads its looks alike
+    accuracy = difference_verdict(_seeds([0.9, 0.9, 0.9, 0.7, 1.0]), _seeds([0.8] * 5),
+                                  level=LookLevels.of(3, 5), margin=0.01, larger_is_better=True)
+    assert accuracy["outcome"] == "a" and accuracy["look"] == 3
+
+
+def test_reading_every_look_keeps_wrong_verdicts_under_the_stated_share_when_equal():
+    """Truth "equal" (ratio 1, seeds spread 20%), all ten seeds present (added for other
+    comparisons) and the verdict taken at the first look that resolves: still at most 10% say
+    A or B is better (each look's interval has its share of the error)."""
+    rng = np.random.default_rng(3)
+    levels, trials, wrong = LookLevels.of(3, 10), 2000, 0
+    for _ in range(trials):
+        a = _seeds(np.exp(rng.normal(0.0, 0.2, size=10)))
+        wrong += ratio_verdict(a, _seeds([1.0] * 10), level=levels,
+                               margin=0.1)["outcome"] in ("a", "b")
+    assert wrong / trials <= (1 - VERDICT_CONFIDENCE) + 0.02

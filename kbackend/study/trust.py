@@ -11,7 +11,8 @@ than the cell (a 40-image split at a 0.9 target: steps of 0.025, a standard erro
 - ``after_training``: a warning when the best cells' plateau (the best validation value their
   frontier runs reach on an equal budget, median over seeds) lies within two standard errors of
   the target: those runs reach it by a margin the split cannot tell from noise. Without
-  frontier runs (``--frontier-epochs 0``) the plateau is not measured and nothing is said.
+  frontier runs on those cells (``--frontier-epochs 0``) the plateau is not measured, and a
+  one-line note says it was not checked (silence would read as "checked, fine").
 - ``MIN_VALIDATION_SAMPLES``: below it a study is refused (a one-line error before any run).
 
 Error metrics of regression (``val_mae``, losses) have no binomial error; they are not checked.
@@ -65,7 +66,8 @@ def after_training(study: dict[str, Any], metric: str, target: float,
                    samples: int, cells: int = 3) -> str | None:
     """A one-line warning when the plateau of the ``cells`` fastest cells (the median best
     validation value of their frontier runs) lies within ``PLATEAU_STANDARD_ERRORS`` standard errors
-    above the target; None otherwise."""
+    above the target; a one-line note when none of them has frontier runs to read it from; None
+    otherwise."""
     if not _is_proportion(metric) or samples <= 0:
         return None
     ranked = sorted((c for c in study.get("cells", []) if c.get("reached")
@@ -76,8 +78,13 @@ def after_training(study: dict[str, Any], metric: str, target: float,
     plateaus = [c["frontier"]["best_metric"]["median"] for c in ranked
                 if ((c.get("frontier") or {}).get("best_metric") or {}).get("median")
                 is not None]
-    if not plateaus:
+    if not ranked:
         return None
+    if not plateaus:
+        return (f"note: the plateau was not checked: it is read from frontier runs, and the "
+                f"fastest cells have none (--frontier-epochs 0); a target near {metric}'s "
+                "plateau is reached partly by luck, which the confirmation on held-out seeds "
+                "shows.")
     error = standard_error(target, samples)
     plateau = max(plateaus)
     if plateau - target > PLATEAU_STANDARD_ERRORS * error:

@@ -44,7 +44,7 @@ with unlimited seeds, equal shares answer about as many). ``look_level`` is the 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,10 +113,6 @@ class LookLevels:
 
 
 Level = float | LookLevels
-
-
-def _level(level: Level, seeds: int) -> float:
-    return level.at(seeds) if isinstance(level, LookLevels) else float(level)
 
 
 def t_quantile(probability: float, df: float) -> float:
@@ -206,18 +202,53 @@ def _paired(a: dict[str, float], b: dict[str, float]) -> list[str]:
     return sorted(set(a) & set(b), key=lambda s: (len(s), s))
 
 
-def ratio_verdict(a: dict[str, float], b: dict[str, float], *, level: Level, margin: float,
+Seeds = dict[str, float]
+
+
+def at_first_look(verdict_of: Callable[[Seeds, Seeds, float], dict[str, Any]], a: Seeds,
+                  b: Seeds, level: Level) -> dict[str, Any]:
+    """``verdict_of(a, b, level)`` on every seed the two share; where that is not resolved and
+    ``level`` spreads the error over looks, the first earlier look that resolved it (look k:
+    the first ``schedule[k]`` shared seeds, the seeds it had then, at ``levels[k]``), its
+    ``look`` its seed count. As sure as the last look: each look's interval has its own share
+    of the error, so all of them cover together with the stated confidence. Without it, seeds
+    added for another comparison (a cell is in several) could re-open an answered one at a
+    later look's stricter level."""
+    seeds = _paired(a, b)
+    if not isinstance(level, LookLevels):
+        return verdict_of(a, b, float(level))
+    final = verdict_of(a, b, level.at(len(seeds)))
+    if final["resolved"]:
+        return final
+    for count, at_level in zip(level.schedule, level.levels, strict=True):
+        if count >= len(seeds):
+            break
+        shared = seeds[:count]
+        earlier = verdict_of({s: a[s] for s in shared}, {s: b[s] for s in shared}, at_level)
+        if earlier["resolved"]:
+            return {**earlier, "look": count}
+    return final
+
+
+def ratio_verdict(a: Seeds, b: Seeds, *, level: Level, margin: float,
                   floor_sd: float = 0.0, round_log_ratios: Sequence[float] | None = None,
                   scale: float = 1.0, bounds: tuple[float | None, float | None] = (None, None),
                   ) -> dict[str, Any]:
     """Smaller is better (times, steps): the interval of the ratio A/B over the seeds both have
-    (dicts seed -> value; infinite: never reached). ``round_log_ratios``: the per-round log
-    ratios of a second factor (step times); ``scale``: a known factor of the ratio. A seed
-    that never reached counts at a lower bound of its value: ``bounds`` (A's, B's: the steps it
-    ran), else its side's largest finite value, so the ratio is biased towards equal and only
-    the verdict against that side stands."""
+    (dicts seed -> value; infinite: never reached), at the first look that resolves it
+    (``at_first_look``). ``round_log_ratios``: the per-round log ratios of a second factor
+    (step times; rounds are not looks: every look reads all of them); ``scale``: a known factor
+    of the ratio. A seed that never reached counts at a lower bound of its value: ``bounds``
+    (A's, B's: the steps it ran), else its side's largest finite value, so the ratio is biased
+    towards equal and only the verdict against that side stands."""
+    return at_first_look(lambda x, y, at: _ratio_verdict(
+        x, y, at, margin, floor_sd, round_log_ratios, scale, bounds), a, b, level)
+
+
+def _ratio_verdict(a: Seeds, b: Seeds, level: float, margin: float, floor_sd: float,
+                   round_log_ratios: Sequence[float] | None, scale: float,
+                   bounds: tuple[float | None, float | None]) -> dict[str, Any]:
     seeds = _paired(a, b)
-    level = _level(level, len(seeds))
     pairs = [(a[s], b[s]) for s in seeds]
     censored_a = any(math.isinf(x) for x, _ in pairs)
     censored_b = any(math.isinf(y) for _, y in pairs)
@@ -245,12 +276,19 @@ def ratio_verdict(a: dict[str, float], b: dict[str, float], *, level: Level, mar
             "round_variance": round_var}
 
 
-def difference_verdict(a: dict[str, float], b: dict[str, float], *, level: Level, margin: float,
+def difference_verdict(a: Seeds, b: Seeds, *, level: Level, margin: float,
                        larger_is_better: bool) -> dict[str, Any]:
     """The interval of the difference A - B over the seeds both have (accuracies: ``margin`` in
-    the metric's own units, 0.01 = one point)."""
-    seeds = [s for s in _paired(a, b) if math.isfinite(a[s]) and math.isfinite(b[s])]
-    level = _level(level, len(seeds))
+    the metric's own units, 0.01 = one point), at the first look that resolves it."""
+    finite_a = {s: v for s, v in a.items() if math.isfinite(v)}
+    finite_b = {s: v for s, v in b.items() if math.isfinite(v)}
+    return at_first_look(lambda x, y, at: _difference_verdict(x, y, at, margin, larger_is_better),
+                         finite_a, finite_b, level)
+
+
+def _difference_verdict(a: Seeds, b: Seeds, level: float, margin: float,
+                        larger_is_better: bool) -> dict[str, Any]:
+    seeds = _paired(a, b)
     diffs = [a[s] - b[s] for s in seeds]
     estimate, low, high = mean_interval(diffs, level)
     outcome = decide(low, high, margin, a_is_better_below=not larger_is_better) \

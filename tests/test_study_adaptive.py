@@ -109,7 +109,7 @@ def test_resuming_the_study_trains_nothing(auto_study):
     assert [c["seed_steps"] for c in again["study"]["auto_cells"]] == \
         [c["seed_steps"] for c in first["study"]["auto_cells"]]
     with ResultStore(out / "study.db") as store:
-        keys = [r["config"]["batch_size"] for r in store.records(kind="run")]
+        keys = [r.config["batch_size"] for r in store.records(kind="run")]
     assert keys.count("auto:16:128") == AUTO_RUNS
 
 

@@ -12,7 +12,7 @@ from kbackend.errors import ConfigError, DataError
 from kbackend.study.analysis import analyze
 from kbackend.study.config import StudyConfig, default_batch_sizes
 from kbackend.study.scaling import crossover, fit_critical_batch, scaling_regions, throughput_curve
-from kbackend.study.store import ResultStore, config_key
+from kbackend.study.store import ResultStore, StoredRun, config_key
 
 
 def _cell(optimizer, batch, time_to_target):
@@ -126,14 +126,14 @@ def test_config_key_ignores_key_order_and_sees_every_value():
 def test_store_keeps_the_first_result_and_survives_reopening(tmp_path):
     path = tmp_path / "study.db"
     with ResultStore(path) as store:
-        assert store.put("k1", "run", "s", "jax", {"lr": 0.1}, {"reached": True, "x": math.nan},
-                         {"step": [1, 2]})
-        assert not store.put("k1", "run", "s", "jax", {"lr": 0.1}, {"reached": False})
+        assert store.put(StoredRun("k1", "run", "s", "jax", {"lr": 0.1},
+                                   {"reached": True, "x": math.nan}, {"step": [1, 2]}))
+        assert not store.put(StoredRun("k1", "run", "s", "jax", {"lr": 0.1}, {"reached": False}))
     with ResultStore(path) as store:
         record = store.get("k1")
-        assert record["result"]["reached"] is True and math.isnan(record["result"]["x"])
-        assert record["trajectory"] == {"step": [1, 2]} and store.get("missing") is None
-        assert [r["key"] for r in store.records(study="s", backend="jax")] == ["k1"]
+        assert record.result["reached"] is True and math.isnan(record.result["x"])
+        assert record.trajectory == {"step": [1, 2]} and store.get("missing") is None
+        assert [r.key for r in store.records(study="s", backend="jax")] == ["k1"]
         assert store.records(backend="tensorflow") == []
     assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
@@ -146,7 +146,7 @@ def test_store_concurrent_writers_store_each_key_once(tmp_path):
     def writer(index):
         with ResultStore(path) as store:
             for key in range(20):
-                if store.put(f"k{key}", "run", "s", "jax", {}, {"writer": index}):
+                if store.put(StoredRun(f"k{key}", "run", "s", "jax", {}, {"writer": index})):
                     stored.append(key)
 
     threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]

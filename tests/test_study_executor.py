@@ -30,7 +30,7 @@ from kbackend.study.plots import PLOTS
 from kbackend.study.populations import Populations
 from kbackend.study.runner_protocol import NotStored
 from kbackend.study.step_times import ROUND_CALLS, StepTimeModel, timed_steps
-from kbackend.study.store import ResultStore
+from kbackend.study.store import ResultStore, StoredRun
 from kbackend.training import Target
 from tests.conftest import BACKEND, JIT_FOR_SMALL_RUNS, NO_JIT_FLAGS, ROOT
 
@@ -69,7 +69,7 @@ def _run_grid(config, out_dir, run_executor=None) -> StudyRunner:
 def _outcomes(out_dir) -> dict[str, tuple]:
     """Every stored run: key -> (reached, steps to target)."""
     with ResultStore(out_dir / "study.db") as store:
-        return {r["key"]: (r["result"]["reached"], r["result"]["steps_to_target"])
+        return {r.key: (r.result["reached"], r.result["steps_to_target"])
                 for r in store.records(kind="run")}
 
 
@@ -202,12 +202,12 @@ def test_resume_after_an_exception_mid_grid(tmp_path, baseline):
     with pytest.raises(RuntimeError, match="simulated crash"):
         _run_grid(RESUMED, tmp_path, failing_third_run)
     with ResultStore(tmp_path / "study.db") as store:
-        finished = {r["key"]: r["finished_at"] for r in store.records(kind="run")}
+        finished = {r.key: r.finished_at for r in store.records(kind="run")}
     assert len(finished) == 2  # the third run was in flight
 
     assert _run_grid(RESUMED, tmp_path).executed == TINY_RUNS - 2
     with ResultStore(tmp_path / "study.db") as store:
-        after = {r["key"]: r["finished_at"] for r in store.records(kind="run")}
+        after = {r.key: r.finished_at for r in store.records(kind="run")}
     assert all(after[key] == stamp for key, stamp in finished.items())  # not redone
     assert _outcomes(tmp_path) == _outcomes(baseline[0])
 
@@ -224,10 +224,10 @@ def test_resume_after_the_process_is_killed_at_an_injected_point(tmp_path, basel
 
         put, committed = store.ResultStore.put, []
 
-        def put_then_die_after_the_second_run(self, key, kind, *args, **kwargs):
-            stored = put(self, key, kind, *args, **kwargs)
-            if kind == "run" and stored:
-                committed.append(key)
+        def put_then_die_after_the_second_run(self, run):
+            stored = put(self, run)
+            if run.kind == "run" and stored:
+                committed.append(run.key)
                 if len(committed) == 2:
                     os.kill(os.getpid(), signal.SIGKILL)
             return stored
@@ -246,14 +246,14 @@ def test_resume_after_the_process_is_killed_at_an_injected_point(tmp_path, basel
     with ResultStore(copy) as store:
         assert len(store.records(kind="run")) == 2
     with ResultStore(db) as store:
-        finished = {r["key"]: r["finished_at"] for r in store.records(kind="run")}
+        finished = {r.key: r.finished_at for r in store.records(kind="run")}
     assert len(finished) == 2
     assert [p.name for p in tmp_path.iterdir() if ".tmp" in p.name] == []
 
     resumed = _run_grid(RESUMED, tmp_path)
     with ResultStore(db) as store:
-        after = {r["key"]: r["finished_at"] for r in store.records(kind="run")}
-        assert {r["study"] for r in store.records(kind="run")} == {resumed.study_id}
+        after = {r.key: r.finished_at for r in store.records(kind="run")}
+        assert {r.study for r in store.records(kind="run")} == {resumed.study_id}
     assert all(after[key] == stamp for key, stamp in finished.items())
     assert resumed.executed == TINY_RUNS - 2
     assert _outcomes(tmp_path) == _outcomes(baseline[0])
@@ -290,7 +290,7 @@ def test_time_to_target_excludes_evaluation(tmp_path, monkeypatch):
         runner = StudyRunner(TINY_KERAS, store)
         runner.prepare()
         record = runner.run_one(runner.plan("adam", 256, 3e-3))
-    result, evals = record["result"], record["trajectory"]["evals"]
+    result, evals = record.result, record.trajectory["evals"]
     assert result["reached"] and len(evals) >= 2
     # Every validation slept `delay` inside the engine's wall time; none of it is training time.
     assert result["eval_time"] >= len(evals) * delay
@@ -576,15 +576,16 @@ def test_seeds_pick_the_rate_with_the_best_median_and_give_intervals(tmp_path):
         again = StudyRunner(config, store, run_executor=calls)
         again.run()
         assert calls == [] and again.executed == 0
-        assert len({r["key"] for r in store.records(kind="run")}) == 6
+        assert len({r.key for r in store.records(kind="run")}) == 6
 
 
 def test_a_tie_on_median_steps_is_broken_by_steps_not_by_a_clock():
     from kbackend.study.summaries import best_rate
 
     def record(steps, seconds):
-        return {"result": {"steps_to_target": steps, "reached": True, "time_to_target": seconds,
-                           "best_metric": 0.95}}
+        return StoredRun("k", "run", "s", "jax", {}, {
+            "steps_to_target": steps, "reached": True, "time_to_target": seconds,
+            "best_metric": 0.95})
 
     # Same median (200); 0.1 has the smaller mean steps but the slower clock (a loaded machine).
     by_rate = {0.1: [record(150, 9.0), record(200, 9.0), record(210, 9.0)],
@@ -675,7 +676,7 @@ def test_a_store_written_with_extra_resumes_with_the_same_figures(tmp_path):
         runner = StudyRunner(config, store,
                              run_executor=lambda runner, plan: pytest.fail("trained"))
         again = runner.run()
-        assert all("extra" in r["trajectory"] for r in store.records(kind="run"))
+        assert all("extra" in r.trajectory for r in store.records(kind="run"))
     assert runner.executed == 0
     assert [r["result"] for r in again["runs"]] == [r["result"] for r in first["runs"]]
     assert again["cells"] == first["cells"]
@@ -902,8 +903,8 @@ def test_a_population_study_gives_the_sequential_answers_and_resumes(tmp_path):
     assert sequential.executed > 0 and together.executed > 0
     with (ResultStore(tmp_path / "seq" / "study.db") as a,
           ResultStore(tmp_path / "pop" / "study.db") as b):
-        seq_runs = {r["key"]: r for r in a.records(kind="run")}
-        pop_runs = {r["key"]: r for r in b.records(kind="run")}
+        seq_runs = {r.key: r.to_dict() for r in a.records(kind="run")}
+        pop_runs = {r.key: r.to_dict() for r in b.records(kind="run")}
     # A pruned member is stored as the pruned run it equals (its budget: where it stopped); a
     # run both paths stored (same key) has the same outcome.
     for record in pop_runs.values():
@@ -941,8 +942,8 @@ def test_a_population_study_gives_the_sequential_answers_and_resumes(tmp_path):
         runner.run()
         assert runner.executed == 2
         kept = set(pop_runs) - set(victims)
-        retrained = [r for r in store.records(kind="run") if r["key"] not in kept]
-        assert [r["trajectory"]["record"]["population"]["members"] for r in retrained] == [2, 2]
+        retrained = [r for r in store.records(kind="run") if r.key not in kept]
+        assert [r.trajectory["record"]["population"]["members"] for r in retrained] == [2, 2]
 
 
 def test_the_population_pruner_stops_only_runs_that_cannot_win():

@@ -24,8 +24,9 @@ RAY_WORKERS = 2  # cells at once on the local instance (this machine has 2 cores
 
 
 def _stored_runs(out_dir) -> list[dict]:
+    """The stored runs as the study's report reads them."""
     with ResultStore(out_dir / "study.db") as store:
-        return store.records(kind="run")
+        return [run.to_dict() for run in store.records(kind="run")]
 
 
 def _same_cells(local: dict, other: dict) -> None:

@@ -22,6 +22,7 @@ from kbackend.study.store import (
     APPLICATION_ID,
     SCHEMA_VERSION,
     ResultStore,
+    StoredRun,
     StudyStoreError,
     inspect_store,
 )
@@ -61,8 +62,8 @@ def sqlite_file(path: Path, script: str, *, wal: bool = False) -> None:
 def real_store(path: Path, runs: int = 3) -> None:
     with ResultStore(path) as store:
         for index in range(runs):
-            store.put(f"k{index}", "run", "s", "jax", {"i": index}, {"reached": True},
-                      {"loss": [0.5] * 200})
+            store.put(StoredRun(f"k{index}", "run", "s", "jax", {"i": index}, {"reached": True},
+                                {"loss": [0.5] * 200}))
 
 
 def foreign(path: Path) -> None:
@@ -197,13 +198,13 @@ def test_a_missing_or_empty_file_becomes_a_marked_store(tmp_path, make):
     make(path)
     assert inspect_store(path) == "new"
     with ResultStore(path) as store:
-        store.put("k", "run", "s", "jax", {}, {"reached": True})
+        store.put(StoredRun("k", "run", "s", "jax", {}, {"reached": True}))
     header = path.read_bytes()[:100]
     assert int.from_bytes(header[68:72], "big") == APPLICATION_ID
     assert int.from_bytes(header[60:64], "big") == SCHEMA_VERSION
     assert inspect_store(path) == "current"
     with ResultStore(path) as store:
-        assert [record["key"] for record in store.records()] == ["k"]
+        assert [record.key for record in store.records()] == ["k"]
 
 
 def test_an_earlier_store_is_migrated_in_place_keeping_its_runs(tmp_path):
@@ -211,15 +212,15 @@ def test_an_earlier_store_is_migrated_in_place_keeping_its_runs(tmp_path):
     sqlite_file(path, LEGACY_SCHEMA, wal=True)
     assert inspect_store(path) == "legacy"
     with ResultStore(path) as store:
-        assert store.get("k0")["result"] == {"reached": True}
-        assert store.put("k1", "run", "s", "jax", {}, {"reached": False})
+        assert store.get("k0").result == {"reached": True}
+        assert store.put(StoredRun("k1", "run", "s", "jax", {}, {"reached": False}))
     connection = sqlite3.connect(path)
     assert connection.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
     assert connection.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     connection.close()
     assert inspect_store(path) == "current"
     with ResultStore(path) as store:
-        assert [record["key"] for record in store.records()] == ["k0", "k1"]
+        assert [record.key for record in store.records()] == ["k0", "k1"]
 
 
 def test_an_earlier_store_killed_with_its_runs_in_the_wal_keeps_them(tmp_path):
@@ -237,7 +238,7 @@ def test_an_earlier_store_killed_with_its_runs_in_the_wal_keeps_them(tmp_path):
     connection.close()
     assert inspect_store(killed / "study.db") == "legacy"
     with ResultStore(killed / "study.db") as store:
-        assert [record["key"] for record in store.records()] == ["k0"]
+        assert [record.key for record in store.records()] == ["k0"]
     assert inspect_store(killed / "study.db") == "current"
 
 
@@ -272,14 +273,14 @@ def test_copying_study_db_alone_keeps_every_committed_run(tmp_path):
     copy.parent.mkdir()
     with ResultStore(path) as store:
         for index in range(3):
-            store.put(f"k{index}", "run", "s", "jax", {"i": index}, {"reached": True},
-                      {"loss": [0.25] * 100})
+            store.put(StoredRun(f"k{index}", "run", "s", "jax", {"i": index}, {"reached": True},
+                                {"loss": [0.25] * 100}))
         store.put_summary("s", "jax", "cpu", {"v": 1})
         assert Path(f"{path}-wal").exists()  # the store is open: its WAL file is still there
         shutil.copyfile(path, copy)  # only study.db, not study.db-wal
     assert not Path(f"{copy}-wal").exists()
     with ResultStore(copy) as store:
-        assert [record["key"] for record in store.records()] == ["k0", "k1", "k2"]
+        assert [record.key for record in store.records()] == ["k0", "k1", "k2"]
         assert store.summaries() == [{"v": 1}]
 
 
@@ -341,16 +342,16 @@ def test_a_damaged_row_is_quarantined_with_one_warning_and_the_rest_is_used(
     warnings: list[str] = []
     with ResultStore(path, warn=warnings.append) as store:
         records = store.records()
-        assert [r["key"] for r in records] == ["k0", "k2"]
+        assert [r.key for r in records] == ["k0", "k2"]
         assert len(warnings) == 1 and "'k1'" not in warnings[0] and "run k1 " in warnings[0]
         assert column in warnings[0] and "\n" not in warnings[0]
         assert store.get("k1") is None  # gone from the results: the run is trained again
-        assert store.put("k1", "run", "s", "jax", {"i": 1}, {"reached": False})
-        assert store.get("k1")["result"] == {"reached": False}
+        assert store.put(StoredRun("k1", "run", "s", "jax", {"i": 1}, {"reached": False}))
+        assert store.get("k1").result == {"reached": False}
         kept = store.quarantined()
         assert len(warnings) == 1  # reported once, when it was moved
-    assert [(q["source"], q["name"]) for q in kept] == [("results", "k1")]
-    content = json.loads(kept[0]["content"])
+    assert [(q.source, q.name) for q in kept] == [("results", "k1")]
+    content = json.loads(kept[0].content)
     assert content[column] == (value.hex() if isinstance(value, bytes) else value)
     assert content["key"] == "k1" and content["study"] == "s"
 
@@ -363,7 +364,7 @@ def test_get_of_a_damaged_row_quarantines_it(tmp_path):
     with ResultStore(path, warn=warnings.append) as store:
         assert store.get("k1") is None
         assert store.get("k0") is not None
-        assert [r["key"] for r in store.records()] == ["k0", "k2"]
+        assert [r.key for r in store.records()] == ["k0", "k2"]
     assert len(warnings) == 1
     assert inspect_store(path) == "current"  # the quarantine table keeps the store a store
 
@@ -380,7 +381,7 @@ def test_a_damaged_summary_is_quarantined(tmp_path):
     connection.close()
     with ResultStore(path, warn=warnings.append) as store:
         assert store.summaries() == [{"b": 2}]
-        assert store.quarantined()[0]["name"] == "s/jax/native/cpu"
+        assert store.quarantined()[0].name == "s/jax/native/cpu"
     assert len(warnings) == 1 and "summary s/jax/native/cpu" in warnings[0]
 
 
@@ -405,5 +406,5 @@ def test_a_study_retrains_a_damaged_run_and_reuses_the_rest(tmp_path, cli):
     assert len(warnings) == 1 and keys[0][:16] in warnings[0] and "quarantine" in warnings[0]
     assert f"1 runs trained, {len(keys) - 1} reused" in second.stdout
     with ResultStore(out / "study.db") as store:
-        assert [q["name"] for q in store.quarantined()] == [keys[0]]
+        assert [q.name for q in store.quarantined()] == [keys[0]]
         assert store.get(keys[0]) is not None

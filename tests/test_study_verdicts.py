@@ -323,7 +323,7 @@ def test_frontier_runs_record_the_best_checkpoint_and_are_reused(tmp_path):
         frontier = cell["frontier"]
         assert frontier["epochs"] == 2 and frontier["seeds"] == 2
         for record in store.records(kind="frontier"):
-            result = record["result"]
+            result = record.result
             values = [e["val_accuracy"] for e in result["evals"]]
             assert result["best_metric"] == max(values)
             assert result["step"] == result["evals"][values.index(max(values))]["step"]

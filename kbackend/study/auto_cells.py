@@ -16,7 +16,7 @@ import numpy as np
 
 from kbackend.stats import log_log_interpolate, median_interval
 from kbackend.study.auto_verdicts import AUTO_TIME_MODEL
-from kbackend.study.runner_protocol import StudyRunnerLike
+from kbackend.study.runner_protocol import CellRunner
 from kbackend.study.search import RateSearch
 from kbackend.study.summaries import (
     adaptive_samples,
@@ -29,7 +29,7 @@ from kbackend.study.summaries import (
 AUTO_LABEL = "auto"
 
 
-def auto_cell_runs(runner: StudyRunnerLike) -> int:
+def auto_cell_runs(runner: CellRunner) -> int:
     """Runs the auto cells hold before any extension (for the progress bar)."""
     config = runner.config
     bounds = config.auto_bounds
@@ -39,7 +39,7 @@ def auto_cell_runs(runner: StudyRunnerLike) -> int:
                               for o in config.optimizers)
 
 
-def run_auto_cell(runner: StudyRunnerLike, optimizer: str) -> dict[str, Any]:
+def run_auto_cell(runner: CellRunner, optimizer: str) -> dict[str, Any]:
     """One optimizer's auto cell: its rate search (``RateSearch`` with the adaptive batch size,
     one run at a time), its runs under ``"runs"``."""
     bounds = runner.config.auto_bounds
@@ -71,7 +71,7 @@ def modelled_time(ranges: list[dict[str, Any]], step: int, cells: list[dict[str,
     return ranges_time(ranges, step, lambda size: step_time_at(cells, optimizer, size))
 
 
-def finish_auto_cells(runner: StudyRunnerLike, auto_cells: list[dict[str, Any]],
+def finish_auto_cells(runner: CellRunner, auto_cells: list[dict[str, Any]],
                       cells: list[dict[str, Any]]) -> None:
     """Per seed of each auto cell's best rate: samples to target, modelled time to target
     (``modelled_time``, the run's own clock where it cannot be modelled), and the ranges; the
@@ -84,8 +84,8 @@ def finish_auto_cells(runner: StudyRunnerLike, auto_cells: list[dict[str, Any]],
         for key in cell["run_keys"]:
             record = runner.stored_record(key)
             assert record is not None  # the cell's runs are stored
-            seed = str(record["config"]["seed"])
-            ranges = list((trajectory_record(record.get("trajectory")).adaptive_batch or {})
+            seed = str(record.config["seed"])
+            ranges = list((trajectory_record(record.trajectory).adaptive_batch or {})
                           .get("ranges") or [])
             ranges_by_seed[seed] = ranges
             steps = run_steps(record)
@@ -96,7 +96,7 @@ def finish_auto_cells(runner: StudyRunnerLike, auto_cells: list[dict[str, Any]],
             seconds = modelled_time(ranges, int(steps), cells, cell["optimizer"])
             if seconds is None:
                 modelled = False
-                seconds = record["result"].get("time_to_target") or math.inf
+                seconds = record.result.get("time_to_target") or math.inf
             times[seed] = seconds
         cell["seed_samples"], cell["seed_times"] = samples, times
         cell["ranges"] = ranges_by_seed

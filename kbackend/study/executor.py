@@ -12,9 +12,12 @@ are not in it: an edited file trains anew, a renamed copy is reused. Runs stored
 keys (``CONTENT_KEYS`` absent) stay in the store and are never matched.
 
 ``StudyRunner`` plans, validates and trains single runs; it composes the collaborators that
-take it as a ``runner_protocol.StudyRunnerLike``: ``search.RateSearch`` (a cell's learning-rate
-search, with ``populations.Populations``), ``step_times.StepTimeModel`` (the time model) and
-``noise_runs.NoiseMeasurement`` (the noise scale). A cell's figures are ``summaries``'.
+take it as one of ``runner_protocol``'s small protocols: ``search.RateSearch`` (a cell's
+learning-rate search, with ``populations.Populations``), ``step_times.StepTimeModel`` (the time
+model) and ``noise_runs.NoiseMeasurement`` (the noise scale). What it is given: the study's
+configuration, a record store (``store.RunStore``: ``ResultStore`` in SQLite, ``MemoryStore``),
+an event sink (``runner_protocol.EventSink``) and a run executor (``RunExecutor``: this process
+by default, ``stored_only``, Ray's, a test's fake). A cell's figures are ``summaries``'.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
-from typing import Any
+from typing import Any, Literal
 
 from kbackend.adaptive import AutoBatchSize
 from kbackend.backends import impl
@@ -43,11 +46,18 @@ from kbackend.study.auto_cells import auto_cell_runs, finish_auto_cells, run_aut
 from kbackend.study.config import LOCAL_EXECUTOR, StudyConfig
 from kbackend.study.noise_runs import NoiseMeasurement
 from kbackend.study.ray_executor import require_ray, run_on_ray
-from kbackend.study.runner_protocol import NotStored, stored_only
+from kbackend.study.runner_protocol import (
+    EventSink,
+    Measured,
+    NotStored,
+    StudyEvent,
+    ignore_events,
+    stored_only,
+)
 from kbackend.study.search import RateSearch
 from kbackend.study.sequential import extend_seeds
 from kbackend.study.step_times import StepTimeModel
-from kbackend.study.store import RunStore, config_key
+from kbackend.study.store import RunStore, StoredRun, config_key
 from kbackend.study.summaries import (
     RunPlan,
     history_from_trajectory,
@@ -72,15 +82,16 @@ RunExecutor = Callable[["StudyRunner", RunPlan], History]
 class StudyRunner:
     """Plans, validates and runs a study against a results store."""
 
-    def __init__(self, config: StudyConfig, store: RunStore | None,
-                 on_event: Callable[..., None] | None = None, *,
+    def __init__(self, config: StudyConfig, store: RunStore | None = None,
+                 events: EventSink | None = None, *,
                  run_executor: RunExecutor | None = None) -> None:
         self.config = config
         # Trains one planned run (``execute``'s default: this process, the study's engine);
         # tests pass a fake that returns histories without training.
         self.run_executor = run_executor
+        # Where finished runs go and stored ones come from (None: plan and validate only)
         self.store = store
-        self.on_event = on_event or (lambda *args, **kwargs: None)
+        self.on_event: EventSink = events or ignore_events
         self.dataset: Dataset | None = None
         self.env = environment_identity()
         self.study_id = config_key(config.identity())[:12]  # with content digests: prepare()
@@ -165,7 +176,7 @@ class StudyRunner:
     def legacy_runs(self) -> int:
         """Runs in the store keyed before content keys: kept, never matched by this code."""
         return sum(1 for record in self.results().records(kind="run")
-                   if not isinstance(record["config"].get("content_keys"), int))
+                   if not isinstance(record.config.get("content_keys"), int))
 
     def results(self) -> RunStore:
         """The results store (a runner built without one can plan and validate, not run)."""
@@ -276,7 +287,7 @@ class StudyRunner:
         if self.config.executor != LOCAL_EXECUTOR:
             return self._run_on_ray()
         cells: list[dict[str, Any]] = []
-        runs: list[dict[str, Any]] = []
+        runs: list[StoredRun] = []
         for optimizer in self.config.optimizers:
             for batch_size in self.batch_sizes:
                 cell = self.run_cell(optimizer, batch_size)
@@ -285,7 +296,8 @@ class StudyRunner:
         start, setup_before = time.perf_counter(), self.time_spent.setup
         step_times = self.measure_step_times(cells)
         self.time_spent.step_times += self.time_spent.seconds_since(start, setup_before)
-        added = extend_seeds(self, cells, runs, step_times, summarize_cell)
+        study_runs = [run.to_dict() for run in runs]  # the report's; the added seeds append
+        added = extend_seeds(JsonRuns(self), cells, study_runs, step_times, summarize_json_cell)
         apply_time_model(cells, step_times)
         # The auto cells after the fixed grid (their time model reads its step times)
         auto_cells = [run_auto_cell(self, optimizer)
@@ -294,15 +306,16 @@ class StudyRunner:
         start, setup_before = time.perf_counter(), self.time_spent.setup
         noise = self.run_noise(cells)
         self.time_spent.noise += self.time_spent.seconds_since(start, setup_before)
-        return self._study(cells, runs, step_times, noise, added, auto)
+        return self._study(cells, study_runs, step_times, noise, added, auto)
 
     def _run_on_ray(self) -> dict[str, Any]:
         """The same study, its cells run as Ray tasks and their results stored here."""
         assert self.dataset is not None
         results = run_on_ray(self)
-        cells, runs, step_times = results.cells, results.runs, results.step_times
+        cells, step_times = results.cells, results.step_times
+        runs = [run.to_dict() for run in results.runs]
         # the added seeds here, in the driver
-        added = extend_seeds(self, cells, runs, step_times, summarize_cell)
+        added = extend_seeds(JsonRuns(self), cells, runs, step_times, summarize_json_cell)
         apply_time_model(cells, step_times)
         auto = self._auto_part(results.auto_cells, cells)
         return self._study(cells, runs, step_times, results.noise, added, auto)
@@ -313,7 +326,7 @@ class StudyRunner:
         cells finished against the fixed cells' time model."""
         if not self.config.adaptive:
             return {}
-        auto_runs = [run for cell in auto_cells for run in cell.pop("runs")]
+        auto_runs = [run.to_dict() for cell in auto_cells for run in cell.pop("runs")]
         finish_auto_cells(self, auto_cells, cells)
         return {"auto_cells": auto_cells, "auto_runs": auto_runs}
 
@@ -345,43 +358,44 @@ class StudyRunner:
         """The noise scale along the reference cell (``noise_runs.NoiseMeasurement``)."""
         return NoiseMeasurement(self).run(cells)
 
-    def stored_run(self, plan: RunPlan) -> dict[str, Any] | None:
-        """The stored record of ``plan`` (its figures re-derived by this code), or None."""
+    def stored_run(self, plan: RunPlan) -> StoredRun | None:
+        """The stored run of ``plan`` (its figures re-derived by this code), or None."""
         stored = self.results().get(config_key(self.run_key_config(plan)))
         if stored is not None:
-            if stored["trajectory"]:  # figures are re-derived, so stored runs follow this code
-                history = history_from_trajectory(stored["trajectory"], stored["result"])
-                stored["result"] = {**stored["result"], **summarize_run(
-                    history, plan, self.config.resolved_target, self.num_train)}
-            self.on_event("skipped", plan=plan, record=stored)
+            stored = self._rederived(stored, plan)
+            self.on_event(StudyEvent("skipped", plan=plan, record=stored))
         return stored
 
-    def stored_record(self, key: str) -> dict[str, Any] | None:
+    def stored_record(self, key: str) -> StoredRun | None:
         """The stored run under ``key`` with its figures re-derived by this code (as
         ``stored_run``), or None."""
         stored = self.results().get(key)
-        if stored is not None and stored["trajectory"]:
-            plan = plan_from_key_config(stored["config"])
-            history = history_from_trajectory(stored["trajectory"], stored["result"])
-            stored["result"] = {**stored["result"], **summarize_run(
-                history, plan, self.config.resolved_target, self.num_train)}
-        return stored
+        return None if stored is None else self._rederived(stored)
 
-    def run_one(self, plan: RunPlan) -> dict[str, Any]:
-        """Run ``plan`` unless the store already has it; return the stored record."""
+    def _rederived(self, stored: StoredRun, plan: RunPlan | None = None) -> StoredRun:
+        """``stored`` with the figures this code derives from its trajectory (so stored runs
+        follow this code); ``plan``: its plan, else read back from its key's configuration."""
+        if not stored.trajectory:
+            return stored
+        plan = plan or plan_from_key_config(stored.config)
+        history = history_from_trajectory(stored.trajectory, stored.result)
+        return replace(stored, result={**stored.result, **summarize_run(
+            history, plan, self.config.resolved_target, self.num_train)})
+
+    def run_one(self, plan: RunPlan) -> StoredRun:
+        """Run ``plan`` unless the store already has it; return the stored run."""
         stored = self.stored_run(plan)
         if stored is not None:
             return stored
-        self.on_event("start", plan=plan)
+        self.on_event(StudyEvent("start", plan=plan))
         start, setup_before = time.perf_counter(), self.time_spent.setup
         history = self.execute(plan)
         self.time_spent.add([history], self.time_spent.seconds_since(start, setup_before))
         return self.store_run(plan, history)
 
-    def store_run(self, plan: RunPlan, history: History) -> dict[str, Any]:
-        """Commit one finished run's figures and trajectory; return the stored record."""
+    def store_run(self, plan: RunPlan, history: History) -> StoredRun:
+        """Commit one finished run's figures and trajectory; return the stored run."""
         key_config = self.run_key_config(plan)
-        key = config_key(key_config)
         result = summarize_run(history, plan, self.config.resolved_target, self.num_train)
         # ``record``: the RunRecord's set fields (trajectories stored before it hold ``extra``;
         # ``summaries.trajectory_record`` reads either)
@@ -389,11 +403,13 @@ class StudyRunner:
                       "evals": history.evals, "timing": history.timing,
                       "record": history.record.to_dict()}
         store = self.results()
-        store.put(key, "run", self.study_id, self.env["backend"], key_config, result, trajectory)
+        run = StoredRun.keyed(key_config, "run", self.study_id, self.env["backend"], result,
+                              trajectory)
+        store.put(run)
         self.executed += 1
-        record = store.get(key)
+        record = store.get(run.key)
         assert record is not None  # just stored (or stored before by another writer)
-        self.on_event("finished", plan=plan, record=record)
+        self.on_event(StudyEvent("finished", plan=plan, record=record))
         return record
 
     def train_config(self, plan: RunPlan, *, max_steps: int | None = None,
@@ -468,22 +484,58 @@ class StudyRunner:
         return train(self.train_config(plan), dataset=self.dataset,
                      model=self.build_model(plan.seed)).history
 
-    def stored_or_measured(self, kind: str, event: str, key_config: dict[str, Any],
+    def stored_or_measured(self, kind: str, what: Measured, key_config: dict[str, Any],
                            plan: RunPlan | None,
                            measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        """The stored result of ``key_config``, or ``measure()`` committed to the store (with
-        the ``start_/finished_/skipped_<event>`` progress events)."""
+        """The stored result of ``key_config``, or ``measure()`` committed to the store as a
+        ``kind`` row (with ``what``'s start, finished and skipped progress events)."""
         key = config_key(key_config)
         store = self.results()
         stored = store.get(key)
         if stored is not None:
-            self.on_event(f"skipped_{event}", record=stored)
-            return stored["result"]
+            self.on_event(StudyEvent("skipped", what, record=stored))
+            return stored.result
         if self.run_executor is stored_only:
             raise NotStored
-        self.on_event(f"start_{event}", plan=plan)
+        self.on_event(StudyEvent("start", what, plan=plan))
         result = measure()
-        store.put(key, kind, self.study_id, self.env["backend"], key_config, result)
-        self.on_event(f"finished_{event}", record=store.get(key))
+        run = StoredRun.keyed(key_config, kind, self.study_id, self.env["backend"], result)
+        store.put(run)
+        self.on_event(StudyEvent("finished", what, record=store.get(key)))
         return result
+
+
+def summarize_json_cell(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """``summarize_cell`` of runs in the report's JSON (``StoredRun.to_dict``)."""
+    return summarize_cell([StoredRun.from_dict(record) for record in records])
+
+
+class JsonRuns:
+    """A prepared runner as the added seeds' rounds read it (``sequential``, through
+    ``runner_protocol.StudyRunnerLike``): the same runner, its runs in the report's JSON and
+    its events by name. The rounds work on the study's JSON (its cells and runs)."""
+
+    def __init__(self, runner: StudyRunner) -> None:
+        self.runner = runner
+        self.config, self.dataset, self.task = runner.config, runner.dataset, runner.task
+        self.env, self.time_spent = runner.env, runner.time_spent
+        self.batch_sizes, self.noise_batches = runner.batch_sizes, runner.noise_batches
+        self.plan, self.run_key_config = runner.plan, runner.run_key_config
+        self.content_identity, self.train_config = runner.content_identity, runner.train_config
+        self.build_model, self.initial_values = runner.build_model, runner.initial_values
+        self.native_runs, self.stored_or_measured = runner.native_runs, runner.stored_or_measured
+
+    @property
+    def num_train(self) -> int:
+        return self.runner.num_train
+
+    def on_event(self, phase: Literal["extend"], *, runs: int = 0) -> None:
+        self.runner.on_event(StudyEvent(phase, runs=runs))
+
+    def run_one(self, plan: RunPlan) -> dict[str, Any]:
+        return self.runner.run_one(plan).to_dict()
+
+    def stored_record(self, key: str) -> dict[str, Any] | None:
+        stored = self.runner.stored_record(key)
+        return None if stored is None else stored.to_dict()
 

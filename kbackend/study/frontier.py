@@ -23,7 +23,7 @@ from typing import Any
 from kbackend.data.batching import steps_per_epoch
 from kbackend.engine_facts import engine_facts
 from kbackend.stats import median_interval
-from kbackend.study.runner_protocol import StudyRunnerLike
+from kbackend.study.runner_protocol import MeasureRunner
 from kbackend.task import better
 
 
@@ -51,12 +51,12 @@ class BestCheckpoint:
                        "test_metric": float(test_metric)}
 
 
-def frontier_supported(runner: StudyRunnerLike) -> bool:
+def frontier_supported(runner: MeasureRunner) -> bool:
     """Whether ``runner``'s study can measure the frontier (native engine, a budget > 0)."""
     return engine_facts(runner.config.engine).compiled_cells and runner.config.frontier_epochs > 0
 
 
-def frontier_run(runner: StudyRunnerLike, cell: dict[str, Any], seed: int) -> dict[str, Any]:
+def frontier_run(runner: MeasureRunner, cell: dict[str, Any], seed: int) -> dict[str, Any]:
     """The stored frontier figures of ``cell``'s best rate with ``seed`` (trained if missing)."""
     config = runner.config
     per_epoch = steps_per_epoch(runner.num_train, cell["batch_size"])
@@ -106,7 +106,7 @@ def summarize_frontier(results: list[dict[str, Any]]) -> dict[str, Any]:
             "seed_best": best, "seed_test": test}
 
 
-def measure_frontier(runner: StudyRunnerLike, cell: dict[str, Any], seeds: list[int]) -> float:
+def measure_frontier(runner: MeasureRunner, cell: dict[str, Any], seeds: list[int]) -> float:
     """Frontier runs for ``seeds`` of ``cell`` (stored ones reused), summarized into
     ``cell["frontier"]``; returns the seconds those runs recorded (stored or not)."""
     results = [frontier_run(runner, cell, seed) for seed in seeds]

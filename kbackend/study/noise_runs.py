@@ -16,7 +16,7 @@ from kbackend.engine_facts import engine_facts
 from kbackend.engines.native import model_values, set_model_values
 from kbackend.study.config import REFERENCE_BATCH
 from kbackend.study.noise import measure_noise_scale
-from kbackend.study.runner_protocol import StudyRunnerLike
+from kbackend.study.runner_protocol import MeasureRunner
 from kbackend.study.scaling import training_noise_scale
 from kbackend.study.summaries import RunPlan
 from kbackend.training import train
@@ -25,7 +25,7 @@ from kbackend.training import train
 class NoiseMeasurement:
     """B_simple along the training of one cell of ``runner``'s study."""
 
-    def __init__(self, runner: StudyRunnerLike) -> None:
+    def __init__(self, runner: MeasureRunner) -> None:
         self.runner = runner
 
     def reference(self, cells: list[dict[str, Any]]) -> dict[str, Any] | None:

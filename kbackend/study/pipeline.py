@@ -7,7 +7,8 @@ import math
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,8 @@ from kbackend.study.recommend import (
 )
 from kbackend.study.report import CONSOLE_WIDTH, print_table, write_report
 from kbackend.study.results import recommendation, recommendation_lines
-from kbackend.study.store import ResultStore
+from kbackend.study.runner_protocol import StudyEvent
+from kbackend.study.store import ResultStore, RunStore
 from kbackend.study.timing import TimeSpent
 from kbackend.task import metric_direction
 from kbackend.tensorboard_logs import check_logdir, require_hparams_plugin
@@ -84,35 +86,46 @@ class _ProgressEvents:
         self.skipped = 0
         self.label = ""
 
-    def __call__(self, event: str, plan: Any = None, record: Any = None, runs: int = 0) -> None:
-        if event == "extend":  # a grid extension or a re-run: more runs than planned
-            self.progress.update(self.task, total=self.progress.tasks[0].total + runs)
-        elif event == "pruned":  # a seed a pruned rate no longer needs
-            self.progress.advance(self.task, runs)
-        elif event in ("start", "start_noise", "start_timing", "start_probe", "start_population",
-                       "start_confirm"):
-            cell = f"{plan.optimizer} B={plan.batch_size}" if plan is not None else ""
-            labels = {"start_probe": f"{cell}: population or one by one? (probe)",
-                      "start_confirm": "confirming: the printed train command, held-out seeds",
-                      "start_population": f"{cell}: {runs} runs as one population"}
-            self.label = (plan.label() if event == "start" else
-                          f"noise scale along {plan.label()}" if event == "start_noise" else
-                          labels.get(event, "steady step times, interleaved"))
+    # What the bar counts (one step each) and what it names while it runs
+    COUNTED = ("run", "noise", "timing", "confirm")
+    NAMED = ("run", "noise", "timing", "probe", "population", "confirm")
+
+    def __call__(self, event: StudyEvent) -> None:
+        if event.phase == "extend":  # a grid extension or a re-run: more runs than planned
+            self.progress.update(self.task, total=self.progress.tasks[0].total + event.runs)
+        elif event.phase == "pruned":  # a seed a pruned rate no longer needs
+            self.progress.advance(self.task, event.runs)
+        elif event.phase == "start" and event.what in self.NAMED:
+            self.label = self._label(event)
             self.progress.update(self.task, description=self.label)
-        elif event in ("finished", "finished_noise", "skipped", "skipped_noise",
-                       "finished_timing", "skipped_timing", "finished_confirm", "skipped_confirm"):
-            self.skipped += event.startswith("skipped")
+        elif event.phase in ("finished", "skipped") and event.what in self.COUNTED:
+            self.skipped += event.phase == "skipped"
             self.progress.advance(self.task)
-            if event == "finished" and plan is not None:
-                self.label = plan.label()  # a population's members finish together
-            if self.lines and event == "finished":
-                result = record["result"]
+            if event.phase == "finished" and event.what == "run" and event.plan is not None:
+                self.label = event.plan.label()  # a population's members finish together
+            if self.lines and event.phase == "finished" and event.what == "run":
+                assert event.record is not None  # a finished run is stored
+                result = event.record.result
                 outcome = (f"reached in {result['steps_to_target']} steps, "
                            f"{result['time_to_target']:.2f} s" if result["reached"] else
                            f"not reached in {result['steps_run']} steps")
                 done = int(self.progress.tasks[0].completed)
                 self.console.print(f"[{done}/{int(self.progress.tasks[0].total)}] {self.label}: "
                                    f"{outcome}", highlight=False)
+
+    @staticmethod
+    def _label(event: StudyEvent) -> str:
+        """What the bar says while ``event``'s run or measurement goes on."""
+        plan = event.plan
+        if event.what == "run" and plan is not None:
+            return plan.label()
+        if event.what == "noise" and plan is not None:
+            return f"noise scale along {plan.label()}"
+        cell = f"{plan.optimizer} B={plan.batch_size}" if plan is not None else ""
+        return {"probe": f"{cell}: population or one by one? (probe)",
+                "confirm": "confirming: the printed train command, held-out seeds",
+                "population": f"{cell}: {event.runs} runs as one population"}.get(
+                    event.what, "steady step times, interleaved")
 
 
 # The issue's goal for the study's overhead: the whole process takes at most this many times the
@@ -272,11 +285,13 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
               console: Any = None, print_results: bool = True,
               run_executor: RunExecutor | None = None, command_line: CommandLine | None = None,
               confirm_seeds: int = CONFIRM_SEEDS,
-              tensorboard: str | os.PathLike | None = None) -> dict[str, Any]:
-    """Run or resume ``config`` with its results in ``out_dir/study.db``; write the report,
+              tensorboard: str | os.PathLike | None = None,
+              store: RunStore | None = None) -> dict[str, Any]:
+    """Run or resume ``config`` with its results in ``store`` (default: the SQLite store
+    ``out_dir/study.db``, opened after the input checks); write the report,
     ``runs.csv`` beside it and, with ``tensorboard``, a TensorBoard run folder per run and the
     HParams experiment there. ``run_executor`` trains each run (default: in this process,
-    ``StudyRunner.execute``). ``command_line`` (the train command's entry): the recommended
+    ``StudyRunner.train_here``). ``command_line`` (the train command's entry): the recommended
     cell's printed ``kbackend train`` command is run through it on ``confirm_seeds`` held-out
     seeds (``recommend.confirm``).
 
@@ -297,8 +312,8 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
                                                  say if speaking else None)
     target = config.resolved_target
     num_val = len(runner.dataset.x_val) if runner.dataset else 0
-    with ResultStore(out / DB_NAME) as store:
-        runner.store = store
+    with _opened(store, out) as records:
+        runner.store = records
         study, events = _run_with_progress(runner, out, console, show_progress, command_line,
                                            confirm_seeds)
         plateau = trust.after_training(study, target.metric, target.value, num_val)
@@ -316,8 +331,8 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
         analysis = analyze(study)
         paths = _write_outputs(study, analysis, out, wall_time, started_at, tensorboard)
         # One summary per backend, engine and device: what `study compare` puts side by side.
-        store.put_summary(study["study"], f"{study['env']['backend']}/{config.engine}",
-                          study["env"]["device"], read_json(paths["summary"]))
+        records.put_summary(study["study"], f"{study['env']['backend']}/{config.engine}",
+                            study["env"]["device"], read_json(paths["summary"]))
     account = time_accounting(runner.time_spent, wall_time, study["time_spent"]["whole_process_s"],
                               report_seconds=time.perf_counter() - before_report)
     if print_results:
@@ -326,6 +341,16 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
                          f"report: {console_text(paths['report'])}", account)
     return {"study": study, "analysis": analysis, "paths": paths, "wall_time": wall_time,
             "executed": runner.executed, "skipped": events.skipped, "time_spent": account}
+
+
+@contextmanager
+def _opened(store: RunStore | None, out: Path) -> Iterator[RunStore]:
+    """``store``, or the SQLite store in ``out`` (opened here, closed after)."""
+    if store is not None:
+        yield store
+        return
+    with ResultStore(out / DB_NAME) as opened:
+        yield opened
 
 
 def print_results_of(study: dict[str, Any], analysis: dict[str, Any], wall_line: str,

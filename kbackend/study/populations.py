@@ -14,8 +14,8 @@ from typing import Any
 from kbackend.engine_facts import engine_facts
 from kbackend.hardware.measure import POPULATION, remembered
 from kbackend.history import History
-from kbackend.study.runner_protocol import StudyRunnerLike
-from kbackend.study.store import config_key
+from kbackend.study.runner_protocol import CellRunner, StudyEvent
+from kbackend.study.store import StoredRun, config_key
 from kbackend.study.summaries import RunPlan, median_or_inf, run_steps, trajectory_record
 
 PROBE_STEPS = 8  # steps per timed round of the population probe (at least one call)
@@ -33,7 +33,7 @@ CPU_REASON = ("a CPU: vmapped members measured 0.8-1.4x per step on this project
 class Populations:
     """The population path of ``runner``'s study, cell by cell."""
 
-    def __init__(self, runner: StudyRunnerLike) -> None:
+    def __init__(self, runner: CellRunner) -> None:
         self.runner = runner
 
     def path(self, optimizer: str, batch_size: int,
@@ -90,18 +90,18 @@ class Populations:
                 for rate in grid for seed in runner.config.seed_values]
 
     def run(self, optimizer: str, batch_size: int, grid: tuple[float, ...],
-            by_rate: dict[float, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+            by_rate: dict[float, list[StoredRun]]) -> list[StoredRun]:
         """The cell's grid x seeds as one population (the runs not yet stored), into
         ``by_rate``; returns the runs. Each member is stored as the run it equals."""
         runner = self.runner
         plans = self.plans(optimizer, batch_size, grid)
-        records: dict[int, dict[str, Any]] = {}
+        records: dict[int, StoredRun] = {}
         missing = []
         censored = self.censored_runs()
         for index, plan in enumerate(plans):
             stored = runner.stored_run(plan)
             if stored is None and self.budgetless_key(plan) in censored:
-                budget = censored[self.budgetless_key(plan)]["config"]["max_steps"]
+                budget = censored[self.budgetless_key(plan)].config["max_steps"]
                 stored = runner.stored_run(runner.plan(
                     optimizer, batch_size, plan.learning_rate, budget, plan.seed))
             if stored is not None:
@@ -111,7 +111,8 @@ class Populations:
         if len(missing) == 1:
             records[missing[0]] = runner.run_one(plans[missing[0]])
         elif missing:
-            runner.on_event("start_population", plan=plans[missing[0]], runs=len(missing))
+            runner.on_event(StudyEvent("start", "population", plan=plans[missing[0]],
+                                       runs=len(missing)))
             configs = [runner.train_config(plans[i]) for i in missing]
             values = [runner.initial_values(plans[i].seed) for i in missing]
             censor = self.pruner(plans, missing, records) if runner.config.prune else None
@@ -133,7 +134,7 @@ class Populations:
         return ordered
 
     def pruner(self, plans: list[RunPlan], missing: list[int],
-               stored: dict[int, dict[str, Any]]) -> Callable[..., list[int]]:
+               stored: dict[int, StoredRun]) -> Callable[..., list[int]]:
         """The sequential path's pruning for a population: once some rate's median steps to
         target S is known, a member of another rate is stopped as soon as even reaching at the
         next evaluation could not bring its rate's median to S or below. The best rate's seeds
@@ -167,14 +168,14 @@ class Populations:
         key_config = self.runner.run_key_config(plan)
         return config_key({k: v for k, v in key_config.items() if k != "max_steps"})
 
-    def censored_runs(self) -> dict[str, dict[str, Any]]:
+    def censored_runs(self) -> dict[str, StoredRun]:
         """This study's stored population members that its pruner stopped, by budgetless key
         (a resumed population finds them under the budget they stopped at)."""
         runner = self.runner
         found = {}
         assert runner.store is not None
         for record in runner.store.records(study=runner.study_id, kind="run"):
-            if trajectory_record(record["trajectory"]).censored_at is not None:
-                config = {k: v for k, v in record["config"].items() if k != "max_steps"}
+            if trajectory_record(record.trajectory).censored_at is not None:
+                config = {k: v for k, v in record.config.items() if k != "max_steps"}
                 found[config_key(config)] = record
         return found

@@ -20,14 +20,12 @@ before Keras is imported. Without an address a local Ray instance is started, bo
 
 from __future__ import annotations
 
-import copy
-import json
 import logging
 import os
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -37,8 +35,8 @@ from kbackend.envinfo import environment_identity
 from kbackend.errors import ConfigError, InternalError, KBackendError
 from kbackend.study.auto_cells import run_auto_cell
 from kbackend.study.config import LOCAL_EXECUTOR, RAY_EXTRA, StudyConfig
-from kbackend.study.runner_protocol import NotStored
-from kbackend.study.store import config_key
+from kbackend.study.runner_protocol import NotStored, StudyEvent, ignore_events
+from kbackend.study.store import MemoryStore, StoredRun, config_key
 
 CELL_RETRIES = 3  # attempts after the first when a task's worker (or its node) is lost
 # Environment variables a worker takes from the driver: the backend and kbackend's settings.
@@ -113,44 +111,7 @@ def cell_resources(config: StudyConfig, ray: Any, backend: str) -> dict[str, Any
             "retry_exceptions": False, "runtime_env": {"env_vars": env}}
 
 
-# -- the task side: no store, the driver's records in memory ------------------------------------
-
-def _json_copy(payload: Any) -> Any:
-    # What the SQLite store returns for what it was given (tuples as lists, keys as strings).
-    return json.loads(json.dumps(payload, sort_keys=True, default=str))
-
-
-class MemoryStore:
-    """A task's stand-in for ``ResultStore``: the driver's records of the task's cell, and the
-    records the task adds (``added``: sent back to the driver, the only writer)."""
-
-    def __init__(self, records: list[dict[str, Any]]) -> None:
-        self._records = {r["key"]: r for r in records}
-        self.added: list[dict[str, Any]] = []
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        record = self._records.get(key)
-        return None if record is None else copy.deepcopy(record)
-
-    def put(self, key: str, kind: str, study: str, backend: str, config: dict[str, Any],
-            result: dict[str, Any], trajectory: dict[str, Any] | None = None) -> bool:
-        if key in self._records:
-            return False
-        record = {"key": key, "kind": kind, "study": study, "backend": backend,
-                  "config": _json_copy(config), "result": _json_copy(result),
-                  "trajectory": None if trajectory is None else _json_copy(trajectory),
-                  "finished_at": time.time()}
-        self._records[key] = record
-        self.added.append(record)
-        return True
-
-    def records(self, study: str | None = None, backend: str | None = None,
-                kind: str | None = None) -> list[dict[str, Any]]:
-        found = [r for r in self._records.values()
-                 if (study is None or r["study"] == study) and (kind is None or r["kind"] == kind)
-                 and (backend is None or r["backend"] == backend)]
-        return [copy.deepcopy(r) for r in sorted(found, key=lambda r: r["finished_at"])]
-
+# -- the task side: no store, the driver's records in memory (``store.MemoryStore``) -------------
 
 _WORKER_RUNNERS: dict[str, Any] = {}  # one prepared runner per worker process
 
@@ -167,41 +128,63 @@ def _worker_runner(runner_class: type, config: StudyConfig) -> Any:
     return _WORKER_RUNNERS[key]
 
 
-def worker_identity() -> dict[str, Any]:
+@dataclass(frozen=True)
+class WorkerIdentity:
     """What a worker's runs are keyed by (``environment_identity``) and its platform."""
-    return {"env": environment_identity(), "platform": impl().platform()}
+
+    env: dict[str, Any]
+    platform: str
+
+
+def worker_identity() -> WorkerIdentity:
+    """This worker's ``WorkerIdentity``."""
+    return WorkerIdentity(environment_identity(), impl().platform())
+
+
+@dataclass(frozen=True)
+class TaskOutput:
+    """What a task sends back: the phase's result (a cell with its runs as keys, the step
+    times, the noise scale) and the records it made."""
+
+    result: Any
+    records: list[StoredRun]
+
+
+@dataclass(frozen=True)
+class CrashAfterFirstRun:
+    """The injected fault of a test (``CRASH_ENV``): the first task that finds ``marker``
+    absent creates it and kills its own worker once a run has finished."""
+
+    marker: str
+
+    def __call__(self, event: StudyEvent) -> None:
+        if event.phase == "finished" and event.what == "run" and not os.path.exists(self.marker):
+            Path(self.marker).touch()
+            os._exit(1)  # the injected fault: this worker dies mid-cell
 
 
 def run_phase(runner_class: type, config: StudyConfig, phase: str, cell: tuple[str, int] | None,
-              cells: list[dict[str, Any]] | None, records: list[dict[str, Any]],
-              crash: str | None = None) -> dict[str, Any]:
+              cells: list[dict[str, Any]] | None, records: list[StoredRun],
+              crash: str | None = None) -> TaskOutput:
     """One task: a cell (``phase="cell"``), an optimizer's auto cell (``"auto"``, ``cell``'s
     batch size unused), the step times or the noise scale of ``cells``,
     run on this worker by a ``runner_class`` (the driver's ``StudyRunner``) against ``records``
-    in memory. Returns the worker's identity, the phase's result (a cell with its runs as keys)
-    and the records it made."""
+    in memory (``MemoryStore``)."""
     runner = _worker_runner(runner_class, config)
     store = MemoryStore(records)
     runner.store, runner.executed = store, 0
-
-    def on_event(event: str, **_: Any) -> None:
-        if crash and event == "finished" and not os.path.exists(crash):
-            Path(crash).touch()
-            os._exit(1)  # the injected fault: this worker dies mid-cell
-
-    runner.on_event = on_event
+    runner.on_event = CrashAfterFirstRun(crash) if crash else ignore_events
     if phase in ("cell", "auto"):
         assert cell is not None
         result = runner.run_cell(*cell) if phase == "cell" else run_auto_cell(runner, cell[0])
-        result["runs"] = [r["key"] for r in result["runs"]]
+        result["runs"] = [r.key for r in result["runs"]]
     elif phase == "steptime":
         result = runner.measure_step_times(cells or [])
     elif phase == "noise":
         result = runner.run_noise(cells or [])
     else:
         raise InternalError(f"Unknown phase {phase!r}.")
-    return {"env": runner.env, "platform": runner.platform(), "result": result,
-            "records": store.added, "executed": runner.executed}
+    return TaskOutput(result, store.added)
 
 
 # -- the driver side ------------------------------------------------------------------------------
@@ -220,55 +203,55 @@ class RayStudy:
         self.crash = os.environ.get(CRASH_ENV)
         identity = ray.get(ray.remote(**self.resources)(worker_identity).remote())
         # Runs are keyed by the device that trains them: the workers', not this process's.
-        runner.env = identity["env"]
-        self.stored = runner.stored_view(identity["platform"])
+        runner.env = identity.env
+        self.stored = runner.stored_view(identity.platform)
         self.runner_class = type(runner)
 
     def attempt(self, action: Callable[[], Any],
                 fresh: frozenset[str] | set[str] = frozenset()) -> tuple[bool, Any]:
         """(True, ``action()``'s result) when the store holds all it needs, its progress
         events passed on (the ``fresh`` records' as finished); else (False, None), silently."""
-        events: list[tuple[str, dict[str, Any]]] = []
+        events: list[StudyEvent] = []
 
-        def buffer(event: str, **kwargs: Any) -> None:
-            record = kwargs.get("record")
-            if event.startswith("skipped") and record is not None and record["key"] in fresh:
-                event = "finished" + event[len("skipped"):]
-            events.append((event, kwargs))
+        def buffer(event: StudyEvent) -> None:
+            record = event.record
+            if event.phase == "skipped" and record is not None and record.key in fresh:
+                event = replace(event, phase="finished")
+            events.append(event)
 
         self.stored.on_event = buffer
         try:
             result = action()
         except NotStored:
             return False, None
-        for event, kwargs in events:
-            self.runner.on_event(event, **kwargs)
+        for event in events:
+            self.runner.on_event(event)
         return True, result
 
-    def commit(self, output: dict[str, Any]) -> set[str]:
-        """Store a task's records (the ones not stored yet); return their keys."""
+    def commit(self, output: TaskOutput) -> set[str]:
+        """Store a task's records (the ones not stored yet, as finished now: the driver's
+        clock); return their keys."""
         fresh = set()
-        for r in output["records"]:
-            if self.runner.store.put(r["key"], r["kind"], r["study"], r["backend"], r["config"],
-                                     r["result"], r["trajectory"]):
-                fresh.add(r["key"])
-                self.runner.executed += int(r["kind"] == "run")
+        for run in output.records:
+            if self.runner.store.put(replace(run, finished_at=time.time())):
+                fresh.add(run.key)
+                self.runner.executed += int(run.kind == "run")
         return fresh
 
-    def cell_records(self, optimizer: str, batch_size: int | str) -> list[dict[str, Any]]:
+    def cell_records(self, optimizer: str, batch_size: int | str) -> list[StoredRun]:
         """The stored runs and population probe of one cell (an auto cell's batch size is its
         label, ``auto:MIN:MAX``): what its task may skip."""
-        def of_cell(config: dict[str, Any]) -> bool:
-            name = config.get("optimizer")
+        def of_cell(run: StoredRun) -> bool:
+            name = run.config.get("optimizer")
             name = name.get("name") if isinstance(name, dict) else name
-            return name == optimizer and config.get("batch_size") == batch_size
+            return name == optimizer and run.config.get("batch_size") == batch_size
 
         # Any study's (a run's key is its configuration, whichever study stored it).
         store = self.runner.store
         return [r for kind in ("run", "population_probe") for r in store.records(kind=kind)
-                if of_cell(r["config"])]
+                if of_cell(r)]
 
-    def get(self, ref: Any, what: str) -> dict[str, Any]:
+    def get(self, ref: Any, what: str) -> TaskOutput:
         exceptions = self.ray.exceptions
         try:
             return self.ray.get(ref)
@@ -305,7 +288,7 @@ class RayStudy:
                 fresh = self.commit(output)
                 done, cell = self.attempt(partial(from_store, key), fresh)
                 if not done:  # a worker keyed differently (another device): its own cell
-                    cell = output["result"]
+                    cell = output.result
                     cell["runs"] = [runner.store.get(k) for k in cell["runs"]]
                 cells[key] = cell
         finally:
@@ -337,7 +320,7 @@ class RayStudy:
         ref = self.task.remote(self.runner_class, self.config, phase, None, cells, [], None)
         output = self.get(ref, phase)
         done, result = self.attempt(action, self.commit(output))
-        return result if done else output["result"]
+        return result if done else output.result
 
     def run(self) -> RayResults:
         cells = self.run_cells()
@@ -353,7 +336,7 @@ class RayResults(NamedTuple):
     driver once the time model is known)."""
 
     cells: list[dict[str, Any]]
-    runs: list[dict[str, Any]]
+    runs: list[StoredRun]
     step_times: Any
     noise: Any
     auto_cells: list[dict[str, Any]]

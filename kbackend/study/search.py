@@ -10,14 +10,15 @@ from dataclasses import replace
 from typing import Any
 
 from kbackend.study.populations import Populations
-from kbackend.study.runner_protocol import StudyRunnerLike
+from kbackend.study.runner_protocol import CellRunner, StudyEvent
+from kbackend.study.store import StoredRun
 from kbackend.study.summaries import RunPlan, best_rate, rate_score, summarize_cell
 
 
 class RateSearch:
     """The learning-rate search of each cell of ``runner``'s study."""
 
-    def __init__(self, runner: StudyRunnerLike, auto_max: int = 0, lr_scaling: str = "") -> None:
+    def __init__(self, runner: CellRunner, auto_max: int = 0, lr_scaling: str = "") -> None:
         # ``auto_max``: the search of an auto cell (the adaptive batch size from the cell's
         # batch size, its MIN, up to this MAX, its rate scaled by ``lr_scaling``), run by run
         self.runner, self.auto_max, self.lr_scaling = runner, auto_max, lr_scaling
@@ -42,12 +43,13 @@ class RateSearch:
     def run_cell(self, optimizer: str, batch_size: int) -> dict[str, Any]:
         """Every learning rate of one cell, each with every seed, the grid extended while the
         best rate sits on an end of it (``lr_extend`` points each way at most); the cell's
-        figures with their intervals, and under ``"runs"`` every run it made."""
+        figures with their intervals, and under ``"runs"`` every run it made (``StoredRun``s,
+        taken out by the caller)."""
         runner = self.runner
         config, larger_is_better = runner.config, runner.larger_is_better
         grid = config.learning_rate_grid(optimizer, batch_size)
-        by_rate: dict[float, list[dict[str, Any]]] = {}
-        runs: list[dict[str, Any]] = []
+        by_rate: dict[float, list[StoredRun]] = {}
+        runs: list[StoredRun] = []
         populations = Populations(runner)
         path = ({"path": "sequential", "members": len(grid) * config.seeds,
                  "reason": "an adaptive batch size trains one run at a time"} if self.auto_max
@@ -69,7 +71,7 @@ class RateSearch:
                 rate = float(f"{tried[-1] * high_factor:.4g}")
             else:
                 break
-            runner.on_event("extend", runs=config.seeds)
+            runner.on_event(StudyEvent("extend", runs=config.seeds))
             runs += self.run_rate(optimizer, batch_size, rate, by_rate)
         winner = best_rate(by_rate, larger_is_better)
         runs += self.complete_censored(optimizer, batch_size, winner, by_rate)
@@ -90,7 +92,7 @@ class RateSearch:
         }
 
     def run_rate(self, optimizer: str, batch_size: int, learning_rate: float,
-                 by_rate: dict[float, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+                 by_rate: dict[float, list[StoredRun]]) -> list[StoredRun]:
         """One learning rate of a cell with every seed, into ``by_rate``; returns its runs.
 
         With pruning, the rate's budget is the best median steps-to-target so far: a run that
@@ -108,11 +110,11 @@ class RateSearch:
         pruned = config.prune and best_score is not None and math.isfinite(best_score[0])
         budget = (min(runner.full_budget(batch_size), math.ceil(best_score[0]))
                   if pruned and best_score is not None else None)
-        records: list[dict[str, Any]] = []
+        records: list[StoredRun] = []
         for index, seed in enumerate(config.seed_values):
             if config.prune and best_score is not None and cannot_win(
                     records, config.seeds - index, best_score, runner.larger_is_better):
-                runner.on_event("pruned", runs=1)
+                runner.on_event(StudyEvent("pruned", runs=1))
                 continue
             plan = self.plan(optimizer, batch_size, learning_rate, budget, seed)
             records.append(runner.run_one(plan))
@@ -120,7 +122,7 @@ class RateSearch:
         return list(records)
 
     def complete_censored(self, optimizer: str, batch_size: int, rate: float | None,
-                          by_rate: dict[float, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+                          by_rate: dict[float, list[StoredRun]]) -> list[StoredRun]:
         """Re-run, on the full budget, the seeds of the winning rate that a pruned budget cut
         short: the median is exact without them, the upper end of the interval is not."""
         if rate is None:
@@ -129,24 +131,24 @@ class RateSearch:
         full = self.plan(optimizer, batch_size, rate).max_steps
         runs = []
         for index, record in enumerate(by_rate[rate]):
-            if not record["result"]["reached"] and record["config"]["max_steps"] < full:
-                runner.on_event("extend", runs=1)
-                plan = self.plan(optimizer, batch_size, rate, seed=record["config"]["seed"])
+            if not record.result["reached"] and record.config["max_steps"] < full:
+                runner.on_event(StudyEvent("extend", runs=1))
+                plan = self.plan(optimizer, batch_size, rate, seed=record.seed)
                 record = runner.run_one(plan)
                 by_rate[rate][index] = record
                 runs.append(record)
         return runs
 
 
-def cannot_win(records: list[dict[str, Any]], remaining: int,
+def cannot_win(records: list[StoredRun], remaining: int,
                best_score: tuple[float, float, float, float], larger_is_better: bool) -> bool:
     """Whether a learning rate with ``records`` so far ranks behind ``best_score``
     (``rate_score``) however its ``remaining`` seeds end: each scored at its best case (the
     target reached at step 0, instantly, with the best possible metric), every part of the
     score is as low as it can get, so a best case still behind is behind for certain."""
-    best_case = {"result": {"steps_to_target": 0, "reached": True, "time_to_target": 0.0,
-                            "best_metric": BEST_CASE_METRIC if larger_is_better
-                            else -BEST_CASE_METRIC}}
+    best_case = StoredRun("best case", "run", "", "", {}, {
+        "steps_to_target": 0, "reached": True, "time_to_target": 0.0,
+        "best_metric": BEST_CASE_METRIC if larger_is_better else -BEST_CASE_METRIC})
     return rate_score([*records, *[best_case] * remaining], larger_is_better) > best_score
 
 

@@ -18,7 +18,7 @@ from kbackend.engines.native import epoch_runner
 from kbackend.hardware.measure import time_interleaved
 from kbackend.optim import OptimizerSpec
 from kbackend.stats import median_interval
-from kbackend.study.runner_protocol import StudyRunnerLike
+from kbackend.study.runner_protocol import MeasureRunner
 
 # A timed call of the time model runs whole fused calls until it lasts STEP_TIME_SECONDS or
 # holds STEP_TIME_STEPS steps, whichever comes first. 30 ms is far above the clock's and a
@@ -52,7 +52,7 @@ def _done(result: Any) -> Any:
 class StepTimeModel:
     """Times the cells of ``runner``'s study (their optimizer, batch size and best rate)."""
 
-    def __init__(self, runner: StudyRunnerLike) -> None:
+    def __init__(self, runner: MeasureRunner) -> None:
         self.runner = runner
 
     def plan(self, cell: dict[str, Any]) -> tuple[int, int]:

@@ -31,8 +31,9 @@ import os
 import sqlite3
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -219,17 +220,118 @@ def _legacy_mismatch(conn: sqlite3.Connection, names: list[str]) -> str:
     return ""
 
 
+@dataclass(frozen=True)
+class StoredRun:
+    """One row of the store's ``results``: a finished run (``kind`` ``"run"``) or a stored
+    measurement (``"noise"``, ``"steptime"``, ``"frontier"``, ``"population_probe"``,
+    ``"confirmation"``). ``config`` is what ``key`` hashes (``config_key``), ``result`` the
+    figures, ``trajectory`` a run's per-step values (None for a measurement). Those three are
+    kept as the JSON the store holds; ``to_dict`` is the row as the study's report reads it."""
+
+    key: str
+    kind: str
+    study: str
+    backend: str
+    config: dict[str, Any]
+    result: dict[str, Any]
+    trajectory: dict[str, Any] | None = None
+    finished_at: float = field(default_factory=time.time)  # when it was stored: now
+
+    @classmethod
+    def keyed(cls, key_config: dict[str, Any], kind: str, study: str, backend: str,
+              result: dict[str, Any], trajectory: dict[str, Any] | None = None) -> StoredRun:
+        """A run or measurement finished now, keyed by its ``key_config``."""
+        return cls(config_key(key_config), kind, study, backend, key_config, result, trajectory)
+
+    @property
+    def seed(self) -> int:
+        """The seed a run trained with."""
+        return int(self.config["seed"])
+
+    def as_stored(self) -> StoredRun:
+        """This run as the SQLite store returns it: its payloads through JSON (tuples as
+        lists, keys as strings, other values as text), for a store kept in memory."""
+        def stored(payload: Any) -> Any:
+            return None if payload is None else json.loads(_dumps(payload))
+        return replace(self, config=stored(self.config), result=stored(self.result),
+                       trajectory=stored(self.trajectory))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The run as the report and its JSON read it (one key per field)."""
+        return {column.name: getattr(self, column.name) for column in fields(self)}
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> StoredRun:
+        """``to_dict``'s output read back."""
+        return cls(**{column.name: row[column.name] for column in fields(cls)})
+
+
+@dataclass(frozen=True)
+class QuarantinedRow:
+    """A row kept aside as unreadable: its table (``source``), its name (a run's key, a
+    summary's study/backend/device), why, and its columns as stored (a JSON object)."""
+
+    source: str
+    name: str
+    reason: str
+    content: str
+    quarantined_at: float
+
+
 class RunStore(Protocol):
-    """What a study reads and writes of its store: ``ResultStore``, or a Ray task's in-memory
-    stand-in (``ray_executor.MemoryStore``)."""
+    """What a study reads and writes of its store: ``ResultStore`` (SQLite), or ``MemoryStore``
+    (a Ray task's records, a test's store)."""
 
-    def get(self, key: str) -> dict[str, Any] | None: ...
+    def get(self, key: str) -> StoredRun | None: ...
 
-    def put(self, key: str, kind: str, study: str, backend: str, config: dict[str, Any],
-            result: dict[str, Any], trajectory: dict[str, Any] | None = None) -> bool: ...
+    def put(self, run: StoredRun) -> bool: ...
 
     def records(self, study: str | None = None, backend: str | None = None,
-                kind: str | None = None) -> list[dict[str, Any]]: ...
+                kind: str | None = None) -> list[StoredRun]: ...
+
+    def put_summary(self, study: str, backend: str, device: str,
+                    payload: dict[str, Any]) -> None: ...
+
+
+class MemoryStore:
+    """A store in memory, for what needs no file: a Ray task's stand-in for ``ResultStore``
+    (the driver's records of the task's cell, and ``added``: the records the task made, sent
+    back to the driver, the only writer), or a test's. It returns what the SQLite store would
+    (payloads through JSON, ``StoredRun.as_stored``)."""
+
+    def __init__(self, records: Iterable[StoredRun] = ()) -> None:
+        self._records = {r.key: r for r in records}
+        self.added: list[StoredRun] = []
+        self._summaries: dict[tuple[str, str, str], dict[str, Any]] = {}
+
+    def get(self, key: str) -> StoredRun | None:
+        return self._records.get(key)
+
+    def put(self, run: StoredRun) -> bool:
+        if run.key in self._records:
+            return False
+        stored = run.as_stored()
+        self._records[run.key] = stored
+        self.added.append(stored)
+        return True
+
+    def records(self, study: str | None = None, backend: str | None = None,
+                kind: str | None = None) -> list[StoredRun]:
+        return sorted((r for r in self._records.values() if _matches(r, study, backend, kind)),
+                      key=lambda r: r.finished_at)
+
+    def put_summary(self, study: str, backend: str, device: str, payload: dict[str, Any]) -> None:
+        self._summaries.pop((study, backend, device), None)  # replaced: the newest comes last
+        self._summaries[(study, backend, device)] = json.loads(_dumps(payload))
+
+    def summaries(self, study: str | None = None) -> list[dict[str, Any]]:
+        return [payload for (of, _, _), payload in self._summaries.items()
+                if study is None or of == study]
+
+
+def _matches(run: StoredRun, study: str | None, backend: str | None, kind: str | None) -> bool:
+    return all(wanted is None or wanted == value for wanted, value in
+               ((study, run.study), (backend, run.backend), (kind, run.kind)))
 
 
 class ResultStore:
@@ -301,30 +403,31 @@ class ResultStore:
         # every committed frame is copied into the main file, not only those no reader needs.
         cursor.execute("PRAGMA wal_checkpoint(FULL)").fetchone()
 
-    def get(self, key: str) -> dict[str, Any] | None:
-        """The stored record for ``key`` (config, result, trajectory), or None."""
+    def get(self, key: str) -> StoredRun | None:
+        """The stored run (or measurement) under ``key``, or None."""
         with self._errors():
             row = self._connection.execute(
                 f"SELECT {_RESULT_COLUMNS} FROM results WHERE key = ?", (key,)).fetchone()
         records = [] if row is None else self._readable([row])
         return records[0] if records else None
 
-    def put(self, key: str, kind: str, study: str, backend: str, config: dict[str, Any],
-            result: dict[str, Any], trajectory: dict[str, Any] | None = None) -> bool:
-        """Store a finished run unless ``key`` is already stored; True if this call stored it."""
+    def put(self, run: StoredRun) -> bool:
+        """Store a finished run unless its key is already stored; True if this call stored it.
+        The row is the JSON of its fields (the columns of every store so far)."""
         with self._errors(), self._write() as cursor:
-            if cursor.execute("SELECT 1 FROM results WHERE key = ?", (key,)).fetchone():
+            if cursor.execute("SELECT 1 FROM results WHERE key = ?", (run.key,)).fetchone():
                 return False
             cursor.execute(
                 "INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (key, kind, study, backend, _dumps(config), _dumps(result),
-                 None if trajectory is None else _dumps(trajectory), time.time()),
+                (run.key, run.kind, run.study, run.backend, _dumps(run.config),
+                 _dumps(run.result), None if run.trajectory is None else _dumps(run.trajectory),
+                 run.finished_at),
             )
         return True
 
     def records(self, study: str | None = None, backend: str | None = None,
-                kind: str | None = None) -> list[dict[str, Any]]:
-        """Stored records, optionally filtered, in the order they finished."""
+                kind: str | None = None) -> list[StoredRun]:
+        """Stored runs and measurements, optionally filtered, in the order they finished."""
         clauses, values = [], []
         for column, value in (("study", study), ("backend", backend), ("kind", kind)):
             if value is not None:
@@ -337,8 +440,8 @@ class ResultStore:
                 values).fetchall()
         return self._readable(rows)
 
-    def _readable(self, rows: list[tuple]) -> list[dict[str, Any]]:
-        """``rows`` as records; each damaged one quarantined (with a warning) and left out."""
+    def _readable(self, rows: list[tuple]) -> list[StoredRun]:
+        """``rows`` as runs; each damaged one quarantined (with a warning) and left out."""
         records = []
         for row in rows:
             try:
@@ -366,7 +469,7 @@ class ResultStore:
                   "it was moved to the store's quarantine table and is left out (a run is "
                   "trained again)")
 
-    def quarantined(self) -> list[dict[str, Any]]:
+    def quarantined(self) -> list[QuarantinedRow]:
         """The rows kept aside as unreadable, oldest first."""
         with self._errors():
             if not self._connection.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' "
@@ -375,8 +478,7 @@ class ResultStore:
             rows = self._connection.execute(
                 "SELECT source, name, reason, content, quarantined_at FROM quarantine "
                 "ORDER BY quarantined_at").fetchall()
-        return [dict(zip(("source", "name", "reason", "content", "quarantined_at"), row,
-                         strict=True)) for row in rows]
+        return [QuarantinedRow(*row) for row in rows]
 
     def put_summary(self, study: str, backend: str, device: str, payload: dict[str, Any]) -> None:
         """Store (replace) the analysed summary of a study on one backend and device."""
@@ -421,10 +523,10 @@ def _json(text: Any, column: str, kind: type) -> Any:
     return value
 
 
-def _record(row: tuple) -> dict[str, Any]:
-    """A results row as a record; ``DamagedRow`` if any JSON column cannot be read."""
+def _record(row: tuple) -> StoredRun:
+    """A results row as a ``StoredRun``; ``DamagedRow`` if any JSON column cannot be read."""
     key, kind, study, backend, config, result, trajectory, finished_at = row
-    return {"key": key, "kind": kind, "study": study, "backend": backend,
-            "config": _json(config, "config", dict), "result": _json(result, "result", dict),
-            "trajectory": None if trajectory is None else _json(trajectory, "trajectory", dict),
-            "finished_at": finished_at}
+    return StoredRun(key, kind, study, backend, _json(config, "config", dict),
+                     _json(result, "result", dict),
+                     None if trajectory is None else _json(trajectory, "trajectory", dict),
+                     finished_at)

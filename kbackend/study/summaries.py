@@ -18,6 +18,7 @@ import numpy as np
 from kbackend.data.batching import steps_per_epoch
 from kbackend.history import History, RunRecord
 from kbackend.stats import median_interval
+from kbackend.study.store import StoredRun
 from kbackend.training import Target
 
 
@@ -246,10 +247,10 @@ def summarize_run(history: History, plan: RunPlan, target: Target,
     return result
 
 
-def run_steps(record: dict[str, Any]) -> float:
+def run_steps(record: StoredRun) -> float:
     """A run's steps to target; a run that did not reach it counts as infinitely many."""
-    steps = record["result"]["steps_to_target"]
-    return math.inf if steps is None or not record["result"]["reached"] else float(steps)
+    steps = record.result["steps_to_target"]
+    return math.inf if steps is None or not record.result["reached"] else float(steps)
 
 
 def median_or_inf(values: list[float]) -> float:
@@ -257,7 +258,7 @@ def median_or_inf(values: list[float]) -> float:
     return float(statistics.median(values)) if values else math.inf
 
 
-def rate_score(records: list[dict[str, Any]],
+def rate_score(records: list[StoredRun],
                larger_is_better: bool) -> tuple[float, float, float, float]:
     """How one learning rate of a cell ranks (smaller is better): the median steps to target over
     its seeds (not reached: infinite); on a tie, the mean steps over the seeds (finer than the
@@ -266,27 +267,27 @@ def rate_score(records: list[dict[str, Any]],
     per_seed = [run_steps(r) for r in records]
     steps = median_or_inf(per_seed)
     mean_steps = sum(per_seed) / len(per_seed) if per_seed else math.inf
-    times = median_or_inf([r["result"]["time_to_target"] if run_steps(r) < math.inf else math.inf
-                     for r in records])
-    metrics = [r["result"]["best_metric"] for r in records]
+    times = median_or_inf([r.result["time_to_target"] if run_steps(r) < math.inf else math.inf
+                           for r in records])
+    metrics = [r.result["best_metric"] for r in records]
     metric = median_or_inf([m for m in metrics if m is not None and math.isfinite(m)])
     if math.isfinite(metric) and larger_is_better:
         metric = -metric
     return steps, mean_steps, metric, times
 
 
-def best_rate(by_rate: dict[float, list[dict[str, Any]]], larger_is_better: bool) -> float | None:
+def best_rate(by_rate: dict[float, list[StoredRun]], larger_is_better: bool) -> float | None:
     """The learning rate a cell reports: the best ``rate_score`` (None for an empty cell)."""
     if not by_rate:
         return None
     return min(by_rate, key=lambda rate: (rate_score(by_rate[rate], larger_is_better), rate))
 
 
-def summarize_cell(records: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize_cell(records: list[StoredRun]) -> dict[str, Any]:
     """A cell's figures from the runs of its best learning rate (one per seed): each a median
     over the seeds, with the order-statistic interval of ``median_interval``. The cell reaches
     the target when its median seed does."""
-    results = [r["result"] for r in records]
+    results = [r.result for r in records]
     steps = median_interval([run_steps(r) for r in records])
     reached = math.isfinite(steps["median"])
 
@@ -304,12 +305,12 @@ def summarize_cell(records: list[dict[str, Any]]) -> dict[str, Any]:
     # the task's own test metric (test_accuracy for classifiers, test_mae, ...)
     test_metric = median_of("test_metric", only_reached=reached)
     # The run drawn in the trajectory plot: the seed at the median (the lower one of two).
-    ordered = sorted(records, key=lambda r: (run_steps(r), -(r["result"]["best_metric"] or 0.0)))
+    ordered = sorted(records, key=lambda r: (run_steps(r), -(r.result["best_metric"] or 0.0)))
     middle = ordered[(len(ordered) - 1) // 2]
     return {
-        "learning_rate": middle["config"]["learning_rate"],
+        "learning_rate": middle.config["learning_rate"],
         "seeds": len(records),
-        "seed_values": [r["config"]["seed"] for r in records],
+        "seed_values": [r.config["seed"] for r in records],
         "reached": reached,
         "seeds_reached": sum(1 for r in records if run_steps(r) < math.inf),
         "steps_to_target": finite(steps["median"]) if reached else None,
@@ -327,16 +328,16 @@ def summarize_cell(records: list[dict[str, Any]]) -> dict[str, Any]:
         "startup_time_estimated": any(r.get("startup_time_estimated") for r in results),
         "train_time": sum(r.get("train_time") or 0.0 for r in results),
         "wall_time": sum(r.get("wall_time") or 0.0 for r in results),
-        "seed_steps": {str(r["config"]["seed"]): run_steps(r) for r in records},
+        "seed_steps": {str(r.config["seed"]): run_steps(r) for r in records},
         # per seed, for the paired verdicts (kbackend.study.verdicts)
-        "seed_test": {str(r["config"]["seed"]): float(r["result"]["test_metric"])
-                      for r in records if r["result"].get("test_metric") is not None},
-        "test_metric_name": next((r["result"].get("test_metric_name") for r in records
-                                  if r["result"].get("test_metric_name")), None),
-        "eval_every": records[0]["config"].get("eval_every") if records else None,
-        "fused_steps": records[0]["config"].get("fused_steps") if records else None,
-        "run_key": middle["key"],
-        "run_keys": [r["key"] for r in records],
+        "seed_test": {str(r.config["seed"]): float(r.result["test_metric"])
+                      for r in records if r.result.get("test_metric") is not None},
+        "test_metric_name": next((r.result.get("test_metric_name") for r in records
+                                  if r.result.get("test_metric_name")), None),
+        "eval_every": records[0].config.get("eval_every") if records else None,
+        "fused_steps": records[0].config.get("fused_steps") if records else None,
+        "run_key": middle.key,
+        "run_keys": [r.key for r in records],
         "intervals": {"steps_to_target": steps, "time_to_target": times,
                       "test_accuracy": test, "test_metric": test_metric,
                       "best_metric": median_of("best_metric")},

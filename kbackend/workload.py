@@ -33,7 +33,6 @@ from kbackend.task import (
     Task,
     output_names,
     output_units,
-    task_of_model,
 )
 
 # The fixed draw behind a held-out test split (independent of the run's seed).
@@ -130,6 +129,9 @@ class Workload:
     raw_shape: tuple[int, ...] | None = None
     # Lines a command prints before training (the inferred task, held-out splits, ...).
     notes: list[str] = field(default_factory=list)
+    # Whether a command says the task (not for a built-in model on a built-in dataset, whose
+    # task is the built-in classification).
+    says_task: bool = True
     _first: Any = field(default=None, repr=False)
 
     @property
@@ -178,10 +180,12 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
                                 from_weights=from_weights)
     notes: list[str] = []
     owned = False  # arrays read from a file here: split in place (``dataset_of``)
+    origin = data_module.BUILTIN  # the source read (its digest keys the dataset)
     if x is None and isinstance(data, str) and data in data_module.DATASETS:
         dataset = _builtin_dataset(source, data, options, validation_fraction, seed, data_dir)
         if source.builtin:
-            return Workload(source, dataset, CLASSIFICATION, options, notes=notes)
+            return Workload(source, dataset, CLASSIFICATION, options, notes=notes,
+                            says_task=False)
         splits = {"train": (dataset.x_train, dataset.y_train), "val": (dataset.x_val,
                   dataset.y_val), "test": (dataset.x_test, dataset.y_test)}
         splits = _in_model_shape(splits, source.input_shape(), data, notes)
@@ -192,17 +196,17 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
                                                               image_size=image_size,
                                                               raw_text=True))
         splits, name, kind, owned = dict(loaded.splits), loaded.name, loaded.kind, loaded.owned
+        origin = loaded.origin
         notes.extend(loaded.notes)
     metric = None if target_metric in (None, "val_loss") else str(target_metric)[len("val_"):]
-    if source.builtin and source.layout == "flat":  # a built-in MLP takes rows of features
+    if source.layout == "flat":  # a built-in MLP takes rows of features
         splits = {k: (np.reshape(v[0], (len(v[0]), -1)), v[1]) for k, v in splits.items()}
     splits = _text_shaped(splits, source)
     first, front, splits = _first_model(source, splits, name, options, packing, notes)
     raw_shape = tuple(int(d) for d in splits["train"][0].shape[1:])
     x_train, y_train = splits["train"]
     check_label_outputs(first, y_train, source.name)
-    task = CLASSIFICATION if source.builtin else task_of_model(first, y_train,
-                                                               prefer_metric=metric)
+    task = source.task(first, y_train, metric)
     if front is not None:  # the splits now hold what the front gives, the rest trains on them
         splits = through_front(front, splits, validation_fraction, seed, notes)
         x_train = splits["train"][0]
@@ -214,6 +218,7 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
     splits = checked_splits(full, task, splits, name, source.name)
     dataset = dataset_of(name, kind, splits, task, units, validation_fraction, seed, notes,
                          owned=owned)
+    dataset.origin = origin
     workload = Workload(source, dataset, task, options, packing=packing, front=front,
                         raw_shape=raw_shape if front is not None else None, notes=notes)
     workload._first = (options.seed, first)
@@ -238,10 +243,7 @@ def _builtin_dataset(source: ModelSource, data: str, options: ModelOptions,
                      data_dir: str | None) -> data_module.Dataset:
     """A built-in dataset in the layout a built-in model takes, else in its own shape (a
     model's Reshape layer adapts it)."""
-    if not source.builtin:
-        return data_module.load(data, layout="spatial", validation_fraction=validation_fraction,
-                                seed=seed, data_dir=data_dir)
-    return data_module.load(data, layout=source.layout, data_format=options.data_format,
+    return data_module.load(data, layout=source.layout, data_format=source.data_format(options),
                             validation_fraction=validation_fraction, seed=seed,
                             data_dir=data_dir)
 
@@ -296,7 +298,7 @@ def _text_shaped(splits: dict[str, tuple[Any, Any]], source: ModelSource
     x = splits["train"][0]
     if not (isinstance(x, np.ndarray) and x.dtype.kind in "OU" and x.ndim == 1):
         return splits
-    if source.kind in ("keras_file", "instance") and source.input_shape() == ():
+    if source.input_shape() == ():  # a saved or given model declaring (N,) itself
         return splits
     return {k: (np.reshape(v[0], (len(v[0]), 1)), v[1]) for k, v in splits.items()}
 

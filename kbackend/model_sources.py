@@ -4,8 +4,9 @@ file or module, or (from Python) a ``keras.Model`` or a callable.
 ``parse_model_source(value)`` names the source and does every cheap check before anything is
 built or trained: a file exists, a ``.keras`` archive's zip directory holds only what Keras writes
 and is not too large (read header-first, never extracted), it has no ``Lambda`` layer unless
-``unsafe_deserialization``; a builder file parses and defines its function. ``ModelSource.build``
-then makes one model per seed:
+``unsafe_deserialization``; a builder file parses and defines its function. The source is one
+class per kind (``BuiltinModel``, ``KerasFile``, ``Builder``, ``GivenModel``), whose ``build``
+then makes one model per seed and whose ``digest`` keys what a model it built trains:
 
 =============================  ==========================================================
 ``seed_mlp``, ``mlp``, ...     ``kbackend.models.build_model`` (the options apply)

@@ -150,16 +150,26 @@ def _tf_dataset(x: np.ndarray, y: np.ndarray) -> Any:
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
 
 
+# The names of ``_python_cases`` (known without importing Keras: test collection).
+PYTHON_CASES = ("keras.Model instance, arrays", "keras.Model from weights, arrays",
+                "keras.Model instance as saved by study",
+                "callable builder, arrays with validation", "builder file, tf.data")
+
+
 def case_names() -> list[str]:
     """Every case's name (the keys of the pins)."""
     paths = dict.fromkeys(("builder", "npz", "csv", "folder", "function", "keras"), "")
-    return [*_study_cases(paths), *_python_cases(paths)]
+    return [*_study_cases(paths), *PYTHON_CASES]
 
 
 def case_digests(name: str, paths: dict[str, str]) -> dict[str, str]:
     """The digests of case ``name`` on this backend, its sources at ``paths`` (``_inputs``)."""
     study = _study_cases(paths)
-    return _study_digests(*study[name]) if name in study else _python_cases(paths)[name]()
+    if name in study:
+        return _study_digests(*study[name])
+    cases = _python_cases(paths)
+    assert tuple(cases) == PYTHON_CASES
+    return cases[name]()
 
 
 def write_inputs(root: Path) -> dict[str, str]:

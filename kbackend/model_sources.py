@@ -64,7 +64,6 @@ from kbackend.models import (
 )
 from kbackend.task import CLASSIFICATION, Task, task_of_model
 
-KINDS = ("builtin", "keras_file", "builder", "instance")
 UNSAFE_FLAG = "--unsafe-deserialization"
 # What a .keras archive may hold (Keras's saving_lib), and the header-first limits on it.
 KERAS_MEMBERS = ("config.json", "metadata.json", "model.weights.h5", "model.weights.npz")
@@ -794,7 +793,7 @@ def _check_fits(model: Any, name: str) -> None:
 @dataclass(frozen=True)
 class ModelSource(ABC):
     """Where a run's model comes from; ``build`` makes one model per seed, ``digest`` says what
-    a model it built trains. One subclass per kind (``kind``, one of ``KINDS``): ``BuiltinModel``,
+    a model it built trains. One subclass per kind (``kind``): ``BuiltinModel``,
     ``KerasFile``, ``Builder``, ``GivenModel``. ``name`` is what histories and reports call the
     model (``seed_mlp``, ``my.keras``, ``models.py:build``, ``pkg.models:build``, a model's name).
     """

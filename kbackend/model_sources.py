@@ -836,21 +836,12 @@ class ModelSource(ABC):
         loss and metrics, else one inferred from the labels (``task.task_of_model``)."""
         return task_of_model(model, y, prefer_metric=prefer_metric)
 
+    @abstractmethod
     def build(self, info: DatasetInfo, options: ModelOptions | None = None, *,
               seed: int | None = None) -> Any:
         """A new ``keras.Model`` for the data ``info`` describes, its weights made under
-        ``seed`` (default: ``options.seed``, else 0), checked by ``check_model_matches``.
-        Built-ins are built with ``options``; the other kinds take only the seed from them."""
-        seed = seed if seed is not None else (options.seed if options is not None else 0)
-        impl().set_random_seed(seed)
-        model = self._make(info, seed)
-        check_model_matches(model, info, self.name)
-        _check_fits(model, self.name)
-        return model
-
-    @abstractmethod
-    def _make(self, info: DatasetInfo, seed: int) -> Any:
-        """A new model of this source for the data ``info`` describes (the seed already set)."""
+        ``seed`` (default: ``options.seed``, else 0). Built-ins are built with ``options``; the
+        other kinds take only the seed from them."""
 
     def digest(self, model: Any) -> str:
         """A hex digest of what ``model`` (one this source built) trains: its class and config
@@ -903,7 +894,25 @@ class BuiltinModel(ModelSource):
         return build_model(self.name, info, replace(options or ModelOptions(), seed=seed))
 
 
-class _SavedWeights(ModelSource):
+class _UserModel(ModelSource):
+    """A model of the user's: made by ``_make``, then checked against the data
+    (``check_model_matches``) and the memory its training state takes."""
+
+    def build(self, info: DatasetInfo, options: ModelOptions | None = None, *,
+              seed: int | None = None) -> Any:
+        seed = seed if seed is not None else (options.seed if options is not None else 0)
+        impl().set_random_seed(seed)
+        model = self._make(info, seed)
+        check_model_matches(model, info, self.name)
+        _check_fits(model, self.name)
+        return model
+
+    @abstractmethod
+    def _make(self, info: DatasetInfo, seed: int) -> Any:
+        """A new model of this source for the data ``info`` describes (the seed already set)."""
+
+
+class _SavedWeights(_UserModel):
     """A source that holds weights (a file's, a given model's): with ``from_weights`` they are
     what the model starts from, so they are content."""
 
@@ -963,7 +972,7 @@ class GivenModel(_SavedWeights):
         return _fresh_copy(self.obj, self.name, weights=self.from_weights, safe_mode=False)
 
 
-class Builder(ModelSource):
+class Builder(_UserModel):
     """A function returning a ``keras.Model`` (``FILE.py:FUNCTION``, ``package.module:FUNCTION``
     or a callable), called with the ``BUILDER_ARGUMENTS`` it names."""
 

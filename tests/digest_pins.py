@@ -52,15 +52,17 @@ def _inputs(root: Path) -> dict[str, str]:
 
     keras = import_keras()
     paths = {"builder": root / "builder.py", "npz": root / "cls.npz", "csv": root / "table.csv",
+             "csv_strings": root / "strings.csv",
              "folder": root / "images", "function": root / "source.py",
              "keras": root / "saved.keras"}
     paths["builder"].write_text(BUILDER)
     paths["function"].write_text(FUNCTION)
     x, y = _arrays()
     np.savez(paths["npz"], x_train=x, y_train=y)
-    rows = [f"{a:.4f},{b:.4f},{c:.4f},{int(a > 0)},{['no', 'yes'][int(b > 0)]}"
-            for a, b, c in x[:, :3]]
-    paths["csv"].write_text("a,b,c,y1,y2\n" + "\n".join(rows) + "\n")
+    rows = [f"{a:.4f},{b:.4f},{c:.4f},{int(a > 0)}" for a, b, c in x[:, :3]]
+    paths["csv"].write_text("a,b,c,y1\n" + "\n".join(rows) + "\n")
+    rows = [f"{a:.4f},{b:.4f},{['no', 'yes'][int(c > 0)]}" for a, b, c in x[:, :3]]
+    paths["csv_strings"].write_text("a,b,kind\n" + "\n".join(rows) + "\n")
     rng = np.random.default_rng(7)
     for name in ("cat", "dog"):
         (paths["folder"] / name).mkdir(parents=True)
@@ -84,12 +86,12 @@ def _study_cases(p: dict[str, str]) -> dict[str, tuple[str, str, dict[str, Any]]
         "builder file, npz": (f"{p['builder']}:build", p["npz"], {}),
         "builtin model, npz": ("logistic", p["npz"], {}),
         "builder file, csv label": (f"{p['builder']}:build", p["csv"], {"label": "y1"}),
-        "builder file, csv string label": (f"{p['builder']}:build", p["csv"], {"label": "y2"}),
+        "builder file, csv string label": (f"{p['builder']}:build", p["csv_strings"],
+                                           {"label": "kind"}),
         "builder file, image folder": (f"{p['builder']}:build", p["folder"], {}),
         "builder file, function source": (f"{p['builder']}:build",
                                           f"{p['function']}:splits", {}),
         "keras file, npz": (p["keras"], p["npz"], {}),
-        "keras file from weights, npz": (p["keras"], p["npz"], {"from_weights": True}),
         "module builder, npz": ("tests.digest_pin_builder:module_builder", p["npz"], {}),
     }
 
@@ -124,8 +126,8 @@ def _python_cases(p: dict[str, str]) -> dict[str, Callable[[], dict[str, str]]]:
         model.compile(loss="sparse_categorical_crossentropy", metrics=["accuracy"])
         return model
 
-    def workload_digests(model: Any, **kwargs: Any) -> dict[str, str]:
-        workload = prepare_workload(model, None, **kwargs)
+    def workload_digests(model: Any, data: Any = None, **kwargs: Any) -> dict[str, str]:
+        workload = prepare_workload(model, data, **kwargs)
         return {"model": workload.source.digest(workload.first_model()),
                 "data": workload.dataset.digest()}
 
@@ -141,6 +143,8 @@ def _python_cases(p: dict[str, str]) -> dict[str, Callable[[], dict[str, str]]]:
             module_builder, x=x, y=y, validation_data=(xv, yv)),
         "builder file, tf.data": lambda: workload_digests(
             f"{p['builder']}:build", x=_tf_dataset(x, y)),
+        "keras file from weights, npz": lambda: workload_digests(
+            p["keras"], data=p["npz"], from_weights=True),
     }
 
 
@@ -153,12 +157,14 @@ def _tf_dataset(x: np.ndarray, y: np.ndarray) -> Any:
 # The names of ``_python_cases`` (known without importing Keras: test collection).
 PYTHON_CASES = ("keras.Model instance, arrays", "keras.Model from weights, arrays",
                 "keras.Model instance as saved by study",
-                "callable builder, arrays with validation", "builder file, tf.data")
+                "callable builder, arrays with validation", "builder file, tf.data",
+                "keras file from weights, npz")
 
 
 def case_names() -> list[str]:
     """Every case's name (the keys of the pins)."""
-    paths = dict.fromkeys(("builder", "npz", "csv", "folder", "function", "keras"), "")
+    paths = dict.fromkeys(("builder", "npz", "csv", "csv_strings", "folder", "function",
+                           "keras"), "")
     return [*_study_cases(paths), *PYTHON_CASES]
 
 

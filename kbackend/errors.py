@@ -174,7 +174,9 @@ def field_default(owner: Any, name: str) -> Any:
     """The default the dataclass ``owner`` declares for its field ``name`` (a factory's value
     made anew): the one statement of a default that the command line and the Python API read."""
     item = next(item for item in fields(owner) if item.name == name)
-    return item.default_factory() if item.default is MISSING else item.default  # type: ignore[misc]
+    if item.default is MISSING and item.default_factory is not MISSING:
+        return item.default_factory()
+    return item.default
 
 
 def check_declared(owner: Any) -> None:

@@ -22,6 +22,9 @@ import numpy as np
 
 PINS = Path(__file__).parent / "data" / "digest_pins.json"
 
+# The sources below (code and data, made from fixed seeds) are part of the pinned digests: never
+# edit them; add a case (and record it on the reference commit) instead.
+
 BUILDER = ("import keras\n"
            "def build(input_shape, num_classes):\n"
            "    inputs = keras.Input(input_shape)\n"

@@ -12,21 +12,27 @@ terminal.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import inspect
 import os
 import sys
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from kbackend.commands.study import DEFAULT_OUT
 from kbackend.commands.train import command_line as train_command_line
 from kbackend.commands.train import resolve_engine
 from kbackend.config import Target, TrainConfig, check_metrics
 from kbackend.data.user import from_python, own_batch_size
 from kbackend.digests import arrays_digest, json_digest
 from kbackend.distributed import prepare
-from kbackend.engine_facts import DEFAULT_ENGINE, engine_facts
-from kbackend.errors import ApiTypeError, ConfigError
+from kbackend.engine_facts import engine_facts
+from kbackend.errors import ApiTypeError, ConfigError, field_default
 from kbackend.io import atomic_write
 from kbackend.model_sources import parse_model_source
 from kbackend.models import ModelOptions
@@ -54,7 +60,45 @@ PARALLEL_FIELDS = ("devices", "data_parallel", "dp_impl", "virtual_devices", "nu
 __all__ = ["CellRow", "Recommendation", "StudyResult", "recommendation", "recommendation_lines",
            "study", "train"]
 
-DEFAULT_BATCH_SIZE = 32  # Keras fit's default
+# Each default is stated once, on the config the argument fills (the command line reads the same).
+_TRAIN = partial(field_default, TrainConfig)
+_OPTIMIZER = partial(field_default, OptimizerSpec)
+_STUDY = partial(field_default, StudyConfig)
+
+# The arguments of Keras's ``fit`` that kbackend names otherwise, and what to pass instead.
+KERAS_HABITS = {
+    "verbose": "progress=True or False",
+    "validation_split": "validation_fraction=",
+    "callbacks": "early_stopping=PATIENCE or target=VALUE (no Keras callbacks run)",
+    "steps_per_epoch": "max_steps= (a budget of steps) or eval_every=",
+    "lr": "learning_rate=",
+    "dataset": "data=SOURCE, or arrays as x and y",
+    "monitor": "target_metric=",
+    "task": "the model compiled with its loss and metrics",
+}
+# The config fields ``train`` and ``study`` set themselves from their own arguments.
+_SET_BY_TRAIN = ("dataset", "monitor", "task")
+_SET_BY_STUDY = ("dataset",)
+
+
+def _check_options(options: dict[str, Any], owner: type, call: Callable[..., Any],
+                   set_here: tuple[str, ...]) -> None:
+    """A one-line ``ApiTypeError`` for a keyword argument ``call`` does not take: not one of
+    its own and no field of ``owner`` (the config its further options fill), or a field it
+    sets itself; a Keras habit (``verbose=``) names kbackend's argument instead."""
+    fields = {item.name for item in dataclasses.fields(owner)} - set(set_here)
+    for name in options:
+        if name in fields:
+            continue
+        if name in KERAS_HABITS:
+            hint = f": use {KERAS_HABITS[name]}"
+        else:
+            known = [*inspect.signature(call).parameters, *fields]
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = (f": did you mean {close[0]}=?" if close else
+                    f"; it takes its own arguments and {owner.__name__} fields")
+        raise ApiTypeError(f"kbackend.{call.__name__}() got an unexpected keyword argument "
+                           f"{name!r}{hint}")
 
 
 def _workload(model: Any, x: Any, y: Any, validation_data: Any, data: Any, label: str | None,
@@ -80,11 +124,12 @@ def _target(target: float | None, target_metric: str | None, workload: Workload)
 
 def train(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = None,
           data: Any = None, label: str | None = None, batch_size: int | None = None,
-          epochs: int = 5,
-          optimizer: str = "adam", learning_rate: float = 1e-3, engine: str = DEFAULT_ENGINE,
-          fused_steps: int | str = "auto", target: float | None = None,
-          target_metric: str | None = None, early_stopping: int = 0, seed: int = 0,
-          validation_fraction: float = 0.1, from_weights: bool = False,
+          epochs: int = _TRAIN("epochs"), optimizer: str = _OPTIMIZER("name"),
+          learning_rate: float = _OPTIMIZER("learning_rate"),
+          engine: str = _TRAIN("engine"), fused_steps: int | str = "auto",
+          target: float | None = None, target_metric: str | None = None,
+          early_stopping: int = _TRAIN("early_stopping"), seed: int = _TRAIN("seed"),
+          validation_fraction: float = _TRAIN("validation_fraction"), from_weights: bool = False,
           unsafe_deserialization: bool = False, progress: bool | None = None,
           save: str | os.PathLike | None = None, history: str | os.PathLike | None = None,
           tensorboard: str | os.PathLike | None = None, **options: Any) -> TrainResult:
@@ -98,6 +143,7 @@ def train(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
     files (each evaluation's scalars). ``options``: further ``TrainConfig`` fields
     (``eval_every``, ``max_steps``, ...). ``result.history.history`` is a dict of
     per-evaluation lists, as Keras's ``History.history``."""
+    _check_options(options, TrainConfig, train, _SET_BY_TRAIN)
     batch_size = _batch_size(batch_size, x, progress)
     # Virtual devices and a multi-process job come before the framework starts (preparing
     # the workload starts it); TrainConfig checks the options first.
@@ -125,7 +171,7 @@ def _batch_size(asked: int | None, x: Any, progress: bool | None) -> int:
     ``asked`` replaces the set's own, one line says so (unless ``progress=False``)."""
     own = own_batch_size(x)
     if asked is None:
-        return own or DEFAULT_BATCH_SIZE
+        return own or _TRAIN("batch_size")
     if own is not None and own != asked and _shown(progress):
         print(f"batch_size={asked} replaces the tf.data set's own batch of {own} (kbackend "
               "reads the set into memory and batches it itself).", file=sys.stderr)
@@ -135,8 +181,8 @@ def _batch_size(asked: int | None, x: Any, progress: bool | None) -> int:
 def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = None,
           data: Any = None, label: str | None = None, optimizers: tuple[str, ...] = ("sgd",
           "adam"), batch_sizes: tuple[int, ...] | None = None, target: float | None = None,
-          target_metric: str | None = None, seeds: int = 3,
-          out: str | os.PathLike = "runs/study", progress: bool | None = None,
+          target_metric: str | None = None, seeds: int = _STUDY("seeds"),
+          out: str | os.PathLike = DEFAULT_OUT, progress: bool | None = None,
           confirm_seeds: int = CONFIRM_SEEDS, tensorboard: str | os.PathLike | None = None,
           **options: Any) -> StudyResult:
     """The batch-size x optimizer study on the user's ``model`` and data: which batch size,
@@ -154,12 +200,14 @@ def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
     by their content (the model by its architecture and compile settings: every run starts from
     fresh weights), so a re-run resumes; a builder given as a function must be importable by
     name (defined in a module, not in ``__main__``'s interactive session)."""
+    _check_options(options, StudyConfig, study, _SET_BY_STUDY)
     out_path = Path(out)
     data_source = data
     workload = None
     if x is not None:
         workload = _workload(model, x, y, validation_data, None, label, 0, target_metric, False,
-                             False, options.get("validation_fraction", 0.1))
+                             False, options.get("validation_fraction",
+                                                _STUDY("validation_fraction")))
         data_source = str(_save_arrays(workload, out_path) if workload.front is None
                           else _save_texts(x, y, validation_data, out_path))
     model_source = _model_source_string(model, out_path, workload)

@@ -6,7 +6,7 @@ import numbers
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 
@@ -168,6 +168,15 @@ def declared(types: Any, **rule: Any) -> dict[str, Declared]:
 def declared_rule(owner: Any, name: str) -> Declared:
     """The rule the dataclass (or instance) ``owner`` declares for its field ``name``."""
     return next(item.metadata["declared"] for item in fields(owner) if item.name == name)
+
+
+def field_default(owner: Any, name: str) -> Any:
+    """The default the dataclass ``owner`` declares for its field ``name`` (a factory's value
+    made anew): the one statement of a default that the command line and the Python API read."""
+    item = next(item for item in fields(owner) if item.name == name)
+    if item.default is MISSING and item.default_factory is not MISSING:
+        return item.default_factory()
+    return item.default
 
 
 def check_declared(owner: Any) -> None:

@@ -4,8 +4,9 @@ file or module, or (from Python) a ``keras.Model`` or a callable.
 ``parse_model_source(value)`` names the source and does every cheap check before anything is
 built or trained: a file exists, a ``.keras`` archive's zip directory holds only what Keras writes
 and is not too large (read header-first, never extracted), it has no ``Lambda`` layer unless
-``unsafe_deserialization``; a builder file parses and defines its function. ``ModelSource.build``
-then makes one model per seed:
+``unsafe_deserialization``; a builder file parses and defines its function. The source is one
+class per kind (``BuiltinModel``, ``KerasFile``, ``Builder``, ``GivenModel``), whose ``build``
+then makes one model per seed and whose ``digest`` keys what a model it built trains:
 
 =============================  ==========================================================
 ``seed_mlp``, ``mlp``, ...     ``kbackend.models.build_model`` (the options apply)
@@ -40,11 +41,12 @@ import sys
 import tempfile
 import textwrap
 import zipfile
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, ClassVar
 
 from kbackend.backend_choice import keras as import_keras
 from kbackend.backend_choice import tensorflow_kept_out
@@ -60,8 +62,8 @@ from kbackend.models import (
     build_model,
     model_layout,
 )
+from kbackend.task import CLASSIFICATION, Task, task_of_model
 
-KINDS = ("builtin", "keras_file", "builder", "instance")
 UNSAFE_FLAG = "--unsafe-deserialization"
 # What a .keras archive may hold (Keras's saving_lib), and the header-first limits on it.
 KERAS_MEMBERS = ("config.json", "metadata.json", "model.weights.h5", "model.weights.npz")
@@ -789,14 +791,14 @@ def _check_fits(model: Any, name: str) -> None:
 
 
 @dataclass(frozen=True)
-class ModelSource:
-    """Where a run's model comes from; ``build`` makes one model per seed.
-
-    ``kind`` is one of ``KINDS``; ``name`` is what histories and reports call the model
-    (``seed_mlp``, ``my.keras``, ``models.py:build``, ``pkg.models:build``, a model's name).
+class ModelSource(ABC):
+    """Where a run's model comes from; ``build`` makes one model per seed, ``digest`` says what
+    a model it built trains. One subclass per kind (``kind``): ``BuiltinModel``,
+    ``KerasFile``, ``Builder``, ``GivenModel``. ``name`` is what histories and reports call the
+    model (``seed_mlp``, ``my.keras``, ``models.py:build``, ``pkg.models:build``, a model's name).
     """
 
-    kind: str
+    kind: ClassVar[str]
     name: str
     # The .keras file or the builder's Python file.
     path: Path | None = None
@@ -805,90 +807,182 @@ class ModelSource:
     function: str | None = None
     from_weights: bool = False
     unsafe_deserialization: bool = False
-    # The keras.Model (kind "instance") or the callable (kind "builder" from Python).
+    # The keras.Model (a ``GivenModel``) or the callable (a ``Builder`` from Python).
     obj: Any = field(default=None, compare=False, repr=False)
 
     @property
     def builtin(self) -> bool:
         """Whether this is one of ``kbackend.models``' builders (its options apply)."""
-        return self.kind == "builtin"
+        return False
 
     @property
     def layout(self) -> str:
         """The data layout the model takes: a built-in's own, else ``spatial`` (the data's
         own shape, which ``check_model_matches`` holds the model's input to)."""
-        return model_layout(self.name) if self.builtin else "spatial"
+        return "spatial"
+
+    def data_format(self, options: ModelOptions) -> str:
+        """The image layout a built-in dataset is read in for this model: a built-in's option,
+        else the data's own (``channels_last``)."""
+        return "channels_last"
 
     def input_shape(self) -> tuple[int | None, ...] | None:
         """The sample shape a saved or given graph model declares for its one input; None for
         a builder (its model follows the data), a built-in or a model of several inputs."""
-        if self.kind == "keras_file":
-            assert self.path is not None
-            model = _load_keras(self.path, self.unsafe_deserialization)[0]
-        elif self.kind == "instance":
-            model = self.obj
-        else:
-            return None
-        inputs = getattr(model, "inputs", None) or []
-        if not _is_graph_model(model) or len(inputs) != 1:
-            return None
-        return tuple(inputs[0].shape[1:])
+        return None
 
+    def task(self, model: Any, y: Any, prefer_metric: str | None) -> Task:
+        """The task ``model`` (one this source built) trains on labels ``y``: its compiled
+        loss and metrics, else one inferred from the labels (``task.task_of_model``)."""
+        return task_of_model(model, y, prefer_metric=prefer_metric)
+
+    @abstractmethod
     def build(self, info: DatasetInfo, options: ModelOptions | None = None, *,
               seed: int | None = None) -> Any:
         """A new ``keras.Model`` for the data ``info`` describes, its weights made under
-        ``seed`` (default: ``options.seed``, else 0), checked by ``check_model_matches``.
+        ``seed`` (default: ``options.seed``, else 0). Built-ins are built with ``options``; the
+        other kinds take only the seed from them."""
 
-        Built-ins are built by ``models.build_model`` with ``options``; the other kinds take
-        only the seed from them.
-        """
+    def digest(self, model: Any) -> str:
+        """A hex digest of what ``model`` (one this source built) trains: its class and config
+        (layers, shapes, dtypes; auto-generated names made positional, so the same model built
+        later in a session has the same digest), its compiled loss and metrics, its variables'
+        shapes and dtypes and the user's source files behind it (custom layers' modules; a
+        builder's file and the modules it imports). Names and paths are not content: a renamed
+        or moved copy has the same digest. The run keys are built from it."""
+        return json_digest(self._content(model))
+
+    def _content(self, model: Any) -> dict[str, Any]:
+        layers = list(model._flatten_layers(include_self=False))
+        names = {name: f"<{index}>" for index, name in
+                 enumerate([model.name, *(layer.name for layer in layers)])}
+        return {
+            "class": f"{type(model).__module__}.{type(model).__qualname__}",
+            "config": _positional_names(_model_config(model, layers), names),
+            "compile": _positional_names(_task_settings(model), names),
+            "variables": [[list(v.shape), str(v.dtype)] for v in model.weights],
+            "code": code_digest([*self._code(), type(model), *(type(layer) for layer in layers)]),
+        }
+
+    def _code(self) -> list[Any]:
+        """What the user's code behind a model is found from, beside its classes."""
+        return []
+
+
+class BuiltinModel(ModelSource):
+    """One of ``kbackend.models``' builders: ``models.build_model`` with the run's options."""
+
+    kind = "builtin"
+
+    @property
+    def builtin(self) -> bool:
+        return True
+
+    @property
+    def layout(self) -> str:
+        return model_layout(self.name)
+
+    def data_format(self, options: ModelOptions) -> str:
+        return options.data_format
+
+    def task(self, model: Any, y: Any, prefer_metric: str | None) -> Task:
+        return CLASSIFICATION  # kbackend's classifiers, uncompiled
+
+    def build(self, info: DatasetInfo, options: ModelOptions | None = None, *,
+              seed: int | None = None) -> Any:
         seed = seed if seed is not None else (options.seed if options is not None else 0)
-        if self.builtin:
-            return build_model(self.name, info, replace(options or ModelOptions(), seed=seed))
+        return build_model(self.name, info, replace(options or ModelOptions(), seed=seed))
+
+
+class _UserModel(ModelSource):
+    """A model of the user's: made by ``_make``, then checked against the data
+    (``check_model_matches``) and the memory its training state takes."""
+
+    def build(self, info: DatasetInfo, options: ModelOptions | None = None, *,
+              seed: int | None = None) -> Any:
+        seed = seed if seed is not None else (options.seed if options is not None else 0)
         impl().set_random_seed(seed)
         model = self._make(info, seed)
         check_model_matches(model, info, self.name)
         _check_fits(model, self.name)
         return model
 
+    @abstractmethod
     def _make(self, info: DatasetInfo, seed: int) -> Any:
-        if self.kind == "keras_file":
-            assert self.path is not None
-            model, compile_config = _load_keras(self.path, self.unsafe_deserialization)
-            if self.from_weights:
-                _compile(model, compile_config, self.name)
-                return model
-            impl().set_random_seed(seed)  # the clone's weights depend on the seed alone
-            return _fresh_copy(model, self.name, safe_mode=not self.unsafe_deserialization,
-                               compile_config=compile_config)
-        if self.kind == "instance":  # the user's own objects: no code comes from a file
-            return _fresh_copy(self.obj, self.name, weights=self.from_weights, safe_mode=False)
-        return _call_builder(self._builder(), info, self.name)
+        """A new model of this source for the data ``info`` describes (the seed already set)."""
 
-    def digest(self, model: Any) -> str:
-        """A hex digest of what ``model`` (one this source built) trains: its class and config
-        (layers, shapes, dtypes; auto-generated names made positional, so the same model built
-        later in a session has the same digest), its compiled loss and metrics, its variables'
-        shapes and dtypes, the user's source files behind it (a builder's file and the modules it
-        imports, custom layers' modules) and, with ``from_weights``, the weights themselves.
-        Names and paths are not content: a renamed or moved copy has the same digest."""
-        keras = import_keras()
-        layers = list(model._flatten_layers(include_self=False))
-        names = {name: f"<{index}>" for index, name in
-                 enumerate([model.name, *(layer.name for layer in layers)])}
-        payload = {
-            "class": f"{type(model).__module__}.{type(model).__qualname__}",
-            "config": _positional_names(_model_config(model, layers), names),
-            "compile": _positional_names(_task_settings(model), names),
-            "variables": [[list(v.shape), str(v.dtype)] for v in model.weights],
-            "code": code_digest([*([self._builder()] if self.kind == "builder" else []),
-                                 type(model), *(type(layer) for layer in layers)]),
-        }
+
+class _SavedWeights(_UserModel):
+    """A source that holds weights (a file's, a given model's): with ``from_weights`` they are
+    what the model starts from, so they are content."""
+
+    def _content(self, model: Any) -> dict[str, Any]:
+        content = super()._content(model)
         if self.from_weights:
-            payload["weights"] = arrays_digest({
+            keras = import_keras()
+            content["weights"] = arrays_digest({
                 str(index): keras.ops.convert_to_numpy(variable)
                 for index, variable in enumerate(model.weights)})
-        return json_digest(payload)
+        return content
+
+    def input_shape(self) -> tuple[int | None, ...] | None:
+        model = self._model()
+        inputs = getattr(model, "inputs", None) or []
+        if not _is_graph_model(model) or len(inputs) != 1:
+            return None
+        return tuple(inputs[0].shape[1:])
+
+    @abstractmethod
+    def _model(self) -> Any:
+        """The saved or given model (for its declared input shape)."""
+
+
+class KerasFile(_SavedWeights):
+    """A ``.keras`` file: a clone with fresh weights from the model's own initializers and its
+    compile settings; ``from_weights``: the saved weights."""
+
+    kind = "keras_file"
+
+    def _model(self) -> Any:
+        assert self.path is not None
+        return _load_keras(self.path, self.unsafe_deserialization)[0]
+
+    def _make(self, info: DatasetInfo, seed: int) -> Any:
+        assert self.path is not None
+        model, compile_config = _load_keras(self.path, self.unsafe_deserialization)
+        if self.from_weights:
+            _compile(model, compile_config, self.name)
+            return model
+        impl().set_random_seed(seed)  # the clone's weights depend on the seed alone
+        return _fresh_copy(model, self.name, safe_mode=not self.unsafe_deserialization,
+                           compile_config=compile_config)
+
+
+class GivenModel(_SavedWeights):
+    """A ``keras.Model`` given from Python: a clone with fresh weights, or with its current
+    weights (``from_weights``)."""
+
+    kind = "instance"
+
+    def _model(self) -> Any:
+        return self.obj
+
+    def _make(self, info: DatasetInfo, seed: int) -> Any:
+        # the user's own objects: no code comes from a file
+        return _fresh_copy(self.obj, self.name, weights=self.from_weights, safe_mode=False)
+
+
+class Builder(_UserModel):
+    """A function returning a ``keras.Model`` (``FILE.py:FUNCTION``, ``package.module:FUNCTION``
+    or a callable), called with the ``BUILDER_ARGUMENTS`` it names."""
+
+    kind = "builder"
+
+    def _make(self, info: DatasetInfo, seed: int) -> Any:
+        return _call_builder(self._builder(), info, self.name)
+
+    def _code(self) -> list[Any]:
+        return [self._builder()]
 
     def _builder(self) -> Callable[..., Any]:
         if self.obj is not None:
@@ -957,7 +1051,7 @@ def _builder_source(text: str) -> ModelSource:
     if location.endswith(".py"):
         path = Path(location)
         _check_builder_source(path, function)
-        return ModelSource("builder", f"{path.name}:{function}", path=path, function=function)
+        return Builder(f"{path.name}:{function}", path=path, function=function)
     if not _MODULE_NAME.fullmatch(location):
         raise ModelError(f"Invalid model {text!r}: expected FILE.py:FUNCTION or "
                          "package.module:FUNCTION.")
@@ -970,7 +1064,7 @@ def _builder_source(text: str) -> ModelSource:
                          "Python path (PYTHONPATH), or FILE.py:FUNCTION.")
     if spec.origin and spec.origin.endswith(".py"):
         _check_builder_source(Path(spec.origin), function)
-    return ModelSource("builder", text, module=location, function=function)
+    return Builder(text, module=location, function=function)
 
 
 def parse_model_source(value: Any, *, unsafe_deserialization: bool = False,
@@ -988,13 +1082,13 @@ def parse_model_source(value: Any, *, unsafe_deserialization: bool = False,
     if isinstance(value, str | os.PathLike):
         text = str(os.fspath(value))
         if isinstance(value, str) and value in MODELS:
-            source = ModelSource("builtin", value)
+            source: ModelSource = BuiltinModel(value)
         elif text.endswith(".keras"):
             path = check_model_file(text)
             if not unsafe_deserialization and _has_lambda(_read_config(path)):
                 raise _lambda_error(path)
-            source = ModelSource("keras_file", path.name, path=path, from_weights=from_weights,
-                                 unsafe_deserialization=unsafe_deserialization)
+            source = KerasFile(path.name, path=path, from_weights=from_weights,
+                               unsafe_deserialization=unsafe_deserialization)
         elif ":" in text:
             source = _builder_source(text)
         elif text.endswith(".py"):
@@ -1011,16 +1105,16 @@ def parse_model_source(value: Any, *, unsafe_deserialization: bool = False,
                     f"Model {value.name!r} is a subclassed model ({type(value).__qualname__}), "
                     "which cannot be cloned with fresh weights: pass a builder instead (a "
                     "function returning the model, or FILE.py:FUNCTION).")
-            source = ModelSource("instance", value.name, from_weights=from_weights, obj=value)
+            source = GivenModel(value.name, from_weights=from_weights, obj=value)
         elif callable(value):
             module = getattr(value, "__module__", None) or "?"
             function = getattr(value, "__qualname__", None) or type(value).__qualname__
-            source = ModelSource("builder", f"{module}:{function}", obj=value)
+            source = Builder(f"{module}:{function}", obj=value)
         else:
             raise ModelError("Invalid model: expected a model name, a .keras path, "
                              "FILE.py:FUNCTION, a keras.Model or a builder function. Received: "
                              f"{type(value).__qualname__}.")
-    if from_weights and source.kind not in ("keras_file", "instance"):
+    if from_weights and not isinstance(source, _SavedWeights):
         raise ModelError(f"Invalid from_weights for model {source.name!r}: weights come from a "
                          f".keras file or a keras.Model, and a {source.kind} model has none.")
     return source

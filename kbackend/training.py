@@ -27,7 +27,8 @@ from kbackend.envinfo import environment
 from kbackend.errors import ConfigError, Diverged
 from kbackend.history import History
 from kbackend.io import atomic_write, check_output_path
-from kbackend.models import MODELS, build_model, check_model_fits, model_layout
+from kbackend.model_sources import parse_model_source
+from kbackend.models import MODELS, model_layout
 from kbackend.precision import precision_scope
 from kbackend.task import MultiOutputTask
 from kbackend.tensorboard_logs import check_logdir, scalar_writer
@@ -113,10 +114,10 @@ def train(
 
     Every check that can fail (options, output paths, data, batch size against the data and the
     devices, fused steps against the engine) runs before any training starts. ``dataset`` and
-    ``model`` may be passed to reuse them; the model is trained in place. A model or dataset
-    that is not built in (a ``.keras`` file, a builder, a data source) is prepared as a
-    ``Workload`` (``kbackend.workload``), or passed as one; its task (the compiled loss and
-    metric) replaces ``config.task``.
+    ``model`` may be passed to reuse them; the model is trained in place. The model and data
+    ``config`` names (built-in names, ``.keras`` files, builders, data sources alike) are
+    prepared as a ``Workload`` (``kbackend.workload``), or passed as one; its task (the
+    compiled loss and metric) replaces ``config.task``.
 
     A run whose train loss becomes NaN or infinite stops (at most one compiled call late) and
     saves no model; the history, if asked for, is written with ``record.diverged``. Then
@@ -177,26 +178,23 @@ def _check_request(config: TrainConfig, dataset: data_module.Dataset | None, *,
 def _prepare(engine: Engine, config: TrainConfig, *, dataset: data_module.Dataset | None,
              model: Any, workload: Workload | None) -> _Run:
     """The run's dataset, plan and model, each checked before the next (the model's training
-    state against memory before it is built): a workload's (prepared here for a model or
-    dataset that is not built in), else those passed, else the built-in ones."""
-    if workload is None and model is None and dataset is None and not is_builtin(config):
+    state against memory before it is built). One path for every model and dataset, built-in
+    names included: a ``Workload`` (prepared here from ``config`` unless passed), its task
+    trained; or, for a ``dataset`` passed, ``config.model``'s source built on it."""
+    if workload is None and dataset is None:
         with precision_scope(config.precision):
             workload = workload_of(config)
     if workload is not None:
-        config = replace(config, task=workload.task)
-        dataset = workload.dataset
-        if model is None:
-            with precision_scope(config.precision):
-                model = workload.build(config.seed)
-    dataset = dataset if dataset is not None else load_dataset(config)
+        config, dataset = replace(config, task=workload.task), workload.dataset
+    assert dataset is not None
     devices = distributed.device_count(config) if distributed.is_parallel(config) else 1
     config = adaptive_engine.for_devices(config, devices)  # --batch-size auto's checks
     # Every number from the batch size to the step, once, after the checks (``Engine.plan``).
     plan = engine.plan(config, len(dataset.x_train), devices)
-    if model is None:  # its training state must fit in memory: checked before it is built
-        check_model_fits(config.model, dataset.info, config.model_options)
+    if model is None:  # a source checks the model's training state before building it
         with precision_scope(config.precision):
-            model = build_model(config.model, dataset.info, config.model_options)
+            model = (workload.build(config.seed) if workload is not None else
+                     parse_model_source(config.model).build(dataset.info, config.model_options))
     return _Run(config, dataset, model, plan)
 
 

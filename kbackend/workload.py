@@ -33,7 +33,6 @@ from kbackend.task import (
     Task,
     output_names,
     output_units,
-    task_of_model,
 )
 
 # The fixed draw behind a held-out test split (independent of the run's seed).
@@ -130,6 +129,9 @@ class Workload:
     raw_shape: tuple[int, ...] | None = None
     # Lines a command prints before training (the inferred task, held-out splits, ...).
     notes: list[str] = field(default_factory=list)
+    # Whether a command says the task (not for a built-in model on a built-in dataset, whose
+    # task is the built-in classification).
+    says_task: bool = True
     _first: Any = field(default=None, repr=False)
 
     @property
@@ -176,33 +178,21 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
     packing, x, validation_data = _packed(x, y, validation_data)
     source = parse_model_source(model, unsafe_deserialization=unsafe_deserialization,
                                 from_weights=from_weights)
-    notes: list[str] = []
-    owned = False  # arrays read from a file here: split in place (``dataset_of``)
-    if x is None and isinstance(data, str) and data in data_module.DATASETS:
-        dataset = _builtin_dataset(source, data, options, validation_fraction, seed, data_dir)
-        if source.builtin:
-            return Workload(source, dataset, CLASSIFICATION, options, notes=notes)
-        splits = {"train": (dataset.x_train, dataset.y_train), "val": (dataset.x_val,
-                  dataset.y_val), "test": (dataset.x_test, dataset.y_test)}
-        splits = _in_model_shape(splits, source.input_shape(), data, notes)
-        name, kind = data, "builtin"
-    else:
-        loaded = (user_data.from_python(x, y, validation_data=validation_data)
-                  if x is not None else user_data.load_source(data, label=label, seed=seed,
-                                                              image_size=image_size,
-                                                              raw_text=True))
-        splits, name, kind, owned = dict(loaded.splits), loaded.name, loaded.kind, loaded.owned
-        notes.extend(loaded.notes)
+    read = _read(source, data, x, y, validation_data, label=label, image_size=image_size,
+                 options=options, validation_fraction=validation_fraction, seed=seed,
+                 data_dir=data_dir)
+    if isinstance(read, data_module.Dataset):  # a built-in model's own: nothing to infer
+        return Workload(source, read, CLASSIFICATION, options, says_task=False)
+    splits, name, kind, notes = dict(read.splits), read.name, read.kind, list(read.notes)
     metric = None if target_metric in (None, "val_loss") else str(target_metric)[len("val_"):]
-    if source.builtin and source.layout == "flat":  # a built-in MLP takes rows of features
+    if source.layout == "flat":  # a built-in MLP takes rows of features
         splits = {k: (np.reshape(v[0], (len(v[0]), -1)), v[1]) for k, v in splits.items()}
     splits = _text_shaped(splits, source)
     first, front, splits = _first_model(source, splits, name, options, packing, notes)
     raw_shape = tuple(int(d) for d in splits["train"][0].shape[1:])
     x_train, y_train = splits["train"]
     check_label_outputs(first, y_train, source.name)
-    task = CLASSIFICATION if source.builtin else task_of_model(first, y_train,
-                                                               prefer_metric=metric)
+    task = source.task(first, y_train, metric)
     if front is not None:  # the splits now hold what the front gives, the rest trains on them
         splits = through_front(front, splits, validation_fraction, seed, notes)
         x_train = splits["train"][0]
@@ -213,11 +203,37 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
     units = output_units(full)
     splits = checked_splits(full, task, splits, name, source.name)
     dataset = dataset_of(name, kind, splits, task, units, validation_fraction, seed, notes,
-                         owned=owned)
+                         owned=read.owned)
+    dataset.origin = read.origin
     workload = Workload(source, dataset, task, options, packing=packing, front=front,
                         raw_shape=raw_shape if front is not None else None, notes=notes)
     workload._first = (options.seed, first)
     return workload
+
+
+def _read(source: ModelSource, data: Any, x: Any, y: Any, validation_data: Any, *,
+          label: str | None, image_size: tuple[int, int] | None, options: ModelOptions,
+          validation_fraction: float, seed: int, data_dir: str | None
+          ) -> data_module.Dataset | user_data.UserData:
+    """The data read: the Python objects ``x`` (``y``, ``validation_data``), the user's data
+    source, or a built-in dataset, this one in the layout a built-in model takes (then the whole
+    ``Dataset``: nothing to infer or check), else in its own shape (a model's Reshape adapts it;
+    reshaped to a saved model's declared input where the sizes match)."""
+    if x is not None:
+        return user_data.from_python(x, y, validation_data=validation_data)
+    if not (isinstance(data, str) and data in data_module.DATASETS):
+        return user_data.load_source(data, label=label, seed=seed, image_size=image_size,
+                                     raw_text=True)
+    dataset = data_module.load(data, layout=source.layout,
+                               data_format=source.data_format(options),
+                               validation_fraction=validation_fraction, seed=seed,
+                               data_dir=data_dir)
+    if source.builtin:
+        return dataset
+    notes: list[str] = []
+    splits = _in_model_shape({split: dataset.split(split) for split in ("train", "val", "test")},
+                             source.input_shape(), data, notes)
+    return user_data.UserData(data, data, splits, "builtin", notes=tuple(notes))
 
 
 def _packed(x: Any, y: Any, validation_data: Any) -> tuple[InputPacking | None, Any, Any]:
@@ -231,19 +247,6 @@ def _packed(x: Any, y: Any, validation_data: Any) -> tuple[InputPacking | None, 
         validation_data = (packing.pack(validation_data[0], "validation"),
                            *tuple(validation_data)[1:])
     return packing, x, validation_data
-
-
-def _builtin_dataset(source: ModelSource, data: str, options: ModelOptions,
-                     validation_fraction: float, seed: int,
-                     data_dir: str | None) -> data_module.Dataset:
-    """A built-in dataset in the layout a built-in model takes, else in its own shape (a
-    model's Reshape layer adapts it)."""
-    if not source.builtin:
-        return data_module.load(data, layout="spatial", validation_fraction=validation_fraction,
-                                seed=seed, data_dir=data_dir)
-    return data_module.load(data, layout=source.layout, data_format=options.data_format,
-                            validation_fraction=validation_fraction, seed=seed,
-                            data_dir=data_dir)
 
 
 def _model_notes(model: Any, task: Task, x_train: np.ndarray, name: str,
@@ -296,7 +299,7 @@ def _text_shaped(splits: dict[str, tuple[Any, Any]], source: ModelSource
     x = splits["train"][0]
     if not (isinstance(x, np.ndarray) and x.dtype.kind in "OU" and x.ndim == 1):
         return splits
-    if source.kind in ("keras_file", "instance") and source.input_shape() == ():
+    if source.input_shape() == ():  # a saved or given model declaring (N,) itself
         return splits
     return {k: (np.reshape(v[0], (len(v[0]), 1)), v[1]) for k, v in splits.items()}
 

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from kbackend import distributed, training
+from kbackend import data, distributed, model_sources, models
 from kbackend.cli import build_parser, main
 from kbackend.commands import advise as advise_command
 from kbackend.commands import cache as cache_command
@@ -32,7 +32,7 @@ from kbackend.commands import equiv as equiv_command
 from kbackend.commands import export as export_command
 from kbackend.commands import predict as predict_command
 from kbackend.commands import serve as serve_command
-from kbackend.study import executor as study_executor
+from kbackend.commands import train as train_command
 from kbackend.study import pipeline as study_pipeline
 
 
@@ -172,26 +172,28 @@ def command_lines(draw, base):
 @pytest.fixture
 def work_never_starts(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # relative output paths (study --out 2, ...) land here
-    real_prepare, real_load_dataset = distributed.prepare, training.load_dataset
+    real_prepare, real_load = distributed.prepare, data.load
 
     def prepare(config):
         if config.num_processes > 1 or config.virtual_devices:
             raise ReachedWork  # joining a job or creating devices starts the runtime
         real_prepare(config)
 
-    loaded = functools.lru_cache(maxsize=32)(
-        lambda key: real_load_dataset(training.TrainConfig(**dict(key))))
+    # The data checks run for real; each dataset is read once.
+    loaded = functools.lru_cache(maxsize=32)(lambda name, options: real_load(name,
+                                                                             **dict(options)))
 
-    def load_dataset(config):  # the data checks run for real; each dataset is read once
-        return loaded(tuple(sorted({
-            "dataset": config.dataset, "model": config.model, "seed": config.seed,
-            "model_options": config.model_options, "data_dir": config.data_dir,
-            "validation_fraction": config.validation_fraction}.items())))
+    def load(name, **options):
+        return loaded(name, tuple(sorted(options.items())))
 
-    monkeypatch.setattr(training.distributed, "prepare", prepare)
-    monkeypatch.setattr(training, "build_model", _reached)
-    monkeypatch.setattr(training, "load_dataset", load_dataset)
-    monkeypatch.setattr(study_executor, "load_dataset", load_dataset)
+    def build_model(name, info, options=None):  # its memory check runs, then work would start
+        models.check_model_fits(name, info, options or models.ModelOptions())
+        raise ReachedWork
+
+    monkeypatch.setattr(distributed, "prepare", prepare)
+    monkeypatch.setattr(train_command, "prepare", prepare)
+    monkeypatch.setattr(model_sources, "build_model", build_model)
+    monkeypatch.setattr(data, "load", load)
     for module in (predict_command, serve_command, cache_command):
         monkeypatch.setattr(module, "open_store", _reached)
         monkeypatch.setattr(module, "load_model", _reached)

@@ -127,13 +127,13 @@ def test_a_long_widths_list_is_shortened_in_the_message():
 
 def test_train_refuses_before_building(monkeypatch):
     """The Python API: ``train`` refuses the model after loading the data, before building it."""
-    from kbackend import training
+    from kbackend import models, training
     from kbackend.training import TrainConfig
 
     def never(*args, **kwargs):
         raise AssertionError("the model was built")
 
-    monkeypatch.setattr(training, "build_model", never)
+    monkeypatch.setitem(models.MODELS, "gru", (never, models.MODELS["gru"][1]))
     config = TrainConfig(model="gru", dataset="digits", engine="keras",
                          model_options=ModelOptions(units=10**9))
     with pytest.raises(ConfigError, match=r"Invalid --units 1000000000: model 'gru' on digits"):

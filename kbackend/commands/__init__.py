@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kbackend.errors import declared_rule
+from kbackend.errors import declared_rule, field_default
 
 MAX_INT_FLAG = 2**31 - 1
 # Set by ``kbackend launch`` in each worker's environment: the launcher's process id. A worker
@@ -84,8 +84,11 @@ def declared_flag(group: Any, flag: str, owner: type, *, field: str | None = Non
     """Add ``flag`` for the dataclass field ``owner.<field>`` (default: the flag's name) from
     the field's declaration (``errors.Declared``): its ``choices=`` (plus ``extra_choices``,
     words the command resolves itself), or for a bounded field what it accepts at the end of
-    its help, so that the command line and the Python API cannot drift apart."""
-    rule = declared_rule(owner, field or flag.lstrip("-").replace("-", "_"))
+    its help, and its default unless ``default=`` says otherwise, so that the command line and
+    the Python API cannot drift apart."""
+    name = field or flag.lstrip("-").replace("-", "_")
+    rule = declared_rule(owner, name)
+    kwargs.setdefault("default", field_default(owner, name))
     if rule.choices:
         kwargs["choices"] = [*rule.choices, *extra_choices]
     elif rule.low is not None or rule.high is not None:

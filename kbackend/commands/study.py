@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from kbackend.adaptive import AUTO
 from kbackend.commands import add_reprobe_flag, declared_flag, int_at_least
 from kbackend.commands.train import add_source_arguments
 from kbackend.commands.train import command_line as train_command_line
-from kbackend.engine_facts import DEFAULT_ENGINE
-from kbackend.errors import ConfigError, path_errors
+from kbackend.errors import ConfigError, field_default, path_errors
 from kbackend.io import check_output_folder, check_output_path
 from kbackend.optim import OPTIMIZERS
 from kbackend.study.config import (
@@ -43,6 +42,11 @@ from kbackend.study.verdicts import DEFAULT_ACCURACY_MARGIN, DEFAULT_MARGIN, DEF
 from kbackend.training import Target
 
 DEFAULT_OUT = "runs/study"
+
+
+def _default(name: str) -> Any:
+    """``StudyConfig``'s default of field ``name`` (stated there once)."""
+    return field_default(StudyConfig, name)
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -137,32 +141,33 @@ def _add_grid_flags(parser: argparse.ArgumentParser) -> None:
                          dataset_help=f"default {DEFAULT_DATASET}: MNIST-1D drawn larger, "
                                       "generated offline",
                          model_help=f"; default {DEFAULT_MODEL}, hidden widths 256,128")
-    grid.add_argument("--optimizers", type=_names, default=("sgd", "momentum", "adam"),
+    grid.add_argument("--optimizers", type=_names, default=_default("optimizers"),
                       help=f"comma-separated, from {', '.join(OPTIMIZERS)} "
                            "(default: sgd,momentum,adam)")
     grid.add_argument("--batch-sizes", type=_batch_sizes, default=None,
                       help="comma-separated (default: powers of two from 8 to half the "
                            "training split); 'auto' among them adds an adaptive batch-size "
                            "cell per optimizer, from the smallest to the largest (native engine)")
-    declared_flag(grid, "--lr-scaling", StudyConfig, default="sqrt",
+    declared_flag(grid, "--lr-scaling", StudyConfig,
                   help="how the auto cell's learning rate follows its batch (default: sqrt)")
-    grid.add_argument("--max-batch-size", type=int, default=0,
+    grid.add_argument("--max-batch-size", type=int, default=_default("max_batch_size"),
                       help="cap the default batch sizes (0: the dataset's default cap, "
                            f"{DEFAULT_DATASET} {DEFAULT_MAX_BATCH[DEFAULT_DATASET]}; else none)")
     grid.add_argument("--lrs", type=_lr_entry, action="append", default=None, metavar="[OPT=]LR,LR",
                       help="explicit learning-rate grid, per optimizer (repeatable) or for all")
-    declared_flag(grid, "--lr-grid-size", StudyConfig, type=int, default=3,
+    declared_flag(grid, "--lr-grid-size", StudyConfig, type=int,
                   help="learning rates tried per cell when --lrs is not given (default 3)")
-    declared_flag(grid, "--lr-factor", StudyConfig, type=float, default=math.sqrt(10.0),
+    declared_flag(grid, "--lr-factor", StudyConfig, type=float,
                   help="ratio between neighbouring learning rates (default sqrt(10))")
     grid.add_argument("--no-prune", dest="prune", action="store_false",
                       help="give every learning rate the full budget (default: later rates of a "
                            "cell get the best steps-to-target so far as budget)")
-    grid.add_argument("--lr-extend", type=int, default=2,
+    grid.add_argument("--lr-extend", type=int, default=_default("lr_extend"),
                       help="extra learning rates a cell may add beyond each end of its grid while "
                            "its best rate sits on that end (default 2; 0: never extend)")
-    grid.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
-    declared_flag(grid, "--seeds", StudyConfig, type=int, default=3,
+    grid.add_argument("--seed", type=int, default=_default("seed"),
+                      help="first seed (default 0)")
+    declared_flag(grid, "--seeds", StudyConfig, type=int,
                   help="seeds per learning rate (initial weights and data order): seed, "
                        "seed+1, ...; figures are medians over them (default 3)")
 
@@ -183,13 +188,12 @@ def _add_verdict_flags(parser: argparse.ArgumentParser) -> None:
                           help="stop adding seeds once their runs took this many seconds "
                                "(default auto: half the recorded time of the grid's runs; 0: no "
                                "limit; the frontier runs come after, outside it)")
-    declared_flag(verdicts, "--margin", StudyConfig, type=float, default=DEFAULT_MARGIN,
+    declared_flag(verdicts, "--margin", StudyConfig, type=float,
                   help="equivalence margin of times, steps and error metrics, relative "
                        f"(default {DEFAULT_MARGIN:g}: within {1 + DEFAULT_MARGIN:g}x; "
                        "a difference "
                        "smaller than a shared machine's timing spread)")
     declared_flag(verdicts, "--accuracy-margin", StudyConfig, type=float,
-                  default=DEFAULT_ACCURACY_MARGIN,
                   help="equivalence margin of accuracies, absolute (default "
                        f"{DEFAULT_ACCURACY_MARGIN:g}: one percentage point)")
     verdicts.add_argument("--frontier-epochs", type=int, default=None,
@@ -220,19 +224,19 @@ def _add_budget_flags(parser: argparse.ArgumentParser) -> None:
     target.add_argument("--evals-per-epoch", type=int, default=DEFAULT_EVALS_PER_EPOCH,
                         help="how often the target is checked (engines that validate once per "
                              "epoch ignore it)")
-    declared_flag(target, "--engine", StudyConfig, default=DEFAULT_ENGINE,
+    declared_flag(target, "--engine", StudyConfig,
                   help="training engine (default: %(default)s)")
-    target.add_argument("--fused-steps", type=int, default=0,
+    target.add_argument("--fused-steps", type=int, default=_default("fused_steps"),
                         help="steps per compiled call for the native engine (0: one evaluation "
                              "interval)")
     target.add_argument("--no-jit", dest="jit_compile", action="store_false",
                         help="train the Keras engines and TensorFlow's native loop without XLA "
                              "(JAX's native loop is always one XLA program)")
-    declared_flag(target, "--population", StudyConfig, default="auto",
+    declared_flag(target, "--population", StudyConfig,
                   help="train a cell's learning rates x seeds as one vmapped program (JAX, "
                        "native engine): auto = where a short measured probe finds it "
                        "faster (default auto)")
-    target.add_argument("--step-time-repeats", type=int, default=StudyConfig.step_time_repeats,
+    target.add_argument("--step-time-repeats", type=int, default=_default("step_time_repeats"),
                         help="interleaved rounds timing each cell's steady step apart: time to "
                              "target = median steps x median step time (0: the runs' own "
                              f"clocks; default {StudyConfig.step_time_repeats})")
@@ -241,9 +245,10 @@ def _add_budget_flags(parser: argparse.ArgumentParser) -> None:
 def _add_noise_executor_output_flags(parser: argparse.ArgumentParser) -> None:
     """The gradient noise scale, where the cells run, and what is written."""
     noise = parser.add_argument_group("gradient noise scale")
-    noise.add_argument("--noise-points", type=int, default=4,
+    noise.add_argument("--noise-points", type=int, default=_default("noise_points"),
                        help="points along training where B_simple is measured (0: skip)")
-    noise.add_argument("--noise-draws", type=int, default=24, help="batch pairs per point")
+    noise.add_argument("--noise-draws", type=int, default=_default("noise_draws"),
+                       help="batch pairs per point")
     noise.add_argument("--noise-batches", type=_int_list, default=(0, 0), metavar="SMALL,BIG",
                        help="the two batch sizes of the estimator (default: smallest and "
                             "largest of the grid)")
@@ -252,10 +257,10 @@ def _add_noise_executor_output_flags(parser: argparse.ArgumentParser) -> None:
                        help="local: one cell after another here (default); ray: each cell a Ray "
                             "task, on a Ray instance started here (127.0.0.1) or on the cluster "
                             f"at ADDRESS (needs the extra: pip install '{RAY_EXTRA}')")
-    where.add_argument("--workers", type=int, default=0,
+    where.add_argument("--workers", type=int, default=_default("workers"),
                        help="--executor ray without an address: cells at once (the local "
                             "instance's CPUs; default 0: one per core)")
-    declared_flag(where, "--cell-cpus", StudyConfig, type=float, default=1.0,
+    declared_flag(where, "--cell-cpus", StudyConfig, type=float,
                   help="CPUs each cell's Ray task asks for (default 1)")
     where.add_argument("--cell-gpus", type=_gpus, default=None, metavar="auto|N",
                        help="GPUs each cell's Ray task asks for; a fraction packs cells on one "

@@ -22,8 +22,8 @@ from kbackend.config import MONITORS, Target, TrainConfig, check_metrics
 from kbackend.data import DATASETS
 from kbackend.data.user import MAX_IMAGE_PIXELS, parse_image_size
 from kbackend.distributed import engine_name, is_chief, prepare
-from kbackend.engine_facts import DEFAULT_ENGINE, engine_facts
-from kbackend.errors import ConfigError, DataError, KBackendError
+from kbackend.engine_facts import engine_facts
+from kbackend.errors import ConfigError, DataError, KBackendError, field_default
 from kbackend.hardware.monitor import format_summary
 from kbackend.io import check_distinct_paths, check_output_path
 from kbackend.model_sources import parse_model_source
@@ -32,7 +32,7 @@ from kbackend.optim import OPTIMIZERS, SCHEDULES, OptimizerSpec
 from kbackend.progress import EpochReporter
 from kbackend.study.summaries import time_to_target
 from kbackend.tensorboard_logs import check_logdir
-from kbackend.training import is_builtin, train, workload_of
+from kbackend.training import train, workload_of
 from kbackend.workload import WARNING
 
 
@@ -56,6 +56,14 @@ def _batch_size(text: str) -> int | AutoBatchSize:
         return parse_batch_size(text)
     except ConfigError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _model(name: str) -> Any:
+    return field_default(ModelOptions, name)
+
+
+def _optimizer(name: str) -> Any:
+    return field_default(OptimizerSpec, name)
 
 
 def add_source_arguments(data: Any, model: Any, *, dataset: str, model_default: str,
@@ -85,44 +93,47 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags shared by every command that trains (train, and later ones such as study)."""
     data = parser.add_argument_group("data (docs/your-model.md)")
     model = parser.add_argument_group("model")
-    add_source_arguments(data, model, dataset="digits", model_default="seed_mlp")
+    add_source_arguments(data, model, dataset=field_default(TrainConfig, "dataset"),
+                         model_default=field_default(TrainConfig, "model"))
     model.add_argument("--from-weights", action="store_true",
                        help="--model PATH.keras: start from its saved weights (default: fresh "
                             "weights from its initializers, per seed)")
-    declared_flag(data, "--validation-fraction", TrainConfig, type=float, default=0.1,
+    declared_flag(data, "--validation-fraction", TrainConfig, type=float,
                   help="share of the training data held out for validation (no early stopping "
                        "or target without one)")
-    model.add_argument("--data-format", default="channels_last",
+    model.add_argument("--data-format", default=_model("data_format"),
                        choices=["channels_last", "channels_first"])
-    model.add_argument("--dropout", type=float, default=0.0)
+    model.add_argument("--dropout", type=float, default=_model("dropout"))
     model.add_argument("--batch-norm", action="store_true")
-    model.add_argument("--l2", type=float, default=0.0)
-    model.add_argument("--widths", type=_widths, default=(256, 128),
+    model.add_argument("--l2", type=float, default=_model("l2"))
+    model.add_argument("--widths", type=_widths, default=_model("widths"),
                        help="hidden widths of --model mlp, e.g. 512,256")
     model.add_argument("--residual", action="store_true",
                        help="--model mlp: add each hidden layer's input to its output where the "
                             "widths match")
-    model.add_argument("--filters", type=_widths, default=(32, 64),
+    model.add_argument("--filters", type=_widths, default=_model("filters"),
                        help="channels of each conv layer of --model cnn/cnn1d/cnn2d, e.g. 25,25,25")
-    model.add_argument("--units", type=int, default=64, help="--model gru: state size")
+    model.add_argument("--units", type=int, default=_model("units"), help="--model gru: state size")
     model.add_argument("--bidirectional", action="store_true", help="--model gru: read both ways")
-    model.add_argument("--readout", default="last", choices=list(READOUTS),
+    model.add_argument("--readout", default=_model("readout"), choices=list(READOUTS),
                        help="--model gru: the last state, or all steps' states flattened, into "
                             "the classifier")
     hardware = parser.add_argument_group("hardware (see docs/hardware.md)")
-    declared_flag(hardware, "--precision", TrainConfig, default="float32",
+    declared_flag(hardware, "--precision", TrainConfig,
                   help="Keras dtype policy (mixed_float16 adds loss scaling)")
     hardware.add_argument("--monitor", "--hardware-monitor", dest="hardware_monitor",
                           action="store_true",
                           help="record per-step input wait vs compute, utilization and device "
                                "memory; print a verdict (input- or compute-bound)")
     optim = parser.add_argument_group("optimizer")
-    optim.add_argument("--optimizer", default="adam", choices=list(OPTIMIZERS))
-    optim.add_argument("--lr", "--learning-rate", dest="lr", type=float, default=1e-3)
-    optim.add_argument("--schedule", default="constant", choices=list(SCHEDULES))
-    optim.add_argument("--warmup-steps", type=int, default=0)
-    optim.add_argument("--momentum", type=float, default=0.9)
-    optim.add_argument("--weight-decay", type=float, default=1e-4)
+    optim.add_argument("--optimizer", default=_optimizer("name"), choices=list(OPTIMIZERS))
+    optim.add_argument("--lr", "--learning-rate", dest="lr", type=float,
+                       default=_optimizer("learning_rate"))
+    optim.add_argument("--schedule", default=_optimizer("schedule"), choices=list(SCHEDULES))
+    optim.add_argument("--warmup-steps", type=int, default=_optimizer("warmup_steps"))
+    optim.add_argument("--momentum", type=float, default=_optimizer("momentum"))
+    optim.add_argument("--weight-decay", type=float,
+                       default=_optimizer("weight_decay"))
     _add_run_arguments(parser)
     add_parallel_arguments(parser)
 
@@ -131,11 +142,12 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """How the run trains: engine, batch size, epochs and steps, evaluation, stopping."""
     run = parser.add_argument_group("run")
-    declared_flag(run, "--engine", TrainConfig, default=DEFAULT_ENGINE,
+    declared_flag(run, "--engine", TrainConfig,
                   extra_choices=[AUTO_ENGINE],
                   help="native: K train steps per compiled call (docs/engines.md); keras: "
                        "Keras fit; auto: picked for the data, said why")
-    run.add_argument("--batch-size", type=_batch_size, default=32, metavar="N|auto[:MIN:MAX]",
+    run.add_argument("--batch-size", type=_batch_size,
+                     default=field_default(TrainConfig, "batch_size"), metavar="N|auto[:MIN:MAX]",
                      help="samples per step; auto: grow it with the measured gradient noise "
                           "scale between MIN (default 8) and MAX (default: this machine's "
                           "throughput knee), powers of two (docs/adaptive.md)")
@@ -143,29 +155,29 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
                   help="--batch-size auto: how the learning rate (the rate at MIN) follows "
                        "the batch (adascale: AdaScale's gain from the same estimate; "
                        "default sqrt)")
-    declared_flag(run, "--epochs", TrainConfig, type=int, default=5)
+    declared_flag(run, "--epochs", TrainConfig, type=int)
     run.add_argument("--no-jit", dest="jit_compile", action="store_false",
                      help="turn off jit_compile (XLA): the Keras engines and TensorFlow's native "
                           "loop run as graphs without XLA (JAX's native loop is always one XLA "
                           "program)")
-    declared_flag(run, "--steps-per-execution", TrainConfig, type=int, default=1)
-    declared_flag(run, "--early-stopping", TrainConfig, type=int, default=0, metavar="PATIENCE",
+    declared_flag(run, "--steps-per-execution", TrainConfig, type=int)
+    declared_flag(run, "--early-stopping", TrainConfig, type=int, metavar="PATIENCE",
                   help="stop after PATIENCE evaluations without improvement of "
                        "--early-stopping-metric")
     run.add_argument("--early-stopping-metric", dest="monitor", default=None, metavar="METRIC",
                      help="val_loss or val_<the model's metric> (default: the metric, e.g. "
                           "val_accuracy)")
-    declared_flag(run, "--seed", TrainConfig, type=int, default=0)
+    declared_flag(run, "--seed", TrainConfig, type=int)
     run.add_argument("--fused-steps", type=int_at_least(1, auto=True), default=None, metavar="K",
                      help="--engine native: train steps per compiled device call (K), or "
                           "'auto' (the fastest of a few, measured once per machine and model) "
                           "(default: auto on one device, 1 otherwise)")
-    declared_flag(run, "--max-steps", TrainConfig, type=int, default=0, metavar="N",
+    declared_flag(run, "--max-steps", TrainConfig, type=int, metavar="N",
                   help="stop after N train steps (0: --epochs decides)")
     run.add_argument("--no-shuffle", dest="shuffle", action="store_false",
                      help="every epoch in the dataset's order (default: a fresh order per epoch "
                           "from --seed)")
-    declared_flag(run, "--eval-every", TrainConfig, type=int, default=0, metavar="STEPS",
+    declared_flag(run, "--eval-every", TrainConfig, type=int, metavar="STEPS",
                   help="validate every STEPS steps (0: once per epoch; the keras engine "
                        "validates per epoch only)")
     run.add_argument("--target", type=float, default=None, metavar="VALUE",
@@ -306,17 +318,19 @@ def check_sources(config: TrainConfig) -> None:
                        from_weights=config.from_weights)
 
 
-def _user_workload(args: argparse.Namespace, config: TrainConfig) -> tuple[TrainConfig, Any]:
-    """A user's model and data prepared (their notes printed) and ``config`` made to name the
-    model's own task and metric where the flags left them to the defaults."""
+def _prepared(args: argparse.Namespace, config: TrainConfig) -> tuple[TrainConfig, Any]:
+    """The run's model and data prepared as a ``Workload`` (built-in names are sources like
+    any other; the notes printed) and ``config`` made to name the model's own task and metric
+    where the flags left them to the defaults."""
     # Virtual devices and a multi-process job must exist before the framework starts, and
-    # preparing the user's model and data starts it (training.train's own call to prepare then
-    # finds both done).
+    # preparing the model and data starts it (training.train's own call to prepare then finds
+    # both done).
     prepare(config)
     workload = workload_of(config)
     for note in workload.notes:
         print(note, file=sys.stderr if note.startswith(WARNING) else sys.stdout)
-    print(f"{workload.model_name}: {workload.task.describe()}")
+    if workload.says_task:
+        print(f"{workload.model_name}: {workload.task.describe()}")
     config = replace(config, task=workload.task)
     metric = f"val_{workload.task.metric}"  # the defaults name the model's own metric
     if config.target is not None and args.target_metric is None:
@@ -381,9 +395,7 @@ def run(args: argparse.Namespace) -> int:
     if why:
         print(why)
     reporter = None if args.quiet else EpochReporter()
-    workload = None
-    if not is_builtin(config):
-        config, workload = _user_workload(args, config)
+    config, workload = _prepared(args, config)
     result = train(config, reporter=reporter, save=args.save, history_path=args.history,
                    workload=workload, tensorboard=args.tensorboard)
     history = result.history
@@ -409,23 +421,23 @@ def run(args: argparse.Namespace) -> int:
 def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
     """Data-parallel and multi-process flags (see docs/parallel.md)."""
     group = parser.add_argument_group("parallel")
-    declared_flag(group, "--devices", TrainConfig, type=int, default=0, metavar="N",
+    declared_flag(group, "--devices", TrainConfig, type=int, metavar="N",
                   help="split each batch over N devices (> 1 implies --data-parallel)")
     group.add_argument("--data-parallel", action="store_true",
                        help="run the data-parallel version of --engine (keras: DataParallel / "
                             "MirroredStrategy; native: the shard_map engine)")
-    declared_flag(group, "--dp-impl", TrainConfig, default="shard_map",
+    declared_flag(group, "--dp-impl", TrainConfig,
                   help="how the data_parallel engine maps its step onto devices")
-    declared_flag(group, "--virtual-devices", TrainConfig, type=int, default=0, metavar="N",
+    declared_flag(group, "--virtual-devices", TrainConfig, type=int, metavar="N",
                   help="split the host CPU into N virtual devices (for trying it on a laptop)")
-    declared_flag(group, "--num-processes", TrainConfig, type=int, default=1, metavar="N",
+    declared_flag(group, "--num-processes", TrainConfig, type=int, metavar="N",
                   help="processes in a multi-process job (see kbackend launch)")
     group.add_argument("--process-id", type=int, default=0, metavar="I",
                        help="this process's index")
     group.add_argument("--coordinator", default=None, metavar="HOST:PORT",
                        help="address of process 0 in a multi-process job")
-    declared_flag(group, "--coordinator-timeout", TrainConfig, type=int, default=60,
+    declared_flag(group, "--coordinator-timeout", TrainConfig, type=int,
                   metavar="SECONDS", help="how long to wait for the coordinator or a collective")
-    declared_flag(group, "--heartbeat-timeout", TrainConfig, type=int, default=10,
+    declared_flag(group, "--heartbeat-timeout", TrainConfig, type=int,
                   metavar="SECONDS",
                   help="a peer silent this long counts as dead and stops the job")

@@ -135,7 +135,7 @@ def _load_source(source: str, *, label: str | None, seed: int, max_bytes: int | 
         raise where.error(f"label={label!r} names a CSV source's label column; this source is "
                           "not a CSV file.")
     return finish(where, source, _reader(where, source, path, function, label=label, seed=seed,
-                                         max_bytes=limit, image_size=image_size).read())
+                                         max_bytes=limit, image_size=image_size))
 
 
 def _reader(where: Where, source: str, path: Path | None, function: tuple[str, str] | None, *,
@@ -177,7 +177,7 @@ def from_python(x: Any, y: Any = None, *, validation_data: Any = None, name: str
     dataset. Datasets are read into memory, at most ``max_bytes``."""
     where = Where(f"data {name!r}")
     limit = _check_max_bytes(max_bytes)
-    return finish(where, name, PythonObjects(where, name, x, y, validation_data, limit).read())
+    return finish(where, name, PythonObjects(where, name, x, y, validation_data, limit))
 
 
 def check_source(source: str, *, label: str | None = None) -> None:

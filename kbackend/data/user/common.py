@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from abc import abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import psutil
 
+from kbackend.data import BUILTIN, DataSource
 from kbackend.errors import DataError
 
 KINDS = ("arrays", "csv", "images", "text", "tfds", "function")
@@ -43,6 +45,8 @@ class UserData:
     # The arrays were made here (read from a file), referenced by nothing else: the caller may
     # take its splits out of them in place (``kbackend.data.take_rows``) instead of copying.
     owned: bool = False
+    # The source read (its ``digest`` keys the dataset made of these splits).
+    origin: DataSource = field(default=BUILTIN, compare=False, repr=False)
 
 
 def default_max_bytes() -> int:
@@ -172,15 +176,19 @@ class Splits:
     owned: bool = False  # the arrays were made by the reader: see UserData.owned
 
 
-class Reader(Protocol):
-    """One kind of data source, holding what it reads from; ``read()`` does the reading."""
+class Reader(DataSource):
+    """One kind of the user's data source, holding what it reads from; ``read()`` does the
+    reading, ``digest`` (``DataSource``'s) keys what was read."""
 
-    def read(self) -> Splits: ...
+    @abstractmethod
+    def read(self) -> Splits:
+        """The source's splits as read (checked by ``finish``)."""
 
 
-def finish(where: Where, source: str, read: Splits) -> UserData:
-    """Every split of ``read`` checked, string labels mapped to class indices, as a
+def finish(where: Where, source: str, reader: Reader) -> UserData:
+    """Every split ``reader`` reads checked, string labels mapped to class indices, as a
     ``UserData`` of ``source``."""
+    read = reader.read()
     splits, class_names = read.splits, read.class_names
     if "train" not in splits:
         raise where.error(f"no training split. Received splits: {sorted(splits)}.")
@@ -200,7 +208,8 @@ def finish(where: Where, source: str, read: Splits) -> UserData:
     if string_labels:
         checked, class_names = _encode_labels(where, checked)
     return UserData(name=read.name, source=source, splits=checked, kind=read.kind,
-                    class_names=class_names, notes=tuple(read.notes), owned=read.owned)
+                    class_names=class_names, notes=tuple(read.notes), owned=read.owned,
+                    origin=reader)
 
 
 def _label_shape(y: Any) -> Any:

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from kbackend.data.user.common import Splits, Where, _check_limit, _reason
+from kbackend.data.user.common import Reader, Splits, Where, _check_limit, _reason
 from kbackend.errors import DataError
 
 
@@ -107,7 +107,7 @@ def _bad_feature(where: Where, header: list[str], row: list[str], features: list
 
 
 @dataclass(frozen=True)
-class CsvFile:
+class CsvFile(Reader):
     """A ``.csv`` file: every column but ``label`` a numeric feature."""
 
     where: Where

@@ -15,6 +15,7 @@ from kbackend.data.user.common import (
     READ_BATCH,
     SPLIT_NAMES,
     TEXT_SEQUENCE_LENGTH,
+    Reader,
     Splits,
     Where,
     _check_limit,
@@ -195,7 +196,7 @@ def _image_geometry(where: Where, images: list[Path], count: int, max_bytes: int
 
 
 @dataclass(frozen=True)
-class Folder:
+class Folder(Reader):
     """A folder of class subfolders of images or text files; ``seed``: the order the files are
     shuffled into; ``image_size``: (height, width) to read every image at."""
 

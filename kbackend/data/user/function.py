@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kbackend.data.user.common import Splits, Where, _reason
+from kbackend.data.user.common import Reader, Splits, Where, _reason
 from kbackend.data.user.python import _splits_from_value
 from kbackend.errors import DataError, exit_call, path_errors
 
@@ -25,7 +25,7 @@ def _user_line(error: BaseException, path: Path) -> str:
 
 
 @dataclass(frozen=True)
-class FunctionSource:
+class FunctionSource(Reader):
     """``FILE.py:FUNCTION``: ``function`` in the Python file ``file_text``."""
 
     where: Where

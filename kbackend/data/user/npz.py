@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from kbackend.data.user.common import NPZ_PAIRS, Splits, Where, _check_limit, _reason
+from kbackend.data.user.common import NPZ_PAIRS, Reader, Splits, Where, _check_limit, _reason
 from kbackend.errors import DataError
 
 # An .npz member is read in chunks of this many bytes into its preallocated array.
@@ -164,7 +164,7 @@ def _key_list(y_key: Any) -> list[str]:
 
 
 @dataclass(frozen=True)
-class NpzFile:
+class NpzFile(Reader):
     """A ``.npz`` archive of ``x_train``/``y_train`` (or ``x``/``y``, ``y_<split>_<output>``)."""
 
     where: Where

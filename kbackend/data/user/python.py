@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from kbackend.data.user.common import _NPZ_NAMES, SPLIT_NAMES, Splits, Where, _check_split
+from kbackend.data.user.common import _NPZ_NAMES, SPLIT_NAMES, Reader, Splits, Where, _check_split
 from kbackend.data.user.datasets import (
     _is_py_dataset,
     _is_tf_dataset,
@@ -62,7 +62,7 @@ def _splits_from_value(where: Where, value: Any, max_bytes: int) -> dict[str, tu
 
 
 @dataclass(frozen=True)
-class PythonObjects:
+class PythonObjects(Reader):
     """What a Python caller passes (``from_python``): ``x`` and ``y`` arrays, or ``x`` alone
     holding its labels (a dataset, an ``(x, y)`` tuple, a dict of splits), and optionally
     ``validation_data``."""

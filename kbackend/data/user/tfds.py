@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from kbackend.data.user.common import READ_BATCH, SPLIT_NAMES, Splits, Where, _reason
+from kbackend.data.user.common import READ_BATCH, SPLIT_NAMES, Reader, Splits, Where, _reason
 from kbackend.data.user.datasets import _read_tf_dataset, _tensorflow
 from kbackend.data.user.folder import _class_folders
 from kbackend.errors import DataError, path_errors
@@ -58,7 +58,7 @@ def _tfds_folder(where: Where, name: str, config: str) -> Path:
 
 
 @dataclass(frozen=True)
-class TfdsSet:
+class TfdsSet(Reader):
     """``tfds:NAME[:CONFIG]``: the newest prepared version in ``tfds_data_dir()``."""
 
     where: Where

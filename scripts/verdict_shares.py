@@ -20,7 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-from kbackend.study.analysis import analyze
+from kbackend.study.analysis import Analysis, analyze
 
 ANSWERED = ("a", "b", "equivalent")
 
@@ -36,13 +36,14 @@ def verdicts(node: Any) -> list[dict[str, Any]]:
     return []
 
 
-def shares(analysis: dict[str, Any]) -> dict[str, Any]:
-    """Answered counts: all verdicts and the per-batch optimizer comparisons."""
-    found = verdicts(analysis["verdicts"])
-    per_batch = [entry for comparison in analysis["verdicts"].get("optimizers") or []
-                 for entry in comparison.get("per_batch", [])]
+def shares(analysis: Analysis) -> dict[str, int]:
+    """Answered counts: all verdicts (the records of the written analysis) and the per-batch
+    optimizer comparisons."""
+    found = verdicts(analysis.verdicts.to_json())
+    per_batch = [entry for comparison in analysis.verdicts.optimizers
+                 for entry in comparison.per_batch]
     return {"answered": sum(v["outcome"] in ANSWERED for v in found), "verdicts": len(found),
-            "per_batch_answered": sum(e["outcome"] in ANSWERED for e in per_batch),
+            "per_batch_answered": sum(e.outcome in ANSWERED for e in per_batch),
             "per_batch": len(per_batch),
             "equivalent": sum(v["outcome"] == "equivalent" for v in found)}
 

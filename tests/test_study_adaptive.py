@@ -14,6 +14,7 @@ from kbackend.cli import main
 from kbackend.commands import study as study_command
 from kbackend.errors import ConfigError
 from kbackend.study.auto_verdicts import auto_verdict
+from kbackend.study.cell_verdicts import verdict_settings
 from kbackend.study.config import StudyConfig
 from kbackend.study.executor import StudyRunner
 from kbackend.study.pipeline import run_study
@@ -73,17 +74,17 @@ def test_an_auto_cell_per_optimizer_with_its_ranges_and_samples(auto_study):
 @pytest.mark.slow
 def test_the_verdict_against_the_best_fixed_batch_size(auto_study):
     _, outcome = auto_study
-    verdicts = outcome["analysis"]["verdicts"]["adaptive"]
-    assert [v["optimizer"] for v in verdicts] == ["sgd", "adam"]
+    verdicts = outcome["analysis"].verdicts.adaptive
+    assert [v.optimizer for v in verdicts] == ["sgd", "adam"]
     for verdict in verdicts:
-        assert verdict["best_fixed"] in (16, 128)
-        assert verdict["outcome"] in OUTCOMES and isinstance(verdict["resolved"], bool)
-        assert verdict["seeds"] == 2
-        for part in ("steps", "samples", "time"):
-            assert verdict[part]["outcome"] in OUTCOMES and verdict[part]["seeds"] == 2
-            assert verdict[part]["kind"] == "ratio"
-        assert verdict["text"].startswith(f"{verdict['optimizer']}: auto 16-128 (sqrt) vs the "
-                                          "best fixed batch size")
+        assert verdict.best_fixed in (16, 128)
+        assert verdict.outcome in OUTCOMES and isinstance(verdict.resolved, bool)
+        assert verdict.seeds == 2
+        for part in (verdict.steps, verdict.samples, verdict.time):
+            assert part is not None and part.outcome in OUTCOMES and part.seeds == 2
+            assert part.kind == "ratio"
+        assert verdict.text.startswith(f"{verdict.optimizer}: auto 16-128 (sqrt) vs the "
+                                       "best fixed batch size")
 
 
 @pytest.mark.slow
@@ -144,14 +145,17 @@ def test_auto_verdict_reads_paired_seeds_and_handles_no_reached_fixed_cell():
             "seed_steps": {str(i): 200.0 + i for i in range(4)},
             "seed_samples": {str(i): 6000.0 + i for i in range(4)},
             "seed_times": {str(i): 0.3 + i / 1000 for i in range(4)}}
-    settings = {"level": 0.9, "levels": 0.9, "margin": 0.1}
+    settings = verdict_settings({"config": {"seeds": 4, "margin": 0.1}})  # one look at 90%
     verdict = auto_verdict(auto, cells, settings)
-    assert verdict["best_fixed"] == 128  # the least time to target: 0.2 s
-    assert verdict["steps"]["outcome"] == "b"  # 128 in fewer steps
-    assert verdict["samples"]["outcome"] == "a"  # auto on fewer samples (6000 vs 12,800)
-    assert verdict["time"]["outcome"] == "b" and verdict["outcome"] == "b"
+    assert verdict.best_fixed == 128  # the least time to target: 0.2 s
+    assert verdict.steps is not None and verdict.steps.outcome == "b"  # 128 in fewer steps
+    # auto on fewer samples (6000 vs 12,800)
+    assert verdict.samples is not None and verdict.samples.outcome == "a"
+    assert verdict.time is not None and verdict.time.outcome == "b" and verdict.outcome == "b"
+    assert verdict.to_json()["cells"] == [["adam", "auto"], ["adam", 128]]
     none = auto_verdict(auto, [{**c, "reached": False} for c in cells], settings)
-    assert none["best_fixed"] is None and not none["resolved"]
+    assert none.best_fixed is None and not none.resolved
+    assert "cells" not in none.to_json() and none.to_json()["seeds"] == 0
 
 
 @pytest.mark.parametrize(("options", "message"), [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
 import threading
@@ -69,9 +70,9 @@ def test_throughput_curve_and_knee():
     curve = throughput_curve(runs)
     assert [p["samples_per_s"] for p in curve] == [110.0, 500.0, 900.0, 1000.0]
     analysis = analyze({"cells": [], "runs": runs, "noise": None})
-    assert (analysis["throughput_knee"], analysis["throughput_plateau_reached"]) == (128, True)
+    assert (analysis.throughput_knee, analysis.throughput_plateau_reached) == (128, True)
     empty = analyze({"cells": [], "runs": [], "noise": None})
-    assert (empty["throughput_knee"], empty["throughput_plateau_reached"]) == (None, None)
+    assert (empty.throughput_knee, empty.throughput_plateau_reached) == (None, None)
 
 
 def test_noise_scale_over_training_is_a_ratio_of_averages():
@@ -229,28 +230,28 @@ def test_verdicts_when_planted_intervals_separate():
         cells.append(_seeded_cell("sgd", size, [sgd[size] * f for f in (0.95, 1.0, 1.05)],
                                   test=(0.95, 0.96, 0.97) if size == 8 else (0.90, 0.91, 0.92)))
         cells.append(_seeded_cell("adam", size, [adam[size] * f for f in (0.95, 1.0, 1.05)]))
-    verdicts = analyze(_study(cells))["verdicts"]
-    assert verdicts["fastest"]["resolved"] and verdicts["fastest"]["cell"] == {
-        "optimizer": "adam", "batch_size": 128}
+    verdicts = analyze(_study(cells)).verdicts
+    assert verdicts.fastest.resolved and verdicts.fastest.cell == ("adam", 128)
+    assert verdicts.fastest.to_json()["cell"] == {"optimizer": "adam", "batch_size": 128}
     # the paired-seed interval of the verdicts, against the closest cell (adam at batch 64)
-    assert verdicts["fastest"]["outcome"] == "a" and verdicts["fastest"]["seeds"] == 3
+    assert verdicts.fastest.outcome == "a" and verdicts.fastest.seeds == 3
     assert ("faster than every other cell; vs the next: A/B 0.5x [0.5, 0.5]"
-            in verdicts["fastest"]["text"])
-    (adam_vs_sgd,) = [x for x in verdicts["optimizers"] if x["incumbent"] == "sgd"]
-    assert adam_vs_sgd["resolved"] and adam_vs_sgd["batch_size"] == 64
-    assert "sgd faster at batch 8, 16, 32; adam faster at batch 64, 128" in adam_vs_sgd["text"]
-    assert [p["outcome"] for p in adam_vs_sgd["per_batch"]] == ["b", "b", "b", "a", "a"]
-    regions = verdicts["per_optimizer"]["sgd"]["regions"]
+            in verdicts.fastest.text)
+    (adam_vs_sgd,) = [x for x in verdicts.optimizers if x.incumbent == "sgd"]
+    assert adam_vs_sgd.resolved and adam_vs_sgd.batch_size == 64
+    assert "sgd faster at batch 8, 16, 32; adam faster at batch 64, 128" in adam_vs_sgd.text
+    assert [p.outcome for p in adam_vs_sgd.per_batch] == ["b", "b", "b", "a", "a"]
+    regions = verdicts.per_optimizer["sgd"].regions
     # every seed scaled alike in every cell: the paired ratios resolve each region
-    assert [(r["region"], r["region_resolved"]) for r in regions] == [
+    assert [(r.region, r.region_resolved) for r in regions] == [
         ("perfect scaling", True), ("perfect scaling", True), ("diminishing returns", True),
         ("saturation", True)]
     # three-way on the steps: fewer at the larger batch, except 64 -> 128 (within 10%)
-    assert [r["outcome"] for r in regions] == ["b", "b", "b", "equivalent"]
-    assert all(r["verdict"]["seeds"] == 3 and r["resolved"] for r in regions)
-    generalization = verdicts["per_optimizer"]["sgd"]["generalization"]
-    assert generalization["resolved"] and generalization["larger_batch"] == "lower"
-    assert generalization["outcome"] == "a" and generalization["seeds"] == 3
+    assert [r.outcome for r in regions] == ["b", "b", "b", "equivalent"]
+    assert all(r.verdict.seeds == 3 and r.resolved for r in regions)
+    generalization = verdicts.per_optimizer["sgd"].generalization
+    assert generalization.resolved and generalization.larger_batch == "lower"
+    assert generalization.outcome == "a" and generalization.seeds == 3
 
 
 def _verdict_records(tree):
@@ -271,16 +272,16 @@ def test_every_verdict_record_carries_its_outcome_resolution_and_seeds():
         cells.append(_seeded_cell("sgd", size, [100, 200, 300]))
         cells.append(_seeded_cell("adam", size, [150, 300, 450]))
         cells.append(_seeded_cell("momentum", size, [350, 150, 250]))
-    verdicts = analyze(_study(cells))["verdicts"]
-    records = list(_verdict_records(verdicts))
+    verdicts = analyze(_study(cells)).verdicts
+    records = list(_verdict_records(verdicts.to_json()))  # as the report writes them
     # fastest, 2 comparisons x 2 batch sizes (each record and its verdict), 3 regions, 3
     # generalizations (each with its verdict), the knee
     assert len(records) >= 1 + 2 * 2 * 2 + 3 * 2 + 3 * 2
     for record in records:
         assert {"outcome", "resolved", "seeds"} <= set(record), record
         assert record["resolved"] == (record["outcome"] != "not_resolved"), record
-    per_batch = [p for x in verdicts["optimizers"] for p in x["per_batch"]]
-    assert [(p["seeds"], p["resolved"]) for p in per_batch] == [(3, True)] * 2 + [(3, False)] * 2
+    per_batch = [p for x in verdicts.optimizers for p in x.per_batch]
+    assert [(p.seeds, p.resolved) for p in per_batch] == [(3, True)] * 2 + [(3, False)] * 2
 
 
 def test_verdicts_are_not_resolved_when_intervals_overlap():
@@ -288,18 +289,18 @@ def test_verdicts_are_not_resolved_when_intervals_overlap():
     for size in (8, 32):  # the same medians order, but the paired seeds disagree on the sign
         cells.append(_seeded_cell("sgd", size, [100, 200, 300]))
         cells.append(_seeded_cell("adam", size, [350, 150, 250]))
-    verdicts = analyze(_study(cells))["verdicts"]
-    assert not verdicts["fastest"]["resolved"]
-    assert verdicts["fastest"]["text"].startswith("fastest: not resolved at 3 seeds")
-    (adam_vs_sgd,) = verdicts["optimizers"]
-    assert not adam_vs_sgd["resolved"] and "not resolved after 3 seeds" in adam_vs_sgd["text"]
-    assert all(p["faster"] is None for p in adam_vs_sgd["per_batch"])
-    assert all(p["outcome"] == "not_resolved" for p in adam_vs_sgd["per_batch"])
+    verdicts = analyze(_study(cells)).verdicts
+    assert not verdicts.fastest.resolved
+    assert verdicts.fastest.text.startswith("fastest: not resolved at 3 seeds")
+    (adam_vs_sgd,) = verdicts.optimizers
+    assert not adam_vs_sgd.resolved and "not resolved after 3 seeds" in adam_vs_sgd.text
+    assert all(p.faster is None for p in adam_vs_sgd.per_batch)
+    assert all(p.outcome == "not_resolved" for p in adam_vs_sgd.per_batch)
     # sgd's seeds take the same steps at 8 and 32: equal steps, saturation
-    (segment,) = verdicts["per_optimizer"]["sgd"]["regions"]
-    assert segment["outcome"] == "equivalent" and segment["region"] == "saturation"
+    (segment,) = verdicts.per_optimizer["sgd"].regions
+    assert segment.outcome == "equivalent" and segment.region == "saturation"
     # the same test accuracy at both batch sizes, seed by seed: equivalent within one point
-    assert verdicts["per_optimizer"]["sgd"]["generalization"]["outcome"] == "equivalent"
+    assert verdicts.per_optimizer["sgd"].generalization.outcome == "equivalent"
 
 
 def test_paired_seeds_resolve_what_overlapping_intervals_cannot():
@@ -309,17 +310,17 @@ def test_paired_seeds_resolve_what_overlapping_intervals_cannot():
     for size in (8, 32):
         cells.append(_seeded_cell("sgd", size, [100, 200, 300]))
         cells.append(_seeded_cell("adam", size, [150, 300, 450]))
-    (adam_vs_sgd,) = analyze(_study(cells))["verdicts"]["optimizers"]
-    assert [p["outcome"] for p in adam_vs_sgd["per_batch"]] == ["b", "b"]
-    verdict = adam_vs_sgd["per_batch"][0]["verdict"]
-    assert verdict["estimate"] == pytest.approx(1.5) and verdict["low"] > 1
+    (adam_vs_sgd,) = analyze(_study(cells)).verdicts.optimizers
+    assert [p.outcome for p in adam_vs_sgd.per_batch] == ["b", "b"]
+    verdict = adam_vs_sgd.per_batch[0].verdict
+    assert verdict.estimate == pytest.approx(1.5) and verdict.low > 1
 
 
 def test_one_seed_resolves_nothing():
     cells = [_seeded_cell("sgd", 8, [100]), _seeded_cell("adam", 8, [900])]
-    verdicts = analyze(_study(cells, seeds=1))["verdicts"]
-    assert not verdicts["fastest"]["resolved"]
-    assert "one seed gives no interval" in verdicts["fastest"]["text"]
+    verdicts = analyze(_study(cells, seeds=1)).verdicts
+    assert not verdicts.fastest.resolved
+    assert "one seed gives no interval" in verdicts.fastest.text
 
 
 def test_critical_batch_over_seeds_and_its_agreement_with_the_noise_scale():
@@ -329,10 +330,10 @@ def test_critical_batch_over_seeds_and_its_agreement_with_the_noise_scale():
     cells = [_seeded_cell("sgd", b, [s_min * (1 + 64 / b) for s_min in (90, 100, 110)])
              for b in sizes]
     b_crit = critical_batch_over_seeds(cells)
-    assert b_crit["median"] == pytest.approx(64) and b_crit["n"] == 3
-    assert noise_agreement(b_crit, 50.0, 3)["agree"] is True
-    assert noise_agreement(b_crit, 500.0, 3)["agree"] is False
-    assert not noise_agreement(b_crit, None, 3)["resolved"]
+    assert b_crit.median == pytest.approx(64) and b_crit.n == 3 and b_crit.span() == "64 [64, 64]"
+    assert noise_agreement(b_crit, 50.0, 3).agree is True
+    assert noise_agreement(b_crit, 500.0, 3).agree is False
+    assert not noise_agreement(b_crit, None, 3).resolved
 
 
 @pytest.mark.parametrize(("grad_sq", "trace", "reason"), [
@@ -349,7 +350,7 @@ def test_a_negative_noise_scale_is_never_a_finding(grad_sq, trace, reason):
     note = noise_scale_note(noise)
     assert note.startswith("not estimated: ") and reason in note and "8/512" in note
     analysis = analyze({"cells": [], "runs": [], "noise": noise})
-    assert analysis["b_simple"] is None and analysis["b_simple_note"] == note
+    assert analysis.b_simple is None and analysis.b_simple_note == note
 
 
 def _step_times(per_batch, spread):
@@ -369,11 +370,67 @@ def test_throughput_knee_is_stated_only_where_the_timings_separate():
 
     curve = {8: 1000.0, 16: 2000.0, 32: 3000.0, 64: 3100.0, 128: 3150.0}
     tight = throughput_knee_verdict(_step_times(curve, 0.01))
-    assert tight["resolved"] and tight["batch_size"] == 32 and "batch 32" in tight["text"]
+    assert tight.resolved and tight.batch_size == 32 and "batch 32" in tight.text
     loose = throughput_knee_verdict(_step_times(curve, 0.2))
-    assert not loose["resolved"] and "not resolved after 3 timings" in loose["text"]
-    assert tight["outcome"] == "equivalent" and loose["outcome"] == "not_resolved"
+    assert not loose.resolved and "not resolved after 3 timings" in loose.text
+    assert tight.outcome == "equivalent" and loose.outcome == "not_resolved"
     spread = step_time_spread(_step_times(curve, 0.2))
-    assert spread["worst_ratio"] == pytest.approx(1.2 / 0.8)
-    assert "sgd 32/64" in spread["unranked_neighbours"]
-    assert "sgd 8/16" not in spread["unranked_neighbours"]
+    assert spread is not None and spread.worst_ratio == pytest.approx(1.2 / 0.8)
+    assert "sgd 32/64" in spread.unranked_neighbours
+    assert "sgd 8/16" not in spread.unranked_neighbours
+
+
+def test_the_written_verdict_records_keep_their_fields_and_order():
+    """summary.json holds ``Analysis.to_json()``: each typed verdict's record with the keys, in
+    the order, that summary.json has always had (stored summaries are read as these dicts;
+    files written before and after the verdicts were typed are the same bytes)."""
+    from kbackend.io import restore_non_finite, strict_json_text
+
+    cells = []
+    for size in (8, 32):
+        cells.append(_seeded_cell("sgd", size, [100, 200, 300], test=(0.90, 0.91, 0.92)))
+        cells.append(_seeded_cell("adam", size, [150, 300, 450]))
+    study = {**_study(cells), "step_times": _step_times({8: 1000.0, 32: 3000.0}, 0.01)}
+    analysis = analyze(study)
+    # JSON values only, as summary.json holds them
+    record = restore_non_finite(json.loads(strict_json_text(analysis.to_json())))
+    assert list(record) == ["verdicts", "per_optimizer", "throughput", "throughput_knee",
+                            "throughput_plateau_reached", "best", "crossovers", "b_simple",
+                            "b_simple_note"]
+    verdicts = record["verdicts"]
+    assert list(verdicts) == ["seeds", "coverage", "confidence", "level", "look_levels", "looks",
+                              "margin", "accuracy_margin", "added_seeds", "fastest",
+                              "optimizers", "per_optimizer", "throughput_knee",
+                              "step_time_spread"]
+    assert list(verdicts["fastest"]) == ["resolved", "outcome", "seeds", "cell", "ties", "text"]
+    (comparison,) = verdicts["optimizers"]
+    assert list(comparison) == ["challenger", "incumbent", "per_batch", "batch_size", "resolved",
+                                "text"]
+    entry = comparison["per_batch"][0]
+    assert list(entry) == ["batch_size", "faster", "outcome", "resolved", "seeds", "verdict",
+                           "adam", "sgd"]
+    interval = ["kind", "seeds", "level", "margin", "censored", "estimate", "low", "high",
+                "outcome", "resolved", "sd"]
+    assert list(entry["verdict"]) == [*interval, "round_variance", "cells"]
+    assert entry["verdict"]["cells"] == [["adam", 8], ["sgd", 8]]
+    per = verdicts["per_optimizer"]["sgd"]
+    assert list(per) == ["regions", "b_crit", "noise_agreement", "generalization"]
+    assert list(per["regions"][0]) == ["from", "to", "exponent", "exponent_low", "exponent_high",
+                                       "region", "region_resolved", "resolved", "outcome",
+                                       "seeds", "verdict"]
+    assert list(per["b_crit"]) == ["median", "low", "high", "n", "coverage", "seeds_without_knee"]
+    assert list(per["noise_agreement"]) == ["resolved", "text"]
+    assert list(per["generalization"]) == ["resolved", "outcome", "seeds", "larger_batch",
+                                           "verdict", "text"]
+    assert list(per["generalization"]["verdict"]) == [*interval, "cells", "source", "metric"]
+    assert list(verdicts["throughput_knee"]) == ["resolved", "outcome", "batch_size",
+                                                 "plateau_reached", "seeds", "timings", "gains",
+                                                 "text"]
+    assert list(verdicts["throughput_knee"]["gains"][0]) == ["from", "to", "timings", "gain",
+                                                             "low", "high"]
+    assert list(verdicts["step_time_spread"]) == ["median_ratio", "worst", "worst_ratio",
+                                                  "unranked_neighbours"]
+    # the typed values and their records agree
+    assert verdicts["fastest"]["outcome"] == analysis.verdicts.fastest.outcome
+    assert [p["outcome"] for p in comparison["per_batch"]] == [
+        p.outcome for p in analysis.verdicts.optimizers[0].per_batch]

@@ -97,7 +97,7 @@ def test_tiny_study_writes_report_plots_and_reports_unreached_cells(baseline):
         assert adam["samples_to_target"] == pytest.approx(
             adam["epochs_to_target"] * study["dataset"]["num_train"])
         assert adam["samples_per_s"] > 0 and 0.0 < adam["test_accuracy"] <= 1.0
-    assert result["analysis"]["best"]["optimizer"] == "adam"
+    assert result["analysis"].best["optimizer"] == "adam"
     assert all(len(r["trajectory"]["step"]) == r["result"]["steps_run"] for r in study["runs"])
     noise = study["noise"]
     assert noise["points"][0]["step"] == 0 and len(noise["points"]) == 2

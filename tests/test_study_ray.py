@@ -184,8 +184,8 @@ def test_auto_cells_run_as_ray_tasks_and_resume_locally(ray_instance, tmp_path):
     assert result["executed"] == runs
     [cell] = study["auto_cells"]
     assert cell["batch_size"] == "auto" and cell["auto"]["min"] == 16
-    [verdict] = result["analysis"]["verdicts"]["adaptive"]
-    assert verdict["optimizer"] == "sgd" and verdict["best_fixed"] in (16, 128)
+    [verdict] = result["analysis"].verdicts.adaptive
+    assert verdict.optimizer == "sgd" and verdict.best_fixed in (16, 128)
     assert all(r["config"]["batch_size"] == "auto:16:128" for r in study["auto_runs"])
     assert {r["key"] for r in study["auto_runs"]} <= {r["key"] for r in _stored_runs(tmp_path)}
     # each seed that reached has its time from the fixed cells' step times (the auto cell's

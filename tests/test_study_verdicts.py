@@ -5,6 +5,7 @@ outcome logic table-driven, and small planted studies that add seeds or stop at 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from kbackend.study.store import ResultStore
 from kbackend.study.verdicts import (
     VERDICT_CONFIDENCE,
     LookLevels,
+    Verdict,
     could_resolve,
     decide,
     difference_verdict,
@@ -105,14 +107,15 @@ def test_trimmed_mean_is_the_plain_mean_below_five_values_and_drops_the_ends_abo
 def test_an_open_comparison_states_the_tightest_bound_its_interval_supports():
     """Not resolved: "within 1.3x either way" from the larger of high and 1/low (a ratio), or
     the larger end in points (a difference); answered or unbounded verdicts state none."""
-    ratio = {"kind": "ratio", "outcome": "not_resolved", "low": 0.8, "high": 1.25, "seeds": 3,
-             "estimate": 1.0, "level": 0.95, "margin": 0.2}
+    ratio = Verdict("ratio", seeds=3, level=0.95, margin=0.2, censored=False, estimate=1.0,
+                    low=0.8, high=1.25, outcome="not_resolved")
     assert open_bound(ratio) == "within 1.2x either way"
-    assert open_bound({**ratio, "low": 0.5}) == "within 2x either way"
-    assert "A and B within 2x either way" in outcome_text({**ratio, "low": 0.5}, "A", "B", "faster")
-    assert open_bound({**ratio, "outcome": "a"}) is None
-    assert open_bound({**ratio, "low": -math.inf}) is None
-    difference = {**ratio, "kind": "difference", "low": -0.004, "high": 0.021}
+    assert open_bound(replace(ratio, low=0.5)) == "within 2x either way"
+    assert "A and B within 2x either way" in outcome_text(replace(ratio, low=0.5), "A", "B",
+                                                          "faster")
+    assert open_bound(replace(ratio, outcome="a")) is None
+    assert open_bound(replace(ratio, low=-math.inf)) is None
+    difference = replace(ratio, kind="difference", low=-0.004, high=0.021)
     assert open_bound(difference) == "within 2.1 pt either way"
 
 
@@ -127,9 +130,9 @@ def _sequential(rng, truth, spread, max_seeds, level, trials, margin=0.1):
             b = {str(i): 1.0 for i in range(count)}
             verdict = ratio_verdict(a, b, level=level, margin=margin)
             final = level.final if isinstance(level, LookLevels) else level
-            if verdict["resolved"] or not could_resolve(verdict, max_seeds, final):
+            if verdict.resolved or not could_resolve(verdict, max_seeds, final):
                 break
-        outcomes.append(verdict["outcome"])
+        outcomes.append(verdict.outcome)
         used.append(count)
     return outcomes, used
 
@@ -178,25 +181,31 @@ def test_verdict_records_and_censored_seeds():
     level = look_level(1)
     record = ratio_verdict(_seeds([100, 110, 105, 98, 102]), _seeds([200, 210, 190, 205, 195]),
                            level=level, margin=0.1)
-    assert record["outcome"] == "a" and record["resolved"] and record["seeds"] == 5
-    assert record["low"] < record["estimate"] < record["high"] < 1
+    assert record.outcome == "a" and record.resolved and record.seeds == 5
+    assert record.low < record.estimate < record.high < 1
+    # its JSON record: every field, in the order summary.json has always had them
+    assert list(record.to_json()) == ["kind", "seeds", "level", "margin", "censored", "estimate",
+                                      "low", "high", "outcome", "resolved", "sd",
+                                      "round_variance"]
+    assert Verdict.from_json(record.to_json()) == record
     # A never reached in one seed: only "B better" could stand, so A better is not stated
     censored = ratio_verdict(_seeds([100, math.inf, 105]), _seeds([200, 210, 190]),
                              level=level, margin=0.1)
-    assert censored["censored"] and censored["outcome"] == "not_resolved"
+    assert censored.censored and censored.outcome == "not_resolved"
     # B never reached in any seed: at least the steps it ran, so A (which reached) is better
     never = _seeds([math.inf] * 3)
     assert ratio_verdict(_seeds([100, 120, 110]), never, level=level, margin=0.1,
-                         bounds=(None, 400.0))["outcome"] == "a"
-    assert ratio_verdict(_seeds([100, 120, 110]), never, level=level,
-                         margin=0.1)["outcome"] == "not_resolved"  # no bound: nothing to say
+                         bounds=(None, 400.0)).outcome == "a"
+    unbounded = ratio_verdict(_seeds([100, 120, 110]), never, level=level, margin=0.1)
+    assert unbounded.outcome == "not_resolved"  # no bound: nothing to say
+    assert "sd" not in unbounded.to_json()  # no interval was computed
     # every seed at the same evaluation, every 30 steps: the rounding floor keeps it open
     tied = ratio_verdict(_seeds([70, 70, 70]), _seeds([60, 60, 60]), level=0.9, margin=0.1,
                          floor_sd=math.sqrt(2 * (30 / 65) ** 2 / 12))
-    assert tied["outcome"] == "not_resolved"
+    assert tied.outcome == "not_resolved"
     accuracy = difference_verdict(_seeds([0.90, 0.91, 0.905]), _seeds([0.902, 0.909, 0.904]),
                                   level=0.9, margin=0.01, larger_is_better=True)
-    assert accuracy["outcome"] == "equivalent" and accuracy["kind"] == "difference"
+    assert accuracy.outcome == "equivalent" and accuracy.kind == "difference"
 
 
 def test_seed_schedule_and_look_levels():
@@ -231,23 +240,23 @@ def _pair_config(**overrides):
 def _adam_vs_sgd(study):
     from kbackend.study.analysis import analyze
 
-    (comparison,) = analyze(study)["verdicts"]["optimizers"]
-    (entry,) = comparison["per_batch"]
-    return entry["verdict"]
+    (comparison,) = analyze(study).verdicts.optimizers
+    (entry,) = comparison.per_batch
+    return entry.verdict
 
 
 def test_a_study_resolves_with_added_seeds_and_reuses_them(tmp_path):
     calls = _PlantedPair()
     with ResultStore(tmp_path / "study.db") as store:
         fixed = StudyRunner(_pair_config(max_seeds=3), store, run_executor=calls).run()
-        assert _adam_vs_sgd(fixed)["outcome"] == "not_resolved" and len(calls) == 6
+        assert _adam_vs_sgd(fixed).outcome == "not_resolved" and len(calls) == 6
         calls.clear()
         study = StudyRunner(_pair_config(max_seeds=10, seed_budget=0.0), store,
                             run_executor=calls).run()
         verdict = _adam_vs_sgd(study)
         # resolved at the look that reads it (5 or 8 seeds: LookLevels' second or third)
-        n = verdict["seeds"]
-        assert verdict["outcome"] == "b" and verdict["resolved"] and n in (5, 8)
+        n = verdict.seeds
+        assert verdict.outcome == "b" and verdict.resolved and n in (5, 8)
         assert sorted(calls) == sorted((o, s) for o in ("adam", "sgd") for s in range(3, n))
         added = study["added_seeds"]
         assert added["schedule"] == [3, 5, 8, 10] and len(added["rounds"]) == [5, 8].index(n) + 1
@@ -267,7 +276,7 @@ def test_added_seeds_stop_at_the_seed_budget(tmp_path):
     # one added run, then the budget is spent: that cell has 4 seeds, the other 3
     assert len(calls) == 7 and study["added_seeds"]["stopped"].startswith("seed budget spent")
     verdict = _adam_vs_sgd(study)
-    assert verdict["outcome"] == "not_resolved" and verdict["seeds"] == 3
+    assert verdict.outcome == "not_resolved" and verdict.seeds == 3
     assert sorted(c["seeds"] for c in study["cells"]) == [3, 4]
 
 
@@ -386,15 +395,16 @@ def test_an_answer_at_an_earlier_look_stands_when_seeds_added_for_another_compar
     later = [0.6, 2.0, 0.7, 2.1, 0.65, 1.9, 0.8]
     a, b = _seeds(first + later), _seeds([1.0] * 10)
     on_ten = ratio_verdict(a, b, level=levels.final, margin=0.2)
-    assert on_ten["outcome"] == "not_resolved" and on_ten["seeds"] == 10
+    assert on_ten.outcome == "not_resolved" and on_ten.seeds == 10
     verdict = ratio_verdict(a, b, level=levels, margin=0.2)
-    assert verdict["outcome"] == "b" and verdict["look"] == 3 and verdict["seeds"] == 3
-    assert verdict["level"] == pytest.approx(levels.levels[0])
-    assert "look" not in ratio_verdict(a, b, level=0.9, margin=0.2)
+    assert verdict.outcome == "b" and verdict.look == 3 and verdict.seeds == 3
+    assert verdict.level == pytest.approx(levels.levels[0])
+    assert verdict.to_json()["look"] == 3
+    assert "look" not in ratio_verdict(a, b, level=0.9, margin=0.2).to_json()
     # a difference (accuracies) reads its looks alike
     accuracy = difference_verdict(_seeds([0.9, 0.9, 0.9, 0.7, 1.0]), _seeds([0.8] * 5),
                                   level=LookLevels.of(3, 5), margin=0.01, larger_is_better=True)
-    assert accuracy["outcome"] == "a" and accuracy["look"] == 3
+    assert accuracy.outcome == "a" and accuracy.look == 3
 
 
 def test_reading_every_look_keeps_wrong_verdicts_under_the_stated_share_when_equal():
@@ -406,5 +416,5 @@ def test_reading_every_look_keeps_wrong_verdicts_under_the_stated_share_when_equ
     for _ in range(trials):
         a = _seeds(np.exp(rng.normal(0.0, 0.2, size=10)))
         wrong += ratio_verdict(a, _seeds([1.0] * 10), level=levels,
-                               margin=0.1)["outcome"] in ("a", "b")
+                               margin=0.1).outcome in ("a", "b")
     assert wrong / trials <= (1 - VERDICT_CONFIDENCE) + 0.02

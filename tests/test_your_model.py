@@ -303,7 +303,7 @@ def test_a_study_of_a_user_model_names_its_metric_and_resumes(tmp_path):
         assert [r["batch_size"] for r in auto.rows] == [16, 64, "auto"]
         assert auto.rows[-1]["auto"] == {"min": 16, "max": 64, "lr_scaling": "sqrt"}
         assert auto.rows[-1]["seeds"] == 2
-        assert [v["optimizer"] for v in auto.analysis["verdicts"]["adaptive"]] == ["adam"]
+        assert [v.optimizer for v in auto.analysis.verdicts.adaptive] == ["adam"]
     finally:
         sys.path.remove(str(tmp_path))
 

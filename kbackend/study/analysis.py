@@ -10,12 +10,21 @@ conclusions can be recomputed from a stored study and tested on made-up numbers.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from kbackend.hardware.knee import curve_knee
 from kbackend.stats import median_coverage
-from kbackend.study.auto_verdicts import auto_verdicts
+from kbackend.study.auto_verdicts import AutoVerdict, auto_verdicts
 from kbackend.study.cell_verdicts import (
+    CriticalBatch,
+    FastestVerdict,
+    GeneralizationVerdict,
+    KneeVerdict,
+    NoiseAgreement,
+    OptimizerComparison,
+    RegionVerdict,
+    StepTimeSpread,
     critical_batch_over_seeds,
     fastest_verdict,
     generalization_verdict,
@@ -37,9 +46,7 @@ from kbackend.study.scaling import (
     throughput_curve,
     training_noise_scale,
 )
-from kbackend.study.verdicts import (
-    VERDICT_CONFIDENCE,
-)
+from kbackend.study.verdicts import VERDICT_CONFIDENCE, VerdictSettings
 
 
 def optimizer_figures(group: list[dict[str, Any]]) -> dict[str, Any]:
@@ -58,42 +65,103 @@ def optimizer_figures(group: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def study_verdicts(study: dict[str, Any], b_simple: float | None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class OptimizerVerdicts:
+    """One optimizer's verdicts: its scaling steps, the critical batch size fitted per seed
+    (``b_crit``), its agreement with B_simple and the generalization verdict."""
+
+    regions: tuple[RegionVerdict, ...]
+    b_crit: CriticalBatch
+    noise_agreement: NoiseAgreement
+    generalization: GeneralizationVerdict
+
+    def to_json(self) -> dict[str, Any]:
+        return {"regions": [r.to_json() for r in self.regions], "b_crit": self.b_crit.to_json(),
+                "noise_agreement": self.noise_agreement.to_json(),
+                "generalization": self.generalization.to_json()}
+
+
+@dataclass(frozen=True)
+class StudyVerdicts:
+    """Every verdict of a study, with the settings (seeds, levels, looks, margins) they used
+    and the seed rounds that were added for them (``added_seeds``: ``sequential``'s record).
+    ``adaptive``: the auto cells' verdicts, None in a study without auto cells."""
+
+    settings: VerdictSettings
+    added_seeds: dict[str, Any] | None
+    fastest: FastestVerdict
+    optimizers: tuple[OptimizerComparison, ...]
+    per_optimizer: dict[str, OptimizerVerdicts]
+    throughput_knee: KneeVerdict
+    step_time_spread: StepTimeSpread | None
+    adaptive: tuple[AutoVerdict, ...] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        settings = self.settings
+        adaptive = {} if self.adaptive is None else {
+            "adaptive": [x.to_json() for x in self.adaptive]}
+        return {
+            "seeds": settings.seeds, "coverage": median_coverage(settings.seeds),
+            "confidence": VERDICT_CONFIDENCE, "level": settings.level,
+            "look_levels": dict(zip(settings.levels.schedule, settings.levels.levels,
+                                    strict=True)),
+            "looks": settings.looks, "margin": settings.margin,
+            "accuracy_margin": settings.accuracy_margin, "added_seeds": self.added_seeds,
+            "fastest": self.fastest.to_json(),
+            "optimizers": [x.to_json() for x in self.optimizers],
+            "per_optimizer": {name: per.to_json() for name, per in self.per_optimizer.items()},
+            "throughput_knee": self.throughput_knee.to_json(),
+            "step_time_spread": None if self.step_time_spread is None
+            else self.step_time_spread.to_json(), **adaptive}
+
+
+def study_verdicts(study: dict[str, Any], b_simple: float | None) -> StudyVerdicts:
     """Every verdict of a study, with the settings (seeds, levels, looks, margins) they used."""
     cells, step_times = study["cells"], study.get("step_times")
     settings = verdict_settings(study)
-    seeds = settings["seeds"]
-    verdicts: dict[str, Any] = {
-        "seeds": seeds, "coverage": median_coverage(seeds),
-        "confidence": VERDICT_CONFIDENCE, "level": settings["level"],
-        "look_levels": dict(zip(settings["levels"].schedule, settings["levels"].levels,
-                                strict=True)),
-        "looks": settings["looks"], "margin": settings["margin"],
-        "accuracy_margin": settings["accuracy_margin"],
-        "added_seeds": study.get("added_seeds"),
-        "fastest": fastest_verdict(cells, settings, step_times),
-        "optimizers": [x for x in (optimizer_comparison(cells, "adam", "sgd", settings, step_times),
-                                   optimizer_comparison(cells, "adam", "momentum", settings,
-                                                        step_times))
-                       if x is not None],
-        "per_optimizer": {},
-        "throughput_knee": throughput_knee_verdict(step_times, settings),
-        "step_time_spread": step_time_spread(step_times),
-    }
-    if study.get("auto_cells"):  # the adaptive batch size against each best fixed one
-        verdicts["adaptive"] = auto_verdicts(study, settings)
+    comparisons = (optimizer_comparison(cells, "adam", "sgd", settings, step_times),
+                   optimizer_comparison(cells, "adam", "momentum", settings, step_times))
+    per_optimizer = {}
     for optimizer, group in by_optimizer(cells).items():
         b_crit = critical_batch_over_seeds(group)
-        verdicts["per_optimizer"][optimizer] = {
-            "regions": region_verdicts(group, settings),
-            "b_crit": b_crit,
-            "noise_agreement": noise_agreement(b_crit, b_simple, b_crit.get("n") or seeds),
-            "generalization": generalization_verdict(group, settings),
-        }
-    return verdicts
+        per_optimizer[optimizer] = OptimizerVerdicts(
+            tuple(region_verdicts(group, settings)), b_crit,
+            noise_agreement(b_crit, b_simple, b_crit.n or settings.seeds),
+            generalization_verdict(group, settings))
+    return StudyVerdicts(
+        settings, study.get("added_seeds"), fastest_verdict(cells, settings, step_times),
+        tuple(x for x in comparisons if x is not None), per_optimizer,
+        throughput_knee_verdict(step_times, settings), step_time_spread(step_times),
+        # the adaptive batch size against each best fixed one
+        tuple(auto_verdicts(study, settings)) if study.get("auto_cells") else None)
 
 
-def analyze(study: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Analysis:
+    """What a study's cells say (``analyze``): every verdict, per optimizer its figures
+    (``optimizer_figures``), the throughput curve and its knee, the best cell, the crossovers
+    of the medians and the gradient noise scale. ``to_json`` is the report's record of it."""
+
+    verdicts: StudyVerdicts
+    per_optimizer: dict[str, dict[str, Any]]
+    throughput: list[dict[str, Any]]
+    throughput_knee: int | None
+    throughput_plateau_reached: bool | None
+    best: dict[str, Any] | None
+    crossovers: list[dict[str, Any]]
+    b_simple: float | None
+    b_simple_note: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The analysis as summary.json holds it (``report.summary_payload``)."""
+        return {"verdicts": self.verdicts.to_json(), "per_optimizer": self.per_optimizer,
+                "throughput": self.throughput, "throughput_knee": self.throughput_knee,
+                "throughput_plateau_reached": self.throughput_plateau_reached,
+                "best": self.best, "crossovers": self.crossovers, "b_simple": self.b_simple,
+                "b_simple_note": self.b_simple_note}
+
+
+def analyze(study: dict[str, Any]) -> Analysis:
     """Conclusions of a study result (the runner's output)."""
     cells = study["cells"]
     measured = measured_throughput(study.get("step_times"))
@@ -106,18 +174,15 @@ def analyze(study: dict[str, Any]) -> dict[str, Any]:
                   if x is not None]
     noise = study.get("noise")
     b_simple = training_noise_scale(noise)
-    return {
-        "verdicts": study_verdicts(study, b_simple),
-        "per_optimizer": {optimizer: optimizer_figures(group)
-                          for optimizer, group in by_optimizer(cells).items()},
-        "throughput": curve,
-        "throughput_knee": None if knee is None else knee.batch_size,
-        "throughput_plateau_reached": None if knee is None else knee.plateau_reached,
-        "best": None if best is None else {
+    return Analysis(
+        verdicts=study_verdicts(study, b_simple),
+        per_optimizer={optimizer: optimizer_figures(group)
+                       for optimizer, group in by_optimizer(cells).items()},
+        throughput=curve,
+        throughput_knee=None if knee is None else knee.batch_size,
+        throughput_plateau_reached=None if knee is None else knee.plateau_reached,
+        best=None if best is None else {
             "optimizer": best["optimizer"], "batch_size": best["batch_size"],
             "learning_rate": best["learning_rate"], "time_to_target": best["time_to_target"],
             "steps_to_target": best["steps_to_target"]},
-        "crossovers": crossovers,
-        "b_simple": b_simple,
-        "b_simple_note": noise_scale_note(noise),
-    }
+        crossovers=crossovers, b_simple=b_simple, b_simple_note=noise_scale_note(noise))

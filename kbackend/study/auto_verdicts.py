@@ -11,10 +11,17 @@ run's steps at each size x the fixed cells' seconds per step at that size
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from kbackend.study.summaries import cell_seconds_per_step
-from kbackend.study.verdicts import outcome_text, ratio_verdict, rounding_sd
+from kbackend.study.verdicts import (
+    Verdict,
+    VerdictSettings,
+    outcome_text,
+    ratio_verdict,
+    rounding_sd,
+)
 
 # How an auto cell's time to target is modelled (the fixed cells': steps x step time).
 AUTO_TIME_MODEL = "steps at each size x the fixed cells' step times"
@@ -31,24 +38,62 @@ def auto_label(cell: dict[str, Any]) -> str:
     return f"auto {auto.get('min')}-{auto.get('max')} ({auto.get('lr_scaling')})"
 
 
+@dataclass(frozen=True)
+class AutoVerdict:
+    """One optimizer's auto cell (``auto``: its bounds and rate scaling) against its best fixed
+    batch size (``best_fixed``; None where no fixed cell reached): the ``steps``, ``samples``
+    and ``time`` verdicts (A = auto, B = the fixed cell), the headline being the time's."""
+
+    optimizer: str
+    auto: dict[str, Any] | None
+    label: str
+    text: str
+    best_fixed: int | None = None
+    steps: Verdict | None = None
+    samples: Verdict | None = None
+    time: Verdict | None = None
+
+    @property
+    def outcome(self) -> str:
+        return "not_resolved" if self.time is None else self.time.outcome
+
+    @property
+    def resolved(self) -> bool:
+        return self.outcome != "not_resolved"
+
+    @property
+    def seeds(self) -> int:
+        return 0 if self.time is None else self.time.seeds
+
+    def to_json(self) -> dict[str, Any]:
+        head = {"optimizer": self.optimizer, "auto": self.auto, "label": self.label,
+                "best_fixed": self.best_fixed}
+        if self.steps is None or self.samples is None or self.time is None:
+            return {**head, "outcome": self.outcome, "resolved": self.resolved,
+                    "seeds": self.seeds, "text": self.text}
+        return {**head, "steps": self.steps.to_json(), "samples": self.samples.to_json(),
+                "time": self.time.to_json(), "outcome": self.outcome,
+                "resolved": self.resolved, "seeds": self.seeds,
+                "cells": [[self.optimizer, "auto"], [self.optimizer, self.best_fixed]],
+                "text": self.text}
+
+
 def auto_verdict(auto: dict[str, Any], cells: list[dict[str, Any]],
-                 settings: dict[str, Any]) -> dict[str, Any]:
+                 settings: VerdictSettings) -> AutoVerdict:
     """One optimizer's auto cell against its best fixed batch size: ``steps``, ``samples`` and
     ``time`` verdicts (A = auto, B = the fixed cell), the headline ``outcome`` the time's."""
     optimizer = auto["optimizer"]
     fixed = [c for c in cells if c["optimizer"] == optimizer and c.get("reached")
              and c.get("time_to_target") is not None]
-    record: dict[str, Any] = {"optimizer": optimizer, "auto": auto.get("auto"),
-                              "label": auto_label(auto)}
     if not fixed:
-        return {**record, "best_fixed": None, "outcome": "not_resolved", "resolved": False,
-                "seeds": 0, "text": f"{optimizer}: {auto_label(auto)} not compared: no fixed "
-                                    "batch size reached the target"}
+        return AutoVerdict(optimizer, auto.get("auto"), auto_label(auto),
+                           f"{optimizer}: {auto_label(auto)} not compared: no fixed "
+                           "batch size reached the target")
     best = min(fixed, key=lambda c: c["time_to_target"])
     size = int(best["batch_size"])
     steps_b = {s: float(v) for s, v in (best.get("seed_steps") or {}).items()}
     per_step = cell_seconds_per_step(best) or math.nan
-    level, margin = settings["levels"], settings["margin"]
+    level, margin = settings.levels, settings.margin
     floor = rounding_sd([auto, best])
     bounds = (_budget(auto), _budget(best))
     steps = ratio_verdict(auto.get("seed_steps") or {}, steps_b, level=level, margin=margin,
@@ -65,11 +110,10 @@ def auto_verdict(auto: dict[str, Any], cells: list[dict[str, Any]],
             f"{outcome_text(times, 'auto', name_b, 'faster')}; steps: "
             f"{outcome_text(steps, 'auto', name_b, 'in fewer steps')}; samples: "
             f"{outcome_text(samples, 'auto', name_b, 'on fewer samples')}")
-    return {**record, "best_fixed": size, "steps": steps, "samples": samples, "time": times,
-            "outcome": times["outcome"], "resolved": times["resolved"], "seeds": times["seeds"],
-            "cells": [[optimizer, "auto"], [optimizer, size]], "text": text}
+    return AutoVerdict(optimizer, auto.get("auto"), auto_label(auto), text, size, steps,
+                       samples, times)
 
 
-def auto_verdicts(study: dict[str, Any], settings: dict[str, Any]) -> list[dict[str, Any]]:
+def auto_verdicts(study: dict[str, Any], settings: VerdictSettings) -> list[AutoVerdict]:
     """Every auto cell's verdict (none in a study without ``auto``)."""
     return [auto_verdict(cell, study["cells"], settings) for cell in study.get("auto_cells") or []]

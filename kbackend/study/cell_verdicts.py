@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kbackend.hardware.knee import curve_knee
@@ -25,6 +26,8 @@ from kbackend.study.verdicts import (
     DEFAULT_MARGIN,
     VERDICT_CONFIDENCE,
     LookLevels,
+    Verdict,
+    VerdictSettings,
     decide,
     difference_verdict,
     open_bound,
@@ -48,77 +51,99 @@ def not_resolved(n: int) -> str:
 def _span(interval: dict[str, Any] | None, spec: str = ".3g") -> str:
     if not interval or not interval.get("n"):
         return "-"
+    return _median_span(interval["median"], interval["low"], interval["high"], interval["n"],
+                        spec)
 
+
+def _median_span(median: float, low: float, high: float, n: int, spec: str) -> str:
+    """``median [low, high]`` (one value: the median alone; infinite: "never")."""
     def text(value: float) -> str:
         return "never" if math.isinf(value) else format(value, spec)
 
-    if interval["n"] == 1:
-        return text(interval["median"])
-    return f"{text(interval['median'])} [{text(interval['low'])}, {text(interval['high'])}]"
+    if n == 1:
+        return text(median)
+    return f"{text(median)} [{text(low)}, {text(high)}]"
 
 
 def _time_interval(cell: dict[str, Any]) -> dict[str, Any] | None:
     return (cell.get("intervals") or {}).get("time_to_target")
 
 
-def fastest_verdict(cells: list[dict[str, Any]], settings: dict[str, Any],
-                    step_times: dict[str, Any] | None = None) -> dict[str, Any]:
+def verdict_settings(study: dict[str, Any]) -> VerdictSettings:
+    """The seeds, margins and per-look interval level a study's verdicts are read with."""
+    config = study.get("config", {})
+    seeds = int(config.get("seeds", 1))
+    max_seeds = max(seeds, int(config.get("max_seeds") or seeds))
+    return VerdictSettings(seeds, max_seeds, LookLevels.of(seeds, max_seeds),
+                           float(config.get("margin", DEFAULT_MARGIN)),
+                           float(config.get("accuracy_margin", DEFAULT_ACCURACY_MARGIN)))
+
+
+@dataclass(frozen=True)
+class FastestVerdict:
+    """The fastest cell (``cell``: optimizer, batch size; None where no cell reached), the
+    cells it is not shown faster than (``ties``), over ``seeds`` paired seeds, and the
+    report's sentence."""
+
+    outcome: str
+    seeds: int
+    text: str
+    cell: tuple[str, int] | None = None
+    ties: tuple[str, ...] = ()
+
+    @property
+    def resolved(self) -> bool:
+        return self.outcome != "not_resolved"
+
+    def to_json(self) -> dict[str, Any]:
+        cell = None if self.cell is None else {"optimizer": self.cell[0],
+                                               "batch_size": self.cell[1]}
+        return {"resolved": self.resolved, "outcome": self.outcome, "seeds": self.seeds,
+                "cell": cell, "ties": list(self.ties), "text": self.text}
+
+
+def fastest_verdict(cells: list[dict[str, Any]], settings: VerdictSettings,
+                    step_times: dict[str, Any] | None = None) -> FastestVerdict:
     """The fastest cell, stated only where the paired-seed verdict on time to target
     (``time_verdict``, the interval the other verdicts use) finds it faster than every other
     cell; otherwise the cells it is equivalent to or cannot be told apart from."""
-    seeds = settings["seeds"]
     reached = [c for c in cells if c["reached"]]
     if not reached:
-        return {"resolved": False, "outcome": "not_resolved", "seeds": 0, "cell": None,
-                "ties": [], "text": "no cell reached the target"}
+        return FastestVerdict("not_resolved", 0, "no cell reached the target")
     leader = min(reached, key=lambda c: c["time_to_target"])
     name = f"{leader['optimizer']} at batch {leader['batch_size']}"
     versus = [(c, time_verdict(leader, c, settings, step_times)) for c in cells
               if c is not leader]
-    ties = [(c, v) for c, v in versus if v["outcome"] != "a"]
-    tie_names = [f"{c['optimizer']} at batch {c['batch_size']}" for c, _ in ties]
-    paired = min((v["seeds"] for _, v in versus), default=seeds)
+    ties = [(c, v) for c, v in versus if v.outcome != "a"]
+    tie_names = tuple(f"{c['optimizer']} at batch {c['batch_size']}" for c, _ in ties)
+    paired = min((v.seeds for _, v in versus), default=settings.seeds)
     shown = ", ".join(tie_names[:6]) + (
         f" and {len(tie_names) - 6} more" if len(tie_names) > 6 else "")
     time = f"{leader['time_to_target']:.3g} s"
     if not ties:
         outcome = "a"
         # the closest competitor: the largest leader/other ratio
-        _, closest = max(versus, key=lambda cv: cv[1]["estimate"], default=(None, None))
+        closest = max((v for _, v in versus), key=lambda v: v.estimate, default=None)
         figures = "" if closest is None else (
             f"; vs the next: A/B {span_text(closest)} ({paired} seeds, "
-            f"{closest['level']:.1%} interval)")
+            f"{closest.level:.1%} interval)")
         text = f"fastest: {name}, {time} to target, faster than every other cell{figures}"
-    elif all(v["outcome"] == "equivalent" for _, v in ties):
+    elif all(v.outcome == "equivalent" for _, v in ties):
         outcome = "equivalent"
         text = (f"fastest: {name}, {time} to target, equivalent within "
-                f"{settings['margin']:.0%} to {shown} ({paired} seeds)")
+                f"{settings.margin:.0%} to {shown} ({paired} seeds)")
     else:
         outcome = "not_resolved"
         text = f"fastest: {not_resolved(paired)}: {name} ({time}) not shown faster than {shown}"
-    return {"resolved": outcome != "not_resolved", "outcome": outcome, "seeds": paired,
-            "cell": {"optimizer": leader["optimizer"], "batch_size": leader["batch_size"]},
-            "ties": tie_names, "text": text}
-
-
-def verdict_settings(study: dict[str, Any]) -> dict[str, Any]:
-    """The seeds, margins and per-look interval level a study's verdicts are read with."""
-    config = study.get("config", {})
-    seeds = int(config.get("seeds", 1))
-    max_seeds = max(seeds, int(config.get("max_seeds") or seeds))
-    levels = LookLevels.of(seeds, max_seeds)
-    return {"seeds": seeds, "max_seeds": max_seeds, "looks": len(levels.schedule),
-            "level": levels.final, "levels": levels,
-            "margin": float(config.get("margin", DEFAULT_MARGIN)),
-            "accuracy_margin": float(config.get("accuracy_margin", DEFAULT_ACCURACY_MARGIN))}
+    return FastestVerdict(outcome, paired, text, _key(leader), tie_names)
 
 
 def _key(cell: dict[str, Any]) -> tuple[str, int]:
     return cell["optimizer"], cell["batch_size"]
 
 
-def time_verdict(a: dict[str, Any], b: dict[str, Any], settings: dict[str, Any],
-                 step_times: dict[str, Any] | None) -> dict[str, Any]:
+def time_verdict(a: dict[str, Any], b: dict[str, Any], settings: VerdictSettings,
+                 step_times: dict[str, Any] | None) -> Verdict:
     """Three-way on time to target: paired seeds' steps ratio times the paired rounds' step-time
     ratio (or, without timings, the cells' median seconds per step as a known factor)."""
     rounds = step_time_log_ratios(step_times, _key(a), _key(b))
@@ -128,11 +153,10 @@ def time_verdict(a: dict[str, Any], b: dict[str, Any], settings: dict[str, Any],
         scale = (a["time_to_target"] / a["steps_to_target"]) / \
             (b["time_to_target"] / b["steps_to_target"])
     verdict = ratio_verdict(a.get("seed_steps") or {}, b.get("seed_steps") or {},
-                            level=settings["levels"], margin=settings["margin"],
+                            level=settings.levels, margin=settings.margin,
                             floor_sd=rounding_sd([a, b]), round_log_ratios=rounds, scale=scale,
                             bounds=(_budget_steps(a), _budget_steps(b)))
-    verdict["cells"] = [list(_key(a)), list(_key(b))]
-    return verdict
+    return verdict.between(_key(a), _key(b))
 
 
 def _budget_steps(cell: dict[str, Any]) -> float | None:
@@ -143,9 +167,66 @@ def _budget_steps(cell: dict[str, Any]) -> float | None:
     return float(cell["steps_run"])
 
 
+class _OfVerdict:
+    """A finding whose outcome, resolution and seeds are those of its paired ``verdict``."""
+
+    verdict: Verdict
+
+    @property
+    def outcome(self) -> str:
+        return self.verdict.outcome
+
+    @property
+    def resolved(self) -> bool:
+        return self.verdict.resolved
+
+    @property
+    def seeds(self) -> int:
+        return self.verdict.seeds
+
+
+@dataclass(frozen=True)
+class BatchVerdict(_OfVerdict):
+    """One batch size of an optimizer comparison: the time verdict (A = the challenger), the
+    optimizer it finds faster (None: neither) and each optimizer's time to target as text."""
+
+    batch_size: int
+    faster: str | None
+    verdict: Verdict
+    times: dict[str, str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"batch_size": self.batch_size, "faster": self.faster, "outcome": self.outcome,
+                "resolved": self.resolved, "seeds": self.seeds,
+                "verdict": self.verdict.to_json(), **self.times}
+
+
+@dataclass(frozen=True)
+class OptimizerComparison:
+    """``challenger`` against ``incumbent`` per batch size (``per_batch``), the crossover batch
+    size from which the challenger is faster (``batch_size``; None: none shown) and the
+    report's sentence."""
+
+    challenger: str
+    incumbent: str
+    per_batch: tuple[BatchVerdict, ...]
+    batch_size: int | None
+    text: str
+
+    @property
+    def resolved(self) -> bool:
+        """Every batch size's verdict is answered (and there is at least one)."""
+        return bool(self.per_batch) and all(p.resolved for p in self.per_batch)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"challenger": self.challenger, "incumbent": self.incumbent,
+                "per_batch": [p.to_json() for p in self.per_batch],
+                "batch_size": self.batch_size, "resolved": self.resolved, "text": self.text}
+
+
 def optimizer_comparison(cells: list[dict[str, Any]], challenger: str, incumbent: str,
-                         settings: dict[str, Any],
-                         step_times: dict[str, Any] | None = None) -> dict[str, Any] | None:
+                         settings: VerdictSettings,
+                         step_times: dict[str, Any] | None = None) -> OptimizerComparison | None:
     """Per batch size, a three-way verdict on time to target (challenger = A, incumbent = B),
     and the crossover batch size where the resolved verdicts show one."""
     grouped = by_optimizer(cells)
@@ -156,36 +237,30 @@ def optimizer_comparison(cells: list[dict[str, Any]], challenger: str, incumbent
     per_batch = []
     for size in sorted(set(a) & set(b)):
         verdict = time_verdict(a[size], b[size], settings, step_times)
-        winner = {"a": challenger, "b": incumbent}.get(verdict["outcome"])
-        per_batch.append({"batch_size": size, "faster": winner, "outcome": verdict["outcome"],
-                          "resolved": verdict["resolved"], "seeds": verdict["seeds"],
-                          "verdict": verdict,
-                          challenger: _span(_time_interval(a[size]), ".3g"),
-                          incumbent: _span(_time_interval(b[size]), ".3g")})
-    outcomes = [p["outcome"] for p in per_batch]
-    result: dict[str, Any] = {"challenger": challenger, "incumbent": incumbent,
-                              "per_batch": per_batch, "batch_size": None,
-                              "resolved": bool(outcomes) and "not_resolved" not in outcomes}
+        per_batch.append(BatchVerdict(
+            size, {"a": challenger, "b": incumbent}.get(verdict.outcome), verdict,
+            {challenger: _span(_time_interval(a[size]), ".3g"),
+             incumbent: _span(_time_interval(b[size]), ".3g")}))
+    outcomes = [p.outcome for p in per_batch]
     # A crossover: from some batch size up the challenger is faster at every size, and below it
     # every verdict is resolved the other way or equivalent.
-    split = len(outcomes)
+    split, crossover = len(outcomes), None
     while split > 0 and outcomes[split - 1] == "a":
         split -= 1
     if 0 < split < len(outcomes) and all(o in ("b", "equivalent") for o in outcomes[:split]):
-        result["batch_size"] = per_batch[split]["batch_size"]
+        crossover = per_batch[split].batch_size
     groups: dict[str, list[str]] = {}
     for p in per_batch:
         label = {"a": f"{challenger} faster", "b": f"{incumbent} faster",
-                 "equivalent": f"equivalent within {settings['margin']:.0%}"}.get(
-            p["outcome"], f"not resolved after {p['verdict']['seeds']} seeds")
-        bound = open_bound(p["verdict"])
-        groups.setdefault(label, []).append(f"{p['batch_size']}"
-                                            + (f" ({bound})" if bound else ""))
-    result["text"] = "; ".join(f"{label} at batch {', '.join(sizes)}"
-                               for label, sizes in groups.items()) or "no common batch size"
-    if result["batch_size"] is not None:
-        result["text"] += f" (crossover: {challenger} from batch {result['batch_size']} up)"
-    return result
+                 "equivalent": f"equivalent within {settings.margin:.0%}"}.get(
+            p.outcome, f"not resolved after {p.verdict.seeds} seeds")
+        bound = open_bound(p.verdict)
+        groups.setdefault(label, []).append(f"{p.batch_size}" + (f" ({bound})" if bound else ""))
+    text = "; ".join(f"{label} at batch {', '.join(sizes)}"
+                     for label, sizes in groups.items()) or "no common batch size"
+    if crossover is not None:
+        text += f" (crossover: {challenger} from batch {crossover} up)"
+    return OptimizerComparison(challenger, incumbent, tuple(per_batch), crossover, text)
 
 
 def region_of(exponent: float) -> str:
@@ -197,7 +272,30 @@ def region_of(exponent: float) -> str:
     return "diminishing returns"
 
 
-def region_verdicts(group: list[dict[str, Any]], settings: dict[str, Any]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class RegionVerdict(_OfVerdict):
+    """One scaling step between neighbouring reached batch sizes: the steps verdict (A = the
+    smaller batch), the median exponent and its range over that paired interval, its region
+    and whether the whole range is one region (``region_resolved``)."""
+
+    from_batch: int
+    to_batch: int
+    exponent: float
+    exponent_low: float
+    exponent_high: float
+    region: str
+    region_resolved: bool
+    verdict: Verdict
+
+    def to_json(self) -> dict[str, Any]:
+        return {"from": self.from_batch, "to": self.to_batch, "exponent": self.exponent,
+                "exponent_low": self.exponent_low, "exponent_high": self.exponent_high,
+                "region": self.region, "region_resolved": self.region_resolved,
+                "resolved": self.resolved, "outcome": self.outcome, "seeds": self.seeds,
+                "verdict": self.verdict.to_json()}
+
+
+def region_verdicts(group: list[dict[str, Any]], settings: VerdictSettings) -> list[RegionVerdict]:
     """Each segment between neighbouring reached batch sizes B1 < B2: a three-way verdict on
     steps to target (A = B1, B = B2: ``b`` = the larger batch needs fewer steps, ``equivalent``
     = the same within the margin) and the range of its scaling exponent over that paired
@@ -208,23 +306,41 @@ def region_verdicts(group: list[dict[str, Any]], settings: dict[str, Any]) -> li
         span = math.log(c2["batch_size"] / c1["batch_size"])
         exponent = math.log(c1["steps_to_target"] / c2["steps_to_target"]) / span
         verdict = ratio_verdict(c1.get("seed_steps") or {}, c2.get("seed_steps") or {},
-                                level=settings["levels"], margin=settings["margin"],
-                                floor_sd=rounding_sd([c1, c2]))
-        verdict["cells"] = [list(_key(c1)), list(_key(c2))]
+                                level=settings.levels, margin=settings.margin,
+                                floor_sd=rounding_sd([c1, c2])).between(_key(c1), _key(c2))
         low = high = math.nan
-        if verdict["seeds"] >= 2 and verdict["low"] > 0 and math.isfinite(verdict["high"]):
+        if verdict.seeds >= 2 and verdict.low > 0 and math.isfinite(verdict.high):
             # steps ratio B1/B2 = A/B: the exponent grows with it
-            low, high = math.log(verdict["low"]) / span, math.log(verdict["high"]) / span
+            low, high = math.log(verdict.low) / span, math.log(verdict.high) / span
         region_resolved = math.isfinite(low) and region_of(low) == region_of(high)
-        segments.append({"from": c1["batch_size"], "to": c2["batch_size"], "exponent": exponent,
-                         "exponent_low": low, "exponent_high": high,
-                         "region": region_of(exponent), "region_resolved": region_resolved,
-                         "resolved": verdict["resolved"], "outcome": verdict["outcome"],
-                         "seeds": verdict["seeds"], "verdict": verdict})
+        segments.append(RegionVerdict(c1["batch_size"], c2["batch_size"], exponent, low, high,
+                                      region_of(exponent), region_resolved, verdict))
     return segments
 
 
-def critical_batch_over_seeds(group: list[dict[str, Any]]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class CriticalBatch:
+    """B_crit fitted to each seed's steps-to-target curve: the median over ``n`` seed fits with
+    its order-statistic interval [``low``, ``high``] and that interval's ``coverage``
+    (``stats.median_interval``); ``seeds_without_knee``: seeds whose curve has no finite knee."""
+
+    median: float
+    low: float
+    high: float
+    n: int
+    coverage: float
+    seeds_without_knee: int
+
+    def span(self, spec: str = ".0f") -> str:
+        """``median [low, high]`` of the fits ("-" without any)."""
+        return _median_span(self.median, self.low, self.high, self.n, spec) if self.n else "-"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"median": self.median, "low": self.low, "high": self.high, "n": self.n,
+                "coverage": self.coverage, "seeds_without_knee": self.seeds_without_knee}
+
+
+def critical_batch_over_seeds(group: list[dict[str, Any]]) -> CriticalBatch:
     """B_crit fitted to each seed's steps-to-target curve (the seeds are independent replicas of
     the whole curve), as a median with its order-statistic interval; seeds whose curve has no
     finite knee are counted apart."""
@@ -238,26 +354,41 @@ def critical_batch_over_seeds(group: list[dict[str, Any]]) -> dict[str, Any]:
             values.append(knee["b_crit"])
         else:
             missing += 1
-    return {**median_interval(values), "seeds_without_knee": missing}
+    return CriticalBatch(**median_interval(values), seeds_without_knee=missing)
 
 
-def noise_agreement(b_crit: dict[str, Any], b_simple: float | None, seeds: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class NoiseAgreement:
+    """Whether the measured critical batch size lies within 2x of B_simple (``agree``; None
+    where the intervals do not settle it or nothing was measured), and the report's
+    sentence."""
+
+    resolved: bool
+    text: str
+    agree: bool | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        agree = {} if self.agree is None else {"agree": self.agree}
+        return {"resolved": self.resolved, **agree, "text": self.text}
+
+
+def noise_agreement(b_crit: CriticalBatch, b_simple: float | None,
+                    seeds: int) -> NoiseAgreement:
     """Does the gradient-noise estimate predict the measured critical batch size within 2x?"""
     if b_simple is None:
-        return {"resolved": False, "text": "B_simple not estimated: nothing to compare"}
-    if not b_crit.get("n"):
-        return {"resolved": False, "text": "no seed's steps curve has a knee inside the grid"}
+        return NoiseAgreement(False, "B_simple not estimated: nothing to compare")
+    if not b_crit.n:
+        return NoiseAgreement(False, "no seed's steps curve has a knee inside the grid")
     low, high = b_simple / 2, b_simple * 2
-    interval = f"B_crit {_span(b_crit, '.0f')} over {b_crit['n']} seed fits"
-    if b_crit["n"] >= 2 and b_crit["seeds_without_knee"] == 0:
-        if low <= b_crit["low"] and b_crit["high"] <= high:
-            return {"resolved": True, "agree": True,
-                    "text": f"{interval} lies within 2x of B_simple {b_simple:.0f}"}
-        if b_crit["high"] < low or b_crit["low"] > high:
-            return {"resolved": True, "agree": False,
-                    "text": f"{interval} lies outside 2x of B_simple {b_simple:.0f}"}
-    return {"resolved": False,
-            "text": f"{interval} vs B_simple {b_simple:.0f}: {not_resolved(seeds)}"}
+    interval = f"B_crit {b_crit.span('.0f')} over {b_crit.n} seed fits"
+    if b_crit.n >= 2 and b_crit.seeds_without_knee == 0:
+        if low <= b_crit.low and b_crit.high <= high:
+            return NoiseAgreement(True, f"{interval} lies within 2x of B_simple {b_simple:.0f}",
+                                  agree=True)
+        if b_crit.high < low or b_crit.low > high:
+            return NoiseAgreement(True, f"{interval} lies outside 2x of B_simple {b_simple:.0f}",
+                                  agree=False)
+    return NoiseAgreement(False, f"{interval} vs B_simple {b_simple:.0f}: {not_resolved(seeds)}")
 
 
 def seed_test_values(cell: dict[str, Any]) -> tuple[dict[str, float], str]:
@@ -270,24 +401,48 @@ def seed_test_values(cell: dict[str, Any]) -> tuple[dict[str, float], str]:
     return cell.get("seed_test") or {}, "target"
 
 
-def test_metric_verdict(a: dict[str, Any], b: dict[str, Any], settings: dict[str, Any],
-                        metric: str) -> dict[str, Any]:
+def test_metric_verdict(a: dict[str, Any], b: dict[str, Any], settings: VerdictSettings,
+                        metric: str) -> Verdict:
     """Three-way on the test metric (A better = A's value better by ``metric_direction``): a
     difference with the accuracy margin for metrics where larger is better (accuracies, within
     [0, 1]), a ratio with the relative margin for errors and losses."""
     values_a, source = seed_test_values(a)
     values_b, _ = seed_test_values(b)
     if metric_direction(metric) == "max":
-        verdict = difference_verdict(values_a, values_b, level=settings["levels"],
-                                     margin=settings["accuracy_margin"], larger_is_better=True)
+        verdict = difference_verdict(values_a, values_b, level=settings.levels,
+                                     margin=settings.accuracy_margin, larger_is_better=True)
     else:
-        verdict = ratio_verdict(values_a, values_b, level=settings["levels"],
-                                margin=settings["margin"])
-    verdict.update(cells=[list(_key(a)), list(_key(b))], source=source, metric=metric)
-    return verdict
+        verdict = ratio_verdict(values_a, values_b, level=settings.levels,
+                                margin=settings.margin)
+    return replace(verdict, cells=(_key(a), _key(b)), source=source, metric=metric)
 
 
-def generalization_verdict(group: list[dict[str, Any]], settings: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class GeneralizationVerdict:
+    """The test metric at the smallest (A) against the largest batch size (B): its verdict
+    (None where fewer than two batch sizes have test figures), whether the larger batch
+    generalizes ``lower``, ``higher`` or ``equivalent`` (None: not resolved) and the report's
+    sentence."""
+
+    outcome: str
+    seeds: int
+    text: str
+    larger_batch: str | None = None
+    verdict: Verdict | None = None
+
+    @property
+    def resolved(self) -> bool:
+        return self.outcome != "not_resolved"
+
+    def to_json(self) -> dict[str, Any]:
+        measured = {} if self.verdict is None else {"larger_batch": self.larger_batch,
+                                                    "verdict": self.verdict.to_json()}
+        return {"resolved": self.resolved, "outcome": self.outcome, "seeds": self.seeds,
+                **measured, "text": self.text}
+
+
+def generalization_verdict(group: list[dict[str, Any]],
+                           settings: VerdictSettings) -> GeneralizationVerdict:
     """The test metric at the smallest against the largest batch size (A = smallest): of the
     checkpoint with the best validation value within the frontier's equal budget where it was
     measured, else of the runs stopped at the target (both batch sizes must have reached it)."""
@@ -295,19 +450,18 @@ def generalization_verdict(group: list[dict[str, Any]], settings: dict[str, Any]
     candidates = measured if len(measured) >= 2 else \
         [c for c in group if c["reached"] and c.get("seed_test")]
     if len(candidates) < 2:
-        return {"resolved": False, "outcome": "not_resolved", "seeds": 0,
-                "text": "fewer than two batch sizes with test figures"}
+        return GeneralizationVerdict("not_resolved", 0,
+                                     "fewer than two batch sizes with test figures")
     small, big = candidates[0], candidates[-1]
     metric = small.get("test_metric_name") or "test_accuracy"
     verdict = test_metric_verdict(small, big, settings, metric)
     where = ("at the best validation checkpoint within the equal budget"
-             if verdict["source"] == "frontier" else "of the runs stopped at the target")
+             if verdict.source == "frontier" else "of the runs stopped at the target")
     text = (f"{metric} {where}, batch {small['batch_size']} (A) vs {big['batch_size']} (B): "
             + outcome_text(verdict, f"batch {small['batch_size']}", f"batch {big['batch_size']}",
                            "generalizes better"))
-    larger = {"a": "lower", "b": "higher", "equivalent": "equivalent"}.get(verdict["outcome"])
-    return {"resolved": verdict["resolved"], "outcome": verdict["outcome"],
-            "seeds": verdict["seeds"], "larger_batch": larger, "verdict": verdict, "text": text}
+    larger = {"a": "lower", "b": "higher", "equivalent": "equivalent"}.get(verdict.outcome)
+    return GeneralizationVerdict(verdict.outcome, verdict.seeds, text, larger, verdict)
 
 
 def measured_throughput(step_times: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -326,7 +480,24 @@ def measured_throughput(step_times: dict[str, Any] | None) -> list[dict[str, Any
     return curve
 
 
-def doubling_gains(step_times: dict[str, Any] | None, level: float) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class DoublingGain:
+    """The gain in samples/s from batch ``from_batch`` to ``to_batch`` per doubling (``gain``,
+    0.1 = 10%) with its interval [``low``, ``high``] over ``timings`` paired timings."""
+
+    from_batch: int
+    to_batch: int
+    timings: int
+    gain: float
+    low: float
+    high: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"from": self.from_batch, "to": self.to_batch, "timings": self.timings,
+                "gain": self.gain, "low": self.low, "high": self.high}
+
+
+def doubling_gains(step_times: dict[str, Any] | None, level: float) -> list[DoublingGain]:
     """Per neighbouring pair of timed batch sizes, the interval of samples/s at the larger over
     the smaller, per doubling: per-round log ratios (rounds pair) of every optimizer timed at
     both, pooled, Yuen's trimmed interval at ``level`` (``verdicts.trimmed_interval``)."""
@@ -342,13 +513,39 @@ def doubling_gains(step_times: dict[str, Any] | None, level: float) -> list[dict
             ratios = step_time_log_ratios(step_times, (optimizer, b1), (optimizer, b2))
             logs += [(r + math.log(b2 / b1)) * per_doubling for r in ratios or []]
         estimate, low, high = trimmed_interval(logs, level)
-        gains.append({"from": b1, "to": b2, "timings": len(logs), "gain": math.exp(estimate) - 1,
-                      "low": math.exp(low) - 1, "high": math.exp(high) - 1})
+        gains.append(DoublingGain(b1, b2, len(logs), math.exp(estimate) - 1,
+                                  math.exp(low) - 1, math.exp(high) - 1))
     return gains
 
 
+@dataclass(frozen=True)
+class KneeVerdict:
+    """The throughput knee (``batch_size``; ``plateau_reached``: the curve flattens inside the
+    grid) with every doubling's gain (``gains``; None where not measured), whether those
+    intervals settle it (``resolved``), the three-way ``outcome`` at the knee's doubling and
+    the report's sentence. Read over timed rounds, not seeds (its record's ``seeds``: null)."""
+
+    resolved: bool
+    outcome: str
+    batch_size: int | None
+    timings: int
+    text: str
+    plateau_reached: bool | None = None
+    gains: tuple[DoublingGain, ...] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        if self.gains is None:
+            return {"resolved": self.resolved, "outcome": self.outcome,
+                    "batch_size": self.batch_size, "seeds": None, "timings": self.timings,
+                    "text": self.text}
+        return {"resolved": self.resolved, "outcome": self.outcome,
+                "batch_size": self.batch_size, "plateau_reached": self.plateau_reached,
+                "seeds": None, "timings": self.timings,
+                "gains": [gain.to_json() for gain in self.gains], "text": self.text}
+
+
 def throughput_knee_verdict(step_times: dict[str, Any] | None,
-                            settings: dict[str, Any] | None = None) -> dict[str, Any]:
+                            settings: VerdictSettings | None = None) -> KneeVerdict:
     """The throughput knee (``kbackend.hardware.knee``'s definition: the first batch size whose
     next doubling gains less than 10% samples/s) with paired-round intervals of every gain:
     resolved when each gain before the knee is above 10% and the knee's own below, over their
@@ -358,42 +555,55 @@ def throughput_knee_verdict(step_times: dict[str, Any] | None,
     curve = measured_throughput(step_times)
     timings = min((p["n"] for p in curve), default=0)
     if len(curve) < 2 or any("low" not in p for p in curve):
-        return {"resolved": False, "outcome": "not_resolved", "batch_size": None, "seeds": None,
-                "timings": timings,
-                "text": "not measured: needs step timings at two or more batch sizes"}
+        return KneeVerdict(False, "not_resolved", None, timings,
+                           "not measured: needs step timings at two or more batch sizes")
     knee = curve_knee(curve)
-    level = (settings or {}).get("level", VERDICT_CONFIDENCE)
+    level = VERDICT_CONFIDENCE if settings is None else settings.level
     gains = doubling_gains(step_times, level)
     threshold = knee.min_gain
     resolved, outcome = True, "b"
     for index, gain in enumerate(gains):
         if index > knee.index:
             break
-        at_knee = index == knee.index and knee.plateau_reached
-        if at_knee:
+        if index == knee.index and knee.plateau_reached:  # at the knee
             edge = math.log1p(threshold)
-            low, high = math.log1p(max(gain["low"], -0.999999)), math.log1p(gain["high"])
+            low, high = math.log1p(max(gain.low, -0.999999)), math.log1p(gain.high)
             outcome = decide(low, high, edge, a_is_better_below=True)
-            resolved = resolved and gain["high"] < threshold
-        elif gain["low"] < threshold:
+            resolved = resolved and gain.high < threshold
+        elif gain.low < threshold:
             resolved = False
     if not resolved:
         outcome = "not_resolved"
     where = (f"batch {knee.batch_size}" if knee.plateau_reached else
              f"no plateau up to batch {knee.batch_size}")
-    figures = "; ".join(f"{g['from']}->{g['to']}: {g['gain']:+.0%} [{g['low']:+.0%}, "
-                        f"{g['high']:+.0%}]" for g in gains)
+    figures = "; ".join(f"{g.from_batch}->{g.to_batch}: {g.gain:+.0%} [{g.low:+.0%}, "
+                        f"{g.high:+.0%}]" for g in gains)
     text = (f"throughput knee (next doubling gains < {threshold:.0%}): {where} "
             f"({level:.1%} intervals over {timings} paired timings per batch size; gains per "
             f"doubling {figures})" if resolved else
             f"throughput knee: not resolved after {timings} timings per batch size (median "
             f"curve: {where}; gains per doubling {figures})")
-    return {"resolved": resolved, "outcome": outcome, "batch_size": knee.batch_size,
-            "plateau_reached": knee.plateau_reached, "seeds": None, "timings": timings,
-            "gains": gains, "text": text}
+    return KneeVerdict(resolved, outcome, knee.batch_size, timings, text, knee.plateau_reached,
+                       tuple(gains))
 
 
-def step_time_spread(step_times: dict[str, Any] | None) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class StepTimeSpread:
+    """How much the measured step times moved: the median and worst cell's slowest / fastest
+    round, and the neighbouring batch sizes whose samples/s overlap (they cannot be ranked)."""
+
+    median_ratio: float | None
+    worst: str | None
+    worst_ratio: float | None
+    unranked_neighbours: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"median_ratio": self.median_ratio, "worst": self.worst,
+                "worst_ratio": self.worst_ratio,
+                "unranked_neighbours": list(self.unranked_neighbours)}
+
+
+def step_time_spread(step_times: dict[str, Any] | None) -> StepTimeSpread | None:
     """How much the measured step times moved: max/min per cell, and the neighbouring batch
     sizes (same optimizer) whose samples/s intervals overlap, which cannot be ranked."""
     cells = (step_times or {}).get("cells", [])
@@ -414,6 +624,5 @@ def step_time_spread(step_times: dict[str, Any] | None) -> dict[str, Any] | None
                 overlaps.append(f"{optimizer} {c1['batch_size']}/{c2['batch_size']}")
     values = sorted(ratios.values())
     worst = max(ratios, key=lambda name: ratios[name]) if ratios else None
-    return {"median_ratio": statistics.median(values) if values else None,
-            "worst": worst, "worst_ratio": ratios.get(worst) if worst else None,
-            "unranked_neighbours": overlaps}
+    return StepTimeSpread(statistics.median(values) if values else None, worst,
+                          ratios.get(worst) if worst else None, tuple(overlaps))

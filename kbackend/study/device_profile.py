@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from kbackend.stats import log_log_interpolate, median_interval
 from kbackend.study.auto_verdicts import auto_label, auto_verdict
 from kbackend.study.cell_verdicts import fastest_verdict, verdict_settings
 from kbackend.study.summaries import cell_seconds_per_step, ranges_time
-from kbackend.study.verdicts import outcome_text
+from kbackend.study.verdicts import Verdict, outcome_text
 
 # A step time outside these bounds is no measurement of a train step (a nanosecond is a few
 # cycles; a day per step trains nothing): refused when the profile is read, so that the
@@ -224,19 +224,19 @@ def predict(study: dict[str, Any], profile: DeviceProfile) -> dict[str, Any]:
                 "seconds_per_step": {"median": p["seconds_per_step"]}}
                for c, p in zip(study["cells"], cells, strict=True)]
     fastest = fastest_verdict(proxies, settings)
-    fastest["text"] = fastest["text"].replace(" s to target", " s to target there")
+    fastest = replace(fastest, text=fastest.text.replace(" s to target", " s to target there"))
     autos, adaptive = [], []
     for cell in study.get("auto_cells") or []:
         predicted = _auto(cell, profile)
         autos.append(predicted)
         verdict = auto_verdict({**cell, "seed_times": predicted["seed_times"]}, proxies, settings)
         best = next((p for p in cells if p["optimizer"] == cell["optimizer"]
-                     and p["batch_size"] == verdict.get("best_fixed")), None)
+                     and p["batch_size"] == verdict.best_fixed), None)
         here = [c for c in study["cells"] if c["optimizer"] == cell["optimizer"]
                 and c.get("reached") and c.get("time_to_target") is not None]
         best_here = min(here, key=lambda c: c["time_to_target"]) if here else None
         adaptive.append({
-            **verdict, "time_to_target": predicted["time_to_target"],
+            **verdict.to_json(), "time_to_target": predicted["time_to_target"],
             "best_fixed_time": best["time_to_target"] if best else None,
             "ratio": _ratio(predicted["time_to_target"], best["time_to_target"] if best
                             else None),
@@ -245,7 +245,7 @@ def predict(study: dict[str, Any], profile: DeviceProfile) -> dict[str, Any]:
                                  if best_here else None)})
     return {"profile": profile.to_dict(), "time_model": "steps to target here x the profile's "
             "seconds per step (log-log interpolation between its batch sizes)",
-            "cells": cells, "auto_cells": autos, "fastest": fastest, "adaptive": adaptive}
+            "cells": cells, "auto_cells": autos, "fastest": fastest.to_json(), "adaptive": adaptive}
 
 
 def _fmt(value: Any, spec: str) -> str:
@@ -276,7 +276,7 @@ def conclusion_lines(study: dict[str, Any]) -> list[str]:
             f"Predicted on {device}, {x['optimizer']}: {x['label']} / the best fixed batch size "
             f"there ({x['best_fixed']}): time {_fmt(x['ratio'], '.2f')}x (here: "
             f"{_fmt(x['ratio_here'], '.2f')}x vs batch {x['best_fixed_here']}); paired seeds: "
-            f"{outcome_text(x['time'], 'auto', best, 'faster')}.")
+            f"{outcome_text(Verdict.from_json(x['time']), 'auto', best, 'faster')}.")
     return lines
 
 

@@ -30,7 +30,7 @@ from kbackend.io import atomic_write_text, check_output_folder, read_json
 from kbackend.models import MODELS
 from kbackend.reports import markdown_rows
 from kbackend.study import trust
-from kbackend.study.analysis import analyze
+from kbackend.study.analysis import Analysis, analyze
 from kbackend.study.config import StudyConfig
 from kbackend.study.device_profile import check_profile, load_profile, predict
 from kbackend.study.executor import RunExecutor, StudyRunner
@@ -264,7 +264,7 @@ def _run_with_progress(runner: StudyRunner, out: Path, console: Any, show_progre
     return study, events
 
 
-def _write_outputs(study: dict[str, Any], analysis: dict[str, Any], out: Path,
+def _write_outputs(study: dict[str, Any], analysis: Analysis, out: Path,
                    wall_time: float, started_at: float,
                    tensorboard: str | os.PathLike | None) -> dict[str, Any]:
     """The report, ``runs.csv`` and the TensorBoard runs; their paths. A failed write is a
@@ -295,8 +295,8 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
     cell's printed ``kbackend train`` command is run through it on ``confirm_seeds`` held-out
     seeds (``recommend.confirm``).
 
-    Returns ``{"study", "analysis", "paths", "wall_time", "executed", "skipped"}``. All input
-    checks run before any training.
+    Returns ``{"study", "analysis", "paths", "wall_time", "executed", "skipped"}`` (``analysis``:
+    the typed ``analysis.Analysis``). All input checks run before any training.
     """
     console = console or Console(stderr=True)
     out = Path(out_dir)
@@ -353,7 +353,7 @@ def _opened(store: RunStore | None, out: Path) -> Iterator[RunStore]:
         yield opened
 
 
-def print_results_of(study: dict[str, Any], analysis: dict[str, Any], wall_line: str,
+def print_results_of(study: dict[str, Any], analysis: Analysis, wall_line: str,
                      account: dict[str, Any]) -> None:
     """The console's answer and wall time first, then the table and the findings, then where
     the time went."""
@@ -490,7 +490,8 @@ def compare(summaries: list[dict[str, Any]]) -> str:
 
 def _verdict_texts(analysis: dict[str, Any]) -> tuple[str, str, str]:
     """The fastest cell, the throughput knee and the optimizer crossovers as the study's report
-    states them: with the seeds' intervals ("not resolved at N seeds" where they overlap).
+    states them: with the seeds' intervals ("not resolved at N seeds" where they overlap). Read
+    from a stored summary's JSON (``Analysis.to_json``), old files included.
     Summaries written before the study had seeds give their medians' answers."""
     verdicts = analysis.get("verdicts")
     if verdicts:

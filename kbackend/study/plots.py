@@ -13,6 +13,7 @@ import numpy as np
 from kbackend.escaping import plot_text
 from kbackend.hardware.knee import DEFAULT_MIN_GAIN
 from kbackend.io import atomic_write
+from kbackend.study.analysis import Analysis
 from kbackend.task import metric_direction
 
 PLOTS = ("loss_trajectories.png", "steps_to_target.png", "time_to_target.png",
@@ -74,7 +75,7 @@ def _thin(*columns: np.ndarray) -> list[np.ndarray]:
     return [np.asarray(c)[index] for c in columns]
 
 
-def write_plots(study: dict[str, Any], analysis: dict[str, Any], out: Path) -> dict[str, Path]:
+def write_plots(study: dict[str, Any], analysis: Analysis, out: Path) -> dict[str, Path]:
     """Every plot of the report, as PNG files under ``out``."""
     return {
         "loss_trajectories.png": _plot_trajectories(study, out / "loss_trajectories.png"),
@@ -203,14 +204,14 @@ def _plot_trajectories(study: dict[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
-def _plot_steps(study: dict[str, Any], analysis: dict[str, Any], path: Path) -> Path:
+def _plot_steps(study: dict[str, Any], analysis: Analysis, path: Path) -> Path:
     plt = _pyplot()
     optimizers = _optimizers(study)
     colours = optimizer_colours(study)
     fig, axes = plt.subplots(1, len(optimizers), figsize=(4.5 * len(optimizers), 4), squeeze=False)
-    b_simple = analysis.get("b_simple")
+    b_simple = analysis.b_simple
     for ax, optimizer in zip(axes[0], optimizers, strict=True):
-        info = analysis["per_optimizer"][optimizer]
+        info = analysis.per_optimizer[optimizer]
         for segment in info["regions"]:
             ax.axvspan(segment["from"], segment["to"], color=REGION_COLOURS[segment["region"]],
                        alpha=0.15, lw=0)
@@ -289,7 +290,7 @@ def _auto_line(ax: Any, study: dict[str, Any], optimizer: str, name: str, colour
                 label=f"{optimizer} auto {low}-{high}: {value:.3g} {unit}")
 
 
-def _plot_throughput(study: dict[str, Any], analysis: dict[str, Any], path: Path) -> Path:
+def _plot_throughput(study: dict[str, Any], analysis: Analysis, path: Path) -> Path:
     plt = _pyplot()
     colours = optimizer_colours(study)
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -306,14 +307,14 @@ def _plot_throughput(study: dict[str, Any], analysis: dict[str, Any], path: Path
         ax.fill_between(sizes, sizes / np.array([p["high"] for p in per_step]),
                         sizes / np.array([p["low"] for p in per_step]),
                         color=colours[optimizer], alpha=0.2, lw=0)
-    curve = analysis["throughput"]
+    curve = analysis.throughput
     if not timed and curve:  # no timings apart: the runs' own clocks
         ax.plot([p["batch_size"] for p in curve], [p["samples_per_s"] for p in curve], "o-",
                 color="k", label="median over runs (run clocks)")
-    if analysis["throughput_knee"]:
-        ax.axvline(analysis["throughput_knee"], color="grey", ls="--",
+    if analysis.throughput_knee:
+        ax.axvline(analysis.throughput_knee, color="grey", ls="--",
                    label=f"knee (next doubling < {DEFAULT_MIN_GAIN:.0%}): "
-                         f"{analysis['throughput_knee']}")
+                         f"{analysis.throughput_knee}")
     ax.set(xscale="log", yscale="log", xlabel="batch size",
            ylabel="samples/s (median, band: [min, max])", title="Training throughput")
     _batch_ticks(ax, [p["batch_size"] for p in curve])
@@ -322,7 +323,7 @@ def _plot_throughput(study: dict[str, Any], analysis: dict[str, Any], path: Path
     return _save(fig, path)
 
 
-def _plot_noise(study: dict[str, Any], analysis: dict[str, Any], path: Path) -> Path:
+def _plot_noise(study: dict[str, Any], analysis: Analysis, path: Path) -> Path:
     """B_simple at each measurement point: steps on a linear axis from 0 (no symlog, so no
     ticks at negative steps and step 0 drawn at 0), every point inside the axes; points whose
     estimate is not positive are marked "not estimated" along the bottom, never plotted as
@@ -355,7 +356,7 @@ def _plot_noise(study: dict[str, Any], analysis: dict[str, Any], path: Path) -> 
         steps = [p["step"] for p in noise["points"]]
         margin = max(1.0, 0.05 * (max(steps) - min(steps)))
         ax.set_xlim(min(steps) - margin, max(steps) + margin)
-    for optimizer, info in analysis["per_optimizer"].items():
+    for optimizer, info in analysis.per_optimizer.items():
         if info["knee"].get("b_crit"):
             estimated_values.append(info["knee"]["b_crit"])
             ax.axhline(info["knee"]["b_crit"], color=colours.get(optimizer, "k"), ls="--",

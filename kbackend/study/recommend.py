@@ -148,7 +148,7 @@ def recommendation(study: dict[str, Any]) -> dict[str, Any] | None:
     # The report's own paired verdict (``fastest_verdict``): a cell is tied unless it is shown
     # slower; equivalent within the margin is a tie too.
     tied = [c for c in cells if c is not best
-            and time_verdict(best, c, settings, study.get("step_times"))["outcome"] != "a"]
+            and time_verdict(best, c, settings, study.get("step_times")).outcome != "a"]
     mine = next((c for c in confirmed if (c["optimizer"], c["batch_size"])
                  == (best["optimizer"], best["batch_size"])), None)
     return {"optimizer": best["optimizer"], "batch_size": best["batch_size"],

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from kbackend.escaping import console_text, markdown_text
 from kbackend.reports import markdown_rows, write_json_and_markdown
+from kbackend.study.analysis import Analysis
 from kbackend.study.auto_verdicts import AUTO_TIME_MODEL
 from kbackend.study.device_profile import report_section as profile_section
 from kbackend.study.plots import PLOTS, write_plots
@@ -80,7 +81,7 @@ def fitting_columns(header: list[str], rows: list[list[str]], width: int) -> lis
     return keep
 
 
-def print_table(study: dict[str, Any], analysis: dict[str, Any], console: Any = None) -> None:
+def print_table(study: dict[str, Any], analysis: Analysis, console: Any = None) -> None:
     """The per-cell table (the columns that fit the console, at most ``CONSOLE_WIDTH``; every
     column is in the report) and the conclusions, printed with rich. The scaling exponents
     along each optimizer's batch sizes are in the report only."""
@@ -108,7 +109,7 @@ def print_table(study: dict[str, Any], analysis: dict[str, Any], console: Any = 
         console.print(f"- {console_text(line)}", highlight=False)
 
 
-def markdown(study: dict[str, Any], analysis: dict[str, Any], wall_time: float | None) -> str:
+def markdown(study: dict[str, Any], analysis: Analysis, wall_time: float | None) -> str:
     """The markdown report."""
     config, env, info = study["config"], study["env"], study["dataset"]
     target = config["target"]
@@ -191,7 +192,7 @@ def auto_section(study: dict[str, Any]) -> list[str]:
     return lines
 
 
-def write_report(study: dict[str, Any], analysis: dict[str, Any], out_dir: str | Path,
+def write_report(study: dict[str, Any], analysis: Analysis, out_dir: str | Path,
                  wall_time: float | None = None) -> dict[str, Path]:
     """Write report.md, summary.json and the plots under ``out_dir``; return their paths."""
     out = Path(out_dir)
@@ -204,9 +205,10 @@ def write_report(study: dict[str, Any], analysis: dict[str, Any], out_dir: str |
     return paths
 
 
-def summary_payload(study: dict[str, Any], analysis: dict[str, Any],
+def summary_payload(study: dict[str, Any], analysis: Analysis,
                     wall_time: float | None) -> dict[str, Any]:
-    """The study without its trajectories, plus the analysis: what ``study compare`` reads."""
+    """The study without its trajectories, plus the analysis: what ``study compare`` reads. The
+    one place the analysis becomes JSON (``Analysis.to_json``)."""
     runs = [{"key": r["key"], "config": {k: r["config"].get(k) for k in (
                  "batch_size", "learning_rate", "seed", "max_steps", "eval_every",
                  "fused_steps")},
@@ -220,7 +222,7 @@ def summary_payload(study: dict[str, Any], analysis: dict[str, Any],
             **({"auto_cells": study["auto_cells"]} if study.get("auto_cells") else {}),
             **({"device_profile": study["device_profile"]} if study.get("device_profile")
                else {}),
-            "analysis": analysis, "wall_time": wall_time}
+            "analysis": analysis.to_json(), "wall_time": wall_time}
 
 
 # -- plots -----------------------------------------------------------------------------------

@@ -4,14 +4,17 @@ verdicts, the frontier and the caveats (markdown lines; ``report`` puts them tog
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from kbackend.hardware.knee import DEFAULT_MIN_GAIN
 from kbackend.reports import markdown_rows
+from kbackend.study.analysis import Analysis, StudyVerdicts
 from kbackend.study.auto_verdicts import auto_label
+from kbackend.study.cell_verdicts import RegionVerdict
 from kbackend.study.device_profile import conclusion_lines as profile_conclusions
 from kbackend.study.plots import pareto_cells
-from kbackend.study.verdicts import outcome_text
+from kbackend.study.verdicts import VERDICT_CONFIDENCE, outcome_text
 from kbackend.task import metric_direction
 
 
@@ -69,79 +72,70 @@ def table_rows(study: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def _regions_text(segments: list[dict[str, Any]]) -> str:
+def _regions_text(segments: Sequence[RegionVerdict]) -> str:
     parts = []
     for s in segments:
-        k = f"k={s['exponent']:.2f}"
-        if s.get("exponent_low") is not None and math.isfinite(s.get("exponent_low", math.nan)):
-            k += f" [{s['exponent_low']:.2f}, {s['exponent_high']:.2f}]"
-        resolved = s.get("region_resolved", s.get("resolved"))
-        label = s["region"] if resolved else f"region not resolved (median: {s['region']})"
-        steps = ""
-        if s.get("verdict"):
-            steps = {"b": "; fewer steps at the larger batch",
-                     "a": "; more steps at the larger batch",
-                     "equivalent": f"; steps equal within {s['verdict']['margin']:.0%}"}.get(
-                s["outcome"], "; steps not resolved")
-            steps += f", {s['verdict']['seeds']} seeds"
-        parts.append(f"{s['from']}->{s['to']}: {label} ({k}{steps})")
+        k = f"k={s.exponent:.2f}"
+        if math.isfinite(s.exponent_low):
+            k += f" [{s.exponent_low:.2f}, {s.exponent_high:.2f}]"
+        label = s.region if s.region_resolved else f"region not resolved (median: {s.region})"
+        steps = {"b": "; fewer steps at the larger batch",
+                 "a": "; more steps at the larger batch",
+                 "equivalent": f"; steps equal within {s.verdict.margin:.0%}"}.get(
+            s.outcome, "; steps not resolved")
+        parts.append(f"{s.from_batch}->{s.to_batch}: {label} ({k}{steps}, "
+                     f"{s.verdict.seeds} seeds)")
     return ", ".join(parts)
 
 
-def conclusions(study: dict[str, Any], analysis: dict[str, Any],
-                scaling: bool = True) -> list[str]:
+def conclusions(study: dict[str, Any], analysis: Analysis, scaling: bool = True) -> list[str]:
     """One line per finding, for the terminal and the markdown report: each verdict only where
     the intervals of the compared cells separate. ``scaling=False`` (the terminal) leaves out
     each optimizer's critical batch and scaling exponents (the report has them)."""
     target = study["config"]["target"]
-    verdicts = analysis.get("verdicts") or {}
+    verdicts = analysis.verdicts
     lines = []
-    best = analysis["best"]
+    best = analysis.best
     if best:
         lines.append(
             f"Fastest median to {target['metric']} {target['value']:g}: {best['optimizer']} at "
             f"batch {best['batch_size']} (lr {best['learning_rate']:g}), "
             f"{best['time_to_target']:.2f} s of training, "
             f"{format_value(best['steps_to_target'], '.0f')} steps.")
+        lines.append(verdicts.fastest.text[0].upper() + verdicts.fastest.text[1:] + ".")
     else:
         lines.append(f"No cell reached {target['metric']} {target['value']:g} within its budget.")
-    if verdicts.get("fastest") and best:
-        lines.append(verdicts["fastest"]["text"][0].upper() + verdicts["fastest"]["text"][1:] + ".")
-    for optimizer, info in analysis["per_optimizer"].items() if scaling else ():
+    for optimizer, info in analysis.per_optimizer.items() if scaling else ():
         knee = info["knee"]
         knee_text = (f"B_crit ~ {knee['b_crit']:.0f} (S_min ~ {knee['s_min']:.0f} steps, "
                      "median fit)" if knee.get("b_crit") else knee.get("note", ""))
-        per = (verdicts.get("per_optimizer") or {}).get(optimizer, {})
-        segments = per.get("regions", info["regions"])
+        segments = verdicts.per_optimizer[optimizer].regions
         missing = f"; not reached at {info['not_reached']}" if info["not_reached"] else ""
         lines.append(f"{optimizer}: {knee_text}. "
                      f"{_regions_text(segments) or 'too few reached cells for regions'}{missing}.")
-    knee = verdicts.get("throughput_knee")
-    if knee and knee.get("batch_size") is not None:
-        lines.append(knee["text"][0].upper() + knee["text"][1:] + ".")
-    elif analysis["throughput_knee"] is not None:
-        plateau = "" if analysis.get("throughput_plateau_reached", True) else \
+    knee = verdicts.throughput_knee
+    if knee.batch_size is not None:
+        lines.append(knee.text[0].upper() + knee.text[1:] + ".")
+    elif analysis.throughput_knee is not None:
+        plateau = "" if analysis.throughput_plateau_reached else \
             "; no plateau yet: larger batches may still gain"
         lines.append(f"Throughput knee (next doubling gains < {DEFAULT_MIN_GAIN:.0%} samples/s, "
-                     f"from the runs' own clocks): batch {analysis['throughput_knee']}{plateau}.")
+                     f"from the runs' own clocks): batch {analysis.throughput_knee}{plateau}.")
     noise = study.get("noise")
     if noise:
-        b_simple = analysis.get("b_simple")
+        b_simple = analysis.b_simple
         head = (f"Gradient noise scale B_simple ~ {b_simple:.0f} over training"
                 if b_simple is not None else
-                f"Gradient noise scale B_simple {analysis.get('b_simple_note') or 'not estimated'}")
+                f"Gradient noise scale B_simple {analysis.b_simple_note or 'not estimated'}")
         lines.append(
             f"{head} ({noise['optimizer']}, batch {noise['batch_size']}, batch pair "
             f"{noise['small_batch']}/{noise['big_batch']}; per point: "
             + ", ".join(f"step {p['step']}: {_point_b_simple(p)}" for p in noise["points"]) + ").")
-    for x in verdicts.get("optimizers", []):
-        lines.append(f"{x['challenger']} vs {x['incumbent']}: {x['text']}.")
-    for x in verdicts.get("adaptive", []):  # the auto cells against the best fixed batch sizes
-        lines.append(f"Adaptive batch size, {x['text']}.")
+    for x in verdicts.optimizers:
+        lines.append(f"{x.challenger} vs {x.incumbent}: {x.text}.")
+    for auto in verdicts.adaptive or ():  # the auto cells against the best fixed batch sizes
+        lines.append(f"Adaptive batch size, {auto.text}.")
     lines += profile_conclusions(study)  # --device-profile: predicted on another device
-    if not verdicts:
-        for x in analysis["crossovers"]:
-            lines.append(f"{x['challenger']} vs {x['incumbent']}: {x['note']}.")
     return lines
 
 
@@ -152,9 +146,9 @@ def _point_b_simple(point: dict[str, Any]) -> str:
     return f"{value:.0f}"
 
 
-def _seeds_note(verdicts: dict[str, Any]) -> str:
-    added = verdicts.get("added_seeds") or {}
-    schedule = added.get("schedule") or [verdicts.get("seeds", 1)]
+def _seeds_note(verdicts: StudyVerdicts) -> str:
+    added = verdicts.added_seeds or {}
+    schedule = added.get("schedule") or [verdicts.settings.seeds]
     if len(schedule) < 2:
         return (f"No seeds were added (--max-seeds equal to --seeds: {schedule[0]}), so every "
                 "verdict was read once.")
@@ -166,61 +160,56 @@ def _seeds_note(verdicts: dict[str, Any]) -> str:
             f"runs; stopped: {added.get('stopped')}. Each verdict says how many seeds it took.")
 
 
-def sources_section(study: dict[str, Any], analysis: dict[str, Any]) -> list[str]:
+def sources_section(study: dict[str, Any], analysis: Analysis) -> list[str]:
     """"What the sources claim, what this run shows": each claim with this run's three-way
     verdicts (A better, B better, equivalent within the margin, or not resolved after N seeds
     with the interval that remains)."""
-    verdicts = analysis.get("verdicts") or {}
-    level = verdicts.get("level", 0.9)
-    confidence = verdicts.get("confidence", 0.9)
+    verdicts = analysis.verdicts
+    settings = verdicts.settings
     lines = ["## What the sources claim, what this run shows", "",
              "Each comparison pairs the seeds (seed s starts every cell from the same weights "
              "and data order) and reads one interval: of the ratio A/B for times and steps "
              "(mean of the per-seed log ratios, t-interval; times add the paired step-time "
              "rounds), of the difference A - B for accuracies. It ends as A better, B better, "
-             f"*equivalent* (the interval inside +-{verdicts.get('margin', 0.1):.0%} for ratios, "
-             f"+-{100 * verdicts.get('accuracy_margin', 0.01):g} point for accuracies) or not "
-             f"resolved. Every interval is at level {level:.2%}: {verdicts.get('looks', 1)} "
+             f"*equivalent* (the interval inside +-{settings.margin:.0%} for ratios, "
+             f"+-{100 * settings.accuracy_margin:g} point for accuracies) or not "
+             f"resolved. Every interval is at level {settings.level:.2%}: {settings.looks} "
              f"look(s) at most, so the chance that a verdict is wrong is at most "
-             f"{1 - confidence:.0%} however the seed rounds stopped (Bonferroni over the looks; "
-             "coverage checked by simulation in tests/test_study_verdicts.py). "
+             f"{1 - VERDICT_CONFIDENCE:.0%} however the seed rounds stopped (Bonferroni over the "
+             "looks; coverage checked by simulation in tests/test_study_verdicts.py). "
              + _seeds_note(verdicts), ""]
     lines += ["**(a) SGD vs Adam across batch sizes.** Claim (the IPU article on batch sizes and "
               "optimizers): plain mini-batch SGD is the better choice at small batches, Adam at "
               "batches of hundreds. A = Adam, B = the other; time to target.", ""]
-    comparisons = verdicts.get("optimizers") or []
-    if not comparisons:
+    if not verdicts.optimizers:
         lines.append("- Not measured: the study needs both adam and sgd (or momentum).")
-    for x in comparisons:
-        lines.append(f"- {x['challenger']} vs {x['incumbent']}: {x['text']}.")
-        for p in x["per_batch"]:
-            v = p["verdict"]
-            lines.append(f"  - B={p['batch_size']}: " + outcome_text(
-                v, x["challenger"], x["incumbent"], "faster"))
+    for x in verdicts.optimizers:
+        lines.append(f"- {x.challenger} vs {x.incumbent}: {x.text}.")
+        for p in x.per_batch:
+            lines.append(f"  - B={p.batch_size}: " + outcome_text(
+                p.verdict, x.challenger, x.incumbent, "faster"))
     lines += ["", "**(b) Scaling regions and the critical batch size.** Claim (Shallue et al. "
               "2018; McCandlish et al. 2018): steps to target first halve with every doubling of "
               "the batch (perfect scaling), then fall less (diminishing returns), then not at all "
               "(saturation); the gradient noise scale B_simple predicts the critical batch size "
               "B_crit within a small factor. Each step: A = the smaller batch, B = the larger; "
               "its exponent range comes from the paired steps-ratio interval.", ""]
-    for optimizer, per in (verdicts.get("per_optimizer") or {}).items():
-        regions = _regions_text(per["regions"]) or "too few reached cells"
-        lines.append(f"- {optimizer}: {regions}. {per['noise_agreement']['text']}.")
-    if analysis.get("b_simple") is None and study.get("noise"):
-        lines.append(f"- B_simple {analysis.get('b_simple_note')}.")
+    for optimizer, per in verdicts.per_optimizer.items():
+        regions = _regions_text(per.regions) or "too few reached cells"
+        lines.append(f"- {optimizer}: {regions}. {per.noise_agreement.text}.")
+    if analysis.b_simple is None and study.get("noise"):
+        lines.append(f"- B_simple {analysis.b_simple_note}.")
     lines += ["", "**(c) Generalization.** Claim (Keskar et al. 2017, and the generalization-gap "
               "literature; the seed's caveat: larger batches may cost accuracy): larger batches "
               "reach lower test accuracy. Here: the test metric at the checkpoint with the best "
               "validation value within the frontier's equal budget (see the frontier below), "
               "smallest (A) vs largest (B) batch.", ""]
-    for optimizer, per in (verdicts.get("per_optimizer") or {}).items():
-        lines.append(f"- {optimizer}: {per['generalization']['text']}.")
+    for optimizer, per in verdicts.per_optimizer.items():
+        lines.append(f"- {optimizer}: {per.generalization.text}.")
     lines += ["", "**(d) The throughput knee of this hardware.** Claim: samples/s rise with the "
               "batch size until the device is saturated; past the knee a bigger batch buys "
-              "little speed.", ""]
-    knee = verdicts.get("throughput_knee") or {}
-    lines.append(f"- {knee.get('text', 'not measured')}.")
-    curve = analysis.get("throughput") or []
+              "little speed.", "", f"- {verdicts.throughput_knee.text}."]
+    curve = analysis.throughput
     if curve and "low" in curve[0]:
         lines.append("- samples/s per batch size: " + "; ".join(
             f"{p['batch_size']}: {p['samples_per_s']:,.0f} [{p['low']:,.0f}, {p['high']:,.0f}]"
@@ -255,7 +244,7 @@ def _span_of(interval: dict[str, Any], spec: str) -> str:
             f"{format_value(interval['high'], spec)}]")
 
 
-def frontier_section(study: dict[str, Any], analysis: dict[str, Any]) -> list[str]:
+def frontier_section(study: dict[str, Any], analysis: Analysis) -> list[str]:
     """The time-vs-accuracy frontier: table, its budget and the plot."""
     header, rows = frontier_rows(study)
     lines = ["## Time vs accuracy: the frontier", ""]
@@ -272,7 +261,7 @@ def frontier_section(study: dict[str, Any], analysis: dict[str, Any]) -> list[st
     return lines
 
 
-def caveats_section(study: dict[str, Any], analysis: dict[str, Any]) -> list[str]:
+def caveats_section(study: dict[str, Any], analysis: Analysis) -> list[str]:
     """What may bias the figures: machine load, step-time spread, the target's granularity."""
     lines = ["## Caveats", ""]
     load = study.get("machine_load")
@@ -283,7 +272,7 @@ def caveats_section(study: dict[str, Any], analysis: dict[str, Any]) -> list[str
                      "load that comes and goes affects every cell alike; the runs' own clocks "
                      "are kept in study.db but not ranked by.")
     step_times = study.get("step_times")
-    spread = (analysis.get("verdicts") or {}).get("step_time_spread")
+    spread = analysis.verdicts.step_time_spread
     if step_times and spread:
         engine = step_times.get("engine", "native")
         study_engine = step_times.get("study_engine", study["config"]["engine"])
@@ -291,13 +280,13 @@ def caveats_section(study: dict[str, Any], analysis: dict[str, Any]) -> list[str
                   ("" if engine == study_engine else
                    f" (the study trained with the {study_engine} engine, whose own step time is "
                    "not measured apart)"))
-        unranked = spread["unranked_neighbours"]
+        unranked = spread.unranked_neighbours
         lines.append(
             f"- Step times: {source}, {step_times['repeats']} interleaved rounds per cell"
             + (f", each timing whole calls for at least {1e3 * step_times['min_seconds']:.0f} ms "
                "or 32 steps" if step_times.get("min_seconds") else "") + ". "
-            f"Their spread (slowest / fastest round) is {spread['median_ratio']:.2f}x at the "
-            f"median cell, {spread['worst_ratio']:.2f}x at worst ({spread['worst']})."
+            f"Their spread (slowest / fastest round) is {spread.median_ratio:.2f}x at the "
+            f"median cell, {spread.worst_ratio:.2f}x at worst ({spread.worst})."
             + (f" Neighbouring batch sizes whose samples/s overlap and cannot be ranked: "
                f"{', '.join(unranked)}." if unranked else
                " Every pair of neighbouring batch sizes is separated in samples/s."))

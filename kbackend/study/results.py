@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kbackend.study import recommend
+from kbackend.study.analysis import Analysis
 
 
 @dataclass(frozen=True)
@@ -153,18 +154,18 @@ class CellRow:
 @dataclass(frozen=True)
 class StudyResult:
     """A finished study: ``best`` (the ``Recommendation``, None if no cell reached), ``rows``
-    (one ``CellRow`` per cell), ``report_path``, ``runs_path`` (``runs.csv``, one row per run)
-    and the raw ``study`` / ``analysis`` records."""
+    (one ``CellRow`` per cell), ``report_path``, ``runs_path`` (``runs.csv``, one row per
+    run), the raw ``study`` record and its typed ``analysis`` (``analysis.Analysis``)."""
 
     best: Recommendation | None
     rows: tuple[CellRow, ...]
     report_path: Path
     runs_path: Path | None = None
     study: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-    analysis: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    analysis: Analysis | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def of(cls, study: dict[str, Any], analysis: dict[str, Any], report_path: Path,
+    def of(cls, study: dict[str, Any], analysis: Analysis, report_path: Path,
            runs_path: Path | None = None) -> StudyResult:
         """The typed result of ``run_study``'s ``study`` and ``analysis``."""
         cells = [*study["cells"], *(study.get("auto_cells") or [])]

@@ -31,43 +31,42 @@ from kbackend.study.cell_verdicts import (
 from kbackend.study.config import AUTO_SEED_BUDGET_SHARE
 from kbackend.study.frontier import frontier_supported, measure_frontier
 from kbackend.study.runner_protocol import StudyRunnerLike
-from kbackend.study.verdicts import could_resolve, seed_schedule
+from kbackend.study.verdicts import Verdict, VerdictSettings, could_resolve, seed_schedule
 
 COMPARED = (("adam", "sgd"), ("adam", "momentum"))  # the report's optimizer comparisons
 
 
 def open_comparisons(cells: list[dict[str, Any]], step_times: dict[str, Any] | None,
-                     settings: dict[str, Any]) -> list[dict[str, Any]]:
-    """The comparisons the report answers, each with its verdict and the cells it reads
-    (``cells``: (optimizer, batch size) pairs)."""
+                     settings: VerdictSettings) -> list[tuple[str, Verdict]]:
+    """The comparisons the report answers: what each compares and its verdict (whose
+    ``cells`` are the (optimizer, batch size) pairs it reads)."""
     found = []
     for challenger, incumbent in COMPARED:
         comparison = optimizer_comparison(cells, challenger, incumbent, settings, step_times)
-        for entry in (comparison or {}).get("per_batch", []):
-            found.append({"what": f"{challenger} vs {incumbent} at batch {entry['batch_size']}",
-                          "verdict": entry["verdict"]})
+        for entry in comparison.per_batch if comparison is not None else ():
+            found.append((f"{challenger} vs {incumbent} at batch {entry.batch_size}",
+                          entry.verdict))
     by_optimizer: dict[str, list[dict[str, Any]]] = {}
     for cell in cells:
         by_optimizer.setdefault(cell["optimizer"], []).append(cell)
     for optimizer, group in by_optimizer.items():
         group.sort(key=lambda c: c["batch_size"])
         for segment in region_verdicts(group, settings):
-            found.append({"what": f"{optimizer} steps {segment['from']}->{segment['to']}",
-                          "verdict": segment["verdict"]})
+            found.append((f"{optimizer} steps {segment.from_batch}->{segment.to_batch}",
+                          segment.verdict))
         general = generalization_verdict(group, settings)
-        if "verdict" in general:
-            found.append({"what": f"{optimizer} generalization", "verdict": general["verdict"]})
+        if general.verdict is not None:
+            found.append((f"{optimizer} generalization", general.verdict))
     return found
 
 
 def cells_to_extend(cells: list[dict[str, Any]], step_times: dict[str, Any] | None,
-                    settings: dict[str, Any]) -> set[tuple[str, int]]:
+                    settings: VerdictSettings) -> set[tuple[str, int | str]]:
     """The cells of every comparison that is unresolved and could still resolve."""
-    wanted: set[tuple[str, int]] = set()
-    for comparison in open_comparisons(cells, step_times, settings):
-        verdict = comparison["verdict"]
-        if could_resolve(verdict, settings["max_seeds"], settings["level"]):
-            wanted.update(tuple(cell) for cell in verdict["cells"])
+    wanted: set[tuple[str, int | str]] = set()
+    for _, verdict in open_comparisons(cells, step_times, settings):
+        if could_resolve(verdict, settings.max_seeds, settings.level):
+            wanted.update(verdict.cells)
     return wanted
 
 
@@ -146,7 +145,7 @@ def extend_seeds(runner: StudyRunnerLike, cells: list[dict[str, Any]], runs: lis
     seconds spent against the budget and why the rounds stopped."""
     config = runner.config
     settings = verdict_settings({"config": config.to_dict()})
-    schedule = seed_schedule(config.seeds, settings["max_seeds"])
+    schedule = seed_schedule(config.seeds, settings.max_seeds)
     frontier = frontier_supported(runner)
     budget = seed_budget_seconds(config, runs) if len(schedule) > 1 or frontier else 0.0
     start = time.perf_counter()
@@ -171,7 +170,7 @@ def extend_seeds(runner: StudyRunnerLike, cells: list[dict[str, Any]], runs: lis
     frontier_seconds = _frontiers(runner, cells) if frontier else 0.0
     seconds = runner.time_spent.seconds_since(start, setup_before)
     runner.time_spent.added_seeds += seconds
-    return {"schedule": schedule, "max_seeds": settings["max_seeds"], "rounds": rounds,
+    return {"schedule": schedule, "max_seeds": settings.max_seeds, "rounds": rounds,
             "seconds": seconds, "recorded_seconds": seeds.spent,
             "frontier_seconds": frontier_seconds, "budget": budget or None,
             "stopped": stopped, "frontier_epochs": config.frontier_epochs if frontier else 0}

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -110,6 +110,28 @@ class LookLevels:
     def final(self) -> float:
         """The last look's level (what ``could_resolve`` asks of ``max_seeds`` seeds)."""
         return self.levels[-1]
+
+
+@dataclass(frozen=True)
+class VerdictSettings:
+    """The seeds, margins and per-look interval levels a study's verdicts are read with
+    (``cell_verdicts.verdict_settings``: from a study's config)."""
+
+    seeds: int
+    max_seeds: int
+    levels: LookLevels
+    margin: float
+    accuracy_margin: float
+
+    @property
+    def looks(self) -> int:
+        """How many times a comparison may be looked at (``seed_schedule``'s rounds)."""
+        return len(self.levels.schedule)
+
+    @property
+    def level(self) -> float:
+        """The last look's interval level."""
+        return self.levels.final
 
 
 Level = float | LookLevels
@@ -198,6 +220,63 @@ def decide(low: float, high: float, margin: float, a_is_better_below: bool) -> s
     return "not_resolved"
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """One three-way verdict on paired seeds: the interval [``low``, ``high``] around
+    ``estimate`` of the ratio A/B (``kind`` "ratio": times, steps) or the difference A - B
+    ("difference": accuracies) over ``seeds`` paired seeds at ``level``, and its ``outcome``
+    (one of ``OUTCOMES``) against ``margin``. ``censored``: a seed that never reached. ``sd``:
+    the per-seed spread and ``round_variance`` the step-time rounds' share of the variance
+    (None where no interval was computed), what ``could_resolve`` extrapolates. ``cells``: the
+    (optimizer, batch size) pairs compared; ``source`` and ``metric``: a test-metric verdict's.
+    ``look``: the seeds of the earlier look that answered it (``at_first_look``), else None."""
+
+    kind: str
+    seeds: int
+    level: float
+    margin: float
+    censored: bool
+    estimate: float
+    low: float
+    high: float
+    outcome: str
+    sd: float | None = None
+    round_variance: float | None = None
+    cells: tuple[tuple[str, int | str], ...] = ()
+    source: str | None = None
+    metric: str | None = None
+    look: int | None = None
+
+    @property
+    def resolved(self) -> bool:
+        """Whether the verdict is answered: A better, B better or equivalent."""
+        return self.outcome != "not_resolved"
+
+    def between(self, *cells: tuple[str, int | str]) -> Verdict:
+        """This verdict naming the cells it compares."""
+        return replace(self, cells=tuple(cells))
+
+    def to_json(self) -> dict[str, Any]:
+        """The verdict as the report's JSON record (fields without a value left out)."""
+        optional = {"sd": self.sd, "round_variance": self.round_variance,
+                    "cells": [list(cell) for cell in self.cells] or None,
+                    "source": self.source, "metric": self.metric, "look": self.look}
+        return {"kind": self.kind, "seeds": self.seeds, "level": self.level,
+                "margin": self.margin, "censored": self.censored, "estimate": self.estimate,
+                "low": self.low, "high": self.high, "outcome": self.outcome,
+                "resolved": self.resolved,
+                **{name: value for name, value in optional.items() if value is not None}}
+
+    @classmethod
+    def from_json(cls, record: dict[str, Any]) -> Verdict:
+        """The verdict a ``to_json`` record holds (a report section reading a stored record)."""
+        return cls(record["kind"], record["seeds"], record["level"], record["margin"],
+                   record["censored"], record["estimate"], record["low"], record["high"],
+                   record["outcome"], record.get("sd"), record.get("round_variance"),
+                   tuple((str(o), b) for o, b in record.get("cells") or ()),
+                   record.get("source"), record.get("metric"), record.get("look"))
+
+
 def _paired(a: dict[str, float], b: dict[str, float]) -> list[str]:
     return sorted(set(a) & set(b), key=lambda s: (len(s), s))
 
@@ -205,8 +284,8 @@ def _paired(a: dict[str, float], b: dict[str, float]) -> list[str]:
 Seeds = dict[str, float]
 
 
-def at_first_look(verdict_of: Callable[[Seeds, Seeds, float], dict[str, Any]], a: Seeds,
-                  b: Seeds, level: Level) -> dict[str, Any]:
+def at_first_look(verdict_of: Callable[[Seeds, Seeds, float], Verdict], a: Seeds,
+                  b: Seeds, level: Level) -> Verdict:
     """``verdict_of(a, b, level)`` on every seed the two share; where that is not resolved and
     ``level`` spreads the error over looks, the first earlier look that resolved it (look k:
     the first ``schedule[k]`` shared seeds, the seeds it had then, at ``levels[k]``), its
@@ -218,22 +297,22 @@ def at_first_look(verdict_of: Callable[[Seeds, Seeds, float], dict[str, Any]], a
     if not isinstance(level, LookLevels):
         return verdict_of(a, b, float(level))
     final = verdict_of(a, b, level.at(len(seeds)))
-    if final["resolved"]:
+    if final.resolved:
         return final
     for count, at_level in zip(level.schedule, level.levels, strict=True):
         if count >= len(seeds):
             break
         shared = seeds[:count]
         earlier = verdict_of({s: a[s] for s in shared}, {s: b[s] for s in shared}, at_level)
-        if earlier["resolved"]:
-            return {**earlier, "look": count}
+        if earlier.resolved:
+            return replace(earlier, look=count)
     return final
 
 
 def ratio_verdict(a: Seeds, b: Seeds, *, level: Level, margin: float,
                   floor_sd: float = 0.0, round_log_ratios: Sequence[float] | None = None,
                   scale: float = 1.0, bounds: tuple[float | None, float | None] = (None, None),
-                  ) -> dict[str, Any]:
+                  ) -> Verdict:
     """Smaller is better (times, steps): the interval of the ratio A/B over the seeds both have
     (dicts seed -> value; infinite: never reached), at the first look that resolves it
     (``at_first_look``). ``round_log_ratios``: the per-round log ratios of a second factor
@@ -245,39 +324,36 @@ def ratio_verdict(a: Seeds, b: Seeds, *, level: Level, margin: float,
         x, y, at, margin, floor_sd, round_log_ratios, scale, bounds), a, b, level)
 
 
-def _ratio_verdict(a: Seeds, b: Seeds, level: float, margin: float, floor_sd: float,
+def _ratio_verdict(a: Seeds, b: Seeds, at: float, margin: float, floor_sd: float,
                    round_log_ratios: Sequence[float] | None, scale: float,
-                   bounds: tuple[float | None, float | None]) -> dict[str, Any]:
+                   bounds: tuple[float | None, float | None]) -> Verdict:
     seeds = _paired(a, b)
     pairs = [(a[s], b[s]) for s in seeds]
     censored_a = any(math.isinf(x) for x, _ in pairs)
     censored_b = any(math.isinf(y) for _, y in pairs)
-    record: dict[str, Any] = {"kind": "ratio", "seeds": len(seeds), "level": level,
-                              "margin": margin, "censored": censored_a or censored_b}
+    unresolved = Verdict("ratio", len(seeds), at, margin, censored_a or censored_b, math.nan,
+                         math.nan, math.nan, "not_resolved")
     if (censored_a and censored_b) or not pairs:
-        return {**record, "estimate": math.nan, "low": math.nan, "high": math.nan,
-                "outcome": "not_resolved", "resolved": False}
+        return unresolved
     cap_a = bounds[0] or max((x for x, _ in pairs if math.isfinite(x)), default=math.nan)
     cap_b = bounds[1] or max((y for _, y in pairs if math.isfinite(y)), default=math.nan)
     logs = [math.log((x if math.isfinite(x) else cap_a) / (y if math.isfinite(y) else cap_b))
             for x, y in pairs]
     if any(math.isnan(v) for v in logs):
-        return {**record, "estimate": math.nan, "low": math.nan, "high": math.nan,
-                "outcome": "not_resolved", "resolved": False}
-    estimate, low, high = mean_interval(logs, level, floor_sd, round_log_ratios)
+        return unresolved
+    estimate, low, high = mean_interval(logs, at, floor_sd, round_log_ratios)
     round_var = trimmed_mean(round_log_ratios)[1] if round_log_ratios else 0.0
     shift = math.log(scale)
     outcome = decide(low + shift, high + shift, math.log1p(margin), a_is_better_below=True)
     if (censored_a and outcome != "b") or (censored_b and outcome != "a"):
         outcome = "not_resolved"
-    return {**record, "estimate": math.exp(estimate + shift), "low": math.exp(low + shift),
-            "high": math.exp(high + shift), "outcome": outcome,
-            "resolved": outcome != "not_resolved", "sd": _sd(logs, floor_sd),
-            "round_variance": round_var}
+    return replace(unresolved, estimate=math.exp(estimate + shift), low=math.exp(low + shift),
+                   high=math.exp(high + shift), outcome=outcome, sd=_sd(logs, floor_sd),
+                   round_variance=round_var)
 
 
 def difference_verdict(a: Seeds, b: Seeds, *, level: Level, margin: float,
-                       larger_is_better: bool) -> dict[str, Any]:
+                       larger_is_better: bool) -> Verdict:
     """The interval of the difference A - B over the seeds both have (accuracies: ``margin`` in
     the metric's own units, 0.01 = one point), at the first look that resolves it."""
     finite_a = {s: v for s, v in a.items() if math.isfinite(v)}
@@ -286,39 +362,38 @@ def difference_verdict(a: Seeds, b: Seeds, *, level: Level, margin: float,
                          finite_a, finite_b, level)
 
 
-def _difference_verdict(a: Seeds, b: Seeds, level: float, margin: float,
-                        larger_is_better: bool) -> dict[str, Any]:
+def _difference_verdict(a: Seeds, b: Seeds, at: float, margin: float,
+                        larger_is_better: bool) -> Verdict:
     seeds = _paired(a, b)
     diffs = [a[s] - b[s] for s in seeds]
-    estimate, low, high = mean_interval(diffs, level)
+    estimate, low, high = mean_interval(diffs, at)
     outcome = decide(low, high, margin, a_is_better_below=not larger_is_better) \
         if diffs else "not_resolved"
-    return {"kind": "difference", "seeds": len(seeds), "level": level, "margin": margin,
-            "censored": False, "estimate": estimate, "low": low, "high": high,
-            "outcome": outcome, "resolved": outcome != "not_resolved", "sd": _sd(diffs, 0.0)}
+    return Verdict("difference", len(seeds), at, margin, False, estimate, low, high, outcome,
+                   sd=_sd(diffs, 0.0))
 
 
 def _sd(values: Sequence[float], floor_sd: float) -> float:
     return max(float(np.std(values, ddof=1)), floor_sd) if len(values) > 1 else math.inf
 
 
-def could_resolve(verdict: dict[str, Any], max_seeds: int, level: float) -> bool:
+def could_resolve(verdict: Verdict, max_seeds: int, level: float) -> bool:
     """Whether more seeds could still settle an unresolved ``verdict`` by ``max_seeds``: with
     the estimate and spread it has now, the interval at ``max_seeds`` (its level ``level``)
     would exclude equality or fit inside the margin. Only the cost depends on this rule, not
     the verdicts' error (every look is counted in its level)."""
-    if verdict["resolved"] or verdict["seeds"] >= max_seeds or verdict.get("censored"):
+    if verdict.resolved or verdict.seeds >= max_seeds or verdict.censored:
         return False
-    sd = verdict.get("sd", math.inf)
-    if not math.isfinite(sd) or math.isnan(verdict["estimate"]):
-        return verdict["seeds"] < 2  # one seed: no spread yet, a second one gives it
+    sd = math.inf if verdict.sd is None else verdict.sd
+    if not math.isfinite(sd) or math.isnan(verdict.estimate):
+        return verdict.seeds < 2  # one seed: no spread yet, a second one gives it
     # the step times' share of the variance does not shrink with seeds
-    variance = sd ** 2 / max_seeds + verdict.get("round_variance", 0.0)
+    variance = sd ** 2 / max_seeds + (verdict.round_variance or 0.0)
     half = t_quantile(0.5 + level / 2, max_seeds - 1) * math.sqrt(variance)
-    if verdict["kind"] == "ratio":
-        centre, edge = abs(math.log(verdict["estimate"])), math.log1p(verdict["margin"])
+    if verdict.kind == "ratio":
+        centre, edge = abs(math.log(verdict.estimate)), math.log1p(verdict.margin)
     else:
-        centre, edge = abs(verdict["estimate"]), verdict["margin"]
+        centre, edge = abs(verdict.estimate), verdict.margin
     return centre > half or centre + half < edge
 
 
@@ -344,51 +419,51 @@ def rounding_sd(cells: Sequence[dict[str, Any]]) -> float:
     return math.sqrt(total)
 
 
-def span_text(verdict: dict[str, Any], spec: str = ".3g") -> str:
+def span_text(verdict: Verdict, spec: str = ".3g") -> str:
     """The verdict's estimate and interval, e.g. ``0.62x [0.48, 0.80]`` or ``+0.8 pt [...]``."""
-    if math.isnan(verdict["estimate"]):
+    if math.isnan(verdict.estimate):
         return "no paired seeds"
 
     def end(value: float) -> str:
         return "inf" if math.isinf(value) else format(value, spec)
 
-    if verdict["kind"] == "ratio":
-        return f"{end(verdict['estimate'])}x [{end(verdict['low'])}, {end(verdict['high'])}]"
+    if verdict.kind == "ratio":
+        return f"{end(verdict.estimate)}x [{end(verdict.low)}, {end(verdict.high)}]"
     scale = 100.0  # accuracy points
-    return (f"{verdict['estimate'] * scale:+.2f} pt [{verdict['low'] * scale:+.2f}, "
-            f"{verdict['high'] * scale:+.2f}]")
+    return (f"{verdict.estimate * scale:+.2f} pt [{verdict.low * scale:+.2f}, "
+            f"{verdict.high * scale:+.2f}]")
 
 
-def open_bound(verdict: dict[str, Any]) -> str | None:
+def open_bound(verdict: Verdict) -> str | None:
     """The tightest statement an unresolved verdict's interval supports: "within 1.3x either
     way" (a ratio: the larger of high and 1/low) or "within 2.1 pt either way" (a difference);
     None where the interval is unbounded or the verdict is answered. It is not an answer: the
     interval still holds equality and reaches past the margin."""
-    low, high = verdict.get("low", math.nan), verdict.get("high", math.nan)
-    if verdict["outcome"] != "not_resolved" or not (math.isfinite(low) and math.isfinite(high)):
+    low, high = verdict.low, verdict.high
+    if verdict.outcome != "not_resolved" or not (math.isfinite(low) and math.isfinite(high)):
         return None
-    if verdict["kind"] == "ratio":
+    if verdict.kind == "ratio":
         return f"within {max(high, 1.0 / low):.2g}x either way" if low > 0 else None
     return f"within {100 * max(abs(low), abs(high)):.2g} pt either way"
 
 
-def outcome_text(verdict: dict[str, Any], a_name: str, b_name: str, better: str,
+def outcome_text(verdict: Verdict, a_name: str, b_name: str, better: str,
                  seconds: float | None = None) -> str:
     """One phrase: who is ``better`` (e.g. "faster"), "equivalent within 10%" or "not resolved
     after N seeds (and S seconds)", with the interval."""
-    margin = (f"{verdict['margin']:.0%}" if verdict["kind"] == "ratio"
-              else f"{100 * verdict['margin']:g} pt")
-    n = verdict["seeds"]
-    figures = f"{'A/B' if verdict['kind'] == 'ratio' else 'A-B'} {span_text(verdict)}"
-    if verdict["outcome"] == "a":
+    ratio = verdict.kind == "ratio"
+    margin = f"{verdict.margin:.0%}" if ratio else f"{100 * verdict.margin:g} pt"
+    n = verdict.seeds
+    figures = f"{'A/B' if ratio else 'A-B'} {span_text(verdict)}"
+    if verdict.outcome == "a":
         head = f"{a_name} {better}"
-    elif verdict["outcome"] == "b":
+    elif verdict.outcome == "b":
         head = f"{b_name} {better}"
-    elif verdict["outcome"] == "equivalent":
+    elif verdict.outcome == "equivalent":
         head = f"{a_name} and {b_name} equivalent within {margin}"
     else:
         spent = f" and {seconds:.0f} s of added seeds" if seconds else ""
         bound = open_bound(verdict)
         head = (f"not resolved after {n} seed{'s' if n != 1 else ''}{spent}"
                 + (f": {a_name} and {b_name} {bound}" if bound else ""))
-    return f"{head} ({figures}, {n} seeds, {verdict['level']:.1%} interval)"
+    return f"{head} ({figures}, {n} seeds, {verdict.level:.1%} interval)"

@@ -27,7 +27,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
-from typing import Any, Literal
+from typing import Any
 
 from kbackend.adaptive import AutoBatchSize
 from kbackend.backends import impl
@@ -297,7 +297,7 @@ class StudyRunner:
         step_times = self.measure_step_times(cells)
         self.time_spent.step_times += self.time_spent.seconds_since(start, setup_before)
         study_runs = [run.to_dict() for run in runs]  # the report's; the added seeds append
-        added = extend_seeds(JsonRuns(self), cells, study_runs, step_times, summarize_json_cell)
+        added = extend_seeds(self, cells, study_runs, step_times, summarize_cell)
         apply_time_model(cells, step_times)
         # The auto cells after the fixed grid (their time model reads its step times)
         auto_cells = [run_auto_cell(self, optimizer)
@@ -315,7 +315,7 @@ class StudyRunner:
         cells, step_times = results.cells, results.step_times
         runs = [run.to_dict() for run in results.runs]
         # the added seeds here, in the driver
-        added = extend_seeds(JsonRuns(self), cells, runs, step_times, summarize_json_cell)
+        added = extend_seeds(self, cells, runs, step_times, summarize_cell)
         apply_time_model(cells, step_times)
         auto = self._auto_part(results.auto_cells, cells)
         return self._study(cells, runs, step_times, results.noise, added, auto)
@@ -503,39 +503,4 @@ class StudyRunner:
         store.put(run)
         self.on_event(StudyEvent("finished", what, record=store.get(key)))
         return result
-
-
-def summarize_json_cell(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """``summarize_cell`` of runs in the report's JSON (``StoredRun.to_dict``)."""
-    return summarize_cell([StoredRun.from_dict(record) for record in records])
-
-
-class JsonRuns:
-    """A prepared runner as the added seeds' rounds read it (``sequential``, through
-    ``runner_protocol.StudyRunnerLike``): the same runner, its runs in the report's JSON and
-    its events by name. The rounds work on the study's JSON (its cells and runs)."""
-
-    def __init__(self, runner: StudyRunner) -> None:
-        self.runner = runner
-        self.config, self.dataset, self.task = runner.config, runner.dataset, runner.task
-        self.env, self.time_spent = runner.env, runner.time_spent
-        self.batch_sizes, self.noise_batches = runner.batch_sizes, runner.noise_batches
-        self.plan, self.run_key_config = runner.plan, runner.run_key_config
-        self.content_identity, self.train_config = runner.content_identity, runner.train_config
-        self.build_model, self.initial_values = runner.build_model, runner.initial_values
-        self.native_runs, self.stored_or_measured = runner.native_runs, runner.stored_or_measured
-
-    @property
-    def num_train(self) -> int:
-        return self.runner.num_train
-
-    def on_event(self, phase: Literal["extend"], *, runs: int = 0) -> None:
-        self.runner.on_event(StudyEvent(phase, runs=runs))
-
-    def run_one(self, plan: RunPlan) -> dict[str, Any]:
-        return self.runner.run_one(plan).to_dict()
-
-    def stored_record(self, key: str) -> dict[str, Any] | None:
-        stored = self.runner.stored_record(key)
-        return None if stored is None else stored.to_dict()
 

@@ -5,9 +5,7 @@ uses), and the study's progress events with the sink they go to.
 - ``MeasureRunner``: planning, the run keys and the stored measurements (``frontier``,
   ``step_times``, ``noise_runs``);
 - ``CellRunner``: that and single runs from the store or trained (``search``, ``populations``,
-  ``auto_cells``);
-- ``StudyRunnerLike``: what the added seeds' rounds (``sequential``) read, runs as the report's
-  JSON (``executor.JsonRuns`` adapts a runner).
+  ``auto_cells``, the added seeds' rounds in ``sequential``).
 """
 
 from __future__ import annotations
@@ -124,14 +122,3 @@ class CellRunner(MeasureRunner, Protocol):
     def stored_record(self, key: str) -> StoredRun | None: ...
 
     def store_run(self, plan: RunPlan, history: History) -> StoredRun: ...
-
-
-class StudyRunnerLike(MeasureRunner, Protocol):
-    """What the added seeds' rounds (``sequential``) read: runs as the report's JSON
-    (``StoredRun.to_dict``) and events by name."""
-
-    def on_event(self, phase: Literal["extend"], *, runs: int = 0) -> None: ...
-
-    def run_one(self, plan: RunPlan) -> dict[str, Any]: ...
-
-    def stored_record(self, key: str) -> dict[str, Any] | None: ...

@@ -30,7 +30,8 @@ from kbackend.study.cell_verdicts import (
 )
 from kbackend.study.config import AUTO_SEED_BUDGET_SHARE
 from kbackend.study.frontier import frontier_supported, measure_frontier
-from kbackend.study.runner_protocol import StudyRunnerLike
+from kbackend.study.runner_protocol import CellRunner, StudyEvent
+from kbackend.study.store import StoredRun
 from kbackend.study.verdicts import Verdict, VerdictSettings, could_resolve, seed_schedule
 
 COMPARED = (("adam", "sgd"), ("adam", "momentum"))  # the report's optimizer comparisons
@@ -89,7 +90,7 @@ def seed_budget_seconds(config: Any, runs: list[dict[str, Any]]) -> float:
     return AUTO_SEED_BUDGET_SHARE * sum(r["result"].get("wall_time") or 0.0 for r in runs)
 
 
-def _stored(runner: StudyRunnerLike, key: str) -> dict[str, Any]:
+def _stored(runner: CellRunner, key: str) -> StoredRun:
     """The stored run under ``key``: a cell's own runs, all in the store once it is summarized."""
     record = runner.stored_record(key)
     if record is None:
@@ -101,7 +102,7 @@ class _SeedRounds:
     """The added seeds' runs of ``extend_seeds``: each cell's records, the runs trained, and the
     recorded seconds spent against the seed budget."""
 
-    def __init__(self, runner: StudyRunnerLike, cells: list[dict[str, Any]],
+    def __init__(self, runner: CellRunner, cells: list[dict[str, Any]],
                  runs: list[dict[str, Any]], budget: float) -> None:
         self.runner, self.runs, self.budget = runner, runs, budget
         self.records = {(c["optimizer"], c["batch_size"]): [_stored(runner, k)
@@ -111,11 +112,11 @@ class _SeedRounds:
         self.out_of_budget = False
 
     def add(self, cell: dict[str, Any], count: int,
-            summarize_cell: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> list[list[Any]]:
+            summarize_cell: Callable[[list[StoredRun]], dict[str, Any]]) -> list[list[Any]]:
         """Train ``cell``'s missing seeds up to ``count`` (until the budget is spent), update
         its figures in place; returns [optimizer, batch size, seed] of each run added."""
         runner, key = self.runner, (cell["optimizer"], cell["batch_size"])
-        have = {int(r["config"]["seed"]) for r in self.records[key]}
+        have = {int(r.config["seed"]) for r in self.records[key]}
         added = []
         for seed in (runner.config.seed + i for i in range(count)):
             if seed in have:
@@ -123,22 +124,22 @@ class _SeedRounds:
             if self.budget and self.spent >= self.budget:
                 self.out_of_budget = True
                 break
-            runner.on_event("extend", runs=1)
+            runner.on_event(StudyEvent("extend", runs=1))
             record = runner.run_one(runner.plan(cell["optimizer"], cell["batch_size"],
                                                 cell["learning_rate"], seed=seed))
-            self.spent += record["result"].get("wall_time") or 0.0
+            self.spent += record.result.get("wall_time") or 0.0
             self.records[key].append(record)
-            self.runs.append(record)
+            self.runs.append(record.to_dict())  # the study's runs: the report's JSON
             runner.time_spent.added_seed_runs += 1
             added.append([cell["optimizer"], cell["batch_size"], seed])
-        self.records[key].sort(key=lambda r: r["config"]["seed"])
+        self.records[key].sort(key=lambda r: r.config["seed"])
         cell.update(summarize_cell(self.records[key]))
         return added
 
 
-def extend_seeds(runner: StudyRunnerLike, cells: list[dict[str, Any]], runs: list[dict[str, Any]],
+def extend_seeds(runner: CellRunner, cells: list[dict[str, Any]], runs: list[dict[str, Any]],
                  step_times: dict[str, Any] | None,
-                 summarize_cell: Callable[[list[dict[str, Any]]], dict[str, Any]],
+                 summarize_cell: Callable[[list[StoredRun]], dict[str, Any]],
                  ) -> dict[str, Any]:
     """Add the frontier runs and seed rounds to ``cells`` in place; new runs are appended to
     ``runs``. Returns what was added: the schedule, each round's cells and seeds, the recorded
@@ -176,7 +177,7 @@ def extend_seeds(runner: StudyRunnerLike, cells: list[dict[str, Any]], runs: lis
             "stopped": stopped, "frontier_epochs": config.frontier_epochs if frontier else 0}
 
 
-def _frontiers(runner: StudyRunnerLike, cells: list[dict[str, Any]]) -> float:
+def _frontiers(runner: CellRunner, cells: list[dict[str, Any]]) -> float:
     """The frontier after the seeds (the seeds have the budget's first claim): every cell on
     its first seeds, the generalization verdicts' cells on all they have; the seconds spent."""
     general = generalization_cells(cells)

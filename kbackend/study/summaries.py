@@ -11,15 +11,17 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from kbackend.data.batching import steps_per_epoch
 from kbackend.history import History, RunRecord
 from kbackend.stats import median_interval
-from kbackend.study.store import StoredRun
 from kbackend.training import Target
+
+if TYPE_CHECKING:  # the store opens SQLite: not at the train command's set-up (test_startup)
+    from kbackend.study.store import StoredRun
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ def _data(batch: int, dim: int, classes: int, seed: int = 0):
     return x, y
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("batch", "micro_batches", "l2", "batch_norm"),
                          [(32, 4, 0.0, False), (64, 2, 0.0, False), (24, 8, 0.0, False),
                           (32, 2, 1e-3, False), (32, 2, 0.0, True)])

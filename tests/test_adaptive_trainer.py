@@ -33,6 +33,7 @@ def _trainers(dataset, spec, jit=JIT_FOR_SMALL_RUNS):
     return plain, grown
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_micro_batched_steps_train_like_the_plain_step(dataset, optimizer):
     spec = OptimizerSpec(optimizer, 0.05 if optimizer == "sgd" else 3e-3)
@@ -50,6 +51,7 @@ def test_micro_batched_steps_train_like_the_plain_step(dataset, optimizer):
     assert not np.allclose(plain_losses[-5:], grown_losses[:5], rtol=LOSS_RTOL)
 
 
+@pytest.mark.slow
 def test_growing_carries_the_state_over_and_compiles_each_size_once(dataset):
     """XLA on both backends (the programs whose traces are counted)."""
     spec = OptimizerSpec("adam", 3e-3)

@@ -47,6 +47,7 @@ def auto_run(tmp_path_factory, measured_every_step):
     return result
 
 
+@pytest.mark.slow
 def test_an_auto_run_grows_and_reaches_its_target(auto_run):
     history = auto_run.history
     record = history.record.adaptive_batch
@@ -66,6 +67,7 @@ def test_an_auto_run_grows_and_reaches_its_target(auto_run):
     assert record["noise_steps"] > 0 and record["knee_probe"] is None  # MAX was given
 
 
+@pytest.mark.slow
 def test_a_growing_run_compiles_each_size_once(auto_run):
     traces = auto_run.history.record.adaptive_batch["trace_counts_by_size"]
     assert traces and set(traces.values()) == {1}
@@ -81,6 +83,7 @@ def test_a_growing_run_compiles_each_size_once(auto_run):
                [sum(1 for k in traces if int(k.split("x")[0]) == s) for s in sizes])
 
 
+@pytest.mark.slow
 def test_changes_happen_at_evaluation_points_at_most_once_each(auto_run):
     history = auto_run.history
     eval_steps = {e["step"] for e in history.evals}
@@ -171,6 +174,7 @@ def test_runs_share_one_adaptive_trainer_and_train_as_train_does():
     assert set(second.record.adaptive_batch["trace_counts_by_size"].values()) == {1}
 
 
+@pytest.mark.slow
 def test_tensorboard_logs_the_batch_size_and_rate_of_each_range(auto_run):
     """``--tensorboard`` on an auto run: at each evaluation the batch size and rate the steps
     since the previous one ran at (the range in force then), and samples/s at that size."""

@@ -45,6 +45,7 @@ def user_files(tmp_path):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_advise_on_a_builder_and_an_npz_prints_its_recommendation(cli, user_files):
     """The smallest probe the command allows (--quick, a one-second budget): it measures the
     builder's model on the archive's data with the model's compiled loss, and its commands

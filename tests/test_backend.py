@@ -62,6 +62,7 @@ def test_bad_backend_env_is_one_line_error(cli_process, value, message):
     assert len(lines) == 1 and message in lines[0], result.stderr
 
 
+@pytest.mark.slow
 def test_conflict_with_already_imported_keras_is_reported():
     # A fresh process, so that Keras can be imported there with a backend of the test's choosing.
     code = (
@@ -192,6 +193,7 @@ def _fresh_env(keras_home) -> dict:
     return {**env, "KERAS_HOME": str(keras_home)}
 
 
+@pytest.mark.slow
 def test_info_says_keras_json_decided_and_torch_there_is_refused(tmp_path):
     # Fresh processes without KERAS_BACKEND: the file decides. torch is refused before any
     # framework is imported; the other backend than the default is then the one that runs.
@@ -211,6 +213,7 @@ def test_info_says_keras_json_decided_and_torch_there_is_refused(tmp_path):
     assert (info["backend"], info["backend_source"]) == ("tensorflow", path)
 
 
+@pytest.mark.slow
 def test_with_no_keras_json_the_default_is_written_for_keras_too(tmp_path):
     # Keras writes keras.json on its first import with its own default (tensorflow), which would
     # decide the next run: kbackend writes its default there first, in Keras's format.

@@ -80,6 +80,7 @@ def test_the_study_plan_is_the_studys():
     assert plan.fused_steps == plan.eval_every == 56  # ~6 evaluations per 337-step epoch
 
 
+@pytest.mark.slow
 def test_reference_conv1d_loop_trains():
     """Over a few epochs the reference's mean loss falls (a reference that does not train
     would flatter the engine)."""

@@ -176,6 +176,7 @@ def test_runs_stored_before_content_keys_are_kept_and_never_matched(tmp_path, ca
                                   ).fetchone()[0] == 2
 
 
+@pytest.mark.slow
 def test_an_end_to_end_study_reuses_a_renamed_copy(tmp_path):
     """Real training: the second study, on a renamed copy, trains nothing and reports the same
     steps."""

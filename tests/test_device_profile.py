@@ -48,6 +48,7 @@ def predicted(tmp_path_factory):
     return out, config, run_study(config, out, show_progress=False, print_results=False)
 
 
+@pytest.mark.slow
 def test_a_flat_profile_predicts_the_larger_batch_faster_in_proportion(predicted):
     _, _, outcome = predicted
     study = outcome["study"]
@@ -78,6 +79,7 @@ def test_a_flat_profile_predicts_the_larger_batch_faster_in_proportion(predicted
     assert adaptive["ratio_here"] is not None and adaptive["time"]["seeds"] == 2
 
 
+@pytest.mark.slow
 def test_the_summary_and_the_report_hold_the_predictions(predicted):
     _, _, outcome = predicted
     summary = read_json(outcome["paths"]["summary"])
@@ -93,6 +95,7 @@ def test_the_summary_and_the_report_hold_the_predictions(predicted):
     assert "compilation" in report  # the caveat: compute only
 
 
+@pytest.mark.slow
 def test_resuming_with_an_advise_profile_trains_nothing(predicted, tmp_path):
     out, config, first = predicted
     advice = tmp_path / "advice.json"

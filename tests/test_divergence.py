@@ -35,6 +35,7 @@ def _strict_json(path):
     return json.loads(path.read_text(), parse_constant=refuse)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", list(ENGINE_FLAGS))
 def test_diverging_train_exits_4_with_one_line_and_no_model(cli, tmp_path, engine):
     if engine == "data_parallel" and BACKEND != "jax":

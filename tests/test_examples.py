@@ -38,6 +38,7 @@ def test_a_study_of_the_regression_example_recommends_a_cell(example_data, tmp_p
     assert next(tmp_path.glob("diabetes.csv-*_models.py-regressor-*_*"))
 
 
+@pytest.mark.slow
 def test_the_binary_example_trains_to_its_target(example_data, cli):
     result = cli("train", "--model", f"{EXAMPLES / 'models.py'}:binary_classifier", "--data",
                  str(example_data / "breast_cancer.npz"), "--target", "0.93", "--epochs", "30",
@@ -55,6 +56,7 @@ def test_the_conv1d_batchnorm_example_trains(example_data, cli):
     assert "conv1d_classifier on sequences.npz" in result.stdout
 
 
+@pytest.mark.slow
 def test_the_two_head_example_trains_to_a_target_on_one_output(example_data, cli):
     result = cli("train", "--model", f"{EXAMPLES / 'models.py'}:two_heads", "--data",
                  str(example_data / "diabetes_heads.npz"), "--target-metric",

@@ -27,6 +27,7 @@ def model_file(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["keras", "savedmodel"])
 def test_export_round_trip_under_both_backends(model_file, tmp_path, fmt, backend):
     manifest = export_model(model_file, fmt, tmp_path / "out", rows=32)

@@ -104,6 +104,7 @@ def test_runner_refuses_bad_options_before_starting_any_worker(tmp_path, capsys)
     assert not list(tmp_path.glob("*.json"))
 
 
+@pytest.mark.slow
 def test_a_failing_worker_is_reported_and_the_run_exits_1(tmp_path):
     broken = Benchmark("bench_broken", "broken", json.loads, ["case"], ["x"])  # takes no Settings
     assert run(broken, ["--backends", BACKEND, "--out", str(tmp_path)]) == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from kbackend.backend_choice import keras as import_keras
 from kbackend.data.batching import epoch_batches, epoch_batches_with_remainder, epoch_order
@@ -70,6 +71,7 @@ def test_fit_reads_every_epoch_in_the_batching_order():
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.slow
 def test_monitor_does_not_change_a_keras_engine_run():
     from kbackend.training import TrainConfig, train
 

@@ -120,6 +120,7 @@ def test_mixed_float16_needs_the_keras_engine():
         TrainConfig(engine="native", precision="mixed_float16")
 
 
+@pytest.mark.slow
 def test_keras_fit_with_hardware_monitor_stores_summary(tmp_path):
     from kbackend.history import History
     from kbackend.training import TrainConfig, train

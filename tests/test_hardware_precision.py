@@ -15,6 +15,7 @@ from tests.conftest import JIT_FOR_SMALL_RUNS
 BF16_ACCURACY_BOUND = 0.88
 
 
+@pytest.mark.slow
 def test_mixed_bfloat16_keeps_float32_variables_and_reaches_accuracy_bound():
     import keras
 
@@ -32,6 +33,7 @@ def test_mixed_bfloat16_keeps_float32_variables_and_reaches_accuracy_bound():
     assert keras.config.dtype_policy().name == "float32"
 
 
+@pytest.mark.slow
 def test_mixed_float16_trains_with_loss_scaling():
     import keras
 

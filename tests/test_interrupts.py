@@ -71,6 +71,7 @@ def test_python_drops_an_interrupt_raised_in_a_callback(place):
     assert "Exception ignored" in result.stderr and "KeyboardInterrupt" in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("place", PLACES)
 def test_kbackend_raises_it_once_the_callback_returned(place):
     for _ in range(3):

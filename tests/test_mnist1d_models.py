@@ -22,6 +22,7 @@ def mnist1d():
     return load_data("mnist1d", layout="sequence")
 
 
+@pytest.mark.slow
 def test_the_paper_models_have_the_papers_parameter_counts(mnist1d):
     # notebooks/models.py of greydanus/mnist1d: LinearBase 40*10+10; MLPBase 40-100-100-10;
     # ConvBase 1->25 (k5) ->25 (k3) ->25 (k3), 125->10; GRUBase bidirectional 6, 480->10.
@@ -58,6 +59,7 @@ def test_channels_first_1d_cnn_computes_the_same_function(mnist1d):
     np.testing.assert_allclose(first.predict(x, verbose=0), last.predict(x, verbose=0), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_the_1d_cnn_learns_mnist1d_in_a_short_run():
     # The paper's CNN and recipe, 400 of its 8,000 steps (measured: 0.83-0.90 test accuracy
     # at 400 steps on either backend; chance is 0.10, the paper's logistic model 0.32).

@@ -62,6 +62,7 @@ def test_every_model_has_a_count_and_every_kind_is_tested():
     assert {name for name, _, _ in SMALL_MODELS.values()} == set(MODELS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(SMALL_MODELS))
 def test_count_equals_keras_count_params(case):
     name, info, options = SMALL_MODELS[case]

@@ -16,6 +16,7 @@ CASES = [  # (model, dataset)
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "dataset"), CASES)
 @pytest.mark.parametrize("options", [ModelOptions(),
                                      ModelOptions(dropout=0.2, batch_norm=True, l2=1e-4)])

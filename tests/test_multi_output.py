@@ -91,6 +91,7 @@ def test_the_native_total_loss_is_keras_weighted_sum():
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["native", "keras"])
 def test_each_outputs_test_loss_and_metric_are_reported_and_sum_to_the_total(engine):
     """The test results name every output's loss and metric as Keras's ``evaluate`` does, and

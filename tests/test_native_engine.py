@@ -54,6 +54,7 @@ def weights_of(model) -> list[np.ndarray]:
     return [np.asarray(w) for w in model.get_weights()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", [
     OptimizerSpec("adam", 3e-3, epsilon=1e-3),
     OptimizerSpec("nesterov", 0.05, schedule="cosine", decay_steps=20, warmup_steps=3),
@@ -110,6 +111,7 @@ def test_one_compilation_per_call_length(dataset):
     assert history.steps_run == 30 and history.timing["compile_time"] > 0
 
 
+@pytest.mark.slow
 def test_batchnorm_and_dropout_train_and_save(dataset, tmp_path):
     import keras
 
@@ -299,6 +301,7 @@ def test_only_conv_models_on_a_cpu_unroll_their_loop(layers, platform, unrolled)
     assert capabilities.unrolls_its_loop(_Layers(*layers), platform, xla=False) is False
 
 
+@pytest.mark.slow
 def test_conv_models_unroll_their_steps_on_a_cpu_and_train_the_same(dataset, monkeypatch):
     """A convolution inside XLA:CPU's while loop (``lax.scan`` on JAX, ``tf.range`` on TF) ran
     ~25-45x slower, so conv models' K-step calls are written out step by step
@@ -390,6 +393,7 @@ def test_without_xla_the_loop_trains_the_same(dataset):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam"])
 def test_a_saved_native_run_holds_its_optimizer_state(tmp_path, optimizer):
     """The .keras file of a native run resumes: iterations = the steps run, each slot saved."""

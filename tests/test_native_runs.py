@@ -55,6 +55,7 @@ def assert_same_run(reused, fresh):
 
 
 # Adam on XLA (the study's default), momentum as the other tests run (without XLA on TensorFlow).
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer, rates, jit", [("adam", (3e-3, 1e-2), True),
                                                    ("momentum", (0.02, 0.1), JIT_FOR_SMALL_RUNS)])
 def test_reused_runs_equal_fresh_runs_and_compile_once(dataset, optimizer, rates, jit):
@@ -87,6 +88,7 @@ def test_a_new_rate_alone_changes_the_run(dataset):
     assert abs(slow.loss[-1] - fast.loss[-1]) > 0.05
 
 
+@pytest.mark.slow
 def test_another_batch_size_or_optimizer_builds_another_trainer(dataset):
     runs = native.Runs(model_for(dataset, 0), dataset)
     values = native.model_values(model_for(dataset, 0))
@@ -95,6 +97,7 @@ def test_another_batch_size_or_optimizer_builds_another_trainer(dataset):
     assert runs.trainers_built == 3
 
 
+@pytest.mark.slow
 def test_a_schedule_keys_the_trainer_by_its_rate(dataset):
     """A schedule is traced with its rate: two rates, two trainers, each run still correct."""
     runs = native.Runs(model_for(dataset, 0), dataset)

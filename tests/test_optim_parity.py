@@ -57,6 +57,7 @@ def _optax_run(spec: OptimizerSpec, params, grads, jit: bool) -> list[np.ndarray
     return [np.asarray(v) for v in values]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_optax_and_keras_give_the_same_parameters(name, schedule):

@@ -58,6 +58,7 @@ def test_an_output_that_would_destroy_a_file_is_refused(case, files, cli, engine
     assert {p.name: p.read_bytes() for p in files.iterdir()} == before
 
 
+@pytest.mark.slow
 def test_a_full_disk_at_save_is_one_line_and_keeps_the_history(tmp_path, monkeypatch):
     """ENOSPC while the model is written: an ``OutputError`` naming the path and the free space;
     the history (written first) is there, and no partial model or temp file is left."""
@@ -79,6 +80,7 @@ def test_a_full_disk_at_save_is_one_line_and_keeps_the_history(tmp_path, monkeyp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["h.json"]
 
 
+@pytest.mark.slow
 def test_a_console_that_cannot_encode_a_path_does_not_crash_a_finished_command(tmp_path,
                                                                                 cli_process):
     """PYTHONIOENCODING=ascii and an output path with a non-ASCII name (issue 36 item 12): the

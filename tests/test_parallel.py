@@ -68,6 +68,7 @@ def test_more_devices_than_exist_is_a_clear_error():
         train(TrainConfig(devices=64, batch_size=64, epochs=1))
 
 
+@pytest.mark.slow
 def test_data_parallel_engine_on_one_device_trains_like_native():
     """On one device the data-parallel trainer (jax.shard_map / tf.distribute) is the native one."""
     from kbackend.models import ModelOptions

@@ -285,6 +285,7 @@ def test_launch_names_the_process_that_failed_and_exits_as_documented(cli, monke
             in errors[0], result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")
 def test_a_launcher_killed_with_sigkill_leaves_no_process_running(tmp_path):
     import psutil

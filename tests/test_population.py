@@ -54,6 +54,7 @@ def assert_same_run(member, alone):
         assert member.test[name] == pytest.approx(alone.test[name], rel=LOSS_RTOL)
 
 
+@pytest.mark.slow
 @needs_jax
 def test_each_member_equals_its_run_alone(dataset, runs):
     plans = [(3e-3, 0), (1e-2, 0), (3e-3, 1), (1e-2, 1)]  # two rates x two seeds

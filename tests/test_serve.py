@@ -296,6 +296,7 @@ def test_only_loopback_addresses_are_served():
             check_loopback(host)
 
 
+@pytest.mark.slow
 def test_serve_command_end_to_end(model, tmp_path, backend):
     model_file = tmp_path / "tiny.keras"
     model.save(model_file)

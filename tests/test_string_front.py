@@ -67,6 +67,7 @@ def _raw_train_split(n: int, validation_fraction: float = 0.1, seed: int = 0) ->
     return keep[train_rows]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["native", "keras"])
 def test_the_rest_trains_as_keras_fit_on_the_same_split(engine, tmp_path):
     """Same initial weights, same split, same batch order: after 20 SGD steps the trained

@@ -197,6 +197,7 @@ def test_cli_bad_auto_input_is_a_one_line_error(tmp_path, monkeypatch, capsys, f
     assert message in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(BACKEND != "jax", reason="populations are JAX's vmap")
 def test_a_population_study_runs_its_auto_cell_one_run_at_a_time(tmp_path):
     config = dataclasses.replace(AUTO_STUDY, optimizers=("adam",), population="on",

@@ -80,6 +80,7 @@ def baseline(tmp_path_factory):
     return out, run_study(TINY, out, show_progress=False, print_results=False)
 
 
+@pytest.mark.slow
 def test_tiny_study_writes_report_plots_and_reports_unreached_cells(baseline):
     import matplotlib.image
 
@@ -116,6 +117,7 @@ def test_tiny_study_writes_report_plots_and_reports_unreached_cells(baseline):
         assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
 
 
+@pytest.mark.slow
 def test_the_study_accounts_for_its_time(baseline):
     _, result = baseline
     account = result["time_spent"]
@@ -160,6 +162,7 @@ def test_time_accounting_states_the_goal_and_reused_runs():
     assert "no run trained" in accounting_line(nothing)
 
 
+@pytest.mark.slow
 def test_the_console_table_fits_100_columns(baseline):
     import io
 
@@ -179,6 +182,7 @@ def test_the_console_table_fits_100_columns(baseline):
     assert "…" not in "\n".join(table) and any(" no (" in line for line in table)
 
 
+@pytest.mark.slow
 def test_rerun_skips_every_finished_run(baseline):
     out, first = baseline
     again = run_study(TINY, out, show_progress=False, print_results=False)
@@ -187,6 +191,7 @@ def test_rerun_skips_every_finished_run(baseline):
             == [c["run_key"] for c in first["study"]["cells"]])
 
 
+@pytest.mark.slow
 def test_resume_after_an_exception_mid_grid(tmp_path, baseline):
     if BACKEND != "jax":
         pytest.skip("the resume logic is above the backends: once, in the JAX session (the slow "
@@ -259,6 +264,7 @@ def test_resume_after_the_process_is_killed_at_an_injected_point(tmp_path, basel
     assert _outcomes(tmp_path) == _outcomes(baseline[0])
 
 
+@pytest.mark.slow
 def test_time_to_target_excludes_evaluation(tmp_path, monkeypatch):
     delay = 0.3
     original_build = StudyRunner.build_model
@@ -432,6 +438,7 @@ def test_no_jit_reaches_the_keras_engine_and_keys_only_the_runs_it_changes(tmp_p
     assert config.identity() == dataclasses.replace(TINY_KERAS, jit_compile=True).identity()
 
 
+@pytest.mark.slow
 def test_compare_puts_backends_side_by_side(baseline, tmp_path, capsys):
     folder = baseline[1]["paths"]["report"].parent
     other = copy.deepcopy(json.loads((folder / "summary.json").read_text()))
@@ -462,6 +469,7 @@ def _without(summary, *keys):
     return json.dumps(broken)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("make", "message"), [
     (lambda s: "", "not JSON"),
     (lambda s: "{bad", "not JSON"),

@@ -86,6 +86,7 @@ def test_a_recording_sink_sees_each_run_start_finish_and_then_be_reused(store):
     assert [e.phase for e in events if e.what == "run"] == ["skipped"] * 4
 
 
+@pytest.mark.slow
 def test_a_study_on_the_memory_store_gives_the_sqlite_studys_answers(tmp_path):
     on_disk = run_study(CONFIG, tmp_path / "disk", show_progress=False, print_results=False,
                         run_executor=_planted(_outcome))

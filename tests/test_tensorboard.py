@@ -128,6 +128,7 @@ def studied(tmp_path_factory):
     return root, first, again, mtimes, printed.getvalue()
 
 
+@pytest.mark.slow
 def test_a_study_takes_a_live_model_and_returns_typed_results(studied):
     root, first, again, *_ = studied
     assert dataclasses.is_dataclass(first) and dataclasses.is_dataclass(first.best)
@@ -152,10 +153,12 @@ def test_a_study_takes_a_live_model_and_returns_typed_results(studied):
     assert first.to_dict()["best"]["batch_size"] == best.batch_size
 
 
+@pytest.mark.slow
 def test_progress_false_prints_nothing(studied):
     assert studied[4] == ""
 
 
+@pytest.mark.slow
 def test_runs_csv_has_a_row_per_run_and_says_which_were_reused(studied):
     _, first, again, *_ = studied
     assert first.runs_path == again.runs_path and first.runs_path.name == "runs.csv"
@@ -173,6 +176,7 @@ def test_runs_csv_has_a_row_per_run_and_says_which_were_reused(studied):
         assert bool(row.reached) == by_key[row.key]["reached"]
 
 
+@pytest.mark.slow
 def test_the_study_writes_one_run_folder_per_run_and_the_hparams_experiment(studied):
     root, _, again, mtimes, _ = studied
     tb = root / "tb"
@@ -250,6 +254,7 @@ def _with_auto_cell(study):
     return {**study, "auto_cells": [auto]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["regression", "classification", "auto"])
 def test_the_console_table_fits_80_columns_with_every_cell_filled(studied, variant):
     study = studied[2].study
@@ -270,12 +275,14 @@ def test_the_console_table_fits_80_columns_with_every_cell_filled(studied, varia
         assert rows[-1][1:3] == ["auto", "16-512"] and rows[-1][3] == "0.00316*"
 
 
+@pytest.mark.slow
 def test_the_console_shows_the_stored_test_value_after_a_resume(studied):
     _, first, again, *_ = studied
     assert [r.test_metric for r in again.rows] == [r.test_metric for r in first.rows]
     assert all(r.test_metric is not None for r in again.rows)
 
 
+@pytest.mark.slow
 def test_a_narrow_console_drops_whole_columns_and_names_them(studied):
     from kbackend.study.report import console_rows, fitting_columns
 

@@ -44,6 +44,7 @@ def test_target_on_val_loss_and_not_reached(tmp_path, capsys):
     assert "target val_loss <= 1e-06: not reached" in out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["keras", "native"])
 def test_max_steps_stops_there(tmp_path, capsys, engine):
     history, _ = train_json(tmp_path, capsys, "--engine", engine, "--epochs", "3",

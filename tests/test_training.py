@@ -37,6 +37,7 @@ def test_history_records_every_step_and_excludes_eval_time():
     assert history.timing["eval_time"] > 0
 
 
+@pytest.mark.slow
 def test_training_is_reproducible_for_a_seed():
     config = TrainConfig(epochs=1, batch_size=64, seed=5, optimizer=OptimizerSpec("momentum", 0.05),
                          engine="keras", jit_compile=JIT_FOR_SMALL_RUNS)
@@ -45,6 +46,7 @@ def test_training_is_reproducible_for_a_seed():
     np.testing.assert_allclose(a.loss, b.loss, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_early_stopping_stops_and_restores_best():
     config = TrainConfig(epochs=40, batch_size=16, early_stopping=2, monitor="val_loss",
                          engine="keras", jit_compile=JIT_FOR_SMALL_RUNS,
@@ -53,6 +55,7 @@ def test_early_stopping_stops_and_restores_best():
     assert history.stopped_early and history.record.epochs_run < 40
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["cosine", "exponential"])
 def test_schedules_train(schedule):
     spec = OptimizerSpec("sgd", 0.1, schedule=schedule, warmup_steps=5)

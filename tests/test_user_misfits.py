@@ -34,6 +34,7 @@ def _refused(result, message: str, tmp_path=None) -> None:
             assert (tmp_path / name).read_bytes() == OLD
 
 
+@pytest.mark.slow
 def test_a_saved_flat_model_trains_on_a_built_in_dataset_reshaped(tmp_path, cli):
     # A non-built-in model on a built-in dataset: the model's input shape decides the layout.
     saved = cli("train", "--dataset", "digits", "--model", "logistic", *QUICK,
@@ -122,6 +123,7 @@ TOP_K = """    model = keras.Sequential([keras.Input(input_shape), keras.layers.
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["native", "keras"])
 def test_a_top_k_metric_is_reported_and_targeted_as_itself(tmp_path, engine):
     # Keras's own SparseTopKCategoricalAccuracy(k=2) on the trained model gives the reported

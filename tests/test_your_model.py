@@ -66,6 +66,7 @@ def _dataset(family: str):
     return model, task, data
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_each_loss_family_trains_as_keras_trains_it(family):
     """The native engine's step losses equal Keras's ``train_on_batch`` on the model compiled
@@ -119,6 +120,7 @@ def test_an_uncompiled_model_task_is_inferred_from_the_labels(labels, units, los
     assert (task.loss_name, task.metric, task.source) == (loss, metric, "inferred")
 
 
+@pytest.mark.slow
 def test_a_target_on_a_regression_error_stops_there(tmp_path):
     """``val_mae`` <= target: the direction of an error, on the native and Keras engines."""
     np.savez(tmp_path / "reg.npz", x=X, y=(X @ W[:, 0]).astype(np.float32))
@@ -144,6 +146,7 @@ def test_a_target_on_a_regression_error_stops_there(tmp_path):
         assert result.history.config["task"]["loss"] == "mse"
 
 
+@pytest.mark.slow
 def test_the_python_api_takes_arrays_and_a_tf_dataset():
     tf = pytest.importorskip("tensorflow")
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
@@ -208,6 +211,7 @@ def test_an_unknown_target_metric_lists_the_model_metrics(tmp_path, cli):
     assert "val_mae" in result.stderr and "val_accuracy" in result.stderr
 
 
+@pytest.mark.slow
 def test_the_cli_trains_a_user_builder_on_a_csv_and_saves_it(tmp_path, cli):
     rows = ["a,b,c,d,e,f,g,h,y"] + [",".join(f"{v:.5f}" for v in row) + f",{t:.5f}"
                                      for row, t in zip(X, X @ W[:, 0], strict=True)]
@@ -243,6 +247,7 @@ def test_the_package_top_names_train_and_study(monkeypatch):
                                                         {"target": 0.9})
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(kbackend.backend_choice.active_backend() != "jax",
                     reason="populations are JAX's vmap")
 @pytest.mark.parametrize("family", ["huber", "binary-logits"])
@@ -321,6 +326,7 @@ def _two_input_model():
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["native", "keras"])
 def test_a_two_input_model_trains_on_a_dict_and_saves_as_itself(engine, tmp_path):
     """Named inputs (a dict of arrays, token ids for an Embedding among them): every engine

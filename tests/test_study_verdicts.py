@@ -354,6 +354,7 @@ def test_look_levels_spend_the_error_mostly_at_the_first_look():
     assert LookLevels.of(3, 3).levels == (pytest.approx(0.9),)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spread", [0.1, 0.2, 0.35])
 def test_spent_looks_keep_wrong_verdicts_under_ten_percent_when_equal(spread):
     """Truth "equal" (ratio 1): the sequential rule with the error spent over the looks says A
@@ -405,6 +406,21 @@ def test_an_answer_at_an_earlier_look_stands_when_seeds_added_for_another_compar
     accuracy = difference_verdict(_seeds([0.9, 0.9, 0.9, 0.7, 1.0]), _seeds([0.8] * 5),
                                   level=LookLevels.of(3, 5), margin=0.01, larger_is_better=True)
     assert accuracy.outcome == "a" and accuracy.look == 3
+
+
+def test_a_later_seed_that_never_reached_forbids_an_earlier_look_saying_its_side_is_better():
+    """A resolves "A better" on its first three seeds, but a fifth seed of A never reached the
+    target: the earlier look may not say A is better (nor equivalent); where it is B that never
+    reached, "A better" stands, and the verdict says it is censored."""
+    levels = LookLevels.of(3, 10)
+    a = _seeds([100, 102, 98, 101, math.inf])
+    b = _seeds([200, 205, 195, 198, 202])
+    verdict = ratio_verdict(a, b, level=levels, margin=0.2)
+    assert verdict.outcome == "not_resolved" and verdict.look is None and verdict.censored
+    # B never reached on its fifth seed: "A better" may stand, and says the seeds were censored
+    slower = _seeds([200, 205, 195, 198, math.inf])
+    against = ratio_verdict(_seeds([100, 102, 98, 101, 99]), slower, level=levels, margin=0.2)
+    assert against.outcome == "a" and against.censored
 
 
 def test_reading_every_look_keeps_wrong_verdicts_under_the_stated_share_when_equal():

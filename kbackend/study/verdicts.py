@@ -299,13 +299,17 @@ def at_first_look(verdict_of: Callable[[Seeds, Seeds, float], Verdict], a: Seeds
     final = verdict_of(a, b, level.at(len(seeds)))
     if final.resolved:
         return final
+    # A later seed that never reached the target stays evidence: an earlier look may not say
+    # that side is better, or equivalent (the censoring rule of the last look).
+    forbidden = ({"a", "equivalent"} if any(math.isinf(a[s]) for s in seeds) else set()) | \
+        ({"b", "equivalent"} if any(math.isinf(b[s]) for s in seeds) else set())
     for count, at_level in zip(level.schedule, level.levels, strict=True):
         if count >= len(seeds):
             break
         shared = seeds[:count]
         earlier = verdict_of({s: a[s] for s in shared}, {s: b[s] for s in shared}, at_level)
-        if earlier.resolved:
-            return replace(earlier, look=count)
+        if earlier.resolved and earlier.outcome not in forbidden:
+            return replace(earlier, look=count, censored=earlier.censored or final.censored)
     return final
 
 

@@ -857,7 +857,8 @@ class ModelSource(ABC):
         names = {name: f"<{index}>" for index, name in
                  enumerate([model.name, *(layer.name for layer in layers)])}
         return {
-            "class": f"{type(model).__module__}.{type(model).__qualname__}",
+            "class": _positional_names(f"{type(model).__module__}.{type(model).__qualname__}",
+                                       {}),
             "config": _positional_names(_model_config(model, layers), names),
             "compile": _positional_names(_task_settings(model), names),
             "variables": [[list(v.shape), str(v.dtype)] for v in model.weights],
@@ -1031,11 +1032,17 @@ def _task_settings(model: Any) -> dict[str, Any] | None:
     return {key: config.get(key) for key in TASK_COMPILE_SETTINGS}
 
 
+# The module name ``_import_file`` gives a builder file: made from its path and modification
+# time, so it is not content (the file's bytes are, in the code digest).
+_BUILDER_MODULE = re.compile(r"kbackend_builder_[0-9A-Za-z_]*?_[0-9a-f]{12}")
+
+
 def _positional_names(value: Any, names: dict[str, str]) -> Any:
     """``value`` (JSON-like) with every string that is a layer's or the model's name replaced by
-    its position: Keras numbers auto-generated names per session (``dense_3``)."""
+    its position (Keras numbers auto-generated names per session: ``dense_3``), and a builder
+    file's module name (a class defined in the file) by one placeholder."""
     if isinstance(value, str):
-        return names.get(value, value)
+        return names.get(value, _BUILDER_MODULE.sub("<builder file>", value))
     if isinstance(value, dict):
         return {key: _positional_names(item, names) for key, item in value.items()}
     if isinstance(value, list | tuple):

@@ -135,6 +135,35 @@ def test_edited_model_or_data_trains_anew_and_a_renamed_copy_is_reused(tmp_path)
         result["digests"]["model"] != before["digests"]["model"]
 
 
+def test_a_builder_file_defining_its_own_layer_keeps_its_digest_when_renamed(tmp_path):
+    """A builder file imports under a module name made from its path and time; a layer class
+    defined in the file carries that name in the model's config. A renamed, later copy of the
+    file has the same content, so the same digest (its runs are reused); an edit to the layer
+    changes it."""
+    from kbackend.data import load
+    from kbackend.model_sources import parse_model_source
+
+    text = LAYER.format(factor=1.0) + BUILDER.format(units=8).replace(
+        "from custom_layers import Scale\n", "")
+    first = tmp_path / "a" / "builder.py"
+    first.parent.mkdir()
+    first.write_text(text)
+    info = load("digits").info
+
+    def digest(path):
+        source = parse_model_source(f"{path}:build")
+        return source.digest(source.build(info, seed=0))
+
+    renamed = tmp_path / "b" / "renamed_builder.py"
+    renamed.parent.mkdir()
+    renamed.write_text(text)
+    assert digest(first) == digest(renamed)
+    edited = tmp_path / "c" / "builder.py"
+    edited.parent.mkdir()
+    edited.write_text(text.replace("x * 1.0", "x * 2.0"))
+    assert digest(edited) != digest(first)
+
+
 def test_the_csv_label_column_is_content(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(200, 3))

@@ -229,8 +229,10 @@ def test_a_plateau_within_two_standard_errors_of_the_target_is_warned():
     # without frontier runs the plateau is unknown: said in one line, not silently skipped
     unchecked = trust.after_training({"cells": [{"reached": True, "time_to_target": 1.0,
                                                  "best_metric": 0.901}]},
-                                     "val_accuracy", 0.9, 400)
+                                     "val_accuracy", 0.9, 400,
+                                     no_frontier="the keras engine runs none")
     assert unchecked.startswith("note: the plateau was not checked") and "\n" not in unchecked
+    assert "(the keras engine runs none)" in unchecked and "--frontier-epochs 0" not in unchecked
     assert trust.after_training({"cells": [{"reached": False, "time_to_target": None}]},
                                 "val_accuracy", 0.9, 400) is None  # no cell reached: no plateau
     assert trust.after_training({"cells": [cell(1.0, 0.91)]}, "val_mae", 0.9, 400) is None

@@ -18,13 +18,16 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kbackend.data.batching import steps_per_epoch
 from kbackend.engine_facts import engine_facts
 from kbackend.stats import median_interval
 from kbackend.study.runner_protocol import MeasureRunner
 from kbackend.task import better
+
+if TYPE_CHECKING:
+    from kbackend.study.config import StudyConfig
 
 
 class BestCheckpoint:
@@ -53,7 +56,16 @@ class BestCheckpoint:
 
 def frontier_supported(runner: MeasureRunner) -> bool:
     """Whether ``runner``'s study can measure the frontier (native engine, a budget > 0)."""
-    return engine_facts(runner.config.engine).compiled_cells and runner.config.frontier_epochs > 0
+    return why_no_frontier(runner.config) is None
+
+
+def why_no_frontier(config: StudyConfig) -> str | None:
+    """Why ``config``'s study runs no frontier runs, in a few words; None when it does."""
+    if not engine_facts(config.engine).compiled_cells:
+        return f"the {config.engine} engine runs none"
+    if config.frontier_epochs <= 0:
+        return "their budget is 0 epochs: --frontier-epochs, frontier_epochs= in Python"
+    return None
 
 
 def frontier_run(runner: MeasureRunner, cell: dict[str, Any], seed: int) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from kbackend.study.config import StudyConfig
 from kbackend.study.device_profile import check_profile, load_profile, predict
 from kbackend.study.executor import RunExecutor, StudyRunner
 from kbackend.study.exports import write_runs_csv, write_tensorboard
+from kbackend.study.frontier import why_no_frontier
 from kbackend.study.recommend import (
     CONFIRM_SEEDS,
     HELD_OUT_SEED,
@@ -316,7 +317,8 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
         runner.store = records
         study, events = _run_with_progress(runner, out, console, show_progress, command_line,
                                            confirm_seeds)
-        plateau = trust.after_training(study, target.metric, target.value, num_val)
+        plateau = trust.after_training(study, target.metric, target.value, num_val,
+                                       no_frontier=why_no_frontier(config))
         if plateau and speaking:
             say(plateau)
         study["warnings"] = [*warnings, *([plateau] if plateau else [])]

@@ -63,11 +63,11 @@ def before_training(metric: str, target: float, samples: int) -> str | None:
 
 
 def after_training(study: dict[str, Any], metric: str, target: float,
-                   samples: int, cells: int = 3) -> str | None:
+                   samples: int, cells: int = 3, no_frontier: str | None = None) -> str | None:
     """A one-line warning when the plateau of the ``cells`` fastest cells (the median best
     validation value of their frontier runs) lies within ``PLATEAU_STANDARD_ERRORS`` standard errors
-    above the target; a one-line note when none of them has frontier runs to read it from; None
-    otherwise."""
+    above the target; a one-line note when none of them has frontier runs to read it from
+    (``no_frontier``: why the study ran none); None otherwise."""
     if not _is_proportion(metric) or samples <= 0:
         return None
     ranked = sorted((c for c in study.get("cells", []) if c.get("reached")
@@ -81,8 +81,9 @@ def after_training(study: dict[str, Any], metric: str, target: float,
     if not ranked:
         return None
     if not plateaus:
+        why = f" ({no_frontier})" if no_frontier else ""
         return (f"note: the plateau was not checked: it is read from frontier runs, and the "
-                f"fastest cells have none (--frontier-epochs 0); a target near {metric}'s "
+                f"fastest cells have none{why}; a target near {metric}'s "
                 "plateau is reached partly by luck, which the confirmation on held-out seeds "
                 "shows.")
     error = standard_error(target, samples)

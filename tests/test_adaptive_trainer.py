@@ -88,6 +88,7 @@ def test_growing_carries_the_state_over_and_compiles_each_size_once(dataset):
     assert measured[:7] == [True, False, False, True, False, False, True]
 
 
+@pytest.mark.slow
 def test_every_step_measured_is_the_reference_estimator(dataset):
     """``measure_every=1``: every step of every call measured, (K, M) norms, all finite."""
     from kbackend.backends import adaptive
@@ -121,6 +122,7 @@ def test_set_learning_rate_changes_the_update(dataset):
         np.testing.assert_array_equal(a, b)  # a zero rate: not one weight moved
 
 
+@pytest.mark.slow
 def test_a_size_compiled_ahead_in_the_background_trains_like_one_compiled_on_demand(dataset):
     spec = OptimizerSpec("adam", 3e-3)
     _, ahead = _trainers(dataset, spec, jit=True)
@@ -136,6 +138,7 @@ def test_a_size_compiled_ahead_in_the_background_trains_like_one_compiled_on_dem
     assert demand.ahead_record["sizes"] == 0 and demand.trace_counts_by_size[32, 5] == 1
 
 
+@pytest.mark.slow
 def test_compiling_ahead_while_a_size_trains_changes_no_weight(dataset):
     # The next size compiles in the background during the current size's calls (the call that
     # compiles reads the variables and writes none): the run's weights equal a run without it.

@@ -75,6 +75,7 @@ def test_conflict_with_already_imported_keras_is_reported():
     assert "already imported with backend 'jax'" in result.stderr
 
 
+@pytest.mark.slow
 def test_torch_is_not_importable_and_not_imported():
     # A fresh process: sys.modules here holds whatever other tests imported.
     code = (
@@ -89,6 +90,7 @@ def test_torch_is_not_importable_and_not_imported():
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow
 def test_a_command_process_imports_the_frameworks_without_their_unused_integrations():
     # A fresh process, as a command's own: here Keras was imported with its integrations.
     code = (

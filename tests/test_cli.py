@@ -9,6 +9,7 @@ import pytest
 from kbackend.history import History
 
 
+@pytest.mark.slow
 def test_train_saves_model_and_history(cli, tmp_path, backend):
     model_path, history_path = tmp_path / "m.keras", tmp_path / "h.json"
     # K = 8 (it divides digits' 40 steps per epoch): the auto probe is test_native_engine's subject
@@ -68,6 +69,7 @@ def test_help_shows_defaults_but_not_for_on_off_flags(cli):
             "of $KERAS_HOME/keras.json or ~/.keras/keras.json, else jax)") in text  # said once
 
 
+@pytest.mark.slow
 def test_a_command_line_builds_only_the_command_it_names():
     import argparse
     import subprocess

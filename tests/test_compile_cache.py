@@ -79,6 +79,7 @@ def test_the_next_process_reuses_entries_and_survives_a_corrupt_one(tmp_path):
     assert "Error reading persistent compilation cache entry" in second.stderr
 
 
+@pytest.mark.slow
 def test_a_native_run_counts_its_compilations_and_compiles_at_most_five(tmp_path, monkeypatch):
     """The run's XLA programs, evaluation included, are counted into its history (goal: <= 5:
     the optimizer's init on JAX, the K-step call, the validation and test evaluations)."""

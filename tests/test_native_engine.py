@@ -91,6 +91,7 @@ def test_native_matches_keras_train_steps(dataset, spec):
         np.testing.assert_allclose(native_slot, keras_slot, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_fused_steps_equal_single_steps(dataset):
     spec = OptimizerSpec("momentum", 0.05)
     single, fused = toy_model(dataset), toy_model(dataset)
@@ -103,6 +104,7 @@ def test_fused_steps_equal_single_steps(dataset):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_one_compilation_per_call_length(dataset):
     # 320 / 32 = 10 steps per epoch, K = 4: calls of 4, 4, 2 every epoch -> two programs.
     history = run_native(toy_model(dataset), dataset, OptimizerSpec("sgd", 0.1),
@@ -142,6 +144,7 @@ def test_batchnorm_and_dropout_train_and_save(dataset, tmp_path):
                                rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_history_format_and_eval_schedule(dataset):
     class Reporter:
         def __init__(self):
@@ -255,6 +258,7 @@ def test_cli_refuses_a_too_large_k(cli):
     assert "Invalid fused_steps 1000" in bad.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_fused_steps_auto_picks_a_measured_k(dataset):
     model = toy_model(dataset)
     before = weights_of(model)

@@ -179,6 +179,7 @@ def test_a_lost_process_stops_the_others(tmp_path, how):
     assert waited < 5 + 10  # the heartbeat timeout, plus slack for a loaded machine
 
 
+@pytest.mark.slow
 def test_process_0_alone_gives_up_after_the_coordinator_timeout(cli_process):
     result = cli_process("train", "--engine", "data_parallel", "--fused-steps", "1",
                          "--num-processes", "2", "--process-id", "0",
@@ -332,6 +333,7 @@ def test_launch_checks_a_users_data_before_starting_a_process(cli, tmp_path):
         assert "processes, coordinator" not in result.stderr  # nothing was started
 
 
+@pytest.mark.slow
 def test_launch_passes_a_workers_bad_input_on_as_2(cli, tmp_path):
     # A data function runs in each process only (the launcher does not run the user's code):
     # every process fails with one line, exit 2; the launcher exits 2 naming one of them. Its

@@ -170,6 +170,7 @@ def test_a_second_cell_is_confirmed_only_when_the_first_fails_on_most_seeds():
     assert len(confirm(_study([fast, slow]), lambda c: {**confirm_one(slow), **c})) == 1
 
 
+@pytest.mark.slow
 def test_a_study_confirms_its_command_and_the_command_reproduces_its_runs(tmp_path, cli):
     """End to end, as a user acts on it: the study's Recommended line carries train's figures
     on held-out seeds, and the printed command with the study's own seed reaches the target at

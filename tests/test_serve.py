@@ -229,6 +229,7 @@ def test_serve_unknown_path_and_too_many_rows(server):
     assert status == 413 and "exceed the limit of 4096" in payload["error"]
 
 
+@pytest.mark.slow
 def test_serve_survives_a_burst_of_concurrent_requests(server, model):
     requests_count, threads = 96, 16
     inputs = [rows(1 + i % 5, seed=100 + i) for i in range(requests_count)]

@@ -713,6 +713,7 @@ def test_a_stored_trajectory_gives_its_record_or_its_older_extra():
     assert history.test == {"test_loss": 0.3}
 
 
+@pytest.mark.slow
 def test_seeds_change_the_runs_and_the_same_seed_repeats_them(tmp_path):
     config = StudyConfig(**DIGITS, optimizers=("adam",), batch_sizes=(64,),
                          learning_rates={"adam": (3e-3,)},

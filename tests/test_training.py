@@ -14,6 +14,7 @@ from tests.conftest import JIT_FOR_SMALL_RUNS
 # schedules, not compilation, and TensorFlow's XLA compile was most of each of their runs.
 
 
+@pytest.mark.slow
 def test_seed_mlp_reaches_90_percent_on_digits():
     result = train(TrainConfig(engine="keras", epochs=8, batch_size=32, seed=0))
     assert result.history.best("val_accuracy") >= 0.90

@@ -65,6 +65,27 @@ def quiet_python_logs(verbose: bool) -> None:
         logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.ERROR)
 
 
+class _OwnRetracing(logging.Filter):
+    """Drops TensorFlow's "triggered tf.function retracing" warning about kbackend's own
+    functions: a study builds one evaluator and trainer per model by design, so the count TF
+    keeps across them is no sign of a mistake in the user's code (theirs still warn)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("triggered tf.function retracing" in message and "<kbackend." in message)
+
+
+_OWN_RETRACING = _OwnRetracing()
+
+
+def hide_own_retracing_warnings() -> None:
+    """Installs ``_OwnRetracing`` on TensorFlow's logger (once; for the Python API, where
+    ``quiet_python_logs`` does not run)."""
+    logger = logging.getLogger("tensorflow")
+    if _OWN_RETRACING not in logger.filters:
+        logger.addFilter(_OWN_RETRACING)
+
+
 def install_filter() -> bool:
     """Filter this process's fds 1 and 2 (see the module docstring); False if it already is.
 

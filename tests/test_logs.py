@@ -154,3 +154,25 @@ def test_exit_does_not_wait_for_a_child_that_holds_the_pipes():
                             timeout=30, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
     os.kill(int(result.stdout.split()[0]), 9)  # the sleeper this test started
     assert result.returncode == 3 and result.stderr == "kbackend: error: last words"
+
+
+def test_the_python_api_hides_tfs_retracing_warning_about_kbackends_functions_only(caplog):
+    """A study builds one evaluator per model, so TensorFlow counts "retracing" across them;
+    once the TensorFlow backend is loaded, that warning about kbackend's own functions is dropped
+    (no CLI needed), and the same warning about a user's function still shows."""
+    logger = logging.getLogger("tensorflow")
+    own = ("5 out of the last 16 calls to <bound method Evaluator._evaluate_fn of "
+           "<kbackend.backends.tensorflow.native.Evaluator object at 0x7f> triggered "
+           "tf.function retracing. Tracing is expensive")
+    theirs = "5 out of the last 6 calls to <function step at 0x7f> triggered tf.function retracing"
+    if BACKEND == "tensorflow":
+        from kbackend.backends import impl
+        impl()  # the backend installs the filter when it loads
+        assert logs._OWN_RETRACING in logger.filters
+    logs.hide_own_retracing_warnings()
+    logs.hide_own_retracing_warnings()  # once: a second call adds no second filter
+    assert sum(isinstance(f, logs._OwnRetracing) for f in logger.filters) == 1
+    with caplog.at_level(logging.WARNING, logger="tensorflow"):
+        logger.warning(own)
+        logger.warning(theirs)
+    assert [r.getMessage() for r in caplog.records] == [theirs]

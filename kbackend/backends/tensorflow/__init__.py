@@ -44,6 +44,9 @@ from kbackend.backends.tensorflow.probes import (
     train_step_memory,
 )
 from kbackend.backends.tensorflow.reference import reference_conv1d_loop, reference_train_loop
+from kbackend.logs import hide_own_retracing_warnings
+
+hide_own_retracing_warnings()
 
 # The Protocol's names for the two trainer factories.
 native_trainer = NativeTrainer

@@ -173,10 +173,14 @@ def declared_rule(owner: Any, name: str) -> Declared:
 def field_default(owner: Any, name: str) -> Any:
     """The default the dataclass ``owner`` declares for its field ``name`` (a factory's value
     made anew): the one statement of a default that the command line and the Python API read."""
-    item = next(item for item in fields(owner) if item.name == name)
-    if item.default is MISSING and item.default_factory is not MISSING:
+    item = next((item for item in fields(owner) if item.name == name), None)
+    if item is None:  # a programming error in kbackend, said at import time
+        raise TypeError(f"{owner.__name__} has no field {name!r}")
+    if item.default is not MISSING:
+        return item.default
+    if item.default_factory is not MISSING:
         return item.default_factory()
-    return item.default
+    raise TypeError(f"{owner.__name__}.{name} has no default")
 
 
 def check_declared(owner: Any) -> None:

@@ -57,6 +57,18 @@ def test_the_python_api_defaults_are_the_config_fields():
     assert str(study["out"].default) == build_parser().parse_args(["study"]).out
 
 
+def test_a_field_default_that_does_not_exist_is_a_clear_error():
+    with pytest.raises(TypeError, match="TrainConfig has no field 'epoch'"):
+        field_default(TrainConfig, "epoch")
+
+    @dataclasses.dataclass
+    class Required:
+        name: str
+
+    with pytest.raises(TypeError, match=r"Required\.name has no default"):
+        field_default(Required, "name")
+
+
 @pytest.mark.parametrize(("call", "kwargs", "words"), [
     (kbackend.train, {"verbose": 0}, ["'verbose'", "progress=True or False"]),
     (kbackend.train, {"validation_split": 0.2}, ["'validation_split'",

@@ -179,8 +179,9 @@ def _batch_size(asked: int | None, x: Any, progress: bool | None) -> int:
 
 
 def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = None,
-          data: Any = None, label: str | None = None, optimizers: tuple[str, ...] = ("sgd",
-          "adam"), batch_sizes: tuple[int, ...] | None = None, target: float | None = None,
+          data: Any = None, label: str | None = None,
+          optimizers: tuple[str, ...] = _STUDY("optimizers"),
+          batch_sizes: tuple[int, ...] | None = None, target: float | None = None,
           target_metric: str | None = None, seeds: int = _STUDY("seeds"),
           out: str | os.PathLike = DEFAULT_OUT, progress: bool | None = None,
           confirm_seeds: int = CONFIRM_SEEDS, tensorboard: str | os.PathLike | None = None,

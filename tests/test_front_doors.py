@@ -53,7 +53,9 @@ def test_the_python_api_defaults_are_the_config_fields():
     assert (train["optimizer"].default, train["learning_rate"].default) == (
         OptimizerSpec().name, OptimizerSpec().learning_rate)
     study = inspect.signature(api.study).parameters
-    assert study["seeds"].default == field_default(StudyConfig, "seeds")
+    for name in ("seeds", "optimizers"):  # the command line's --optimizers default too
+        assert study[name].default == field_default(StudyConfig, name), name
+    assert study["optimizers"].default == build_parser().parse_args(["study"]).optimizers
     assert str(study["out"].default) == build_parser().parse_args(["study"]).out
 
 

@@ -46,6 +46,17 @@ def test_unknown_choice_is_one_line_error(cli):
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(("words", "hint"), [
+    (["--no-progres", "off"], "options start with --"),  # a value for a flag that takes none
+    (["comapre"], "did you mean 'compare'?"),
+])
+def test_a_stray_word_names_the_word_not_the_optional_action(cli, words, hint):
+    result = cli("study", *words)
+    line = result.stderr.strip()
+    assert result.returncode == 2 and "\n" not in line
+    assert "unexpected argument" in line and hint in line and "invalid choice" not in line
+
+
 def test_bad_value_is_one_line_error_not_traceback(cli):
     result = cli("train", "--batch-size", "100000", "--quiet")
     assert result.returncode == 2

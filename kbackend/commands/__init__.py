@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import copy
+import difflib
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -53,8 +55,22 @@ class OneLineErrorParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        # A stray word where a command takes an optional action (`study --progress off`):
+        # argparse blames the action's choices, which names neither the word nor the slip.
+        stray = _STRAY_WORD.fullmatch(message)
+        if stray:
+            choices = re.findall(r"'([^']*)'", stray["choices"])
+            close = difflib.get_close_matches(stray["word"].strip("'"), choices, n=1)
+            hint = (f"did you mean {close[0]!r}?" if close else
+                    "options start with -- (a value given to a flag that takes none?)")
+            message = (f"unexpected argument {stray['word']}: the words it takes are "
+                       f"{', '.join(map(repr, choices))}; {hint}")
         sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
         raise SystemExit(2)
+
+
+_STRAY_WORD = re.compile(r"argument \[[^\]]*\]: invalid choice: (?P<word>'[^']*') "
+                         r"\(choose from (?P<choices>.+)\)")
 
 
 def add_import_flag(parser: Any) -> None:

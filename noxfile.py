@@ -154,8 +154,8 @@ def lint(session: nox.Session) -> None:
     """ruff over the package, tests, scripts and this file; mypy over the package ([tool.mypy])."""
     # mypy checks kbackend's calls against the types its imports ship, so they are installed here,
     # not only the lint group: the package with its dependencies (NumPy, JAX, matplotlib), and the
-    # test group for the typed packages kbackend imports beyond those (hypothesis in
-    # kbackend.equivalence, redis in the Redis store). The session's environment is then the
+    # test group for the typed packages kbackend imports beyond those (redis in the Redis
+    # store). The session's environment is then the
     # development one that `mypy` runs clean in. The environment is reused, and uv links wheels
     # from its cache, so past the first run the install is a check of a few seconds.
     _install(session, "lint", "test")

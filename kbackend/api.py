@@ -27,7 +27,7 @@ import numpy as np
 from kbackend.commands.study import DEFAULT_OUT
 from kbackend.commands.train import command_line as train_command_line
 from kbackend.commands.train import resolve_engine
-from kbackend.config import Target, TrainConfig, check_metrics
+from kbackend.config import Target, TrainConfig
 from kbackend.data.user import from_python, own_batch_size
 from kbackend.digests import arrays_digest, json_digest
 from kbackend.distributed import prepare
@@ -49,7 +49,7 @@ from kbackend.study.results import (
     recommendation_lines,
 )
 from kbackend.study.targets import missing_target_error, needs_explicit_target
-from kbackend.training import TrainResult, save_model
+from kbackend.training import TrainResult, for_task, save_model
 from kbackend.training import train as train_config
 from kbackend.workload import Workload, prepare_workload, unwrap
 
@@ -116,12 +116,6 @@ def _workload(model: Any, x: Any, y: Any, validation_data: Any, data: Any, label
                             from_weights=from_weights)
 
 
-def _target(target: float | None, target_metric: str | None, workload: Workload) -> Target | None:
-    if target is None:
-        return None
-    return Target(target_metric or f"val_{workload.task.metric}", target)
-
-
 def train(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = None,
           data: Any = None, label: str | None = None, batch_size: int | None = None,
           epochs: int = _TRAIN("epochs"), optimizer: str = _OPTIMIZER("name"),
@@ -153,15 +147,12 @@ def train(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
     engine = resolve_engine(engine)[0]  # "auto": every source is in memory
     if fused_steps == "auto":
         fused_steps = engine_facts(engine).default_fused_steps
-    monitor = target_metric or f"val_{workload.task.metric}"
-    config = TrainConfig(
+    config = for_task(TrainConfig(
         model=workload.model_name, dataset=workload.dataset.info.name,
         optimizer=OptimizerSpec(optimizer, learning_rate), batch_size=batch_size, epochs=epochs,
-        engine=engine, fused_steps=int(fused_steps), target=_target(target, target_metric,
-                                                                     workload),
-        early_stopping=early_stopping, monitor=monitor, seed=seed,
-        validation_fraction=validation_fraction, task=workload.task, **options)
-    check_metrics(config)
+        engine=engine, fused_steps=int(fused_steps), early_stopping=early_stopping, seed=seed,
+        validation_fraction=validation_fraction, **options), workload.task, target=target,
+        target_metric=target_metric, monitor=None)
     return train_config(config, reporter=_reporter(progress), save=save, history_path=history,
                         workload=workload, tensorboard=tensorboard)
 

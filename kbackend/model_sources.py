@@ -53,13 +53,14 @@ from kbackend.backend_choice import tensorflow_kept_out
 from kbackend.backends import impl
 from kbackend.data import DatasetInfo
 from kbackend.digests import arrays_digest, code_digest, json_digest
-from kbackend.errors import ConfigError, exit_call, path_errors
+from kbackend.errors import ConfigError, InternalError, exit_call, path_errors
 from kbackend.models import (
     BYTES_PER_TRAINING_PARAM,
     MODELS,
     ModelOptions,
     available_memory,
     build_model,
+    check_model_fits,
     model_layout,
 )
 from kbackend.task import CLASSIFICATION, Task, task_of_model
@@ -811,9 +812,10 @@ class ModelSource(ABC):
     obj: Any = field(default=None, compare=False, repr=False)
 
     @property
-    def builtin(self) -> bool:
-        """Whether this is one of ``kbackend.models``' builders (its options apply)."""
-        return False
+    def default_metric(self) -> str | None:
+        """The metric a target or early stopping watches unless told: a built-in classifier's
+        ``val_accuracy``; None for a user's model (its compiled metric is known once built)."""
+        return None
 
     @property
     def layout(self) -> str:
@@ -835,6 +837,12 @@ class ModelSource(ABC):
         """The task ``model`` (one this source built) trains on labels ``y``: its compiled
         loss and metrics, else one inferred from the labels (``task.task_of_model``)."""
         return task_of_model(model, y, prefer_metric=prefer_metric)
+
+    def check_fits(self, info: DatasetInfo, options: ModelOptions) -> None:
+        """The memory check that needs nothing built (``kbackend launch``, before any framework
+        starts): a built-in's parameters are counted from its options; a user's model is
+        checked when ``build`` makes it."""
+        return None
 
     @abstractmethod
     def build(self, info: DatasetInfo, options: ModelOptions | None = None, *,
@@ -869,6 +877,34 @@ class ModelSource(ABC):
         """What the user's code behind a model is found from, beside its classes."""
         return []
 
+    def to_json(self) -> dict[str, Any]:
+        """This source as JSON, for another process to rebuild (``from_json``: equivalence's
+        workers): its kind and what it reads, paths made absolute (a worker may have started
+        in another folder). A model or function given from Python has no such form."""
+        if self.obj is not None:
+            raise InternalError(f"Model {self.name!r} was given from Python: it has no JSON "
+                                "form (save it, or name its builder FILE.py:FUNCTION).")
+        return {"kind": self.kind, "name": self.name,
+                "path": None if self.path is None else str(self.path.resolve()),
+                "module": self.module, "function": self.function,
+                "from_weights": self.from_weights,
+                "unsafe_deserialization": self.unsafe_deserialization}
+
+    @staticmethod
+    def from_json(value: dict[str, Any]) -> ModelSource:
+        """The source ``value`` (``to_json``'s form; a missing name: the file's) describes."""
+        kinds: dict[str, type[ModelSource]] = {
+            kind.kind: kind for kind in (BuiltinModel, KerasFile, Builder)}
+        if value.get("kind") not in kinds:
+            raise InternalError(f"Unknown model source kind {value.get('kind')!r}: expected "
+                                f"one of {sorted(kinds)}.")
+        path = Path(value["path"]) if value.get("path") else None
+        return kinds[value["kind"]](
+            value.get("name") or (path.name if path else ""), path=path,
+            module=value.get("module"), function=value.get("function"),
+            from_weights=bool(value.get("from_weights")),
+            unsafe_deserialization=bool(value.get("unsafe_deserialization")))
+
 
 class BuiltinModel(ModelSource):
     """One of ``kbackend.models``' builders: ``models.build_model`` with the run's options."""
@@ -876,8 +912,8 @@ class BuiltinModel(ModelSource):
     kind = "builtin"
 
     @property
-    def builtin(self) -> bool:
-        return True
+    def default_metric(self) -> str | None:
+        return "val_accuracy"
 
     @property
     def layout(self) -> str:
@@ -888,6 +924,9 @@ class BuiltinModel(ModelSource):
 
     def task(self, model: Any, y: Any, prefer_metric: str | None) -> Task:
         return CLASSIFICATION  # kbackend's classifiers, uncompiled
+
+    def check_fits(self, info: DatasetInfo, options: ModelOptions) -> None:
+        check_model_fits(self.name, info, options)
 
     def build(self, info: DatasetInfo, options: ModelOptions | None = None, *,
               seed: int | None = None) -> Any:

@@ -19,7 +19,7 @@ import numpy as np
 from kbackend import data as data_module
 from kbackend import distributed
 from kbackend.backend_choice import keras as import_keras
-from kbackend.config import MONITORS, Target, TrainConfig
+from kbackend.config import MONITORS, Target, TrainConfig, check_metrics
 from kbackend.engines import Engine, get_engine
 from kbackend.engines import adaptive as adaptive_engine
 from kbackend.engines.plan import TrainPlan
@@ -28,14 +28,13 @@ from kbackend.errors import ConfigError, Diverged
 from kbackend.history import History
 from kbackend.io import atomic_write, check_output_path
 from kbackend.model_sources import parse_model_source
-from kbackend.models import MODELS, model_layout
 from kbackend.precision import precision_scope
-from kbackend.task import MultiOutputTask
+from kbackend.task import MultiOutputTask, Task
 from kbackend.tensorboard_logs import check_logdir, scalar_writer
 from kbackend.workload import Workload, prepare_workload, unwrap
 
-__all__ = ["MONITORS", "Diverged", "Target", "TrainConfig", "TrainResult", "load_dataset",
-           "save_model", "train"]
+__all__ = ["MONITORS", "Diverged", "Target", "TrainConfig", "TrainResult", "save_model",
+           "train", "workload_of"]
 
 # How each place a divergence can show (``history.record.diverged["seen_in"]``) is reported.
 _DIVERGENCE_SIGNS = {
@@ -56,11 +55,6 @@ class TrainResult:
     config: TrainConfig | None = None
 
 
-def is_builtin(config: TrainConfig) -> bool:
-    """Whether ``config`` names a built-in model and dataset (no user source to prepare)."""
-    return config.model in MODELS and config.dataset in data_module.DATASETS
-
-
 def workload_of(config: TrainConfig) -> Workload:
     """The ``Workload`` (model source, data, task) ``config``'s model and dataset name."""
     return prepare_workload(
@@ -71,16 +65,17 @@ def workload_of(config: TrainConfig) -> Workload:
         unsafe_deserialization=config.unsafe_deserialization, from_weights=config.from_weights)
 
 
-def load_dataset(config: TrainConfig) -> data_module.Dataset:
-    """The dataset of ``config`` in the layout its model takes."""
-    return data_module.load(
-        config.dataset,
-        layout=model_layout(config.model),
-        data_format=config.model_options.data_format,
-        validation_fraction=config.validation_fraction,
-        seed=config.seed,
-        data_dir=config.data_dir,
-    )
+def for_task(config: TrainConfig, task: Task, *, target: float | None,
+             target_metric: str | None, monitor: str | None) -> TrainConfig:
+    """``config`` training ``task`` (its workload's), its metrics checked (``check_metrics``):
+    the ``target`` value on ``target_metric``, and early stopping on ``monitor``, each by
+    default the task's own metric (``val_`` + ``task.metric``; a monitor not named follows the
+    target's metric). The rule of both front doors, ``kbackend train`` and ``kbackend.train``."""
+    metric = target_metric or f"val_{task.metric}"
+    config = replace(config, task=task, target=None if target is None else Target(metric, target),
+                     monitor=monitor or metric)
+    check_metrics(config)
+    return config
 
 
 def _test_results(model: Any, dataset: Any, config: TrainConfig,

@@ -139,8 +139,11 @@ class Workload:
         return self.source.name
 
     def first_model(self) -> Any:
-        """The model built while preparing (kept for the first ``build``), else a new one."""
-        return self._first[1] if self._first is not None else self.build()
+        """The model built while preparing, else one built now for the options' seed; kept
+        for the first ``build`` of that seed."""
+        if self._first is None:
+            self._first = (self.options.seed, self.build())
+        return self._first[1]
 
     def build(self, seed: int | None = None) -> Any:
         """A fresh model for seed ``seed`` (default: the options' seed)."""
@@ -181,14 +184,13 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
     read = _read(source, data, x, y, validation_data, label=label, image_size=image_size,
                  options=options, validation_fraction=validation_fraction, seed=seed,
                  data_dir=data_dir)
-    if isinstance(read, data_module.Dataset):  # a built-in model's own: nothing to infer
-        return Workload(source, read, CLASSIFICATION, options, says_task=False)
     splits, name, kind, notes = dict(read.splits), read.name, read.kind, list(read.notes)
     metric = None if target_metric in (None, "val_loss") else str(target_metric)[len("val_"):]
     if source.layout == "flat":  # a built-in MLP takes rows of features
         splits = {k: (np.reshape(v[0], (len(v[0]), -1)), v[1]) for k, v in splits.items()}
     splits = _text_shaped(splits, source)
-    first, front, splits = _first_model(source, splits, name, options, packing, notes)
+    first, front, splits = _first_model(source, splits, name, options, packing, notes,
+                                        read.info)
     raw_shape = tuple(int(d) for d in splits["train"][0].shape[1:])
     x_train, y_train = splits["train"]
     check_label_outputs(first, y_train, source.name)
@@ -203,22 +205,23 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
     units = output_units(full)
     splits = checked_splits(full, task, splits, name, source.name)
     dataset = dataset_of(name, kind, splits, task, units, validation_fraction, seed, notes,
-                         owned=read.owned)
-    dataset.origin = read.origin
+                         owned=read.owned, known=read.info)
+    # The built-in task on a built-in dataset goes without saying.
+    says_task = not (task is CLASSIFICATION and read.info is not None)
     workload = Workload(source, dataset, task, options, packing=packing, front=front,
-                        raw_shape=raw_shape if front is not None else None, notes=notes)
+                        raw_shape=raw_shape if front is not None else None, notes=notes,
+                        says_task=says_task)
     workload._first = (options.seed, first)
     return workload
 
 
 def _read(source: ModelSource, data: Any, x: Any, y: Any, validation_data: Any, *,
           label: str | None, image_size: tuple[int, int] | None, options: ModelOptions,
-          validation_fraction: float, seed: int, data_dir: str | None
-          ) -> data_module.Dataset | user_data.UserData:
+          validation_fraction: float, seed: int, data_dir: str | None) -> user_data.UserData:
     """The data read: the Python objects ``x`` (``y``, ``validation_data``), the user's data
-    source, or a built-in dataset, this one in the layout a built-in model takes (then the whole
-    ``Dataset``: nothing to infer or check), else in its own shape (a model's Reshape adapts it;
-    reshaped to a saved model's declared input where the sizes match)."""
+    source, or a built-in dataset, read in the layout ``source`` takes (a built-in model's own;
+    else the data's own shape, which a model's Reshape adapts, reshaped to a saved model's
+    declared input where the sizes match) with its description (``UserData.info``)."""
     if x is not None:
         return user_data.from_python(x, y, validation_data=validation_data)
     if not (isinstance(data, str) and data in data_module.DATASETS):
@@ -228,12 +231,16 @@ def _read(source: ModelSource, data: Any, x: Any, y: Any, validation_data: Any, 
                                data_format=source.data_format(options),
                                validation_fraction=validation_fraction, seed=seed,
                                data_dir=data_dir)
-    if source.builtin:
-        return dataset
     notes: list[str] = []
-    splits = _in_model_shape({split: dataset.split(split) for split in ("train", "val", "test")},
+    # A validation split that is the test split (fraction 0) is not one of the data's own.
+    names = ("train", "test") if dataset.info.val_is_test else ("train", "val", "test")
+    splits = _in_model_shape({split: dataset.split(split) for split in names},
                              source.input_shape(), data, notes)
-    return user_data.UserData(data, data, splits, "builtin", notes=tuple(notes))
+    shape = tuple(int(d) for d in splits["train"][0].shape[1:])
+    info = dataset.info if shape == dataset.info.input_shape else replace(  # reshaped for a model
+        dataset.info, input_shape=shape, layout="flat" if len(shape) == 1 else "spatial",
+        data_format=None)
+    return user_data.UserData(data, data, splits, "builtin", notes=tuple(notes), info=info)
 
 
 def _packed(x: Any, y: Any, validation_data: Any) -> tuple[InputPacking | None, Any, Any]:
@@ -305,14 +312,16 @@ def _text_shaped(splits: dict[str, tuple[Any, Any]], source: ModelSource
 
 
 def _first_model(source: ModelSource, splits: dict[str, tuple[Any, Any]], name: str,
-                 options: ModelOptions, packing: InputPacking | None, notes: list[str]
+                 options: ModelOptions, packing: InputPacking | None, notes: list[str],
+                 known: data_module.DatasetInfo | None = None
                  ) -> tuple[Any, HostFront | None, dict[str, tuple[Any, Any]]]:
     """(the model built for the data, its string front or None, the splits). Texts for a
     model without a string front of its own are vectorized by kbackend's built-in layer
-    (``user_data.vectorize_text``, said in a note) and the model built for the token ids."""
+    (``user_data.vectorize_text``, said in a note) and the model built for the token ids.
+    ``known``: the data's description where its source gives one (a built-in dataset's)."""
     x_train, y_train = splits["train"]
     text = x_train.dtype.kind in "OU"
-    info = _provisional_info(name, x_train, y_train)
+    info = known or _provisional_info(name, x_train, y_train)
     if packing is not None:
         info = replace(info, input_shape=packing.input_shapes)
     try:
@@ -535,10 +544,13 @@ def _held_out(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarra
 
 def dataset_of(name: str, kind: str, splits: dict[str, tuple[np.ndarray, np.ndarray]],
                task: Task, units: int, validation_fraction: float, seed: int,
-               notes: list[str], owned: bool = False) -> data_module.Dataset:
-    """The ``Dataset`` of a user's checked ``splits``: a test split held out when there is none,
+               notes: list[str], owned: bool = False,
+               known: data_module.DatasetInfo | None = None) -> data_module.Dataset:
+    """The ``Dataset`` of the checked ``splits``: a test split held out when there is none,
     the validation split from ``validation_fraction``. ``owned``: the arrays were read from a
-    file (``UserData.owned``), so the splits are taken out of them in place, not copied."""
+    file (``UserData.owned``), so the splits are taken out of them in place, not copied.
+    ``known``: the data's description where its source gives one (a built-in dataset's source,
+    layout and data format)."""
     x_train, y_train = splits["train"]
     if "test" not in splits:
         keep, test = _held_out(len(x_train), validation_fraction or 0.1, TEST_SPLIT_SEED)
@@ -550,8 +562,10 @@ def dataset_of(name: str, kind: str, splits: dict[str, tuple[np.ndarray, np.ndar
     if "val" in splits:
         x_val, y_val = splits["val"]
     x_test, y_test = splits["test"]
+    layout = "flat" if np.ndim(x_train) == 2 else "spatial"
     return data_module.from_arrays(
         name, x_train, y_train, x_test, y_test, num_classes=units,
-        validation_fraction=validation_fraction, seed=seed, source=kind,
-        layout="flat" if np.ndim(x_train) == 2 else "spatial",
+        validation_fraction=validation_fraction, seed=seed,
+        source=known.source if known else kind, layout=known.layout if known else layout,
+        data_format=known.data_format if known else None,
         sparse_labels=task.sparse_labels, x_val=x_val, y_val=y_val, owned=owned)

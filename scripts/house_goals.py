@@ -67,6 +67,16 @@ def engine_comparisons() -> list[str]:
     return found
 
 
+def builtin_forks() -> list[str]:
+    """Files outside the sources' own dispatch (data/, model_sources.py, models.py, workload.py;
+    bench/ iterates the registries) that test a name against the built-in registries."""
+    regex = re.compile(r"\bis_builtin\(|\bin (MODELS|DATASETS|data_module\.DATASETS)\b(?!\[)")
+    dispatch = ("kbackend/data/", "kbackend/model_sources.py", "kbackend/models.py",
+                "kbackend/workload.py", "kbackend/bench/")
+    return [str(path.relative_to(ROOT)) for path, text in sources().items()
+            if regex.search(text) and not any(d in path.as_posix() for d in dispatch)]
+
+
 # (concern, detection rule in words, mechanisms counted)
 CONCERNS: list[tuple[str, str, Callable[[], int]]] = [
     ("engine facts", "modules outside engines/ comparing engine names (the architecture rule), "
@@ -90,6 +100,9 @@ CONCERNS: list[tuple[str, str, Callable[[], int]]] = [
         r"object\.__new__\(", "kbackend/study") + 1),
     ("tests replacing StudyRunner.execute", "test files patching StudyRunner's execute",
      lambda: count(r"setattr\(StudyRunner, \"execute\"", "tests") + 1),
+    ("built-in vs user model and data", "files outside the sources' dispatch testing a name "
+     "against MODELS / DATASETS (or is_builtin), beside the dispatch",
+     lambda: len(builtin_forks()) + 1),
     ("user errors", "files raising bare ValueError/RuntimeError/TypeError beside KBackendError",
      lambda: count(r"raise (ValueError|RuntimeError|TypeError)\(") + 1),
 ]

@@ -88,7 +88,7 @@ module_targets("kbackend.cli", [("build_parser", "parse arguments (parser)"),
                                 ("use_backend", "import Keras (use_backend)")])
 module_targets("kbackend.backends", [("backend_package", "import the backend package")])
 module_targets("kbackend.distributed", [("prepare", "devices (distributed.prepare)")])
-module_targets("kbackend.training", [("load_dataset", "load the data"),
+module_targets("kbackend.training", [("workload_of", "load the data (workload_of)"),
                                      ("check_model_fits", "memory check"),
                                      ("build_model", "build the model"),
                                      ("environment", "environment for the history"),

@@ -46,11 +46,11 @@ def dp_config(**overrides) -> TrainConfig:
 
 def _digits_and_model(batch_norm: bool = False):
     from kbackend.models import ModelOptions, build_model
-    from kbackend.training import load_dataset
+    from kbackend.training import workload_of
 
     config = TrainConfig(model="mlp", dataset="digits",
                          model_options=ModelOptions(widths=(32,), batch_norm=batch_norm))
-    dataset = load_dataset(config)
+    dataset = workload_of(config).dataset
     return dataset, build_model("mlp", dataset.info, config.model_options)
 
 

@@ -150,10 +150,10 @@ def test_runs_share_one_adaptive_trainer_and_train_as_train_does():
 
     from kbackend.engines.native import Runs, model_values
     from kbackend.models import ModelOptions, build_model
-    from kbackend.training import load_dataset
+    from kbackend.training import workload_of
 
     config = auto_config()
-    dataset = load_dataset(config)
+    dataset = workload_of(config).dataset
 
     def fresh():
         return build_model("seed_mlp", dataset.info, ModelOptions(seed=0))

@@ -18,12 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kbackend.data import DATASETS
 from kbackend.data.user import (
     TEXT_SEQUENCE_LENGTH,
     UserData,
     from_python,
-    is_data_source,
     load_source,
 )
 from kbackend.errors import DataError
@@ -565,12 +563,6 @@ def test_from_python_bad_inputs(args, kwargs, expected):
     with pytest.raises(DataError) as raised:
         from_python(*args, **kwargs)
     assert expected in str(raised.value) and str(raised.value).startswith("Invalid data 'arrays'")
-
-
-def test_is_data_source():
-    assert not any(is_data_source(name) for name in DATASETS)
-    assert all(is_data_source(value) for value in ("train.npz", "d.csv", "tfds:mnist", "f.py:g",
-                                                   "folder", "mnsit"))
 
 
 # --- TFDS ------------------------------------------------------------------------------------

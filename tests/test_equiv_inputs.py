@@ -27,6 +27,7 @@ from kbackend.equivalence.losses import (
     check_loss,
 )
 from kbackend.errors import ConfigError
+from kbackend.model_sources import ModelSource, parse_model_source
 from tests.conftest import BACKEND, ROOT, one_line_error
 
 # Resolvable by keras.losses.get, but not a loss one can compute with (abstract or needs a fn).
@@ -273,9 +274,30 @@ def test_a_builder_is_sent_to_the_workers_with_its_data_shape_and_classes(arrays
     equiv_command.compare_file(_args(f"{arrays / 'builder.py'}:build", "--inputs",
                                      f"{arrays / 'data.npz'}:x_val", "--targets",
                                      f"{arrays / 'data.npz'}:y_val"), _DescribingPool())
-    source = cases[0].source
-    assert source == {"kind": "builder", "model": f"{arrays / 'builder.py'}:build",
-                      "input_shape": [3], "num_classes": 4}
+    source = cases[0].source  # the builder's ModelSource as JSON, with the data it is built for
+    assert ModelSource.from_json(source) == parse_model_source(f"{arrays / 'builder.py'}:build")
+    assert source["path"] == str(arrays / "builder.py") and source["function"] == "build"
+    assert (source["input_shape"], source["num_classes"]) == ([3], 4)
+
+
+def test_a_model_source_travels_as_json_with_its_paths_made_absolute(arrays, monkeypatch):
+    """``ModelSource.to_json`` / ``from_json``: what a worker process rebuilds a source from
+    (equivalence's workers); a relative path is made absolute (a worker may start elsewhere),
+    and a model given from Python, which has no such form, is an ``InternalError``."""
+    from kbackend.errors import InternalError
+
+    (arrays / "builder.py").write_text("def build(input_shape, num_classes):\n    pass\n")
+    monkeypatch.chdir(arrays)
+    for text in ("builder.py:build", "seed_mlp", "tests.digest_pin_builder:module_builder"):
+        source = parse_model_source(text)
+        again = ModelSource.from_json(source.to_json())
+        assert type(again) is type(source) and again.to_json() == source.to_json()
+    assert parse_model_source("builder.py:build").to_json()["path"] == str(
+        arrays / "builder.py")
+    with pytest.raises(InternalError, match="given from Python"):
+        parse_model_source(lambda input_shape, num_classes: None).to_json()
+    with pytest.raises(InternalError, match="Unknown model source kind"):
+        ModelSource.from_json({"kind": "arch"})
 
 
 class _FailingPool(_DescribingPool):

@@ -9,7 +9,7 @@ import pytest
 
 from kbackend.errors import ConfigError
 from kbackend.hardware.monitor import INPUT_BOUND_SHARE, StepMonitor, format_summary
-from kbackend.hardware.prefetch import Prefetcher, prefetch
+from kbackend.hardware.prefetch import Prefetcher
 from tests.conftest import JIT_FOR_SMALL_RUNS
 
 DELAY_S = 0.03      # injected input delay per batch
@@ -74,7 +74,7 @@ def test_prefetch_hides_the_input_delay_behind_compute():
 def test_prefetch_keeps_order_and_moves_to_device():
     from kbackend.backends import impl
 
-    items = list(prefetch(slow_batches(5, 0.0), depth=3, to_device=True))
+    items = list(Prefetcher(slow_batches(5, 0.0), depth=3, to_device=True))
     assert [int(impl().to_numpy(x)[0, 0]) for x, _ in items] == [0, 1, 2, 3, 4]
     assert not isinstance(items[0][0], np.ndarray)  # a backend array, already on the device
 
@@ -92,10 +92,10 @@ def test_prefetch_reraises_source_errors_and_rejects_bad_depth():
 
 def test_monitor_with_an_unmonitored_engine_is_a_clear_error():
     from kbackend.engine_facts import engines_where
-    from kbackend.engines import engine_names
+    from kbackend.engines import ENGINES
     from kbackend.training import TrainConfig
 
-    others = [name for name in engine_names() if name not in engines_where("monitored")]
+    others = [name for name in ENGINES if name not in engines_where("monitored")]
     if not others:
         pytest.skip("only the keras engine is registered")
     with pytest.raises(ConfigError, match=r"hardware monitor.*Received: engine="):

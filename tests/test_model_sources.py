@@ -154,15 +154,15 @@ def io_shapes(model: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
 
 def test_builtin_name_builds_with_kbackend_models():
     source = parse_model_source("logistic")
-    assert (source.kind, source.name, source.builtin, source.layout) == (
-        "builtin", "logistic", True, "flat")
+    assert (source.kind, source.name, source.default_metric, source.layout) == (
+        "builtin", "logistic", "val_accuracy", "flat")
     assert io_shapes(source.build(FLAT, seed=1)) == ((None, 4), (None, 3))
 
 
 def test_builder_file_with_a_registered_custom_layer(builders, tmp_path):
     source = parse_model_source(f"{builders}:build")
-    assert (source.kind, source.name, source.builtin, source.layout) == (
-        "builder", "models.py:build", False, "spatial")
+    assert (source.kind, source.name, source.default_metric, source.layout) == (
+        "builder", "models.py:build", None, "spatial")
     model = source.build(FLAT)
     assert io_shapes(model) == ((None, 4), (None, 3))
     assert "Scale" in [type(layer).__name__ for layer in model.layers]

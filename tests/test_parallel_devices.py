@@ -188,7 +188,7 @@ def test_engine_on_4_devices_matches_1_device(dp_impl):
 def test_keras_fit_data_parallel_matches_single_device(devices, batch_norm):
     from kbackend.engines.keras_data_parallel import whole_batches
     from kbackend.models import ModelOptions
-    from kbackend.training import TrainConfig, load_dataset, train
+    from kbackend.training import TrainConfig, train, workload_of
 
     def config(**fields):
         return TrainConfig(model="mlp", batch_size=64, epochs=1, engine="keras",
@@ -197,7 +197,7 @@ def test_keras_fit_data_parallel_matches_single_device(devices, batch_norm):
                            **fields)
 
     single_config = config()
-    single = train(single_config, dataset=whole_batches(load_dataset(single_config), 64))
+    single = train(single_config, dataset=whole_batches(workload_of(single_config).dataset, 64))
     multi = train(config(devices=devices, data_parallel=True))
     assert multi.history.record.devices == devices
     np.testing.assert_allclose(multi.history.loss, single.history.loss, rtol=1e-4, atol=1e-5)

@@ -221,6 +221,21 @@ def test_launch_refuses_what_every_process_would_refuse(cli, options):
     assert "processes, coordinator" not in result.stderr
 
 
+def test_launch_checks_a_user_model_on_builtin_data_as_a_builtin_one(cli, tmp_path):
+    """The batch against the data and the processes is checked for every model the data's
+    splits are known for (a built-in dataset), the user's builder as a built-in."""
+    (tmp_path / "builder.py").write_text(
+        "import keras\n"
+        "def build(input_shape, num_classes):\n"
+        "    inputs = keras.Input(input_shape)\n"
+        "    return keras.Model(inputs, keras.layers.Dense(num_classes)(\n"
+        "        keras.layers.Flatten()(inputs)))\n")
+    result = cli("launch", "-N", "2", "--", "--model", f"{tmp_path / 'builder.py'}:build",
+                 "--dataset", "digits", "--batch-size", "5000")
+    assert result.returncode == 2 and one_line_error(result.stderr), result.stderr[-2000:]
+    assert "5000" in result.stderr and "processes, coordinator" not in result.stderr
+
+
 def test_launch_refuses_more_processes_than_cpus_unless_asked(cli, monkeypatch):
     from kbackend.commands import launch
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -24,9 +24,9 @@ from kbackend.backends import impl
 from kbackend.data import DATASETS
 from kbackend.hardware import probe
 from kbackend.hardware.knee import DEFAULT_MIN_GAIN, Knee, curve_knee
-from kbackend.models import model_layout
+from kbackend.models import ModelOptions
 from kbackend.task import metric_direction
-from kbackend.training import TrainConfig, is_builtin, workload_of
+from kbackend.training import TrainConfig, workload_of
 
 # A setting other than the default is recommended only when it is at least this much faster:
 # shared machines make smaller differences noise.
@@ -169,22 +169,22 @@ def _throughput_curve(work: Any, advice: Advice, budget: _Budget,
     return probes, recommend_batch_size(advice, curve)
 
 
-def _variants_at(work: Any, source: tuple[str, str, str | None], base_probe: probe.FitProbe,
+def _variants_at(work: Any, config: TrainConfig, base_probe: probe.FitProbe,
                  steps: int, support: dict[str, dict[str, bool]], advice: Advice,
                  budget: _Budget, log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
     """2.-4. The data format (built-in image models) and precision policies at the knee's batch
     size, timed round-robin with ``base_probe`` (float32, one step per call); their results by
     name, the base under ``"base"``."""
-    model, dataset, data_dir = source
     batch = base_probe.batch_size
     compare: dict[str, probe.FitProbe] = {}
-    if work.prepared is not None:
+    if not _convolves(work):
         advice.skipped.append("data format (a built-in model's option, compared on the "
-                              "built-in datasets; your model's layers set their own)")
-    if _convolves(work, model) and impl().supports_channels_first_conv():
-        first = probe.workload(model, dataset, data_dir=data_dir, samples=8192,
-                               data_format="channels_first")
-        compare["channels_first"] = probe.FitProbe(first, batch, steps=steps)
+                              "built-in image datasets; your model's layers set their own)")
+    elif impl().supports_channels_first_conv():
+        first = workload_of(replace(config, model_options=ModelOptions(
+            data_format="channels_first")))
+        compare["channels_first"] = probe.FitProbe(probe.user_workload(first), batch,
+                                                   steps=steps)
     for name in ("mixed_bfloat16", "mixed_float16"):
         if not support.get(name, {}).get("runs"):
             advice.skipped.append(f"precision {name} (does not run on this device)")
@@ -200,9 +200,11 @@ def _variants_at(work: Any, source: tuple[str, str, str | None], base_probe: pro
     return results
 
 
-def _convolves(work: Any, model: str) -> bool:
-    """Whether the data format is this workload's choice: a built-in image model."""
-    return work.prepared is None and model_layout(model) in ("image", "spatial")
+def _convolves(work: Any) -> bool:
+    """Whether the data format is this workload's choice: a model whose options set it (a
+    built-in) on data arranged by it (a built-in image dataset, read in the image layout)."""
+    first = work.prepared.source.data_format(ModelOptions(data_format="channels_first"))
+    return first == "channels_first" and work.info.data_format is not None
 
 
 def _recommend_fused(advice: Advice, work: Any, batch: int, steps: int) -> int:
@@ -291,15 +293,11 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
     for it."""
     config = TrainConfig(model=model, dataset=dataset, label=label, data_dir=data_dir,
                          unsafe_deserialization=unsafe_deserialization, image_size=image_size)
-    target = ""
-    if is_builtin(config):
-        work = probe.workload(model, dataset, data_dir=data_dir, samples=8192)
-    else:
-        prepared = workload_of(config)
-        for note in prepared.notes:
-            log(f"  {note}")
-        work = probe.user_workload(prepared)
-        target = study_target_flags(prepared.task, prepared.dataset)
+    prepared = workload_of(config)  # built-in names and the user's sources alike
+    for note in prepared.notes:
+        log(f"  {note}")
+    work = probe.user_workload(prepared)
+    target = study_target_flags(prepared.task, prepared.dataset)
     advice = Advice(model, dataset, active_backend(), quick, work.task.describe())
     log(f"  {work.model}: {advice.task}")
     probe.warm_up()
@@ -309,9 +307,9 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
     steps = _steps_for(probes[knee.index].result()["step_ms"], quick)
     fused_value = _recommend_fused(advice, work, batch, steps)
     support = impl().precision_support()
-    results = _variants_at(work, (model, dataset, data_dir), probes[knee.index], steps,
-                           support, advice, budget, log)
-    convolves = _convolves(work, model)
+    results = _variants_at(work, config, probes[knee.index], steps, support, advice, budget,
+                           log)
+    convolves = _convolves(work)
     data_format = _recommend_data_format(advice, results) if convolves else "channels_last"
     precision = _recommend_precision(advice, results, support)
     _recommend_device(advice, work, batch, steps, budget, log)

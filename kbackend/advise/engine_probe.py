@@ -41,8 +41,7 @@ def engine_throughput(work: Workload, batch_size: int, engine: str, *, steps: in
                          optimizer=optimizer or OptimizerSpec("sgd", 0.01),
                          model_options=work.options, task=work.task,
                          monitor=f"val_{work.task.metric}")
-    model = None if work.prepared is None else make_model(work)  # a built-in: train() builds it
-    history = train(config, dataset=dataset, model=model).history
+    history = train(config, dataset=dataset, model=make_model(work)).history
     ends = [0.0] + [e["train_time"] for e in history.evals]
     epochs = np.diff(ends)
     step_s = float(np.median(epochs[1:])) / steps

@@ -80,7 +80,7 @@ from kbackend.models import ModelOptions, build_model
 from kbackend.optim import OptimizerSpec
 from kbackend.reports import markdown_rows
 from kbackend.study.summaries import adaptive_samples
-from kbackend.training import Target, TrainConfig, load_dataset, train
+from kbackend.training import Target, TrainConfig, train, workload_of
 
 PARTS = ("overhead", "compare", "both", "reuse", "estimator", "timewin")
 FUSED_STEPS = 8
@@ -200,7 +200,7 @@ def overhead(opts: dict[str, Any]) -> list[dict[str, Any]]:
 
     config = TrainConfig(model=opts["model"], dataset=opts["dataset"], seed=0,
                          data_dir=opts["data_dir"], model_options=ModelOptions(seed=0))
-    dataset = load_dataset(config)
+    dataset = workload_of(config).dataset
     if opts["overhead_samples"]:
         cut = opts["overhead_samples"]
         dataset = replace(dataset, x_train=dataset.x_train[:cut], y_train=dataset.y_train[:cut])
@@ -284,7 +284,7 @@ def compare(opts: dict[str, Any]) -> list[dict[str, Any]]:
                 epochs=opts["epochs"], fused_steps=FUSED_STEPS, eval_every=opts["eval_every"],
                 on_divergence="record", target=Target("val_accuracy", opts["target"]),
                 data_dir=opts["data_dir"], jit_compile=opts["jit"])
-    dataset = load_dataset(TrainConfig(**base, model_options=ModelOptions(seed=0)))
+    dataset = workload_of(TrainConfig(**base, model_options=ModelOptions(seed=0))).dataset
     cells: dict[str, dict[str, Any]] = {}
 
     def best_of_rates(name: str, seed: int, **fields: Any) -> None:
@@ -333,7 +333,7 @@ def estimator(opts: dict[str, Any]) -> list[dict[str, Any]]:
     steps and time to the target."""
     maximum = next((m for m in opts["auto_max"] if m), 512)
     config = _auto_config(opts, maximum)
-    dataset = load_dataset(config)
+    dataset = workload_of(config).dataset
     rows = []
     for seed in opts["seeds"]:
         runs = {}
@@ -374,7 +374,7 @@ def reuse(opts: dict[str, Any]) -> list[dict[str, Any]]:
     per seed after one unmeasured run of each; wall seconds per run, medians [min, max]."""
     maximum = next((m for m in opts["auto_max"] if m), 128)
     config = _auto_config(opts, maximum)
-    dataset = load_dataset(config)
+    dataset = workload_of(config).dataset
 
     def fresh(seed: int) -> Any:
         return build_model(config.model, dataset.info, ModelOptions(seed=seed))

@@ -66,7 +66,7 @@ from kbackend.runtime.child import run_in_child
 from kbackend.study.pipeline import load_summaries
 from kbackend.study.recommend import ranked_cells
 from kbackend.study.verdicts import mean_interval
-from kbackend.training import Target, TrainConfig, load_dataset, train
+from kbackend.training import Target, TrainConfig, train, workload_of
 
 LEVEL = 0.95
 GOALS = {"fixed_min": 0.7, "best_fixed": 1.2}  # auto / other, wall to the target
@@ -152,7 +152,7 @@ def run_side(model: str, dataset: str, target: float, optimizer: str, rate: floa
                          fused_steps=FUSED_STEPS, eval_every=eval_every,
                          on_divergence="record", target=Target("val_accuracy", target),
                          data_dir=data_dir, jit_compile=jit)
-    data = load_dataset(config)  # the same for every side: not timed
+    data = workload_of(config).dataset  # the same for every side: not timed
     evals: dict[int, float] = {}
 
     class Clock:
@@ -212,8 +212,8 @@ def _ensure_data(problem: dict[str, Any], opts: dict[str, Any]) -> str | None:
     """None when the problem's data loads here (generated data is cached for the children),
     else the one line that says why it is skipped."""
     try:
-        load_dataset(TrainConfig(model=problem["model"], dataset=problem["dataset"],
-                                 data_dir=opts["data_dir"]))
+        workload_of(TrainConfig(model=problem["model"], dataset=problem["dataset"],
+                                data_dir=opts["data_dir"]))
     except DataError as error:
         return f"skipped: {error}"
     return None

@@ -29,7 +29,7 @@ from kbackend.models import ModelOptions, build_model
 from kbackend.optim import OptimizerSpec
 from kbackend.reports import markdown_table
 from kbackend.study.populations import POPULATION_MIN_SPEEDUP
-from kbackend.training import TrainConfig, load_dataset
+from kbackend.training import TrainConfig, workload_of
 
 BATCH_SIZES = (8, 32, 128)
 MODELS = (("mlp", "mnist1d_large"), ("seed_mlp", "digits"))
@@ -53,7 +53,7 @@ def measure_population(settings: Settings) -> Rows:
     repeats = settings.rounds(2, 5)
     rows = []
     for model_name, dataset_name in MODELS[:1] if settings.quick else MODELS:
-        dataset = load_dataset(TrainConfig(model=model_name, dataset=dataset_name))
+        dataset = workload_of(TrainConfig(model=model_name, dataset=dataset_name)).dataset
         runs = Runs(build_model(model_name, dataset.info, ModelOptions(seed=0)), dataset)
         values = [model_values(build_model(model_name, dataset.info, ModelOptions(seed=m)))
                   for m in range(members)]

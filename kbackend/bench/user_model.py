@@ -79,7 +79,7 @@ from kbackend.stats import median_interval
 from kbackend.study.config import StudyConfig
 from kbackend.study.executor import StudyRunner
 from kbackend.task import CLASSIFICATION, Task
-from kbackend.training import load_dataset
+from kbackend.training import workload_of
 from kbackend.workload import prepare_workload
 
 PARTS = ("twin", "conv")
@@ -275,7 +275,7 @@ def twin_target_rows(dataset: Any, workload: Any, batch_sizes: list[int], seeds:
 
 
 def measure_twin(settings: Settings, folder: Path) -> list[dict[str, Any]]:
-    dataset = load_dataset(TrainConfig(model="mlp", dataset=TWIN_DATASET))
+    dataset = workload_of(TrainConfig(model="mlp", dataset=TWIN_DATASET)).dataset
     workload = twin_workload(folder, dataset)
     if not same_data(dataset, workload.dataset):
         raise ConfigError("The twin's workload does not hold the built-in split's arrays.")

@@ -35,7 +35,7 @@ from kbackend.equivalence.losses import FROM_LOGITS, check_loss
 from kbackend.equivalence.randomdata import random_inputs, random_targets
 from kbackend.errors import DataError, path_errors
 from kbackend.io import NPY_MAGIC, atomic_write_json, check_distinct_paths, check_output_path
-from kbackend.model_sources import ModelError, parse_model_source
+from kbackend.model_sources import Builder, ModelError, parse_model_source
 
 # Random rows: a batch to compare, not a data set. Beyond these the arrays are refused (one line)
 # before they are drawn, not a MemoryError traceback.
@@ -238,17 +238,14 @@ def _classes(y: np.ndarray) -> int:
 
 def worker_source(args: argparse.Namespace, x: Arrays | None,
                   y: Arrays | None) -> dict[str, Any]:
-    """The source dict the workers make the model from (``equivalence.operations``): a
-    ``.keras`` file, or a builder with the input shape of ``x`` and the classes of ``y``."""
-    if str(args.model).endswith(".keras"):
-        return {"kind": "keras_file", "path": str(Path(args.model).resolve()),
-                "unsafe_deserialization": bool(args.unsafe_deserialization)}
+    """What the workers make the model from (``equivalence.operations``): the model's source as
+    JSON (``ModelSource.to_json``), a builder's with the input shape of ``x`` and the classes
+    of ``y`` it is built for."""
+    source = check_model(args)
+    if not isinstance(source, Builder):
+        return source.to_json()
     assert x is not None  # check_args
-    location, _, function = str(args.model).rpartition(":")
-    if location.endswith(".py"):
-        location = str(Path(location).resolve())
-    return {"kind": "builder", "model": f"{location}:{function}",
-            "input_shape": [int(d) for d in x.arrays[0].shape[1:]],
+    return {**source.to_json(), "input_shape": [int(d) for d in x.arrays[0].shape[1:]],
             "num_classes": _classes(y.arrays[0]) if y is not None else DEFAULT_BUILDER_CLASSES}
 
 

@@ -9,10 +9,10 @@ the other processes' output is kept and shown only if the job fails (``--all-out
 process live).
 
 Before any process starts, the launcher checks once what every process would check alike: the
-train flags, the output paths, the data (loaded here once, for a built-in model and dataset),
-the batch against the data and the processes, the model's memory; with the user's model or
-data, what needs no framework (the model file or builder source, a ``.npz`` or ``.csv`` read
-in full, a folder's listing); and N against the CPUs (each
+train flags, the output paths, the model source (file or builder source), the data as far as
+it needs no framework (a built-in dataset loaded here once, a ``.npz`` or ``.csv`` read in full,
+a folder's listing), the batch against the data and the processes and a built-in model's memory
+where the splits are known; and N against the CPUs (each
 process needs one; ``--oversubscribe`` allows more). So a bad value is one line, exit 2, not N
 failed processes.
 
@@ -34,7 +34,6 @@ import sys
 import threading
 import time
 
-from kbackend import data as data_module
 from kbackend import distributed
 from kbackend.backend_choice import selected_backend
 from kbackend.backends.cluster import free_ports, worker_environments
@@ -46,13 +45,10 @@ from kbackend.commands import (
     bound_integer_flags,
 )
 from kbackend.commands import train as train_command
-from kbackend.config import TrainConfig
-from kbackend.data import DATASETS
 from kbackend.data import user as user_data
 from kbackend.engines import get_engine
 from kbackend.errors import ConfigError
-from kbackend.models import check_model_fits
-from kbackend.training import is_builtin, load_dataset
+from kbackend.model_sources import parse_model_source
 
 # Flags the launcher sets on every process; the train arguments must not set them.
 _OWN_FLAGS = ("--num-processes", "--process-id", "--coordinator")
@@ -106,9 +102,11 @@ def check_num_processes(num_processes: int, oversubscribe: bool) -> None:
 
 def check_train_args(train_args: list[str], num_processes: int, coordinator: str) -> None:
     """Check the train arguments as each process will, before any process starts: the flags,
-    the output paths and, for a built-in model and dataset, the data (loaded once here), the
-    batch against it and the processes, and the model's memory. A bad value is one line
-    (exit 2) here, not N failed processes."""
+    the output paths, the model source, the data as far as it can be read without a framework
+    (``kbackend.data.user.check_source``: a built-in dataset loaded once here, a ``.npz`` or
+    ``.csv`` read in full); where that gives the splits, the batch against them and the
+    processes, and the model's memory where it is known unbuilt (``ModelSource.check_fits``).
+    A bad value is one line (exit 2) here, not N failed processes."""
     parser = OneLineErrorParser(prog="kbackend launch -- TRAIN_ARGS", add_help=False)
     parser.add_argument("--backend", default=None)
     parser.add_argument("--verbose", action="store_true")
@@ -117,26 +115,19 @@ def check_train_args(train_args: list[str], num_processes: int, coordinator: str
     args = parser.parse_args([*train_args, "--num-processes", str(num_processes),
                               "--process-id", "0", "--coordinator", coordinator])
     config = train_command.check_args(args)  # the model source's checks among them
-    if not is_builtin(config):
-        check_user_data(config)
+    source = parse_model_source(config.model, unsafe_deserialization=
+                                config.unsafe_deserialization, from_weights=config.from_weights)
+    dataset = user_data.check_source(
+        config.dataset, label=config.label, layout=source.layout,
+        data_format=source.data_format(config.model_options),
+        validation_fraction=config.validation_fraction, seed=config.seed,
+        data_dir=config.data_dir)
+    if dataset is None:  # the splits are settled when each process prepares them
         return
-    dataset = load_dataset(config)
     # Devices per process are known only once a process starts its backend: one here, so the
     # split over the processes is checked (each process checks its devices again).
     get_engine(distributed.engine_name(config)).plan(config, len(dataset.x_train))  # checks
-    check_model_fits(config.model, dataset.info, config.model_options)
-
-
-def check_user_data(config: TrainConfig) -> None:
-    """The data of a run with the user's model or data, checked as far as the launcher can
-    without starting the framework (each process then prepares the model and data itself,
-    with every check): a built-in dataset is loaded, a user's source checked by
-    ``kbackend.data.user.check_source`` (``.npz`` and ``.csv`` read in full)."""
-    if config.dataset in DATASETS:
-        data_module.load(config.dataset, layout="spatial", validation_fraction=
-                         config.validation_fraction, seed=config.seed, data_dir=config.data_dir)
-    else:
-        user_data.check_source(config.dataset, label=config.label)
+    source.check_fits(dataset.info, config.model_options)
 
 
 def free_port() -> int:

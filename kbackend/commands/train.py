@@ -18,7 +18,7 @@ from kbackend.commands import (
     declared_flag,
     int_at_least,
 )
-from kbackend.config import MONITORS, Target, TrainConfig, check_metrics
+from kbackend.config import MONITORS, Target, TrainConfig
 from kbackend.data import DATASETS
 from kbackend.data.user import MAX_IMAGE_PIXELS, parse_image_size
 from kbackend.distributed import engine_name, is_chief, prepare
@@ -32,7 +32,7 @@ from kbackend.optim import OPTIMIZERS, SCHEDULES, OptimizerSpec
 from kbackend.progress import EpochReporter
 from kbackend.study.summaries import time_to_target
 from kbackend.tensorboard_logs import check_logdir
-from kbackend.training import train, workload_of
+from kbackend.training import for_task, train, workload_of
 from kbackend.workload import WARNING
 
 
@@ -202,7 +202,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         raise ConfigError(f"--lr-scaling {args.lr_scaling} sets how the learning rate follows "
                           "a growing batch: it needs --batch-size auto[:MIN:MAX], and this run's "
                           f"batch is fixed at {args.batch_size}.")
-    default_metric = "val_accuracy" if args.model in MODELS else None
+    # A built-in's metric is known from its name; another model's once it is built (_prepared)
+    default_metric = parse_model_source(
+        args.model, unsafe_deserialization=args.unsafe_deserialization,
+        from_weights=args.from_weights).default_metric
     target_metric = args.target_metric or default_metric or "val_loss"
     # every flag named as its field passes through (a command without one: the field's
     # default); the others are derived here
@@ -300,8 +303,7 @@ def check_outputs(args: argparse.Namespace, config: TrainConfig) -> None:
     """``--save`` (.keras) and ``--history`` (.json): writable, and neither the other nor an
     input (the model or data file)."""
     check_distinct_paths({"--save": args.save, "--history": args.history},
-                         {"--model": config.model if config.model not in MODELS else None,
-                          "--data": config.dataset if config.dataset not in DATASETS else None})
+                         {"--model": config.model, "--data": config.dataset})
     if args.save is not None:
         check_output_path(args.save, "--save", suffix=".keras")
     if args.history is not None:
@@ -331,13 +333,8 @@ def _prepared(args: argparse.Namespace, config: TrainConfig) -> tuple[TrainConfi
         print(note, file=sys.stderr if note.startswith(WARNING) else sys.stdout)
     if workload.says_task:
         print(f"{workload.model_name}: {workload.task.describe()}")
-    config = replace(config, task=workload.task)
-    metric = f"val_{workload.task.metric}"  # the defaults name the model's own metric
-    if config.target is not None and args.target_metric is None:
-        config = replace(config, target=Target(metric, config.target.value))
-    if args.monitor is None and args.target_metric is None:
-        config = replace(config, monitor=metric)
-    check_metrics(config)
+    config = for_task(config, workload.task, target=args.target,
+                      target_metric=args.target_metric, monitor=args.monitor)
     return config, workload
 
 

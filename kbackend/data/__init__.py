@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,7 @@ DATASETS: dict[str, tuple[Callable[..., RawData], bool]] = {
     "synthetic": (lambda synthetic=None, **_: sources.load_synthetic(**(synthetic or {})), False),
 }
 
-__all__ = ["BUILTIN", "DATASETS", "DataSource", "Dataset", "DatasetInfo", "check_batch_size",
+__all__ = ["DATASETS", "Dataset", "DatasetInfo", "check_batch_size",
            "from_arrays", "load", "take_rows", "validate_dataset", "validate_split"]
 
 
@@ -62,32 +62,10 @@ class DatasetInfo:
         return asdict(self)
 
 
-class DataSource:
-    """A kind of data source: a built-in dataset (``BUILTIN``) or one of the user's (one
-    class per kind in ``kbackend.data.user``, each with a ``read()``). ``digest`` is the data
-    digest the run keys are built from, of a dataset read from this source."""
-
-    def digest(self, dataset: Dataset) -> str:
-        """A hex digest of ``dataset``'s six arrays (names, shapes, dtypes, bytes) and the label
-        facts the model is built from: a label column, an edited file or another split all
-        change it; the same arrays from another path, name or kind of source do not (no kind
-        adds anything of its own: the arrays are what trains)."""
-        info = dataset.info
-        return json_digest({
-            "arrays": arrays_digest({f"{part}_{split}": array for split in ("train", "val", "test")
-                                     for part, array in zip("xy", dataset.split(split),
-                                                            strict=True)}),
-            "num_classes": info.num_classes, "sparse_labels": info.sparse_labels,
-            "val_is_test": info.val_is_test})
-
-
-BUILTIN = DataSource()  # the built-in datasets' (``DATASETS``)
-
-
 @dataclass
 class Dataset:
     """Train / validation / test splits: float32 inputs, int32 class labels (or float32 targets
-    where ``info.sparse_labels`` is False), and the source they were read from."""
+    where ``info.sparse_labels`` is False)."""
 
     x_train: np.ndarray
     y_train: np.ndarray
@@ -96,7 +74,6 @@ class Dataset:
     x_test: np.ndarray
     y_test: np.ndarray
     info: DatasetInfo
-    origin: DataSource = field(default=BUILTIN, compare=False, repr=False)
 
     def split(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """``(x, y)`` of the split called ``name`` (train, val or test)."""
@@ -106,8 +83,16 @@ class Dataset:
         return getattr(self, f"x_{name}"), getattr(self, f"y_{name}")
 
     def digest(self) -> str:
-        """The run keys' data digest: its source's (``DataSource.digest``)."""
-        return self.origin.digest(self)
+        """The run keys' data digest: a hex digest of the six arrays (names, shapes, dtypes,
+        bytes) and the label facts the model is built from. A label column, an edited file or
+        another split all change it; the same arrays from another path, name or kind of source
+        (built-in or the user's) do not: the arrays are what trains."""
+        info = self.info
+        return json_digest({
+            "arrays": arrays_digest({f"{part}_{split}": array for split in ("train", "val", "test")
+                                     for part, array in zip("xy", self.split(split), strict=True)}),
+            "num_classes": info.num_classes, "sparse_labels": info.sparse_labels,
+            "val_is_test": info.val_is_test})
 
 
 def resolve_layout(layout: str, kind: str) -> str:

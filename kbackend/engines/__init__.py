@@ -50,11 +50,6 @@ ENGINES: dict[str, Engine] = {
 }
 
 
-def engine_names() -> list[str]:
-    """The engines ``--engine`` accepts."""
-    return list(ENGINES)
-
-
 def get_engine(name: str) -> Engine:
     """The engine registered as ``name``."""
     engine_facts(name)  # an unknown name: a one-line error

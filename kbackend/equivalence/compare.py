@@ -17,6 +17,7 @@ import numpy as np
 
 from kbackend.equivalence.pool import EquivalenceError, WorkerFailed, WorkerPool
 from kbackend.equivalence.tolerances import TOLERANCES, divergence_for_error
+from kbackend.model_sources import ModelSource
 from kbackend.optim import OptimizerSpec
 
 # Optimizers the step comparisons run by default: kbackend OptimizerSpec fields plus a label.
@@ -253,15 +254,11 @@ def safe_mode(source: dict[str, Any]) -> bool:
 
 
 def absolute_source(source: dict[str, Any]) -> dict[str, Any]:
-    """``source`` with its file paths made absolute here: workers may have started in another
-    working directory (a pool lives across ``chdir``s)."""
-    if source.get("kind") == "keras_file":
-        return {**source, "path": str(Path(source["path"]).resolve())}
-    if source.get("kind") == "builder":
-        location, colon, function = str(source["model"]).rpartition(":")
-        if colon and location.endswith(".py"):
-            return {**source, "model": f"{Path(location).resolve()}:{function}"}
-    return source
+    """``source`` with its file paths made absolute here (``ModelSource.to_json``): workers may
+    have started in another working directory (a pool lives across ``chdir``s)."""
+    if source.get("kind") in ("arch", "config"):
+        return source
+    return {**source, **ModelSource.from_json(source).to_json()}
 
 
 class CaseError(EquivalenceError):

@@ -1,6 +1,6 @@
 """A small grammar of Keras architectures as JSON-able dicts, and the builder that realizes them.
 
-The property suite draws architectures (``kbackend.equivalence.strategies``) as plain dicts, so a
+The property suite draws architectures (``tests/equivalence/strategies.py``) as plain dicts, so a
 failing example prints as readable JSON and is rebuilt identically in every worker process.
 An architecture::
 
@@ -102,13 +102,3 @@ def build_model(arch: dict[str, Any]) -> Any:
     outputs = keras.layers.Dense(arch["outputs"], activation=arch.get("output_activation"),
                                  name="head")(x)
     return keras.Model(inputs, outputs, name=arch.get("name", "arch"))
-
-
-def with_data_format(arch: dict[str, Any], data_format: str) -> dict[str, Any]:
-    """``arch`` with its input shape and ``data_format`` switched to ``data_format``."""
-    current = arch.get("data_format", "channels_last")
-    shape = list(arch["input"]["shape"])
-    if current != data_format and len(shape) >= 2:
-        shape = ([shape[-1], *shape[:-1]] if data_format == "channels_first"
-                 else [*shape[1:], shape[0]])
-    return {**arch, "data_format": data_format, "input": {**arch["input"], "shape": shape}}

@@ -3,10 +3,9 @@
 Every operation starts from a *source* (where the model comes from) and explicit weights, so
 both backends always compute with the very same float32 values, copied, never re-seeded:
 
-- ``{"kind": "keras_file", "path": ...}``: a saved ``.keras`` file (``"unsafe_deserialization":
-  True`` loads its ``Lambda`` layers);
-- ``{"kind": "builder", "model": "FILE.py:FUNCTION", "input_shape": [...], "num_classes": n}``:
-  a builder (``kbackend.model_sources``), built for that input shape and number of classes;
+- a model source as JSON (``ModelSource.to_json``): a saved ``.keras`` file (loaded with its
+  weights; its ``unsafe_deserialization`` loads ``Lambda`` layers), or a builder with
+  ``"input_shape": [...]`` and ``"num_classes": n`` beside it, built for that data;
 - ``{"kind": "config", "config": json}``: a Keras model config (``model.to_json()``);
 - ``{"kind": "arch", "arch": {...}}``: an architecture of ``kbackend.equivalence.grammar``.
 
@@ -25,11 +24,9 @@ from kbackend import data
 from kbackend.backend_choice import keras as import_keras
 from kbackend.backends import impl
 from kbackend.engines import get_engine
-from kbackend.equivalence.compare import safe_mode
 from kbackend.equivalence.grammar import build_model
-from kbackend.errors import InternalError
 from kbackend.io import atomic_write
-from kbackend.model_sources import load_model
+from kbackend.model_sources import ModelSource, load_model
 from kbackend.optim import OptimizerSpec
 from kbackend.training import TrainConfig
 
@@ -41,19 +38,17 @@ def _model(source: dict[str, Any], compile: bool = False) -> Any:
     """The Keras model ``source`` describes: an architecture built here, any other kind loaded
     by ``kbackend.model_sources.load_model`` (a builder's compiled as its builder compiles it;
     ``compile``: a ``.keras`` file's with its saved compile settings)."""
-    kind = source["kind"]
-    if kind == "arch":
+    if source["kind"] == "arch":
         return build_model(source["arch"])
-    info = None
-    if kind == "builder":
-        info = data.DatasetInfo("equivalence", tuple(int(d) for d in source["input_shape"]),
-                                int(source["num_classes"]), "arrays", "spatial", None, 1, 0, 0)
-    model = {"keras_file": "path", "builder": "model", "config": "config"}.get(kind)
-    if model is None:
-        raise InternalError(f"Unknown model source kind {kind!r}: expected keras_file, builder, "
-                            "config or arch.")
-    return load_model(source[model], info=info, compile=compile,
-                      unsafe_deserialization=not safe_mode(source))
+    if source["kind"] == "config":
+        return load_model(source["config"], compile=compile)
+    model = ModelSource.from_json(source)
+    if "input_shape" not in source:  # a file: loaded with its weights
+        return load_model(model.path, compile=compile,
+                          unsafe_deserialization=model.unsafe_deserialization)
+    info = data.DatasetInfo("equivalence", tuple(int(d) for d in source["input_shape"]),
+                            int(source["num_classes"]), "arrays", "spatial", None, 1, 0, 0)
+    return load_model(model, info=info)
 
 
 def compiled_loss(source: dict[str, Any], model: Any = None) -> Any:

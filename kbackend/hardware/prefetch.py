@@ -101,9 +101,3 @@ class Prefetcher:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-
-def prefetch(source: Iterable[Any], depth: int = 2, *, to_device: bool = False,
-             monitor: Any = None) -> Prefetcher:
-    """``Prefetcher(source, depth, to_device=..., monitor=...)``: the next ``depth`` items,
-    ahead."""
-    return Prefetcher(source, depth, to_device=to_device, monitor=monitor)

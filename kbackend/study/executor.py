@@ -39,8 +39,7 @@ from kbackend.engines.native import Runs, model_values
 from kbackend.envinfo import environment_identity
 from kbackend.errors import ConfigError, DataError, InternalError
 from kbackend.history import History
-from kbackend.model_sources import parse_model_source
-from kbackend.models import ModelOptions, build_model, model_layout
+from kbackend.models import ModelOptions
 from kbackend.optim import OptimizerSpec
 from kbackend.study.auto_cells import auto_cell_runs, finish_auto_cells, run_auto_cell
 from kbackend.study.config import LOCAL_EXECUTOR, StudyConfig
@@ -68,7 +67,7 @@ from kbackend.study.summaries import (
 from kbackend.study.timing import TimeSpent, apply_time_model
 from kbackend.study.trust import MIN_VALIDATION_SAMPLES
 from kbackend.task import CLASSIFICATION, Task
-from kbackend.training import Target, TrainConfig, is_builtin, load_dataset, train, workload_of
+from kbackend.training import Target, TrainConfig, train, workload_of
 from kbackend.workload import Workload
 
 # The version of the run keys' content identity (keys without it predate content keys).
@@ -125,12 +124,9 @@ class StudyRunner:
                              label=config.label, image_size=config.image_size,
                              target=config.resolved_target,
                              unsafe_deserialization=config.unsafe_deserialization)
-        if is_builtin(source):
-            model_layout(config.model)
-            self.dataset = load_dataset(source)
-        else:  # the user's model or data: its task (loss, metric) trains every cell
-            self.workload = workload_of(source)
-            self.dataset, self.task = self.workload.dataset, self.workload.task
+        # Built-in names and the user's sources alike: the task (loss, metric) trains every cell.
+        self.workload = workload_of(source)
+        self.dataset, self.task = self.workload.dataset, self.workload.task
         check_metrics(replace(source, task=self.task))  # a target the model cannot report
         if len(self.dataset.x_val) < MIN_VALIDATION_SAMPLES:
             raise DataError(f"The validation split has {len(self.dataset.x_val)} samples: a "
@@ -154,12 +150,8 @@ class StudyRunner:
         and the data (``ModelSource.digest``, ``Dataset.digest``)."""
         assert self.dataset is not None
         start = time.perf_counter()
-        if self.workload is not None:
-            source, model = self.workload.source, self.workload.first_model()
-        else:
-            source = parse_model_source(self.config.model)
-            model = self.build_model()
-            self._initial_values[self.config.seed] = model_values(model)
+        assert self.workload is not None
+        source, model = self.workload.source, self.workload.first_model()
         digests = {"model": source.digest(model), "data": self.dataset.digest()}
         self.time_spent.setup += time.perf_counter() - start
         return digests
@@ -442,9 +434,8 @@ class StudyRunner:
         """A fresh model; the same seed gives the same initial weights on one backend."""
         assert self.dataset is not None
         seed = self.config.seed if seed is None else seed
-        if self.workload is not None:
-            return self.workload.build(seed)
-        return build_model(self.config.model, self.dataset.info, ModelOptions(seed=seed))
+        assert self.workload is not None
+        return self.workload.build(seed)
 
     def initial_values(self, seed: int) -> Any:
         """The model values seed ``seed`` initializes (built once per seed: every cell of the

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from kbackend.equivalence.compare import compare_arrays
 from kbackend.equivalence.randomdata import random_inputs, random_targets, random_weights
-from kbackend.equivalence.strategies import architectures
+from tests.equivalence.strategies import architectures
 
 pytestmark = pytest.mark.equivalence
 TRAIN_FAMILIES = ("dense", "conv1d", "conv2d", "sequence")

@@ -154,7 +154,7 @@ def test_keras_tf_bias_heuristic_divergence_is_named_and_precise(pool, channels_
 def test_batchnorm_cancellation_divergence_is_named_and_precise(pool):
     """The example the property suite shrank to: sigmoid of inputs of size 1e-3 into
     BatchNormalization. Training-mode rows may differ (named); at input size 1 all pass."""
-    from kbackend.equivalence.strategies import ModelCase, materialize
+    from tests.equivalence.strategies import ModelCase, materialize
 
     arch = {"input": {"shape": [2, 1], "dtype": "float32"}, "data_format": "channels_last",
             "outputs": 1, "layers": [{"type": "activation", "activation": "sigmoid"},
@@ -179,7 +179,7 @@ def test_batchnorm_cancellation_divergence_is_named_and_precise(pool):
 def test_unstable_training_divergence_is_named_and_precise(pool):
     """The example the property suite shrank to: inputs of size 1e3 make SGD at lr 0.01
     diverge; only stepK rows of exploding runs may differ (named), and at size 1 all pass."""
-    from kbackend.equivalence.strategies import ModelCase, materialize
+    from tests.equivalence.strategies import ModelCase, materialize
 
     arch = {"input": {"shape": [2, 5, 1], "dtype": "float32"}, "data_format": "channels_last",
             "outputs": 1, "layers": [{"type": "dropout", "rate": 0.5},

@@ -1,6 +1,6 @@
 """Property suite: JAX and TensorFlow compute the same thing for random models.
 
-Every example is a model drawn from kbackend.equivalence.strategies with random weights and data
+Every example is a model drawn from tests.equivalence.strategies with random weights and data
 (tiny, unit and large magnitudes), run in both workers of the session pool.
 """
 
@@ -12,15 +12,15 @@ from hypothesis import strategies as st
 
 from kbackend.equivalence import Case, compare_model
 from kbackend.equivalence.compare import compare_results
-from kbackend.equivalence.grammar import with_data_format
-from kbackend.equivalence.strategies import (
+from tests.equivalence.conftest import assert_no_unexplained_failures
+from tests.equivalence.strategies import (
     FAMILIES,
     IMAGE_FAMILIES,
     ModelCase,
     cases,
     materialize,
+    with_data_format,
 )
-from tests.equivalence.conftest import assert_no_unexplained_failures
 
 pytestmark = pytest.mark.equivalence
 

@@ -49,6 +49,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from kbackend.data import DATASETS, Dataset, load
 from kbackend.data.user.common import (
     KINDS,
     TEXT_SEQUENCE_LENGTH,
@@ -56,11 +57,9 @@ from kbackend.data.user.common import (
     Splits,
     UserData,
     Where,
-    _builtin_names,
     _check_max_bytes,
     default_max_bytes,
     finish,
-    is_data_source,
     text_array,
 )
 from kbackend.data.user.csv_table import CsvFile, _load_csv
@@ -86,7 +85,7 @@ __all__ = [
     "KINDS", "MAX_IMAGE_PIXELS", "TEXT_SEQUENCE_LENGTH", "CsvFile", "Folder", "FunctionSource",
     "NpzFile", "PythonObjects", "Reader", "Splits", "TfdsSet", "UserData", "Where", "_load_csv",
     "_npy_header", "_tensorflow", "check_image_size", "check_source", "default_max_bytes",
-    "finish", "from_python", "image_header", "is_data_source", "load_source", "npy_data_bytes",
+    "finish", "from_python", "image_header", "load_source", "npy_data_bytes",
     "own_batch_size", "parse_image_size", "text_array", "tfds_data_dir", "vectorize_text",
 ]
 
@@ -154,7 +153,7 @@ def _reader(where: Where, source: str, path: Path | None, function: tuple[str, s
     suffix = path.suffix.lower()
     if not is_file:
         builtin = "" if suffix or os.sep in source else (
-            f" It is not a built-in dataset either ({', '.join(_builtin_names())}).")
+            f" It is not a built-in dataset either ({', '.join(sorted(DATASETS))}).")
         raise where.error(f"no such file or folder.{builtin}")
     if suffix == ".npz":
         return NpzFile(where, path, max_bytes)
@@ -180,11 +179,19 @@ def from_python(x: Any, y: Any = None, *, validation_data: Any = None, name: str
     return finish(where, name, PythonObjects(where, name, x, y, validation_data, limit))
 
 
-def check_source(source: str, *, label: str | None = None) -> None:
+def check_source(source: str, *, label: str | None = None, layout: str = "spatial",
+                 data_format: str = "channels_last", validation_fraction: float = 0.1,
+                 seed: int = 0, data_dir: str | None = None) -> Dataset | None:
     """What can be checked of ``source`` without starting a framework or running the user's
-    code (``kbackend launch``, before any of its processes starts): a ``.npz`` or ``.csv`` file
-    is read in full (NumPy only), a folder's class subfolders and files are listed, a prepared
-    TFDS folder is looked up, a ``FILE.py:FUNCTION`` file is parsed. A one-line ``DataError``."""
+    code (``kbackend launch``, before any of its processes starts): a built-in dataset is
+    loaded (in ``layout``, split by ``validation_fraction`` and ``seed``) and returned, as
+    every process will read it; a ``.npz`` or ``.csv`` file is read in full (NumPy only), a
+    folder's class subfolders and files are listed, a prepared TFDS folder is looked up, a
+    ``FILE.py:FUNCTION`` file is parsed (None: the splits are settled once a process prepares
+    them). A one-line ``DataError``."""
+    if source in DATASETS:
+        return load(source, layout=layout, data_format=data_format,
+                    validation_fraction=validation_fraction, seed=seed, data_dir=data_dir)
     where = Where(f"data source {str(source)[:200]!r}")
     function = _function_parts(source) if isinstance(source, str) else None
     with path_errors(source, "data source", DataError):
@@ -210,3 +217,4 @@ def check_source(source: str, *, label: str | None = None) -> None:
             _scan_folder(where, folder)
     else:
         load_source(source, label=label)
+    return None

@@ -4,17 +4,16 @@ checks every split ends with, string labels as class indices, and the ``Splits``
 
 from __future__ import annotations
 
-import sys
 import textwrap
-from abc import abstractmethod
+from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import psutil
 
-from kbackend.data import BUILTIN, DataSource
+from kbackend.data import DatasetInfo
 from kbackend.errors import DataError
 
 KINDS = ("arrays", "csv", "images", "text", "tfds", "function")
@@ -45,25 +44,14 @@ class UserData:
     # The arrays were made here (read from a file), referenced by nothing else: the caller may
     # take its splits out of them in place (``kbackend.data.take_rows``) instead of copying.
     owned: bool = False
-    # The source read (its ``digest`` keys the dataset made of these splits).
-    origin: DataSource = field(default=BUILTIN, compare=False, repr=False)
+    # What the source says of the data beside its arrays (a built-in dataset's description:
+    # its source, layout, data format and classes), else None.
+    info: DatasetInfo | None = None
 
 
 def default_max_bytes() -> int:
     """How much a source may hold in memory: half the memory available now."""
     return int(psutil.virtual_memory().available * MEMORY_FRACTION)
-
-
-def _builtin_names() -> tuple[str, ...]:
-    # The package ``kbackend.data`` (always imported before its modules) holds the registry; it
-    # is looked up when called: importing it here would be an import cycle.
-    package = sys.modules.get("kbackend.data")
-    return tuple(sorted(getattr(package, "DATASETS", {})))
-
-
-def is_data_source(value: str) -> bool:
-    """True for anything that is not a built-in dataset name (``kbackend.data.DATASETS``)."""
-    return value not in _builtin_names()
 
 
 def _reason(error: BaseException) -> str:
@@ -176,9 +164,9 @@ class Splits:
     owned: bool = False  # the arrays were made by the reader: see UserData.owned
 
 
-class Reader(DataSource):
+class Reader(ABC):
     """One kind of the user's data source, holding what it reads from; ``read()`` does the
-    reading, ``digest`` (``DataSource``'s) keys what was read."""
+    reading (the dataset made of what it read is keyed by its arrays: ``Dataset.digest``)."""
 
     @abstractmethod
     def read(self) -> Splits:
@@ -208,8 +196,7 @@ def finish(where: Where, source: str, reader: Reader) -> UserData:
     if string_labels:
         checked, class_names = _encode_labels(where, checked)
     return UserData(name=read.name, source=source, splits=checked, kind=read.kind,
-                    class_names=class_names, notes=tuple(read.notes), owned=read.owned,
-                    origin=reader)
+                    class_names=class_names, notes=tuple(read.notes), owned=read.owned)
 
 
 def _label_shape(y: Any) -> Any:

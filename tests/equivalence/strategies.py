@@ -7,7 +7,7 @@ unit and large). Everything is plain JSON, so a failing example shrinks to a sma
 prints as a reproducer. Weights and data are made with NumPy in the calling process
 (``materialize``) and copied to every backend.
 
-Needs hypothesis (a test dependency); nothing else in kbackend imports this module.
+Needs hypothesis (a test dependency): test code, kept beside the tests that draw from it.
 """
 
 from __future__ import annotations
@@ -181,3 +181,13 @@ def materialize(case: ModelCase, description: dict[str, Any]) -> tuple[list, lis
     y = random_targets(description, case.batch_size, case.data_seed,
                        sparse_classes=case.loss.startswith("sparse"))
     return weights, x, y
+
+
+def with_data_format(arch: dict[str, Any], data_format: str) -> dict[str, Any]:
+    """``arch`` with its input shape and ``data_format`` switched to ``data_format``."""
+    current = arch.get("data_format", "channels_last")
+    shape = list(arch["input"]["shape"])
+    if current != data_format and len(shape) >= 2:
+        shape = ([shape[-1], *shape[:-1]] if data_format == "channels_first"
+                 else [*shape[1:], shape[0]])
+    return {**arch, "data_format": data_format, "input": {**arch["input"], "shape": shape}}

@@ -27,7 +27,7 @@ from kbackend.envinfo import environment
 from kbackend.errors import ConfigError, Diverged
 from kbackend.history import History
 from kbackend.io import atomic_write, check_output_path
-from kbackend.model_sources import parse_model_source
+from kbackend.model_sources import BuiltinModel, parse_model_source
 from kbackend.precision import precision_scope
 from kbackend.task import MultiOutputTask, Task
 from kbackend.tensorboard_logs import check_logdir, scalar_writer
@@ -189,8 +189,19 @@ def _prepare(engine: Engine, config: TrainConfig, *, dataset: data_module.Datase
     if model is None:  # a source checks the model's training state before building it
         with precision_scope(config.precision):
             model = (workload.build(config.seed) if workload is not None else
-                     parse_model_source(config.model).build(dataset.info, config.model_options))
+                     _builtin_source(config).build(dataset.info, config.model_options))
     return _Run(config, dataset, model, plan)
+
+
+def _builtin_source(config: TrainConfig) -> Any:
+    """``config.model``'s source for a ``dataset`` passed alone: a built-in model only. A user's
+    model trains its compiled task, read from it when its workload is prepared (``workload=``);
+    built here on a bare dataset it would train ``config.task`` instead."""
+    source = parse_model_source(config.model)
+    if not isinstance(source, BuiltinModel):
+        raise ConfigError(f"train(config, dataset=...) builds a built-in model only; for "
+                          f"{config.model!r} pass model= or workload= (kbackend.workload).")
+    return source
 
 
 def _train_and_test(engine: Engine, run: _Run, reporter: Any,

@@ -67,6 +67,19 @@ def test_the_user_model_on_builtin_data_says_its_task_and_keeps_the_data_descrip
     assert workload.dataset.digest() == loaded.digest()
 
 
+def test_a_dataset_passed_alone_builds_a_builtin_model_and_refuses_a_users(tmp_path):
+    """``training.train(config, dataset=...)`` with neither model nor workload: a user's model
+    would train ``config.task``, not its compiled loss, so it is refused in one line."""
+    from kbackend.training import TrainConfig, train
+
+    (tmp_path / "builder.py").write_text(BUILDER)
+    digits = data_module.load("digits", layout="spatial")
+    config = TrainConfig(model=f"{tmp_path / 'builder.py'}:build", dataset="digits", epochs=1)
+    with pytest.raises(ConfigError, match="builds a built-in model only") as error:
+        train(config, dataset=digits)
+    assert "\n" not in str(error.value)
+
+
 def test_a_dataset_keeps_no_reference_to_the_arrays_it_was_read_from():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(200, 6)).astype(np.float32)

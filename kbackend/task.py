@@ -161,7 +161,13 @@ class Task:
         return self.loss_instance if self.loss_instance is not None else _loss_object(self.loss)
 
     def per_sample_loss(self, y: Any, outputs: Any) -> Any:
-        """The loss of each sample, shape ``(batch,)`` (before the mean ``compile`` takes)."""
+        """The loss of each sample, shape ``(batch,)`` (before the mean ``compile`` takes), in
+        float32 as Keras computes it (``Loss.__call__`` casts a mixed-precision model's
+        float16 / bfloat16 outputs to the loss's float32)."""
+        import keras  # deferred: Keras is imported once the backend is chosen
+
+        if keras.backend.standardize_dtype(outputs.dtype) in ("float16", "bfloat16"):
+            outputs = keras.ops.cast(outputs, "float32")
         return _per_sample(self.loss_object().call(y, outputs))
 
     def per_sample_metric(self, y: Any, outputs: Any) -> Any:

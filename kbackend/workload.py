@@ -142,14 +142,16 @@ class Workload:
         """The model built while preparing, else one built now for the options' seed; kept
         for the first ``build`` of that seed."""
         if self._first is None:
-            self._first = (self.options.seed, self.build())
+            self._first = (self.options.seed, self.build(), _dtype_policy())
         return self._first[1]
 
     def build(self, seed: int | None = None) -> Any:
         """A fresh model for seed ``seed`` (default: the options' seed)."""
         seed = self.options.seed if seed is None else seed
-        if self._first is not None and self._first[0] == seed:
-            model, self._first = self._first[1], None  # built once while preparing: reused
+        # Built once while preparing: reused, when built under the dtype policy in force now
+        # (a run's --precision scope; the workload may have been prepared outside it).
+        if self._first is not None and self._first[::2] == (seed, _dtype_policy()):
+            model, self._first = self._first[1], None
             return model
         info = self.dataset.info
         if self.packing is not None:
@@ -211,8 +213,13 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
     workload = Workload(source, dataset, task, options, packing=packing, front=front,
                         raw_shape=raw_shape if front is not None else None, notes=notes,
                         says_task=says_task)
-    workload._first = (options.seed, first)
+    workload._first = (options.seed, first, _dtype_policy())
     return workload
+
+
+def _dtype_policy() -> str:
+    """The name of Keras's global dtype policy (layers built now take it)."""
+    return str(import_keras().config.dtype_policy().name)
 
 
 def _read(source: ModelSource, data: Any, x: Any, y: Any, validation_data: Any, *,

@@ -80,6 +80,22 @@ def test_a_dataset_passed_alone_builds_a_builtin_model_and_refuses_a_users(tmp_p
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("model", ["builder", "seed_mlp"])
+def test_a_workload_prepared_outside_the_runs_precision_trains_in_it(tmp_path, model):
+    """The command line and ``kbackend.train`` prepare the workload (building its first model)
+    before the run's ``--precision`` scope: the run's model is built again under its policy."""
+    from kbackend.training import TrainConfig, train
+
+    (tmp_path / "builder.py").write_text(BUILDER)
+    name = f"{tmp_path / 'builder.py'}:build" if model == "builder" else model
+    workload = prepare_workload(name, "digits")
+    config = TrainConfig(model=name, dataset="digits", epochs=1, engine="native",
+                         precision="mixed_bfloat16")
+    trained = train(config, workload=workload).model
+    assert {layer.dtype_policy.name for layer in trained.layers
+            if layer.weights} == {"mixed_bfloat16"}
+
+
 def test_a_dataset_keeps_no_reference_to_the_arrays_it_was_read_from():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(200, 6)).astype(np.float32)

@@ -21,6 +21,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 from kbackend.study.analysis import Analysis, analyze
+from kbackend.study.study_record import StudyRecord
 
 ANSWERED = ("a", "b", "equivalent")
 
@@ -61,7 +62,7 @@ def main() -> int:
     for margin in (float(m) for m in args.margins.split(",")):
         study = copy.deepcopy(summary)
         study["config"]["margin"] = margin
-        counts = shares(analyze(study))
+        counts = shares(analyze(StudyRecord.from_json(study)))
         print(f"| {margin:g} ({1 + margin:g}x) | {counts['answered']} of {counts['verdicts']} "
               f"({counts['answered'] / max(1, counts['verdicts']):.0%}) | "
               f"{counts['per_batch_answered']} of {counts['per_batch']} | "

@@ -160,7 +160,7 @@ def test_runs_csv_has_a_row_per_run_and_says_which_were_reused(studied):
     _, first, again, *_ = studied
     assert first.runs_path == again.runs_path and first.runs_path.name == "runs.csv"
     table = pandas.read_csv(again.runs_path)
-    runs = again.study["runs"]
+    runs = again.study.runs
     assert len(table) == len(runs) == 4  # 2 batch sizes x 2 seeds
     assert sorted(zip(table["batch_size"], table["seed"], strict=True)) == \
         [(16, 0), (16, 1), (32, 0), (32, 1)]
@@ -188,7 +188,7 @@ def test_the_study_writes_one_run_folder_per_run_and_the_hparams_experiment(stud
                                                                "optimizer"]
     assert {m.name.tag for m in experiment.metric_infos} == {
         "steps_to_target", "time_to_target", "best_val_mae"}
-    runs = {r["key"][:8]: r for r in again.study["runs"]}
+    runs = {r["key"][:8]: r for r in again.study.runs}
     for folder in folders:
         run = runs[folder.name.rsplit("-", 1)[1]]
         start = hparams_metadata.parse_session_start_info_plugin_data(
@@ -239,15 +239,15 @@ def _printed(study, width=80) -> list[str]:
 
 def _as_classifier(study):
     cells = [{**c, "test_metric_name": "test_accuracy", "test_metric": 0.9375}
-             for c in study["cells"]]
-    return {**study, "cells": cells}
+             for c in study.cells]
+    return dataclasses.replace(study, cells=cells)
 
 
 def _with_auto_cell(study):
-    auto = {**study["cells"][0], "batch_size": "auto", "learning_rate": 0.00316227766,
+    auto = {**study.cells[0], "batch_size": "auto", "learning_rate": 0.00316227766,
             "auto": {"min": 16, "max": 512, "lr_scaling": "sqrt"}, "lr_at_grid_edge": True,
             "seeds": 10, "seeds_reached": 10}
-    return {**study, "auto_cells": [auto]}
+    return dataclasses.replace(study, auto_cells=[auto])
 
 
 @pytest.mark.parametrize("variant", ["regression", "classification", "auto"])
@@ -261,7 +261,7 @@ def test_the_console_table_fits_80_columns_with_every_cell_filled(studied, varia
     metric = "test acc" if variant == "classification" else "test mae"
     assert metric in header and ("test acc" in header) == (variant == "classification")
     rows = [line.split() for line in lines if line.lstrip().startswith("adam")]
-    assert len(rows) == len(study["cells"]) + len(study.get("auto_cells") or [])
+    assert len(rows) == len(study.all_cells)
     assert "…" not in "\n".join(lines)
     for row in rows:  # optimizer, batch, lr, time, steps, reached, test: none blank
         assert row[1] not in ("", "-") and not any(math.isnan(float(v)) for v in row[-1:])

@@ -1,7 +1,7 @@
 """A study's runs for the tools Keras users read: ``runs.csv`` (one row per run, for pandas) and
 TensorBoard run folders with the HParams plugin's experiment.
 
-Both are written from the study's stored runs (``study["runs"]`` and ``study["auto_runs"]``), so
+Both are written from the study's stored runs (``StudyRecord.all_runs``), so
 a resumed study writes the same rows and adds only the run folders it lacks: a run's folder is
 named by its settings and its store key, and one that exists is left as it is.
 """
@@ -17,18 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from kbackend.io import atomic_write_text, temp_folder
+from kbackend.study.study_record import StudyRecord
 from kbackend.tensorboard_logs import evaluation_scalars, write_experiment, write_run
 
 RUNS_CSV = "runs.csv"
 RUN_COLUMNS = ("optimizer", "batch_size", "learning_rate", "seed", "max_steps", "reached",
                "steps_to_target", "time_to_target", "best_metric", "test_metric",
                "test_metric_name", "steps_run", "samples_per_s", "reused", "key")
-
-
-def study_runs(study: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every stored run of the study: the fixed cells' (all rates and seeds), then the auto
-    cells'."""
-    return [*study["runs"], *(study.get("auto_runs") or [])]
 
 
 def run_row(run: dict[str, Any], started_at: float | None) -> dict[str, Any]:
@@ -53,19 +48,19 @@ def run_row(run: dict[str, Any], started_at: float | None) -> dict[str, Any]:
     }
 
 
-def runs_csv_text(study: dict[str, Any], started_at: float | None) -> str:
+def runs_csv_text(study: StudyRecord, started_at: float | None) -> str:
     """``runs.csv``'s text: a header of ``RUN_COLUMNS``, one row per run (empty cells where a
     figure is missing or not finite)."""
     out = io.StringIO()
     writer = csv.DictWriter(out, RUN_COLUMNS, lineterminator="\n")
     writer.writeheader()
-    for run in study_runs(study):
+    for run in study.all_runs:
         row = run_row(run, started_at)
         writer.writerow({k: "" if _missing(v) else v for k, v in row.items()})
     return out.getvalue()
 
 
-def write_runs_csv(study: dict[str, Any], folder: str | os.PathLike,
+def write_runs_csv(study: StudyRecord, folder: str | os.PathLike,
                    started_at: float | None) -> Path:
     """``folder/runs.csv``, atomically."""
     return atomic_write_text(Path(folder) / RUNS_CSV, runs_csv_text(study, started_at))
@@ -99,13 +94,13 @@ def run_points(run: dict[str, Any]) -> Iterator[tuple[int, dict[str, float]]]:
         previous = record
 
 
-def write_tensorboard(study: dict[str, Any], logdir: str | os.PathLike) -> list[Path]:
+def write_tensorboard(study: StudyRecord, logdir: str | os.PathLike) -> list[Path]:
     """Every stored run as a TensorBoard run folder under ``logdir`` (those missing), and the
     HParams experiment (optimizer, batch size, learning rate; steps and time to target, the
     best validation value) at its top. Returns the folders written now."""
     logdir = Path(logdir)
-    runs = study_runs(study)
-    metric = study["config"]["target"]["metric"]
+    runs = study.all_runs
+    metric = study.target["metric"]
     metrics = {"steps_to_target": "steps to target", "time_to_target": "time to target (s)",
                f"best_{metric}": f"best {metric}"}
     # One type per hparam (the plugin's domains are typed): batch sizes are text where an auto

@@ -10,12 +10,13 @@ command line prints from the same ``recommendation``.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from kbackend.study import recommend
 from kbackend.study.analysis import Analysis
+from kbackend.study.study_record import Cell, StudyRecord
 
 
 @dataclass(frozen=True)
@@ -131,46 +132,43 @@ class CellRow:
     test_metric: float | None
     test_metric_name: str | None
     samples_per_s: float | None
-    cell: dict[str, Any] = field(repr=False, compare=False)
+    cell: Cell = field(repr=False, compare=False)
 
     @classmethod
-    def of(cls, cell: dict[str, Any]) -> CellRow:
-        return cls(cell["optimizer"], cell["batch_size"], cell["learning_rate"],
-                   bool(cell.get("reached")), int(cell.get("seeds", 1)),
-                   int(cell.get("seeds_reached", int(bool(cell.get("reached"))))),
-                   cell.get("steps_to_target"), cell.get("time_to_target"),
-                   cell.get("samples_to_target"), cell.get("best_metric"),
-                   cell.get("test_metric"), cell.get("test_metric_name"),
-                   cell.get("samples_per_s"), cell)
+    def of(cls, cell: Cell) -> CellRow:
+        return cls(cell.optimizer, cell.batch_size, cell.learning_rate, bool(cell.reached),
+                   cell.seeds, cell.seeds_reached, cell.steps_to_target, cell.time_to_target,
+                   cell.samples_to_target, cell.best_metric, cell.test_metric,
+                   cell.test_metric_name, cell.samples_per_s, cell)
 
     def __getitem__(self, name: str) -> Any:
-        return self.cell[name]
+        return getattr(self.cell, name)
 
     def to_dict(self) -> dict[str, Any]:
         """The row's typed fields (the full record stays in ``cell``)."""
-        return {k: v for k, v in asdict(self).items() if k != "cell"}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "cell"}
 
 
 @dataclass(frozen=True)
 class StudyResult:
     """A finished study: ``best`` (the ``Recommendation``, None if no cell reached), ``rows``
     (one ``CellRow`` per cell), ``report_path``, ``runs_path`` (``runs.csv``, one row per
-    run), the raw ``study`` record and its typed ``analysis`` (``analysis.Analysis``)."""
+    run), the ``study`` record (``StudyRecord``; ``study["cells"]`` reads its JSON) and its
+    typed ``analysis`` (``analysis.Analysis``)."""
 
     best: Recommendation | None
     rows: tuple[CellRow, ...]
     report_path: Path
     runs_path: Path | None = None
-    study: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    study: StudyRecord = field(default_factory=StudyRecord, repr=False, compare=False)
     analysis: Analysis | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def of(cls, study: dict[str, Any], analysis: Analysis, report_path: Path,
+    def of(cls, study: StudyRecord, analysis: Analysis, report_path: Path,
            runs_path: Path | None = None) -> StudyResult:
         """The typed result of ``run_study``'s ``study`` and ``analysis``."""
-        cells = [*study["cells"], *(study.get("auto_cells") or [])]
-        return cls(recommendation(study), tuple(CellRow.of(c) for c in cells), report_path,
-                   runs_path, study, analysis)
+        return cls(recommendation(study), tuple(CellRow.of(c) for c in study.all_cells),
+                   report_path, runs_path, study, analysis)
 
     def to_dict(self) -> dict[str, Any]:
         """``best`` and ``rows`` as JSON values, with the report's and runs table's paths."""
@@ -189,7 +187,7 @@ class StudyResult:
         return pandas.DataFrame([row.to_dict() for row in self.rows])
 
 
-def recommendation(study: dict[str, Any]) -> Recommendation | None:
+def recommendation(study: StudyRecord) -> Recommendation | None:
     """The typed recommendation of ``study`` (the rule, command and confirmation:
     ``kbackend.study.recommend``); None if no cell reached the target."""
     best = recommend.recommendation(study)

@@ -21,18 +21,20 @@ import math
 import statistics
 from typing import Any
 
+from kbackend.study.study_record import Cell
+
 PERFECT_SCALING_EXPONENT = 0.7
 SATURATION_EXPONENT = 0.2
 # A fitted knee more than this factor outside the studied batch sizes is reported as outside.
 KNEE_EXTRAPOLATION = 2.0
 
 
-def by_optimizer(cells: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    grouped: dict[str, list[dict[str, Any]]] = {}
+def by_optimizer(cells: list[Cell]) -> dict[str, list[Cell]]:
+    grouped: dict[str, list[Cell]] = {}
     for cell in cells:
-        grouped.setdefault(cell["optimizer"], []).append(cell)
+        grouped.setdefault(cell.optimizer, []).append(cell)
     for group in grouped.values():
-        group.sort(key=lambda c: c["batch_size"])
+        group.sort(key=lambda c: c.batch_size)
     return grouped
 
 
@@ -95,21 +97,19 @@ def throughput_curve(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for b, v in sorted(by_batch.items())]
 
 
-def cell_time(cell: dict[str, Any] | None) -> float:
-    if cell is None or not cell["reached"]:
-        return math.inf
-    return cell["time_to_target"]
+def cell_time(cell: Cell | None) -> float:
+    return math.inf if cell is None else cell.seconds
 
 
-def crossover(cells: list[dict[str, Any]], challenger: str,
+def crossover(cells: list[Cell], challenger: str,
               incumbent: str) -> dict[str, Any] | None:
     """The smallest batch size from which ``challenger`` reaches the target in less training time
     than ``incumbent`` at that and every larger studied batch size (None if both are absent)."""
     grouped = by_optimizer(cells)
     if challenger not in grouped or incumbent not in grouped:
         return None
-    a = {c["batch_size"]: c for c in grouped[challenger]}
-    b = {c["batch_size"]: c for c in grouped[incumbent]}
+    a = {c.batch_size: c for c in grouped[challenger]}
+    b = {c.batch_size: c for c in grouped[incumbent]}
     sizes = sorted(s for s in set(a) & set(b)
                    if math.isfinite(cell_time(a[s])) or math.isfinite(cell_time(b[s])))
     wins = [cell_time(a[s]) < cell_time(b[s]) for s in sizes]

@@ -18,6 +18,7 @@ import numpy as np
 from kbackend.data.batching import steps_per_epoch
 from kbackend.history import History, RunRecord
 from kbackend.stats import median_interval
+from kbackend.study.study_record import Cell
 from kbackend.training import Target
 
 if TYPE_CHECKING:  # the store opens SQLite: not at the train command's set-up (test_startup)
@@ -91,12 +92,12 @@ def adaptive_samples(ranges: list[dict[str, Any]], step: int) -> int:
     return int(ranges_time(ranges, step, float) or 0)
 
 
-def cell_seconds_per_step(cell: dict[str, Any]) -> float | None:
+def cell_seconds_per_step(cell: Cell) -> float | None:
     """A cell's seconds per step here: the time model's median, else its runs' clocks (time to
     target / steps to target)."""
-    per_step = (cell.get("seconds_per_step") or {}).get("median")
-    if per_step is None and cell.get("time_to_target") and cell.get("steps_to_target"):
-        per_step = cell["time_to_target"] / cell["steps_to_target"]
+    per_step = (cell.seconds_per_step or {}).get("median")
+    if per_step is None and cell.time_to_target and cell.steps_to_target:
+        per_step = cell.time_to_target / cell.steps_to_target
     return per_step
 
 
@@ -312,7 +313,7 @@ def summarize_cell(records: list[StoredRun]) -> dict[str, Any]:
     return {
         "learning_rate": middle.config["learning_rate"],
         "seeds": len(records),
-        "seed_values": [r.config["seed"] for r in records],
+        "seed_values": tuple(r.config["seed"] for r in records),
         "reached": reached,
         "seeds_reached": sum(1 for r in records if run_steps(r) < math.inf),
         "steps_to_target": finite(steps["median"]) if reached else None,
@@ -339,7 +340,7 @@ def summarize_cell(records: list[StoredRun]) -> dict[str, Any]:
         "eval_every": records[0].config.get("eval_every") if records else None,
         "fused_steps": records[0].config.get("fused_steps") if records else None,
         "run_key": middle.key,
-        "run_keys": [r.key for r in records],
+        "run_keys": tuple(r.key for r in records),
         "intervals": {"steps_to_target": steps, "time_to_target": times,
                       "test_accuracy": test, "test_metric": test_metric,
                       "best_metric": median_of("best_metric")},

@@ -153,11 +153,12 @@ def test_a_second_cell_is_confirmed_only_when_the_first_fails_on_most_seeds():
     asked = []
 
     def confirm_one(cell):
-        asked.append(cell["optimizer"])
+        asked.append(cell.optimizer)
         seeds = 3
         reached = 1 if cell is fast else 3
-        return {"optimizer": cell["optimizer"], "batch_size": cell["batch_size"],
-                "seeds": seeds, "reached": reached, "confirmed": reached * 2 > seeds,
+        return {"optimizer": cell.optimizer, "batch_size": cell.batch_size,
+                "seeds": seeds, "held_out_seeds": list(range(HELD_OUT_SEED, HELD_OUT_SEED + seeds)),
+                "reached": reached, "confirmed": reached * 2 > seeds,
                 "steps_to_target": {"median": 60, "low": 50, "high": 70},
                 "time_to_target": {"median": 3.0, "low": 2.8, "high": 3.3}}
 

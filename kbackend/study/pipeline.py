@@ -320,15 +320,9 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
         plateau = trust.after_training(study, target.metric, target.value, num_val)
         if plateau and speaking:
             say(plateau)
-        study = replace(study, warnings=(*warnings, *([plateau] if plateau else [])))
-        if profile is not None:
-            study = replace(study, device_profile=predict(study, profile))
-        wall_time = time.perf_counter() - start
-        # Up to the report: the report cannot time its own writing (the console line can).
-        study = replace(study, machine_load=MachineLoad(load_before, os.getloadavg()[0],
-                                                        os.cpu_count()),
-                        time_spent=time_accounting(runner.time_spent, wall_time,
-                                                   process_seconds()))
+        study = _completed(replace(study, warnings=(*warnings, *([plateau] if plateau else []))),
+                           profile, runner.time_spent, start, load_before)
+        wall_time = study.time_spent.this_call_s if study.time_spent else 0.0
         before_report = time.perf_counter()
         analysis = analyze(study)
         paths = _write_outputs(study, analysis, out, wall_time, started_at, tensorboard)
@@ -344,6 +338,19 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
                          f"report: {console_text(paths['report'])}", account)
     return {"study": study, "analysis": analysis, "paths": paths, "wall_time": wall_time,
             "executed": runner.executed, "skipped": events.skipped, "time_spent": account}
+
+
+def _completed(study: StudyRecord, profile: Any, spent: TimeSpent, start: float,
+               load_before: float) -> StudyRecord:
+    """``study`` with what the pipeline adds after its runs: the device profile's prediction,
+    the machine's load and where the time went (up to the report: the report cannot time its
+    own writing, the console line can)."""
+    if profile is not None:
+        study = replace(study, device_profile=predict(study, profile))
+    wall_time = time.perf_counter() - start
+    return replace(study, machine_load=MachineLoad(load_before, os.getloadavg()[0],
+                                                   os.cpu_count()),
+                   time_spent=time_accounting(spent, wall_time, process_seconds()))
 
 
 @contextmanager

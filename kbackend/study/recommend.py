@@ -23,6 +23,7 @@ import math
 import shlex
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,81 @@ DEFAULT_EPOCHS = 100
 TIES_SHOWN = 4  # tied cells named on the Recommended line (all: Recommendation.tied_with)
 # The command line's ``main``: argv (without the program name) -> exit status.
 CommandLine = Callable[[Sequence[str]], int]
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A median over seeds with its [low, high] interval (``stats.median_interval``)."""
+
+    median: float | None
+    low: float | None = None
+    high: float | None = None
+    n: int | None = None
+
+    @classmethod
+    def of(cls, values: dict[str, Any] | None) -> Interval | None:
+        """The interval ``median_interval`` wrote as a dict, or None where there is none."""
+        if not values or "median" not in values:
+            return None
+        return cls(_number(values.get("median")), _number(values.get("low")),
+                   _number(values.get("high")), values.get("n"))
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """A cell's printed ``kbackend train`` command run on held-out seeds
+    (``recommend.confirm_cell``): the seeds, how many reached the target, whether most did,
+    and its steps, time and wall to target over them (a seed that did not reach: None ends)."""
+
+    optimizer: str
+    batch_size: int | str
+    seeds: tuple[int, ...]
+    reached: int
+    confirmed: bool
+    steps_to_target: Interval | None = None
+    time_to_target: Interval | None = None
+    wall_to_target: Interval | None = None
+
+    @classmethod
+    def of(cls, record: dict[str, Any]) -> Confirmation:
+        return cls(record["optimizer"], record["batch_size"],
+                   tuple(record.get("held_out_seeds") or ()), int(record["reached"]),
+                   bool(record["confirmed"]), Interval.of(record.get("steps_to_target")),
+                   Interval.of(record.get("time_to_target")),
+                   Interval.of(record.get("wall_to_target")))
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The cell to train at: the fastest median time to target (``tie`` says which cells the
+    intervals cannot separate from it); the ``kbackend train`` command and the Python call that
+    train at it; what that command reached on held-out seeds (``confirmation``; the faster cells
+    it did not confirm: ``passed_over``); ``edge``: its rate at the bound of the extended grid.
+    ``result.best["batch_size"]`` still reads as the dict it used to be. Built by
+    ``recommendation``."""
+
+    optimizer: str
+    batch_size: int | str
+    learning_rate: float
+    time_to_target: float
+    steps_to_target: float
+    intervals: dict[str, dict[str, float] | None]
+    tied_with: tuple[tuple[str, int | str], ...]
+    resolved: bool
+    seeds: int
+    command: str
+    python: str
+    confirmation: Confirmation | None = None
+    edge: bool = False
+    tie: str | None = None
+    passed_over: tuple[Confirmation, ...] = ()
+    warnings: tuple[str, ...] = ()
+    def __getitem__(self, name: str) -> Any:
+        return getattr(self, name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The recommendation as JSON values (ties as lists)."""
+        return {**asdict(self), "tied_with": [list(t) for t in self.tied_with]}
 
 
 def ranked_cells(study: StudyRecord) -> list[Cell]:
@@ -131,7 +207,7 @@ def _python_call(study: StudyRecord, cell: Cell) -> str:
             f"epochs={DEFAULT_EPOCHS}, save='best.keras')")
 
 
-def recommendation(study: StudyRecord) -> dict[str, Any] | None:
+def recommendation(study: StudyRecord) -> Recommendation | None:
     """The cell to train at (the fastest median time to target; the cells the paired time
     verdict does not show slower are named as ``tied_with``), with its command, Python call,
     whether its rate sits at the bound of the extended grid (``edge``) and, once ``confirm``
@@ -148,41 +224,45 @@ def recommendation(study: StudyRecord) -> dict[str, Any] | None:
     settings = verdict_settings(study)
     # The report's own paired verdict (``fastest_verdict``): a cell is tied unless it is shown
     # slower; equivalent within the margin is a tie too.
-    tied = [c for c in cells if c is not best
+    tied = [c.key for c in cells if c is not best
             and time_verdict(best, c, settings, study.step_times).outcome != "a"]
     mine = next((c for c in confirmed if (c["optimizer"], c["batch_size"]) == best.key), None)
-    return {"optimizer": best.optimizer, "batch_size": best.batch_size,
-            "learning_rate": best.learning_rate, "time_to_target": best.time_to_target,
-            "steps_to_target": best.steps_to_target,
-            "intervals": {k: best.intervals.get(k) for k in ("time_to_target",
-                                                                 "steps_to_target")},
-            "tied_with": [c.key for c in tied],
-            "resolved": not tied and best.seeds > 1, "seeds": best.seeds,
-            "edge": bool(best.lr_at_bound),
-            "command": shlex.join(["kbackend", "train", *train_arguments(study, best),
-                                   "--save", "best.keras"]),
-            "python": _python_call(study, best), "confirmation": mine,
-            "passed_over": [c for c in confirmed if c is not mine],
-            "warnings": list(study.warnings)}
+    ties = ", ".join(f"{o} at batch {b}" for o, b in tied)
+    return Recommendation(
+        optimizer=best.optimizer, batch_size=best.batch_size, learning_rate=best.learning_rate,
+        time_to_target=best.seconds, steps_to_target=best.steps,
+        intervals={k: best.intervals.get(k) for k in ("time_to_target", "steps_to_target")},
+        tied_with=tuple(tied), resolved=not tied and best.seeds > 1, seeds=best.seeds,
+        command=shlex.join(["kbackend", "train", *train_arguments(study, best),
+                            "--save", "best.keras"]),
+        python=_python_call(study, best),
+        confirmation=None if mine is None else Confirmation.of(mine),
+        edge=bool(best.lr_at_bound),
+        tie=f"tied with {ties}: the intervals over seeds cannot separate them" if ties else None,
+        passed_over=tuple(Confirmation.of(c) for c in confirmed if c is not mine),
+        warnings=tuple(study.warnings))
 
 
-def _interval_text(figure: dict[str, Any], unit: str = "", spec: str = ".0f") -> str:
-    def number(value: float) -> str:
-        return "never" if math.isinf(value) else f"{value:{spec}}{unit}"
-    return f"{number(figure['median'])} [{number(figure['low'])}, {number(figure['high'])}]"
+def _interval_text(figure: Interval | None, unit: str = "", spec: str = ".0f") -> str:
+    """``median [low, high]``; an end that is not finite (a seed that never reached) "never"."""
+    def number(value: float | None) -> str:
+        return "never" if value is None else f"{value:{spec}}{unit}"
+    if figure is None:
+        return "not measured"
+    return f"{number(figure.median)} [{number(figure.low)}, {number(figure.high)}]"
 
 
-def recommendation_lines(best: dict[str, Any] | None) -> list[str]:
+def recommendation_lines(best: Recommendation | None) -> list[str]:
     """What the study's console ends with: the cell to train at, what ``train`` reached with the
     printed command on held-out seeds, and the command and Python call."""
     if best is None:
         return ["No cell reached the target: nothing to recommend (raise the budget with "
                 "--max-steps, or lower --target)."]
-    names = [f"{o} at batch {b}" for o, b in best["tied_with"]]
+    names = [f"{o} at batch {b}" for o, b in best.tied_with]
     ties = ", ".join(names[:TIES_SHOWN]) + (
         f" and {len(names) - TIES_SHOWN} more"
         if len(names) > TIES_SHOWN else "")
-    if best["seeds"] < 2:
+    if best.seeds < 2:
         why = " (one seed: no interval, so not resolved; the fastest median)"
     elif ties:
         why = (f" (the fastest median time to target; tied with {ties}: the paired intervals "
@@ -190,31 +270,30 @@ def recommendation_lines(best: dict[str, Any] | None) -> list[str]:
     else:
         why = " (resolved: the intervals separate it from every other cell)"
     edge = (" The rate is at the bound of the extended grid (edge): a better one may lie "
-            "beyond it." if best.get("edge") else "")
-    lines = [f"Recommended: {best['optimizer']} at batch {best['batch_size']}, lr "
-             f"{best['learning_rate']:g}{' (edge)' if best.get('edge') else ''}{why}.{edge}"]
-    for other in best.get("passed_over") or []:
-        lines.append(f"  {other['optimizer']} at batch {other['batch_size']} was faster in the "
-                     f"study but train reached the target on only {other['reached']} of "
-                     f"{other['seeds']} held-out seeds.")
-    confirmation = best.get("confirmation")
-    if confirmation is not None:
-        lines.append("  " + confirmation_text(confirmation))
-    lines += [f"  {warning}" for warning in best.get("warnings") or []]
-    return [*lines, f"  {best['command']}", f"  {best['python']}"]
+            "beyond it." if best.edge else "")
+    lines = [f"Recommended: {best.optimizer} at batch {best.batch_size}, lr "
+             f"{best.learning_rate:g}{' (edge)' if best.edge else ''}{why}.{edge}"]
+    for other in best.passed_over:
+        lines.append(f"  {other.optimizer} at batch {other.batch_size} was faster in the "
+                     f"study but train reached the target on only {other.reached} of "
+                     f"{len(other.seeds)} held-out seeds.")
+    if best.confirmation is not None:
+        lines.append("  " + confirmation_text(best.confirmation))
+    lines += [f"  {warning}" for warning in best.warnings]
+    return [*lines, f"  {best.command}", f"  {best.python}"]
 
 
-def confirmation_text(confirmation: dict[str, Any]) -> str:
+def confirmation_text(confirmation: Confirmation) -> str:
     """One line of what the printed command reached on held-out seeds."""
-    seeds = confirmation["seeds"]
-    if not confirmation["reached"]:
+    seeds = len(confirmation.seeds)
+    if not confirmation.reached:
         return (f"Confirmed with this command on {seeds} held-out seeds: the target was not "
                 "reached on any of them.")
-    steps = _interval_text(confirmation["steps_to_target"])
-    time = _interval_text(confirmation["time_to_target"], " s", ".3g")
+    steps = _interval_text(confirmation.steps_to_target)
+    time = _interval_text(confirmation.time_to_target, " s", ".3g")
     return (f"Confirmed with this command on {seeds} held-out seeds: train reaches the target in "
             f"{steps} steps, time to target {time} (median [min, max]; reached on "
-            f"{confirmation['reached']} of {seeds}).")
+            f"{confirmation.reached} of {seeds}).")
 
 
 def run_train(command_line: CommandLine, arguments: list[str], seed: int) -> History | None:
@@ -275,3 +354,7 @@ def confirm(study: StudyRecord,
         if confirmed[-1]["confirmed"]:
             break
     return confirmed
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None

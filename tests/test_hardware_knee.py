@@ -46,7 +46,7 @@ def test_knee_definition(sizes, throughput, knee, plateau):
 def test_study_and_advise_name_the_same_knee(sizes, throughput, knee):
     """Both commands go from the same measured curve to the batch size they call the knee."""
     runs = [{"config": {"batch_size": b}, "result": {"samples_per_s": t}}
-            for b, t in zip(sizes, throughput, strict=True)]
+            for b, t in zip(sizes, throughput, strict=True)]  # as summary.json holds them
     study_knee = analyze(StudyRecord.from_json({"cells": [], "runs": runs})).throughput_knee
     advice = Advice("seed_mlp", "digits", "jax", quick=True)
     curve = [{"batch_size": b, "samples_per_s": t, "step_ms": 1000.0 * b / t, "rounds": 1}

@@ -20,6 +20,7 @@ from kbackend.study.recommend import (
     recommendation_lines,
     train_arguments,
 )
+from kbackend.study.store import StoredRun
 from kbackend.study.study_record import Cell, StudyRecord
 from tests.conftest import NO_JIT_FLAGS
 
@@ -36,9 +37,9 @@ def _cell(optimizer, batch, time, low, high, steps, seeds=3, bound=False,
 
 
 def _run(optimizer, batch, every, fused, budget, lr=0.1):
-    return {"config": {"optimizer": {"name": optimizer}, "batch_size": batch,
-                       "learning_rate": lr, "eval_every": every, "fused_steps": fused,
-                       "max_steps": budget}}
+    return StoredRun("", "run", "", "", {"optimizer": {"name": optimizer}, "batch_size": batch,
+                                          "learning_rate": lr, "eval_every": every,
+                                          "fused_steps": fused, "max_steps": budget}, {})
 
 
 def _study(cells, engine="native", runs=()):

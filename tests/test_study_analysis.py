@@ -66,12 +66,12 @@ def test_crossover_needs_both_optimizers():
 def test_throughput_curve_and_knee():
     """Medians of the finite figures per batch size; the knee is kbackend.hardware.knee's (its
     definition is tested from a table of curves in test_hardware_knee.py)."""
-    runs = [{"config": {"batch_size": b}, "result": {"samples_per_s": v}}
-            for b, v in [(8, 100.0), (8, 120.0), (32, 500.0), (128, 900.0), (512, 1000.0),
-                         (512, math.nan)]]
+    runs = [StoredRun(f"r{i}", "run", "", "", {"batch_size": b}, {"samples_per_s": v})
+            for i, (b, v) in enumerate([(8, 100.0), (8, 120.0), (32, 500.0), (128, 900.0),
+                                        (512, 1000.0), (512, math.nan)])]
     curve = throughput_curve(runs)
     assert [p["samples_per_s"] for p in curve] == [110.0, 500.0, 900.0, 1000.0]
-    analysis = analyze(StudyRecord.from_json({"cells": [], "runs": runs, "noise": None}))
+    analysis = analyze(StudyRecord(runs=runs))
     assert (analysis.throughput_knee, analysis.throughput_plateau_reached) == (128, True)
     empty = analyze(StudyRecord.from_json({"cells": [], "runs": [], "noise": None}))
     assert (empty.throughput_knee, empty.throughput_plateau_reached) == (None, None)

@@ -122,12 +122,12 @@ def test_the_study_accounts_for_its_time(baseline):
     account = result["time_spent"]
     assert account.runs_trained == TINY_RUNS
     runs = result["study"].runs
-    steady = sum(r["result"]["train_time"] - r["result"]["startup_time"] for r in runs)
+    steady = sum(r.result["train_time"] - r.result["startup_time"] for r in runs)
     assert account.steady_training_s == pytest.approx(steady, rel=1e-6)
-    assert account.evaluation_s == pytest.approx(sum(r["result"]["eval_time"] for r in runs))
+    assert account.evaluation_s == pytest.approx(sum(r.result["eval_time"] for r in runs))
     # A cell's start-up holds building its trainer (and the study's model and initial values),
     # not only the compilation inside the runs' training clocks.
-    compiled = sum(r["result"]["startup_time"] for r in runs)
+    compiled = sum(r.result["startup_time"] for r in runs)
     assert account.setup_s > 0
     assert account.startup_s == pytest.approx(compiled + account.setup_s, rel=1e-6)
     parts = ("steady_training_s", "startup_s", "evaluation_s", "around_runs_s", "time_model_s",

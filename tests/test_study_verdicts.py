@@ -260,7 +260,7 @@ def test_a_study_resolves_with_added_seeds_and_reuses_them(tmp_path):
         assert verdict.outcome == "b" and verdict.resolved and n in (5, 8)
         assert sorted(calls) == sorted((o, s) for o in ("adam", "sgd") for s in range(3, n))
         added = study.added_seeds
-        assert added["schedule"] == [3, 5, 8, 10] and len(added["rounds"]) == [5, 8].index(n) + 1
+        assert added.schedule == (3, 5, 8, 10) and len(added.rounds) == [5, 8].index(n) + 1
         assert all(c.seeds == n for c in study.cells)
         calls.clear()
         again = StudyRunner(_pair_config(max_seeds=10, seed_budget=0.0), store,
@@ -275,7 +275,7 @@ def test_added_seeds_stop_at_the_seed_budget(tmp_path):
         study = StudyRunner(_pair_config(max_seeds=10, seed_budget=1e-9), store,
                             run_executor=calls).run()
     # one added run, then the budget is spent: that cell has 4 seeds, the other 3
-    assert len(calls) == 7 and study.added_seeds["stopped"].startswith("seed budget spent")
+    assert len(calls) == 7 and study.added_seeds.stopped.startswith("seed budget spent")
     verdict = _adam_vs_sgd(study)
     assert verdict.outcome == "not_resolved" and verdict.seeds == 3
     assert sorted(c.seeds for c in study.cells) == [3, 4]

@@ -188,7 +188,7 @@ def test_the_study_writes_one_run_folder_per_run_and_the_hparams_experiment(stud
                                                                "optimizer"]
     assert {m.name.tag for m in experiment.metric_infos} == {
         "steps_to_target", "time_to_target", "best_val_mae"}
-    runs = {r["key"][:8]: r for r in again.study.runs}
+    runs = {r["key"][:8]: r for r in again.study["runs"]}
     for folder in folders:
         run = runs[folder.name.rsplit("-", 1)[1]]
         start = hparams_metadata.parse_session_start_info_plugin_data(
@@ -238,15 +238,15 @@ def _printed(study, width=80) -> list[str]:
 
 
 def _as_classifier(study):
-    cells = [{**c, "test_metric_name": "test_accuracy", "test_metric": 0.9375}
+    cells = [dataclasses.replace(c, test_metric_name="test_accuracy", test_metric=0.9375)
              for c in study.cells]
     return dataclasses.replace(study, cells=cells)
 
 
 def _with_auto_cell(study):
-    auto = {**study.cells[0], "batch_size": "auto", "learning_rate": 0.00316227766,
-            "auto": {"min": 16, "max": 512, "lr_scaling": "sqrt"}, "lr_at_grid_edge": True,
-            "seeds": 10, "seeds_reached": 10}
+    auto = dataclasses.replace(study.cells[0], batch_size="auto", learning_rate=0.00316227766,
+                               auto={"min": 16, "max": 512, "lr_scaling": "sqrt"},
+                               lr_at_grid_edge=True, seeds=10, seeds_reached=10)
     return dataclasses.replace(study, auto_cells=[auto])
 
 

@@ -46,7 +46,7 @@ from kbackend.study.scaling import (
     throughput_curve,
     training_noise_scale,
 )
-from kbackend.study.study_record import Cell, StudyRecord
+from kbackend.study.study_record import AddedSeeds, Cell, StudyRecord
 from kbackend.study.verdicts import VERDICT_CONFIDENCE, VerdictSettings
 
 
@@ -89,7 +89,7 @@ class StudyVerdicts:
     ``adaptive``: the auto cells' verdicts, None in a study without auto cells."""
 
     settings: VerdictSettings
-    added_seeds: dict[str, Any] | None
+    added_seeds: AddedSeeds | None
     fastest: FastestVerdict
     optimizers: tuple[OptimizerComparison, ...]
     per_optimizer: dict[str, OptimizerVerdicts]
@@ -107,7 +107,8 @@ class StudyVerdicts:
             "look_levels": dict(zip(settings.levels.schedule, settings.levels.levels,
                                     strict=True)),
             "looks": settings.looks, "margin": settings.margin,
-            "accuracy_margin": settings.accuracy_margin, "added_seeds": self.added_seeds,
+            "accuracy_margin": settings.accuracy_margin,
+            "added_seeds": None if self.added_seeds is None else self.added_seeds.to_json(),
             "fastest": self.fastest.to_json(),
             "optimizers": [x.to_json() for x in self.optimizers],
             "per_optimizer": {name: per.to_json() for name, per in self.per_optimizer.items()},

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 
@@ -66,7 +65,7 @@ def step_time_at(cells: list[Cell], optimizer: str, batch_size: int) -> float | 
     return log_log_interpolate(points, batch_size)
 
 
-def modelled_time(ranges: list[dict[str, Any]], step: int, cells: list[Cell],
+def modelled_time(ranges: list[dict[str, float]], step: int, cells: list[Cell],
                   optimizer: str) -> float | None:
     """Training seconds to ``step`` of an adaptive run: each range's steps up to ``step`` times
     the fixed cells' seconds per step at its size (``step_time_at``); None where one is not
@@ -86,7 +85,7 @@ def _finished(runner: CellRunner, cell: Cell, cells: list[Cell]) -> Cell:
     """``finish_auto_cells`` of one auto cell."""
     samples: dict[str, float] = {}
     times: dict[str, float] = {}
-    ranges_by_seed: dict[str, list[dict[str, Any]]] = {}
+    ranges_by_seed: dict[str, list[dict[str, float]]] = {}
     modelled = True
     for key in cell.run_keys:
         record = runner.stored_record(key)

@@ -49,11 +49,11 @@ def not_resolved(n: int) -> str:
     return f"not resolved at {n} seed{'s' if n != 1 else ''}{reason}"
 
 
-def _span(interval: dict[str, Any] | None, spec: str = ".3g") -> str:
+def _span(interval: dict[str, float] | None, spec: str = ".3g") -> str:
     if not interval or not interval.get("n"):
         return "-"
-    return _median_span(interval["median"], interval["low"], interval["high"], interval["n"],
-                        spec)
+    return _median_span(interval["median"], interval["low"], interval["high"],
+                        int(interval["n"]), spec)
 
 
 def _median_span(median: float, low: float, high: float, n: int, spec: str) -> str:
@@ -66,7 +66,7 @@ def _median_span(median: float, low: float, high: float, n: int, spec: str) -> s
     return f"{text(median)} [{text(low)}, {text(high)}]"
 
 
-def _time_interval(cell: Cell) -> dict[str, Any] | None:
+def _time_interval(cell: Cell) -> dict[str, float] | None:
     return (cell.intervals or {}).get("time_to_target")
 
 

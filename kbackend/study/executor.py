@@ -296,7 +296,7 @@ class StudyRunner:
         start, setup_before = time.perf_counter(), self.time_spent.setup
         step_times = self.measure_step_times(cells)
         self.time_spent.step_times += self.time_spent.seconds_since(start, setup_before)
-        study_runs = [run.to_dict() for run in runs]  # the report's; the added seeds append
+        study_runs = list(runs)  # the added seeds append theirs
         added = extend_seeds(self, cells, study_runs, step_times)
         cells = apply_time_model(cells, step_times)
         # The auto cells after the fixed grid (their time model reads its step times)
@@ -313,7 +313,7 @@ class StudyRunner:
         assert self.dataset is not None
         results = run_on_ray(self)
         cells, step_times = list(results.cells), results.step_times
-        runs = [run.to_dict() for run in results.runs]
+        runs = list(results.runs)
         # the added seeds here, in the driver
         added = extend_seeds(self, cells, runs, step_times)
         cells = apply_time_model(cells, step_times)
@@ -321,17 +321,17 @@ class StudyRunner:
         return self._study(cells, runs, step_times, results.noise, added, auto)
 
     def _auto_part(self, auto_cells: list[tuple[Cell, list[StoredRun]]], cells: list[Cell]
-                   ) -> tuple[list[Cell], list[dict[str, Any]]]:
+                   ) -> tuple[list[Cell], list[StoredRun]]:
         """The study's auto cells and their runs (none without an auto cell), the cells
         finished against the fixed cells' time model."""
         if not self.config.adaptive:
             return [], []
-        auto_runs = [run.to_dict() for _, runs in auto_cells for run in runs]
+        auto_runs = [run for _, runs in auto_cells for run in runs]
         return finish_auto_cells(self, [cell for cell, _ in auto_cells], cells), auto_runs
 
-    def _study(self, cells: list[Cell], runs: list[dict[str, Any]],
+    def _study(self, cells: list[Cell], runs: list[StoredRun],
                step_times: StepTimes | None, noise: Any, added: Any,
-               auto: tuple[list[Cell], list[dict[str, Any]]]) -> StudyRecord:
+               auto: tuple[list[Cell], list[StoredRun]]) -> StudyRecord:
         assert self.dataset is not None
         return StudyRecord(
             study_id=self.study_id, config=self.config.to_dict(), env=self.env,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kbackend.io import atomic_write_text, temp_folder
+from kbackend.study.store import StoredRun
 from kbackend.study.study_record import StudyRecord
 from kbackend.tensorboard_logs import evaluation_scalars, write_experiment, write_run
 
@@ -26,12 +27,12 @@ RUN_COLUMNS = ("optimizer", "batch_size", "learning_rate", "seed", "max_steps", 
                "test_metric_name", "steps_run", "samples_per_s", "reused", "key")
 
 
-def run_row(run: dict[str, Any], started_at: float | None) -> dict[str, Any]:
+def run_row(run: StoredRun, started_at: float | None) -> dict[str, Any]:
     """One ``runs.csv`` row: the run's settings, seed and figures; ``reused``: stored before
     this invocation started (``started_at``, a ``time.time()``), so not trained by it."""
-    config, result = run["config"], run["result"]
+    config, result = run.config, run.result
     optimizer = config["optimizer"]
-    finished = run.get("finished_at")
+    finished = run.finished_at
     return {
         "optimizer": optimizer["name"] if isinstance(optimizer, dict) else optimizer,
         "batch_size": config["batch_size"], "learning_rate": config["learning_rate"],
@@ -44,7 +45,7 @@ def run_row(run: dict[str, Any], started_at: float | None) -> dict[str, Any]:
         "samples_per_s": result.get("samples_per_s"),
         "reused": bool(started_at is not None and finished is not None
                        and finished < started_at),
-        "key": run["key"],
+        "key": run.key,
     }
 
 
@@ -66,19 +67,19 @@ def write_runs_csv(study: StudyRecord, folder: str | os.PathLike,
     return atomic_write_text(Path(folder) / RUNS_CSV, runs_csv_text(study, started_at))
 
 
-def run_name(run: dict[str, Any]) -> str:
+def run_name(run: StoredRun) -> str:
     """A run's folder: its optimizer, batch size, rate and seed, and its store key's start (so
     a pruned run and its full re-run, or a changed setup, are folders of their own)."""
     row = run_row(run, None)
     batch = str(row["batch_size"]).replace(":", "-")
     return (f"{row['optimizer']}-b{batch}-lr{row['learning_rate']:g}-seed{row['seed']}-"
-            f"{run['key'][:8]}")
+            f"{run.key[:8]}")
 
 
-def run_points(run: dict[str, Any]) -> Iterator[tuple[int, dict[str, float]]]:
+def run_points(run: StoredRun) -> Iterator[tuple[int, dict[str, float]]]:
     """Each evaluation's scalars of a stored run (as ``train --tensorboard`` writes them): the
     batch size and rate of an auto run are those of its step range."""
-    config, trajectory = run["config"], run.get("trajectory") or {}
+    config, trajectory = run.config, run.trajectory or {}
     adaptive = (trajectory.get("record") or {}).get("adaptive_batch") or {}
     ranges = adaptive.get("ranges") or []
     auto = isinstance(config["batch_size"], str)
@@ -105,7 +106,7 @@ def write_tensorboard(study: StudyRecord, logdir: str | os.PathLike) -> list[Pat
                f"best_{metric}": f"best {metric}"}
     # One type per hparam (the plugin's domains are typed): batch sizes are text where an auto
     # cell's "auto:MIN:MAX" is among them.
-    as_text = any(isinstance(r["config"]["batch_size"], str) for r in runs)
+    as_text = any(isinstance(r.config["batch_size"], str) for r in runs)
     written = []
     for run in runs:
         folder = logdir / run_name(run)
@@ -128,7 +129,7 @@ def write_tensorboard(study: StudyRecord, logdir: str | os.PathLike) -> list[Pat
     return written
 
 
-def _write_experiment(logdir: Path, runs: list[dict[str, Any]], as_text: bool,
+def _write_experiment(logdir: Path, runs: list[StoredRun], as_text: bool,
                       metrics: dict[str, str]) -> None:
     """The experiment's event file at ``logdir``'s top, replacing the one an earlier invocation
     wrote (its grid may have grown), written apart and moved in."""

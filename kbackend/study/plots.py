@@ -104,8 +104,8 @@ def _plot_frontier(study: StudyRecord, path: Path) -> Path:
         if not cells:
             continue
         times, time_bars = _error_bars([(c.intervals or {}).get("time_to_target") or
-                                        {"median": c.time_to_target, "low": c.time_to_target,
-                                         "high": c.time_to_target} for c in cells])
+                                        {"median": c.seconds, "low": c.seconds,
+                                         "high": c.seconds} for c in cells])
         best, best_bars = _error_bars([c.frontier["best_metric"] for c in cells])
         ax.errorbar(times, best, xerr=time_bars, yerr=best_bars, fmt="o", capsize=2,
                     color=colours[optimizer], label=optimizer)
@@ -153,7 +153,7 @@ def _target_line(ax: Any, study: StudyRecord) -> None:
                label=f"target {plot_text(target['metric'])} {target['value']:g}")
 
 
-def _error_bars(values: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+def _error_bars(values: list[dict[str, float]]) -> tuple[np.ndarray, np.ndarray]:
     """Medians and (below, above) distances to the interval ends (open ends drawn to the median)."""
     medians = np.array([v["median"] for v in values], dtype=float)
     lows = np.array([v["low"] if math.isfinite(v["low"]) else v["median"] for v in values])
@@ -165,7 +165,7 @@ def _plot_trajectories(study: StudyRecord, path: Path) -> Path:
     plt = _pyplot()
     optimizers = _optimizers(study)
     colours = optimizer_colours(study)
-    runs = {r["key"]: r for r in study.runs}
+    runs = {r.key: r for r in study.runs}
     # The optimizer's colour, lighter for smaller batches.
     shade = dict(zip(study.batch_sizes, np.linspace(0.35, 1.0, len(study.batch_sizes)),
                      strict=True))
@@ -174,7 +174,8 @@ def _plot_trajectories(study: StudyRecord, path: Path) -> Path:
     for column, optimizer in enumerate(optimizers):
         colour = colours[optimizer]
         for cell in (c for c in study.cells if c.optimizer == optimizer):
-            trajectory = (runs.get(cell.run_key) or {}).get("trajectory")
+            run = runs.get(cell.run_key)
+            trajectory = run.trajectory if run is not None else None
             if not trajectory or not trajectory["step"]:
                 continue
             alpha = float(shade[cell.size])

@@ -128,15 +128,12 @@ def ranked_cells(study: StudyRecord) -> list[Cell]:
 
 
 def _cell_runs(study: StudyRecord, cell: Cell) -> list[dict[str, Any]]:
-    """The configs of ``cell``'s runs at its rate: a live study's runs name their optimizer in
-    the config, a stored summary's (``report.summary_payload``) beside it."""
-    def optimizer(run: dict[str, Any]) -> str | None:
-        return run.get("optimizer") or (run["config"].get("optimizer") or {}).get("name")
-
-    return [r["config"] for r in study.runs
-            if optimizer(r) == cell.optimizer
-            and r["config"].get("batch_size") == cell.batch_size
-            and r["config"].get("learning_rate") == cell.learning_rate]
+    """The configs of ``cell``'s runs at its rate (a stored summary's too: ``StudyRecord.from_json``
+    puts each run's optimizer back into its config)."""
+    return [r.config for r in study.runs
+            if (r.config.get("optimizer") or {}).get("name") == cell.optimizer
+            and r.config.get("batch_size") == cell.batch_size
+            and r.config.get("learning_rate") == cell.learning_rate]
 
 
 def _schedule(study: StudyRecord, cell: Cell) -> dict[str, int]:

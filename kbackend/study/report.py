@@ -210,10 +210,10 @@ def summary_payload(study: StudyRecord, analysis: Analysis,
                     wall_time: float | None) -> dict[str, Any]:
     """The study without its trajectories, plus the analysis: what ``study compare`` reads. The
     one place the analysis becomes JSON (``Analysis.to_json``)."""
-    runs = [{"key": r["key"], "config": {k: r["config"].get(k) for k in (
+    runs = [{"key": r.key, "config": {k: r.config.get(k) for k in (
                  "batch_size", "learning_rate", "seed", "max_steps", "eval_every",
                  "fused_steps")},
-             "optimizer": r["config"]["optimizer"]["name"], "result": r["result"]}
+             "optimizer": r.config["optimizer"]["name"], "result": r.result}
             for r in study.runs]
     load, spent = study.machine_load, study.time_spent
     return {"study": study.study_id, "config": study.config, "env": study.env,
@@ -222,7 +222,7 @@ def summary_payload(study: StudyRecord, analysis: Analysis,
             "step_times": None if study.step_times is None else study.step_times.to_json(),
             "machine_load": None if load is None else load.to_json(),
             "time_spent": None if spent is None else spent.to_json(),
-            "added_seeds": study.added_seeds,
+            "added_seeds": None if study.added_seeds is None else study.added_seeds.to_json(),
             **({"auto_cells": [c.to_json() for c in study.auto_cells]} if study.auto_cells
                else {}),
             **({"device_profile": study.device_profile} if study.device_profile

@@ -140,7 +140,7 @@ def conclusions(study: StudyRecord, analysis: Analysis, scaling: bool = True) ->
     return lines
 
 
-def _point_b_simple(point: dict[str, Any]) -> str:
+def _point_b_simple(point: dict[str, float]) -> str:
     value = point.get("b_simple")
     if value is None or not math.isfinite(value) or value <= 0:
         return "not estimated"
@@ -148,17 +148,17 @@ def _point_b_simple(point: dict[str, Any]) -> str:
 
 
 def _seeds_note(verdicts: StudyVerdicts) -> str:
-    added = verdicts.added_seeds or {}
-    schedule = added.get("schedule") or [verdicts.settings.seeds]
+    added = verdicts.added_seeds
+    schedule = (added.schedule if added else ()) or (verdicts.settings.seeds,)
     if len(schedule) < 2:
         return (f"No seeds were added (--max-seeds equal to --seeds: {schedule[0]}), so every "
                 "verdict was read once.")
-    spent = added.get("seconds") or 0.0
+    assert added is not None  # a schedule of two or more looks was run
     return (f"Seeds were added round by round ({', '.join(map(str, schedule))} seeds) to the "
             "cells whose comparisons were unresolved and could still resolve: "
-            f"{sum(len(r['runs']) for r in added.get('rounds', []))} runs in "
-            f"{len(added.get('rounds', []))} round(s), {spent:.1f} s including the frontier "
-            f"runs; stopped: {added.get('stopped')}. Each verdict says how many seeds it took.")
+            f"{sum(len(r.runs) for r in added.rounds)} runs in "
+            f"{len(added.rounds)} round(s), {added.seconds or 0.0:.1f} s including the frontier "
+            f"runs; stopped: {added.stopped}. Each verdict says how many seeds it took.")
 
 
 def sources_section(study: StudyRecord, analysis: Analysis) -> list[str]:
@@ -236,7 +236,7 @@ def frontier_rows(study: StudyRecord) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def _span_of(interval: dict[str, Any], spec: str) -> str:
+def _span_of(interval: dict[str, float], spec: str) -> str:
     if not interval or not interval.get("n"):
         return "-"
     if interval["n"] == 1:

@@ -19,9 +19,12 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kbackend.study.study_record import Cell
+
+if TYPE_CHECKING:  # the store opens SQLite: not at the train command's set-up (test_startup)
+    from kbackend.study.store import StoredRun
 
 PERFECT_SCALING_EXPONENT = 0.7
 SATURATION_EXPONENT = 0.2
@@ -86,13 +89,13 @@ def fit_critical_batch(points: list[tuple[int, float]]) -> dict[str, Any]:
     return {"s_min": a, "b_crit": b / a, "note": ""}
 
 
-def throughput_curve(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def throughput_curve(runs: list[StoredRun]) -> list[dict[str, Any]]:
     """Median steady-state samples/s per batch size over every run (all optimizers and rates)."""
     by_batch: dict[int, list[float]] = {}
     for run in runs:
-        value = run["result"].get("samples_per_s")
+        value = run.result.get("samples_per_s")
         if value is not None and math.isfinite(value) and value > 0:
-            by_batch.setdefault(run["config"]["batch_size"], []).append(value)
+            by_batch.setdefault(run.config["batch_size"], []).append(value)
     return [{"batch_size": b, "samples_per_s": statistics.median(v), "runs": len(v)}
             for b, v in sorted(by_batch.items())]
 

@@ -32,7 +32,7 @@ from kbackend.study.config import AUTO_SEED_BUDGET_SHARE
 from kbackend.study.frontier import frontier_supported, measure_frontier
 from kbackend.study.runner_protocol import CellRunner, StudyEvent
 from kbackend.study.store import StoredRun
-from kbackend.study.study_record import Cell, StepTimes, StudyRecord
+from kbackend.study.study_record import AddedSeeds, Cell, SeedRound, StepTimes, StudyRecord
 from kbackend.study.summaries import summarize_cell
 from kbackend.study.verdicts import Verdict, VerdictSettings, could_resolve, seed_schedule
 
@@ -82,14 +82,14 @@ def generalization_cells(cells: list[Cell]) -> set[tuple[str, int]]:
     return {(o, b) for o, group in sizes.items() for b in (min(group), max(group))}
 
 
-def seed_budget_seconds(config: Any, runs: list[dict[str, Any]]) -> float:
+def seed_budget_seconds(config: Any, runs: list[StoredRun]) -> float:
     """The seconds added seeds and frontier runs may take (0: no limit): ``seed_budget``, or
     by default ``AUTO_SEED_BUDGET_SHARE`` of the recorded time of the grid's runs before them
     (every rate, seed and extension). Recorded times, not this process's clock: a resumed study
     reads the same and decides alike."""
     if config.seed_budget is not None:
         return float(config.seed_budget)
-    return AUTO_SEED_BUDGET_SHARE * sum(r["result"].get("wall_time") or 0.0 for r in runs)
+    return AUTO_SEED_BUDGET_SHARE * sum(r.result.get("wall_time") or 0.0 for r in runs)
 
 
 def _stored(runner: CellRunner, key: str) -> StoredRun:
@@ -105,13 +105,13 @@ class _SeedRounds:
     recorded seconds spent against the seed budget."""
 
     def __init__(self, runner: CellRunner, cells: list[Cell],
-                 runs: list[dict[str, Any]], budget: float) -> None:
+                 runs: list[StoredRun], budget: float) -> None:
         self.runner, self.runs, self.budget = runner, runs, budget
         self.records = {c.key: [_stored(runner, k) for k in c.run_keys] for c in cells}
         self.spent = 0.0  # recorded seconds of the added seeds, stored or trained now
         self.out_of_budget = False
 
-    def add(self, cell: Cell, count: int) -> tuple[Cell, list[list[Any]]]:
+    def add(self, cell: Cell, count: int) -> tuple[Cell, list[tuple[str, int | str, int]]]:
         """Train ``cell``'s missing seeds up to ``count`` (until the budget is spent); the cell
         with its figures over all its seeds, and [optimizer, batch size, seed] of each run
         added."""
@@ -129,15 +129,15 @@ class _SeedRounds:
                                                 cell.learning_rate, seed=seed))
             self.spent += record.result.get("wall_time") or 0.0
             self.records[key].append(record)
-            self.runs.append(record.to_dict())  # the study's runs: the report's JSON
+            self.runs.append(record)  # the study's runs
             runner.time_spent.added_seed_runs += 1
-            added.append([cell.optimizer, cell.batch_size, seed])
+            added.append((cell.optimizer, cell.batch_size, seed))
         self.records[key].sort(key=lambda r: r.config["seed"])
         return replace(cell, **summarize_cell(self.records[key])), added
 
 
-def extend_seeds(runner: CellRunner, cells: list[Cell], runs: list[dict[str, Any]],
-                 step_times: StepTimes | None) -> dict[str, Any]:
+def extend_seeds(runner: CellRunner, cells: list[Cell], runs: list[StoredRun],
+                 step_times: StepTimes | None) -> AddedSeeds:
     """Add the frontier runs and seed rounds to ``cells`` (each cell replaced in the list by
     its figures over its seeds and its frontier); new runs are appended to ``runs``. Returns
     what was added: the schedule, each round's cells and seeds, the recorded seconds spent
@@ -150,7 +150,7 @@ def extend_seeds(runner: CellRunner, cells: list[Cell], runs: list[dict[str, Any
     start = time.perf_counter()
     setup_before = runner.time_spent.setup
     seeds = _SeedRounds(runner, cells, runs, budget)
-    rounds: list[dict[str, Any]] = []
+    rounds: list[SeedRound] = []
     stopped = "max_seeds reached" if len(schedule) == 1 else "no open verdict could still resolve"
     for count in schedule[1:]:
         wanted = cells_to_extend(cells, step_times, settings)
@@ -161,8 +161,7 @@ def extend_seeds(runner: CellRunner, cells: list[Cell], runs: list[dict[str, Any
             if cell.key in wanted and not seeds.out_of_budget:
                 cells[index], cell_added = seeds.add(cell, count)
                 added += cell_added
-        rounds.append({"seeds": count, "cells": sorted([list(k) for k in wanted]),
-                       "runs": added})
+        rounds.append(SeedRound(count, tuple(sorted(wanted)), tuple(added)))
         if seeds.out_of_budget:
             stopped = f"seed budget spent ({seeds.spent:.1f} of {budget:.1f} s)"
             break
@@ -172,10 +171,9 @@ def extend_seeds(runner: CellRunner, cells: list[Cell], runs: list[dict[str, Any
     frontier_seconds = _frontiers(runner, cells) if frontier else 0.0
     seconds = runner.time_spent.seconds_since(start, setup_before)
     runner.time_spent.added_seeds += seconds
-    return {"schedule": schedule, "max_seeds": settings.max_seeds, "rounds": rounds,
-            "seconds": seconds, "recorded_seconds": seeds.spent,
-            "frontier_seconds": frontier_seconds, "budget": budget or None,
-            "stopped": stopped, "frontier_epochs": config.frontier_epochs if frontier else 0}
+    return AddedSeeds(tuple(schedule), settings.max_seeds, tuple(rounds), seconds, seeds.spent,
+                      frontier_seconds, budget or None, stopped,
+                      config.frontier_epochs if frontier else 0)
 
 
 def _frontiers(runner: CellRunner, cells: list[Cell]) -> float:

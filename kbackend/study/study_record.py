@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the store opens SQLite: not at the train command's set-up (test_startup)
+    from kbackend.study.store import StoredRun
 
 
 @dataclass(frozen=True)
@@ -254,6 +257,53 @@ def _sorted_keys(value: Any) -> Any:
 
 
 @dataclass(frozen=True)
+class SeedRound:
+    """One round of added seeds: the seeds each cell has after it, the cells it extended (those
+    of a verdict that could still resolve) and [optimizer, batch size, seed] of each run added."""
+
+    seeds: int
+    cells: tuple[tuple[str, int | str], ...]
+    runs: tuple[tuple[str, int | str, int], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seeds": self.seeds, "cells": [list(c) for c in self.cells],
+                "runs": [list(r) for r in self.runs]}
+
+
+@dataclass(frozen=True)
+class AddedSeeds:
+    """What ``sequential.extend_seeds`` added: the seed schedule, each round, the seconds spent
+    (this process's clock, and the runs' recorded seconds against the budget, the frontier's
+    apart), the budget (None: no limit), why the rounds stopped and the frontier's epochs."""
+
+    schedule: tuple[int, ...]
+    max_seeds: int
+    rounds: tuple[SeedRound, ...]
+    seconds: float
+    recorded_seconds: float
+    frontier_seconds: float
+    budget: float | None
+    stopped: str
+    frontier_epochs: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {**vars(self), "schedule": list(self.schedule),
+                "rounds": [r.to_json() for r in self.rounds]}
+
+    @classmethod
+    def from_json(cls, record: dict[str, Any] | None) -> AddedSeeds | None:
+        if record is None:
+            return None
+        rounds = tuple(SeedRound(r["seeds"], tuple(tuple(c) for c in r["cells"]),
+                                 tuple(tuple(x) for x in r["runs"]))
+                       for r in record.get("rounds") or ())
+        return cls(tuple(record.get("schedule") or ()), record.get("max_seeds", 0), rounds,
+                   record.get("seconds", 0.0), record.get("recorded_seconds", 0.0),
+                   record.get("frontier_seconds", 0.0), record.get("budget"),
+                   record.get("stopped", ""), record.get("frontier_epochs", 0))
+
+
+@dataclass(frozen=True)
 class StudyRecord:
     """A study's results: its identity and set-up (``config`` is ``StudyConfig.to_dict``), its
     cells (the fixed grid's, then ``auto_cells``) and their runs, the time model's step times,
@@ -265,13 +315,13 @@ class StudyRecord:
     dataset: dict[str, Any] = field(default_factory=dict)  # DatasetInfo.to_dict
     batch_sizes: tuple[int, ...] = ()
     cells: list[Cell] = field(default_factory=list)
-    runs: list[dict[str, Any]] = field(default_factory=list)  # StoredRun.to_dict records
+    runs: list[StoredRun] = field(default_factory=list)
     digests: dict[str, str] = field(default_factory=dict)
     step_times: StepTimes | None = None
     noise: dict[str, Any] | None = None
-    added_seeds: dict[str, Any] | None = None
+    added_seeds: AddedSeeds | None = None
     auto_cells: list[Cell] = field(default_factory=list)
-    auto_runs: list[dict[str, Any]] = field(default_factory=list)
+    auto_runs: list[StoredRun] = field(default_factory=list)
     # added by the pipeline after the runs
     confirmation: tuple[dict[str, Any], ...] | None = None
     warnings: tuple[str, ...] = ()
@@ -290,7 +340,7 @@ class StudyRecord:
         return [*self.cells, *self.auto_cells]
 
     @property
-    def all_runs(self) -> list[dict[str, Any]]:
+    def all_runs(self) -> list[StoredRun]:
         """Every stored run: the fixed cells' (all rates and seeds), then the auto cells'."""
         return [*self.runs, *self.auto_runs]
 
@@ -306,10 +356,11 @@ class StudyRecord:
             "step_times": None if self.step_times is None else self.step_times.to_json(),
             "config": self.config, "env": self.env, "dataset": self.dataset,
             "batch_sizes": list(self.batch_sizes), "cells": [c.to_json() for c in self.cells],
-            "runs": list(self.runs), "noise": self.noise, "added_seeds": self.added_seeds}
+            "runs": [r.to_dict() for r in self.runs], "noise": self.noise,
+            "added_seeds": None if self.added_seeds is None else self.added_seeds.to_json()}
         if self.auto_cells or self.auto_runs:
             record.update(auto_cells=[c.to_json() for c in self.auto_cells],
-                          auto_runs=list(self.auto_runs))
+                          auto_runs=[r.to_dict() for r in self.auto_runs])
         if self.confirmation is not None:
             record["confirmation"] = list(self.confirmation)
         record["warnings"] = list(self.warnings)
@@ -331,14 +382,28 @@ class StudyRecord:
             env=record.get("env") or {}, dataset=record.get("dataset") or {},
             batch_sizes=tuple(record.get("batch_sizes") or ()),
             cells=[Cell.from_json(c) for c in record.get("cells") or ()],
-            runs=list(record.get("runs") or ()),
+            runs=[_stored_run(r) for r in record.get("runs") or ()],
             digests=record.get("digests") or {},
             step_times=StepTimes.from_json(record.get("step_times")),
-            noise=record.get("noise"), added_seeds=record.get("added_seeds"),
+            noise=record.get("noise"),
+            added_seeds=AddedSeeds.from_json(record.get("added_seeds")),
             auto_cells=[Cell.from_json(c) for c in record.get("auto_cells") or ()],
-            auto_runs=list(record.get("auto_runs") or ()),
+            auto_runs=[_stored_run(r) for r in record.get("auto_runs") or ()],
             confirmation=None if confirmation is None else tuple(confirmation),
             warnings=tuple(record.get("warnings") or ()),
             device_profile=record.get("device_profile"),
             machine_load=None if load is None else MachineLoad(**load),
             time_spent=None if spent is None else TimeAccount.from_json(spent))
+
+
+def _stored_run(record: dict[str, Any]) -> StoredRun:
+    """A run read back: ``StoredRun.to_dict``'s record, or summary.json's (its optimizer beside
+    the config, which holds only what the report reads; a test's may hold less)."""
+    from kbackend.study.store import StoredRun  # deferred: the store opens SQLite (see above)
+
+    config = dict(record.get("config") or {})
+    if "optimizer" in record and "optimizer" not in config:
+        config["optimizer"] = {"name": record["optimizer"]}
+    return StoredRun(record.get("key", ""), record.get("kind", "run"), record.get("study", ""),
+                     record.get("backend", ""), config, dict(record.get("result") or {}),
+                     record.get("trajectory"), record.get("finished_at", 0.0))

@@ -62,12 +62,12 @@ def plan_from_key_config(config: dict[str, Any]) -> RunPlan:
                    config["seed"], auto_max, config.get("lr_scaling", ""))
 
 
-def adaptive_ranges(history: History) -> list[dict[str, Any]]:
+def adaptive_ranges(history: History) -> list[dict[str, float]]:
     """An adaptive run's step ranges (each from its ``step`` on), [] for a fixed batch size."""
     return list((history.record.adaptive_batch or {}).get("ranges") or [])
 
 
-def ranges_time(ranges: list[dict[str, Any]], step: int,
+def ranges_time(ranges: list[dict[str, float]], step: int,
                 per_step: Callable[[int], float | None]) -> float | None:
     """An adaptive run's cost to the end of ``step``: each range's steps up to ``step`` (a range
     from step s covers steps s+1 to the next range's) times ``per_step`` of its batch size;
@@ -86,7 +86,7 @@ def ranges_time(ranges: list[dict[str, Any]], step: int,
     return total
 
 
-def adaptive_samples(ranges: list[dict[str, Any]], step: int) -> int:
+def adaptive_samples(ranges: list[dict[str, float]], step: int) -> int:
     """Samples an adaptive run trained on by the end of ``step`` (``ranges_time`` at one
     sample per sample)."""
     return int(ranges_time(ranges, step, float) or 0)
@@ -294,7 +294,7 @@ def summarize_cell(records: list[StoredRun]) -> dict[str, Any]:
     steps = median_interval([run_steps(r) for r in records])
     reached = math.isfinite(steps["median"])
 
-    def median_of(name: str, only_reached: bool = False) -> dict[str, Any]:
+    def median_of(name: str, only_reached: bool = False) -> dict[str, float]:
         values = [r[name] for r in results if r.get(name) is not None and
                   (not only_reached or r["reached"])]
         return median_interval([float(v) for v in values if math.isfinite(float(v))])

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # the store opens SQLite: not at the train command's set-up (test_startup)
-    from kbackend.study.store import StoredRun
+from kbackend.study.store import StoredRun
 
 
 @dataclass(frozen=True)
@@ -399,8 +398,6 @@ class StudyRecord:
 def _stored_run(record: dict[str, Any]) -> StoredRun:
     """A run read back: ``StoredRun.to_dict``'s record, or summary.json's (its optimizer beside
     the config, which holds only what the report reads; a test's may hold less)."""
-    from kbackend.study.store import StoredRun  # deferred: the store opens SQLite (see above)
-
     config = dict(record.get("config") or {})
     if "optimizer" in record and "optimizer" not in config:
         config["optimizer"] = {"name": record["optimizer"]}

@@ -18,11 +18,11 @@ import numpy as np
 from kbackend.data.batching import steps_per_epoch
 from kbackend.history import History, RunRecord
 from kbackend.stats import median_interval
-from kbackend.study.study_record import Cell
 from kbackend.training import Target
 
 if TYPE_CHECKING:  # the store opens SQLite: not at the train command's set-up (test_startup)
     from kbackend.study.store import StoredRun
+    from kbackend.study.study_record import Cell
 
 
 @dataclass(frozen=True)

@@ -46,11 +46,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kbackend.study.study_record import Cell, StepTimes
+if TYPE_CHECKING:  # the results' types import the store (SQLite): not at the train command's
+    from kbackend.study.study_record import Cell, StepTimes  # set-up (test_startup)
 
 # The chance that a comparison's final verdict is wrong, over all its looks, is at most 1 - this.
 VERDICT_CONFIDENCE = 0.9

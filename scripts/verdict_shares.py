@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
+from kbackend.io import read_json
 from kbackend.study.analysis import Analysis, analyze
 from kbackend.study.study_record import StudyRecord
 
@@ -55,7 +55,7 @@ def main() -> int:
     parser.add_argument("--margins", default="0.2,0.1")
     args = parser.parse_args()
     path = Path(args.report)
-    summary = json.loads((path / "summary.json" if path.is_dir() else path).read_text())
+    summary = read_json(path / "summary.json" if path.is_dir() else path)  # non-finite restored
     print("| margin | verdicts answered | per-batch optimizer comparisons answered | "
           "equivalent |")
     print("| --- | --- | --- | --- |")

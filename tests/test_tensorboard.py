@@ -160,7 +160,7 @@ def test_runs_csv_has_a_row_per_run_and_says_which_were_reused(studied):
     _, first, again, *_ = studied
     assert first.runs_path == again.runs_path and first.runs_path.name == "runs.csv"
     table = pandas.read_csv(again.runs_path)
-    runs = again.study.runs
+    runs = again.study["runs"]
     assert len(table) == len(runs) == 4  # 2 batch sizes x 2 seeds
     assert sorted(zip(table["batch_size"], table["seed"], strict=True)) == \
         [(16, 0), (16, 1), (32, 0), (32, 1)]

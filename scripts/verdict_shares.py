@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
+from kbackend.io import read_json
 from kbackend.study.analysis import Analysis, analyze
+from kbackend.study.study_record import StudyRecord
 
 ANSWERED = ("a", "b", "equivalent")
 
@@ -54,14 +55,14 @@ def main() -> int:
     parser.add_argument("--margins", default="0.2,0.1")
     args = parser.parse_args()
     path = Path(args.report)
-    summary = json.loads((path / "summary.json" if path.is_dir() else path).read_text())
+    summary = read_json(path / "summary.json" if path.is_dir() else path)  # non-finite restored
     print("| margin | verdicts answered | per-batch optimizer comparisons answered | "
           "equivalent |")
     print("| --- | --- | --- | --- |")
     for margin in (float(m) for m in args.margins.split(",")):
         study = copy.deepcopy(summary)
         study["config"]["margin"] = margin
-        counts = shares(analyze(study))
+        counts = shares(analyze(StudyRecord.from_json(study)))
         print(f"| {margin:g} ({1 + margin:g}x) | {counts['answered']} of {counts['verdicts']} "
               f"({counts['answered'] / max(1, counts['verdicts']):.0%}) | "
               f"{counts['per_batch_answered']} of {counts['per_batch']} | "

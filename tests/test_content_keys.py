@@ -132,7 +132,7 @@ def test_edited_model_or_data_trains_anew_and_a_renamed_copy_is_reused(tmp_path)
     assert report_dir(out, other_study) != report_dir(out, before)
     assert report_dir(out, other_study).name.startswith("cls.npz-")
     assert report_dir(out, result) == report_dir(out, _study(tmp_path, model, renamed)[1]) or \
-        result["digests"]["model"] != before["digests"]["model"]
+        result.digests["model"] != before.digests["model"]
 
 
 def test_a_builder_file_defining_its_own_layer_keeps_its_digest_when_renamed(tmp_path):

@@ -19,6 +19,7 @@ from kbackend.study.config import StudyConfig
 from kbackend.study.device_profile import DeviceProfile, load_profile, predict
 from kbackend.study.executor import StudyRunner
 from kbackend.study.pipeline import run_study
+from kbackend.study.study_record import StudyRecord
 from kbackend.training import Target
 from tests.conftest import JIT_FOR_SMALL_RUNS
 
@@ -225,7 +226,7 @@ def _cell(size, seed_steps, reached=True):
 
 def test_each_range_of_an_auto_run_costs_the_profile_time_at_its_size():
     profile = DeviceProfile("d", "p.json", "step_time_s", {16: 0.001, 64: 0.004})
-    study = {"config": {"seeds": 3}, "cells": [
+    study = StudyRecord.from_json({"config": {"seeds": 3}, "cells": [
         _cell(16, {"0": 100.0, "1": 120.0, "2": 110.0}),
         _cell(64, {"0": math.inf, "1": math.inf, "2": 60.0}, reached=False)],
         "auto_cells": [{**_cell(16, {"0": 100.0, "1": 80.0, "2": math.inf}),
@@ -234,7 +235,7 @@ def test_each_range_of_an_auto_run_costs_the_profile_time_at_its_size():
                         "ranges": {"0": [{"step": 0, "batch_size": 16},
                                          {"step": 48, "batch_size": 32}],
                                    "1": [{"step": 0, "batch_size": 16}],
-                                   "2": [{"step": 0, "batch_size": 16}]}}]}
+                                   "2": [{"step": 0, "batch_size": 16}]}}]})
     predicted = predict(study, profile)
     fixed, never = predicted["cells"]
     assert fixed["time_to_target"] == 110 * 0.001

@@ -10,6 +10,7 @@ import pytest
 from rich.console import Console
 
 from kbackend.escaping import console_text, markdown_text, one_line, plot_text
+from kbackend.study.study_record import StudyRecord
 
 HOSTILE = [
     "<script>alert(1)</script>",
@@ -82,11 +83,10 @@ def test_a_hostile_device_profile_stays_text_in_the_report_and_on_the_console(tm
     cell = {"optimizer": "sgd", "batch_size": 32, "steps_to_target": 100.0, "reached": True,
             "seconds_per_step_here": 0.001, "time_to_target_here": 0.1, "seconds_per_step": 0.001,
             "time_to_target": 0.1, "interval": {"median": 0.1, "low": 0.1, "high": 0.1}}
-    study = {"cells": [{"optimizer": "sgd", "batch_size": 32, "reached": True,
-                        "time_to_target": 0.1}],
-             "device_profile": {"profile": profile.to_dict(), "cells": [cell], "auto_cells": [],
-                                "fastest": {"text": "sgd at batch 32 is fastest"},
-                                "adaptive": []}}
+    study = StudyRecord.from_json({
+        "cells": [{"optimizer": "sgd", "batch_size": 32, "reached": True, "time_to_target": 0.1}],
+        "device_profile": {"profile": profile.to_dict(), "cells": [cell], "auto_cells": [],
+                           "fastest": {"text": "sgd at batch 32 is fastest"}, "adaptive": []}})
     report = "\n".join(report_section(study))
     assert "<b>" not in report and "\n## Injected" not in report
     assert [line for line in report.splitlines() if line.startswith("#")] == [
@@ -103,8 +103,9 @@ def test_the_study_tables_note_keeps_its_brackets_on_the_console(monkeypatch):
 
     buffer = io.StringIO()
     console = Console(file=buffer, width=100, color_system=None)
-    study = {"config": {"model": "m[red]", "target": {"metric": "val_accuracy", "value": 0.9}},
-             "dataset": {"name": "d"}, "env": {"backend": "jax"}}
+    study = StudyRecord.from_json(
+        {"config": {"model": "m[red]", "target": {"metric": "val_accuracy", "value": 0.9}},
+         "dataset": {"name": "d"}, "env": {"backend": "jax"}})
     monkeypatch.setattr(report, "console_rows", lambda s: (list(report.CONSOLE_COLUMNS), [], []))
     monkeypatch.setattr(report, "conclusions",
                         lambda s, a, **kwargs: ["B_crit [lo, hi] from [link=x]"])

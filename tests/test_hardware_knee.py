@@ -11,6 +11,7 @@ from kbackend.advise.advisor import Advice, recommend_batch_size
 from kbackend.errors import ConfigError
 from kbackend.hardware.knee import DEFAULT_MIN_GAIN, curve_knee, find_knee
 from kbackend.study.analysis import analyze
+from kbackend.study.study_record import StudyRecord
 
 MIN_GAIN = DEFAULT_MIN_GAIN
 POWERS = [2**k for k in range(3, 11)]  # 8 .. 1024
@@ -45,8 +46,8 @@ def test_knee_definition(sizes, throughput, knee, plateau):
 def test_study_and_advise_name_the_same_knee(sizes, throughput, knee):
     """Both commands go from the same measured curve to the batch size they call the knee."""
     runs = [{"config": {"batch_size": b}, "result": {"samples_per_s": t}}
-            for b, t in zip(sizes, throughput, strict=True)]
-    study_knee = analyze({"cells": [], "runs": runs, "noise": None}).throughput_knee
+            for b, t in zip(sizes, throughput, strict=True)]  # as summary.json holds them
+    study_knee = analyze(StudyRecord.from_json({"cells": [], "runs": runs})).throughput_knee
     advice = Advice("seed_mlp", "digits", "jax", quick=True)
     curve = [{"batch_size": b, "samples_per_s": t, "step_ms": 1000.0 * b / t, "rounds": 1}
              for b, t in zip(sizes, throughput, strict=True)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from dataclasses import replace
 
 import pytest
 
@@ -19,6 +20,8 @@ from kbackend.study.recommend import (
     recommendation_lines,
     train_arguments,
 )
+from kbackend.study.store import StoredRun
+from kbackend.study.study_record import Cell, StudyRecord
 from tests.conftest import NO_JIT_FLAGS
 
 
@@ -26,24 +29,24 @@ def _cell(optimizer, batch, time, low, high, steps, seeds=3, bound=False,
           spread=(0.95, 1.0, 1.05)):
     """A reached cell; ``spread``: its seeds' steps over the median, seed by seed (the paired
     verdict the tie rule reads pairs them with another cell's)."""
-    return {"optimizer": optimizer, "batch_size": batch, "learning_rate": 0.1, "reached": True,
-            "time_to_target": time, "steps_to_target": steps, "samples_to_target": steps * batch,
-            "seeds": seeds, "lr_at_bound": bound, "lr_at_grid_edge": bound,
-            "seed_steps": {str(i): steps * f for i, f in enumerate(spread[:seeds])},
-            "intervals": {"time_to_target": {"low": low, "high": high}, "steps_to_target": {}}}
+    return Cell(optimizer, batch, learning_rate=0.1, reached=True, time_to_target=time,
+                steps_to_target=steps, samples_to_target=steps * batch, seeds=seeds,
+                lr_at_bound=bound, lr_at_grid_edge=bound,
+                seed_steps={str(i): steps * f for i, f in enumerate(spread[:seeds])},
+                intervals={"time_to_target": {"low": low, "high": high}, "steps_to_target": {}})
 
 
 def _run(optimizer, batch, every, fused, budget, lr=0.1):
-    return {"config": {"optimizer": {"name": optimizer}, "batch_size": batch,
-                       "learning_rate": lr, "eval_every": every, "fused_steps": fused,
-                       "max_steps": budget}}
+    return StoredRun("", "run", "", "", {"optimizer": {"name": optimizer}, "batch_size": batch,
+                                          "learning_rate": lr, "eval_every": every,
+                                          "fused_steps": fused, "max_steps": budget}, {})
 
 
 def _study(cells, engine="native", runs=()):
-    return {"cells": cells, "runs": list(runs),
-            "config": {"model": "m.py:build", "dataset": "d.npz", "engine": engine, "seed": 0,
-                       "seeds": 3, "max_seeds": 3,
-                       "target": {"metric": "val_accuracy", "value": 0.9}}}
+    return StudyRecord(
+        cells=cells, runs=list(runs),
+        config={"model": "m.py:build", "dataset": "d.npz", "engine": engine, "seed": 0,
+                "seeds": 3, "max_seeds": 3, "target": {"metric": "val_accuracy", "value": 0.9}})
 
 
 def test_the_printed_command_carries_everything_that_decides_the_steps():
@@ -70,11 +73,11 @@ def test_the_printed_budget_is_the_cells_full_one_not_a_pruned_rates():
     may have had 30 steps; the command gets the full budget (in whole evaluation intervals)."""
     cell = _cell("adam", 32, 1.0, 0.9, 1.1, 30)
     study = _study([cell], runs=[_run("adam", 32, 10, 10, 30)])
-    study["dataset"] = {"num_train": 1000}
-    study["config"].update(max_steps=3000, max_epochs=40)
+    study = replace(study, dataset={"num_train": 1000})
+    study.config.update(max_steps=3000, max_epochs=40)
     flags = train_arguments(study, cell)
     assert flags[flags.index("--max-steps") + 1] == "1240"  # 40 epochs x 31 steps, in 10s
-    study["config"]["max_epochs"] = 0
+    study.config["max_epochs"] = 0
     flags = train_arguments(study, cell)
     assert flags[flags.index("--max-steps") + 1] == "3000"
 
@@ -139,7 +142,7 @@ def test_the_confirmation_runs_the_printed_command_on_held_out_seeds():
     assert result["reached"] == 2 and result["confirmed"]
     assert result["steps_to_target"]["median"] == 120 and result["steps_to_target"]["low"] == 96
     assert result["steps_to_target"]["high"] == float("inf")
-    study["confirmation"] = [result]
+    study = replace(study, confirmation=(result,))
     lines = recommendation_lines(recommendation(study))
     assert "train reaches the target in 120 [96, never] steps" in lines[1]
     assert "reached on 2 of 3" in lines[1]
@@ -151,15 +154,16 @@ def test_a_second_cell_is_confirmed_only_when_the_first_fails_on_most_seeds():
     asked = []
 
     def confirm_one(cell):
-        asked.append(cell["optimizer"])
+        asked.append(cell.optimizer)
         seeds = 3
         reached = 1 if cell is fast else 3
-        return {"optimizer": cell["optimizer"], "batch_size": cell["batch_size"],
-                "seeds": seeds, "reached": reached, "confirmed": reached * 2 > seeds,
+        return {"optimizer": cell.optimizer, "batch_size": cell.batch_size,
+                "seeds": seeds, "held_out_seeds": list(range(HELD_OUT_SEED, HELD_OUT_SEED + seeds)),
+                "reached": reached, "confirmed": reached * 2 > seeds,
                 "steps_to_target": {"median": 60, "low": 50, "high": 70},
                 "time_to_target": {"median": 3.0, "low": 2.8, "high": 3.3}}
 
-    study["confirmation"] = confirm(study, confirm_one)
+    study = replace(study, confirmation=tuple(confirm(study, confirm_one)))
     assert asked == ["sgd", "adam"]
     best = recommendation(study)
     assert (best["optimizer"], best["batch_size"]) == ("adam", 32)
@@ -167,7 +171,8 @@ def test_a_second_cell_is_confirmed_only_when_the_first_fails_on_most_seeds():
     assert "sgd at batch 64 was faster in the study but train reached the target on only 1 of 3" \
         in lines[1]
     asked.clear()
-    assert len(confirm(_study([fast, slow]), lambda c: {**confirm_one(slow), **c})) == 1
+    assert len(confirm(_study([fast, slow]),
+                       lambda c: {**confirm_one(slow), **c.to_json()})) == 1
 
 
 @pytest.mark.slow
@@ -195,7 +200,7 @@ def test_a_study_confirms_its_command_and_the_command_reproduces_its_runs(tmp_pa
     study_steps = summary["cells"][0]["steps_to_target"]
     assert reached["step"] == study_steps
     # the stored summary (what `study compare` and a resumed Python call read) prints the same
-    assert recommendation(summary)["command"] == command
+    assert recommendation(StudyRecord.from_json(summary))["command"] == command
     # one training time per run on train's output: the target line's, in the study's words
     line = next(x for x in rerun.stdout.splitlines() if x.startswith("target "))
     assert re.search(r"time to target [0-9.]+s \(wall to target [0-9.]+s", line)
@@ -220,23 +225,24 @@ def test_a_plateau_within_two_standard_errors_of_the_target_is_warned():
     from kbackend.study import trust
 
     def cell(time, plateau):
-        return {"reached": True, "time_to_target": time,
-                "frontier": {"best_metric": {"median": plateau}}}
+        return Cell("sgd", 32, reached=True, time_to_target=time,
+                    frontier={"best_metric": {"median": plateau}})
 
-    study = {"cells": [cell(1.0, 0.91), cell(2.0, 0.915)]}
+    study = StudyRecord(cells=[cell(1.0, 0.91), cell(2.0, 0.915)])
     warning = trust.after_training(study, "val_accuracy", 0.9, 400)  # 2 SE = 0.03
     assert "plateau at val_accuracy 0.915" in warning
-    assert trust.after_training({"cells": [cell(1.0, 0.97)]}, "val_accuracy", 0.9, 400) is None
+    assert trust.after_training(StudyRecord(cells=[cell(1.0, 0.97)]), "val_accuracy", 0.9,
+                                400) is None
     # without frontier runs the plateau is unknown: said in one line, not silently skipped
-    unchecked = trust.after_training({"cells": [{"reached": True, "time_to_target": 1.0,
-                                                 "best_metric": 0.901}]},
-                                     "val_accuracy", 0.9, 400,
-                                     no_frontier="the keras engine runs none")
+    unchecked = trust.after_training(
+        StudyRecord(cells=[Cell("sgd", 32, reached=True, time_to_target=1.0, best_metric=0.901)]),
+        "val_accuracy", 0.9, 400, no_frontier="the keras engine runs none")
     assert unchecked.startswith("note: the plateau was not checked") and "\n" not in unchecked
     assert "(the keras engine runs none)" in unchecked and "--frontier-epochs 0" not in unchecked
-    assert trust.after_training({"cells": [{"reached": False, "time_to_target": None}]},
+    assert trust.after_training(StudyRecord(cells=[Cell("sgd", 32, reached=False)]),
                                 "val_accuracy", 0.9, 400) is None  # no cell reached: no plateau
-    assert trust.after_training({"cells": [cell(1.0, 0.91)]}, "val_mae", 0.9, 400) is None
+    assert trust.after_training(StudyRecord(cells=[cell(1.0, 0.91)]), "val_mae", 0.9,
+                                400) is None
 
 
 def test_a_validation_split_under_ten_samples_is_refused_before_any_run(tmp_path, cli,

@@ -19,6 +19,7 @@ from kbackend.study.config import StudyConfig
 from kbackend.study.executor import StudyRunner
 from kbackend.study.pipeline import run_study
 from kbackend.study.store import ResultStore
+from kbackend.study.study_record import Cell, StudyRecord
 from kbackend.study.summaries import adaptive_samples
 from kbackend.study.verdicts import OUTCOMES
 from kbackend.training import Target
@@ -133,19 +134,19 @@ def test_adaptive_samples_count_each_range_up_to_the_step():
 
 def test_auto_verdict_reads_paired_seeds_and_handles_no_reached_fixed_cell():
     def fixed(size, steps, per_step):
-        return {"optimizer": "adam", "batch_size": size, "reached": True,
-                "steps_to_target": float(sorted(steps)[len(steps) // 2]),
-                "time_to_target": sorted(steps)[len(steps) // 2] * per_step,
-                "seconds_per_step": {"median": per_step}, "eval_every": 1,
-                "seed_steps": {str(i): float(s) for i, s in enumerate(steps)}}
+        return Cell("adam", size, reached=True,
+                    steps_to_target=float(sorted(steps)[len(steps) // 2]),
+                    time_to_target=sorted(steps)[len(steps) // 2] * per_step,
+                    seconds_per_step={"median": per_step}, eval_every=1,
+                    seed_steps={str(i): float(s) for i, s in enumerate(steps)})
 
     cells = [fixed(16, [400, 410, 420, 405], 1e-3), fixed(128, [100, 104, 98, 101], 2e-3)]
-    auto = {"optimizer": "adam", "auto": {"min": 16, "max": 128, "lr_scaling": "sqrt"},
-            "reached": True, "steps_to_target": 200.0, "eval_every": 1,
-            "seed_steps": {str(i): 200.0 + i for i in range(4)},
-            "seed_samples": {str(i): 6000.0 + i for i in range(4)},
-            "seed_times": {str(i): 0.3 + i / 1000 for i in range(4)}}
-    settings = verdict_settings({"config": {"seeds": 4, "margin": 0.1}})  # one look at 90%
+    auto = Cell("adam", "auto", auto={"min": 16, "max": 128, "lr_scaling": "sqrt"},
+                reached=True, steps_to_target=200.0, eval_every=1,
+                seed_steps={str(i): 200.0 + i for i in range(4)},
+                seed_samples={str(i): 6000.0 + i for i in range(4)},
+                seed_times={str(i): 0.3 + i / 1000 for i in range(4)})
+    settings = verdict_settings(StudyRecord(config={"seeds": 4, "margin": 0.1}))  # one look at 90%
     verdict = auto_verdict(auto, cells, settings)
     assert verdict.best_fixed == 128  # the least time to target: 0.2 s
     assert verdict.steps is not None and verdict.steps.outcome == "b"  # 128 in fewer steps
@@ -153,7 +154,7 @@ def test_auto_verdict_reads_paired_seeds_and_handles_no_reached_fixed_cell():
     assert verdict.samples is not None and verdict.samples.outcome == "a"
     assert verdict.time is not None and verdict.time.outcome == "b" and verdict.outcome == "b"
     assert verdict.to_json()["cells"] == [["adam", "auto"], ["adam", 128]]
-    none = auto_verdict(auto, [{**c, "reached": False} for c in cells], settings)
+    none = auto_verdict(auto, [dataclasses.replace(c, reached=False) for c in cells], settings)
     assert none.best_fixed is None and not none.resolved
     assert "cells" not in none.to_json() and none.to_json()["seeds"] == 0
 

@@ -6,6 +6,7 @@ import json
 import math
 import sqlite3
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -14,12 +15,13 @@ from kbackend.study.analysis import analyze
 from kbackend.study.config import StudyConfig, default_batch_sizes
 from kbackend.study.scaling import crossover, fit_critical_batch, scaling_regions, throughput_curve
 from kbackend.study.store import ResultStore, StoredRun, config_key
+from kbackend.study.study_record import Cell, StepTimes, StudyRecord
 
 
 def _cell(optimizer, batch, time_to_target):
     reached = time_to_target is not None
-    return {"optimizer": optimizer, "batch_size": batch, "reached": reached,
-            "time_to_target": time_to_target, "steps_to_target": 10 if reached else None}
+    return Cell(optimizer, batch, reached=reached, time_to_target=time_to_target,
+                steps_to_target=10 if reached else None)
 
 
 def test_knee_fit_recovers_a_known_critical_batch_size():
@@ -64,14 +66,14 @@ def test_crossover_needs_both_optimizers():
 def test_throughput_curve_and_knee():
     """Medians of the finite figures per batch size; the knee is kbackend.hardware.knee's (its
     definition is tested from a table of curves in test_hardware_knee.py)."""
-    runs = [{"config": {"batch_size": b}, "result": {"samples_per_s": v}}
-            for b, v in [(8, 100.0), (8, 120.0), (32, 500.0), (128, 900.0), (512, 1000.0),
-                         (512, math.nan)]]
+    runs = [StoredRun(f"r{i}", "run", "", "", {"batch_size": b}, {"samples_per_s": v})
+            for i, (b, v) in enumerate([(8, 100.0), (8, 120.0), (32, 500.0), (128, 900.0),
+                                        (512, 1000.0), (512, math.nan)])]
     curve = throughput_curve(runs)
     assert [p["samples_per_s"] for p in curve] == [110.0, 500.0, 900.0, 1000.0]
-    analysis = analyze({"cells": [], "runs": runs, "noise": None})
+    analysis = analyze(StudyRecord(runs=runs))
     assert (analysis.throughput_knee, analysis.throughput_plateau_reached) == (128, True)
-    empty = analyze({"cells": [], "runs": [], "noise": None})
+    empty = analyze(StudyRecord.from_json({"cells": [], "runs": [], "noise": None}))
     assert (empty.throughput_knee, empty.throughput_plateau_reached) == (None, None)
 
 
@@ -207,17 +209,17 @@ def _seeded_cell(optimizer, batch, steps, seconds_per_step=0.01, test=(0.9, 0.9,
     interval = median_interval(values)
     reached = math.isfinite(interval["median"])
     times = median_interval([v * seconds_per_step for v in values])
-    return {"optimizer": optimizer, "batch_size": batch, "reached": reached,
-            "learning_rate": 0.1, "steps_to_target": interval["median"] if reached else None,
-            "time_to_target": times["median"] if reached else None,
-            "seed_steps": {str(i): v for i, v in enumerate(values)},
-            "seed_test": {str(i): v for i, v in enumerate(test)},
-            "intervals": {"steps_to_target": interval, "time_to_target": times,
-                          "test_accuracy": median_interval(list(test))}}
+    return Cell(optimizer, batch, reached=reached, learning_rate=0.1,
+                steps_to_target=interval["median"] if reached else None,
+                time_to_target=times["median"] if reached else None,
+                seed_steps={str(i): v for i, v in enumerate(values)},
+                seed_test={str(i): v for i, v in enumerate(test)},
+                intervals={"steps_to_target": interval, "time_to_target": times,
+                           "test_accuracy": median_interval(list(test))})
 
 
 def _study(cells, seeds=3, noise=None):
-    return {"cells": cells, "runs": [], "noise": noise, "config": {"seeds": seeds}}
+    return StudyRecord(cells=cells, noise=noise, config={"seeds": seeds})
 
 
 def test_verdicts_when_planted_intervals_separate():
@@ -349,7 +351,7 @@ def test_a_negative_noise_scale_is_never_a_finding(grad_sq, trace, reason):
     assert training_noise_scale(noise) is None
     note = noise_scale_note(noise)
     assert note.startswith("not estimated: ") and reason in note and "8/512" in note
-    analysis = analyze({"cells": [], "runs": [], "noise": noise})
+    analysis = analyze(StudyRecord.from_json({"cells": [], "runs": [], "noise": noise}))
     assert analysis.b_simple is None and analysis.b_simple_note == note
 
 
@@ -362,7 +364,7 @@ def _step_times(per_batch, spread):
         factors = factors[index % 3:] + factors[:index % 3]
         seconds = [size / samples_per_s * f for f in factors]
         cells.append({"optimizer": "sgd", "batch_size": size, "seconds": seconds})
-    return {"cells": cells}
+    return StepTimes.from_json({"cells": cells})
 
 
 def test_throughput_knee_is_stated_only_where_the_timings_separate():
@@ -390,7 +392,7 @@ def test_the_written_verdict_records_keep_their_fields_and_order():
     for size in (8, 32):
         cells.append(_seeded_cell("sgd", size, [100, 200, 300], test=(0.90, 0.91, 0.92)))
         cells.append(_seeded_cell("adam", size, [150, 300, 450]))
-    study = {**_study(cells), "step_times": _step_times({8: 1000.0, 32: 3000.0}, 0.01)}
+    study = replace(_study(cells), step_times=_step_times({8: 1000.0, 32: 3000.0}, 0.01))
     analysis = analyze(study)
     # JSON values only, as summary.json holds them
     record = restore_non_finite(json.loads(strict_json_text(analysis.to_json())))

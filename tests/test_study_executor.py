@@ -31,6 +31,7 @@ from kbackend.study.populations import Populations
 from kbackend.study.runner_protocol import NotStored
 from kbackend.study.step_times import ROUND_CALLS, StepTimeModel, timed_steps
 from kbackend.study.store import ResultStore, StoredRun
+from kbackend.study.study_record import StepTimes
 from kbackend.training import Target
 from tests.conftest import BACKEND, JIT_FOR_SMALL_RUNS, NO_JIT_FLAGS, ROOT
 
@@ -121,22 +122,23 @@ def test_tiny_study_writes_report_plots_and_reports_unreached_cells(baseline):
 def test_the_study_accounts_for_its_time(baseline):
     _, result = baseline
     account = result["time_spent"]
-    assert account["runs_trained"] == TINY_RUNS
-    runs = result["study"]["runs"]
-    steady = sum(r["result"]["train_time"] - r["result"]["startup_time"] for r in runs)
-    assert account["steady_training_s"] == pytest.approx(steady, rel=1e-6)
-    assert account["evaluation_s"] == pytest.approx(sum(r["result"]["eval_time"] for r in runs))
+    assert account.runs_trained == TINY_RUNS
+    runs = result["study"].runs
+    steady = sum(r.result["train_time"] - r.result["startup_time"] for r in runs)
+    assert account.steady_training_s == pytest.approx(steady, rel=1e-6)
+    assert account.evaluation_s == pytest.approx(sum(r.result["eval_time"] for r in runs))
     # A cell's start-up holds building its trainer (and the study's model and initial values),
     # not only the compilation inside the runs' training clocks.
-    compiled = sum(r["result"]["startup_time"] for r in runs)
-    assert account["setup_s"] > 0
-    assert account["startup_s"] == pytest.approx(compiled + account["setup_s"], rel=1e-6)
+    compiled = sum(r.result["startup_time"] for r in runs)
+    assert account.setup_s > 0
+    assert account.startup_s == pytest.approx(compiled + account.setup_s, rel=1e-6)
     parts = ("steady_training_s", "startup_s", "evaluation_s", "around_runs_s", "time_model_s",
              "noise_scale_s", "report_s", "other_s")
-    assert all(account[k] >= 0 for k in parts) and account["time_model_s"] > 0
+    assert all(getattr(account, k) >= 0 for k in parts) and account.time_model_s > 0
     # The parts add up to the whole process (the runs' wall time holds their three parts).
-    assert sum(account[k] for k in parts) == pytest.approx(account["whole_process_s"], rel=1e-6)
-    assert account["whole_over_steady"] == pytest.approx(account["whole_process_s"] / steady)
+    assert sum(getattr(account, k) for k in parts) == pytest.approx(account.whole_process_s,
+                                                                    rel=1e-6)
+    assert account.whole_over_steady == pytest.approx(account.whole_process_s / steady)
     folder = result["paths"]["report"].parent
     assert "Where this process's time went" in (folder / "report.md").read_text()
     summary = json.loads((folder / "summary.json").read_text())
@@ -150,15 +152,15 @@ def test_time_accounting_states_the_goal_and_reused_runs():
     spent = TimeSpent(runs=9, runs_wall=14.0, training=11.0, startup=3.0, evaluation=2.0,
                       step_times=1.0, noise=1.0)
     account = time_accounting(spent, call_seconds=17.0, process=19.0, report_seconds=1.0)
-    assert account["steady_training_s"] == 8.0 and account["around_runs_s"] == 1.0
-    assert account["whole_process_s"] == 20.0 and account["other_s"] == 3.0
-    assert account["goal_s"] == 15.0 and not account["goal_met"]  # 1.5 x 8 + 3
-    assert account["whole_over_steady"] == 2.5
+    assert account.steady_training_s == 8.0 and account.around_runs_s == 1.0
+    assert account.whole_process_s == 20.0 and account.other_s == 3.0
+    assert account.goal_s == 15.0 and not account.goal_met  # 1.5 x 8 + 3
+    assert account.whole_over_steady == 2.5
     assert "2.5x" in accounting_line(account) and "not met" in accounting_line(account)
     met = time_accounting(spent, call_seconds=12.0, process=13.0, report_seconds=1.0)
-    assert met["goal_met"] and ", met)" in accounting_line(met)
+    assert met.goal_met and ", met)" in accounting_line(met)
     nothing = time_accounting(TimeSpent(), call_seconds=1.0, process=3.0)
-    assert nothing["whole_over_steady"] is None
+    assert nothing.whole_over_steady is None
     assert "no run trained" in accounting_line(nothing)
 
 
@@ -744,9 +746,9 @@ def test_grid_extends_until_the_best_rate_is_inside_or_at_its_bound(
     calls = _planted(lambda lr, seed: 100 + round(50 * abs(math.log10(lr / optimum))))
     config = _one_cell(lr_grid_size=3, lr_factor=10.0, lr_extend=extend, seeds=1)
     with ResultStore(tmp_path / "study.db") as store:
-        (cell,) = StudyRunner(config, store, run_executor=calls).run()["cells"]
-    assert cell["lr_tried"] == pytest.approx(tried) and cell["learning_rate"] == pytest.approx(best)
-    assert cell["lr_at_grid_edge"] is at_bound and cell["lr_at_bound"] is at_bound
+        (cell,) = StudyRunner(config, store, run_executor=calls).run().cells
+    assert cell.lr_tried == pytest.approx(tried) and cell.learning_rate == pytest.approx(best)
+    assert cell.lr_at_grid_edge is at_bound and cell.lr_at_bound is at_bound
     assert len(calls) == len(tried)
     from kbackend.study.report_sections import edge_label
 
@@ -833,9 +835,13 @@ def test_report_states_sources_verdicts_and_caveats(tmp_path, monkeypatch):
         from kbackend.stats import median_interval
 
         seconds = [0.0098, 0.01, 0.0102]
-        return {"engine": "native", "study_engine": "keras", "repeats": 3, "cells": [
-            {"optimizer": c["optimizer"], "batch_size": c["batch_size"], "seconds": seconds,
-             "seconds_per_step": median_interval(seconds)} for c in cells]}
+        return StepTimes.from_json({"engine": "native", "study_engine": "keras", "repeats": 3,
+                                    "cells": [{"optimizer": c["optimizer"],
+                                               "batch_size": c["batch_size"],
+                                               "learning_rate": c["learning_rate"],
+                                               "seconds": seconds,
+                                               "seconds_per_step": median_interval(seconds)}
+                                              for c in cells]})
 
     monkeypatch.setattr(StudyRunner, "measure_step_times", measure_step_times)
     config = _one_cell(optimizers=("sgd", "adam"), batch_sizes=(16, 64), step_time_repeats=3,

@@ -17,6 +17,7 @@ from kbackend.study.executor import StudyRunner
 from kbackend.study.plots import pareto_cells
 from kbackend.study.report_sections import frontier_rows
 from kbackend.study.store import ResultStore
+from kbackend.study.study_record import StudyRecord
 from kbackend.study.verdicts import (
     VERDICT_CONFIDENCE,
     LookLevels,
@@ -258,9 +259,9 @@ def test_a_study_resolves_with_added_seeds_and_reuses_them(tmp_path):
         n = verdict.seeds
         assert verdict.outcome == "b" and verdict.resolved and n in (5, 8)
         assert sorted(calls) == sorted((o, s) for o in ("adam", "sgd") for s in range(3, n))
-        added = study["added_seeds"]
-        assert added["schedule"] == [3, 5, 8, 10] and len(added["rounds"]) == [5, 8].index(n) + 1
-        assert all(c["seeds"] == n for c in study["cells"])
+        added = study.added_seeds
+        assert added.schedule == (3, 5, 8, 10) and len(added.rounds) == [5, 8].index(n) + 1
+        assert all(c.seeds == n for c in study.cells)
         calls.clear()
         again = StudyRunner(_pair_config(max_seeds=10, seed_budget=0.0), store,
                             run_executor=calls)
@@ -274,10 +275,10 @@ def test_added_seeds_stop_at_the_seed_budget(tmp_path):
         study = StudyRunner(_pair_config(max_seeds=10, seed_budget=1e-9), store,
                             run_executor=calls).run()
     # one added run, then the budget is spent: that cell has 4 seeds, the other 3
-    assert len(calls) == 7 and study["added_seeds"]["stopped"].startswith("seed budget spent")
+    assert len(calls) == 7 and study.added_seeds.stopped.startswith("seed budget spent")
     verdict = _adam_vs_sgd(study)
     assert verdict.outcome == "not_resolved" and verdict.seeds == 3
-    assert sorted(c["seeds"] for c in study["cells"]) == [3, 4]
+    assert sorted(c.seeds for c in study.cells) == [3, 4]
 
 
 @pytest.mark.parametrize(("flags", "message"), [
@@ -305,9 +306,10 @@ def test_the_frontier_table_from_a_stored_study():
                     "seeds": 3, "best_metric": interval, "test_metric": interval,
                     "best_epoch": {"median": 4.0, "low": 3.0, "high": 5.0, "n": 3}}}
 
-    study = {"config": {"target": {"metric": "val_accuracy", "value": 0.65}, "frontier_epochs": 5},
-             "cells": [cell("sgd", 8, 0.5, 0.70), cell("sgd", 64, 0.1, 0.68),
-                       cell("adam", 8, 0.6, 0.69), cell("adam", 64, 0.05, 0.66)]}
+    study = StudyRecord.from_json(
+        {"config": {"target": {"metric": "val_accuracy", "value": 0.65}, "frontier_epochs": 5},
+         "cells": [cell("sgd", 8, 0.5, 0.70), cell("sgd", 64, 0.1, 0.68),
+                   cell("adam", 8, 0.6, 0.69), cell("adam", 64, 0.05, 0.66)]})
     assert pareto_cells(study) == {("sgd", 8), ("sgd", 64), ("adam", 64)}
     header, rows = frontier_rows(study)
     assert header[3] == "best val_accuracy" and len(rows) == 4

@@ -242,16 +242,16 @@ def _printed(study, width=80) -> list[str]:
 
 
 def _as_classifier(study):
-    cells = [{**c, "test_metric_name": "test_accuracy", "test_metric": 0.9375}
-             for c in study["cells"]]
-    return {**study, "cells": cells}
+    cells = [dataclasses.replace(c, test_metric_name="test_accuracy", test_metric=0.9375)
+             for c in study.cells]
+    return dataclasses.replace(study, cells=cells)
 
 
 def _with_auto_cell(study):
-    auto = {**study["cells"][0], "batch_size": "auto", "learning_rate": 0.00316227766,
-            "auto": {"min": 16, "max": 512, "lr_scaling": "sqrt"}, "lr_at_grid_edge": True,
-            "seeds": 10, "seeds_reached": 10}
-    return {**study, "auto_cells": [auto]}
+    auto = dataclasses.replace(study.cells[0], batch_size="auto", learning_rate=0.00316227766,
+                               auto={"min": 16, "max": 512, "lr_scaling": "sqrt"},
+                               lr_at_grid_edge=True, seeds=10, seeds_reached=10)
+    return dataclasses.replace(study, auto_cells=[auto])
 
 
 @pytest.mark.slow
@@ -266,7 +266,7 @@ def test_the_console_table_fits_80_columns_with_every_cell_filled(studied, varia
     metric = "test acc" if variant == "classification" else "test mae"
     assert metric in header and ("test acc" in header) == (variant == "classification")
     rows = [line.split() for line in lines if line.lstrip().startswith("adam")]
-    assert len(rows) == len(study["cells"]) + len(study.get("auto_cells") or [])
+    assert len(rows) == len(study.all_cells)
     assert "…" not in "\n".join(lines)
     for row in rows:  # optimizer, batch, lr, time, steps, reached, test: none blank
         assert row[1] not in ("", "-") and not any(math.isnan(float(v)) for v in row[-1:])

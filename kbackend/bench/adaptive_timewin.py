@@ -65,6 +65,7 @@ from kbackend.reports import markdown_rows
 from kbackend.runtime.child import run_in_child
 from kbackend.study.pipeline import load_summaries
 from kbackend.study.recommend import ranked_cells
+from kbackend.study.study_record import StudyRecord
 from kbackend.study.verdicts import mean_interval
 from kbackend.training import Target, TrainConfig, train, workload_of
 
@@ -99,24 +100,25 @@ def study_problem(path: str, auto_min: int | None) -> dict[str, Any]:
     """The problem and rates of a stored study (see the module): one ``ConfigError`` line when
     it has no recommended cell or no cell of that optimizer at MIN."""
     (summary,) = load_summaries([path])
-    ranked = ranked_cells(summary)
+    study = StudyRecord.from_json(summary)
+    ranked = ranked_cells(study)
     if not ranked:
         raise ConfigError(f"Invalid --study {path!r}: no cell reached the target.")
     best = ranked[0]
-    optimizer = best["optimizer"]
-    sizes = sorted(c["batch_size"] for c in summary["cells"] if c["optimizer"] == optimizer
-                   and isinstance(c["batch_size"], int))
+    optimizer = best.optimizer
+    sizes = sorted(c.batch_size for c in study.cells if c.optimizer == optimizer
+                   and isinstance(c.batch_size, int))
     minimum = auto_min or sizes[0]
-    at_min = [c for c in summary["cells"] if c["optimizer"] == optimizer
-              and c["batch_size"] == minimum and c.get("learning_rate")]
+    at_min = [c for c in study.cells if c.optimizer == optimizer
+              and c.batch_size == minimum and math.isfinite(c.learning_rate)]
     if not at_min:
         raise ConfigError(f"Invalid --study {path!r}: no {optimizer} cell at batch size "
                           f"{minimum} (its sizes: {sizes}); pass --auto-min with one of them.")
     config = summary["config"]
     return {"model": config["model"], "dataset": config["dataset"],
             "target": float(config["target"]["value"]), "optimizer": optimizer,
-            "auto_min": minimum, "min_rate": float(at_min[0]["learning_rate"]),
-            "best_batch": int(best["batch_size"]), "best_rate": float(best["learning_rate"]),
+            "auto_min": minimum, "min_rate": float(at_min[0].learning_rate),
+            "best_batch": int(best.batch_size), "best_rate": float(best.learning_rate),
             "eval_every": int(config.get("eval_every") or 0) or PROBLEMS["mnist"]["eval_every"],
             "epochs": int(config.get("epochs") or 20), "source": f"study {path}"}
 

@@ -31,6 +31,7 @@ from kbackend.reports import markdown_table
 from kbackend.study.config import RAY_EXTRA, StudyConfig
 from kbackend.study.pipeline import run_study
 from kbackend.study.ray_executor import start_ray
+from kbackend.study.study_record import Cell, StudyRecord
 from kbackend.training import Target
 
 STUDY = StudyConfig(
@@ -49,11 +50,11 @@ def _label(executor: str, workers: int) -> str:
     return "local" if executor == "local" else f"ray, {workers} worker{'s' * (workers > 1)}"
 
 
-def _cells(study: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
-    return {(c["optimizer"], c["batch_size"]): c for c in study["cells"]}
+def _cells(study: StudyRecord) -> dict[tuple[str, int | str], Cell]:
+    return {c.key: c for c in study.cells}
 
 
-def cells_equal(local: dict[str, Any], other: dict[str, Any]) -> tuple[int, int, float]:
+def cells_equal(local: StudyRecord, other: StudyRecord) -> tuple[int, int, float]:
     """(cells equal, cells, largest metric difference): equal when the learning rate, reach and
     steps to target are identical and best metric and test accuracy within ``TOLERANCE``."""
     ours, theirs = _cells(local), _cells(other)
@@ -62,10 +63,10 @@ def cells_equal(local: dict[str, Any], other: dict[str, Any]) -> tuple[int, int,
         twin = theirs.get(key)
         if twin is None:
             continue
-        same = all(twin[k] == cell[k] for k in ("learning_rate", "reached", "steps_to_target",
-                                                 "seed_steps"))
-        diffs = [abs(twin[k] - cell[k]) for k in ("best_metric", "test_accuracy")
-                 if twin[k] is not None and cell[k] is not None]
+        same = all(getattr(twin, k) == getattr(cell, k)
+                   for k in ("learning_rate", "reached", "steps_to_target", "seed_steps"))
+        diffs = [abs(getattr(twin, k) - getattr(cell, k)) for k in ("best_metric", "test_accuracy")
+                 if getattr(twin, k) is not None and getattr(cell, k) is not None]
         worst = max([worst, *diffs])
         equal += same and all(d <= TOLERANCE for d in diffs)
     return equal, len(ours), worst
@@ -87,7 +88,7 @@ def measure_study_ray(settings: Settings) -> Rows:
     configurations = [c for c in CONFIGURATIONS if c[0] == "local" or ray is not None]
     walls: dict[str, list[float]] = {_label(*c): [] for c in configurations}
     starts: dict[str, list[float]] = {_label(*c): [] for c in configurations}
-    studies: dict[str, dict[str, Any]] = {}
+    studies: dict[str, StudyRecord] = {}
     with tempfile.TemporaryDirectory() as folder:
         for repeat in range(repeats):
             shift = repeat % len(configurations)
@@ -112,8 +113,8 @@ def measure_study_ray(settings: Settings) -> Rows:
     for executor, workers in CONFIGURATIONS:
         label = _label(executor, workers)
         row: dict[str, Any] = {"executor": label, "workers": workers,
-                               "cells": len(studies["local"]["cells"]),
-                               "runs": len(studies["local"]["runs"])}
+                               "cells": len(studies["local"].cells),
+                               "runs": len(studies["local"].runs)}
         if label not in walls:
             row["note"] = f"Ray is not installed: pip install '{RAY_EXTRA}'"
         else:

@@ -46,22 +46,23 @@ from kbackend.study.scaling import (
     throughput_curve,
     training_noise_scale,
 )
+from kbackend.study.study_record import AddedSeeds, Cell, StudyRecord
 from kbackend.study.verdicts import VERDICT_CONFIDENCE, VerdictSettings
 
 
-def optimizer_figures(group: list[dict[str, Any]]) -> dict[str, Any]:
+def optimizer_figures(group: list[Cell]) -> dict[str, Any]:
     """One optimizer's cells: steps to target per batch size, scaling regions, the fitted
     critical batch size, its fastest cell and the batch sizes that never reached."""
-    points = [(c["batch_size"], float(c["steps_to_target"])) for c in group if c["reached"]]
+    points = [(c.size, c.steps) for c in group if c.reached]
     fastest = min(group, key=cell_time)
     return {
-        "steps_to_target": [{"batch_size": c["batch_size"], "steps": c["steps_to_target"],
-                             "reached": c["reached"]} for c in group],
+        "steps_to_target": [{"batch_size": c.batch_size, "steps": c.steps_to_target,
+                             "reached": c.reached} for c in group],
         "regions": scaling_regions(points),
         "knee": fit_critical_batch(points),
-        "fastest": None if not fastest["reached"] else
-        {"batch_size": fastest["batch_size"], "time_to_target": fastest["time_to_target"]},
-        "not_reached": [c["batch_size"] for c in group if not c["reached"]],
+        "fastest": None if not fastest.reached else
+        {"batch_size": fastest.batch_size, "time_to_target": fastest.time_to_target},
+        "not_reached": [c.batch_size for c in group if not c.reached],
     }
 
 
@@ -88,7 +89,7 @@ class StudyVerdicts:
     ``adaptive``: the auto cells' verdicts, None in a study without auto cells."""
 
     settings: VerdictSettings
-    added_seeds: dict[str, Any] | None
+    added_seeds: AddedSeeds | None
     fastest: FastestVerdict
     optimizers: tuple[OptimizerComparison, ...]
     per_optimizer: dict[str, OptimizerVerdicts]
@@ -106,7 +107,8 @@ class StudyVerdicts:
             "look_levels": dict(zip(settings.levels.schedule, settings.levels.levels,
                                     strict=True)),
             "looks": settings.looks, "margin": settings.margin,
-            "accuracy_margin": settings.accuracy_margin, "added_seeds": self.added_seeds,
+            "accuracy_margin": settings.accuracy_margin,
+            "added_seeds": None if self.added_seeds is None else self.added_seeds.to_json(),
             "fastest": self.fastest.to_json(),
             "optimizers": [x.to_json() for x in self.optimizers],
             "per_optimizer": {name: per.to_json() for name, per in self.per_optimizer.items()},
@@ -115,9 +117,9 @@ class StudyVerdicts:
             else self.step_time_spread.to_json(), **adaptive}
 
 
-def study_verdicts(study: dict[str, Any], b_simple: float | None) -> StudyVerdicts:
+def study_verdicts(study: StudyRecord, b_simple: float | None) -> StudyVerdicts:
     """Every verdict of a study, with the settings (seeds, levels, looks, margins) they used."""
-    cells, step_times = study["cells"], study.get("step_times")
+    cells, step_times = study.cells, study.step_times
     settings = verdict_settings(study)
     comparisons = (optimizer_comparison(cells, "adam", "sgd", settings, step_times),
                    optimizer_comparison(cells, "adam", "momentum", settings, step_times))
@@ -129,11 +131,11 @@ def study_verdicts(study: dict[str, Any], b_simple: float | None) -> StudyVerdic
             noise_agreement(b_crit, b_simple, b_crit.n or settings.seeds),
             generalization_verdict(group, settings))
     return StudyVerdicts(
-        settings, study.get("added_seeds"), fastest_verdict(cells, settings, step_times),
+        settings, study.added_seeds, fastest_verdict(cells, settings, step_times),
         tuple(x for x in comparisons if x is not None), per_optimizer,
         throughput_knee_verdict(step_times, settings), step_time_spread(step_times),
         # the adaptive batch size against each best fixed one
-        tuple(auto_verdicts(study, settings)) if study.get("auto_cells") else None)
+        tuple(auto_verdicts(study, settings)) if study.auto_cells else None)
 
 
 @dataclass(frozen=True)
@@ -161,18 +163,19 @@ class Analysis:
                 "b_simple_note": self.b_simple_note}
 
 
-def analyze(study: dict[str, Any]) -> Analysis:
-    """Conclusions of a study result (the runner's output)."""
-    cells = study["cells"]
-    measured = measured_throughput(study.get("step_times"))
+def analyze(study: StudyRecord) -> Analysis:
+    """Conclusions of a study result (the runner's output, or ``StudyRecord.from_json`` of a
+    stored summary)."""
+    cells = study.cells
+    measured = measured_throughput(study.step_times)
     # The time model's interleaved timings when there are any; else the runs' own clocks.
-    curve = measured or throughput_curve(study["runs"])
+    curve = measured or throughput_curve(study.runs)
     knee = curve_knee(curve) if curve else None
-    reached = [c for c in cells if c["reached"]]
+    reached = [c for c in cells if c.reached]
     best = min(reached, key=cell_time) if reached else None
     crossovers = [x for x in (crossover(cells, "adam", "sgd"), crossover(cells, "adam", "momentum"))
                   if x is not None]
-    noise = study.get("noise")
+    noise = study.noise
     b_simple = training_noise_scale(noise)
     return Analysis(
         verdicts=study_verdicts(study, b_simple),
@@ -182,7 +185,7 @@ def analyze(study: dict[str, Any]) -> Analysis:
         throughput_knee=None if knee is None else knee.batch_size,
         throughput_plateau_reached=None if knee is None else knee.plateau_reached,
         best=None if best is None else {
-            "optimizer": best["optimizer"], "batch_size": best["batch_size"],
-            "learning_rate": best["learning_rate"], "time_to_target": best["time_to_target"],
-            "steps_to_target": best["steps_to_target"]},
+            "optimizer": best.optimizer, "batch_size": best.batch_size,
+            "learning_rate": best.learning_rate, "time_to_target": best.time_to_target,
+            "steps_to_target": best.steps_to_target},
         crossovers=crossovers, b_simple=b_simple, b_simple_note=noise_scale_note(noise))

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from kbackend.study.study_record import Cell, StudyRecord
 from kbackend.study.summaries import cell_seconds_per_step
 from kbackend.study.verdicts import (
     Verdict,
@@ -27,14 +28,14 @@ from kbackend.study.verdicts import (
 AUTO_TIME_MODEL = "steps at each size x the fixed cells' step times"
 
 
-def _budget(cell: dict[str, Any]) -> float | None:
+def _budget(cell: Cell) -> float | None:
     """A never-reached cell's median steps run (the lower bound of its steps)."""
-    return None if cell.get("reached") or not cell.get("steps_run") else float(cell["steps_run"])
+    return None if cell.reached or not cell.steps_run else float(cell.steps_run)
 
 
-def auto_label(cell: dict[str, Any]) -> str:
+def auto_label(cell: Cell) -> str:
     """``auto 16-128 (sqrt)``: an auto cell's name in the report."""
-    auto = cell.get("auto") or {}
+    auto = cell.auto or {}
     return f"auto {auto.get('min')}-{auto.get('max')} ({auto.get('lr_scaling')})"
 
 
@@ -45,7 +46,7 @@ class AutoVerdict:
     and ``time`` verdicts (A = auto, B = the fixed cell), the headline being the time's."""
 
     optimizer: str
-    auto: dict[str, Any] | None
+    auto: dict[str, int | str] | None
     label: str
     text: str
     best_fixed: int | None = None
@@ -78,31 +79,31 @@ class AutoVerdict:
                 "text": self.text}
 
 
-def auto_verdict(auto: dict[str, Any], cells: list[dict[str, Any]],
+def auto_verdict(auto: Cell, cells: list[Cell],
                  settings: VerdictSettings) -> AutoVerdict:
     """One optimizer's auto cell against its best fixed batch size: ``steps``, ``samples`` and
     ``time`` verdicts (A = auto, B = the fixed cell), the headline ``outcome`` the time's."""
-    optimizer = auto["optimizer"]
-    fixed = [c for c in cells if c["optimizer"] == optimizer and c.get("reached")
-             and c.get("time_to_target") is not None]
+    optimizer = auto.optimizer
+    fixed = [c for c in cells if c.optimizer == optimizer and c.reached
+             and c.time_to_target is not None]
     if not fixed:
-        return AutoVerdict(optimizer, auto.get("auto"), auto_label(auto),
+        return AutoVerdict(optimizer, auto.auto, auto_label(auto),
                            f"{optimizer}: {auto_label(auto)} not compared: no fixed "
                            "batch size reached the target")
-    best = min(fixed, key=lambda c: c["time_to_target"])
-    size = int(best["batch_size"])
-    steps_b = {s: float(v) for s, v in (best.get("seed_steps") or {}).items()}
+    best = min(fixed, key=lambda c: c.seconds)
+    size = int(best.batch_size)
+    steps_b = {s: float(v) for s, v in (best.seed_steps or {}).items()}
     per_step = cell_seconds_per_step(best) or math.nan
     level, margin = settings.levels, settings.margin
     floor = rounding_sd([auto, best])
     bounds = (_budget(auto), _budget(best))
-    steps = ratio_verdict(auto.get("seed_steps") or {}, steps_b, level=level, margin=margin,
+    steps = ratio_verdict(auto.seed_steps or {}, steps_b, level=level, margin=margin,
                           floor_sd=floor, bounds=bounds)
     samples_bounds = (None, None if bounds[1] is None else bounds[1] * size)
-    samples = ratio_verdict(auto.get("seed_samples") or {}, {s: v * size for s, v in
+    samples = ratio_verdict(auto.seed_samples or {}, {s: v * size for s, v in
                                                              steps_b.items()},
                             level=level, margin=margin, floor_sd=floor, bounds=samples_bounds)
-    times = ratio_verdict(auto.get("seed_times") or {}, {s: v * per_step for s, v in
+    times = ratio_verdict(auto.seed_times or {}, {s: v * per_step for s, v in
                                                          steps_b.items()},
                           level=level, margin=margin, floor_sd=floor)
     name_b = f"batch {size}"
@@ -110,10 +111,10 @@ def auto_verdict(auto: dict[str, Any], cells: list[dict[str, Any]],
             f"{outcome_text(times, 'auto', name_b, 'faster')}; steps: "
             f"{outcome_text(steps, 'auto', name_b, 'in fewer steps')}; samples: "
             f"{outcome_text(samples, 'auto', name_b, 'on fewer samples')}")
-    return AutoVerdict(optimizer, auto.get("auto"), auto_label(auto), text, size, steps,
+    return AutoVerdict(optimizer, auto.auto, auto_label(auto), text, size, steps,
                        samples, times)
 
 
-def auto_verdicts(study: dict[str, Any], settings: VerdictSettings) -> list[AutoVerdict]:
+def auto_verdicts(study: StudyRecord, settings: VerdictSettings) -> list[AutoVerdict]:
     """Every auto cell's verdict (none in a study without ``auto``)."""
-    return [auto_verdict(cell, study["cells"], settings) for cell in study.get("auto_cells") or []]
+    return [auto_verdict(cell, study.cells, settings) for cell in study.auto_cells]

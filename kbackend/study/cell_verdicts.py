@@ -21,6 +21,7 @@ from kbackend.study.scaling import (
     by_optimizer,
     fit_critical_batch,
 )
+from kbackend.study.study_record import Cell, CellStepTime, StepTimes, StudyRecord
 from kbackend.study.verdicts import (
     DEFAULT_ACCURACY_MARGIN,
     DEFAULT_MARGIN,
@@ -48,11 +49,11 @@ def not_resolved(n: int) -> str:
     return f"not resolved at {n} seed{'s' if n != 1 else ''}{reason}"
 
 
-def _span(interval: dict[str, Any] | None, spec: str = ".3g") -> str:
+def _span(interval: dict[str, float] | None, spec: str = ".3g") -> str:
     if not interval or not interval.get("n"):
         return "-"
-    return _median_span(interval["median"], interval["low"], interval["high"], interval["n"],
-                        spec)
+    return _median_span(interval["median"], interval["low"], interval["high"],
+                        int(interval["n"]), spec)
 
 
 def _median_span(median: float, low: float, high: float, n: int, spec: str) -> str:
@@ -65,13 +66,13 @@ def _median_span(median: float, low: float, high: float, n: int, spec: str) -> s
     return f"{text(median)} [{text(low)}, {text(high)}]"
 
 
-def _time_interval(cell: dict[str, Any]) -> dict[str, Any] | None:
-    return (cell.get("intervals") or {}).get("time_to_target")
+def _time_interval(cell: Cell) -> dict[str, float] | None:
+    return (cell.intervals or {}).get("time_to_target")
 
 
-def verdict_settings(study: dict[str, Any]) -> VerdictSettings:
+def verdict_settings(study: StudyRecord) -> VerdictSettings:
     """The seeds, margins and per-look interval level a study's verdicts are read with."""
-    config = study.get("config", {})
+    config = study.config
     seeds = int(config.get("seeds", 1))
     max_seeds = max(seeds, int(config.get("max_seeds") or seeds))
     return VerdictSettings(seeds, max_seeds, LookLevels.of(seeds, max_seeds),
@@ -102,24 +103,24 @@ class FastestVerdict:
                 "cell": cell, "ties": list(self.ties), "text": self.text}
 
 
-def fastest_verdict(cells: list[dict[str, Any]], settings: VerdictSettings,
-                    step_times: dict[str, Any] | None = None) -> FastestVerdict:
+def fastest_verdict(cells: list[Cell], settings: VerdictSettings,
+                    step_times: StepTimes | None = None) -> FastestVerdict:
     """The fastest cell, stated only where the paired-seed verdict on time to target
     (``time_verdict``, the interval the other verdicts use) finds it faster than every other
     cell; otherwise the cells it is equivalent to or cannot be told apart from."""
-    reached = [c for c in cells if c["reached"]]
+    reached = [c for c in cells if c.reached]
     if not reached:
         return FastestVerdict("not_resolved", 0, "no cell reached the target")
-    leader = min(reached, key=lambda c: c["time_to_target"])
-    name = f"{leader['optimizer']} at batch {leader['batch_size']}"
+    leader = min(reached, key=lambda c: c.seconds)
+    name = f"{leader.optimizer} at batch {leader.batch_size}"
     versus = [(c, time_verdict(leader, c, settings, step_times)) for c in cells
               if c is not leader]
     ties = [(c, v) for c, v in versus if v.outcome != "a"]
-    tie_names = tuple(f"{c['optimizer']} at batch {c['batch_size']}" for c, _ in ties)
+    tie_names = tuple(f"{c.optimizer} at batch {c.batch_size}" for c, _ in ties)
     paired = min((v.seeds for _, v in versus), default=settings.seeds)
     shown = ", ".join(tie_names[:6]) + (
         f" and {len(tie_names) - 6} more" if len(tie_names) > 6 else "")
-    time = f"{leader['time_to_target']:.3g} s"
+    time = f"{leader.time_to_target:.3g} s"
     if not ties:
         outcome = "a"
         # the closest competitor: the largest leader/other ratio
@@ -138,33 +139,32 @@ def fastest_verdict(cells: list[dict[str, Any]], settings: VerdictSettings,
     return FastestVerdict(outcome, paired, text, _key(leader), tie_names)
 
 
-def _key(cell: dict[str, Any]) -> tuple[str, int]:
-    return cell["optimizer"], cell["batch_size"]
+def _key(cell: Cell) -> tuple[str, int]:
+    return cell.optimizer, cell.size
 
 
-def time_verdict(a: dict[str, Any], b: dict[str, Any], settings: VerdictSettings,
-                 step_times: dict[str, Any] | None) -> Verdict:
+def time_verdict(a: Cell, b: Cell, settings: VerdictSettings,
+                 step_times: StepTimes | None) -> Verdict:
     """Three-way on time to target: paired seeds' steps ratio times the paired rounds' step-time
     ratio (or, without timings, the cells' median seconds per step as a known factor)."""
     rounds = step_time_log_ratios(step_times, _key(a), _key(b))
     scale = 1.0
-    if rounds is None and a.get("reached") and b.get("reached") and a.get("steps_to_target") \
-            and b.get("steps_to_target"):
-        scale = (a["time_to_target"] / a["steps_to_target"]) / \
-            (b["time_to_target"] / b["steps_to_target"])
-    verdict = ratio_verdict(a.get("seed_steps") or {}, b.get("seed_steps") or {},
+    if rounds is None and a.reached and b.reached and a.steps_to_target \
+            and b.steps_to_target:
+        scale = (a.seconds / a.steps) / (b.seconds / b.steps)
+    verdict = ratio_verdict(a.seed_steps or {}, b.seed_steps or {},
                             level=settings.levels, margin=settings.margin,
                             floor_sd=rounding_sd([a, b]), round_log_ratios=rounds, scale=scale,
                             bounds=(_budget_steps(a), _budget_steps(b)))
     return verdict.between(_key(a), _key(b))
 
 
-def _budget_steps(cell: dict[str, Any]) -> float | None:
+def _budget_steps(cell: Cell) -> float | None:
     """The steps a cell's seeds that never reached the target ran (a lower bound of their
     steps to target), where the cell did not reach: its median steps run."""
-    if cell.get("reached") or not cell.get("steps_run"):
+    if cell.reached or not cell.steps_run:
         return None
-    return float(cell["steps_run"])
+    return float(cell.steps_run)
 
 
 class _OfVerdict:
@@ -224,16 +224,16 @@ class OptimizerComparison:
                 "batch_size": self.batch_size, "resolved": self.resolved, "text": self.text}
 
 
-def optimizer_comparison(cells: list[dict[str, Any]], challenger: str, incumbent: str,
+def optimizer_comparison(cells: list[Cell], challenger: str, incumbent: str,
                          settings: VerdictSettings,
-                         step_times: dict[str, Any] | None = None) -> OptimizerComparison | None:
+                         step_times: StepTimes | None = None) -> OptimizerComparison | None:
     """Per batch size, a three-way verdict on time to target (challenger = A, incumbent = B),
     and the crossover batch size where the resolved verdicts show one."""
     grouped = by_optimizer(cells)
     if challenger not in grouped or incumbent not in grouped:
         return None
-    a = {c["batch_size"]: c for c in grouped[challenger]}
-    b = {c["batch_size"]: c for c in grouped[incumbent]}
+    a = {c.size: c for c in grouped[challenger]}
+    b = {c.size: c for c in grouped[incumbent]}
     per_batch = []
     for size in sorted(set(a) & set(b)):
         verdict = time_verdict(a[size], b[size], settings, step_times)
@@ -295,17 +295,17 @@ class RegionVerdict(_OfVerdict):
                 "verdict": self.verdict.to_json()}
 
 
-def region_verdicts(group: list[dict[str, Any]], settings: VerdictSettings) -> list[RegionVerdict]:
+def region_verdicts(group: list[Cell], settings: VerdictSettings) -> list[RegionVerdict]:
     """Each segment between neighbouring reached batch sizes B1 < B2: a three-way verdict on
     steps to target (A = B1, B = B2: ``b`` = the larger batch needs fewer steps, ``equivalent``
     = the same within the margin) and the range of its scaling exponent over that paired
     interval; the region is resolved (``region_resolved``) when the whole range is one region."""
     segments = []
-    reached = [c for c in group if c["reached"]]
+    reached = [c for c in group if c.reached]
     for c1, c2 in itertools.pairwise(reached):
-        span = math.log(c2["batch_size"] / c1["batch_size"])
-        exponent = math.log(c1["steps_to_target"] / c2["steps_to_target"]) / span
-        verdict = ratio_verdict(c1.get("seed_steps") or {}, c2.get("seed_steps") or {},
+        span = math.log(c2.size / c1.size)
+        exponent = math.log(c1.steps / c2.steps) / span
+        verdict = ratio_verdict(c1.seed_steps or {}, c2.seed_steps or {},
                                 level=settings.levels, margin=settings.margin,
                                 floor_sd=rounding_sd([c1, c2])).between(_key(c1), _key(c2))
         low = high = math.nan
@@ -313,7 +313,7 @@ def region_verdicts(group: list[dict[str, Any]], settings: VerdictSettings) -> l
             # steps ratio B1/B2 = A/B: the exponent grows with it
             low, high = math.log(verdict.low) / span, math.log(verdict.high) / span
         region_resolved = math.isfinite(low) and region_of(low) == region_of(high)
-        segments.append(RegionVerdict(c1["batch_size"], c2["batch_size"], exponent, low, high,
+        segments.append(RegionVerdict(c1.size, c2.size, exponent, low, high,
                                       region_of(exponent), region_resolved, verdict))
     return segments
 
@@ -340,15 +340,15 @@ class CriticalBatch:
                 "coverage": self.coverage, "seeds_without_knee": self.seeds_without_knee}
 
 
-def critical_batch_over_seeds(group: list[dict[str, Any]]) -> CriticalBatch:
+def critical_batch_over_seeds(group: list[Cell]) -> CriticalBatch:
     """B_crit fitted to each seed's steps-to-target curve (the seeds are independent replicas of
     the whole curve), as a median with its order-statistic interval; seeds whose curve has no
     finite knee are counted apart."""
-    seeds = sorted({s for c in group for s in (c.get("seed_steps") or {})}, key=int)
+    seeds = sorted({s for c in group for s in (c.seed_steps or {})}, key=int)
     values, missing = [], 0
     for seed in seeds:
-        points = [(c["batch_size"], c["seed_steps"][seed]) for c in group
-                  if math.isfinite(c.get("seed_steps", {}).get(seed, math.inf))]
+        points = [(c.size, c.seed_steps[seed]) for c in group
+                  if math.isfinite(c.seed_steps.get(seed, math.inf))]
         knee = fit_critical_batch(points)
         if knee.get("b_crit"):
             values.append(knee["b_crit"])
@@ -391,17 +391,17 @@ def noise_agreement(b_crit: CriticalBatch, b_simple: float | None,
     return NoiseAgreement(False, f"{interval} vs B_simple {b_simple:.0f}: {not_resolved(seeds)}")
 
 
-def seed_test_values(cell: dict[str, Any]) -> tuple[dict[str, float], str]:
+def seed_test_values(cell: Cell) -> tuple[dict[str, float], str]:
     """A cell's per-seed test metric and where it comes from: the frontier's (the checkpoint of
     the best validation value within the equal budget) when measured, else the runs' at the
     target."""
-    frontier = cell.get("frontier") or {}
+    frontier = cell.frontier or {}
     if frontier.get("seed_test"):
         return frontier["seed_test"], "frontier"
-    return cell.get("seed_test") or {}, "target"
+    return cell.seed_test or {}, "target"
 
 
-def test_metric_verdict(a: dict[str, Any], b: dict[str, Any], settings: VerdictSettings,
+def test_metric_verdict(a: Cell, b: Cell, settings: VerdictSettings,
                         metric: str) -> Verdict:
     """Three-way on the test metric (A better = A's value better by ``metric_direction``): a
     difference with the accuracy margin for metrics where larger is better (accuracies, within
@@ -441,36 +441,36 @@ class GeneralizationVerdict:
                 **measured, "text": self.text}
 
 
-def generalization_verdict(group: list[dict[str, Any]],
+def generalization_verdict(group: list[Cell],
                            settings: VerdictSettings) -> GeneralizationVerdict:
     """The test metric at the smallest against the largest batch size (A = smallest): of the
     checkpoint with the best validation value within the frontier's equal budget where it was
     measured, else of the runs stopped at the target (both batch sizes must have reached it)."""
-    measured = [c for c in group if (c.get("frontier") or {}).get("seed_test")]
+    measured = [c for c in group if (c.frontier or {}).get("seed_test")]
     candidates = measured if len(measured) >= 2 else \
-        [c for c in group if c["reached"] and c.get("seed_test")]
+        [c for c in group if c.reached and c.seed_test]
     if len(candidates) < 2:
         return GeneralizationVerdict("not_resolved", 0,
                                      "fewer than two batch sizes with test figures")
     small, big = candidates[0], candidates[-1]
-    metric = small.get("test_metric_name") or "test_accuracy"
+    metric = small.test_metric_name or "test_accuracy"
     verdict = test_metric_verdict(small, big, settings, metric)
     where = ("at the best validation checkpoint within the equal budget"
              if verdict.source == "frontier" else "of the runs stopped at the target")
-    text = (f"{metric} {where}, batch {small['batch_size']} (A) vs {big['batch_size']} (B): "
-            + outcome_text(verdict, f"batch {small['batch_size']}", f"batch {big['batch_size']}",
+    text = (f"{metric} {where}, batch {small.batch_size} (A) vs {big.batch_size} (B): "
+            + outcome_text(verdict, f"batch {small.batch_size}", f"batch {big.batch_size}",
                            "generalizes better"))
     larger = {"a": "lower", "b": "higher", "equivalent": "equivalent"}.get(verdict.outcome)
     return GeneralizationVerdict(verdict.outcome, verdict.seeds, text, larger, verdict)
 
 
-def measured_throughput(step_times: dict[str, Any] | None) -> list[dict[str, Any]]:
+def measured_throughput(step_times: StepTimes | None) -> list[dict[str, Any]]:
     """Samples/s per batch size from the time model's interleaved step timings, pooled over the
     optimizers of that batch size: the median with its order-statistic interval."""
     by_batch: dict[int, list[float]] = {}
-    for cell in (step_times or {}).get("cells", []):
-        by_batch.setdefault(cell["batch_size"], []).extend(
-            cell["batch_size"] / s for s in cell["seconds"] if s > 0)
+    for cell in step_times.cells if step_times else ():
+        by_batch.setdefault(cell.batch_size, []).extend(
+            cell.batch_size / s for s in cell.seconds if s > 0)
     curve = []
     for size, values in sorted(by_batch.items()):
         interval = median_interval(values)
@@ -497,13 +497,13 @@ class DoublingGain:
                 "gain": self.gain, "low": self.low, "high": self.high}
 
 
-def doubling_gains(step_times: dict[str, Any] | None, level: float) -> list[DoublingGain]:
+def doubling_gains(step_times: StepTimes | None, level: float) -> list[DoublingGain]:
     """Per neighbouring pair of timed batch sizes, the interval of samples/s at the larger over
     the smaller, per doubling: per-round log ratios (rounds pair) of every optimizer timed at
     both, pooled, Yuen's trimmed interval at ``level`` (``verdicts.trimmed_interval``)."""
-    cells = (step_times or {}).get("cells", [])
-    sizes = sorted({c["batch_size"] for c in cells})
-    optimizers = sorted({c["optimizer"] for c in cells})
+    cells = step_times.cells if step_times else ()
+    sizes = sorted({c.batch_size for c in cells})
+    optimizers = sorted({c.optimizer for c in cells})
     gains = []
     for b1, b2 in itertools.pairwise(sizes):
         per_doubling = 1.0 / math.log2(b2 / b1)
@@ -544,7 +544,7 @@ class KneeVerdict:
                 "gains": [gain.to_json() for gain in self.gains], "text": self.text}
 
 
-def throughput_knee_verdict(step_times: dict[str, Any] | None,
+def throughput_knee_verdict(step_times: StepTimes | None,
                             settings: VerdictSettings | None = None) -> KneeVerdict:
     """The throughput knee (``kbackend.hardware.knee``'s definition: the first batch size whose
     next doubling gains less than 10% samples/s) with paired-round intervals of every gain:
@@ -603,25 +603,25 @@ class StepTimeSpread:
                 "unranked_neighbours": list(self.unranked_neighbours)}
 
 
-def step_time_spread(step_times: dict[str, Any] | None) -> StepTimeSpread | None:
+def step_time_spread(step_times: StepTimes | None) -> StepTimeSpread | None:
     """How much the measured step times moved: max/min per cell, and the neighbouring batch
     sizes (same optimizer) whose samples/s intervals overlap, which cannot be ranked."""
-    cells = (step_times or {}).get("cells", [])
+    cells = step_times.cells if step_times else ()
     if not cells:
         return None
-    ratios = {f"{c['optimizer']} B={c['batch_size']}": max(c["seconds"]) / min(c["seconds"])
-              for c in cells if c["seconds"] and min(c["seconds"]) > 0}
+    ratios = {f"{c.optimizer} B={c.batch_size}": max(c.seconds) / min(c.seconds)
+              for c in cells if c.seconds and min(c.seconds) > 0}
     overlaps = []
-    grouped: dict[str, list[dict[str, Any]]] = {}
+    grouped: dict[str, list[CellStepTime]] = {}
     for cell in cells:
-        grouped.setdefault(cell["optimizer"], []).append(cell)
+        grouped.setdefault(cell.optimizer, []).append(cell)
     for optimizer, group in grouped.items():
-        group.sort(key=lambda c: c["batch_size"])
+        group.sort(key=lambda c: c.batch_size)
         for c1, c2 in itertools.pairwise(group):
-            t1 = [c1["batch_size"] / s for s in c1["seconds"]]
-            t2 = [c2["batch_size"] / s for s in c2["seconds"]]
+            t1 = [c1.batch_size / s for s in c1.seconds]
+            t2 = [c2.batch_size / s for s in c2.seconds]
             if min(t2) <= max(t1) and min(t1) <= max(t2):
-                overlaps.append(f"{optimizer} {c1['batch_size']}/{c2['batch_size']}")
+                overlaps.append(f"{optimizer} {c1.batch_size}/{c2.batch_size}")
     values = sorted(ratios.values())
     worst = max(ratios, key=lambda name: ratios[name]) if ratios else None
     return StepTimeSpread(statistics.median(values) if values else None, worst,

@@ -32,6 +32,7 @@ from kbackend.reports import markdown_rows
 from kbackend.stats import log_log_interpolate, median_interval
 from kbackend.study.auto_verdicts import auto_label, auto_verdict
 from kbackend.study.cell_verdicts import fastest_verdict, verdict_settings
+from kbackend.study.study_record import Cell, StudyRecord
 from kbackend.study.summaries import cell_seconds_per_step, ranges_time
 from kbackend.study.verdicts import Verdict, outcome_text
 
@@ -178,33 +179,34 @@ def check_profile(profile: DeviceProfile, model: str, dataset: str,
                           "interpolated, never extrapolated: measure those sizes too.")
 
 
-def _fixed(cell: dict[str, Any], profile: DeviceProfile) -> dict[str, Any]:
-    per_step = profile.step_time(int(cell["batch_size"]))
-    steps = (cell.get("intervals") or {}).get("steps_to_target") or {}
+def _fixed(cell: Cell, profile: DeviceProfile) -> dict[str, Any]:
+    per_step = profile.step_time(int(cell.batch_size))
+    steps = (cell.intervals or {}).get("steps_to_target") or {}
     interval = {k: steps[k] * per_step for k in ("median", "low", "high") if k in steps}
-    return {"optimizer": cell["optimizer"], "batch_size": cell["batch_size"],
-            "steps_to_target": cell.get("steps_to_target"), "reached": cell["reached"],
+    return {"optimizer": cell.optimizer, "batch_size": cell.batch_size,
+            "steps_to_target": cell.steps_to_target, "reached": cell.reached,
             "seconds_per_step_here": cell_seconds_per_step(cell), "time_to_target_here":
-            cell.get("time_to_target"), "seconds_per_step": per_step,
-            "time_to_target": cell["steps_to_target"] * per_step if cell["reached"] else None,
+            cell.time_to_target, "seconds_per_step": per_step,
+            "time_to_target": cell.steps_to_target * per_step
+            if cell.reached and cell.steps_to_target is not None else None,
             "interval": {**steps, **interval},
-            "seed_times": {s: v * per_step for s, v in (cell.get("seed_steps") or {}).items()}}
+            "seed_times": {s: v * per_step for s, v in (cell.seed_steps or {}).items()}}
 
 
-def _auto(cell: dict[str, Any], profile: DeviceProfile) -> dict[str, Any]:
+def _auto(cell: Cell, profile: DeviceProfile) -> dict[str, Any]:
     times: dict[str, float] = {}
-    low = int((cell.get("auto") or {}).get("min") or profile.batch_range[0])
-    for seed, steps in (cell.get("seed_steps") or {}).items():
-        ranges = (cell.get("ranges") or {}).get(seed) or [{"step": 0, "batch_size": low}]
+    low = int((cell.auto or {}).get("min") or profile.batch_range[0])
+    for seed, steps in (cell.seed_steps or {}).items():
+        ranges = (cell.ranges or {}).get(seed) or [{"step": 0, "batch_size": low}]
         seconds = ranges_time(ranges, int(steps), profile.step_time) \
             if math.isfinite(steps) else None
         times[seed] = math.inf if seconds is None else seconds
     finite = [t for t in times.values() if math.isfinite(t)]
-    reached = bool(cell["reached"] and finite)
-    return {"optimizer": cell["optimizer"], "batch_size": cell["batch_size"],
-            "label": auto_label(cell), "auto": cell.get("auto"), "reached": reached,
-            "steps_to_target": cell.get("steps_to_target"),
-            "time_to_target_here": cell.get("time_to_target"),
+    reached = bool(cell.reached and finite)
+    return {"optimizer": cell.optimizer, "batch_size": cell.batch_size,
+            "label": auto_label(cell), "auto": cell.auto, "reached": reached,
+            "steps_to_target": cell.steps_to_target,
+            "time_to_target_here": cell.time_to_target,
             "time_to_target": float(np.median(list(times.values()))) if reached else None,
             "interval": median_interval(list(times.values())), "seed_times": times}
 
@@ -213,35 +215,36 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b and math.isfinite(a) else None
 
 
-def predict(study: dict[str, Any], profile: DeviceProfile) -> dict[str, Any]:
+def predict(study: StudyRecord, profile: DeviceProfile) -> dict[str, Any]:
     """Each cell's time to target on the profile's device, the fastest cell there (the study's
     paired-seed verdict, with the profile's step-time ratio as a known factor) and each auto
     cell against its optimizer's best fixed batch size there (``auto_verdict``)."""
     settings = verdict_settings(study)
-    cells = [_fixed(c, profile) for c in study["cells"]]
+    cells = [_fixed(c, profile) for c in study.cells]
     # the study's cells with the profile's times: what the study's verdicts read
-    proxies = [{**c, "time_to_target": p["time_to_target"],
-                "seconds_per_step": {"median": p["seconds_per_step"]}}
-               for c, p in zip(study["cells"], cells, strict=True)]
+    proxies = [replace(c, time_to_target=p["time_to_target"],
+                       seconds_per_step={"median": p["seconds_per_step"]})
+               for c, p in zip(study.cells, cells, strict=True)]
     fastest = fastest_verdict(proxies, settings)
     fastest = replace(fastest, text=fastest.text.replace(" s to target", " s to target there"))
     autos, adaptive = [], []
-    for cell in study.get("auto_cells") or []:
+    for cell in study.auto_cells:
         predicted = _auto(cell, profile)
         autos.append(predicted)
-        verdict = auto_verdict({**cell, "seed_times": predicted["seed_times"]}, proxies, settings)
-        best = next((p for p in cells if p["optimizer"] == cell["optimizer"]
+        verdict = auto_verdict(replace(cell, seed_times=predicted["seed_times"]), proxies,
+                               settings)
+        best = next((p for p in cells if p["optimizer"] == cell.optimizer
                      and p["batch_size"] == verdict.best_fixed), None)
-        here = [c for c in study["cells"] if c["optimizer"] == cell["optimizer"]
-                and c.get("reached") and c.get("time_to_target") is not None]
-        best_here = min(here, key=lambda c: c["time_to_target"]) if here else None
+        here = [c for c in study.cells if c.optimizer == cell.optimizer
+                and c.reached and c.time_to_target is not None]
+        best_here = min(here, key=lambda c: c.seconds) if here else None
         adaptive.append({
             **verdict.to_json(), "time_to_target": predicted["time_to_target"],
             "best_fixed_time": best["time_to_target"] if best else None,
             "ratio": _ratio(predicted["time_to_target"], best["time_to_target"] if best
                             else None),
-            "best_fixed_here": best_here["batch_size"] if best_here else None,
-            "ratio_here": _ratio(cell.get("time_to_target"), best_here["time_to_target"]
+            "best_fixed_here": best_here.batch_size if best_here else None,
+            "ratio_here": _ratio(cell.time_to_target, best_here.time_to_target
                                  if best_here else None)})
     return {"profile": profile.to_dict(), "time_model": "steps to target here x the profile's "
             "seconds per step (log-log interpolation between its batch sizes)",
@@ -254,17 +257,17 @@ def _fmt(value: Any, spec: str) -> str:
     return format(value, spec)
 
 
-def conclusion_lines(study: dict[str, Any]) -> list[str]:
+def conclusion_lines(study: StudyRecord) -> list[str]:
     """The predictions' findings (terminal and report): the fastest cell there and here, the
     adaptive cells against the best fixed batch size there and here."""
-    predicted = study.get("device_profile")
+    predicted = study.device_profile
     if not predicted:
         return []
     device = predicted["profile"]["device"]
-    reached = [c for c in study["cells"] if c.get("reached") and c.get("time_to_target")]
-    best_here = min(reached, key=lambda c: c["time_to_target"]) if reached else None
-    here = (f"; here: {best_here['optimizer']} at batch {best_here['batch_size']}, "
-            f"{best_here['time_to_target']:.3g} s" if best_here else "")
+    reached = [c for c in study.cells if c.reached and c.time_to_target]
+    best_here = min(reached, key=lambda c: c.seconds) if reached else None
+    here = (f"; here: {best_here.optimizer} at batch {best_here.batch_size}, "
+            f"{best_here.time_to_target:.3g} s" if best_here else "")
     lines = [f"Predicted on {device} (steps here x its step times): "
              f"{predicted['fastest']['text']}{here}."]
     for x in predicted["adaptive"]:
@@ -280,9 +283,9 @@ def conclusion_lines(study: dict[str, Any]) -> list[str]:
     return lines
 
 
-def report_section(study: dict[str, Any]) -> list[str]:
+def report_section(study: StudyRecord) -> list[str]:
     """The markdown report's "Predicted on <device>" table, its findings and caveats."""
-    predicted = study.get("device_profile")
+    predicted = study.device_profile
     if not predicted:
         return []
     profile = predicted["profile"]

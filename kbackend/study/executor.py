@@ -57,11 +57,11 @@ from kbackend.study.search import RateSearch
 from kbackend.study.sequential import extend_seeds
 from kbackend.study.step_times import StepTimeModel
 from kbackend.study.store import RunStore, StoredRun, config_key
+from kbackend.study.study_record import Cell, StepTimes, StudyRecord
 from kbackend.study.summaries import (
     RunPlan,
     history_from_trajectory,
     plan_from_key_config,
-    summarize_cell,
     summarize_run,
 )
 from kbackend.study.timing import TimeSpent, apply_time_model
@@ -271,26 +271,26 @@ class StudyRunner:
 
     # -- running -------------------------------------------------------------------------------
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> StudyRecord:
         """Run (or resume) the whole study; return its cells, runs and noise-scale estimate."""
         if self.dataset is None:
             self.prepare()
         assert self.dataset is not None
         if self.config.executor != LOCAL_EXECUTOR:
             return self._run_on_ray()
-        cells: list[dict[str, Any]] = []
+        cells: list[Cell] = []
         runs: list[StoredRun] = []
         for optimizer in self.config.optimizers:
             for batch_size in self.batch_sizes:
-                cell = self.run_cell(optimizer, batch_size)
-                runs.extend(cell.pop("runs"))
+                cell, cell_runs = self.run_cell(optimizer, batch_size)
+                runs.extend(cell_runs)
                 cells.append(cell)
         start, setup_before = time.perf_counter(), self.time_spent.setup
         step_times = self.measure_step_times(cells)
         self.time_spent.step_times += self.time_spent.seconds_since(start, setup_before)
-        study_runs = [run.to_dict() for run in runs]  # the report's; the added seeds append
-        added = extend_seeds(self, cells, study_runs, step_times, summarize_cell)
-        apply_time_model(cells, step_times)
+        study_runs = list(runs)  # the added seeds append theirs
+        added = extend_seeds(self, cells, study_runs, step_times)
+        cells = apply_time_model(cells, step_times)
         # The auto cells after the fixed grid (their time model reads its step times)
         auto_cells = [run_auto_cell(self, optimizer)
                       for optimizer in (self.config.optimizers if self.config.adaptive else ())]
@@ -300,35 +300,36 @@ class StudyRunner:
         self.time_spent.noise += self.time_spent.seconds_since(start, setup_before)
         return self._study(cells, study_runs, step_times, noise, added, auto)
 
-    def _run_on_ray(self) -> dict[str, Any]:
+    def _run_on_ray(self) -> StudyRecord:
         """The same study, its cells run as Ray tasks and their results stored here."""
         assert self.dataset is not None
         results = run_on_ray(self)
-        cells, step_times = results.cells, results.step_times
-        runs = [run.to_dict() for run in results.runs]
+        cells, step_times = list(results.cells), results.step_times
+        runs = list(results.runs)
         # the added seeds here, in the driver
-        added = extend_seeds(self, cells, runs, step_times, summarize_cell)
-        apply_time_model(cells, step_times)
+        added = extend_seeds(self, cells, runs, step_times)
+        cells = apply_time_model(cells, step_times)
         auto = self._auto_part(results.auto_cells, cells)
         return self._study(cells, runs, step_times, results.noise, added, auto)
 
-    def _auto_part(self, auto_cells: list[dict[str, Any]],
-                   cells: list[dict[str, Any]]) -> dict[str, Any]:
-        """The study's ``auto_cells`` and ``auto_runs`` (none without an auto cell), the
-        cells finished against the fixed cells' time model."""
+    def _auto_part(self, auto_cells: list[tuple[Cell, list[StoredRun]]], cells: list[Cell]
+                   ) -> tuple[list[Cell], list[StoredRun]]:
+        """The study's auto cells and their runs (none without an auto cell), the cells
+        finished against the fixed cells' time model."""
         if not self.config.adaptive:
-            return {}
-        auto_runs = [run.to_dict() for cell in auto_cells for run in cell.pop("runs")]
-        finish_auto_cells(self, auto_cells, cells)
-        return {"auto_cells": auto_cells, "auto_runs": auto_runs}
+            return [], []
+        auto_runs = [run for _, runs in auto_cells for run in runs]
+        return finish_auto_cells(self, [cell for cell, _ in auto_cells], cells), auto_runs
 
-    def _study(self, cells: list[dict[str, Any]], runs: list[dict[str, Any]], step_times: Any,
-               noise: Any, added: Any, auto: dict[str, Any]) -> dict[str, Any]:
+    def _study(self, cells: list[Cell], runs: list[StoredRun],
+               step_times: StepTimes | None, noise: Any, added: Any,
+               auto: tuple[list[Cell], list[StoredRun]]) -> StudyRecord:
         assert self.dataset is not None
-        return {"study": self.study_id, "digests": self.digests, "step_times": step_times,
-                "config": self.config.to_dict(), "env": self.env,
-                "dataset": self.dataset.info.to_dict(), "batch_sizes": list(self.batch_sizes),
-                "cells": cells, "runs": runs, "noise": noise, "added_seeds": added, **auto}
+        return StudyRecord(
+            study_id=self.study_id, config=self.config.to_dict(), env=self.env,
+            dataset=self.dataset.info.to_dict(), batch_sizes=tuple(self.batch_sizes),
+            cells=cells, runs=runs, digests=self.digests, step_times=step_times, noise=noise,
+            added_seeds=added, auto_cells=auto[0], auto_runs=auto[1])
 
     @property
     def larger_is_better(self) -> bool:
@@ -337,16 +338,16 @@ class StudyRunner:
 
     # -- the collaborators (built on use: a view of this runner gets its own) ------------------
 
-    def run_cell(self, optimizer: str, batch_size: int) -> dict[str, Any]:
-        """One cell's learning-rate search and figures, its runs under ``"runs"``
+    def run_cell(self, optimizer: str, batch_size: int) -> tuple[Cell, list[StoredRun]]:
+        """One cell's learning-rate search and figures, and its runs
         (``search.RateSearch.run_cell``)."""
         return RateSearch(self).run_cell(optimizer, batch_size)
 
-    def measure_step_times(self, cells: list[dict[str, Any]]) -> dict[str, Any] | None:
+    def measure_step_times(self, cells: list[Cell]) -> StepTimes | None:
         """The time model's seconds per step of ``cells`` (``step_times.StepTimeModel``)."""
         return StepTimeModel(self).measure(cells)
 
-    def run_noise(self, cells: list[dict[str, Any]]) -> dict[str, Any] | None:
+    def run_noise(self, cells: list[Cell]) -> dict[str, Any] | None:
         """The noise scale along the reference cell (``noise_runs.NoiseMeasurement``)."""
         return NoiseMeasurement(self).run(cells)
 

@@ -1,7 +1,7 @@
 """A study's runs for the tools Keras users read: ``runs.csv`` (one row per run, for pandas) and
 TensorBoard run folders with the HParams plugin's experiment.
 
-Both are written from the study's stored runs (``study["runs"]`` and ``study["auto_runs"]``), so
+Both are written from the study's stored runs (``StudyRecord.all_runs``), so
 a resumed study writes the same rows and adds only the run folders it lacks: a run's folder is
 named by its settings and its store key, and one that exists is left as it is.
 """
@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from kbackend.io import atomic_write_text, temp_folder
+from kbackend.study.store import StoredRun
+from kbackend.study.study_record import StudyRecord
 from kbackend.tensorboard_logs import evaluation_scalars, write_experiment, write_run
 
 RUNS_CSV = "runs.csv"
@@ -25,18 +27,12 @@ RUN_COLUMNS = ("optimizer", "batch_size", "learning_rate", "seed", "max_steps", 
                "test_metric_name", "steps_run", "samples_per_s", "reused", "key")
 
 
-def study_runs(study: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every stored run of the study: the fixed cells' (all rates and seeds), then the auto
-    cells'."""
-    return [*study["runs"], *(study.get("auto_runs") or [])]
-
-
-def run_row(run: dict[str, Any], started_at: float | None) -> dict[str, Any]:
+def run_row(run: StoredRun, started_at: float | None) -> dict[str, Any]:
     """One ``runs.csv`` row: the run's settings, seed and figures; ``reused``: stored before
     this invocation started (``started_at``, a ``time.time()``), so not trained by it."""
-    config, result = run["config"], run["result"]
+    config, result = run.config, run.result
     optimizer = config["optimizer"]
-    finished = run.get("finished_at")
+    finished = run.finished_at
     return {
         "optimizer": optimizer["name"] if isinstance(optimizer, dict) else optimizer,
         "batch_size": config["batch_size"], "learning_rate": config["learning_rate"],
@@ -49,41 +45,41 @@ def run_row(run: dict[str, Any], started_at: float | None) -> dict[str, Any]:
         "samples_per_s": result.get("samples_per_s"),
         "reused": bool(started_at is not None and finished is not None
                        and finished < started_at),
-        "key": run["key"],
+        "key": run.key,
     }
 
 
-def runs_csv_text(study: dict[str, Any], started_at: float | None) -> str:
+def runs_csv_text(study: StudyRecord, started_at: float | None) -> str:
     """``runs.csv``'s text: a header of ``RUN_COLUMNS``, one row per run (empty cells where a
     figure is missing or not finite)."""
     out = io.StringIO()
     writer = csv.DictWriter(out, RUN_COLUMNS, lineterminator="\n")
     writer.writeheader()
-    for run in study_runs(study):
+    for run in study.all_runs:
         row = run_row(run, started_at)
         writer.writerow({k: "" if _missing(v) else v for k, v in row.items()})
     return out.getvalue()
 
 
-def write_runs_csv(study: dict[str, Any], folder: str | os.PathLike,
+def write_runs_csv(study: StudyRecord, folder: str | os.PathLike,
                    started_at: float | None) -> Path:
     """``folder/runs.csv``, atomically."""
     return atomic_write_text(Path(folder) / RUNS_CSV, runs_csv_text(study, started_at))
 
 
-def run_name(run: dict[str, Any]) -> str:
+def run_name(run: StoredRun) -> str:
     """A run's folder: its optimizer, batch size, rate and seed, and its store key's start (so
     a pruned run and its full re-run, or a changed setup, are folders of their own)."""
     row = run_row(run, None)
     batch = str(row["batch_size"]).replace(":", "-")
     return (f"{row['optimizer']}-b{batch}-lr{row['learning_rate']:g}-seed{row['seed']}-"
-            f"{run['key'][:8]}")
+            f"{run.key[:8]}")
 
 
-def run_points(run: dict[str, Any]) -> Iterator[tuple[int, dict[str, float]]]:
+def run_points(run: StoredRun) -> Iterator[tuple[int, dict[str, float]]]:
     """Each evaluation's scalars of a stored run (as ``train --tensorboard`` writes them): the
     batch size and rate of an auto run are those of its step range."""
-    config, trajectory = run["config"], run.get("trajectory") or {}
+    config, trajectory = run.config, run.trajectory or {}
     adaptive = (trajectory.get("record") or {}).get("adaptive_batch") or {}
     ranges = adaptive.get("ranges") or []
     auto = isinstance(config["batch_size"], str)
@@ -99,18 +95,18 @@ def run_points(run: dict[str, Any]) -> Iterator[tuple[int, dict[str, float]]]:
         previous = record
 
 
-def write_tensorboard(study: dict[str, Any], logdir: str | os.PathLike) -> list[Path]:
+def write_tensorboard(study: StudyRecord, logdir: str | os.PathLike) -> list[Path]:
     """Every stored run as a TensorBoard run folder under ``logdir`` (those missing), and the
     HParams experiment (optimizer, batch size, learning rate; steps and time to target, the
     best validation value) at its top. Returns the folders written now."""
     logdir = Path(logdir)
-    runs = study_runs(study)
-    metric = study["config"]["target"]["metric"]
+    runs = study.all_runs
+    metric = study.target["metric"]
     metrics = {"steps_to_target": "steps to target", "time_to_target": "time to target (s)",
                f"best_{metric}": f"best {metric}"}
     # One type per hparam (the plugin's domains are typed): batch sizes are text where an auto
     # cell's "auto:MIN:MAX" is among them.
-    as_text = any(isinstance(r["config"]["batch_size"], str) for r in runs)
+    as_text = any(isinstance(r.config["batch_size"], str) for r in runs)
     written = []
     for run in runs:
         folder = logdir / run_name(run)
@@ -133,7 +129,7 @@ def write_tensorboard(study: dict[str, Any], logdir: str | os.PathLike) -> list[
     return written
 
 
-def _write_experiment(logdir: Path, runs: list[dict[str, Any]], as_text: bool,
+def _write_experiment(logdir: Path, runs: list[StoredRun], as_text: bool,
                       metrics: dict[str, str]) -> None:
     """The experiment's event file at ``logdir``'s top, replacing the one an earlier invocation
     wrote (its grid may have grown), written apart and moved in."""

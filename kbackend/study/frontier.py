@@ -24,6 +24,7 @@ from kbackend.data.batching import steps_per_epoch
 from kbackend.engine_facts import engine_facts
 from kbackend.stats import median_interval
 from kbackend.study.runner_protocol import MeasureRunner
+from kbackend.study.study_record import Cell
 from kbackend.task import better
 
 if TYPE_CHECKING:
@@ -68,12 +69,13 @@ def why_no_frontier(config: StudyConfig) -> str | None:
     return None
 
 
-def frontier_run(runner: MeasureRunner, cell: dict[str, Any], seed: int) -> dict[str, Any]:
+def frontier_run(runner: MeasureRunner, cell: Cell, seed: int) -> dict[str, Any]:
     """The stored frontier figures of ``cell``'s best rate with ``seed`` (trained if missing)."""
     config = runner.config
-    per_epoch = steps_per_epoch(runner.num_train, cell["batch_size"])
-    plan = replace(runner.plan(cell["optimizer"], cell["batch_size"], cell["learning_rate"],
-                               seed=seed), max_steps=config.frontier_epochs * per_epoch)
+    size = int(cell.batch_size)
+    per_epoch = steps_per_epoch(runner.num_train, size)
+    plan = replace(runner.plan(cell.optimizer, size, cell.learning_rate, seed=seed),
+                   max_steps=config.frontier_epochs * per_epoch)
     metric = config.resolved_target.metric
     key_config = {**runner.run_key_config(plan), "kind": "frontier",
                   "frontier_epochs": config.frontier_epochs, "metric": metric}
@@ -118,9 +120,9 @@ def summarize_frontier(results: list[dict[str, Any]]) -> dict[str, Any]:
             "seed_best": best, "seed_test": test}
 
 
-def measure_frontier(runner: MeasureRunner, cell: dict[str, Any], seeds: list[int]) -> float:
-    """Frontier runs for ``seeds`` of ``cell`` (stored ones reused), summarized into
-    ``cell["frontier"]``; returns the seconds those runs recorded (stored or not)."""
+def measure_frontier(runner: MeasureRunner, cell: Cell,
+                     seeds: list[int]) -> tuple[dict[str, Any], float]:
+    """Frontier runs for ``seeds`` of ``cell`` (stored ones reused): their summary (the cell's
+    ``frontier``) and the seconds those runs recorded (stored or not)."""
     results = [frontier_run(runner, cell, seed) for seed in seeds]
-    cell["frontier"] = summarize_frontier(results)
-    return sum(r.get("wall_time") or 0.0 for r in results)
+    return summarize_frontier(results), sum(r.get("wall_time") or 0.0 for r in results)

@@ -18,6 +18,7 @@ from kbackend.study.config import REFERENCE_BATCH
 from kbackend.study.noise import measure_noise_scale
 from kbackend.study.runner_protocol import MeasureRunner
 from kbackend.study.scaling import training_noise_scale
+from kbackend.study.study_record import Cell
 from kbackend.study.summaries import RunPlan
 from kbackend.training import train
 
@@ -28,7 +29,7 @@ class NoiseMeasurement:
     def __init__(self, runner: MeasureRunner) -> None:
         self.runner = runner
 
-    def reference(self, cells: list[dict[str, Any]]) -> dict[str, Any] | None:
+    def reference(self, cells: list[Cell]) -> Cell | None:
         """The cell whose training run the noise scale is measured along: plain SGD if studied
         (its update has no state, so training in segments is exact), at the grid's batch size
         nearest 32, with its tuned learning rate, up to its steps to target."""
@@ -38,17 +39,17 @@ class NoiseMeasurement:
         optimizer = "sgd" if "sgd" in config.optimizers else config.optimizers[0]
         batch = min(self.runner.batch_sizes,
                     key=lambda b: (abs(math.log(b / REFERENCE_BATCH)), b))
-        return next(c for c in cells if c["optimizer"] == optimizer and c["batch_size"] == batch)
+        return next(c for c in cells if c.optimizer == optimizer and c.batch_size == batch)
 
-    def run(self, cells: list[dict[str, Any]]) -> dict[str, Any] | None:
+    def run(self, cells: list[Cell]) -> dict[str, Any] | None:
         """Measure B_simple at ``noise_points`` points along the reference cell's training."""
         runner = self.runner
         cell = self.reference(cells)
         if cell is None:
             return None
         small, big = runner.noise_batches
-        horizon = round(cell["steps_to_target"] or cell["steps_run"] or 0)
-        plan = runner.plan(cell["optimizer"], cell["batch_size"], cell["learning_rate"])
+        horizon = round(cell.steps_to_target or cell.steps_run or 0)
+        plan = runner.plan(cell.optimizer, int(cell.batch_size), cell.learning_rate)
         points = runner.config.noise_points
         checkpoints = sorted({round(horizon * i / max(1, points - 1)) for i in range(points)})
         key_config = {**runner.run_key_config(plan), "kind": "noise",

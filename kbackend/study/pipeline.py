@@ -9,6 +9,7 @@ import re
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ from kbackend.study.report import CONSOLE_WIDTH, print_table, write_report
 from kbackend.study.results import recommendation, recommendation_lines
 from kbackend.study.runner_protocol import StudyEvent
 from kbackend.study.store import ResultStore, RunStore
+from kbackend.study.study_record import Cell, MachineLoad, StudyRecord, TimeAccount
 from kbackend.study.timing import TimeSpent
 from kbackend.task import metric_direction
 from kbackend.tensorboard_logs import check_logdir, require_hparams_plugin
@@ -57,13 +59,13 @@ from kbackend.workload import WARNING
 DB_NAME = "study.db"
 
 
-def report_dir(out: Path, study: dict[str, Any]) -> Path:
+def report_dir(out: Path, study: StudyRecord) -> Path:
     """Where one study's report goes: one folder per dataset, model, backend and engine. A
     user's model or data is named with the start of its content digest: two sources with the
     same file name (``a/cls.npz``, ``b/cls.npz``) or one edited never share a folder."""
-    config, digests = study["config"], study.get("digests") or {}
+    config, digests = study.config, study.digests
     parts = [folder_name(config["dataset"]), folder_name(config["model"]),
-             study["env"]["backend"], config["engine"]]
+             study.env["backend"], config["engine"]]
     if config["dataset"] not in DATASETS and digests.get("data"):
         parts[0] += f"-{digests['data'][:8]}"
     if config["model"] not in MODELS and digests.get("model"):
@@ -140,7 +142,7 @@ def process_seconds() -> float:
 
 
 def time_accounting(spent: TimeSpent, call_seconds: float, process: float,
-                    report_seconds: float | None = None) -> dict[str, Any]:
+                    report_seconds: float | None = None) -> TimeAccount:
     """Where the study's time went, from the process's start: the runs' steady training,
     their start-ups (compilation and first calls, and building the model, the seeds' initial
     values and each cell's trainer: ``setup_s``), evaluation, the work around the runs (data
@@ -154,55 +156,53 @@ def time_accounting(spent: TimeSpent, call_seconds: float, process: float,
                  + (report_seconds or 0.0))
     startup = spent.startup + spent.setup  # compilation and first calls, and the builds
     goal = OVERHEAD_GOAL * steady + startup
-    return {
-        "runs_trained": spent.runs, "whole_process_s": whole, "this_call_s": call_seconds,
-        "before_call_s": max(process - call_seconds, 0.0),
-        "steady_training_s": steady, "startup_s": startup, "setup_s": spent.setup,
-        "evaluation_s": spent.evaluation,
-        "around_runs_s": max(spent.runs_wall - spent.training - spent.evaluation, 0.0),
-        "time_model_s": spent.step_times, "noise_scale_s": spent.noise,
-        # inside the runs' figures above: the sequential seeds' rounds and the frontier runs
-        "added_seeds_s": spent.added_seeds, "added_seed_runs": spent.added_seed_runs,
-        "frontier_runs": spent.frontier_runs,
-        "report_s": report_seconds, "other_s": max(whole - accounted, 0.0),
-        "whole_over_steady": whole / steady if steady > 0 else None,
-        "goal_s": goal, "goal_met": bool(steady > 0 and whole <= goal),
-    }
+    return TimeAccount(
+        runs_trained=spent.runs, whole_process_s=whole, this_call_s=call_seconds,
+        before_call_s=max(process - call_seconds, 0.0),
+        steady_training_s=steady, startup_s=startup, setup_s=spent.setup,
+        evaluation_s=spent.evaluation,
+        around_runs_s=max(spent.runs_wall - spent.training - spent.evaluation, 0.0),
+        time_model_s=spent.step_times, noise_scale_s=spent.noise,
+        added_seeds_s=spent.added_seeds, added_seed_runs=spent.added_seed_runs,
+        frontier_runs=spent.frontier_runs,
+        report_s=report_seconds, other_s=max(whole - accounted, 0.0),
+        whole_over_steady=whole / steady if steady > 0 else None,
+        goal_s=goal, goal_met=bool(steady > 0 and whole <= goal))
 
 
-def accounting_line(account: dict[str, Any]) -> str:
+def accounting_line(account: TimeAccount) -> str:
     """The accounting in one line (the console's last line of a study)."""
-    if not account["runs_trained"]:
-        return (f"whole process {account['whole_process_s']:.1f} s; no run trained in this "
+    if not account.runs_trained:
+        return (f"whole process {account.whole_process_s:.1f} s; no run trained in this "
                 "process (every run was reused from the store)")
-    ratio = account["whole_over_steady"]
-    parts = [f"steady training {account['steady_training_s']:.1f} s",
-             f"start-up {account['startup_s']:.1f} s (of it building the model and trainers "
-             f"{account.get('setup_s') or 0.0:.1f} s)",
-             f"evaluation {account['evaluation_s']:.1f} s",
-             f"around runs {account['around_runs_s']:.1f} s",
-             f"time model {account['time_model_s']:.1f} s",
-             f"noise scale {account['noise_scale_s']:.1f} s"]
-    if account.get("added_seed_runs") or account.get("frontier_runs"):
-        parts.append(f"(of all these, added seeds and frontier: {account['added_seeds_s']:.1f} s, "
-                     f"{account['added_seed_runs']} added-seed and {account['frontier_runs']} "
+    ratio = account.whole_over_steady
+    parts = [f"steady training {account.steady_training_s:.1f} s",
+             f"start-up {account.startup_s:.1f} s (of it building the model and trainers "
+             f"{account.setup_s or 0.0:.1f} s)",
+             f"evaluation {account.evaluation_s:.1f} s",
+             f"around runs {account.around_runs_s:.1f} s",
+             f"time model {account.time_model_s:.1f} s",
+             f"noise scale {account.noise_scale_s:.1f} s"]
+    if account.added_seed_runs or account.frontier_runs:
+        parts.append(f"(of all these, added seeds and frontier: {account.added_seeds_s:.1f} s, "
+                     f"{account.added_seed_runs} added-seed and {account.frontier_runs} "
                      "frontier runs)")
-    if account["report_s"] is not None:
-        parts.append(f"analysis and report {account['report_s']:.1f} s")
-    parts.append(f"other (imports, data, checks) {account['other_s']:.1f} s")
-    line = f"whole process {account['whole_process_s']:.1f} s = {', '.join(parts)}"
+    if account.report_s is not None:
+        parts.append(f"analysis and report {account.report_s:.1f} s")
+    parts.append(f"other (imports, data, checks) {account.other_s:.1f} s")
+    line = f"whole process {account.whole_process_s:.1f} s = {', '.join(parts)}"
     if not ratio:
         return line
-    verdict = "met" if account["goal_met"] else "not met"
+    verdict = "met" if account.goal_met else "not met"
     return (f"{line}; whole / steady training {ratio:.1f}x (goal: at most {OVERHEAD_GOAL:g}x "
-            f"steady + start-ups = {account['goal_s']:.1f} s, {verdict})")
+            f"steady + start-ups = {account.goal_s:.1f} s, {verdict})")
 
 
-def _confirmations(runner: StudyRunner, study: dict[str, Any], command_line: CommandLine,
+def _confirmations(runner: StudyRunner, study: StudyRecord, command_line: CommandLine,
                    seeds: int) -> list[dict[str, Any]]:
     """``recommend.confirm`` with each cell's figures stored (keyed by content, the command's
     arguments and the held-out seeds): a resumed study does not train them again."""
-    def confirm_one(cell: dict[str, Any]) -> dict[str, Any]:
+    def confirm_one(cell: Cell) -> dict[str, Any]:
         key_config = {"kind": "confirmation", **runner.content_identity(),
                       "arguments": train_arguments(study, cell), "seeds": seeds,
                       "first_seed": HELD_OUT_SEED + runner.config.seed, **runner.env}
@@ -227,8 +227,8 @@ def _prepared_runner(config: StudyConfig, out: Path, run_executor: RunExecutor |
     if profile is not None:
         check_profile(profile, config.model, config.dataset, runner.batch_sizes)
     # The report's folder too: a file in its place is a one-line error now, not after the runs.
-    check_output_folder(report_dir(out, {"config": config.to_dict(), "env": runner.env,
-                                         "digests": runner.digests}), "report")
+    check_output_folder(report_dir(out, StudyRecord(config=config.to_dict(), env=runner.env,
+                                                    digests=runner.digests)), "report")
     target = config.resolved_target
     num_val = len(runner.dataset.x_val) if runner.dataset else 0
     warnings = [w for w in (trust.before_training(target.metric, target.value, num_val),) if w]
@@ -239,7 +239,7 @@ def _prepared_runner(config: StudyConfig, out: Path, run_executor: RunExecutor |
 
 def _run_with_progress(runner: StudyRunner, out: Path, console: Any, show_progress: bool,
                        command_line: CommandLine | None,
-                       confirm_seeds: int) -> tuple[dict[str, Any], _ProgressEvents]:
+                       confirm_seeds: int) -> tuple[StudyRecord, _ProgressEvents]:
     """Run (or resume) the study in ``runner.store`` under a progress bar, then confirm its
     recommendation with ``command_line``; the study and the progress events (what was reused)."""
     config = runner.config
@@ -261,11 +261,12 @@ def _run_with_progress(runner: StudyRunner, out: Path, console: Any, show_progre
         study = runner.run()
         if confirming and ranked_cells(study):
             assert command_line is not None
-            study["confirmation"] = _confirmations(runner, study, command_line, confirm_seeds)
+            study = replace(study, confirmation=tuple(
+                _confirmations(runner, study, command_line, confirm_seeds)))
     return study, events
 
 
-def _write_outputs(study: dict[str, Any], analysis: Analysis, out: Path,
+def _write_outputs(study: StudyRecord, analysis: Analysis, out: Path,
                    wall_time: float, started_at: float,
                    tensorboard: str | os.PathLike | None) -> dict[str, Any]:
     """The report, ``runs.csv`` and the TensorBoard runs; their paths. A failed write is a
@@ -321,21 +322,17 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
                                        no_frontier=why_no_frontier(config))
         if plateau and speaking:
             say(plateau)
-        study["warnings"] = [*warnings, *([plateau] if plateau else [])]
-        if profile is not None:
-            study["device_profile"] = predict(study, profile)
-        wall_time = time.perf_counter() - start
-        study["machine_load"] = {"before": load_before, "after": os.getloadavg()[0],
-                                 "cpus": os.cpu_count()}
-        # Up to the report: the report cannot time its own writing (the console line can).
-        study["time_spent"] = time_accounting(runner.time_spent, wall_time, process_seconds())
+        study = _completed(replace(study, warnings=(*warnings, *([plateau] if plateau else []))),
+                           profile, runner.time_spent, start, load_before)
+        wall_time = study.time_spent.this_call_s if study.time_spent else 0.0
         before_report = time.perf_counter()
         analysis = analyze(study)
         paths = _write_outputs(study, analysis, out, wall_time, started_at, tensorboard)
         # One summary per backend, engine and device: what `study compare` puts side by side.
-        records.put_summary(study["study"], f"{study['env']['backend']}/{config.engine}",
-                            study["env"]["device"], read_json(paths["summary"]))
-    account = time_accounting(runner.time_spent, wall_time, study["time_spent"]["whole_process_s"],
+        records.put_summary(study.study_id, f"{study.env['backend']}/{config.engine}",
+                            study.env["device"], read_json(paths["summary"]))
+    assert study.time_spent is not None
+    account = time_accounting(runner.time_spent, wall_time, study.time_spent.whole_process_s,
                               report_seconds=time.perf_counter() - before_report)
     if print_results:
         print_results_of(study, analysis, f"wall time {wall_time:.1f} s: {runner.executed} runs "
@@ -343,6 +340,19 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
                          f"report: {console_text(paths['report'])}", account)
     return {"study": study, "analysis": analysis, "paths": paths, "wall_time": wall_time,
             "executed": runner.executed, "skipped": events.skipped, "time_spent": account}
+
+
+def _completed(study: StudyRecord, profile: Any, spent: TimeSpent, start: float,
+               load_before: float) -> StudyRecord:
+    """``study`` with what the pipeline adds after its runs: the device profile's prediction,
+    the machine's load and where the time went (up to the report: the report cannot time its
+    own writing, the console line can)."""
+    if profile is not None:
+        study = replace(study, device_profile=predict(study, profile))
+    wall_time = time.perf_counter() - start
+    return replace(study, machine_load=MachineLoad(load_before, os.getloadavg()[0],
+                                                   os.cpu_count()),
+                   time_spent=time_accounting(spent, wall_time, process_seconds()))
 
 
 @contextmanager
@@ -355,8 +365,8 @@ def _opened(store: RunStore | None, out: Path) -> Iterator[RunStore]:
         yield opened
 
 
-def print_results_of(study: dict[str, Any], analysis: Analysis, wall_line: str,
-                     account: dict[str, Any]) -> None:
+def print_results_of(study: StudyRecord, analysis: Analysis, wall_line: str,
+                     account: TimeAccount) -> None:
     """The console's answer and wall time first, then the table and the findings, then where
     the time went."""
     stdout = Console() if Console().is_terminal else Console(width=CONSOLE_WIDTH)

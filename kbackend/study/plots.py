@@ -5,6 +5,7 @@ scaling regions), throughput, the noise scale and the frontier (``write_plots``)
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from kbackend.escaping import plot_text
 from kbackend.hardware.knee import DEFAULT_MIN_GAIN
 from kbackend.io import atomic_write
 from kbackend.study.analysis import Analysis
+from kbackend.study.study_record import StudyRecord
 from kbackend.task import metric_direction
 
 PLOTS = ("loss_trajectories.png", "steps_to_target.png", "time_to_target.png",
@@ -22,15 +24,15 @@ REGION_COLOURS = {"perfect scaling": "#2ca02c", "diminishing returns": "#ff7f0e"
                   "saturation": "#d62728"}
 
 
-def pareto_cells(study: dict[str, Any]) -> set[tuple[str, int]]:
+def pareto_cells(study: StudyRecord) -> set[tuple[str, int]]:
     """The cells no other cell beats on both time to target and best validation value (medians;
     a cell that never reached the target has no time and is never on it)."""
-    metric = study["config"]["target"]["metric"]
+    metric = study.target["metric"]
     sign = 1.0 if metric_direction(metric) == "max" else -1.0
-    points = [((c["optimizer"], c["batch_size"]), c["time_to_target"],
-               sign * c["frontier"]["best_metric"]["median"])
-              for c in study["cells"] if c.get("frontier") and c.get("time_to_target")
-              and c["frontier"]["best_metric"].get("n")]
+    points = [((c.optimizer, c.size), c.seconds,
+               sign * c.frontier["best_metric"]["median"])
+              for c in study.cells if c.frontier and c.time_to_target
+              and c.frontier["best_metric"].get("n")]
     return {key for key, t, m in points
             if not any(t2 <= t and m2 >= m and (t2 < t or m2 > m) for _, t2, m2 in points)}
 
@@ -75,7 +77,7 @@ def _thin(*columns: np.ndarray) -> list[np.ndarray]:
     return [np.asarray(c)[index] for c in columns]
 
 
-def write_plots(study: dict[str, Any], analysis: Analysis, out: Path) -> dict[str, Path]:
+def write_plots(study: StudyRecord, analysis: Analysis, out: Path) -> dict[str, Path]:
     """Every plot of the report, as PNG files under ``out``."""
     return {
         "loss_trajectories.png": _plot_trajectories(study, out / "loss_trajectories.png"),
@@ -87,37 +89,37 @@ def write_plots(study: dict[str, Any], analysis: Analysis, out: Path) -> dict[st
     }
 
 
-def _plot_frontier(study: dict[str, Any], path: Path) -> Path:
+def _plot_frontier(study: StudyRecord, path: Path) -> Path:
     """Best validation value within the equal budget against time to target, per cell (median
     and [min, max] both ways), labelled by batch size; the frontier's cells joined."""
     plt = _pyplot()
     colours = optimizer_colours(study)
-    metric = study["config"]["target"]["metric"]
+    metric = study.target["metric"]
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     front = pareto_cells(study)
     points = []
     for optimizer in _optimizers(study):
-        cells = [c for c in study["cells"] if c["optimizer"] == optimizer and c.get("frontier")
-                 and c.get("time_to_target") and c["frontier"]["best_metric"].get("n")]
+        cells = [c for c in study.cells if c.optimizer == optimizer and c.frontier
+                 and c.time_to_target and c.frontier["best_metric"].get("n")]
         if not cells:
             continue
-        times, time_bars = _error_bars([(c.get("intervals") or {}).get("time_to_target") or
-                                        {"median": c["time_to_target"], "low": c["time_to_target"],
-                                         "high": c["time_to_target"]} for c in cells])
-        best, best_bars = _error_bars([c["frontier"]["best_metric"] for c in cells])
+        times, time_bars = _error_bars([(c.intervals or {}).get("time_to_target") or
+                                        {"median": c.seconds, "low": c.seconds,
+                                         "high": c.seconds} for c in cells])
+        best, best_bars = _error_bars([c.frontier["best_metric"] for c in cells])
         ax.errorbar(times, best, xerr=time_bars, yerr=best_bars, fmt="o", capsize=2,
                     color=colours[optimizer], label=optimizer)
         for cell, t, m in zip(cells, times, best, strict=True):
-            ax.annotate(str(cell["batch_size"]), (t, m), fontsize=7, xytext=(3, 3),
+            ax.annotate(str(cell.batch_size), (t, m), fontsize=7, xytext=(3, 3),
                         textcoords="offset points")
-            if (cell["optimizer"], cell["batch_size"]) in front:
+            if (cell.optimizer, cell.batch_size) in front:
                 points.append((t, m))
     if points:
         points.sort()
         ax.plot([p[0] for p in points], [p[1] for p in points], "-", color="grey", lw=1,
                 label="frontier (medians)")
     _target_line(ax, study)
-    epochs = study["config"].get("frontier_epochs")
+    epochs = study.config.get("frontier_epochs")
     ax.set(xscale="log", xlabel="time to target (s): steps x step time",
            ylabel=f"best {plot_text(metric)} within {epochs} epochs",
            title="Time to target vs the best each cell reaches (labels: batch size)")
@@ -126,7 +128,7 @@ def _plot_frontier(study: dict[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
-def _batch_ticks(ax: Any, sizes: list[int]) -> None:
+def _batch_ticks(ax: Any, sizes: Sequence[int]) -> None:
     """Label a log batch-size axis with the batch sizes themselves."""
     from matplotlib.ticker import NullFormatter, NullLocator  # deferred: heavy, plots only
 
@@ -136,22 +138,22 @@ def _batch_ticks(ax: Any, sizes: list[int]) -> None:
         ax.set_xticks(sizes, [str(s) for s in sizes])
 
 
-def _optimizers(study: dict[str, Any]) -> list[str]:
-    return list(study["config"]["optimizers"])
+def _optimizers(study: StudyRecord) -> list[str]:
+    return list(study.config["optimizers"])
 
 
-def optimizer_colours(study: dict[str, Any]) -> dict[str, str]:
+def optimizer_colours(study: StudyRecord) -> dict[str, str]:
     """One colour per optimizer, the same in every plot."""
     return {name: f"C{index % 10}" for index, name in enumerate(_optimizers(study))}
 
 
-def _target_line(ax: Any, study: dict[str, Any]) -> None:
-    target = study["config"]["target"]
+def _target_line(ax: Any, study: StudyRecord) -> None:
+    target = study.target
     ax.axhline(target["value"], color="grey", ls="--", lw=1,
                label=f"target {plot_text(target['metric'])} {target['value']:g}")
 
 
-def _error_bars(values: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+def _error_bars(values: list[dict[str, float]]) -> tuple[np.ndarray, np.ndarray]:
     """Medians and (below, above) distances to the interval ends (open ends drawn to the median)."""
     medians = np.array([v["median"] for v in values], dtype=float)
     lows = np.array([v["low"] if math.isfinite(v["low"]) else v["median"] for v in values])
@@ -159,30 +161,31 @@ def _error_bars(values: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
     return medians, np.vstack([np.maximum(medians - lows, 0), np.maximum(highs - medians, 0)])
 
 
-def _plot_trajectories(study: dict[str, Any], path: Path) -> Path:
+def _plot_trajectories(study: StudyRecord, path: Path) -> Path:
     plt = _pyplot()
     optimizers = _optimizers(study)
     colours = optimizer_colours(study)
-    runs = {r["key"]: r for r in study["runs"]}
+    runs = {r.key: r for r in study.runs}
     # The optimizer's colour, lighter for smaller batches.
-    shade = dict(zip(study["batch_sizes"], np.linspace(0.35, 1.0, len(study["batch_sizes"])),
+    shade = dict(zip(study.batch_sizes, np.linspace(0.35, 1.0, len(study.batch_sizes)),
                      strict=True))
-    metric = study["config"]["target"]["metric"]
+    metric = study.target["metric"]
     fig, axes = plt.subplots(3, len(optimizers), figsize=(4.2 * len(optimizers), 10), squeeze=False)
     for column, optimizer in enumerate(optimizers):
         colour = colours[optimizer]
-        for cell in (c for c in study["cells"] if c["optimizer"] == optimizer):
-            trajectory = (runs.get(cell["run_key"]) or {}).get("trajectory")
+        for cell in (c for c in study.cells if c.optimizer == optimizer):
+            run = runs.get(cell.run_key)
+            trajectory = run.trajectory if run is not None else None
             if not trajectory or not trajectory["step"]:
                 continue
-            alpha = float(shade[cell["batch_size"]])
-            startup = cell.get("startup_time") or 0.0
+            alpha = float(shade[cell.size])
+            startup = cell.startup_time or 0.0
             steps, loss, times = _thin(
                 np.asarray(trajectory["step"]),
                 _smooth(np.asarray(trajectory["loss"], dtype=float)),
                 np.maximum(np.asarray(trajectory["time"], dtype=float) - startup, 0.0))
-            label = f"B={cell['batch_size']}" + ("" if cell["reached"] else " (not reached)")
-            style = "-" if cell["reached"] else ":"
+            label = f"B={cell.batch_size}" + ("" if cell.reached else " (not reached)")
+            style = "-" if cell.reached else ":"
             axes[0, column].plot(steps, loss, style, color=colour, alpha=alpha, label=label)
             # Wall time after the run's start-up (compilation), as time to target counts it.
             axes[1, column].plot(times, loss, style, color=colour, alpha=alpha)
@@ -204,7 +207,7 @@ def _plot_trajectories(study: dict[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
-def _plot_steps(study: dict[str, Any], analysis: Analysis, path: Path) -> Path:
+def _plot_steps(study: StudyRecord, analysis: Analysis, path: Path) -> Path:
     plt = _pyplot()
     optimizers = _optimizers(study)
     colours = optimizer_colours(study)
@@ -215,12 +218,11 @@ def _plot_steps(study: dict[str, Any], analysis: Analysis, path: Path) -> Path:
         for segment in info["regions"]:
             ax.axvspan(segment["from"], segment["to"], color=REGION_COLOURS[segment["region"]],
                        alpha=0.15, lw=0)
-        reached = [c for c in study["cells"] if c["optimizer"] == optimizer and c["reached"]]
+        reached = [c for c in study.cells if c.optimizer == optimizer and c.reached]
         if reached:
-            sizes = np.array([c["batch_size"] for c in reached], dtype=float)
-            intervals = [(c.get("intervals") or {}).get("steps_to_target") or
-                         {"median": c["steps_to_target"], "low": c["steps_to_target"],
-                          "high": c["steps_to_target"]} for c in reached]
+            sizes = np.array([c.batch_size for c in reached], dtype=float)
+            intervals = [(c.intervals or {}).get("steps_to_target") or
+                         {"median": c.steps, "low": c.steps, "high": c.steps} for c in reached]
             steps, bars = _error_bars(intervals)
             ax.errorbar(sizes, steps, yerr=bars, fmt="o-", capsize=3, color=colours[optimizer],
                         label="steps to target (median, [min, max] over seeds)")
@@ -231,17 +233,17 @@ def _plot_steps(study: dict[str, Any], analysis: Analysis, path: Path) -> Path:
                 ax.plot(grid, knee["s_min"] * (1 + knee["b_crit"] / grid), "--", color="k", lw=1,
                         label=f"fit, B_crit={knee['b_crit']:.0f}")
                 ax.axvline(knee["b_crit"], color="k", lw=1)
-        missed = [c for c in study["cells"] if c["optimizer"] == optimizer and not c["reached"]]
+        missed = [c for c in study.cells if c.optimizer == optimizer and not c.reached]
         if missed:  # not reached: at least the steps run (the budget), drawn as open markers
-            ax.plot([c["batch_size"] for c in missed],
-                    [max(c["steps_run"] or 1, 1) for c in missed],
+            ax.plot([c.batch_size for c in missed],
+                    [max(c.steps_run or 1, 1) for c in missed],
                     "^", mfc="none", color=colours[optimizer], label="not reached (steps run)")
         if b_simple and math.isfinite(b_simple) and b_simple > 0:
             ax.axvline(b_simple, color="purple", lw=1, label=f"B_simple={b_simple:.0f}")
         _auto_line(ax, study, optimizer, "steps_to_target", colours[optimizer], "steps")
         ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="steps to target",
                title=optimizer)
-        _batch_ticks(ax, study["batch_sizes"])
+        _batch_ticks(ax, study.batch_sizes)
         ax.legend(fontsize=7)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c, alpha=0.3) for c in REGION_COLOURS.values()]
     fig.legend(handles, list(REGION_COLOURS), loc="lower center", ncol=3, fontsize=8)
@@ -249,39 +251,39 @@ def _plot_steps(study: dict[str, Any], analysis: Analysis, path: Path) -> Path:
     return _save(fig, path)
 
 
-def _plot_time(study: dict[str, Any], path: Path) -> Path:
+def _plot_time(study: StudyRecord, path: Path) -> Path:
     plt = _pyplot()
     colours = optimizer_colours(study)
     fig, ax = plt.subplots(figsize=(6, 4))
     for optimizer in _optimizers(study):
-        cells = [c for c in study["cells"] if c["optimizer"] == optimizer and c["reached"]]
+        cells = [c for c in study.cells if c.optimizer == optimizer and c.reached]
         if cells:
-            intervals = [(c.get("intervals") or {}).get("time_to_target") or
-                         {"median": c["time_to_target"], "low": c["time_to_target"],
-                          "high": c["time_to_target"]} for c in cells]
+            intervals = [(c.intervals or {}).get("time_to_target") or
+                         {"median": c.seconds, "low": c.seconds, "high": c.seconds}
+                         for c in cells]
             times, bars = _error_bars(intervals)
-            ax.errorbar([c["batch_size"] for c in cells], times, yerr=bars, fmt="o-", capsize=3,
+            ax.errorbar([c.batch_size for c in cells], times, yerr=bars, fmt="o-", capsize=3,
                         color=colours[optimizer], label=optimizer)
         _auto_line(ax, study, optimizer, "time_to_target", colours[optimizer], "s")
     ax.set(xscale="log", yscale="log", xlabel="batch size",
            ylabel="time to target (s): steps x step time",
            title="Time to target, median and [min, max] (missing: not reached)")
-    _batch_ticks(ax, study["batch_sizes"])
+    _batch_ticks(ax, study.batch_sizes)
     ax.legend()
     return _save(fig, path)
 
 
-def _auto_line(ax: Any, study: dict[str, Any], optimizer: str, name: str, colour: str,
+def _auto_line(ax: Any, study: StudyRecord, optimizer: str, name: str, colour: str,
                unit: str) -> None:
     """The optimizer's auto cell (adaptive batch size) as a dashed level across the batch
     sizes it spans, its [min, max] over seeds shaded: it has no single batch size."""
-    for cell in study.get("auto_cells") or []:
-        value = cell.get(name)
-        if cell["optimizer"] != optimizer or not cell.get("reached") or not value:
+    for cell in study.auto_cells:
+        value = getattr(cell, name)
+        if cell.optimizer != optimizer or not cell.reached or not value:
             continue
-        bounds = cell.get("auto") or {}
+        bounds = cell.auto or {}
         low, high = bounds.get("min"), bounds.get("max")
-        interval = (cell.get("intervals") or {}).get(name) or {}
+        interval = (cell.intervals or {}).get(name) or {}
         ends = [interval.get("low"), interval.get("high")]
         if all(e is not None and math.isfinite(e) for e in ends):
             ax.fill_between([low, high], [ends[0]] * 2, [ends[1]] * 2, color=colour, alpha=0.12,
@@ -290,18 +292,17 @@ def _auto_line(ax: Any, study: dict[str, Any], optimizer: str, name: str, colour
                 label=f"{optimizer} auto {low}-{high}: {value:.3g} {unit}")
 
 
-def _plot_throughput(study: dict[str, Any], analysis: Analysis, path: Path) -> Path:
+def _plot_throughput(study: StudyRecord, analysis: Analysis, path: Path) -> Path:
     plt = _pyplot()
     colours = optimizer_colours(study)
     fig, ax = plt.subplots(figsize=(6, 4))
-    timed = (study.get("step_times") or {}).get("cells", [])
+    timed = study.step_times.cells if study.step_times else ()
     for optimizer in _optimizers(study):
-        cells = sorted((c for c in timed if c["optimizer"] == optimizer),
-                       key=lambda c: c["batch_size"])
+        cells = sorted((c for c in timed if c.optimizer == optimizer), key=lambda c: c.batch_size)
         if not cells:
             continue
-        sizes = np.array([c["batch_size"] for c in cells], dtype=float)
-        per_step = [c["seconds_per_step"] for c in cells]
+        sizes = np.array([c.batch_size for c in cells], dtype=float)
+        per_step = [c.seconds_per_step for c in cells]
         ax.plot(sizes, sizes / np.array([p["median"] for p in per_step]), "o-",
                 color=colours[optimizer], label=optimizer)
         ax.fill_between(sizes, sizes / np.array([p["high"] for p in per_step]),
@@ -323,7 +324,7 @@ def _plot_throughput(study: dict[str, Any], analysis: Analysis, path: Path) -> P
     return _save(fig, path)
 
 
-def _plot_noise(study: dict[str, Any], analysis: Analysis, path: Path) -> Path:
+def _plot_noise(study: StudyRecord, analysis: Analysis, path: Path) -> Path:
     """B_simple at each measurement point: steps on a linear axis from 0 (no symlog, so no
     ticks at negative steps and step 0 drawn at 0), every point inside the axes; points whose
     estimate is not positive are marked "not estimated" along the bottom, never plotted as
@@ -331,7 +332,7 @@ def _plot_noise(study: dict[str, Any], analysis: Analysis, path: Path) -> Path:
     plt = _pyplot()
     colours = optimizer_colours(study)
     fig, ax = plt.subplots(figsize=(6, 4))
-    noise = study.get("noise")
+    noise = study.noise
     estimated_values: list[float] = []
     if noise:
         colour = colours.get(noise["optimizer"], "k")

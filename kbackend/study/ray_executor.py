@@ -37,6 +37,7 @@ from kbackend.study.auto_cells import run_auto_cell
 from kbackend.study.config import LOCAL_EXECUTOR, RAY_EXTRA, StudyConfig
 from kbackend.study.runner_protocol import NotStored, StudyEvent, ignore_events
 from kbackend.study.store import MemoryStore, StoredRun, config_key
+from kbackend.study.study_record import Cell, StepTimes
 
 CELL_RETRIES = 3  # attempts after the first when a task's worker (or its node) is lost
 # Environment variables a worker takes from the driver: the backend and kbackend's settings.
@@ -143,7 +144,7 @@ def worker_identity() -> WorkerIdentity:
 
 @dataclass(frozen=True)
 class TaskOutput:
-    """What a task sends back: the phase's result (a cell with its runs as keys, the step
+    """What a task sends back: the phase's result (a cell with its runs' keys, the step
     times, the noise scale) and the records it made."""
 
     result: Any
@@ -164,7 +165,7 @@ class CrashAfterFirstRun:
 
 
 def run_phase(runner_class: type, config: StudyConfig, phase: str, cell: tuple[str, int] | None,
-              cells: list[dict[str, Any]] | None, records: list[StoredRun],
+              cells: list[Cell] | None, records: list[StoredRun],
               crash: str | None = None) -> TaskOutput:
     """One task: a cell (``phase="cell"``), an optimizer's auto cell (``"auto"``, ``cell``'s
     batch size unused), the step times or the noise scale of ``cells``,
@@ -176,8 +177,9 @@ def run_phase(runner_class: type, config: StudyConfig, phase: str, cell: tuple[s
     runner.on_event = CrashAfterFirstRun(crash) if crash else ignore_events
     if phase in ("cell", "auto"):
         assert cell is not None
-        result = runner.run_cell(*cell) if phase == "cell" else run_auto_cell(runner, cell[0])
-        result["runs"] = [r.key for r in result["runs"]]
+        found, runs = (runner.run_cell(*cell) if phase == "cell"
+                       else run_auto_cell(runner, cell[0]))
+        result: Any = (found, [r.key for r in runs])
     elif phase == "steptime":
         result = runner.measure_step_times(cells or [])
     elif phase == "noise":
@@ -266,12 +268,12 @@ class RayStudy:
 
     def run_cell_tasks(self, phase: str, keys: list[tuple[str, Any]],
                        from_store: Callable[[tuple[str, Any]], Any]
-                       ) -> dict[tuple[str, Any], dict[str, Any]]:
+                       ) -> dict[tuple[str, Any], tuple[Cell, list[StoredRun]]]:
         """Each cell of ``keys`` (optimizer, batch size or auto label) from the store
         (``from_store``), else as one ``phase`` task given the cell's stored records; stored
         here as each task finishes."""
         runner = self.runner
-        cells: dict[tuple[str, Any], dict[str, Any]] = {}
+        cells: dict[tuple[str, Any], tuple[Cell, list[StoredRun]]] = {}
         pending: dict[Any, tuple[str, Any]] = {}
         for key in keys:
             done, cell = self.attempt(partial(from_store, key))
@@ -288,20 +290,20 @@ class RayStudy:
                 fresh = self.commit(output)
                 done, cell = self.attempt(partial(from_store, key), fresh)
                 if not done:  # a worker keyed differently (another device): its own cell
-                    cell = output.result
-                    cell["runs"] = [runner.store.get(k) for k in cell["runs"]]
+                    found, keys = output.result
+                    cell = found, [runner.store.get(k) for k in keys]
                 cells[key] = cell
         finally:
             for ref in pending:
                 self.ray.cancel(ref, force=True)
         return cells
 
-    def run_cells(self) -> list[dict[str, Any]]:
+    def run_cells(self) -> list[tuple[Cell, list[StoredRun]]]:
         keys = [(o, b) for o in self.runner.config.optimizers for b in self.runner.batch_sizes]
         cells = self.run_cell_tasks("cell", keys, lambda key: self.stored.run_cell(*key))
         return [cells[key] for key in keys]
 
-    def run_auto_cells(self) -> list[dict[str, Any]]:
+    def run_auto_cells(self) -> list[tuple[Cell, list[StoredRun]]]:
         """Each optimizer's auto cell (``--batch-sizes ...,auto``) as one task, as the fixed
         cells are; none without one."""
         config = self.runner.config
@@ -312,7 +314,7 @@ class RayStudy:
         cells = self.run_cell_tasks("auto", keys, lambda key: run_auto_cell(self.stored, key[0]))
         return [cells[key] for key in keys]
 
-    def measure(self, phase: str, action: Callable[[], Any], cells: list[dict[str, Any]]) -> Any:
+    def measure(self, phase: str, action: Callable[[], Any], cells: list[Cell]) -> Any:
         """The step times or the noise scale: from the store, else one task, stored here."""
         done, result = self.attempt(action)
         if done:
@@ -323,8 +325,9 @@ class RayStudy:
         return result if done else output.result
 
     def run(self) -> RayResults:
-        cells = self.run_cells()
-        runs = [run for cell in cells for run in cell.pop("runs")]
+        searched = self.run_cells()
+        cells = [cell for cell, _ in searched]
+        runs = [run for _, cell_runs in searched for run in cell_runs]
         step_times = self.measure("steptime", lambda: self.stored.measure_step_times(cells), cells)
         noise = self.measure("noise", lambda: self.stored.run_noise(cells), cells)
         return RayResults(cells, runs, step_times, noise, self.run_auto_cells())
@@ -335,11 +338,11 @@ class RayResults(NamedTuple):
     and the auto cells (each with its runs, which ``finish_auto_cells`` completes on the
     driver once the time model is known)."""
 
-    cells: list[dict[str, Any]]
+    cells: list[Cell]
     runs: list[StoredRun]
-    step_times: Any
+    step_times: StepTimes | None
     noise: Any
-    auto_cells: list[dict[str, Any]]
+    auto_cells: list[tuple[Cell, list[StoredRun]]]
 
 
 def run_on_ray(runner: Any) -> RayResults:

@@ -24,6 +24,7 @@ from kbackend.study.report_sections import (
     sources_section,
     table_rows,
 )
+from kbackend.study.study_record import StudyRecord
 from kbackend.task import metric_direction
 
 CONSOLE_WIDTH = 100
@@ -38,35 +39,35 @@ _SHORT_METRICS = {"accuracy": "acc", "sparse_categorical_accuracy": "acc",
                   "root_mean_squared_error": "rmse"}
 
 
-def test_metric_label(study: dict[str, Any]) -> str:
+def test_metric_label(study: StudyRecord) -> str:
     """``test acc``, ``test mae``, ...: the task's test metric, as the cells name it."""
-    cells = [*study["cells"], *(study.get("auto_cells") or [])]
-    name = next((c["test_metric_name"] for c in cells if c.get("test_metric_name")), None)
+    cells = study.all_cells
+    name = next((c.test_metric_name for c in cells if c.test_metric_name), None)
     metric = (name or "test_accuracy").removeprefix("test_")
     return f"test {_SHORT_METRICS.get(metric, metric)}"
 
 
-def console_rows(study: dict[str, Any]) -> tuple[list[str], list[list[str]], list[bool]]:
+def console_rows(study: StudyRecord) -> tuple[list[str], list[list[str]], list[bool]]:
     """The console table: ``CONSOLE_COLUMNS`` (the test column named by the task's metric),
     medians only (their intervals: the report), a rate on its grid's edge marked ``*``; and
     whether each cell reached."""
     header = [*CONSOLE_COLUMNS[:-1], test_metric_label(study)]
     rows, reached = [], []
-    for c in [*study["cells"], *(study.get("auto_cells") or [])]:
-        auto = c.get("auto") or {}
-        seeds = c.get("seeds", 1)
-        test = c.get("test_metric")
+    for c in study.all_cells:
+        auto = c.auto or {}
+        seeds = c.seeds
+        test = c.test_metric
         rows.append([
-            c["optimizer"],
-            f"auto {auto.get('min')}-{auto.get('max')}" if auto else str(c["batch_size"]),
-            format_value(c["learning_rate"]) + ("*" if c.get("lr_at_grid_edge") else ""),
-            format_value(c.get("time_to_target"), ".3g"),
-            format_value(c.get("steps_to_target"), ".0f"),
-            ("yes" if c["reached"] else "no")
-            + (f" ({c.get('seeds_reached', 0)}/{seeds})" if seeds > 1 else ""),
-            format_value(test if test is not None else c.get("test_accuracy"), ".4f"),
+            c.optimizer,
+            f"auto {auto.get('min')}-{auto.get('max')}" if auto else str(c.batch_size),
+            format_value(c.learning_rate) + ("*" if c.lr_at_grid_edge else ""),
+            format_value(c.time_to_target, ".3g"),
+            format_value(c.steps_to_target, ".0f"),
+            ("yes" if c.reached else "no")
+            + (f" ({c.seeds_reached}/{seeds})" if seeds > 1 else ""),
+            format_value(test if test is not None else c.test_accuracy, ".4f"),
         ])
-        reached.append(bool(c["reached"]))
+        reached.append(bool(c.reached))
     return header, rows, reached
 
 
@@ -81,18 +82,18 @@ def fitting_columns(header: list[str], rows: list[list[str]], width: int) -> lis
     return keep
 
 
-def print_table(study: dict[str, Any], analysis: Analysis, console: Any = None) -> None:
+def print_table(study: StudyRecord, analysis: Analysis, console: Any = None) -> None:
     """The per-cell table (the columns that fit the console, at most ``CONSOLE_WIDTH``; every
     column is in the report) and the conclusions, printed with rich. The scaling exponents
     along each optimizer's batch sizes are in the report only."""
     console = console or Console()
     width = min(console.width, CONSOLE_WIDTH)
-    target = study["config"]["target"]
+    target = study.target
     header, rows, reached = console_rows(study)
     keep = fitting_columns(header, rows, width)
-    console.print(console_text(f"{study['config']['model']} on {study['dataset']['name']}: "
+    console.print(console_text(f"{study.config['model']} on {study.dataset['name']}: "
                                f"time to {target['metric']} {target['value']:g} "
-                               f"({study['env']['backend']})"), highlight=False)
+                               f"({study.env['backend']})"), highlight=False)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), show_edge=False,
                   collapse_padding=True)  # _GAP spaces between columns
     for index in keep:
@@ -109,9 +110,9 @@ def print_table(study: dict[str, Any], analysis: Analysis, console: Any = None) 
         console.print(f"- {console_text(line)}", highlight=False)
 
 
-def markdown(study: dict[str, Any], analysis: Analysis, wall_time: float | None) -> str:
+def markdown(study: StudyRecord, analysis: Analysis, wall_time: float | None) -> str:
     """The markdown report."""
-    config, env, info = study["config"], study["env"], study["dataset"]
+    config, env, info = study.config, study.env, study.dataset
     target = config["target"]
     header, rows = table_rows(study)
     epoch_cap = (f" or {config['max_epochs']} epochs, whichever is fewer"
@@ -130,7 +131,7 @@ def markdown(study: dict[str, Any], analysis: Analysis, wall_time: float | None)
         f"- data: {info['num_train']} train / {info['num_val']} validation / "
         f"{info['num_test']} test",
         f"- grid: optimizers {', '.join(config['optimizers'])}; batch sizes "
-        f"{', '.join(map(str, study['batch_sizes']))}; {config['lr_grid_size']} learning rates per "
+        f"{', '.join(map(str, study.batch_sizes))}; {config['lr_grid_size']} learning rates per "
         f"cell (extended by up to {config.get('lr_extend', 0)} each way); budget "
         f"{config['max_steps']} steps per run{epoch_cap}; {config.get('seeds', 1)} seed(s) from "
         f"{config['seed']}",
@@ -162,12 +163,12 @@ def markdown(study: dict[str, Any], analysis: Analysis, wall_time: float | None)
     return "\n".join(lines) + "\n"
 
 
-def auto_section(study: dict[str, Any]) -> list[str]:
+def auto_section(study: StudyRecord) -> list[str]:
     """The auto cells' part of the markdown report: what they are and each seed's ranges."""
-    autos = study.get("auto_cells") or []
+    autos = study.auto_cells
     if not autos:
         return []
-    bounds = autos[0].get("auto") or {}
+    bounds = autos[0].auto or {}
     lines = ["", "## Adaptive batch size (auto)", "",
              f"Each optimizer's auto cell grows its batch with the measured gradient noise scale "
              f"(`--batch-size auto:{bounds.get('min')}:{bounds.get('max')}`, learning-rate "
@@ -180,19 +181,19 @@ def auto_section(study: dict[str, Any]) -> list[str]:
              "cells' model; it leaves out the estimator's measured steps (about 1.2-1.45x per "
              "step, docs/adaptive.md) and the compilation at each new size, which the runs' own "
              "clocks hold (median: " + ", ".join(
-                 f"{c['optimizer']} {format_value(c.get('time_to_target_runs'), '.3g')} s"
+                 f"{c.optimizer} {format_value(c.time_to_target_runs, '.3g')} s"
                  for c in autos) + ").", ""]
     for cell in autos:
-        seeds = cell.get("ranges") or {}
+        seeds = cell.ranges or {}
         for seed, ranges in sorted(seeds.items(), key=lambda kv: int(kv[0])):
             steps = ", ".join(f"from step {r['step']}: {r['batch_size']}" for r in ranges)
-            rate = format_value(cell["learning_rate"])
-            lines.append(f"- {cell['optimizer']} (lr {rate}), seed {seed}: "
+            rate = format_value(cell.learning_rate)
+            lines.append(f"- {cell.optimizer} (lr {rate}), seed {seed}: "
                          f"{steps or 'no ranges recorded'}")
     return lines
 
 
-def write_report(study: dict[str, Any], analysis: Analysis, out_dir: str | Path,
+def write_report(study: StudyRecord, analysis: Analysis, out_dir: str | Path,
                  wall_time: float | None = None) -> dict[str, Path]:
     """Write report.md, summary.json and the plots under ``out_dir``; return their paths."""
     out = Path(out_dir)
@@ -205,22 +206,26 @@ def write_report(study: dict[str, Any], analysis: Analysis, out_dir: str | Path,
     return paths
 
 
-def summary_payload(study: dict[str, Any], analysis: Analysis,
+def summary_payload(study: StudyRecord, analysis: Analysis,
                     wall_time: float | None) -> dict[str, Any]:
     """The study without its trajectories, plus the analysis: what ``study compare`` reads. The
     one place the analysis becomes JSON (``Analysis.to_json``)."""
-    runs = [{"key": r["key"], "config": {k: r["config"].get(k) for k in (
+    runs = [{"key": r.key, "config": {k: r.config.get(k) for k in (
                  "batch_size", "learning_rate", "seed", "max_steps", "eval_every",
                  "fused_steps")},
-             "optimizer": r["config"]["optimizer"]["name"], "result": r["result"]}
-            for r in study["runs"]]
-    return {"study": study["study"], "config": study["config"], "env": study["env"],
-            "dataset": study["dataset"], "batch_sizes": study["batch_sizes"],
-            "cells": study["cells"], "runs": runs, "noise": study["noise"],
-            "step_times": study.get("step_times"), "machine_load": study.get("machine_load"),
-            "time_spent": study.get("time_spent"), "added_seeds": study.get("added_seeds"),
-            **({"auto_cells": study["auto_cells"]} if study.get("auto_cells") else {}),
-            **({"device_profile": study["device_profile"]} if study.get("device_profile")
+             "optimizer": r.config["optimizer"]["name"], "result": r.result}
+            for r in study.runs]
+    load, spent = study.machine_load, study.time_spent
+    return {"study": study.study_id, "config": study.config, "env": study.env,
+            "dataset": study.dataset, "batch_sizes": list(study.batch_sizes),
+            "cells": [c.to_json() for c in study.cells], "runs": runs, "noise": study.noise,
+            "step_times": None if study.step_times is None else study.step_times.to_json(),
+            "machine_load": None if load is None else load.to_json(),
+            "time_spent": None if spent is None else spent.to_json(),
+            "added_seeds": None if study.added_seeds is None else study.added_seeds.to_json(),
+            **({"auto_cells": [c.to_json() for c in study.auto_cells]} if study.auto_cells
+               else {}),
+            **({"device_profile": study.device_profile} if study.device_profile
                else {}),
             "analysis": analysis.to_json(), "wall_time": wall_time}
 

@@ -14,6 +14,7 @@ from kbackend.study.auto_verdicts import auto_label
 from kbackend.study.cell_verdicts import RegionVerdict
 from kbackend.study.device_profile import conclusion_lines as profile_conclusions
 from kbackend.study.plots import pareto_cells
+from kbackend.study.study_record import Cell, StudyRecord
 from kbackend.study.verdicts import VERDICT_CONFIDENCE, outcome_text
 from kbackend.task import metric_direction
 
@@ -24,50 +25,50 @@ def format_value(value: Any, spec: str = ".3g", missing: str = "-") -> str:
     return format(value, spec)
 
 
-def _interval(cell: dict[str, Any], name: str, spec: str) -> str:
+def _interval(cell: Cell, name: str, spec: str) -> str:
     """``median [low, high]`` of one of a cell's figures (``not reached`` for an infinite end)."""
-    interval = (cell.get("intervals") or {}).get(name)
+    interval = (cell.intervals or {}).get(name)
     if not interval or not interval.get("n"):
-        return format_value(cell.get(name), spec)
+        return format_value(getattr(cell, name), spec)
     if interval["n"] == 1:
         return format_value(interval["median"], spec, missing="-")
     ends = [format_value(interval[end], spec, missing="never") for end in ("low", "high")]
     return f"{format_value(interval['median'], spec, missing='never')} [{ends[0]}, {ends[1]}]"
 
 
-def edge_label(cell: dict[str, Any]) -> str:
+def edge_label(cell: Cell) -> str:
     """Where the cell's best learning rate sits in its (extended) grid, if on an end."""
-    if not cell.get("lr_at_grid_edge"):
+    if not cell.lr_at_grid_edge:
         return ""
-    return " (edge, at the bound)" if cell.get("lr_at_bound") else " (edge)"
+    return " (edge, at the bound)" if cell.lr_at_bound else " (edge)"
 
 
-def table_rows(study: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def table_rows(study: StudyRecord) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the per-cell table (terminal and markdown)."""
-    metric = study["config"]["target"]["metric"]
-    cells = [*study["cells"], *(study.get("auto_cells") or [])]  # the auto cells last
+    metric = study.target["metric"]
+    cells = study.all_cells  # the auto cells last
     # the task's test metric (test_accuracy for classifiers, test_mae, ...), as the runs name it
-    test_name = next((c["test_metric_name"] for c in cells if c.get("test_metric_name")),
+    test_name = next((c.test_metric_name for c in cells if c.test_metric_name),
                      "test_accuracy")
     header = ["optimizer", "batch", "best lr", "reached", "steps", "epochs", "samples",
               "time to target (s)", f"best {metric}", test_name.replace("_", " "), "samples/s",
               "start-up (s)"]
     rows = []
     for c in cells:
-        test_key = "test_metric" if c.get("test_metric") is not None else "test_accuracy"
-        seeds = c.get("seeds", 1)
-        reached = "yes" if c["reached"] else "NOT REACHED"
+        test_key = "test_metric" if c.test_metric is not None else "test_accuracy"
+        seeds = c.seeds
+        reached = "yes" if c.reached else "NOT REACHED"
         if seeds > 1:
-            reached += f" ({c.get('seeds_reached', 0)}/{seeds})"
+            reached += f" ({c.seeds_reached}/{seeds})"
         rows.append([
-            c["optimizer"], auto_label(c) if c.get("auto") else str(c["batch_size"]),
-            format_value(c["learning_rate"]) + edge_label(c), reached,
-            _interval(c, "steps_to_target", ".0f"), format_value(c["epochs_to_target"], ".2f"),
-            format_value(c["samples_to_target"], ".0f"), _interval(c, "time_to_target", ".3g"),
+            c.optimizer, auto_label(c) if c.auto else str(c.batch_size),
+            format_value(c.learning_rate) + edge_label(c), reached,
+            _interval(c, "steps_to_target", ".0f"), format_value(c.epochs_to_target, ".2f"),
+            format_value(c.samples_to_target, ".0f"), _interval(c, "time_to_target", ".3g"),
             _interval(c, "best_metric", ".4f"), _interval(c, test_key, ".4f"),
-            format_value(c["samples_per_s"], ",.0f"),
-            format_value(c.get("startup_time"), ".2f")
-            + ("~" if c.get("startup_time_estimated") else ""),
+            format_value(c.samples_per_s, ",.0f"),
+            format_value(c.startup_time, ".2f")
+            + ("~" if c.startup_time_estimated else ""),
         ])
     return header, rows
 
@@ -88,11 +89,11 @@ def _regions_text(segments: Sequence[RegionVerdict]) -> str:
     return ", ".join(parts)
 
 
-def conclusions(study: dict[str, Any], analysis: Analysis, scaling: bool = True) -> list[str]:
+def conclusions(study: StudyRecord, analysis: Analysis, scaling: bool = True) -> list[str]:
     """One line per finding, for the terminal and the markdown report: each verdict only where
     the intervals of the compared cells separate. ``scaling=False`` (the terminal) leaves out
     each optimizer's critical batch and scaling exponents (the report has them)."""
-    target = study["config"]["target"]
+    target = study.target
     verdicts = analysis.verdicts
     lines = []
     best = analysis.best
@@ -121,7 +122,7 @@ def conclusions(study: dict[str, Any], analysis: Analysis, scaling: bool = True)
             "; no plateau yet: larger batches may still gain"
         lines.append(f"Throughput knee (next doubling gains < {DEFAULT_MIN_GAIN:.0%} samples/s, "
                      f"from the runs' own clocks): batch {analysis.throughput_knee}{plateau}.")
-    noise = study.get("noise")
+    noise = study.noise
     if noise:
         b_simple = analysis.b_simple
         head = (f"Gradient noise scale B_simple ~ {b_simple:.0f} over training"
@@ -139,7 +140,7 @@ def conclusions(study: dict[str, Any], analysis: Analysis, scaling: bool = True)
     return lines
 
 
-def _point_b_simple(point: dict[str, Any]) -> str:
+def _point_b_simple(point: dict[str, float]) -> str:
     value = point.get("b_simple")
     if value is None or not math.isfinite(value) or value <= 0:
         return "not estimated"
@@ -147,20 +148,20 @@ def _point_b_simple(point: dict[str, Any]) -> str:
 
 
 def _seeds_note(verdicts: StudyVerdicts) -> str:
-    added = verdicts.added_seeds or {}
-    schedule = added.get("schedule") or [verdicts.settings.seeds]
+    added = verdicts.added_seeds
+    schedule = (added.schedule if added else ()) or (verdicts.settings.seeds,)
     if len(schedule) < 2:
         return (f"No seeds were added (--max-seeds equal to --seeds: {schedule[0]}), so every "
                 "verdict was read once.")
-    spent = added.get("seconds") or 0.0
+    assert added is not None  # a schedule of two or more looks was run
     return (f"Seeds were added round by round ({', '.join(map(str, schedule))} seeds) to the "
             "cells whose comparisons were unresolved and could still resolve: "
-            f"{sum(len(r['runs']) for r in added.get('rounds', []))} runs in "
-            f"{len(added.get('rounds', []))} round(s), {spent:.1f} s including the frontier "
-            f"runs; stopped: {added.get('stopped')}. Each verdict says how many seeds it took.")
+            f"{sum(len(r.runs) for r in added.rounds)} runs in "
+            f"{len(added.rounds)} round(s), {added.seconds or 0.0:.1f} s including the frontier "
+            f"runs; stopped: {added.stopped}. Each verdict says how many seeds it took.")
 
 
-def sources_section(study: dict[str, Any], analysis: Analysis) -> list[str]:
+def sources_section(study: StudyRecord, analysis: Analysis) -> list[str]:
     """"What the sources claim, what this run shows": each claim with this run's three-way
     verdicts (A better, B better, equivalent within the margin, or not resolved after N seeds
     with the interval that remains)."""
@@ -197,7 +198,7 @@ def sources_section(study: dict[str, Any], analysis: Analysis) -> list[str]:
     for optimizer, per in verdicts.per_optimizer.items():
         regions = _regions_text(per.regions) or "too few reached cells"
         lines.append(f"- {optimizer}: {regions}. {per.noise_agreement.text}.")
-    if analysis.b_simple is None and study.get("noise"):
+    if analysis.b_simple is None and study.noise:
         lines.append(f"- B_simple {analysis.b_simple_note}.")
     lines += ["", "**(c) Generalization.** Claim (Keskar et al. 2017, and the generalization-gap "
               "literature; the seed's caveat: larger batches may cost accuracy): larger batches "
@@ -217,25 +218,25 @@ def sources_section(study: dict[str, Any], analysis: Analysis) -> list[str]:
     return lines
 
 
-def frontier_rows(study: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def frontier_rows(study: StudyRecord) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the time-vs-accuracy frontier: per cell its time to target and the best
     validation value and test metric reached within the equal budget (medians, [min, max])."""
-    metric = study["config"]["target"]["metric"]
+    metric = study.target["metric"]
     header = ["optimizer", "batch", "time to target (s)", f"best {metric}", "test at best",
               "epoch of best", "seeds", "on the frontier"]
-    cells = [c for c in study["cells"] if c.get("frontier")]
+    cells = [c for c in study.cells if c.frontier]
     front = pareto_cells(study)
     rows = []
     for c in cells:
-        f = c["frontier"]
-        rows.append([c["optimizer"], str(c["batch_size"]), _interval(c, "time_to_target", ".3g"),
+        f = c.frontier
+        rows.append([c.optimizer, str(c.batch_size), _interval(c, "time_to_target", ".3g"),
                      _span_of(f["best_metric"], ".4f"), _span_of(f["test_metric"], ".4f"),
                      _span_of(f["best_epoch"], ".2g"), str(f["seeds"]),
-                     "yes" if (c["optimizer"], c["batch_size"]) in front else ""])
+                     "yes" if (c.optimizer, c.batch_size) in front else ""])
     return header, rows
 
 
-def _span_of(interval: dict[str, Any], spec: str) -> str:
+def _span_of(interval: dict[str, float], spec: str) -> str:
     if not interval or not interval.get("n"):
         return "-"
     if interval["n"] == 1:
@@ -244,14 +245,14 @@ def _span_of(interval: dict[str, Any], spec: str) -> str:
             f"{format_value(interval['high'], spec)}]")
 
 
-def frontier_section(study: dict[str, Any], analysis: Analysis) -> list[str]:
+def frontier_section(study: StudyRecord, analysis: Analysis) -> list[str]:
     """The time-vs-accuracy frontier: table, its budget and the plot."""
     header, rows = frontier_rows(study)
     lines = ["## Time vs accuracy: the frontier", ""]
     if not rows:
         return [*lines, "Not measured (--frontier-epochs 0, or an engine other than native).", ""]
-    epochs = study["config"].get("frontier_epochs")
-    metric = study["config"]["target"]["metric"]
+    epochs = study.config.get("frontier_epochs")
+    metric = study.target["metric"]
     lines += [f"Each cell's best rate trained again per seed for the same budget, {epochs} "
               f"epochs (every cell alike), without stopping at the target: the best {metric} "
               "reached and the test metric of that very checkpoint (evaluated at each new best), "
@@ -261,30 +262,30 @@ def frontier_section(study: dict[str, Any], analysis: Analysis) -> list[str]:
     return lines
 
 
-def caveats_section(study: dict[str, Any], analysis: Analysis) -> list[str]:
+def caveats_section(study: StudyRecord, analysis: Analysis) -> list[str]:
     """What may bias the figures: machine load, step-time spread, the target's granularity."""
     lines = ["## Caveats", ""]
-    load = study.get("machine_load")
+    load = study.machine_load
     if load:
-        lines.append(f"- Machine load (1-minute load average, {load.get('cpus')} CPUs): "
-                     f"{load['before']:.2f} before the study, {load['after']:.2f} after. Time "
+        lines.append(f"- Machine load (1-minute load average, {load.cpus} CPUs): "
+                     f"{load.before:.2f} before the study, {load.after:.2f} after. Time "
                      "to target is steps x a step time measured apart in interleaved rounds, so "
                      "load that comes and goes affects every cell alike; the runs' own clocks "
                      "are kept in study.db but not ranked by.")
-    step_times = study.get("step_times")
+    step_times = study.step_times
     spread = analysis.verdicts.step_time_spread
     if step_times and spread:
-        engine = step_times.get("engine", "native")
-        study_engine = step_times.get("study_engine", study["config"]["engine"])
+        engine = step_times.engine
+        study_engine = step_times.study_engine or study.config["engine"]
         source = (f"the {engine} engine's compiled step" +
                   ("" if engine == study_engine else
                    f" (the study trained with the {study_engine} engine, whose own step time is "
                    "not measured apart)"))
         unranked = spread.unranked_neighbours
         lines.append(
-            f"- Step times: {source}, {step_times['repeats']} interleaved rounds per cell"
-            + (f", each timing whole calls for at least {1e3 * step_times['min_seconds']:.0f} ms "
-               "or 32 steps" if step_times.get("min_seconds") else "") + ". "
+            f"- Step times: {source}, {step_times.repeats} interleaved rounds per cell"
+            + (f", each timing whole calls for at least {1e3 * step_times.min_seconds:.0f} ms "
+               "or 32 steps" if step_times.min_seconds else "") + ". "
             f"Their spread (slowest / fastest round) is {spread.median_ratio:.2f}x at the "
             f"median cell, {spread.worst_ratio:.2f}x at worst ({spread.worst})."
             + (f" Neighbouring batch sizes whose samples/s overlap and cannot be ranked: "
@@ -293,27 +294,27 @@ def caveats_section(study: dict[str, Any], analysis: Analysis) -> list[str]:
     elif not step_times:
         lines.append("- No step times were measured apart (--step-time-repeats 0): time to "
                      "target comes from each run's own clock, which moves with machine load.")
-    spent = study.get("time_spent")
-    if spent and spent.get("runs_trained"):
-        ratio = spent["whole_over_steady"]
+    spent = study.time_spent
+    if spent and spent.runs_trained:
+        ratio = spent.whole_over_steady
         lines.append(
-            f"- Where this process's time went, up to this report ({spent['runs_trained']} runs "
+            f"- Where this process's time went, up to this report ({spent.runs_trained} runs "
             f"trained here; runs reused from study.db cost nothing): whole process "
-            f"{spent['whole_process_s']:.1f} s; "
-            f"steady training {spent['steady_training_s']:.1f} s; "
+            f"{spent.whole_process_s:.1f} s; "
+            f"steady training {spent.steady_training_s:.1f} s; "
             f"start-ups (compilation, first calls, and building the model and each cell's "
-            f"trainer: {spent.get('setup_s') or 0.0:.1f} s) {spent['startup_s']:.1f} s; "
-            f"evaluation {spent['evaluation_s']:.1f} s; around the runs (resets, data order, "
-            f"test evaluations) {spent['around_runs_s']:.1f} s; time model "
-            f"{spent['time_model_s']:.1f} s; "
-            f"noise scale {spent['noise_scale_s']:.1f} s; imports, data and checks "
-            f"{spent['other_s']:.1f} s. Whole / steady training: "
+            f"trainer: {spent.setup_s or 0.0:.1f} s) {spent.startup_s:.1f} s; "
+            f"evaluation {spent.evaluation_s:.1f} s; around the runs (resets, data order, "
+            f"test evaluations) {spent.around_runs_s:.1f} s; time model "
+            f"{spent.time_model_s:.1f} s; "
+            f"noise scale {spent.noise_scale_s:.1f} s; imports, data and checks "
+            f"{spent.other_s:.1f} s. Whole / steady training: "
             + (f"{ratio:.1f}x (goal: at most 1.5x steady training + start-ups = "
-               f"{spent['goal_s']:.1f} s, {'met' if spent['goal_met'] else 'not met'})."
+               f"{spent.goal_s:.1f} s, {'met' if spent.goal_met else 'not met'})."
                if ratio else "undefined (no steady training).")
             + " The console's last line adds the analysis and the report.")
-    info = study["dataset"]
-    metric = study["config"]["target"]["metric"]
+    info = study.dataset
+    metric = study.target["metric"]
     if metric_direction(metric) == "max" and info.get("num_val"):
         lines.append(
             f"- \"best {metric}\" is the first value past the target, not the best a run would "

@@ -19,7 +19,12 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from kbackend.study.study_record import Cell
+
+if TYPE_CHECKING:  # the store opens SQLite: not at the train command's set-up (test_startup)
+    from kbackend.study.store import StoredRun
 
 PERFECT_SCALING_EXPONENT = 0.7
 SATURATION_EXPONENT = 0.2
@@ -27,12 +32,12 @@ SATURATION_EXPONENT = 0.2
 KNEE_EXTRAPOLATION = 2.0
 
 
-def by_optimizer(cells: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    grouped: dict[str, list[dict[str, Any]]] = {}
+def by_optimizer(cells: list[Cell]) -> dict[str, list[Cell]]:
+    grouped: dict[str, list[Cell]] = {}
     for cell in cells:
-        grouped.setdefault(cell["optimizer"], []).append(cell)
+        grouped.setdefault(cell.optimizer, []).append(cell)
     for group in grouped.values():
-        group.sort(key=lambda c: c["batch_size"])
+        group.sort(key=lambda c: c.batch_size)
     return grouped
 
 
@@ -84,32 +89,30 @@ def fit_critical_batch(points: list[tuple[int, float]]) -> dict[str, Any]:
     return {"s_min": a, "b_crit": b / a, "note": ""}
 
 
-def throughput_curve(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def throughput_curve(runs: list[StoredRun]) -> list[dict[str, Any]]:
     """Median steady-state samples/s per batch size over every run (all optimizers and rates)."""
     by_batch: dict[int, list[float]] = {}
     for run in runs:
-        value = run["result"].get("samples_per_s")
+        value = run.result.get("samples_per_s")
         if value is not None and math.isfinite(value) and value > 0:
-            by_batch.setdefault(run["config"]["batch_size"], []).append(value)
+            by_batch.setdefault(run.config["batch_size"], []).append(value)
     return [{"batch_size": b, "samples_per_s": statistics.median(v), "runs": len(v)}
             for b, v in sorted(by_batch.items())]
 
 
-def cell_time(cell: dict[str, Any] | None) -> float:
-    if cell is None or not cell["reached"]:
-        return math.inf
-    return cell["time_to_target"]
+def cell_time(cell: Cell | None) -> float:
+    return math.inf if cell is None else cell.seconds
 
 
-def crossover(cells: list[dict[str, Any]], challenger: str,
+def crossover(cells: list[Cell], challenger: str,
               incumbent: str) -> dict[str, Any] | None:
     """The smallest batch size from which ``challenger`` reaches the target in less training time
     than ``incumbent`` at that and every larger studied batch size (None if both are absent)."""
     grouped = by_optimizer(cells)
     if challenger not in grouped or incumbent not in grouped:
         return None
-    a = {c["batch_size"]: c for c in grouped[challenger]}
-    b = {c["batch_size"]: c for c in grouped[incumbent]}
+    a = {c.batch_size: c for c in grouped[challenger]}
+    b = {c.batch_size: c for c in grouped[incumbent]}
     sizes = sorted(s for s in set(a) & set(b)
                    if math.isfinite(cell_time(a[s])) or math.isfinite(cell_time(b[s])))
     wins = [cell_time(a[s]) < cell_time(b[s]) for s in sizes]

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any
 
 from kbackend.study.populations import Populations
 from kbackend.study.runner_protocol import CellRunner, StudyEvent
 from kbackend.study.store import StoredRun
+from kbackend.study.study_record import Cell
 from kbackend.study.summaries import RunPlan, best_rate, rate_score, summarize_cell
 
 
@@ -40,11 +40,10 @@ class RateSearch:
         ordered = sorted(grid)
         return ordered[1] / ordered[0], ordered[-1] / ordered[-2]
 
-    def run_cell(self, optimizer: str, batch_size: int) -> dict[str, Any]:
+    def run_cell(self, optimizer: str, batch_size: int) -> tuple[Cell, list[StoredRun]]:
         """Every learning rate of one cell, each with every seed, the grid extended while the
         best rate sits on an end of it (``lr_extend`` points each way at most); the cell's
-        figures with their intervals, and under ``"runs"`` every run it made (``StoredRun``s,
-        taken out by the caller)."""
+        figures with their intervals, and every run it made."""
         runner = self.runner
         config, larger_is_better = runner.config, runner.larger_is_better
         grid = config.learning_rate_grid(optimizer, batch_size)
@@ -80,16 +79,10 @@ class RateSearch:
         if len(tried) > 1 and winner in (tried[0], tried[-1]):
             edge = "below" if winner == tried[0] else "above"
         assert winner is not None  # a cell tries at least one rate
-        return {
-            "optimizer": optimizer, "batch_size": batch_size,
-            "lr_grid": list(grid), "lr_tried": tried, "lr_extended": extended,
-            "lr_at_grid_edge": edge is not None,
-            "lr_edge": edge,
-            "lr_at_bound": edge is not None and extended[edge] >= config.lr_extend,
-            "population": path,
-            **summarize_cell(by_rate[winner]),
-            "runs": runs,
-        }
+        return Cell(optimizer, batch_size, lr_grid=tuple(grid), lr_tried=tuple(tried),
+                    lr_extended=extended, lr_at_grid_edge=edge is not None, lr_edge=edge,
+                    lr_at_bound=edge is not None and extended[edge] >= config.lr_extend,
+                    population=path, **summarize_cell(by_rate[winner])), runs
 
     def run_rate(self, optimizer: str, batch_size: int, learning_rate: float,
                  by_rate: dict[float, list[StoredRun]]) -> list[StoredRun]:

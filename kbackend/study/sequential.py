@@ -19,7 +19,7 @@ so a re-run reuses them. The frontier runs (``frontier``) follow the seeds each 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from kbackend.study.cell_verdicts import (
@@ -32,12 +32,14 @@ from kbackend.study.config import AUTO_SEED_BUDGET_SHARE
 from kbackend.study.frontier import frontier_supported, measure_frontier
 from kbackend.study.runner_protocol import CellRunner, StudyEvent
 from kbackend.study.store import StoredRun
+from kbackend.study.study_record import AddedSeeds, Cell, SeedRound, StepTimes, StudyRecord
+from kbackend.study.summaries import summarize_cell
 from kbackend.study.verdicts import Verdict, VerdictSettings, could_resolve, seed_schedule
 
 COMPARED = (("adam", "sgd"), ("adam", "momentum"))  # the report's optimizer comparisons
 
 
-def open_comparisons(cells: list[dict[str, Any]], step_times: dict[str, Any] | None,
+def open_comparisons(cells: list[Cell], step_times: StepTimes | None,
                      settings: VerdictSettings) -> list[tuple[str, Verdict]]:
     """The comparisons the report answers: what each compares and its verdict (whose
     ``cells`` are the (optimizer, batch size) pairs it reads)."""
@@ -47,11 +49,11 @@ def open_comparisons(cells: list[dict[str, Any]], step_times: dict[str, Any] | N
         for entry in comparison.per_batch if comparison is not None else ():
             found.append((f"{challenger} vs {incumbent} at batch {entry.batch_size}",
                           entry.verdict))
-    by_optimizer: dict[str, list[dict[str, Any]]] = {}
+    by_optimizer: dict[str, list[Cell]] = {}
     for cell in cells:
-        by_optimizer.setdefault(cell["optimizer"], []).append(cell)
+        by_optimizer.setdefault(cell.optimizer, []).append(cell)
     for optimizer, group in by_optimizer.items():
-        group.sort(key=lambda c: c["batch_size"])
+        group.sort(key=lambda c: int(c.batch_size))
         for segment in region_verdicts(group, settings):
             found.append((f"{optimizer} steps {segment.from_batch}->{segment.to_batch}",
                           segment.verdict))
@@ -61,7 +63,7 @@ def open_comparisons(cells: list[dict[str, Any]], step_times: dict[str, Any] | N
     return found
 
 
-def cells_to_extend(cells: list[dict[str, Any]], step_times: dict[str, Any] | None,
+def cells_to_extend(cells: list[Cell], step_times: StepTimes | None,
                     settings: VerdictSettings) -> set[tuple[str, int | str]]:
     """The cells of every comparison that is unresolved and could still resolve."""
     wanted: set[tuple[str, int | str]] = set()
@@ -71,23 +73,23 @@ def cells_to_extend(cells: list[dict[str, Any]], step_times: dict[str, Any] | No
     return wanted
 
 
-def generalization_cells(cells: list[dict[str, Any]]) -> set[tuple[str, int]]:
+def generalization_cells(cells: list[Cell]) -> set[tuple[str, int]]:
     """The cells the generalization verdicts compare (each optimizer's smallest and largest
     batch size): the only ones whose added seeds get frontier runs too."""
     sizes: dict[str, list[int]] = {}
     for cell in cells:
-        sizes.setdefault(cell["optimizer"], []).append(cell["batch_size"])
+        sizes.setdefault(cell.optimizer, []).append(int(cell.batch_size))
     return {(o, b) for o, group in sizes.items() for b in (min(group), max(group))}
 
 
-def seed_budget_seconds(config: Any, runs: list[dict[str, Any]]) -> float:
+def seed_budget_seconds(config: Any, runs: list[StoredRun]) -> float:
     """The seconds added seeds and frontier runs may take (0: no limit): ``seed_budget``, or
     by default ``AUTO_SEED_BUDGET_SHARE`` of the recorded time of the grid's runs before them
     (every rate, seed and extension). Recorded times, not this process's clock: a resumed study
     reads the same and decides alike."""
     if config.seed_budget is not None:
         return float(config.seed_budget)
-    return AUTO_SEED_BUDGET_SHARE * sum(r["result"].get("wall_time") or 0.0 for r in runs)
+    return AUTO_SEED_BUDGET_SHARE * sum(r.result.get("wall_time") or 0.0 for r in runs)
 
 
 def _stored(runner: CellRunner, key: str) -> StoredRun:
@@ -102,20 +104,18 @@ class _SeedRounds:
     """The added seeds' runs of ``extend_seeds``: each cell's records, the runs trained, and the
     recorded seconds spent against the seed budget."""
 
-    def __init__(self, runner: CellRunner, cells: list[dict[str, Any]],
-                 runs: list[dict[str, Any]], budget: float) -> None:
+    def __init__(self, runner: CellRunner, cells: list[Cell],
+                 runs: list[StoredRun], budget: float) -> None:
         self.runner, self.runs, self.budget = runner, runs, budget
-        self.records = {(c["optimizer"], c["batch_size"]): [_stored(runner, k)
-                                                            for k in c["run_keys"]]
-                        for c in cells}
+        self.records = {c.key: [_stored(runner, k) for k in c.run_keys] for c in cells}
         self.spent = 0.0  # recorded seconds of the added seeds, stored or trained now
         self.out_of_budget = False
 
-    def add(self, cell: dict[str, Any], count: int,
-            summarize_cell: Callable[[list[StoredRun]], dict[str, Any]]) -> list[list[Any]]:
-        """Train ``cell``'s missing seeds up to ``count`` (until the budget is spent), update
-        its figures in place; returns [optimizer, batch size, seed] of each run added."""
-        runner, key = self.runner, (cell["optimizer"], cell["batch_size"])
+    def add(self, cell: Cell, count: int) -> tuple[Cell, list[tuple[str, int | str, int]]]:
+        """Train ``cell``'s missing seeds up to ``count`` (until the budget is spent); the cell
+        with its figures over all its seeds, and [optimizer, batch size, seed] of each run
+        added."""
+        runner, key = self.runner, cell.key
         have = {int(r.config["seed"]) for r in self.records[key]}
         added = []
         for seed in (runner.config.seed + i for i in range(count)):
@@ -125,43 +125,43 @@ class _SeedRounds:
                 self.out_of_budget = True
                 break
             runner.on_event(StudyEvent("extend", runs=1))
-            record = runner.run_one(runner.plan(cell["optimizer"], cell["batch_size"],
-                                                cell["learning_rate"], seed=seed))
+            record = runner.run_one(runner.plan(cell.optimizer, int(cell.batch_size),
+                                                cell.learning_rate, seed=seed))
             self.spent += record.result.get("wall_time") or 0.0
             self.records[key].append(record)
-            self.runs.append(record.to_dict())  # the study's runs: the report's JSON
+            self.runs.append(record)  # the study's runs
             runner.time_spent.added_seed_runs += 1
-            added.append([cell["optimizer"], cell["batch_size"], seed])
+            added.append((cell.optimizer, cell.batch_size, seed))
         self.records[key].sort(key=lambda r: r.config["seed"])
-        cell.update(summarize_cell(self.records[key]))
-        return added
+        return replace(cell, **summarize_cell(self.records[key])), added
 
 
-def extend_seeds(runner: CellRunner, cells: list[dict[str, Any]], runs: list[dict[str, Any]],
-                 step_times: dict[str, Any] | None,
-                 summarize_cell: Callable[[list[StoredRun]], dict[str, Any]],
-                 ) -> dict[str, Any]:
-    """Add the frontier runs and seed rounds to ``cells`` in place; new runs are appended to
-    ``runs``. Returns what was added: the schedule, each round's cells and seeds, the recorded
-    seconds spent against the budget and why the rounds stopped."""
+def extend_seeds(runner: CellRunner, cells: list[Cell], runs: list[StoredRun],
+                 step_times: StepTimes | None) -> AddedSeeds:
+    """Add the frontier runs and seed rounds to ``cells`` (each cell replaced in the list by
+    its figures over its seeds and its frontier); new runs are appended to ``runs``. Returns
+    what was added: the schedule, each round's cells and seeds, the recorded seconds spent
+    against the budget and why the rounds stopped."""
     config = runner.config
-    settings = verdict_settings({"config": config.to_dict()})
+    settings = verdict_settings(StudyRecord(config=config.to_dict()))
     schedule = seed_schedule(config.seeds, settings.max_seeds)
     frontier = frontier_supported(runner)
     budget = seed_budget_seconds(config, runs) if len(schedule) > 1 or frontier else 0.0
     start = time.perf_counter()
     setup_before = runner.time_spent.setup
     seeds = _SeedRounds(runner, cells, runs, budget)
-    rounds: list[dict[str, Any]] = []
+    rounds: list[SeedRound] = []
     stopped = "max_seeds reached" if len(schedule) == 1 else "no open verdict could still resolve"
     for count in schedule[1:]:
         wanted = cells_to_extend(cells, step_times, settings)
         if not wanted:
             break
-        added = [run for cell in cells if (cell["optimizer"], cell["batch_size"]) in wanted
-                 and not seeds.out_of_budget for run in seeds.add(cell, count, summarize_cell)]
-        rounds.append({"seeds": count, "cells": sorted([list(k) for k in wanted]),
-                       "runs": added})
+        added = []
+        for index, cell in enumerate(cells):
+            if cell.key in wanted and not seeds.out_of_budget:
+                cells[index], cell_added = seeds.add(cell, count)
+                added += cell_added
+        rounds.append(SeedRound(count, tuple(sorted(wanted)), tuple(added)))
         if seeds.out_of_budget:
             stopped = f"seed budget spent ({seeds.spent:.1f} of {budget:.1f} s)"
             break
@@ -171,20 +171,21 @@ def extend_seeds(runner: CellRunner, cells: list[dict[str, Any]], runs: list[dic
     frontier_seconds = _frontiers(runner, cells) if frontier else 0.0
     seconds = runner.time_spent.seconds_since(start, setup_before)
     runner.time_spent.added_seeds += seconds
-    return {"schedule": schedule, "max_seeds": settings.max_seeds, "rounds": rounds,
-            "seconds": seconds, "recorded_seconds": seeds.spent,
-            "frontier_seconds": frontier_seconds, "budget": budget or None,
-            "stopped": stopped, "frontier_epochs": config.frontier_epochs if frontier else 0}
+    return AddedSeeds(tuple(schedule), settings.max_seeds, tuple(rounds), seconds, seeds.spent,
+                      frontier_seconds, budget or None, stopped,
+                      config.frontier_epochs if frontier else 0)
 
 
-def _frontiers(runner: CellRunner, cells: list[dict[str, Any]]) -> float:
+def _frontiers(runner: CellRunner, cells: list[Cell]) -> float:
     """The frontier after the seeds (the seeds have the budget's first claim): every cell on
-    its first seeds, the generalization verdicts' cells on all they have; the seconds spent."""
+    its first seeds, the generalization verdicts' cells on all they have (each cell replaced
+    in the list by one with its ``frontier``); the seconds spent."""
     general = generalization_cells(cells)
     seconds = 0.0
-    for cell in cells:
-        key = (cell["optimizer"], cell["batch_size"])
-        seeds = [int(s) for s in cell["seed_values"]]
-        seconds += measure_frontier(runner, cell,
-                                    seeds if key in general else seeds[:runner.config.seeds])
+    for index, cell in enumerate(cells):
+        seeds = [int(s) for s in cell.seed_values]
+        frontier, spent = measure_frontier(
+            runner, cell, seeds if cell.key in general else seeds[:runner.config.seeds])
+        cells[index] = replace(cell, frontier=frontier)
+        seconds += spent
     return seconds

@@ -19,6 +19,7 @@ from kbackend.hardware.measure import time_interleaved
 from kbackend.optim import OptimizerSpec
 from kbackend.stats import median_interval
 from kbackend.study.runner_protocol import MeasureRunner
+from kbackend.study.study_record import Cell, CellStepTime, StepTimes
 
 # A timed call of the time model runs whole fused calls until it lasts STEP_TIME_SECONDS or
 # holds STEP_TIME_STEPS steps, whichever comes first. 30 ms is far above the clock's and a
@@ -55,16 +56,16 @@ class StepTimeModel:
     def __init__(self, runner: MeasureRunner) -> None:
         self.runner = runner
 
-    def plan(self, cell: dict[str, Any]) -> tuple[int, int]:
+    def plan(self, cell: Cell) -> tuple[int, int]:
         """(most steps per timed call, fused steps) for timing one cell: the native engine's
         compiled step with the training's K when the study's engine fuses steps, else one step
         per call; at most ``STEP_TIME_STEPS`` steps rounded up to whole calls of K (fewer where
         whole calls reach ``STEP_TIME_SECONDS`` sooner: ``timed_steps``)."""
-        run = self.runner.plan(cell["optimizer"], cell["batch_size"], cell["learning_rate"])
+        run = self.runner.plan(cell.optimizer, int(cell.batch_size), cell.learning_rate)
         fused = max(1, run.fused_steps)
         return fused * -(-STEP_TIME_STEPS // fused), fused
 
-    def timer(self, cell: dict[str, Any], steps: int) -> Callable[[], Any]:
+    def timer(self, cell: Cell, steps: int) -> Callable[[], Any]:
         """A callable that trains ``steps`` steps (whole calls of the cell's K) of the cell's
         compiled native step (its optimizer, batch size and best rate): with the native engine,
         the very program the cell's runs trained with (nothing is compiled); else on a copy of
@@ -73,19 +74,19 @@ class StepTimeModel:
         assert runner.dataset is not None
         fused = self.plan(cell)[1]
         if engine_facts(runner.config.engine).compiled_cells:
-            plan = runner.plan(cell["optimizer"], cell["batch_size"], cell["learning_rate"])
+            plan = runner.plan(cell.optimizer, int(cell.batch_size), cell.learning_rate)
             return runner.native_runs().step_timer(runner.train_config(plan),
                                                    runner.initial_values(runner.config.seed),
                                                    steps)
-        batch = cell["batch_size"]
+        batch = int(cell.batch_size)
         rows = np.arange(steps * batch) % runner.num_train  # whole batches, wrapping the data
         subset = replace(runner.dataset, x_train=runner.dataset.x_train[rows],
                          y_train=runner.dataset.y_train[rows])
         return epoch_runner(runner.build_model(), subset,
-                            OptimizerSpec(cell["optimizer"], cell["learning_rate"]),
+                            OptimizerSpec(cell.optimizer, cell.learning_rate),
                             batch, fused, runner.config.seed)
 
-    def measure(self, cells: list[dict[str, Any]]) -> dict[str, Any] | None:
+    def measure(self, cells: list[Cell]) -> StepTimes | None:
         """Each cell's steady seconds per step, in ``step_time_repeats`` interleaved rounds: in
         each round every cell times ``ROUND_CALLS`` calls of ``timed_steps`` steps and keeps
         the fastest, in an order rotated by the round, so a load that comes and goes spreads
@@ -97,17 +98,18 @@ class StepTimeModel:
         if repeats == 0 or not cells:
             return None
         plans: list[TimingPlan] = [
-            (c["optimizer"], c["batch_size"], c["learning_rate"], *self.plan(c)) for c in cells]
+            (c.optimizer, int(c.batch_size), c.learning_rate, *self.plan(c)) for c in cells]
         key_config = {"kind": "steptime", **runner.content_identity(),
                       "seed": runner.config.seed,
                       "cells": plans, "repeats": repeats, "engine": runner.config.engine,
                       "min_seconds": STEP_TIME_SECONDS, "round_calls": ROUND_CALLS,
                       **runner.env}
-        return runner.stored_or_measured("steptime", "timing", key_config, None,
-                                         lambda: self._time(cells, plans, repeats))
+        return StepTimes.from_json(runner.stored_or_measured(
+            "steptime", "timing", key_config, None,
+            lambda: self._time(cells, plans, repeats).to_json()))
 
-    def _time(self, cells: list[dict[str, Any]], plans: list[TimingPlan],
-              repeats: int) -> dict[str, Any]:
+    def _time(self, cells: list[Cell], plans: list[TimingPlan],
+              repeats: int) -> StepTimes:
         native = engine_facts(self.runner.config.engine).compiled_cells
         timers: list[Callable[[], Any]] = []
         steps: list[int] = []
@@ -128,10 +130,8 @@ class StepTimeModel:
         rows = []
         for index, (plan, n) in enumerate(zip(plans, steps, strict=True)):
             timing, seconds = timings[index], [t / n for t in timings[index].times]
-            rows.append({"optimizer": plan[0], "batch_size": plan[1], "learning_rate": plan[2],
-                         "steps_per_call": n, "fused_steps": plan[4],
-                         "warm_up_s": built[index] + timing.first_call_s, "seconds": seconds,
-                         "seconds_per_step": median_interval(seconds), "cv": timing.cv})
-        return {"engine": "native", "study_engine": self.runner.config.engine,
-                "repeats": repeats, "min_seconds": STEP_TIME_SECONDS, "round_calls": ROUND_CALLS,
-                "cells": rows}
+            rows.append(CellStepTime(plan[0], plan[1], plan[2], n, plan[4],
+                                     built[index] + timing.first_call_s, tuple(seconds),
+                                     median_interval(seconds), timing.cv))
+        return StepTimes("native", self.runner.config.engine, repeats, STEP_TIME_SECONDS,
+                         ROUND_CALLS, tuple(rows))

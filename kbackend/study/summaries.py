@@ -22,6 +22,7 @@ from kbackend.training import Target
 
 if TYPE_CHECKING:  # the store opens SQLite: not at the train command's set-up (test_startup)
     from kbackend.study.store import StoredRun
+    from kbackend.study.study_record import Cell
 
 
 @dataclass(frozen=True)
@@ -61,12 +62,12 @@ def plan_from_key_config(config: dict[str, Any]) -> RunPlan:
                    config["seed"], auto_max, config.get("lr_scaling", ""))
 
 
-def adaptive_ranges(history: History) -> list[dict[str, Any]]:
+def adaptive_ranges(history: History) -> list[dict[str, float]]:
     """An adaptive run's step ranges (each from its ``step`` on), [] for a fixed batch size."""
     return list((history.record.adaptive_batch or {}).get("ranges") or [])
 
 
-def ranges_time(ranges: list[dict[str, Any]], step: int,
+def ranges_time(ranges: list[dict[str, float]], step: int,
                 per_step: Callable[[int], float | None]) -> float | None:
     """An adaptive run's cost to the end of ``step``: each range's steps up to ``step`` (a range
     from step s covers steps s+1 to the next range's) times ``per_step`` of its batch size;
@@ -85,18 +86,18 @@ def ranges_time(ranges: list[dict[str, Any]], step: int,
     return total
 
 
-def adaptive_samples(ranges: list[dict[str, Any]], step: int) -> int:
+def adaptive_samples(ranges: list[dict[str, float]], step: int) -> int:
     """Samples an adaptive run trained on by the end of ``step`` (``ranges_time`` at one
     sample per sample)."""
     return int(ranges_time(ranges, step, float) or 0)
 
 
-def cell_seconds_per_step(cell: dict[str, Any]) -> float | None:
+def cell_seconds_per_step(cell: Cell) -> float | None:
     """A cell's seconds per step here: the time model's median, else its runs' clocks (time to
     target / steps to target)."""
-    per_step = (cell.get("seconds_per_step") or {}).get("median")
-    if per_step is None and cell.get("time_to_target") and cell.get("steps_to_target"):
-        per_step = cell["time_to_target"] / cell["steps_to_target"]
+    per_step = (cell.seconds_per_step or {}).get("median")
+    if per_step is None and cell.time_to_target and cell.steps_to_target:
+        per_step = cell.time_to_target / cell.steps_to_target
     return per_step
 
 
@@ -293,7 +294,7 @@ def summarize_cell(records: list[StoredRun]) -> dict[str, Any]:
     steps = median_interval([run_steps(r) for r in records])
     reached = math.isfinite(steps["median"])
 
-    def median_of(name: str, only_reached: bool = False) -> dict[str, Any]:
+    def median_of(name: str, only_reached: bool = False) -> dict[str, float]:
         values = [r[name] for r in results if r.get(name) is not None and
                   (not only_reached or r["reached"])]
         return median_interval([float(v) for v in values if math.isfinite(float(v))])
@@ -312,7 +313,7 @@ def summarize_cell(records: list[StoredRun]) -> dict[str, Any]:
     return {
         "learning_rate": middle.config["learning_rate"],
         "seeds": len(records),
-        "seed_values": [r.config["seed"] for r in records],
+        "seed_values": tuple(r.config["seed"] for r in records),
         "reached": reached,
         "seeds_reached": sum(1 for r in records if run_steps(r) < math.inf),
         "steps_to_target": finite(steps["median"]) if reached else None,
@@ -339,7 +340,7 @@ def summarize_cell(records: list[StoredRun]) -> dict[str, Any]:
         "eval_every": records[0].config.get("eval_every") if records else None,
         "fused_steps": records[0].config.get("fused_steps") if records else None,
         "run_key": middle.key,
-        "run_keys": [r.key for r in records],
+        "run_keys": tuple(r.key for r in records),
         "intervals": {"steps_to_target": steps, "time_to_target": times,
                       "test_accuracy": test, "test_metric": test_metric,
                       "best_metric": median_of("best_metric")},

@@ -9,37 +9,39 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 from kbackend.history import History
+from kbackend.study.study_record import Cell, StepTimes
 from kbackend.study.summaries import startup_seconds
 
 
-def apply_time_model(cells: list[dict[str, Any]], step_times: dict[str, Any] | None) -> None:
+def apply_time_model(cells: list[Cell], step_times: StepTimes | None) -> list[Cell]:
     """Each cell's time to target = its median steps to target x its median measured seconds
     per step; the interval is [low steps x fastest step time, high steps x slowest step time].
     The runs' own clocks stay in ``time_to_target_runs``. Without a measurement the runs'
     clocks remain the time to target (``time_model: "run clocks"``)."""
-    measured = {(c["optimizer"], c["batch_size"]): c["seconds_per_step"]
-                for c in (step_times or {}).get("cells", [])}
-    for cell in cells:
-        intervals = cell.setdefault("intervals", {})
-        intervals["time_to_target_runs"] = intervals.get("time_to_target")
-        cell["time_to_target_runs"] = cell.get("time_to_target")
-        per_step = measured.get((cell["optimizer"], cell["batch_size"]))
-        if per_step is None or not per_step.get("n"):
-            cell["time_model"] = "run clocks"
-            continue
-        steps = intervals["steps_to_target"]
-        cell["time_model"] = "steps x step time"
-        cell["seconds_per_step"] = per_step
-        cell["samples_per_s"] = cell["batch_size"] / per_step["median"]
-        intervals["time_to_target"] = {
-            "median": steps["median"] * per_step["median"],
-            "low": steps["low"] * per_step["low"], "high": steps["high"] * per_step["high"],
-            "n": steps["n"], "coverage": steps["coverage"]}
-        cell["time_to_target"] = (steps["median"] * per_step["median"]) if cell["reached"] else None
+    measured = {c.key: c.seconds_per_step for c in step_times.cells} if step_times else {}
+    return [_modelled(cell, measured.get((cell.optimizer, int(cell.batch_size))))
+            for cell in cells]
+
+
+def _modelled(cell: Cell, per_step: dict[str, float] | None) -> Cell:
+    """``apply_time_model`` of one cell with its measured seconds per step (None: none)."""
+    intervals = {**cell.intervals, "time_to_target_runs": cell.intervals.get("time_to_target")}
+    timed = replace(cell, intervals=intervals, time_to_target_runs=cell.time_to_target)
+    if per_step is None or not per_step.get("n"):
+        return replace(timed, time_model="run clocks")
+    steps = intervals["steps_to_target"]
+    assert steps is not None  # a summarized cell's
+    intervals["time_to_target"] = {
+        "median": steps["median"] * per_step["median"],
+        "low": steps["low"] * per_step["low"], "high": steps["high"] * per_step["high"],
+        "n": steps["n"], "coverage": steps["coverage"]}
+    return replace(timed, time_model="steps x step time", seconds_per_step=per_step,
+                   samples_per_s=int(cell.batch_size) / per_step["median"],
+                   time_to_target=(steps["median"] * per_step["median"]) if cell.reached
+                   else None)
 
 
 @dataclass

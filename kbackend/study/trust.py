@@ -21,7 +21,8 @@ Error metrics of regression (``val_mae``, losses) have no binomial error; they a
 from __future__ import annotations
 
 import math
-from typing import Any
+
+from kbackend.study.study_record import StudyRecord
 
 MAX_STANDARD_ERROR = 0.02
 MAX_GRANULARITY = 0.01
@@ -62,7 +63,7 @@ def before_training(metric: str, target: float, samples: int) -> str | None:
             f"{MAX_STANDARD_ERROR:g}.")
 
 
-def after_training(study: dict[str, Any], metric: str, target: float,
+def after_training(study: StudyRecord, metric: str, target: float,
                    samples: int, cells: int = 3, no_frontier: str | None = None) -> str | None:
     """A one-line warning when the plateau of the ``cells`` fastest cells (the median best
     validation value of their frontier runs) lies within ``PLATEAU_STANDARD_ERRORS`` standard errors
@@ -70,13 +71,13 @@ def after_training(study: dict[str, Any], metric: str, target: float,
     (``no_frontier``: why the study ran none); None otherwise."""
     if not _is_proportion(metric) or samples <= 0:
         return None
-    ranked = sorted((c for c in study.get("cells", []) if c.get("reached")
-                     and c.get("time_to_target") is not None),
-                    key=lambda c: c["time_to_target"])[:cells]
+    ranked = sorted((c for c in study.cells if c.reached
+                     and c.time_to_target is not None),
+                    key=lambda c: c.seconds)[:cells]
     # the frontier's: runs on an equal budget that do not stop at the target (the study's own
     # runs stop there, so their best value is the crossing, not the plateau)
-    plateaus = [c["frontier"]["best_metric"]["median"] for c in ranked
-                if ((c.get("frontier") or {}).get("best_metric") or {}).get("median")
+    plateaus = [c.frontier["best_metric"]["median"] for c in ranked
+                if ((c.frontier or {}).get("best_metric") or {}).get("median")
                 is not None]
     if not ranked:
         return None

@@ -46,9 +46,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:  # the results' types import the store (SQLite): not at the train command's
+    from kbackend.study.study_record import Cell, StepTimes  # set-up (test_startup)
 
 # The chance that a comparison's final verdict is wrong, over all its looks, is at most 1 - this.
 VERDICT_CONFIDENCE = 0.9
@@ -401,23 +404,22 @@ def could_resolve(verdict: Verdict, max_seeds: int, level: float) -> bool:
     return centre > half or centre + half < edge
 
 
-def step_time_log_ratios(step_times: dict[str, Any] | None, a: tuple[str, int],
+def step_time_log_ratios(step_times: StepTimes | None, a: tuple[str, int],
                          b: tuple[str, int]) -> list[float] | None:
     """Per-round log ratios of two cells' measured seconds per step (rounds pair: they were
     timed moments apart); None when either cell was not timed."""
-    timed = {(c["optimizer"], c["batch_size"]): c["seconds"]
-             for c in (step_times or {}).get("cells", [])}
+    timed = step_times.seconds() if step_times else {}
     if a not in timed or b not in timed:
         return None
     return [math.log(x / y) for x, y in zip(timed[a], timed[b], strict=False) if x > 0 and y > 0]
 
 
-def rounding_sd(cells: Sequence[dict[str, Any]]) -> float:
+def rounding_sd(cells: Sequence[Cell]) -> float:
     """The spread a log steps ratio gets from each cell's evaluation interval alone (a crossing
     anywhere in the e steps before the evaluation that sees it: sd e / S / sqrt(12))."""
     total = 0.0
     for cell in cells:
-        steps, every = cell.get("steps_to_target"), cell.get("eval_every")
+        steps, every = cell.steps_to_target, cell.eval_every
         if steps and every:
             total += (every / steps) ** 2 / 12.0
     return math.sqrt(total)

@@ -103,7 +103,13 @@ def _check_options(options: dict[str, Any], owner: type, call: Callable[..., Any
 
 def _workload(model: Any, x: Any, y: Any, validation_data: Any, data: Any, label: str | None,
               seed: int, target_metric: str | None, from_weights: bool,
-              unsafe_deserialization: bool, validation_fraction: float) -> Workload:
+              unsafe_deserialization: bool, validation_fraction: float,
+              options: dict[str, Any] | None = None) -> Workload:
+    """The workload of the call's model and data; ``options`` (the further ``TrainConfig``
+    fields) give the model options, image size and data folder the workload is read with."""
+    options = options or {}
+    model_options = dataclasses.replace(options.get("model_options") or ModelOptions(),
+                                        seed=seed)
     if x is None and data is None:
         raise ApiTypeError("No data: pass arrays (x, y), a tf.data.Dataset as x, or data=SOURCE.")
     if x is not None and data is not None:
@@ -111,7 +117,9 @@ def _workload(model: Any, x: Any, y: Any, validation_data: Any, data: Any, label
                           " Pass one of them.")
     return prepare_workload(model, data, x=x, y=y, validation_data=validation_data,
                             label=label, validation_fraction=validation_fraction, seed=seed,
-                            options=ModelOptions(seed=seed), target_metric=target_metric,
+                            options=model_options, target_metric=target_metric,
+                            image_size=options.get("image_size"),
+                            data_dir=options.get("data_dir"),
                             unsafe_deserialization=unsafe_deserialization,
                             from_weights=from_weights)
 
@@ -143,7 +151,7 @@ def train(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
     # the workload starts it); TrainConfig checks the options first.
     prepare(TrainConfig(**{k: v for k, v in options.items() if k in PARALLEL_FIELDS}))
     workload = _workload(model, x, y, validation_data, data, label, seed, target_metric,
-                         from_weights, unsafe_deserialization, validation_fraction)
+                         from_weights, unsafe_deserialization, validation_fraction, options)
     engine = resolve_engine(engine)[0]  # "auto": every source is in memory
     if fused_steps == "auto":
         fused_steps = engine_facts(engine).default_fused_steps

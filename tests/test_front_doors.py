@@ -59,6 +59,17 @@ def test_the_python_api_defaults_are_the_config_fields():
     assert str(study["out"].default) == build_parser().parse_args(["study"]).out
 
 
+def test_kbackend_train_builds_with_the_model_options_it_is_given():
+    """A ``TrainConfig`` field passed to ``kbackend.train`` is used, not only recorded:
+    ``model_options`` shape the built-in model the run trains."""
+    from kbackend.models import ModelOptions
+
+    result = api.train("mlp", data="digits", epochs=1, progress=False,
+                       model_options=ModelOptions(widths=(7,)))
+    dense = [layer.units for layer in result.model.layers if hasattr(layer, "units")]
+    assert dense[0] == 7 and result.config.model_options.widths == (7,)
+
+
 def test_a_field_default_that_does_not_exist_is_a_clear_error():
     with pytest.raises(TypeError, match="TrainConfig has no field 'epoch'"):
         field_default(TrainConfig, "epoch")

@@ -93,7 +93,8 @@ def _check_options(options: dict[str, Any], owner: type, call: Callable[..., Any
         if name in KERAS_HABITS:
             hint = f": use {KERAS_HABITS[name]}"
         else:
-            known = [*inspect.signature(call).parameters, *fields]
+            known = [name for name, parameter in inspect.signature(call).parameters.items()
+                     if parameter.kind is not inspect.Parameter.VAR_KEYWORD] + sorted(fields)
             close = difflib.get_close_matches(name, known, n=1)
             hint = (f": did you mean {close[0]}=?" if close else
                     f"; it takes its own arguments and {owner.__name__} fields")

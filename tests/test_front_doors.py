@@ -73,7 +73,7 @@ def test_kbackend_train_builds_with_the_model_options_it_is_given():
 def test_a_mistyped_keyword_is_never_pointed_at_the_catch_all_options():
     with pytest.raises(ApiTypeError) as error:
         api.train("mlp", data="digits", option=1)
-    assert "options=" not in str(error.value)
+    assert "did you mean options=" not in str(error.value)
 
 
 def test_a_field_default_that_does_not_exist_is_a_clear_error():

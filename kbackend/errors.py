@@ -175,12 +175,12 @@ def field_default(owner: Any, name: str) -> Any:
     made anew): the one statement of a default that the command line and the Python API read."""
     item = next((item for item in fields(owner) if item.name == name), None)
     if item is None:  # a programming error in kbackend, said at import time
-        raise TypeError(f"{owner.__name__} has no field {name!r}")
+        raise InternalError(f"{owner.__name__} has no field {name!r}")
     if item.default is not MISSING:
         return item.default
     if item.default_factory is not MISSING:
         return item.default_factory()
-    raise TypeError(f"{owner.__name__}.{name} has no default")
+    raise InternalError(f"{owner.__name__}.{name} has no default")
 
 
 def check_declared(owner: Any) -> None:

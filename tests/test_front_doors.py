@@ -13,7 +13,7 @@ import pytest
 import kbackend
 from kbackend import api
 from kbackend.cli import build_parser
-from kbackend.errors import ApiTypeError, KBackendError, field_default
+from kbackend.errors import ApiTypeError, InternalError, KBackendError, field_default
 from kbackend.models import ModelOptions
 from kbackend.optim import OptimizerSpec
 from kbackend.study.config import StudyConfig
@@ -77,14 +77,14 @@ def test_a_mistyped_keyword_is_never_pointed_at_the_catch_all_options():
 
 
 def test_a_field_default_that_does_not_exist_is_a_clear_error():
-    with pytest.raises(TypeError, match="TrainConfig has no field 'epoch'"):
+    with pytest.raises(InternalError, match="TrainConfig has no field 'epoch'"):
         field_default(TrainConfig, "epoch")
 
     @dataclasses.dataclass
     class Required:
         name: str
 
-    with pytest.raises(TypeError, match=r"Required\.name has no default"):
+    with pytest.raises(InternalError, match=r"Required\.name has no default"):
         field_default(Required, "name")
 
 

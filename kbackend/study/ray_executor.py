@@ -291,7 +291,7 @@ class RayStudy:
                 done, cell = self.attempt(partial(from_store, key), fresh)
                 if not done:  # a worker keyed differently (another device): its own cell
                     found, keys = output.result
-                    cell = found, [runner.store.get(k) for k in keys]
+                    cell = found, [_stored(runner.store, k) for k in keys]
                 cells[key] = cell
         finally:
             for ref in pending:
@@ -331,6 +331,14 @@ class RayStudy:
         step_times = self.measure("steptime", lambda: self.stored.measure_step_times(cells), cells)
         noise = self.measure("noise", lambda: self.stored.run_noise(cells), cells)
         return RayResults(cells, runs, step_times, noise, self.run_auto_cells())
+
+
+def _stored(store: Any, key: str) -> StoredRun:
+    """The run a worker's output just committed under ``key`` (missing: a broken invariant)."""
+    run = store.get(key)
+    if run is None:
+        raise InternalError(f"run {key} was committed by a Ray worker but is not in the store")
+    return run
 
 
 class RayResults(NamedTuple):

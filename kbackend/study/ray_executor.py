@@ -290,8 +290,8 @@ class RayStudy:
                 fresh = self.commit(output)
                 done, cell = self.attempt(partial(from_store, key), fresh)
                 if not done:  # a worker keyed differently (another device): its own cell
-                    found, keys = output.result
-                    cell = found, [_stored(runner.store, k) for k in keys]
+                    found, run_keys = output.result
+                    cell = found, [_stored(runner.store, k) for k in run_keys]
                 cells[key] = cell
         finally:
             for ref in pending:

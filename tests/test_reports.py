@@ -44,3 +44,16 @@ def test_plotted_trajectories_are_thinned_to_a_bounded_number_of_points_keeping_
     np.testing.assert_array_equal(thinned_twice, thinned_steps * 2)  # columns stay aligned
     short = np.arange(5)
     assert _thin(short)[0] is short  # short lines are drawn whole
+
+
+def test_a_time_plot_with_no_cell_reached_draws_without_a_legend_warning(tmp_path):
+    import warnings
+
+    from kbackend.study.plots import _plot_time
+    from kbackend.study.study_record import Cell, StudyRecord
+
+    study = StudyRecord(cells=[Cell("sgd", 32, reached=False)], config={"optimizers": ["sgd"]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's "No artists with labels found"
+        path = _plot_time(study, tmp_path / "time_to_target.png")
+    assert path.read_bytes()[:4] == b"\x89PNG"

@@ -269,7 +269,8 @@ def _plot_time(study: StudyRecord, path: Path) -> Path:
            ylabel="time to target (s): steps x step time",
            title="Time to target, median and [min, max] (missing: not reached)")
     _batch_ticks(ax, study.batch_sizes)
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:  # no cell reached: nothing to name
+        ax.legend()
     return _save(fig, path)
 
 

@@ -150,9 +150,11 @@ class Workload:
         seed = self.options.seed if seed is None else seed
         # Built once while preparing: reused, when built under the dtype policy in force now
         # (a run's --precision scope; the workload may have been prepared outside it).
-        if self._first is not None and self._first[::2] == (seed, _dtype_policy()):
-            model, self._first = self._first[1], None
-            return model
+        if self._first is not None:
+            first_seed, model, policy = self._first
+            if (first_seed, policy) == (seed, _dtype_policy()):
+                self._first = None
+                return model
         info = self.dataset.info
         if self.packing is not None:
             info = replace(info, input_shape=self.packing.input_shapes)

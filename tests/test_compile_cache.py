@@ -303,3 +303,44 @@ def test_a_fresh_venv_of_the_declared_dependencies_fills_the_jax_cache(tmp_path)
     without = _fresh_venv(tmp_path / "without", leave_out=("filelock",))
     entries, stderr = cache_entries(without, tmp_path / "cache-without")
     assert entries == 0 and "filelock" in stderr, stderr[-2000:]
+
+
+# A native and an adaptive TF trainer: compile (a 0-step call), then two real 4-step calls; each
+# new XLA program is one new entry in the process's private cache folder.
+ONE_PROGRAM_PER_LOOP = """
+import os, numpy as np
+from tests.test_native_engine import toy_dataset, toy_model
+from kbackend.backends import impl
+from kbackend.backends.tensorflow.adaptive import AdaptiveTrainer
+from kbackend.optim import OptimizerSpec
+dataset = toy_dataset()
+trainers = (impl().native_trainer(toy_model(dataset), OptimizerSpec("sgd", 0.1), dataset),
+            AdaptiveTrainer(toy_model(dataset), OptimizerSpec("sgd", 0.1), dataset))
+folder = os.environ["KBACKEND_TF_CACHE_PRIVATE"]  # set when the backend started
+counts = []
+for trainer in trainers:
+    rows = trainer.put_epoch(np.arange(320).reshape(10, 32))
+    trainer.compile(4, rows)
+    before = len(os.listdir(folder))
+    for start in (0, 4):
+        trainer.fetch(trainer.run(rows, start, 4))
+    counts.append((before, len(os.listdir(folder))))
+import json; print(json.dumps(counts))
+"""
+
+
+@pytest.mark.slow  # a fresh process, so TensorFlow's cache folder is its own
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's XLA loop")
+def test_the_compiling_call_builds_the_program_every_later_call_runs(tmp_path):
+    """The 0-step call that compiles a TF loop builds the one program every step count runs.
+    Autograph's ``for i in tf.range(n)`` made XLA compile anew for each count (no retrace), so
+    the first real call compiled again inside the training clock (0.9 s of a 6-step run's
+    "time to target" on a CSV MLP). Counted as entries in the process's XLA cache."""
+    env = {**os.environ, "KBACKEND_CACHE_DIR": str(tmp_path), "KERAS_BACKEND": "tensorflow"}
+    for inherited in (COMPILE_CACHE_ENV, "TF_XLA_FLAGS", "KBACKEND_TF_CACHE_PRIVATE"):
+        env.pop(inherited, None)
+    done = subprocess.run([sys.executable, "-c", ONE_PROGRAM_PER_LOOP], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    counts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert all(before >= 1 and after == before for before, after in counts), counts

@@ -26,7 +26,7 @@ from kbackend.adaptive import DEFAULT_MEASURE_EVERY, micro_batches_for
 from kbackend.backends.compile_ahead import AheadCompiler
 from kbackend.backends.tensorflow.data_parallel import DataParallelTrainer
 from kbackend.backends.tensorflow.native import NativeTrainer
-from kbackend.backends.tensorflow.ops import jit_function
+from kbackend.backends.tensorflow.ops import counted_loop, jit_function
 from kbackend.errors import ConfigError
 from kbackend.task import CLASSIFICATION, Task
 
@@ -200,12 +200,15 @@ class AdaptiveTrainer(NativeTrainer):
             losses = tf.zeros([length], tf.float32)
             micros, bigs = tf.fill([length, count], nan), tf.fill([length], nan)
             last = tf.maximum(n_steps - 1, 0)  # a 0-step call (compiling) trains nothing
-            for i in tf.range(last):
+
+            def body(i, losses, micros, bigs):
                 x, y = batch_at(x_all, y_all, epoch_rows, start + i)
                 loss, micro, big = measured(x, y) if every else plain(x, y)
-                losses = tf.tensor_scatter_nd_update(losses, [[i]], [loss])
-                micros = tf.tensor_scatter_nd_update(micros, [[i]], [micro])
-                bigs = tf.tensor_scatter_nd_update(bigs, [[i]], [big])
+                return (tf.tensor_scatter_nd_update(losses, [[i]], [loss]),
+                        tf.tensor_scatter_nd_update(micros, [[i]], [micro]),
+                        tf.tensor_scatter_nd_update(bigs, [[i]], [big]))
+
+            losses, micros, bigs = counted_loop(last, body, (losses, micros, bigs))
             loss, micro, big = tf.cond(
                 n_steps > 0,
                 lambda: last_step(x_all, y_all, epoch_rows, start + last, measure | every),

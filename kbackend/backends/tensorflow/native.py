@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from kbackend.backends import capabilities, device_copy_once
-from kbackend.backends.tensorflow.ops import jit_function, platform
+from kbackend.backends.tensorflow.ops import counted_loop, jit_function, platform
 from kbackend.data.batching import pad_to_chunks
 from kbackend.errors import ConfigError
 from kbackend.history import RunRecord
@@ -156,11 +156,11 @@ class NativeTrainer:
                 return tf.stack([
                     tf.cast(self._step_at(x_all, y_all, epoch_rows, start + i), tf.float32)
                     for i in range(length)])
-            losses = tf.zeros([length], tf.float32)
-            for i in tf.range(n_steps):
+            def body(i: tf.Tensor, losses: tf.Tensor) -> tuple[tf.Tensor]:
                 loss = self._step_at(x_all, y_all, epoch_rows, start + i)
-                losses = tf.tensor_scatter_nd_update(losses, [[i]], [tf.cast(loss, tf.float32)])
-            return losses
+                return (tf.tensor_scatter_nd_update(losses, [[i]], [tf.cast(loss, tf.float32)]),)
+
+            return counted_loop(n_steps, body, (tf.zeros([length], tf.float32),))[0]
 
         return jit_function(run, self.jit_compile)
 

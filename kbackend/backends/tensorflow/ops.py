@@ -279,6 +279,24 @@ def jit_function(fn: Any, jit_compile: bool = True) -> Any:
     return function
 
 
+def counted_loop(n_steps: tf.Tensor, body: Callable[..., tuple], carry: tuple) -> tuple:
+    """``carry = body(i, *carry)`` for ``i`` in ``[0, n_steps)``, as one loop whose trip count
+    stays a run-time value under XLA, so one compiled program serves every ``n_steps``.
+
+    Autograph's ``for i in tf.range(n_steps)`` sets the loop's ``maximum_iterations`` to
+    ``n_steps``, which XLA needs as a compile-time constant: each new value compiled a new
+    program without a retrace (measured: 1.9-2.9 s per value for a 12-feature MLP on CPU), so
+    a 0-step call compiled a program no real call used and the first real call compiled again
+    inside the training clock. ``tf.while_loop`` without ``maximum_iterations`` keeps it dynamic.
+    """
+
+    def step(i: tf.Tensor, *values: Any) -> tuple:
+        return (i + 1, *body(i, *values))
+
+    return tuple(tf.while_loop(lambda i, *_: i < n_steps, step,
+                               (tf.constant(0, n_steps.dtype), *carry))[1:])
+
+
 def _traces() -> dict[Any, int]:
     """Each live registered function's trace count (held: none is collected while counted)."""
     return {f: f.experimental_get_tracing_count() for f in list(_JIT_FUNCTIONS)}

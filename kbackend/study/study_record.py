@@ -337,8 +337,11 @@ class Frontier:
 
     @classmethod
     def from_json(cls, record: JsonObject | None) -> Frontier | None:
-        """A cell's frontier read back ({} or None: none was measured)."""
-        return cls(**record) if record else None
+        """A cell's frontier read back ({} or None: none was measured; what this version does
+        not keep is dropped)."""
+        if not record:
+            return None
+        return cls(**{k: v for k, v in record.items() if k in cls.__dataclass_fields__})
 
 
 @dataclass(frozen=True)

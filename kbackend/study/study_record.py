@@ -1,12 +1,14 @@
 """A study's results as frozen values: ``StudyRecord``, what ``StudyRunner.run`` returns and
-the pipeline completes (confirmations, warnings, the device profile's prediction, the machine's
-load ``MachineLoad``, where the time went ``TimeAccount``), read by the analysis, the
-recommendation, the report, the plots and the exports; its ``Cell`` s (one type, batch fixed or
-auto) and the time model's ``StepTimes``. They become JSON only at the boundary: the store
-(``StepTimes.to_json``), ``report.summary_payload`` (summary.json, byte for byte what the dicts
-they replaced wrote) and ``StudyRecord.to_json`` (``result.study["cells"]``); ``from_json``
-reads a stored summary back (re-analysis, ``study compare``'s tools). The runs inside stay
-``StoredRun.to_dict`` records, the store's own JSON.
+the pipeline completes (the held-out seeds' ``HeldOutRuns``, warnings, the device profile's
+prediction, the machine's load ``MachineLoad``, where the time went ``TimeAccount``), read by the
+analysis, the recommendation, the report, the plots and the exports; its ``Cell`` s (one type,
+batch fixed or auto, with their ``Frontier``), the time model's ``StepTimes`` and the
+``NoiseScale``. They become JSON only at the boundary: the store (``StepTimes.to_json``,
+``NoiseScale.to_json``, ``HeldOutRuns.to_json``), ``report.summary_payload`` (summary.json,
+byte for byte what the dicts they replaced wrote) and ``StudyRecord.to_json``
+(``result.study["cells"]``); ``from_json`` reads a stored summary back (re-analysis,
+``study compare``'s tools). The runs inside stay ``StoredRun.to_dict`` records, the store's own
+JSON.
 """
 
 from __future__ import annotations

@@ -50,13 +50,7 @@ from kbackend.study.report import CONSOLE_WIDTH, print_table, write_report
 from kbackend.study.results import recommendation, recommendation_lines
 from kbackend.study.runner_protocol import StudyEvent
 from kbackend.study.store import ResultStore, RunStore
-from kbackend.study.study_record import (
-    Cell,
-    HeldOutRuns,
-    MachineLoad,
-    StudyRecord,
-    TimeAccount,
-)
+from kbackend.study.study_record import Cell, HeldOutRuns, MachineLoad, StudyRecord, TimeAccount
 from kbackend.study.timing import TimeSpent
 from kbackend.task import metric_direction
 from kbackend.tensorboard_logs import check_logdir, require_hparams_plugin

@@ -37,6 +37,11 @@ import numpy as np
 
 from kbackend.errors import ConfigError, DataError, OutputError, path_errors
 
+# A JSON boundary: a dict as it is written to or read from a JSON file or the study store, or
+# hashed into a content key (``json.dumps``). Results travel between functions as frozen
+# dataclasses; they become a ``JsonObject`` only in their ``to_json`` / ``from_json``.
+JsonObject = dict[str, Any]
+
 NON_FINITE_KEY = "non_finite"
 NPY_MAGIC = b"\x93NUMPY"
 _ARRAY_READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)

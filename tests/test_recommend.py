@@ -21,7 +21,7 @@ from kbackend.study.recommend import (
     train_arguments,
 )
 from kbackend.study.store import StoredRun
-from kbackend.study.study_record import Cell, StudyRecord
+from kbackend.study.study_record import Cell, Frontier, HeldOutRuns, StudyRecord
 from tests.conftest import NO_JIT_FLAGS
 
 
@@ -137,11 +137,13 @@ def test_the_confirmation_runs_the_printed_command_on_held_out_seeds():
     fake = FakeCommandLine({seeds[0]: 96, seeds[1]: 120, seeds[2]: None})
     result = confirm_cell(study, cell, fake, seeds=3)
     assert [int(c[c.index("--seed") + 1]) for c in fake.calls] == seeds  # not the study's
-    assert all(c[0] == "train" and c[1:1 + len(result["arguments"])] == result["arguments"]
+    assert all(c[0] == "train" and c[1:1 + len(result.arguments)] == list(result.arguments)
                for c in fake.calls)
-    assert result["reached"] == 2 and result["confirmed"]
-    assert result["steps_to_target"]["median"] == 120 and result["steps_to_target"]["low"] == 96
-    assert result["steps_to_target"]["high"] == float("inf")
+    assert result.reached == 2 and result.confirmed
+    assert result.steps_to_target["median"] == 120 and result.steps_to_target["low"] == 96
+    assert result.steps_to_target["high"] == float("inf")
+    # stored (a resumed study reuses it) and read back as it was
+    assert HeldOutRuns.from_json(json.loads(json.dumps(result.to_json()))) == result
     study = replace(study, confirmation=(result,))
     lines = recommendation_lines(recommendation(study))
     assert "train reaches the target in 120 [96, never] steps" in lines[1]
@@ -157,11 +159,12 @@ def test_a_second_cell_is_confirmed_only_when_the_first_fails_on_most_seeds():
         asked.append(cell.optimizer)
         seeds = 3
         reached = 1 if cell is fast else 3
-        return {"optimizer": cell.optimizer, "batch_size": cell.batch_size,
-                "seeds": seeds, "held_out_seeds": list(range(HELD_OUT_SEED, HELD_OUT_SEED + seeds)),
-                "reached": reached, "confirmed": reached * 2 > seeds,
-                "steps_to_target": {"median": 60, "low": 50, "high": 70},
-                "time_to_target": {"median": 3.0, "low": 2.8, "high": 3.3}}
+        return HeldOutRuns.from_json({
+            "optimizer": cell.optimizer, "batch_size": cell.batch_size,
+            "seeds": seeds, "held_out_seeds": list(range(HELD_OUT_SEED, HELD_OUT_SEED + seeds)),
+            "reached": reached, "confirmed": reached * 2 > seeds,
+            "steps_to_target": {"median": 60, "low": 50, "high": 70},
+            "time_to_target": {"median": 3.0, "low": 2.8, "high": 3.3}})
 
     study = replace(study, confirmation=tuple(confirm(study, confirm_one)))
     assert asked == ["sgd", "adam"]
@@ -172,7 +175,8 @@ def test_a_second_cell_is_confirmed_only_when_the_first_fails_on_most_seeds():
         in lines[1]
     asked.clear()
     assert len(confirm(_study([fast, slow]),
-                       lambda c: {**confirm_one(slow), **c.to_json()})) == 1
+                       lambda c: replace(confirm_one(slow), optimizer=c.optimizer,
+                                         batch_size=c.batch_size))) == 1
 
 
 @pytest.mark.slow
@@ -226,7 +230,7 @@ def test_a_plateau_within_two_standard_errors_of_the_target_is_warned():
 
     def cell(time, plateau):
         return Cell("sgd", 32, reached=True, time_to_target=time,
-                    frontier={"best_metric": {"median": plateau}})
+                    frontier=Frontier(best_metric={"median": plateau}))
 
     study = StudyRecord(cells=[cell(1.0, 0.91), cell(2.0, 0.915)])
     warning = trust.after_training(study, "val_accuracy", 0.9, 400)  # 2 SE = 0.03

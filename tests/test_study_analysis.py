@@ -15,7 +15,7 @@ from kbackend.study.analysis import analyze
 from kbackend.study.config import StudyConfig, default_batch_sizes
 from kbackend.study.scaling import crossover, fit_critical_batch, scaling_regions, throughput_curve
 from kbackend.study.store import ResultStore, StoredRun, config_key
-from kbackend.study.study_record import Cell, StepTimes, StudyRecord
+from kbackend.study.study_record import Cell, NoisePoint, NoiseScale, StepTimes, StudyRecord
 
 
 def _cell(optimizer, batch, time_to_target):
@@ -28,20 +28,21 @@ def test_knee_fit_recovers_a_known_critical_batch_size():
     s_min, b_crit = 40.0, 100.0
     points = [(b, s_min * (1 + b_crit / b)) for b in (8, 16, 32, 64, 128, 256, 512)]
     knee = fit_critical_batch(points)
-    assert knee["s_min"] == pytest.approx(s_min, rel=1e-9)
-    assert knee["b_crit"] == pytest.approx(b_crit, rel=1e-9)
+    assert knee.s_min == pytest.approx(s_min, rel=1e-9)
+    assert knee.b_crit == pytest.approx(b_crit, rel=1e-9)
 
 
 def test_knee_fit_says_when_the_knee_is_outside_the_grid():
     perfect = [(b, 6400.0 / b) for b in (8, 16, 32)]  # steps halve every doubling
-    assert fit_critical_batch(perfect)["b_crit"] is None
-    assert fit_critical_batch([(8, 100.0), (16, 101.0), (32, 102.0)])["beyond_grid"] == "below"
-    assert fit_critical_batch([(8, 100.0)])["b_crit"] is None
+    assert fit_critical_batch(perfect).b_crit is None
+    assert fit_critical_batch(perfect).beyond_grid == "above"
+    assert fit_critical_batch([(8, 100.0), (16, 101.0), (32, 102.0)]).beyond_grid == "below"
+    assert fit_critical_batch([(8, 100.0)]).b_crit is None
 
 
 def test_scaling_regions_follow_the_exponent():
     points = [(8, 800.0), (16, 400.0), (32, 260.0), (64, 250.0)]
-    regions = [s["region"] for s in scaling_regions(points)]
+    regions = [s.region for s in scaling_regions(points)]
     assert regions == ["perfect scaling", "diminishing returns", "saturation"]
 
 
@@ -56,7 +57,7 @@ def test_crossover_where_adam_overtakes_sgd(adam, sgd, expected, note):
     cells = [_cell("adam", b, t) for b, t in zip(sizes, adam, strict=True)]
     cells += [_cell("sgd", b, t) for b, t in zip(sizes, sgd, strict=True)]
     result = crossover(cells, "adam", "sgd")
-    assert result["batch_size"] == expected and note in result["note"]
+    assert result is not None and result.batch_size == expected and note in result.note
 
 
 def test_crossover_needs_both_optimizers():
@@ -70,22 +71,38 @@ def test_throughput_curve_and_knee():
             for i, (b, v) in enumerate([(8, 100.0), (8, 120.0), (32, 500.0), (128, 900.0),
                                         (512, 1000.0), (512, math.nan)])]
     curve = throughput_curve(runs)
-    assert [p["samples_per_s"] for p in curve] == [110.0, 500.0, 900.0, 1000.0]
+    assert [p.samples_per_s for p in curve] == [110.0, 500.0, 900.0, 1000.0]
     analysis = analyze(StudyRecord(runs=runs))
     assert (analysis.throughput_knee, analysis.throughput_plateau_reached) == (128, True)
     empty = analyze(StudyRecord.from_json({"cells": [], "runs": [], "noise": None}))
     assert (empty.throughput_knee, empty.throughput_plateau_reached) == (None, None)
 
 
+def _noise(points, small=8, big=512, draws=24):
+    """A noise-scale record of made-up ``(step, |G|^2, tr(Sigma))`` points."""
+    return NoiseScale("sgd", 32, 0.1, small, big, draws, tuple(
+        NoisePoint(step, grad_sq, trace, 0.0, 0.0, small, big, draws, trace / grad_sq)
+        for step, grad_sq, trace in points), points[-1][2] / points[-1][1])
+
+
 def test_noise_scale_over_training_is_a_ratio_of_averages():
     from kbackend.study.scaling import training_noise_scale
 
-    points = [{"step": 0, "grad_sq": 1.0, "trace_sigma": 1000.0},
-              {"step": 10, "grad_sq": 2.0, "trace_sigma": 40.0},
-              {"step": 20, "grad_sq": 0.01, "trace_sigma": 20.0}]
-    assert training_noise_scale({"points": points}) == pytest.approx(60.0 / 2.01)
-    assert training_noise_scale({"points": points[:1]}) == pytest.approx(1000.0)
+    points = [(0, 1.0, 1000.0), (10, 2.0, 40.0), (20, 0.01, 20.0)]
+    assert training_noise_scale(_noise(points)) == pytest.approx(60.0 / 2.01)
+    assert training_noise_scale(_noise(points[:1])) == pytest.approx(1000.0)
     assert training_noise_scale(None) is None
+
+
+def test_the_noise_record_round_trips_through_json_in_the_stores_key_order():
+    noise = replace(_noise([(0, 1.0, 1000.0), (10, 2.0, 40.0)]),
+                    first_try={"small_batch": 16, "big_batch": 64, "b_simple_final": -3.0})
+    assert NoiseScale.from_json(noise.to_json()) == noise
+    assert list(noise.to_json()) == ["optimizer", "batch_size", "learning_rate", "small_batch",
+                                     "big_batch", "draws", "points", "b_simple_final",
+                                     "first_try"]
+    stored = json.loads(json.dumps(noise.to_json(), sort_keys=True))  # as the store returns it
+    assert json.dumps(NoiseScale.from_json(stored).to_json()) == json.dumps(stored)
 
 
 def test_default_batch_sizes_are_powers_of_two_that_fit():
@@ -345,13 +362,11 @@ def test_critical_batch_over_seeds_and_its_agreement_with_the_noise_scale():
 def test_a_negative_noise_scale_is_never_a_finding(grad_sq, trace, reason):
     from kbackend.study.scaling import noise_scale_note, training_noise_scale
 
-    noise = {"small_batch": 8, "big_batch": 512, "draws": 24,
-             "points": [{"step": 0, "grad_sq": 1.0, "trace_sigma": 5.0},
-                        {"step": 10, "grad_sq": grad_sq, "trace_sigma": trace}]}
+    noise = _noise([(0, 1.0, 5.0), (10, grad_sq, trace)])
     assert training_noise_scale(noise) is None
     note = noise_scale_note(noise)
     assert note.startswith("not estimated: ") and reason in note and "8/512" in note
-    analysis = analyze(StudyRecord.from_json({"cells": [], "runs": [], "noise": noise}))
+    analysis = analyze(StudyRecord.from_json({"cells": [], "runs": [], "noise": noise.to_json()}))
     assert analysis.b_simple is None and analysis.b_simple_note == note
 
 
@@ -436,3 +451,27 @@ def test_the_written_verdict_records_keep_their_fields_and_order():
     assert verdicts["fastest"]["outcome"] == analysis.verdicts.fastest.outcome
     assert [p["outcome"] for p in comparison["per_batch"]] == [
         p.outcome for p in analysis.verdicts.optimizers[0].per_batch]
+    # the analysis's figures: typed, written with summary.json's keys in its order
+    figures = record["per_optimizer"]["sgd"]
+    assert list(figures) == ["steps_to_target", "regions", "knee", "fastest", "not_reached"]
+    assert list(figures["steps_to_target"][0]) == ["batch_size", "steps", "reached"]
+    assert list(figures["regions"][0]) == ["from", "to", "exponent", "region"]
+    assert list(figures["knee"]) in (["s_min", "b_crit", "note"],
+                                     ["s_min", "b_crit", "beyond_grid", "note"])
+    assert list(figures["fastest"]) == ["batch_size", "time_to_target"]
+    assert list(record["throughput"][0]) == ["batch_size", "samples_per_s", "low", "high", "n",
+                                             "coverage"]
+    assert list(record["best"]) == ["optimizer", "batch_size", "learning_rate",
+                                    "time_to_target", "steps_to_target"]
+    (cross,) = record["crossovers"]
+    assert list(cross) == ["challenger", "incumbent", "batch_size", "wins", "note"]
+    assert figures["knee"]["b_crit"] == analysis.per_optimizer["sgd"].knee.b_crit
+    assert record["best"]["optimizer"] == analysis.best.optimizer
+
+
+def test_a_knee_beyond_the_grid_is_written_with_where_it_lies():
+    assert list(fit_critical_batch([(8, 100.0), (16, 101.0)]).to_json()) == [
+        "s_min", "b_crit", "beyond_grid", "note"]
+    runs = throughput_curve([StoredRun("r", "run", "", "", {"batch_size": 8},
+                                       {"samples_per_s": 10.0})])
+    assert [p.to_json() for p in runs] == [{"batch_size": 8, "samples_per_s": 10.0, "runs": 1}]

@@ -31,7 +31,7 @@ from kbackend.study.populations import Populations
 from kbackend.study.runner_protocol import NotStored
 from kbackend.study.step_times import ROUND_CALLS, StepTimeModel, timed_steps
 from kbackend.study.store import ResultStore, StoredRun
-from kbackend.study.study_record import StepTimes
+from kbackend.study.study_record import NoisePoint, StepTimes
 from kbackend.training import Target
 from tests.conftest import BACKEND, JIT_FOR_SMALL_RUNS, NO_JIT_FLAGS, ROOT
 
@@ -99,7 +99,7 @@ def test_tiny_study_writes_report_plots_and_reports_unreached_cells(baseline):
         assert adam["samples_to_target"] == pytest.approx(
             adam["epochs_to_target"] * study["dataset"]["num_train"])
         assert adam["samples_per_s"] > 0 and 0.0 < adam["test_accuracy"] <= 1.0
-    assert result["analysis"].best["optimizer"] == "adam"
+    assert result["analysis"].best.optimizer == "adam"
     assert all(len(r["trajectory"]["step"]) == r["result"]["steps_run"] for r in study["runs"])
     noise = study["noise"]
     assert noise["points"][0]["step"] == 0 and len(noise["points"]) == 2
@@ -325,7 +325,7 @@ def test_startup_is_taken_out_of_time_to_target(reported, expected, estimated):
     if reported is not None:
         history.timing["compile_time"] = reported
     plan = RunPlan("sgd", 10, 0.1, 30, 10, 10)
-    result = summarize_run(history, plan, Target("val_accuracy", 0.9), num_train=100)
+    result = summarize_run(history, plan, Target("val_accuracy", 0.9), num_train=100).to_json()
     assert result["startup_time"] == pytest.approx(expected)
     assert result["startup_time_estimated"] is estimated
     assert result["time_to_target"] == pytest.approx(6.0 - expected)
@@ -805,18 +805,17 @@ def test_an_undefined_noise_scale_retries_once_with_a_wider_batch_pair(tmp_path,
     def measure_noise(self, plan, checkpoints, small=None, big=None):
         pairs.append((small, big))
         grad_sq = -1.0 if len(pairs) == 1 else 2.0  # the first pair cannot tell |G|^2 apart
-        return [{"step": step, "grad_sq": grad_sq, "trace_sigma": 100.0,
-                 "b_simple": 100.0 / grad_sq}
+        return [NoisePoint(step, grad_sq, 100.0, 0.0, 0.0, small, big, 4, 100.0 / grad_sq)
                 for step in checkpoints]
 
     monkeypatch.setattr(NoiseMeasurement, "measure", measure_noise)
     config = _one_cell(batch_sizes=(16, 64), learning_rates={"sgd": (0.1,)}, noise_points=2,
                        seeds=1)
     with ResultStore(tmp_path / "study.db") as store:
-        noise = StudyRunner(config, store, run_executor=planted).run()["noise"]
+        noise = StudyRunner(config, store, run_executor=planted).run().noise
     assert pairs == [(16, 64), (4, 256)]
-    assert (noise["small_batch"], noise["big_batch"]) == (4, 256)
-    assert noise["first_try"]["small_batch"] == 16
+    assert noise is not None and (noise.small_batch, noise.big_batch) == (4, 256)
+    assert noise.first_try is not None and noise.first_try["small_batch"] == 16
     from kbackend.study.scaling import training_noise_scale
 
     assert training_noise_scale(noise) == pytest.approx(50.0)

@@ -4,11 +4,16 @@ partial records read with defaults. No training."""
 
 from __future__ import annotations
 
+import json
 import math
 
 from kbackend.study.study_record import (
     AddedSeeds,
     Cell,
+    Frontier,
+    HeldOutRuns,
+    NoisePoint,
+    NoiseScale,
     StepTimes,
     StudyRecord,
     TimeAccount,
@@ -32,7 +37,10 @@ FIGURES = {"learning_rate": 0.03, "seeds": 3, "seed_values": [0, 1, 2], "reached
 
 
 def test_a_fixed_cell_reads_back_to_the_same_record_in_the_same_order():
-    record = {**SEARCH, **FIGURES, "frontier": {"epochs": 2, "seeds": 3},
+    frontier = {"epochs": 2, "seeds": 3, "metric": "val_accuracy", "test_metric_name": None,
+                "best_metric": INTERVAL, "test_metric": INTERVAL, "best_epoch": INTERVAL,
+                "seed_best": {"0": 0.9}, "seed_test": {"0": 0.8}}
+    record = {**SEARCH, **FIGURES, "frontier": frontier,
               "time_to_target_runs": 1.4, "time_model": "steps x step time",
               "seconds_per_step": INTERVAL}
     cell = Cell.from_json(record)
@@ -102,3 +110,22 @@ def test_a_study_record_reads_a_summary_back():
     # an accounting written before a part was counted reads it as 0
     assert isinstance(study.time_spent, TimeAccount) and study.time_spent.setup_s == 0
     assert study["cells"] == [{**SEARCH, **FIGURES}]
+
+
+def test_the_noise_scale_frontier_and_confirmation_read_back_as_typed_records():
+    """The records a study stores or writes (the noise scale, a cell's frontier, the held-out
+    seeds' confirmation) read back from their JSON to equal records."""
+    point = NoisePoint(10, 2.0, 40.0, 0.1, 0.2, 8, 64, 4, 20.0)
+    noise = NoiseScale("sgd", 32, 0.1, 8, 64, 4, (point,), 20.0)
+    frontier = Frontier(2, 3, "val_accuracy", "test_accuracy", INTERVAL, INTERVAL, INTERVAL,
+                        {"0": 0.9}, {"0": 0.8})
+    held_out = HeldOutRuns("sgd", 32, 0.1, 2, (10_000, 10_001), 1, 0, False, INTERVAL,
+                           INTERVAL, INTERVAL, 100.0, 0.5, ("--model", "seed_mlp"))
+    for record in (noise, frontier, held_out):
+        assert type(record).from_json(json.loads(json.dumps(record.to_json()))) == record
+    cell = Cell.from_json({**SEARCH, **FIGURES, "frontier": frontier.to_json()})
+    study = StudyRecord(cells=[cell], noise=noise, confirmation=(held_out,))
+    again = StudyRecord.from_json(json.loads(json.dumps(study.to_json())))
+    assert again.cells[0].frontier == frontier and again.noise == noise
+    assert again.confirmation == (held_out,)
+    assert Cell.from_json({**SEARCH, **FIGURES}).frontier is None  # none measured

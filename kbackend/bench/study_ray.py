@@ -107,7 +107,7 @@ def measure_study_ray(settings: Settings) -> Rows:
                 finally:
                     if executor == "ray":
                         ray.shutdown()
-                studies.setdefault(label, result["study"])
+                studies.setdefault(label, result.study)
     rows = []
     local = statistics.median(walls["local"])
     for executor, workers in CONFIGURATIONS:

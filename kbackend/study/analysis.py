@@ -11,9 +11,8 @@ conclusions can be recomputed from a stored study and tested on made-up numbers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from kbackend.hardware.knee import curve_knee
+from kbackend.io import JsonObject
 from kbackend.stats import median_coverage
 from kbackend.study.auto_verdicts import AutoVerdict, auto_verdicts
 from kbackend.study.cell_verdicts import (
@@ -37,6 +36,10 @@ from kbackend.study.cell_verdicts import (
     verdict_settings,
 )
 from kbackend.study.scaling import (
+    CriticalBatchFit,
+    Crossover,
+    ScalingRegion,
+    ThroughputPoint,
     by_optimizer,
     cell_time,
     crossover,
@@ -44,26 +47,58 @@ from kbackend.study.scaling import (
     noise_scale_note,
     scaling_regions,
     throughput_curve,
+    throughput_knee,
     training_noise_scale,
 )
 from kbackend.study.study_record import AddedSeeds, Cell, StudyRecord
 from kbackend.study.verdicts import VERDICT_CONFIDENCE, VerdictSettings
 
 
-def optimizer_figures(group: list[Cell]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class BestCell:
+    """The cell with the fastest median time to target (``Analysis.best``)."""
+
+    optimizer: str
+    batch_size: int | str
+    learning_rate: float
+    time_to_target: float | None
+    steps_to_target: float | None
+
+    def to_json(self) -> JsonObject:
+        return dict(vars(self))
+
+
+@dataclass(frozen=True)
+class OptimizerFigures:
+    """One optimizer's cells (``optimizer_figures``): steps to target per batch size
+    (batch size, steps, reached), scaling regions, the fitted critical batch size, its fastest
+    cell that reached (batch size, time to target) and the batch sizes that never reached."""
+
+    steps_to_target: tuple[tuple[int | str, float | None, bool], ...]
+    regions: tuple[ScalingRegion, ...]
+    knee: CriticalBatchFit
+    fastest: tuple[int | str, float | None] | None
+    not_reached: tuple[int | str, ...]
+
+    def to_json(self) -> JsonObject:
+        return {"steps_to_target": [{"batch_size": b, "steps": s, "reached": r}
+                                    for b, s, r in self.steps_to_target],
+                "regions": [r.to_json() for r in self.regions], "knee": self.knee.to_json(),
+                "fastest": None if self.fastest is None else
+                {"batch_size": self.fastest[0], "time_to_target": self.fastest[1]},
+                "not_reached": list(self.not_reached)}
+
+
+def optimizer_figures(group: list[Cell]) -> OptimizerFigures:
     """One optimizer's cells: steps to target per batch size, scaling regions, the fitted
     critical batch size, its fastest cell and the batch sizes that never reached."""
     points = [(c.size, c.steps) for c in group if c.reached]
     fastest = min(group, key=cell_time)
-    return {
-        "steps_to_target": [{"batch_size": c.batch_size, "steps": c.steps_to_target,
-                             "reached": c.reached} for c in group],
-        "regions": scaling_regions(points),
-        "knee": fit_critical_batch(points),
-        "fastest": None if not fastest.reached else
-        {"batch_size": fastest.batch_size, "time_to_target": fastest.time_to_target},
-        "not_reached": [c.batch_size for c in group if not c.reached],
-    }
+    return OptimizerFigures(
+        tuple((c.batch_size, c.steps_to_target, c.reached) for c in group),
+        tuple(scaling_regions(points)), fit_critical_batch(points),
+        (fastest.batch_size, fastest.time_to_target) if fastest.reached else None,
+        tuple(c.batch_size for c in group if not c.reached))
 
 
 @dataclass(frozen=True)
@@ -76,7 +111,7 @@ class OptimizerVerdicts:
     noise_agreement: NoiseAgreement
     generalization: GeneralizationVerdict
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"regions": [r.to_json() for r in self.regions], "b_crit": self.b_crit.to_json(),
                 "noise_agreement": self.noise_agreement.to_json(),
                 "generalization": self.generalization.to_json()}
@@ -97,7 +132,7 @@ class StudyVerdicts:
     step_time_spread: StepTimeSpread | None
     adaptive: tuple[AutoVerdict, ...] | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         settings = self.settings
         adaptive = {} if self.adaptive is None else {
             "adaptive": [x.to_json() for x in self.adaptive]}
@@ -145,21 +180,24 @@ class Analysis:
     of the medians and the gradient noise scale. ``to_json`` is the report's record of it."""
 
     verdicts: StudyVerdicts
-    per_optimizer: dict[str, dict[str, Any]]
-    throughput: list[dict[str, Any]]
+    per_optimizer: dict[str, OptimizerFigures]
+    throughput: tuple[ThroughputPoint, ...]
     throughput_knee: int | None
     throughput_plateau_reached: bool | None
-    best: dict[str, Any] | None
-    crossovers: list[dict[str, Any]]
+    best: BestCell | None
+    crossovers: tuple[Crossover, ...]
     b_simple: float | None
     b_simple_note: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The analysis as summary.json holds it (``report.summary_payload``)."""
-        return {"verdicts": self.verdicts.to_json(), "per_optimizer": self.per_optimizer,
-                "throughput": self.throughput, "throughput_knee": self.throughput_knee,
+        return {"verdicts": self.verdicts.to_json(),
+                "per_optimizer": {k: v.to_json() for k, v in self.per_optimizer.items()},
+                "throughput": [p.to_json() for p in self.throughput],
+                "throughput_knee": self.throughput_knee,
                 "throughput_plateau_reached": self.throughput_plateau_reached,
-                "best": self.best, "crossovers": self.crossovers, "b_simple": self.b_simple,
+                "best": None if self.best is None else self.best.to_json(),
+                "crossovers": [x.to_json() for x in self.crossovers], "b_simple": self.b_simple,
                 "b_simple_note": self.b_simple_note}
 
 
@@ -170,22 +208,21 @@ def analyze(study: StudyRecord) -> Analysis:
     measured = measured_throughput(study.step_times)
     # The time model's interleaved timings when there are any; else the runs' own clocks.
     curve = measured or throughput_curve(study.runs)
-    knee = curve_knee(curve) if curve else None
+    knee = throughput_knee(curve) if curve else None
     reached = [c for c in cells if c.reached]
     best = min(reached, key=cell_time) if reached else None
-    crossovers = [x for x in (crossover(cells, "adam", "sgd"), crossover(cells, "adam", "momentum"))
-                  if x is not None]
+    crossovers = tuple(x for x in (crossover(cells, "adam", "sgd"),
+                                   crossover(cells, "adam", "momentum")) if x is not None)
     noise = study.noise
     b_simple = training_noise_scale(noise)
     return Analysis(
         verdicts=study_verdicts(study, b_simple),
         per_optimizer={optimizer: optimizer_figures(group)
                        for optimizer, group in by_optimizer(cells).items()},
-        throughput=curve,
+        throughput=tuple(curve),
         throughput_knee=None if knee is None else knee.batch_size,
         throughput_plateau_reached=None if knee is None else knee.plateau_reached,
-        best=None if best is None else {
-            "optimizer": best.optimizer, "batch_size": best.batch_size,
-            "learning_rate": best.learning_rate, "time_to_target": best.time_to_target,
-            "steps_to_target": best.steps_to_target},
+        best=None if best is None else BestCell(best.optimizer, best.batch_size,
+                                                best.learning_rate, best.time_to_target,
+                                                best.steps_to_target),
         crossovers=crossovers, b_simple=b_simple, b_simple_note=noise_scale_note(noise))

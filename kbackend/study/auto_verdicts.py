@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
+from kbackend.io import JsonObject
 from kbackend.study.study_record import Cell, StudyRecord
 from kbackend.study.summaries import cell_seconds_per_step
 from kbackend.study.verdicts import (
@@ -66,7 +66,7 @@ class AutoVerdict:
     def seeds(self) -> int:
         return 0 if self.time is None else self.time.seeds
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         head = {"optimizer": self.optimizer, "auto": self.auto, "label": self.label,
                 "best_fixed": self.best_fixed}
         if self.steps is None or self.samples is None or self.time is None:

@@ -11,15 +11,16 @@ import itertools
 import math
 import statistics
 from dataclasses import dataclass, replace
-from typing import Any
 
-from kbackend.hardware.knee import curve_knee
+from kbackend.io import JsonObject
 from kbackend.stats import median_interval
 from kbackend.study.scaling import (
     PERFECT_SCALING_EXPONENT,
     SATURATION_EXPONENT,
+    ThroughputPoint,
     by_optimizer,
     fit_critical_batch,
+    throughput_knee,
 )
 from kbackend.study.study_record import Cell, CellStepTime, StepTimes, StudyRecord
 from kbackend.study.verdicts import (
@@ -96,7 +97,7 @@ class FastestVerdict:
     def resolved(self) -> bool:
         return self.outcome != "not_resolved"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         cell = None if self.cell is None else {"optimizer": self.cell[0],
                                                "batch_size": self.cell[1]}
         return {"resolved": self.resolved, "outcome": self.outcome, "seeds": self.seeds,
@@ -195,7 +196,7 @@ class BatchVerdict(_OfVerdict):
     verdict: Verdict
     times: dict[str, str]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"batch_size": self.batch_size, "faster": self.faster, "outcome": self.outcome,
                 "resolved": self.resolved, "seeds": self.seeds,
                 "verdict": self.verdict.to_json(), **self.times}
@@ -218,7 +219,7 @@ class OptimizerComparison:
         """Every batch size's verdict is answered (and there is at least one)."""
         return bool(self.per_batch) and all(p.resolved for p in self.per_batch)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"challenger": self.challenger, "incumbent": self.incumbent,
                 "per_batch": [p.to_json() for p in self.per_batch],
                 "batch_size": self.batch_size, "resolved": self.resolved, "text": self.text}
@@ -287,7 +288,7 @@ class RegionVerdict(_OfVerdict):
     region_resolved: bool
     verdict: Verdict
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"from": self.from_batch, "to": self.to_batch, "exponent": self.exponent,
                 "exponent_low": self.exponent_low, "exponent_high": self.exponent_high,
                 "region": self.region, "region_resolved": self.region_resolved,
@@ -335,7 +336,7 @@ class CriticalBatch:
         """``median [low, high]`` of the fits ("-" without any)."""
         return _median_span(self.median, self.low, self.high, self.n, spec) if self.n else "-"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"median": self.median, "low": self.low, "high": self.high, "n": self.n,
                 "coverage": self.coverage, "seeds_without_knee": self.seeds_without_knee}
 
@@ -350,8 +351,8 @@ def critical_batch_over_seeds(group: list[Cell]) -> CriticalBatch:
         points = [(c.size, c.seed_steps[seed]) for c in group
                   if math.isfinite(c.seed_steps.get(seed, math.inf))]
         knee = fit_critical_batch(points)
-        if knee.get("b_crit"):
-            values.append(knee["b_crit"])
+        if knee.b_crit:
+            values.append(knee.b_crit)
         else:
             missing += 1
     return CriticalBatch(**median_interval(values), seeds_without_knee=missing)
@@ -367,7 +368,7 @@ class NoiseAgreement:
     text: str
     agree: bool | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         agree = {} if self.agree is None else {"agree": self.agree}
         return {"resolved": self.resolved, **agree, "text": self.text}
 
@@ -395,9 +396,8 @@ def seed_test_values(cell: Cell) -> tuple[dict[str, float], str]:
     """A cell's per-seed test metric and where it comes from: the frontier's (the checkpoint of
     the best validation value within the equal budget) when measured, else the runs' at the
     target."""
-    frontier = cell.frontier or {}
-    if frontier.get("seed_test"):
-        return frontier["seed_test"], "frontier"
+    if cell.frontier is not None and cell.frontier.seed_test:
+        return cell.frontier.seed_test, "frontier"
     return cell.seed_test or {}, "target"
 
 
@@ -434,7 +434,7 @@ class GeneralizationVerdict:
     def resolved(self) -> bool:
         return self.outcome != "not_resolved"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         measured = {} if self.verdict is None else {"larger_batch": self.larger_batch,
                                                     "verdict": self.verdict.to_json()}
         return {"resolved": self.resolved, "outcome": self.outcome, "seeds": self.seeds,
@@ -446,7 +446,7 @@ def generalization_verdict(group: list[Cell],
     """The test metric at the smallest against the largest batch size (A = smallest): of the
     checkpoint with the best validation value within the frontier's equal budget where it was
     measured, else of the runs stopped at the target (both batch sizes must have reached it)."""
-    measured = [c for c in group if (c.frontier or {}).get("seed_test")]
+    measured = [c for c in group if c.frontier is not None and c.frontier.seed_test]
     candidates = measured if len(measured) >= 2 else \
         [c for c in group if c.reached and c.seed_test]
     if len(candidates) < 2:
@@ -464,7 +464,7 @@ def generalization_verdict(group: list[Cell],
     return GeneralizationVerdict(verdict.outcome, verdict.seeds, text, larger, verdict)
 
 
-def measured_throughput(step_times: StepTimes | None) -> list[dict[str, Any]]:
+def measured_throughput(step_times: StepTimes | None) -> list[ThroughputPoint]:
     """Samples/s per batch size from the time model's interleaved step timings, pooled over the
     optimizers of that batch size: the median with its order-statistic interval."""
     by_batch: dict[int, list[float]] = {}
@@ -474,9 +474,9 @@ def measured_throughput(step_times: StepTimes | None) -> list[dict[str, Any]]:
     curve = []
     for size, values in sorted(by_batch.items()):
         interval = median_interval(values)
-        curve.append({"batch_size": size, "samples_per_s": interval["median"],
-                      "low": interval["low"], "high": interval["high"], "n": interval["n"],
-                      "coverage": interval["coverage"]})
+        curve.append(ThroughputPoint(size, interval["median"], low=interval["low"],
+                                     high=interval["high"], n=interval["n"],
+                                     coverage=interval["coverage"]))
     return curve
 
 
@@ -492,7 +492,7 @@ class DoublingGain:
     low: float
     high: float
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"from": self.from_batch, "to": self.to_batch, "timings": self.timings,
                 "gain": self.gain, "low": self.low, "high": self.high}
 
@@ -533,7 +533,7 @@ class KneeVerdict:
     plateau_reached: bool | None = None
     gains: tuple[DoublingGain, ...] | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         if self.gains is None:
             return {"resolved": self.resolved, "outcome": self.outcome,
                     "batch_size": self.batch_size, "seeds": None, "timings": self.timings,
@@ -553,11 +553,11 @@ def throughput_knee_verdict(step_times: StepTimes | None,
     B = twice it, margin: the knee's 10%): ``equivalent`` where the doubling is flat, ``b``
     where every doubling gains (no plateau in the grid)."""
     curve = measured_throughput(step_times)
-    timings = min((p["n"] for p in curve), default=0)
-    if len(curve) < 2 or any("low" not in p for p in curve):
+    timings = min((p.n or 0 for p in curve), default=0)
+    if len(curve) < 2:
         return KneeVerdict(False, "not_resolved", None, timings,
                            "not measured: needs step timings at two or more batch sizes")
-    knee = curve_knee(curve)
+    knee = throughput_knee(curve)
     level = VERDICT_CONFIDENCE if settings is None else settings.level
     gains = doubling_gains(step_times, level)
     threshold = knee.min_gain
@@ -597,7 +597,7 @@ class StepTimeSpread:
     worst_ratio: float | None
     unranked_neighbours: tuple[str, ...]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"median_ratio": self.median_ratio, "worst": self.worst,
                 "worst_ratio": self.worst_ratio,
                 "unranked_neighbours": list(self.unranked_neighbours)}

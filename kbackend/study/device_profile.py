@@ -28,6 +28,7 @@ import numpy as np
 
 from kbackend.errors import ConfigError, path_errors
 from kbackend.escaping import markdown_text
+from kbackend.io import JsonObject
 from kbackend.reports import markdown_rows
 from kbackend.stats import log_log_interpolate, median_interval
 from kbackend.study.auto_verdicts import auto_label, auto_verdict
@@ -74,7 +75,7 @@ class DeviceProfile:
         assert interpolated is not None  # inside the range, checked above
         return interpolated
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"device": self.device, "source": self.source, "format": self.format,
                 "model": self.model, "dataset": self.dataset,
                 "step_time_s": {str(b): t for b, t in self.step_time_s.items()}}

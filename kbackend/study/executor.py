@@ -39,6 +39,7 @@ from kbackend.engines.native import Runs, model_values
 from kbackend.envinfo import environment_identity
 from kbackend.errors import ConfigError, DataError, InternalError
 from kbackend.history import History
+from kbackend.io import JsonObject
 from kbackend.models import ModelOptions
 from kbackend.optim import OptimizerSpec
 from kbackend.study.auto_cells import auto_cell_runs, finish_auto_cells, run_auto_cell
@@ -57,7 +58,7 @@ from kbackend.study.search import RateSearch
 from kbackend.study.sequential import extend_seeds
 from kbackend.study.step_times import StepTimeModel
 from kbackend.study.store import RunStore, StoredRun, config_key
-from kbackend.study.study_record import Cell, StepTimes, StudyRecord
+from kbackend.study.study_record import Cell, NoiseScale, StepTimes, StudyRecord
 from kbackend.study.summaries import (
     RunPlan,
     history_from_trajectory,
@@ -156,7 +157,7 @@ class StudyRunner:
         self.time_spent.setup += time.perf_counter() - start
         return digests
 
-    def content_identity(self) -> dict[str, Any]:
+    def content_identity(self) -> JsonObject:
         """What every stored result of this study is computed from, by content: the model and
         data digests and the split sizes (part of every key: runs, step times, probes)."""
         assert self.dataset is not None and self.digests
@@ -237,7 +238,7 @@ class StudyRunner:
         return RunPlan(optimizer, batch_size, learning_rate, steps, every, fused,
                        self.config.seed if seed is None else seed)
 
-    def run_key_config(self, plan: RunPlan) -> dict[str, Any]:
+    def run_key_config(self, plan: RunPlan) -> JsonObject:
         """Everything that determines a run's outcome: its store key is a hash of this."""
         config = self.config
         return {
@@ -322,7 +323,7 @@ class StudyRunner:
         return finish_auto_cells(self, [cell for cell, _ in auto_cells], cells), auto_runs
 
     def _study(self, cells: list[Cell], runs: list[StoredRun],
-               step_times: StepTimes | None, noise: Any, added: Any,
+               step_times: StepTimes | None, noise: NoiseScale | None, added: Any,
                auto: tuple[list[Cell], list[StoredRun]]) -> StudyRecord:
         assert self.dataset is not None
         return StudyRecord(
@@ -347,7 +348,7 @@ class StudyRunner:
         """The time model's seconds per step of ``cells`` (``step_times.StepTimeModel``)."""
         return StepTimeModel(self).measure(cells)
 
-    def run_noise(self, cells: list[Cell]) -> dict[str, Any] | None:
+    def run_noise(self, cells: list[Cell]) -> NoiseScale | None:
         """The noise scale along the reference cell (``noise_runs.NoiseMeasurement``)."""
         return NoiseMeasurement(self).run(cells)
 
@@ -373,7 +374,7 @@ class StudyRunner:
         plan = plan or plan_from_key_config(stored.config)
         history = history_from_trajectory(stored.trajectory, stored.result)
         return replace(stored, result={**stored.result, **summarize_run(
-            history, plan, self.config.resolved_target, self.num_train)})
+            history, plan, self.config.resolved_target, self.num_train).to_json()})
 
     def run_one(self, plan: RunPlan) -> StoredRun:
         """Run ``plan`` unless the store already has it; return the stored run."""
@@ -389,7 +390,8 @@ class StudyRunner:
     def store_run(self, plan: RunPlan, history: History) -> StoredRun:
         """Commit one finished run's figures and trajectory; return the stored run."""
         key_config = self.run_key_config(plan)
-        result = summarize_run(history, plan, self.config.resolved_target, self.num_train)
+        result = summarize_run(history, plan, self.config.resolved_target,
+                               self.num_train).to_json()
         # ``record``: the RunRecord's set fields (trajectories stored before it hold ``extra``;
         # ``summaries.trajectory_record`` reads either)
         trajectory = {"step": history.step, "loss": history.loss, "time": history.time,
@@ -476,9 +478,9 @@ class StudyRunner:
         return train(self.train_config(plan), dataset=self.dataset,
                      model=self.build_model(plan.seed)).history
 
-    def stored_or_measured(self, kind: str, what: Measured, key_config: dict[str, Any],
+    def stored_or_measured(self, kind: str, what: Measured, key_config: JsonObject,
                            plan: RunPlan | None,
-                           measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+                           measure: Callable[[], JsonObject]) -> JsonObject:
         """The stored result of ``key_config``, or ``measure()`` committed to the store as a
         ``kind`` row (with ``what``'s start, finished and skipped progress events)."""
         key = config_key(key_config)

@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 from kbackend.data.batching import steps_per_epoch
 from kbackend.engine_facts import engine_facts
+from kbackend.io import JsonObject
 from kbackend.stats import median_interval
 from kbackend.study.runner_protocol import MeasureRunner
-from kbackend.study.study_record import Cell
+from kbackend.study.study_record import Cell, Frontier
 from kbackend.task import better
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ class BestCheckpoint:
     def __init__(self, trainer: Any, metric: str) -> None:
         self.trainer, self.metric = trainer, metric
         self.best: float | None = None
-        self.at: dict[str, Any] = {}
+        self.at: dict[str, float] = {}  # step, epoch, test loss and metric of the best
         self.seconds = 0.0
 
     def epoch_end(self, epoch: int, epochs: int, record: dict[str, Any]) -> None:
@@ -69,8 +70,9 @@ def why_no_frontier(config: StudyConfig) -> str | None:
     return None
 
 
-def frontier_run(runner: MeasureRunner, cell: Cell, seed: int) -> dict[str, Any]:
-    """The stored frontier figures of ``cell``'s best rate with ``seed`` (trained if missing)."""
+def frontier_run(runner: MeasureRunner, cell: Cell, seed: int) -> JsonObject:
+    """The stored frontier figures of ``cell``'s best rate with ``seed`` (trained if missing):
+    the store's row, as a run's stored result is."""
     config = runner.config
     size = int(cell.batch_size)
     per_epoch = steps_per_epoch(runner.num_train, size)
@@ -80,7 +82,7 @@ def frontier_run(runner: MeasureRunner, cell: Cell, seed: int) -> dict[str, Any]
     key_config = {**runner.run_key_config(plan), "kind": "frontier",
                   "frontier_epochs": config.frontier_epochs, "metric": metric}
 
-    def measure() -> dict[str, Any]:
+    def measure() -> JsonObject:
         train_config = runner.train_config(plan, target=False)
         runs = runner.native_runs()
         reporter = BestCheckpoint(runs.trainer(train_config), metric)
@@ -104,24 +106,25 @@ def frontier_run(runner: MeasureRunner, cell: Cell, seed: int) -> dict[str, Any]
     return runner.stored_or_measured("frontier", "frontier", key_config, plan, measure)
 
 
-def summarize_frontier(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """A cell's frontier figures over its seeds: medians with order-statistic intervals, and the
-    per-seed values the paired verdicts read."""
+def summarize_frontier(results: list[JsonObject]) -> Frontier:
+    """A cell's frontier figures over its seeds (their stored rows, ``frontier_run``): medians
+    with order-statistic intervals, and the per-seed values the paired verdicts read."""
     best = {str(r["seed"]): float(r["best_metric"]) for r in results
             if r.get("best_metric") is not None}
     test = {str(r["seed"]): float(r["test_metric"]) for r in results
             if r.get("test_metric") is not None}
-    return {"epochs": results[0]["epochs"] if results else None, "seeds": len(results),
-            "metric": results[0]["metric"] if results else None,
-            "test_metric_name": results[0].get("test_metric_name") if results else None,
-            "best_metric": median_interval(list(best.values())),
-            "test_metric": median_interval(list(test.values())),
-            "best_epoch": median_interval([float(r["epoch"]) for r in results if r.get("epoch")]),
-            "seed_best": best, "seed_test": test}
+    first = results[0] if results else {}
+    return Frontier(
+        epochs=first.get("epochs"), seeds=len(results), metric=first.get("metric"),
+        test_metric_name=first.get("test_metric_name"),
+        best_metric=median_interval(list(best.values())),
+        test_metric=median_interval(list(test.values())),
+        best_epoch=median_interval([float(r["epoch"]) for r in results if r.get("epoch")]),
+        seed_best=best, seed_test=test)
 
 
 def measure_frontier(runner: MeasureRunner, cell: Cell,
-                     seeds: list[int]) -> tuple[dict[str, Any], float]:
+                     seeds: list[int]) -> tuple[Frontier, float]:
     """Frontier runs for ``seeds`` of ``cell`` (stored ones reused): their summary (the cell's
     ``frontier``) and the seconds those runs recorded (stored or not)."""
     results = [frontier_run(runner, cell, seed) for seed in seeds]

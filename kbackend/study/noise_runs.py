@@ -7,6 +7,7 @@ norms apart. Stored, so a resumed study reuses it.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,7 @@ from kbackend.study.config import REFERENCE_BATCH
 from kbackend.study.noise import measure_noise_scale
 from kbackend.study.runner_protocol import MeasureRunner
 from kbackend.study.scaling import training_noise_scale
-from kbackend.study.study_record import Cell
+from kbackend.study.study_record import Cell, NoisePoint, NoiseScale
 from kbackend.study.summaries import RunPlan
 from kbackend.training import train
 
@@ -41,7 +42,7 @@ class NoiseMeasurement:
                     key=lambda b: (abs(math.log(b / REFERENCE_BATCH)), b))
         return next(c for c in cells if c.optimizer == optimizer and c.batch_size == batch)
 
-    def run(self, cells: list[Cell]) -> dict[str, Any] | None:
+    def run(self, cells: list[Cell]) -> NoiseScale | None:
         """Measure B_simple at ``noise_points`` points along the reference cell's training."""
         runner = self.runner
         cell = self.reference(cells)
@@ -55,37 +56,33 @@ class NoiseMeasurement:
         key_config = {**runner.run_key_config(plan), "kind": "noise",
                       "checkpoints": checkpoints, "small_batch": small, "big_batch": big,
                       "draws": runner.config.noise_draws}
-        return runner.stored_or_measured(
+        return NoiseScale.from_json(runner.stored_or_measured(
             "noise", "noise", key_config, plan,
-            lambda: self._with_retry(plan, checkpoints, small, big))
+            lambda: self._with_retry(plan, checkpoints, small, big).to_json()))
 
     def _with_retry(self, plan: RunPlan, checkpoints: list[int], small: int,
-                    big: int) -> dict[str, Any]:
+                    big: int) -> NoiseScale:
         result = self.result(plan, checkpoints, small, big)
         wider = (max(1, small // 4), min(self.runner.num_train, big * 4))
         if training_noise_scale(result) is None and wider != (small, big):
             # A pair further apart separates the two squared norms more: one retry.
             retry = self.result(plan, checkpoints, *wider)
-            retry["first_try"] = {k: result[k]
-                                  for k in ("small_batch", "big_batch", "b_simple_final")}
-            result = retry
+            result = replace(retry, first_try={"small_batch": result.small_batch,
+                                               "big_batch": result.big_batch,
+                                               "b_simple_final": result.b_simple_final})
         return result
 
     def result(self, plan: RunPlan, checkpoints: list[int], small: int,
-               big: int) -> dict[str, Any]:
+               big: int) -> NoiseScale:
         """One noise-scale measurement along ``plan`` with the batch pair (small, big)."""
-        result: dict[str, Any] = {
-            "optimizer": plan.optimizer, "batch_size": plan.batch_size,
-            "learning_rate": plan.learning_rate, "small_batch": small, "big_batch": big,
-            "draws": self.runner.config.noise_draws,
-            "points": self.measure(plan, checkpoints, small, big)}
-        estimates = [p for p in result["points"] if p["step"] > 0]
-        final = estimates[-1] if estimates else result["points"][-1]
-        result["b_simple_final"] = final["b_simple"]
-        return result
+        points = self.measure(plan, checkpoints, small, big)
+        estimates = [p for p in points if p.step > 0]
+        final = estimates[-1] if estimates else points[-1]
+        return NoiseScale(plan.optimizer, plan.batch_size, plan.learning_rate, small, big,
+                          self.runner.config.noise_draws, tuple(points), final.b_simple)
 
     def measure(self, plan: RunPlan, checkpoints: list[int], small: int | None = None,
-                big: int | None = None) -> list[dict[str, Any]]:
+                big: int | None = None) -> list[NoisePoint]:
         """Train in segments to each checkpoint and estimate the noise scale there."""
         runner = self.runner
         dataset, seed = runner.dataset, runner.config.seed
@@ -105,7 +102,7 @@ class NoiseMeasurement:
         def gradients(xb: Any, yb: Any) -> Any:
             return impl().gradients(model, xb, yb, training=False, task=runner.task)[1]
 
-        points: list[dict[str, Any]] = []
+        points: list[NoisePoint] = []
         done = 0
         for index, checkpoint in enumerate(checkpoints):
             if checkpoint > done:
@@ -119,5 +116,5 @@ class NoiseMeasurement:
                 done += history.steps_run
             estimate = measure_noise_scale(gradients, dataset.x_train, dataset.y_train, small,
                                            big, runner.config.noise_draws, rng)
-            points.append({"step": done, **estimate.to_dict()})
+            points.append(NoisePoint(done, **estimate.to_dict()))
         return points

@@ -9,7 +9,7 @@ import re
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ from kbackend.study.report import CONSOLE_WIDTH, print_table, write_report
 from kbackend.study.results import recommendation, recommendation_lines
 from kbackend.study.runner_protocol import StudyEvent
 from kbackend.study.store import ResultStore, RunStore
-from kbackend.study.study_record import Cell, MachineLoad, StudyRecord, TimeAccount
+from kbackend.study.study_record import Cell, HeldOutRuns, MachineLoad, StudyRecord, TimeAccount
 from kbackend.study.timing import TimeSpent
 from kbackend.task import metric_direction
 from kbackend.tensorboard_logs import check_logdir, require_hparams_plugin
@@ -199,16 +199,16 @@ def accounting_line(account: TimeAccount) -> str:
 
 
 def _confirmations(runner: StudyRunner, study: StudyRecord, command_line: CommandLine,
-                   seeds: int) -> list[dict[str, Any]]:
+                   seeds: int) -> list[HeldOutRuns]:
     """``recommend.confirm`` with each cell's figures stored (keyed by content, the command's
     arguments and the held-out seeds): a resumed study does not train them again."""
-    def confirm_one(cell: Cell) -> dict[str, Any]:
+    def confirm_one(cell: Cell) -> HeldOutRuns:
         key_config = {"kind": "confirmation", **runner.content_identity(),
                       "arguments": train_arguments(study, cell), "seeds": seeds,
                       "first_seed": HELD_OUT_SEED + runner.config.seed, **runner.env}
-        return runner.stored_or_measured(
+        return HeldOutRuns.from_json(runner.stored_or_measured(
             "confirmation", "confirm", key_config, None,
-            lambda: confirm_cell(study, cell, command_line, seeds))
+            lambda: confirm_cell(study, cell, command_line, seeds).to_json()))
     return confirm(study, confirm_one)
 
 
@@ -268,7 +268,7 @@ def _run_with_progress(runner: StudyRunner, out: Path, console: Any, show_progre
 
 def _write_outputs(study: StudyRecord, analysis: Analysis, out: Path,
                    wall_time: float, started_at: float,
-                   tensorboard: str | os.PathLike | None) -> dict[str, Any]:
+                   tensorboard: str | os.PathLike | None) -> dict[str, Path]:
     """The report, ``runs.csv`` and the TensorBoard runs; their paths. A failed write is a
     one-line ``OutputError``: the runs are stored, so a re-run writes the report from them."""
     try:
@@ -283,12 +283,30 @@ def _write_outputs(study: StudyRecord, analysis: Analysis, out: Path,
     return paths
 
 
+@dataclass(frozen=True)
+class StudyOutcome:
+    """What ``run_study`` returns: the study, its analysis, the paths it wrote (report, summary,
+    plots, runs.csv), this call's wall time, the runs it trained and reused, where the time
+    went. ``outcome["study"]`` reads as the dict it replaced."""
+
+    study: StudyRecord
+    analysis: Analysis
+    paths: dict[str, Path]
+    wall_time: float
+    executed: int
+    skipped: int
+    time_spent: TimeAccount
+
+    def __getitem__(self, name: str) -> Any:
+        return getattr(self, name)
+
+
 def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool = True,
               console: Any = None, print_results: bool = True,
               run_executor: RunExecutor | None = None, command_line: CommandLine | None = None,
               confirm_seeds: int = CONFIRM_SEEDS,
               tensorboard: str | os.PathLike | None = None,
-              store: RunStore | None = None) -> dict[str, Any]:
+              store: RunStore | None = None) -> StudyOutcome:
     """Run or resume ``config`` with its results in ``store`` (default: the SQLite store
     ``out_dir/study.db``, opened after the input checks); write the report,
     ``runs.csv`` beside it and, with ``tensorboard``, a TensorBoard run folder per run and the
@@ -297,8 +315,7 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
     cell's printed ``kbackend train`` command is run through it on ``confirm_seeds`` held-out
     seeds (``recommend.confirm``).
 
-    Returns ``{"study", "analysis", "paths", "wall_time", "executed", "skipped"}`` (``analysis``:
-    the typed ``analysis.Analysis``). All input checks run before any training.
+    Returns the ``StudyOutcome``. All input checks run before any training.
     """
     console = console or Console(stderr=True)
     out = Path(out_dir)
@@ -338,8 +355,8 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
         print_results_of(study, analysis, f"wall time {wall_time:.1f} s: {runner.executed} runs "
                          f"trained, {events.skipped} reused from {console_text(out / DB_NAME)}; "
                          f"report: {console_text(paths['report'])}", account)
-    return {"study": study, "analysis": analysis, "paths": paths, "wall_time": wall_time,
-            "executed": runner.executed, "skipped": events.skipped, "time_spent": account}
+    return StudyOutcome(study, analysis, paths, wall_time, runner.executed, events.skipped,
+                        account)
 
 
 def _completed(study: StudyRecord, profile: Any, spent: TimeSpent, start: float,

@@ -30,9 +30,9 @@ def pareto_cells(study: StudyRecord) -> set[tuple[str, int]]:
     metric = study.target["metric"]
     sign = 1.0 if metric_direction(metric) == "max" else -1.0
     points = [((c.optimizer, c.size), c.seconds,
-               sign * c.frontier["best_metric"]["median"])
+               sign * c.frontier.best_metric["median"])
               for c in study.cells if c.frontier and c.time_to_target
-              and c.frontier["best_metric"].get("n")]
+              and c.frontier.best_metric.get("n")]
     return {key for key, t, m in points
             if not any(t2 <= t and m2 >= m and (t2 < t or m2 > m) for _, t2, m2 in points)}
 
@@ -100,13 +100,13 @@ def _plot_frontier(study: StudyRecord, path: Path) -> Path:
     points = []
     for optimizer in _optimizers(study):
         cells = [c for c in study.cells if c.optimizer == optimizer and c.frontier
-                 and c.time_to_target and c.frontier["best_metric"].get("n")]
+                 and c.time_to_target and c.frontier.best_metric.get("n")]
         if not cells:
             continue
         times, time_bars = _error_bars([(c.intervals or {}).get("time_to_target") or
                                         {"median": c.seconds, "low": c.seconds,
                                          "high": c.seconds} for c in cells])
-        best, best_bars = _error_bars([c.frontier["best_metric"] for c in cells])
+        best, best_bars = _error_bars([c.frontier.best_metric for c in cells if c.frontier])
         ax.errorbar(times, best, xerr=time_bars, yerr=best_bars, fmt="o", capsize=2,
                     color=colours[optimizer], label=optimizer)
         for cell, t, m in zip(cells, times, best, strict=True):
@@ -215,8 +215,8 @@ def _plot_steps(study: StudyRecord, analysis: Analysis, path: Path) -> Path:
     b_simple = analysis.b_simple
     for ax, optimizer in zip(axes[0], optimizers, strict=True):
         info = analysis.per_optimizer[optimizer]
-        for segment in info["regions"]:
-            ax.axvspan(segment["from"], segment["to"], color=REGION_COLOURS[segment["region"]],
+        for segment in info.regions:
+            ax.axvspan(segment.low, segment.high, color=REGION_COLOURS[segment.region],
                        alpha=0.15, lw=0)
         reached = [c for c in study.cells if c.optimizer == optimizer and c.reached]
         if reached:
@@ -227,12 +227,12 @@ def _plot_steps(study: StudyRecord, analysis: Analysis, path: Path) -> Path:
             ax.errorbar(sizes, steps, yerr=bars, fmt="o-", capsize=3, color=colours[optimizer],
                         label="steps to target (median, [min, max] over seeds)")
             ax.plot(sizes, steps[0] * sizes[0] / sizes, ":", color="grey", label="perfect scaling")
-            knee = info["knee"]
-            if knee.get("b_crit"):
+            fit = info.knee
+            if fit.b_crit and fit.s_min is not None:
                 grid = np.geomspace(sizes.min(), sizes.max(), 50)
-                ax.plot(grid, knee["s_min"] * (1 + knee["b_crit"] / grid), "--", color="k", lw=1,
-                        label=f"fit, B_crit={knee['b_crit']:.0f}")
-                ax.axvline(knee["b_crit"], color="k", lw=1)
+                ax.plot(grid, fit.s_min * (1 + fit.b_crit / grid), "--", color="k", lw=1,
+                        label=f"fit, B_crit={fit.b_crit:.0f}")
+                ax.axvline(fit.b_crit, color="k", lw=1)
         missed = [c for c in study.cells if c.optimizer == optimizer and not c.reached]
         if missed:  # not reached: at least the steps run (the budget), drawn as open markers
             ax.plot([c.batch_size for c in missed],
@@ -311,7 +311,7 @@ def _plot_throughput(study: StudyRecord, analysis: Analysis, path: Path) -> Path
                         color=colours[optimizer], alpha=0.2, lw=0)
     curve = analysis.throughput
     if not timed and curve:  # no timings apart: the runs' own clocks
-        ax.plot([p["batch_size"] for p in curve], [p["samples_per_s"] for p in curve], "o-",
+        ax.plot([p.batch_size for p in curve], [p.samples_per_s for p in curve], "o-",
                 color="k", label="median over runs (run clocks)")
     if analysis.throughput_knee:
         ax.axvline(analysis.throughput_knee, color="grey", ls="--",
@@ -319,7 +319,7 @@ def _plot_throughput(study: StudyRecord, analysis: Analysis, path: Path) -> Path
                          f"{analysis.throughput_knee}")
     ax.set(xscale="log", yscale="log", xlabel="batch size",
            ylabel="samples/s (median, band: [min, max])", title="Training throughput")
-    _batch_ticks(ax, [p["batch_size"] for p in curve])
+    _batch_ticks(ax, [p.batch_size for p in curve])
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
     return _save(fig, path)
@@ -336,32 +336,31 @@ def _plot_noise(study: StudyRecord, analysis: Analysis, path: Path) -> Path:
     noise = study.noise
     estimated_values: list[float] = []
     if noise:
-        colour = colours.get(noise["optimizer"], "k")
-        points = [p for p in noise["points"]
-                  if math.isfinite(p["b_simple"]) and p["b_simple"] > 0 and p["grad_sq"] > 0]
-        missing = [p for p in noise["points"] if p not in points]
+        colour = colours.get(noise.optimizer, "k")
+        points = [p for p in noise.points
+                  if math.isfinite(p.b_simple) and p.b_simple > 0 and p.grad_sq > 0]
+        missing = [p for p in noise.points if p not in points]
         if points:
-            values = np.array([p["b_simple"] for p in points])
+            values = np.array([p.b_simple for p in points])
             estimated_values = list(values)
-            errors = np.array([p["b_simple"] * math.sqrt(
-                (p["trace_sigma_se"] / p["trace_sigma"]) ** 2
-                + (p["grad_sq_se"] / p["grad_sq"]) ** 2)
-                               if p["trace_sigma"] > 0 and math.isfinite(p["trace_sigma_se"])
-                               and math.isfinite(p["grad_sq_se"]) else 0.0 for p in points])
-            ax.errorbar([p["step"] for p in points], values,
+            errors = np.array([p.b_simple * math.sqrt(
+                (p.trace_sigma_se / p.trace_sigma) ** 2 + (p.grad_sq_se / p.grad_sq) ** 2)
+                               if p.trace_sigma > 0 and math.isfinite(p.trace_sigma_se)
+                               and math.isfinite(p.grad_sq_se) else 0.0 for p in points])
+            ax.errorbar([p.step for p in points], values,
                         yerr=[np.minimum(errors, values * 0.9), errors], fmt="o-", capsize=3,
                         color=colour,
-                        label=f"B_simple ({noise['optimizer']}, B={noise['batch_size']})")
+                        label=f"B_simple ({noise.optimizer}, B={noise.batch_size})")
         for p in missing:
-            ax.annotate("not estimated", (p["step"], 0.02), xycoords=("data", "axes fraction"),
+            ax.annotate("not estimated", (p.step, 0.02), xycoords=("data", "axes fraction"),
                         rotation=90, fontsize=7, ha="center", va="bottom", color=colour)
-        steps = [p["step"] for p in noise["points"]]
+        steps = [p.step for p in noise.points]
         margin = max(1.0, 0.05 * (max(steps) - min(steps)))
         ax.set_xlim(min(steps) - margin, max(steps) + margin)
     for optimizer, info in analysis.per_optimizer.items():
-        if info["knee"].get("b_crit"):
-            estimated_values.append(info["knee"]["b_crit"])
-            ax.axhline(info["knee"]["b_crit"], color=colours.get(optimizer, "k"), ls="--",
+        if info.knee.b_crit:
+            estimated_values.append(info.knee.b_crit)
+            ax.axhline(info.knee.b_crit, color=colours.get(optimizer, "k"), ls="--",
                        label=f"measured knee B_crit ({optimizer})")
     if estimated_values:
         ax.set_ylim(min(estimated_values) / 3, max(estimated_values) * 3)

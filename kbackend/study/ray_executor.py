@@ -37,7 +37,7 @@ from kbackend.study.auto_cells import run_auto_cell
 from kbackend.study.config import LOCAL_EXECUTOR, RAY_EXTRA, StudyConfig
 from kbackend.study.runner_protocol import NotStored, StudyEvent, ignore_events
 from kbackend.study.store import MemoryStore, StoredRun, config_key
-from kbackend.study.study_record import Cell, StepTimes
+from kbackend.study.study_record import Cell, NoiseScale, StepTimes
 
 CELL_RETRIES = 3  # attempts after the first when a task's worker (or its node) is lost
 # Environment variables a worker takes from the driver: the backend and kbackend's settings.
@@ -349,7 +349,7 @@ class RayResults(NamedTuple):
     cells: list[Cell]
     runs: list[StoredRun]
     step_times: StepTimes | None
-    noise: Any
+    noise: NoiseScale | None
     auto_cells: list[tuple[Cell, list[StoredRun]]]
 
 

@@ -31,9 +31,10 @@ from kbackend.data import DATASETS
 from kbackend.data.batching import steps_per_epoch
 from kbackend.engine_facts import DEFAULT_ENGINE, engine_facts
 from kbackend.history import History
+from kbackend.io import JsonObject
 from kbackend.stats import median_interval
 from kbackend.study.cell_verdicts import time_verdict, verdict_settings
-from kbackend.study.study_record import Cell, StudyRecord
+from kbackend.study.study_record import Cell, HeldOutRuns, StudyRecord
 from kbackend.study.summaries import time_to_target
 
 # Held-out seeds: far from any study's own (``StudyConfig.seed_values``: seed .. seed+max_seeds).
@@ -56,12 +57,13 @@ class Interval:
     n: int | None = None
 
     @classmethod
-    def of(cls, values: dict[str, Any] | None) -> Interval | None:
+    def of(cls, values: dict[str, float] | None) -> Interval | None:
         """The interval ``median_interval`` wrote as a dict, or None where there is none."""
         if not values or "median" not in values:
             return None
+        n = values.get("n")
         return cls(_number(values.get("median")), _number(values.get("low")),
-                   _number(values.get("high")), values.get("n"))
+                   _number(values.get("high")), None if n is None else int(n))
 
 
 @dataclass(frozen=True)
@@ -80,12 +82,10 @@ class Confirmation:
     wall_to_target: Interval | None = None
 
     @classmethod
-    def of(cls, record: dict[str, Any]) -> Confirmation:
-        return cls(record["optimizer"], record["batch_size"],
-                   tuple(record.get("held_out_seeds") or ()), int(record["reached"]),
-                   bool(record["confirmed"]), Interval.of(record.get("steps_to_target")),
-                   Interval.of(record.get("time_to_target")),
-                   Interval.of(record.get("wall_to_target")))
+    def of(cls, runs: HeldOutRuns) -> Confirmation:
+        return cls(runs.optimizer, runs.batch_size, runs.held_out_seeds, int(runs.reached),
+                   bool(runs.confirmed), Interval.of(runs.steps_to_target),
+                   Interval.of(runs.time_to_target), Interval.of(runs.wall_to_target))
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ class Recommendation:
     def __getitem__(self, name: str) -> Any:
         return getattr(self, name)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The recommendation as JSON values (ties as lists)."""
         return {**asdict(self), "tied_with": [list(t) for t in self.tied_with]}
 
@@ -127,7 +127,7 @@ def ranked_cells(study: StudyRecord) -> list[Cell]:
     return sorted(cells, key=lambda c: (c.seconds, c.size))
 
 
-def _cell_runs(study: StudyRecord, cell: Cell) -> list[dict[str, Any]]:
+def _cell_runs(study: StudyRecord, cell: Cell) -> list[JsonObject]:
     """The configs of ``cell``'s runs at its rate (a stored summary's too: ``StudyRecord.from_json``
     puts each run's optimizer back into its config)."""
     return [r.config for r in study.runs
@@ -215,15 +215,14 @@ def recommendation(study: StudyRecord) -> Recommendation | None:
         return None
     confirmed = list(study.confirmation or ())
     best = cells[0]
-    if len(confirmed) > 1 and not confirmed[0]["confirmed"] and confirmed[1]["confirmed"]:
-        best = next(c for c in cells if c.key
-                    == (confirmed[1]["optimizer"], confirmed[1]["batch_size"]))
+    if len(confirmed) > 1 and not confirmed[0].confirmed and confirmed[1].confirmed:
+        best = next(c for c in cells if c.key == confirmed[1].key)
     settings = verdict_settings(study)
     # The report's own paired verdict (``fastest_verdict``): a cell is tied unless it is shown
     # slower; equivalent within the margin is a tie too.
     tied = [c.key for c in cells if c is not best
             and time_verdict(best, c, settings, study.step_times).outcome != "a"]
-    mine = next((c for c in confirmed if (c["optimizer"], c["batch_size"]) == best.key), None)
+    mine = next((c for c in confirmed if c.key == best.key), None)
     ties = ", ".join(f"{o} at batch {b}" for o, b in tied)
     return Recommendation(
         optimizer=best.optimizer, batch_size=best.batch_size, learning_rate=best.learning_rate,
@@ -306,7 +305,7 @@ def run_train(command_line: CommandLine, arguments: list[str], seed: int) -> His
 
 def confirm_cell(study: StudyRecord, cell: Cell, command_line: CommandLine,
                  seeds: int = CONFIRM_SEEDS,
-                 on_seed: Callable[[int], None] | None = None) -> dict[str, Any]:
+                 on_seed: Callable[[int], None] | None = None) -> HeldOutRuns:
     """The printed command's figures at ``cell`` on ``seeds`` held-out seeds: steps and time to
     target (median and [min, max]; a seed that did not reach counts as never), wall to target
     (start-up included) and how many seeds reached."""
@@ -329,26 +328,22 @@ def confirm_cell(study: StudyRecord, cell: Cell, command_line: CommandLine,
         for values, value in zip((steps, times, walls), figures, strict=True):
             values.append(value)
     reached_count = sum(1 for s in steps if math.isfinite(s))
-    return {"optimizer": cell.optimizer, "batch_size": cell.batch_size,
-            "learning_rate": cell.learning_rate, "seeds": seeds,
-            "held_out_seeds": list(range(first, first + seeds)), "reached": reached_count,
-            "failed": failed, "confirmed": reached_count * 2 > seeds,
-            "steps_to_target": median_interval(steps),
-            "time_to_target": median_interval(times), "wall_to_target": median_interval(walls),
-            "study_steps_to_target": cell.steps_to_target,
-            "study_time_to_target": cell.time_to_target,
-            "arguments": arguments}
+    return HeldOutRuns(
+        cell.optimizer, cell.batch_size, cell.learning_rate, seeds,
+        tuple(range(first, first + seeds)), reached_count, failed, reached_count * 2 > seeds,
+        median_interval(steps), median_interval(times), median_interval(walls),
+        cell.steps_to_target, cell.time_to_target, tuple(arguments))
 
 
 def confirm(study: StudyRecord,
-            confirm_one: Callable[[Cell], dict[str, Any]]) -> list[dict[str, Any]]:
+            confirm_one: Callable[[Cell], HeldOutRuns]) -> list[HeldOutRuns]:
     """Confirm the fastest cell (``confirm_one``: ``confirm_cell`` or its stored result); confirm
     the next one as well (at most ``MAX_CONFIRMED_CELLS``) only when the first does not reach
     the target on most held-out seeds."""
-    confirmed: list[dict[str, Any]] = []
+    confirmed: list[HeldOutRuns] = []
     for cell in ranked_cells(study)[:MAX_CONFIRMED_CELLS]:
         confirmed.append(confirm_one(cell))
-        if confirmed[-1]["confirmed"]:
+        if confirmed[-1].confirmed:
             break
     return confirmed
 

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kbackend.escaping import console_text, markdown_text
+from kbackend.io import JsonObject
 from kbackend.reports import markdown_rows, write_json_and_markdown
 from kbackend.study.analysis import Analysis
 from kbackend.study.auto_verdicts import AUTO_TIME_MODEL
@@ -207,7 +208,7 @@ def write_report(study: StudyRecord, analysis: Analysis, out_dir: str | Path,
 
 
 def summary_payload(study: StudyRecord, analysis: Analysis,
-                    wall_time: float | None) -> dict[str, Any]:
+                    wall_time: float | None) -> JsonObject:
     """The study without its trajectories, plus the analysis: what ``study compare`` reads. The
     one place the analysis becomes JSON (``Analysis.to_json``)."""
     runs = [{"key": r.key, "config": {k: r.config.get(k) for k in (
@@ -218,7 +219,8 @@ def summary_payload(study: StudyRecord, analysis: Analysis,
     load, spent = study.machine_load, study.time_spent
     return {"study": study.study_id, "config": study.config, "env": study.env,
             "dataset": study.dataset, "batch_sizes": list(study.batch_sizes),
-            "cells": [c.to_json() for c in study.cells], "runs": runs, "noise": study.noise,
+            "cells": [c.to_json() for c in study.cells], "runs": runs,
+            "noise": None if study.noise is None else study.noise.to_json(),
             "step_times": None if study.step_times is None else study.step_times.to_json(),
             "machine_load": None if load is None else load.to_json(),
             "time_spent": None if spent is None else spent.to_json(),

@@ -14,7 +14,7 @@ from kbackend.study.auto_verdicts import auto_label
 from kbackend.study.cell_verdicts import RegionVerdict
 from kbackend.study.device_profile import conclusion_lines as profile_conclusions
 from kbackend.study.plots import pareto_cells
-from kbackend.study.study_record import Cell, StudyRecord
+from kbackend.study.study_record import Cell, NoisePoint, StudyRecord
 from kbackend.study.verdicts import VERDICT_CONFIDENCE, outcome_text
 from kbackend.task import metric_direction
 
@@ -99,19 +99,19 @@ def conclusions(study: StudyRecord, analysis: Analysis, scaling: bool = True) ->
     best = analysis.best
     if best:
         lines.append(
-            f"Fastest median to {target['metric']} {target['value']:g}: {best['optimizer']} at "
-            f"batch {best['batch_size']} (lr {best['learning_rate']:g}), "
-            f"{best['time_to_target']:.2f} s of training, "
-            f"{format_value(best['steps_to_target'], '.0f')} steps.")
+            f"Fastest median to {target['metric']} {target['value']:g}: {best.optimizer} at "
+            f"batch {best.batch_size} (lr {best.learning_rate:g}), "
+            f"{best.time_to_target:.2f} s of training, "
+            f"{format_value(best.steps_to_target, '.0f')} steps.")
         lines.append(verdicts.fastest.text[0].upper() + verdicts.fastest.text[1:] + ".")
     else:
         lines.append(f"No cell reached {target['metric']} {target['value']:g} within its budget.")
     for optimizer, info in analysis.per_optimizer.items() if scaling else ():
-        knee = info["knee"]
-        knee_text = (f"B_crit ~ {knee['b_crit']:.0f} (S_min ~ {knee['s_min']:.0f} steps, "
-                     "median fit)" if knee.get("b_crit") else knee.get("note", ""))
+        fit = info.knee
+        knee_text = (f"B_crit ~ {fit.b_crit:.0f} (S_min ~ {fit.s_min or 0:.0f} steps, "
+                     "median fit)" if fit.b_crit else fit.note)
         segments = verdicts.per_optimizer[optimizer].regions
-        missing = f"; not reached at {info['not_reached']}" if info["not_reached"] else ""
+        missing = f"; not reached at {list(info.not_reached)}" if info.not_reached else ""
         lines.append(f"{optimizer}: {knee_text}. "
                      f"{_regions_text(segments) or 'too few reached cells for regions'}{missing}.")
     knee = verdicts.throughput_knee
@@ -129,9 +129,9 @@ def conclusions(study: StudyRecord, analysis: Analysis, scaling: bool = True) ->
                 if b_simple is not None else
                 f"Gradient noise scale B_simple {analysis.b_simple_note or 'not estimated'}")
         lines.append(
-            f"{head} ({noise['optimizer']}, batch {noise['batch_size']}, batch pair "
-            f"{noise['small_batch']}/{noise['big_batch']}; per point: "
-            + ", ".join(f"step {p['step']}: {_point_b_simple(p)}" for p in noise["points"]) + ").")
+            f"{head} ({noise.optimizer}, batch {noise.batch_size}, batch pair "
+            f"{noise.small_batch}/{noise.big_batch}; per point: "
+            + ", ".join(f"step {p.step}: {_point_b_simple(p)}" for p in noise.points) + ").")
     for x in verdicts.optimizers:
         lines.append(f"{x.challenger} vs {x.incumbent}: {x.text}.")
     for auto in verdicts.adaptive or ():  # the auto cells against the best fixed batch sizes
@@ -140,9 +140,9 @@ def conclusions(study: StudyRecord, analysis: Analysis, scaling: bool = True) ->
     return lines
 
 
-def _point_b_simple(point: dict[str, float]) -> str:
-    value = point.get("b_simple")
-    if value is None or not math.isfinite(value) or value <= 0:
+def _point_b_simple(point: NoisePoint) -> str:
+    value = point.b_simple
+    if not math.isfinite(value) or value <= 0:
         return "not estimated"
     return f"{value:.0f}"
 
@@ -211,9 +211,9 @@ def sources_section(study: StudyRecord, analysis: Analysis) -> list[str]:
               "batch size until the device is saturated; past the knee a bigger batch buys "
               "little speed.", "", f"- {verdicts.throughput_knee.text}."]
     curve = analysis.throughput
-    if curve and "low" in curve[0]:
+    if curve and curve[0].low is not None:
         lines.append("- samples/s per batch size: " + "; ".join(
-            f"{p['batch_size']}: {p['samples_per_s']:,.0f} [{p['low']:,.0f}, {p['high']:,.0f}]"
+            f"{p.batch_size}: {p.samples_per_s:,.0f} [{p.low or 0:,.0f}, {p.high or 0:,.0f}]"
             for p in curve) + ".")
     return lines
 
@@ -229,9 +229,10 @@ def frontier_rows(study: StudyRecord) -> tuple[list[str], list[list[str]]]:
     rows = []
     for c in cells:
         f = c.frontier
+        assert f is not None
         rows.append([c.optimizer, str(c.batch_size), _interval(c, "time_to_target", ".3g"),
-                     _span_of(f["best_metric"], ".4f"), _span_of(f["test_metric"], ".4f"),
-                     _span_of(f["best_epoch"], ".2g"), str(f["seeds"]),
+                     _span_of(f.best_metric, ".4f"), _span_of(f.test_metric, ".4f"),
+                     _span_of(f.best_epoch, ".2g"), str(f.seeds),
                      "yes" if (c.optimizer, c.batch_size) in front else ""])
     return header, rows
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from kbackend.io import JsonObject
 from kbackend.study import recommend
 from kbackend.study.analysis import Analysis
 from kbackend.study.recommend import Confirmation, Interval, Recommendation
@@ -53,7 +54,7 @@ class CellRow:
     def __getitem__(self, name: str) -> Any:
         return getattr(self.cell, name)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The row's typed fields (the full record stays in ``cell``)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "cell"}
 
@@ -79,7 +80,7 @@ class StudyResult:
         return cls(recommendation(study), tuple(CellRow.of(c) for c in study.all_cells),
                    report_path, runs_path, study, analysis)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """``best`` and ``rows`` as JSON values, with the report's and runs table's paths."""
         return {"best": None if self.best is None else self.best.to_dict(),
                 "rows": [row.to_dict() for row in self.rows],

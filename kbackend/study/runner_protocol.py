@@ -17,6 +17,7 @@ from typing import Any, Literal, Protocol
 from kbackend.data import Dataset
 from kbackend.engines.native import Runs
 from kbackend.history import History
+from kbackend.io import JsonObject
 from kbackend.study.config import StudyConfig
 from kbackend.study.store import RunStore, StoredRun
 from kbackend.study.summaries import RunPlan
@@ -82,9 +83,9 @@ class MeasureRunner(Protocol):
     def plan(self, optimizer: str, batch_size: int, learning_rate: float,
              budget: int | None = None, seed: int | None = None) -> RunPlan: ...
 
-    def run_key_config(self, plan: RunPlan) -> dict[str, Any]: ...
+    def run_key_config(self, plan: RunPlan) -> JsonObject: ...
 
-    def content_identity(self) -> dict[str, Any]: ...
+    def content_identity(self) -> JsonObject: ...
 
     def train_config(self, plan: RunPlan, *, max_steps: int | None = None,
                      target: Target | bool | None = True,
@@ -96,9 +97,9 @@ class MeasureRunner(Protocol):
 
     def native_runs(self) -> Runs: ...
 
-    def stored_or_measured(self, kind: str, what: Measured, key_config: dict[str, Any],
+    def stored_or_measured(self, kind: str, what: Measured, key_config: JsonObject,
                            plan: RunPlan | None,
-                           measure: Callable[[], dict[str, Any]]) -> dict[str, Any]: ...
+                           measure: Callable[[], JsonObject]) -> JsonObject: ...
 
 
 class CellRunner(MeasureRunner, Protocol):

@@ -19,9 +19,12 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from kbackend.study.study_record import Cell
+from kbackend.hardware.knee import Knee, find_knee
+from kbackend.io import JsonObject
+from kbackend.study.study_record import Cell, NoiseScale
 
 if TYPE_CHECKING:  # the store opens SQLite: not at the train command's set-up (test_startup)
     from kbackend.study.store import StoredRun
@@ -41,7 +44,21 @@ def by_optimizer(cells: list[Cell]) -> dict[str, list[Cell]]:
     return grouped
 
 
-def scaling_regions(points: list[tuple[int, float]]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class ScalingRegion:
+    """The segment between two neighbouring batch sizes: its scaling exponent and region."""
+
+    low: int
+    high: int
+    exponent: float
+    region: str
+
+    def to_json(self) -> JsonObject:
+        return {"from": self.low, "to": self.high, "exponent": self.exponent,
+                "region": self.region}
+
+
+def scaling_regions(points: list[tuple[int, float]]) -> list[ScalingRegion]:
     """Label each segment between neighbouring (batch size, steps to target) points."""
     segments = []
     for (b1, s1), (b2, s2) in itertools.pairwise(points):
@@ -52,11 +69,26 @@ def scaling_regions(points: list[tuple[int, float]]) -> list[dict[str, Any]]:
             region = "saturation"
         else:
             region = "diminishing returns"
-        segments.append({"from": b1, "to": b2, "exponent": exponent, "region": region})
+        segments.append(ScalingRegion(b1, b2, exponent, region))
     return segments
 
 
-def fit_critical_batch(points: list[tuple[int, float]]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class CriticalBatchFit:
+    """The fit of S(B) = S_min (1 + B_crit / B): ``b_crit`` None where it has no finite positive
+    knee (``beyond_grid``: "above" or "below" the grid where that is why; ``note`` says so)."""
+
+    s_min: float | None
+    b_crit: float | None
+    note: str
+    beyond_grid: str | None = None
+
+    def to_json(self) -> JsonObject:
+        where = {} if self.beyond_grid is None else {"beyond_grid": self.beyond_grid}
+        return {"s_min": self.s_min, "b_crit": self.b_crit, **where, "note": self.note}
+
+
+def fit_critical_batch(points: list[tuple[int, float]]) -> CriticalBatchFit:
     """Fit S(B) = S_min (1 + B_crit / B) to (batch size, steps) points (relative least squares).
 
     ``b_crit`` is None when the fit has no finite positive knee: ``beyond_grid`` says whether
@@ -64,8 +96,7 @@ def fit_critical_batch(points: list[tuple[int, float]]) -> dict[str, Any]:
     (knee below it).
     """
     if len(points) < 2:
-        return {"s_min": None, "b_crit": None,
-                "note": "fewer than two batch sizes reached the target"}
+        return CriticalBatchFit(None, None, "fewer than two batch sizes reached the target")
     # Weighted normal equations for S = a + b u, u = 1 / B, weights 1 / S^2.
     rows = [(1.0 / s, (1.0 / b) / s, 1.0) for b, s in points]  # (1/S, u/S, S/S)
     saa = sum(r[0] ** 2 for r in rows)
@@ -75,93 +106,131 @@ def fit_critical_batch(points: list[tuple[int, float]]) -> dict[str, Any]:
     sb_y = sum(r[1] * r[2] for r in rows)
     det = saa * sbb - sab * sab
     if abs(det) < 1e-300:
-        return {"s_min": None, "b_crit": None, "note": "degenerate fit"}
+        return CriticalBatchFit(None, None, "degenerate fit")
     a = (sa_y * sbb - sab * sb_y) / det
     b = (saa * sb_y - sab * sa_y) / det
     smallest, largest = min(p[0] for p in points), max(p[0] for p in points)
     # A knee far outside the grid is an extrapolation, not a measurement.
     if a <= 1e-9 * max(p[1] for p in points) or b / a > KNEE_EXTRAPOLATION * largest:
-        return {"s_min": None, "b_crit": None, "beyond_grid": "above",
-                "note": f"no saturation within the grid: B_crit > {largest}"}
+        return CriticalBatchFit(None, None, f"no saturation within the grid: B_crit > {largest}",
+                                "above")
     if b <= 0 or b / a < smallest / KNEE_EXTRAPOLATION:
-        return {"s_min": a, "b_crit": None, "beyond_grid": "below",
-                "note": f"saturated over the whole grid: B_crit < {smallest}"}
-    return {"s_min": a, "b_crit": b / a, "note": ""}
+        return CriticalBatchFit(a, None, f"saturated over the whole grid: B_crit < {smallest}",
+                                "below")
+    return CriticalBatchFit(a, b / a, "")
 
 
-def throughput_curve(runs: list[StoredRun]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class ThroughputPoint:
+    """Samples/s at one batch size: the median over ``runs`` runs' own clocks
+    (``throughput_curve``), or over the time model's timings with their interval
+    (``cell_verdicts.measured_throughput``: ``low``, ``high``, ``n``, ``coverage``)."""
+
+    batch_size: int
+    samples_per_s: float
+    runs: int | None = None
+    low: float | None = None
+    high: float | None = None
+    n: int | None = None
+    coverage: float | None = None
+
+    def to_json(self) -> JsonObject:
+        return {k: v for k, v in vars(self).items() if v is not None}
+
+
+def throughput_knee(curve: list[ThroughputPoint]) -> Knee:
+    """The knee of a throughput curve (``kbackend.hardware.knee``'s one definition)."""
+    return find_knee([p.batch_size for p in curve], [p.samples_per_s for p in curve])
+
+
+def throughput_curve(runs: list[StoredRun]) -> list[ThroughputPoint]:
     """Median steady-state samples/s per batch size over every run (all optimizers and rates)."""
     by_batch: dict[int, list[float]] = {}
     for run in runs:
         value = run.result.get("samples_per_s")
         if value is not None and math.isfinite(value) and value > 0:
             by_batch.setdefault(run.config["batch_size"], []).append(value)
-    return [{"batch_size": b, "samples_per_s": statistics.median(v), "runs": len(v)}
-            for b, v in sorted(by_batch.items())]
+    return [ThroughputPoint(b, statistics.median(v), len(v)) for b, v in sorted(by_batch.items())]
 
 
 def cell_time(cell: Cell | None) -> float:
     return math.inf if cell is None else cell.seconds
 
 
-def crossover(cells: list[Cell], challenger: str,
-              incumbent: str) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class Crossover:
+    """Where ``challenger`` overtakes ``incumbent`` (``crossover``): the batch size from which it
+    is faster (None: not within the grid), whether it wins at each common batch size, and why."""
+
+    challenger: str
+    incumbent: str
+    batch_size: int | None
+    wins: dict[int, bool]
+    note: str
+
+    def to_json(self) -> JsonObject:
+        return dict(vars(self))
+
+
+def crossover(cells: list[Cell], challenger: str, incumbent: str) -> Crossover | None:
     """The smallest batch size from which ``challenger`` reaches the target in less training time
     than ``incumbent`` at that and every larger studied batch size (None if both are absent)."""
     grouped = by_optimizer(cells)
     if challenger not in grouped or incumbent not in grouped:
         return None
-    a = {c.batch_size: c for c in grouped[challenger]}
-    b = {c.batch_size: c for c in grouped[incumbent]}
+    a = {c.size: c for c in grouped[challenger]}
+    b = {c.size: c for c in grouped[incumbent]}
     sizes = sorted(s for s in set(a) & set(b)
                    if math.isfinite(cell_time(a[s])) or math.isfinite(cell_time(b[s])))
     wins = [cell_time(a[s]) < cell_time(b[s]) for s in sizes]
-    result: dict[str, Any] = {"challenger": challenger, "incumbent": incumbent,
-                              "batch_size": None, "wins": dict(zip(sizes, wins, strict=True))}
+    first = None
     if not sizes:
-        result["note"] = "neither reached the target at any common batch size"
+        note = "neither reached the target at any common batch size"
     elif all(wins):
-        result["note"] = f"{challenger} is faster at every batch size studied"
+        note = f"{challenger} is faster at every batch size studied"
     elif not wins[-1]:
-        result["note"] = f"{challenger} does not overtake {incumbent} within the grid"
+        note = f"{challenger} does not overtake {incumbent} within the grid"
     else:
         first = len(wins)
         while first > 0 and wins[first - 1]:
             first -= 1
-        result["batch_size"] = sizes[first]
-        result["note"] = f"{challenger} is faster from batch size {sizes[first]} up"
-    return result
+        note = f"{challenger} is faster from batch size {sizes[first]} up"
+    return Crossover(challenger, incumbent, None if first is None else sizes[first],
+                     dict(zip(sizes, wins, strict=True)), note)
 
 
-def training_noise_scale(noise: dict[str, Any] | None) -> float | None:
+def _noise_sums(noise: NoiseScale) -> tuple[float, float]:
+    """The |G|^2 and tr(Sigma) estimates summed over the points after initialization (all
+    points where there are none)."""
+    points = [p for p in noise.points if p.step > 0] or noise.points
+    return sum(p.grad_sq for p in points), sum(p.trace_sigma for p in points)
+
+
+def training_noise_scale(noise: NoiseScale | None) -> float | None:
     """B_simple over training: the ratio of the tr(Sigma) and |G|^2 estimates averaged over the
     measurement points after initialization. One point's |G|^2 near the target is small and
     noisy, so its ratio alone can be off by an order of magnitude. None when it is not a
     finding: no measurement, or an average estimate that is not positive (``noise_scale_note``
     says which)."""
-    if not noise or not noise.get("points"):
+    if noise is None or not noise.points:
         return None
-    points = [p for p in noise["points"] if p["step"] > 0] or noise["points"]
-    grad_sq = sum(p["grad_sq"] for p in points)
-    trace = sum(p["trace_sigma"] for p in points)
+    grad_sq, trace = _noise_sums(noise)
     if not (grad_sq > 0 and trace > 0 and math.isfinite(grad_sq) and math.isfinite(trace)):
         return None
     return trace / grad_sq
 
 
-def noise_scale_note(noise: dict[str, Any] | None) -> str:
+def noise_scale_note(noise: NoiseScale | None) -> str:
     """Why ``training_noise_scale`` gave no value ('' when it gave one)."""
-    if not noise or not noise.get("points"):
+    if noise is None or not noise.points:
         return "not estimated: no measurement (--noise-points 0)"
     if training_noise_scale(noise) is not None:
         return ""
-    points = [p for p in noise["points"] if p["step"] > 0] or noise["points"]
-    grad_sq = sum(p["grad_sq"] for p in points)
-    trace = sum(p["trace_sigma"] for p in points)
-    pair = f"batch pair {noise.get('small_batch')}/{noise.get('big_batch')}"
+    grad_sq, trace = _noise_sums(noise)
+    pair = f"batch pair {noise.small_batch}/{noise.big_batch}"
     if not grad_sq > 0:
         return (f"not estimated: the |G|^2 estimate is not positive ({grad_sq:.3g}) with the "
                 f"{pair}: the gradient is too small against its noise to measure with "
-                f"{noise.get('draws')} draws")
+                f"{noise.draws} draws")
     return (f"not estimated: the tr(Sigma) estimate is not positive ({trace:.3g}) with the "
             f"{pair}")

@@ -79,10 +79,11 @@ class RateSearch:
         if len(tried) > 1 and winner in (tried[0], tried[-1]):
             edge = "below" if winner == tried[0] else "above"
         assert winner is not None  # a cell tries at least one rate
-        return Cell(optimizer, batch_size, lr_grid=tuple(grid), lr_tried=tuple(tried),
-                    lr_extended=extended, lr_at_grid_edge=edge is not None, lr_edge=edge,
-                    lr_at_bound=edge is not None and extended[edge] >= config.lr_extend,
-                    population=path, **summarize_cell(by_rate[winner])), runs
+        searched = Cell(optimizer, batch_size, lr_grid=tuple(grid), lr_tried=tuple(tried),
+                        lr_extended=extended, lr_at_grid_edge=edge is not None, lr_edge=edge,
+                        lr_at_bound=edge is not None and extended[edge] >= config.lr_extend,
+                        population=path)
+        return summarize_cell(searched, by_rate[winner]), runs
 
     def run_rate(self, optimizer: str, batch_size: int, learning_rate: float,
                  by_rate: dict[float, list[StoredRun]]) -> list[StoredRun]:

@@ -133,7 +133,7 @@ class _SeedRounds:
             runner.time_spent.added_seed_runs += 1
             added.append((cell.optimizer, cell.batch_size, seed))
         self.records[key].sort(key=lambda r: r.config["seed"])
-        return replace(cell, **summarize_cell(self.records[key])), added
+        return summarize_cell(cell, self.records[key]), added
 
 
 def extend_seeds(runner: CellRunner, cells: list[Cell], runs: list[StoredRun],

@@ -40,6 +40,7 @@ from typing import Any, Protocol
 from kbackend.cache.sqlite_store import APPLICATION_ID as CACHE_APPLICATION_ID
 from kbackend.digests import json_digest
 from kbackend.errors import KBackendError
+from kbackend.io import JsonObject
 from kbackend.sqlite import SQLITE_HEADER, connect, immediate_transaction
 
 APPLICATION_ID = 0x6B62_7374  # "kbst": marks a file as a kbackend study store
@@ -101,7 +102,7 @@ class StudyStoreError(KBackendError):
     """The study store cannot be used: not a kbackend study store, corrupt, or unreadable."""
 
 
-def config_key(config: dict[str, Any]) -> str:
+def config_key(config: JsonObject) -> str:
     """A stable hash of a JSON-ready configuration (key order does not matter)."""
     return json_digest(config, chars=64)
 
@@ -232,14 +233,14 @@ class StoredRun:
     kind: str
     study: str
     backend: str
-    config: dict[str, Any]
-    result: dict[str, Any]
-    trajectory: dict[str, Any] | None = None
+    config: JsonObject
+    result: JsonObject
+    trajectory: JsonObject | None = None
     finished_at: float = field(default_factory=time.time)  # when it was stored: now
 
     @classmethod
-    def keyed(cls, key_config: dict[str, Any], kind: str, study: str, backend: str,
-              result: dict[str, Any], trajectory: dict[str, Any] | None = None) -> StoredRun:
+    def keyed(cls, key_config: JsonObject, kind: str, study: str, backend: str,
+              result: JsonObject, trajectory: JsonObject | None = None) -> StoredRun:
         """A run or measurement finished now, keyed by its ``key_config``."""
         return cls(config_key(key_config), kind, study, backend, key_config, result, trajectory)
 
@@ -256,12 +257,12 @@ class StoredRun:
         return replace(self, config=stored(self.config), result=stored(self.result),
                        trajectory=stored(self.trajectory))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The run as the report and its JSON read it (one key per field)."""
         return {column.name: getattr(self, column.name) for column in fields(self)}
 
     @classmethod
-    def from_dict(cls, row: dict[str, Any]) -> StoredRun:
+    def from_dict(cls, row: JsonObject) -> StoredRun:
         """``to_dict``'s output read back."""
         return cls(**{column.name: row[column.name] for column in fields(cls)})
 
@@ -290,7 +291,7 @@ class RunStore(Protocol):
                 kind: str | None = None) -> list[StoredRun]: ...
 
     def put_summary(self, study: str, backend: str, device: str,
-                    payload: dict[str, Any]) -> None: ...
+                    payload: JsonObject) -> None: ...
 
 
 class MemoryStore:
@@ -302,7 +303,7 @@ class MemoryStore:
     def __init__(self, records: Iterable[StoredRun] = ()) -> None:
         self._records = {r.key: r for r in records}
         self.added: list[StoredRun] = []
-        self._summaries: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._summaries: dict[tuple[str, str, str], JsonObject] = {}
 
     def get(self, key: str) -> StoredRun | None:
         return self._records.get(key)
@@ -320,11 +321,11 @@ class MemoryStore:
         return sorted((r for r in self._records.values() if _matches(r, study, backend, kind)),
                       key=lambda r: r.finished_at)
 
-    def put_summary(self, study: str, backend: str, device: str, payload: dict[str, Any]) -> None:
+    def put_summary(self, study: str, backend: str, device: str, payload: JsonObject) -> None:
         self._summaries.pop((study, backend, device), None)  # replaced: the newest comes last
         self._summaries[(study, backend, device)] = json.loads(_dumps(payload))
 
-    def summaries(self, study: str | None = None) -> list[dict[str, Any]]:
+    def summaries(self, study: str | None = None) -> list[JsonObject]:
         return [payload for (of, _, _), payload in self._summaries.items()
                 if study is None or of == study]
 
@@ -480,13 +481,13 @@ class ResultStore:
                 "ORDER BY quarantined_at").fetchall()
         return [QuarantinedRow(*row) for row in rows]
 
-    def put_summary(self, study: str, backend: str, device: str, payload: dict[str, Any]) -> None:
+    def put_summary(self, study: str, backend: str, device: str, payload: JsonObject) -> None:
         """Store (replace) the analysed summary of a study on one backend and device."""
         with self._errors(), self._write() as cursor:
             cursor.execute("INSERT OR REPLACE INTO summaries VALUES (?, ?, ?, ?, ?)",
                            (study, backend, device, _dumps(payload), time.time()))
 
-    def summaries(self, study: str | None = None) -> list[dict[str, Any]]:
+    def summaries(self, study: str | None = None) -> list[JsonObject]:
         """Stored summaries (payload dicts), optionally of one study, oldest first."""
         where, values = ("WHERE study = ?", [study]) if study else ("", [])
         with self._errors():

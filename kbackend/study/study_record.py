@@ -1,12 +1,14 @@
 """A study's results as frozen values: ``StudyRecord``, what ``StudyRunner.run`` returns and
-the pipeline completes (confirmations, warnings, the device profile's prediction, the machine's
-load ``MachineLoad``, where the time went ``TimeAccount``), read by the analysis, the
-recommendation, the report, the plots and the exports; its ``Cell`` s (one type, batch fixed or
-auto) and the time model's ``StepTimes``. They become JSON only at the boundary: the store
-(``StepTimes.to_json``), ``report.summary_payload`` (summary.json, byte for byte what the dicts
-they replaced wrote) and ``StudyRecord.to_json`` (``result.study["cells"]``); ``from_json``
-reads a stored summary back (re-analysis, ``study compare``'s tools). The runs inside stay
-``StoredRun.to_dict`` records, the store's own JSON.
+the pipeline completes (the held-out seeds' ``HeldOutRuns``, warnings, the device profile's
+prediction, the machine's load ``MachineLoad``, where the time went ``TimeAccount``), read by the
+analysis, the recommendation, the report, the plots and the exports; its ``Cell`` s (one type,
+batch fixed or auto, with their ``Frontier``), the time model's ``StepTimes`` and the
+``NoiseScale``. They become JSON only at the boundary: the store (``StepTimes.to_json``,
+``NoiseScale.to_json``, ``HeldOutRuns.to_json``), ``report.summary_payload`` (summary.json,
+byte for byte what the dicts they replaced wrote) and ``StudyRecord.to_json``
+(``result.study["cells"]``); ``from_json`` reads a stored summary back (re-analysis,
+``study compare``'s tools). The runs inside stay ``StoredRun.to_dict`` records, the store's own
+JSON.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from kbackend.io import JsonObject
 from kbackend.study.store import StoredRun
 
 
@@ -60,7 +63,7 @@ class TimeAccount:
         return dict(vars(self))
 
     @classmethod
-    def from_json(cls, record: dict[str, Any]) -> TimeAccount:
+    def from_json(cls, record: JsonObject) -> TimeAccount:
         """An accounting read back; one written before a part was counted has it at 0."""
         return cls(**{name: record.get(name, 0) for name in cls.__dataclass_fields__})
 
@@ -116,7 +119,7 @@ class Cell:
     # an auto cell's: its bounds and rate scaling, then (``finish_auto_cells``) per seed its
     # samples and modelled seconds to target and step ranges, and the largest batch it grew to
     auto: dict[str, int | str] | None = None
-    frontier: dict[str, Any] = field(default_factory=dict)  # summarize_frontier's; {}: none
+    frontier: Frontier | None = None  # summarize_frontier's; None: none measured
     seed_samples: dict[str, float] | None = None
     seed_times: dict[str, float] | None = None
     ranges: dict[str, list[dict[str, float]]] | None = None
@@ -151,15 +154,16 @@ class Cell:
         """``cell["reached"]``: the figure of that name (as the record it replaced)."""
         return getattr(self, name)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The cell's record, keys in summary.json's order; the parts not filled in left out."""
         values = dict(vars(self))
         for name in ("lr_grid", "lr_tried", "seed_values", "run_keys"):
             values[name] = list(values[name])
+        values["frontier"] = None if self.frontier is None else self.frontier.to_json()
         absent = set()
         if self.auto is None:
             absent |= {"auto", "seed_samples", "seed_times", "ranges", "largest_batch"}
-        if not self.frontier:
+        if self.frontier is None:
             absent.add("frontier")
         if self.time_model is None:
             absent |= {"time_to_target_runs", "time_model"}
@@ -168,13 +172,14 @@ class Cell:
         return {k: v for k, v in values.items() if k not in absent}
 
     @classmethod
-    def from_json(cls, record: dict[str, Any]) -> Cell:
+    def from_json(cls, record: JsonObject) -> Cell:
         """A cell read back (a stored summary, a test's partial record): what it lacks takes
         its default, what this version does not keep is dropped."""
         known = {k: v for k, v in record.items() if k in cls.__dataclass_fields__}
         for name in ("lr_grid", "lr_tried", "seed_values", "run_keys"):
             if name in known:
                 known[name] = tuple(known[name])
+        known["frontier"] = Frontier.from_json(known.get("frontier"))
         if "seeds_reached" not in known:
             known["seeds_reached"] = int(bool(known.get("reached")))
         return cls(**known)
@@ -200,7 +205,7 @@ class CellStepTime:
     def key(self) -> tuple[str, int]:
         return self.optimizer, self.batch_size
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {**vars(self), "seconds": list(self.seconds)}
 
 
@@ -224,7 +229,7 @@ class StepTimes:
         """Each timed cell's seconds per step by round, by (optimizer, batch size)."""
         return {cell.key: cell.seconds for cell in self.cells}
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """As the store and summary.json hold it (``step_times``)."""
         record = {"engine": self.engine, "study_engine": self.study_engine,
                   "repeats": self.repeats, "min_seconds": self.min_seconds,
@@ -232,7 +237,7 @@ class StepTimes:
         return _sorted_keys(record) if self.sorted_keys else record
 
     @classmethod
-    def from_json(cls, record: dict[str, Any] | None) -> StepTimes | None:
+    def from_json(cls, record: JsonObject | None) -> StepTimes | None:
         """The measurement ``to_json`` wrote (None: none was made)."""
         if record is None:
             return None
@@ -256,6 +261,130 @@ def _sorted_keys(value: Any) -> Any:
 
 
 @dataclass(frozen=True)
+class NoisePoint:
+    """The noise-scale estimate at one point of training (``adaptive.NoiseEstimate``'s figures
+    at ``step``)."""
+
+    step: int
+    grad_sq: float
+    trace_sigma: float
+    grad_sq_se: float
+    trace_sigma_se: float
+    small_batch: int
+    big_batch: int
+    draws: int
+    b_simple: float
+
+    def to_json(self) -> JsonObject:
+        return dict(vars(self))
+
+
+@dataclass(frozen=True)
+class NoiseScale:
+    """The gradient noise scale measured along one cell's training (``noise_runs``): the cell,
+    the batch pair and draws, each point's estimate, the last estimate after initialization
+    and, where a wider batch pair was tried after the first, that first pair's
+    ``{small_batch, big_batch, b_simple_final}``."""
+
+    optimizer: str
+    batch_size: int
+    learning_rate: float
+    small_batch: int
+    big_batch: int
+    draws: int
+    points: tuple[NoisePoint, ...]
+    b_simple_final: float
+    first_try: dict[str, float] | None = None
+    sorted_keys: bool = field(default=False, repr=False, compare=False)  # as ``StepTimes``'s
+
+    def to_json(self) -> JsonObject:
+        """As the store and summary.json hold it (``noise``)."""
+        record = {name: getattr(self, name) for name in self.__dataclass_fields__
+                  if name not in ("sorted_keys", "first_try")}
+        record["points"] = [p.to_json() for p in self.points]
+        if self.first_try is not None:
+            record["first_try"] = self.first_try
+        return _sorted_keys(record) if self.sorted_keys else record
+
+    @classmethod
+    def from_json(cls, record: JsonObject | None) -> NoiseScale | None:
+        if not record:
+            return None
+        points = tuple(NoisePoint(**p) for p in record["points"])
+        return cls(record["optimizer"], record["batch_size"], record["learning_rate"],
+                   record["small_batch"], record["big_batch"], record["draws"], points,
+                   record["b_simple_final"], record.get("first_try"),
+                   list(record) == sorted(record))
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """A cell's frontier over its seeds (``frontier.summarize_frontier``): the equal budget in
+    epochs, the seeds, the metric, the best validation value, the test metric at that
+    checkpoint and the epoch of it (medians with ``median_interval``'s intervals), and per seed
+    the values the paired verdicts read."""
+
+    epochs: int | None = None
+    seeds: int = 0
+    metric: str | None = None
+    test_metric_name: str | None = None
+    best_metric: dict[str, float] = field(default_factory=dict)
+    test_metric: dict[str, float] = field(default_factory=dict)
+    best_epoch: dict[str, float] = field(default_factory=dict)
+    seed_best: dict[str, float] = field(default_factory=dict)
+    seed_test: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> JsonObject:
+        return dict(vars(self))
+
+    @classmethod
+    def from_json(cls, record: JsonObject | None) -> Frontier | None:
+        """A cell's frontier read back ({} or None: none was measured; what this version does
+        not keep is dropped)."""
+        if not record:
+            return None
+        return cls(**{k: v for k, v in record.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class HeldOutRuns:
+    """The recommended cell's printed ``kbackend train`` command run on held-out seeds
+    (``recommend.confirm_cell``; stored, so a resumed study reuses it): the cell and its rate,
+    the seeds, how many reached the target and failed, whether most reached, the steps, time
+    and wall to target over them (``median_interval``'s, a seed that did not reach counting as
+    never), the study's own figures for the cell and the command's arguments."""
+
+    optimizer: str
+    batch_size: int | str
+    learning_rate: float
+    seeds: int
+    held_out_seeds: tuple[int, ...]
+    reached: int
+    failed: int
+    confirmed: bool
+    steps_to_target: dict[str, float]
+    time_to_target: dict[str, float]
+    wall_to_target: dict[str, float]
+    study_steps_to_target: float | None
+    study_time_to_target: float | None
+    arguments: tuple[str, ...]
+
+    @property
+    def key(self) -> tuple[str, int | str]:
+        return self.optimizer, self.batch_size
+
+    def to_json(self) -> JsonObject:
+        return {**vars(self), "held_out_seeds": list(self.held_out_seeds),
+                "arguments": list(self.arguments)}
+
+    @classmethod
+    def from_json(cls, record: JsonObject) -> HeldOutRuns:
+        values: JsonObject = {name: record.get(name) for name in cls.__dataclass_fields__}
+        return cls(**{**values, "held_out_seeds": tuple(values["held_out_seeds"] or ()),
+                      "arguments": tuple(values["arguments"] or ())})
+
+
+@dataclass(frozen=True)
 class SeedRound:
     """One round of added seeds: the seeds each cell has after it, the cells it extended (those
     of a verdict that could still resolve) and [optimizer, batch size, seed] of each run added."""
@@ -264,7 +393,7 @@ class SeedRound:
     cells: tuple[tuple[str, int | str], ...]
     runs: tuple[tuple[str, int | str, int], ...]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"seeds": self.seeds, "cells": [list(c) for c in self.cells],
                 "runs": [list(r) for r in self.runs]}
 
@@ -285,12 +414,12 @@ class AddedSeeds:
     stopped: str
     frontier_epochs: int
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {**vars(self), "schedule": list(self.schedule),
                 "rounds": [r.to_json() for r in self.rounds]}
 
     @classmethod
-    def from_json(cls, record: dict[str, Any] | None) -> AddedSeeds | None:
+    def from_json(cls, record: JsonObject | None) -> AddedSeeds | None:
         if record is None:
             return None
         rounds = tuple(SeedRound(r["seeds"], tuple(tuple(c) for c in r["cells"]),
@@ -317,12 +446,12 @@ class StudyRecord:
     runs: list[StoredRun] = field(default_factory=list)
     digests: dict[str, str] = field(default_factory=dict)
     step_times: StepTimes | None = None
-    noise: dict[str, Any] | None = None
+    noise: NoiseScale | None = None
     added_seeds: AddedSeeds | None = None
     auto_cells: list[Cell] = field(default_factory=list)
     auto_runs: list[StoredRun] = field(default_factory=list)
     # added by the pipeline after the runs
-    confirmation: tuple[dict[str, Any], ...] | None = None
+    confirmation: tuple[HeldOutRuns, ...] | None = None
     warnings: tuple[str, ...] = ()
     device_profile: dict[str, Any] | None = None
     machine_load: MachineLoad | None = None
@@ -347,21 +476,22 @@ class StudyRecord:
         """``study["cells"]`` and the other keys of the dict this record replaced."""
         return self.to_json()[name]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The record as the JSON dict it used to be (``study`` its id; empty parts left out
         as the dict left them out)."""
-        record: dict[str, Any] = {
+        record: JsonObject = {
             "study": self.study_id, "digests": self.digests,
             "step_times": None if self.step_times is None else self.step_times.to_json(),
             "config": self.config, "env": self.env, "dataset": self.dataset,
             "batch_sizes": list(self.batch_sizes), "cells": [c.to_json() for c in self.cells],
-            "runs": [r.to_dict() for r in self.runs], "noise": self.noise,
+            "runs": [r.to_dict() for r in self.runs],
+            "noise": None if self.noise is None else self.noise.to_json(),
             "added_seeds": None if self.added_seeds is None else self.added_seeds.to_json()}
         if self.auto_cells or self.auto_runs:
             record.update(auto_cells=[c.to_json() for c in self.auto_cells],
                           auto_runs=[r.to_dict() for r in self.auto_runs])
         if self.confirmation is not None:
-            record["confirmation"] = list(self.confirmation)
+            record["confirmation"] = [c.to_json() for c in self.confirmation]
         record["warnings"] = list(self.warnings)
         if self.device_profile is not None:
             record["device_profile"] = self.device_profile
@@ -372,7 +502,7 @@ class StudyRecord:
         return record
 
     @classmethod
-    def from_json(cls, record: dict[str, Any]) -> StudyRecord:
+    def from_json(cls, record: JsonObject) -> StudyRecord:
         """A record read back from its JSON (a summary.json, or a part of one)."""
         load, spent = record.get("machine_load"), record.get("time_spent")
         confirmation = record.get("confirmation")
@@ -384,18 +514,19 @@ class StudyRecord:
             runs=[_stored_run(r) for r in record.get("runs") or ()],
             digests=record.get("digests") or {},
             step_times=StepTimes.from_json(record.get("step_times")),
-            noise=record.get("noise"),
+            noise=NoiseScale.from_json(record.get("noise")),
             added_seeds=AddedSeeds.from_json(record.get("added_seeds")),
             auto_cells=[Cell.from_json(c) for c in record.get("auto_cells") or ()],
             auto_runs=[_stored_run(r) for r in record.get("auto_runs") or ()],
-            confirmation=None if confirmation is None else tuple(confirmation),
+            confirmation=None if confirmation is None else tuple(
+                HeldOutRuns.from_json(c) for c in confirmation),
             warnings=tuple(record.get("warnings") or ()),
             device_profile=record.get("device_profile"),
             machine_load=None if load is None else MachineLoad(**load),
             time_spent=None if spent is None else TimeAccount.from_json(spent))
 
 
-def _stored_run(record: dict[str, Any]) -> StoredRun:
+def _stored_run(record: JsonObject) -> StoredRun:
     """A run read back: ``StoredRun.to_dict``'s record, or summary.json's (its optimizer beside
     the config, which holds only what the report reads; a test's may hold less)."""
     config = dict(record.get("config") or {})

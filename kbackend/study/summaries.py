@@ -10,13 +10,14 @@ import itertools
 import math
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kbackend.data.batching import steps_per_epoch
 from kbackend.history import History, RunRecord
+from kbackend.io import JsonObject
 from kbackend.stats import median_interval
 from kbackend.training import Target
 
@@ -51,7 +52,7 @@ class RunPlan:
                 f"seed={self.seed}")
 
 
-def plan_from_key_config(config: dict[str, Any]) -> RunPlan:
+def plan_from_key_config(config: JsonObject) -> RunPlan:
     """The plan a stored run's key configuration describes (``StudyRunner.run_key_config``)."""
     batch, auto_max = config["batch_size"], 0
     if isinstance(batch, str):  # "auto:MIN:MAX"
@@ -159,7 +160,7 @@ def startup_seconds(history: History) -> tuple[float, bool]:
     return max(0.0, float(times[0] - np.median(np.diff(times)))), True
 
 
-def trajectory_record(trajectory: dict[str, Any] | None) -> RunRecord:
+def trajectory_record(trajectory: JsonObject | None) -> RunRecord:
     """The ``RunRecord`` of a stored trajectory: its ``record`` (``RunRecord.to_dict``), or the
     ``extra`` dict a trajectory stored before the record existed holds instead (none: empty)."""
     trajectory = trajectory or {}
@@ -167,7 +168,7 @@ def trajectory_record(trajectory: dict[str, Any] | None) -> RunRecord:
     return RunRecord.from_dict(stored if stored is not None else trajectory.get("extra") or {})
 
 
-def history_from_trajectory(trajectory: dict[str, Any], result: dict[str, Any]) -> History:
+def history_from_trajectory(trajectory: JsonObject, result: JsonObject) -> History:
     """Rebuild a run's ``History`` from its stored trajectory (to re-derive its figures)."""
     history = History(step=list(trajectory["step"]), loss=list(trajectory["loss"]),
                       time=list(trajectory["time"]), evals=list(trajectory["evals"]),
@@ -196,8 +197,42 @@ def time_to_target(history: History) -> tuple[float, float]:
     return max(wall - startup_seconds(history)[0], 0.0), wall
 
 
+@dataclass(frozen=True)
+class RunFigures:
+    """The figures of one finished run (``summarize_run``); ``to_json`` is its stored result."""
+
+    reached: bool
+    steps_run: int
+    train_time: float | None
+    eval_time: float | None
+    wall_time: float | None
+    compile_time: float | None
+    startup_time: float
+    startup_time_estimated: bool
+    samples_per_s: float
+    best_val_accuracy: float | None
+    best_val_loss: float | None
+    best_metric: float | None
+    final_train_loss: float | None
+    diverged: bool
+    test_accuracy: float | None
+    test_metric: float | None  # the task's own (test_accuracy, test_mae, ...)
+    test_metric_name: str | None
+    test_loss: float | None
+    evaluations: int
+    drops_partial_batch: bool
+    steps_to_target: int | None = None
+    samples_to_target: int | None = None
+    epochs_to_target: float | None = None
+    time_to_target_raw: float | None = None
+    time_to_target: float | None = None
+
+    def to_json(self) -> JsonObject:
+        return dict(vars(self))
+
+
 def summarize_run(history: History, plan: RunPlan, target: Target,
-                  num_train: int) -> dict[str, Any]:
+                  num_train: int) -> RunFigures:
     """The figures of one finished run.
 
     Time to target is training time only: the engines exclude evaluation from ``train_time``,
@@ -205,49 +240,43 @@ def summarize_run(history: History, plan: RunPlan, target: Target,
     subtracted too, so runs of a few seconds are not ranked by their compile times;
     ``time_to_target_raw`` keeps it in.
     """
-    metric = target.metric
     reached = history.record.target_reached
     losses = np.asarray(history.loss, dtype=float)
     drops = drops_partial_batch(history)
     startup, estimated = startup_seconds(history)
-    result: dict[str, Any] = {
-        "reached": reached is not None,
-        "steps_run": history.steps_run,
-        "train_time": history.timing.get("train_time"),
-        "eval_time": history.timing.get("eval_time"),
-        "wall_time": history.timing.get("wall_time"),
-        "compile_time": history.timing.get("compile_time"),
-        "startup_time": startup,
-        "startup_time_estimated": estimated,
-        "samples_per_s": steady_throughput(history, num_train, plan.batch_size, startup),
-        "best_val_accuracy": history.best("val_accuracy"),
-        "best_val_loss": history.best("val_loss"),
-        "best_metric": history.best(metric),
-        "final_train_loss": float(losses[-1]) if losses.size else None,
-        "diverged": history.record.diverged is not None
+    figures = RunFigures(
+        reached=reached is not None,
+        steps_run=history.steps_run,
+        train_time=history.timing.get("train_time"),
+        eval_time=history.timing.get("eval_time"),
+        wall_time=history.timing.get("wall_time"),
+        compile_time=history.timing.get("compile_time"),
+        startup_time=startup,
+        startup_time_estimated=estimated,
+        samples_per_s=steady_throughput(history, num_train, plan.batch_size, startup),
+        best_val_accuracy=history.best("val_accuracy"),
+        best_val_loss=history.best("val_loss"),
+        best_metric=history.best(target.metric),
+        final_train_loss=float(losses[-1]) if losses.size else None,
+        diverged=history.record.diverged is not None
         or bool(losses.size and not np.all(np.isfinite(losses))),
-        "test_accuracy": history.test.get("test_accuracy"),
-        # the task's own test metric (test_accuracy, test_mae, ...): the run's model is judged
-        # on it, whatever the task
-        "test_metric": next((v for k, v in history.test.items() if k != "test_loss"), None),
-        "test_metric_name": next((k for k in history.test if k != "test_loss"), None),
-        "test_loss": history.test.get("test_loss"),
-        "evaluations": len(history.evals),
-        "drops_partial_batch": drops,
-    }
-    if reached is not None:
-        step = int(reached["step"])
-        ranges = adaptive_ranges(history)
-        samples = (adaptive_samples(ranges, step) if ranges
-                   else samples_seen(step, num_train, plan.batch_size, drops))
-        time, wall = time_to_target(history)
-        result.update(steps_to_target=step, samples_to_target=samples,
-                      epochs_to_target=samples / num_train, time_to_target_raw=wall,
-                      time_to_target=time)
-    else:
-        result.update(steps_to_target=None, samples_to_target=None, epochs_to_target=None,
-                      time_to_target=None, time_to_target_raw=None)
-    return result
+        test_accuracy=history.test.get("test_accuracy"),
+        # the task's own test metric: the run's model is judged on it, whatever the task
+        test_metric=next((v for k, v in history.test.items() if k != "test_loss"), None),
+        test_metric_name=next((k for k in history.test if k != "test_loss"), None),
+        test_loss=history.test.get("test_loss"),
+        evaluations=len(history.evals),
+        drops_partial_batch=drops)
+    if reached is None:
+        return figures
+    step = int(reached["step"])
+    ranges = adaptive_ranges(history)
+    samples = (adaptive_samples(ranges, step) if ranges
+               else samples_seen(step, num_train, plan.batch_size, drops))
+    time, wall = time_to_target(history)
+    return replace(figures, steps_to_target=step, samples_to_target=samples,
+                   epochs_to_target=samples / num_train, time_to_target_raw=wall,
+                   time_to_target=time)
 
 
 def run_steps(record: StoredRun) -> float:
@@ -286,10 +315,10 @@ def best_rate(by_rate: dict[float, list[StoredRun]], larger_is_better: bool) -> 
     return min(by_rate, key=lambda rate: (rate_score(by_rate[rate], larger_is_better), rate))
 
 
-def summarize_cell(records: list[StoredRun]) -> dict[str, Any]:
-    """A cell's figures from the runs of its best learning rate (one per seed): each a median
-    over the seeds, with the order-statistic interval of ``median_interval``. The cell reaches
-    the target when its median seed does."""
+def summarize_cell(cell: Cell, records: list[StoredRun]) -> Cell:
+    """``cell`` with its figures from the runs of its best learning rate (one per seed): each a
+    median over the seeds, with the order-statistic interval of ``median_interval``. The cell
+    reaches the target when its median seed does."""
     results = [r.result for r in records]
     steps = median_interval([run_steps(r) for r in records])
     reached = math.isfinite(steps["median"])
@@ -310,39 +339,39 @@ def summarize_cell(records: list[StoredRun]) -> dict[str, Any]:
     # The run drawn in the trajectory plot: the seed at the median (the lower one of two).
     ordered = sorted(records, key=lambda r: (run_steps(r), -(r.result["best_metric"] or 0.0)))
     middle = ordered[(len(ordered) - 1) // 2]
-    return {
-        "learning_rate": middle.config["learning_rate"],
-        "seeds": len(records),
-        "seed_values": tuple(r.config["seed"] for r in records),
-        "reached": reached,
-        "seeds_reached": sum(1 for r in records if run_steps(r) < math.inf),
-        "steps_to_target": finite(steps["median"]) if reached else None,
-        "samples_to_target": finite(median_of("samples_to_target")["median"]) if reached else None,
-        "epochs_to_target": finite(median_of("epochs_to_target")["median"]) if reached else None,
-        "time_to_target": finite(times["median"]) if reached else None,
-        "time_to_target_raw":
-            finite(median_of("time_to_target_raw")["median"]) if reached else None,
-        "steps_run": finite(median_of("steps_run")["median"]),
-        "best_metric": finite(median_of("best_metric")["median"]),
-        "test_accuracy": finite(test["median"]),
-        "test_metric": finite(test_metric["median"]),
-        "samples_per_s": finite(median_of("samples_per_s")["median"]),
-        "startup_time": finite(median_of("startup_time")["median"]),
-        "startup_time_estimated": any(r.get("startup_time_estimated") for r in results),
-        "train_time": sum(r.get("train_time") or 0.0 for r in results),
-        "wall_time": sum(r.get("wall_time") or 0.0 for r in results),
-        "seed_steps": {str(r.config["seed"]): run_steps(r) for r in records},
+    return replace(
+        cell,
+        learning_rate=middle.config["learning_rate"],
+        seeds=len(records),
+        seed_values=tuple(r.config["seed"] for r in records),
+        reached=reached,
+        seeds_reached=sum(1 for r in records if run_steps(r) < math.inf),
+        steps_to_target=finite(steps["median"]) if reached else None,
+        samples_to_target=finite(median_of("samples_to_target")["median"]) if reached else None,
+        epochs_to_target=finite(median_of("epochs_to_target")["median"]) if reached else None,
+        time_to_target=finite(times["median"]) if reached else None,
+        time_to_target_raw=finite(median_of("time_to_target_raw")["median"]) if reached
+        else None,
+        steps_run=finite(median_of("steps_run")["median"]),
+        best_metric=finite(median_of("best_metric")["median"]),
+        test_accuracy=finite(test["median"]),
+        test_metric=finite(test_metric["median"]),
+        samples_per_s=finite(median_of("samples_per_s")["median"]),
+        startup_time=finite(median_of("startup_time")["median"]),
+        startup_time_estimated=any(r.get("startup_time_estimated") for r in results),
+        train_time=sum(r.get("train_time") or 0.0 for r in results),
+        wall_time=sum(r.get("wall_time") or 0.0 for r in results),
+        seed_steps={str(r.config["seed"]): run_steps(r) for r in records},
         # per seed, for the paired verdicts (kbackend.study.verdicts)
-        "seed_test": {str(r.config["seed"]): float(r.result["test_metric"])
-                      for r in records if r.result.get("test_metric") is not None},
-        "test_metric_name": next((r.result.get("test_metric_name") for r in records
-                                  if r.result.get("test_metric_name")), None),
-        "eval_every": records[0].config.get("eval_every") if records else None,
-        "fused_steps": records[0].config.get("fused_steps") if records else None,
-        "run_key": middle.key,
-        "run_keys": tuple(r.key for r in records),
-        "intervals": {"steps_to_target": steps, "time_to_target": times,
-                      "test_accuracy": test, "test_metric": test_metric,
-                      "best_metric": median_of("best_metric")},
-    }
+        seed_test={str(r.config["seed"]): float(r.result["test_metric"])
+                   for r in records if r.result.get("test_metric") is not None},
+        test_metric_name=next((r.result.get("test_metric_name") for r in records
+                               if r.result.get("test_metric_name")), None),
+        eval_every=records[0].config.get("eval_every") if records else None,
+        fused_steps=records[0].config.get("fused_steps") if records else None,
+        run_key=middle.key,
+        run_keys=tuple(r.key for r in records),
+        intervals={"steps_to_target": steps, "time_to_target": times,
+                   "test_accuracy": test, "test_metric": test_metric,
+                   "best_metric": median_of("best_metric")})
 

@@ -76,9 +76,8 @@ def after_training(study: StudyRecord, metric: str, target: float,
                     key=lambda c: c.seconds)[:cells]
     # the frontier's: runs on an equal budget that do not stop at the target (the study's own
     # runs stop there, so their best value is the crossing, not the plateau)
-    plateaus = [c.frontier["best_metric"]["median"] for c in ranked
-                if ((c.frontier or {}).get("best_metric") or {}).get("median")
-                is not None]
+    plateaus = [c.frontier.best_metric["median"] for c in ranked
+                if c.frontier is not None and c.frontier.best_metric.get("median") is not None]
     if not ranked:
         return None
     if not plateaus:

@@ -46,11 +46,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 if TYPE_CHECKING:  # the results' types import the store (SQLite): not at the train command's
+    from kbackend.io import JsonObject
     from kbackend.study.study_record import Cell, StepTimes  # set-up (test_startup)
 
 # The chance that a comparison's final verdict is wrong, over all its looks, is at most 1 - this.
@@ -259,7 +260,7 @@ class Verdict:
         """This verdict naming the cells it compares."""
         return replace(self, cells=tuple(cells))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The verdict as the report's JSON record (fields without a value left out)."""
         optional = {"sd": self.sd, "round_variance": self.round_variance,
                     "cells": [list(cell) for cell in self.cells] or None,
@@ -271,7 +272,7 @@ class Verdict:
                 **{name: value for name, value in optional.items() if value is not None}}
 
     @classmethod
-    def from_json(cls, record: dict[str, Any]) -> Verdict:
+    def from_json(cls, record: JsonObject) -> Verdict:
         """The verdict a ``to_json`` record holds (a report section reading a stored record)."""
         return cls(record["kind"], record["seeds"], record["level"], record["margin"],
                    record["censored"], record["estimate"], record["low"], record["high"],

@@ -229,8 +229,8 @@ def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
     outcome = run_study(config, out_path, show_progress=show, print_results=show,
                         tensorboard=tensorboard, command_line=train_command_line,
                         confirm_seeds=confirm_seeds)
-    paths = outcome["paths"]
-    return StudyResult.of(outcome["study"], outcome["analysis"], Path(paths["report"]),
+    paths = outcome.paths
+    return StudyResult.of(outcome.study, outcome.analysis, Path(paths["report"]),
                           Path(paths["runs"]) if paths.get("runs") else None)
 
 

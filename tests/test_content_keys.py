@@ -221,9 +221,9 @@ def test_an_end_to_end_study_reuses_a_renamed_copy(tmp_path):
     shutil.copy(data, copy)
     again = run_study(StudyConfig(dataset=str(copy), **config), tmp_path / "out",
                       show_progress=False, print_results=False)
-    assert first["executed"] == 1 and again["executed"] == 0
-    assert [r["result"]["steps_run"] for r in again["study"]["runs"]] == \
-        [r["result"]["steps_run"] for r in first["study"]["runs"]]
+    assert first.executed == 1 and again.executed == 0
+    assert [r["result"]["steps_run"] for r in again.study.to_json()["runs"]] == \
+        [r["result"]["steps_run"] for r in first.study.to_json()["runs"]]
 
 
 @pytest.mark.parametrize("name", ["dense_7", "sequential_3"])

@@ -52,29 +52,29 @@ def predicted(tmp_path_factory):
 @pytest.mark.slow
 def test_a_flat_profile_predicts_the_larger_batch_faster_in_proportion(predicted):
     _, _, outcome = predicted
-    study = outcome["study"]
-    cells = {c["batch_size"]: c for c in study["device_profile"]["cells"]}
-    here = {c["batch_size"]: c for c in study["cells"]}
+    study = outcome.study
+    cells = {c["batch_size"]: c for c in study.device_profile["cells"]}
+    here = {c.batch_size: c for c in study.cells}
     assert set(cells) == {32, 128}
     for size, cell in cells.items():
-        assert here[size]["reached"]
+        assert here[size].reached
         assert cell["seconds_per_step"] == 0.001
-        assert cell["time_to_target"] == here[size]["steps_to_target"] * 0.001
-        assert cell["seed_times"] == {s: v * 0.001 for s, v in here[size]["seed_steps"].items()}
-        assert cell["time_to_target_here"] == here[size]["time_to_target"]
+        assert cell["time_to_target"] == here[size].steps_to_target * 0.001
+        assert cell["seed_times"] == {s: v * 0.001 for s, v in here[size].seed_steps.items()}
+        assert cell["time_to_target_here"] == here[size].time_to_target
     # the same step time: time there in proportion to steps (fewer at 128: faster there)
     ratio = cells[128]["time_to_target"] / cells[32]["time_to_target"]
-    assert ratio == pytest.approx(here[128]["steps_to_target"] / here[32]["steps_to_target"])
-    assert here[128]["steps_to_target"] < here[32]["steps_to_target"]
-    fastest = study["device_profile"]["fastest"]["cell"]
+    assert ratio == pytest.approx(here[128].steps_to_target / here[32].steps_to_target)
+    assert here[128].steps_to_target < here[32].steps_to_target
+    fastest = study.device_profile["fastest"]["cell"]
     assert fastest == {"optimizer": "sgd", "batch_size": 128}
     # the auto cell: every range between 32 and 128 costs 1 ms a step there
-    (auto,) = study["device_profile"]["auto_cells"]
-    (cell,) = study["auto_cells"]
-    for seed, steps in cell["seed_steps"].items():
+    (auto,) = study.device_profile["auto_cells"]
+    (cell,) = study.auto_cells
+    for seed, steps in cell.seed_steps.items():
         expected = steps * 0.001 if math.isfinite(steps) else math.inf
         assert auto["seed_times"][seed] == pytest.approx(expected, rel=1e-12)
-    (adaptive,) = study["device_profile"]["adaptive"]
+    (adaptive,) = study.device_profile["adaptive"]
     assert adaptive["best_fixed"] == 128
     assert adaptive["ratio"] == pytest.approx(auto["time_to_target"] / cells[128]["time_to_target"])
     assert adaptive["ratio_here"] is not None and adaptive["time"]["seeds"] == 2
@@ -83,11 +83,11 @@ def test_a_flat_profile_predicts_the_larger_batch_faster_in_proportion(predicted
 @pytest.mark.slow
 def test_the_summary_and_the_report_hold_the_predictions(predicted):
     _, _, outcome = predicted
-    summary = read_json(outcome["paths"]["summary"])
+    summary = read_json(outcome.paths["summary"])
     assert summary["device_profile"]["profile"]["device"] == "synthetic-gpu"
     assert summary["device_profile"]["profile"]["step_time_s"] == FLAT["step_time_s"]
     assert [c["batch_size"] for c in summary["device_profile"]["cells"]] == [32, 128]
-    report = outcome["paths"]["report"].read_text()
+    report = outcome.paths["report"].read_text()
     assert "## Predicted on synthetic-gpu" in report
     assert "| optimizer | batch | steps | ms/step here | time here (s) | ms/step on synthetic-gpu" \
            " | time on synthetic-gpu (s) |" in report
@@ -111,14 +111,14 @@ def test_resuming_with_an_advise_profile_trains_nothing(predicted, tmp_path):
 
     again = run_study(dataclasses.replace(config, device_profile=str(advice)), out,
                       show_progress=False, print_results=False, run_executor=forbidden)
-    assert again["executed"] == 0
-    assert again["study"]["study"] == first["study"]["study"]  # the identity is unchanged
-    predicted_again = again["study"]["device_profile"]
+    assert again.executed == 0
+    assert again.study.study_id == first.study.study_id  # the identity is unchanged
+    predicted_again = again.study.device_profile
     rows = {r["batch_size"]: r["step_ms"] / 1e3
             for r in read_json(advice)["measurements"]["batch_size"]}
-    for cell, here in zip(predicted_again["cells"], again["study"]["cells"], strict=True):
+    for cell, here in zip(predicted_again["cells"], again.study.cells, strict=True):
         assert cell["seconds_per_step"] == pytest.approx(profile.step_time(cell["batch_size"]))
-        assert cell["time_to_target"] == here["steps_to_target"] * cell["seconds_per_step"]
+        assert cell["time_to_target"] == here.steps_to_target * cell["seconds_per_step"]
     assert predicted_again["cells"][0]["seconds_per_step"] == rows[32]
 
 

@@ -64,8 +64,8 @@ def test_the_printed_command_carries_everything_that_decides_the_steps():
     assert "--eval-every" not in keras and "--fused-steps" not in keras
     assert keras[keras.index("--engine") + 1] == "keras"
     best = recommendation(study)
-    assert shlex.split(best["command"])[2:-2] == args
-    assert "eval_every=12" in best["python"] and "engine='native'" in best["python"]
+    assert shlex.split(best.command)[2:-2] == args
+    assert "eval_every=12" in best.python and "engine='native'" in best.python
 
 
 def test_the_printed_budget_is_the_cells_full_one_not_a_pruned_rates():
@@ -95,8 +95,8 @@ def test_the_printed_budget_is_the_cells_full_one_not_a_pruned_rates():
 ])
 def test_the_fastest_median_is_recommended_and_a_tie_is_stated(cells, pick, tied, resolved):
     best = recommendation(_study(cells))
-    assert (best["optimizer"], best["batch_size"]) == pick
-    assert sorted(best["tied_with"]) == sorted(tied) and best["resolved"] == resolved
+    assert (best.optimizer, best.batch_size) == pick
+    assert sorted(best.tied_with) == sorted(tied) and best.resolved == resolved
     line = recommendation_lines(best)[0]
     assert line.startswith(f"Recommended: {pick[0]} at batch {pick[1]}")
     assert ("tied with" in line) == bool(tied)
@@ -104,7 +104,7 @@ def test_the_fastest_median_is_recommended_and_a_tie_is_stated(cells, pick, tied
 
 def test_a_rate_at_the_bound_of_the_extended_grid_says_edge():
     best = recommendation(_study([_cell("momentum", 64, 1.0, 0.9, 1.1, 6, bound=True)]))
-    assert best["edge"]
+    assert best.edge
     assert "(edge)" in recommendation_lines(best)[0]
     assert "edge" not in recommendation_lines(
         recommendation(_study([_cell("sgd", 64, 1.0, 0.9, 1.1, 6)])))[0]
@@ -159,17 +159,21 @@ def test_a_second_cell_is_confirmed_only_when_the_first_fails_on_most_seeds():
         asked.append(cell.optimizer)
         seeds = 3
         reached = 1 if cell is fast else 3
-        return HeldOutRuns.from_json({
-            "optimizer": cell.optimizer, "batch_size": cell.batch_size,
-            "seeds": seeds, "held_out_seeds": list(range(HELD_OUT_SEED, HELD_OUT_SEED + seeds)),
-            "reached": reached, "confirmed": reached * 2 > seeds,
-            "steps_to_target": {"median": 60, "low": 50, "high": 70},
-            "time_to_target": {"median": 3.0, "low": 2.8, "high": 3.3}})
+        return HeldOutRuns(
+            optimizer=cell.optimizer, batch_size=cell.batch_size,
+            learning_rate=cell.learning_rate, seeds=seeds,
+            held_out_seeds=tuple(range(HELD_OUT_SEED, HELD_OUT_SEED + seeds)),
+            reached=reached, failed=0, confirmed=reached * 2 > seeds,
+            steps_to_target={"median": 60, "low": 50, "high": 70},
+            time_to_target={"median": 3.0, "low": 2.8, "high": 3.3},
+            wall_to_target={"median": 4.0, "low": 3.8, "high": 4.3},
+            study_steps_to_target=cell.steps_to_target,
+            study_time_to_target=cell.time_to_target, arguments=())
 
     study = replace(study, confirmation=tuple(confirm(study, confirm_one)))
     assert asked == ["sgd", "adam"]
     best = recommendation(study)
-    assert (best["optimizer"], best["batch_size"]) == ("adam", 32)
+    assert (best.optimizer, best.batch_size) == ("adam", 32)
     lines = recommendation_lines(best)
     assert "sgd at batch 64 was faster in the study but train reached the target on only 1 of 3" \
         in lines[1]
@@ -204,7 +208,7 @@ def test_a_study_confirms_its_command_and_the_command_reproduces_its_runs(tmp_pa
     study_steps = summary["cells"][0]["steps_to_target"]
     assert reached["step"] == study_steps
     # the stored summary (what `study compare` and a resumed Python call read) prints the same
-    assert recommendation(StudyRecord.from_json(summary))["command"] == command
+    assert recommendation(StudyRecord.from_json(summary)).command == command
     # one training time per run on train's output: the target line's, in the study's words
     line = next(x for x in rerun.stdout.splitlines() if x.startswith("target "))
     assert re.search(r"time to target [0-9.]+s \(wall to target [0-9.]+s", line)

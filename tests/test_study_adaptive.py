@@ -45,8 +45,8 @@ def auto_study(tmp_path_factory):
 @pytest.mark.slow
 def test_an_auto_cell_per_optimizer_with_its_ranges_and_samples(auto_study):
     _, outcome = auto_study
-    study = outcome["study"]
-    assert outcome["executed"] == 8 + AUTO_RUNS
+    study = outcome.study.to_json()  # the record as summary.json holds it
+    assert outcome.executed == 8 + AUTO_RUNS
     assert [c["optimizer"] for c in study["auto_cells"]] == ["sgd", "adam"]
     assert len(study["auto_runs"]) == AUTO_RUNS
     assert all(r["config"]["batch_size"] == "auto:16:128" for r in study["auto_runs"])
@@ -75,7 +75,7 @@ def test_an_auto_cell_per_optimizer_with_its_ranges_and_samples(auto_study):
 @pytest.mark.slow
 def test_the_verdict_against_the_best_fixed_batch_size(auto_study):
     _, outcome = auto_study
-    verdicts = outcome["analysis"].verdicts.adaptive
+    verdicts = outcome.analysis.verdicts.adaptive
     assert [v.optimizer for v in verdicts] == ["sgd", "adam"]
     for verdict in verdicts:
         assert verdict.best_fixed in (16, 128)
@@ -91,7 +91,7 @@ def test_the_verdict_against_the_best_fixed_batch_size(auto_study):
 @pytest.mark.slow
 def test_the_report_shows_the_auto_cells_and_states_the_verdict(auto_study):
     _, outcome = auto_study
-    report = outcome["paths"]["report"].read_text()
+    report = outcome.paths["report"].read_text()
     assert "| sgd | auto 16-128 (sqrt) |" in report and "| adam | auto 16-128 (sqrt) |" in report
     assert "## Adaptive batch size (auto)" in report
     assert "Adaptive batch size, adam: auto 16-128 (sqrt) vs the best fixed batch size" in report
@@ -107,9 +107,9 @@ def test_resuming_the_study_trains_nothing(auto_study):
 
     again = run_study(AUTO_STUDY, out, show_progress=False, print_results=False,
                       run_executor=forbidden)
-    assert again["executed"] == 0
-    assert [c["seed_steps"] for c in again["study"]["auto_cells"]] == \
-        [c["seed_steps"] for c in first["study"]["auto_cells"]]
+    assert again.executed == 0
+    assert [c["seed_steps"] for c in again.study.to_json()["auto_cells"]] == \
+        [c["seed_steps"] for c in first.study.to_json()["auto_cells"]]
     with ResultStore(out / "study.db") as store:
         keys = [r.config["batch_size"] for r in store.records(kind="run")]
     assert keys.count("auto:16:128") == AUTO_RUNS
@@ -205,7 +205,7 @@ def test_a_population_study_runs_its_auto_cell_one_run_at_a_time(tmp_path):
                                  learning_rates={"adam": (3e-3,)},
                                  max_steps=120, step_time_repeats=0)
     with ResultStore(tmp_path / "study.db") as store:
-        study = StudyRunner(config, store).run()
+        study = StudyRunner(config, store).run().to_json()
     assert {c["population"]["path"] for c in study["cells"]} == {"population"}
     (auto,) = study["auto_cells"]
     assert auto["population"]["path"] == "sequential" and len(study["auto_runs"]) == 2

@@ -86,8 +86,8 @@ def test_tiny_study_writes_report_plots_and_reports_unreached_cells(baseline):
     import matplotlib.image
 
     _, result = baseline
-    study = result["study"]
-    assert result["executed"] == TINY_RUNS and result["skipped"] == 0
+    study = result.study.to_json()  # the record as summary.json holds it
+    assert result.executed == TINY_RUNS and result.skipped == 0
     cells = {(c["optimizer"], c["batch_size"]): c for c in study["cells"]}
     assert sorted(cells) == [("adam", 64), ("adam", 256), ("sgd", 64), ("sgd", 256)]
     for batch in (64, 256):
@@ -99,13 +99,13 @@ def test_tiny_study_writes_report_plots_and_reports_unreached_cells(baseline):
         assert adam["samples_to_target"] == pytest.approx(
             adam["epochs_to_target"] * study["dataset"]["num_train"])
         assert adam["samples_per_s"] > 0 and 0.0 < adam["test_accuracy"] <= 1.0
-    assert result["analysis"].best.optimizer == "adam"
+    assert result.analysis.best.optimizer == "adam"
     assert all(len(r["trajectory"]["step"]) == r["result"]["steps_run"] for r in study["runs"])
     noise = study["noise"]
     assert noise["points"][0]["step"] == 0 and len(noise["points"]) == 2
     assert all(np.isfinite(p["trace_sigma"]) for p in noise["points"])
 
-    folder = result["paths"]["report"].parent
+    folder = result.paths["report"].parent
     report = (folder / "report.md").read_text()
     assert report.count("NOT REACHED (0/2)") == 2 and "| adam | 64 |" in report
     summary = json.loads((folder / "summary.json").read_text())
@@ -121,9 +121,9 @@ def test_tiny_study_writes_report_plots_and_reports_unreached_cells(baseline):
 @pytest.mark.slow
 def test_the_study_accounts_for_its_time(baseline):
     _, result = baseline
-    account = result["time_spent"]
+    account = result.time_spent
     assert account.runs_trained == TINY_RUNS
-    runs = result["study"].runs
+    runs = result.study.runs
     steady = sum(r.result["train_time"] - r.result["startup_time"] for r in runs)
     assert account.steady_training_s == pytest.approx(steady, rel=1e-6)
     assert account.evaluation_s == pytest.approx(sum(r.result["eval_time"] for r in runs))
@@ -139,7 +139,7 @@ def test_the_study_accounts_for_its_time(baseline):
     assert sum(getattr(account, k) for k in parts) == pytest.approx(account.whole_process_s,
                                                                     rel=1e-6)
     assert account.whole_over_steady == pytest.approx(account.whole_process_s / steady)
-    folder = result["paths"]["report"].parent
+    folder = result.paths["report"].parent
     assert "Where this process's time went" in (folder / "report.md").read_text()
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["time_spent"]["runs_trained"] == TINY_RUNS
@@ -173,14 +173,14 @@ def test_the_console_table_fits_100_columns(baseline):
     from kbackend.study.analysis import analyze
     from kbackend.study.report import print_table
 
-    study = baseline[1]["study"]
+    study = baseline[1].study
     out = io.StringIO()
     print_table(study, analyze(study), Console(file=out, width=100, highlight=False))
     lines = out.getvalue().splitlines()
     assert max(len(line) for line in lines) <= 100
     end = next(i for i, line in enumerate(lines) if line.startswith("(medians"))
     table = [line for line in lines[:end] if line.strip().startswith(("sgd", "adam"))]
-    assert len(table) == len(study["cells"])  # one line per cell: nothing wrapped
+    assert len(table) == len(study.cells)  # one line per cell: nothing wrapped
     assert "…" not in "\n".join(table) and any(" no (" in line for line in table)
 
 
@@ -188,9 +188,9 @@ def test_the_console_table_fits_100_columns(baseline):
 def test_rerun_skips_every_finished_run(baseline):
     out, first = baseline
     again = run_study(TINY, out, show_progress=False, print_results=False)
-    assert again["executed"] == 0 and again["skipped"] == TINY_RUNS + 2  # + noise, step times
-    assert ([c["run_key"] for c in again["study"]["cells"]]
-            == [c["run_key"] for c in first["study"]["cells"]])
+    assert again.executed == 0 and again.skipped == TINY_RUNS + 2  # + noise, step times
+    assert ([c["run_key"] for c in again.study.to_json()["cells"]]
+            == [c["run_key"] for c in first.study.to_json()["cells"]])
 
 
 @pytest.mark.slow
@@ -365,7 +365,7 @@ def test_learning_rate_search_prunes_and_picks_the_fewest_steps(tmp_path):
                          learning_rates={"sgd": (0.1, 0.01, 1.0, 0.3)}, noise_points=0,
                          seeds=1, lr_extend=0, step_time_repeats=0)
     with ResultStore(tmp_path / "study.db") as store:
-        study = StudyRunner(config, store, run_executor=execute).run()
+        study = StudyRunner(config, store, run_executor=execute).run().to_json()
     # One step per epoch at batch 1294 (the keras engine evaluates every epoch).
     assert budgets == [(0.1, 1000), (0.01, 300), (1.0, 300), (0.3, 120)]
     (cell,) = study["cells"]
@@ -442,7 +442,7 @@ def test_no_jit_reaches_the_keras_engine_and_keys_only_the_runs_it_changes(tmp_p
 
 @pytest.mark.slow
 def test_compare_puts_backends_side_by_side(baseline, tmp_path, capsys):
-    folder = baseline[1]["paths"]["report"].parent
+    folder = baseline[1].paths["report"].parent
     other = copy.deepcopy(json.loads((folder / "summary.json").read_text()))
     other["env"]["backend"] = "other"
     (tmp_path / "other.json").write_text(json.dumps(other))
@@ -492,7 +492,7 @@ def _without(summary, *keys):
 ], ids=["empty", "bad-json", "truncated", "binary", "list", "empty-object", "nan", "no-config",
         "no-target", "bad-cell", "dangling-non-finite", "bad-optimizers", "no-best"])
 def test_compare_refuses_a_bad_summary_with_one_line(baseline, tmp_path, capsys, make, message):
-    folder = baseline[1]["paths"]["report"].parent
+    folder = baseline[1].paths["report"].parent
     good = json.loads((folder / "summary.json").read_text())
     bad = tmp_path / "bad.json"
     bad.write_text(make(good), encoding="latin-1")
@@ -547,7 +547,7 @@ def test_max_epochs_caps_the_budget_where_the_epochs_end_first(tmp_path):
     config = _one_cell(batch_sizes=(8, 1294), seeds=1, max_epochs=3,
                        learning_rates={"sgd": (0.1,)})
     with ResultStore(tmp_path / "study.db") as store:
-        study = StudyRunner(config, store, run_executor=execute).run()
+        study = StudyRunner(config, store, run_executor=execute).run().to_json()
     # Batch 8: 3 epochs of 161 steps (483) is under max_steps, rounded up to whole evaluation
     # intervals (the keras engine evaluates every 162 steps). Batch 1294: one step per epoch.
     assert budgets == {8: 486, 1294: 3}
@@ -573,7 +573,7 @@ def test_seeds_pick_the_rate_with_the_best_median_and_give_intervals(tmp_path):
     calls = _planted(lambda lr, seed: steps[lr, seed])
     config = _one_cell(learning_rates={"sgd": (0.1, 1.0)}, prune=False)
     with ResultStore(tmp_path / "study.db") as store:
-        study = StudyRunner(config, store, run_executor=calls).run()
+        study = StudyRunner(config, store, run_executor=calls).run().to_json()
         assert sorted((lr, seed) for lr, seed, _ in calls) == sorted(steps)
         (cell,) = study["cells"]
         assert cell["learning_rate"] == 1.0 and cell["steps_to_target"] == 200
@@ -610,7 +610,7 @@ def test_a_cell_reaches_only_when_its_median_seed_does(tmp_path):
     planted = _planted(lambda lr, seed: 100 if seed == 0 else None)
     with ResultStore(tmp_path / "study.db") as store:
         (cell,) = StudyRunner(_one_cell(learning_rates={"sgd": (0.1,)}), store,
-                              run_executor=planted).run()["cells"]
+                              run_executor=planted).run().to_json()["cells"]
     assert not cell["reached"] and cell["steps_to_target"] is None and cell["seeds_reached"] == 1
     assert math.isinf(cell["intervals"]["steps_to_target"]["high"])
 
@@ -624,7 +624,7 @@ def test_pruning_with_seeds_keeps_the_winner_exact(tmp_path):
     calls = _planted(lambda lr, seed: steps[lr, seed])
     config = _one_cell(learning_rates={"sgd": (0.1, 1.0, 0.01)})
     with ResultStore(tmp_path / "study.db") as store:
-        (cell,) = StudyRunner(config, store, run_executor=calls).run()["cells"]
+        (cell,) = StudyRunner(config, store, run_executor=calls).run().to_json()["cells"]
     assert calls == [(0.1, 0, 1000), (0.1, 1, 1000), (0.1, 2, 1000),
                      (1.0, 0, 300), (1.0, 1, 300), (1.0, 2, 300),
                      (0.01, 0, 200), (0.01, 1, 200),
@@ -651,7 +651,7 @@ def test_a_rate_behind_on_its_metric_skips_its_last_seed_when_no_rate_reaches(tm
 
     config = _one_cell(learning_rates={"sgd": (0.1, 1.0, 0.01)})
     with ResultStore(tmp_path / "study.db") as store:
-        (cell,) = StudyRunner(config, store, run_executor=execute).run()["cells"]
+        (cell,) = StudyRunner(config, store, run_executor=execute).run().to_json()["cells"]
     assert calls == [(0.1, 0), (0.1, 1), (0.1, 2), (1.0, 0), (1.0, 1),
                      (0.01, 0), (0.01, 1), (0.01, 2)]
     assert cell["learning_rate"] == 0.01 and not cell["reached"]
@@ -659,7 +659,7 @@ def test_a_rate_behind_on_its_metric_skips_its_last_seed_when_no_rate_reaches(tm
     calls.clear()
     with ResultStore(tmp_path / "unpruned.db") as store:
         (cell,) = StudyRunner(dataclasses.replace(config, prune=False), store,
-                              run_executor=execute).run()["cells"]
+                              run_executor=execute).run().to_json()["cells"]
     assert len(calls) == 9 and cell["learning_rate"] == 0.01
 
 
@@ -673,7 +673,7 @@ def test_a_store_written_with_extra_resumes_with_the_same_figures(tmp_path):
 
     config = _one_cell(batch_sizes=(64,), learning_rates={"sgd": (0.1, 1.0)})
     with ResultStore(tmp_path / "study.db") as store:
-        first = StudyRunner(config, store, run_executor=execute).run()
+        first = StudyRunner(config, store, run_executor=execute).run().to_json()
     with sqlite3.connect(tmp_path / "study.db") as db:
         rows = db.execute("SELECT key, trajectory FROM results WHERE kind = 'run'").fetchall()
         for key, text in rows:
@@ -685,7 +685,7 @@ def test_a_store_written_with_extra_resumes_with_the_same_figures(tmp_path):
     with ResultStore(tmp_path / "study.db") as store:
         runner = StudyRunner(config, store,
                              run_executor=lambda runner, plan: pytest.fail("trained"))
-        again = runner.run()
+        again = runner.run().to_json()
         assert all("extra" in r.trajectory for r in store.records(kind="run"))
     assert runner.executed == 0
     assert [r["result"] for r in again["runs"]] == [r["result"] for r in first["runs"]]
@@ -760,14 +760,14 @@ def test_time_model_times_cells_interleaved_and_multiplies_median_steps(tmp_path
     order = []
 
     def step_timer(self, cell, steps):
-        label = (cell["optimizer"], cell["batch_size"])
+        label = (cell.optimizer, cell.batch_size)
         return lambda: order.append(label)
 
     monkeypatch.setattr(StepTimeModel, "timer", step_timer)
     config = _one_cell(optimizers=("sgd", "adam"), batch_sizes=(647, 1294), step_time_repeats=3,
                        learning_rates={"sgd": (0.1,), "adam": (0.01,)})
     with ResultStore(tmp_path / "study.db") as store:
-        study = StudyRunner(config, store, run_executor=planted).run()
+        study = StudyRunner(config, store, run_executor=planted).run().to_json()
         cells = [("sgd", 647), ("sgd", 1294), ("adam", 647), ("adam", 1294)]
         # One untimed warm-up call each, then three rounds, each starting one cell later and
         # timing ROUND_CALLS calls of each cell back to back (the fastest kept).
@@ -783,7 +783,7 @@ def test_time_model_times_cells_interleaved_and_multiplies_median_steps(tmp_path
             assert cell["time_to_target_runs"] == pytest.approx(1.0)  # the runs' own clocks
         order.clear()
         again = StudyRunner(config, store, run_executor=planted).run()  # stored: not measured
-        assert order == [] and again["step_times"] == study["step_times"]
+        assert order == [] and again.to_json()["step_times"] == study["step_times"]
 
 
 @pytest.mark.parametrize(("call_seconds", "fused", "most", "steps"), [
@@ -835,9 +835,9 @@ def test_report_states_sources_verdicts_and_caveats(tmp_path, monkeypatch):
 
         seconds = [0.0098, 0.01, 0.0102]
         return StepTimes.from_json({"engine": "native", "study_engine": "keras", "repeats": 3,
-                                    "cells": [{"optimizer": c["optimizer"],
-                                               "batch_size": c["batch_size"],
-                                               "learning_rate": c["learning_rate"],
+                                    "cells": [{"optimizer": c.optimizer,
+                                               "batch_size": c.batch_size,
+                                               "learning_rate": c.learning_rate,
                                                "seconds": seconds,
                                                "seconds_per_step": median_interval(seconds)}
                                               for c in cells]})
@@ -847,7 +847,7 @@ def test_report_states_sources_verdicts_and_caveats(tmp_path, monkeypatch):
                        learning_rates={"sgd": (0.1,), "adam": (0.01,)})
     result = run_study(config, tmp_path, show_progress=False, print_results=False,
                        run_executor=execute)
-    report = result["paths"]["report"].read_text()
+    report = result.paths["report"].read_text()
     assert "## What the sources claim, what this run shows" in report and "## Caveats" in report
     for claim in ("**(a) SGD vs Adam", "**(b) Scaling regions", "**(c) Generalization",
                   "**(d) The throughput knee"):
@@ -862,7 +862,7 @@ def test_report_states_sources_verdicts_and_caveats(tmp_path, monkeypatch):
     assert "first value past the target" in report
     assert "| sgd | 16 | 0.1 | yes (3/3) | 100 [90, 110] |" in report
     for name in PLOTS:
-        assert (result["paths"]["report"].parent / "plots" / name).read_bytes()[:4] == b"\x89PNG"
+        assert (result.paths["report"].parent / "plots" / name).read_bytes()[:4] == b"\x89PNG"
 
 
 def test_a_diverged_run_is_recorded_and_the_study_goes_on(tmp_path):
@@ -871,7 +871,7 @@ def test_a_diverged_run_is_recorded_and_the_study_goes_on(tmp_path):
                          learning_rates={"sgd": (1e30, 0.1)}, noise_points=0, seeds=1,
                          lr_extend=0, step_time_repeats=0, prune=False)
     with ResultStore(tmp_path / "study.db") as store:
-        study = StudyRunner(config, store).run()
+        study = StudyRunner(config, store).run().to_json()
     by_rate = {r["config"]["learning_rate"]: r["result"] for r in study["runs"]}
     assert by_rate[1e30]["diverged"] and not by_rate[1e30]["reached"]
     assert not by_rate[0.1]["diverged"] and by_rate[0.1]["steps_run"] > 0
@@ -943,7 +943,7 @@ def test_a_population_study_gives_the_sequential_answers_and_resumes(tmp_path):
         with ResultStore(tmp_path / name / "study.db") as store:
             runner = StudyRunner(dataclasses.replace(
                 POPULATED, population="off" if name == "seq" else "on"), store)
-            answers[name] = _cell_answers(runner.run())
+            answers[name] = _cell_answers(runner.run().to_json())
             assert runner.executed == 0  # everything stored: resumption trains nothing
     assert answers["seq"] == answers["pop"]
     # A population missing two members trains only those two, as a population of two.

@@ -72,7 +72,7 @@ def test_a_stored_run_is_json_only_as_the_report_reads_it():
 def test_a_recording_sink_sees_each_run_start_finish_and_then_be_reused(store):
     events: list[StudyEvent] = []
     planted = _planted(_outcome)
-    study = StudyRunner(CONFIG, store, events.append, run_executor=planted).run()
+    study = StudyRunner(CONFIG, store, events.append, run_executor=planted).run().to_json()
     runs = [e for e in events if e.what == "run"]
     assert [e.phase for e in runs] == ["start", "finished"] * 4 and len(planted) == 4
     finished = [e.record for e in runs if e.phase == "finished"]
@@ -82,7 +82,7 @@ def test_a_recording_sink_sees_each_run_start_finish_and_then_be_reused(store):
 
     events.clear()
     again = StudyRunner(CONFIG, store, events.append, run_executor=_forbidden)
-    assert again.run()["cells"] == study["cells"] and again.executed == 0
+    assert again.run().to_json()["cells"] == study["cells"] and again.executed == 0
     assert [e.phase for e in events if e.what == "run"] == ["skipped"] * 4
 
 
@@ -94,12 +94,12 @@ def test_a_study_on_the_memory_store_gives_the_sqlite_studys_answers(tmp_path):
     in_memory = run_study(CONFIG, tmp_path / "memory", show_progress=False,
                           print_results=False, run_executor=_planted(_outcome), store=memory)
     assert not (tmp_path / "memory" / DB_NAME).exists()  # the injected store, no file
-    assert in_memory["executed"] == on_disk["executed"] == 4
-    assert in_memory["study"]["cells"] == on_disk["study"]["cells"]
+    assert in_memory.executed == on_disk.executed == 4
+    assert in_memory.study.to_json()["cells"] == on_disk.study.to_json()["cells"]
     assert len(memory.summaries()) == 1  # what `study compare` reads, kept there too
     again = run_study(CONFIG, tmp_path / "memory", show_progress=False, print_results=False,
                       run_executor=_forbidden, store=memory)
-    assert again["executed"] == 0 and again["skipped"] == 4
+    assert again.executed == 0 and again.skipped == 4
 
 
 def _put_as_before(path, run: StoredRun) -> None:
@@ -118,7 +118,7 @@ def _put_as_before(path, run: StoredRun) -> None:
 
 def test_a_store_written_by_the_earlier_put_resumes_with_nothing_retrained(tmp_path):
     first = StudyRunner(CONFIG, MemoryStore(), run_executor=_planted(_outcome))
-    study = first.run()
+    study = first.run().to_json()
     assert isinstance(first.store, MemoryStore)
     made = first.store.added
     assert len(made) == 4
@@ -136,7 +136,7 @@ def test_a_store_written_by_the_earlier_put_resumes_with_nothing_retrained(tmp_p
     assert rows[0] == rows[1] and len(rows[0]) == 4
     with ResultStore(old) as store:
         resumed = StudyRunner(CONFIG, store, run_executor=_forbidden)
-        assert resumed.run()["cells"] == study["cells"]
+        assert resumed.run().to_json()["cells"] == study["cells"]
         assert resumed.executed == 0 and resumed.legacy_runs() == 0
 
 

@@ -329,7 +329,7 @@ def test_frontier_runs_record_the_best_checkpoint_and_are_reused(tmp_path):
                          jit_compile=JIT_FOR_SMALL_RUNS)
     with ResultStore(tmp_path / "study.db") as store:
         runner = StudyRunner(config, store)
-        (cell,) = runner.run()["cells"]
+        (cell,) = runner.run().to_json()["cells"]
         assert runner.time_spent.frontier_runs == 2
         frontier = cell["frontier"]
         assert frontier["epochs"] == 2 and frontier["seeds"] == 2

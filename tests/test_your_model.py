@@ -292,7 +292,7 @@ def test_a_study_of_a_user_model_names_its_metric_and_resumes(tmp_path):
                       batch_sizes=(16, 64), seeds=2, out=tmp_path / "out", progress=False,
                       lr_grid_size=1, noise_points=0, step_time_repeats=0, max_steps=800)
         first = kbackend.study(user_models.reg, X, y, **kwargs)
-        assert first.best is not None and "--target-metric val_mae" in first.best["command"]
+        assert first.best is not None and "--target-metric val_mae" in first.best.command
         assert first.report_path.parent.name.startswith("arrays-")
         assert "user_models-reg" in first.report_path.parent.name
         assert all(row["reached"] for row in first.rows)

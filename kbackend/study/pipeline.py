@@ -297,8 +297,6 @@ class StudyOutcome:
     skipped: int
     time_spent: TimeAccount
 
-    def __getitem__(self, name: str) -> Any:
-        return getattr(self, name)
 
 
 def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool = True,

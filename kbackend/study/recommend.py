@@ -113,7 +113,10 @@ class Recommendation:
     tie: str | None = None
     passed_over: tuple[Confirmation, ...] = ()
     warnings: tuple[str, ...] = ()
+
     def __getitem__(self, name: str) -> Any:
+        """``best["batch_size"]``: the dict a Python user's code read before this record
+        (documented in docs/your-model.md), kept for them; kbackend reads attributes."""
         return getattr(self, name)
 
     def to_dict(self) -> JsonObject:

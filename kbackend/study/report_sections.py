@@ -141,8 +141,8 @@ def conclusions(study: StudyRecord, analysis: Analysis, scaling: bool = True) ->
 
 
 def _point_b_simple(point: NoisePoint) -> str:
-    value = point.b_simple
-    if not math.isfinite(value) or value <= 0:
+    value = point.b_simple  # None where a summary was read without non-finite values restored
+    if value is None or not math.isfinite(value) or value <= 0:
         return "not estimated"
     return f"{value:.0f}"
 

@@ -52,6 +52,8 @@ class CellRow:
                    cell.test_metric_name, cell.samples_per_s, cell)
 
     def __getitem__(self, name: str) -> Any:
+        """``row["seeds"]``: any figure of the cell's full record by name, for a Python user's
+        code (``row.cell`` holds it typed)."""
         return getattr(self.cell, name)
 
     def to_dict(self) -> JsonObject:

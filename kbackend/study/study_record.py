@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from kbackend.errors import InternalError
 from kbackend.io import JsonObject
 from kbackend.study.store import StoredRun
 
@@ -150,9 +151,6 @@ class Cell:
         return self.time_to_target if self.reached and self.time_to_target is not None \
             else math.inf
 
-    def __getitem__(self, name: str) -> Any:
-        """``cell["reached"]``: the figure of that name (as the record it replaced)."""
-        return getattr(self, name)
 
     def to_json(self) -> JsonObject:
         """The cell's record, keys in summary.json's order; the parts not filled in left out."""
@@ -379,9 +377,14 @@ class HeldOutRuns:
 
     @classmethod
     def from_json(cls, record: JsonObject) -> HeldOutRuns:
-        values: JsonObject = {name: record.get(name) for name in cls.__dataclass_fields__}
-        return cls(**{**values, "held_out_seeds": tuple(values["held_out_seeds"] or ()),
-                      "arguments": tuple(values["arguments"] or ())})
+        """The stored record; a missing field is an ``InternalError`` naming it (every version
+        that stored a confirmation wrote them all)."""
+        missing = [name for name in cls.__dataclass_fields__ if name not in record]
+        if missing:
+            raise InternalError(f"A stored confirmation lacks {', '.join(missing)}.")
+        values = {name: record[name] for name in cls.__dataclass_fields__}
+        return cls(**{**values, "held_out_seeds": tuple(values["held_out_seeds"]),
+                      "arguments": tuple(values["arguments"])})
 
 
 @dataclass(frozen=True)
@@ -472,9 +475,6 @@ class StudyRecord:
         """Every stored run: the fixed cells' (all rates and seeds), then the auto cells'."""
         return [*self.runs, *self.auto_runs]
 
-    def __getitem__(self, name: str) -> Any:
-        """``study["cells"]`` and the other keys of the dict this record replaced."""
-        return self.to_json()[name]
 
     def to_json(self) -> JsonObject:
         """The record as the JSON dict it used to be (``study`` its id; empty parts left out

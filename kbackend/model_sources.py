@@ -29,7 +29,6 @@ Errors are one-line ``ModelError``s (a ``ConfigError``: exit status 2).
 from __future__ import annotations
 
 import ast
-import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -52,6 +51,7 @@ from kbackend.backend_choice import keras as import_keras
 from kbackend.backend_choice import tensorflow_kept_out
 from kbackend.backends import impl
 from kbackend.data import DatasetInfo
+from kbackend.data.user.function import import_user_file
 from kbackend.digests import arrays_digest, code_digest, json_digest
 from kbackend.errors import ConfigError, InternalError, exit_call, path_errors
 from kbackend.models import (
@@ -445,37 +445,16 @@ def _check_builder_source(path: Path, function: str) -> None:
 
 
 def _import_file(path: Path, what: str = "Builder file") -> ModuleType:
-    """The module of the Python file ``path``, imported once per version of the file, under a
-    name made from its path (kept in ``sys.modules``: Keras's registered classes live there).
-    While it runs, its folder is first on ``sys.path``, so it may import its neighbours."""
-    path = path.resolve()
-    stat = path.stat()
-    tag = hashlib.blake2b(f"{path}:{stat.st_mtime_ns}:{stat.st_size}".encode(),
-                          digest_size=6).hexdigest()
-    name = f"kbackend_builder_{re.sub(r'[^0-9A-Za-z_]', '_', path.stem)}_{tag}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ModelError(f"{what} {str(path)!r} does not import as a Python module.")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    sys.path.insert(0, str(path.parent))
+    """The module of the Python file ``path`` (``import_user_file``: once per version)."""
     try:
-        spec.loader.exec_module(module)
+        return import_user_file(path, "kbackend_builder")
     except Exception as error:
-        del sys.modules[name]
-        raise ModelError(f"{what} {str(path)!r} failed to import: "
+        raise ModelError(f"{what} {str(path.resolve())!r} failed to import: "
                          f"{_one_line(error)}") from error
     except SystemExit as error:
-        del sys.modules[name]
-        raise ModelError(f"Builder file {str(path)!r} called {exit_call(error)} while it was "
-                         "imported: a builder file defines a function returning a keras.Model."
-                         ) from None
-    finally:
-        if str(path.parent) in sys.path:
-            sys.path.remove(str(path.parent))
-    return module
+        raise ModelError(f"Builder file {str(path.resolve())!r} called {exit_call(error)} while "
+                         "it was imported: a builder file defines a function returning a "
+                         "keras.Model.") from None
 
 
 # --- --import: modules that register the classes of a model file ----------------------------

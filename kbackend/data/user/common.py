@@ -166,11 +166,19 @@ class Splits:
 
 class Reader(ABC):
     """One kind of the user's data source, holding what it reads from; ``read()`` does the
-    reading (the dataset made of what it read is keyed by its arrays: ``Dataset.digest``)."""
+    reading (the dataset made of what it read is keyed by its arrays: ``Dataset.digest``),
+    ``check()`` what can be checked without a framework or the user's code."""
+
+    where: Where
 
     @abstractmethod
     def read(self) -> Splits:
         """The source's splits as read (checked by ``finish``)."""
+
+    def check(self) -> None:
+        """What ``kbackend launch`` checks before any process starts (``check_source``): a
+        file read with NumPy alone is read in full and checked (``finish``)."""
+        finish(self.where, "", self)
 
 
 def finish(where: Where, source: str, reader: Reader) -> UserData:

@@ -213,6 +213,11 @@ class Folder(Reader):
         return Splits(name=self.path.resolve().name, kind=kind, splits=splits,
                       class_names=class_names, notes=notes, owned=True)
 
+    def check(self) -> None:
+        """The class subfolders and their files listed (reading them takes Keras)."""
+        for folder in _folder_splits(self.where, self.path).values():
+            _scan_folder(self.where, folder)
+
 
 def _load_folder(where: Where, folder: Path, *, seed: int, max_bytes: int,
                  image_size: tuple[int, int] | None) -> tuple[str, dict, tuple, tuple]:

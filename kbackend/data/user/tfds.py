@@ -71,6 +71,11 @@ class TfdsSet(Reader):
         return Splits(name=self.source, kind="tfds", splits=splits, class_names=class_names,
                       notes=notes, owned=True)
 
+    def check(self) -> None:
+        """The prepared folder looked up (reading it takes TensorFlow)."""
+        name, _, config = self.source[len(TFDS_PREFIX):].partition(":")
+        _tfds_folder(self.where, name, config)
+
 
 def _load_tfds(where: Where, spec: str, max_bytes: int) -> tuple[dict, tuple | None, tuple]:
     name, _, config = spec.partition(":")

@@ -779,6 +779,12 @@ class ModelSource(ABC):
     """
 
     kind: ClassVar[str]
+    # Whether only its content says what it is (a file's or builder's name does not): a
+    # study's report folder carries its digest.
+    by_content: ClassVar[bool] = True
+    # Whether its models train their own compiled task (a user's), which only a prepared
+    # workload reads (``task``), rather than kbackend's classification (a built-in's).
+    own_task: ClassVar[bool] = True
     name: str
     # The .keras file or the builder's Python file.
     path: Path | None = None
@@ -889,6 +895,8 @@ class BuiltinModel(ModelSource):
     """One of ``kbackend.models``' builders: ``models.build_model`` with the run's options."""
 
     kind = "builtin"
+    by_content = False
+    own_task = False
 
     @property
     def default_metric(self) -> str | None:
@@ -1092,6 +1100,17 @@ def _builder_source(text: str) -> ModelSource:
     return Builder(text, module=location, function=function)
 
 
+def model_kind(value: str | os.PathLike) -> type[ModelSource] | None:
+    """The kind of model source ``value`` names, by its form alone (nothing is read or
+    imported): a built-in name, a ``.keras`` file or a builder; None where it names none."""
+    text = str(os.fspath(value))
+    if isinstance(value, str) and value in MODELS:
+        return BuiltinModel
+    if text.endswith(".keras"):
+        return KerasFile
+    return Builder if ":" in text else None
+
+
 def parse_model_source(value: Any, *, unsafe_deserialization: bool = False,
                        from_weights: bool = False) -> ModelSource:
     """The ``ModelSource`` ``value`` names, after every check that needs nothing built.
@@ -1106,15 +1125,16 @@ def parse_model_source(value: Any, *, unsafe_deserialization: bool = False,
         return value
     if isinstance(value, str | os.PathLike):
         text = str(os.fspath(value))
-        if isinstance(value, str) and value in MODELS:
-            source: ModelSource = BuiltinModel(value)
-        elif text.endswith(".keras"):
+        kind = model_kind(value)
+        if kind is BuiltinModel:
+            source: ModelSource = BuiltinModel(text)
+        elif kind is KerasFile:
             path = check_model_file(text)
             if not unsafe_deserialization and _has_lambda(_read_config(path)):
                 raise _lambda_error(path)
             source = KerasFile(path.name, path=path, from_weights=from_weights,
                                unsafe_deserialization=unsafe_deserialization)
-        elif ":" in text:
+        elif kind is Builder:
             source = _builder_source(text)
         elif text.endswith(".py"):
             raise ModelError(f"Invalid model {text!r}: name the builder function, as "

@@ -281,11 +281,7 @@ def _save_arrays(workload: Workload, out: Path) -> Path:
         # A multi-output task's labels as the y_<split>_<output> keys the .npz reader takes.
         arrays.update({f"y_{split}_{name}": value for name, value in labels.items()}
                       if isinstance(labels, dict) else {f"y_{split}": labels})
-    path = out / "data" / f"arrays-{data.digest()}.npz"  # the run keys' own data digest
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, lambda tmp: np.savez(tmp, allow_pickle=False, **arrays))
-    return path
+    return _saved(out / "data" / f"arrays-{data.digest()}.npz", arrays)  # the run keys' digest
 
 
 def _save_texts(x: Any, y: Any, validation_data: Any, out: Path) -> Path:
@@ -295,7 +291,12 @@ def _save_texts(x: Any, y: Any, validation_data: Any, out: Path) -> Path:
     splits = from_python(x, y, validation_data=validation_data).splits
     arrays = {f"{part}_{split}": (np.asarray(value).astype(str) if part == "x" else value)
               for split, pair in splits.items() for part, value in zip("xy", pair, strict=True)}
-    path = out / "data" / f"texts-{arrays_digest(arrays)}.npz"
+    return _saved(out / "data" / f"texts-{arrays_digest(arrays)}.npz", arrays)
+
+
+def _saved(path: Path, arrays: dict[str, Any]) -> Path:
+    """``arrays`` written to ``path`` (atomically, without pickle) unless it is there: it is
+    named by their digest."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, lambda tmp: np.savez(tmp, allow_pickle=False, **arrays))

@@ -48,7 +48,6 @@ import argparse
 import math
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -57,6 +56,7 @@ from typing import Any
 
 from kbackend.adaptive import AutoBatchSize
 from kbackend.backend_choice import active_backend
+from kbackend.bench.spec import spread, spread_text
 from kbackend.data.sources import cache_dir
 from kbackend.errors import ConfigError, DataError
 from kbackend.models import ModelOptions
@@ -251,14 +251,6 @@ def _seconds(value: float | None) -> str:
 
 
 # -- the summary ------------------------------------------------------------------------------
-def _spread(values: list[float | None]) -> dict[str, Any]:
-    finite = [v for v in values if v is not None]
-    if not finite:
-        return {"median": None, "min": None, "max": None, "n": 0, "of": len(values)}
-    return {"median": statistics.median(finite), "min": min(finite), "max": max(finite),
-            "n": len(finite), "of": len(values)}
-
-
 def _time(run: dict[str, Any]) -> float:
     """A run's wall to the target; never reached: its whole run, a lower bound of it."""
     return run["wall_s"] if run["wall_s"] is not None else run["run_wall_s"]
@@ -308,8 +300,8 @@ def summarize(rows: list[dict[str, Any]], chosen: dict[str, dict[str, Any]]
                 "model", "dataset", "target", "optimizer", "auto_min", "min_rate",
                 "best_batch", "best_rate", "eval_every", "source")}}
         for side, seeds in by_side.items():
-            summary[side] = {"wall_s": _spread([r["wall_s"] for r in seeds.values()]),
-                             "steps": _spread([r["steps"] for r in seeds.values()]),
+            summary[side] = {"wall_s": spread([r["wall_s"] for r in seeds.values()]),
+                             "steps": spread([r["steps"] for r in seeds.values()]),
                              "reached": sum(r["wall_s"] is not None for r in seeds.values()),
                              "seeds": len(seeds)}
         summary["goals"] = {goal: goal_verdict(by_side["auto"], by_side[goal], bound)
@@ -374,15 +366,8 @@ def cache_list(text: str) -> list[str]:
 
 
 # -- the tables -------------------------------------------------------------------------------
-def _cell(spread: dict[str, Any], fmt: str) -> str:
-    if spread["median"] is None:
-        return "-"
-    low, mid, high = (format(spread[k], fmt) for k in ("min", "median", "max"))
-    return mid if low == high else f"{mid} [{low}, {high}]"
-
-
 def _side_text(side: dict[str, Any], fmt: str, field: str) -> str:
-    return f"{_cell(side[field], fmt)} ({side['reached']}/{side['seeds']})"
+    return f"{spread_text(side[field], fmt)} ({side['reached']}/{side['seeds']})"
 
 
 def tables(rows: list[dict[str, Any]]) -> list[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -10,6 +12,25 @@ from typing import Any
 Rows = tuple[list[dict[str, Any]], dict[str, Any]]
 DEFAULT_NOTE = ("medians over repeated steps; first (compiling) call excluded and reported as "
                 "compile_s; shared machines make absolute figures noisy: compare within a run")
+
+
+
+def spread(values: Sequence[float | None]) -> dict[str, Any]:
+    """Median and [min, max] of the finite values (None where there are none), ``n`` of them
+    ``of`` all: a benchmark's figure over seeds or repeats."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return {"median": None, "min": None, "max": None, "n": 0, "of": len(values)}
+    return {"median": statistics.median(finite), "min": min(finite), "max": max(finite),
+            "n": len(finite), "of": len(values)}
+
+
+def spread_text(figure: dict[str, Any], fmt: str) -> str:
+    """A ``spread`` as a table cell: ``median [min, max]`` (the median alone where they agree)."""
+    if figure["median"] is None:
+        return "-"
+    low, mid, high = (format(figure[k], fmt) for k in ("min", "median", "max"))
+    return mid if low == high else f"{mid} [{low}, {high}]"
 
 
 @dataclass(frozen=True)

@@ -322,11 +322,6 @@ class StudyConfig:
                               f"{min(batch_sizes)}, more than {MAX_STEPS:,} (the optimizer's "
                               "int32 step count).")
 
-    @property
-    def resolved_max_seeds(self) -> int:
-        """The most seeds a cell's best rate may run with (``seeds`` when none are added)."""
-        return self.seeds if self.max_seeds is None else self.max_seeds
-
     def _check_executor(self) -> None:
         """local, ray or ray:ADDRESS; ``workers`` only for a Ray instance started here; a cell's
         GPUs a fraction (cells that share one) or whole GPUs."""

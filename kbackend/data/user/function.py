@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from kbackend.data.user.common import Reader, Splits, Where, _reason
+from kbackend.data.user.common import Reader, Splits, Where
 from kbackend.data.user.python import _splits_from_value
-from kbackend.errors import DataError, InternalError, exit_call, path_errors
+from kbackend.errors import DataError, InternalError, error_text, exit_call, path_errors
 
 
 def _user_line(error: BaseException, path: Path) -> str:
@@ -99,7 +99,7 @@ def _load_function(where: Where, file_text: str, function: str, max_bytes: int) 
     except SyntaxError as error:
         raise where.error(f"syntax error at {path.name}:{error.lineno}: {error.msg}.") from None
     except Exception as error:
-        raise where.error(f"importing {path.name} raised {_reason(error)}"
+        raise where.error(f"importing {path.name} raised {error_text(error)}"
                           f"{_user_line(error, path)}.") from None
     except SystemExit as error:
         raise where.error(f"importing {path.name} called {exit_call(error)}"
@@ -114,7 +114,7 @@ def _load_function(where: Where, file_text: str, function: str, max_bytes: int) 
     try:
         result = target()
     except Exception as error:
-        raise where.error(f"{path.name}:{function}() raised {_reason(error)}"
+        raise where.error(f"{path.name}:{function}() raised {error_text(error)}"
                           f"{_user_line(error, path)}.") from None
     except SystemExit as error:
         raise where.error(f"{path.name}:{function}() called {exit_call(error)}"

@@ -68,6 +68,7 @@ from kbackend.bench.spec import (
     one_per_backend,
     spread,
     spread_text,
+    subset_of,
 )
 from kbackend.data import batching
 from kbackend.engines import adaptive as engine_adaptive
@@ -577,11 +578,11 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                   Option("--jit", "on or off: XLA compilation of the native steps (default "
                          "on; quick: off on tensorflow)", _jit),
                   Option("--problems", "timewin: problems (default mnist,mnist1d_large)",
-                         adaptive_timewin.problem_list),
+                         subset_of(tuple(adaptive_timewin.PROBLEMS))),
                   Option("--study", "timewin: a kbackend study report folder or its "
                          "summary.json: its problem, rate at MIN and best fixed cell"),
                   Option("--caches", "timewin: cold, warm or both (default cold,warm, quick "
-                         "cold)", adaptive_timewin.cache_list),
+                         "cold)", subset_of(adaptive_timewin.DEFAULT_CACHES)),
                   Option("--min-rate", "timewin: the rate at MIN of auto and fixed MIN "
                          "(default: the problem's)", float),
                   Option("--best-batch", "timewin: the best fixed batch size (default: the "

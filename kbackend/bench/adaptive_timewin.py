@@ -44,7 +44,6 @@ only by an interval wholly above the bound; a comparator's miss, the other way r
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import shutil
@@ -344,25 +343,6 @@ def timewin_options(quick: bool, given: dict[str, Any]) -> dict[str, Any]:
     """The part's seeds and cache states: given, else the quick or full defaults."""
     return {"seeds": given.get("seeds") or ([0] if quick else list(DEFAULT_SEEDS)),
             "caches": given.get("caches") or (["cold"] if quick else list(DEFAULT_CACHES))}
-
-
-def _names(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    bad = [n for n in names if n not in allowed]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"expected some of {', '.join(allowed)} for {what}, "
-                                         f"got {text!r}")
-    return names
-
-
-def problem_list(text: str) -> list[str]:
-    """``--problems`` (an option parser): names of ``PROBLEMS``."""
-    return _names(text, tuple(PROBLEMS), "--problems")
-
-
-def cache_list(text: str) -> list[str]:
-    """``--caches`` (an option parser): cold, warm or both."""
-    return _names(text, DEFAULT_CACHES, "--caches")
 
 
 # -- the tables -------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -81,6 +82,30 @@ def one_per_backend(settings: Settings, backends: Sequence[str]) -> list[WorkerS
 def int_list(text: str) -> list[int]:
     """``'8,32,128'`` -> ``[8, 32, 128]`` (an option parser)."""
     return [int(part) for part in text.split(",") if part.strip()]
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (an option parser)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def subset_of(allowed: Sequence[str]) -> Callable[[str], list[str]]:
+    """An option parser of a comma-separated, non-empty subset of ``allowed``."""
+
+    def parse(text: str) -> list[str]:
+        names = [part.strip() for part in text.split(",") if part.strip()]
+        if not names or any(name not in allowed for name in names):
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated subset of {', '.join(allowed)}, got {text!r}")
+        return names
+
+    return parse
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import numpy as np
 from kbackend.commands.study import DEFAULT_OUT
 from kbackend.commands.train import command_line as train_command_line
 from kbackend.commands.train import resolve_engine
-from kbackend.config import Target, TrainConfig
+from kbackend.config import TrainConfig
 from kbackend.data.user import from_python, own_batch_size
 from kbackend.digests import arrays_digest, json_digest
 from kbackend.distributed import prepare
@@ -38,7 +38,7 @@ from kbackend.model_sources import parse_model_source
 from kbackend.models import ModelOptions
 from kbackend.optim import OptimizerSpec
 from kbackend.progress import EpochReporter
-from kbackend.study.config import StudyConfig, default_target
+from kbackend.study.config import StudyConfig
 from kbackend.study.pipeline import run_study
 from kbackend.study.recommend import CONFIRM_SEEDS
 from kbackend.study.results import (
@@ -48,7 +48,7 @@ from kbackend.study.results import (
     recommendation,
     recommendation_lines,
 )
-from kbackend.study.targets import missing_target_error, needs_explicit_target
+from kbackend.study.targets import study_target
 from kbackend.training import TrainResult, for_task, save_model
 from kbackend.training import train as train_config
 from kbackend.workload import Workload, prepare_workload, unwrap
@@ -212,19 +212,16 @@ def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
         data_source = str(_save_arrays(workload, out_path) if workload.front is None
                           else _save_texts(x, y, validation_data, out_path))
     model_source = _model_source_string(model, out_path, workload)
-    if target is None:
-        if not needs_explicit_target(str(data_source)):  # a built-in dataset's own default
-            target = default_target(str(data_source)).value
-            target_metric = target_metric or default_target(str(data_source)).metric
-        else:
-            raise missing_target_error(model_source, str(data_source), label=label,
-                                       flag="target=")
-    metric = target_metric or "val_accuracy"
     if target_metric is None and workload is not None:
-        metric = f"val_{workload.task.metric}"
+        target_metric = f"val_{workload.task.metric}"
+    resolved = study_target(
+        model_source, str(data_source), target, target_metric, label=label, python=True,
+        data_dir=options.get("data_dir"),
+        unsafe_deserialization=options.get("unsafe_deserialization", False),
+        validation_fraction=options.get("validation_fraction", _STUDY("validation_fraction")))
     config = StudyConfig(model=model_source, dataset=str(data_source), label=label,
                          optimizers=tuple(optimizers), batch_sizes=batch_sizes,
-                         target=Target(metric, target), seeds=seeds, **options)
+                         target=resolved, seeds=seeds, **options)
     show = _shown(progress)
     outcome = run_study(config, out_path, show_progress=show, print_results=show,
                         tensorboard=tensorboard, command_line=train_command_line,
@@ -284,11 +281,7 @@ def _save_arrays(workload: Workload, out: Path) -> Path:
         # A multi-output task's labels as the y_<split>_<output> keys the .npz reader takes.
         arrays.update({f"y_{split}_{name}": value for name, value in labels.items()}
                       if isinstance(labels, dict) else {f"y_{split}": labels})
-    path = out / "data" / f"arrays-{data.digest()}.npz"  # the run keys' own data digest
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, lambda tmp: np.savez(tmp, allow_pickle=False, **arrays))
-    return path
+    return _saved(out / "data" / f"arrays-{data.digest()}.npz", arrays)  # the run keys' digest
 
 
 def _save_texts(x: Any, y: Any, validation_data: Any, out: Path) -> Path:
@@ -298,7 +291,12 @@ def _save_texts(x: Any, y: Any, validation_data: Any, out: Path) -> Path:
     splits = from_python(x, y, validation_data=validation_data).splits
     arrays = {f"{part}_{split}": (np.asarray(value).astype(str) if part == "x" else value)
               for split, pair in splits.items() for part, value in zip("xy", pair, strict=True)}
-    path = out / "data" / f"texts-{arrays_digest(arrays)}.npz"
+    return _saved(out / "data" / f"texts-{arrays_digest(arrays)}.npz", arrays)
+
+
+def _saved(path: Path, arrays: dict[str, Any]) -> Path:
+    """``arrays`` written to ``path`` (atomically, without pickle) unless it is there: it is
+    named by their digest."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, lambda tmp: np.savez(tmp, allow_pickle=False, **arrays))

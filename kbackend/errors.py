@@ -4,10 +4,18 @@ what was expected, what was received, and what to do."""
 import math
 import numbers
 import os
+import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
+
+
+def error_text(error: BaseException, limit: int = 200) -> str:
+    """What a one-line error quotes of the exception ``error``: its type and message on one line,
+    at most about ``limit`` characters, never cut mid-word."""
+    text = textwrap.shorten(" ".join(str(error).split()), width=limit, placeholder=" ...")
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 class KBackendError(ValueError):

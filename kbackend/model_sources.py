@@ -29,7 +29,6 @@ Errors are one-line ``ModelError``s (a ``ConfigError``: exit status 2).
 from __future__ import annotations
 
 import ast
-import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -39,7 +38,6 @@ import re
 import struct
 import sys
 import tempfile
-import textwrap
 import zipfile
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
@@ -52,8 +50,9 @@ from kbackend.backend_choice import keras as import_keras
 from kbackend.backend_choice import tensorflow_kept_out
 from kbackend.backends import impl
 from kbackend.data import DatasetInfo
+from kbackend.data.user.function import import_user_file
 from kbackend.digests import arrays_digest, code_digest, json_digest
-from kbackend.errors import ConfigError, InternalError, exit_call, path_errors
+from kbackend.errors import ConfigError, InternalError, error_text, exit_call, path_errors
 from kbackend.models import (
     BYTES_PER_TRAINING_PARAM,
     MODELS,
@@ -94,12 +93,6 @@ _imported: set[str] = set()  # the IMPORT_ENV entries this process has imported
 class ModelError(ConfigError):
     """A model file or model source is missing, does not load, or is not a model kbackend can
     train or serve."""
-
-
-def _one_line(error: BaseException, limit: int = 300) -> str:
-    """``error`` on one line, at most about ``limit`` characters, never cut mid-word."""
-    text = textwrap.shorten(" ".join(str(error).split()), width=limit, placeholder=" ...")
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _shape(shape: tuple[int | None, ...]) -> str:
@@ -256,7 +249,7 @@ def _read_config(path: Path) -> Any:
             return json.loads(archive.read("config.json"))
     except (OSError, zipfile.BadZipFile, ValueError, RecursionError) as error:
         raise ModelError(f"Model file {str(path)!r} does not load as a Keras model: its "
-                         f"config.json does not read as JSON ({_one_line(error, 120)}).") from None
+                         f"config.json does not read as JSON ({error_text(error, 120)}).") from None
 
 
 def _has_lambda(config: Any) -> bool:
@@ -309,7 +302,7 @@ def load_model(model: Any, *, info: DatasetInfo | None = None, compile: bool = F
         if missing:
             raise _unregistered_error(path, *missing) from None
         raise ModelError(f"Model file {str(path)!r} does not load as a Keras model: "
-                         f"{_one_line(error)}") from None
+                         f"{error_text(error)}") from None
     if serving:
         check_servable(loaded, str(model))
     return loaded
@@ -386,7 +379,7 @@ def _compile(model: Any, compile_config: dict[str, Any], name: str) -> None:
         model.compile_from_config(compile_config)
     except Exception as error:  # a loss or metric Keras cannot rebuild
         raise ModelError(f"Model {name!r}: its compile settings (loss, metrics) do not load: "
-                         f"{_one_line(error)}") from None
+                         f"{error_text(error)}") from None
 
 
 # --- builder functions ---------------------------------------------------------------------------
@@ -437,7 +430,7 @@ def _check_builder_source(path: Path, function: str) -> None:
                          f"{error.msg}.") from None
     except (OSError, ValueError) as error:
         raise ModelError(f"Builder file {str(path)!r} does not read as Python: "
-                         f"{_one_line(error)}.") from None
+                         f"{error_text(error)}.") from None
     names, callables, star = _top_level_names(tree)
     if function not in names and not star:
         raise ModelError(f"Builder file {str(path)!r} defines no {function!r}: its functions and "
@@ -445,37 +438,16 @@ def _check_builder_source(path: Path, function: str) -> None:
 
 
 def _import_file(path: Path, what: str = "Builder file") -> ModuleType:
-    """The module of the Python file ``path``, imported once per version of the file, under a
-    name made from its path (kept in ``sys.modules``: Keras's registered classes live there).
-    While it runs, its folder is first on ``sys.path``, so it may import its neighbours."""
-    path = path.resolve()
-    stat = path.stat()
-    tag = hashlib.blake2b(f"{path}:{stat.st_mtime_ns}:{stat.st_size}".encode(),
-                          digest_size=6).hexdigest()
-    name = f"kbackend_builder_{re.sub(r'[^0-9A-Za-z_]', '_', path.stem)}_{tag}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ModelError(f"{what} {str(path)!r} does not import as a Python module.")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    sys.path.insert(0, str(path.parent))
+    """The module of the Python file ``path`` (``import_user_file``: once per version)."""
     try:
-        spec.loader.exec_module(module)
+        return import_user_file(path, "kbackend_builder")
     except Exception as error:
-        del sys.modules[name]
-        raise ModelError(f"{what} {str(path)!r} failed to import: "
-                         f"{_one_line(error)}") from error
+        raise ModelError(f"{what} {str(path.resolve())!r} failed to import: "
+                         f"{error_text(error)}") from error
     except SystemExit as error:
-        del sys.modules[name]
-        raise ModelError(f"Builder file {str(path)!r} called {exit_call(error)} while it was "
-                         "imported: a builder file defines a function returning a keras.Model."
-                         ) from None
-    finally:
-        if str(path.parent) in sys.path:
-            sys.path.remove(str(path.parent))
-    return module
+        raise ModelError(f"Builder file {str(path.resolve())!r} called {exit_call(error)} while "
+                         "it was imported: a builder file defines a function returning a "
+                         "keras.Model.") from None
 
 
 # --- --import: modules that register the classes of a model file ----------------------------
@@ -514,7 +486,7 @@ def _import_one(entry: dict[str, str]) -> None:
             importlib.import_module(entry["module"])
         except (Exception, SystemExit) as error:  # a module calling sys.exit() is an error too
             raise ModelError(f"{IMPORT_FLAG} {entry['module']!r} failed to import: "
-                             f"{_one_line(error)}") from None
+                             f"{error_text(error)}") from None
         finally:
             if folder in sys.path:
                 sys.path.remove(folder)
@@ -565,7 +537,7 @@ def _import_module(name: str) -> ModuleType:
         return importlib.import_module(name)
     except Exception as error:
         raise ModelError(f"Builder module {name!r} failed to import: "
-                         f"{_one_line(error)}") from error
+                         f"{error_text(error)}") from error
     except SystemExit as error:
         raise ModelError(f"Builder module {name!r} called {exit_call(error)} while it was "
                          "imported.") from None
@@ -591,7 +563,7 @@ def _call_builder(builder: Callable[..., Any], info: DatasetInfo, name: str) -> 
     try:
         model = builder(**arguments)
     except Exception as error:
-        raise ModelError(f"Builder {name!r} raised {_one_line(error)}") from error
+        raise ModelError(f"Builder {name!r} raised {error_text(error)}") from error
     except SystemExit as error:
         raise ModelError(f"Builder {name!r} called {exit_call(error)} instead of returning a "
                          "keras.Model.") from None
@@ -731,7 +703,7 @@ def check_model_matches(model: Any, info: DatasetInfo, name: str = "model") -> N
             model.build((None, *shape))
         except Exception as error:
             raise ModelError(f"Model {name!r} does not build for inputs of shape {_shape(shape)} "
-                             f"({info.name}): {_one_line(error, 200)}") from None
+                             f"({info.name}): {error_text(error, 200)}") from None
     if not _is_graph_model(model):
         _check_no_string_front(model, name)
     if _is_graph_model(model):
@@ -750,7 +722,7 @@ def check_model_matches(model: Any, info: DatasetInfo, name: str = "model") -> N
         output = model(keras.KerasTensor((None, *shape)))
     except Exception as error:
         raise ModelError(f"Model {name!r} does not take inputs of shape {_shape(shape)} "
-                         f"({info.name}): {_one_line(error, 200)}") from None
+                         f"({info.name}): {error_text(error, 200)}") from None
     outputs = len(keras.tree.flatten(output))
     if outputs != 1:
         raise ModelError(f"Model {name!r} is subclassed and has {outputs} outputs: kbackend "
@@ -800,6 +772,12 @@ class ModelSource(ABC):
     """
 
     kind: ClassVar[str]
+    # Whether only its content says what it is (a file's or builder's name does not): a
+    # study's report folder carries its digest.
+    by_content: ClassVar[bool] = True
+    # Whether its models train their own compiled task (a user's), which only a prepared
+    # workload reads (``task``), rather than kbackend's classification (a built-in's).
+    own_task: ClassVar[bool] = True
     name: str
     # The .keras file or the builder's Python file.
     path: Path | None = None
@@ -910,6 +888,8 @@ class BuiltinModel(ModelSource):
     """One of ``kbackend.models``' builders: ``models.build_model`` with the run's options."""
 
     kind = "builtin"
+    by_content = False
+    own_task = False
 
     @property
     def default_metric(self) -> str | None:
@@ -1113,6 +1093,17 @@ def _builder_source(text: str) -> ModelSource:
     return Builder(text, module=location, function=function)
 
 
+def model_kind(value: str | os.PathLike) -> type[ModelSource] | None:
+    """The kind of model source ``value`` names, by its form alone (nothing is read or
+    imported): a built-in name, a ``.keras`` file or a builder; None where it names none."""
+    text = str(os.fspath(value))
+    if isinstance(value, str) and value in MODELS:
+        return BuiltinModel
+    if text.endswith(".keras"):
+        return KerasFile
+    return Builder if ":" in text else None
+
+
 def parse_model_source(value: Any, *, unsafe_deserialization: bool = False,
                        from_weights: bool = False) -> ModelSource:
     """The ``ModelSource`` ``value`` names, after every check that needs nothing built.
@@ -1127,15 +1118,16 @@ def parse_model_source(value: Any, *, unsafe_deserialization: bool = False,
         return value
     if isinstance(value, str | os.PathLike):
         text = str(os.fspath(value))
-        if isinstance(value, str) and value in MODELS:
-            source: ModelSource = BuiltinModel(value)
-        elif text.endswith(".keras"):
+        kind = model_kind(value)
+        if kind is BuiltinModel:
+            source: ModelSource = BuiltinModel(text)
+        elif kind is KerasFile:
             path = check_model_file(text)
             if not unsafe_deserialization and _has_lambda(_read_config(path)):
                 raise _lambda_error(path)
             source = KerasFile(path.name, path=path, from_weights=from_weights,
                                unsafe_deserialization=unsafe_deserialization)
-        elif ":" in text:
+        elif kind is Builder:
             source = _builder_source(text)
         elif text.endswith(".py"):
             raise ModelError(f"Invalid model {text!r}: name the builder function, as "

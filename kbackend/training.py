@@ -27,7 +27,7 @@ from kbackend.envinfo import environment
 from kbackend.errors import ConfigError, Diverged
 from kbackend.history import History
 from kbackend.io import atomic_write, check_output_path
-from kbackend.model_sources import BuiltinModel, parse_model_source
+from kbackend.model_sources import parse_model_source
 from kbackend.precision import precision_scope
 from kbackend.task import MultiOutputTask, Task
 from kbackend.tensorboard_logs import check_logdir, scalar_writer
@@ -198,7 +198,7 @@ def _builtin_source(config: TrainConfig) -> Any:
     model trains its compiled task, read from it when its workload is prepared (``workload=``);
     built here on a bare dataset it would train ``config.task`` instead."""
     source = parse_model_source(config.model)
-    if not isinstance(source, BuiltinModel):
+    if source.own_task:
         raise ConfigError(f"train(config, dataset=...) builds a built-in model only; for "
                           f"{config.model!r} pass model= or workload= (kbackend.workload).")
     return source

@@ -101,14 +101,25 @@ def engine_comparisons() -> list[str]:
     return found
 
 
+# A file telling built-in from user model or data itself: a name tested against the built-in
+# registries, or a source's class or kind tested (``isinstance(s, BuiltinModel)``,
+# ``model_kind(m) is BuiltinModel``, ``.kind == "builtin"``) instead of asking the source
+# (``data.named.data_source``, ``ModelSource``'s members).
+BUILTIN_FORK = re.compile(
+    r"\bis_builtin\(|\bin (MODELS|DATASETS|data_module\.DATASETS)\b(?!\[)"
+    r"|isinstance\([^)]*\b(BuiltinModel|BuiltinData|OwnData)\b"
+    r"|\bis (not )?(BuiltinModel|BuiltinData|OwnData)\b"
+    r"|\.kind\s*[!=]=\s*[\"']builtin[\"']")
+
+
 def builtin_forks() -> list[str]:
     """Files outside the sources' own dispatch (data/, model_sources.py, models.py, workload.py;
-    bench/ iterates the registries) that test a name against the built-in registries."""
-    regex = re.compile(r"\bis_builtin\(|\bin (MODELS|DATASETS|data_module\.DATASETS)\b(?!\[)")
+    bench/ iterates the registries) that tell built-in from user model or data themselves
+    (``BUILTIN_FORK``)."""
     dispatch = ("kbackend/data/", "kbackend/model_sources.py", "kbackend/models.py",
                 "kbackend/workload.py", "kbackend/bench/")
     return [str(path.relative_to(ROOT)) for path, text in sources().items()
-            if regex.search(text) and not any(d in path.as_posix() for d in dispatch)]
+            if BUILTIN_FORK.search(text) and not any(d in path.as_posix() for d in dispatch)]
 
 
 # (concern, detection rule in words, mechanisms counted)
@@ -135,7 +146,7 @@ CONCERNS: list[tuple[str, str, Callable[[], int]]] = [
     ("tests replacing StudyRunner.execute", "test files patching StudyRunner's execute",
      lambda: count(r"setattr\(StudyRunner, \"execute\"", "tests") + 1),
     ("built-in vs user model and data", "files outside the sources' dispatch testing a name "
-     "against MODELS / DATASETS (or is_builtin), beside the dispatch",
+     "against MODELS / DATASETS or a source's class or kind (BUILTIN_FORK), beside the dispatch",
      lambda: len(builtin_forks()) + 1),
     ("user errors", "files raising bare ValueError/RuntimeError/TypeError beside KBackendError",
      lambda: count(r"raise (ValueError|RuntimeError|TypeError)\(") + 1),

@@ -102,7 +102,9 @@ def test_a_bad_model_is_refused_in_one_line_before_any_probe(cli, user_files, mo
 
 def test_the_follow_up_study_targets_the_models_own_metric(user_files):
     """A regression's follow-up study names its metric (val_mae) and a target of half the
-    validation error of predicting the training mean; accuracy keeps the study's default."""
+    validation error of predicting the training mean; a classifier on the user's data (which has
+    no default target: the study's one rule) names val_accuracy half way from predicting the
+    most common training class to 1; a built-in dataset keeps its own default."""
     from kbackend.advise.advisor import BASELINE_FRACTION, study_target_flags
 
     work = workload_of(TrainConfig(model=f"{user_files / 'models.py'}:regressor",
@@ -114,7 +116,14 @@ def test_the_follow_up_study_targets_the_models_own_metric(user_files):
     assert float(flags[3]) == pytest.approx(BASELINE_FRACTION * baseline, rel=1e-2)
     classes = workload_of(TrainConfig(model=f"{user_files / 'models.py'}:classifier",
                                       dataset=str(user_files / "classes.npz")))
-    assert study_target_flags(classes.task, classes.dataset) == ""
+    data = classes.dataset
+    majority = np.mean(data.y_val == np.bincount(data.y_train).argmax())
+    flags = study_target_flags(classes.task, data).split()
+    assert flags[:3] == ["--target-metric", "val_accuracy", "--target"]
+    assert float(flags[3]) == pytest.approx(majority + BASELINE_FRACTION * (1 - majority),
+                                            abs=5e-3)
+    builtin = workload_of(TrainConfig(model="seed_mlp", dataset="digits"))
+    assert study_target_flags(builtin.task, builtin.dataset) == ""
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ import numpy as np
 from kbackend.advise.engine_probe import engine_throughput
 from kbackend.backend_choice import active_backend
 from kbackend.backends import impl
-from kbackend.data import DATASETS
+from kbackend.data.named import DataSource, data_source
 from kbackend.hardware import probe
 from kbackend.hardware.knee import DEFAULT_MIN_GAIN, Knee, curve_knee
 from kbackend.models import ModelOptions
@@ -97,35 +97,52 @@ def recommend_batch_size(advice: Advice, curve: list[dict[str, Any]]) -> Knee:
     return knee
 
 
-def _source_flags(model: str, dataset: str, label: str | None, unsafe: bool) -> str:
+def _source_flags(model: str, data: DataSource, unsafe: bool) -> str:
     """The ``--model`` and data flags that name this workload on a command line."""
-    if dataset in DATASETS:
-        data = f"--dataset {dataset}"
-    else:
-        data = f"--data {shlex.quote(dataset)}"
-        data += f" --label {shlex.quote(label)}" if label is not None else ""
-    return (f"--model {shlex.quote(model)} {data}"
-            + (" --unsafe-deserialization" if unsafe else ""))
+    return shlex.join(["--model", model, *data.to_flags(),
+                       *(["--unsafe-deserialization"] if unsafe else [])])
 
 
-# The follow-up study's target for an error metric: this fraction of the error of predicting
-# the training labels' mean (a target any model that learns something reaches, and a poor one
-# does not).
+# The follow-up study's target where its data has no default (the user's): a metric this
+# fraction of the way from a constant guess's value to a perfect one (half the error of
+# predicting the training labels' mean or most common class: a target any model that learns
+# something reaches, and a poor one does not).
 BASELINE_FRACTION = 0.5
 
 
-def study_target_flags(task: Any, dataset: Any) -> str:
-    """The ``--target-metric`` and ``--target`` the follow-up study needs for ``task``: none
-    for accuracy (the study's default), 0.9 for another score, and for an error metric
-    (``mae``, ...) ``BASELINE_FRACTION`` of the validation error of the training labels'
-    mean, in the model's own metric."""
+def _constant_guess(task: Any, dataset: Any) -> float:
+    """The validation metric of one guess for every sample: the most common training class
+    (the accuracy of class-index labels), else the training labels' mean, in the model's own
+    metric."""
+    y_val = np.asarray(dataset.y_val)
+    if task.sparse_labels and task.metric.endswith("accuracy"):
+        guess = np.zeros((len(y_val), dataset.info.num_classes), np.float32)
+        guess[:, np.bincount(np.asarray(dataset.y_train, np.int64).ravel()).argmax()] = 1.0
+        outputs = guess
+    else:
+        y_val = y_val.astype(np.float32)
+        mean = np.mean(np.asarray(dataset.y_train, dtype=np.float32), axis=0)
+        outputs = task.as_outputs(np.broadcast_to(mean, y_val.shape).astype(np.float32))
+    return float(np.mean(np.asarray(task.per_sample_metric(y_val, outputs))))
+
+
+def study_target_flags(task: Any, dataset: Any, data: DataSource | None = None) -> str:
+    """The ``--target-metric`` and ``--target`` the follow-up study on ``data`` (default: the
+    source ``dataset`` was read from) needs for ``task``, by the study's one rule
+    (``study.targets.study_target``): none where the data source's default target is on the
+    model's metric (a built-in dataset's); else ``BASELINE_FRACTION`` of the way from a
+    constant guess's validation value (``_constant_guess``) to a perfect one for an accuracy
+    or an error metric (``mae``, ...), and 0.9 for another score."""
     metric = f"val_{task.metric}"
+    default = (data or data_source(dataset.info.name)).default_target()
+    if default is not None and default.metric == metric:
+        return ""
     if metric_direction(metric) == "max":
-        return "" if task.metric == "accuracy" else f" --target-metric {metric} --target 0.9"
-    y_val = np.asarray(dataset.y_val, dtype=np.float32)
-    guess = np.broadcast_to(np.mean(np.asarray(dataset.y_train, dtype=np.float32), axis=0),
-                            y_val.shape).astype(np.float32)
-    error = float(np.mean(np.asarray(task.per_sample_metric(y_val, task.as_outputs(guess)))))
+        if not task.metric.endswith("accuracy"):
+            return f" --target-metric {metric} --target 0.9"
+        guess = _constant_guess(task, dataset)
+        return f" --target-metric {metric} --target {guess + BASELINE_FRACTION * (1 - guess):.3g}"
+    error = _constant_guess(task, dataset)
     return f" --target-metric {metric} --target {BASELINE_FRACTION * error:.3g}"
 
 
@@ -297,7 +314,8 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
     for note in prepared.notes:
         log(f"  {note}")
     work = probe.user_workload(prepared)
-    target = study_target_flags(prepared.task, prepared.dataset)
+    data = data_source(dataset, label)
+    target = study_target_flags(prepared.task, prepared.dataset, data)
     advice = Advice(model, dataset, active_backend(), quick, work.task.describe())
     log(f"  {work.model}: {advice.task}")
     probe.warm_up()
@@ -313,7 +331,7 @@ def advise(model: str, dataset: str, *, data_dir: str | None = None, quick: bool
     data_format = _recommend_data_format(advice, results) if convolves else "channels_last"
     precision = _recommend_precision(advice, results, support)
     _recommend_device(advice, work, batch, steps, budget, log)
-    source = _source_flags(model, dataset, label, unsafe_deserialization)
+    source = _source_flags(model, data, unsafe_deserialization)
     advice.train_command = (f"kbackend train {source} --batch-size {batch} "
                             f"--engine native --fused-steps {fused_value} --precision {precision}"
                             + (f" --data-format {data_format}" if convolves else ""))

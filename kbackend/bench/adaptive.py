@@ -46,10 +46,8 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import statistics
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -68,6 +66,9 @@ from kbackend.bench.spec import (
     WorkerSpec,
     int_list,
     one_per_backend,
+    spread,
+    spread_text,
+    subset_of,
 )
 from kbackend.data import batching
 from kbackend.engines import adaptive as engine_adaptive
@@ -121,15 +122,6 @@ def _jit(text: str) -> bool:
     if text not in ("on", "off"):
         raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
     return text == "on"
-
-
-def median_interval(values: Sequence[float | None]) -> dict[str, Any]:
-    """Median and [min, max] of the finite values (None where there are none)."""
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    if not finite:
-        return {"median": None, "min": None, "max": None, "n": 0, "of": len(values)}
-    return {"median": statistics.median(finite), "min": min(finite), "max": max(finite),
-            "n": len(finite), "of": len(values)}
 
 
 def _options(settings: Settings) -> dict[str, Any]:
@@ -225,7 +217,7 @@ def overhead(opts: dict[str, Any]) -> list[dict[str, Any]]:
                 runner()
                 times[name].append((time.perf_counter() - start) / steps * 1e6)
             grown.take_noise_norms()
-        plain_us, adaptive_us = median_interval(times["plain"]), median_interval(times["adaptive"])
+        plain_us, adaptive_us = spread(times["plain"]), spread(times["adaptive"])
         row = {"part": "overhead", "case": f"batch {batch}", "batch_size": batch,
                "devices": opts["devices"],
                "steps_per_epoch": steps, "fused_steps": fused,
@@ -315,7 +307,7 @@ def compare(opts: dict[str, Any]) -> list[dict[str, Any]]:
                                "reached": sum(r["steps"] is not None for r in runs),
                                "seeds": len(runs)}
         for field in ("steps", "samples", "time_s"):
-            row[field] = median_interval([r[field] for r in runs])
+            row[field] = spread([r[field] for r in runs])
         row["runs"] = runs
         rows.append(row)
         steps, seconds = row["steps"], row["time_s"]
@@ -395,10 +387,10 @@ def reuse(opts: dict[str, Any]) -> list[dict[str, Any]]:
                 times[name].append(time.perf_counter() - start)
     fresh_times, shared_times = times.values()
     # Seeds stop at different steps: each seed's pair (same run both ways) is the comparison.
-    paired = median_interval([b / a for a, b in zip(fresh_times, shared_times, strict=True)])
+    paired = spread([b / a for a, b in zip(fresh_times, shared_times, strict=True)])
     rows: list[dict[str, Any]] = [
-        {"part": "reuse", "case": name, "wall_s": median_interval(values),
-         "ratio": median_interval([1.0] * len(values)) if index == 0 else paired}
+        {"part": "reuse", "case": name, "wall_s": spread(values),
+         "ratio": spread([1.0] * len(values)) if index == 0 else paired}
         for index, (name, values) in enumerate(times.items())]
     for row in rows:
         say(f"{row['case']:26s} {_fmt(row['wall_s']['median'])} per run")
@@ -498,13 +490,6 @@ def _timewin_plot_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(cases.values())
 
 
-def _interval(cell: dict[str, Any], fmt: str) -> str:
-    if cell["median"] is None:
-        return "-"
-    low, mid, high = (format(cell[k], fmt) for k in ("min", "median", "max"))
-    return mid if low == high else f"{mid} [{low}, {high}]"
-
-
 def adaptive_table(payload: dict[str, Any]) -> str:
     """The overhead per backend and batch size, auto vs fixed per backend and cell, and auto
     runs on a shared vs a fresh trainer: a table per part that has rows."""
@@ -522,8 +507,9 @@ def adaptive_table(payload: dict[str, Any]) -> str:
     section("overhead",
             f"Overhead of the estimator ({where}K = 8 fused steps; median us/step [min, max])",
             ["backend", "batch", "plain us/step", f"{measured} us/step", "ratio"],
-            lambda row: [row["backend"], str(row["batch_size"]), _interval(row["plain_us"], ".1f"),
-                         _interval(row["adaptive_us"], ".1f"), f"{row['ratio']:.2f}"])
+            lambda row: [row["backend"], str(row["batch_size"]),
+                         spread_text(row["plain_us"], ".1f"),
+                         spread_text(row["adaptive_us"], ".1f"), f"{row['ratio']:.2f}"])
     section("compare",
             "Auto vs fixed batch sizes (each seed's best rate; medians over the seeds that "
             "reached the target, [min, max]; time: train time to the target, compilation "
@@ -531,15 +517,15 @@ def adaptive_table(payload: dict[str, Any]) -> str:
             ["backend", "cell", "reached", "steps to target", "samples to target",
              "time to target (s)"],
             lambda row: [row["backend"], row["case"], f"{row['reached']}/{row['seeds']}",
-                         _interval(row["steps"], ".0f"), _interval(row["samples"], ".0f"),
-                         _interval(row["time_s"], ".2f")])
+                         spread_text(row["steps"], ".0f"), spread_text(row["samples"], ".0f"),
+                         spread_text(row["time_s"], ".2f")])
     section("reuse",
             "Auto runs, each on a fresh train() vs on one shared trainer (the study's Runs); "
             "wall seconds per run after a compiling round, and each seed's ratio to its fresh "
             "run, median [min, max]",
             ["backend", "case", "s per run", "ratio to fresh (per seed)"],
-            lambda row: [row["backend"], row["case"], _interval(row["wall_s"], ".2f"),
-                         _interval(row["ratio"], ".2f")])
+            lambda row: [row["backend"], row["case"], spread_text(row["wall_s"], ".2f"),
+                         spread_text(row["ratio"], ".2f")])
     section("estimator",
             "Growth with the every-step estimator vs one step in 16 (the last of a fused "
             "call): the step each batch size was reached at; gap: the largest difference in "
@@ -592,11 +578,11 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                   Option("--jit", "on or off: XLA compilation of the native steps (default "
                          "on; quick: off on tensorflow)", _jit),
                   Option("--problems", "timewin: problems (default mnist,mnist1d_large)",
-                         adaptive_timewin.problem_list),
+                         subset_of(tuple(adaptive_timewin.PROBLEMS))),
                   Option("--study", "timewin: a kbackend study report folder or its "
                          "summary.json: its problem, rate at MIN and best fixed cell"),
                   Option("--caches", "timewin: cold, warm or both (default cold,warm, quick "
-                         "cold)", adaptive_timewin.cache_list),
+                         "cold)", subset_of(adaptive_timewin.DEFAULT_CACHES)),
                   Option("--min-rate", "timewin: the rate at MIN of auto and fixed MIN "
                          "(default: the problem's)", float),
                   Option("--best-batch", "timewin: the best fixed batch size (default: the "

@@ -44,11 +44,9 @@ only by an interval wholly above the bound; a comparator's miss, the other way r
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -57,6 +55,7 @@ from typing import Any
 
 from kbackend.adaptive import AutoBatchSize
 from kbackend.backend_choice import active_backend
+from kbackend.bench.spec import spread, spread_text
 from kbackend.data.sources import cache_dir
 from kbackend.errors import ConfigError, DataError
 from kbackend.models import ModelOptions
@@ -251,14 +250,6 @@ def _seconds(value: float | None) -> str:
 
 
 # -- the summary ------------------------------------------------------------------------------
-def _spread(values: list[float | None]) -> dict[str, Any]:
-    finite = [v for v in values if v is not None]
-    if not finite:
-        return {"median": None, "min": None, "max": None, "n": 0, "of": len(values)}
-    return {"median": statistics.median(finite), "min": min(finite), "max": max(finite),
-            "n": len(finite), "of": len(values)}
-
-
 def _time(run: dict[str, Any]) -> float:
     """A run's wall to the target; never reached: its whole run, a lower bound of it."""
     return run["wall_s"] if run["wall_s"] is not None else run["run_wall_s"]
@@ -308,8 +299,8 @@ def summarize(rows: list[dict[str, Any]], chosen: dict[str, dict[str, Any]]
                 "model", "dataset", "target", "optimizer", "auto_min", "min_rate",
                 "best_batch", "best_rate", "eval_every", "source")}}
         for side, seeds in by_side.items():
-            summary[side] = {"wall_s": _spread([r["wall_s"] for r in seeds.values()]),
-                             "steps": _spread([r["steps"] for r in seeds.values()]),
+            summary[side] = {"wall_s": spread([r["wall_s"] for r in seeds.values()]),
+                             "steps": spread([r["steps"] for r in seeds.values()]),
                              "reached": sum(r["wall_s"] is not None for r in seeds.values()),
                              "seeds": len(seeds)}
         summary["goals"] = {goal: goal_verdict(by_side["auto"], by_side[goal], bound)
@@ -354,35 +345,9 @@ def timewin_options(quick: bool, given: dict[str, Any]) -> dict[str, Any]:
             "caches": given.get("caches") or (["cold"] if quick else list(DEFAULT_CACHES))}
 
 
-def _names(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    bad = [n for n in names if n not in allowed]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"expected some of {', '.join(allowed)} for {what}, "
-                                         f"got {text!r}")
-    return names
-
-
-def problem_list(text: str) -> list[str]:
-    """``--problems`` (an option parser): names of ``PROBLEMS``."""
-    return _names(text, tuple(PROBLEMS), "--problems")
-
-
-def cache_list(text: str) -> list[str]:
-    """``--caches`` (an option parser): cold, warm or both."""
-    return _names(text, DEFAULT_CACHES, "--caches")
-
-
 # -- the tables -------------------------------------------------------------------------------
-def _cell(spread: dict[str, Any], fmt: str) -> str:
-    if spread["median"] is None:
-        return "-"
-    low, mid, high = (format(spread[k], fmt) for k in ("min", "median", "max"))
-    return mid if low == high else f"{mid} [{low}, {high}]"
-
-
 def _side_text(side: dict[str, Any], fmt: str, field: str) -> str:
-    return f"{_cell(side[field], fmt)} ({side['reached']}/{side['seeds']})"
+    return f"{spread_text(side[field], fmt)} ({side['reached']}/{side['seeds']})"
 
 
 def tables(rows: list[dict[str, Any]]) -> list[str]:

@@ -11,13 +11,12 @@ holds the measured table and the equivalent ``kbackend train`` commands.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import replace
 from typing import Any
 
-from kbackend.bench.spec import Benchmark, Option, Rows, Settings
+from kbackend.bench.spec import Benchmark, Option, Rows, Settings, positive_int, subset_of
 from kbackend.data.batching import epochs_for_steps
 from kbackend.models import ModelOptions
 from kbackend.optim import OptimizerSpec
@@ -70,23 +69,6 @@ def mnist1d_command(model: str) -> str:
             f"--eval-every {MNIST1D_EVAL_EVERY} --seed 0")
 
 
-def _models(text: str) -> list[str]:
-    models = [m.strip() for m in text.split(",") if m.strip()]
-    unknown = [m for m in models if m not in MNIST1D_PAPER]
-    if not models or unknown:
-        raise argparse.ArgumentTypeError(
-            f"expected models from {list(MNIST1D_PAPER)}, got {text!r}")
-    return models
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def measure_mnist1d(settings: Settings) -> Rows:
@@ -148,10 +130,12 @@ BENCHMARKS = (
     Benchmark("reproduce_mnist1d", "The MNIST-1D paper's table (logistic, MLP, CNN, GRU) with its "
               "data, models and recipe, over seeds, per backend.", measure_mnist1d,
               ["model", "seed"], ["test_accuracy"],
-              options=(Option("--models", "comma-separated models (default: all four)", _models),
-                       Option("--seeds", "seeds per model (default 3; 1 with --quick)", _positive),
+              options=(Option("--models", "comma-separated models (default: all four)",
+                              subset_of(tuple(MNIST1D_PAPER))),
+                       Option("--seeds", "seeds per model (default 3; 1 with --quick)",
+                              positive_int),
                        Option("--steps", f"train steps per run (default {MNIST1D_STEPS}; 80 with "
-                              "--quick)", _positive)),
+                              "--quick)", positive_int)),
               table=mnist1d_table,
               note="test accuracy of the final weights; best_test_accuracy is the best of the "
                    "evaluations every 200 steps (the paper's curves; not a selection)"),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+import math
+import statistics
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -10,6 +13,25 @@ from typing import Any
 Rows = tuple[list[dict[str, Any]], dict[str, Any]]
 DEFAULT_NOTE = ("medians over repeated steps; first (compiling) call excluded and reported as "
                 "compile_s; shared machines make absolute figures noisy: compare within a run")
+
+
+
+def spread(values: Sequence[float | None]) -> dict[str, Any]:
+    """Median and [min, max] of the finite values (None where there are none), ``n`` of them
+    ``of`` all: a benchmark's figure over seeds or repeats."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return {"median": None, "min": None, "max": None, "n": 0, "of": len(values)}
+    return {"median": statistics.median(finite), "min": min(finite), "max": max(finite),
+            "n": len(finite), "of": len(values)}
+
+
+def spread_text(figure: dict[str, Any], fmt: str) -> str:
+    """A ``spread`` as a table cell: ``median [min, max]`` (the median alone where they agree)."""
+    if figure["median"] is None:
+        return "-"
+    low, mid, high = (format(figure[k], fmt) for k in ("min", "median", "max"))
+    return mid if low == high else f"{mid} [{low}, {high}]"
 
 
 @dataclass(frozen=True)
@@ -60,6 +82,30 @@ def one_per_backend(settings: Settings, backends: Sequence[str]) -> list[WorkerS
 def int_list(text: str) -> list[int]:
     """``'8,32,128'`` -> ``[8, 32, 128]`` (an option parser)."""
     return [int(part) for part in text.split(",") if part.strip()]
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (an option parser)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def subset_of(allowed: Sequence[str]) -> Callable[[str], list[str]]:
+    """An option parser of a comma-separated, non-empty subset of ``allowed``."""
+
+    def parse(text: str) -> list[str]:
+        names = [part.strip() for part in text.split(",") if part.strip()]
+        if not names or any(name not in allowed for name in names):
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated subset of {', '.join(allowed)}, got {text!r}")
+        return names
+
+    return parse
 
 
 @dataclass(frozen=True)

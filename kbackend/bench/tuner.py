@@ -43,7 +43,6 @@ kbackend: the study's ``time_spent``) and the cell each picked.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import math
@@ -59,11 +58,11 @@ from typing import Any
 import numpy as np
 
 from kbackend.bench.spec import Benchmark, Option, Rows, Settings
+from kbackend.bench.user_model import EXAMPLES, make_sequences
 from kbackend.reports import format_value, markdown_rows
 from kbackend.runtime.child import ChildFailed
 from kbackend.study.verdicts import mean_interval
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 OPTIMIZERS = ("sgd", "adam")
 # The study's centre rate at batch 32 (kbackend.study.config.CENTRE_LR) and sqrt(10) either side.
 RATES = {"sgd": (0.0632, 0.2, 0.632), "adam": (0.000632, 0.002, 0.00632)}
@@ -172,14 +171,7 @@ def grid(settings: Settings) -> dict[str, Any]:
 
 def write_splits(folder: Path, quick: bool) -> Path:
     """examples/make_data.py's sequences, split once (seeded) into the ``.npz`` both sides read."""
-    spec = importlib.util.spec_from_file_location("kbackend_bench_make_data",
-                                                  EXAMPLES / "make_data.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    with contextlib.redirect_stdout(sys.stderr):  # its one line, off the worker's stdout
-        module.main(folder)
-    with np.load(folder / "sequences.npz") as data:
+    with np.load(make_sequences(folder)) as data:
         x, y, x_test, y_test = (data[k] for k in ("x_train", "y_train", "x_test", "y_test"))
     order = np.random.default_rng(0).permutation(len(x))
     n_val = round(VALIDATION_FRACTION * len(x))

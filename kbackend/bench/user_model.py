@@ -50,7 +50,6 @@ the reference takes the first epoch's batches pre-stacked, as the engines benchm
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib.util
 import math
@@ -66,7 +65,7 @@ import numpy as np
 from kbackend.backend_choice import active_backend
 from kbackend.backends import capabilities, impl
 from kbackend.bench.engines import measure
-from kbackend.bench.spec import Benchmark, Option, Rows, Settings
+from kbackend.bench.spec import Benchmark, Option, Rows, Settings, positive_int, subset_of
 from kbackend.config import Target, TrainConfig
 from kbackend.data.batching import epoch_batches, epochs_for_steps, steps_per_epoch
 from kbackend.engines.keras_fit import compile_model
@@ -113,19 +112,6 @@ CONV_LR = 0.05
 QUICK_CONV_STEPS, QUICK_CONV_K = 4, 2
 
 
-def _parts(text: str) -> list[str]:
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    if not parts or any(p not in PARTS for p in parts):
-        raise argparse.ArgumentTypeError(
-            f"expected a comma-separated subset of {list(PARTS)}, got {text!r}")
-    return parts
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
 
 
 def study_plan(dataset: Any, batch_size: int) -> Any:
@@ -427,11 +413,11 @@ BENCHMARKS = (
               measure_user_model, keys=("part", "batch_size"), values=("ratio",),
               summary_fields=("parts", "platform", "twin_rounds", "conv_rounds"),
               options=(Option("--parts", f"comma-separated parts (default {','.join(PARTS)})",
-                              _parts),
+                              subset_of(PARTS)),
                        Option("--seeds", f"seeds of the steps-to-target runs (default {SEEDS};"
-                              " --quick: 1)", _positive),
+                              " --quick: 1)", positive_int),
                        Option("--max-steps", f"step budget of a run (default {MAX_STEPS}; "
-                              f"--quick: {QUICK_MAX_STEPS})", _positive)),
+                              f"--quick: {QUICK_MAX_STEPS})", positive_int)),
               table=user_model_table,
               note="ratios: twin / built-in (goal within 10%; steps: the seeds' intervals "
                    "overlap) and native / reference (goal <= 1.1x); medians over interleaved "

@@ -18,9 +18,9 @@ from kbackend.cache import (
 )
 from kbackend.cache.sqlite_store import SQLiteStore
 from kbackend.commands import add_import_flag
-from kbackend.commands.predict import add_cache_arguments, load_array
+from kbackend.commands.predict import add_cache_arguments
 from kbackend.errors import ConfigError
-from kbackend.io import check_distinct_paths, strict_json_text
+from kbackend.io import check_distinct_paths, read_array, strict_json_text
 from kbackend.model_sources import load_model
 from kbackend.serving.model import check_model_file, input_shape, validate_inputs
 
@@ -72,7 +72,7 @@ def run_warm(args: argparse.Namespace) -> int:
                          {"--model": args.model, "--input": args.input})
     grid_text = (parse_grid_text(args.grid, max_rows=args.max_rows)
                  if args.grid is not None else None)
-    rows = load_array(args.input) if args.input is not None else None
+    rows = read_array(args.input, "--input") if args.input is not None else None
     check_model_file(args.model)
     check_store(args.cache)
     model = load_model(args.model, serving=True)

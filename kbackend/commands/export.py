@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kbackend.commands import add_import_flag
-from kbackend.commands.predict import load_array
-from kbackend.io import check_distinct_paths, check_output_folder, strict_json_text
+from kbackend.io import check_distinct_paths, check_output_folder, read_array, strict_json_text
 from kbackend.serving.export import DEFAULT_ATOL, FORMATS, check_export_options, export_model
 
 
@@ -33,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     check_export_options(args.rows, args.atol)
     check_distinct_paths({"--out": args.out}, {"--model": args.model, "--sample": args.sample})
     check_output_folder(args.out, "--out")
-    sample = load_array(args.sample, "--sample") if args.sample else None
+    sample = read_array(args.sample, "--sample") if args.sample else None
     manifest = export_model(args.model, args.format, args.out, sample=sample, rows=args.rows,
                             atol=args.atol)
     if args.json:

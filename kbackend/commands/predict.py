@@ -20,11 +20,6 @@ from kbackend.serving.model import (
 )
 
 
-def load_array(path: str, flag: str = "--input") -> np.ndarray:
-    """A .npy array from ``path`` (never unpickling), with a one-line error."""
-    return read_array(path, flag)
-
-
 def add_cache_arguments(parser: argparse.ArgumentParser, required: bool = False) -> None:
     """``--cache`` and ``--decimals``, shared by predict, serve and cache warm."""
     parser.add_argument("--cache", required=required, default=None, metavar="PATH|URL",
@@ -53,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     check_distinct_paths({"--out": args.out}, {"--model": args.model, "--input": args.input,
                                                "--cache": args.cache})
     check_output_path(args.out, "--out", suffix=".npy")
-    x = load_array(args.input)
+    x = read_array(args.input, "--input")
     check_model_file(args.model)
     if args.cache:
         check_store(args.cache)  # a bad cache fails before the model loads

@@ -17,6 +17,7 @@ from kbackend.adaptive import AUTO
 from kbackend.commands import add_reprobe_flag, declared_flag, int_at_least
 from kbackend.commands.train import add_source_arguments
 from kbackend.commands.train import command_line as train_command_line
+from kbackend.data.named import BUILTIN_TARGETS
 from kbackend.errors import ConfigError, field_default, path_errors
 from kbackend.io import check_output_folder, check_output_path
 from kbackend.optim import OPTIMIZERS
@@ -33,13 +34,11 @@ from kbackend.study.config import (
     RAY_EXTRA,
     StudyConfig,
     default_frontier_epochs,
-    default_target,
 )
 from kbackend.study.pipeline import compare, load_summaries, run_study, write_comparison
 from kbackend.study.recommend import CONFIRM_SEEDS
-from kbackend.study.targets import missing_target_error, needs_explicit_target
+from kbackend.study.targets import study_target
 from kbackend.study.verdicts import DEFAULT_ACCURACY_MARGIN, DEFAULT_MARGIN, DEFAULT_MAX_SEEDS
-from kbackend.training import Target
 
 DEFAULT_OUT = "runs/study"
 
@@ -207,8 +206,10 @@ def _add_budget_flags(parser: argparse.ArgumentParser) -> None:
     """The target, each run's budget, the engine and how it trains."""
     target = parser.add_argument_group("target and budget")
     target.add_argument("--target", type=float, default=None,
-                        help="validation target value (default per dataset: mnist1d_large 0.65, "
-                             "digits 0.95, mnist 0.97)")
+                        help="validation target value (default: the dataset's own, e.g. "
+                             + ", ".join(f"{name} {BUILTIN_TARGETS[name].value:g}" for name in
+                                         ("mnist1d_large", "digits", "mnist"))
+                             + "; required with --data)")
     target.add_argument("--target-metric", default="val_accuracy", metavar="METRIC",
                         help="val_loss or val_<the model's metric>, e.g. val_mae (default "
                              "val_accuracy; accuracies >=, losses and errors <=)")
@@ -287,17 +288,9 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
     for name, values in args.lrs or []:
         for optimizer in (args.optimizers if name == "*" else (name,)):
             learning_rates[optimizer] = values
-    if args.target is None and needs_explicit_target(args.data or args.dataset):
-        raise missing_target_error(args.model, args.data or args.dataset, label=args.label,
-                                   data_dir=args.data_dir,
-                                   unsafe_deserialization=args.unsafe_deserialization)
-    if args.target is None:
-        target = default_target(args.dataset)
-        if target.metric != args.target_metric:
-            raise ConfigError(f"--target-metric {args.target_metric} needs an explicit "
-                              "--target value.")
-    else:
-        target = Target(args.target_metric, args.target)
+    target = study_target(args.model, args.data or args.dataset, args.target,
+                          args.target_metric, label=args.label, data_dir=args.data_dir,
+                          unsafe_deserialization=args.unsafe_deserialization)
     frontier_epochs = (default_frontier_epochs(args.data or args.dataset)
                        if args.frontier_epochs is None else args.frontier_epochs)
     if len(args.noise_batches) != 2:

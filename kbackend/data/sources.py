@@ -10,7 +10,6 @@ import json
 import math
 import os
 import sys
-import textwrap
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from kbackend.backend_choice import keras as import_keras
-from kbackend.errors import DataError, path_errors
+from kbackend.errors import DataError, error_text, path_errors
 from kbackend.io import atomic_write
 
 DATA_DIR_ENV = "KBACKEND_DATA_DIR"
@@ -208,13 +207,6 @@ def load_synthetic(
                    f"synthetic (seed {seed})")
 
 
-def _reason(error: BaseException) -> str:
-    """``error`` as a short phrase, never cut mid-word."""
-    first_line = (str(error).splitlines() or [""])[0]
-    text = textwrap.shorten(first_line, width=160, placeholder=" ...")
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
-
-
 def _read_idx(path: Path, ndim: int) -> np.ndarray:
     """Read a gzip-compressed IDX file of unsigned bytes with ``ndim`` dimensions (MNIST's
     format)."""
@@ -224,7 +216,7 @@ def _read_idx(path: Path, ndim: int) -> np.ndarray:
             data = handle.read()
     except _READ_ERRORS as error:
         raise DataError(
-            f"Unreadable data file {path}: expected {expected}. Received: {_reason(error)}."
+            f"Unreadable data file {path}: expected {expected}. Received: {error_text(error, 160)}."
         ) from None
     if len(data) < 4 or data[0] != 0 or data[1] != 0:
         raise DataError(
@@ -308,7 +300,7 @@ def _mnist_from(root: Path) -> RawData | None:
     try:
         is_zip = zipfile.is_zipfile(path)
     except OSError as error:
-        raise DataError(f"Unreadable data file {path}: {_reason(error)}.") from None
+        raise DataError(f"Unreadable data file {path}: {error_text(error, 160)}.") from None
     if not is_zip:
         raise DataError(
             f"Invalid data file {path}: expected {expected}. Received: {path.stat().st_size} bytes "
@@ -327,7 +319,7 @@ def _mnist_from(root: Path) -> RawData | None:
         if isinstance(error, DataError):
             raise
         raise DataError(
-            f"Unreadable data file {path}: expected {expected}. Received: {_reason(error)}."
+            f"Unreadable data file {path}: expected {expected}. Received: {error_text(error, 160)}."
         ) from None
     for key in ("x_train", "x_test"):
         if arrays[key].ndim != 3:
@@ -394,7 +386,7 @@ def _load_files(name: str, data_dir: str | os.PathLike | None) -> RawData:
         try:
             raw = _download(name)
         except Exception as error:  # any failure of the download is reported, not raised raw
-            reason = f"the Keras download failed ({_reason(error)})"
+            reason = f"the Keras download failed ({error_text(error, 160)})"
         else:
             return check_raw(raw, raw.source)
     raise DataError(

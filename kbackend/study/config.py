@@ -15,6 +15,7 @@ from kbackend.data.user import check_image_size
 from kbackend.engine_facts import DEFAULT_ENGINE, engine_facts
 from kbackend.errors import ConfigError, DataError, check_declared, declared
 from kbackend.optim import OPTIMIZERS, OptimizerSpec
+from kbackend.study.targets import study_target
 from kbackend.study.verdicts import DEFAULT_ACCURACY_MARGIN, DEFAULT_MARGIN
 from kbackend.training import Target
 
@@ -58,21 +59,6 @@ FALLBACK_FRONTIER_EPOCHS = 3
 # time of the runs before them.
 AUTO_SEED_BUDGET_SHARE = 0.5
 
-# A target per dataset that seed_mlp reaches with a tuned learning rate within the default
-# budget at every default batch size, yet late enough that the optimizers differ.
-DEFAULT_TARGETS: dict[str, Target] = {
-    "digits": Target("val_accuracy", 0.95),
-    "mnist": Target("val_accuracy", 0.97),
-    "fashion_mnist": Target("val_accuracy", 0.85),
-    "mnist1d": Target("val_accuracy", 0.6),
-    # Near the MNIST-1D paper's MLP figure (68%): what every default cell reaches within its
-    # budget (batch 8: 2,475-3,600 steps; measured in docs/study.md), late enough that runs
-    # are long against their fixed costs and the seeds of a cell spread over several
-    # evaluation intervals, and steps to it halve with the batch up to ~100-200.
-    "mnist1d_large": Target("val_accuracy", 0.65),
-    "synthetic": Target("val_accuracy", 0.9),
-}
-
 # Centre of each optimizer's learning-rate grid at REFERENCE_BATCH. The centre moves with the
 # batch size by square-root scaling (a heuristic that holds for SGD below the critical batch
 # size and for Adam, Malladi et al. 2022); the grid around it is what decides, and a best rate
@@ -93,11 +79,6 @@ VERDICT_FIELDS = ("max_seeds", "seed_budget", "margin", "accuracy_margin", "fron
 def default_frontier_epochs(dataset: str) -> int:
     """The frontier's equal budget in epochs the command line uses for ``dataset``."""
     return DEFAULT_FRONTIER_EPOCHS.get(dataset, FALLBACK_FRONTIER_EPOCHS)
-
-
-def default_target(dataset: str) -> Target:
-    """The default validation target for ``dataset`` (val_accuracy 0.9 when none is listed)."""
-    return DEFAULT_TARGETS.get(dataset, Target("val_accuracy", 0.9))
 
 
 # Where half the training split would allow more: the default grid's largest batch size.
@@ -341,11 +322,6 @@ class StudyConfig:
                               f"{min(batch_sizes)}, more than {MAX_STEPS:,} (the optimizer's "
                               "int32 step count).")
 
-    @property
-    def resolved_max_seeds(self) -> int:
-        """The most seeds a cell's best rate may run with (``seeds`` when none are added)."""
-        return self.seeds if self.max_seeds is None else self.max_seeds
-
     def _check_executor(self) -> None:
         """local, ray or ray:ADDRESS; ``workers`` only for a Ray instance started here; a cell's
         GPUs a fraction (cells that share one) or whole GPUs."""
@@ -396,7 +372,14 @@ class StudyConfig:
 
     @property
     def resolved_target(self) -> Target:
-        return self.target if self.target is not None else default_target(self.dataset)
+        """``target``, else the data source's default (``study.targets.study_target``: the
+        user's own data has none, and the one-line error says what a short probe reached)."""
+        if self.target is not None:
+            return self.target
+        return study_target(self.model, self.dataset, None, None, label=self.label,
+                            python=True, data_dir=self.data_dir,
+                            unsafe_deserialization=self.unsafe_deserialization,
+                            validation_fraction=self.validation_fraction)
 
     def resolved_batch_sizes(self, num_train: int) -> tuple[int, ...]:
         """The grid's batch sizes, sorted, each checked against the training split's size."""

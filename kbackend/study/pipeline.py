@@ -24,11 +24,11 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from kbackend.data import DATASETS
+from kbackend.data.named import data_source
 from kbackend.errors import ConfigError, DataError, OutputError
 from kbackend.escaping import console_text, markdown_text
 from kbackend.io import atomic_write_text, check_output_folder, read_json
-from kbackend.models import MODELS
+from kbackend.model_sources import model_kind
 from kbackend.reports import markdown_rows
 from kbackend.study import trust
 from kbackend.study.analysis import Analysis, analyze
@@ -66,9 +66,9 @@ def report_dir(out: Path, study: StudyRecord) -> Path:
     config, digests = study.config, study.digests
     parts = [folder_name(config["dataset"]), folder_name(config["model"]),
              study.env["backend"], config["engine"]]
-    if config["dataset"] not in DATASETS and digests.get("data"):
+    if data_source(config["dataset"]).by_content and digests.get("data"):
         parts[0] += f"-{digests['data'][:8]}"
-    if config["model"] not in MODELS and digests.get("model"):
+    if getattr(model_kind(config["model"]), "by_content", True) and digests.get("model"):
         parts[1] += f"-{digests['model'][:8]}"
     return out / "_".join(parts)
 

@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kbackend.data import DATASETS
 from kbackend.data.batching import steps_per_epoch
+from kbackend.data.named import data_source
 from kbackend.engine_facts import DEFAULT_ENGINE, engine_facts
 from kbackend.history import History
 from kbackend.io import JsonObject
@@ -175,11 +175,8 @@ def _full_budget(study: StudyRecord, cell: Cell, every: int) -> int | None:
 def train_arguments(study: StudyRecord, cell: Cell) -> list[str]:
     """The ``kbackend train`` flags that train at ``cell`` as the study's runs did."""
     config, target = study.config, study.target
-    builtin_data = config["dataset"] in DATASETS
-    args = ["--model", config["model"], "--dataset" if builtin_data else "--data",
-            config["dataset"]]
-    if config.get("label"):
-        args += ["--label", config["label"]]
+    args = ["--model", config["model"],
+            *data_source(config["dataset"], config.get("label") or None).to_flags()]
     if config.get("data_dir"):
         args += ["--data-dir", config["data_dir"]]
     if config.get("validation_fraction", 0.1) != 0.1:

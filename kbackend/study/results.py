@@ -15,9 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from kbackend.io import JsonObject
-from kbackend.study import recommend
 from kbackend.study.analysis import Analysis
-from kbackend.study.recommend import Confirmation, Interval, Recommendation
+from kbackend.study.recommend import (
+    Confirmation,
+    Interval,
+    Recommendation,
+    recommendation,
+    recommendation_lines,
+)
 from kbackend.study.study_record import Cell, StudyRecord
 
 __all__ = ["CellRow", "Confirmation", "Interval", "Recommendation", "StudyResult",
@@ -98,14 +103,3 @@ class StudyResult:
                               "(or read runs.csv / to_dict()).") from None
         return pandas.DataFrame([row.to_dict() for row in self.rows])
 
-
-def recommendation(study: StudyRecord) -> Recommendation | None:
-    """The typed recommendation of ``study`` (the rule, command and confirmation:
-    ``kbackend.study.recommend``); None if no cell reached the target."""
-    return recommend.recommendation(study)
-
-
-def recommendation_lines(best: Recommendation | None) -> list[str]:
-    """The study's answer on the console: the cell to train at, what ``train`` reached with
-    the printed command on held-out seeds, the warnings, the command and the Python call."""
-    return recommend.recommendation_lines(best)

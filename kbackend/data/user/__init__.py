@@ -43,7 +43,6 @@ callers import.
 
 from __future__ import annotations
 
-import ast
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -51,24 +50,20 @@ from typing import Any
 
 from kbackend.data import DATASETS, Dataset, load
 from kbackend.data.user.common import (
-    KINDS,
     TEXT_SEQUENCE_LENGTH,
     Reader,
     Splits,
     UserData,
     Where,
     _check_max_bytes,
-    default_max_bytes,
     finish,
     text_array,
 )
-from kbackend.data.user.csv_table import CsvFile, _load_csv
+from kbackend.data.user.csv_table import CsvFile
 from kbackend.data.user.datasets import _tensorflow, own_batch_size, vectorize_text
 from kbackend.data.user.folder import (
     MAX_IMAGE_PIXELS,
     Folder,
-    _folder_splits,
-    _scan_folder,
     check_image_size,
     image_header,
     parse_image_size,
@@ -76,17 +71,17 @@ from kbackend.data.user.folder import (
 from kbackend.data.user.function import FunctionSource
 from kbackend.data.user.npz import NpzFile, _npy_header, npy_data_bytes
 from kbackend.data.user.python import PythonObjects
-from kbackend.data.user.tfds import TFDS_PREFIX, TfdsSet, _tfds_folder, tfds_data_dir
+from kbackend.data.user.tfds import TFDS_PREFIX, TfdsSet
 from kbackend.errors import DataError, path_errors
 
 # What callers import from here (the private names: equivalence's header-first checks, the
 # data-memory benchmark and tests); the readers live in their own modules.
 __all__ = [
-    "KINDS", "MAX_IMAGE_PIXELS", "TEXT_SEQUENCE_LENGTH", "CsvFile", "Folder", "FunctionSource",
-    "NpzFile", "PythonObjects", "Reader", "Splits", "TfdsSet", "UserData", "Where", "_load_csv",
-    "_npy_header", "_tensorflow", "check_image_size", "check_source", "default_max_bytes",
-    "finish", "from_python", "image_header", "load_source", "npy_data_bytes",
-    "own_batch_size", "parse_image_size", "text_array", "tfds_data_dir", "vectorize_text",
+    "MAX_IMAGE_PIXELS", "TEXT_SEQUENCE_LENGTH", "CsvFile", "Folder", "FunctionSource", "NpzFile",
+    "PythonObjects", "Reader", "Splits", "TfdsSet", "UserData", "Where", "_npy_header",
+    "_tensorflow", "check_image_size", "check_source", "finish", "from_python", "image_header",
+    "load_source", "npy_data_bytes", "own_batch_size", "parse_image_size", "text_array",
+    "vectorize_text",
 ]
 
 
@@ -117,24 +112,30 @@ def load_source(source: str, *, label: str | None = None, seed: int = 0,
 
 def _load_source(source: str, *, label: str | None, seed: int, max_bytes: int | None,
                  image_size: tuple[int, int] | None) -> UserData:
+    reader = _reader_of(source, label=label, seed=seed, max_bytes=max_bytes,
+                        image_size=image_size)
+    return finish(reader.where, source, reader)
+
+
+def _reader_of(source: str, *, label: str | None, seed: int, max_bytes: int | None,
+               image_size: tuple[int, int] | None) -> Reader:
+    """The reader of ``source``'s kind, after the checks every kind shares."""
     where = Where(f"data source {str(source)[:200]!r}")
     if not isinstance(source, str) or not source.strip():
         raise where.error("expected a .npz or .csv file, a folder, tfds:NAME or FILE.py:FUNCTION.")
     limit = _check_max_bytes(max_bytes)
     function = _function_parts(source)
     path: Path | None = None
+    is_csv = False
     if not source.startswith(TFDS_PREFIX) and function is None:
         with path_errors(source, "data source", DataError):
             path = Path(source)
             is_csv = path.suffix.lower() == ".csv" and path.is_file()
-        if label is not None and not is_csv:
-            raise where.error(f"label={label!r} names a CSV source's label column; this source "
-                              "is not a CSV file.")
-    elif label is not None:
+    if label is not None and not is_csv:
         raise where.error(f"label={label!r} names a CSV source's label column; this source is "
                           "not a CSV file.")
-    return finish(where, source, _reader(where, source, path, function, label=label, seed=seed,
-                                         max_bytes=limit, image_size=image_size))
+    return _reader(where, source, path, function, label=label, seed=seed, max_bytes=limit,
+                   image_size=image_size)
 
 
 def _reader(where: Where, source: str, path: Path | None, function: tuple[str, str] | None, *,
@@ -192,29 +193,5 @@ def check_source(source: str, *, label: str | None = None, layout: str = "spatia
     if source in DATASETS:
         return load(source, layout=layout, data_format=data_format,
                     validation_fraction=validation_fraction, seed=seed, data_dir=data_dir)
-    where = Where(f"data source {str(source)[:200]!r}")
-    function = _function_parts(source) if isinstance(source, str) else None
-    with path_errors(source, "data source", DataError):
-        path = Path(function[0] if function else source)
-        is_dir = function is None and not source.startswith(TFDS_PREFIX) and path.is_dir()
-    if label is not None and (function or is_dir or source.startswith(TFDS_PREFIX)):
-        raise where.error(f"label={label!r} names a CSV source's label column; this source is "
-                          "not a CSV file.")
-    if source.startswith(TFDS_PREFIX):
-        name, _, config = source[len(TFDS_PREFIX):].partition(":")
-        _tfds_folder(where, name, config)
-    elif function is not None:
-        if not path.is_file():
-            raise where.error(f"Python file {function[0]!r} not found (expected "
-                              "FILE.py:FUNCTION).")
-        try:
-            ast.parse(path.read_bytes(), filename=str(path))
-        except SyntaxError as error:
-            raise where.error(f"syntax error at {path.name}:{error.lineno}: "
-                              f"{error.msg}.") from None
-    elif is_dir:
-        for folder in _folder_splits(where, path).values():
-            _scan_folder(where, folder)
-    else:
-        load_source(source, label=label)
+    _reader_of(source, label=label, seed=seed, max_bytes=None, image_size=None).check()
     return None

@@ -4,7 +4,6 @@ checks every split ends with, string labels as class indices, and the ``Splits``
 
 from __future__ import annotations
 
-import textwrap
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ import numpy as np
 import psutil
 
 from kbackend.data import DatasetInfo
-from kbackend.errors import DataError
+from kbackend.errors import DataError, error_text
 
 KINDS = ("arrays", "csv", "images", "text", "tfds", "function")
 SPLITS = ("train", "val", "test")
@@ -52,12 +51,6 @@ class UserData:
 def default_max_bytes() -> int:
     """How much a source may hold in memory: half the memory available now."""
     return int(psutil.virtual_memory().available * MEMORY_FRACTION)
-
-
-def _reason(error: BaseException) -> str:
-    """``error`` as a short phrase on one line, never cut mid-word."""
-    text = textwrap.shorten(" ".join(str(error).split()), width=200, placeholder=" ...")
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 class Where:
@@ -110,7 +103,7 @@ def _check_split(where: Where, split: str, x: Any, y: Any, y_name: str = "y"
         x, y = np.asarray(x), np.asarray(y)
     except (ValueError, TypeError) as error:
         raise where.error(f"the {split} split is not a pair of arrays "
-                          f"({_reason(error)}).") from None
+                          f"({error_text(error)}).") from None
     for role, values in (("x", x), (y_name, y)):
         if values.ndim == 0:
             raise where.error(f"{role} of the {split} split is a single value (shape ()): "
@@ -166,11 +159,19 @@ class Splits:
 
 class Reader(ABC):
     """One kind of the user's data source, holding what it reads from; ``read()`` does the
-    reading (the dataset made of what it read is keyed by its arrays: ``Dataset.digest``)."""
+    reading (the dataset made of what it read is keyed by its arrays: ``Dataset.digest``),
+    ``check()`` what can be checked without a framework or the user's code."""
+
+    where: Where
 
     @abstractmethod
     def read(self) -> Splits:
         """The source's splits as read (checked by ``finish``)."""
+
+    def check(self) -> None:
+        """What ``kbackend launch`` checks before any process starts (``check_source``): a
+        file read with NumPy alone is read in full and checked (``finish``)."""
+        finish(self.where, "", self)
 
 
 def finish(where: Where, source: str, reader: Reader) -> UserData:

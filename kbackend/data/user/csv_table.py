@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from kbackend.data.user.common import Reader, Splits, Where, _check_limit, _reason
-from kbackend.errors import DataError
+from kbackend.data.user.common import Reader, Splits, Where, _check_limit
+from kbackend.errors import DataError, error_text
 
 
 def _csv_dialect(sample: str) -> type[csv.Dialect] | csv.Dialect:
@@ -158,7 +158,7 @@ def _load_csv(where: Where, path: Path, label: str | None, max_bytes: int
                                       "class names throughout.")
                 rows += 1
     except (OSError, UnicodeDecodeError, csv.Error) as error:
-        raise where.error(f"not a readable CSV file ({_reason(error)}).") from None
+        raise where.error(f"not a readable CSV file ({error_text(error)}).") from None
     if not rows:
         raise where.error("the file has a header but no data rows.")
     return x[:rows], labels.array(rows)

@@ -17,9 +17,8 @@ from kbackend.data.user.common import (
     Where,
     _check_limit,
     _check_split,
-    _reason,
 )
-from kbackend.errors import DataError
+from kbackend.errors import DataError, error_text
 
 
 def _tensorflow() -> Any:
@@ -28,7 +27,7 @@ def _tensorflow() -> Any:
         import tensorflow as tf  # deferred: only folder, TFDS and tf.data sources need it
     except ImportError as error:
         raise DataError(f"This data source needs TensorFlow, which does not import here "
-                        f"({_reason(error)}): pip install tensorflow-cpu.") from None
+                        f"({error_text(error)}): pip install tensorflow-cpu.") from None
     return tf
 
 
@@ -164,7 +163,7 @@ def _read_tf_dataset(where: Where, dataset: Any, split: str, max_bytes: int,
     except (tf.errors.OpError, ValueError, TypeError) as error:
         if isinstance(error, DataError):
             raise
-        raise where.error(f"reading the {split} dataset failed ({_reason(error)}).") from None
+        raise where.error(f"reading the {split} dataset failed ({error_text(error)}).") from None
     return batches.arrays()
 
 
@@ -175,7 +174,7 @@ def _concatenate(where: Where, split: str, xs: list, ys: list) -> tuple[np.ndarr
         return np.concatenate(xs), np.concatenate(ys)
     except ValueError as error:
         raise where.error(f"the {split} split's batches differ in sample shape "
-                          f"({_reason(error)}).") from None
+                          f"({error_text(error)}).") from None
 
 
 def _spec_words(spec: Any) -> str:
@@ -202,7 +201,7 @@ def _read_py_dataset(where: Where, dataset: Any, split: str, max_bytes: int
             batch = dataset[index]
         except Exception as error:
             raise where.error(f"the {split} PyDataset raised on batch {index} "
-                              f"({_reason(error)}).") from None
+                              f"({error_text(error)}).") from None
         if not isinstance(batch, tuple | list) or len(batch) != 2:
             extra = " (sample weights are not read)" if isinstance(batch, tuple | list) else ""
             raise where.error(f"batch {index} of the {split} PyDataset is not an (x, y) pair"

@@ -19,10 +19,9 @@ from kbackend.data.user.common import (
     Splits,
     Where,
     _check_limit,
-    _reason,
 )
 from kbackend.data.user.datasets import _read_tf_dataset, _tensorflow
-from kbackend.errors import DataError
+from kbackend.errors import DataError, error_text
 
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")  # what Keras's image reader takes
 TEXT_EXTENSIONS = (".txt",)
@@ -213,6 +212,11 @@ class Folder(Reader):
         return Splits(name=self.path.resolve().name, kind=kind, splits=splits,
                       class_names=class_names, notes=notes, owned=True)
 
+    def check(self) -> None:
+        """The class subfolders and their files listed (reading them takes Keras)."""
+        for folder in _folder_splits(self.where, self.path).values():
+            _scan_folder(self.where, folder)
+
 
 def _load_folder(where: Where, folder: Path, *, seed: int, max_bytes: int,
                  image_size: tuple[int, int] | None) -> tuple[str, dict, tuple, tuple]:
@@ -252,7 +256,7 @@ def _load_folder(where: Where, folder: Path, *, seed: int, max_bytes: int,
     except (tf.errors.OpError, ValueError, OSError) as error:
         if isinstance(error, DataError):
             raise
-        raise where.error(f"reading the folder failed ({_reason(error)}).") from None
+        raise where.error(f"reading the folder failed ({error_text(error)}).") from None
     class_names = tuple(datasets["train"].class_names)
     for split, dataset in datasets.items():
         if tuple(dataset.class_names) != class_names:

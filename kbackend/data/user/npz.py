@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from kbackend.data.user.common import NPZ_PAIRS, Reader, Splits, Where, _check_limit, _reason
-from kbackend.errors import DataError
+from kbackend.data.user.common import NPZ_PAIRS, Reader, Splits, Where, _check_limit
+from kbackend.errors import DataError, error_text
 
 # An .npz member is read in chunks of this many bytes into its preallocated array.
 NPZ_CHUNK_BYTES = 4 * 2**20
@@ -44,7 +44,7 @@ def _npy_header_fields(where: Where, handle: Any, stored: int, name: str
         else:
             raise DataError(f".npy format version {version[0]}.{version[1]} is not read here")
     except ValueError as error:
-        raise where.error(f"{name} is not a readable .npy array ({_reason(error)}).") from None
+        raise where.error(f"{name} is not a readable .npy array ({error_text(error)}).") from None
     header_end = handle.tell()
     if dtype.hasobject:
         raise where.error(
@@ -203,7 +203,7 @@ def _load_npz(where: Where, path: Path, max_bytes: int) -> dict[str, tuple]:
     except _READ_ERRORS as error:
         if isinstance(error, DataError):
             raise
-        raise where.error(f"not a readable .npz archive ({_reason(error)}).") from None
+        raise where.error(f"not a readable .npz archive ({error_text(error)}).") from None
 
 
 # --- .csv ----------------------------------------------------------------------------------

@@ -8,10 +8,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from kbackend.data.user.common import READ_BATCH, SPLIT_NAMES, Reader, Splits, Where, _reason
+from kbackend.data.user.common import READ_BATCH, SPLIT_NAMES, Reader, Splits, Where
 from kbackend.data.user.datasets import _read_tf_dataset, _tensorflow
 from kbackend.data.user.folder import _class_folders
-from kbackend.errors import DataError, path_errors
+from kbackend.errors import DataError, error_text, path_errors
 
 TFDS_PREFIX = "tfds:"
 TFDS_DATA_DIR_ENV = "TFDS_DATA_DIR"
@@ -71,6 +71,11 @@ class TfdsSet(Reader):
         return Splits(name=self.source, kind="tfds", splits=splits, class_names=class_names,
                       notes=notes, owned=True)
 
+    def check(self) -> None:
+        """The prepared folder looked up (reading it takes TensorFlow)."""
+        name, _, config = self.source[len(TFDS_PREFIX):].partition(":")
+        _tfds_folder(self.where, name, config)
+
 
 def _load_tfds(where: Where, spec: str, max_bytes: int) -> tuple[dict, tuple | None, tuple]:
     name, _, config = spec.partition(":")
@@ -119,7 +124,7 @@ def _load_tfds(where: Where, spec: str, max_bytes: int) -> tuple[dict, tuple | N
         if isinstance(error, DataError):
             raise
         raise where.error(f"reading the TFDS dataset in {str(folder)!r} failed "
-                          f"({_reason(error)}).") from None
+                          f"({error_text(error)}).") from None
     return splits, class_names, tuple(notes)
 
 

@@ -75,6 +75,11 @@ def test_user_data_without_a_target_is_one_line_on_the_cli_and_in_python(tmp_pat
         message = str(error.value)
         assert "\n" not in message and f"needs {flag}:" in message
         assert "val_accuracy" in message and "probe" in message and "reached" in message
+        # the example in the caller's words: flags on the command line, keywords in Python
+        assert ("e.g. --target VALUE --target-metric val_accuracy." in message) == \
+            (flag == "--target")
+        assert ("e.g. target=VALUE, target_metric='val_accuracy'." in message) == \
+            (flag == "target=")
     assert not (tmp_path / "out" / "study.db").exists()
 
 

@@ -48,7 +48,7 @@ def study_target(model: str, data: str, value: float | None, metric: str | None,
         ("--target", "--target-metric ")
     default = default_target(data, label)
     if default is None:
-        raise missing_target_error(model, data, label=label, flag=flag, data_dir=data_dir,
+        raise missing_target_error(model, data, label=label, python=python, data_dir=data_dir,
                                    unsafe_deserialization=unsafe_deserialization,
                                    validation_fraction=validation_fraction)
     if metric is not None and metric != default.metric:
@@ -58,12 +58,12 @@ def study_target(model: str, data: str, value: float | None, metric: str | None,
 
 
 def missing_target_error(model: str, dataset: str, *, label: str | None = None,
-                         flag: str = "--target", data_dir: str | None = None,
+                         python: bool = False, data_dir: str | None = None,
                          unsafe_deserialization: bool = False,
                          validation_fraction: float = 0.1) -> ConfigError:
     """The one-line error for a study of ``model`` on the user's ``dataset`` without a target:
     the model's validation metric and what a short probe (``PROBE_EPOCHS`` epochs of Adam)
-    reached with it."""
+    reached with it, and an example in the caller's words (``python``: keywords, else flags)."""
     config = TrainConfig(model=model, dataset=dataset, label=label, data_dir=data_dir,
                          unsafe_deserialization=unsafe_deserialization,
                          validation_fraction=validation_fraction)
@@ -78,7 +78,9 @@ def missing_target_error(model: str, dataset: str, *, label: str | None = None,
     best = train(probe, workload=workload).history.best(metric)
     reached = ("the probe did not produce a finite value" if best is None else
                f"a {PROBE_EPOCHS}-epoch Adam probe (lr 1e-3, batch {batch}) reached {best:.4g}")
+    flag, example = (("target=", f"target=VALUE, target_metric={metric!r}") if python else
+                     ("--target", f"--target VALUE --target-metric {metric}"))
     return ConfigError(
         f"A study on your own data needs {flag}: the value of {metric} (the model's "
         f"validation metric) every cell races to; {reached} here, so pick a value the grid can "
-        f"reach (at or a little short of it), e.g. {flag} VALUE --target-metric {metric}.")
+        f"reach (at or a little short of it), e.g. {example}.")

@@ -213,7 +213,7 @@ def test_a_csv_whose_values_cannot_fit_is_refused_before_parsing(tmp_path):
 def test_csv_labels_keep_their_kind(tmp_path, labels, expected):
     path = tmp_path / "data.csv"
     path.write_text("a,label\n" + "".join(f"{i},{v}\n" for i, v in enumerate(labels)))
-    x, y = user._load_csv(user.Where("t"), path, "label", 10**6)
+    x, y = user.csv_table._load_csv(user.Where("t"), path, "label", 10**6)
     np.testing.assert_array_equal(x[:, 0], np.arange(len(labels), dtype=np.float32))
     assert y.dtype.kind == expected.dtype.kind
     np.testing.assert_array_equal(y, expected)

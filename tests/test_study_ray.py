@@ -95,8 +95,8 @@ def test_ray_results_equal_the_local_executors(ray_instance, local_study, tmp_pa
     out_local, local = local_study
     result = run_study(dataclasses.replace(TINY, executor="ray"), tmp_path,
                        show_progress=False, print_results=False)
-    assert result["executed"] == TINY_RUNS and result["skipped"] == 0
-    study, reference = result["study"], local["study"]
+    assert result.executed == TINY_RUNS and result.skipped == 0
+    study, reference = result.study.to_json(), local.study.to_json()
     assert study["study"] == reference["study"] and study["env"] == reference["env"]
     _same_cells(reference, study)
     # The same runs under the same keys, with the same outcomes.
@@ -114,15 +114,15 @@ def test_ray_results_equal_the_local_executors(ray_instance, local_study, tmp_pa
     assert [c["optimizer"] for c in study["step_times"]["cells"]] == \
         [c["optimizer"] for c in reference["step_times"]["cells"]]
     assert all(math.isfinite(c["time_to_target"]) for c in study["cells"] if c["reached"])
-    assert result["paths"]["report"].is_file()
+    assert result.paths["report"].is_file()
 
     # One study: Ray resumes itself and the local executor resumes Ray's (nothing re-run).
     again = run_study(dataclasses.replace(TINY, executor="ray"), tmp_path,
                       show_progress=False, print_results=False)
-    assert again["executed"] == 0 and again["skipped"] == TINY_RUNS + 2  # + noise, step times
+    assert again.executed == 0 and again.skipped == TINY_RUNS + 2  # + noise, step times
     local_again = run_study(TINY, tmp_path, show_progress=False, print_results=False)
-    assert local_again["executed"] == 0 and local_again["skipped"] == TINY_RUNS + 2
-    _same_cells(reference, local_again["study"])
+    assert local_again.executed == 0 and local_again.skipped == TINY_RUNS + 2
+    _same_cells(reference, local_again.study.to_json())
 
 
 @pytest.mark.ray
@@ -136,12 +136,12 @@ def test_a_killed_workers_cell_is_retried_and_recorded_once(ray_instance, local_
     result = run_study(dataclasses.replace(RESUMED, executor="ray"), out,
                        show_progress=False, print_results=False)
     assert marker.exists(), "no worker was killed: the test checks nothing"
-    assert result["executed"] == TINY_RUNS
+    assert result.executed == TINY_RUNS
     runs = _stored_runs(out)
     assert len(runs) == len({r["key"] for r in runs}) == TINY_RUNS  # each run stored once
     local = {r["key"]: r["result"]["steps_to_target"] for r in _stored_runs(local_study[0])}
     assert {r["key"]: r["result"]["steps_to_target"] for r in runs} == local
-    _same_cells(local_study[1]["study"], result["study"])
+    _same_cells(local_study[1].study.to_json(), result.study.to_json())
 
 
 @pytest.mark.ray
@@ -164,8 +164,8 @@ def test_a_resumed_ray_study_submits_only_unfinished_cells(ray_instance, local_s
     result = run_study(dataclasses.replace(RESUMED, executor="ray"), out,
                        show_progress=False, print_results=False)
     assert sorted(submitted) == [("adam", 64), ("adam", 256)]
-    assert result["executed"] == TINY_RUNS // 2 and result["skipped"] == TINY_RUNS // 2
-    _same_cells(local_study[1]["study"], result["study"])
+    assert result.executed == TINY_RUNS // 2 and result.skipped == TINY_RUNS // 2
+    _same_cells(local_study[1].study.to_json(), result.study.to_json())
 
 
 @pytest.mark.ray
@@ -180,11 +180,11 @@ def test_auto_cells_run_as_ray_tasks_and_resume_locally(ray_instance, tmp_path):
     runs = 2 * 2 + 2  # (16, 128) x 2 seeds + the auto cell's 2 seeds
     result = run_study(dataclasses.replace(config, executor="ray"), tmp_path,
                        show_progress=False, print_results=False)
-    study = result["study"]
-    assert result["executed"] == runs
+    study = result.study.to_json()
+    assert result.executed == runs
     [cell] = study["auto_cells"]
     assert cell["batch_size"] == "auto" and cell["auto"]["min"] == 16
-    [verdict] = result["analysis"].verdicts.adaptive
+    [verdict] = result.analysis.verdicts.adaptive
     assert verdict.optimizer == "sgd" and verdict.best_fixed in (16, 128)
     assert all(r["config"]["batch_size"] == "auto:16:128" for r in study["auto_runs"])
     assert {r["key"] for r in study["auto_runs"]} <= {r["key"] for r in _stored_runs(tmp_path)}
@@ -194,7 +194,7 @@ def test_auto_cells_run_as_ray_tasks_and_resume_locally(ray_instance, tmp_path):
     assert reached and all(math.isfinite(cell["seed_times"][s]) for s in reached)
 
     local = run_study(config, tmp_path, show_progress=False, print_results=False)
-    assert local["executed"] == 0
-    [twin] = local["study"]["auto_cells"]
+    assert local.executed == 0
+    [twin] = local.study.to_json()["auto_cells"]
     for name in ("learning_rate", "seed_steps", "run_keys", "seed_samples", "ranges"):
         assert twin[name] == cell[name], name

@@ -85,6 +85,8 @@ from kbackend.training import Target, TrainConfig, train, workload_of
 
 PARTS = ("overhead", "compare", "both", "reuse", "estimator", "timewin")
 FUSED_STEPS = 8
+# measure_every of an adaptive trainer that never measures (the overhead part's structure row)
+NEVER_MEASURED = 2**62
 
 # Full and quick defaults of every option left out (quick: a smoke run of a few seconds).
 FULL = {"model": "mlp", "dataset": "mnist1d_large", "batch_sizes": [8, 32, 128, 512],
@@ -188,7 +190,9 @@ def _trainers(model_plain: Any, model_adaptive: Any, spec: Any, dataset: Any, ba
 
 # -- overhead ------------------------------------------------------------------------------
 def overhead(opts: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per batch size: us/step of the plain and of the adaptive trainer, and their ratio."""
+    """Per batch size: us/step of the plain and of the adaptive trainer, and their ratio; on
+    one device also of the adaptive trainer that never measures (its fused call's structure
+    alone: the plain steps around the per-call ``cond``, no measured step)."""
 
     config = TrainConfig(model=opts["model"], dataset=opts["dataset"], seed=0,
                          data_dir=opts["data_dir"], model_options=ModelOptions(seed=0))
@@ -207,16 +211,24 @@ def overhead(opts: dict[str, Any]) -> list[dict[str, Any]]:
         fused = min(FUSED_STEPS, steps)
         kind = EpochRunner if opts["devices"] <= 1 else PacedEpochRunner
         runners = {"plain": kind(plain, n, batch, fused), "adaptive": kind(grown, n, batch, fused)}
+        adaptive_trainers = [grown]
+        if opts["devices"] <= 1:
+            unmeasured = adaptive().AdaptiveTrainer(
+                build_model(opts["model"], dataset.info, config.model_options), spec, dataset,
+                jit_compile=opts["jit"], measure_every=NEVER_MEASURED)
+            runners["unmeasured"] = kind(unmeasured, n, batch, fused)
+            adaptive_trainers.append(unmeasured)
         for runner in runners.values():
             runner()  # compiles
-        grown.take_noise_norms()
-        times: dict[str, list[float | None]] = {"plain": [], "adaptive": []}
-        for _ in range(opts["repeats"]):
-            for name, runner in runners.items():  # alternated: drift hits both alike
-                start = time.perf_counter()
-                runner()
+        names = list(runners)
+        times: dict[str, list[float | None]] = {name: [] for name in names}
+        for repeat in range(opts["repeats"]):
+            for trainer in adaptive_trainers:  # the norms kept since the last round
+                trainer.take_noise_norms()
+            for name in names[repeat % len(names):] + names[:repeat % len(names)]:
+                start = time.perf_counter()  # rotated each round: drift hits every trainer alike
+                runners[name]()
                 times[name].append((time.perf_counter() - start) / steps * 1e6)
-            grown.take_noise_norms()
         plain_us, adaptive_us = spread(times["plain"]), spread(times["adaptive"])
         row = {"part": "overhead", "case": f"batch {batch}", "batch_size": batch,
                "devices": opts["devices"],
@@ -225,6 +237,10 @@ def overhead(opts: dict[str, Any]) -> list[dict[str, Any]]:
                "adaptive_us_per_step": adaptive_us["median"],
                "ratio": adaptive_us["median"] / plain_us["median"],
                "plain_us": plain_us, "adaptive_us": adaptive_us}
+        if "unmeasured" in times:
+            unmeasured_us = spread(times["unmeasured"])
+            row.update(unmeasured_us_per_step=unmeasured_us["median"], unmeasured_us=unmeasured_us,
+                       unmeasured_ratio=unmeasured_us["median"] / plain_us["median"])
         rows.append(row)
         say(f"batch {batch:5d}: plain {row['plain_us_per_step']:9.1f} us/step, adaptive "
             f"{row['adaptive_us_per_step']:9.1f} us/step, ratio {row['ratio']:.2f}")
@@ -506,10 +522,13 @@ def adaptive_table(payload: dict[str, Any]) -> str:
     measured = "per-device-norm" if devices > 1 else "micro-batched"
     section("overhead",
             f"Overhead of the estimator ({where}K = 8 fused steps; median us/step [min, max])",
-            ["backend", "batch", "plain us/step", f"{measured} us/step", "ratio"],
+            ["backend", "batch", "plain us/step", f"{measured} us/step", "ratio",
+             "never measuring: ratio"],
             lambda row: [row["backend"], str(row["batch_size"]),
                          spread_text(row["plain_us"], ".1f"),
-                         spread_text(row["adaptive_us"], ".1f"), f"{row['ratio']:.2f}"])
+                         spread_text(row["adaptive_us"], ".1f"), f"{row['ratio']:.2f}",
+                         f"{row['unmeasured_ratio']:.2f}" if "unmeasured_ratio" in row
+                         else "-"])
     section("compare",
             "Auto vs fixed batch sizes (each seed's best rate; medians over the seeds that "
             "reached the target, [min, max]; time: train time to the target, compilation "

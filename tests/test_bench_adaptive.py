@@ -67,6 +67,25 @@ def test_quick_reuse_part_times_both_ways_of_running_auto_runs(tmp_path):
 
 
 @pytest.mark.slow
+def test_quick_inflation_part_times_steps_while_the_next_size_compiles_ahead(tmp_path):
+    """``--part inflation``: the adaptive trainer's steps timed idle and while each next size
+    compiles in the background (two rounds, sizes 16 and 32 after 8); finite figures, every
+    background compilation waited for, and the table (no timing thresholds)."""
+    out = tmp_path / "out"
+    options = ["--quick", "--backends", BACKEND, "--part", "inflation", "--out", str(out)]
+    assert run(BENCHMARKS["bench_adaptive"], options, in_process=True) == 0
+    payload = json.loads((out / "bench_adaptive.json").read_text())
+    (row,) = [r for r in payload["rows"] if r["part"] == "inflation"]
+    assert row["batch_size"] == 8 and row["idle_us"]["n"] == 2 * 20
+    assert row["compile_s"]["n"] == 2 and row["compile_s"]["min"] > 0
+    assert math.isfinite(row["idle_us"]["median"]) and row["idle_us"]["median"] > 0
+    # a compilation that ended before the next call leaves no busy call: NaN, never a number
+    assert math.isfinite(row["ratio"]) == (row["busy_us"]["n"] > 0 and
+                                          math.isfinite(row["busy_us"]["median"]))
+    assert "compiles ahead in the background" in (out / "bench_adaptive.md").read_text()
+
+
+@pytest.mark.slow
 def test_quick_timewin_part_runs_every_side_in_a_fresh_process(tmp_path):
     """``--part timewin --quick``: auto, fixed MIN and the best fixed size on digits, each a
     whole train() in a child with an empty cache, to the target; the goals row and tables."""

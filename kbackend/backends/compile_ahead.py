@@ -50,6 +50,11 @@ class AheadCompiler:
         while self._to_start:
             self._to_start.pop().start()
 
+    def compiling(self, key: Hashable) -> bool:
+        """Whether ``key``'s background compilation is running now."""
+        thread = self._threads.get(key)
+        return thread is not None and thread.is_alive()
+
     def take(self, key: Hashable) -> Any | None:
         """``key``'s call compiled ahead (waiting for what is left of it), or None: not asked
         for, or failed (the trainer then compiles it, and raises its error, itself)."""

@@ -83,7 +83,7 @@ from kbackend.reports import markdown_rows
 from kbackend.study.summaries import adaptive_samples
 from kbackend.training import Target, TrainConfig, train, workload_of
 
-PARTS = ("overhead", "compare", "both", "reuse", "estimator", "timewin")
+PARTS = ("overhead", "compare", "both", "reuse", "estimator", "timewin", "inflation")
 FUSED_STEPS = 8
 # measure_every of an adaptive trainer that never measures (the overhead part's structure row)
 NEVER_MEASURED = 2**62
@@ -142,6 +142,7 @@ def _options(settings: Settings) -> dict[str, Any]:
     chosen["repeats"] = settings.rounds(quick=2, full=7)
     chosen["overhead_samples"] = QUICK_OVERHEAD_SAMPLES if settings.quick else None
     chosen["devices"] = given.get("devices") or 1
+    chosen["idle_calls"] = 20 if settings.quick else 100  # inflation: calls between compilations
     return chosen
 
 
@@ -245,6 +246,63 @@ def overhead(opts: dict[str, Any]) -> list[dict[str, Any]]:
         say(f"batch {batch:5d}: plain {row['plain_us_per_step']:9.1f} us/step, adaptive "
             f"{row['adaptive_us_per_step']:9.1f} us/step, ratio {row['ratio']:.2f}")
     return rows
+
+
+# -- step-time inflation while compiling ahead ------------------------------------------------
+
+
+def inflation(opts: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 47 item 2's cost: the adaptive trainer's K-step calls at the first batch size timed
+    with nothing else running and while the next size (a new one each round: 2x, 4x, ... the
+    batch) compiles ahead in its background thread, rounds alternating; per-step medians and
+    their ratio, and the background compilations' seconds (what a used size hides)."""
+    config = TrainConfig(model=opts["model"], dataset=opts["dataset"], seed=0,
+                         data_dir=opts["data_dir"], model_options=ModelOptions(seed=0))
+    dataset = workload_of(config).dataset
+    batch = opts["batch_sizes"][0]
+    trainer = adaptive().AdaptiveTrainer(
+        build_model(opts["model"], dataset.info, config.model_options),
+        OptimizerSpec("adam", 1e-3), dataset, jit_compile=opts["jit"])
+    n = len(dataset.x_train)
+    steps = n // batch
+    fused = min(FUSED_STEPS, steps)
+    order = np.random.default_rng(0).permutation(steps * batch).astype(np.int32)
+    rows = trainer.put_epoch(order.reshape(steps, batch))
+    trainer.compile(fused, rows)
+
+    def call(index: int) -> float:
+        start = time.perf_counter()
+        trainer.fetch(trainer.run(rows, index * fused % (steps - fused + 1), fused))
+        return (time.perf_counter() - start) / fused * 1e6
+
+    for index in range(20):  # warm
+        call(index)
+    idle: list[float] = []
+    busy: list[float] = []
+    compiled_s: list[float] = []
+    for round_index in range(opts["repeats"]):
+        idle += [call(i) for i in range(opts["idle_calls"])]
+        size = batch * 2 ** (round_index + 1)  # a size not compiled yet
+        key = (size, fused)
+        trainer.compile_ahead(size, fused, max(fused, n // size))
+        trainer.ahead.start_pending()
+        start, index = time.perf_counter(), 0
+        while trainer.ahead.compiling(key):
+            busy.append(call(index))
+            index += 1
+        compiled_s.append(time.perf_counter() - start)
+        trainer.ahead.take(key)
+        trainer.take_noise_norms()
+    idle_us, busy_us = spread(idle), spread(busy)
+    ratio = (busy_us["median"] / idle_us["median"] if busy_us["median"] is not None
+             else math.nan)  # every compilation ended before a call could overlap it
+    row = {"part": "inflation", "case": f"batch {batch}, K {fused}", "batch_size": batch,
+           "idle_us": idle_us, "busy_us": busy_us, "ratio": ratio,
+           "compile_s": spread(compiled_s)}
+    say(f"batch {batch}: {idle_us['median']:.1f} us/step idle, {spread_text(busy_us, '.1f')} "
+        f"while compiling ahead ({ratio:.2f}x); {row['compile_s']['median']:.2f} s per "
+        f"background compilation")
+    return [row]
 
 
 # -- auto vs fixed -------------------------------------------------------------------------
@@ -463,6 +521,8 @@ def measure_adaptive(settings: Settings) -> Rows:
         rows += reuse(opts)
     if opts["part"] == "estimator":
         rows += estimator(opts)
+    if opts["part"] == "inflation":
+        rows += inflation(opts)
     if opts["part"] == "timewin":
         opts.update(adaptive_timewin.timewin_options(settings.quick, settings.options))
         rows += adaptive_timewin.timewin(opts, settings.options, settings.quick)
@@ -538,6 +598,14 @@ def adaptive_table(payload: dict[str, Any]) -> str:
             lambda row: [row["backend"], row["case"], f"{row['reached']}/{row['seeds']}",
                          spread_text(row["steps"], ".0f"), spread_text(row["samples"], ".0f"),
                          spread_text(row["time_s"], ".2f")])
+    section("inflation",
+            "Step-time inflation while the next size compiles ahead in the background (the "
+            "adaptive trainer's calls, median us/step [min, max]; issue 47 item 2)",
+            ["backend", "case", "idle us/step", "while compiling us/step", "ratio",
+             "s per background compilation"],
+            lambda row: [row["backend"], row["case"], spread_text(row["idle_us"], ".1f"),
+                         spread_text(row["busy_us"], ".1f"), f"{row['ratio']:.2f}",
+                         spread_text(row["compile_s"], ".2f")])
     section("reuse",
             "Auto runs, each on a fresh train() vs on one shared trainer (the study's Runs); "
             "wall seconds per run after a compiling round, and each seed's ratio to its fresh "
@@ -570,9 +638,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               options=(
                   Option("--part", "overhead, compare, both, reuse (auto runs on one "
                          "shared trainer vs a fresh train() each), estimator (growth with "
-                         "the every-step estimator vs the default), or timewin (auto's wall "
-                         "to the target vs fixed MIN and the best fixed size, issue 47) "
-                         "(default both)", _part),
+                         "the every-step estimator vs the default), timewin (auto's wall "
+                         "to the target vs fixed MIN and the best fixed size, issue 47), or "
+                         "inflation (step time while the next size compiles ahead, at the "
+                         "first --batch-sizes) (default both)", _part),
                   Option("--model", "model (default mlp, quick seed_mlp)"),
                   Option("--dataset", "dataset (default mnist1d_large, quick digits)"),
                   Option("--data-dir", "data folder (default: kbackend's)"),

@@ -287,7 +287,7 @@ def _write_outputs(study: StudyRecord, analysis: Analysis, out: Path,
 class StudyOutcome:
     """What ``run_study`` returns: the study, its analysis, the paths it wrote (report, summary,
     plots, runs.csv), this call's wall time, the runs it trained and reused, where the time
-    went. ``outcome["study"]`` reads as the dict it replaced."""
+    went."""
 
     study: StudyRecord
     analysis: Analysis

@@ -70,7 +70,7 @@ class CellRow:
 class StudyResult:
     """A finished study: ``best`` (the ``Recommendation``, None if no cell reached), ``rows``
     (one ``CellRow`` per cell), ``report_path``, ``runs_path`` (``runs.csv``, one row per
-    run), the ``study`` record (``StudyRecord``; ``study["cells"]`` reads its JSON) and its
+    run), the ``study`` record (``StudyRecord``; ``study.to_json()["cells"]`` its JSON) and its
     typed ``analysis`` (``analysis.Analysis``)."""
 
     best: Recommendation | None

@@ -6,7 +6,7 @@ batch fixed or auto, with their ``Frontier``), the time model's ``StepTimes`` an
 ``NoiseScale``. They become JSON only at the boundary: the store (``StepTimes.to_json``,
 ``NoiseScale.to_json``, ``HeldOutRuns.to_json``), ``report.summary_payload`` (summary.json,
 byte for byte what the dicts they replaced wrote) and ``StudyRecord.to_json``
-(``result.study["cells"]``); ``from_json`` reads a stored summary back (re-analysis,
+(``result.study.to_json()["cells"]``); ``from_json`` reads a stored summary back (re-analysis,
 ``study compare``'s tools). The runs inside stay ``StoredRun.to_dict`` records, the store's own
 JSON.
 """
@@ -150,7 +150,6 @@ class Cell:
         """The median time to target, infinite where the cell did not reach the target."""
         return self.time_to_target if self.reached and self.time_to_target is not None \
             else math.inf
-
 
     def to_json(self) -> JsonObject:
         """The cell's record, keys in summary.json's order; the parts not filled in left out."""
@@ -474,7 +473,6 @@ class StudyRecord:
     def all_runs(self) -> list[StoredRun]:
         """Every stored run: the fixed cells' (all rates and seeds), then the auto cells'."""
         return [*self.runs, *self.auto_runs]
-
 
     def to_json(self) -> JsonObject:
         """The record as the JSON dict it used to be (``study`` its id; empty parts left out

@@ -7,9 +7,11 @@ check done before any training: model input vs data shape, output units vs class
 loss cannot take. ``train`` and ``study`` both start here, so they treat a model the same way.
 
 Splits: the source's own validation and test splits are used as given. Without a validation
-split, one is held out of the training data (``validation_fraction``, drawn by the seed, as for
-the built-in datasets); without a test split, one of the same size is held out first, by a
-fixed draw that does not depend on the seed (every seed's runs are tested on the same samples).
+split, one is held out of the training data (``validation_fraction``); without a test split, one
+of the same size is held out first. Both draws, and the order a folder's files are read in, are
+fixed (``SPLIT_SEED``, ``TEST_SPLIT_SEED``): a run's seed picks its initial weights and data
+order only, so every seed is validated and tested on the same samples and ``train --seed S``
+trains on the data the study's seed S trained on.
 """
 
 from __future__ import annotations
@@ -35,8 +37,11 @@ from kbackend.task import (
     output_units,
 )
 
-# The fixed draw behind a held-out test split (independent of the run's seed).
+# The fixed draws behind a held-out test split and a held-out validation split (and a folder's
+# file order), independent of the run's seed. The validation draw is the one seed 0 made when
+# the draw followed the seed, so what seed 0 trained on is unchanged.
 TEST_SPLIT_SEED = 1_000_003
+SPLIT_SEED = 0
 
 
 # How a note that warns begins (commands print every note; study prints these).
@@ -186,8 +191,7 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
     source = parse_model_source(model, unsafe_deserialization=unsafe_deserialization,
                                 from_weights=from_weights)
     read = _read(source, data, x, y, validation_data, label=label, image_size=image_size,
-                 options=options, validation_fraction=validation_fraction, seed=seed,
-                 data_dir=data_dir)
+                 options=options, validation_fraction=validation_fraction, data_dir=data_dir)
     splits, name, kind, notes = dict(read.splits), read.name, read.kind, list(read.notes)
     metric = None if target_metric in (None, "val_loss") else str(target_metric)[len("val_"):]
     if source.layout == "flat":  # a built-in MLP takes rows of features
@@ -200,7 +204,7 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
     check_label_outputs(first, y_train, source.name)
     task = source.task(first, y_train, metric)
     if front is not None:  # the splits now hold what the front gives, the rest trains on them
-        splits = through_front(front, splits, validation_fraction, seed, notes)
+        splits = through_front(front, splits, validation_fraction, notes)
         x_train = splits["train"][0]
     full, first = first, front.rest(first) if front is not None else first
     if packing is not None:
@@ -208,7 +212,7 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
     _model_notes(first, task, x_train, source.name, notes)
     units = output_units(full)
     splits = checked_splits(full, task, splits, name, source.name)
-    dataset = dataset_of(name, kind, splits, task, units, validation_fraction, seed, notes,
+    dataset = dataset_of(name, kind, splits, task, units, validation_fraction, notes,
                          owned=read.owned, known=read.info)
     # The built-in task on a built-in dataset goes without saying.
     says_task = not (task is CLASSIFICATION and read.info is not None)
@@ -226,7 +230,7 @@ def _dtype_policy() -> str:
 
 def _read(source: ModelSource, data: Any, x: Any, y: Any, validation_data: Any, *,
           label: str | None, image_size: tuple[int, int] | None, options: ModelOptions,
-          validation_fraction: float, seed: int, data_dir: str | None) -> user_data.UserData:
+          validation_fraction: float, data_dir: str | None) -> user_data.UserData:
     """The data read: the Python objects ``x`` (``y``, ``validation_data``), the user's data
     source, or a built-in dataset, read in the layout ``source`` takes (a built-in model's own;
     else the data's own shape, which a model's Reshape adapts, reshaped to a saved model's
@@ -234,11 +238,11 @@ def _read(source: ModelSource, data: Any, x: Any, y: Any, validation_data: Any, 
     if x is not None:
         return user_data.from_python(x, y, validation_data=validation_data)
     if not (isinstance(data, str) and data in data_module.DATASETS):
-        return user_data.load_source(data, label=label, seed=seed, image_size=image_size,
+        return user_data.load_source(data, label=label, seed=SPLIT_SEED, image_size=image_size,
                                      raw_text=True)
     dataset = data_module.load(data, layout=source.layout,
                                data_format=source.data_format(options),
-                               validation_fraction=validation_fraction, seed=seed,
+                               validation_fraction=validation_fraction, seed=SPLIT_SEED,
                                data_dir=data_dir)
     notes: list[str] = []
     # A validation split that is the test split (fraction 0) is not one of the data's own.
@@ -352,7 +356,7 @@ def _first_model(source: ModelSource, splits: dict[str, tuple[Any, Any]], name: 
 
 
 def through_front(front: HostFront, splits: dict[str, tuple[Any, Any]],
-                  validation_fraction: float, seed: int, notes: list[str]
+                  validation_fraction: float, notes: list[str]
                   ) -> dict[str, tuple[np.ndarray, Any]]:
     """The raw splits held out as ``dataset_of`` and ``from_arrays`` would hold them out (the
     same draws), the front adapted on the training split only (where it holds no vocabulary
@@ -364,7 +368,7 @@ def through_front(front: HostFront, splits: dict[str, tuple[Any, Any]],
         splits["test"], (x, y) = (x[test], y[test]), (x[keep], y[keep])
         notes.append(_held_out_note(len(test)))
     if "val" not in splits and validation_fraction:
-        keep, val = data_module.validation_indices(len(x), validation_fraction, seed)
+        keep, val = data_module.validation_indices(len(x), validation_fraction, SPLIT_SEED)
         splits["val"], (x, y) = (x[val], y[val]), (x[keep], y[keep])
     splits["train"] = (x, y)
     adapted = front.adapt(front.inputs(x, "inputs of the train split"))
@@ -552,7 +556,7 @@ def _held_out(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarra
 
 
 def dataset_of(name: str, kind: str, splits: dict[str, tuple[np.ndarray, np.ndarray]],
-               task: Task, units: int, validation_fraction: float, seed: int,
+               task: Task, units: int, validation_fraction: float,
                notes: list[str], owned: bool = False,
                known: data_module.DatasetInfo | None = None) -> data_module.Dataset:
     """The ``Dataset`` of the checked ``splits``: a test split held out when there is none,
@@ -574,7 +578,7 @@ def dataset_of(name: str, kind: str, splits: dict[str, tuple[np.ndarray, np.ndar
     layout = "flat" if np.ndim(x_train) == 2 else "spatial"
     return data_module.from_arrays(
         name, x_train, y_train, x_test, y_test, num_classes=units,
-        validation_fraction=validation_fraction, seed=seed,
+        validation_fraction=validation_fraction, seed=SPLIT_SEED,
         source=known.source if known else kind, layout=known.layout if known else layout,
         data_format=known.data_format if known else None,
         sparse_labels=task.sparse_labels, x_val=x_val, y_val=y_val, owned=owned)

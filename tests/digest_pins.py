@@ -2,7 +2,10 @@
 (``StudyRunner.prepare``: ``ModelSource.digest`` of the first model, ``Dataset.digest``), on
 inputs made here from fixed seeds. ``tests/data/digest_pins.json`` holds the digests recorded on
 9819043 (before each source kind had its own ``digest``), per backend; run keys must never change
-by a refactor, so ``tests/test_digest_pins.py`` holds them equal.
+by a refactor, so ``tests/test_digest_pins.py`` holds them equal. One deliberate change since: the
+image folder's data digest, re-recorded when a folder's file order became a NumPy draw (it had
+followed TensorFlow's global seed, so each backend, and each run seed, read another order); both
+backends now read the same order and pin the same digest.
 
 Record (on the commit whose digests are the reference; both backends):
 ``KERAS_BACKEND=jax python -m tests.digest_pins record`` (then ``tensorflow``).

@@ -245,9 +245,9 @@ def test_a_file_and_the_same_arrays_from_python_give_the_same_dataset(tmp_path):
     loaded = load_source(str(tmp_path / "d.npz"))
     given = user.from_python(x, y)
     assert loaded.owned and not given.owned
-    a = dataset_of("d", "arrays", dict(loaded.splits), CLASSIFICATION, 3, 0.1, 7, [],
+    a = dataset_of("d", "arrays", dict(loaded.splits), CLASSIFICATION, 3, 0.1, [],
                    owned=loaded.owned)
-    b = dataset_of("d", "arrays", dict(given.splits), CLASSIFICATION, 3, 0.1, 7, [])
+    b = dataset_of("d", "arrays", dict(given.splits), CLASSIFICATION, 3, 0.1, [])
     for name in ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test"):
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
     np.testing.assert_array_equal(given.splits["train"][0], x)  # the caller's arrays untouched

@@ -669,3 +669,36 @@ def test_tfds_not_installed_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)  # import fails
     with pytest.raises(DataError, match=r"pip install tensorflow-datasets"):
         load_source("tfds:mnist")
+
+
+def test_the_held_out_splits_and_a_folders_order_do_not_follow_the_run_seed(tmp_path):
+    # `kbackend train --seed S` must train on what the study's seed S trained on: the study
+    # reads the data once, so the draws of held-out splits cannot depend on the seed.
+    from kbackend.workload import prepare_workload
+
+    rows = "\n".join(f"{i % 7},{(i * 3) % 11},{i % 3}" for i in range(120))
+    table = write(tmp_path, "t.csv", "a,b,y\n" + rows + "\n")
+    folder = str(image_folder(tmp_path / "pets", per_class=12, size=(4, 4)))
+    for source, label in ((table, "y"), (folder, None)):
+        first, other = (prepare_workload("seed_mlp", source, label=label, seed=seed).dataset
+                        for seed in (0, 3))
+        for split in ("train", "val", "test"):
+            for a, b in zip(first.split(split), other.split(split), strict=True):
+                np.testing.assert_array_equal(a, b, err_msg=f"{source} {split}")
+
+
+@pytest.mark.parametrize("announced", [None, 10, 7, 13])
+def test_shuffled_reading_gives_the_fixed_order_whatever_rows_were_announced(announced):
+    # images are written straight to their shuffled places; a count not as announced (or none)
+    # falls back to gathering, and must end in the same order
+    from kbackend.data.user.common import Where
+    from kbackend.data.user.datasets import _Batches, fixed_order
+
+    x, y = np.arange(20.0).reshape(10, 2), np.arange(10)
+    batches = _Batches(Where("data 't'"), "train", announced, shuffle_seed=5)
+    for start in range(0, 10, 3):
+        batches.add(x[start:start + 3], y[start:start + 3])
+    got_x, got_y = batches.arrays()
+    order = fixed_order(10, 5)
+    np.testing.assert_array_equal(got_x, x[order])
+    np.testing.assert_array_equal(got_y, y[order])

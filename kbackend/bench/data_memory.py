@@ -86,7 +86,7 @@ def load_case(kind: str, path: str, label: str | None = None,
     try:
         loaded = user.load_source(path, label=label, max_bytes=max_bytes)
         dataset = dataset_of(loaded.name, loaded.kind, dict(loaded.splits), CLASSIFICATION,
-                             CLASSES, 0.1, 0, [], owned=loaded.owned)
+                             CLASSES, 0.1, [], owned=loaded.owned)
     except DataError as error:
         return {"refused": str(error)[:160], "rise_mb": (peak_rss() - base) / _MB,
                 "held_mb": 0.0, "seconds": time.perf_counter() - start, "exact_peak": exact}

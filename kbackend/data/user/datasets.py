@@ -91,13 +91,19 @@ def _element_bytes(spec: Any) -> int | None:
 class _Batches:
     """Batches of ``(x, y)`` gathered into one pair of arrays: written into arrays allocated at
     the first batch when the number of ``rows`` is known (no second copy at the end), else
-    kept and concatenated."""
+    kept and concatenated. ``shuffle_seed``: the rows come out in ``fixed_order``'s order for
+    that seed (written straight to their places when ``rows`` is known)."""
 
-    def __init__(self, where: Where, split: str, rows: int | None) -> None:
+    def __init__(self, where: Where, split: str, rows: int | None,
+                 shuffle_seed: int | None = None) -> None:
         self.where, self.split, self.rows = where, split, rows
+        self.shuffle_seed = shuffle_seed
         self.xs: list[np.ndarray] = []
         self.ys: list[np.ndarray] = []
         self.filled = 0
+        # where the i-th sample read goes: the inverse of the final order
+        self.places = (None if rows is None or shuffle_seed is None
+                       else np.argsort(fixed_order(rows, shuffle_seed)))
 
     def add(self, x: np.ndarray, y: np.ndarray) -> None:
         if self.rows is None:
@@ -111,24 +117,42 @@ class _Batches:
         target_x, target_y = self.xs[0], self.ys[0]
         if end > self.rows or x.shape[1:] != target_x.shape[1:] \
                 or y.shape[1:] != target_y.shape[1:]:  # not as announced: gather them instead
-            self.xs, self.ys = [target_x[:self.filled]], [target_y[:self.filled]]
-            self.rows = None
+            read = slice(0, self.filled) if self.places is None else self.places[:self.filled]
+            self.xs, self.ys = [target_x[read]], [target_y[read]]  # back in reading order
+            self.rows = self.places = None
             self.add(x, y)
             return
-        target_x[self.filled:end], target_y[self.filled:end] = x, y
+        place = slice(self.filled, end) if self.places is None else self.places[self.filled:end]
+        target_x[place], target_y[place] = x, y
         self.filled = end
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         if self.rows is not None and self.xs:
+            if self.filled < self.rows and self.places is not None:  # fewer than announced
+                read = self.places[:self.filled]
+                x, y = self.xs[0][read], self.ys[0][read]
+                order = fixed_order(len(x), self.shuffle_seed or 0)
+                return x[order], y[order]
             return self.xs[0][:self.filled], self.ys[0][:self.filled]
-        return _concatenate(self.where, self.split, self.xs, self.ys)
+        x, y = _concatenate(self.where, self.split, self.xs, self.ys)
+        if self.shuffle_seed is None:
+            return x, y
+        order = fixed_order(len(x), self.shuffle_seed)
+        return x[order], y[order]
+
+
+def fixed_order(count: int, seed: int) -> np.ndarray:
+    """The order ``count`` rows read in file order are shuffled into for ``seed`` (NumPy's
+    generator: the same in every process and on every backend)."""
+    return np.random.default_rng(seed).permutation(count)
 
 
 def _read_tf_dataset(where: Where, dataset: Any, split: str, max_bytes: int,
-                     batched: bool | None = None,
-                     rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+                     batched: bool | None = None, rows: int | None = None,
+                     shuffle_seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """A finite ``tf.data.Dataset`` of ``(x, y)`` read into memory, at most ``max_bytes``;
-    ``rows``: how many samples it holds, if known (else its cardinality when unbatched)."""
+    ``rows``: how many samples it holds, if known (else its cardinality when unbatched);
+    ``shuffle_seed``: its samples shuffled into ``fixed_order`` (else kept in its order)."""
     tf = _tensorflow()
     spec = dataset.element_spec
     if not (isinstance(spec, tuple) and len(spec) == 2
@@ -150,7 +174,7 @@ def _read_tf_dataset(where: Where, dataset: Any, split: str, max_bytes: int,
     if not batched:
         rows = rows if rows is not None else cardinality if cardinality > 0 else None
         dataset = dataset.batch(READ_BATCH)
-    batches, total = _Batches(where, split, rows), 0
+    batches, total = _Batches(where, split, rows, shuffle_seed), 0
     try:
         for x, y in dataset.as_numpy_iterator():
             x, y = np.asarray(x), np.asarray(y)

@@ -197,7 +197,9 @@ def _image_geometry(where: Where, images: list[Path], count: int, max_bytes: int
 @dataclass(frozen=True)
 class Folder(Reader):
     """A folder of class subfolders of images or text files; ``seed``: the order the files are
-    shuffled into; ``image_size``: (height, width) to read every image at."""
+    shuffled into (``datasets.fixed_order``, after reading them in Keras's sorted order: a
+    tf.data shuffle would follow TensorFlow's global seed, which each run's seed sets);
+    ``image_size``: (height, width) to read every image at."""
 
     where: Where
     path: Path
@@ -236,7 +238,7 @@ def _load_folder(where: Where, folder: Path, *, seed: int, max_bytes: int,
     keras = import_keras()
     tf = _tensorflow()
     options = {"labels": "inferred", "label_mode": "int", "batch_size": READ_BATCH,
-               "shuffle": True, "seed": seed, "verbose": False}
+               "shuffle": False, "verbose": False}
     notes: list[str] = []
     try:
         if kinds == {"images"}:
@@ -265,6 +267,7 @@ def _load_folder(where: Where, folder: Path, *, seed: int, max_bytes: int,
     kind = "images" if kinds == {"images"} else "text"
     # each split's file count: its arrays are allocated once, at that size
     splits = {split: _read_tf_dataset(where, dataset, split, max_bytes, batched=True,
-                                      rows=len(scans[split][0]) if kind == "images" else None)
+                                      rows=len(scans[split][0]) if kind == "images" else None,
+                                      shuffle_seed=seed)
               for split, dataset in datasets.items()}
     return kind, splits, class_names, tuple(notes)

@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 import sys
 import time
 from dataclasses import replace
@@ -231,21 +232,39 @@ def overhead(opts: dict[str, Any]) -> list[dict[str, Any]]:
                 runners[name]()
                 times[name].append((time.perf_counter() - start) / steps * 1e6)
         plain_us, adaptive_us = spread(times["plain"]), spread(times["adaptive"])
+        ratio = _paired_ratio(times["adaptive"], times["plain"])
         row = {"part": "overhead", "case": f"batch {batch}", "batch_size": batch,
                "devices": opts["devices"],
                "steps_per_epoch": steps, "fused_steps": fused,
                "plain_us_per_step": plain_us["median"],
                "adaptive_us_per_step": adaptive_us["median"],
-               "ratio": adaptive_us["median"] / plain_us["median"],
+               "ratio": ratio["median"], "ratio_quartiles": ratio,
                "plain_us": plain_us, "adaptive_us": adaptive_us}
         if "unmeasured" in times:
             unmeasured_us = spread(times["unmeasured"])
+            unmeasured = _paired_ratio(times["unmeasured"], times["plain"])
             row.update(unmeasured_us_per_step=unmeasured_us["median"], unmeasured_us=unmeasured_us,
-                       unmeasured_ratio=unmeasured_us["median"] / plain_us["median"])
+                       unmeasured_ratio=unmeasured["median"], unmeasured_quartiles=unmeasured)
         rows.append(row)
         say(f"batch {batch:5d}: plain {row['plain_us_per_step']:9.1f} us/step, adaptive "
             f"{row['adaptive_us_per_step']:9.1f} us/step, ratio {row['ratio']:.2f}")
     return rows
+
+
+def _paired_ratio(times: list[float | None], plain: list[float | None]) -> dict[str, float]:
+    """The per-round ratios ``times / plain`` (the two timed moments apart in each round, so
+    drift cancels): their median and quartiles."""
+    ratios = sorted(t / p for t, p in zip(times, plain, strict=True) if t and p)
+    low, median, high = (statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1
+                         else ratios * 3)
+    return {"median": median, "q1": low, "q3": high, "n": len(ratios)}
+
+
+def _quartiles_text(ratio: dict[str, float] | None, fallback: float) -> str:
+    """``median [q1, q3]`` of a paired ratio (rows written before it was kept: the ratio)."""
+    if not ratio:
+        return f"{fallback:.2f}"
+    return f"{ratio['median']:.2f} [{ratio['q1']:.2f}, {ratio['q3']:.2f}]"
 
 
 # -- step-time inflation while compiling ahead ------------------------------------------------
@@ -581,14 +600,17 @@ def adaptive_table(payload: dict[str, Any]) -> str:
     where = f"data parallel on {devices} devices, global batch; " if devices > 1 else ""
     measured = "per-device-norm" if devices > 1 else "micro-batched"
     section("overhead",
-            f"Overhead of the estimator ({where}K = 8 fused steps; median us/step [min, max])",
+            f"Overhead of the estimator ({where}K = 8 fused steps; median us/step [min, max]; "
+            "ratios: median [quartiles] of the per-round ratios to the plain trainer)",
             ["backend", "batch", "plain us/step", f"{measured} us/step", "ratio",
              "never measuring: ratio"],
             lambda row: [row["backend"], str(row["batch_size"]),
                          spread_text(row["plain_us"], ".1f"),
-                         spread_text(row["adaptive_us"], ".1f"), f"{row['ratio']:.2f}",
-                         f"{row['unmeasured_ratio']:.2f}" if "unmeasured_ratio" in row
-                         else "-"])
+                         spread_text(row["adaptive_us"], ".1f"),
+                         _quartiles_text(row.get("ratio_quartiles"), row["ratio"]),
+                         _quartiles_text(row.get("unmeasured_quartiles"),
+                                         row["unmeasured_ratio"])
+                         if "unmeasured_ratio" in row else "-"])
     section("compare",
             "Auto vs fixed batch sizes (each seed's best rate; medians over the seeds that "
             "reached the target, [min, max]; time: train time to the target, compilation "

@@ -247,6 +247,18 @@ def test_a_plateau_within_two_standard_errors_of_the_target_is_warned():
         "val_accuracy", 0.9, 400, no_frontier="the keras engine runs none")
     assert unchecked.startswith("note: the plateau was not checked") and "\n" not in unchecked
     assert "(the keras engine runs none)" in unchecked and "--frontier-epochs 0" not in unchecked
+    # a frontier that ends before the crossing is no plateau (a 3-epoch frontier, 90 steps,
+    # read 0.37 where the runs crossed 0.8 at step 345): said, not warned
+    short = Cell("sgd", 16, reached=True, time_to_target=1.0, steps_to_target=345.0,
+                 frontier=Frontier(epochs=3, steps=90, best_metric={"median": 0.37}))
+    note = trust.after_training(StudyRecord(cells=[short]), "val_accuracy", 0.8, 54)
+    assert note.startswith("note: the plateau was not checked") and "\n" not in note
+    assert "end at step 90, 3 epochs, before the fastest cell reaches the target at step 345" \
+        in note
+    long = replace(short, frontier=replace(short.frontier, steps=400))
+    below = trust.after_training(StudyRecord(cells=[long]), "val_accuracy", 0.8, 54)
+    assert below.startswith("warning: the best cells plateau at val_accuracy 0.37, below the "
+                            "target 0.8")
     assert trust.after_training(StudyRecord(cells=[Cell("sgd", 32, reached=False)]),
                                 "val_accuracy", 0.9, 400) is None  # no cell reached: no plateau
     assert trust.after_training(StudyRecord(cells=[cell(1.0, 0.91)]), "val_mae", 0.9,

@@ -115,7 +115,10 @@ def summarize_frontier(results: list[JsonObject]) -> Frontier:
             if r.get("test_metric") is not None}
     first = results[0] if results else {}
     return Frontier(
-        epochs=first.get("epochs"), seeds=len(results), metric=first.get("metric"),
+        epochs=first.get("epochs"),
+        steps=max((int(r["steps_run"]) for r in results if r.get("steps_run") is not None),
+                  default=None),
+        seeds=len(results), metric=first.get("metric"),
         test_metric_name=first.get("test_metric_name"),
         best_metric=median_interval(list(best.values())),
         test_metric=median_interval(list(test.values())),

@@ -319,9 +319,11 @@ class Frontier:
     """A cell's frontier over its seeds (``frontier.summarize_frontier``): the equal budget in
     epochs, the seeds, the metric, the best validation value, the test metric at that
     checkpoint and the epoch of it (medians with ``median_interval``'s intervals), and per seed
-    the values the paired verdicts read."""
+    the values the paired verdicts read; ``steps``: the most steps a frontier run trained (its
+    budget at this batch size; None in studies stored before it was kept)."""
 
     epochs: int | None = None
+    steps: int | None = None
     seeds: int = 0
     metric: str | None = None
     test_metric_name: str | None = None
@@ -332,7 +334,10 @@ class Frontier:
     seed_test: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> JsonObject:
-        return dict(vars(self))
+        record = dict(vars(self))
+        if record["steps"] is None:  # a stored frontier without it reads back as it was
+            del record["steps"]
+        return record
 
     @classmethod
     def from_json(cls, record: JsonObject | None) -> Frontier | None:

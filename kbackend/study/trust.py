@@ -9,10 +9,12 @@ than the cell (a 40-image split at a 0.9 target: steps of 0.025, a standard erro
   error at the target exceeds ``MAX_STANDARD_ERROR`` or the granularity exceeds
   ``MAX_GRANULARITY``, with the sample count that would resolve it.
 - ``after_training``: a warning when the best cells' plateau (the best validation value their
-  frontier runs reach on an equal budget, median over seeds) lies within two standard errors of
-  the target: those runs reach it by a margin the split cannot tell from noise. Without
-  frontier runs on those cells (``--frontier-epochs 0``) the plateau is not measured, and a
-  one-line note says it was not checked (silence would read as "checked, fine").
+  frontier runs reach on an equal budget, median over seeds) lies below the target or within
+  two standard errors above it: those runs reach it by a margin the split cannot tell from
+  noise. Without frontier runs on those cells that train past their crossing
+  (``--frontier-epochs 0``, or a budget shorter than the steps to the target) the plateau is
+  not measured, and a one-line note says it was not checked (silence would read as "checked,
+  fine").
 - ``MIN_VALIDATION_SAMPLES``: below it a study is refused (a one-line error before any run).
 
 Error metrics of regression (``val_mae``, losses) have no binomial error; they are not checked.
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import math
 
-from kbackend.study.study_record import StudyRecord
+from kbackend.study.study_record import Cell, StudyRecord
 
 MAX_STANDARD_ERROR = 0.02
 MAX_GRANULARITY = 0.01
@@ -66,31 +68,49 @@ def before_training(metric: str, target: float, samples: int) -> str | None:
 def after_training(study: StudyRecord, metric: str, target: float,
                    samples: int, cells: int = 3, no_frontier: str | None = None) -> str | None:
     """A one-line warning when the plateau of the ``cells`` fastest cells (the median best
-    validation value of their frontier runs) lies within ``PLATEAU_STANDARD_ERRORS`` standard errors
-    above the target; a one-line note when none of them has frontier runs to read it from
-    (``no_frontier``: why the study ran none); None otherwise."""
+    validation value of their frontier runs) lies below the target or within
+    ``PLATEAU_STANDARD_ERRORS`` standard errors above it; a one-line note when none of them has
+    frontier runs that trained past its crossing to read it from (``no_frontier``: why the
+    study ran none); None otherwise."""
     if not _is_proportion(metric) or samples <= 0:
         return None
     ranked = sorted((c for c in study.cells if c.reached
                      and c.time_to_target is not None),
                     key=lambda c: c.seconds)[:cells]
-    # the frontier's: runs on an equal budget that do not stop at the target (the study's own
-    # runs stop there, so their best value is the crossing, not the plateau)
-    plateaus = [c.frontier.best_metric["median"] for c in ranked
-                if c.frontier is not None and c.frontier.best_metric.get("median") is not None]
     if not ranked:
         return None
-    if not plateaus:
-        why = f" ({no_frontier})" if no_frontier else ""
+    # the frontier's: runs on an equal budget that do not stop at the target (the study's own
+    # runs stop there, so their best value is the crossing, not the plateau)
+    measured = [c for c in ranked
+                if c.frontier is not None and c.frontier.best_metric.get("median") is not None]
+    past = [c for c in measured if _past_crossing(c)]
+    if not past:
+        if measured:  # a frontier that ends before the crossing shows no plateau
+            frontier = measured[0].frontier
+            assert frontier is not None
+            why = (f" (they end at step {frontier.steps}, {frontier.epochs} epochs, before the "
+                   f"fastest cell reaches the target at step {measured[0].steps_to_target:g}: "
+                   "--frontier-epochs sets their length)")
+        else:
+            why = f" ({no_frontier})" if no_frontier else ""
         return (f"note: the plateau was not checked: it is read from frontier runs, and the "
-                f"fastest cells have none{why}; a target near {metric}'s "
-                "plateau is reached partly by luck, which the confirmation on held-out seeds "
-                "shows.")
+                f"fastest cells have none that train past the target{why}; a target near "
+                f"{metric}'s plateau is reached partly by luck, which the confirmation on "
+                "held-out seeds shows.")
     error = standard_error(target, samples)
-    plateau = max(plateaus)
+    plateau = max(c.frontier.best_metric["median"] for c in past if c.frontier is not None)
     if plateau - target > PLATEAU_STANDARD_ERRORS * error:
         return None
-    return (f"warning: the best cells plateau at {metric} {plateau:.4g}, within "
-            f"{PLATEAU_STANDARD_ERRORS:g} standard errors ({error:.3g} each on {samples} "
-            f"validation samples) of the target {target:g}: whether a run reaches it is partly "
-            "luck; lower the target or validate on more samples.")
+    where = ("below the target" if plateau < target else
+             f"within {PLATEAU_STANDARD_ERRORS:g} standard errors of the target")
+    return (f"warning: the best cells plateau at {metric} {plateau:.4g}, {where} {target:g} "
+            f"(a standard error of {error:.3g} on {samples} validation samples): whether a "
+            "run reaches it is partly luck; lower the target or validate on more samples.")
+
+
+def _past_crossing(cell: Cell) -> bool:
+    """Whether ``cell``'s frontier runs trained at least as far as its runs took to reach the
+    target (a frontier stored before its steps were kept counts, as it did)."""
+    frontier = cell.frontier
+    return (frontier is not None and (frontier.steps is None or cell.steps_to_target is None
+                                      or frontier.steps >= cell.steps_to_target))

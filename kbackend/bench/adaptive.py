@@ -255,6 +255,9 @@ def _paired_ratio(times: list[float | None], plain: list[float | None]) -> dict[
     """The per-round ratios ``times / plain`` (the two timed moments apart in each round, so
     drift cancels): their median and quartiles."""
     ratios = sorted(t / p for t, p in zip(times, plain, strict=True) if t and p)
+    if not ratios:
+        nan = float("nan")
+        return {"median": nan, "q1": nan, "q3": nan, "n": 0}
     low, median, high = (statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1
                          else ratios * 3)
     return {"median": median, "q1": low, "q3": high, "n": len(ratios)}

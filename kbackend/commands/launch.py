@@ -49,6 +49,7 @@ from kbackend.data import user as user_data
 from kbackend.engines import get_engine
 from kbackend.errors import ConfigError
 from kbackend.model_sources import parse_model_source
+from kbackend.workload import SPLIT_SEED
 
 # Flags the launcher sets on every process; the train arguments must not set them.
 _OWN_FLAGS = ("--num-processes", "--process-id", "--coordinator")
@@ -120,7 +121,7 @@ def check_train_args(train_args: list[str], num_processes: int, coordinator: str
     dataset = user_data.check_source(
         config.dataset, label=config.label, layout=source.layout,
         data_format=source.data_format(config.model_options),
-        validation_fraction=config.validation_fraction, seed=config.seed,
+        validation_fraction=config.validation_fraction, seed=SPLIT_SEED,
         data_dir=config.data_dir)
     if dataset is None:  # the splits are settled when each process prepares them
         return

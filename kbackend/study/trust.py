@@ -86,11 +86,12 @@ def after_training(study: StudyRecord, metric: str, target: float,
     past = [c for c in measured if _past_crossing(c)]
     if not past:
         if measured:  # a frontier that ends before the crossing shows no plateau
-            frontier = measured[0].frontier
+            cell = measured[0]
+            frontier = cell.frontier
             assert frontier is not None
-            why = (f" (they end at step {frontier.steps}, {frontier.epochs} epochs, before the "
-                   f"fastest cell reaches the target at step {measured[0].steps_to_target:g}: "
-                   "--frontier-epochs sets their length)")
+            why = (f" (they end at step {frontier.steps}, {frontier.epochs} epochs, before "
+                   f"{cell.optimizer} at batch {cell.batch_size} reaches the target at step "
+                   f"{_crossing(cell):g}: --frontier-epochs sets their length)")
         else:
             why = f" ({no_frontier})" if no_frontier else ""
         return (f"note: the plateau was not checked: it is read from frontier runs, and the "
@@ -108,9 +109,15 @@ def after_training(study: StudyRecord, metric: str, target: float,
             "run reaches it is partly luck; lower the target or validate on more samples.")
 
 
+def _crossing(cell: Cell) -> float:
+    """The step by which every seed of ``cell`` that reached the target had reached it (its
+    median steps where the seeds' are not kept)."""
+    reached = [v for v in (cell.seed_steps or {}).values() if math.isfinite(v)]
+    return max(reached) if reached else float(cell.steps_to_target or 0.0)
+
+
 def _past_crossing(cell: Cell) -> bool:
-    """Whether ``cell``'s frontier runs trained at least as far as its runs took to reach the
-    target (a frontier stored before its steps were kept counts, as it did)."""
+    """Whether ``cell``'s frontier runs trained at least as far as its slowest seed took to
+    reach the target (a frontier stored before its steps were kept counts, as it did)."""
     frontier = cell.frontier
-    return (frontier is not None and (frontier.steps is None or cell.steps_to_target is None
-                                      or frontier.steps >= cell.steps_to_target))
+    return frontier is not None and (frontier.steps is None or frontier.steps >= _crossing(cell))

@@ -129,12 +129,13 @@ class _Batches:
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         if self.rows is not None and self.xs:
             if self.filled < self.rows and self.places is not None:  # fewer than announced
-                read = self.places[:self.filled]
-                x, y = self.xs[0][read], self.ys[0][read]
-                order = fixed_order(len(x), self.shuffle_seed or 0)
-                return x[order], y[order]
+                # the samples read, in reading order, then shuffled: one gather
+                assert self.shuffle_seed is not None  # places are made only with a seed
+                rows = self.places[:self.filled][fixed_order(self.filled, self.shuffle_seed)]
+                return self.xs[0][rows], self.ys[0][rows]
             return self.xs[0][:self.filled], self.ys[0][:self.filled]
         x, y = _concatenate(self.where, self.split, self.xs, self.ys)
+        self.xs, self.ys = [], []  # the batches go before the shuffled copy is made
         if self.shuffle_seed is None:
             return x, y
         order = fixed_order(len(x), self.shuffle_seed)

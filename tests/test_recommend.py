@@ -255,8 +255,8 @@ def test_a_plateau_within_two_standard_errors_of_the_target_is_warned():
     note = trust.after_training(StudyRecord(cells=[short]), "val_accuracy", 0.8, 54)
     assert note.startswith("note: the plateau was not checked") and "\n" not in note
     # the slowest seed's crossing, not the median's, is what a frontier must pass
-    assert "end at step 90, 3 epochs, before sgd at batch 16 reaches the target at step 390" \
-        in note
+    assert "end at step 90, 3 epochs, before sgd at batch 16 reaches the target at step 390: " \
+        "--frontier-epochs 13 or more would pass it)" in note  # 30 steps an epoch
     median_only = replace(short, frontier=replace(short.frontier, steps=350))
     assert trust.after_training(StudyRecord(cells=[median_only]), "val_accuracy", 0.8,
                                 54).startswith("note: the plateau was not checked")

@@ -89,9 +89,11 @@ def after_training(study: StudyRecord, metric: str, target: float,
             cell = measured[0]
             frontier = cell.frontier
             assert frontier is not None
+            epochs = _epochs_past(cell)
             why = (f" (they end at step {frontier.steps}, {frontier.epochs} epochs, before "
                    f"{cell.optimizer} at batch {cell.batch_size} reaches the target at step "
-                   f"{_crossing(cell):g}: --frontier-epochs sets their length)")
+                   f"{_crossing(cell):g}: --frontier-epochs "
+                   + (f"{epochs} or more would pass it)" if epochs else "sets their length)"))
         else:
             why = f" ({no_frontier})" if no_frontier else ""
         return (f"note: the plateau was not checked: it is read from frontier runs, and the "
@@ -114,6 +116,15 @@ def _crossing(cell: Cell) -> float:
     median steps where the seeds' are not kept)."""
     reached = [v for v in (cell.seed_steps or {}).values() if math.isfinite(v)]
     return max(reached) if reached else float(cell.steps_to_target or 0.0)
+
+
+def _epochs_past(cell: Cell) -> int | None:
+    """The frontier epochs that would take ``cell``'s frontier runs past its crossing (their
+    steps per epoch: their steps over their epochs); None where they trained no step."""
+    frontier = cell.frontier
+    if frontier is None or not frontier.steps or not frontier.epochs:
+        return None
+    return math.ceil(_crossing(cell) / (frontier.steps / frontier.epochs))
 
 
 def _past_crossing(cell: Cell) -> bool:

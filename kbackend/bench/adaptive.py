@@ -251,16 +251,16 @@ def overhead(opts: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _paired_ratio(times: list[float | None], plain: list[float | None]) -> dict[str, float]:
+def _paired_ratio(times: list[float | None], plain: list[float | None]) -> dict[str, Any]:
     """The per-round ratios ``times / plain`` (the two timed moments apart in each round, so
-    drift cancels): their median and quartiles."""
-    ratios = sorted(t / p for t, p in zip(times, plain, strict=True) if t and p)
+    drift cancels), in round order: their median and quartiles."""
+    ratios = [t / p for t, p in zip(times, plain, strict=True) if t and p]
     if not ratios:
         nan = float("nan")
-        return {"median": nan, "q1": nan, "q3": nan, "n": 0}
+        return {"median": nan, "q1": nan, "q3": nan, "n": 0, "ratios": []}
     low, median, high = (statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1
                          else ratios * 3)
-    return {"median": median, "q1": low, "q3": high, "n": len(ratios)}
+    return {"median": median, "q1": low, "q3": high, "n": len(ratios), "ratios": ratios}
 
 
 def _quartiles_text(ratio: dict[str, float] | None, fallback: float) -> str:

@@ -849,6 +849,7 @@ def test_report_states_sources_verdicts_and_caveats(tmp_path, monkeypatch):
                        run_executor=execute)
     report = result.paths["report"].read_text()
     assert "## What the sources claim, what this run shows" in report and "## Caveats" in report
+    assert "1 look(s) at most, at interval levels 90.00% at 3 seeds, so" in report
     for claim in ("**(a) SGD vs Adam", "**(b) Scaling regions", "**(c) Generalization",
                   "**(d) The throughput knee"):
         assert claim in report

@@ -15,7 +15,7 @@ from kbackend.study.cell_verdicts import RegionVerdict
 from kbackend.study.device_profile import conclusion_lines as profile_conclusions
 from kbackend.study.plots import pareto_cells
 from kbackend.study.study_record import Cell, NoisePoint, StudyRecord
-from kbackend.study.verdicts import VERDICT_CONFIDENCE, outcome_text
+from kbackend.study.verdicts import VERDICT_CONFIDENCE, VerdictSettings, outcome_text
 from kbackend.task import metric_direction
 
 
@@ -147,6 +147,15 @@ def _point_b_simple(point: NoisePoint) -> str:
     return f"{value:.0f}"
 
 
+def _levels_text(settings: VerdictSettings) -> str:
+    """Each look's interval level, e.g. ``93.30% at 3 seeds, 98.66% at 5-20``."""
+    levels = settings.levels
+    first = f"{levels.levels[0]:.2%} at {levels.schedule[0]} seeds"
+    if len(levels.schedule) == 1:
+        return first
+    return f"{first}, {levels.levels[1]:.2%} at {levels.schedule[1]}-{levels.schedule[-1]}"
+
+
 def _seeds_note(verdicts: StudyVerdicts) -> str:
     added = verdicts.added_seeds
     schedule = (added.schedule if added else ()) or (verdicts.settings.seeds,)
@@ -174,10 +183,11 @@ def sources_section(study: StudyRecord, analysis: Analysis) -> list[str]:
              "rounds), of the difference A - B for accuracies. It ends as A better, B better, "
              f"*equivalent* (the interval inside +-{settings.margin:.0%} for ratios, "
              f"+-{100 * settings.accuracy_margin:g} point for accuracies) or not "
-             f"resolved. Every interval is at level {settings.level:.2%}: {settings.looks} "
-             f"look(s) at most, so the chance that a verdict is wrong is at most "
-             f"{1 - VERDICT_CONFIDENCE:.0%} however the seed rounds stopped (Bonferroni over the "
-             "looks; coverage checked by simulation in tests/test_study_verdicts.py). "
+             f"resolved. {settings.looks} look(s) at most, at interval levels "
+             f"{_levels_text(settings)}, so the chance that a verdict is wrong is at most "
+             f"{1 - VERDICT_CONFIDENCE:.0%} however the seed rounds stopped (the levels are set "
+             "so that all looks together miss that often, simulated; coverage checked in "
+             "tests/test_study_verdicts.py). "
              + _seeds_note(verdicts), ""]
     lines += ["**(a) SGD vs Adam across batch sizes.** Claim (the IPU article on batch sizes and "
               "optimizers): plain mini-batch SGD is the better choice at small batches, Adam at "

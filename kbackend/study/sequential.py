@@ -1,10 +1,11 @@
 """Sequential seeds: after the first ``seeds``, more seeds of a cell's best learning rate only
 where a verdict on the sources' questions is unresolved and could still resolve.
 
-Round by round (``verdicts.seed_schedule``: 3, 5, 8, 10 seeds by default), the comparisons the
-report answers (the optimizers at each batch size, each scaling step, the smallest against the
-largest batch size's test metric) are read; a cell gets the next round's seeds when one of its
-comparisons is unresolved and ``verdicts.could_resolve`` says the added seeds could settle it.
+Round by round (``verdicts.seed_schedule``: 3, 5, 8, 12, 18, 20 seeds by default), the
+comparisons the report answers (the optimizers at each batch size, each scaling step, the
+smallest against the largest batch size's test metric) are read; a cell gets the next round's
+seeds when one of its comparisons is unresolved and ``verdicts.could_resolve`` says the added
+seeds could settle it.
 The rounds stop when no comparison can move, at ``max_seeds``, or when ``seed_budget`` seconds
 of added seeds are spent (checked before each run; by default half the recorded time of the
 grid's runs, which keeps a study within about 1.5x of its time without them). The frontier runs

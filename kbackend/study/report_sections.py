@@ -148,12 +148,14 @@ def _point_b_simple(point: NoisePoint) -> str:
 
 
 def _levels_text(settings: VerdictSettings) -> str:
-    """Each look's interval level, e.g. ``93.30% at 3 seeds, 98.66% at 5-20``."""
+    """Each look's interval level, e.g. ``93.40% at 3 seeds, 98.68% at 5-20``."""
     levels = settings.levels
     first = f"{levels.levels[0]:.2%} at {levels.schedule[0]} seeds"
     if len(levels.schedule) == 1:
         return first
-    return f"{first}, {levels.levels[1]:.2%} at {levels.schedule[1]}-{levels.schedule[-1]}"
+    later = levels.schedule[1:]
+    counts = f"{later[0]}" if len(later) == 1 else f"{later[0]}-{later[-1]}"
+    return f"{first}, {levels.levels[1]:.2%} at {counts}"
 
 
 def _seeds_note(verdicts: StudyVerdicts) -> str:

@@ -768,9 +768,10 @@ def test_time_model_times_cells_interleaved_and_multiplies_median_steps(tmp_path
                        learning_rates={"sgd": (0.1,), "adam": (0.01,)})
     with ResultStore(tmp_path / "study.db") as store:
         study = StudyRunner(config, store, run_executor=planted).run().to_json()
-        cells = [("sgd", 647), ("sgd", 1294), ("adam", 647), ("adam", 1294)]
-        # One untimed warm-up call each, then three rounds, each starting one cell later and
-        # timing ROUND_CALLS calls of each cell back to back (the fastest kept).
+        # Batch size by batch size (the cells one comparison at a batch size reads are timed
+        # moments apart): one untimed warm-up call each, then three rounds, each starting one
+        # cell later and timing ROUND_CALLS calls of each cell back to back (the fastest kept).
+        cells = [("sgd", 647), ("adam", 647), ("sgd", 1294), ("adam", 1294)]
         rounds = [cells, cells[1:] + cells[:1], cells[2:] + cells[:2]]
         assert order == cells + [c for turn in rounds for c in turn for _ in range(ROUND_CALLS)]
         for cell in study["cells"]:

@@ -33,6 +33,12 @@ from kbackend.study.study_record import Cell, CellStepTime, StepTimes
 STEP_TIME_STEPS = 64
 STEP_TIME_SECONDS = 0.03
 ROUND_CALLS = 3
+# Within a round the cells are timed batch size by batch size (every optimizer at 8, then at 16,
+# ...), so the cells a time-to-target comparison at one batch size reads are timed moments apart
+# and share the load of those moments: their per-round log step-time ratios spread 0.09-0.11 (sd)
+# where cells timed one after another do, against 0.12-0.16 for the same optimizers' cells a
+# whole grid apart (TensorFlow and JAX default studies, 2026-12-07; docs/study.md).
+ROUND_ORDER = "batch-major"
 
 # (optimizer, batch size, learning rate, most steps per timed call, fused steps) of one cell
 TimingPlan = tuple[str, int, float, int, int]
@@ -89,8 +95,8 @@ class StepTimeModel:
     def measure(self, cells: list[Cell]) -> StepTimes | None:
         """Each cell's steady seconds per step, in ``step_time_repeats`` interleaved rounds: in
         each round every cell times ``ROUND_CALLS`` calls of ``timed_steps`` steps and keeps
-        the fastest, in an order rotated by the round, so a load that comes and goes spreads
-        over every cell alike. The first calls
+        the fastest, batch size by batch size (``ROUND_ORDER``), in an order rotated by the
+        round, so a load that comes and goes spreads over every cell alike. The first calls
         of each cell (compilation, warm-up, the estimate that sizes its timed call) are not
         timed. Stored, so a resumed study reuses it."""
         runner = self.runner
@@ -103,7 +109,7 @@ class StepTimeModel:
                       "seed": runner.config.seed,
                       "cells": plans, "repeats": repeats, "engine": runner.config.engine,
                       "min_seconds": STEP_TIME_SECONDS, "round_calls": ROUND_CALLS,
-                      **runner.env}
+                      "round_order": ROUND_ORDER, **runner.env}
         return StepTimes.from_json(runner.stored_or_measured(
             "steptime", "timing", key_config, None,
             lambda: self._time(cells, plans, repeats).to_json()))
@@ -125,7 +131,8 @@ class StepTimeModel:
             built.append(time.perf_counter() - start)
         # Each timer's first call is an untimed warm-up: it compiles (keras engines) or places
         # its state and rows (native: 5-10x a steady call, measured at batch 16-64).
-        timings = time_interleaved(dict(enumerate(timers)), repeats, wait=_done,
+        order = sorted(range(len(cells)), key=lambda i: (int(cells[i].batch_size), i))
+        timings = time_interleaved({i: timers[i] for i in order}, repeats, wait=_done,
                                    best_of=ROUND_CALLS)
         rows = []
         for index, (plan, n) in enumerate(zip(plans, steps, strict=True)):

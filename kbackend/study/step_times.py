@@ -34,10 +34,10 @@ STEP_TIME_STEPS = 64
 STEP_TIME_SECONDS = 0.03
 ROUND_CALLS = 3
 # Within a round the cells are timed batch size by batch size (every optimizer at 8, then at 16,
-# ...), so the cells a time-to-target comparison at one batch size reads are timed moments apart
-# and share the load of those moments: their per-round log step-time ratios spread 0.09-0.11 (sd)
-# where cells timed one after another do, against 0.12-0.16 for the same optimizers' cells a
-# whole grid apart (TensorFlow and JAX default studies, 2026-12-07; docs/study.md).
+# ...), so the two cells a per-batch comparison reads are timed moments apart and share the load
+# of those moments: their per-round log step-time ratios spread 0.07-0.11 (sd), against 0.09-0.16
+# timed a whole grid apart, optimizer by optimizer (default studies on both backends,
+# 2026-12-07; docs/study.md, "Time to target").
 ROUND_ORDER = "batch-major"
 
 # (optimizer, batch size, learning rate, most steps per timed call, fused steps) of one cell

@@ -126,7 +126,6 @@ CALIBRATION_STUDIES = 200_000
 _DRAWS_PER_CHUNK = 2_000_000  # seeds drawn at a time (16 MB, whatever --max-seeds is)
 
 
-@cache
 def _normal_t_statistics(schedule: tuple[int, ...]) -> np.ndarray:
     """|t| at the truth of each look of ``schedule``, for ``CALIBRATION_STUDIES`` studies of
     standard normal seeds (one fixed draw: every study calibrates alike). A look on one seed
@@ -147,24 +146,33 @@ def _normal_t_statistics(schedule: tuple[int, ...]) -> np.ndarray:
     return np.concatenate(chunks)
 
 
-def joint_miss(schedule: Sequence[int], levels: Sequence[float]) -> float:
-    """The chance that any look's t-interval (``schedule[k]`` seeds at ``levels[k]``) misses the
-    truth, for normal per-seed values (simulated on a fixed draw)."""
-    statistics = _normal_t_statistics(tuple(schedule))
+def _share_missed(statistics: np.ndarray, schedule: Sequence[int],
+                  levels: Sequence[float]) -> float:
+    """The share of the simulated studies (``statistics``) in which some look's t-interval at
+    its level misses the truth."""
     critical = np.array([t_quantile(0.5 + level / 2, n - 1)
                          for level, n in zip(levels, schedule, strict=True)])
     return float(np.mean(np.any(statistics > critical, axis=1)))
+
+
+def joint_miss(schedule: Sequence[int], levels: Sequence[float]) -> float:
+    """The chance that any look's t-interval (``schedule[k]`` seeds at ``levels[k]``) misses the
+    truth, for normal per-seed values (simulated on a fixed draw)."""
+    return _share_missed(_normal_t_statistics(tuple(schedule)), schedule, levels)
 
 
 @cache
 def _spending_scale(schedule: tuple[int, ...], shares: tuple[float, ...], alpha: float) -> float:
     """The largest factor s >= 1 (to 0.1%) whose levels 1 - alpha x s x share miss jointly
     with probability at most ``alpha`` less two of the simulation's standard errors (so the
-    bound holds beyond its noise): 1 is Bonferroni, which always holds."""
+    bound holds beyond its noise): 1 is Bonferroni, which always holds. The draw is made once
+    per call and freed after (only the scale is kept)."""
     aim = alpha - 2.0 * math.sqrt(alpha * (1.0 - alpha) / CALIBRATION_STUDIES)
+    statistics = _normal_t_statistics(schedule)
 
     def misses(scale: float) -> float:
-        return joint_miss(schedule, [1.0 - alpha * scale * share for share in shares])
+        return _share_missed(statistics, schedule,
+                             [1.0 - alpha * scale * share for share in shares])
 
     low, high = 1.0, 1.0 / (alpha * max(shares))  # at ``high`` some look's level is 0
     while high - low > 1e-3:

@@ -218,6 +218,26 @@ def test_median_interval_counts_never_reached_as_infinite():
     assert median_interval([])["n"] == 0
 
 
+def test_a_median_interval_at_a_level_narrows_with_more_values_and_keeps_its_coverage():
+    """[min, max] only widens as values are added; the interval at a level takes the deepest
+    symmetric order statistics whose coverage still reaches it (25 values at 93.75 %: the 8th
+    smallest and largest, 95.7 %), and its coverage holds on simulated draws."""
+    from kbackend.stats import median_coverage, median_interval
+
+    level = median_coverage(5)
+    assert median_interval(list(range(5)), level=level)["coverage"] == level  # [min, max]
+    wide = median_interval(list(range(25)), level=level)
+    assert (wide["low"], wide["high"]) == (7.0, 17.0)
+    assert wide["coverage"] == pytest.approx(0.9567, abs=1e-4) and wide["coverage"] >= level
+    assert median_coverage(25, 9) < level <= median_coverage(25, 8)
+    import numpy as np
+
+    draws = np.random.default_rng(0).exponential(size=(20000, 25))
+    ordered = np.sort(draws, axis=1)
+    covered = (ordered[:, 7] <= math.log(2)) & (ordered[:, 17] >= math.log(2))
+    assert covered.mean() == pytest.approx(wide["coverage"], abs=0.01)
+
+
 def _seeded_cell(optimizer, batch, steps, seconds_per_step=0.01, test=(0.9, 0.9, 0.9)):
     """A made-up cell: ``steps`` per seed (None: not reached), time = steps x seconds_per_step."""
     from kbackend.stats import median_interval

@@ -231,8 +231,10 @@ class AdaptiveBatch:
 # -- MAX: the throughput knee --------------------------------------------------------------
 KNEE_PROBE_FORMAT = KNEE.record_format  # format 1 (3 sequential calls per size): measured again
 PROBE_ROUNDS = 5  # interleaved rounds per pair of sizes: [min, max] covers the median at 94 %
+PROBE_REPEAT_S = 0.05  # each timed repeat runs a size's call this long at least (back to back)
 PROBE_BUDGET_S = 30.0  # seconds a probe may take before a noisy pair is no longer re-measured
-PROBE_MAX_REMEASURES = 4  # re-measurements of noisy pairs (and of a knee at MIN) per probe
+PROBE_MAX_REMEASURES = 24  # re-measurements of noisy pairs (and of a knee at MIN) per probe
+PAIR_MAX_REMEASURES = 4  # ... and per pair, so that one noisy pair leaves the next some
 DATA_BOUND_DIVISOR = 32  # MAX where the knee stays unresolved: the training split / 32
 PROBE_CLOCK: Clock = time.perf_counter  # the probe's timer (tests slow it on purpose)
 
@@ -250,9 +252,10 @@ class _KneeProbe:
     re-measured within a ``measure.Budget``."""
 
     def __init__(self, trainer: Any, n_train: int, minimum: int, fused_steps: int, seed: int,
-                 clock: Clock, budget_s: float, rounds: int) -> None:
+                 clock: Clock, budget_s: float, rounds: int, repeat_s: float) -> None:
         self.trainer, self.n_train, self.minimum = trainer, n_train, minimum
         self.fused_steps, self.seed, self.clock, self.rounds = fused_steps, seed, clock, rounds
+        self.repeat_s = repeat_s
         self.budget = Budget(budget_s, PROBE_MAX_REMEASURES, clock)
         self.calls: dict[tuple[int, int], Any] = {}
         self.lengths: dict[int, int] = {}  # each size's call length when last timed
@@ -274,37 +277,47 @@ class _KneeProbe:
         fns = {size: self.call(size, length), 2 * size: self.call(2 * size, length)}
         self.lengths.update(dict.fromkeys(fns, length))
         timings = time_interleaved(fns, self.rounds, wait=lambda value: value, clock=self.clock,
-                                   previous=previous)
+                                   previous=previous, min_seconds=self.repeat_s)
         gain = measured_gain(timings[size], timings[2 * size], size * length,
                              2 * size * length)
         return gain, timings
 
+    def unsettled(self, gain: MeasuredGain) -> bool:
+        """Whether a doubling wants more rounds: its interval straddles the threshold, or its
+        repeats are unsteady and it has had no re-measurement yet."""
+        return gain.straddles or (not gain.steady and gain.rounds < 2 * self.rounds)
+
     def decide(self, size: int) -> tuple[MeasuredGain, dict[int, Timing]]:
-        """The doubling from ``size``, re-measured while noisy (rounds added) and, where it
+        """The doubling from ``size``, re-measured while unsettled (rounds added) and, where it
         would put the knee at MIN, measured afresh once more before it is trusted."""
         gain, timings = self.measure(size)
-        while gain.noisy and self.budget.take():
+        for _ in range(PAIR_MAX_REMEASURES):
+            if not self.unsettled(gain) or not self.budget.take():
+                break
             gain, timings = self.measure(size, timings)
-        if size == self.minimum and not gain.noisy and gain.median < DEFAULT_MIN_GAIN \
+        if size == self.minimum and gain.decided and gain.median < DEFAULT_MIN_GAIN \
                 and self.budget.take():
             fresh, timings = self.measure(size)
-            if fresh.noisy or fresh.median >= DEFAULT_MIN_GAIN:
+            if not fresh.decided or fresh.median >= DEFAULT_MIN_GAIN:
                 return fresh, timings  # the first measurement did not hold
         return gain, timings
 
 
 def probe_knee(trainer: Any, n_train: int, minimum: int, fused_steps: int, seed: int = 0, *,
                clock: Clock | None = None, budget_s: float = PROBE_BUDGET_S,
-               rounds: int = PROBE_ROUNDS) -> dict[str, Any]:
+               rounds: int = PROBE_ROUNDS, repeat_s: float = PROBE_REPEAT_S) -> dict[str, Any]:
     """The throughput knee of the adaptive trainer's own K-step calls: MIN and 2 MIN timed
     interleaved, then 2 MIN and 4 MIN, ... until a doubling gains less than
     ``DEFAULT_MIN_GAIN`` (the knee), the next size would not fit the training split (no
     plateau: the largest size), a size runs out of device memory (the largest that fit,
-    ``out_of_memory_at``), or a doubling stays noisy within the budget (``resolved`` False,
-    ``knee`` None). A knee at MIN is measured twice. The trainer's state is put back."""
+    ``out_of_memory_at``), or a doubling stays undecided within the budget (``resolved`` False,
+    ``knee`` None): a noisy doubling is re-measured (rounds added) while the budget lasts, then
+    decided by its median unless its repeats are unsteady and its interval straddles
+    ``DEFAULT_MIN_GAIN`` (``MeasuredGain.decided``). A knee at MIN is measured twice. The
+    trainer's state is put back."""
     saved = trainer.state_copy()
     probe = _KneeProbe(trainer, n_train, minimum, fused_steps, seed, clock or PROBE_CLOCK,
-                       budget_s, rounds)
+                       budget_s, rounds, repeat_s)
     medians: dict[int, Timing] = {}
     gains: list[dict[str, Any]] = []
     size, knee, out_of_memory_at, plateau = minimum, None, None, False
@@ -322,8 +335,8 @@ def probe_knee(trainer: Any, n_train: int, minimum: int, fused_steps: int, seed:
                 break
             medians.update(timings)
             gains.append({"from": size, **gain.to_dict()})
-            if gain.noisy or gain.median < DEFAULT_MIN_GAIN:
-                knee, plateau = (None, False) if gain.noisy else (size, True)
+            if not gain.decided or gain.median < DEFAULT_MIN_GAIN:
+                knee, plateau = (None, False) if not gain.decided else (size, True)
                 break
             size *= 2
         else:
@@ -340,9 +353,11 @@ def _knee_record(timings: dict[int, Timing], gains: list[dict[str, Any]], knee: 
     return {"format": KNEE_PROBE_FORMAT, "knee": knee, "resolved": knee is not None,
             "sizes": sizes,
             "samples_per_s": [s * probe.lengths[s] / timings[s].median_s for s in sizes],
-            "cv": [timings[s].cv for s in sizes], "gains": gains,
+            "cv": [timings[s].cv for s in sizes],
+            "calls_per_repeat": [timings[s].calls for s in sizes], "gains": gains,
             "noisy": any(g["noisy"] for g in gains), "plateau_reached": plateau,
             "out_of_memory_at": out_of_memory_at, "rounds": probe.rounds,
+            "repeat_s": probe.repeat_s,
             **probe.budget.record()}
 
 
@@ -350,11 +365,11 @@ def distrust_knee(entry: dict[str, Any]) -> str | None:
     """Why a stored knee entry is measured again before use (None: use it)."""
     if entry.get("format") != KNEE_PROBE_FORMAT or not isinstance(entry.get("resolved"), bool):
         return "an older or damaged entry"
-    if not entry["resolved"]:
-        return "its curve was unresolved (a noisy probe)"
-    if not isinstance(entry.get("knee"), int):
+    if entry["resolved"] and not isinstance(entry.get("knee"), int):
         return "a damaged entry"
-    return None
+    if not entry["resolved"] and "repeat_s" not in entry:
+        return "its curve was unresolved by the noise rule before repeats of 50 ms"
+    return None  # an unresolved curve keeps its bound from the data until --reprobe
 
 
 def knee_bound(entry: dict[str, Any], n_train: int, minimum: int) -> tuple[int, str, str]:
@@ -366,7 +381,7 @@ def knee_bound(entry: dict[str, Any], n_train: int, minimum: int) -> tuple[int, 
         return bound, "data", (
             f"MAX {bound} from the data (largest power of two <= training split / "
             f"{DATA_BOUND_DIVISOR}): the throughput knee stayed unresolved on this busy machine "
-            f"after {entry.get('remeasured', 0)} re-measurements")
+            f"after {entry.get('remeasured', 0)} re-measurements (--reprobe measures it again)")
     knee = min(int(entry["knee"]), largest)
     if knee <= minimum:
         return knee, "knee at MIN", (

@@ -24,10 +24,12 @@ from typing import Any
 
 from kbackend.errors import ConfigError
 from kbackend.hardware.measure import Timing, paired_ratios
-from kbackend.stats import median_interval
+from kbackend.stats import median_coverage, median_interval
 
 # Doubling the batch must raise samples/s by at least this fraction to count as worth it.
 DEFAULT_MIN_GAIN = 0.10
+# A gain's interval covers its median at least as often as [min, max] of five rounds does.
+GAIN_LEVEL = median_coverage(5)
 
 
 @dataclass(frozen=True)
@@ -88,18 +90,33 @@ def curve_knee(curve: Sequence[Mapping[str, Any]], min_gain: float = DEFAULT_MIN
 @dataclass(frozen=True)
 class MeasuredGain:
     """The gain in samples/s of one step up the curve (per doubling), from interleaved timings:
-    the median over rounds of each round's paired gain, its [low, high] over rounds, and whether
-    it is too noisy to decide on (either size's repeats vary by more than 10 %, or the interval
-    straddles ``min_gain``)."""
+    the median over rounds of each round's paired gain and its [low, high] (order statistics
+    that cover the median at ``GAIN_LEVEL`` at least: [min, max] at five rounds, narrower with
+    more). ``steady``: both sizes' repeats vary by 10 % at most; ``straddles``: the interval
+    holds ``min_gain``. ``noisy`` (either) calls for more rounds; a gain whose interval clears
+    ``min_gain`` decides the doubling even from unsteady repeats (the pairing cancels what slows
+    both sizes alike), and a steady one that still straddles it lies near it, where either side
+    of the doubling serves about as well."""
 
     median: float
     low: float
     high: float
     rounds: int
-    noisy: bool
+    steady: bool
+    straddles: bool
+
+    @property
+    def noisy(self) -> bool:
+        return not self.steady or self.straddles
+
+    @property
+    def decided(self) -> bool:
+        """Whether the doubling can be decided on (by the median): steady or clear of
+        ``min_gain``."""
+        return self.steady or not self.straddles
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "noisy": self.noisy}
 
 
 def measured_gain(small: Timing, large: Timing, small_samples: int, large_samples: int,
@@ -110,8 +127,8 @@ def measured_gain(small: Timing, large: Timing, small_samples: int, large_sample
         else 1.0
     gains = [(large_samples / small_samples * ratio) ** exponent - 1.0
              for ratio in paired_ratios(small, large)]  # t_small / t_large, round by round
-    interval = median_interval(gains)
-    straddles = bool(gains) and interval["low"] < min_gain < interval["high"]
+    interval = median_interval(gains, level=GAIN_LEVEL)
+    straddles = not gains or interval["low"] < min_gain < interval["high"]
+    steady = bool(gains) and not (small.noisy or large.noisy)
     return MeasuredGain(float(interval["median"]), float(interval["low"]),
-                        float(interval["high"]), len(gains),
-                        small.noisy or large.noisy or straddles or not gains)
+                        float(interval["high"]), len(gains), steady, straddles)

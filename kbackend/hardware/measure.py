@@ -7,7 +7,7 @@ Three parts, each in one place:
   round, so that a burst of load on a shared machine hits every configuration alike and each
   round gives a paired ratio (``paired_ratios``); each one's first (compiling) call is made and
   timed apart. A figure comes with its noise: ``Timing`` keeps the median
-  (``stats.median_interval``), the repeats' coefficient of variation and the repeats
+  (``stats.median_interval``), the repeats' robust coefficient of variation and the repeats
   themselves. The clock is an argument (tests slow it on purpose to stand for a busy machine);
   ``Budget`` bounds the re-measurements of a noisy figure.
 - **The key** (``measurement_key``): what a probe's answer depends on in the workload, the same
@@ -45,24 +45,28 @@ from kbackend.data.sources import cache_dir
 from kbackend.envinfo import environment_identity
 from kbackend.errors import StoredFileError
 from kbackend.io import atomic_write_json, read_json
-from kbackend.stats import median_interval
 
 Clock = Callable[[], float]
 K = TypeVar("K", bound=Hashable)
-NOISY_CV = 0.10  # repeats that vary more than this (std / mean) make a noisy figure
+NOISY_CV = 0.10  # repeats that vary more than this (robust sd / median) make a noisy figure
+# The median absolute deviation times this estimates a normal spread's sd; unlike the sample
+# sd, one stalled call among the repeats (a shared machine's burst) does not move it.
+ROBUST_SD = 1.4826
 
 
 # -- timing ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Timing:
     """Seconds per call: the median of the repeats (``times``, in order: one per round when
-    interleaved), their coefficient of variation ``cv`` (std / mean; NaN for fewer than two)
-    and the first (compiling) call's time (NaN when not made)."""
+    interleaved), their robust coefficient of variation ``cv`` (``ROBUST_SD`` x the median
+    absolute deviation, over the median; NaN for fewer than two) and the first (compiling)
+    call's time (NaN when not made)."""
 
     median_s: float
     cv: float
     first_call_s: float
     times: tuple[float, ...]
+    calls: int = 1  # calls per timed repeat (each repeat's time is per call)
 
     @property
     def noisy(self) -> bool:
@@ -70,44 +74,67 @@ class Timing:
         return bool(self.cv > NOISY_CV)
 
 
-def summarize(first_call_s: float, repeat_times: Sequence[float]) -> Timing:
-    """A ``Timing`` from the first call's time and the steady calls' times."""
+def summarize(first_call_s: float, repeat_times: Sequence[float], calls: int = 1) -> Timing:
+    """A ``Timing`` from the first call's time and the steady repeats' times per call (each of
+    ``calls`` calls)."""
     times = np.asarray(repeat_times if len(repeat_times) else [first_call_s], dtype=float)
-    mean = float(np.mean(times))
-    cv = float(np.std(times, ddof=1) / mean) if times.size > 1 and mean > 0 else math.nan
-    return Timing(float(median_interval(list(times))["median"]), cv, float(first_call_s),
-                  tuple(float(t) for t in repeat_times))
+    median = float(np.median(times))
+    spread = ROBUST_SD * float(np.median(np.abs(times - median)))
+    cv = spread / median if times.size > 1 and median > 0 else math.nan
+    return Timing(median, cv, float(first_call_s), tuple(float(t) for t in repeat_times), calls)
 
 
-def _timed(fn: Callable[[], Any], wait: Callable[[Any], Any], clock: Clock) -> float:
+def _timed(fn: Callable[[], Any], wait: Callable[[Any], Any], clock: Clock,
+           calls: int = 1) -> float:
+    """Seconds per call of ``calls`` calls of ``fn`` back to back, each waited on."""
     start = clock()
-    wait(fn())
-    return clock() - start
+    for _ in range(calls):
+        wait(fn())
+    return (clock() - start) / calls
 
 
 def time_interleaved(fns: Mapping[K, Callable[[], Any]], rounds: int,
                      wait: Callable[[Any], Any] | None = None, clock: Clock = time.perf_counter,
                      first_calls: bool = True, best_of: int = 1,
-                     previous: Mapping[K, Timing] | None = None) -> dict[K, Timing]:
+                     previous: Mapping[K, Timing] | None = None,
+                     min_seconds: float = 0.0) -> dict[K, Timing]:
     """Time every function of ``fns`` over ``rounds`` rounds: in each round ``best_of`` calls
     of each back to back (the fastest kept, as timeit does: load only ever slows a call), the
     order rotated by one each round (none is always first after a pause). Each one's first call
     (compiling) is made and timed apart beforehand unless ``first_calls`` is False. ``wait``
     blocks on a call's result (default: the backend's ``block_until_ready``, so asynchronous
     dispatch never stops a timer early). ``previous``: earlier timings of the same functions,
-    whose rounds the new ones extend (their first calls kept)."""
+    whose rounds the new ones extend (their first calls and calls per repeat kept).
+    ``min_seconds``: a repeat of a short call runs it as many times back to back as one more
+    (untimed for the figure) call says make at least that long, and keeps the time per call: a
+    call of a few milliseconds varies by 10-20 % on a shared machine, a tenth of a second of
+    them far less."""
     if wait is None:
         wait = impl().block_until_ready
     keys = list(fns)
     first = {key: previous[key].first_call_s if previous
              else _timed(fns[key], wait, clock) if first_calls else math.nan for key in keys}
+    calls = {key: previous[key].calls if previous else _calls_for(fns[key], wait, clock,
+                                                                   min_seconds)
+             for key in keys}
     times: dict[K, list[float]] = {key: list(previous[key].times) if previous else []
                                    for key in keys}
     for round_index in range(rounds):
         shift = round_index % len(keys)
         for key in keys[shift:] + keys[:shift]:
-            times[key].append(min(_timed(fns[key], wait, clock) for _ in range(best_of)))
-    return {key: summarize(first[key], times[key]) for key in keys}
+            times[key].append(min(_timed(fns[key], wait, clock, calls[key])
+                                  for _ in range(best_of)))
+    return {key: summarize(first[key], times[key], calls[key]) for key in keys}
+
+
+def _calls_for(fn: Callable[[], Any], wait: Callable[[Any], Any], clock: Clock,
+               min_seconds: float) -> int:
+    """Calls per repeat that last ``min_seconds`` at least, from one call's time (1 without a
+    minimum)."""
+    if min_seconds <= 0:
+        return 1
+    seconds = _timed(fn, wait, clock)
+    return max(1, math.ceil(min_seconds / seconds)) if seconds > 0 else 1
 
 
 def paired_ratios(numerator: Timing, denominator: Timing) -> list[float]:

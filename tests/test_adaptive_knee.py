@@ -360,3 +360,21 @@ def test_a_steady_gain_near_ten_percent_is_decided_by_its_median():
     assert last["from"] == 64 and last["noisy"] and last["steady"], record["gains"]
     assert last["low"] < 0.1 < last["high"] and last["rounds"] > engine.PROBE_ROUNDS
     assert record["resolved"] and record["knee"] == (64 if last["median"] < 0.1 else 128)
+
+
+def test_the_probe_times_no_size_past_the_data_bound():
+    """Where every doubling still gains (a call costs the same at any size), the probe stops at
+    the data bound (4096 / 32 = 128: a larger batch leaves fewer than 32 steps an epoch) rather
+    than timing sizes up to the training split, and MAX says where it came from; tiny data
+    (bound = MIN) still times one doubling."""
+    clock = VirtualClock()
+    trainer = CostTrainer(clock)
+    trainer.run = lambda rows, start, length: setattr(clock, "now", clock.now + length * 1e-3)
+    record = probe(trainer)
+    assert record["sizes"] == [8, 16, 32, 64, 128] and record["probe_limit"] == 128
+    assert record["knee"] == 128 and record["resolved"] and not record["plateau_reached"]
+    maximum, source, note = engine.knee_bound(record, 4096, 8)
+    assert (maximum, source) == (128, "data") and "still gained" in note and "\n" not in note
+    tiny = probe(trainer, n_train=100)
+    assert tiny["sizes"] == [8, 16] and tiny["knee"] == 16 and tiny["probe_limit"] == 16
+    assert engine.knee_bound(tiny, 100, 8)[:2] == (16, "knee")

@@ -308,21 +308,25 @@ def probe_knee(trainer: Any, n_train: int, minimum: int, fused_steps: int, seed:
                rounds: int = PROBE_ROUNDS, repeat_s: float = PROBE_REPEAT_S) -> dict[str, Any]:
     """The throughput knee of the adaptive trainer's own K-step calls: MIN and 2 MIN timed
     interleaved, then 2 MIN and 4 MIN, ... until a doubling gains less than
-    ``DEFAULT_MIN_GAIN`` (the knee), the next size would not fit the training split (no
-    plateau: the largest size), a size runs out of device memory (the largest that fit,
-    ``out_of_memory_at``), or a doubling stays undecided within the budget (``resolved`` False,
-    ``knee`` None): a noisy doubling is re-measured (rounds added) while the budget lasts, then
-    decided by its median unless its repeats are unsteady and its interval straddles
-    ``DEFAULT_MIN_GAIN`` (``MeasuredGain.decided``). A knee at MIN is measured twice. The
-    trainer's state is put back."""
+    ``DEFAULT_MIN_GAIN`` (the knee), the next size would pass the data bound or the training
+    split (``probe_limit``; no plateau: the largest size), a size runs out of device memory
+    (the largest that fit, ``out_of_memory_at``), or a doubling stays undecided within the
+    budget (``resolved`` False, ``knee`` None): a noisy doubling is re-measured (rounds added)
+    while the budget lasts, then decided by its median unless its repeats are unsteady and its
+    interval straddles ``DEFAULT_MIN_GAIN`` (``MeasuredGain.decided``). A knee at MIN is
+    measured twice. The trainer's state is put back."""
     saved = trainer.state_copy()
     probe = _KneeProbe(trainer, n_train, minimum, fused_steps, seed, clock or PROBE_CLOCK,
                        budget_s, rounds, repeat_s)
     medians: dict[int, Timing] = {}
     gains: list[dict[str, Any]] = []
     size, knee, out_of_memory_at, plateau = minimum, None, None, False
+    # A call must fit one epoch (the helper refuses larger); beyond the data bound a batch
+    # leaves fewer than 32 steps an epoch, so the probe times no further (its largest calls cost
+    # the most) unless that leaves no doubling to time.
+    limit = min(n_train, max(data_bound(n_train, minimum), 2 * minimum))
     try:
-        while 2 * size <= n_train:  # a call must fit one epoch (the helper refuses larger)
+        while 2 * size <= limit:
             try:
                 gain, timings = probe.decide(size)
             except Exception as error:
@@ -340,11 +344,12 @@ def probe_knee(trainer: Any, n_train: int, minimum: int, fused_steps: int, seed:
                 break
             size *= 2
         else:
-            knee = size  # still gaining at the largest size that fits: no plateau
+            knee = size  # still gaining at the largest size probed: no plateau
     finally:
         trainer.take_noise_norms()
         trainer.restore_state(saved)
-    return _knee_record(medians, gains, knee, plateau, out_of_memory_at, probe)
+    return {**_knee_record(medians, gains, knee, plateau, out_of_memory_at, probe),
+            "probe_limit": limit}
 
 
 def _knee_record(timings: dict[int, Timing], gains: list[dict[str, Any]], knee: int | None,
@@ -383,6 +388,11 @@ def knee_bound(entry: dict[str, Any], n_train: int, minimum: int) -> tuple[int, 
             f"{DATA_BOUND_DIVISOR}): the throughput knee stayed unresolved on this busy machine "
             f"after {entry.get('remeasured', 0)} re-measurements (--reprobe measures it again)")
     knee = min(int(entry["knee"]), largest)
+    if knee >= data_bound(n_train, minimum) > minimum and not entry.get("plateau_reached") \
+            and not entry.get("out_of_memory_at"):
+        return knee, "data", (
+            f"MAX {knee} from the data (largest power of two <= training split / "
+            f"{DATA_BOUND_DIVISOR}): throughput still gained up to it on this machine")
     if knee <= minimum:
         return knee, "knee at MIN", (
             f"MAX {knee} = MIN: this machine's throughput knee for this model is at MIN "

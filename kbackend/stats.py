@@ -35,7 +35,7 @@ def median_interval(values: list[float], level: float | None = None) -> dict[str
     middle = n // 2
     median = ordered[middle] if n % 2 else (ordered[middle - 1] + ordered[middle]) / 2
     depth = 1
-    while level is not None and median_coverage(n, depth + 1) >= level:
+    while level is not None and depth < (n + 1) // 2 and median_coverage(n, depth + 1) >= level:
         depth += 1
     return {"median": median, "low": ordered[depth - 1], "high": ordered[n - depth], "n": n,
             "coverage": median_coverage(n, depth)}

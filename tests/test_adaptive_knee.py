@@ -378,3 +378,31 @@ def test_the_probe_times_no_size_past_the_data_bound():
     tiny = probe(trainer, n_train=100)
     assert tiny["sizes"] == [8, 16] and tiny["knee"] == 16 and tiny["probe_limit"] == 16
     assert engine.knee_bound(tiny, 100, 8)[:2] == (16, "knee")
+
+
+def test_an_unsteady_but_clear_doubling_is_re_measured_once_then_decided():
+    """Calls at 16 take 0.8, 1.0 or 1.25 times their cost by turns (robust cv 0.3: unsteady),
+    yet 8 -> 16 gains +11 % to +73 % in every round: clear of 10 %. It gets one re-measurement
+    (10 rounds), not more, and is decided by its median."""
+    turns = [0.8, 1.0, 1.25]
+    calls_at_16 = []
+
+    def slow(size, call):
+        if size != 16:
+            return 1.0
+        calls_at_16.append(call)
+        return turns[len(calls_at_16) % 3]
+
+    first = probe(CostTrainer(VirtualClock(), slow=slow))["gains"][0]
+    assert first["from"] == 8 and not first["steady"] and not first["straddles"], first
+    assert first["rounds"] == 2 * engine.PROBE_ROUNDS
+
+
+def test_a_gain_interval_narrows_with_rounds_where_min_max_would_straddle():
+    """Ten rounds gaining +30 % but for one +5 % and one +50 %: the interval at 93.75 % (the
+    2nd smallest and largest) is [0.3, 0.3], clear of 10 %; [min, max] would straddle it."""
+    small = summarize(0.0, [1.0] * 10)
+    large = summarize(0.0, [2 / 1.3] * 8 + [2 / 1.05, 2 / 1.5])
+    gain = measured_gain(small, large, 8, 16)
+    assert gain.low == pytest.approx(0.3) and gain.high == pytest.approx(0.3)
+    assert gain.steady and not gain.straddles and not gain.noisy

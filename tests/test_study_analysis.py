@@ -236,6 +236,7 @@ def test_a_median_interval_at_a_level_narrows_with_more_values_and_keeps_its_cov
     ordered = np.sort(draws, axis=1)
     covered = (ordered[:, 7] <= math.log(2)) & (ordered[:, 17] >= math.log(2))
     assert covered.mean() == pytest.approx(wide["coverage"], abs=0.01)
+    assert median_interval([1.0, 2.0, 3.0], level=0.0)["low"] == 2.0  # the deepest, no hang
 
 
 def _seeded_cell(optimizer, batch, steps, seconds_per_step=0.01, test=(0.9, 0.9, 0.9)):

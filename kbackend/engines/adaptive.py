@@ -290,16 +290,22 @@ class _KneeProbe:
     def decide(self, size: int) -> tuple[MeasuredGain, dict[int, Timing]]:
         """The doubling from ``size``, re-measured while unsettled (rounds added) and, where it
         would put the knee at MIN, measured afresh once more before it is trusted."""
+        gain, timings = self.settle(size)
+        if size == self.minimum and gain.decided and gain.median < DEFAULT_MIN_GAIN \
+                and self.budget.take():
+            fresh, fresh_timings = self.settle(size)
+            if not fresh.decided or fresh.median >= DEFAULT_MIN_GAIN:
+                return fresh, fresh_timings  # the first measurement did not hold
+        return gain, timings
+
+    def settle(self, size: int) -> tuple[MeasuredGain, dict[int, Timing]]:
+        """The doubling from ``size`` measured afresh, then re-measured while unsettled (at
+        most ``PAIR_MAX_REMEASURES`` times, within the budget)."""
         gain, timings = self.measure(size)
         for _ in range(PAIR_MAX_REMEASURES):
             if not self.unsettled(gain) or not self.budget.take():
                 break
             gain, timings = self.measure(size, timings)
-        if size == self.minimum and gain.decided and gain.median < DEFAULT_MIN_GAIN \
-                and self.budget.take():
-            fresh, timings = self.measure(size)
-            if not fresh.decided or fresh.median >= DEFAULT_MIN_GAIN:
-                return fresh, timings  # the first measurement did not hold
         return gain, timings
 
 
@@ -358,7 +364,7 @@ def _knee_record(timings: dict[int, Timing], gains: list[dict[str, Any]], knee: 
     return {"format": KNEE_PROBE_FORMAT, "knee": knee, "resolved": knee is not None,
             "sizes": sizes,
             "samples_per_s": [s * probe.lengths[s] / timings[s].median_s for s in sizes],
-            "cv": [timings[s].cv for s in sizes],
+            "cv": [timings[s].robust_cv for s in sizes],
             "calls_per_repeat": [timings[s].calls for s in sizes], "gains": gains,
             "noisy": any(g["noisy"] for g in gains), "plateau_reached": plateau,
             "out_of_memory_at": out_of_memory_at, "rounds": probe.rounds,
@@ -370,7 +376,7 @@ def distrust_knee(entry: dict[str, Any]) -> str | None:
     """Why a stored knee entry is measured again before use (None: use it)."""
     if entry.get("format") != KNEE_PROBE_FORMAT or not isinstance(entry.get("resolved"), bool):
         return "an older or damaged entry"
-    if entry["resolved"] and not isinstance(entry.get("knee"), int):
+    if entry["resolved"] and (type(entry.get("knee")) is not int):
         return "a damaged entry"
     if not entry["resolved"] and "repeat_s" not in entry:
         return "its curve was unresolved by the noise rule before repeats of 50 ms"

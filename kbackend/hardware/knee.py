@@ -91,12 +91,14 @@ def curve_knee(curve: Sequence[Mapping[str, Any]], min_gain: float = DEFAULT_MIN
 class MeasuredGain:
     """The gain in samples/s of one step up the curve (per doubling), from interleaved timings:
     the median over rounds of each round's paired gain and its [low, high] (order statistics
-    that cover the median at ``GAIN_LEVEL`` at least: [min, max] at five rounds, narrower with
-    more). ``steady``: both sizes' repeats vary by 10 % at most; ``straddles``: the interval
-    holds ``min_gain``. ``noisy`` (either) calls for more rounds; a gain whose interval clears
-    ``min_gain`` decides the doubling even from unsteady repeats (the pairing cancels what slows
-    both sizes alike), and a steady one that still straddles it lies near it, where either side
-    of the doubling serves about as well."""
+    that cover the median at ``GAIN_LEVEL`` at least once there are five rounds: [min, max] at
+    five, narrower with more; per look: re-measuring until it clears is a sequential rule that
+    covers somewhat less). ``steady``: both sizes' repeats vary by 10 % at most (robust cv);
+    ``straddles``: the interval holds ``min_gain``; ``noisy``: either. The knee probe re-measures
+    a straddling gain, and an unsteady one once; a gain whose interval clears ``min_gain``
+    decides the doubling even from unsteady repeats (the pairing cancels what slows both sizes
+    alike), and a steady one that still straddles it lies near it, where either side of the
+    doubling serves about as well (``decided``)."""
 
     median: float
     low: float

@@ -7,7 +7,7 @@ Three parts, each in one place:
   round, so that a burst of load on a shared machine hits every configuration alike and each
   round gives a paired ratio (``paired_ratios``); each one's first (compiling) call is made and
   timed apart. A figure comes with its noise: ``Timing`` keeps the median
-  (``stats.median_interval``), the repeats' robust coefficient of variation and the repeats
+  (``stats.median_interval``), the repeats' coefficients of variation and the repeats
   themselves. The clock is an argument (tests slow it on purpose to stand for a busy machine);
   ``Budget`` bounds the re-measurements of a noisy figure.
 - **The key** (``measurement_key``): what a probe's answer depends on in the workload, the same
@@ -58,20 +58,25 @@ ROBUST_SD = 1.4826
 @dataclass(frozen=True)
 class Timing:
     """Seconds per call: the median of the repeats (``times``, in order: one per round when
-    interleaved), their robust coefficient of variation ``cv`` (``ROBUST_SD`` x the median
-    absolute deviation, over the median; NaN for fewer than two) and the first (compiling)
-    call's time (NaN when not made)."""
+    interleaved), their coefficient of variation ``cv`` (std / mean, the figure stored with
+    timings) and ``robust_cv`` (``ROBUST_SD`` x the median absolute deviation, over the median;
+    the one ``noisy`` reads), both NaN for fewer than two, and the first (compiling) call's
+    time (NaN when not made).
+    """
 
     median_s: float
     cv: float
     first_call_s: float
     times: tuple[float, ...]
     calls: int = 1  # calls per timed repeat (each repeat's time is per call)
+    robust_cv: float = math.nan
 
     @property
     def noisy(self) -> bool:
-        """Whether the repeats vary by more than ``NOISY_CV``."""
-        return bool(self.cv > NOISY_CV)
+        """Whether the repeats vary by more than ``NOISY_CV`` (``robust_cv``: a stalled repeat
+        or two of five do not count; on normal noise, five repeats read a cv of 0.10 as about
+        0.08, so the bound acts like 12 % there)."""
+        return bool(self.robust_cv > NOISY_CV)
 
 
 def summarize(first_call_s: float, repeat_times: Sequence[float], calls: int = 1) -> Timing:
@@ -79,9 +84,12 @@ def summarize(first_call_s: float, repeat_times: Sequence[float], calls: int = 1
     ``calls`` calls)."""
     times = np.asarray(repeat_times if len(repeat_times) else [first_call_s], dtype=float)
     median = float(np.median(times))
+    mean = float(np.mean(times))
+    several = times.size > 1 and median > 0
+    cv = float(np.std(times, ddof=1) / mean) if several else math.nan
     spread = ROBUST_SD * float(np.median(np.abs(times - median)))
-    cv = spread / median if times.size > 1 and median > 0 else math.nan
-    return Timing(median, cv, float(first_call_s), tuple(float(t) for t in repeat_times), calls)
+    return Timing(median, cv, float(first_call_s), tuple(float(t) for t in repeat_times), calls,
+                  spread / median if several else math.nan)
 
 
 def _timed(fn: Callable[[], Any], wait: Callable[[Any], Any], clock: Clock,
@@ -105,8 +113,8 @@ def time_interleaved(fns: Mapping[K, Callable[[], Any]], rounds: int,
     blocks on a call's result (default: the backend's ``block_until_ready``, so asynchronous
     dispatch never stops a timer early). ``previous``: earlier timings of the same functions,
     whose rounds the new ones extend (their first calls and calls per repeat kept).
-    ``min_seconds``: a repeat of a short call runs it as many times back to back as one more
-    (untimed for the figure) call says make at least that long, and keeps the time per call: a
+    ``min_seconds``: a repeat of a short call runs it as many times back to back as three more
+    calls (untimed for the figure) say make about that long, and keeps the time per call: a
     call of a few milliseconds varies by 10-20 % on a shared machine, a tenth of a second of
     them far less."""
     if wait is None:
@@ -129,11 +137,11 @@ def time_interleaved(fns: Mapping[K, Callable[[], Any]], rounds: int,
 
 def _calls_for(fn: Callable[[], Any], wait: Callable[[Any], Any], clock: Clock,
                min_seconds: float) -> int:
-    """Calls per repeat that last ``min_seconds`` at least, from one call's time (1 without a
-    minimum)."""
+    """Calls per repeat that last about ``min_seconds`` at least, from the median of three
+    calls' times (1 without a minimum)."""
     if min_seconds <= 0:
         return 1
-    seconds = _timed(fn, wait, clock)
+    seconds = float(np.median([_timed(fn, wait, clock) for _ in range(3)]))
     return max(1, math.ceil(min_seconds / seconds)) if seconds > 0 else 1
 
 

@@ -305,14 +305,22 @@ class _EverFasterTrainer:
         pass
 
 
-def test_the_knee_probe_stops_at_the_training_split_and_restores_the_state():
-    from kbackend.engines.adaptive import probe_knee
+def test_the_knee_probe_stops_at_the_data_bound_and_restores_the_state():
+    """Throughput that never levels off: the probe times up to the data bound (40960 / 32 ->
+    1024; 1294 / 32 -> 32), or the training split where that is below one doubling (20 samples
+    at MIN 8: 16), and puts the trainer's state back."""
+    from kbackend.engines.adaptive import knee_bound, probe_knee
 
     trainer = _EverFasterTrainer()
-    probe = probe_knee(trainer, n_train=1294, minimum=8, fused_steps=4, clock=trainer.clock)
-    assert probe["sizes"] == [8, 16, 32, 64, 128, 256, 512, 1024]  # 2048 > 1294 samples
+    probe = probe_knee(trainer, n_train=40960, minimum=8, fused_steps=4, clock=trainer.clock)
+    assert probe["sizes"] == [8, 16, 32, 64, 128, 256, 512, 1024]  # 2048 > 40960 / 32
     assert sorted(set(trainer.sizes)) == probe["sizes"] and trainer.state == "weights"
     assert probe["knee"] == 1024 and probe["resolved"] and not probe["plateau_reached"]
+    assert knee_bound(probe, 40960, 8)[:2] == (1024, "data")
+    for n_train, sizes in ((1294, [8, 16, 32]), (20, [8, 16])):
+        other = _EverFasterTrainer()
+        probe = probe_knee(other, n_train=n_train, minimum=8, fused_steps=2, clock=other.clock)
+        assert probe["sizes"] == sizes and probe["knee"] == sizes[-1]
 
 
 class _OutOfMemoryTrainer(_EverFasterTrainer):
@@ -334,7 +342,7 @@ def test_the_knee_probe_stops_at_the_memory_limit():
     from kbackend.engines.adaptive import probe_knee
 
     trainer = _OutOfMemoryTrainer(fits=64)
-    probe = probe_knee(trainer, n_train=1294, minimum=8, fused_steps=4, clock=trainer.clock)
+    probe = probe_knee(trainer, n_train=40960, minimum=8, fused_steps=4, clock=trainer.clock)
     assert probe["sizes"] == [8, 16, 32, 64] and probe["out_of_memory_at"] == 128
     assert probe["knee"] == 64 and trainer.state == "weights"
     with pytest.raises(ConfigError, match="MIN 8 does not fit in device memory") as error:

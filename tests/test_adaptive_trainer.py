@@ -98,7 +98,7 @@ def test_every_step_measured_is_the_reference_estimator(dataset):
     trainer = adaptive().AdaptiveTrainer(model, spec, dataset, jit_compile=True,
                                          measure_every=1)
     n = len(dataset.x_train)
-    EpochRunner(trainer, n, 16, 4)()
+    EpochRunner(trainer, n, 16, 6)()  # 20 steps: 6, 6, 6 and a 2-step call (on TF: the 6's)
     norms = trainer.take_noise_norms()
     assert sum(len(big) for _, _, big in norms) == n // 16
     assert all(np.isfinite(big).all() and micro.shape == (len(big), 2)
@@ -154,3 +154,33 @@ def test_compiling_ahead_while_a_size_trains_changes_no_weight(dataset):
     assert ahead.ahead_record["sizes"] == 1
     for a, b in zip(ahead.model.get_weights(), plain.model.get_weights(), strict=True):
         np.testing.assert_allclose(a, b, rtol=LOSS_RTOL, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TF traces a call once for every batch "
+                    "size (JAX traces each shape)")
+def test_one_trace_serves_every_batch_size_and_a_shorter_call_runs_the_longer_program(dataset):
+    """A new batch size compiles the traced graph at its shapes, with no new trace (0.7 s each
+    on the seed MLP); an epoch's last, shorter call runs its size's longer program with fewer
+    steps and trains as a program of its own length does."""
+    from kbackend.backends.tensorflow.ops import compilation_counter
+
+    spec = OptimizerSpec("adam", 3e-3)
+    n = len(dataset.x_train)  # 320: 40, 20 and 10 steps at 8, 16 and 32
+    _, grown = _trainers(dataset, spec, jit=True)
+    with compilation_counter() as compiled:
+        for batch in (8, 16, 32):
+            EpochRunner(grown, n, batch, 4)()
+    assert grown.traces == 1
+    assert compiled["programs"] == 3
+    assert grown.trace_counts_by_size == {(8, 4): 1, (16, 4): 1, (32, 4): 1}  # no (32, 2)
+    _, shared = _trainers(dataset, spec, jit=True)
+    _, own = _trainers(dataset, spec, jit=True)
+    losses = [EpochRunner(shared, n, 32, 4)(), EpochRunner(own, n, 32, 2)()]
+    assert shared.trace_counts_by_size == {(32, 4): 1} and own.trace_counts_by_size == {(32, 2): 1}
+    assert [len(x) for x in losses] == [10, 10]  # the shared call's 2 steps, not its 4 rows
+    np.testing.assert_allclose(losses[0], losses[1], rtol=LOSS_RTOL)
+    shared.finish()
+    own.finish()
+    for a, b in zip(shared.model.get_weights(), own.model.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)

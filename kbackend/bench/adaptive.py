@@ -29,8 +29,8 @@ and the largest gap between the two, in evaluation intervals.
 
 ``timewin`` (issue 47): auto's wall to the target, a whole ``train()`` per run in a fresh
 process, cold and warm compile caches, against fixed MIN and the best fixed size, with the
-goals (<= 0.7x, <= 1.2x); ``[--problems mnist,mnist1d_large] [--study DIR] [--caches
-cold,warm] [--min-rate R] [--best-batch B] [--best-rate R] [--seeds 0,1,2,3,4]``: see
+goals (<= 0.7x, <= 1.2x); ``[--problems mnist,mnist1d_large,fashion_mnist] [--study DIR]
+[--caches cold,warm] [--min-rate R] [--best-batch B] [--best-rate R] [--seeds 0,1,2,3,4]``: see
 ``bench/adaptive_timewin.py``.
 
 ``compare``: per seed, ``train()`` on the native engine at every fixed batch size (each with the
@@ -690,7 +690,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                          "quick 0.9)", float),
                   Option("--jit", "on or off: XLA compilation of the native steps (default "
                          "on; quick: off on tensorflow)", _jit),
-                  Option("--problems", "timewin: problems (default mnist,mnist1d_large)",
+                  Option("--problems", "timewin: problems (default "
+                         "mnist,mnist1d_large,fashion_mnist)",
                          subset_of(tuple(adaptive_timewin.PROBLEMS))),
                   Option("--study", "timewin: a kbackend study report folder or its "
                          "summary.json: its problem, rate at MIN and best fixed cell"),

@@ -26,7 +26,7 @@ from kbackend.adaptive import DEFAULT_MEASURE_EVERY, micro_batches_for
 from kbackend.backends.compile_ahead import AheadCompiler
 from kbackend.backends.tensorflow.data_parallel import DataParallelTrainer
 from kbackend.backends.tensorflow.native import NativeTrainer
-from kbackend.backends.tensorflow.ops import counted_loop, jit_function
+from kbackend.backends.tensorflow.ops import counted_loop, jit_function, note_program
 from kbackend.errors import ConfigError
 from kbackend.task import CLASSIFICATION, Task
 
@@ -124,6 +124,14 @@ class AdaptiveTrainer(NativeTrainer):
     learning rate is a Keras variable the programs read (``set_learning_rate``); schedules are
     refused before a run (a schedule is traced into the program).
 
+    Each call length is traced once for every batch size (the rows' shape relaxed to
+    ``(None, None)``; ``traces``): a new size costs XLA's compilation of the traced graph at its
+    shapes (or its load from the persistent cache), not a new trace, which cost about as much
+    (0.7 s each for the seed MLP on a 2-core CPU, docs/adaptive.md). A call shorter than one
+    already compiled at its size (an epoch's last, or the rest of an epoch after a growth)
+    runs that call's program with fewer steps (its trip count is a run-time value), so it
+    compiles nothing.
+
     The estimate is taken inside the fused call: its first K - 1 steps are the plain step, its
     last step the micro-batch step on every ``calls_between(K)``-th call (a run-time flag:
     ``tf.cond``, one program per size), the plain one otherwise (NaN norms, skipped by the
@@ -135,9 +143,12 @@ class AdaptiveTrainer(NativeTrainer):
                  task: Task = CLASSIFICATION, measure_every: int = DEFAULT_MEASURE_EVERY) -> None:
         super().__init__(model, spec, dataset, jit_compile, task)
         self.task, self.measure_every = task, measure_every
-        self._sized: dict[tuple[int, int], Any] = {}
+        # (batch, length) -> the compiled call that runs it and that call's length
+        self._sized: dict[tuple[int, int], tuple[Any, int]] = {}
+        self._functions: dict[tuple[int, int], Any] = {}  # (micro-batches, length): one trace
         self._steps: dict[int, Any] = {}
         self.trace_counts_by_size: dict[tuple[int, int], int] = {}
+        self.traces = 0
         self._norms: list[tuple[int, np.ndarray, np.ndarray]] = []
         self._calls = 0
         self._lock = threading.Lock()  # one trace at a time (the model's layers are shared)
@@ -148,11 +159,11 @@ class AdaptiveTrainer(NativeTrainer):
         """Calls compiled ahead (``AheadCompiler.record``)."""
         return self.ahead.record
 
-    def _adaptive_step(self, batch: int) -> Any:
-        if batch not in self._steps:
-            self._steps[batch] = make_adaptive_train_step(self.model, self.optimizer,
-                                                          micro_batches_for(batch), self.task)
-        return self._steps[batch]
+    def _adaptive_step(self, count: int) -> Any:
+        if count not in self._steps:
+            self._steps[count] = make_adaptive_train_step(self.model, self.optimizer, count,
+                                                          self.task)
+        return self._steps[count]
 
     def calls_between(self, length: int) -> int:
         """Calls of ``length`` steps from one measured step to the next."""
@@ -164,9 +175,16 @@ class AdaptiveTrainer(NativeTrainer):
         super().reset(values, learning_rate)
         self._calls = 0
 
-    def _adaptive_run_fn(self, batch: int, length: int) -> Any:
-        step = self._adaptive_step(batch)
-        count = micro_batches_for(batch)
+    def _run_function(self, batch: int, length: int) -> Any:
+        """The ``length``-step call for ``batch`` rows, traced once for every batch size of
+        its micro-batch count."""
+        key = (micro_batches_for(batch), length)
+        if key not in self._functions:
+            self._functions[key] = self._adaptive_run_fn(*key)
+        return self._functions[key]
+
+    def _adaptive_run_fn(self, count: int, length: int) -> Any:
+        step = self._adaptive_step(count)
         nan = tf.constant(float("nan"), tf.float32)
 
         def batch_at(x_all, y_all, epoch_rows, index):
@@ -185,9 +203,7 @@ class AdaptiveTrainer(NativeTrainer):
             return tf.cond(measure, lambda: measured(x, y), lambda: plain(x, y))
 
         def run(x_all, y_all, epoch_rows, start, n_steps, measure):
-            key = (batch, length)
-            self.trace_counts_by_size[key] = self.trace_counts_by_size.get(key, 0) + 1
-            self.trace_counts[length] = self.trace_counts.get(length, 0) + 1
+            self.traces += 1
             every = self.measure_every <= 1
             if self.writes_out(length):  # the steps written out; ``n_steps`` is ``length``
                 outputs = [(measured if every else plain)(
@@ -220,38 +236,65 @@ class AdaptiveTrainer(NativeTrainer):
                 return losses, micros, bigs
             return losses, micro[None], big[None]
 
-        return jit_function(run, self.jit_compile)
+        def spec(tensor: Any) -> tf.TensorSpec:
+            return tf.TensorSpec(tensor.shape, tf.as_dtype(tensor.dtype))
 
-    def _compiled_call(self, key: tuple[int, int], epoch_rows: Any) -> Any:
-        """``key``'s call traced and XLA-compiled by a call that trains nothing (a 0-step
-        call: reads the variables, writes none), so it may run beside training."""
+        scalar = tf.TensorSpec([], tf.int32)
+        signature = [tf.nest.map_structure(spec, self.x_train),
+                     tf.nest.map_structure(spec, self.y_train),
+                     tf.TensorSpec([None, None], tf.int32), scalar, scalar,
+                     tf.TensorSpec([], tf.bool)]
+        return jit_function(run, self.jit_compile, input_signature=signature)
+
+    def _program(self, key: tuple[int, int], epoch_rows: Any, n_steps: int) -> Any:
+        """``key``'s call XLA-compiled at the rows' shape by a call of ``n_steps`` steps (0 for
+        a loop: it reads the variables and writes none, so it may run beside training; a
+        written-out call's steps, whose values the caller puts back). Counted as one program
+        (``trace_counts_by_size``)."""
         with self._lock:
-            fn = self._adaptive_run_fn(*key)
-            fn(self.x_train, self.y_train, epoch_rows, tf.constant(0), tf.constant(0),
+            fn = self._run_function(*key)
+            traced = fn.experimental_get_tracing_count() > 0
+            fn(self.x_train, self.y_train, epoch_rows, tf.constant(0), tf.constant(n_steps),
                tf.constant(False))
+            if traced:  # compiled at the new shape from the graph traced before
+                note_program(fn)
+            self.trace_counts_by_size[key] = self.trace_counts_by_size.get(key, 0) + 1
+            self.trace_counts[key[1]] = self.trace_counts.get(key[1], 0) + 1
         return fn
+
+    def put_epoch(self, rows: np.ndarray) -> tf.Tensor:
+        """The epoch's index matrix on the device as int32, the dtype the traced calls take."""
+        return super().put_epoch(np.asarray(rows, np.int32))
+
+    def _longer_call(self, batch: int, length: int) -> tuple[Any, int] | None:
+        """A compiled loop call at ``batch`` longer than ``length`` steps, which can run
+        ``length`` (None: none, or written-out calls, whose step count is fixed)."""
+        longer = [(n, call) for (size, n), call in self._sized.items()
+                  if size == batch and n > length and not self.writes_out(n)]
+        return min(longer, key=lambda item: item[0])[1] if longer else None
 
     def compile(self, length: int, epoch_rows: Any) -> float:
         """Compile the ``length``-step call at the rows' batch size if needed; its seconds
         (for a call compiled ahead, only what was left of its compilation; a written-out call
-        trains ``length`` steps and puts the variables back)."""
+        trains ``length`` steps and puts the variables back; a shorter call than one compiled
+        at that size runs that one's program and compiles nothing)."""
         key = (int(epoch_rows.shape[-1]), length)
         if key in self._sized:
             return 0.0
         start = time.perf_counter()
+        longer = self._longer_call(*key)
         compiled = self.ahead.take(key)
-        if compiled is not None:
-            self._sized[key] = compiled
+        if longer is not None:
+            self._sized[key] = longer
+        elif compiled is not None:
+            self._sized[key] = (compiled, length)
         elif self.writes_out(length):
-            fn = self._adaptive_run_fn(*key)
             saved = [np.array(v.numpy()) for v in self._all_variables()]
-            fn(self.x_train, self.y_train, epoch_rows, tf.constant(0), tf.constant(length),
-               tf.constant(False))
+            self._sized[key] = (self._program(key, epoch_rows, length), length)
             for variable, value in zip(self._all_variables(), saved, strict=True):
                 variable.assign(value)
-            self._sized[key] = fn
         else:
-            self._sized[key] = self._compiled_call(key, epoch_rows)
+            self._sized[key] = (self._program(key, epoch_rows, 0), length)
         return time.perf_counter() - start
 
     def compile_ahead(self, batch: int, length: int, steps: int) -> None:
@@ -263,23 +306,27 @@ class AdaptiveTrainer(NativeTrainer):
         if key in self._sized or self.writes_out(length):
             return
         rows = np.zeros((steps, batch), np.int32)
-        self.ahead.request(key, lambda: self._compiled_call(key, rows))
+        self.ahead.request(key, lambda: self._program(key, rows, 0))
 
     def run(self, epoch_rows: Any, start: int, length: int) -> Any:
         batch = int(epoch_rows.shape[-1])
         measure = self._calls % self.calls_between(length) == 0
         self._calls += 1
         self.ahead.start_pending()
-        outputs = self._sized[batch, length](self.x_train, self.y_train, epoch_rows,
-                                             tf.constant(start), tf.constant(length),
-                                             tf.constant(measure))
-        return batch, outputs
+        call, _ = self._sized[batch, length]
+        outputs = call(self.x_train, self.y_train, epoch_rows, tf.constant(start),
+                       tf.constant(length), tf.constant(measure))
+        return batch, length, outputs
 
     def fetch(self, handle: Any) -> np.ndarray:
-        """A call's losses on the host; its noise norms kept for ``take_noise_norms``."""
-        batch, (losses, micro, big) = handle
-        self._norms.append((batch, np.asarray(micro, np.float64), np.asarray(big, np.float64)))
-        return losses.numpy()
+        """A call's losses on the host (its first ``length``: a longer call's program may have
+        run it); its noise norms kept for ``take_noise_norms``."""
+        batch, length, (losses, micro, big) = handle
+        micro, big = np.asarray(micro, np.float64), np.asarray(big, np.float64)
+        if self.measure_every <= 1:  # one row per step
+            micro, big = micro[:length], big[:length]
+        self._norms.append((batch, micro, big))
+        return losses.numpy()[:length]
 
     def take_noise_norms(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """``(batch, micro (K, M), batch (K,))`` of each call fetched since the last take."""

@@ -267,16 +267,27 @@ def device_scope(platform: str) -> Any:
 
 
 _JIT_FUNCTIONS: weakref.WeakSet = weakref.WeakSet()
+# A function traced once for every batch size (a relaxed signature) compiles one XLA program per
+# input shape, not per trace: the programs past its first, counted by ``note_program``.
+_EXTRA_PROGRAMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def jit_function(fn: Any, jit_compile: bool = True) -> Any:
+def jit_function(fn: Any, jit_compile: bool = True, input_signature: Any = None) -> Any:
     """``tf.function(fn, jit_compile=True)``, registered so ``compilation_counter`` sees its
-    traces (each trace of an XLA-compiled function is one XLA program). ``jit_compile=False``:
-    a plain ``tf.function`` graph (no XLA program, so nothing to count)."""
-    function = tf.function(fn, jit_compile=jit_compile)
+    traces (each trace of an XLA-compiled function is one XLA program; a function with a
+    relaxed ``input_signature`` notes its further input shapes with ``note_program``).
+    ``jit_compile=False``: a plain ``tf.function`` graph (no XLA program, so nothing to count)."""
+    function = tf.function(fn, jit_compile=jit_compile, input_signature=input_signature)
     if jit_compile:
         _JIT_FUNCTIONS.add(function)
     return function
+
+
+def note_program(function: Any) -> None:
+    """Count one more XLA program of ``function``: its call at a new input shape, which XLA
+    compiles without a new trace."""
+    if function in _JIT_FUNCTIONS:
+        _EXTRA_PROGRAMS[function] = _EXTRA_PROGRAMS.get(function, 0) + 1
 
 
 def counted_loop(n_steps: tf.Tensor, body: Callable[..., tuple], carry: tuple) -> tuple:
@@ -299,7 +310,8 @@ def counted_loop(n_steps: tf.Tensor, body: Callable[..., tuple], carry: tuple) -
 
 def _traces() -> dict[Any, int]:
     """Each live registered function's trace count (held: none is collected while counted)."""
-    return {f: f.experimental_get_tracing_count() for f in list(_JIT_FUNCTIONS)}
+    return {f: f.experimental_get_tracing_count() + _EXTRA_PROGRAMS.get(f, 0)
+            for f in list(_JIT_FUNCTIONS)}
 
 
 @contextmanager

@@ -200,7 +200,9 @@ def _per_sample(values: Any) -> Any:
 
     if len(values.shape) <= 1:
         return values
-    return keras.ops.mean(keras.ops.reshape(values, (values.shape[0], -1)), axis=1)
+    # Over the trailing axes, not a reshape to (batch, -1): a trace with an unknown batch size
+    # (TF's adaptive trainer traces once for every size) has no static batch to reshape to.
+    return keras.ops.mean(values, axis=tuple(range(1, len(values.shape))))
 
 
 @functools.cache

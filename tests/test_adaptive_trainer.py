@@ -62,9 +62,11 @@ def test_growing_carries_the_state_over_and_compiles_each_size_once(dataset):
         grown.set_learning_rate(rate)
         losses.setdefault(batch, []).append(EpochRunner(grown, n, batch, 5)())
     steps = 2 * (n // 8) + 2 * (n // 32)
-    # Every (size, length) traced once although each size ran twice.
+    # Every (size, length) compiled once although each size ran twice; on TF from one trace.
     assert grown.trace_counts_by_size and set(grown.trace_counts_by_size.values()) == {1}
     assert {size for size, _ in grown.trace_counts_by_size} == {8, 32}
+    if BACKEND == "tensorflow":
+        assert grown.traces == 1 and grown.relaxed
     # The optimizer kept counting across the changes (its state carried over, not reset).
     if BACKEND == "jax":
         count = int(np.asarray(grown.state.opt_state.count))
@@ -163,6 +165,7 @@ def test_one_trace_serves_every_batch_size_and_a_shorter_call_runs_the_longer_pr
     """A new batch size compiles the traced graph at its shapes, with no new trace (0.7 s each
     on the seed MLP); an epoch's last, shorter call runs its size's longer program with fewer
     steps and trains as a program of its own length does."""
+    from kbackend.backends.tensorflow.adaptive import AdaptiveTrainer
     from kbackend.backends.tensorflow.ops import compilation_counter
 
     spec = OptimizerSpec("adam", 3e-3)
@@ -174,13 +177,77 @@ def test_one_trace_serves_every_batch_size_and_a_shorter_call_runs_the_longer_pr
     assert grown.traces == 1
     assert compiled["programs"] == 3
     assert grown.trace_counts_by_size == {(8, 4): 1, (16, 4): 1, (32, 4): 1}  # no (32, 2)
-    _, shared = _trainers(dataset, spec, jit=True)
-    _, own = _trainers(dataset, spec, jit=True)
+    # A shorter call first (the rest of an epoch after a growth) while the size's K-step call
+    # is compiled ahead: it waits for that program instead of compiling its own.
+    _, ahead = _trainers(dataset, spec, jit=True)
+    ahead.compile_ahead(32, 4, n // 32)
+    ahead.compile(2, ahead.put_epoch(np.zeros((n // 32, 32), np.int32)))
+    assert ahead.trace_counts_by_size == {(32, 4): 1} and ahead.ahead_record["sizes"] == 1
+    # measure_every 2: every call measures its last step, the shared 2-step call's included.
+    shared, own = (AdaptiveTrainer(toy_model(dataset, seed=5), spec, dataset, jit_compile=True,
+                                   measure_every=2) for _ in range(2))
+    own.model.set_weights(shared.model.get_weights())
     losses = [EpochRunner(shared, n, 32, 4)(), EpochRunner(own, n, 32, 2)()]
     assert shared.trace_counts_by_size == {(32, 4): 1} and own.trace_counts_by_size == {(32, 2): 1}
     assert [len(x) for x in losses] == [10, 10]  # the shared call's 2 steps, not its 4 rows
     np.testing.assert_allclose(losses[0], losses[1], rtol=LOSS_RTOL)
+    # Both measured step 10 last (the shared program's last step is the call's, not its 4th).
+    (_, *last_shared), (_, *last_own) = shared.take_noise_norms()[-1], own.take_noise_norms()[-1]
+    assert np.isfinite(last_own[1]).all()
+    for a, b in zip(last_shared, last_own, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-3)
     shared.finish()
     own.finish()
     for a, b in zip(shared.model.get_weights(), own.model.get_weights(), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TF's trace for every batch size")
+def test_a_model_that_needs_a_static_batch_size_is_traced_per_size(dataset):
+    """A layer that reads ``x.shape[0]`` cannot be traced with an unknown batch size: the
+    trainer traces such a model per size instead, and it trains as the plain trainer does."""
+    import keras
+
+    class Flatten(keras.layers.Layer):  # reshapes to the static batch, as some user code does
+        def call(self, x):
+            return keras.ops.reshape(x, (x.shape[0], -1))
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.flat, self.hidden = Flatten(), keras.layers.Dense(16, activation="relu")
+            self.head = keras.layers.Dense(4, activation="softmax")
+
+        def call(self, x):
+            return self.head(self.hidden(self.flat(x)))
+
+    from kbackend.backends import impl
+    from kbackend.backends.tensorflow.adaptive import AdaptiveTrainer
+
+    spec = OptimizerSpec("sgd", 0.05)
+    plain_model, static_model = Net(), Net()
+    for model in (plain_model, static_model):
+        model(dataset.x_train[:8])
+    static_model.set_weights(plain_model.get_weights())
+    plain = impl().native_trainer(plain_model, spec, dataset, jit_compile=True)
+    static = AdaptiveTrainer(static_model, spec, dataset, jit_compile=True)
+    n = len(dataset.x_train)
+    plain_losses = [EpochRunner(plain, n, batch, 4)() for batch in (8, 16)]
+    static_losses = [EpochRunner(static, n, batch, 4)() for batch in (8, 16)]
+    assert not static.relaxed and static.traces == 3  # the relaxed attempt, then one a size
+    for a, b in zip(plain_losses, static_losses, strict=True):
+        np.testing.assert_allclose(b, a, rtol=LOSS_RTOL)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="a TF trace with an unknown batch size")
+def test_a_per_sample_value_of_several_axes_needs_no_static_batch():
+    """``Task``'s per-sample mean over the trailing axes traces with an unknown batch size (a
+    reshape to ``(x.shape[0], -1)`` did not)."""
+    import tensorflow as tf
+
+    from kbackend.task import _per_sample
+
+    mean = tf.function(_per_sample, input_signature=[tf.TensorSpec([None, 3, 2], tf.float32)])
+    values = np.arange(24, dtype=np.float32).reshape(4, 3, 2)
+    np.testing.assert_allclose(mean(values).numpy(), values.reshape(4, -1).mean(axis=1))

@@ -50,6 +50,10 @@ class AheadCompiler:
         while self._to_start:
             self._to_start.pop().start()
 
+    def pending(self) -> list[Any]:
+        """The keys asked for and not yet taken."""
+        return list(self._threads)
+
     def compiling(self, key: Hashable) -> bool:
         """Whether ``key``'s background compilation is running now."""
         thread = self._threads.get(key)

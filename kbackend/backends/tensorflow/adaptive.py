@@ -127,10 +127,12 @@ class AdaptiveTrainer(NativeTrainer):
     Each call length is traced once for every batch size (the rows' shape relaxed to
     ``(None, None)``; ``traces``): a new size costs XLA's compilation of the traced graph at its
     shapes (or its load from the persistent cache), not a new trace, which cost about as much
-    (0.7 s each for the seed MLP on a 2-core CPU, docs/adaptive.md). A call shorter than one
-    already compiled at its size (an epoch's last, or the rest of an epoch after a growth)
-    runs that call's program with fewer steps (its trip count is a run-time value), so it
-    compiles nothing.
+    (0.7 s each for the seed MLP on a 2-core CPU, docs/adaptive.md). A model that cannot be
+    traced without a static batch size (a layer that reads ``x.shape[0]``) is traced per size
+    instead (``relaxed`` False). A call shorter than one already compiled at its size (an
+    epoch's last, or the rest of an epoch after a growth) runs that call's program with fewer
+    steps (its trip count is a run-time value), so it compiles nothing; a one-step call too,
+    which a run of one-step calls writes out instead (``writes_out``).
 
     The estimate is taken inside the fused call: its first K - 1 steps are the plain step, its
     last step the micro-batch step on every ``calls_between(K)``-th call (a run-time flag:
@@ -145,7 +147,10 @@ class AdaptiveTrainer(NativeTrainer):
         self.task, self.measure_every = task, measure_every
         # (batch, length) -> the compiled call that runs it and that call's length
         self._sized: dict[tuple[int, int], tuple[Any, int]] = {}
-        self._functions: dict[tuple[int, int], Any] = {}  # (micro-batches, length): one trace
+        # (micro-batches, length[, batch where not relaxed]) -> the traced function
+        self._functions: dict[tuple[int, ...], Any] = {}
+        self._shapes: set[tuple[int, tuple[int, ...]]] = set()  # (function id, rows shape)
+        self.relaxed = True
         self._steps: dict[int, Any] = {}
         self.trace_counts_by_size: dict[tuple[int, int], int] = {}
         self.traces = 0
@@ -178,9 +183,10 @@ class AdaptiveTrainer(NativeTrainer):
     def _run_function(self, batch: int, length: int) -> Any:
         """The ``length``-step call for ``batch`` rows, traced once for every batch size of
         its micro-batch count."""
-        key = (micro_batches_for(batch), length)
+        count = micro_batches_for(batch)
+        key = (count, length) if self.relaxed else (count, length, batch)
         if key not in self._functions:
-            self._functions[key] = self._adaptive_run_fn(*key)
+            self._functions[key] = self._adaptive_run_fn(count, length)
         return self._functions[key]
 
     def _adaptive_run_fn(self, count: int, length: int) -> Any:
@@ -244,23 +250,39 @@ class AdaptiveTrainer(NativeTrainer):
                      tf.nest.map_structure(spec, self.y_train),
                      tf.TensorSpec([None, None], tf.int32), scalar, scalar,
                      tf.TensorSpec([], tf.bool)]
-        return jit_function(run, self.jit_compile, input_signature=signature)
+        return jit_function(run, self.jit_compile,
+                            input_signature=signature if self.relaxed else None)
 
     def _program(self, key: tuple[int, int], epoch_rows: Any, n_steps: int) -> Any:
         """``key``'s call XLA-compiled at the rows' shape by a call of ``n_steps`` steps (0 for
         a loop: it reads the variables and writes none, so it may run beside training; a
         written-out call's steps, whose values the caller puts back). Counted as one program
         (``trace_counts_by_size``)."""
+        args = (self.x_train, self.y_train, epoch_rows, tf.constant(0), tf.constant(n_steps),
+                tf.constant(False))
         with self._lock:
             fn = self._run_function(*key)
             traced = fn.experimental_get_tracing_count() > 0
-            fn(self.x_train, self.y_train, epoch_rows, tf.constant(0), tf.constant(n_steps),
-               tf.constant(False))
-            if traced:  # compiled at the new shape from the graph traced before
-                note_program(fn)
-            self.trace_counts_by_size[key] = self.trace_counts_by_size.get(key, 0) + 1
-            self.trace_counts[key[1]] = self.trace_counts.get(key[1], 0) + 1
+            try:
+                fn(*args)
+            except Exception:
+                if traced or not self.relaxed:
+                    raise
+                self.relaxed = False  # needs a static batch size: traced per size, as before
+                fn = self._run_function(*key)
+                fn(*args)
+            self._count_program(fn, key, tuple(epoch_rows.shape), traced)
         return fn
+
+    def _count_program(self, fn: Any, key: tuple[int, int], shape: tuple[int, ...],
+                       traced: bool) -> None:
+        """Count ``fn``'s XLA program at rows of ``shape`` for ``key`` (``traced``: compiled
+        from a graph traced before, so not counted by its trace)."""
+        self._shapes.add((id(fn), shape))
+        if traced:
+            note_program(fn)
+        self.trace_counts_by_size[key] = self.trace_counts_by_size.get(key, 0) + 1
+        self.trace_counts[key[1]] = self.trace_counts.get(key[1], 0) + 1
 
     def put_epoch(self, rows: np.ndarray) -> tf.Tensor:
         """The epoch's index matrix on the device as int32, the dtype the traced calls take."""
@@ -269,9 +291,9 @@ class AdaptiveTrainer(NativeTrainer):
     def _longer_call(self, batch: int, length: int) -> tuple[Any, int] | None:
         """A compiled loop call at ``batch`` longer than ``length`` steps, which can run
         ``length`` (None: none, or written-out calls, whose step count is fixed)."""
-        longer = [(n, call) for (size, n), call in self._sized.items()
-                  if size == batch and n > length and not self.writes_out(n)]
-        return min(longer, key=lambda item: item[0])[1] if longer else None
+        longer = [entry for (size, _), entry in self._sized.items()
+                  if size == batch and entry[1] > length and not self.writes_out(entry[1])]
+        return min(longer, key=lambda entry: entry[1]) if longer else None
 
     def compile(self, length: int, epoch_rows: Any) -> float:
         """Compile the ``length``-step call at the rows' batch size if needed; its seconds
@@ -282,12 +304,15 @@ class AdaptiveTrainer(NativeTrainer):
         if key in self._sized:
             return 0.0
         start = time.perf_counter()
+        for size, n in self.ahead.pending():  # this size's calls compiled ahead, taken first
+            compiled = self.ahead.take((size, n)) if size == key[0] else None
+            if compiled is not None:
+                self._sized[size, n] = (compiled, n)
+        if key in self._sized:
+            return time.perf_counter() - start
         longer = self._longer_call(*key)
-        compiled = self.ahead.take(key)
         if longer is not None:
             self._sized[key] = longer
-        elif compiled is not None:
-            self._sized[key] = (compiled, length)
         elif self.writes_out(length):
             saved = [np.array(v.numpy()) for v in self._all_variables()]
             self._sized[key] = (self._program(key, epoch_rows, length), length)
@@ -313,9 +338,12 @@ class AdaptiveTrainer(NativeTrainer):
         measure = self._calls % self.calls_between(length) == 0
         self._calls += 1
         self.ahead.start_pending()
-        call, _ = self._sized[batch, length]
+        call, program_length = self._sized[batch, length]
         outputs = call(self.x_train, self.y_train, epoch_rows, tf.constant(start),
                        tf.constant(length), tf.constant(measure))
+        shape = tuple(epoch_rows.shape)
+        if (id(call), shape) not in self._shapes:  # rows of a new shape: XLA compiled anew
+            self._count_program(call, (batch, program_length), shape, True)
         return batch, length, outputs
 
     def fetch(self, handle: Any) -> np.ndarray:

@@ -177,6 +177,11 @@ def test_one_trace_serves_every_batch_size_and_a_shorter_call_runs_the_longer_pr
     assert grown.traces == 1
     assert compiled["programs"] == 3
     assert grown.trace_counts_by_size == {(8, 4): 1, (16, 4): 1, (32, 4): 1}  # no (32, 2)
+    # Rows of another shape at a compiled size: XLA compiles again (no trace), and it counts.
+    with compilation_counter() as again:
+        grown.fetch(grown.run(grown.put_epoch(np.zeros((5, 8), np.int32)), 0, 4))
+    assert again["programs"] == 1 and grown.trace_counts_by_size[8, 4] == 2
+    assert grown.traces == 1
     # A shorter call first (the rest of an epoch after a growth) while the size's K-step call
     # is compiled ahead: it waits for that program instead of compiling its own.
     _, ahead = _trainers(dataset, spec, jit=True)

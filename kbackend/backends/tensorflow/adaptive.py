@@ -27,7 +27,7 @@ from kbackend.backends.compile_ahead import AheadCompiler
 from kbackend.backends.tensorflow.data_parallel import DataParallelTrainer
 from kbackend.backends.tensorflow.native import NativeTrainer
 from kbackend.backends.tensorflow.ops import counted_loop, jit_function, note_program
-from kbackend.errors import ConfigError
+from kbackend.errors import ConfigError, is_out_of_memory
 from kbackend.task import CLASSIFICATION, Task
 
 
@@ -129,10 +129,12 @@ class AdaptiveTrainer(NativeTrainer):
     shapes (or its load from the persistent cache), not a new trace, which cost about as much
     (0.7 s each for the seed MLP on a 2-core CPU, docs/adaptive.md). A model that cannot be
     traced without a static batch size (a layer that reads ``x.shape[0]``) is traced per size
-    instead (``relaxed`` False). A call shorter than one already compiled at its size (an
-    epoch's last, or the rest of an epoch after a growth) runs that call's program with fewer
-    steps (its trip count is a run-time value), so it compiles nothing; a one-step call too,
-    which a run of one-step calls writes out instead (``writes_out``).
+    instead, the rows' batch fixed (``relaxed`` False). ``trace_counts_by_size`` counts the XLA
+    programs of each (size, length): one per rows shape. A call shorter than one already
+    compiled at its size (an epoch's last, or the rest of an epoch after a growth) runs that
+    call's program with fewer steps (its trip count is a run-time value), so it compiles
+    nothing; a one-step call too, which a run of one-step calls writes out instead
+    (``writes_out``).
 
     The estimate is taken inside the fused call: its first K - 1 steps are the plain step, its
     last step the micro-batch step on every ``calls_between(K)``-th call (a run-time flag:
@@ -157,6 +159,7 @@ class AdaptiveTrainer(NativeTrainer):
         self._norms: list[tuple[int, np.ndarray, np.ndarray]] = []
         self._calls = 0
         self._lock = threading.Lock()  # one trace at a time (the model's layers are shared)
+        self._count_lock = threading.Lock()
         self.ahead = AheadCompiler()
 
     @property
@@ -186,10 +189,13 @@ class AdaptiveTrainer(NativeTrainer):
         count = micro_batches_for(batch)
         key = (count, length) if self.relaxed else (count, length, batch)
         if key not in self._functions:
-            self._functions[key] = self._adaptive_run_fn(count, length)
+            self._functions[key] = self._adaptive_run_fn(count, length,
+                                                         None if self.relaxed else batch)
         return self._functions[key]
 
-    def _adaptive_run_fn(self, count: int, length: int) -> Any:
+    def _adaptive_run_fn(self, count: int, length: int, batch: int | None = None) -> Any:
+        """The ``length``-step call with ``count`` micro-batches, traced for rows of any
+        number of steps and ``batch`` samples (None: any)."""
         step = self._adaptive_step(count)
         nan = tf.constant(float("nan"), tf.float32)
 
@@ -248,10 +254,9 @@ class AdaptiveTrainer(NativeTrainer):
         scalar = tf.TensorSpec([], tf.int32)
         signature = [tf.nest.map_structure(spec, self.x_train),
                      tf.nest.map_structure(spec, self.y_train),
-                     tf.TensorSpec([None, None], tf.int32), scalar, scalar,
+                     tf.TensorSpec([None, batch], tf.int32), scalar, scalar,
                      tf.TensorSpec([], tf.bool)]
-        return jit_function(run, self.jit_compile,
-                            input_signature=signature if self.relaxed else None)
+        return jit_function(run, self.jit_compile, input_signature=signature)
 
     def _program(self, key: tuple[int, int], epoch_rows: Any, n_steps: int) -> Any:
         """``key``'s call XLA-compiled at the rows' shape by a call of ``n_steps`` steps (0 for
@@ -265,10 +270,14 @@ class AdaptiveTrainer(NativeTrainer):
             traced = fn.experimental_get_tracing_count() > 0
             try:
                 fn(*args)
-            except Exception:
-                if traced or not self.relaxed:
+            except Exception as error:
+                # Only a first trace that failed (no graph: a model that reads a static batch
+                # size) falls back; errors of compiling or running are raised as they are.
+                if (traced or not self.relaxed or fn.experimental_get_tracing_count() > 0
+                        or is_out_of_memory(error)):
                     raise
-                self.relaxed = False  # needs a static batch size: traced per size, as before
+                self.relaxed = False  # traced per size from now on, the rows' batch fixed
+                del self._functions[micro_batches_for(key[0]), key[1]]
                 fn = self._run_function(*key)
                 fn(*args)
             self._count_program(fn, key, tuple(epoch_rows.shape), traced)
@@ -278,11 +287,12 @@ class AdaptiveTrainer(NativeTrainer):
                        traced: bool) -> None:
         """Count ``fn``'s XLA program at rows of ``shape`` for ``key`` (``traced``: compiled
         from a graph traced before, so not counted by its trace)."""
-        self._shapes.add((id(fn), shape))
-        if traced:
-            note_program(fn)
-        self.trace_counts_by_size[key] = self.trace_counts_by_size.get(key, 0) + 1
-        self.trace_counts[key[1]] = self.trace_counts.get(key[1], 0) + 1
+        with self._count_lock:  # the ahead thread counts too
+            self._shapes.add((id(fn), shape))
+            if traced:
+                note_program(fn)
+            self.trace_counts_by_size[key] = self.trace_counts_by_size.get(key, 0) + 1
+            self.trace_counts[key[1]] = self.trace_counts.get(key[1], 0) + 1
 
     def put_epoch(self, rows: np.ndarray) -> tf.Tensor:
         """The epoch's index matrix on the device as int32, the dtype the traced calls take."""

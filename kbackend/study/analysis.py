@@ -41,7 +41,6 @@ from kbackend.study.scaling import (
     ScalingRegion,
     ThroughputPoint,
     by_optimizer,
-    cell_time,
     crossover,
     fit_critical_batch,
     noise_scale_note,
@@ -93,7 +92,7 @@ def optimizer_figures(group: list[Cell]) -> OptimizerFigures:
     """One optimizer's cells: steps to target per batch size, scaling regions, the fitted
     critical batch size, its fastest cell and the batch sizes that never reached."""
     points = [(c.size, c.steps) for c in group if c.reached]
-    fastest = min(group, key=cell_time)
+    fastest = min(group, key=lambda c: c.seconds)
     return OptimizerFigures(
         tuple((c.batch_size, c.steps_to_target, c.reached) for c in group),
         tuple(scaling_regions(points)), fit_critical_batch(points),
@@ -210,7 +209,7 @@ def analyze(study: StudyRecord) -> Analysis:
     curve = measured or throughput_curve(study.runs)
     knee = throughput_knee(curve) if curve else None
     reached = [c for c in cells if c.reached]
-    best = min(reached, key=cell_time) if reached else None
+    best = min(reached, key=lambda c: c.seconds) if reached else None
     crossovers = tuple(x for x in (crossover(cells, "adam", "sgd"),
                                    crossover(cells, "adam", "momentum")) if x is not None)
     noise = study.noise

@@ -19,6 +19,7 @@ from kbackend.study.summaries import cell_seconds_per_step
 from kbackend.study.verdicts import (
     Verdict,
     VerdictSettings,
+    budget_steps,
     outcome_text,
     ratio_verdict,
     rounding_sd,
@@ -26,11 +27,6 @@ from kbackend.study.verdicts import (
 
 # How an auto cell's time to target is modelled (the fixed cells': steps x step time).
 AUTO_TIME_MODEL = "steps at each size x the fixed cells' step times"
-
-
-def _budget(cell: Cell) -> float | None:
-    """A never-reached cell's median steps run (the lower bound of its steps)."""
-    return None if cell.reached or not cell.steps_run else float(cell.steps_run)
 
 
 def auto_label(cell: Cell) -> str:
@@ -96,7 +92,7 @@ def auto_verdict(auto: Cell, cells: list[Cell],
     per_step = cell_seconds_per_step(best) or math.nan
     level, margin = settings.levels, settings.margin
     floor = rounding_sd([auto, best])
-    bounds = (_budget(auto), _budget(best))
+    bounds = (budget_steps(auto), budget_steps(best))
     steps = ratio_verdict(auto.seed_steps or {}, steps_b, level=level, margin=margin,
                           floor_sd=floor, bounds=bounds)
     samples_bounds = (None, None if bounds[1] is None else bounds[1] * size)

@@ -15,14 +15,13 @@ from dataclasses import dataclass, replace
 from kbackend.io import JsonObject
 from kbackend.stats import median_interval
 from kbackend.study.scaling import (
-    PERFECT_SCALING_EXPONENT,
-    SATURATION_EXPONENT,
     ThroughputPoint,
     by_optimizer,
     fit_critical_batch,
+    region_of,
     throughput_knee,
 )
-from kbackend.study.study_record import Cell, CellStepTime, StepTimes, StudyRecord
+from kbackend.study.study_record import Cell, StepTimes, StudyRecord
 from kbackend.study.verdicts import (
     DEFAULT_ACCURACY_MARGIN,
     DEFAULT_MARGIN,
@@ -30,6 +29,7 @@ from kbackend.study.verdicts import (
     LookLevels,
     Verdict,
     VerdictSettings,
+    budget_steps,
     decide,
     difference_verdict,
     open_bound,
@@ -50,11 +50,13 @@ def not_resolved(n: int) -> str:
     return f"not resolved at {n} seed{'s' if n != 1 else ''}{reason}"
 
 
-def _span(interval: dict[str, float] | None, spec: str = ".3g") -> str:
+def _time_span(cell: Cell) -> str:
+    """A cell's median time to target with its interval ("-" without one)."""
+    interval = (cell.intervals or {}).get("time_to_target")
     if not interval or not interval.get("n"):
         return "-"
     return _median_span(interval["median"], interval["low"], interval["high"],
-                        int(interval["n"]), spec)
+                        int(interval["n"]), ".3g")
 
 
 def _median_span(median: float, low: float, high: float, n: int, spec: str) -> str:
@@ -65,10 +67,6 @@ def _median_span(median: float, low: float, high: float, n: int, spec: str) -> s
     if n == 1:
         return text(median)
     return f"{text(median)} [{text(low)}, {text(high)}]"
-
-
-def _time_interval(cell: Cell) -> dict[str, float] | None:
-    return (cell.intervals or {}).get("time_to_target")
 
 
 def verdict_settings(study: StudyRecord) -> VerdictSettings:
@@ -156,16 +154,8 @@ def time_verdict(a: Cell, b: Cell, settings: VerdictSettings,
     verdict = ratio_verdict(a.seed_steps or {}, b.seed_steps or {},
                             level=settings.levels, margin=settings.margin,
                             floor_sd=rounding_sd([a, b]), round_log_ratios=rounds, scale=scale,
-                            bounds=(_budget_steps(a), _budget_steps(b)))
+                            bounds=(budget_steps(a), budget_steps(b)))
     return verdict.between(_key(a), _key(b))
-
-
-def _budget_steps(cell: Cell) -> float | None:
-    """The steps a cell's seeds that never reached the target ran (a lower bound of their
-    steps to target), where the cell did not reach: its median steps run."""
-    if cell.reached or not cell.steps_run:
-        return None
-    return float(cell.steps_run)
 
 
 class _OfVerdict:
@@ -240,8 +230,7 @@ def optimizer_comparison(cells: list[Cell], challenger: str, incumbent: str,
         verdict = time_verdict(a[size], b[size], settings, step_times)
         per_batch.append(BatchVerdict(
             size, {"a": challenger, "b": incumbent}.get(verdict.outcome), verdict,
-            {challenger: _span(_time_interval(a[size]), ".3g"),
-             incumbent: _span(_time_interval(b[size]), ".3g")}))
+            {challenger: _time_span(a[size]), incumbent: _time_span(b[size])}))
     outcomes = [p.outcome for p in per_batch]
     # A crossover: from some batch size up the challenger is faster at every size, and below it
     # every verdict is resolved the other way or equivalent.
@@ -262,15 +251,6 @@ def optimizer_comparison(cells: list[Cell], challenger: str, incumbent: str,
     if crossover is not None:
         text += f" (crossover: {challenger} from batch {crossover} up)"
     return OptimizerComparison(challenger, incumbent, tuple(per_batch), crossover, text)
-
-
-def region_of(exponent: float) -> str:
-    """The scaling region a steps-vs-batch exponent falls in."""
-    if exponent >= PERFECT_SCALING_EXPONENT:
-        return "perfect scaling"
-    if exponent <= SATURATION_EXPONENT:
-        return "saturation"
-    return "diminishing returns"
 
 
 @dataclass(frozen=True)
@@ -612,11 +592,7 @@ def step_time_spread(step_times: StepTimes | None) -> StepTimeSpread | None:
     ratios = {f"{c.optimizer} B={c.batch_size}": max(c.seconds) / min(c.seconds)
               for c in cells if c.seconds and min(c.seconds) > 0}
     overlaps = []
-    grouped: dict[str, list[CellStepTime]] = {}
-    for cell in cells:
-        grouped.setdefault(cell.optimizer, []).append(cell)
-    for optimizer, group in grouped.items():
-        group.sort(key=lambda c: c.batch_size)
+    for optimizer, group in by_optimizer(cells).items():
         for c1, c2 in itertools.pairwise(group):
             t1 = [c1.batch_size / s for s in c1.seconds]
             t2 = [c2.batch_size / s for s in c2.seconds]

@@ -19,12 +19,13 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from kbackend.hardware.knee import Knee, find_knee
 from kbackend.io import JsonObject
-from kbackend.study.study_record import Cell, NoiseScale
+from kbackend.study.study_record import Cell, CellStepTime, NoiseScale
 
 if TYPE_CHECKING:  # the store opens SQLite: not at the train command's set-up (test_startup)
     from kbackend.study.store import StoredRun
@@ -35,8 +36,12 @@ SATURATION_EXPONENT = 0.2
 KNEE_EXTRAPOLATION = 2.0
 
 
-def by_optimizer(cells: list[Cell]) -> dict[str, list[Cell]]:
-    grouped: dict[str, list[Cell]] = {}
+Grouped = TypeVar("Grouped", Cell, CellStepTime)
+
+
+def by_optimizer(cells: Iterable[Grouped]) -> dict[str, list[Grouped]]:
+    """``cells`` by optimizer, each group in batch-size order."""
+    grouped: dict[str, list[Grouped]] = {}
     for cell in cells:
         grouped.setdefault(cell.optimizer, []).append(cell)
     for group in grouped.values():
@@ -58,18 +63,21 @@ class ScalingRegion:
                 "region": self.region}
 
 
+def region_of(exponent: float) -> str:
+    """The scaling region a steps-vs-batch exponent falls in."""
+    if exponent >= PERFECT_SCALING_EXPONENT:
+        return "perfect scaling"
+    if exponent <= SATURATION_EXPONENT:
+        return "saturation"
+    return "diminishing returns"
+
+
 def scaling_regions(points: list[tuple[int, float]]) -> list[ScalingRegion]:
     """Label each segment between neighbouring (batch size, steps to target) points."""
     segments = []
     for (b1, s1), (b2, s2) in itertools.pairwise(points):
         exponent = math.log(s1 / s2) / math.log(b2 / b1)
-        if exponent >= PERFECT_SCALING_EXPONENT:
-            region = "perfect scaling"
-        elif exponent <= SATURATION_EXPONENT:
-            region = "saturation"
-        else:
-            region = "diminishing returns"
-        segments.append(ScalingRegion(b1, b2, exponent, region))
+        segments.append(ScalingRegion(b1, b2, exponent, region_of(exponent)))
     return segments
 
 
@@ -153,10 +161,6 @@ def throughput_curve(runs: list[StoredRun]) -> list[ThroughputPoint]:
     return [ThroughputPoint(b, statistics.median(v), len(v)) for b, v in sorted(by_batch.items())]
 
 
-def cell_time(cell: Cell | None) -> float:
-    return math.inf if cell is None else cell.seconds
-
-
 @dataclass(frozen=True)
 class Crossover:
     """Where ``challenger`` overtakes ``incumbent`` (``crossover``): the batch size from which it
@@ -181,8 +185,8 @@ def crossover(cells: list[Cell], challenger: str, incumbent: str) -> Crossover |
     a = {c.size: c for c in grouped[challenger]}
     b = {c.size: c for c in grouped[incumbent]}
     sizes = sorted(s for s in set(a) & set(b)
-                   if math.isfinite(cell_time(a[s])) or math.isfinite(cell_time(b[s])))
-    wins = [cell_time(a[s]) < cell_time(b[s]) for s in sizes]
+                   if math.isfinite(a[s].seconds) or math.isfinite(b[s].seconds))
+    wins = [a[s].seconds < b[s].seconds for s in sizes]
     first = None
     if not sizes:
         note = "neither reached the target at any common batch size"

@@ -32,6 +32,7 @@ from kbackend.study.cell_verdicts import (
 from kbackend.study.config import AUTO_SEED_BUDGET_SHARE
 from kbackend.study.frontier import frontier_supported, measure_frontier
 from kbackend.study.runner_protocol import CellRunner, StudyEvent
+from kbackend.study.scaling import by_optimizer
 from kbackend.study.store import StoredRun
 from kbackend.study.study_record import AddedSeeds, Cell, SeedRound, StepTimes, StudyRecord
 from kbackend.study.summaries import summarize_cell
@@ -50,11 +51,7 @@ def open_comparisons(cells: list[Cell], step_times: StepTimes | None,
         for entry in comparison.per_batch if comparison is not None else ():
             found.append((f"{challenger} vs {incumbent} at batch {entry.batch_size}",
                           entry.verdict))
-    by_optimizer: dict[str, list[Cell]] = {}
-    for cell in cells:
-        by_optimizer.setdefault(cell.optimizer, []).append(cell)
-    for optimizer, group in by_optimizer.items():
-        group.sort(key=lambda c: int(c.batch_size))
+    for optimizer, group in by_optimizer(cells).items():
         for segment in region_verdicts(group, settings):
             found.append((f"{optimizer} steps {segment.from_batch}->{segment.to_batch}",
                           segment.verdict))
@@ -77,10 +74,7 @@ def cells_to_extend(cells: list[Cell], step_times: StepTimes | None,
 def generalization_cells(cells: list[Cell]) -> set[tuple[str, int]]:
     """The cells the generalization verdicts compare (each optimizer's smallest and largest
     batch size): the only ones whose added seeds get frontier runs too."""
-    sizes: dict[str, list[int]] = {}
-    for cell in cells:
-        sizes.setdefault(cell.optimizer, []).append(int(cell.batch_size))
-    return {(o, b) for o, group in sizes.items() for b in (min(group), max(group))}
+    return {(o, c.size) for o, group in by_optimizer(cells).items() for c in (group[0], group[-1])}
 
 
 def seed_budget_seconds(config: Any, runs: list[StoredRun]) -> float:

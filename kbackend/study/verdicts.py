@@ -480,6 +480,12 @@ def step_time_log_ratios(step_times: StepTimes | None, a: tuple[str, int],
     return [math.log(x / y) for x, y in zip(timed[a], timed[b], strict=False) if x > 0 and y > 0]
 
 
+def budget_steps(cell: Cell) -> float | None:
+    """The steps a cell's seeds that never reached the target ran (a lower bound of their
+    steps to target), where the cell did not reach: its median steps run."""
+    return None if cell.reached or not cell.steps_run else float(cell.steps_run)
+
+
 def rounding_sd(cells: Sequence[Cell]) -> float:
     """The spread a log steps ratio gets from each cell's evaluation interval alone (a crossing
     anywhere in the e steps before the evaluation that sees it: sd e / S / sqrt(12))."""

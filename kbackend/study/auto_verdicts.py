@@ -29,6 +29,13 @@ from kbackend.study.verdicts import (
 AUTO_TIME_MODEL = "steps at each size x the fixed cells' step times"
 
 
+def best_fixed(cells: list[Cell], optimizer: str) -> Cell | None:
+    """``optimizer``'s fixed cell with the least time to target (None: none reached)."""
+    reached = [c for c in cells if c.optimizer == optimizer and c.reached
+               and c.time_to_target is not None]
+    return min(reached, key=lambda c: c.seconds, default=None)
+
+
 def auto_label(cell: Cell) -> str:
     """``auto 16-128 (sqrt)``: an auto cell's name in the report."""
     auto = cell.auto or {}
@@ -80,13 +87,11 @@ def auto_verdict(auto: Cell, cells: list[Cell],
     """One optimizer's auto cell against its best fixed batch size: ``steps``, ``samples`` and
     ``time`` verdicts (A = auto, B = the fixed cell), the headline ``outcome`` the time's."""
     optimizer = auto.optimizer
-    fixed = [c for c in cells if c.optimizer == optimizer and c.reached
-             and c.time_to_target is not None]
-    if not fixed:
+    best = best_fixed(cells, optimizer)
+    if best is None:
         return AutoVerdict(optimizer, auto.auto, auto_label(auto),
                            f"{optimizer}: {auto_label(auto)} not compared: no fixed "
                            "batch size reached the target")
-    best = min(fixed, key=lambda c: c.seconds)
     size = int(best.batch_size)
     steps_b = {s: float(v) for s, v in (best.seed_steps or {}).items()}
     per_step = cell_seconds_per_step(best) or math.nan

@@ -514,14 +514,13 @@ class KneeVerdict:
     gains: tuple[DoublingGain, ...] | None = None
 
     def to_json(self) -> JsonObject:
-        if self.gains is None:
-            return {"resolved": self.resolved, "outcome": self.outcome,
-                    "batch_size": self.batch_size, "seeds": None, "timings": self.timings,
-                    "text": self.text}
-        return {"resolved": self.resolved, "outcome": self.outcome,
-                "batch_size": self.batch_size, "plateau_reached": self.plateau_reached,
-                "seeds": None, "timings": self.timings,
-                "gains": [gain.to_json() for gain in self.gains], "text": self.text}
+        record = {"resolved": self.resolved, "outcome": self.outcome,
+                  "batch_size": self.batch_size, "plateau_reached": self.plateau_reached,
+                  "seeds": None, "timings": self.timings,
+                  "gains": [gain.to_json() for gain in self.gains or ()], "text": self.text}
+        if self.gains is None:  # not measured
+            del record["plateau_reached"], record["gains"]
+        return record
 
 
 def throughput_knee_verdict(step_times: StepTimes | None,

@@ -31,7 +31,7 @@ from kbackend.escaping import markdown_text
 from kbackend.io import JsonObject
 from kbackend.reports import markdown_rows
 from kbackend.stats import log_log_interpolate, median_interval
-from kbackend.study.auto_verdicts import auto_label, auto_verdict
+from kbackend.study.auto_verdicts import auto_label, auto_verdict, best_fixed
 from kbackend.study.cell_verdicts import fastest_verdict, verdict_settings
 from kbackend.study.study_record import Cell, StudyRecord
 from kbackend.study.summaries import cell_seconds_per_step, ranges_time
@@ -236,9 +236,7 @@ def predict(study: StudyRecord, profile: DeviceProfile) -> dict[str, Any]:
                                settings)
         best = next((p for p in cells if p["optimizer"] == cell.optimizer
                      and p["batch_size"] == verdict.best_fixed), None)
-        here = [c for c in study.cells if c.optimizer == cell.optimizer
-                and c.reached and c.time_to_target is not None]
-        best_here = min(here, key=lambda c: c.seconds) if here else None
+        best_here = best_fixed(study.cells, cell.optimizer)
         adaptive.append({
             **verdict.to_json(), "time_to_target": predicted["time_to_target"],
             "best_fixed_time": best["time_to_target"] if best else None,

@@ -21,6 +21,7 @@ from kbackend.study.search import RateSearch
 from kbackend.study.store import StoredRun
 from kbackend.study.study_record import Cell
 from kbackend.study.summaries import (
+    adaptive_ranges,
     adaptive_samples,
     cell_seconds_per_step,
     ranges_time,
@@ -91,8 +92,7 @@ def _finished(runner: CellRunner, cell: Cell, cells: list[Cell]) -> Cell:
         record = runner.stored_record(key)
         assert record is not None  # the cell's runs are stored
         seed = str(record.config["seed"])
-        ranges = list((trajectory_record(record.trajectory).adaptive_batch or {})
-                      .get("ranges") or [])
+        ranges = adaptive_ranges(trajectory_record(record.trajectory))
         ranges_by_seed[seed] = ranges
         steps = run_steps(record)
         if not math.isfinite(steps):

@@ -63,9 +63,9 @@ def plan_from_key_config(config: JsonObject) -> RunPlan:
                    config["seed"], auto_max, config.get("lr_scaling", ""))
 
 
-def adaptive_ranges(history: History) -> list[dict[str, float]]:
+def adaptive_ranges(record: RunRecord) -> list[dict[str, float]]:
     """An adaptive run's step ranges (each from its ``step`` on), [] for a fixed batch size."""
-    return list((history.record.adaptive_batch or {}).get("ranges") or [])
+    return list((record.adaptive_batch or {}).get("ranges") or [])
 
 
 def ranges_time(ranges: list[dict[str, float]], step: int,
@@ -117,18 +117,22 @@ def drops_partial_batch(history: History) -> bool:
     return history.record.dropped_per_epoch is not None
 
 
+def samples_trained(history: History, step: int, num_train: int, batch_size: int) -> int:
+    """Training samples a run processed by the end of ``step``: over its ranges where its batch
+    size adapted (``adaptive_samples``), else at ``batch_size`` (``samples_seen``)."""
+    ranges = adaptive_ranges(history.record)
+    if ranges:
+        return adaptive_samples(ranges, step)
+    return samples_seen(step, num_train, batch_size, drops_partial_batch(history))
+
+
 def steady_throughput(history: History, num_train: int, batch_size: int,
                       startup: float = 0.0) -> float:
     """Samples/s over the run's training time with its start-up (compilation) taken out."""
     seconds = (history.timing.get("train_time") or 0.0) - startup
     if not history.step or seconds <= 0:
         return math.nan
-    ranges = adaptive_ranges(history)
-    if ranges:
-        return adaptive_samples(ranges, history.steps_run) / seconds
-    samples = samples_seen(history.steps_run, num_train, batch_size,
-                           drops_partial_batch(history))
-    return samples / seconds
+    return samples_trained(history, history.steps_run, num_train, batch_size) / seconds
 
 
 def startup_seconds(history: History) -> tuple[float, bool]:
@@ -242,7 +246,6 @@ def summarize_run(history: History, plan: RunPlan, target: Target,
     """
     reached = history.record.target_reached
     losses = np.asarray(history.loss, dtype=float)
-    drops = drops_partial_batch(history)
     startup, estimated = startup_seconds(history)
     figures = RunFigures(
         reached=reached is not None,
@@ -266,13 +269,11 @@ def summarize_run(history: History, plan: RunPlan, target: Target,
         test_metric_name=next((k for k in history.test if k != "test_loss"), None),
         test_loss=history.test.get("test_loss"),
         evaluations=len(history.evals),
-        drops_partial_batch=drops)
+        drops_partial_batch=drops_partial_batch(history))
     if reached is None:
         return figures
     step = int(reached["step"])
-    ranges = adaptive_ranges(history)
-    samples = (adaptive_samples(ranges, step) if ranges
-               else samples_seen(step, num_train, plan.batch_size, drops))
+    samples = samples_trained(history, step, num_train, plan.batch_size)
     time, wall = time_to_target(history)
     return replace(figures, steps_to_target=step, samples_to_target=samples,
                    epochs_to_target=samples / num_train, time_to_target_raw=wall,
@@ -283,6 +284,11 @@ def run_steps(record: StoredRun) -> float:
     """A run's steps to target; a run that did not reach it counts as infinitely many."""
     steps = record.result["steps_to_target"]
     return math.inf if steps is None or not record.result["reached"] else float(steps)
+
+
+def run_time(record: StoredRun) -> float:
+    """A run's time to target; a run that did not reach it takes infinitely long."""
+    return record.result["time_to_target"] if run_steps(record) < math.inf else math.inf
 
 
 def median_or_inf(values: list[float]) -> float:
@@ -299,8 +305,7 @@ def rate_score(records: list[StoredRun],
     per_seed = [run_steps(r) for r in records]
     steps = median_or_inf(per_seed)
     mean_steps = sum(per_seed) / len(per_seed) if per_seed else math.inf
-    times = median_or_inf([r.result["time_to_target"] if run_steps(r) < math.inf else math.inf
-                           for r in records])
+    times = median_or_inf([run_time(r) for r in records])
     metrics = [r.result["best_metric"] for r in records]
     metric = median_or_inf([m for m in metrics if m is not None and math.isfinite(m)])
     if math.isfinite(metric) and larger_is_better:
@@ -331,8 +336,7 @@ def summarize_cell(cell: Cell, records: list[StoredRun]) -> Cell:
     def finite(value: float | None) -> float | None:
         return value if value is not None and math.isfinite(value) else None
 
-    times = median_interval([r["time_to_target"] if run_steps(rec) < math.inf else math.inf
-                             for r, rec in zip(results, records, strict=True)])
+    times = median_interval([run_time(r) for r in records])
     test = median_of("test_accuracy", only_reached=reached)
     # the task's own test metric (test_accuracy for classifiers, test_mae, ...)
     test_metric = median_of("test_metric", only_reached=reached)

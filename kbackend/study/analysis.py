@@ -36,6 +36,7 @@ from kbackend.study.cell_verdicts import (
     verdict_settings,
 )
 from kbackend.study.scaling import (
+    COMPARED,
     CriticalBatchFit,
     Crossover,
     ScalingRegion,
@@ -155,8 +156,8 @@ def study_verdicts(study: StudyRecord, b_simple: float | None) -> StudyVerdicts:
     """Every verdict of a study, with the settings (seeds, levels, looks, margins) they used."""
     cells, step_times = study.cells, study.step_times
     settings = verdict_settings(study)
-    comparisons = (optimizer_comparison(cells, "adam", "sgd", settings, step_times),
-                   optimizer_comparison(cells, "adam", "momentum", settings, step_times))
+    comparisons = (optimizer_comparison(cells, challenger, incumbent, settings, step_times)
+                   for challenger, incumbent in COMPARED)
     per_optimizer = {}
     for optimizer, group in by_optimizer(cells).items():
         b_crit = critical_batch_over_seeds(group)
@@ -210,8 +211,8 @@ def analyze(study: StudyRecord) -> Analysis:
     knee = throughput_knee(curve) if curve else None
     reached = [c for c in cells if c.reached]
     best = min(reached, key=lambda c: c.seconds) if reached else None
-    crossovers = tuple(x for x in (crossover(cells, "adam", "sgd"),
-                                   crossover(cells, "adam", "momentum")) if x is not None)
+    crossovers = tuple(x for x in (crossover(cells, *pair) for pair in COMPARED)
+                       if x is not None)
     noise = study.noise
     b_simple = training_noise_scale(noise)
     return Analysis(

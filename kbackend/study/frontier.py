@@ -56,11 +56,6 @@ class BestCheckpoint:
                        "test_metric": float(test_metric)}
 
 
-def frontier_supported(runner: MeasureRunner) -> bool:
-    """Whether ``runner``'s study can measure the frontier (native engine, a budget > 0)."""
-    return why_no_frontier(runner.config) is None
-
-
 def why_no_frontier(config: StudyConfig) -> str | None:
     """Why ``config``'s study runs no frontier runs, in a few words; None when it does."""
     if not engine_facts(config.engine).compiled_cells:

@@ -34,6 +34,7 @@ PERFECT_SCALING_EXPONENT = 0.7
 SATURATION_EXPONENT = 0.2
 # A fitted knee more than this factor outside the studied batch sizes is reported as outside.
 KNEE_EXTRAPOLATION = 2.0
+COMPARED = (("adam", "sgd"), ("adam", "momentum"))  # the report's optimizer comparisons
 
 
 Grouped = TypeVar("Grouped", Cell, CellStepTime)

@@ -30,15 +30,13 @@ from kbackend.study.cell_verdicts import (
     verdict_settings,
 )
 from kbackend.study.config import AUTO_SEED_BUDGET_SHARE
-from kbackend.study.frontier import frontier_supported, measure_frontier
+from kbackend.study.frontier import measure_frontier, why_no_frontier
 from kbackend.study.runner_protocol import CellRunner, StudyEvent
-from kbackend.study.scaling import by_optimizer
+from kbackend.study.scaling import COMPARED, by_optimizer
 from kbackend.study.store import StoredRun
 from kbackend.study.study_record import AddedSeeds, Cell, SeedRound, StepTimes, StudyRecord
 from kbackend.study.summaries import summarize_cell
 from kbackend.study.verdicts import Verdict, VerdictSettings, could_resolve, seed_schedule
-
-COMPARED = (("adam", "sgd"), ("adam", "momentum"))  # the report's optimizer comparisons
 
 
 def open_comparisons(cells: list[Cell], step_times: StepTimes | None,
@@ -140,7 +138,7 @@ def extend_seeds(runner: CellRunner, cells: list[Cell], runs: list[StoredRun],
     config = runner.config
     settings = verdict_settings(StudyRecord(config=config.to_dict()))
     schedule = seed_schedule(config.seeds, settings.max_seeds)
-    frontier = frontier_supported(runner)
+    frontier = why_no_frontier(config) is None
     budget = seed_budget_seconds(config, runs) if len(schedule) > 1 or frontier else 0.0
     start = time.perf_counter()
     setup_before = runner.time_spent.setup

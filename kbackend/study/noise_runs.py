@@ -81,8 +81,8 @@ class NoiseMeasurement:
         return NoiseScale(plan.optimizer, plan.batch_size, plan.learning_rate, small, big,
                           self.runner.config.noise_draws, tuple(points), final.b_simple)
 
-    def measure(self, plan: RunPlan, checkpoints: list[int], small: int | None = None,
-                big: int | None = None) -> list[NoisePoint]:
+    def measure(self, plan: RunPlan, checkpoints: list[int], small: int,
+                big: int) -> list[NoisePoint]:
         """Train in segments to each checkpoint and estimate the noise scale there."""
         runner = self.runner
         dataset, seed = runner.dataset, runner.config.seed
@@ -96,8 +96,6 @@ class NoiseMeasurement:
         else:
             model = runner.build_model()
         rng = np.random.default_rng(seed)
-        if small is None or big is None:
-            small, big = runner.noise_batches
 
         def gradients(xb: Any, yb: Any) -> Any:
             return impl().gradients(model, xb, yb, training=False, task=runner.task)[1]

@@ -51,11 +51,6 @@ def timed_steps(seconds_per_call: float, fused: int, most: int) -> int:
     return fused * max(1, min(calls, most // fused))
 
 
-def _done(result: Any) -> Any:
-    """The timers wait for their own results."""
-    return result
-
-
 class StepTimeModel:
     """Times the cells of ``runner``'s study (their optimizer, batch size and best rate)."""
 
@@ -123,7 +118,8 @@ class StepTimeModel:
         for cell, plan in zip(cells, plans, strict=True):
             start = time.perf_counter()
             if native:  # the cell's programs exist: size the call (a warm-up, then one call)
-                one_call = time_interleaved({0: self.timer(cell, plan[4])}, 1, wait=_done)[0]
+                one_call = time_interleaved({0: self.timer(cell, plan[4])}, 1,
+                                            wait=lambda result: result)[0]
                 steps.append(timed_steps(one_call.median_s, plan[4], plan[3]))
             else:  # a fresh model per timer, compiled by its first call: one timer, full size
                 steps.append(plan[3])
@@ -132,8 +128,9 @@ class StepTimeModel:
         # Each timer's first call is an untimed warm-up: it compiles (keras engines) or places
         # its state and rows (native: 5-10x a steady call, measured at batch 16-64).
         order = sorted(range(len(cells)), key=lambda i: (int(cells[i].batch_size), i))
-        timings = time_interleaved({i: timers[i] for i in order}, repeats, wait=_done,
-                                   best_of=ROUND_CALLS)
+        # the timers wait for their own results
+        timings = time_interleaved({i: timers[i] for i in order}, repeats,
+                                   wait=lambda result: result, best_of=ROUND_CALLS)
         rows = []
         for index, (plan, n) in enumerate(zip(plans, steps, strict=True)):
             timing, seconds = timings[index], [t / n for t in timings[index].times]

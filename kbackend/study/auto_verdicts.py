@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 from kbackend.io import JsonObject
 from kbackend.study.study_record import Cell, StudyRecord
@@ -95,18 +96,13 @@ def auto_verdict(auto: Cell, cells: list[Cell],
     size = int(best.batch_size)
     steps_b = {s: float(v) for s, v in (best.seed_steps or {}).items()}
     per_step = cell_seconds_per_step(best) or math.nan
-    level, margin = settings.levels, settings.margin
-    floor = rounding_sd([auto, best])
-    bounds = (budget_steps(auto), budget_steps(best))
-    steps = ratio_verdict(auto.seed_steps or {}, steps_b, level=level, margin=margin,
-                          floor_sd=floor, bounds=bounds)
-    samples_bounds = (None, None if bounds[1] is None else bounds[1] * size)
-    samples = ratio_verdict(auto.seed_samples or {}, {s: v * size for s, v in
-                                                             steps_b.items()},
-                            level=level, margin=margin, floor_sd=floor, bounds=samples_bounds)
-    times = ratio_verdict(auto.seed_times or {}, {s: v * per_step for s, v in
-                                                         steps_b.items()},
-                          level=level, margin=margin, floor_sd=floor)
+    verdict = partial(ratio_verdict, level=settings.levels, margin=settings.margin,
+                      floor_sd=rounding_sd([auto, best]))
+    budget = budget_steps(best)
+    steps = verdict(auto.seed_steps or {}, steps_b, bounds=(budget_steps(auto), budget))
+    samples = verdict(auto.seed_samples or {}, {s: v * size for s, v in steps_b.items()},
+                      bounds=(None, None if budget is None else budget * size))
+    times = verdict(auto.seed_times or {}, {s: v * per_step for s, v in steps_b.items()})
     name_b = f"batch {size}"
     text = (f"{optimizer}: {auto_label(auto)} vs the best fixed batch size ({size}): time: "
             f"{outcome_text(times, 'auto', name_b, 'faster')}; steps: "

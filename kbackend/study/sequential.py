@@ -40,22 +40,18 @@ from kbackend.study.verdicts import Verdict, VerdictSettings, could_resolve, see
 
 
 def open_comparisons(cells: list[Cell], step_times: StepTimes | None,
-                     settings: VerdictSettings) -> list[tuple[str, Verdict]]:
-    """The comparisons the report answers: what each compares and its verdict (whose
-    ``cells`` are the (optimizer, batch size) pairs it reads)."""
+                     settings: VerdictSettings) -> list[Verdict]:
+    """The verdicts of the comparisons the report answers (their ``cells`` are the
+    (optimizer, batch size) pairs each reads)."""
     found = []
     for challenger, incumbent in COMPARED:
         comparison = optimizer_comparison(cells, challenger, incumbent, settings, step_times)
-        for entry in comparison.per_batch if comparison is not None else ():
-            found.append((f"{challenger} vs {incumbent} at batch {entry.batch_size}",
-                          entry.verdict))
-    for optimizer, group in by_optimizer(cells).items():
-        for segment in region_verdicts(group, settings):
-            found.append((f"{optimizer} steps {segment.from_batch}->{segment.to_batch}",
-                          segment.verdict))
-        general = generalization_verdict(group, settings)
-        if general.verdict is not None:
-            found.append((f"{optimizer} generalization", general.verdict))
+        found += [entry.verdict for entry in comparison.per_batch] if comparison else []
+    for group in by_optimizer(cells).values():
+        found += [segment.verdict for segment in region_verdicts(group, settings)]
+        general = generalization_verdict(group, settings).verdict
+        if general is not None:
+            found.append(general)
     return found
 
 
@@ -63,7 +59,7 @@ def cells_to_extend(cells: list[Cell], step_times: StepTimes | None,
                     settings: VerdictSettings) -> set[tuple[str, int | str]]:
     """The cells of every comparison that is unresolved and could still resolve."""
     wanted: set[tuple[str, int | str]] = set()
-    for _, verdict in open_comparisons(cells, step_times, settings):
+    for verdict in open_comparisons(cells, step_times, settings):
         if could_resolve(verdict, settings.max_seeds, settings.level):
             wanted.update(verdict.cells)
     return wanted

@@ -489,12 +489,8 @@ def budget_steps(cell: Cell) -> float | None:
 def rounding_sd(cells: Sequence[Cell]) -> float:
     """The spread a log steps ratio gets from each cell's evaluation interval alone (a crossing
     anywhere in the e steps before the evaluation that sees it: sd e / S / sqrt(12))."""
-    total = 0.0
-    for cell in cells:
-        steps, every = cell.steps_to_target, cell.eval_every
-        if steps and every:
-            total += (every / steps) ** 2 / 12.0
-    return math.sqrt(total)
+    return math.sqrt(sum((c.eval_every / c.steps_to_target) ** 2 / 12.0 for c in cells
+                         if c.steps_to_target and c.eval_every))
 
 
 def span_text(verdict: Verdict, spec: str = ".3g") -> str:

@@ -42,7 +42,6 @@ from kbackend.study.verdicts import (
 )
 from kbackend.task import metric_direction
 
-# -- verdicts: a finding is stated only where the intervals of the compared cells separate ------
 
 def not_resolved(n: int) -> str:
     """The phrase for a comparison the intervals do not settle."""

@@ -24,6 +24,7 @@ from kbackend.study.report_sections import (
     frontier_section,
     sources_section,
     table_rows,
+    tested_metric,
 )
 from kbackend.study.study_record import StudyRecord
 from kbackend.task import metric_direction
@@ -42,9 +43,7 @@ _SHORT_METRICS = {"accuracy": "acc", "sparse_categorical_accuracy": "acc",
 
 def test_metric_label(study: StudyRecord) -> str:
     """``test acc``, ``test mae``, ...: the task's test metric, as the cells name it."""
-    cells = study.all_cells
-    name = next((c.test_metric_name for c in cells if c.test_metric_name), None)
-    metric = (name or "test_accuracy").removeprefix("test_")
+    metric = tested_metric(study).removeprefix("test_")
     return f"test {_SHORT_METRICS.get(metric, metric)}"
 
 
@@ -201,10 +200,7 @@ def write_report(study: StudyRecord, analysis: Analysis, out_dir: str | Path,
     summary, report = write_json_and_markdown(
         out / "summary.json", summary_payload(study, analysis, wall_time),
         out / "report.md", markdown(study, analysis, wall_time))
-    paths = {"report": report, "summary": summary}
-    for name, path in write_plots(study, analysis, out / "plots").items():
-        paths[name] = path
-    return paths
+    return {"report": report, "summary": summary, **write_plots(study, analysis, out / "plots")}
 
 
 def summary_payload(study: StudyRecord, analysis: Analysis,
@@ -230,6 +226,3 @@ def summary_payload(study: StudyRecord, analysis: Analysis,
             **({"device_profile": study.device_profile} if study.device_profile
                else {}),
             "analysis": analysis.to_json(), "wall_time": wall_time}
-
-
-# -- plots -----------------------------------------------------------------------------------

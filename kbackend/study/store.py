@@ -318,7 +318,9 @@ class MemoryStore:
 
     def records(self, study: str | None = None, backend: str | None = None,
                 kind: str | None = None) -> list[StoredRun]:
-        return sorted((r for r in self._records.values() if _matches(r, study, backend, kind)),
+        wanted = _filters(study, backend, kind)
+        return sorted((r for r in self._records.values()
+                       if all(getattr(r, column) == value for column, value in wanted.items())),
                       key=lambda r: r.finished_at)
 
     def put_summary(self, study: str, backend: str, device: str, payload: JsonObject) -> None:
@@ -330,9 +332,10 @@ class MemoryStore:
                 if study is None or of == study]
 
 
-def _matches(run: StoredRun, study: str | None, backend: str | None, kind: str | None) -> bool:
-    return all(wanted is None or wanted == value for wanted, value in
-               ((study, run.study), (backend, run.backend), (kind, run.kind)))
+def _filters(study: str | None, backend: str | None, kind: str | None) -> dict[str, str]:
+    """The columns a ``records`` call filters on, with their wanted values."""
+    return {column: value for column, value in (("study", study), ("backend", backend),
+                                                ("kind", kind)) if value is not None}
 
 
 class ResultStore:
@@ -429,16 +432,12 @@ class ResultStore:
     def records(self, study: str | None = None, backend: str | None = None,
                 kind: str | None = None) -> list[StoredRun]:
         """Stored runs and measurements, optionally filtered, in the order they finished."""
-        clauses, values = [], []
-        for column, value in (("study", study), ("backend", backend), ("kind", kind)):
-            if value is not None:
-                clauses.append(f"{column} = ?")
-                values.append(value)
-        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        wanted = _filters(study, backend, kind)
+        where = f" WHERE {' AND '.join(f'{column} = ?' for column in wanted)}" if wanted else ""
         with self._errors():
             rows = self._connection.execute(
                 f"SELECT {_RESULT_COLUMNS} FROM results{where} ORDER BY finished_at",
-                values).fetchall()
+                list(wanted.values())).fetchall()
         return self._readable(rows)
 
     def _readable(self, rows: list[tuple]) -> list[StoredRun]:

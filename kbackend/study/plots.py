@@ -101,7 +101,7 @@ def _plot_frontier(study: StudyRecord, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     front = pareto_cells(study)
     points = []
-    for optimizer in _optimizers(study):
+    for optimizer in study.config["optimizers"]:
         cells = [c for c in study.cells if c.optimizer == optimizer and c.frontier
                  and c.time_to_target and c.frontier.best_metric.get("n")]
         if not cells:
@@ -138,13 +138,9 @@ def _batch_ticks(ax: Any, sizes: Sequence[int]) -> None:
         ax.set_xticks(sizes, [str(s) for s in sizes])
 
 
-def _optimizers(study: StudyRecord) -> list[str]:
-    return list(study.config["optimizers"])
-
-
 def optimizer_colours(study: StudyRecord) -> dict[str, str]:
     """One colour per optimizer, the same in every plot."""
-    return {name: f"C{index % 10}" for index, name in enumerate(_optimizers(study))}
+    return {name: f"C{index % 10}" for index, name in enumerate(study.config["optimizers"])}
 
 
 def _target_line(ax: Any, study: StudyRecord) -> None:
@@ -168,7 +164,7 @@ def _error_bars(values: list[dict[str, float]]) -> tuple[np.ndarray, np.ndarray]
 
 def _plot_trajectories(study: StudyRecord, path: Path) -> Path:
     plt = _pyplot()
-    optimizers = _optimizers(study)
+    optimizers = study.config["optimizers"]
     colours = optimizer_colours(study)
     runs = {r.key: r for r in study.runs}
     # The optimizer's colour, lighter for smaller batches.
@@ -214,7 +210,7 @@ def _plot_trajectories(study: StudyRecord, path: Path) -> Path:
 
 def _plot_steps(study: StudyRecord, analysis: Analysis, path: Path) -> Path:
     plt = _pyplot()
-    optimizers = _optimizers(study)
+    optimizers = study.config["optimizers"]
     colours = optimizer_colours(study)
     fig, axes = plt.subplots(1, len(optimizers), figsize=(4.5 * len(optimizers), 4), squeeze=False)
     b_simple = analysis.b_simple
@@ -259,7 +255,7 @@ def _plot_time(study: StudyRecord, path: Path) -> Path:
     plt = _pyplot()
     colours = optimizer_colours(study)
     fig, ax = plt.subplots(figsize=(6, 4))
-    for optimizer in _optimizers(study):
+    for optimizer in study.config["optimizers"]:
         cells = [c for c in study.cells if c.optimizer == optimizer and c.reached]
         if cells:
             times, bars = _error_bars([_interval(c, "time_to_target", c.seconds) for c in cells])
@@ -297,7 +293,7 @@ def _plot_throughput(study: StudyRecord, analysis: Analysis, path: Path) -> Path
     colours = optimizer_colours(study)
     fig, ax = plt.subplots(figsize=(6, 4))
     timed = study.step_times.cells if study.step_times else ()
-    for optimizer in _optimizers(study):
+    for optimizer in study.config["optimizers"]:
         cells = sorted((c for c in timed if c.optimizer == optimizer), key=lambda c: c.batch_size)
         if not cells:
             continue

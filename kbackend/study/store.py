@@ -412,7 +412,7 @@ class ResultStore:
         with self._errors():
             row = self._connection.execute(
                 f"SELECT {_RESULT_COLUMNS} FROM results WHERE key = ?", (key,)).fetchone()
-        records = [] if row is None else self._readable([row])
+        records = [] if row is None else self._readable("results", [row], _record)
         return records[0] if records else None
 
     def put(self, run: StoredRun) -> bool:
@@ -438,17 +438,18 @@ class ResultStore:
             rows = self._connection.execute(
                 f"SELECT {_RESULT_COLUMNS} FROM results{where} ORDER BY finished_at",
                 list(wanted.values())).fetchall()
-        return self._readable(rows)
+        return self._readable("results", rows, _record)
 
-    def _readable(self, rows: list[tuple]) -> list[StoredRun]:
-        """``rows`` as runs; each damaged one quarantined (with a warning) and left out."""
-        records = []
+    def _readable(self, source: str, rows: list[tuple], read: Callable[[tuple], Any]) -> list[Any]:
+        """``read`` of each of ``rows`` (of table ``source``); each damaged one quarantined (with
+        a warning) and left out."""
+        readable = []
         for row in rows:
             try:
-                records.append(_record(row))
+                readable.append(read(row))
             except DamagedRow as error:
-                self._quarantine("results", row, str(error))
-        return records
+                self._quarantine(source, row, str(error))
+        return readable
 
     def _quarantine(self, source: str, row: tuple, reason: str) -> None:
         """Move ``row`` of ``source`` (results or summaries) into ``quarantine``, as stored, in
@@ -493,13 +494,7 @@ class ResultStore:
             rows = self._connection.execute(
                 f"SELECT {', '.join(_COLUMNS['summaries'])} FROM summaries {where} "
                 "ORDER BY written_at", values).fetchall()
-        payloads = []
-        for row in rows:
-            try:
-                payloads.append(_json(row[3], "payload", dict))
-            except DamagedRow as error:
-                self._quarantine("summaries", row, str(error))
-        return payloads
+        return self._readable("summaries", rows, lambda row: _json(row[3], "payload", dict))
 
 
 def _dumps(payload: Any) -> str:

@@ -210,9 +210,7 @@ class StudyConfig:
             self._check_batch_sizes()
         self._check_auto()
         self._check_learning_rates()
-        if self.max_seeds is not None and self.max_seeds < self.seeds:
-            raise ConfigError(f"Invalid --max-seeds {self.max_seeds!r}: expected at least "
-                              f"--seeds ({self.seeds}).")
+        self._check_verdicts()
         if self.noise_small_batch and self.noise_big_batch and \
                 self.noise_small_batch >= self.noise_big_batch:
             raise ConfigError(
@@ -305,6 +303,12 @@ class StudyConfig:
         if self.batch_sizes is None:
             return None
         return tuple(s for s in self.batch_sizes if isinstance(s, int))
+
+    def _check_verdicts(self) -> None:
+        """Added seeds: at most ``max_seeds``, never fewer than ``seeds``."""
+        if self.max_seeds is not None and self.max_seeds < self.seeds:
+            raise ConfigError(f"Invalid --max-seeds {self.max_seeds!r}: expected at least "
+                              f"--seeds ({self.seeds}).")
 
     def check_frontier_steps(self, num_train: int, batch_sizes: tuple[int, ...]) -> None:
         """The frontier runs' budget (``frontier_epochs`` epochs at the smallest batch size) in

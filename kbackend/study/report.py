@@ -55,8 +55,6 @@ def console_rows(study: StudyRecord) -> tuple[list[str], list[list[str]], list[b
     rows, reached = [], []
     for c in study.all_cells:
         auto = c.auto or {}
-        seeds = c.seeds
-        test = c.test_metric
         rows.append([
             c.optimizer,
             f"auto {auto.get('min')}-{auto.get('max')}" if auto else str(c.batch_size),
@@ -64,8 +62,8 @@ def console_rows(study: StudyRecord) -> tuple[list[str], list[list[str]], list[b
             format_value(c.time_to_target, ".3g"),
             format_value(c.steps_to_target, ".0f"),
             ("yes" if c.reached else "no")
-            + (f" ({c.seeds_reached}/{seeds})" if seeds > 1 else ""),
-            format_value(test if test is not None else c.test_accuracy, ".4f"),
+            + (f" ({c.seeds_reached}/{c.seeds})" if c.seeds > 1 else ""),
+            format_value(c.test_metric if c.test_metric is not None else c.test_accuracy, ".4f"),
         ])
         reached.append(bool(c.reached))
     return header, rows, reached

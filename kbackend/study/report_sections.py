@@ -55,10 +55,9 @@ def table_rows(study: StudyRecord) -> tuple[list[str], list[list[str]]]:
     rows = []
     for c in study.all_cells:  # the auto cells last
         test_key = "test_metric" if c.test_metric is not None else "test_accuracy"
-        seeds = c.seeds
         reached = "yes" if c.reached else "NOT REACHED"
-        if seeds > 1:
-            reached += f" ({c.seeds_reached}/{seeds})"
+        if c.seeds > 1:
+            reached += f" ({c.seeds_reached}/{c.seeds})"
         rows.append([
             c.optimizer, auto_label(c) if c.auto else str(c.batch_size),
             format_value(c.learning_rate) + edge_label(c), reached,

@@ -353,16 +353,14 @@ class StudyConfig:
     @property
     def resolved_max_steps(self) -> int:
         """``max_steps``, or the dataset's default budget when it is None."""
-        if self.max_steps is not None:
-            return self.max_steps
-        return DEFAULT_BUDGETS.get(self.dataset, (DEFAULT_MAX_STEPS, 0))[0]
+        default, _ = DEFAULT_BUDGETS.get(self.dataset, (DEFAULT_MAX_STEPS, 0))
+        return default if self.max_steps is None else self.max_steps
 
     @property
     def resolved_max_epochs(self) -> int:
         """``max_epochs``, or the dataset's default epoch cap when it is None (0: none)."""
-        if self.max_epochs is not None:
-            return self.max_epochs
-        return DEFAULT_BUDGETS.get(self.dataset, (DEFAULT_MAX_STEPS, 0))[1]
+        _, default = DEFAULT_BUDGETS.get(self.dataset, (DEFAULT_MAX_STEPS, 0))
+        return default if self.max_epochs is None else self.max_epochs
 
     def step_budget(self, steps_per_epoch: int) -> int:
         """A run's full step budget at a batch size of ``steps_per_epoch`` steps per epoch."""

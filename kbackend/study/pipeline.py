@@ -151,9 +151,9 @@ def time_accounting(spent: TimeSpent, call_seconds: float, process: float,
     stated in: whole process / steady training, goal at most ``OVERHEAD_GOAL`` x steady +
     start-ups."""
     steady = spent.steady_training
-    whole = process + (report_seconds or 0.0)
-    accounted = (spent.runs_wall + spent.setup + spent.step_times + spent.noise
-                 + (report_seconds or 0.0))
+    report = report_seconds or 0.0
+    whole = process + report
+    accounted = spent.runs_wall + spent.setup + spent.step_times + spent.noise + report
     startup = spent.startup + spent.setup  # compilation and first calls, and the builds
     goal = OVERHEAD_GOAL * steady + startup
     return TimeAccount(

@@ -297,10 +297,6 @@ class RayStudy:
                 self.ray.cancel(ref, force=True)
         return [cells[key] for key in keys]
 
-    def run_cells(self) -> list[tuple[Cell, list[StoredRun]]]:
-        keys = [(o, b) for o in self.runner.config.optimizers for b in self.runner.batch_sizes]
-        return self.run_cell_tasks("cell", keys, lambda key: self.stored.run_cell(*key))
-
     def run_auto_cells(self) -> list[tuple[Cell, list[StoredRun]]]:
         """Each optimizer's auto cell (``--batch-sizes ...,auto``) as one task, as the fixed
         cells are; none without one."""
@@ -322,7 +318,8 @@ class RayStudy:
         return result if done else output.result
 
     def run(self) -> RayResults:
-        searched = self.run_cells()
+        keys = [(o, b) for o in self.runner.config.optimizers for b in self.runner.batch_sizes]
+        searched = self.run_cell_tasks("cell", keys, lambda key: self.stored.run_cell(*key))
         cells = [cell for cell, _ in searched]
         runs = [run for _, cell_runs in searched for run in cell_runs]
         step_times = self.measure("steptime", lambda: self.stored.measure_step_times(cells), cells)

@@ -41,17 +41,12 @@ _SHORT_METRICS = {"accuracy": "acc", "sparse_categorical_accuracy": "acc",
                   "root_mean_squared_error": "rmse"}
 
 
-def test_metric_label(study: StudyRecord) -> str:
-    """``test acc``, ``test mae``, ...: the task's test metric, as the cells name it."""
-    metric = tested_metric(study).removeprefix("test_")
-    return f"test {_SHORT_METRICS.get(metric, metric)}"
-
-
 def console_rows(study: StudyRecord) -> tuple[list[str], list[list[str]], list[bool]]:
     """The console table: ``CONSOLE_COLUMNS`` (the test column named by the task's metric),
     medians only (their intervals: the report), a rate on its grid's edge marked ``*``; and
     whether each cell reached."""
-    header = [*CONSOLE_COLUMNS[:-1], test_metric_label(study)]
+    metric = tested_metric(study).removeprefix("test_")  # test acc, test mae, ...
+    header = [*CONSOLE_COLUMNS[:-1], f"test {_SHORT_METRICS.get(metric, metric)}"]
     rows, reached = [], []
     for c in study.all_cells:
         auto = c.auto or {}

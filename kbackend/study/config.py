@@ -353,16 +353,14 @@ class StudyConfig:
     @property
     def resolved_max_steps(self) -> int:
         """``max_steps``, or the dataset's default budget when it is None."""
-        if self.max_steps is not None:
-            return self.max_steps
-        return DEFAULT_BUDGETS.get(self.dataset, (DEFAULT_MAX_STEPS, 0))[0]
+        default, _ = DEFAULT_BUDGETS.get(self.dataset, (DEFAULT_MAX_STEPS, 0))
+        return default if self.max_steps is None else self.max_steps
 
     @property
     def resolved_max_epochs(self) -> int:
         """``max_epochs``, or the dataset's default epoch cap when it is None (0: none)."""
-        if self.max_epochs is not None:
-            return self.max_epochs
-        return DEFAULT_BUDGETS.get(self.dataset, (DEFAULT_MAX_STEPS, 0))[1]
+        _, default = DEFAULT_BUDGETS.get(self.dataset, (DEFAULT_MAX_STEPS, 0))
+        return default if self.max_epochs is None else self.max_epochs
 
     def step_budget(self, steps_per_epoch: int) -> int:
         """A run's full step budget at a batch size of ``steps_per_epoch`` steps per epoch."""
@@ -406,12 +404,10 @@ class StudyConfig:
             return tuple(self.learning_rates[optimizer])
         scale = (batch_size / REFERENCE_BATCH) ** LR_BATCH_EXPONENT
         centre = CENTRE_LR.get(optimizer, 1e-2) * scale
-        # Centre, then alternately below and above: with pruning the likely winner runs first.
-        offsets: list[float] = [0]
-        for k in range(1, self.lr_grid_size):
-            offsets.append(-((k + 1) // 2) if k % 2 else (k + 1) // 2)
-        if self.lr_grid_size % 2 == 0:  # an even grid is centred between two points
-            offsets = [o + 0.5 for o in offsets]
+        # Centre, then alternately below and above (0, -1, 1, -2, ...): with pruning the likely
+        # winner runs first. An even grid is centred between two points.
+        shift = 0.5 if self.lr_grid_size % 2 == 0 else 0
+        offsets = [(-1) ** k * ((k + 1) // 2) + shift for k in range(self.lr_grid_size)]
         return tuple(float(f"{centre * self.lr_factor ** o:.4g}") for o in offsets)
 
     def to_dict(self) -> dict[str, Any]:
@@ -423,7 +419,9 @@ class StudyConfig:
         return payload
 
     def identity(self) -> dict[str, Any]:
-        """What makes two studies the same question, whatever backend or device answers it."""
+        """What makes two studies the same question, whatever backend or device answers it (what
+        the model and data hold is added by ``StudyRunner.content_identity``: names and paths are
+        not content)."""
         payload = self.to_dict()
         for name in ("data_dir", "engine", "fused_steps", "jit_compile", "population",
                      "step_time_repeats", "unsafe_deserialization", "device_profile",
@@ -432,12 +430,11 @@ class StudyConfig:
             payload.pop(name)
         if not self.adaptive:  # only an auto cell reads it: other studies keep their identity
             payload.pop("lr_scaling")
+        # Unset, these options leave out their names: studies stored before the options keep
+        # their identity.
         for name in ("label", "image_size"):
-            if payload[name] is None:  # studies stored before the option keep their identity
+            if payload[name] is None:
                 payload.pop(name)
-        # What the model and data hold is added by the runner once built and read
-        # (``StudyRunner.content_identity``): names and paths are not content.
-        # studies stored before the option existed keep their identity
         if not payload["max_epochs"]:
             payload.pop("max_epochs")
         return payload

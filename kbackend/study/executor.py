@@ -133,7 +133,12 @@ class StudyRunner:
             raise DataError(f"The validation split has {len(self.dataset.x_val)} samples: a "
                             f"study needs at least {MIN_VALIDATION_SAMPLES} to tell a target "
                             "reached from noise (more data, or a larger validation fraction).")
-        self.digests = self._content_digests()
+        # The digests of what every run trains: the model, built once for the study's seed
+        # (``ModelSource.digest``), and the data (``Dataset.digest``).
+        start = time.perf_counter()
+        self.digests = {"model": self.workload.source.digest(self.workload.first_model()),
+                        "data": self.dataset.digest()}
+        self.time_spent.setup += time.perf_counter() - start
         self.study_id = config_key({**config.identity(), **self.digests})[:12]
         self.batch_sizes = config.resolved_batch_sizes(self.num_train)
         config.check_frontier_steps(self.num_train, self.batch_sizes)
@@ -145,17 +150,6 @@ class StudyRunner:
         self.noise_batches = self._noise_batches() if config.noise_points else (0, 0)
         if config.executor != LOCAL_EXECUTOR:
             require_ray()  # Ray is an optional extra: a one-line error naming it, before training
-
-    def _content_digests(self) -> dict[str, str]:
-        """The digests of what every run trains: the model (built once, for the study's seed)
-        and the data (``ModelSource.digest``, ``Dataset.digest``)."""
-        assert self.dataset is not None
-        start = time.perf_counter()
-        assert self.workload is not None
-        source, model = self.workload.source, self.workload.first_model()
-        digests = {"model": source.digest(model), "data": self.dataset.digest()}
-        self.time_spent.setup += time.perf_counter() - start
-        return digests
 
     def content_identity(self) -> JsonObject:
         """What every stored result of this study is computed from, by content: the model and
@@ -230,11 +224,8 @@ class StudyRunner:
         every = self.eval_every(batch_size)
         steps = budget if budget is not None else self.full_budget(batch_size)
         steps = -(-steps // every) * every  # whole evaluation intervals
-        if not self.facts.fuses_steps:
-            fused = 1
-        else:
-            fused = min(self.config.fused_steps or every,
-                        steps_per_epoch(self.num_train, batch_size))
+        fused = (min(self.config.fused_steps or every, steps_per_epoch(self.num_train, batch_size))
+                 if self.facts.fuses_steps else 1)
         return RunPlan(optimizer, batch_size, learning_rate, steps, every, fused,
                        self.config.seed if seed is None else seed)
 
@@ -280,7 +271,7 @@ class StudyRunner:
         if self.config.executor != LOCAL_EXECUTOR:
             return self._run_on_ray()
         cells: list[Cell] = []
-        runs: list[StoredRun] = []
+        runs: list[StoredRun] = []  # the added seeds append theirs
         for optimizer in self.config.optimizers:
             for batch_size in self.batch_sizes:
                 cell, cell_runs = self.run_cell(optimizer, batch_size)
@@ -289,48 +280,37 @@ class StudyRunner:
         start, setup_before = time.perf_counter(), self.time_spent.setup
         step_times = self.measure_step_times(cells)
         self.time_spent.step_times += self.time_spent.seconds_since(start, setup_before)
-        study_runs = list(runs)  # the added seeds append theirs
-        added = extend_seeds(self, cells, study_runs, step_times)
+        added = extend_seeds(self, cells, runs, step_times)
         cells = apply_time_model(cells, step_times)
         # The auto cells after the fixed grid (their time model reads its step times)
         auto_cells = [run_auto_cell(self, optimizer)
                       for optimizer in (self.config.optimizers if self.config.adaptive else ())]
-        auto = self._auto_part(auto_cells, cells)
         start, setup_before = time.perf_counter(), self.time_spent.setup
         noise = self.run_noise(cells)
         self.time_spent.noise += self.time_spent.seconds_since(start, setup_before)
-        return self._study(cells, study_runs, step_times, noise, added, auto)
+        return self._study(cells, runs, step_times, noise, added, auto_cells)
 
     def _run_on_ray(self) -> StudyRecord:
         """The same study, its cells run as Ray tasks and their results stored here."""
-        assert self.dataset is not None
         results = run_on_ray(self)
-        cells, step_times = list(results.cells), results.step_times
-        runs = list(results.runs)
-        # the added seeds here, in the driver
-        added = extend_seeds(self, cells, runs, step_times)
+        cells, runs, step_times = list(results.cells), list(results.runs), results.step_times
+        added = extend_seeds(self, cells, runs, step_times)  # the added seeds here, in the driver
         cells = apply_time_model(cells, step_times)
-        auto = self._auto_part(results.auto_cells, cells)
-        return self._study(cells, runs, step_times, results.noise, added, auto)
-
-    def _auto_part(self, auto_cells: list[tuple[Cell, list[StoredRun]]], cells: list[Cell]
-                   ) -> tuple[list[Cell], list[StoredRun]]:
-        """The study's auto cells and their runs (none without an auto cell), the cells
-        finished against the fixed cells' time model."""
-        if not self.config.adaptive:
-            return [], []
-        auto_runs = [run for _, runs in auto_cells for run in runs]
-        return finish_auto_cells(self, [cell for cell, _ in auto_cells], cells), auto_runs
+        return self._study(cells, runs, step_times, results.noise, added, results.auto_cells)
 
     def _study(self, cells: list[Cell], runs: list[StoredRun],
                step_times: StepTimes | None, noise: NoiseScale | None, added: Any,
-               auto: tuple[list[Cell], list[StoredRun]]) -> StudyRecord:
+               auto_cells: list[tuple[Cell, list[StoredRun]]]) -> StudyRecord:
+        """The study's record, its auto cells (none without one) finished against the fixed
+        cells' time model."""
         assert self.dataset is not None
         return StudyRecord(
             study_id=self.study_id, config=self.config.to_dict(), env=self.env,
             dataset=self.dataset.info.to_dict(), batch_sizes=tuple(self.batch_sizes),
             cells=cells, runs=runs, digests=self.digests, step_times=step_times, noise=noise,
-            added_seeds=added, auto_cells=auto[0], auto_runs=auto[1])
+            added_seeds=added,
+            auto_cells=finish_auto_cells(self, [cell for cell, _ in auto_cells], cells),
+            auto_runs=[run for _, cell_runs in auto_cells for run in cell_runs])
 
     @property
     def larger_is_better(self) -> bool:
@@ -435,10 +415,8 @@ class StudyRunner:
 
     def build_model(self, seed: int | None = None) -> Any:
         """A fresh model; the same seed gives the same initial weights on one backend."""
-        assert self.dataset is not None
-        seed = self.config.seed if seed is None else seed
-        assert self.workload is not None
-        return self.workload.build(seed)
+        assert self.workload is not None  # prepared
+        return self.workload.build(self.config.seed if seed is None else seed)
 
     def initial_values(self, seed: int) -> Any:
         """The model values seed ``seed`` initializes (built once per seed: every cell of the
@@ -466,9 +444,7 @@ class StudyRunner:
         (``engines.native.Runs``: the rate and the initial weights are runtime arguments), so a
         cell pays its start-up once; other engines build and compile per run (``train``).
         """
-        if self.run_executor is not None:
-            return self.run_executor(self, plan)
-        return self.train_here(plan)
+        return self.train_here(plan) if self.run_executor is None else self.run_executor(self, plan)
 
     def train_here(self, plan: RunPlan) -> History:
         """``execute``'s default: train ``plan`` in this process on the study's engine (a run

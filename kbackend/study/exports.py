@@ -107,17 +107,17 @@ def write_tensorboard(study: StudyRecord, logdir: str | os.PathLike) -> list[Pat
     # One type per hparam (the plugin's domains are typed): batch sizes are text where an auto
     # cell's "auto:MIN:MAX" is among them.
     as_text = any(isinstance(r.config["batch_size"], str) for r in runs)
+    rows = [run_row(run, None) for run in runs]
+    hparams = [{"optimizer": row["optimizer"],
+                "batch_size": str(row["batch_size"]) if as_text else int(row["batch_size"]),
+                "learning_rate": float(row["learning_rate"])} for row in rows]
     written = []
-    for run in runs:
+    for run, row, run_hparams in zip(runs, rows, hparams, strict=True):
         folder = logdir / run_name(run)
         if folder.is_dir() and any(folder.glob("events.out.tfevents.*")):
             continue  # written by an earlier invocation: the same stored run
-        row = run_row(run, None)
-        hparams = {"optimizer": row["optimizer"],
-                   "batch_size": str(row["batch_size"]) if as_text else int(row["batch_size"]),
-                   "learning_rate": float(row["learning_rate"])}
         staging = temp_folder(folder)  # moved into place whole: a killed write leaves none
-        write_run(staging, run_points(run), hparams,
+        write_run(staging, run_points(run), run_hparams,
                   {"steps_to_target": row["steps_to_target"],
                    "time_to_target": row["time_to_target"],
                    f"best_{metric}": row["best_metric"]})
@@ -125,19 +125,15 @@ def write_tensorboard(study: StudyRecord, logdir: str | os.PathLike) -> list[Pat
             folder.rmdir()  # empty (a folder holding other files is refused, not removed)
         staging.rename(folder)
         written.append(folder)
-    _write_experiment(logdir, runs, as_text, metrics)
+    _write_experiment(logdir, {name: [h[name] for h in hparams]
+                               for name in ("optimizer", "batch_size", "learning_rate")}, metrics)
     return written
 
 
-def _write_experiment(logdir: Path, runs: list[StoredRun], as_text: bool,
+def _write_experiment(logdir: Path, hparams: dict[str, list[Any]],
                       metrics: dict[str, str]) -> None:
     """The experiment's event file at ``logdir``'s top, replacing the one an earlier invocation
     wrote (its grid may have grown), written apart and moved in."""
-    rows = [run_row(r, None) for r in runs]
-    hparams = {"optimizer": [r["optimizer"] for r in rows],
-               "batch_size": [str(r["batch_size"]) if as_text else int(r["batch_size"])
-                              for r in rows],
-               "learning_rate": [float(r["learning_rate"]) for r in rows]}
     staging = temp_folder(logdir / ".experiment")
     try:
         write_experiment(staging, hparams, metrics)

@@ -7,7 +7,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -151,9 +151,9 @@ def time_accounting(spent: TimeSpent, call_seconds: float, process: float,
     stated in: whole process / steady training, goal at most ``OVERHEAD_GOAL`` x steady +
     start-ups."""
     steady = spent.steady_training
-    whole = process + (report_seconds or 0.0)
-    accounted = (spent.runs_wall + spent.setup + spent.step_times + spent.noise
-                 + (report_seconds or 0.0))
+    report = report_seconds or 0.0
+    whole = process + report
+    accounted = spent.runs_wall + spent.setup + spent.step_times + spent.noise + report
     startup = spent.startup + spent.setup  # compilation and first calls, and the builds
     goal = OVERHEAD_GOAL * steady + startup
     return TimeAccount(
@@ -213,28 +213,23 @@ def _confirmations(runner: StudyRunner, study: StudyRecord, command_line: Comman
 
 
 def _prepared_runner(config: StudyConfig, out: Path, run_executor: RunExecutor | None,
-                     say: Any) -> tuple[StudyRunner, Any, list[str]]:
+                     say: Callable[[str], None]) -> tuple[StudyRunner, Any]:
     """The study's runner with its data read and every input check done (before the store is
-    created or opened): the runner, the device profile (or None) and the before-training
-    warnings, each said through ``say`` (None: nothing said)."""
+    created or opened), its model's warnings said through ``say``: the runner and the device
+    profile (or None)."""
     runner = StudyRunner(config, None, run_executor=run_executor)
     # Read and checked here, in the driver (it only re-models time), before the data loads.
     profile = None if config.device_profile is None else load_profile(config.device_profile)
     runner.prepare()
     for note in runner.workload.notes if runner.workload is not None else ():
-        if note.startswith(WARNING) and say:  # what the user's model does that they may not mean
+        if note.startswith(WARNING):  # what the user's model does that they may not mean
             say(note)
     if profile is not None:
         check_profile(profile, config.model, config.dataset, runner.batch_sizes)
     # The report's folder too: a file in its place is a one-line error now, not after the runs.
     check_output_folder(report_dir(out, StudyRecord(config=config.to_dict(), env=runner.env,
                                                     digests=runner.digests)), "report")
-    target = config.resolved_target
-    num_val = len(runner.dataset.x_val) if runner.dataset else 0
-    warnings = [w for w in (trust.before_training(target.metric, target.value, num_val),) if w]
-    for warning in warnings if say else ():
-        say(warning)
-    return runner, profile, warnings
+    return runner, profile
 
 
 def _run_with_progress(runner: StudyRunner, out: Path, console: Any, show_progress: bool,
@@ -311,33 +306,36 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, show_progress: bool =
     HParams experiment there. ``run_executor`` trains each run (default: in this process,
     ``StudyRunner.train_here``). ``command_line`` (the train command's entry): the recommended
     cell's printed ``kbackend train`` command is run through it on ``confirm_seeds`` held-out
-    seeds (``recommend.confirm``).
-
-    Returns the ``StudyOutcome``. All input checks run before any training.
-    """
+    seeds (``recommend.confirm``). All input checks run before any training; returns the
+    ``StudyOutcome``."""
     console = console or Console(stderr=True)
     out = Path(out_dir)
-    _check_tensorboard(config, out, tensorboard)
+    if tensorboard is not None:  # the HParams plugin installed, the folder writable, no input
+        require_hparams_plugin()
+        check_logdir(tensorboard, inputs={"--model": config.model, "--data": config.dataset,
+                                          "--out": out / DB_NAME})
     started_at = time.time()  # runs stored before it are reused (runs.csv's ``reused``)
     start = time.perf_counter()
     load_before = os.getloadavg()[0]
 
     def say(line: str) -> None:
-        console.print(line, highlight=False, markup=False)
-    speaking = show_progress or print_results  # progress=False: nothing said
-    runner, profile, warnings = _prepared_runner(config, out, run_executor,
-                                                 say if speaking else None)
+        if show_progress or print_results:  # progress=False: nothing said
+            console.print(line, highlight=False, markup=False)
+    runner, profile = _prepared_runner(config, out, run_executor, say)
     target = config.resolved_target
     num_val = len(runner.dataset.x_val) if runner.dataset else 0
+    warning = trust.before_training(target.metric, target.value, num_val)
+    if warning:
+        say(warning)
     with _opened(store, out) as records:
         runner.store = records
         study, events = _run_with_progress(runner, out, console, show_progress, command_line,
                                            confirm_seeds)
         plateau = trust.after_training(study, target.metric, target.value, num_val,
                                        no_frontier=why_no_frontier(config))
-        if plateau and speaking:
+        if plateau:
             say(plateau)
-        study = _completed(replace(study, warnings=(*warnings, *([plateau] if plateau else []))),
+        study = _completed(replace(study, warnings=tuple(w for w in (warning, plateau) if w)),
                            profile, runner.time_spent, start, load_before)
         wall_time = study.time_spent.this_call_s if study.time_spent else 0.0
         before_report = time.perf_counter()
@@ -390,15 +388,6 @@ def print_results_of(study: StudyRecord, analysis: Analysis, wall_line: str,
     stdout.print(wall_line, highlight=False)
     print_table(study, analysis, console=stdout)
     stdout.print(f"Time: {accounting_line(account)}", highlight=False)
-
-
-def _check_tensorboard(config: StudyConfig, out: Path,
-                       tensorboard: str | os.PathLike | None) -> None:
-    """``--tensorboard``: the HParams plugin installed, the folder writable and no input."""
-    if tensorboard is not None:
-        require_hparams_plugin()
-        check_logdir(tensorboard, inputs={"--model": config.model, "--data": config.dataset,
-                                          "--out": out / DB_NAME})
 
 
 # -- comparison across backends / devices --------------------------------------------------------

@@ -15,7 +15,7 @@ from kbackend.escaping import plot_text
 from kbackend.hardware.knee import DEFAULT_MIN_GAIN
 from kbackend.io import atomic_write
 from kbackend.study.analysis import Analysis
-from kbackend.study.study_record import StudyRecord
+from kbackend.study.study_record import Cell, StudyRecord
 from kbackend.task import metric_direction
 
 PLOTS = ("loss_trajectories.png", "steps_to_target.png", "time_to_target.png",
@@ -46,7 +46,10 @@ def _pyplot() -> Any:
     return plt
 
 
-def _save(fig: Any, path: Path) -> Path:
+def _save(fig: Any, path: Path, legend: Any = None, fontsize: float | None = 7) -> Path:
+    """``fig`` as a PNG at ``path``; ``legend``: an axes given a legend if it has labels."""
+    if legend is not None and legend.get_legend_handles_labels()[0]:
+        legend.legend(fontsize=fontsize)
     plt = _pyplot()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight"))
     plt.close(fig)
@@ -98,14 +101,13 @@ def _plot_frontier(study: StudyRecord, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     front = pareto_cells(study)
     points = []
-    for optimizer in _optimizers(study):
+    for optimizer in study.config["optimizers"]:
         cells = [c for c in study.cells if c.optimizer == optimizer and c.frontier
                  and c.time_to_target and c.frontier.best_metric.get("n")]
         if not cells:
             continue
-        times, time_bars = _error_bars([(c.intervals or {}).get("time_to_target") or
-                                        {"median": c.seconds, "low": c.seconds,
-                                         "high": c.seconds} for c in cells])
+        times, time_bars = _error_bars([_interval(c, "time_to_target", c.seconds)
+                                        for c in cells])
         best, best_bars = _error_bars([c.frontier.best_metric for c in cells if c.frontier])
         ax.errorbar(times, best, xerr=time_bars, yerr=best_bars, fmt="o", capsize=2,
                     color=colours[optimizer], label=optimizer)
@@ -123,9 +125,7 @@ def _plot_frontier(study: StudyRecord, path: Path) -> Path:
     ax.set(xscale="log", xlabel="time to target (s): steps x step time",
            ylabel=f"best {plot_text(metric)} within {epochs} epochs",
            title="Time to target vs the best each cell reaches (labels: batch size)")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
-    return _save(fig, path)
+    return _save(fig, path, legend=ax)
 
 
 def _batch_ticks(ax: Any, sizes: Sequence[int]) -> None:
@@ -138,19 +138,20 @@ def _batch_ticks(ax: Any, sizes: Sequence[int]) -> None:
         ax.set_xticks(sizes, [str(s) for s in sizes])
 
 
-def _optimizers(study: StudyRecord) -> list[str]:
-    return list(study.config["optimizers"])
-
-
 def optimizer_colours(study: StudyRecord) -> dict[str, str]:
     """One colour per optimizer, the same in every plot."""
-    return {name: f"C{index % 10}" for index, name in enumerate(_optimizers(study))}
+    return {name: f"C{index % 10}" for index, name in enumerate(study.config["optimizers"])}
 
 
 def _target_line(ax: Any, study: StudyRecord) -> None:
     target = study.target
     ax.axhline(target["value"], color="grey", ls="--", lw=1,
                label=f"target {plot_text(target['metric'])} {target['value']:g}")
+
+
+def _interval(cell: Cell, name: str, median: float) -> dict[str, float]:
+    """The cell's interval of figure ``name``, else ``median`` as a zero-width one."""
+    return (cell.intervals or {}).get(name) or {"median": median, "low": median, "high": median}
 
 
 def _error_bars(values: list[dict[str, float]]) -> tuple[np.ndarray, np.ndarray]:
@@ -163,7 +164,7 @@ def _error_bars(values: list[dict[str, float]]) -> tuple[np.ndarray, np.ndarray]
 
 def _plot_trajectories(study: StudyRecord, path: Path) -> Path:
     plt = _pyplot()
-    optimizers = _optimizers(study)
+    optimizers = study.config["optimizers"]
     colours = optimizer_colours(study)
     runs = {r.key: r for r in study.runs}
     # The optimizer's colour, lighter for smaller batches.
@@ -209,7 +210,7 @@ def _plot_trajectories(study: StudyRecord, path: Path) -> Path:
 
 def _plot_steps(study: StudyRecord, analysis: Analysis, path: Path) -> Path:
     plt = _pyplot()
-    optimizers = _optimizers(study)
+    optimizers = study.config["optimizers"]
     colours = optimizer_colours(study)
     fig, axes = plt.subplots(1, len(optimizers), figsize=(4.5 * len(optimizers), 4), squeeze=False)
     b_simple = analysis.b_simple
@@ -221,9 +222,8 @@ def _plot_steps(study: StudyRecord, analysis: Analysis, path: Path) -> Path:
         reached = [c for c in study.cells if c.optimizer == optimizer and c.reached]
         if reached:
             sizes = np.array([c.batch_size for c in reached], dtype=float)
-            intervals = [(c.intervals or {}).get("steps_to_target") or
-                         {"median": c.steps, "low": c.steps, "high": c.steps} for c in reached]
-            steps, bars = _error_bars(intervals)
+            steps, bars = _error_bars([_interval(c, "steps_to_target", c.steps)
+                                       for c in reached])
             ax.errorbar(sizes, steps, yerr=bars, fmt="o-", capsize=3, color=colours[optimizer],
                         label="steps to target (median, [min, max] over seeds)")
             ax.plot(sizes, steps[0] * sizes[0] / sizes, ":", color="grey", label="perfect scaling")
@@ -255,13 +255,10 @@ def _plot_time(study: StudyRecord, path: Path) -> Path:
     plt = _pyplot()
     colours = optimizer_colours(study)
     fig, ax = plt.subplots(figsize=(6, 4))
-    for optimizer in _optimizers(study):
+    for optimizer in study.config["optimizers"]:
         cells = [c for c in study.cells if c.optimizer == optimizer and c.reached]
         if cells:
-            intervals = [(c.intervals or {}).get("time_to_target") or
-                         {"median": c.seconds, "low": c.seconds, "high": c.seconds}
-                         for c in cells]
-            times, bars = _error_bars(intervals)
+            times, bars = _error_bars([_interval(c, "time_to_target", c.seconds) for c in cells])
             ax.errorbar([c.batch_size for c in cells], times, yerr=bars, fmt="o-", capsize=3,
                         color=colours[optimizer], label=optimizer)
         _auto_line(ax, study, optimizer, "time_to_target", colours[optimizer], "s")
@@ -269,9 +266,7 @@ def _plot_time(study: StudyRecord, path: Path) -> Path:
            ylabel="time to target (s): steps x step time",
            title="Time to target, median and [min, max] (missing: not reached)")
     _batch_ticks(ax, study.batch_sizes)
-    if ax.get_legend_handles_labels()[0]:  # no cell reached: nothing to name
-        ax.legend()
-    return _save(fig, path)
+    return _save(fig, path, legend=ax, fontsize=None)  # none: no cell reached
 
 
 def _auto_line(ax: Any, study: StudyRecord, optimizer: str, name: str, colour: str,
@@ -298,7 +293,7 @@ def _plot_throughput(study: StudyRecord, analysis: Analysis, path: Path) -> Path
     colours = optimizer_colours(study)
     fig, ax = plt.subplots(figsize=(6, 4))
     timed = study.step_times.cells if study.step_times else ()
-    for optimizer in _optimizers(study):
+    for optimizer in study.config["optimizers"]:
         cells = sorted((c for c in timed if c.optimizer == optimizer), key=lambda c: c.batch_size)
         if not cells:
             continue
@@ -320,9 +315,7 @@ def _plot_throughput(study: StudyRecord, analysis: Analysis, path: Path) -> Path
     ax.set(xscale="log", yscale="log", xlabel="batch size",
            ylabel="samples/s (median, band: [min, max])", title="Training throughput")
     _batch_ticks(ax, [p.batch_size for p in curve])
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
-    return _save(fig, path)
+    return _save(fig, path, legend=ax)
 
 
 def _plot_noise(study: StudyRecord, analysis: Analysis, path: Path) -> Path:
@@ -366,6 +359,4 @@ def _plot_noise(study: StudyRecord, analysis: Analysis, path: Path) -> Path:
         ax.set_ylim(min(estimated_values) / 3, max(estimated_values) * 3)
     ax.set(yscale="log", xlabel="training step", ylabel="batch size",
            title="Gradient noise scale vs measured knee")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
-    return _save(fig, path)
+    return _save(fig, path, legend=ax)

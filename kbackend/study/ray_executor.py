@@ -268,11 +268,10 @@ class RayStudy:
 
     def run_cell_tasks(self, phase: str, keys: list[tuple[str, Any]],
                        from_store: Callable[[tuple[str, Any]], Any]
-                       ) -> dict[tuple[str, Any], tuple[Cell, list[StoredRun]]]:
-        """Each cell of ``keys`` (optimizer, batch size or auto label) from the store
-        (``from_store``), else as one ``phase`` task given the cell's stored records; stored
-        here as each task finishes."""
-        runner = self.runner
+                       ) -> list[tuple[Cell, list[StoredRun]]]:
+        """Each cell of ``keys`` (optimizer, batch size or auto label), in their order, from the
+        store (``from_store``), else as one ``phase`` task given the cell's stored records;
+        stored here as each task finishes."""
         cells: dict[tuple[str, Any], tuple[Cell, list[StoredRun]]] = {}
         pending: dict[Any, tuple[str, Any]] = {}
         for key in keys:
@@ -291,16 +290,11 @@ class RayStudy:
                 done, cell = self.attempt(partial(from_store, key), fresh)
                 if not done:  # a worker keyed differently (another device): its own cell
                     found, run_keys = output.result
-                    cell = found, [_stored(runner.store, k) for k in run_keys]
+                    cell = found, [_stored(self.runner.store, k) for k in run_keys]
                 cells[key] = cell
         finally:
             for ref in pending:
                 self.ray.cancel(ref, force=True)
-        return cells
-
-    def run_cells(self) -> list[tuple[Cell, list[StoredRun]]]:
-        keys = [(o, b) for o in self.runner.config.optimizers for b in self.runner.batch_sizes]
-        cells = self.run_cell_tasks("cell", keys, lambda key: self.stored.run_cell(*key))
         return [cells[key] for key in keys]
 
     def run_auto_cells(self) -> list[tuple[Cell, list[StoredRun]]]:
@@ -311,8 +305,7 @@ class RayStudy:
         if bounds is None:
             return []
         keys = [(o, str(bounds)) for o in config.optimizers]  # "auto:MIN:MAX", as runs are keyed
-        cells = self.run_cell_tasks("auto", keys, lambda key: run_auto_cell(self.stored, key[0]))
-        return [cells[key] for key in keys]
+        return self.run_cell_tasks("auto", keys, lambda key: run_auto_cell(self.stored, key[0]))
 
     def measure(self, phase: str, action: Callable[[], Any], cells: list[Cell]) -> Any:
         """The step times or the noise scale: from the store, else one task, stored here."""
@@ -325,7 +318,8 @@ class RayStudy:
         return result if done else output.result
 
     def run(self) -> RayResults:
-        searched = self.run_cells()
+        keys = [(o, b) for o in self.runner.config.optimizers for b in self.runner.batch_sizes]
+        searched = self.run_cell_tasks("cell", keys, lambda key: self.stored.run_cell(*key))
         cells = [cell for cell, _ in searched]
         runs = [run for _, cell_runs in searched for run in cell_runs]
         step_times = self.measure("steptime", lambda: self.stored.measure_step_times(cells), cells)

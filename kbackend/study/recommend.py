@@ -311,9 +311,7 @@ def confirm_cell(study: StudyRecord, cell: Cell, command_line: CommandLine,
     (start-up included) and how many seeds reached."""
     arguments = train_arguments(study, cell)
     first = HELD_OUT_SEED + int(study.config.get("seed", 0))
-    steps: list[float] = []
-    times: list[float] = []
-    walls: list[float] = []
+    figures: list[tuple[float, ...]] = []  # per seed: steps, time and wall to target
     failed = 0
     for seed in range(first, first + seeds):
         history = run_train(command_line, arguments, seed)
@@ -321,12 +319,9 @@ def confirm_cell(study: StudyRecord, cell: Cell, command_line: CommandLine,
             on_seed(seed)
         reached = history.record.target_reached if history is not None else None
         failed += int(history is None)
-        if reached is None or history is None:
-            figures = (math.inf, math.inf, math.inf)
-        else:
-            figures = (float(reached["step"]), *time_to_target(history))
-        for values, value in zip((steps, times, walls), figures, strict=True):
-            values.append(value)
+        figures.append((math.inf,) * 3 if reached is None or history is None
+                       else (float(reached["step"]), *time_to_target(history)))
+    steps, times, walls = ([seed_figures[i] for seed_figures in figures] for i in range(3))
     reached_count = sum(1 for s in steps if math.isfinite(s))
     return HeldOutRuns(
         cell.optimizer, cell.batch_size, cell.learning_rate, seeds,

@@ -24,6 +24,7 @@ from kbackend.study.report_sections import (
     frontier_section,
     sources_section,
     table_rows,
+    tested_metric,
 )
 from kbackend.study.study_record import StudyRecord
 from kbackend.task import metric_direction
@@ -40,24 +41,15 @@ _SHORT_METRICS = {"accuracy": "acc", "sparse_categorical_accuracy": "acc",
                   "root_mean_squared_error": "rmse"}
 
 
-def test_metric_label(study: StudyRecord) -> str:
-    """``test acc``, ``test mae``, ...: the task's test metric, as the cells name it."""
-    cells = study.all_cells
-    name = next((c.test_metric_name for c in cells if c.test_metric_name), None)
-    metric = (name or "test_accuracy").removeprefix("test_")
-    return f"test {_SHORT_METRICS.get(metric, metric)}"
-
-
 def console_rows(study: StudyRecord) -> tuple[list[str], list[list[str]], list[bool]]:
     """The console table: ``CONSOLE_COLUMNS`` (the test column named by the task's metric),
     medians only (their intervals: the report), a rate on its grid's edge marked ``*``; and
     whether each cell reached."""
-    header = [*CONSOLE_COLUMNS[:-1], test_metric_label(study)]
+    metric = tested_metric(study).removeprefix("test_")  # test acc, test mae, ...
+    header = [*CONSOLE_COLUMNS[:-1], f"test {_SHORT_METRICS.get(metric, metric)}"]
     rows, reached = [], []
     for c in study.all_cells:
         auto = c.auto or {}
-        seeds = c.seeds
-        test = c.test_metric
         rows.append([
             c.optimizer,
             f"auto {auto.get('min')}-{auto.get('max')}" if auto else str(c.batch_size),
@@ -65,8 +57,8 @@ def console_rows(study: StudyRecord) -> tuple[list[str], list[list[str]], list[b
             format_value(c.time_to_target, ".3g"),
             format_value(c.steps_to_target, ".0f"),
             ("yes" if c.reached else "no")
-            + (f" ({c.seeds_reached}/{seeds})" if seeds > 1 else ""),
-            format_value(test if test is not None else c.test_accuracy, ".4f"),
+            + (f" ({c.seeds_reached}/{c.seeds})" if c.seeds > 1 else ""),
+            format_value(c.test_metric if c.test_metric is not None else c.test_accuracy, ".4f"),
         ])
         reached.append(bool(c.reached))
     return header, rows, reached
@@ -201,10 +193,7 @@ def write_report(study: StudyRecord, analysis: Analysis, out_dir: str | Path,
     summary, report = write_json_and_markdown(
         out / "summary.json", summary_payload(study, analysis, wall_time),
         out / "report.md", markdown(study, analysis, wall_time))
-    paths = {"report": report, "summary": summary}
-    for name, path in write_plots(study, analysis, out / "plots").items():
-        paths[name] = path
-    return paths
+    return {"report": report, "summary": summary, **write_plots(study, analysis, out / "plots")}
 
 
 def summary_payload(study: StudyRecord, analysis: Analysis,
@@ -230,6 +219,3 @@ def summary_payload(study: StudyRecord, analysis: Analysis,
             **({"device_profile": study.device_profile} if study.device_profile
                else {}),
             "analysis": analysis.to_json(), "wall_time": wall_time}
-
-
-# -- plots -----------------------------------------------------------------------------------

@@ -26,14 +26,11 @@ def format_value(value: Any, spec: str = ".3g", missing: str = "-") -> str:
 
 
 def _interval(cell: Cell, name: str, spec: str) -> str:
-    """``median [low, high]`` of one of a cell's figures (``not reached`` for an infinite end)."""
+    """``median [low, high]`` of one of a cell's figures (``never`` for an infinite end)."""
     interval = (cell.intervals or {}).get(name)
     if not interval or not interval.get("n"):
         return format_value(getattr(cell, name), spec)
-    if interval["n"] == 1:
-        return format_value(interval["median"], spec, missing="-")
-    ends = [format_value(interval[end], spec, missing="never") for end in ("low", "high")]
-    return f"{format_value(interval['median'], spec, missing='never')} [{ends[0]}, {ends[1]}]"
+    return _span_of(interval, spec, missing="never")
 
 
 def edge_label(cell: Cell) -> str:
@@ -43,23 +40,24 @@ def edge_label(cell: Cell) -> str:
     return " (edge, at the bound)" if cell.lr_at_bound else " (edge)"
 
 
+def tested_metric(study: StudyRecord) -> str:
+    """The task's test metric as the runs name it (test_accuracy for classifiers, test_mae...)."""
+    return next((c.test_metric_name for c in study.all_cells if c.test_metric_name),
+                "test_accuracy")
+
+
 def table_rows(study: StudyRecord) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the per-cell table (terminal and markdown)."""
     metric = study.target["metric"]
-    cells = study.all_cells  # the auto cells last
-    # the task's test metric (test_accuracy for classifiers, test_mae, ...), as the runs name it
-    test_name = next((c.test_metric_name for c in cells if c.test_metric_name),
-                     "test_accuracy")
     header = ["optimizer", "batch", "best lr", "reached", "steps", "epochs", "samples",
-              "time to target (s)", f"best {metric}", test_name.replace("_", " "), "samples/s",
-              "start-up (s)"]
+              "time to target (s)", f"best {metric}", tested_metric(study).replace("_", " "),
+              "samples/s", "start-up (s)"]
     rows = []
-    for c in cells:
+    for c in study.all_cells:  # the auto cells last
         test_key = "test_metric" if c.test_metric is not None else "test_accuracy"
-        seeds = c.seeds
         reached = "yes" if c.reached else "NOT REACHED"
-        if seeds > 1:
-            reached += f" ({c.seeds_reached}/{seeds})"
+        if c.seeds > 1:
+            reached += f" ({c.seeds_reached}/{c.seeds})"
         rows.append([
             c.optimizer, auto_label(c) if c.auto else str(c.batch_size),
             format_value(c.learning_rate) + edge_label(c), reached,
@@ -249,13 +247,15 @@ def frontier_rows(study: StudyRecord) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def _span_of(interval: dict[str, float], spec: str) -> str:
+def _span_of(interval: dict[str, float], spec: str, missing: str = "-") -> str:
+    """``median [low, high]`` (``missing`` for a value that is not finite; one seed: its value)."""
     if not interval or not interval.get("n"):
         return "-"
     if interval["n"] == 1:
         return format_value(interval["median"], spec)
-    return (f"{format_value(interval['median'], spec)} [{format_value(interval['low'], spec)}, "
-            f"{format_value(interval['high'], spec)}]")
+    median, low, high = (format_value(interval[end], spec, missing)
+                         for end in ("median", "low", "high"))
+    return f"{median} [{low}, {high}]"
 
 
 def frontier_section(study: StudyRecord, analysis: Analysis) -> list[str]:
@@ -335,7 +335,3 @@ def caveats_section(study: StudyRecord, analysis: Analysis) -> list[str]:
             f"{info['num_val']} validation samples accuracy moves in steps of "
             f"{1 / info['num_val']:.2%}, so many cells show the same value just over the target.")
     return lines
-
-
-# The terminal table's columns (of ``table_rows``), chosen to fit 100 columns; the markdown
-# report has them all.

@@ -318,7 +318,9 @@ class MemoryStore:
 
     def records(self, study: str | None = None, backend: str | None = None,
                 kind: str | None = None) -> list[StoredRun]:
-        return sorted((r for r in self._records.values() if _matches(r, study, backend, kind)),
+        wanted = _filters(study, backend, kind)
+        return sorted((r for r in self._records.values()
+                       if all(getattr(r, column) == value for column, value in wanted.items())),
                       key=lambda r: r.finished_at)
 
     def put_summary(self, study: str, backend: str, device: str, payload: JsonObject) -> None:
@@ -330,9 +332,10 @@ class MemoryStore:
                 if study is None or of == study]
 
 
-def _matches(run: StoredRun, study: str | None, backend: str | None, kind: str | None) -> bool:
-    return all(wanted is None or wanted == value for wanted, value in
-               ((study, run.study), (backend, run.backend), (kind, run.kind)))
+def _filters(study: str | None, backend: str | None, kind: str | None) -> dict[str, str]:
+    """The columns a ``records`` call filters on, with their wanted values."""
+    return {column: value for column, value in (("study", study), ("backend", backend),
+                                                ("kind", kind)) if value is not None}
 
 
 class ResultStore:
@@ -409,7 +412,7 @@ class ResultStore:
         with self._errors():
             row = self._connection.execute(
                 f"SELECT {_RESULT_COLUMNS} FROM results WHERE key = ?", (key,)).fetchone()
-        records = [] if row is None else self._readable([row])
+        records = [] if row is None else self._readable("results", [row], _record)
         return records[0] if records else None
 
     def put(self, run: StoredRun) -> bool:
@@ -429,27 +432,24 @@ class ResultStore:
     def records(self, study: str | None = None, backend: str | None = None,
                 kind: str | None = None) -> list[StoredRun]:
         """Stored runs and measurements, optionally filtered, in the order they finished."""
-        clauses, values = [], []
-        for column, value in (("study", study), ("backend", backend), ("kind", kind)):
-            if value is not None:
-                clauses.append(f"{column} = ?")
-                values.append(value)
-        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        wanted = _filters(study, backend, kind)
+        where = f" WHERE {' AND '.join(f'{column} = ?' for column in wanted)}" if wanted else ""
         with self._errors():
             rows = self._connection.execute(
                 f"SELECT {_RESULT_COLUMNS} FROM results{where} ORDER BY finished_at",
-                values).fetchall()
-        return self._readable(rows)
+                list(wanted.values())).fetchall()
+        return self._readable("results", rows, _record)
 
-    def _readable(self, rows: list[tuple]) -> list[StoredRun]:
-        """``rows`` as runs; each damaged one quarantined (with a warning) and left out."""
-        records = []
+    def _readable(self, source: str, rows: list[tuple], read: Callable[[tuple], Any]) -> list[Any]:
+        """``read`` of each of ``rows`` (of table ``source``); each damaged one quarantined (with
+        a warning) and left out."""
+        readable = []
         for row in rows:
             try:
-                records.append(_record(row))
+                readable.append(read(row))
             except DamagedRow as error:
-                self._quarantine("results", row, str(error))
-        return records
+                self._quarantine(source, row, str(error))
+        return readable
 
     def _quarantine(self, source: str, row: tuple, reason: str) -> None:
         """Move ``row`` of ``source`` (results or summaries) into ``quarantine``, as stored, in
@@ -494,13 +494,7 @@ class ResultStore:
             rows = self._connection.execute(
                 f"SELECT {', '.join(_COLUMNS['summaries'])} FROM summaries {where} "
                 "ORDER BY written_at", values).fetchall()
-        payloads = []
-        for row in rows:
-            try:
-                payloads.append(_json(row[3], "payload", dict))
-            except DamagedRow as error:
-                self._quarantine("summaries", row, str(error))
-        return payloads
+        return self._readable("summaries", rows, lambda row: _json(row[3], "payload", dict))
 
 
 def _dumps(payload: Any) -> str:

@@ -228,9 +228,6 @@ def _encode_labels(where: Where, splits: dict[str, tuple[np.ndarray, np.ndarray]
     return encoded, tuple(str(name) for name in names)
 
 
-# --- .npz ----------------------------------------------------------------------------------
-
-
 def text_array(x: Any, error: Callable[[str], Exception], what: str) -> np.ndarray:
     """``x`` as an array of ``str`` (bytes decoded as UTF-8; ``object`` dtype, so one long text
     does not widen every row), or ``error(reason)`` raised."""

@@ -167,12 +167,11 @@ def image_header(path: Path) -> tuple[int, int, bool] | None:
         return _header_without_pil(path)
 
 
-def _image_geometry(where: Where, images: list[Path], count: int, max_bytes: int,
-                    image_size: tuple[int, int] | None) -> tuple[int, int, int, str]:
-    """(height, width, channels, colour mode) every image is read at, from the headers alone:
-    each image's pixels within ``MAX_IMAGE_PIXELS`` unless ``image_size`` is given, and the
-    ``count`` images at that size within ``max_bytes``, all checked before any image is
-    decoded."""
+def _image_geometry(where: Where, images: list[Path], max_bytes: int,
+                    image_size: tuple[int, int] | None) -> tuple[int, int, str]:
+    """(height, width, colour mode) every image is read at, from the headers alone: each
+    image's pixels within ``MAX_IMAGE_PIXELS`` unless ``image_size`` is given, and all the
+    images at that size within ``max_bytes``, checked before any image is decoded."""
     first = None
     for path in images:
         header = image_header(path)
@@ -189,9 +188,9 @@ def _image_geometry(where: Where, images: list[Path], count: int, max_bytes: int
     assert first is not None  # a folder without images was refused by _scan_folder
     height, width = image_size or (first[0], first[1])
     channels, mode = (1, "grayscale") if first[2] else (3, "rgb")
-    _check_limit(where, count * height * width * channels * 4, max_bytes,
-                 f"{count:,} images of {height}x{width}x{channels} float32")
-    return height, width, channels, mode
+    _check_limit(where, len(images) * height * width * channels * 4, max_bytes,
+                 f"{len(images):,} images of {height}x{width}x{channels} float32")
+    return height, width, mode
 
 
 @dataclass(frozen=True)
@@ -233,8 +232,7 @@ def _load_folder(where: Where, folder: Path, *, seed: int, max_bytes: int,
         # the training folder's first image sets the size; every header is checked
         images = scans["train"][0] + [p for split, (found, _, _) in scans.items()
                                       if split != "train" for p in found]
-        height, width, _, mode = _image_geometry(where, images, len(images), max_bytes,
-                                                 image_size)
+        height, width, mode = _image_geometry(where, images, max_bytes, image_size)
     keras = import_keras()
     tf = _tensorflow()
     options = {"labels": "inferred", "label_mode": "int", "batch_size": READ_BATCH,

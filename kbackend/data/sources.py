@@ -136,14 +136,13 @@ def load_mnist1d(num_samples: int | None = None) -> RawData:
     digest = hashlib.sha256(spec.encode()).hexdigest()[:16]
     path = cache_dir() / f"mnist1d-{digest}.npz"
     source = f"mnist1d make_dataset (cached at {path})"
+    arrays: dict[str, Any] | None = None
     if path.exists():
         try:
             with np.load(path) as cached:
                 arrays = {k: cached[k] for k in ("x", "y", "x_test", "y_test")}
         except READ_ERRORS:
-            arrays = None  # a damaged cache file is regenerated, not fatal
-    else:
-        arrays = None
+            pass  # a damaged cache file is regenerated, not fatal
     if arrays is None:
         from mnist1d.data import get_dataset_args, make_dataset  # deferred: generation only
 

@@ -228,7 +228,8 @@ def _load_folder(where: Where, folder: Path, *, seed: int, max_bytes: int,
     if len(kinds) > 1:
         raise where.error("its split folders hold different kinds of files (images in some, "
                           "text in others).")
-    if kinds == {"images"}:  # from the headers, before TensorFlow or any image is read
+    (kind,) = kinds
+    if kind == "images":  # from the headers, before TensorFlow or any image is read
         # the training folder's first image sets the size; every header is checked
         images = scans["train"][0] + [p for split, (found, _, _) in scans.items()
                                       if split != "train" for p in found]
@@ -239,7 +240,7 @@ def _load_folder(where: Where, folder: Path, *, seed: int, max_bytes: int,
                "shuffle": False, "verbose": False}
     notes: list[str] = []
     try:
-        if kinds == {"images"}:
+        if kind == "images":
             datasets = {split: keras.utils.image_dataset_from_directory(
                 path, color_mode=mode, image_size=(height, width), interpolation="bilinear",
                 data_format="channels_last", **options) for split, path in split_folders.items()}
@@ -262,7 +263,6 @@ def _load_folder(where: Where, folder: Path, *, seed: int, max_bytes: int,
         if tuple(dataset.class_names) != class_names:
             raise where.error(f"the {split} folder's classes {list(dataset.class_names)} differ "
                               f"from the training folder's {list(class_names)}.")
-    kind = "images" if kinds == {"images"} else "text"
     # each split's file count: its arrays are allocated once, at that size
     splits = {split: _read_tf_dataset(where, dataset, split, max_bytes, batched=True,
                                       rows=len(scans[split][0]) if kind == "images" else None,

@@ -74,8 +74,6 @@ MAX_CONFIG_BYTES = 64 * 2**20
 # A central-directory entry is 46 bytes plus its name, extra field and comment.
 _MAX_DIRECTORY_BYTES_PER_MEMBER = 4096
 MAX_BUILDER_SOURCE_BYTES = 16 * 2**20
-# The keyword arguments a builder function may name.
-BUILDER_ARGUMENTS = ("input_shape", "num_classes")
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _LAMBDA_CLASSES = ("Lambda", "__lambda__")
 # ``--import MODULE`` (repeatable): the modules that register a model file's own classes
@@ -149,8 +147,7 @@ def check_model_file(path: str | os.PathLike, *, max_members: int = MAX_MEMBERS,
     ``config.json`` over ``max_config_bytes``.
     """
     path, size = _check_archive_file(path)
-    infos = _archive_directory(path, size, max_members)
-    _check_members(path, infos, max_bytes, max_config_bytes)
+    _check_directory(path, size, max_members, max_bytes, max_config_bytes)
     return path
 
 
@@ -185,9 +182,11 @@ def _check_archive_file(path: str | os.PathLike) -> tuple[Path, int]:
     return path, size
 
 
-def _archive_directory(path: Path, size: int, max_members: int) -> list[zipfile.ZipInfo]:
-    """The archive's members, its central directory's size checked from the end record first
-    (a zip bomb's directory is never parsed)."""
+def _check_directory(path: Path, size: int, max_members: int, max_bytes: int,
+                     max_config_bytes: int) -> None:
+    """The archive's zip directory, its size checked from the end record first (a zip bomb's
+    directory is never parsed): only a ``.keras`` archive's members, each once, ``config.json``
+    among them, and their unpacked sizes within the bounds."""
     shown = repr(str(path))
     refused = f"Model file {shown} is refused before loading:"
     try:
@@ -210,15 +209,6 @@ def _archive_directory(path: Path, size: int, max_members: int) -> list[zipfile.
     if len(infos) > max_members:
         raise ModelError(f"{refused} it holds {len(infos)} members, expected at most "
                          f"{max_members}.")
-    return infos
-
-
-def _check_members(path: Path, infos: list[zipfile.ZipInfo], max_bytes: int,
-                   max_config_bytes: int) -> None:
-    """Only a ``.keras`` archive's members, each once, ``config.json`` among them, and their
-    unpacked sizes within the bounds."""
-    shown = repr(str(path))
-    refused = f"Model file {shown} is refused before loading:"
     names = [info.filename for info in infos]
     for info in infos:
         if not _expected_member(info.filename):
@@ -536,14 +526,15 @@ def _import_module(name: str) -> ModuleType:
 
 
 def _call_builder(builder: Callable[..., Any], info: DatasetInfo, name: str) -> Any:
-    """What ``builder`` returns, called with the ``BUILDER_ARGUMENTS`` its signature names."""
+    """What ``builder`` returns, called with the arguments its signature names of
+    ``input_shape`` and ``num_classes``."""
     keras = import_keras()
     try:
         signature: inspect.Signature | None = inspect.signature(builder)
     except (TypeError, ValueError):  # some callables written in C have none: call them bare
         signature = None
     values = {"input_shape": tuple(info.input_shape), "num_classes": info.num_classes}
-    arguments = {key: values[key] for key in BUILDER_ARGUMENTS
+    arguments = {key: value for key, value in values.items()
                  if signature is not None and key in signature.parameters}
     if signature is not None:
         try:
@@ -990,7 +981,7 @@ class GivenModel(_SavedWeights):
 
 class Builder(_UserModel):
     """A function returning a ``keras.Model`` (``FILE.py:FUNCTION``, ``package.module:FUNCTION``
-    or a callable), called with the ``BUILDER_ARGUMENTS`` it names."""
+    or a callable), called with the ``input_shape`` / ``num_classes`` it names."""
 
     kind = "builder"
 

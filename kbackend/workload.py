@@ -210,17 +210,14 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
     if packing is not None:
         first = packing.wrap(first)
     _model_notes(first, task, x_train, source.name, notes)
-    units = output_units(full)
     splits = checked_splits(full, task, splits, name, source.name)
-    dataset = dataset_of(name, kind, splits, task, units, validation_fraction, notes,
-                         owned=read.owned, known=read.info)
+    dataset = dataset_of(name, kind, splits, task, output_units(full), validation_fraction,
+                         notes, owned=read.owned, known=read.info)
     # The built-in task on a built-in dataset goes without saying.
     says_task = not (task is CLASSIFICATION and read.info is not None)
-    workload = Workload(source, dataset, task, options, packing=packing, front=front,
-                        raw_shape=raw_shape if front is not None else None, notes=notes,
-                        says_task=says_task)
-    workload._first = (options.seed, first, _dtype_policy())
-    return workload
+    return Workload(source, dataset, task, options, packing=packing, front=front,
+                    raw_shape=raw_shape if front is not None else None, notes=notes,
+                    says_task=says_task, _first=(options.seed, first, _dtype_policy()))
 
 
 def _dtype_policy() -> str:

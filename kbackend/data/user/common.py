@@ -53,11 +53,11 @@ def default_max_bytes() -> int:
     return int(psutil.virtual_memory().available * MEMORY_FRACTION)
 
 
+@dataclass(frozen=True)
 class Where:
     """What an error names: ``data source 'train.npz'`` or ``data 'arrays'``."""
 
-    def __init__(self, what: str) -> None:
-        self.what = what
+    what: str
 
     def error(self, reason: str) -> DataError:
         return DataError(" ".join(f"Invalid {self.what}: {reason}".split()))

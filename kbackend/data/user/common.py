@@ -73,11 +73,6 @@ def _check_limit(where: Where, nbytes: int, max_bytes: int, what: str) -> None:
 
 # --- the checks every source ends with ---------------------------------------------------
 
-def _first_non_finite(values: np.ndarray) -> int | None:
-    bad = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
-    return int(np.argmax(bad)) if bad.any() else None
-
-
 def _check_output_labels(where: Where, split: str, x: Any, y: dict) -> tuple[np.ndarray, dict]:
     """``(x, y)`` where ``y`` holds a multi-output model's labels, a dict keyed by output name:
     each checked as one output's labels (numbers; class names are for one output)."""
@@ -128,8 +123,9 @@ def _check_split(where: Where, split: str, x: Any, y: Any, y_name: str = "y"
                           f"sample). Received: y.shape={y.shape}.")
     for role, values in (("inputs", x), ("labels", y)):
         if values.dtype.kind == "f":
-            index = _first_non_finite(values)
-            if index is not None:
+            bad = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+            if bad.any():
+                index = int(np.argmax(bad))
                 kind = "NaN" if np.isnan(values.reshape(len(values), -1)[index]).any() else "Inf"
                 raise where.error(f"non-finite {role} ({kind}) in the {split} split, first at "
                                   f"index {index}: clean or drop those samples.")

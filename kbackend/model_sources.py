@@ -74,8 +74,6 @@ MAX_CONFIG_BYTES = 64 * 2**20
 # A central-directory entry is 46 bytes plus its name, extra field and comment.
 _MAX_DIRECTORY_BYTES_PER_MEMBER = 4096
 MAX_BUILDER_SOURCE_BYTES = 16 * 2**20
-# The keyword arguments a builder function may name.
-BUILDER_ARGUMENTS = ("input_shape", "num_classes")
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _LAMBDA_CLASSES = ("Lambda", "__lambda__")
 # ``--import MODULE`` (repeatable): the modules that register a model file's own classes
@@ -149,8 +147,7 @@ def check_model_file(path: str | os.PathLike, *, max_members: int = MAX_MEMBERS,
     ``config.json`` over ``max_config_bytes``.
     """
     path, size = _check_archive_file(path)
-    infos = _archive_directory(path, size, max_members)
-    _check_members(path, infos, max_bytes, max_config_bytes)
+    _check_directory(path, size, max_members, max_bytes, max_config_bytes)
     return path
 
 
@@ -185,9 +182,11 @@ def _check_archive_file(path: str | os.PathLike) -> tuple[Path, int]:
     return path, size
 
 
-def _archive_directory(path: Path, size: int, max_members: int) -> list[zipfile.ZipInfo]:
-    """The archive's members, its central directory's size checked from the end record first
-    (a zip bomb's directory is never parsed)."""
+def _check_directory(path: Path, size: int, max_members: int, max_bytes: int,
+                     max_config_bytes: int) -> None:
+    """The archive's zip directory, its size checked from the end record first (a zip bomb's
+    directory is never parsed): only a ``.keras`` archive's members, each once, ``config.json``
+    among them, and their unpacked sizes within the bounds."""
     shown = repr(str(path))
     refused = f"Model file {shown} is refused before loading:"
     try:
@@ -210,15 +209,6 @@ def _archive_directory(path: Path, size: int, max_members: int) -> list[zipfile.
     if len(infos) > max_members:
         raise ModelError(f"{refused} it holds {len(infos)} members, expected at most "
                          f"{max_members}.")
-    return infos
-
-
-def _check_members(path: Path, infos: list[zipfile.ZipInfo], max_bytes: int,
-                   max_config_bytes: int) -> None:
-    """Only a ``.keras`` archive's members, each once, ``config.json`` among them, and their
-    unpacked sizes within the bounds."""
-    shown = repr(str(path))
-    refused = f"Model file {shown} is refused before loading:"
     names = [info.filename for info in infos]
     for info in infos:
         if not _expected_member(info.filename):
@@ -252,18 +242,21 @@ def _read_config(path: Path) -> Any:
                          f"config.json does not read as JSON ({error_text(error, 120)}).") from None
 
 
-def _has_lambda(config: Any) -> bool:
-    """Whether a Keras config holds a ``Lambda`` layer or a serialized Python lambda."""
+def _dicts(config: Any) -> Iterator[dict[str, Any]]:
+    """Every dict nested in the JSON value ``config``, depth first."""
     stack = [config]
     while stack:
         item = stack.pop()
         if isinstance(item, dict):
-            if item.get("class_name") in _LAMBDA_CLASSES:
-                return True
+            yield item
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)
-    return False
+
+
+def _has_lambda(config: Any) -> bool:
+    """Whether a Keras config holds a ``Lambda`` layer or a serialized Python lambda."""
+    return any(item.get("class_name") in _LAMBDA_CLASSES for item in _dicts(config))
 
 
 def _lambda_error(path: Path | str, unsafe_flag: bool = True) -> ModelError:
@@ -320,23 +313,12 @@ def check_servable(model: Any, name: str = "model") -> None:
         )
 
 
-def _keras_objects(config: Any) -> Iterator[dict[str, Any]]:
-    """Every serialized Keras object (a dict with ``class_name`` and ``module``) in ``config``."""
-    stack = [config]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            if isinstance(item.get("class_name"), str) and "module" in item:
-                yield item
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-
-
 def _unregistered(config: Any, keras: Any) -> tuple[str, str, str] | None:
     """(class, module, registered name) of the first object of ``config`` that Keras finds only
     by registration and that no imported module registered; None if there is none."""
-    for item in _keras_objects(config):
+    for item in _dicts(config):
+        if not (isinstance(item.get("class_name"), str) and "module" in item):
+            continue  # not a serialized Keras object
         module = str(item.get("module") or "")
         if item["class_name"] == "function":  # a function: {"config": "package>name"}
             name = item.get("config")
@@ -544,14 +526,15 @@ def _import_module(name: str) -> ModuleType:
 
 
 def _call_builder(builder: Callable[..., Any], info: DatasetInfo, name: str) -> Any:
-    """What ``builder`` returns, called with the ``BUILDER_ARGUMENTS`` its signature names."""
+    """What ``builder`` returns, called with the arguments its signature names of
+    ``input_shape`` and ``num_classes``."""
     keras = import_keras()
     try:
         signature: inspect.Signature | None = inspect.signature(builder)
     except (TypeError, ValueError):  # some callables written in C have none: call them bare
         signature = None
     values = {"input_shape": tuple(info.input_shape), "num_classes": info.num_classes}
-    arguments = {key: values[key] for key in BUILDER_ARGUMENTS
+    arguments = {key: value for key, value in values.items()
                  if signature is not None and key in signature.parameters}
     if signature is not None:
         try:
@@ -577,15 +560,12 @@ def _call_builder(builder: Callable[..., Any], info: DatasetInfo, name: str) -> 
 # --- models: graph or subclassed, checks, copies -------------------------------------------------
 
 
-def _is_graph_model(model: Any) -> bool:
+def is_graph_model(model: Any) -> bool:
     """Whether ``model`` is a Sequential or functional model (``clone_model`` rebuilds those)."""
     keras = import_keras()
     from keras.src.models.functional import Functional  # deferred: Keras after the backend choice
 
     return isinstance(model, keras.Sequential | Functional)
-
-
-is_graph_model = _is_graph_model  # public name (kbackend.host_front)
 
 
 def layer_state(layer: Any) -> tuple[dict[str, Any], dict[str, bytes]]:
@@ -638,6 +618,12 @@ def _copy_vocabularies(model: Any, clone: Any) -> None:
             copy_layer_state(source, target)
 
 
+def _not_cloneable(model: Any, name: str) -> ModelError:
+    return ModelError(f"Model {name!r} is a subclassed model ({type(model).__qualname__}), "
+                      "which cannot be cloned with fresh weights: pass a builder instead "
+                      "(FILE.py:FUNCTION, or a function returning the model).")
+
+
 def _fresh_copy(model: Any, name: str, *, weights: bool = False, safe_mode: bool = True,
                 compile_config: dict[str, Any] | None = None) -> Any:
     """A clone of the graph model ``model`` (new layers, fresh weights from their initializers
@@ -649,10 +635,8 @@ def _fresh_copy(model: Any, name: str, *, weights: bool = False, safe_mode: bool
         SafeModeScope,
     )
 
-    if not _is_graph_model(model):
-        raise ModelError(f"Model {name!r} is a subclassed model ({type(model).__qualname__}), "
-                         "which cannot be cloned with fresh weights: pass a builder instead "
-                         "(FILE.py:FUNCTION, or a function returning the model).")
+    if not is_graph_model(model):
+        raise _not_cloneable(model, name)
     with SafeModeScope(safe_mode), tensorflow_kept_out():
         clone = keras.models.clone_model(model)
         _copy_vocabularies(model, clone)
@@ -704,20 +688,18 @@ def check_model_matches(model: Any, info: DatasetInfo, name: str = "model") -> N
         except Exception as error:
             raise ModelError(f"Model {name!r} does not build for inputs of shape {_shape(shape)} "
                              f"({info.name}): {error_text(error, 200)}") from None
-    if not _is_graph_model(model):
-        _check_no_string_front(model, name)
-    if _is_graph_model(model):
+    if is_graph_model(model):
         inputs = len(model.inputs)
         if inputs != 1:  # several outputs are a multi-output task (kbackend.task)
             raise ModelError(f"Model {name!r} has {inputs} inputs: kbackend trains a model with "
                              "several inputs on data given as a dict keyed by input name.")
         got = tuple(model.inputs[0].shape[1:])
-        if len(got) != len(shape) or any(g is not None and g != w
-                                         for g, w in zip(got, shape, strict=True)):
+        if not _takes_shape(got, shape):
             raise ModelError(f"Model {name!r} takes inputs of shape {_shape(got)}, {data}: "
                              "expected a model whose input matches the data (a Reshape layer "
                              "adapts one).")
         return
+    _check_no_string_front(model, name)
     try:
         output = model(keras.KerasTensor((None, *shape)))
     except Exception as error:
@@ -734,7 +716,7 @@ def _check_named_inputs(model: Any, shapes: dict[str, tuple[int, ...]], name: st
     """A multi-input model against data given as a dict (``shapes``: the data's shape per
     input name): the same input names, each input's shape the data's."""
     wanted = {key: tuple(shape) for key, shape in shapes.items()}
-    if not _is_graph_model(model):
+    if not is_graph_model(model):
         raise ModelError(f"Model {name!r} is subclassed: dict inputs need a functional model "
                          "whose keras.Input layers are named as the data's keys.")
     got = {tensor.name: tuple(tensor.shape[1:]) for tensor in model.inputs}
@@ -742,11 +724,16 @@ def _check_named_inputs(model: Any, shapes: dict[str, tuple[int, ...]], name: st
         raise ModelError(f"Model {name!r} takes inputs named {sorted(got)}; the data's dict has "
                          f"{sorted(wanted)}: name the keras.Input layers as the data's keys.")
     for key, shape in wanted.items():
-        have = got[key]
-        if len(have) != len(shape) or any(h is not None and h != w
-                                           for h, w in zip(have, shape, strict=True)):
-            raise ModelError(f"Model {name!r} takes input {key!r} of shape {_shape(have)}, the "
-                             f"data's {key!r} has {_shape(shape)}.")
+        if not _takes_shape(got[key], shape):
+            raise ModelError(f"Model {name!r} takes input {key!r} of shape {_shape(got[key])}, "
+                             f"the data's {key!r} has {_shape(shape)}.")
+
+
+def _takes_shape(got: tuple[int | None, ...], shape: tuple[int, ...]) -> bool:
+    """Whether a model input of sample shape ``got`` takes data of ``shape`` (an open
+    dimension matches any)."""
+    return len(got) == len(shape) and all(g is None or g == w
+                                          for g, w in zip(got, shape, strict=True))
 
 
 def _check_fits(model: Any, name: str) -> None:
@@ -948,7 +935,7 @@ class _SavedWeights(_UserModel):
     def input_shape(self) -> tuple[int | None, ...] | None:
         model = self._model()
         inputs = getattr(model, "inputs", None) or []
-        if not _is_graph_model(model) or len(inputs) != 1:
+        if not is_graph_model(model) or len(inputs) != 1:
             return None
         return tuple(inputs[0].shape[1:])
 
@@ -994,7 +981,7 @@ class GivenModel(_SavedWeights):
 
 class Builder(_UserModel):
     """A function returning a ``keras.Model`` (``FILE.py:FUNCTION``, ``package.module:FUNCTION``
-    or a callable), called with the ``BUILDER_ARGUMENTS`` it names."""
+    or a callable), called with the ``input_shape`` / ``num_classes`` it names."""
 
     kind = "builder"
 
@@ -1138,11 +1125,8 @@ def parse_model_source(value: Any, *, unsafe_deserialization: bool = False,
     else:
         keras = import_keras()
         if isinstance(value, keras.Model):
-            if not _is_graph_model(value):
-                raise ModelError(
-                    f"Model {value.name!r} is a subclassed model ({type(value).__qualname__}), "
-                    "which cannot be cloned with fresh weights: pass a builder instead (a "
-                    "function returning the model, or FILE.py:FUNCTION).")
+            if not is_graph_model(value):
+                raise _not_cloneable(value, value.name)
             source = GivenModel(value.name, from_weights=from_weights, obj=value)
         elif callable(value):
             module = getattr(value, "__module__", None) or "?"

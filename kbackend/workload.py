@@ -210,17 +210,14 @@ def prepare_workload(model: Any = "seed_mlp", data: Any = "digits", *, x: Any = 
     if packing is not None:
         first = packing.wrap(first)
     _model_notes(first, task, x_train, source.name, notes)
-    units = output_units(full)
     splits = checked_splits(full, task, splits, name, source.name)
-    dataset = dataset_of(name, kind, splits, task, units, validation_fraction, notes,
-                         owned=read.owned, known=read.info)
+    dataset = dataset_of(name, kind, splits, task, output_units(full), validation_fraction,
+                         notes, owned=read.owned, known=read.info)
     # The built-in task on a built-in dataset goes without saying.
     says_task = not (task is CLASSIFICATION and read.info is not None)
-    workload = Workload(source, dataset, task, options, packing=packing, front=front,
-                        raw_shape=raw_shape if front is not None else None, notes=notes,
-                        says_task=says_task)
-    workload._first = (options.seed, first, _dtype_policy())
-    return workload
+    return Workload(source, dataset, task, options, packing=packing, front=front,
+                    raw_shape=raw_shape if front is not None else None, notes=notes,
+                    says_task=says_task, _first=(options.seed, first, _dtype_policy()))
 
 
 def _dtype_policy() -> str:
@@ -362,11 +359,7 @@ def through_front(front: HostFront, splits: dict[str, tuple[Any, Any]],
     same draws), the front adapted on the training split only (where it holds no vocabulary
     yet), and every split run through it on the host, once (``HostFront.apply``, cached)."""
     splits = dict(splits)
-    x, y = splits["train"]
-    if "test" not in splits:
-        keep, test = _held_out(len(x), validation_fraction or 0.1, TEST_SPLIT_SEED)
-        splits["test"], (x, y) = (x[test], y[test]), (x[keep], y[keep])
-        notes.append(_held_out_note(len(test)))
+    x, y = _test_held_out(splits, validation_fraction, notes)
     if "val" not in splits and validation_fraction:
         keep, val = data_module.validation_indices(len(x), validation_fraction, SPLIT_SEED)
         splits["val"], (x, y) = (x[val], y[val]), (x[keep], y[keep])
@@ -380,9 +373,18 @@ def through_front(front: HostFront, splits: dict[str, tuple[Any, Any]],
     return {k: (front.apply(v[0], f"inputs of the {k} split"), v[1]) for k, v in splits.items()}
 
 
-def _held_out_note(count: int) -> str:
-    return (f"no test split in the data: {count} samples held out as one (a fixed draw, the "
-            "same for every seed)")
+def _test_held_out(splits: dict[str, tuple[Any, Any]], validation_fraction: float,
+                   notes: list[str], owned: bool = False) -> tuple[Any, Any]:
+    """The training split's ``(x, y)``, a test split first held out of it into ``splits`` (a
+    fixed draw, said in a note) where there is none; ``owned``: taken out of ``x`` in place."""
+    x, y = splits["train"]
+    if "test" in splits:
+        return x, y
+    keep, test = _held_out(len(x), validation_fraction or 0.1, TEST_SPLIT_SEED)
+    splits["test"] = (x[test], y[test])  # copied out first
+    notes.append(f"no test split in the data: {len(test)} samples held out as one (a fixed "
+                 "draw, the same for every seed)")
+    return data_module.take_rows(x, keep, in_place=owned), y[keep]
 
 
 def adapt_preprocessing(model: Any, x_train: np.ndarray) -> list[str]:
@@ -564,16 +566,8 @@ def dataset_of(name: str, kind: str, splits: dict[str, tuple[np.ndarray, np.ndar
     file (``UserData.owned``), so the splits are taken out of them in place, not copied.
     ``known``: the data's description where its source gives one (a built-in dataset's source,
     layout and data format)."""
-    x_train, y_train = splits["train"]
-    if "test" not in splits:
-        keep, test = _held_out(len(x_train), validation_fraction or 0.1, TEST_SPLIT_SEED)
-        splits["test"] = (x_train[test], y_train[test])  # copied out first
-        x_train = data_module.take_rows(x_train, keep, in_place=owned)
-        y_train = y_train[keep]
-        notes.append(_held_out_note(len(test)))
-    x_val = y_val = None
-    if "val" in splits:
-        x_val, y_val = splits["val"]
+    x_train, y_train = _test_held_out(splits, validation_fraction, notes, owned)
+    x_val, y_val = splits.get("val", (None, None))
     x_test, y_test = splits["test"]
     layout = "flat" if np.ndim(x_train) == 2 else "spatial"
     return data_module.from_arrays(

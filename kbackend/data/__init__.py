@@ -95,14 +95,6 @@ class Dataset:
             "val_is_test": info.val_is_test})
 
 
-def resolve_layout(layout: str, kind: str) -> str:
-    """The concrete layout ``layout`` means for raw data of ``kind`` (spatial -> image or
-    sequence)."""
-    if layout != "spatial":
-        return layout
-    return "image" if kind == "image" else "sequence"
-
-
 def _arrange(x: np.ndarray, kind: str, layout: str, data_format: str, name: str) -> np.ndarray:
     """Reshape raw (N, H, W, C) images or (N, T, F) sequences into ``layout``."""
     if layout == "flat":
@@ -253,7 +245,8 @@ def load(
                         f"{'generated' if name != 'digits' else 'embedded in scikit-learn'}, "
                         "not read from files (only mnist and fashion_mnist are).")
     raw = loader(data_dir=data_dir, synthetic=synthetic)
-    layout = resolve_layout(layout, raw.kind)
+    if layout == "spatial":  # the data's own: image data as images, the rest as sequences
+        layout = "image" if raw.kind == "image" else "sequence"
     # One float32 pass (the same values as astype then divide): each fresh 188 MB array of
     # MNIST costs a start-up ~0.1-0.3 s of first-touch page faults.
     x_train = _arrange(_scaled(raw.x_train, raw.scale), raw.kind, layout, data_format, name)

@@ -40,7 +40,7 @@ FASHION_FILES = (
 FASHION_FOLDER = "fashion-mnist"
 DATA_DOC = "docs/data.md"
 # What reading a damaged file raises: numpy, zipfile, gzip and zlib each have their own errors.
-_READ_ERRORS = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error)
+READ_ERRORS = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error)
 
 
 @dataclass
@@ -65,11 +65,6 @@ def cache_dir() -> Path:
     return Path(os.environ.get(CACHE_DIR_ENV) or Path.home() / ".cache" / "kbackend")
 
 
-def keras_cache_dir() -> Path:
-    """The folder ``keras.datasets`` downloads into (``$KERAS_HOME`` or ``~/.keras``)/datasets."""
-    return Path(os.environ.get("KERAS_HOME") or Path.home() / ".keras") / "datasets"
-
-
 def search_dirs(data_dir: str | os.PathLike | None) -> list[tuple[str, Path]]:
     """The folders searched for data files, in order, each with a label for error messages."""
     places: list[tuple[str, Path]] = []
@@ -77,7 +72,8 @@ def search_dirs(data_dir: str | os.PathLike | None) -> list[tuple[str, Path]]:
         places.append(("--data-dir", Path(data_dir)))
     if os.environ.get(DATA_DIR_ENV):
         places.append((DATA_DIR_ENV, Path(os.environ[DATA_DIR_ENV])))
-    places.append(("Keras cache", keras_cache_dir()))
+    keras_home = Path(os.environ.get("KERAS_HOME") or Path.home() / ".keras")
+    places.append(("Keras cache", keras_home / "datasets"))  # where keras.datasets downloads
     return places
 
 
@@ -140,14 +136,13 @@ def load_mnist1d(num_samples: int | None = None) -> RawData:
     digest = hashlib.sha256(spec.encode()).hexdigest()[:16]
     path = cache_dir() / f"mnist1d-{digest}.npz"
     source = f"mnist1d make_dataset (cached at {path})"
+    arrays: dict[str, Any] | None = None
     if path.exists():
         try:
             with np.load(path) as cached:
                 arrays = {k: cached[k] for k in ("x", "y", "x_test", "y_test")}
-        except _READ_ERRORS:
-            arrays = None  # a damaged cache file is regenerated, not fatal
-    else:
-        arrays = None
+        except READ_ERRORS:
+            pass  # a damaged cache file is regenerated, not fatal
     if arrays is None:
         from mnist1d.data import get_dataset_args, make_dataset  # deferred: generation only
 
@@ -214,7 +209,7 @@ def _read_idx(path: Path, ndim: int) -> np.ndarray:
     try:
         with gzip.open(path, "rb") as handle:
             data = handle.read()
-    except _READ_ERRORS as error:
+    except READ_ERRORS as error:
         raise DataError(
             f"Unreadable data file {path}: expected {expected}. Received: {error_text(error, 160)}."
         ) from None
@@ -315,18 +310,12 @@ def _mnist_from(root: Path) -> RawData | None:
                     f"{sorted(npz.files)} (missing {', '.join(missing)})."
                 )
             arrays = {key: npz[key] for key in NPZ_KEYS}
-    except _READ_ERRORS as error:
+    except READ_ERRORS as error:
         if isinstance(error, DataError):
             raise
         raise DataError(
             f"Unreadable data file {path}: expected {expected}. Received: {error_text(error, 160)}."
         ) from None
-    for key in ("x_train", "x_test"):
-        if arrays[key].ndim != 3:
-            raise DataError(
-                f"Invalid {key} in {path}: expected images of shape (N, height, width). "
-                f"Received: shape {arrays[key].shape}."
-            )
     return check_raw(RawData(arrays["x_train"][..., None], arrays["y_train"],
                              arrays["x_test"][..., None], arrays["y_test"], "image", 10, str(path),
                              255.0), str(path))

@@ -102,19 +102,13 @@ def load_source(source: str, *, label: str | None = None, seed: int = 0,
     as strings (for a model with its own string preprocessing layers; ``vectorize_text`` makes
     token ids of them otherwise, as happens here without it).
     """
-    data = _load_source(source, label=label, seed=seed, max_bytes=max_bytes,
+    reader = _reader_of(source, label=label, seed=seed, max_bytes=max_bytes,
                         image_size=image_size)
+    data = finish(reader.where, source, reader)
     if raw_text or not any(x.dtype.kind in "OU" for x, _ in data.splits.values()):
         return data
     splits, note = vectorize_text(dict(data.splits))
     return replace(data, splits=splits, notes=(*data.notes, note))
-
-
-def _load_source(source: str, *, label: str | None, seed: int, max_bytes: int | None,
-                 image_size: tuple[int, int] | None) -> UserData:
-    reader = _reader_of(source, label=label, seed=seed, max_bytes=max_bytes,
-                        image_size=image_size)
-    return finish(reader.where, source, reader)
 
 
 def _reader_of(source: str, *, label: str | None, seed: int, max_bytes: int | None,
@@ -125,41 +119,30 @@ def _reader_of(source: str, *, label: str | None, seed: int, max_bytes: int | No
         raise where.error("expected a .npz or .csv file, a folder, tfds:NAME or FILE.py:FUNCTION.")
     limit = _check_max_bytes(max_bytes)
     function = _function_parts(source)
-    path: Path | None = None
-    is_csv = False
+    path = is_dir = is_file = None
     if not source.startswith(TFDS_PREFIX) and function is None:
         with path_errors(source, "data source", DataError):
             path = Path(source)
-            is_csv = path.suffix.lower() == ".csv" and path.is_file()
-    if label is not None and not is_csv:
+            is_dir, is_file = path.is_dir(), path.is_file()
+    suffix = path.suffix.lower() if path is not None else ""
+    if label is not None and not (suffix == ".csv" and is_file):
         raise where.error(f"label={label!r} names a CSV source's label column; this source is "
                           "not a CSV file.")
-    return _reader(where, source, path, function, label=label, seed=seed, max_bytes=limit,
-                   image_size=image_size)
-
-
-def _reader(where: Where, source: str, path: Path | None, function: tuple[str, str] | None, *,
-            label: str | None, seed: int, max_bytes: int,
-            image_size: tuple[int, int] | None) -> Reader:
-    """The reader of ``source``'s kind (``path``: its path unless it is tfds: or a function)."""
     if source.startswith(TFDS_PREFIX):
-        return TfdsSet(where, source, max_bytes)
+        return TfdsSet(where, source, limit)
     if function is not None:
-        return FunctionSource(where, *function, max_bytes)
+        return FunctionSource(where, *function, limit)
     assert path is not None
-    with path_errors(source, "data source", DataError):
-        is_dir, is_file = path.is_dir(), path.is_file()
     if is_dir:
-        return Folder(where, path, seed, max_bytes, image_size)
-    suffix = path.suffix.lower()
+        return Folder(where, path, seed, limit, image_size)
     if not is_file:
         builtin = "" if suffix or os.sep in source else (
             f" It is not a built-in dataset either ({', '.join(sorted(DATASETS))}).")
         raise where.error(f"no such file or folder.{builtin}")
     if suffix == ".npz":
-        return NpzFile(where, path, max_bytes)
+        return NpzFile(where, path, limit)
     if suffix == ".csv":
-        return CsvFile(where, path, label, max_bytes)
+        return CsvFile(where, path, label, limit)
     if suffix == ".npy":
         raise where.error("a .npy file holds one array, not a dataset: save inputs and labels "
                           "together, numpy.savez(PATH.npz, x_train=x, y_train=y).")

@@ -53,11 +53,11 @@ def default_max_bytes() -> int:
     return int(psutil.virtual_memory().available * MEMORY_FRACTION)
 
 
+@dataclass(frozen=True)
 class Where:
     """What an error names: ``data source 'train.npz'`` or ``data 'arrays'``."""
 
-    def __init__(self, what: str) -> None:
-        self.what = what
+    what: str
 
     def error(self, reason: str) -> DataError:
         return DataError(" ".join(f"Invalid {self.what}: {reason}".split()))
@@ -72,11 +72,6 @@ def _check_limit(where: Where, nbytes: int, max_bytes: int, what: str) -> None:
 
 
 # --- the checks every source ends with ---------------------------------------------------
-
-def _first_non_finite(values: np.ndarray) -> int | None:
-    bad = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
-    return int(np.argmax(bad)) if bad.any() else None
-
 
 def _check_output_labels(where: Where, split: str, x: Any, y: dict) -> tuple[np.ndarray, dict]:
     """``(x, y)`` where ``y`` holds a multi-output model's labels, a dict keyed by output name:
@@ -128,8 +123,9 @@ def _check_split(where: Where, split: str, x: Any, y: Any, y_name: str = "y"
                           f"sample). Received: y.shape={y.shape}.")
     for role, values in (("inputs", x), ("labels", y)):
         if values.dtype.kind == "f":
-            index = _first_non_finite(values)
-            if index is not None:
+            bad = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+            if bad.any():
+                index = int(np.argmax(bad))
                 kind = "NaN" if np.isnan(values.reshape(len(values), -1)[index]).any() else "Inf"
                 raise where.error(f"non-finite {role} ({kind}) in the {split} split, first at "
                                   f"index {index}: clean or drop those samples.")
@@ -226,9 +222,6 @@ def _encode_labels(where: Where, splits: dict[str, tuple[np.ndarray, np.ndarray]
                               f"of the training split ({len(names)} classes).")
         encoded[split] = (x, np.searchsorted(names, text).astype(np.int32))
     return encoded, tuple(str(name) for name in names)
-
-
-# --- .npz ----------------------------------------------------------------------------------
 
 
 def text_array(x: Any, error: Callable[[str], Exception], what: str) -> np.ndarray:

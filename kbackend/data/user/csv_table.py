@@ -162,6 +162,3 @@ def _load_csv(where: Where, path: Path, label: str | None, max_bytes: int
     if not rows:
         raise where.error("the file has a header but no data rows.")
     return x[:rows], labels.array(rows)
-
-
-# --- TensorFlow: folders, TFDS, tf.data ------------------------------------------------------

@@ -134,7 +134,14 @@ class _Batches:
                 rows = self.places[:self.filled][fixed_order(self.filled, self.shuffle_seed)]
                 return self.xs[0][rows], self.ys[0][rows]
             return self.xs[0][:self.filled], self.ys[0][:self.filled]
-        x, y = _concatenate(self.where, self.split, self.xs, self.ys)
+        if not self.xs:
+            raise self.where.error(f"the {self.split} split is empty: the dataset yields no "
+                                   "samples.")
+        try:
+            x, y = np.concatenate(self.xs), np.concatenate(self.ys)
+        except ValueError as error:
+            raise self.where.error(f"the {self.split} split's batches differ in sample shape "
+                                   f"({error_text(error)}).") from None
         self.xs, self.ys = [], []  # the batches go before the shuffled copy is made
         if self.shuffle_seed is None:
             return x, y
@@ -192,16 +199,6 @@ def _read_tf_dataset(where: Where, dataset: Any, split: str, max_bytes: int,
     return batches.arrays()
 
 
-def _concatenate(where: Where, split: str, xs: list, ys: list) -> tuple[np.ndarray, np.ndarray]:
-    if not xs:
-        raise where.error(f"the {split} split is empty: the dataset yields no samples.")
-    try:
-        return np.concatenate(xs), np.concatenate(ys)
-    except ValueError as error:
-        raise where.error(f"the {split} split's batches differ in sample shape "
-                          f"({error_text(error)}).") from None
-
-
 def _spec_words(spec: Any) -> str:
     if isinstance(spec, dict):
         return f"dicts with keys {sorted(spec)}"
@@ -220,7 +217,7 @@ def _read_py_dataset(where: Where, dataset: Any, split: str, max_bytes: int
     if count is None:
         raise where.error(f"the {split} PyDataset is infinite (num_batches is None): a finite "
                           "one is read into memory.")
-    xs, ys, total = [], [], 0
+    batches, total = _Batches(where, split, None), 0
     for index in range(int(count)):
         try:
             batch = dataset[index]
@@ -234,9 +231,8 @@ def _read_py_dataset(where: Where, dataset: Any, split: str, max_bytes: int
         x, y = _check_split(where, split, *batch)
         total += x.nbytes + y.nbytes
         _check_limit(where, total, max_bytes, f"the {split} PyDataset")
-        xs.append(x)
-        ys.append(y)
-    return _concatenate(where, split, xs, ys)
+        batches.add(x, y)
+    return batches.arrays()
 
 
 def vectorize_text(splits: dict[str, tuple[np.ndarray, np.ndarray]]

@@ -167,12 +167,11 @@ def image_header(path: Path) -> tuple[int, int, bool] | None:
         return _header_without_pil(path)
 
 
-def _image_geometry(where: Where, images: list[Path], count: int, max_bytes: int,
-                    image_size: tuple[int, int] | None) -> tuple[int, int, int, str]:
-    """(height, width, channels, colour mode) every image is read at, from the headers alone:
-    each image's pixels within ``MAX_IMAGE_PIXELS`` unless ``image_size`` is given, and the
-    ``count`` images at that size within ``max_bytes``, all checked before any image is
-    decoded."""
+def _image_geometry(where: Where, images: list[Path], max_bytes: int,
+                    image_size: tuple[int, int] | None) -> tuple[int, int, str]:
+    """(height, width, colour mode) every image is read at, from the headers alone: each
+    image's pixels within ``MAX_IMAGE_PIXELS`` unless ``image_size`` is given, and all the
+    images at that size within ``max_bytes``, checked before any image is decoded."""
     first = None
     for path in images:
         header = image_header(path)
@@ -189,9 +188,9 @@ def _image_geometry(where: Where, images: list[Path], count: int, max_bytes: int
     assert first is not None  # a folder without images was refused by _scan_folder
     height, width = image_size or (first[0], first[1])
     channels, mode = (1, "grayscale") if first[2] else (3, "rgb")
-    _check_limit(where, count * height * width * channels * 4, max_bytes,
-                 f"{count:,} images of {height}x{width}x{channels} float32")
-    return height, width, channels, mode
+    _check_limit(where, len(images) * height * width * channels * 4, max_bytes,
+                 f"{len(images):,} images of {height}x{width}x{channels} float32")
+    return height, width, mode
 
 
 @dataclass(frozen=True)
@@ -229,19 +228,19 @@ def _load_folder(where: Where, folder: Path, *, seed: int, max_bytes: int,
     if len(kinds) > 1:
         raise where.error("its split folders hold different kinds of files (images in some, "
                           "text in others).")
-    if kinds == {"images"}:  # from the headers, before TensorFlow or any image is read
+    (kind,) = kinds
+    if kind == "images":  # from the headers, before TensorFlow or any image is read
         # the training folder's first image sets the size; every header is checked
         images = scans["train"][0] + [p for split, (found, _, _) in scans.items()
                                       if split != "train" for p in found]
-        height, width, _, mode = _image_geometry(where, images, len(images), max_bytes,
-                                                 image_size)
+        height, width, mode = _image_geometry(where, images, max_bytes, image_size)
     keras = import_keras()
     tf = _tensorflow()
     options = {"labels": "inferred", "label_mode": "int", "batch_size": READ_BATCH,
                "shuffle": False, "verbose": False}
     notes: list[str] = []
     try:
-        if kinds == {"images"}:
+        if kind == "images":
             datasets = {split: keras.utils.image_dataset_from_directory(
                 path, color_mode=mode, image_size=(height, width), interpolation="bilinear",
                 data_format="channels_last", **options) for split, path in split_folders.items()}
@@ -264,7 +263,6 @@ def _load_folder(where: Where, folder: Path, *, seed: int, max_bytes: int,
         if tuple(dataset.class_names) != class_names:
             raise where.error(f"the {split} folder's classes {list(dataset.class_names)} differ "
                               f"from the training folder's {list(class_names)}.")
-    kind = "images" if kinds == {"images"} else "text"
     # each split's file count: its arrays are allocated once, at that size
     splits = {split: _read_tf_dataset(where, dataset, split, max_bytes, batched=True,
                                       rows=len(scans[split][0]) if kind == "images" else None,

@@ -131,11 +131,3 @@ def _check_no_arguments(where: Where, function: Callable, label: str) -> None:
                 and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     if required:
         raise where.error(f"{label} needs arguments {required}: it is called with none.")
-
-
-# --- the two entry points --------------------------------------------------------------------
-
-
-def _function_parts(source: str) -> tuple[str, str] | None:
-    head, separator, tail = source.rpartition(":")
-    return (head, tail) if separator and head.lower().endswith(".py") else None

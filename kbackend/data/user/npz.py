@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 import zipfile
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from kbackend.data.sources import READ_ERRORS
 from kbackend.data.user.common import NPZ_PAIRS, Reader, Splits, Where, _check_limit
 from kbackend.errors import DataError, error_text
 
@@ -19,7 +19,6 @@ NPZ_CHUNK_BYTES = 4 * 2**20
 # Peak memory of loading arrays over what they hold, budgeted by the size check: the chunks
 # and the validation rows copied out (10%), the finite check's mask (a quarter of float32).
 NPZ_PEAK_FACTOR = 1.5
-_READ_ERRORS = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error)
 
 
 def npy_data_bytes(where: Where, handle: Any, stored: int, name: str) -> int:
@@ -200,10 +199,7 @@ def _load_npz(where: Where, path: Path, max_bytes: int) -> dict[str, tuple]:
                                                  y_key.items()} if isinstance(y_key, dict)
                             else read(y_key, split))
                     for split, x_key, y_key in pairs}
-    except _READ_ERRORS as error:
+    except READ_ERRORS as error:
         if isinstance(error, DataError):
             raise
         raise where.error(f"not a readable .npz archive ({error_text(error)}).") from None
-
-
-# --- .csv ----------------------------------------------------------------------------------

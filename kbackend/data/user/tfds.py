@@ -113,19 +113,14 @@ def _load_tfds(where: Where, spec: str, max_bytes: int) -> tuple[dict, tuple | N
         skipped = [split for split in available if split not in chosen.values()]
         if skipped:
             notes.append(f"TFDS splits not read: {', '.join(skipped)}")
-        if datasets["train"].element_spec[0].dtype == tf.string:
-            batched = {split: dataset.batch(READ_BATCH) for split, dataset in datasets.items()}
-            splits = {split: _read_tf_dataset(where, dataset, split, max_bytes, batched=True)
-                      for split, dataset in batched.items()}
-        else:
-            splits = {split: _read_tf_dataset(where, dataset, split, max_bytes, batched=False)
-                      for split, dataset in datasets.items()}
+        # texts gathered batch by batch; other inputs into arrays sized by the cardinality
+        text = datasets["train"].element_spec[0].dtype == tf.string
+        splits = {split: _read_tf_dataset(where, dataset.batch(READ_BATCH) if text else dataset,
+                                          split, max_bytes, batched=text)
+                  for split, dataset in datasets.items()}
     except (tf.errors.OpError, ValueError, OSError, KeyError) as error:
         if isinstance(error, DataError):
             raise
         raise where.error(f"reading the TFDS dataset in {str(folder)!r} failed "
                           f"({error_text(error)}).") from None
     return splits, class_names, tuple(notes)
-
-
-# --- Python objects and FILE.py:FUNCTION ---------------------------------------------------

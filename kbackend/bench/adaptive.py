@@ -47,7 +47,6 @@ import argparse
 import math
 import os
 import statistics
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -59,6 +58,7 @@ from kbackend.adaptive import DEFAULT_MEASURE_EVERY, AutoBatchSize
 from kbackend.backend_choice import active_backend
 from kbackend.backends import adaptive, impl
 from kbackend.bench import adaptive_timewin
+from kbackend.bench.adaptive_timewin import say
 from kbackend.bench.spec import (
     Benchmark,
     Option,
@@ -99,10 +99,6 @@ QUICK = {"model": "seed_mlp", "dataset": "digits", "batch_sizes": [8, 32], "fixe
          "rates": [3e-3], "lr_scalings": ["sqrt"], "auto_min": 8, "auto_max": [128],
          "seeds": [0], "epochs": 3, "eval_every": 40, "target": 0.9}
 QUICK_OVERHEAD_SAMPLES = 512  # quick overhead epochs: the first 512 training samples
-
-
-def say(message: str) -> None:
-    print(f"[{active_backend()}] {message}", file=sys.stderr, flush=True)
 
 
 def _part(text: str) -> str:
@@ -195,20 +191,17 @@ def overhead(opts: dict[str, Any]) -> list[dict[str, Any]]:
     """Per batch size: us/step of the plain and of the adaptive trainer, and their ratio; on
     one device also of the adaptive trainer that never measures (its fused call's structure
     alone: the plain steps around the per-call ``cond``, no measured step)."""
-
-    config = TrainConfig(model=opts["model"], dataset=opts["dataset"], seed=0,
-                         data_dir=opts["data_dir"], model_options=ModelOptions(seed=0))
-    dataset = workload_of(config).dataset
+    dataset = _dataset(opts)
     if opts["overhead_samples"]:
         cut = opts["overhead_samples"]
         dataset = replace(dataset, x_train=dataset.x_train[:cut], y_train=dataset.y_train[:cut])
     n = len(dataset.x_train)
-    spec = OptimizerSpec("adam", 1e-3)
+    spec, options = OptimizerSpec("adam", 1e-3), ModelOptions(seed=0)
     rows = []
     for batch in opts["batch_sizes"]:
-        model_plain = build_model(opts["model"], dataset.info, config.model_options)
-        model_adaptive = build_model(opts["model"], dataset.info, config.model_options)
-        plain, grown = _trainers(model_plain, model_adaptive, spec, dataset, batch, opts)
+        plain, grown = _trainers(build_model(opts["model"], dataset.info, options),
+                                 build_model(opts["model"], dataset.info, options),
+                                 spec, dataset, batch, opts)
         steps = n // batch
         fused = min(FUSED_STEPS, steps)
         kind = EpochRunner if opts["devices"] <= 1 else PacedEpochRunner
@@ -216,7 +209,7 @@ def overhead(opts: dict[str, Any]) -> list[dict[str, Any]]:
         adaptive_trainers = [grown]
         if opts["devices"] <= 1:
             unmeasured = adaptive().AdaptiveTrainer(
-                build_model(opts["model"], dataset.info, config.model_options), spec, dataset,
+                build_model(opts["model"], dataset.info, options), spec, dataset,
                 jit_compile=opts["jit"], measure_every=NEVER_MEASURED)
             runners["unmeasured"] = kind(unmeasured, n, batch, fused)
             adaptive_trainers.append(unmeasured)
@@ -278,12 +271,10 @@ def inflation(opts: dict[str, Any]) -> list[dict[str, Any]]:
     with nothing else running and while the next size (a new one each round: 2x, 4x, ... the
     batch) compiles ahead in its background thread, rounds alternating; per-step medians and
     their ratio, and the background compilations' seconds (what a used size hides)."""
-    config = TrainConfig(model=opts["model"], dataset=opts["dataset"], seed=0,
-                         data_dir=opts["data_dir"], model_options=ModelOptions(seed=0))
-    dataset = workload_of(config).dataset
+    dataset = _dataset(opts)
     batch = opts["batch_sizes"][0]
     trainer = adaptive().AdaptiveTrainer(
-        build_model(opts["model"], dataset.info, config.model_options),
+        build_model(opts["model"], dataset.info, ModelOptions(seed=0)),
         OptimizerSpec("adam", 1e-3), dataset, jit_compile=opts["jit"])
     n = len(dataset.x_train)
     steps = n // batch
@@ -329,7 +320,6 @@ def inflation(opts: dict[str, Any]) -> list[dict[str, Any]]:
 
 # -- auto vs fixed -------------------------------------------------------------------------
 def _run(config: Any, dataset: Any) -> dict[str, Any]:
-
     result = train(config, dataset=dataset)
     history = result.history
     reached = history.record.target_reached
@@ -367,12 +357,7 @@ def _fmt(value: float | None) -> str:
 
 def compare(opts: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per cell (fixed size, or auto scaling x MAX): its best-rate run of each seed."""
-
-    base = dict(model=opts["model"], dataset=opts["dataset"], engine="native",
-                epochs=opts["epochs"], fused_steps=FUSED_STEPS, eval_every=opts["eval_every"],
-                on_divergence="record", target=Target("val_accuracy", opts["target"]),
-                data_dir=opts["data_dir"], jit_compile=opts["jit"])
-    dataset = workload_of(TrainConfig(**base, model_options=ModelOptions(seed=0))).dataset
+    base, dataset = _run_fields(opts), _dataset(opts)
     cells: dict[str, dict[str, Any]] = {}
 
     def best_of_rates(name: str, seed: int, **fields: Any) -> None:
@@ -420,8 +405,7 @@ def estimator(opts: dict[str, Any]) -> list[dict[str, Any]]:
     step each size was reached at, the largest gap between the two in evaluation intervals, and
     steps and time to the target."""
     maximum = next((m for m in opts["auto_max"] if m), 512)
-    config = _auto_config(opts, maximum)
-    dataset = workload_of(config).dataset
+    config, dataset = _auto_config(opts, maximum), _dataset(opts)
     rows = []
     for seed in opts["seeds"]:
         runs = {}
@@ -444,14 +428,23 @@ def estimator(opts: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _run_fields(opts: dict[str, Any]) -> dict[str, Any]:
+    """The ``TrainConfig`` fields every run of the benchmark shares, from its options."""
+    return dict(model=opts["model"], dataset=opts["dataset"], engine="native",
+                epochs=opts["epochs"], fused_steps=FUSED_STEPS, eval_every=opts["eval_every"],
+                on_divergence="record", target=Target("val_accuracy", opts["target"]),
+                data_dir=opts["data_dir"], jit_compile=opts["jit"])
+
+
+def _dataset(opts: dict[str, Any]) -> Any:
+    """The benchmark's dataset, as ``train()`` loads it for seed 0."""
+    return workload_of(TrainConfig(**_run_fields(opts), model_options=ModelOptions(seed=0))).dataset
+
+
 def _auto_config(opts: dict[str, Any], maximum: int) -> TrainConfig:
     """The benchmark's auto run from its options: MIN to ``maximum``, the first rate and scaling."""
-    return TrainConfig(model=opts["model"], dataset=opts["dataset"], engine="native",
-                       epochs=opts["epochs"], fused_steps=FUSED_STEPS,
-                       eval_every=opts["eval_every"], on_divergence="record",
-                       target=Target("val_accuracy", opts["target"]),
-                       data_dir=opts["data_dir"], jit_compile=opts["jit"],
-                       batch_size=opts["auto_min"], lr_scaling=opts["lr_scalings"][0],
+    return TrainConfig(**_run_fields(opts), batch_size=opts["auto_min"],
+                       lr_scaling=opts["lr_scalings"][0],
                        adaptive_batch=AutoBatchSize(opts["auto_min"], maximum),
                        optimizer=OptimizerSpec(opts["optimizer"], opts["rates"][0]))
 
@@ -461,8 +454,7 @@ def reuse(opts: dict[str, Any]) -> list[dict[str, Any]]:
     size compiled once for all runs) against a fresh ``train()`` per run, alternated, one pair
     per seed after one unmeasured run of each; wall seconds per run, medians [min, max]."""
     maximum = next((m for m in opts["auto_max"] if m), 128)
-    config = _auto_config(opts, maximum)
-    dataset = workload_of(config).dataset
+    config, dataset = _auto_config(opts, maximum), _dataset(opts)
 
     def fresh(seed: int) -> Any:
         return build_model(config.model, dataset.info, ModelOptions(seed=seed))

@@ -38,7 +38,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +45,11 @@ import numpy as np
 
 from kbackend.backend_choice import selected_backend
 from kbackend.bench.spec import Benchmark, Rows, Settings
+from kbackend.bench.tuner import timed_process
 from kbackend.data import load
 from kbackend.errors import DataError
 from kbackend.history import History
 from kbackend.reports import markdown_table
-from kbackend.runtime.child import ChildFailed
 
 # How often to validate. Every validation costs E seconds; validating every n steps finds the
 # target on average n / 2 steps late, at s seconds a step. Over a run of S steps the expected cost
@@ -64,6 +63,7 @@ RECIPES = {"jax": {"batch_size": 512, "fused_steps": 21, "eval_every": EVAL_EVER
            "tensorflow": {"batch_size": 512, "fused_steps": 1, "eval_every": EVAL_EVERY,
                           "lr": 2.53e-3}}
 QUICK_RECIPE = {"batch_size": 64, "fused_steps": 5, "eval_every": 5, "lr": 3e-3}
+TIMEOUT_S = 1800.0  # one whole process
 
 # The plain Keras side: only numpy and keras, as a user would write it. It reads the splits
 # from an .npz file so that both sides train and validate on the same samples.
@@ -130,20 +130,10 @@ def _write_splits(dataset_name: str, path: Path) -> None:
              x_test=data.x_test, y_test=data.y_test)
 
 
-def _timed_process(argv: list[str], env: dict[str, str]) -> tuple[float, str]:
-    start = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
-    seconds = time.perf_counter() - start
-    if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise ChildFailed(f"{argv[1:3]} failed with exit {done.returncode}: {tail}")
-    return seconds, done.stdout
-
-
 def _keras_side(splits: Path, target: float, epochs: int, env: dict[str, str]) -> dict[str, Any]:
-    seconds, out = _timed_process(
+    seconds, out = timed_process(
         [sys.executable, "-c", KERAS_SCRIPT, str(splits), str(target), str(1e-3),
-         "32", str(epochs)], env)
+         "32", str(epochs)], env, TIMEOUT_S)
     return {"side": "keras_script", "cache": "-", "wall_s": seconds,
             **json.loads(out.splitlines()[-1])}
 
@@ -156,7 +146,7 @@ def _kbackend_side(dataset_name: str, target: float, recipe: dict[str, Any], epo
             "--lr", str(recipe["lr"]), "--batch-size", str(recipe["batch_size"]),
             "--fused-steps", str(recipe["fused_steps"]), "--eval-every", str(recipe["eval_every"]),
             "--epochs", str(epochs), "--target", str(target), "--history", str(history_path)]
-    seconds, _ = _timed_process(argv, env)
+    seconds, _ = timed_process(argv, env, TIMEOUT_S)
     history = History.load(history_path)
     timing, reached = history.timing, history.record.target_reached
     train_s = timing.get("train_time") or 0.0
@@ -174,7 +164,7 @@ QUICK_COMMANDS = {"kbackend_info": ["info"], "kbackend_train_help": ["train", "-
 
 
 def _command_side(name: str, argv: list[str], env: dict[str, str]) -> dict[str, Any]:
-    seconds, _ = _timed_process([sys.executable, "-m", "kbackend", *argv], env)
+    seconds, _ = timed_process([sys.executable, "-m", "kbackend", *argv], env, TIMEOUT_S)
     return {"side": name, "cache": "-", "wall_s": seconds}
 
 

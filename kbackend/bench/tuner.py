@@ -224,10 +224,11 @@ def study_argv(splits: Path, cells: dict[str, Any], out: Path, quick: bool) -> l
     return argv
 
 
-def timed_process(argv: list[str], env: dict[str, str]) -> tuple[float, str]:
+def timed_process(argv: list[str], env: dict[str, str],
+                  timeout_s: float = TIMEOUT_S) -> tuple[float, str]:
     """Wall seconds of a whole process and its stdout; a failure raises with its last line."""
     start = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=TIMEOUT_S,
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s,
                           check=False)
     seconds = time.perf_counter() - start
     if done.returncode != 0:

@@ -580,66 +580,70 @@ def _timewin_plot_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(cases.values())
 
 
+def _section(rows: list[dict[str, Any]], part: str, title: str, header: list[str],
+             cells: Any) -> list[str]:
+    """The table of ``part``'s rows (``cells(row)`` a line each); none without its rows."""
+    ours = [r for r in rows if r.get("part") == part]
+    return [f"{title}:\n\n" + markdown_rows(header, (cells(r) for r in ours))] if ours else []
+
+
 def adaptive_table(payload: dict[str, Any]) -> str:
     """The overhead per backend and batch size, auto vs fixed per backend and cell, and auto
     runs on a shared vs a fresh trainer: a table per part that has rows."""
-    parts: list[str] = []
-
-    def section(part: str, title: str, header: list[str], cells: Any) -> None:
-        rows = [r for r in payload["rows"] if r.get("part") == part]
-        if rows:
-            parts.append(f"{title}:\n\n" + markdown_rows(header, (cells(r) for r in rows)))
-
-    overhead_rows = [r for r in payload["rows"] if r.get("part") == "overhead"]
-    devices = max((int(row.get("devices") or 1) for row in overhead_rows), default=1)
+    rows = payload["rows"]
+    devices = max((int(r.get("devices") or 1) for r in rows if r.get("part") == "overhead"),
+                  default=1)
     where = f"data parallel on {devices} devices, global batch; " if devices > 1 else ""
     measured = "per-device-norm" if devices > 1 else "micro-batched"
-    section("overhead",
-            f"Overhead of the estimator ({where}K = 8 fused steps; median us/step [min, max]; "
-            "ratios: median [quartiles] of the per-round ratios to the plain trainer)",
-            ["backend", "batch", "plain us/step", f"{measured} us/step", "ratio",
-             "never measuring: ratio"],
-            lambda row: [row["backend"], str(row["batch_size"]),
-                         spread_text(row["plain_us"], ".1f"),
-                         spread_text(row["adaptive_us"], ".1f"),
-                         _quartiles_text(row.get("ratio_quartiles"), row["ratio"]),
-                         _quartiles_text(row.get("unmeasured_quartiles"),
-                                         row["unmeasured_ratio"])
-                         if "unmeasured_ratio" in row else "-"])
-    section("compare",
-            "Auto vs fixed batch sizes (each seed's best rate; medians over the seeds that "
-            "reached the target, [min, max]; time: train time to the target, compilation "
-            "included)",
-            ["backend", "cell", "reached", "steps to target", "samples to target",
-             "time to target (s)"],
-            lambda row: [row["backend"], row["case"], f"{row['reached']}/{row['seeds']}",
-                         spread_text(row["steps"], ".0f"), spread_text(row["samples"], ".0f"),
-                         spread_text(row["time_s"], ".2f")])
-    section("inflation",
-            "Step-time inflation while the next size compiles ahead in the background (the "
-            "adaptive trainer's calls, median us/step [min, max]; issue 47 item 2)",
-            ["backend", "case", "idle us/step", "while compiling us/step", "ratio",
-             "s per background compilation"],
-            lambda row: [row["backend"], row["case"], spread_text(row["idle_us"], ".1f"),
-                         spread_text(row["busy_us"], ".1f"), f"{row['ratio']:.2f}",
-                         spread_text(row["compile_s"], ".2f")])
-    section("reuse",
-            "Auto runs, each on a fresh train() vs on one shared trainer (the study's Runs); "
-            "wall seconds per run after a compiling round, and each seed's ratio to its fresh "
-            "run, median [min, max]",
-            ["backend", "case", "s per run", "ratio to fresh (per seed)"],
-            lambda row: [row["backend"], row["case"], spread_text(row["wall_s"], ".2f"),
-                         spread_text(row["ratio"], ".2f")])
-    section("estimator",
-            "Growth with the every-step estimator vs one step in 16 (the last of a fused "
-            "call): the step each batch size was reached at; gap: the largest difference in "
-            "evaluation intervals",
-            ["backend", "case", "reached at (size: step)", "gap (intervals)", "steps to target",
-             "time to target (s)"],
-            lambda row: [row["backend"], row["case"],
-                         ", ".join(f"{k}: {v}" for k, v in row["reached_at"].items()),
-                         f"{row['gap_intervals']:.1f}", str(row["steps"]), _fmt(row["time_s"])])
-    parts += adaptive_timewin.tables(payload["rows"])
+    sections = (
+        ("overhead",
+         f"Overhead of the estimator ({where}K = 8 fused steps; median us/step [min, max]; "
+         "ratios: median [quartiles] of the per-round ratios to the plain trainer)",
+         ["backend", "batch", "plain us/step", f"{measured} us/step", "ratio",
+          "never measuring: ratio"],
+         lambda row: [row["backend"], str(row["batch_size"]),
+                      spread_text(row["plain_us"], ".1f"),
+                      spread_text(row["adaptive_us"], ".1f"),
+                      _quartiles_text(row.get("ratio_quartiles"), row["ratio"]),
+                      _quartiles_text(row.get("unmeasured_quartiles"),
+                                      row["unmeasured_ratio"])
+                      if "unmeasured_ratio" in row else "-"]),
+        ("compare",
+         "Auto vs fixed batch sizes (each seed's best rate; medians over the seeds that "
+         "reached the target, [min, max]; time: train time to the target, compilation "
+         "included)",
+         ["backend", "cell", "reached", "steps to target", "samples to target",
+          "time to target (s)"],
+         lambda row: [row["backend"], row["case"], f"{row['reached']}/{row['seeds']}",
+                      spread_text(row["steps"], ".0f"), spread_text(row["samples"], ".0f"),
+                      spread_text(row["time_s"], ".2f")]),
+        ("inflation",
+         "Step-time inflation while the next size compiles ahead in the background (the "
+         "adaptive trainer's calls, median us/step [min, max]; issue 47 item 2)",
+         ["backend", "case", "idle us/step", "while compiling us/step", "ratio",
+          "s per background compilation"],
+         lambda row: [row["backend"], row["case"], spread_text(row["idle_us"], ".1f"),
+                      spread_text(row["busy_us"], ".1f"), f"{row['ratio']:.2f}",
+                      spread_text(row["compile_s"], ".2f")]),
+        ("reuse",
+         "Auto runs, each on a fresh train() vs on one shared trainer (the study's Runs); "
+         "wall seconds per run after a compiling round, and each seed's ratio to its fresh "
+         "run, median [min, max]",
+         ["backend", "case", "s per run", "ratio to fresh (per seed)"],
+         lambda row: [row["backend"], row["case"], spread_text(row["wall_s"], ".2f"),
+                      spread_text(row["ratio"], ".2f")]),
+        ("estimator",
+         "Growth with the every-step estimator vs one step in 16 (the last of a fused "
+         "call): the step each batch size was reached at; gap: the largest difference in "
+         "evaluation intervals",
+         ["backend", "case", "reached at (size: step)", "gap (intervals)", "steps to target",
+          "time to target (s)"],
+         lambda row: [row["backend"], row["case"],
+                      ", ".join(f"{k}: {v}" for k, v in row["reached_at"].items()),
+                      f"{row['gap_intervals']:.1f}", str(row["steps"]), _fmt(row["time_s"])]),
+    )
+    parts = [text for section in sections for text in _section(rows, *section)]
+    parts += adaptive_timewin.tables(rows)
     plots = [s["plot"] for s in payload["summaries"] if s.get("plot")]
     if plots:
         parts.append("Batch-size trajectories over B_simple: " + ", ".join(plots))

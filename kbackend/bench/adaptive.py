@@ -58,7 +58,6 @@ from kbackend.adaptive import DEFAULT_MEASURE_EVERY, AutoBatchSize
 from kbackend.backend_choice import active_backend
 from kbackend.backends import adaptive, impl
 from kbackend.bench import adaptive_timewin
-from kbackend.bench.adaptive_timewin import say
 from kbackend.bench.spec import (
     Benchmark,
     Option,
@@ -67,6 +66,7 @@ from kbackend.bench.spec import (
     WorkerSpec,
     int_list,
     one_per_backend,
+    say,
     spread,
     spread_text,
     subset_of,

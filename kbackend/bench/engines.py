@@ -27,17 +27,15 @@ from __future__ import annotations
 
 import itertools
 import statistics
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from kbackend import data as data_module
-from kbackend.backend_choice import active_backend
 from kbackend.backend_choice import keras as import_keras
 from kbackend.backends import impl
-from kbackend.bench.spec import Benchmark, Option, Rows, Settings, int_list
+from kbackend.bench.spec import Benchmark, Option, Rows, Settings, int_list, say
 from kbackend.engines.native import epoch_runner
 from kbackend.hardware.measure import time_interleaved
 from kbackend.models import ModelOptions, build_model
@@ -143,9 +141,8 @@ def measure_engines(settings: Settings) -> Rows:
             row = {"batch_size": batch_size, "config": name, "steps_per_epoch": steps,
                    "fused_steps": fused.get(name), **figures}
             rows.append(row)
-            print(f"[{active_backend()}] batch {batch_size:5d} {name:15s} "
-                  f"{row['us_per_step']:10.1f} us/step {row['samples_per_s']:12.0f} samples/s "
-                  f"compile {row['compile_s']:.2f}s", file=sys.stderr, flush=True)
+            say(f"batch {batch_size:5d} {name:15s} {row['us_per_step']:10.1f} us/step "
+                f"{row['samples_per_s']:12.0f} samples/s compile {row['compile_s']:.2f}s")
     return rows, {"repeats": repeats, "batch_sizes": batch_sizes}
 
 

@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from kbackend.bench.spec import Benchmark, Option, Rows, Settings
+from kbackend.bench.spec import Benchmark, Option, Rows, Settings, say
 from kbackend.bench.user_model import EXAMPLES, make_sequences
 from kbackend.reports import format_value, markdown_rows
 from kbackend.runtime.child import ChildFailed
@@ -309,8 +309,7 @@ def measure_tuner(settings: Settings) -> Rows:
                 row = (kbackend_side(splits, cells, where, env, settings.quick)
                        if side == "kbackend" else tuner_side(splits, cells, where, env))
                 rows.append({"repeat": repeat, "first": order[0], **row})
-                print(f"[{os.environ.get('KERAS_BACKEND', '')}] repeat {repeat} {side}: "
-                      f"{row['wall_s']:.1f} s, pick {row['pick']}", file=sys.stderr, flush=True)
+                say(f"repeat {repeat} {side}: {row['wall_s']:.1f} s, pick {row['pick']}")
     return rows, tuner_summary(rows, cells, repeats)
 
 

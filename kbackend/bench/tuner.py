@@ -157,16 +157,14 @@ def tuner_available() -> bool:
 
 def grid(settings: Settings) -> dict[str, Any]:
     """The cells, target and budget both sides search (``--quick``: two cells, a small split)."""
-    options = settings.options
-    if settings.quick:
-        return {"rates": dict(QUICK["rates"]), "batch_sizes": list(QUICK["batch_sizes"]),
-                "target": options.get("target") or QUICK["target"],
-                "max_epochs": options.get("max_epochs") or QUICK["max_epochs"],
-                "seeds": options.get("seeds") or QUICK["seeds"], "seed": 0}
-    return {"rates": {o: list(RATES[o]) for o in OPTIMIZERS}, "batch_sizes": list(BATCH_SIZES),
-            "target": options.get("target") or TARGET,
-            "max_epochs": options.get("max_epochs") or MAX_EPOCHS,
-            "seeds": options.get("seeds") or SEEDS, "seed": 0}
+    defaults: dict[str, Any] = QUICK if settings.quick else {
+        "rates": RATES, "batch_sizes": BATCH_SIZES, "target": TARGET, "max_epochs": MAX_EPOCHS,
+        "seeds": SEEDS}
+    return {"rates": {o: list(rates) for o, rates in defaults["rates"].items()},
+            "batch_sizes": list(defaults["batch_sizes"]),
+            **{key: settings.options.get(key) or defaults[key]
+               for key in ("target", "max_epochs", "seeds")},
+            "seed": 0}
 
 
 def write_splits(folder: Path, quick: bool) -> Path:

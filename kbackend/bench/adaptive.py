@@ -358,10 +358,10 @@ def _fmt(value: float | None) -> str:
 def compare(opts: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per cell (fixed size, or auto scaling x MAX): its best-rate run of each seed."""
     base, dataset = _run_fields(opts), _dataset(opts)
-    cells: dict[str, dict[str, Any]] = {}
+    cells: dict[str, list[dict[str, Any]]] = {}
 
     def best_of_rates(name: str, seed: int, **fields: Any) -> None:
-        best = None
+        runs = []
         for rate in opts["rates"]:
             config = TrainConfig(**base, **fields, seed=seed, model_options=ModelOptions(seed=seed),
                                  optimizer=OptimizerSpec(opts["optimizer"], rate))
@@ -369,9 +369,8 @@ def compare(opts: dict[str, Any]) -> list[dict[str, Any]]:
             sizes = [r["batch_size"] for r in (run["adaptive"] or {}).get("ranges", [])]
             say(f"seed {seed} {name} lr {rate:g}: steps {run['steps']} "
                 f"time {_fmt(run['time_s'])}" + (f" sizes {sizes}" if sizes else ""))
-            if best is None or _key(run) < _key(best):
-                best = {**run, "seed": seed, "learning_rate": rate}
-        cells.setdefault(name, {"runs": []})["runs"].append(best)
+            runs.append({**run, "seed": seed, "learning_rate": rate})
+        cells.setdefault(name, []).append(min(runs, key=_key))  # the first of equals
 
     for seed in opts["seeds"]:
         for batch in opts["fixed"]:
@@ -382,14 +381,13 @@ def compare(opts: dict[str, Any]) -> list[dict[str, Any]]:
                               batch_size=opts["auto_min"], lr_scaling=scaling,
                               adaptive_batch=AutoBatchSize(opts["auto_min"], maximum or None))
     rows = []
-    for name, cell in cells.items():
-        runs = cell["runs"]
+    for name, runs in cells.items():
         row: dict[str, Any] = {"part": "compare", "case": name,
                                "reached": sum(r["steps"] is not None for r in runs),
-                               "seeds": len(runs)}
-        for field in ("steps", "samples", "time_s"):
-            row[field] = spread([r[field] for r in runs])
-        row["runs"] = runs
+                               "seeds": len(runs),
+                               **{field: spread([r[field] for r in runs])
+                                  for field in ("steps", "samples", "time_s")},
+                               "runs": runs}
         rows.append(row)
         steps, seconds = row["steps"], row["time_s"]
         say(f"{name:16s} reached {row['reached']}/{len(runs)}  steps {steps['median']} "
@@ -570,14 +568,11 @@ def measure_adaptive(settings: Settings) -> Rows:
 
 def _timewin_plot_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The timewin auto runs as ``plot`` reads them: one case per problem and cache state."""
-    cases: dict[str, dict[str, Any]] = {}
+    cases: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         if row.get("part") == "timewin" and row["side"] == "auto":
-            case = cases.setdefault(f"auto {row['problem']} {row['cache']}",
-                                    {"case": f"auto {row['problem']} {row['cache']}",
-                                     "runs": []})
-            case["runs"].append(row)
-    return list(cases.values())
+            cases.setdefault(f"auto {row['problem']} {row['cache']}", []).append(row)
+    return [{"case": case, "runs": runs} for case, runs in cases.items()]
 
 
 def _section(rows: list[dict[str, Any]], part: str, title: str, header: list[str],

@@ -109,19 +109,13 @@ print(json.dumps({"imports_s": imported - start, "data_s": loaded - imported,
 def _problem(quick: bool) -> tuple[str, float, dict[str, Any], int]:
     if quick:
         return "digits", 0.9, QUICK_RECIPE, 20
-    if load_mnist_or_none() is None:
-        raise DataError("bench_time_to_target needs MNIST: put mnist.npz in KBACKEND_DATA_DIR "
-                        "(see docs/data.md), or run it with --quick (digits).")
-    return "mnist", 0.97, RECIPES[selected_backend()], 10
-
-
-def load_mnist_or_none() -> Any:
-    """MNIST from the local files (never a download: a benchmark must not time one)."""
-    os.environ["KBACKEND_OFFLINE"] = "1"
+    os.environ["KBACKEND_OFFLINE"] = "1"  # MNIST from the local files: never time a download
     try:
-        return load("mnist", layout="flat")
+        load("mnist", layout="flat")
     except DataError:
-        return None
+        raise DataError("bench_time_to_target needs MNIST: put mnist.npz in KBACKEND_DATA_DIR "
+                        "(see docs/data.md), or run it with --quick (digits).") from None
+    return "mnist", 0.97, RECIPES[selected_backend()], 10
 
 
 def _write_splits(dataset_name: str, path: Path) -> None:

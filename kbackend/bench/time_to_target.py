@@ -38,6 +38,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -179,30 +180,22 @@ def measure_time_to_target(settings: Settings) -> Rows:
         # Untimed: the first import writes the bytecode both sides then read.
         subprocess.run([sys.executable, "-c", "import keras, kbackend.cli, kbackend.training"],
                        env=base_env, capture_output=True, timeout=600, check=False)
+        # "cold": a repeat's cache folder starts empty; "warm": the cold run filled it (the same
+        # code path, left out of the quick smoke run).
+        caches = ("cold",) if settings.quick else ("cold", "warm")
+        # the Keras script, kbackend's runs and the commands (every other repeat reversed)
+        sides: list[Callable[[dict[str, str]], list[dict[str, Any]]]] = [
+            lambda env: [_keras_side(splits, target, epochs, env)],
+            lambda env: [_kbackend_side(dataset_name, target, recipe, epochs, env, cache, folder)
+                         for cache in caches],
+            lambda env: [_command_side(name, argv, env) for name, argv in QUICK_COMMANDS.items()]]
         for repeat in range(repeats):
             cache_dir = folder / f"cache-{repeat}"
             env = {**base_env, "KBACKEND_CACHE_DIR": str(cache_dir)}
-
-            def keras_side(env: dict[str, str] = env) -> list[dict[str, Any]]:
-                return [_keras_side(splits, target, epochs, env)]
-
-            def kbackend_sides(env: dict[str, str] = env) -> list[dict[str, Any]]:
-                # "cold": this repeat's cache folder starts empty; "warm": the cold run filled it
-                # (the same code path, left out of the quick smoke run).
-                return [_kbackend_side(dataset_name, target, recipe, epochs, env, cache, folder)
-                        for cache in (("cold",) if settings.quick else ("cold", "warm"))]
-
-            def commands(env: dict[str, str] = env) -> list[dict[str, Any]]:
-                return [_command_side(name, argv, env) for name, argv in QUICK_COMMANDS.items()]
-
-            order = ((keras_side, kbackend_sides, commands) if repeat % 2 == 0
-                     else (commands, kbackend_sides, keras_side))
-            for side in order:
-                for row in side():
-                    rows.append({"repeat": repeat, **row})
+            for side in sides if repeat % 2 == 0 else sides[::-1]:
+                rows += [{"repeat": repeat, **row} for row in side(env)]
             shutil.rmtree(cache_dir, ignore_errors=True)
-    summary = _summary(rows, dataset_name, target, recipe)
-    return rows, summary
+    return rows, _summary(rows, dataset_name, target, recipe)
 
 
 def _median(rows: list[dict[str, Any]], side: str, cache: str,

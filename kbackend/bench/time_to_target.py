@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -46,7 +45,7 @@ import numpy as np
 
 from kbackend.backend_choice import selected_backend
 from kbackend.bench.spec import Benchmark, Rows, Settings
-from kbackend.bench.tuner import timed_process
+from kbackend.bench.tuner import process_env, timed_process
 from kbackend.data import load
 from kbackend.errors import DataError
 from kbackend.history import History
@@ -172,14 +171,8 @@ def measure_time_to_target(settings: Settings) -> Rows:
         folder = Path(tmp)
         splits = folder / "splits.npz"
         _write_splits(dataset_name, splits)
-        # Bytecode on for both sides, as on a user's machine: where the environment sets
-        # PYTHONDONTWRITEBYTECODE (this project's machines do) every process compiled Keras,
-        # JAX and TensorFlow from source again, seconds that neither side pays elsewhere.
-        base_env = {**os.environ, "KBACKEND_OFFLINE": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
-                    "KBACKEND_COMPILE_CACHE": "1", "PYTHONDONTWRITEBYTECODE": ""}
-        # Untimed: the first import writes the bytecode both sides then read.
-        subprocess.run([sys.executable, "-c", "import keras, kbackend.cli, kbackend.training"],
-                       env=base_env, capture_output=True, timeout=600, check=False)
+        base_env = process_env("keras, kbackend.cli, kbackend.training",
+                               KBACKEND_COMPILE_CACHE="1")
         # "cold": a repeat's cache folder starts empty; "warm": the cold run filled it (the same
         # code path, left out of the quick smoke run).
         caches = ("cold",) if settings.quick else ("cold", "warm")

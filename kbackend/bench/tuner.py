@@ -222,6 +222,17 @@ def study_argv(splits: Path, cells: dict[str, Any], out: Path, quick: bool) -> l
     return argv
 
 
+def process_env(imports: str, **extra: str) -> dict[str, str]:
+    """The whole-process sides' environment (offline, ``extra`` added) with bytecode on, as on a
+    user's machine (with PYTHONDONTWRITEBYTECODE, as on this project's machines, every process
+    compiled Keras and the backends from source again), that of ``imports`` written, untimed."""
+    env = {**os.environ, "KBACKEND_OFFLINE": "1", "TF_CPP_MIN_LOG_LEVEL": "2", **extra,
+           "PYTHONDONTWRITEBYTECODE": ""}
+    subprocess.run([sys.executable, "-c", f"import {imports}"], env=env, capture_output=True,
+                   timeout=600, check=False)
+    return env
+
+
 def timed_process(argv: list[str], env: dict[str, str],
                   timeout_s: float = TIMEOUT_S) -> tuple[float, str]:
     """Wall seconds of a whole process and its stdout; a failure raises with its last line."""
@@ -292,13 +303,7 @@ def measure_tuner(settings: Settings) -> Rows:
     with tempfile.TemporaryDirectory(prefix="kbackend-bench-tuner-") as tmp:
         folder = Path(tmp)
         splits = write_splits(folder, settings.quick)
-        # Bytecode on for both sides, as on a user's machine (bench_time_to_target): written
-        # once, untimed, by a first import of what both sides import.
-        base_env = {**os.environ, "KBACKEND_OFFLINE": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
-                    "PYTHONDONTWRITEBYTECODE": ""}
-        subprocess.run([sys.executable, "-c", "import keras, keras_tuner, kbackend.cli, "
-                        "kbackend.study.pipeline"], env=base_env, capture_output=True,
-                       timeout=600, check=False)
+        base_env = process_env("keras, keras_tuner, kbackend.cli, kbackend.study.pipeline")
         for repeat in range(repeats):
             order = ("kbackend", "keras_tuner") if repeat % 2 == 0 else ("keras_tuner", "kbackend")
             for side in order:

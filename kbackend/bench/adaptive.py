@@ -583,8 +583,7 @@ def _section(rows: list[dict[str, Any]], part: str, title: str, header: list[str
 
 
 def adaptive_table(payload: dict[str, Any]) -> str:
-    """The overhead per backend and batch size, auto vs fixed per backend and cell, and auto
-    runs on a shared vs a fresh trainer: a table per part that has rows."""
+    """A table per part that has rows (timewin's from its module), then the plots' paths."""
     rows = payload["rows"]
     devices = max((int(r.get("devices") or 1) for r in rows if r.get("part") == "overhead"),
                   default=1)

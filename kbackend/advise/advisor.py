@@ -230,10 +230,11 @@ def _recommend_fused(advice: Advice, work: Any, batch: int, steps: int) -> int:
                                                  fused_steps=fused)} for fused in (1, 8)]
     advice.measurements["fused"] = rows
     speedup = rows[1]["samples_per_s"] / rows[0]["samples_per_s"]
-    advice.recommend("fused_steps", 8 if speedup >= MIN_SPEEDUP else 1,
+    fused = 8 if speedup >= MIN_SPEEDUP else 1
+    advice.recommend("fused_steps", fused,
                      f"at batch {batch}: 1 -> {_fmt(rows[0])}, 8 -> {_fmt(rows[1])} "
                      f"(x{speedup:.2f}; recommended when >= x{MIN_SPEEDUP:.2f})")
-    return 8 if speedup >= MIN_SPEEDUP else 1
+    return fused
 
 
 def _recommend_data_format(advice: Advice, results: dict[str, dict[str, Any]]) -> str:

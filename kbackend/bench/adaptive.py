@@ -47,7 +47,6 @@ import argparse
 import math
 import os
 import statistics
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -67,6 +66,7 @@ from kbackend.bench.spec import (
     WorkerSpec,
     int_list,
     one_per_backend,
+    say,
     spread,
     spread_text,
     subset_of,
@@ -99,10 +99,6 @@ QUICK = {"model": "seed_mlp", "dataset": "digits", "batch_sizes": [8, 32], "fixe
          "rates": [3e-3], "lr_scalings": ["sqrt"], "auto_min": 8, "auto_max": [128],
          "seeds": [0], "epochs": 3, "eval_every": 40, "target": 0.9}
 QUICK_OVERHEAD_SAMPLES = 512  # quick overhead epochs: the first 512 training samples
-
-
-def say(message: str) -> None:
-    print(f"[{active_backend()}] {message}", file=sys.stderr, flush=True)
 
 
 def _part(text: str) -> str:
@@ -195,20 +191,17 @@ def overhead(opts: dict[str, Any]) -> list[dict[str, Any]]:
     """Per batch size: us/step of the plain and of the adaptive trainer, and their ratio; on
     one device also of the adaptive trainer that never measures (its fused call's structure
     alone: the plain steps around the per-call ``cond``, no measured step)."""
-
-    config = TrainConfig(model=opts["model"], dataset=opts["dataset"], seed=0,
-                         data_dir=opts["data_dir"], model_options=ModelOptions(seed=0))
-    dataset = workload_of(config).dataset
+    dataset = _dataset(opts)
     if opts["overhead_samples"]:
         cut = opts["overhead_samples"]
         dataset = replace(dataset, x_train=dataset.x_train[:cut], y_train=dataset.y_train[:cut])
     n = len(dataset.x_train)
-    spec = OptimizerSpec("adam", 1e-3)
+    spec, options = OptimizerSpec("adam", 1e-3), ModelOptions(seed=0)
     rows = []
     for batch in opts["batch_sizes"]:
-        model_plain = build_model(opts["model"], dataset.info, config.model_options)
-        model_adaptive = build_model(opts["model"], dataset.info, config.model_options)
-        plain, grown = _trainers(model_plain, model_adaptive, spec, dataset, batch, opts)
+        plain, grown = _trainers(build_model(opts["model"], dataset.info, options),
+                                 build_model(opts["model"], dataset.info, options),
+                                 spec, dataset, batch, opts)
         steps = n // batch
         fused = min(FUSED_STEPS, steps)
         kind = EpochRunner if opts["devices"] <= 1 else PacedEpochRunner
@@ -216,7 +209,7 @@ def overhead(opts: dict[str, Any]) -> list[dict[str, Any]]:
         adaptive_trainers = [grown]
         if opts["devices"] <= 1:
             unmeasured = adaptive().AdaptiveTrainer(
-                build_model(opts["model"], dataset.info, config.model_options), spec, dataset,
+                build_model(opts["model"], dataset.info, options), spec, dataset,
                 jit_compile=opts["jit"], measure_every=NEVER_MEASURED)
             runners["unmeasured"] = kind(unmeasured, n, batch, fused)
             adaptive_trainers.append(unmeasured)
@@ -278,12 +271,10 @@ def inflation(opts: dict[str, Any]) -> list[dict[str, Any]]:
     with nothing else running and while the next size (a new one each round: 2x, 4x, ... the
     batch) compiles ahead in its background thread, rounds alternating; per-step medians and
     their ratio, and the background compilations' seconds (what a used size hides)."""
-    config = TrainConfig(model=opts["model"], dataset=opts["dataset"], seed=0,
-                         data_dir=opts["data_dir"], model_options=ModelOptions(seed=0))
-    dataset = workload_of(config).dataset
+    dataset = _dataset(opts)
     batch = opts["batch_sizes"][0]
     trainer = adaptive().AdaptiveTrainer(
-        build_model(opts["model"], dataset.info, config.model_options),
+        build_model(opts["model"], dataset.info, ModelOptions(seed=0)),
         OptimizerSpec("adam", 1e-3), dataset, jit_compile=opts["jit"])
     n = len(dataset.x_train)
     steps = n // batch
@@ -329,7 +320,6 @@ def inflation(opts: dict[str, Any]) -> list[dict[str, Any]]:
 
 # -- auto vs fixed -------------------------------------------------------------------------
 def _run(config: Any, dataset: Any) -> dict[str, Any]:
-
     result = train(config, dataset=dataset)
     history = result.history
     reached = history.record.target_reached
@@ -367,16 +357,11 @@ def _fmt(value: float | None) -> str:
 
 def compare(opts: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per cell (fixed size, or auto scaling x MAX): its best-rate run of each seed."""
-
-    base = dict(model=opts["model"], dataset=opts["dataset"], engine="native",
-                epochs=opts["epochs"], fused_steps=FUSED_STEPS, eval_every=opts["eval_every"],
-                on_divergence="record", target=Target("val_accuracy", opts["target"]),
-                data_dir=opts["data_dir"], jit_compile=opts["jit"])
-    dataset = workload_of(TrainConfig(**base, model_options=ModelOptions(seed=0))).dataset
-    cells: dict[str, dict[str, Any]] = {}
+    base, dataset = _run_fields(opts), _dataset(opts)
+    cells: dict[str, list[dict[str, Any]]] = {}
 
     def best_of_rates(name: str, seed: int, **fields: Any) -> None:
-        best = None
+        runs = []
         for rate in opts["rates"]:
             config = TrainConfig(**base, **fields, seed=seed, model_options=ModelOptions(seed=seed),
                                  optimizer=OptimizerSpec(opts["optimizer"], rate))
@@ -384,9 +369,8 @@ def compare(opts: dict[str, Any]) -> list[dict[str, Any]]:
             sizes = [r["batch_size"] for r in (run["adaptive"] or {}).get("ranges", [])]
             say(f"seed {seed} {name} lr {rate:g}: steps {run['steps']} "
                 f"time {_fmt(run['time_s'])}" + (f" sizes {sizes}" if sizes else ""))
-            if best is None or _key(run) < _key(best):
-                best = {**run, "seed": seed, "learning_rate": rate}
-        cells.setdefault(name, {"runs": []})["runs"].append(best)
+            runs.append({**run, "seed": seed, "learning_rate": rate})
+        cells.setdefault(name, []).append(min(runs, key=_key))  # the first of equals
 
     for seed in opts["seeds"]:
         for batch in opts["fixed"]:
@@ -397,14 +381,13 @@ def compare(opts: dict[str, Any]) -> list[dict[str, Any]]:
                               batch_size=opts["auto_min"], lr_scaling=scaling,
                               adaptive_batch=AutoBatchSize(opts["auto_min"], maximum or None))
     rows = []
-    for name, cell in cells.items():
-        runs = cell["runs"]
+    for name, runs in cells.items():
         row: dict[str, Any] = {"part": "compare", "case": name,
                                "reached": sum(r["steps"] is not None for r in runs),
-                               "seeds": len(runs)}
-        for field in ("steps", "samples", "time_s"):
-            row[field] = spread([r[field] for r in runs])
-        row["runs"] = runs
+                               "seeds": len(runs),
+                               **{field: spread([r[field] for r in runs])
+                                  for field in ("steps", "samples", "time_s")},
+                               "runs": runs}
         rows.append(row)
         steps, seconds = row["steps"], row["time_s"]
         say(f"{name:16s} reached {row['reached']}/{len(runs)}  steps {steps['median']} "
@@ -420,8 +403,7 @@ def estimator(opts: dict[str, Any]) -> list[dict[str, Any]]:
     step each size was reached at, the largest gap between the two in evaluation intervals, and
     steps and time to the target."""
     maximum = next((m for m in opts["auto_max"] if m), 512)
-    config = _auto_config(opts, maximum)
-    dataset = workload_of(config).dataset
+    config, dataset = _auto_config(opts, maximum), _dataset(opts)
     rows = []
     for seed in opts["seeds"]:
         runs = {}
@@ -444,14 +426,23 @@ def estimator(opts: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _run_fields(opts: dict[str, Any]) -> dict[str, Any]:
+    """The ``TrainConfig`` fields every run of the benchmark shares, from its options."""
+    return dict(model=opts["model"], dataset=opts["dataset"], engine="native",
+                epochs=opts["epochs"], fused_steps=FUSED_STEPS, eval_every=opts["eval_every"],
+                on_divergence="record", target=Target("val_accuracy", opts["target"]),
+                data_dir=opts["data_dir"], jit_compile=opts["jit"])
+
+
+def _dataset(opts: dict[str, Any]) -> Any:
+    """The benchmark's dataset, as ``train()`` loads it for seed 0."""
+    return workload_of(TrainConfig(**_run_fields(opts), model_options=ModelOptions(seed=0))).dataset
+
+
 def _auto_config(opts: dict[str, Any], maximum: int) -> TrainConfig:
     """The benchmark's auto run from its options: MIN to ``maximum``, the first rate and scaling."""
-    return TrainConfig(model=opts["model"], dataset=opts["dataset"], engine="native",
-                       epochs=opts["epochs"], fused_steps=FUSED_STEPS,
-                       eval_every=opts["eval_every"], on_divergence="record",
-                       target=Target("val_accuracy", opts["target"]),
-                       data_dir=opts["data_dir"], jit_compile=opts["jit"],
-                       batch_size=opts["auto_min"], lr_scaling=opts["lr_scalings"][0],
+    return TrainConfig(**_run_fields(opts), batch_size=opts["auto_min"],
+                       lr_scaling=opts["lr_scalings"][0],
                        adaptive_batch=AutoBatchSize(opts["auto_min"], maximum),
                        optimizer=OptimizerSpec(opts["optimizer"], opts["rates"][0]))
 
@@ -461,8 +452,7 @@ def reuse(opts: dict[str, Any]) -> list[dict[str, Any]]:
     size compiled once for all runs) against a fresh ``train()`` per run, alternated, one pair
     per seed after one unmeasured run of each; wall seconds per run, medians [min, max]."""
     maximum = next((m for m in opts["auto_max"] if m), 128)
-    config = _auto_config(opts, maximum)
-    dataset = workload_of(config).dataset
+    config, dataset = _auto_config(opts, maximum), _dataset(opts)
 
     def fresh(seed: int) -> Any:
         return build_model(config.model, dataset.info, ModelOptions(seed=seed))
@@ -578,76 +568,76 @@ def measure_adaptive(settings: Settings) -> Rows:
 
 def _timewin_plot_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The timewin auto runs as ``plot`` reads them: one case per problem and cache state."""
-    cases: dict[str, dict[str, Any]] = {}
+    cases: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         if row.get("part") == "timewin" and row["side"] == "auto":
-            case = cases.setdefault(f"auto {row['problem']} {row['cache']}",
-                                    {"case": f"auto {row['problem']} {row['cache']}",
-                                     "runs": []})
-            case["runs"].append(row)
-    return list(cases.values())
+            cases.setdefault(f"auto {row['problem']} {row['cache']}", []).append(row)
+    return [{"case": case, "runs": runs} for case, runs in cases.items()]
+
+
+def _section(rows: list[dict[str, Any]], part: str, title: str, header: list[str],
+             cells: Any) -> list[str]:
+    """The table of ``part``'s rows (``cells(row)`` a line each); none without its rows."""
+    ours = [r for r in rows if r.get("part") == part]
+    return [f"{title}:\n\n" + markdown_rows(header, (cells(r) for r in ours))] if ours else []
 
 
 def adaptive_table(payload: dict[str, Any]) -> str:
-    """The overhead per backend and batch size, auto vs fixed per backend and cell, and auto
-    runs on a shared vs a fresh trainer: a table per part that has rows."""
-    parts: list[str] = []
-
-    def section(part: str, title: str, header: list[str], cells: Any) -> None:
-        rows = [r for r in payload["rows"] if r.get("part") == part]
-        if rows:
-            parts.append(f"{title}:\n\n" + markdown_rows(header, (cells(r) for r in rows)))
-
-    overhead_rows = [r for r in payload["rows"] if r.get("part") == "overhead"]
-    devices = max((int(row.get("devices") or 1) for row in overhead_rows), default=1)
+    """A table per part that has rows (timewin's from its module), then the plots' paths."""
+    rows = payload["rows"]
+    devices = max((int(r.get("devices") or 1) for r in rows if r.get("part") == "overhead"),
+                  default=1)
     where = f"data parallel on {devices} devices, global batch; " if devices > 1 else ""
     measured = "per-device-norm" if devices > 1 else "micro-batched"
-    section("overhead",
-            f"Overhead of the estimator ({where}K = 8 fused steps; median us/step [min, max]; "
-            "ratios: median [quartiles] of the per-round ratios to the plain trainer)",
-            ["backend", "batch", "plain us/step", f"{measured} us/step", "ratio",
-             "never measuring: ratio"],
-            lambda row: [row["backend"], str(row["batch_size"]),
-                         spread_text(row["plain_us"], ".1f"),
-                         spread_text(row["adaptive_us"], ".1f"),
-                         _quartiles_text(row.get("ratio_quartiles"), row["ratio"]),
-                         _quartiles_text(row.get("unmeasured_quartiles"),
-                                         row["unmeasured_ratio"])
-                         if "unmeasured_ratio" in row else "-"])
-    section("compare",
-            "Auto vs fixed batch sizes (each seed's best rate; medians over the seeds that "
-            "reached the target, [min, max]; time: train time to the target, compilation "
-            "included)",
-            ["backend", "cell", "reached", "steps to target", "samples to target",
-             "time to target (s)"],
-            lambda row: [row["backend"], row["case"], f"{row['reached']}/{row['seeds']}",
-                         spread_text(row["steps"], ".0f"), spread_text(row["samples"], ".0f"),
-                         spread_text(row["time_s"], ".2f")])
-    section("inflation",
-            "Step-time inflation while the next size compiles ahead in the background (the "
-            "adaptive trainer's calls, median us/step [min, max]; issue 47 item 2)",
-            ["backend", "case", "idle us/step", "while compiling us/step", "ratio",
-             "s per background compilation"],
-            lambda row: [row["backend"], row["case"], spread_text(row["idle_us"], ".1f"),
-                         spread_text(row["busy_us"], ".1f"), f"{row['ratio']:.2f}",
-                         spread_text(row["compile_s"], ".2f")])
-    section("reuse",
-            "Auto runs, each on a fresh train() vs on one shared trainer (the study's Runs); "
-            "wall seconds per run after a compiling round, and each seed's ratio to its fresh "
-            "run, median [min, max]",
-            ["backend", "case", "s per run", "ratio to fresh (per seed)"],
-            lambda row: [row["backend"], row["case"], spread_text(row["wall_s"], ".2f"),
-                         spread_text(row["ratio"], ".2f")])
-    section("estimator",
-            "Growth with the every-step estimator vs one step in 16 (the last of a fused "
-            "call): the step each batch size was reached at; gap: the largest difference in "
-            "evaluation intervals",
-            ["backend", "case", "reached at (size: step)", "gap (intervals)", "steps to target",
-             "time to target (s)"],
-            lambda row: [row["backend"], row["case"],
-                         ", ".join(f"{k}: {v}" for k, v in row["reached_at"].items()),
-                         f"{row['gap_intervals']:.1f}", str(row["steps"]), _fmt(row["time_s"])])
-    parts += adaptive_timewin.tables(payload["rows"])
+    sections = (
+        ("overhead",
+         f"Overhead of the estimator ({where}K = 8 fused steps; median us/step [min, max]; "
+         "ratios: median [quartiles] of the per-round ratios to the plain trainer)",
+         ["backend", "batch", "plain us/step", f"{measured} us/step", "ratio",
+          "never measuring: ratio"],
+         lambda row: [row["backend"], str(row["batch_size"]),
+                      spread_text(row["plain_us"], ".1f"),
+                      spread_text(row["adaptive_us"], ".1f"),
+                      _quartiles_text(row.get("ratio_quartiles"), row["ratio"]),
+                      _quartiles_text(row.get("unmeasured_quartiles"),
+                                      row["unmeasured_ratio"])
+                      if "unmeasured_ratio" in row else "-"]),
+        ("compare",
+         "Auto vs fixed batch sizes (each seed's best rate; medians over the seeds that "
+         "reached the target, [min, max]; time: train time to the target, compilation "
+         "included)",
+         ["backend", "cell", "reached", "steps to target", "samples to target",
+          "time to target (s)"],
+         lambda row: [row["backend"], row["case"], f"{row['reached']}/{row['seeds']}",
+                      spread_text(row["steps"], ".0f"), spread_text(row["samples"], ".0f"),
+                      spread_text(row["time_s"], ".2f")]),
+        ("inflation",
+         "Step-time inflation while the next size compiles ahead in the background (the "
+         "adaptive trainer's calls, median us/step [min, max]; issue 47 item 2)",
+         ["backend", "case", "idle us/step", "while compiling us/step", "ratio",
+          "s per background compilation"],
+         lambda row: [row["backend"], row["case"], spread_text(row["idle_us"], ".1f"),
+                      spread_text(row["busy_us"], ".1f"), f"{row['ratio']:.2f}",
+                      spread_text(row["compile_s"], ".2f")]),
+        ("reuse",
+         "Auto runs, each on a fresh train() vs on one shared trainer (the study's Runs); "
+         "wall seconds per run after a compiling round, and each seed's ratio to its fresh "
+         "run, median [min, max]",
+         ["backend", "case", "s per run", "ratio to fresh (per seed)"],
+         lambda row: [row["backend"], row["case"], spread_text(row["wall_s"], ".2f"),
+                      spread_text(row["ratio"], ".2f")]),
+        ("estimator",
+         "Growth with the every-step estimator vs one step in 16 (the last of a fused "
+         "call): the step each batch size was reached at; gap: the largest difference in "
+         "evaluation intervals",
+         ["backend", "case", "reached at (size: step)", "gap (intervals)", "steps to target",
+          "time to target (s)"],
+         lambda row: [row["backend"], row["case"],
+                      ", ".join(f"{k}: {v}" for k, v in row["reached_at"].items()),
+                      f"{row['gap_intervals']:.1f}", str(row["steps"]), _fmt(row["time_s"])]),
+    )
+    parts = [text for section in sections for text in _section(rows, *section)]
+    parts += adaptive_timewin.tables(rows)
     plots = [s["plot"] for s in payload["summaries"] if s.get("plot")]
     if plots:
         parts.append("Batch-size trajectories over B_simple: " + ", ".join(plots))

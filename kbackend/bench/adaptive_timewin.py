@@ -51,7 +51,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -59,7 +58,7 @@ from typing import Any
 
 from kbackend.adaptive import AutoBatchSize
 from kbackend.backend_choice import active_backend
-from kbackend.bench.spec import spread, spread_text
+from kbackend.bench.spec import say, spread, spread_text
 from kbackend.data.sources import cache_dir
 from kbackend.errors import ConfigError, DataError
 from kbackend.models import ModelOptions
@@ -95,10 +94,6 @@ QUICK_PROBLEM = {"model": "seed_mlp", "dataset": "digits", "target": 0.9, "optim
                  "eval_every": 40, "epochs": 3, "auto_max": 128}
 DEFAULT_CACHES = ("cold", "warm")
 DEFAULT_SEEDS = (0, 1, 2, 3, 4)
-
-
-def say(message: str) -> None:
-    print(f"[{active_backend()}] {message}", file=sys.stderr, flush=True)
 
 
 # -- the problems -----------------------------------------------------------------------------

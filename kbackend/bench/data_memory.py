@@ -157,7 +157,7 @@ def _cases(folder: Path, quick: bool) -> list[tuple[str, str, Path, dict[str, An
     rows = 20_000 if quick else 400_000
     csv_rows = 5_000 if quick else 200_000
     declared = 64 * _MB if quick else 1024 * _MB
-    cases: list[tuple[str, str, Path, dict[str, Any]]] = [
+    return [
         ("npz float32", "npz", _write_npz(folder, "f32.npz", rows, 64, np.float32), {}),
         ("npz float64", "npz", _write_npz(folder, "f64.npz", rows, 64, np.float64), {}),
         ("npz float32 compressed", "npz",
@@ -167,7 +167,6 @@ def _cases(folder: Path, quick: bool) -> list[tuple[str, str, Path, dict[str, An
         (f"npz declaring {declared // _MB} MiB, cap {declared // 2 // _MB} MiB", "refused",
          _write_declared(folder, declared), {"max_bytes": declared // 2}),
     ]
-    return cases
 
 
 def measure_data_memory(settings: Settings) -> Rows:

@@ -27,19 +27,17 @@ from __future__ import annotations
 
 import itertools
 import statistics
-import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from kbackend import data as data_module
-from kbackend.backend_choice import active_backend
 from kbackend.backend_choice import keras as import_keras
 from kbackend.backends import impl
-from kbackend.bench.spec import Benchmark, Option, Rows, Settings, int_list
+from kbackend.bench.spec import Benchmark, Option, Rows, Settings, int_list, say
 from kbackend.engines.native import epoch_runner
+from kbackend.hardware.measure import time_interleaved
 from kbackend.models import ModelOptions, build_model
 from kbackend.optim import OptimizerSpec
 
@@ -105,23 +103,14 @@ def measure(runners: dict[str, Any], steps: int, batch_size: int, repeats: int) 
 
     Interleaving spreads the load of a shared machine evenly over the configurations.
     """
-    first: dict[str, float] = {}
-    epochs: dict[str, list[float]] = {name: [] for name in runners}
-    for name, run in runners.items():
-        start = time.perf_counter()
-        run()
-        first[name] = time.perf_counter() - start
-    names = list(runners)
-    for repeat in range(repeats):
-        for name in names[repeat % len(names):] + names[:repeat % len(names)]:
-            start = time.perf_counter()
-            runners[name]()
-            epochs[name].append(time.perf_counter() - start)
+    timings = time_interleaved(runners, repeats, wait=lambda result: result)
     figures = {}
-    for name, seconds in epochs.items():
+    for name, timing in timings.items():
+        seconds = list(timing.times)
         median = statistics.median(seconds)
         # Exact for the native engine; else the first epoch's excess (noise can hide it: >= 0).
-        compile_s = getattr(runners[name], "compile_time", max(0.0, first[name] - median))
+        compile_s = getattr(runners[name], "compile_time",
+                            max(0.0, timing.first_call_s - median))
         figures[name] = {"us_per_step": median / steps * 1e6,
                          "samples_per_s": steps * batch_size / median,
                          "compile_s": compile_s, "epoch_s": seconds,
@@ -152,9 +141,8 @@ def measure_engines(settings: Settings) -> Rows:
             row = {"batch_size": batch_size, "config": name, "steps_per_epoch": steps,
                    "fused_steps": fused.get(name), **figures}
             rows.append(row)
-            print(f"[{active_backend()}] batch {batch_size:5d} {name:15s} "
-                  f"{row['us_per_step']:10.1f} us/step {row['samples_per_s']:12.0f} samples/s "
-                  f"compile {row['compile_s']:.2f}s", file=sys.stderr, flush=True)
+            say(f"batch {batch_size:5d} {name:15s} {row['us_per_step']:10.1f} us/step "
+                f"{row['samples_per_s']:12.0f} samples/s compile {row['compile_s']:.2f}s")
     return rows, {"repeats": repeats, "batch_sizes": batch_sizes}
 
 

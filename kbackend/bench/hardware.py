@@ -21,7 +21,7 @@ from kbackend.backends import impl
 from kbackend.bench.spec import Benchmark, Option, Rows, Settings, int_list
 from kbackend.hardware import probe
 from kbackend.hardware.inputs import iterate_batches, monitored_batches
-from kbackend.hardware.knee import DEFAULT_MIN_GAIN, find_knee
+from kbackend.hardware.knee import DEFAULT_MIN_GAIN, curve_knee
 from kbackend.hardware.monitor import StepMonitor
 from kbackend.hardware.prefetch import Prefetcher
 from kbackend.models import ModelOptions, build_model
@@ -53,7 +53,7 @@ def measure_throughput(settings: Settings) -> Rows:
                                   seconds_per_point=None if settings.quick else 2.0,
                                   rounds=settings.rounds(quick=1, full=3))
     measured = [r for r in rows if "samples_per_s" in r]
-    knee = find_knee([r["batch_size"] for r in measured], [r["samples_per_s"] for r in measured])
+    knee = curve_knee(measured)
     for row in rows:
         row["model"] = "seed_mlp"
     return rows, {"knee_batch_size": knee.batch_size, "knee_samples_per_s": knee.throughput,

@@ -20,8 +20,6 @@ measures real scaling (device counts beyond what exists are skipped).
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,6 +29,7 @@ from kbackend.backends import impl
 from kbackend.bench.spec import Benchmark, Option, Rows, Settings, WorkerSpec, int_list
 from kbackend.data import from_arrays
 from kbackend.engines.loop import EpochRunner
+from kbackend.hardware.measure import time_interleaved
 from kbackend.models import ModelOptions, build_model
 from kbackend.optim import OptimizerSpec
 
@@ -76,13 +75,9 @@ def measure_parallel(settings: Settings) -> Rows:
         trainer = backend.data_parallel_trainer(model, spec, dataset, devices=devices,
                                                 batch_size=batch, dp_impl="shard_map")
         epoch = EpochRunner(trainer, len(dataset.x_train), batch, fused)
-        epoch()  # compile (excluded)
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            epoch()  # returns once the call's losses are on the host
-            times.append((time.perf_counter() - start) / fused)
-        step_time = statistics.median(times)
+        # the first (compiling) call apart; an epoch returns once its losses are on the host
+        timing = time_interleaved({series: epoch}, repeats, wait=lambda losses: losses)[series]
+        step_time = timing.median_s / fused
         rows.append({"devices": devices, "series": series, "platform": platform,
                      "global_batch": batch, "per_device_batch": batch // devices,
                      "step_time_ms": step_time * 1e3, "samples_per_s": batch / step_time,

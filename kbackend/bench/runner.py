@@ -84,12 +84,6 @@ def default_table(bench: Benchmark, payload: dict[str, Any]) -> str:
     return table
 
 
-def _in_this_process(spec: WorkerSpec) -> bool:
-    """Whether ``spec`` can run here: same backend, already started, no virtual devices of its
-    own."""
-    return spec.virtual_devices is None and spec.backend == use_backend()
-
-
 def run(bench: Benchmark, argv: Sequence[str] | None = None, *, in_process: bool = False) -> int:
     """Run ``bench`` with command-line ``argv``: 0 when every worker succeeded, 1 if one failed,
     2 for bad options.
@@ -140,7 +134,8 @@ def _run_one(bench: Benchmark, spec: WorkerSpec, settings: Settings,
         "measure": _target(bench),
         "settings": asdict(replace(settings, devices=spec.virtual_devices))}
     try:
-        if in_process and _in_this_process(spec):
+        # here: the backend already started, and no virtual devices of the worker's own
+        if in_process and spec.virtual_devices is None and spec.backend == use_backend():
             result = run_worker(**kwargs)
         else:
             result = run_in_child("kbackend.bench.runner:run_worker", spec.backend, kwargs,

@@ -69,10 +69,6 @@ def _command(config: str, dataset: str, fused: int,
     return [*base, "train", *train, "--engine", "data_parallel", "--devices", "2"], env
 
 
-def _weights(path: Path) -> list[np.ndarray]:
-    return load_model(path).get_weights()
-
-
 def _run(config: str, dataset: str, fused: int, folder: Path) -> dict[str, Any]:
     folder.mkdir(parents=True)
     argv, env = _command(config, dataset, fused, folder)
@@ -112,7 +108,8 @@ def measure_scale_out(settings: Settings) -> Rows:
                 if model is not None and reference is not None:
                     row["max_param_diff"] = max(
                         float(np.max(np.abs(a - b)))
-                        for a, b in zip(_weights(reference), _weights(model), strict=True))
+                        for a, b in zip(load_model(reference).get_weights(),
+                                        load_model(model).get_weights(), strict=True))
                 rows.append(row)
     return rows, _summary(rows)
 

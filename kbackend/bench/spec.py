@@ -5,15 +5,22 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import sys
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
+from kbackend.backend_choice import active_backend
+
 Rows = tuple[list[dict[str, Any]], dict[str, Any]]
 DEFAULT_NOTE = ("medians over repeated steps; first (compiling) call excluded and reported as "
                 "compile_s; shared machines make absolute figures noisy: compare within a run")
 
+
+def say(message: str) -> None:
+    """A worker's progress line on stderr, tagged with its backend."""
+    print(f"[{active_backend()}] {message}", file=sys.stderr, flush=True)
 
 
 def spread(values: Sequence[float | None]) -> dict[str, Any]:

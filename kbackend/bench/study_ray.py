@@ -31,7 +31,7 @@ from kbackend.reports import markdown_table
 from kbackend.study.config import RAY_EXTRA, StudyConfig
 from kbackend.study.pipeline import run_study
 from kbackend.study.ray_executor import start_ray
-from kbackend.study.study_record import Cell, StudyRecord
+from kbackend.study.study_record import StudyRecord
 from kbackend.training import Target
 
 STUDY = StudyConfig(
@@ -50,14 +50,10 @@ def _label(executor: str, workers: int) -> str:
     return "local" if executor == "local" else f"ray, {workers} worker{'s' * (workers > 1)}"
 
 
-def _cells(study: StudyRecord) -> dict[tuple[str, int | str], Cell]:
-    return {c.key: c for c in study.cells}
-
-
 def cells_equal(local: StudyRecord, other: StudyRecord) -> tuple[int, int, float]:
     """(cells equal, cells, largest metric difference): equal when the learning rate, reach and
     steps to target are identical and best metric and test accuracy within ``TOLERANCE``."""
-    ours, theirs = _cells(local), _cells(other)
+    ours, theirs = ({c.key: c for c in study.cells} for study in (local, other))
     equal, worst = 0, 0.0
     for key, cell in ours.items():
         twin = theirs.get(key)

@@ -35,10 +35,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +45,11 @@ import numpy as np
 
 from kbackend.backend_choice import selected_backend
 from kbackend.bench.spec import Benchmark, Rows, Settings
+from kbackend.bench.tuner import process_env, timed_process
 from kbackend.data import load
 from kbackend.errors import DataError
 from kbackend.history import History
 from kbackend.reports import markdown_table
-from kbackend.runtime.child import ChildFailed
 
 # How often to validate. Every validation costs E seconds; validating every n steps finds the
 # target on average n / 2 steps late, at s seconds a step. Over a run of S steps the expected cost
@@ -64,6 +63,7 @@ RECIPES = {"jax": {"batch_size": 512, "fused_steps": 21, "eval_every": EVAL_EVER
            "tensorflow": {"batch_size": 512, "fused_steps": 1, "eval_every": EVAL_EVERY,
                           "lr": 2.53e-3}}
 QUICK_RECIPE = {"batch_size": 64, "fused_steps": 5, "eval_every": 5, "lr": 3e-3}
+TIMEOUT_S = 1800.0  # one whole process
 
 # The plain Keras side: only numpy and keras, as a user would write it. It reads the splits
 # from an .npz file so that both sides train and validate on the same samples.
@@ -109,19 +109,13 @@ print(json.dumps({"imports_s": imported - start, "data_s": loaded - imported,
 def _problem(quick: bool) -> tuple[str, float, dict[str, Any], int]:
     if quick:
         return "digits", 0.9, QUICK_RECIPE, 20
-    if load_mnist_or_none() is None:
-        raise DataError("bench_time_to_target needs MNIST: put mnist.npz in KBACKEND_DATA_DIR "
-                        "(see docs/data.md), or run it with --quick (digits).")
-    return "mnist", 0.97, RECIPES[selected_backend()], 10
-
-
-def load_mnist_or_none() -> Any:
-    """MNIST from the local files (never a download: a benchmark must not time one)."""
-    os.environ["KBACKEND_OFFLINE"] = "1"
+    os.environ["KBACKEND_OFFLINE"] = "1"  # MNIST from the local files: never time a download
     try:
-        return load("mnist", layout="flat")
+        load("mnist", layout="flat")
     except DataError:
-        return None
+        raise DataError("bench_time_to_target needs MNIST: put mnist.npz in KBACKEND_DATA_DIR "
+                        "(see docs/data.md), or run it with --quick (digits).") from None
+    return "mnist", 0.97, RECIPES[selected_backend()], 10
 
 
 def _write_splits(dataset_name: str, path: Path) -> None:
@@ -130,20 +124,10 @@ def _write_splits(dataset_name: str, path: Path) -> None:
              x_test=data.x_test, y_test=data.y_test)
 
 
-def _timed_process(argv: list[str], env: dict[str, str]) -> tuple[float, str]:
-    start = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
-    seconds = time.perf_counter() - start
-    if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise ChildFailed(f"{argv[1:3]} failed with exit {done.returncode}: {tail}")
-    return seconds, done.stdout
-
-
 def _keras_side(splits: Path, target: float, epochs: int, env: dict[str, str]) -> dict[str, Any]:
-    seconds, out = _timed_process(
+    seconds, out = timed_process(
         [sys.executable, "-c", KERAS_SCRIPT, str(splits), str(target), str(1e-3),
-         "32", str(epochs)], env)
+         "32", str(epochs)], env, TIMEOUT_S)
     return {"side": "keras_script", "cache": "-", "wall_s": seconds,
             **json.loads(out.splitlines()[-1])}
 
@@ -156,7 +140,7 @@ def _kbackend_side(dataset_name: str, target: float, recipe: dict[str, Any], epo
             "--lr", str(recipe["lr"]), "--batch-size", str(recipe["batch_size"]),
             "--fused-steps", str(recipe["fused_steps"]), "--eval-every", str(recipe["eval_every"]),
             "--epochs", str(epochs), "--target", str(target), "--history", str(history_path)]
-    seconds, _ = _timed_process(argv, env)
+    seconds, _ = timed_process(argv, env, TIMEOUT_S)
     history = History.load(history_path)
     timing, reached = history.timing, history.record.target_reached
     train_s = timing.get("train_time") or 0.0
@@ -174,7 +158,7 @@ QUICK_COMMANDS = {"kbackend_info": ["info"], "kbackend_train_help": ["train", "-
 
 
 def _command_side(name: str, argv: list[str], env: dict[str, str]) -> dict[str, Any]:
-    seconds, _ = _timed_process([sys.executable, "-m", "kbackend", *argv], env)
+    seconds, _ = timed_process([sys.executable, "-m", "kbackend", *argv], env, TIMEOUT_S)
     return {"side": name, "cache": "-", "wall_s": seconds}
 
 
@@ -187,38 +171,24 @@ def measure_time_to_target(settings: Settings) -> Rows:
         folder = Path(tmp)
         splits = folder / "splits.npz"
         _write_splits(dataset_name, splits)
-        # Bytecode on for both sides, as on a user's machine: where the environment sets
-        # PYTHONDONTWRITEBYTECODE (this project's machines do) every process compiled Keras,
-        # JAX and TensorFlow from source again, seconds that neither side pays elsewhere.
-        base_env = {**os.environ, "KBACKEND_OFFLINE": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
-                    "KBACKEND_COMPILE_CACHE": "1", "PYTHONDONTWRITEBYTECODE": ""}
-        # Untimed: the first import writes the bytecode both sides then read.
-        subprocess.run([sys.executable, "-c", "import keras, kbackend.cli, kbackend.training"],
-                       env=base_env, capture_output=True, timeout=600, check=False)
+        base_env = process_env("keras, kbackend.cli, kbackend.training",
+                               KBACKEND_COMPILE_CACHE="1")
+        # "cold": a repeat's cache folder starts empty; "warm": the cold run filled it (the same
+        # code path, left out of the quick smoke run).
+        caches = ("cold",) if settings.quick else ("cold", "warm")
+        # the Keras script, kbackend's runs and the commands (every other repeat reversed)
+        sides: list[Callable[[dict[str, str]], list[dict[str, Any]]]] = [
+            lambda env: [_keras_side(splits, target, epochs, env)],
+            lambda env: [_kbackend_side(dataset_name, target, recipe, epochs, env, cache, folder)
+                         for cache in caches],
+            lambda env: [_command_side(name, argv, env) for name, argv in QUICK_COMMANDS.items()]]
         for repeat in range(repeats):
             cache_dir = folder / f"cache-{repeat}"
             env = {**base_env, "KBACKEND_CACHE_DIR": str(cache_dir)}
-
-            def keras_side(env: dict[str, str] = env) -> list[dict[str, Any]]:
-                return [_keras_side(splits, target, epochs, env)]
-
-            def kbackend_sides(env: dict[str, str] = env) -> list[dict[str, Any]]:
-                # "cold": this repeat's cache folder starts empty; "warm": the cold run filled it
-                # (the same code path, left out of the quick smoke run).
-                return [_kbackend_side(dataset_name, target, recipe, epochs, env, cache, folder)
-                        for cache in (("cold",) if settings.quick else ("cold", "warm"))]
-
-            def commands(env: dict[str, str] = env) -> list[dict[str, Any]]:
-                return [_command_side(name, argv, env) for name, argv in QUICK_COMMANDS.items()]
-
-            order = ((keras_side, kbackend_sides, commands) if repeat % 2 == 0
-                     else (commands, kbackend_sides, keras_side))
-            for side in order:
-                for row in side():
-                    rows.append({"repeat": repeat, **row})
+            for side in sides if repeat % 2 == 0 else sides[::-1]:
+                rows += [{"repeat": repeat, **row} for row in side(env)]
             shutil.rmtree(cache_dir, ignore_errors=True)
-    summary = _summary(rows, dataset_name, target, recipe)
-    return rows, summary
+    return rows, _summary(rows, dataset_name, target, recipe)
 
 
 def _median(rows: list[dict[str, Any]], side: str, cache: str,

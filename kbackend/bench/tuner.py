@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from kbackend.bench.spec import Benchmark, Option, Rows, Settings
+from kbackend.bench.spec import Benchmark, Option, Rows, Settings, say
 from kbackend.bench.user_model import EXAMPLES, make_sequences
 from kbackend.reports import format_value, markdown_rows
 from kbackend.runtime.child import ChildFailed
@@ -157,16 +157,14 @@ def tuner_available() -> bool:
 
 def grid(settings: Settings) -> dict[str, Any]:
     """The cells, target and budget both sides search (``--quick``: two cells, a small split)."""
-    options = settings.options
-    if settings.quick:
-        return {"rates": dict(QUICK["rates"]), "batch_sizes": list(QUICK["batch_sizes"]),
-                "target": options.get("target") or QUICK["target"],
-                "max_epochs": options.get("max_epochs") or QUICK["max_epochs"],
-                "seeds": options.get("seeds") or QUICK["seeds"], "seed": 0}
-    return {"rates": {o: list(RATES[o]) for o in OPTIMIZERS}, "batch_sizes": list(BATCH_SIZES),
-            "target": options.get("target") or TARGET,
-            "max_epochs": options.get("max_epochs") or MAX_EPOCHS,
-            "seeds": options.get("seeds") or SEEDS, "seed": 0}
+    defaults: dict[str, Any] = QUICK if settings.quick else {
+        "rates": RATES, "batch_sizes": BATCH_SIZES, "target": TARGET, "max_epochs": MAX_EPOCHS,
+        "seeds": SEEDS}
+    return {"rates": {o: list(rates) for o, rates in defaults["rates"].items()},
+            "batch_sizes": list(defaults["batch_sizes"]),
+            **{key: settings.options.get(key) or defaults[key]
+               for key in ("target", "max_epochs", "seeds")},
+            "seed": 0}
 
 
 def write_splits(folder: Path, quick: bool) -> Path:
@@ -224,10 +222,22 @@ def study_argv(splits: Path, cells: dict[str, Any], out: Path, quick: bool) -> l
     return argv
 
 
-def timed_process(argv: list[str], env: dict[str, str]) -> tuple[float, str]:
+def process_env(imports: str, **extra: str) -> dict[str, str]:
+    """The whole-process sides' environment (offline, ``extra`` added) with bytecode on, as on a
+    user's machine (with PYTHONDONTWRITEBYTECODE, as on this project's machines, every process
+    compiled Keras and the backends from source again), that of ``imports`` written, untimed."""
+    env = {**os.environ, "KBACKEND_OFFLINE": "1", "TF_CPP_MIN_LOG_LEVEL": "2", **extra,
+           "PYTHONDONTWRITEBYTECODE": ""}
+    subprocess.run([sys.executable, "-c", f"import {imports}"], env=env, capture_output=True,
+                   timeout=600, check=False)
+    return env
+
+
+def timed_process(argv: list[str], env: dict[str, str],
+                  timeout_s: float = TIMEOUT_S) -> tuple[float, str]:
     """Wall seconds of a whole process and its stdout; a failure raises with its last line."""
     start = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=TIMEOUT_S,
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s,
                           check=False)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
@@ -293,13 +303,7 @@ def measure_tuner(settings: Settings) -> Rows:
     with tempfile.TemporaryDirectory(prefix="kbackend-bench-tuner-") as tmp:
         folder = Path(tmp)
         splits = write_splits(folder, settings.quick)
-        # Bytecode on for both sides, as on a user's machine (bench_time_to_target): written
-        # once, untimed, by a first import of what both sides import.
-        base_env = {**os.environ, "KBACKEND_OFFLINE": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
-                    "PYTHONDONTWRITEBYTECODE": ""}
-        subprocess.run([sys.executable, "-c", "import keras, keras_tuner, kbackend.cli, "
-                        "kbackend.study.pipeline"], env=base_env, capture_output=True,
-                       timeout=600, check=False)
+        base_env = process_env("keras, keras_tuner, kbackend.cli, kbackend.study.pipeline")
         for repeat in range(repeats):
             order = ("kbackend", "keras_tuner") if repeat % 2 == 0 else ("keras_tuner", "kbackend")
             for side in order:
@@ -308,8 +312,7 @@ def measure_tuner(settings: Settings) -> Rows:
                 row = (kbackend_side(splits, cells, where, env, settings.quick)
                        if side == "kbackend" else tuner_side(splits, cells, where, env))
                 rows.append({"repeat": repeat, "first": order[0], **row})
-                print(f"[{os.environ.get('KERAS_BACKEND', '')}] repeat {repeat} {side}: "
-                      f"{row['wall_s']:.1f} s, pick {row['pick']}", file=sys.stderr, flush=True)
+                say(f"repeat {repeat} {side}: {row['wall_s']:.1f} s, pick {row['pick']}")
     return rows, tuner_summary(rows, cells, repeats)
 
 

@@ -22,14 +22,12 @@ interleaved rounds; the median is reported as s/step with its ratio to ``unrolle
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 from typing import Any
 
 from kbackend import data as data_module
-from kbackend.backend_choice import active_backend
 from kbackend.bench.engines import measure
-from kbackend.bench.spec import Benchmark, Option, Rows, Settings
+from kbackend.bench.spec import Benchmark, Option, Rows, Settings, say
 from kbackend.engines.native import epoch_runner
 from kbackend.models import ModelOptions, build_model
 from kbackend.optim import OptimizerSpec
@@ -68,9 +66,8 @@ def measure_unroll(settings: Settings) -> Rows:
                "s_per_step": fig["us_per_step"] / 1e6, "x_unrolled": fig["us_per_step"] / base,
                "compile_s": fig["compile_s"], "spread": fig["spread"], "epoch_s": fig["epoch_s"]}
         rows.append(row)
-        print(f"[{active_backend()}] {config:14s} {row['s_per_step']:8.3f} s/step "
-              f"x{row['x_unrolled']:.1f} compile {row['compile_s']:.1f}s", file=sys.stderr,
-              flush=True)
+        say(f"{config:14s} {row['s_per_step']:8.3f} s/step x{row['x_unrolled']:.1f} compile "
+            f"{row['compile_s']:.1f}s")
     return rows, {"repeats": repeats, "fused_steps": k, "batch_size": batch_size,
                   "dataset": name}
 

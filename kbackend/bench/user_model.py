@@ -62,10 +62,9 @@ from typing import Any
 
 import numpy as np
 
-from kbackend.backend_choice import active_backend
 from kbackend.backends import capabilities, impl
 from kbackend.bench.engines import measure
-from kbackend.bench.spec import Benchmark, Option, Rows, Settings, positive_int, subset_of
+from kbackend.bench.spec import Benchmark, Option, Rows, Settings, positive_int, say, subset_of
 from kbackend.config import Target, TrainConfig
 from kbackend.data.batching import epoch_batches, epochs_for_steps, steps_per_epoch
 from kbackend.engines.keras_fit import compile_model
@@ -110,8 +109,6 @@ def mlp_twin(input_shape, num_classes):
 CONV_BATCH_SIZES = (64, 256)
 CONV_LR = 0.05
 QUICK_CONV_STEPS, QUICK_CONV_K = 4, 2
-
-
 
 
 def study_plan(dataset: Any, batch_size: int) -> Any:
@@ -186,9 +183,9 @@ def twin_step_rows(dataset: Any, workload: Any, batch_sizes: list[int],
                   for key in ("us_per_step", "spread", "compile_s", "epoch_s")}}
         row["within_goal"] = abs(row["ratio"] - 1.0) <= 0.10
         rows.append(row)
-        print(f"[{active_backend()}] twin step batch {batch:4d} K={fused:3d}: built-in "
-              f"{row['builtin_us_per_step']:8.1f} us, twin {row['twin_us_per_step']:8.1f} us, "
-              f"x{row['ratio']:.3f}", file=sys.stderr, flush=True)
+        say(f"twin step batch {batch:4d} K={fused:3d}: built-in "
+            f"{row['builtin_us_per_step']:8.1f} us, twin {row['twin_us_per_step']:8.1f} us, "
+            f"x{row['ratio']:.3f}")
     return rows
 
 
@@ -254,9 +251,8 @@ def twin_target_rows(dataset: Any, workload: Any, batch_sizes: list[int], seeds:
         medians = [row[f"{s}_interval"]["median"] for s in sides]
         row["ratio"] = medians[1] / medians[0] if None not in medians else None
         rows.append(row)
-        print(f"[{active_backend()}] twin steps to target batch {batch:4d}: built-in "
-              f"{row['builtin_steps']}, twin {row['twin_steps']}, overlap {row['overlap']}",
-              file=sys.stderr, flush=True)
+        say(f"twin steps to target batch {batch:4d}: built-in {row['builtin_steps']}, twin "
+            f"{row['twin_steps']}, overlap {row['overlap']}")
     return rows
 
 
@@ -318,9 +314,9 @@ def conv_row(workload: Any, batch: int, quick: bool, repeats: int) -> dict[str, 
            **{f"{name}_loss_first_last": [runners[name].losses[0], runners[name].losses[-1]]
               for name in ("native", "reference")}}
     row["within_goal"] = row["ratio"] <= 1.1
-    print(f"[{active_backend()}] conv batch {batch:4d} K={fused} unrolled={unrolled}: native "
-          f"{native['us_per_step']:9.1f} us, reference {reference['us_per_step']:9.1f} us, "
-          f"x{row['ratio']:.3f}", file=sys.stderr, flush=True)
+    say(f"conv batch {batch:4d} K={fused} unrolled={unrolled}: native "
+        f"{native['us_per_step']:9.1f} us, reference {reference['us_per_step']:9.1f} us, "
+        f"x{row['ratio']:.3f}")
     return row
 
 

@@ -10,6 +10,7 @@ Unlike the native engine they keep the last, shorter batch of an epoch
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -72,9 +73,7 @@ def monitored_batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, monitor:
 
         def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
             rows = self.rows(index)
-            if monitor is None:
-                return self._batch(rows)
-            with monitor.input_wait():
+            with monitor.input_wait() if monitor is not None else nullcontext():
                 return self._batch(rows)
 
         def epoch_callback(self) -> Any:

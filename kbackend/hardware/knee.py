@@ -73,12 +73,9 @@ def find_knee(batch_sizes: Sequence[int], throughputs: Sequence[float],
         ** (1.0 / math.log2(batch_sizes[i + 1] / batch_sizes[i])) - 1.0
         for i in range(len(batch_sizes) - 1)
     )
-    for index, gain in enumerate(gains):
-        if gain < min_gain:
-            return Knee(int(batch_sizes[index]), float(throughputs[index]), index, True,
-                        min_gain, gains)
-    last = len(batch_sizes) - 1
-    return Knee(int(batch_sizes[last]), float(throughputs[last]), last, False, min_gain, gains)
+    index = next((i for i, gain in enumerate(gains) if gain < min_gain), len(gains))
+    return Knee(int(batch_sizes[index]), float(throughputs[index]), index, index < len(gains),
+                min_gain, gains)
 
 
 def curve_knee(curve: Sequence[Mapping[str, Any]], min_gain: float = DEFAULT_MIN_GAIN) -> Knee:

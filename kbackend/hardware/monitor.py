@@ -29,7 +29,6 @@ from kbackend.backend_choice import keras as import_keras
 from kbackend.backends import impl
 from kbackend.hardware.device import UtilizationSampler
 
-# Engines that feed a StepMonitor when TrainConfig.hardware_monitor is set.
 # A run whose steps spend more than this share of their time waiting for input is input-bound:
 # the device is then busy less than 80 % of the time, below the usual 80-100 % goal.
 INPUT_BOUND_SHARE = 0.20
@@ -128,7 +127,7 @@ class StepMonitor:
         ``result`` (the step's outputs) is waited for first, so the step's time is its real time.
         """
         if result is not None:
-            (self._synchronize or _backend_wait())(result)
+            (self._synchronize or impl().block_until_ready)(result)
         now = time.perf_counter()
         with self._lock:
             last = self._last_end if self._last_end is not None else now
@@ -197,10 +196,6 @@ def format_summary(summary: dict[str, Any]) -> str:
     ]
     lines += [f"monitor: try: {item}" for item in summary["try"]]
     return "\n".join(lines)
-
-
-def _backend_wait() -> Callable[[Any], Any]:
-    return impl().block_until_ready
 
 
 def _device_memory() -> int | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import nullcontext
 from typing import Any
 
 from kbackend.backends import impl
@@ -72,10 +73,7 @@ class Prefetcher:
         return self
 
     def __next__(self) -> Any:
-        if self._monitor is not None:
-            with self._monitor.input_wait():
-                item = self._queue.get()
-        else:
+        with self._monitor.input_wait() if self._monitor is not None else nullcontext():
             item = self._queue.get()
         if item is _DONE:
             self._stop.set()

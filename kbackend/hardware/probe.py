@@ -352,26 +352,13 @@ def roofline(batch_size: int = 1024, *, steps: int = 20, matmul_n: int = 2048,
     machine the load changes over time, and a ratio of neighbouring readings is steadier than a
     ratio of readings taken minutes apart. The median round is reported, with the spread.
     """
-    import_keras()
-    work = workload("seed_mlp", samples=batch_size * 4)
-    model = build_model(work.model, work.info, work.options)
-    model.compile(optimizer=OptimizerSpec("sgd", 0.01).to_keras(),
-                  loss="sparse_categorical_crossentropy", jit_compile=True,
-                  steps_per_execution=steps_per_execution)
-    calls = max(2, -(-steps // steps_per_execution) + 1)
-    index = np.arange(calls * steps_per_execution * batch_size) % len(work.x)
-    xs, ys = work.x[index], work.y[index]
-    first: list[float] = []
-    model.fit(xs, ys, batch_size=batch_size, epochs=1, shuffle=False, verbose=0,
-              callbacks=[_step_timer(first)])
+    fit = FitProbe(workload("seed_mlp", samples=batch_size * 4), batch_size, steps=steps,
+                   steps_per_execution=steps_per_execution)
     flops = dense_train_flops([784, *SEED_MLP_WIDTHS, 10], batch_size)
     per_round = []
     for _ in range(rounds):
         peak = matmul_peak(matmul_n, repeats=5)
-        times: list[float] = []
-        model.fit(xs, ys, batch_size=batch_size, epochs=1, shuffle=False, verbose=0,
-                  callbacks=[_step_timer(times)])
-        step_s = float(np.median(np.diff(times)[1:])) / steps_per_execution  # [0]: fit's setup
+        step_s = fit.again()
         per_round.append({"step_ms": 1e3 * step_s, "model_gflops": flops / step_s / 1e9,
                           "peak_gflops": peak["peak_flops"] / 1e9,
                           "peak_source": peak["peak_source"],
@@ -381,14 +368,10 @@ def roofline(batch_size: int = 1024, *, steps: int = 20, matmul_n: int = 2048,
     return {"batch_size": batch_size, "train_step_flop": flops, **median,
             "fraction_min": min(fractions), "fraction_max": max(fractions), "rounds": rounds,
             "matmul_n": matmul_n, "steps_per_execution": steps_per_execution,
-            "compile_s": max(0.0, first[1] - first[0]
+            "compile_s": max(0.0, fit.first_call_s
                              - steps_per_execution * median["step_ms"] / 1e3)}
 
 
 def platforms() -> list[str]:
     """The device platforms present (``cpu`` always; ``gpu``/``tpu`` when found), deduplicated."""
-    found = []
-    for device in impl().devices():
-        if device["platform"] not in found:
-            found.append(device["platform"])
-    return found
+    return list(dict.fromkeys(device["platform"] for device in impl().devices()))

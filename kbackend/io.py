@@ -288,39 +288,27 @@ def read_json(path: str | os.PathLike) -> Any:
         return restore_non_finite(json.load(handle))
 
 
-def read_arrays(path: str | os.PathLike, flag: str, *, archive: bool = False) -> list[np.ndarray]:
-    """The arrays of a user's file: one from a ``.npy`` file, or (``archive``) every array of an
-    ``.npz`` in order. Never unpickles. A missing, empty, cut or foreign file is a one-line
-    ``DataError`` naming ``flag`` (NumPy itself would call a text file "pickled data" and a
-    zero-byte one an ``EOFError``)."""
-    expected = "a .npy array or .npz archive" if archive else "a .npy array"
+def read_arrays(path: str | os.PathLike, flag: str) -> list[np.ndarray]:
+    """The array of a user's ``.npy`` file, as a list of one. Never unpickles. A missing, empty,
+    cut or foreign file is a one-line ``DataError`` naming ``flag`` (NumPy itself would call a
+    text file "pickled data" and a zero-byte one an ``EOFError``)."""
     with path_errors(path, flag, DataError):
         file = Path(path)
         found = file.is_file()
     if not found:
-        raise DataError(f"Invalid {flag} {str(path)!r}: file not found (expected {expected}).")
+        raise DataError(f"Invalid {flag} {str(path)!r}: file not found (expected a .npy array).")
     try:
         with open(file, "rb") as handle:
             head = handle.read(len(NPY_MAGIC))
         if head == NPY_MAGIC:
             return [np.load(file, allow_pickle=False)]
-        if archive and zipfile.is_zipfile(file):
-            with np.load(file, allow_pickle=False) as loaded:
-                arrays = [loaded[key] for key in loaded.files]
-            if not arrays:
-                raise DataError(f"Invalid {flag} {str(path)!r}: the archive holds no arrays "
-                                f"(expected {expected}).")
-            return arrays
         size = file.stat().st_size
     except _ARRAY_READ_ERRORS as error:
-        if isinstance(error, DataError):
-            raise
         reason = " ".join(str(error).split())[:200] or type(error).__name__
-        kind = ".npy/.npz" if archive else ".npy"
         raise DataError(
-            f"Invalid {flag} {str(path)!r}: not a readable {kind} file ({reason})."
+            f"Invalid {flag} {str(path)!r}: not a readable .npy file ({reason})."
         ) from None
-    raise DataError(f"Invalid {flag} {str(path)!r}: expected {expected}. Received: {size} bytes "
+    raise DataError(f"Invalid {flag} {str(path)!r}: expected a .npy array. Received: {size} bytes "
                     "without a NumPy header (empty, cut, or another format).")
 
 
@@ -344,7 +332,17 @@ def check_output_folder(path: str | os.PathLike, flag: str) -> Path:
     """``path`` if it is (or can become) a writable folder, else a one-line ``ConfigError``;
     stale temp files in it are removed (as ``check_output_path`` does)."""
     with _path_errors(path, flag):
-        return _check_output_folder(path, flag)
+        target = Path(path)
+        existing = _nearest_existing(target)
+        if not existing.is_dir():
+            raise ConfigError(f"Invalid {flag} folder {str(path)!r}: {str(existing)!r} is a "
+                              "file, not a folder.")
+        if not _can_create_files_in(existing):
+            raise ConfigError(
+                f"Invalid {flag} folder {str(path)!r}: {str(existing)!r} is not writable.")
+        if existing == target:
+            remove_stale_temp_files(target)  # a killed run's temp files: gone at the next start
+        return target
 
 
 def _can_create_files_in(folder: Path) -> bool:
@@ -357,20 +355,6 @@ def _can_create_files_in(folder: Path) -> bool:
             return True
     except OSError:
         return False
-
-
-def _check_output_folder(path: str | os.PathLike, flag: str) -> Path:
-    target = Path(path)
-    existing = _nearest_existing(target)
-    if not existing.is_dir():
-        raise ConfigError(f"Invalid {flag} folder {str(path)!r}: {str(existing)!r} is a file, "
-                          "not a folder.")
-    if not _can_create_files_in(existing):
-        raise ConfigError(
-            f"Invalid {flag} folder {str(path)!r}: {str(existing)!r} is not writable.")
-    if existing == target:
-        remove_stale_temp_files(target)  # a killed run's temp files: gone at the next start
-    return target
 
 
 def check_distinct_paths(outputs: dict[str, Any], inputs: dict[str, Any] | None = None) -> None:
@@ -406,24 +390,22 @@ def check_output_path(path: str | os.PathLike, flag: str, suffix: str | None = N
     only those whose process is gone), so they disappear at the next start, not at the next write.
     """
     with _path_errors(path, flag):
-        return _check_output_path(path, flag, suffix)
-
-
-def _check_output_path(path: str | os.PathLike, flag: str, suffix: str | None) -> Path:
-    target = Path(path)
-    shown = str(path)
-    if suffix is not None and target.suffix != suffix:
-        raise ConfigError(
-            f"Invalid {flag} path {shown!r}: expected a file name ending in {suffix}.")
-    if target.is_dir():
-        raise ConfigError(f"Invalid {flag} path {shown!r}: it is a folder; expected a file path.")
-    existing = _nearest_existing(target.parent)
-    if not existing.is_dir():
-        raise ConfigError(
-            f"Invalid {flag} path {shown!r}: {str(existing)!r} is a file, not a folder.")
-    if not _can_create_files_in(existing) or (
-            target.exists() and not os.access(target, os.W_OK)):
-        raise ConfigError(f"Invalid {flag} path {shown!r}: {str(existing)!r} is not writable.")
-    if existing == target.parent:
-        remove_stale_temp_files(existing)  # a killed run's temp files: gone at the next start
-    return target
+        target = Path(path)
+        shown = str(path)
+        if suffix is not None and target.suffix != suffix:
+            raise ConfigError(
+                f"Invalid {flag} path {shown!r}: expected a file name ending in {suffix}.")
+        if target.is_dir():
+            raise ConfigError(
+                f"Invalid {flag} path {shown!r}: it is a folder; expected a file path.")
+        existing = _nearest_existing(target.parent)
+        if not existing.is_dir():
+            raise ConfigError(
+                f"Invalid {flag} path {shown!r}: {str(existing)!r} is a file, not a folder.")
+        if not _can_create_files_in(existing) or (
+                target.exists() and not os.access(target, os.W_OK)):
+            raise ConfigError(
+                f"Invalid {flag} path {shown!r}: {str(existing)!r} is not writable.")
+        if existing == target.parent:
+            remove_stale_temp_files(existing)  # a killed run's temp files: gone at the next start
+        return target

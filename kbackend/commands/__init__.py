@@ -40,8 +40,7 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if (not action.option_strings or action.nargs == 0 or "default" in text
-                or action.default in (None, argparse.SUPPRESS)):
+        if not self._shows_default(action) or "default" in text:
             return text
         return f"{text} (default: %(default)s)"
 

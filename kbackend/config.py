@@ -27,9 +27,6 @@ from kbackend.engine_facts import (
     engines_where,
 )
 from kbackend.errors import ConfigError, check_declared, declared
-
-# The output-path checks live with the writes they protect (kbackend.io); named here too, where
-# the study's modules still import them from.
 from kbackend.models import ModelOptions
 from kbackend.optim import OptimizerSpec
 from kbackend.precision import PRECISIONS

@@ -218,15 +218,12 @@ def _check_conv_format(options: ModelOptions) -> None:
 
 def cnn(info: DatasetInfo, options: ModelOptions) -> Any:
     """The conv net that fits the data: ``cnn2d`` for images, ``cnn1d`` for sequences."""
-    if len(info.input_shape) == 2:
-        return cnn1d(info, options, name="cnn")
-    return cnn2d(info, options, name="cnn")
+    return (cnn1d if len(info.input_shape) == 2 else cnn2d)(info, options, name="cnn")
 
 
 def cnn_params(info: DatasetInfo, options: ModelOptions) -> int:
-    if len(info.input_shape) == 2:
-        return cnn1d_params(info, options, name="cnn")
-    return cnn2d_params(info, options, name="cnn")
+    count = cnn1d_params if len(info.input_shape) == 2 else cnn2d_params
+    return count(info, options, name="cnn")
 
 
 def cnn2d(info: DatasetInfo, options: ModelOptions, name: str = "cnn2d") -> Any:

@@ -162,7 +162,8 @@ def train(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
         engine=engine, fused_steps=int(fused_steps), early_stopping=early_stopping, seed=seed,
         validation_fraction=validation_fraction, **options), workload.task, target=target,
         target_metric=target_metric, monitor=None)
-    return train_config(config, reporter=_reporter(progress), save=save, history_path=history,
+    reporter = EpochReporter() if _shown(progress) else None
+    return train_config(config, reporter=reporter, save=save, history_path=history,
                         workload=workload, tensorboard=tensorboard)
 
 
@@ -305,8 +306,4 @@ def _saved(path: Path, arrays: dict[str, Any]) -> Path:
 
 def _shown(progress: bool | None) -> bool:
     return sys.stderr.isatty() if progress is None else progress
-
-
-def _reporter(progress: bool | None) -> EpochReporter | None:
-    return EpochReporter() if _shown(progress) else None
 

@@ -94,22 +94,6 @@ class History:
     env: dict[str, Any] = field(default_factory=dict)
     record: RunRecord = field(default_factory=RunRecord)
 
-    def __init__(self, step: list[int] | None = None, loss: list[float] | None = None,
-                 time: list[float] | None = None, evals: list[dict[str, float]] | None = None,
-                 test: dict[str, float] | None = None, timing: dict[str, float] | None = None,
-                 stopped_early: bool = False, config: dict[str, Any] | None = None,
-                 env: dict[str, Any] | None = None, record: RunRecord | None = None) -> None:
-        self.step = step if step is not None else []
-        self.loss = loss if loss is not None else []
-        self.time = time if time is not None else []
-        self.evals = evals if evals is not None else []
-        self.test = test if test is not None else {}
-        self.timing = timing if timing is not None else {}
-        self.stopped_early = stopped_early
-        self.config = config if config is not None else {}
-        self.env = env if env is not None else {}
-        self.record = record if record is not None else RunRecord()
-
     def record_steps(self, steps: list[int], losses: list[float], times: list[float]) -> None:
         """Append per-step losses and their cumulative training times."""
         self.step.extend(int(s) for s in steps)

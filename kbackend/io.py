@@ -194,14 +194,18 @@ def _free_space(folder: Path) -> str:
     return f"{free:.1f} TiB"
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Atomically replace ``path`` with ``data``."""
-    return atomic_write(path, lambda tmp: tmp.write_bytes(data))
-
-
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Atomically replace ``path`` with ``text`` (UTF-8)."""
-    return atomic_write_bytes(path, text.encode("utf-8"))
+    return atomic_write(path, lambda tmp: tmp.write_bytes(text.encode("utf-8")))
+
+
+def atomic_write_npy(path: str | os.PathLike, array: np.ndarray) -> Path:
+    """Atomically replace ``path`` with ``array`` as a ``.npy`` file (never pickled)."""
+    def save(tmp: Path) -> None:
+        with open(tmp, "wb") as handle:  # a handle: np.save would add .npy to the temp name
+            np.save(handle, array, allow_pickle=False)
+
+    return atomic_write(path, save)
 
 
 def _pointer_token(key: Any) -> str:

@@ -320,14 +320,11 @@ class GrowthPolicy:
                last_change_interval: int | None) -> int:
         """The batch size for the next interval: larger than ``current`` only if the estimate
         asks for it, it is warm, and no change happened in this ``interval`` yet."""
-        if last_change_interval is not None and interval <= last_change_interval:
-            return current
-        if noise.steps < self.warmup_steps:
+        changed_here = last_change_interval is not None and interval <= last_change_interval
+        if changed_here or noise.steps < self.warmup_steps:
             return current
         target = target_batch_size(noise.b_simple, self.bounds)
-        if target is None:
-            return current
-        return max(current, target)
+        return current if target is None else max(current, target)
 
 
 # -- learning-rate scaling ---------------------------------------------------------------------

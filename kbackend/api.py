@@ -238,7 +238,8 @@ def _model_source_string(model: Any, out: Path, workload: Workload | None = None
     with the front as ``workload`` adapted it (Keras cannot load a lookup layer saved empty)."""
     if isinstance(model, str | os.PathLike):
         return str(model)
-    if _is_keras_model(model):
+    keras = sys.modules.get("keras")  # a live keras.Model means Keras is already imported
+    if keras is not None and isinstance(model, keras.Model):
         if workload is not None and workload.front is not None:
             return str(_save_model(unwrap(workload.first_model()), out, workload.front.digest()))
         return str(_save_model(model, out))
@@ -249,11 +250,6 @@ def _model_source_string(model: Any, out: Path, workload: Workload | None = None
     raise ApiTypeError("study() takes the model as a keras.Model, a built-in name, a .keras path, "
                     "FILE.py:FUNCTION or an importable builder function (its runs build a "
                     "fresh model per seed and cell).")
-
-
-def _is_keras_model(model: Any) -> bool:
-    keras = sys.modules.get("keras")  # a live keras.Model means Keras is already imported
-    return keras is not None and isinstance(model, keras.Model)
 
 
 def _save_model(model: Any, out: Path, front: str = "") -> Path:

@@ -107,12 +107,6 @@ def split_key(value: str) -> tuple[str, str | None]:
     return str(value), None
 
 
-def _npy_file_bytes(where: Where, path: Path) -> int:
-    """The bytes a .npy file's header declares, checked against the file's size (no data read)."""
-    with open(path, "rb") as handle:
-        return npy_data_bytes(where, handle, path.stat().st_size, "the array")
-
-
 def _check_bytes(where: Where, nbytes: int, max_bytes: int) -> None:
     if nbytes > max_bytes:
         raise where.error(f"its arrays hold {nbytes:,} bytes, more than the {max_bytes:,} "
@@ -142,7 +136,9 @@ def read_arrays(value: str, flag: str, *, max_bytes: int | None = None,
             if key is not None:
                 raise where.error(f"{path.name} is a .npy array, not an archive: name the file "
                                   "without :KEY.")
-            _check_bytes(where, _npy_file_bytes(where, path), max_bytes)
+            with open(path, "rb") as handle:  # the header's bytes, against the file's size
+                _check_bytes(where, npy_data_bytes(where, handle, path.stat().st_size,
+                                                   "the array"), max_bytes)
             return Arrays([np.load(path, allow_pickle=False)] if load else [])
         if zipfile.is_zipfile(path):
             return _read_archive(where, path, key, max_bytes, load)

@@ -173,11 +173,6 @@ def first_failure(exits: list[tuple[int, int]]) -> tuple[int, int] | None:
     return next(((i, c) for i, c in failed if c != JOB_FAILED), failed[0] if failed else None)
 
 
-def job_status(code: int) -> int:
-    """The launcher's exit status for a job whose blamed process ended with ``code``."""
-    return code if code in PASSED_ON else JOB_FAILED
-
-
 def worker_command(train_args: list[str], num_processes: int, index: int,
                    coordinator: str) -> list[str]:
     """The command line of process ``index``."""
@@ -270,7 +265,7 @@ def _watch(processes: list[subprocess.Popen], threads: list[threading.Thread],
         sys.stdout.flush()
         sys.stderr.write(f"kbackend launch: error: process {index} {_describe(code)}; "
                          f"stopped the other {len(processes) - 1} process(es).\n")
-        return job_status(code)
+        return code if code in PASSED_ON else JOB_FAILED  # the blamed process's, or the job's
     for thread in threads:
         thread.join(timeout=2)
     return 0

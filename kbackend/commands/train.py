@@ -292,16 +292,10 @@ def command_line(argv: Sequence[str]) -> int:
 
 
 def check_args(args: argparse.Namespace) -> TrainConfig:
-    """The validated ``TrainConfig`` of the flags, with the output paths checked (no data
-    needed)."""
-    config = config_from_args(args)  # the model source's checks among them
-    check_outputs(args, config)
-    return config
-
-
-def check_outputs(args: argparse.Namespace, config: TrainConfig) -> None:
-    """``--save`` (.keras) and ``--history`` (.json): writable, and neither the other nor an
-    input (the model or data file)."""
+    """The validated ``TrainConfig`` of the flags (the model source's checks among them), with
+    the output paths checked (no data needed): ``--save`` (.keras), ``--history`` (.json) and
+    ``--tensorboard`` writable, and none another or an input (the model or data file)."""
+    config = config_from_args(args)
     check_distinct_paths({"--save": args.save, "--history": args.history},
                          {"--model": config.model, "--data": config.dataset})
     if args.save is not None:
@@ -311,6 +305,7 @@ def check_outputs(args: argparse.Namespace, config: TrainConfig) -> None:
     if args.tensorboard is not None:
         check_logdir(args.tensorboard, inputs={"--model": config.model, "--data": config.dataset,
                                                "--save": args.save, "--history": args.history})
+    return config
 
 
 def _prepared(args: argparse.Namespace, config: TrainConfig) -> tuple[TrainConfig, Any]:

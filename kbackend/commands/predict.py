@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from contextlib import closing
 
 from kbackend.cache import PredictionCache, Rounding, check_cacheable, check_store, open_store
 from kbackend.commands import add_import_flag
@@ -58,14 +59,12 @@ def run(args: argparse.Namespace) -> int:
         predictions = predictor(batch)
     else:
         check_cacheable(model, rounding)
-        store = open_store(args.cache)  # created only now that every input was checked
-        try:
+        # the store is created only now that every input was checked
+        with closing(open_store(args.cache)) as store:
             cache = PredictionCache(model, store, rounding)
             predictions = cache.predict(batch)
             cache.flush_stats()
             stats = cache.stats()
-        finally:
-            store.close()
     atomic_write_npy(args.out, predictions)
     print(f"predicted {len(batch)} rows -> {args.out} {predictions.shape}")
     if store is not None:

@@ -417,9 +417,6 @@ class MultiOutputTask(Task):
     index: tuple[int, ...] | None = None
     names: tuple[str, ...] = ()  # every output of the model, with a loss or not
 
-    def head(self, name: str) -> OutputHead:
-        return next(head for head in self.heads if head.name == name)
-
     def describe(self) -> str:
         parts = ", ".join(f"{h.name}: {h.task.loss_name}"
                           f"{' (from_logits)' if h.task.from_logits else ''} x {h.weight:g}"

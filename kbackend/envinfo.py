@@ -12,6 +12,7 @@ import importlib.metadata
 import os
 import platform
 import sys
+from collections import Counter
 from typing import Any
 
 from kbackend import __version__
@@ -91,8 +92,5 @@ def _processor() -> str:
 
 def device_summary(devices: list[dict[str, Any]]) -> str:
     """E.g. ``'2 x cpu (cpu)'``: count, platform and kind of the devices, grouped."""
-    groups: dict[tuple[str, str], int] = {}
-    for device in devices:
-        key = (device["platform"], str(device["kind"]))
-        groups[key] = groups.get(key, 0) + 1
+    groups = Counter((device["platform"], str(device["kind"])) for device in devices)
     return ", ".join(f"{n} x {plat} ({kind})" for (plat, kind), n in groups.items())

@@ -125,9 +125,7 @@ class History:
     def best(self, metric: str = "val_accuracy") -> float | None:
         """Best value of an evaluation metric (max for accuracy, min for loss and errors)."""
         values = [e[metric] for e in self.evals if metric in e]
-        if not values:
-            return None
-        return best_of(metric, values)
+        return best_of(metric, values) if values else None
 
     def to_dict(self) -> dict[str, Any]:
         """The history as JSON values (the record's unset fields left out)."""

@@ -72,11 +72,7 @@ def metric_direction(name: str) -> str:
     """``"max"`` where larger values of metric ``name`` are better (accuracy, AUC, ...), ``"min"``
     where smaller are (losses and errors); a split prefix (``val_``, ``test_``) is ignored.
     An unknown name is a ``ConfigError``: a target's direction is never guessed."""
-    base = name
-    for prefix in _SPLITS:
-        if base.startswith(prefix):
-            base = base[len(prefix):]
-            break
+    base = next((name[len(prefix):] for prefix in _SPLITS if name.startswith(prefix)), name)
     words = base.lower().replace("-", "_").split("_")
     if any(word in _HIGHER_IS_BETTER for word in words) or base.lower().endswith("accuracy"):
         return "max"

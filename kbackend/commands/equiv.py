@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from kbackend.commands import add_import_flag
-from kbackend.config import MAX_TIMEOUT_S
+from kbackend.config import MAX_SEED, MAX_TIMEOUT_S
 from kbackend.data.user import Where, _npy_header, npy_data_bytes  # header-first checks
 from kbackend.equivalence import (
     KNOWN_DIVERGENCES,
@@ -266,8 +266,8 @@ def check_args(args: argparse.Namespace) -> None:
                         f"{MAX_RANDOM_ROWS} random rows (a batch to compare, not a data set).")
     if args.loss is not None:
         check_loss(args.loss, from_logits=args.from_logits)
-    if not 0 <= args.seed <= 2**32 - 1:
-        raise DataError(f"Invalid --seed {args.seed}: expected an integer in [0, {2**32 - 1}] "
+    if not 0 <= args.seed <= MAX_SEED:
+        raise DataError(f"Invalid --seed {args.seed}: expected an integer in [0, {MAX_SEED}] "
                         "(NumPy's seed range).")
     if not 0 < args.timeout <= MAX_TIMEOUT_S:  # NaN fails too
         raise DataError(f"Invalid --timeout {args.timeout!r}: expected seconds > 0 and at most "

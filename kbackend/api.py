@@ -204,12 +204,11 @@ def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
     name (defined in a module, not in ``__main__``'s interactive session)."""
     _check_options(options, StudyConfig, study, _SET_BY_STUDY)
     out_path = Path(out)
-    data_source = data
-    workload = None
+    data_source, workload = data, None
+    fraction = options.get("validation_fraction", _STUDY("validation_fraction"))
     if x is not None:
         workload = _workload(model, x, y, validation_data, None, label, 0, target_metric, False,
-                             False, options.get("validation_fraction",
-                                                _STUDY("validation_fraction")))
+                             False, fraction)
         data_source = str(_save_arrays(workload, out_path) if workload.front is None
                           else _save_texts(x, y, validation_data, out_path))
     model_source = _model_source_string(model, out_path, workload)
@@ -219,7 +218,7 @@ def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
         model_source, str(data_source), target, target_metric, label=label, python=True,
         data_dir=options.get("data_dir"),
         unsafe_deserialization=options.get("unsafe_deserialization", False),
-        validation_fraction=options.get("validation_fraction", _STUDY("validation_fraction")))
+        validation_fraction=fraction)
     config = StudyConfig(model=model_source, dataset=str(data_source), label=label,
                          optimizers=tuple(optimizers), batch_sizes=batch_sizes,
                          target=resolved, seeds=seeds, **options)

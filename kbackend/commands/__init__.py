@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import difflib
 import re
 import sys
@@ -110,6 +111,13 @@ def declared_flag(group: Any, flag: str, owner: type, *, field: str | None = Non
         accepts = rule.expected() + (f"; {rule.why}" if rule.why else "")
         kwargs["help"] = f"{kwargs['help']} ({accepts})" if kwargs.get("help") else accepts
     return group.add_argument(flag, **kwargs)
+
+
+def field_flags(args: argparse.Namespace, owner: type) -> dict[str, Any]:
+    """The parsed flags named as fields of the dataclass ``owner``, to pass through to it (a
+    field without a flag on this command keeps its default)."""
+    return {item.name: getattr(args, item.name) for item in dataclasses.fields(owner)
+            if hasattr(args, item.name)}
 
 
 def int_at_least(minimum: int, *, auto: bool = False) -> Callable[[str], int]:

@@ -8,13 +8,12 @@ side by side.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 from kbackend.adaptive import AUTO
-from kbackend.commands import add_reprobe_flag, declared_flag, int_at_least
+from kbackend.commands import add_reprobe_flag, declared_flag, field_flags, int_at_least
 from kbackend.commands.train import add_source_arguments
 from kbackend.commands.train import command_line as train_command_line
 from kbackend.data.named import BUILTIN_TARGETS
@@ -295,10 +294,9 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
     if len(args.noise_batches) != 2:
         raise ConfigError(f"Invalid --noise-batches {args.noise_batches}: expected SMALL,BIG.")
     # every flag named as its field passes through; the others are derived above
-    flags = {item.name: getattr(args, item.name) for item in dataclasses.fields(StudyConfig)
-             if hasattr(args, item.name)}
-    return StudyConfig(**{**flags, "dataset": args.data or args.dataset, "target": target,
-                          "learning_rates": learning_rates, "frontier_epochs": frontier_epochs,
+    return StudyConfig(**{**field_flags(args, StudyConfig), "dataset": args.data or args.dataset,
+                          "target": target, "learning_rates": learning_rates,
+                          "frontier_epochs": frontier_epochs,
                           "noise_small_batch": args.noise_batches[0],
                           "noise_big_batch": args.noise_batches[1]})
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -17,6 +16,7 @@ from kbackend.commands import (
     add_import_flag,
     add_reprobe_flag,
     declared_flag,
+    field_flags,
     int_at_least,
 )
 from kbackend.config import MONITORS, Target, TrainConfig
@@ -189,12 +189,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         name=args.optimizer, learning_rate=args.lr, schedule=args.schedule,
         warmup_steps=args.warmup_steps, momentum=args.momentum, weight_decay=args.weight_decay,
     )
-    options = ModelOptions(
-        dropout=args.dropout, batch_norm=args.batch_norm, l2=args.l2, seed=args.seed,
-        data_format=args.data_format, widths=args.widths, residual=args.residual,
-        filters=args.filters, units=args.units, bidirectional=args.bidirectional,
-        readout=args.readout,
-    )
+    options = ModelOptions(**field_flags(args, ModelOptions))
     if args.lr_scaling is not None and not isinstance(args.batch_size, AutoBatchSize):
         raise ConfigError(f"--lr-scaling {args.lr_scaling} sets how the learning rate follows "
                           "a growing batch: it needs --batch-size auto[:MIN:MAX], and this run's "
@@ -206,12 +201,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         args.model, unsafe_deserialization=args.unsafe_deserialization,
         from_weights=args.from_weights).default_metric
     target_metric = args.target_metric or default_metric or "val_loss"
-    # every flag named as its field passes through (a command without one: the field's
-    # default); the others are derived here
-    flags = {item.name: getattr(args, item.name) for item in dataclasses.fields(TrainConfig)
-             if hasattr(args, item.name)}
+    # every flag named as its field passes through; the others are derived here
     config = TrainConfig(**{
-        **flags, "dataset": args.data or args.dataset, "optimizer": spec,
+        **field_flags(args, TrainConfig), "dataset": args.data or args.dataset, "optimizer": spec,
         "model_options": options, "lr_scaling": args.lr_scaling or "sqrt",
         "engine": resolve_engine(args.engine)[0],
         "monitor": args.monitor or target_metric,

@@ -128,10 +128,15 @@ def temp_folder(target: str | os.PathLike) -> Path:
     caller removes it when done; one left by a killed process is removed by the next
     ``remove_stale_temp_files`` of that folder (stale ones are removed now)."""
     target = Path(target)
+    return Path(tempfile.mkdtemp(prefix=_temp_prefix(target), suffix=".tmp", dir=target.parent))
+
+
+def _temp_prefix(target: Path) -> str:
+    """How a temp name beside ``target`` starts (``_TEMP_NAME``), once its folder exists and
+    the stale temp files in it are removed."""
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temp_files(target.parent)
-    return Path(tempfile.mkdtemp(prefix=f".{target.name}.{_host_tag()}-{os.getpid()}-",
-                                 suffix=".tmp", dir=target.parent))
+    return f".{target.name}.{_host_tag()}-{os.getpid()}-"
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
@@ -143,12 +148,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Pa
     stale temp files of killed processes in that directory are removed first.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temp_files(target.parent)
-    fd, tmp_name = tempfile.mkstemp(
-        prefix=f".{target.name}.{_host_tag()}-{os.getpid()}-", suffix=f".tmp{target.suffix}",
-        dir=target.parent,
-    )
+    fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(target), suffix=f".tmp{target.suffix}",
+                                    dir=target.parent)
     os.close(fd)
     tmp = Path(tmp_name)
     try:

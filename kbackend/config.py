@@ -299,13 +299,6 @@ def check_metrics(config: TrainConfig) -> None:
                               f"{', '.join(config.metrics)} ({config.task.describe()}).")
 
 
-def validate_parallel_options(config: TrainConfig) -> None:
-    """The parallel fields' rules again (``distributed.prepare`` runs it at the start of a run, on
-    a config that may have been changed since it was built): all declared fields, the job's."""
-    check_declared(config)
-    config.check_processes()
-
-
 def check_run(config: TrainConfig, n_train: int, engine: EngineFacts,
               devices: int = 1) -> None:
     """Everything about ``config`` that needs the data and the engine, checked before any work.

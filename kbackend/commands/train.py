@@ -20,7 +20,7 @@ from kbackend.commands import (
     int_at_least,
 )
 from kbackend.config import MONITORS, Target, TrainConfig
-from kbackend.data import DATASETS
+from kbackend.data import DATA_FORMATS, DATASETS
 from kbackend.data.user import MAX_IMAGE_PIXELS, parse_image_size
 from kbackend.distributed import engine_name, is_chief, prepare
 from kbackend.engine_facts import engine_facts
@@ -99,7 +99,7 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                   help="share of the training data held out for validation (no early stopping "
                        "or target without one)")
     model.add_argument("--data-format", default=_model("data_format"),
-                       choices=["channels_last", "channels_first"])
+                       choices=list(DATA_FORMATS))
     model.add_argument("--dropout", type=float, default=_model("dropout"))
     model.add_argument("--batch-norm", action="store_true")
     model.add_argument("--l2", type=float, default=_model("l2"))

@@ -352,11 +352,9 @@ def scaled_learning_rate(base_rate: float, batch: int, base_batch: int, scaling:
         return base_rate * scale
     if scaling == "sqrt":
         return base_rate * math.sqrt(scale)
-    if scaling == "adascale":
-        if noise is None or not noise.steps:
-            return base_rate
+    if scaling == "adascale" and noise is not None and noise.steps:
         return base_rate * adascale_gain(noise.grad_sq, noise.trace_sigma, batch, base_batch)
-    return base_rate
+    return base_rate  # "none", or adascale before its first estimate
 
 
 def check_lr_scaling(scaling: str) -> str:

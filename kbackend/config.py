@@ -89,9 +89,7 @@ class Target:
 
     def reached(self, record: dict[str, float]) -> bool:
         """Whether an evaluation record meets the target."""
-        if self.metric not in record:
-            return False
-        return reaches(self.metric, record[self.metric], self.value)
+        return self.metric in record and reaches(self.metric, record[self.metric], self.value)
 
     def reached_in(self, evals: Sequence[Mapping[str, Any]]) -> bool:
         """Whether the evaluations so far (oldest first) reach the target by its ``crossing``

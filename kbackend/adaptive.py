@@ -320,14 +320,11 @@ class GrowthPolicy:
                last_change_interval: int | None) -> int:
         """The batch size for the next interval: larger than ``current`` only if the estimate
         asks for it, it is warm, and no change happened in this ``interval`` yet."""
-        if last_change_interval is not None and interval <= last_change_interval:
-            return current
-        if noise.steps < self.warmup_steps:
+        changed_here = last_change_interval is not None and interval <= last_change_interval
+        if changed_here or noise.steps < self.warmup_steps:
             return current
         target = target_batch_size(noise.b_simple, self.bounds)
-        if target is None:
-            return current
-        return max(current, target)
+        return current if target is None else max(current, target)
 
 
 # -- learning-rate scaling ---------------------------------------------------------------------
@@ -355,11 +352,9 @@ def scaled_learning_rate(base_rate: float, batch: int, base_batch: int, scaling:
         return base_rate * scale
     if scaling == "sqrt":
         return base_rate * math.sqrt(scale)
-    if scaling == "adascale":
-        if noise is None or not noise.steps:
-            return base_rate
+    if scaling == "adascale" and noise is not None and noise.steps:
         return base_rate * adascale_gain(noise.grad_sq, noise.trace_sigma, batch, base_batch)
-    return base_rate
+    return base_rate  # "none", or adascale before its first estimate
 
 
 def check_lr_scaling(scaling: str) -> str:

@@ -162,7 +162,8 @@ def train(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
         engine=engine, fused_steps=int(fused_steps), early_stopping=early_stopping, seed=seed,
         validation_fraction=validation_fraction, **options), workload.task, target=target,
         target_metric=target_metric, monitor=None)
-    return train_config(config, reporter=_reporter(progress), save=save, history_path=history,
+    reporter = EpochReporter() if _shown(progress) else None
+    return train_config(config, reporter=reporter, save=save, history_path=history,
                         workload=workload, tensorboard=tensorboard)
 
 
@@ -203,12 +204,11 @@ def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
     name (defined in a module, not in ``__main__``'s interactive session)."""
     _check_options(options, StudyConfig, study, _SET_BY_STUDY)
     out_path = Path(out)
-    data_source = data
-    workload = None
+    data_source, workload = data, None
+    fraction = options.get("validation_fraction", _STUDY("validation_fraction"))
     if x is not None:
         workload = _workload(model, x, y, validation_data, None, label, 0, target_metric, False,
-                             False, options.get("validation_fraction",
-                                                _STUDY("validation_fraction")))
+                             False, fraction)
         data_source = str(_save_arrays(workload, out_path) if workload.front is None
                           else _save_texts(x, y, validation_data, out_path))
     model_source = _model_source_string(model, out_path, workload)
@@ -218,7 +218,7 @@ def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
         model_source, str(data_source), target, target_metric, label=label, python=True,
         data_dir=options.get("data_dir"),
         unsafe_deserialization=options.get("unsafe_deserialization", False),
-        validation_fraction=options.get("validation_fraction", _STUDY("validation_fraction")))
+        validation_fraction=fraction)
     config = StudyConfig(model=model_source, dataset=str(data_source), label=label,
                          optimizers=tuple(optimizers), batch_sizes=batch_sizes,
                          target=resolved, seeds=seeds, **options)
@@ -237,7 +237,8 @@ def _model_source_string(model: Any, out: Path, workload: Workload | None = None
     with the front as ``workload`` adapted it (Keras cannot load a lookup layer saved empty)."""
     if isinstance(model, str | os.PathLike):
         return str(model)
-    if _is_keras_model(model):
+    keras = sys.modules.get("keras")  # a live keras.Model means Keras is already imported
+    if keras is not None and isinstance(model, keras.Model):
         if workload is not None and workload.front is not None:
             return str(_save_model(unwrap(workload.first_model()), out, workload.front.digest()))
         return str(_save_model(model, out))
@@ -248,11 +249,6 @@ def _model_source_string(model: Any, out: Path, workload: Workload | None = None
     raise ApiTypeError("study() takes the model as a keras.Model, a built-in name, a .keras path, "
                     "FILE.py:FUNCTION or an importable builder function (its runs build a "
                     "fresh model per seed and cell).")
-
-
-def _is_keras_model(model: Any) -> bool:
-    keras = sys.modules.get("keras")  # a live keras.Model means Keras is already imported
-    return keras is not None and isinstance(model, keras.Model)
 
 
 def _save_model(model: Any, out: Path, front: str = "") -> Path:
@@ -305,8 +301,4 @@ def _saved(path: Path, arrays: dict[str, Any]) -> Path:
 
 def _shown(progress: bool | None) -> bool:
     return sys.stderr.isatty() if progress is None else progress
-
-
-def _reporter(progress: bool | None) -> EpochReporter | None:
-    return EpochReporter() if _shown(progress) else None
 

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
+from typing import Any
 
 from kbackend.errors import BackendError
 
@@ -92,16 +93,15 @@ def _shown(path: str) -> str:
     return "~" + path[len(home):] if home != "~" and path.startswith(home + os.sep) else path
 
 
-def keras_config_backend(path: str | None = None) -> str | None:
-    """The ``"backend"`` in Keras's configuration file; None where Keras would not take one from
-    it (no file, unreadable, not a JSON object, no ``"backend"`` key: Keras ignores those)."""
-    path = keras_config_path() if path is None else path
+def keras_config(path: str | None = None) -> dict[str, Any]:
+    """Keras's configuration file (default ``keras_config_path()``) as a dict; empty where Keras
+    would take nothing from it (no file, unreadable, not a JSON object: Keras ignores those)."""
     try:
-        with open(path, encoding="utf-8") as file:
+        with open(keras_config_path() if path is None else path, encoding="utf-8") as file:
             config = json.load(file)
     except (OSError, ValueError):
-        return None
-    return config.get("backend") if isinstance(config, dict) else None
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def backend_decision(name: str | None = None) -> tuple[str, str]:
@@ -120,7 +120,7 @@ def backend_decision(name: str | None = None) -> tuple[str, str]:
     if keras_module is not None:  # Keras already decided (from its file or its default)
         return validate_backend(keras_module.backend.backend(), IMPORTED_SOURCE), IMPORTED_SOURCE
     path = keras_config_path()
-    value = keras_config_backend(path)
+    value = keras_config(path).get("backend")
     if value is not None:
         return validate_backend(value, _shown(path)), _shown(path)
     return DEFAULT_BACKEND, DEFAULT_SOURCE

@@ -246,8 +246,7 @@ def _main(argv: Sequence[str] | None, own_process: bool) -> int:
 
 def entrypoint() -> None:
     """Console-script entry point."""
-    code = main(own_process=True)
-    _exit_now(code)
+    _exit_now(main(own_process=True))
 
 
 def _exit_now(code: int) -> None:

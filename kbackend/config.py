@@ -27,9 +27,6 @@ from kbackend.engine_facts import (
     engines_where,
 )
 from kbackend.errors import ConfigError, check_declared, declared
-
-# The output-path checks live with the writes they protect (kbackend.io); named here too, where
-# the study's modules still import them from.
 from kbackend.models import ModelOptions
 from kbackend.optim import OptimizerSpec
 from kbackend.precision import PRECISIONS
@@ -92,9 +89,7 @@ class Target:
 
     def reached(self, record: dict[str, float]) -> bool:
         """Whether an evaluation record meets the target."""
-        if self.metric not in record:
-            return False
-        return reaches(self.metric, record[self.metric], self.value)
+        return self.metric in record and reaches(self.metric, record[self.metric], self.value)
 
     def reached_in(self, evals: Sequence[Mapping[str, Any]]) -> bool:
         """Whether the evaluations so far (oldest first) reach the target by its ``crossing``
@@ -300,13 +295,6 @@ def check_metrics(config: TrainConfig) -> None:
         if metric not in config.metrics:
             raise ConfigError(f"Unknown {what} metric {metric!r} for this model: it reports "
                               f"{', '.join(config.metrics)} ({config.task.describe()}).")
-
-
-def validate_parallel_options(config: TrainConfig) -> None:
-    """The parallel fields' rules again (``distributed.prepare`` runs it at the start of a run, on
-    a config that may have been changed since it was built): all declared fields, the job's."""
-    check_declared(config)
-    config.check_processes()
 
 
 def check_run(config: TrainConfig, n_train: int, engine: EngineFacts,

@@ -33,9 +33,8 @@ from contextlib import suppress
 from typing import Any
 
 from kbackend.backends import impl
-from kbackend.config import validate_parallel_options
 from kbackend.engine_facts import engine_facts
-from kbackend.errors import ConfigError, JobError, KBackendError
+from kbackend.errors import ConfigError, JobError, KBackendError, check_declared
 
 # The rendezvous of a job's processes before the framework joins them (``check_coordinator``).
 _HELLO, _GO, _REFUSED = b"kbackend-join 1", b"kbackend-go", b"kbackend-refused"
@@ -59,7 +58,9 @@ def prepare(config: Any) -> None:
     Creates virtual CPU devices and joins a multi-process job. Runs at the start of
     ``kbackend.training.train``, before its data and batch checks (``kbackend.config.check_run``).
     """
-    validate_parallel_options(config)
+    # The fields' rules again (the config may have changed since it was built), the job's too.
+    check_declared(config)
+    config.check_processes()
     backend = impl()
     if config.virtual_devices:
         backend.setup_virtual_devices(config.virtual_devices)

@@ -9,14 +9,14 @@ details every benchmark, history file and ``kbackend info`` show beside their fi
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import os
 import platform
 import sys
+from collections import Counter
 from typing import Any
 
 from kbackend import __version__
-from kbackend.backend_choice import selected_backend
+from kbackend.backend_choice import keras_config, selected_backend
 from kbackend.backends import impl
 
 _PACKAGES = ("keras", "jax", "jaxlib", "tensorflow-cpu", "tensorflow", "optax", "numpy")
@@ -78,16 +78,11 @@ def environment() -> dict[str, Any]:
 
 def image_data_format() -> str:
     """Keras's ``image_data_format``: from Keras once imported, else from its configuration
-    file (``$KERAS_HOME/keras.json`` or ``~/.keras/keras.json``, as Keras reads it at import;
-    default ``channels_last``), so describing the environment does not import Keras."""
+    file as Keras reads it at import (``backend_choice.keras_config``; default
+    ``channels_last``), so describing the environment does not import Keras."""
     if "keras" in sys.modules:
         return sys.modules["keras"].config.image_data_format()
-    home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
-    try:
-        with open(os.path.join(home, "keras.json")) as file:
-            value = json.load(file).get("image_data_format", "channels_last")
-    except (OSError, ValueError, AttributeError):
-        return "channels_last"
+    value = keras_config().get("image_data_format", "channels_last")
     return value if value in ("channels_last", "channels_first") else "channels_last"
 
 
@@ -97,8 +92,5 @@ def _processor() -> str:
 
 def device_summary(devices: list[dict[str, Any]]) -> str:
     """E.g. ``'2 x cpu (cpu)'``: count, platform and kind of the devices, grouped."""
-    groups: dict[tuple[str, str], int] = {}
-    for device in devices:
-        key = (device["platform"], str(device["kind"]))
-        groups[key] = groups.get(key, 0) + 1
+    groups = Counter((device["platform"], str(device["kind"])) for device in devices)
     return ", ".join(f"{n} x {plat} ({kind})" for (plat, kind), n in groups.items())

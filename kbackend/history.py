@@ -94,22 +94,6 @@ class History:
     env: dict[str, Any] = field(default_factory=dict)
     record: RunRecord = field(default_factory=RunRecord)
 
-    def __init__(self, step: list[int] | None = None, loss: list[float] | None = None,
-                 time: list[float] | None = None, evals: list[dict[str, float]] | None = None,
-                 test: dict[str, float] | None = None, timing: dict[str, float] | None = None,
-                 stopped_early: bool = False, config: dict[str, Any] | None = None,
-                 env: dict[str, Any] | None = None, record: RunRecord | None = None) -> None:
-        self.step = step if step is not None else []
-        self.loss = loss if loss is not None else []
-        self.time = time if time is not None else []
-        self.evals = evals if evals is not None else []
-        self.test = test if test is not None else {}
-        self.timing = timing if timing is not None else {}
-        self.stopped_early = stopped_early
-        self.config = config if config is not None else {}
-        self.env = env if env is not None else {}
-        self.record = record if record is not None else RunRecord()
-
     def record_steps(self, steps: list[int], losses: list[float], times: list[float]) -> None:
         """Append per-step losses and their cumulative training times."""
         self.step.extend(int(s) for s in steps)
@@ -141,9 +125,7 @@ class History:
     def best(self, metric: str = "val_accuracy") -> float | None:
         """Best value of an evaluation metric (max for accuracy, min for loss and errors)."""
         values = [e[metric] for e in self.evals if metric in e]
-        if not values:
-            return None
-        return best_of(metric, values)
+        return best_of(metric, values) if values else None
 
     def to_dict(self) -> dict[str, Any]:
         """The history as JSON values (the record's unset fields left out)."""

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,7 +32,7 @@ from kbackend.data.sources import cache_dir
 from kbackend.data.user import text_array
 from kbackend.digests import arrays_digest, json_digest
 from kbackend.errors import DataError
-from kbackend.io import atomic_write
+from kbackend.io import atomic_write_npy
 from kbackend.model_sources import (
     STRING_FRONT_LAYERS,
     ModelError,
@@ -225,7 +224,7 @@ class HostFront:
             pass  # absent or damaged: computed again
         result = self._checked(self._run(x, self.layers), what)
         with contextlib.suppress(OSError):  # unwritable: the next run computes it again
-            atomic_write(path, lambda tmp: _save(tmp, result))
+            atomic_write_npy(path, result)
         return result
 
     def _run(self, x: np.ndarray, layers: tuple[Any, ...]) -> np.ndarray:
@@ -249,8 +248,3 @@ class HostFront:
                             "beyond 2**24, which float32 cannot hold exactly (fewer tokens or "
                             "hash bins).")
         return values
-
-
-def _save(path: Path, values: np.ndarray) -> None:
-    with open(path, "wb") as handle:  # a handle: np.save would add .npy to the temporary name
-        np.save(handle, values, allow_pickle=False)

@@ -128,10 +128,15 @@ def temp_folder(target: str | os.PathLike) -> Path:
     caller removes it when done; one left by a killed process is removed by the next
     ``remove_stale_temp_files`` of that folder (stale ones are removed now)."""
     target = Path(target)
+    return Path(tempfile.mkdtemp(prefix=_temp_prefix(target), suffix=".tmp", dir=target.parent))
+
+
+def _temp_prefix(target: Path) -> str:
+    """How a temp name beside ``target`` starts (``_TEMP_NAME``), once its folder exists and
+    the stale temp files in it are removed."""
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temp_files(target.parent)
-    return Path(tempfile.mkdtemp(prefix=f".{target.name}.{_host_tag()}-{os.getpid()}-",
-                                 suffix=".tmp", dir=target.parent))
+    return f".{target.name}.{_host_tag()}-{os.getpid()}-"
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
@@ -143,12 +148,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Pa
     stale temp files of killed processes in that directory are removed first.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temp_files(target.parent)
-    fd, tmp_name = tempfile.mkstemp(
-        prefix=f".{target.name}.{_host_tag()}-{os.getpid()}-", suffix=f".tmp{target.suffix}",
-        dir=target.parent,
-    )
+    fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(target), suffix=f".tmp{target.suffix}",
+                                    dir=target.parent)
     os.close(fd)
     tmp = Path(tmp_name)
     try:
@@ -194,14 +195,18 @@ def _free_space(folder: Path) -> str:
     return f"{free:.1f} TiB"
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Atomically replace ``path`` with ``data``."""
-    return atomic_write(path, lambda tmp: tmp.write_bytes(data))
-
-
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Atomically replace ``path`` with ``text`` (UTF-8)."""
-    return atomic_write_bytes(path, text.encode("utf-8"))
+    return atomic_write(path, lambda tmp: tmp.write_bytes(text.encode("utf-8")))
+
+
+def atomic_write_npy(path: str | os.PathLike, array: np.ndarray) -> Path:
+    """Atomically replace ``path`` with ``array`` as a ``.npy`` file (never pickled)."""
+    def save(tmp: Path) -> None:
+        with open(tmp, "wb") as handle:  # a handle: np.save would add .npy to the temp name
+            np.save(handle, array, allow_pickle=False)
+
+    return atomic_write(path, save)
 
 
 def _pointer_token(key: Any) -> str:
@@ -288,39 +293,27 @@ def read_json(path: str | os.PathLike) -> Any:
         return restore_non_finite(json.load(handle))
 
 
-def read_arrays(path: str | os.PathLike, flag: str, *, archive: bool = False) -> list[np.ndarray]:
-    """The arrays of a user's file: one from a ``.npy`` file, or (``archive``) every array of an
-    ``.npz`` in order. Never unpickles. A missing, empty, cut or foreign file is a one-line
-    ``DataError`` naming ``flag`` (NumPy itself would call a text file "pickled data" and a
-    zero-byte one an ``EOFError``)."""
-    expected = "a .npy array or .npz archive" if archive else "a .npy array"
+def read_arrays(path: str | os.PathLike, flag: str) -> list[np.ndarray]:
+    """The array of a user's ``.npy`` file, as a list of one. Never unpickles. A missing, empty,
+    cut or foreign file is a one-line ``DataError`` naming ``flag`` (NumPy itself would call a
+    text file "pickled data" and a zero-byte one an ``EOFError``)."""
     with path_errors(path, flag, DataError):
         file = Path(path)
         found = file.is_file()
     if not found:
-        raise DataError(f"Invalid {flag} {str(path)!r}: file not found (expected {expected}).")
+        raise DataError(f"Invalid {flag} {str(path)!r}: file not found (expected a .npy array).")
     try:
         with open(file, "rb") as handle:
             head = handle.read(len(NPY_MAGIC))
         if head == NPY_MAGIC:
             return [np.load(file, allow_pickle=False)]
-        if archive and zipfile.is_zipfile(file):
-            with np.load(file, allow_pickle=False) as loaded:
-                arrays = [loaded[key] for key in loaded.files]
-            if not arrays:
-                raise DataError(f"Invalid {flag} {str(path)!r}: the archive holds no arrays "
-                                f"(expected {expected}).")
-            return arrays
         size = file.stat().st_size
     except _ARRAY_READ_ERRORS as error:
-        if isinstance(error, DataError):
-            raise
         reason = " ".join(str(error).split())[:200] or type(error).__name__
-        kind = ".npy/.npz" if archive else ".npy"
         raise DataError(
-            f"Invalid {flag} {str(path)!r}: not a readable {kind} file ({reason})."
+            f"Invalid {flag} {str(path)!r}: not a readable .npy file ({reason})."
         ) from None
-    raise DataError(f"Invalid {flag} {str(path)!r}: expected {expected}. Received: {size} bytes "
+    raise DataError(f"Invalid {flag} {str(path)!r}: expected a .npy array. Received: {size} bytes "
                     "without a NumPy header (empty, cut, or another format).")
 
 
@@ -344,7 +337,17 @@ def check_output_folder(path: str | os.PathLike, flag: str) -> Path:
     """``path`` if it is (or can become) a writable folder, else a one-line ``ConfigError``;
     stale temp files in it are removed (as ``check_output_path`` does)."""
     with _path_errors(path, flag):
-        return _check_output_folder(path, flag)
+        target = Path(path)
+        existing = _nearest_existing(target)
+        if not existing.is_dir():
+            raise ConfigError(f"Invalid {flag} folder {str(path)!r}: {str(existing)!r} is a "
+                              "file, not a folder.")
+        if not _can_create_files_in(existing):
+            raise ConfigError(
+                f"Invalid {flag} folder {str(path)!r}: {str(existing)!r} is not writable.")
+        if existing == target:
+            remove_stale_temp_files(target)  # a killed run's temp files: gone at the next start
+        return target
 
 
 def _can_create_files_in(folder: Path) -> bool:
@@ -357,20 +360,6 @@ def _can_create_files_in(folder: Path) -> bool:
             return True
     except OSError:
         return False
-
-
-def _check_output_folder(path: str | os.PathLike, flag: str) -> Path:
-    target = Path(path)
-    existing = _nearest_existing(target)
-    if not existing.is_dir():
-        raise ConfigError(f"Invalid {flag} folder {str(path)!r}: {str(existing)!r} is a file, "
-                          "not a folder.")
-    if not _can_create_files_in(existing):
-        raise ConfigError(
-            f"Invalid {flag} folder {str(path)!r}: {str(existing)!r} is not writable.")
-    if existing == target:
-        remove_stale_temp_files(target)  # a killed run's temp files: gone at the next start
-    return target
 
 
 def check_distinct_paths(outputs: dict[str, Any], inputs: dict[str, Any] | None = None) -> None:
@@ -406,24 +395,22 @@ def check_output_path(path: str | os.PathLike, flag: str, suffix: str | None = N
     only those whose process is gone), so they disappear at the next start, not at the next write.
     """
     with _path_errors(path, flag):
-        return _check_output_path(path, flag, suffix)
-
-
-def _check_output_path(path: str | os.PathLike, flag: str, suffix: str | None) -> Path:
-    target = Path(path)
-    shown = str(path)
-    if suffix is not None and target.suffix != suffix:
-        raise ConfigError(
-            f"Invalid {flag} path {shown!r}: expected a file name ending in {suffix}.")
-    if target.is_dir():
-        raise ConfigError(f"Invalid {flag} path {shown!r}: it is a folder; expected a file path.")
-    existing = _nearest_existing(target.parent)
-    if not existing.is_dir():
-        raise ConfigError(
-            f"Invalid {flag} path {shown!r}: {str(existing)!r} is a file, not a folder.")
-    if not _can_create_files_in(existing) or (
-            target.exists() and not os.access(target, os.W_OK)):
-        raise ConfigError(f"Invalid {flag} path {shown!r}: {str(existing)!r} is not writable.")
-    if existing == target.parent:
-        remove_stale_temp_files(existing)  # a killed run's temp files: gone at the next start
-    return target
+        target = Path(path)
+        shown = str(path)
+        if suffix is not None and target.suffix != suffix:
+            raise ConfigError(
+                f"Invalid {flag} path {shown!r}: expected a file name ending in {suffix}.")
+        if target.is_dir():
+            raise ConfigError(
+                f"Invalid {flag} path {shown!r}: it is a folder; expected a file path.")
+        existing = _nearest_existing(target.parent)
+        if not existing.is_dir():
+            raise ConfigError(
+                f"Invalid {flag} path {shown!r}: {str(existing)!r} is a file, not a folder.")
+        if not _can_create_files_in(existing) or (
+                target.exists() and not os.access(target, os.W_OK)):
+            raise ConfigError(
+                f"Invalid {flag} path {shown!r}: {str(existing)!r} is not writable.")
+        if existing == target.parent:
+            remove_stale_temp_files(existing)  # a killed run's temp files: gone at the next start
+        return target

@@ -19,7 +19,7 @@ import psutil
 
 from kbackend.backend_choice import keras as import_keras
 from kbackend.backends import impl
-from kbackend.data import DatasetInfo
+from kbackend.data import DATA_FORMATS, DatasetInfo
 from kbackend.errors import ConfigError, check_field_types, check_int_sequence
 
 SEED_MLP_WIDTHS = (786, 256, 160)
@@ -67,25 +67,19 @@ class ModelOptions:
             raise ConfigError(
                 f"Invalid l2: expected a finite factor >= 0. Received: {self.l2!r}."
             )
-        if self.data_format not in ("channels_last", "channels_first"):
-            raise ConfigError(
-                "Invalid data_format. Expected one of ['channels_last', 'channels_first']. "
-                f"Received: {self.data_format!r}."
-            )
-        if not self.widths or any(w < 1 for w in self.widths):
-            raise ConfigError(f"Invalid widths {self.widths!r}: expected positive layer widths.")
-        if not self.filters or any(f < 1 for f in self.filters):
-            raise ConfigError(
-                f"Invalid filters {self.filters!r}: expected positive channel counts.")
-        for name in ("widths", "filters"):  # depth is a size too: each layer is built in Python
-            if len(getattr(self, name)) > MAX_LAYERS:
+        for name, choices in (("data_format", DATA_FORMATS), ("readout", READOUTS)):
+            if getattr(self, name) not in choices:
+                raise ConfigError(f"Invalid {name}. Expected one of {list(choices)}. "
+                                  f"Received: {getattr(self, name)!r}.")
+        for name, what in (("widths", "layer widths"), ("filters", "channel counts")):
+            sizes = getattr(self, name)
+            if not sizes or any(size < 1 for size in sizes):
+                raise ConfigError(f"Invalid {name} {sizes!r}: expected positive {what}.")
+            if len(sizes) > MAX_LAYERS:  # depth is a size too: each layer is built in Python
                 raise ConfigError(f"Invalid {name}: expected at most {MAX_LAYERS} layers. "
-                                  f"Received: {len(getattr(self, name))}.")
+                                  f"Received: {len(sizes)}.")
         if not isinstance(self.units, int) or self.units < 1:
             raise ConfigError(f"Invalid units {self.units!r}: expected a positive integer.")
-        if self.readout not in READOUTS:
-            raise ConfigError(f"Invalid readout. Expected one of {list(READOUTS)}. "
-                              f"Received: {self.readout!r}.")
 
     def key(self) -> dict[str, Any]:
         """The options as a dict for store keys: the fields added after stores existed appear
@@ -218,15 +212,12 @@ def _check_conv_format(options: ModelOptions) -> None:
 
 def cnn(info: DatasetInfo, options: ModelOptions) -> Any:
     """The conv net that fits the data: ``cnn2d`` for images, ``cnn1d`` for sequences."""
-    if len(info.input_shape) == 2:
-        return cnn1d(info, options, name="cnn")
-    return cnn2d(info, options, name="cnn")
+    return (cnn1d if len(info.input_shape) == 2 else cnn2d)(info, options, name="cnn")
 
 
 def cnn_params(info: DatasetInfo, options: ModelOptions) -> int:
-    if len(info.input_shape) == 2:
-        return cnn1d_params(info, options, name="cnn")
-    return cnn2d_params(info, options, name="cnn")
+    count = cnn1d_params if len(info.input_shape) == 2 else cnn2d_params
+    return count(info, options, name="cnn")
 
 
 def cnn2d(info: DatasetInfo, options: ModelOptions, name: str = "cnn2d") -> Any:

@@ -41,15 +41,17 @@ OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
 SCHEDULES = ("constant", "cosine", "exponential")
 
 
-# field -> what it must be (each also finite: NaN passes every comparison, Inf diverges)
+# field -> what it must be, and the test of its range (each also a finite real number: NaN
+# passes every comparison, Inf diverges)
+_UNIT = ("a finite number in [0, 1)", lambda value: 0 <= value < 1)
 _REAL_FIELDS = {
-    "learning_rate": "a finite number > 0",
-    "decay_rate": "a finite number in (0, 1]",
-    "momentum": "a finite number in [0, 1)",
-    "beta1": "a finite number in [0, 1)",
-    "beta2": "a finite number in [0, 1)",
-    "epsilon": "a finite number > 0",
-    "weight_decay": "a finite number >= 0",
+    "learning_rate": ("a finite number > 0", lambda value: value > 0),
+    "decay_rate": ("a finite number in (0, 1]", lambda value: 0 < value <= 1),
+    "momentum": _UNIT,
+    "beta1": _UNIT,
+    "beta2": _UNIT,
+    "epsilon": ("a finite number > 0", lambda value: value > 0),
+    "weight_decay": ("a finite number >= 0", lambda value: value >= 0),
 }
 
 
@@ -84,40 +86,19 @@ class OptimizerSpec:
             raise ConfigError(
                 f"Unknown schedule. Expected one of {list(SCHEDULES)}. Received: {self.schedule!r}."
             )
-        for field, expected in _REAL_FIELDS.items():
+        for field, (expected, admits) in _REAL_FIELDS.items():
             value = getattr(self, field)
             if not (isinstance(value, numbers.Real) and not isinstance(value, bool)
-                    and math.isfinite(value)):
+                    and math.isfinite(value) and admits(value)):
                 raise ConfigError(f"Invalid {field}: expected {expected}. Received: {value!r}.")
-        for field in ("decay_steps", "warmup_steps"):
+        for field, low in (("decay_steps", 1), ("warmup_steps", 0)):
             value = getattr(self, field)
-            if value is not None and not (isinstance(value, numbers.Integral)
-                                          and not isinstance(value, bool)):
+            if value is None and field == "decay_steps":  # the whole run (``with_total_steps``)
+                continue
+            if not (isinstance(value, numbers.Integral) and not isinstance(value, bool)):
                 raise ConfigError(f"Invalid {field}: expected an integer. Received: {value!r}.")
-        if self.learning_rate <= 0:
-            raise ConfigError(
-                "Invalid learning_rate: expected a finite number > 0. "
-                f"Received: {self.learning_rate!r}."
-            )
-        if self.decay_steps is not None and self.decay_steps < 1:
-            raise ConfigError(
-                f"Invalid decay_steps: expected >= 1. Received: {self.decay_steps!r}.")
-        if self.warmup_steps < 0:
-            raise ConfigError(
-                f"Invalid warmup_steps: expected >= 0. Received: {self.warmup_steps!r}.")
-        if not 0 <= self.momentum < 1:
-            raise ConfigError(
-                f"Invalid momentum: expected a value in [0, 1). Received: {self.momentum!r}.")
-        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
-            raise ConfigError(
-                f"Invalid betas: expected values in [0, 1). Received: ({self.beta1}, {self.beta2})."
-            )
-        if self.epsilon <= 0 or self.weight_decay < 0 or not 0 < self.decay_rate <= 1:
-            raise ConfigError(
-                "Invalid epsilon, weight_decay or decay_rate: expected epsilon > 0, "
-                f"weight_decay >= 0, 0 < decay_rate <= 1. Received: {self.epsilon}, "
-                f"{self.weight_decay}, {self.decay_rate}."
-            )
+            if value < low:
+                raise ConfigError(f"Invalid {field}: expected >= {low}. Received: {value!r}.")
 
     def with_total_steps(self, total_steps: int) -> OptimizerSpec:
         """This spec with ``decay_steps`` set to the run's length if it was left open."""

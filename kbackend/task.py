@@ -72,11 +72,7 @@ def metric_direction(name: str) -> str:
     """``"max"`` where larger values of metric ``name`` are better (accuracy, AUC, ...), ``"min"``
     where smaller are (losses and errors); a split prefix (``val_``, ``test_``) is ignored.
     An unknown name is a ``ConfigError``: a target's direction is never guessed."""
-    base = name
-    for prefix in _SPLITS:
-        if base.startswith(prefix):
-            base = base[len(prefix):]
-            break
+    base = next((name[len(prefix):] for prefix in _SPLITS if name.startswith(prefix)), name)
     words = base.lower().replace("-", "_").split("_")
     if any(word in _HIGHER_IS_BETTER for word in words) or base.lower().endswith("accuracy"):
         return "max"
@@ -126,12 +122,7 @@ class Task:
     @property
     def loss_name(self) -> str:
         """The loss as a person names it (``binary_crossentropy``, ``Huber``, ...)."""
-        try:
-            config = json.loads(self.loss)
-        except ValueError:
-            return self.loss
-        if isinstance(config, list):
-            config = config[0]
+        config = _loss_identifier(self.loss)
         if isinstance(config, dict):
             inner = config.get("config") or {}
             return str(inner.get("name") or config.get("class_name") or self.loss)
@@ -145,11 +136,7 @@ class Task:
 
     @property
     def from_logits(self) -> bool:
-        try:
-            config = json.loads(self.loss)
-        except ValueError:
-            return False
-        config = config[0] if isinstance(config, list) else config
+        config = _loss_identifier(self.loss)
         return bool(isinstance(config, dict) and (config.get("config") or {}).get("from_logits"))
 
     @property
@@ -205,21 +192,31 @@ def _per_sample(values: Any) -> Any:
     return keras.ops.mean(values, axis=tuple(range(1, len(values.shape))))
 
 
-@functools.cache
-def _loss_object(loss: str) -> Any:
-    import keras  # deferred: Keras is imported once the backend is chosen
-    from keras.src.losses.losses import LossFunctionWrapper  # deferred: as above
-
+def _loss_identifier(loss: str) -> Any:
+    """A stored ``Task.loss`` as Keras takes it: its JSON config (of ``[config, function
+    arguments]``, the config), or the loss name itself."""
     try:
         identifier = json.loads(loss)
     except ValueError:
-        identifier = loss
-    if isinstance(identifier, list):  # [config, function arguments]
-        identifier = identifier[0]
-    obj = keras.losses.get(identifier)
-    if not isinstance(obj, keras.losses.Loss):
-        obj = LossFunctionWrapper(obj, name=getattr(obj, "__name__", None))
-    return obj
+        return loss
+    return identifier[0] if isinstance(identifier, list) else identifier
+
+
+def _as_loss(obj: Any) -> Any:
+    """``obj`` as a Keras ``Loss``: a function loss wrapped as ``compile`` wraps it."""
+    import keras  # deferred: Keras is imported once the backend is chosen
+    from keras.src.losses.losses import LossFunctionWrapper  # deferred: as above
+
+    if isinstance(obj, keras.losses.Loss):
+        return obj
+    return LossFunctionWrapper(obj, name=getattr(obj, "__name__", None))
+
+
+@functools.cache
+def _loss_object(loss: str) -> Any:
+    import keras  # deferred: Keras is imported once the backend is chosen
+
+    return _as_loss(keras.losses.get(_loss_identifier(loss)))
 
 
 # kbackend's own models end in a softmax over integer classes.
@@ -268,8 +265,7 @@ def make_task(loss: Any, metrics: list[Any] | None, output_units: int, *, source
     if obj is None:
         raise ConfigError("The model has no loss: compile it with one, or leave it uncompiled "
                           "and kbackend infers it from the labels.")
-    if not isinstance(obj, keras.losses.Loss):
-        obj = LossFunctionWrapper(obj, name=getattr(obj, "__name__", None))
+    obj = _as_loss(obj)
     key = loss if isinstance(loss, str) else json.dumps(
         [keras.losses.serialize(obj), getattr(obj, "_fn_kwargs", {})], sort_keys=True,
         default=str)
@@ -416,9 +412,6 @@ class MultiOutputTask(Task):
     metric_head: str = ""
     index: tuple[int, ...] | None = None
     names: tuple[str, ...] = ()  # every output of the model, with a loss or not
-
-    def head(self, name: str) -> OutputHead:
-        return next(head for head in self.heads if head.name == name)
 
     def describe(self) -> str:
         parts = ", ".join(f"{h.name}: {h.task.loss_name}"

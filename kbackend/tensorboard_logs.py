@@ -79,11 +79,6 @@ def evaluation_scalars(record: Mapping[str, Any], previous: Mapping[str, Any] | 
     return scalars
 
 
-def learning_rate_at(spec: OptimizerSpec, step: int) -> float:
-    """The schedule's rate at the update that ends at ``step`` (1-based step count)."""
-    return float(schedule_value(spec, max(step - 1, 0), ops=np))
-
-
 class ScalarWriter:
     """A loop reporter writing each evaluation's scalars under ``logdir`` (one event file), and
     passing every call to ``inner``. ``batch_changed`` is the ``--batch-size auto`` controller's
@@ -108,9 +103,15 @@ class ScalarWriter:
 
     def epoch_end(self, epoch: int, epochs: int, record: dict[str, Any]) -> None:
         step = int(record["step"])
-        rate = self.rate if self.rate is not None else learning_rate_at(self.spec, step)
+        # the schedule's rate at the update that ends at ``step`` (a 1-based count)
+        rate = (self.rate if self.rate is not None
+                else float(schedule_value(self.spec, max(step - 1, 0), ops=np)))
         scalars = evaluation_scalars(record, self.previous, self.batch_size, rate, self.auto)
-        write_scalars(self.writer, step, scalars)
+        tf = _tf()
+        with self.writer.as_default():
+            for name, value in scalars.items():
+                tf.summary.scalar(name, value, step=step)
+        self.writer.flush()
         self.previous = record
         if self.inner is not None:
             self.inner.epoch_end(epoch, epochs, record)
@@ -133,15 +134,6 @@ def scalar_writer(logdir: str | os.PathLike | None, spec: OptimizerSpec, batch_s
         yield writer
     finally:
         writer.close()
-
-
-def write_scalars(writer: Any, step: int, scalars: Mapping[str, float]) -> None:
-    """``scalars`` at ``step`` through ``writer`` (a ``tf.summary`` file writer)."""
-    tf = _tf()
-    with writer.as_default():
-        for name, value in scalars.items():
-            tf.summary.scalar(name, value, step=step)
-    writer.flush()
 
 
 def write_run(logdir: str | os.PathLike, points: Iterable[tuple[int, Mapping[str, float]]],

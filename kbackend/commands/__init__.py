@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import difflib
 import re
 import sys
@@ -40,8 +41,7 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if (not action.option_strings or action.nargs == 0 or "default" in text
-                or action.default in (None, argparse.SUPPRESS)):
+        if not self._shows_default(action) or "default" in text:
             return text
         return f"{text} (default: %(default)s)"
 
@@ -111,6 +111,13 @@ def declared_flag(group: Any, flag: str, owner: type, *, field: str | None = Non
         accepts = rule.expected() + (f"; {rule.why}" if rule.why else "")
         kwargs["help"] = f"{kwargs['help']} ({accepts})" if kwargs.get("help") else accepts
     return group.add_argument(flag, **kwargs)
+
+
+def field_flags(args: argparse.Namespace, owner: type) -> dict[str, Any]:
+    """The parsed flags named as fields of the dataclass ``owner``, to pass through to it (a
+    field without a flag on this command keeps its default)."""
+    return {item.name: getattr(args, item.name) for item in dataclasses.fields(owner)
+            if hasattr(args, item.name)}
 
 
 def int_at_least(minimum: int, *, auto: bool = False) -> Callable[[str], int]:

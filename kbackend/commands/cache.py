@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from contextlib import closing
 
 from rich.progress import Progress
 
@@ -89,8 +90,7 @@ def run_warm(args: argparse.Namespace) -> int:
         total = len(rows)
         chunks = (rows[i:i + args.chunk] for i in range(0, len(rows), args.chunk))
     check_cacheable(model, rounding)
-    store = open_store(args.cache)
-    try:
+    with closing(open_store(args.cache)) as store:
         cache = PredictionCache(model, store, rounding)
         with Progress(transient=True) as progress:
             task = progress.add_task("warming", total=total)
@@ -99,22 +99,17 @@ def run_warm(args: argparse.Namespace) -> int:
                 progress.advance(task, len(chunk))
         cache.flush_stats()
         stats = cache.stats()
-    finally:
-        store.close()
     print(f"warmed {store.describe()} for model {cache.fingerprint[:16]} ({rounding.describe()}): "
           f"{stats.rows} rows, {stats.stored} new entries, {stats.hits} already cached")
     return 0
 
 
 def run_stats(args: argparse.Namespace) -> int:
-    store = open_store(args.cache, create=False)
-    try:
+    with closing(open_store(args.cache, create=False)) as store:
         infos = store.namespaces()
         extra = {}
         if isinstance(store, SQLiteStore):
             extra = {"integrity_check": store.integrity_check(), "bytes": store.path.stat().st_size}
-    finally:
-        store.close()
     if args.json:
         print(strict_json_text({"store": store.describe(), **extra,
                                 "models": [info.__dict__ for info in infos]}))
@@ -134,8 +129,7 @@ def run_stats(args: argparse.Namespace) -> int:
 
 
 def run_clear(args: argparse.Namespace) -> int:
-    store = open_store(args.cache, create=False)
-    try:
+    with closing(open_store(args.cache, create=False)) as store:
         if args.fingerprint is None:
             deleted = store.clear()
         else:
@@ -147,7 +141,5 @@ def run_clear(args: argparse.Namespace) -> int:
                     f"matched {len(matches)} (see kbackend cache stats)."
                 )
             deleted = store.clear(matches[0])
-    finally:
-        store.close()
     print(f"cleared {deleted} entries from {store.describe()}")
     return 0

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from kbackend.commands import add_import_flag
-from kbackend.config import MAX_TIMEOUT_S
+from kbackend.config import MAX_SEED, MAX_TIMEOUT_S
 from kbackend.data.user import Where, _npy_header, npy_data_bytes  # header-first checks
 from kbackend.equivalence import (
     KNOWN_DIVERGENCES,
@@ -107,12 +107,6 @@ def split_key(value: str) -> tuple[str, str | None]:
     return str(value), None
 
 
-def _npy_file_bytes(where: Where, path: Path) -> int:
-    """The bytes a .npy file's header declares, checked against the file's size (no data read)."""
-    with open(path, "rb") as handle:
-        return npy_data_bytes(where, handle, path.stat().st_size, "the array")
-
-
 def _check_bytes(where: Where, nbytes: int, max_bytes: int) -> None:
     if nbytes > max_bytes:
         raise where.error(f"its arrays hold {nbytes:,} bytes, more than the {max_bytes:,} "
@@ -142,7 +136,9 @@ def read_arrays(value: str, flag: str, *, max_bytes: int | None = None,
             if key is not None:
                 raise where.error(f"{path.name} is a .npy array, not an archive: name the file "
                                   "without :KEY.")
-            _check_bytes(where, _npy_file_bytes(where, path), max_bytes)
+            with open(path, "rb") as handle:  # the header's bytes, against the file's size
+                _check_bytes(where, npy_data_bytes(where, handle, path.stat().st_size,
+                                                   "the array"), max_bytes)
             return Arrays([np.load(path, allow_pickle=False)] if load else [])
         if zipfile.is_zipfile(path):
             return _read_archive(where, path, key, max_bytes, load)
@@ -270,8 +266,8 @@ def check_args(args: argparse.Namespace) -> None:
                         f"{MAX_RANDOM_ROWS} random rows (a batch to compare, not a data set).")
     if args.loss is not None:
         check_loss(args.loss, from_logits=args.from_logits)
-    if not 0 <= args.seed <= 2**32 - 1:
-        raise DataError(f"Invalid --seed {args.seed}: expected an integer in [0, {2**32 - 1}] "
+    if not 0 <= args.seed <= MAX_SEED:
+        raise DataError(f"Invalid --seed {args.seed}: expected an integer in [0, {MAX_SEED}] "
                         "(NumPy's seed range).")
     if not 0 < args.timeout <= MAX_TIMEOUT_S:  # NaN fails too
         raise DataError(f"Invalid --timeout {args.timeout!r}: expected seconds > 0 and at most "

@@ -23,9 +23,7 @@ def run(args: argparse.Namespace) -> int:
     source = backend_source()
     probes = stored_probes()
     if args.json:
-        env["backend_source"] = source
-        env["stored_probes"] = probes
-        print(strict_json_text(env))
+        print(strict_json_text({**env, "backend_source": source, "stored_probes": probes}))
         return 0
     how = source if source in ("default", "Keras, already imported") else f"from {source}"
     print(f"backend:            {env['backend']} ({how})")

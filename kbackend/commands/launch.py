@@ -131,11 +131,6 @@ def check_train_args(train_args: list[str], num_processes: int, coordinator: str
     source.check_fits(dataset.info, config.model_options)
 
 
-def free_port() -> int:
-    """A port on 127.0.0.1 that is free now (the OS picks it)."""
-    return free_ports(1)[0]
-
-
 def _forward(stream: object, prefix: str, sink: object, kept: list[str] | None = None) -> None:
     """Copy ``stream``'s lines, prefixed, to ``sink``, or into ``kept`` when given."""
     for line in iter(stream.readline, ""):  # type: ignore[attr-defined]
@@ -160,16 +155,12 @@ def _stop(processes: list[subprocess.Popen]) -> None:
             process.wait()
 
 
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
 def _describe(code: int) -> str:
     if code < 0:
-        return f"was killed by {_signal_name(-code)}"
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
     meaning = PASSED_ON.get(code) or ("lost a peer or could not join" if code == JOB_FAILED
                                       else "")
     return f"exited with status {code}" + (f" ({meaning})" if meaning else "")
@@ -180,11 +171,6 @@ def first_failure(exits: list[tuple[int, int]]) -> tuple[int, int] | None:
     the first that failed other than by losing a peer (status 3), else the first failed."""
     failed = [(index, code) for index, code in exits if code != 0]
     return next(((i, c) for i, c in failed if c != JOB_FAILED), failed[0] if failed else None)
-
-
-def job_status(code: int) -> int:
-    """The launcher's exit status for a job whose blamed process ended with ``code``."""
-    return code if code in PASSED_ON else JOB_FAILED
 
 
 def worker_command(train_args: list[str], num_processes: int, index: int,
@@ -212,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
         train_args = train_args[1:]
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"Invalid --port {args.port}: expected 1-65535 (0: a free one).")
-    port = args.port or free_port()
+    port = args.port or free_ports(1)[0]  # a free one now, the OS's pick
     coordinator = f"127.0.0.1:{port}"
     check_train_args(train_args, args.num_processes, coordinator)
     # Each process dies with this one (cli._die_with_launcher), even when it is killed -9.
@@ -279,7 +265,7 @@ def _watch(processes: list[subprocess.Popen], threads: list[threading.Thread],
         sys.stdout.flush()
         sys.stderr.write(f"kbackend launch: error: process {index} {_describe(code)}; "
                          f"stopped the other {len(processes) - 1} process(es).\n")
-        return job_status(code)
+        return code if code in PASSED_ON else JOB_FAILED  # the blamed process's, or the job's
     for thread in threads:
         thread.join(timeout=2)
     return 0

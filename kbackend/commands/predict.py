@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-
-import numpy as np
+from contextlib import closing
 
 from kbackend.cache import PredictionCache, Rounding, check_cacheable, check_store, open_store
 from kbackend.commands import add_import_flag
 from kbackend.errors import DataError
-from kbackend.io import atomic_write, check_distinct_paths, check_output_path, read_array
+from kbackend.io import atomic_write_npy, check_distinct_paths, check_output_path, read_array
 from kbackend.model_sources import load_model
 from kbackend.serving.model import (
     BatchPredictor,
@@ -61,23 +59,16 @@ def run(args: argparse.Namespace) -> int:
         predictions = predictor(batch)
     else:
         check_cacheable(model, rounding)
-        store = open_store(args.cache)  # created only now that every input was checked
-        try:
+        # the store is created only now that every input was checked
+        with closing(open_store(args.cache)) as store:
             cache = PredictionCache(model, store, rounding)
             predictions = cache.predict(batch)
             cache.flush_stats()
             stats = cache.stats()
-        finally:
-            store.close()
-    atomic_write(args.out, lambda tmp: _save_npy(tmp, predictions))
+    atomic_write_npy(args.out, predictions)
     print(f"predicted {len(batch)} rows -> {args.out} {predictions.shape}")
     if store is not None:
         print(f"cache {store.describe()} ({rounding.describe()}): hit rate {stats.hit_rate:.1%} "
               f"({stats.hits} hits, {stats.misses} misses, {stats.stored} stored) in "
               f"{stats.latency_ms_mean:.1f} ms")
     return 0
-
-
-def _save_npy(path: Path, array: np.ndarray) -> None:
-    with open(path, "wb") as handle:  # a file object: np.save would append .npy to the temp name
-        np.save(handle, array)

@@ -8,13 +8,12 @@ side by side.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 from kbackend.adaptive import AUTO
-from kbackend.commands import add_reprobe_flag, declared_flag, int_at_least
+from kbackend.commands import add_reprobe_flag, declared_flag, field_flags, int_at_least
 from kbackend.commands.train import add_source_arguments
 from kbackend.commands.train import command_line as train_command_line
 from kbackend.data.named import BUILTIN_TARGETS
@@ -43,14 +42,12 @@ from kbackend.study.verdicts import DEFAULT_ACCURACY_MARGIN, DEFAULT_MARGIN, DEF
 DEFAULT_OUT = "runs/study"
 
 
-def _default(name: str) -> Any:
-    """``StudyConfig``'s default of field ``name`` (stated there once)."""
-    return field_default(StudyConfig, name)
+_default = partial(field_default, StudyConfig)  # a field's default, stated there once
 
 
 def _int_list(text: str) -> tuple[int, ...]:
     try:
-        return tuple(int(v) for v in text.split(",") if v.strip())
+        return tuple(int(v) for v in _names(text))
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated integers, got {text!r}") from None
@@ -60,7 +57,7 @@ def _batch_sizes(text: str) -> tuple[int | str, ...]:
     """``--batch-sizes``: comma-separated integers, optionally with ``auto`` (an adaptive cell
     per optimizer between the smallest and largest of them)."""
     sizes: list[int | str] = []
-    for value in (v.strip() for v in text.split(",") if v.strip()):
+    for value in _names(text):
         if value.lower() == AUTO:
             sizes.append(AUTO)
             continue
@@ -73,6 +70,7 @@ def _batch_sizes(text: str) -> tuple[int | str, ...]:
 
 
 def _names(text: str) -> tuple[str, ...]:
+    """The comma-separated items of ``text``, stripped, empty ones left out."""
     return tuple(v.strip() for v in text.split(",") if v.strip())
 
 
@@ -101,7 +99,7 @@ def _lr_entry(text: str) -> tuple[str, tuple[float, ...]]:
     """``OPT=lr1,lr2`` -> (OPT, (lr1, lr2)); a bare ``lr1,lr2`` applies to every optimizer ('*')."""
     name, _, values = text.rpartition("=")
     try:
-        return name.strip() or "*", tuple(float(v) for v in values.split(",") if v.strip())
+        return name.strip() or "*", tuple(float(v) for v in _names(values))
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected OPTIMIZER=LR,LR,... or LR,LR,..., got {text!r}") from None
@@ -296,10 +294,9 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
     if len(args.noise_batches) != 2:
         raise ConfigError(f"Invalid --noise-batches {args.noise_batches}: expected SMALL,BIG.")
     # every flag named as its field passes through; the others are derived above
-    flags = {item.name: getattr(args, item.name) for item in dataclasses.fields(StudyConfig)
-             if hasattr(args, item.name)}
-    return StudyConfig(**{**flags, "dataset": args.data or args.dataset, "target": target,
-                          "learning_rates": learning_rates, "frontier_epochs": frontier_epochs,
+    return StudyConfig(**{**field_flags(args, StudyConfig), "dataset": args.data or args.dataset,
+                          "target": target, "learning_rates": learning_rates,
+                          "frontier_epochs": frontier_epochs,
                           "noise_small_batch": args.noise_batches[0],
                           "noise_big_batch": args.noise_batches[1]})
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from kbackend.adaptive import AutoBatchSize, parse_batch_size
@@ -16,10 +16,11 @@ from kbackend.commands import (
     add_import_flag,
     add_reprobe_flag,
     declared_flag,
+    field_flags,
     int_at_least,
 )
 from kbackend.config import MONITORS, Target, TrainConfig
-from kbackend.data import DATASETS
+from kbackend.data import DATA_FORMATS, DATASETS
 from kbackend.data.user import MAX_IMAGE_PIXELS, parse_image_size
 from kbackend.distributed import engine_name, is_chief, prepare
 from kbackend.engine_facts import engine_facts
@@ -58,12 +59,8 @@ def _batch_size(text: str) -> int | AutoBatchSize:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def _model(name: str) -> Any:
-    return field_default(ModelOptions, name)
-
-
-def _optimizer(name: str) -> Any:
-    return field_default(OptimizerSpec, name)
+_model = partial(field_default, ModelOptions)
+_optimizer = partial(field_default, OptimizerSpec)
 
 
 def add_source_arguments(data: Any, model: Any, *, dataset: str, model_default: str,
@@ -102,7 +99,7 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                   help="share of the training data held out for validation (no early stopping "
                        "or target without one)")
     model.add_argument("--data-format", default=_model("data_format"),
-                       choices=["channels_last", "channels_first"])
+                       choices=list(DATA_FORMATS))
     model.add_argument("--dropout", type=float, default=_model("dropout"))
     model.add_argument("--batch-norm", action="store_true")
     model.add_argument("--l2", type=float, default=_model("l2"))
@@ -192,30 +189,24 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         name=args.optimizer, learning_rate=args.lr, schedule=args.schedule,
         warmup_steps=args.warmup_steps, momentum=args.momentum, weight_decay=args.weight_decay,
     )
-    options = ModelOptions(
-        dropout=args.dropout, batch_norm=args.batch_norm, l2=args.l2, seed=args.seed,
-        data_format=args.data_format, widths=args.widths, residual=args.residual,
-        filters=args.filters, units=args.units, bidirectional=args.bidirectional,
-        readout=args.readout,
-    )
+    options = ModelOptions(**field_flags(args, ModelOptions))
     if args.lr_scaling is not None and not isinstance(args.batch_size, AutoBatchSize):
         raise ConfigError(f"--lr-scaling {args.lr_scaling} sets how the learning rate follows "
                           "a growing batch: it needs --batch-size auto[:MIN:MAX], and this run's "
                           f"batch is fixed at {args.batch_size}.")
-    # A built-in's metric is known from its name; another model's once it is built (_prepared)
+    # The model source's cheap checks (files, syntax, safe mode) before any work (the data is
+    # read, and checked, by ``workload_of``). A built-in's metric is known from its name;
+    # another model's once it is built (_prepared).
     default_metric = parse_model_source(
         args.model, unsafe_deserialization=args.unsafe_deserialization,
         from_weights=args.from_weights).default_metric
     target_metric = args.target_metric or default_metric or "val_loss"
-    # every flag named as its field passes through (a command without one: the field's
-    # default); the others are derived here
-    flags = {item.name: getattr(args, item.name) for item in dataclasses.fields(TrainConfig)
-             if hasattr(args, item.name)}
+    # every flag named as its field passes through; the others are derived here
     config = TrainConfig(**{
-        **flags, "dataset": args.data or args.dataset, "optimizer": spec,
+        **field_flags(args, TrainConfig), "dataset": args.data or args.dataset, "optimizer": spec,
         "model_options": options, "lr_scaling": args.lr_scaling or "sqrt",
         "engine": resolve_engine(args.engine)[0],
-        "monitor": args.monitor or args.target_metric or default_metric or "val_loss",
+        "monitor": args.monitor or target_metric,
         "fused_steps": 1 if args.fused_steps is None else args.fused_steps,
         "target": None if args.target is None else Target(target_metric, args.target)})
     if args.fused_steps is None:  # the engine's own: single-device native measures K (cached)
@@ -229,17 +220,19 @@ AUTO_ENGINE = "auto"
 def adaptive_summary(record: dict[str, Any]) -> str:
     """One line of an adaptive run's batch sizes, each with the step it took over."""
     probe = record.get("knee_probe")
-    if probe is None:
-        bound = ""
-    else:
-        source = "stored probe" if probe.get("cached") else f"measured in {probe['seconds']:.1f}s"
-        bound = f" ({probe.get('note', 'MAX: the throughput knee')}; {source})"
+    bound = "" if probe is None else \
+        f" ({probe.get('note', 'MAX: the throughput knee')}; {_probe_source(probe)})"
     sizes = " -> ".join(f"{r['batch_size']} (step {r['step']}, lr {r['learning_rate']:.3g})"
                         for r in record["ranges"])
     estimate = record.get("b_simple")
     last = f"; last B_simple ~ {estimate:.0f}" if estimate is not None else ""
     return (f"batch size auto:{record['min']}:{record['max']}{bound}, lr scaling "
             f"{record['lr_scaling']}: {sizes}{last}")
+
+
+def _probe_source(probe: dict[str, Any]) -> str:
+    """Where a probe's answer came from: the per-machine store, or a measurement just now."""
+    return "stored probe" if probe.get("cached") else f"measured in {probe['seconds']:.1f}s"
 
 
 def resolve_engine(engine: str) -> tuple[str, str | None]:
@@ -291,17 +284,10 @@ def command_line(argv: Sequence[str]) -> int:
 
 
 def check_args(args: argparse.Namespace) -> TrainConfig:
-    """The validated ``TrainConfig`` of the flags, with the output paths checked (no data
-    needed)."""
+    """The validated ``TrainConfig`` of the flags (the model source's checks among them), with
+    the output paths checked (no data needed): ``--save`` (.keras), ``--history`` (.json) and
+    ``--tensorboard`` writable, and none another or an input (the model or data file)."""
     config = config_from_args(args)
-    check_sources(config)
-    check_outputs(args, config)
-    return config
-
-
-def check_outputs(args: argparse.Namespace, config: TrainConfig) -> None:
-    """``--save`` (.keras) and ``--history`` (.json): writable, and neither the other nor an
-    input (the model or data file)."""
     check_distinct_paths({"--save": args.save, "--history": args.history},
                          {"--model": config.model, "--data": config.dataset})
     if args.save is not None:
@@ -311,13 +297,7 @@ def check_outputs(args: argparse.Namespace, config: TrainConfig) -> None:
     if args.tensorboard is not None:
         check_logdir(args.tensorboard, inputs={"--model": config.model, "--data": config.dataset,
                                                "--save": args.save, "--history": args.history})
-
-
-def check_sources(config: TrainConfig) -> None:
-    """The model source's cheap checks (files, syntax, safe mode), before any work; the data
-    is read, and checked, before training by ``workload_of``."""
-    parse_model_source(config.model, unsafe_deserialization=config.unsafe_deserialization,
-                       from_weights=config.from_weights)
+    return config
 
 
 def _prepared(args: argparse.Namespace, config: TrainConfig) -> tuple[TrainConfig, Any]:
@@ -342,8 +322,7 @@ def _engine_lines(record: Any) -> None:
     """The native engines' K and how it was chosen; an adaptive batch size's step ranges."""
     if record.fused_steps is not None:
         probe = record.fused_steps_probe
-        how = "" if probe is None else (" (auto: stored probe)" if probe.get("cached")
-                                        else f" (auto: measured in {probe['seconds']:.1f}s)")
+        how = "" if probe is None else f" (auto: {_probe_source(probe)})"
         if record.fused_steps_asked is not None:
             how = (f" (asked {record.fused_steps_asked}: this model's steps are "
                    "written out one after another here, so a call holds at most "
@@ -385,9 +364,7 @@ def _result_lines(config: TrainConfig, history: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = config_from_args(args)
-    check_sources(config)
-    check_outputs(args, config)
+    config = check_args(args)
     why = resolve_engine(args.engine)[1]
     if why:
         print(why)

@@ -477,8 +477,7 @@ def train(model: Any, dataset: Any, plan: TrainPlan, config: Any,
         controller = AdaptiveBatch(trainer, config, bounds, spec.learning_rate, reporter,
                                    fused_steps=fused)
         start_plan = plan_at(replace(plan, fused_steps=fused), config, bounds.minimum, 0, 0, 0)
-        history = History()
-        history.record.engine, history.record.decay_steps = "native", spec.decay_steps
+        history = loop.native_history(spec)
         if plan.devices > 1:  # per-device batch at MIN; each range's is its size / devices
             history.record.devices, history.record.processes = plan.devices, plan.processes
             history.record.per_device_batch = bounds.minimum // plan.devices

@@ -39,6 +39,7 @@ from ``self.plan`` for that reason.
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import nullcontext
 from typing import Any
@@ -52,7 +53,8 @@ from kbackend.data import batching
 from kbackend.engines.plan import TrainPlan
 from kbackend.errors import ConfigError
 from kbackend.hardware.monitor import StepMonitor
-from kbackend.history import History
+from kbackend.history import History, RunRecord
+from kbackend.optim import OptimizerSpec
 from kbackend.task import better
 
 __all__ = ["EarlyStopping", "EpochRunner", "TrainPlan", "Trainer", "run", "run_population",
@@ -334,6 +336,19 @@ class _Loop:
         self.evaluate({m for m in self.active if self.histories[m].evals
                        and self.histories[m].evals[-1]["step"] != self.step})
         self.finish(sorted(self.active))
+
+
+def native_history(spec: OptimizerSpec, **record: Any) -> History:
+    """An empty history of a native-engine run of ``spec``; ``record``: more of its fields."""
+    return History(record=RunRecord(engine="native", decay_steps=spec.decay_steps, **record))
+
+
+def note_test_divergence(history: History) -> None:
+    """A non-finite test loss after finite training losses, recorded as ``record.diverged``."""
+    test_loss = history.test["test_loss"]
+    if history.record.diverged is None and not math.isfinite(test_loss):
+        history.record.diverged = {"step": history.steps_run, "loss": str(test_loss),
+                                   "seen_in": "test_loss"}
 
 
 def run(trainer: Trainer, plan: TrainPlan, config: TrainConfig, reporter: Any = None, *,

@@ -324,10 +324,9 @@ class AdaptiveTrainer(NativeTrainer):
         if longer is not None:
             self._sized[key] = longer
         elif self.writes_out(length):
-            saved = [np.array(v.numpy()) for v in self._all_variables()]
+            saved = self.state_copy()
             self._sized[key] = (self._program(key, epoch_rows, length), length)
-            for variable, value in zip(self._all_variables(), saved, strict=True):
-                variable.assign(value)
+            self._put_state(saved)
         else:
             self._sized[key] = (self._program(key, epoch_rows, 0), length)
         return time.perf_counter() - start
@@ -375,15 +374,10 @@ class AdaptiveTrainer(NativeTrainer):
         """The rate of the next steps: a Keras variable the compiled programs read."""
         self.optimizer.learning_rate = learning_rate
 
-    def state_copy(self) -> list[np.ndarray]:
-        """A host copy of everything a step changes (model and optimizer variables)."""
-        return [np.array(v.numpy()) for v in self._all_variables()]
-
     def restore_state(self, copy: list[np.ndarray]) -> None:
         """Put back a ``state_copy`` (the knee probe trains; the run starts where it was, its
         first call measured)."""
-        for variable, value in zip(self._all_variables(), copy, strict=True):
-            variable.assign(value)
+        self._put_state(copy)
         self._calls = 0
 
 

@@ -181,10 +181,9 @@ class NativeTrainer:
         start = time.perf_counter()
         fn = self._run_fn(length)
         if self.writes_out(length):  # no 0-step call: train ``length`` steps, put values back
-            saved = [np.array(v.numpy()) for v in self._all_variables()]
+            saved = self.state_copy()
             fn(self.x_train, self.y_train, epoch_rows, tf.constant(0), tf.constant(length)).numpy()
-            for variable, value in zip(self._all_variables(), saved, strict=True):
-                variable.assign(value)
+            self._put_state(saved)
         else:
             fn(self.x_train, self.y_train, epoch_rows, tf.constant(0), tf.constant(0)).numpy()
         self._compiled[length] = fn
@@ -214,6 +213,14 @@ class NativeTrainer:
     def _all_variables(self) -> list[Any]:
         """The model's and the optimizer's variables: everything a train step changes."""
         return [*self.model.variables, *self.optimizer.variables]
+
+    def state_copy(self) -> list[np.ndarray]:
+        """A host copy of everything a step changes (model and optimizer variables)."""
+        return [np.array(v.numpy()) for v in self._all_variables()]
+
+    def _put_state(self, copy: list[np.ndarray]) -> None:
+        for variable, value in zip(self._all_variables(), copy, strict=True):
+            variable.assign(value)
 
     def reset(self, values: Any, learning_rate: float) -> None:
         """Start a new run on the compiled programs: the model's ``(trainable,

@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from kbackend.adaptive import DEFAULT_MEASURE_EVERY, micro_batches_for
-from kbackend.backends.compile_ahead import AheadCompiler
+from kbackend.backends.compile_ahead import AheadCompiler, SizedCalls
 from kbackend.backends.tensorflow.data_parallel import DataParallelTrainer
 from kbackend.backends.tensorflow.native import NativeTrainer
 from kbackend.backends.tensorflow.ops import counted_loop, jit_function, note_program
@@ -114,7 +114,7 @@ def micro_batched_gradients(model: Any, x: Any, y: Any, micro_batches: int = 0, 
             float(batch_norm))
 
 
-class AdaptiveTrainer(NativeTrainer):
+class AdaptiveTrainer(SizedCalls, NativeTrainer):
     """The native trainer with micro-batched steps at whichever batch size an epoch's rows have.
 
     The model's and the optimizer's variables are the state and every batch size's program
@@ -147,16 +147,13 @@ class AdaptiveTrainer(NativeTrainer):
                  task: Task = CLASSIFICATION, measure_every: int = DEFAULT_MEASURE_EVERY) -> None:
         super().__init__(model, spec, dataset, jit_compile, task)
         self.task, self.measure_every = task, measure_every
-        # (batch, length) -> the compiled call that runs it and that call's length
-        self._sized: dict[tuple[int, int], tuple[Any, int]] = {}
+        self._start_sized()  # _sized: (batch, length) -> the compiled call and its length
         # (micro-batches, length[, batch where not relaxed]) -> the traced function
         self._functions: dict[tuple[int, ...], Any] = {}
         self._shapes: set[tuple[int, tuple[int, ...]]] = set()  # (function id, rows shape)
         self.relaxed = True
         self._steps: dict[int, Any] = {}
-        self.trace_counts_by_size: dict[tuple[int, int], int] = {}
         self.traces = 0
-        self._norms: list[tuple[int, np.ndarray, np.ndarray]] = []
         self._calls = 0
         self._lock = threading.Lock()  # one trace at a time (the model's layers are shared)
         self._count_lock = threading.Lock()
@@ -291,8 +288,7 @@ class AdaptiveTrainer(NativeTrainer):
             self._shapes.add((id(fn), shape))
             if traced:
                 note_program(fn)
-            self.trace_counts_by_size[key] = self.trace_counts_by_size.get(key, 0) + 1
-            self.trace_counts[key[1]] = self.trace_counts.get(key[1], 0) + 1
+            self._count_trace(key)
 
     def put_epoch(self, rows: np.ndarray) -> tf.Tensor:
         """The epoch's index matrix on the device as int32, the dtype the traced calls take."""
@@ -362,13 +358,8 @@ class AdaptiveTrainer(NativeTrainer):
         micro, big = np.asarray(micro, np.float64), np.asarray(big, np.float64)
         if self.measure_every <= 1:  # one row per step
             micro, big = micro[:length], big[:length]
-        self._norms.append((batch, micro, big))
+        self._keep_norms(batch, micro, big)
         return losses.numpy()[:length]
-
-    def take_noise_norms(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
-        """``(batch, micro (K, M), batch (K,))`` of each call fetched since the last take."""
-        taken, self._norms = self._norms, []
-        return taken
 
     def set_learning_rate(self, learning_rate: float) -> None:
         """The rate of the next steps: a Keras variable the compiled programs read."""
@@ -381,7 +372,7 @@ class AdaptiveTrainer(NativeTrainer):
         self._calls = 0
 
 
-class DataParallelAdaptiveTrainer(DataParallelTrainer):
+class DataParallelAdaptiveTrainer(SizedCalls, DataParallelTrainer):
     """``--batch-size auto`` on the data-parallel engine (``MirroredStrategy``, one process).
 
     The replicas' shards are the micro-batches (McCandlish et al. 2018, appendix A), as on JAX
@@ -406,9 +397,7 @@ class DataParallelAdaptiveTrainer(DataParallelTrainer):
                  dp_impl: str = "", task: Task = CLASSIFICATION) -> None:
         super().__init__(model, spec, dataset, devices=devices, batch_size=batch_size,
                          dp_impl=dp_impl, task=task)
-        self._sized: dict[tuple[int, int], Any] = {}
-        self.trace_counts_by_size: dict[tuple[int, int], int] = {}
-        self._norms: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self._start_sized()
         if not hasattr(self.optimizer, "_all_reduce_sum_gradients"):
             raise ConfigError("--batch-size auto with data parallelism needs Keras's TF "
                               "optimizer to sum replica gradients in _all_reduce_sum_gradients, "
@@ -429,9 +418,7 @@ class DataParallelAdaptiveTrainer(DataParallelTrainer):
             return loss, (share * _squared_norm(grads))[None], _squared_norm(summed)
 
         def run(xs: Any, ys: Any, n_steps: tf.Tensor) -> tuple[tf.Tensor, ...]:
-            key = (batch, length)
-            self.trace_counts_by_size[key] = self.trace_counts_by_size.get(key, 0) + 1
-            self.trace_counts[length] = self.trace_counts.get(length, 0) + 1
+            self._count_trace((batch, length))
             losses = tf.TensorArray(tf.float32, size=n_steps)
             micros = tf.TensorArray(tf.float32, size=n_steps)
             bigs = tf.TensorArray(tf.float32, size=n_steps)
@@ -465,14 +452,8 @@ class DataParallelAdaptiveTrainer(DataParallelTrainer):
     def fetch(self, handle: Any) -> np.ndarray:
         """A call's global-batch losses on the host; its noise norms kept."""
         batch, (losses, micro, big) = handle
-        self._norms.append((batch, np.asarray(micro, np.float64), np.asarray(big, np.float64)))
+        self._keep_norms(batch, micro, big)
         return losses.numpy()
-
-    def take_noise_norms(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
-        """``(batch, per-replica (K, replicas), mean (K,))`` of each call fetched since the last
-        take."""
-        taken, self._norms = self._norms, []
-        return taken
 
     def set_learning_rate(self, learning_rate: float) -> None:
         """The rate of the next steps: a mirrored variable the traced calls read."""

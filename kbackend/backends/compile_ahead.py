@@ -108,3 +108,34 @@ class SizedCalls:
         parallel: the micro-batches are the devices' shards, ``(K, devices)``)."""
         taken, self._norms = self._norms, []
         return taken
+
+
+class MeasuredCalls(SizedCalls):
+    """A one-device adaptive trainer's calls: the last step of every ``calls_between(K)``-th
+    call is measured (one measured step per ``measure_every`` steps), and the next size's calls
+    may be compiled ahead (``ahead``); ``_lock``: one trace or compilation at a time (the model's
+    layers are shared)."""
+
+    def _start_measured(self, measure_every: int) -> None:
+        self._start_sized()
+        self.measure_every = measure_every
+        self._calls = 0
+        self._lock = threading.Lock()
+        self.ahead = AheadCompiler()
+
+    @property
+    def ahead_record(self) -> dict[str, Any]:
+        """Calls compiled ahead (``AheadCompiler.record``)."""
+        return self.ahead.record
+
+    def calls_between(self, length: int) -> int:
+        """Calls of ``length`` steps from one measured step to the next."""
+        return max(1, round(self.measure_every / length))
+
+    def _next_call_measures(self, length: int) -> bool:
+        """Whether the call of ``length`` steps about to run measures its last step; starts the
+        compilations asked for ahead."""
+        measure = self._calls % self.calls_between(length) == 0
+        self._calls += 1
+        self.ahead.start_pending()
+        return measure

@@ -19,7 +19,6 @@ the squared norm of their mean, the two inputs of ``kbackend.adaptive.NoiseScale
 
 from __future__ import annotations
 
-import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -31,7 +30,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from kbackend.adaptive import DEFAULT_MEASURE_EVERY, micro_batches_for
-from kbackend.backends.compile_ahead import AheadCompiler, SizedCalls
+from kbackend.backends.compile_ahead import MeasuredCalls, SizedCalls
 from kbackend.backends.jax.data_parallel import DataParallelTrainer
 from kbackend.backends.jax.native import NativeTrainer, make_evaluator
 from kbackend.backends.jax.step import (
@@ -122,7 +121,7 @@ def micro_batched_gradients(model: Any, x: Any, y: Any, micro_batches: int = 0, 
             float(norms.batch))
 
 
-class AdaptiveTrainer(SizedCalls, NativeTrainer):
+class AdaptiveTrainer(MeasuredCalls, NativeTrainer):
     """The native trainer with micro-batched steps at whichever batch size an epoch's rows have.
 
     One ``TrainState`` (weights, BatchNorm statistics, optimizer slots and count) runs through
@@ -144,20 +143,7 @@ class AdaptiveTrainer(SizedCalls, NativeTrainer):
     def __init__(self, model: Any, spec: Any, dataset: Any, jit_compile: bool = True,
                  task: Task = CLASSIFICATION, measure_every: int = DEFAULT_MEASURE_EVERY) -> None:
         super().__init__(model, spec, dataset, jit_compile, task)
-        self.measure_every = measure_every
-        self._start_sized()
-        self._calls = 0
-        self._lock = threading.Lock()
-        self.ahead = AheadCompiler()
-
-    @property
-    def ahead_record(self) -> dict[str, Any]:
-        """Calls compiled ahead (``AheadCompiler.record``)."""
-        return self.ahead.record
-
-    def calls_between(self, length: int) -> int:
-        """Calls of ``length`` steps from one measured step to the next."""
-        return max(1, round(self.measure_every / length))
+        self._start_measured(measure_every)
 
     def reset(self, values: Any, learning_rate: float) -> None:
         """A new run on the compiled programs, measured from its first call as a fresh
@@ -234,9 +220,7 @@ class AdaptiveTrainer(SizedCalls, NativeTrainer):
 
     def run(self, epoch_rows: Any, start: int, length: int) -> Any:
         batch = int(epoch_rows.shape[-1])
-        measure = self._calls % self.calls_between(length) == 0
-        self._calls += 1
-        self.ahead.start_pending()
+        measure = self._next_call_measures(length)
         self.state, (losses, norms) = self._sized[batch, length](
             self.state, self.x_train, self.y_train, epoch_rows, np.int32(start),
             np.bool_(measure))

@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from kbackend.adaptive import DEFAULT_MEASURE_EVERY, micro_batches_for
-from kbackend.backends.compile_ahead import AheadCompiler, SizedCalls
+from kbackend.backends.compile_ahead import MeasuredCalls, SizedCalls
 from kbackend.backends.tensorflow.data_parallel import DataParallelTrainer
 from kbackend.backends.tensorflow.native import NativeTrainer
 from kbackend.backends.tensorflow.ops import counted_loop, jit_function, note_program
@@ -114,7 +114,7 @@ def micro_batched_gradients(model: Any, x: Any, y: Any, micro_batches: int = 0, 
             float(batch_norm))
 
 
-class AdaptiveTrainer(SizedCalls, NativeTrainer):
+class AdaptiveTrainer(MeasuredCalls, NativeTrainer):
     """The native trainer with micro-batched steps at whichever batch size an epoch's rows have.
 
     The model's and the optimizer's variables are the state and every batch size's program
@@ -146,33 +146,21 @@ class AdaptiveTrainer(SizedCalls, NativeTrainer):
     def __init__(self, model: Any, spec: Any, dataset: Any, jit_compile: bool = True,
                  task: Task = CLASSIFICATION, measure_every: int = DEFAULT_MEASURE_EVERY) -> None:
         super().__init__(model, spec, dataset, jit_compile, task)
-        self.task, self.measure_every = task, measure_every
-        self._start_sized()  # _sized: (batch, length) -> the compiled call and its length
+        self.task = task
+        self._start_measured(measure_every)  # _sized values: (compiled call, its length)
         # (micro-batches, length[, batch where not relaxed]) -> the traced function
         self._functions: dict[tuple[int, ...], Any] = {}
         self._shapes: set[tuple[int, tuple[int, ...]]] = set()  # (function id, rows shape)
         self.relaxed = True
         self._steps: dict[int, Any] = {}
         self.traces = 0
-        self._calls = 0
-        self._lock = threading.Lock()  # one trace at a time (the model's layers are shared)
         self._count_lock = threading.Lock()
-        self.ahead = AheadCompiler()
-
-    @property
-    def ahead_record(self) -> dict[str, Any]:
-        """Calls compiled ahead (``AheadCompiler.record``)."""
-        return self.ahead.record
 
     def _adaptive_step(self, count: int) -> Any:
         if count not in self._steps:
             self._steps[count] = make_adaptive_train_step(self.model, self.optimizer, count,
                                                           self.task)
         return self._steps[count]
-
-    def calls_between(self, length: int) -> int:
-        """Calls of ``length`` steps from one measured step to the next."""
-        return max(1, round(self.measure_every / length))
 
     def reset(self, values: Any, learning_rate: float) -> None:
         """A new run on the compiled programs, measured from its first call as a fresh
@@ -340,9 +328,7 @@ class AdaptiveTrainer(SizedCalls, NativeTrainer):
 
     def run(self, epoch_rows: Any, start: int, length: int) -> Any:
         batch = int(epoch_rows.shape[-1])
-        measure = self._calls % self.calls_between(length) == 0
-        self._calls += 1
-        self.ahead.start_pending()
+        measure = self._next_call_measures(length)
         call, program_length = self._sized[batch, length]
         outputs = call(self.x_train, self.y_train, epoch_rows, tf.constant(start),
                        tf.constant(length), tf.constant(measure))

@@ -14,14 +14,13 @@ Reached through ``kbackend.backends.ops()`` (the dispatch point); ``data_paralle
 from __future__ import annotations
 
 import time
-import weakref
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kbackend.backends import device_copy_once
+from kbackend.backends import device_copy_once, kept_while_alive
 from kbackend.backends.jax.optimizers import to_optax
 from kbackend.backends.jax.step import (
     TrainState,
@@ -47,12 +46,9 @@ def make_evaluator(model: Any, dataset: Any, split: str = "val", members: bool =
     """``build_evaluator``'s evaluator, built (and so compiled) once per model, dataset, split
     and kind while model and dataset live: a study's cells share one model, so their trainers
     share its evaluators instead of compiling one each."""
-    key = (id(model), id(dataset), split, members, task)
-    if key not in _EVALUATORS:
-        _EVALUATORS[key] = build_evaluator(model, dataset, split, members, task)
-        for owner in (model, dataset):
-            weakref.finalize(owner, _EVALUATORS.pop, key, None)
-    return _EVALUATORS[key]
+    return kept_while_alive(_EVALUATORS, (id(model), id(dataset), split, members, task),
+                            (model, dataset),
+                            lambda: build_evaluator(model, dataset, split, members, task))
 
 
 def build_evaluator(model: Any, dataset: Any, split: str = "val", members: bool = False,

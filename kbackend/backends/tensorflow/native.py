@@ -26,13 +26,12 @@ Reached only through ``kbackend.backends.ops()`` (the dispatch point).
 from __future__ import annotations
 
 import time
-import weakref
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from kbackend.backends import capabilities, device_copy_once
+from kbackend.backends import capabilities, device_copy_once, kept_while_alive
 from kbackend.backends.tensorflow.ops import counted_loop, jit_function, platform
 from kbackend.data.batching import pad_to_chunks
 from kbackend.errors import ConfigError
@@ -108,12 +107,8 @@ _EVALUATORS: dict[tuple[int, int, bool, Task], Evaluator] = {}
 def shared_evaluator(model: Any, dataset: Any, jit_compile: bool = True,
                      task: Task = CLASSIFICATION) -> Evaluator:
     """The ``Evaluator`` of ``model`` on ``dataset`` for ``task``, one while both live."""
-    key = (id(model), id(dataset), jit_compile, task)
-    if key not in _EVALUATORS:
-        _EVALUATORS[key] = Evaluator(model, dataset, jit_compile, task)
-        for owner in (model, dataset):
-            weakref.finalize(owner, _EVALUATORS.pop, key, None)
-    return _EVALUATORS[key]
+    return kept_while_alive(_EVALUATORS, (id(model), id(dataset), jit_compile, task),
+                            (model, dataset), lambda: Evaluator(model, dataset, jit_compile, task))
 
 
 class NativeTrainer:

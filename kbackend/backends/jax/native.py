@@ -29,7 +29,7 @@ from kbackend.backends.jax.step import (
     make_step,
     scan_steps,
     unrolls_its_loop,
-    write_optimizer_state,
+    write_state,
 )
 from kbackend.data.batching import pad_to_chunks
 from kbackend.history import RunRecord
@@ -211,9 +211,6 @@ class NativeTrainer(CompiledCalls):
         self.state = self.state._replace(trainable=trainable, non_trainable=non_trainable)
 
     def finish(self) -> None:
-        """Write the trained values back into the Keras model (save/evaluate/predict use them)."""
-        pairs = [*zip(self.model.trainable_variables, self.state.trainable, strict=True),
-                 *zip(self.model.non_trainable_variables, self.state.non_trainable, strict=True)]
-        for variable, value in pairs:
-            variable.assign(value)
-        write_optimizer_state(self.model, self.state.opt_state)  # a saved model resumes
+        """Write the trained values back into the Keras model (save/evaluate/predict use them)
+        and its optimizer state (a saved model resumes)."""
+        write_state(self.model, self.state)

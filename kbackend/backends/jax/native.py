@@ -111,12 +111,31 @@ class CompiledCalls:
     donated. Shared by ``NativeTrainer`` and ``population.PopulationTrainer``."""
 
     state: Any
-    x_train: Any
-    y_train: Any
-    _compiled: dict[int, Any]
+
+    def __init__(self, model: Any, spec: Any, dataset: Any, task: Task) -> None:
+        self.model, self.dataset, self.task = model, dataset, task
+        self.spec, self.tx = spec, to_optax(spec)
+        self.train_step = make_step(model, self.tx, task=task)
+        # The training split goes to the device once (shared by every trainer of this
+        # dataset); steps gather their batches there.
+        self.x_train = device_copy_once(dataset.x_train, jax.device_put)
+        self.y_train = device_copy_once(dataset.y_train, jax.device_put)
+        self._compiled: dict[int, Any] = {}
+        self.trace_counts: dict[int, int] = {}
+        self.unroll = unrolls_its_loop(model)
 
     def _run_fn(self, length: int) -> Any:
-        raise NotImplementedError
+        """One run's call: ``length`` steps from row ``start`` of ``epoch_rows``."""
+        def run(state, x_all, y_all, epoch_rows, start):
+            rows = jax.lax.dynamic_slice_in_dim(epoch_rows, start, length)
+
+            def body(state, row):
+                state, metrics = self.train_step(state, (x_all[row], y_all[row]))
+                return state, metrics.loss
+
+            return scan_steps(body, state, rows, self.unroll)
+
+        return run
 
     def put_epoch(self, rows: np.ndarray) -> Any:
         """Move an epoch's index matrix to the device, ahead of its steps."""
@@ -127,6 +146,7 @@ class CompiledCalls:
         if length in self._compiled:
             return 0.0
         start = time.perf_counter()
+        self.trace_counts[length] = self.trace_counts.get(length, 0) + 1  # traced once, here
         jitted = jax.jit(self._run_fn(length), donate_argnums=0)
         self._compiled[length] = jitted.lower(
             self.state, self.x_train, self.y_train, epoch_rows, np.int32(0)).compile()
@@ -148,37 +168,11 @@ class NativeTrainer(CompiledCalls):
 
     def __init__(self, model: Any, spec: Any, dataset: Any, jit_compile: bool = True,
                  task: Task = CLASSIFICATION) -> None:
-        # ``jit_compile`` changes nothing here (``native_loop_uses_xla``).
-        self.model, self.task = model, task
-        self.spec, self.tx = spec, to_optax(spec)
-        self.train_step = make_step(model, self.tx, task=task)
+        super().__init__(model, spec, dataset, task)  # ``jit_compile`` changes nothing here
         self.state = initial_state(model, self.tx, spec)
-        self.dataset = dataset
-        # The training split goes to the device once (shared by every trainer of this
-        # dataset); steps gather their batches there.
-        self.x_train = device_copy_once(dataset.x_train, jax.device_put)
-        self.y_train = device_copy_once(dataset.y_train, jax.device_put)
-        self._compiled: dict[int, Any] = {}
-        self.trace_counts: dict[int, int] = {}
         self._evaluate = make_evaluator(model, dataset, task=task)
         self._evaluate_test: Any = None  # built on first use
-        self.unroll = unrolls_its_loop(model)
         self.run_record = RunRecord(unrolled_loop=self.unroll, xla=True)
-
-    # -- training -------------------------------------------------------------------------
-    def _run_fn(self, length: int) -> Any:
-        def run(state, x_all, y_all, epoch_rows, start):
-            self.trace_counts[length] = self.trace_counts.get(length, 0) + 1
-            rows = jax.lax.dynamic_slice_in_dim(epoch_rows, start, length)
-
-            def body(state, row):
-                state, metrics = self.train_step(state, (x_all[row], y_all[row]))
-                return state, metrics.loss
-
-            return scan_steps(body, state, rows, self.unroll)
-
-        return run
-
 
     # -- evaluation -----------------------------------------------------------------------
     def evaluate(self) -> tuple[float, float]:

@@ -281,7 +281,6 @@ class DataParallelAdaptiveTrainer(SizedCalls, DataParallelTrainer):
                          dp_impl=dp_impl, task=task)
         self.dataset, self.task = dataset, task
         self._start_sized()
-        self._evaluate_test: Any = None
 
     def _make_step(self, model: Any, tx: Any, dp_impl: str, task: Task) -> Any:
         return make_train_step(model, tx, self.mesh, dp_impl, self.unroll, task,
@@ -329,7 +328,6 @@ class DataParallelAdaptiveTrainer(SizedCalls, DataParallelTrainer):
 
     def evaluate_test(self) -> tuple[float, float]:
         """Test loss and metric on this process's copy of the parameters."""
-        if self._evaluate_test is None:
-            self._evaluate_test = make_evaluator(self.model, self.dataset, "test", task=self.task)
         current = self._host_state()
-        return self._evaluate_test(current.trainable, current.non_trainable)
+        evaluate_test = make_evaluator(self.model, self.dataset, "test", task=self.task)
+        return evaluate_test(current.trainable, current.non_trainable)

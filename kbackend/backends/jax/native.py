@@ -171,7 +171,6 @@ class NativeTrainer(CompiledCalls):
         super().__init__(model, spec, dataset, task)  # ``jit_compile`` changes nothing here
         self.state = initial_state(model, self.tx, spec)
         self._evaluate = make_evaluator(model, dataset, task=task)
-        self._evaluate_test: Any = None  # built on first use
         self.run_record = RunRecord(unrolled_loop=self.unroll, xla=True)
 
     # -- evaluation -----------------------------------------------------------------------
@@ -181,9 +180,8 @@ class NativeTrainer(CompiledCalls):
 
     def evaluate_test(self) -> tuple[float, float]:
         """Test loss and metric, computed like ``evaluate`` (on the device)."""
-        if self._evaluate_test is None:
-            self._evaluate_test = make_evaluator(self.model, self.dataset, "test", task=self.task)
-        return self._evaluate_test(self.state.trainable, self.state.non_trainable)
+        evaluate_test = make_evaluator(self.model, self.dataset, "test", task=self.task)
+        return evaluate_test(self.state.trainable, self.state.non_trainable)
 
     # -- model values ---------------------------------------------------------------------
     def reset(self, values: Any, learning_rate: float) -> None:

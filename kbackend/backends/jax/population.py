@@ -37,7 +37,6 @@ class PopulationTrainer(CompiledCalls):
         self.members = members
         self.state: TrainState | None = None
         self.frozen: Any = None  # each member's values where it stopped (see ``freeze``)
-        self._evaluators: dict[str, Any] = {}
 
     def _run_fn(self, length: int) -> Any:
         """Every member's run (``CompiledCalls._run_fn``) on its own rows, vmapped."""
@@ -78,10 +77,8 @@ class PopulationTrainer(CompiledCalls):
         return self.state.trainable, self.state.non_trainable
 
     def _evaluate(self, split: str, values: Any) -> tuple[np.ndarray, np.ndarray]:
-        if split not in self._evaluators:
-            self._evaluators[split] = make_evaluator(self.model, self.dataset, split, members=True,
-                                                     task=self.task)
-        return self._evaluators[split](*values)
+        evaluate = make_evaluator(self.model, self.dataset, split, members=True, task=self.task)
+        return evaluate(*values)
 
     def evaluate(self) -> tuple[np.ndarray, np.ndarray]:
         """Every member's validation loss and metric now, shape ``(M,)`` each."""

@@ -148,15 +148,7 @@ class _Loop:
         """No healthy member is left: stop at once rather than at the next evaluation."""
         return bool(self.active) and self.active <= set(self.noticed)
 
-    # -- the trainer, with a member axis -------------------------------------------------------
-    def _fetch(self, handle: Any) -> np.ndarray:
-        losses = np.asarray(self.trainer.fetch(handle))
-        return losses if self.stacked else losses[None, :]
-
-    def _evaluate(self) -> tuple[np.ndarray, np.ndarray]:
-        loss, metric = self.trainer.evaluate()
-        return np.atleast_1d(loss), np.atleast_1d(metric)
-
+    # -- the steps -----------------------------------------------------------------------------
     def _put_epoch(self) -> Any:
         plan = self.plan
         matrices = [batching.epoch_batches(plan.n_train, plan.batch_size, c.seed, self.epoch - 1,
@@ -164,11 +156,11 @@ class _Loop:
         with self.monitor.input_wait() if self.monitor is not None else nullcontext():
             return self.trainer.put_epoch(np.stack(matrices) if self.stacked else matrices[0])
 
-    # -- the steps -----------------------------------------------------------------------------
     def fetch_ready(self, count: int) -> None:
         """Read the losses of the first ``count`` pending calls to the host; note divergence."""
         for first, handle in self.pending[len(self.fetched):count]:
-            losses = self._fetch(handle)
+            losses = np.asarray(self.trainer.fetch(handle))
+            losses = losses if self.stacked else losses[None, :]
             self.fetched.append(losses)
             for m in sorted(self.active - set(self.noticed)):
                 finite = np.isfinite(losses[m])
@@ -231,7 +223,7 @@ class _Loop:
             return
         at = self.train_time()
         eval_start = time.perf_counter()
-        val_loss, val_metric = self._evaluate()
+        val_loss, val_metric = map(np.atleast_1d, self.trainer.evaluate())
         metric = f"val_{self.configs[0].task.metric}"
         records: dict[int, dict[str, Any]] = {}
         for m in sorted(members):

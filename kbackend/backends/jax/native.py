@@ -127,6 +127,7 @@ class CompiledCalls:
     def _run_fn(self, length: int) -> Any:
         """One run's call: ``length`` steps from row ``start`` of ``epoch_rows``."""
         def run(state, x_all, y_all, epoch_rows, start):
+            self.trace_counts[length] = self.trace_counts.get(length, 0) + 1
             rows = jax.lax.dynamic_slice_in_dim(epoch_rows, start, length)
 
             def body(state, row):
@@ -146,7 +147,6 @@ class CompiledCalls:
         if length in self._compiled:
             return 0.0
         start = time.perf_counter()
-        self.trace_counts[length] = self.trace_counts.get(length, 0) + 1  # traced once, here
         jitted = jax.jit(self._run_fn(length), donate_argnums=0)
         self._compiled[length] = jitted.lower(
             self.state, self.x_train, self.y_train, epoch_rows, np.int32(0)).compile()

@@ -149,6 +149,17 @@ def adaptive() -> Any:
     return importlib.import_module(f"{_PACKAGES[selected_backend()]}.adaptive")
 
 
+def kept_while_alive(memo: dict[Any, Any], key: Any, owners: tuple[Any, ...],
+                     build: Callable[[], Any]) -> Any:
+    """``memo[key]``, built by ``build()`` on first use; dropped when any of ``owners`` (the
+    objects ``key`` names by ``id``) is garbage-collected."""
+    if key not in memo:
+        memo[key] = build()
+        for owner in owners:
+            weakref.finalize(owner, memo.pop, key, None)
+    return memo[key]
+
+
 _DEVICE_COPIES: dict[int, Any] = {}
 
 
@@ -156,10 +167,6 @@ def device_copy_once(array: np.ndarray, put: Callable[[np.ndarray], Any]) -> Any
     """``put(array)`` (a copy on the device), made once per host array while it lives.
 
     Several trainers of one dataset (a study's cells) then share one device copy of it instead
-    of one each. The entry is dropped when ``array`` is garbage-collected.
+    of one each.
     """
-    key = id(array)
-    if key not in _DEVICE_COPIES:
-        _DEVICE_COPIES[key] = put(array)
-        weakref.finalize(array, _DEVICE_COPIES.pop, key, None)
-    return _DEVICE_COPIES[key]
+    return kept_while_alive(_DEVICE_COPIES, id(array), (array,), lambda: put(array))

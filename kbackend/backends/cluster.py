@@ -33,17 +33,11 @@ def tf_configs(coordinator_port: int, num_processes: int) -> list[str]:
             for i in range(num_processes)]
 
 
-def _tensorflow_environments(coordinator_port: int, num_processes: int) -> list[dict[str, str]]:
-    return [{"TF_CONFIG": config} for config in tf_configs(coordinator_port, num_processes)]
-
-
-def _jax_environments(coordinator_port: int, num_processes: int) -> list[dict[str, str]]:
-    # jax.distributed finds every peer through the coordinator's address (a command-line flag).
-    return [{} for _ in range(num_processes)]
-
-
 _WORKER_ENVIRONMENTS: dict[str, Callable[[int, int], list[dict[str, str]]]] = {
-    "jax": _jax_environments, "tensorflow": _tensorflow_environments}
+    # jax.distributed finds every peer through the coordinator's address (a command-line flag).
+    "jax": lambda port, processes: [{} for _ in range(processes)],
+    "tensorflow": lambda port, processes: [{"TF_CONFIG": config}
+                                           for config in tf_configs(port, processes)]}
 
 
 def worker_environments(backend: str, coordinator_port: int,

@@ -424,12 +424,6 @@ def resolve_bounds(auto: AutoBatchSize, trainer: Any, model: Any, dataset: Any, 
     return auto.resolved(DEFAULT_MIN_BATCH, maximum), {**entry, "bound": source, "note": note}
 
 
-def check_bounds_fit(bounds: BatchBounds, n_train: int) -> None:
-    if bounds.maximum > n_train:
-        raise ConfigError(f"--batch-size auto MAX {bounds.maximum} is larger than the training "
-                          f"split ({n_train} samples).")
-
-
 def epoch_rest(n_train: int, batch_size: int, seed: int, epoch: int, shuffle: bool,
                consumed: int) -> np.ndarray:
     """The epoch's order after its first ``consumed`` samples, cut into full batches."""
@@ -470,15 +464,16 @@ def train(model: Any, dataset: Any, plan: TrainPlan, config: Any,
         trainer = trainer or make_trainer(model, dataset, plan, config)
         bounds, probe = resolve_bounds(config.adaptive_batch, trainer, model, dataset, spec,
                                        fused, config.jit_compile, config.seed, plan.devices)
-        check_bounds_fit(bounds, plan.n_train)
+        if bounds.maximum > plan.n_train:
+            raise ConfigError(f"--batch-size auto MAX {bounds.maximum} is larger than the "
+                              f"training split ({plan.n_train} samples).")
         console = getattr(reporter, "console", None)
         if probe is not None and probe["bound"] != "knee" and console is not None:
             console.print(f"{getattr(reporter, 'prefix', '')}batch size auto: {probe['note']}")
         controller = AdaptiveBatch(trainer, config, bounds, spec.learning_rate, reporter,
                                    fused_steps=fused)
         start_plan = plan_at(replace(plan, fused_steps=fused), config, bounds.minimum, 0, 0, 0)
-        history = History()
-        history.record.engine, history.record.decay_steps = "native", spec.decay_steps
+        history = loop.native_history(spec)
         if plan.devices > 1:  # per-device batch at MIN; each range's is its size / devices
             history.record.devices, history.record.processes = plan.devices, plan.processes
             history.record.per_device_batch = bounds.minimum // plan.devices

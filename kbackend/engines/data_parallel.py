@@ -37,10 +37,8 @@ def _train(model: Any, dataset: Any, plan: TrainPlan, config: TrainConfig,
     trainer = impl().data_parallel_trainer(model, spec, dataset, devices=plan.devices,
                                            batch_size=plan.batch_size, dp_impl=config.dp_impl,
                                            task=config.task)
-    history = History()
-    record = history.record
-    record.engine, record.decay_steps = "native", spec.decay_steps
     # the batch split checked by config.check_run, as the plan holds it
-    record.devices, record.per_device_batch = plan.devices, plan.per_device_batch
-    record.processes = plan.processes
+    history = loop.native_history(spec, devices=plan.devices,
+                                  per_device_batch=plan.per_device_batch,
+                                  processes=plan.processes)
     return loop.run(trainer, plan, config, reporter, history=history)

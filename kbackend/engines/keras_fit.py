@@ -202,9 +202,8 @@ def train(model: Any, dataset: Any, plan: TrainPlan, config: TrainConfig,
                                monitor=monitor, seed=config.seed, shuffle=config.shuffle,
                                label_transform=config.task.fit_labels)
     callbacks.append(source.epoch_callback())
-    inputs = {"x": source, "shuffle": False}  # the source's order, not shuffled again by fit
     fit_history = model.fit(
-        **inputs, epochs=plan.epochs,
+        source, shuffle=False, epochs=plan.epochs,  # the source's order, not shuffled again
         validation_data=(dataset.x_val, config.task.fit_labels(dataset.y_val)),
         callbacks=callbacks,
         verbose=0,

@@ -39,6 +39,7 @@ from ``self.plan`` for that reason.
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import nullcontext
 from typing import Any
@@ -52,7 +53,8 @@ from kbackend.data import batching
 from kbackend.engines.plan import TrainPlan
 from kbackend.errors import ConfigError
 from kbackend.hardware.monitor import StepMonitor
-from kbackend.history import History
+from kbackend.history import History, RunRecord
+from kbackend.optim import OptimizerSpec
 from kbackend.task import better
 
 __all__ = ["EarlyStopping", "EpochRunner", "TrainPlan", "Trainer", "run", "run_population",
@@ -146,15 +148,7 @@ class _Loop:
         """No healthy member is left: stop at once rather than at the next evaluation."""
         return bool(self.active) and self.active <= set(self.noticed)
 
-    # -- the trainer, with a member axis -------------------------------------------------------
-    def _fetch(self, handle: Any) -> np.ndarray:
-        losses = np.asarray(self.trainer.fetch(handle))
-        return losses if self.stacked else losses[None, :]
-
-    def _evaluate(self) -> tuple[np.ndarray, np.ndarray]:
-        loss, metric = self.trainer.evaluate()
-        return np.atleast_1d(loss), np.atleast_1d(metric)
-
+    # -- the steps -----------------------------------------------------------------------------
     def _put_epoch(self) -> Any:
         plan = self.plan
         matrices = [batching.epoch_batches(plan.n_train, plan.batch_size, c.seed, self.epoch - 1,
@@ -162,11 +156,11 @@ class _Loop:
         with self.monitor.input_wait() if self.monitor is not None else nullcontext():
             return self.trainer.put_epoch(np.stack(matrices) if self.stacked else matrices[0])
 
-    # -- the steps -----------------------------------------------------------------------------
     def fetch_ready(self, count: int) -> None:
         """Read the losses of the first ``count`` pending calls to the host; note divergence."""
         for first, handle in self.pending[len(self.fetched):count]:
-            losses = self._fetch(handle)
+            losses = np.asarray(self.trainer.fetch(handle))
+            losses = losses if self.stacked else losses[None, :]
             self.fetched.append(losses)
             for m in sorted(self.active - set(self.noticed)):
                 finite = np.isfinite(losses[m])
@@ -229,7 +223,7 @@ class _Loop:
             return
         at = self.train_time()
         eval_start = time.perf_counter()
-        val_loss, val_metric = self._evaluate()
+        val_loss, val_metric = map(np.atleast_1d, self.trainer.evaluate())
         metric = f"val_{self.configs[0].task.metric}"
         records: dict[int, dict[str, Any]] = {}
         for m in sorted(members):
@@ -334,6 +328,19 @@ class _Loop:
         self.evaluate({m for m in self.active if self.histories[m].evals
                        and self.histories[m].evals[-1]["step"] != self.step})
         self.finish(sorted(self.active))
+
+
+def native_history(spec: OptimizerSpec, **record: Any) -> History:
+    """An empty history of a native-engine run of ``spec``; ``record``: more of its fields."""
+    return History(record=RunRecord(engine="native", decay_steps=spec.decay_steps, **record))
+
+
+def note_test_divergence(history: History) -> None:
+    """A non-finite test loss after finite training losses, recorded as ``record.diverged``."""
+    test_loss = history.test["test_loss"]
+    if history.record.diverged is None and not math.isfinite(test_loss):
+        history.record.diverged = {"step": history.steps_run, "loss": str(test_loss),
+                                   "seen_in": "test_loss"}
 
 
 def run(trainer: Trainer, plan: TrainPlan, config: TrainConfig, reporter: Any = None, *,

@@ -21,7 +21,6 @@ compiles once however many rates and seeds it tries.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -64,10 +63,8 @@ def train(model: Any, dataset: Any, plan: TrainPlan, config: TrainConfig,
     with impl().compilation_counter() as compiled:
         trainer = impl().native_trainer(model, spec, dataset, jit_compile=config.jit_compile,
                                         task=config.task)
-        history = History()
-        history.record.engine, history.record.decay_steps = "native", spec.decay_steps
-        history.record.fused_steps_probe = probe
-        history = loop.run(trainer, plan, config, reporter, history=history)
+        history = loop.run(trainer, plan, config, reporter,
+                           history=loop.native_history(spec, fused_steps_probe=probe))
         # The test split on the trainer's compiled evaluator: Keras's evaluate would trace and
         # compile a program of its own (on TensorFlow an XLA compile of several seconds).
         history.test = dict(zip(("test_loss", f"test_{config.task.metric}"),
@@ -156,19 +153,14 @@ class Runs:
             history = adaptive.train(self.model, self.dataset, plan, config, reporter,
                                      trainer=trainer)
         else:
-            history = History()
-            history.record.engine = "native"
-            history.record.decay_steps = plan.optimizer.decay_steps
-            history = loop.run(trainer, plan, config, reporter, history=history)
+            history = loop.run(trainer, plan, config, reporter,
+                               history=loop.native_history(plan.optimizer))
             test_loss, test_metric = trainer.evaluate_test()
             history.test = {"test_loss": test_loss, f"test_{config.task.metric}": test_metric}
         history.timing["setup_time"] = setup  # building this cell's trainer (its first run only)
         history.record.trainers_built = self.trainers_built
         history.timing["wall_time"] = time.perf_counter() - start
-        test_loss = history.test["test_loss"]
-        if history.record.diverged is None and not math.isfinite(test_loss):
-            history.record.diverged = {"step": history.steps_run, "loss": str(test_loss),
-                                       "seen_in": "test_loss"}
+        loop.note_test_divergence(history)
         return history
 
     # -- populations: a cell's runs as one vmapped program ------------------------------------
@@ -222,10 +214,7 @@ class Runs:
             record.population = {"members": len(configs), "index": index}
             history.timing["wall_time"] = time.perf_counter() - start
             history.timing["setup_time"] = setup
-            test_loss = history.test["test_loss"]
-            if record.diverged is None and not math.isfinite(test_loss):
-                record.diverged = {"step": history.steps_run, "loss": str(test_loss),
-                                   "seen_in": "test_loss"}
+            loop.note_test_divergence(history)
         return histories
 
     def probe_population(self, configs: list[TrainConfig], values: list[Any], steps: int,
@@ -246,24 +235,15 @@ class Runs:
         population = self.population_trainer(configs)
         population.reset(values, [c.optimizer.learning_rate for c in configs])
         n_train, first = len(self.dataset.x_train), configs[0]
-        fused = loop.steps_per_call(population, first.fused_steps)
-        rows = population.put_epoch(np.stack([
-            batching.epoch_batches(n_train, first.batch_size, c.seed, 0) for c in configs]))
-        per_epoch = batching.steps_per_epoch(n_train, first.batch_size)
-        population.compile(fused, rows)
-        starts = [(index * fused) % (per_epoch - fused + 1) for index in range(-(-steps // fused))]
-
-        def run_population() -> None:
-            for handle in [population.run(rows, first_row, fused) for first_row in starts]:
-                population.fetch(handle)
-
+        run_population, timed_steps = self._timed_calls(population, first, np.stack([
+            batching.epoch_batches(n_train, first.batch_size, c.seed, 0) for c in configs]), steps)
         timings = time_interleaved({"population": run_population,
                                     "one_member": self.step_timer(first, values[0], steps)},
                                    repeats, wait=lambda value: value)  # first calls allocate
         members, together, one = len(configs), timings["population"], timings["one_member"]
         speedup = members * one.median_s / together.median_s
         return {"path": "population" if speedup >= min_speedup else "sequential",
-                "min_speedup": min_speedup, "members": members, "steps": len(starts) * fused,
+                "min_speedup": min_speedup, "members": members, "steps": timed_steps,
                 "repeats": repeats, "population_s": list(together.times),
                 "sequential_s": [members * t for t in one.times], "speedup": speedup,
                 "cv": {name: timing.cv for name, timing in timings.items()}}
@@ -274,20 +254,25 @@ class Runs:
         waits for them: the steady cost of that cell's steps, nothing compiled."""
         trainer = self.trainer(config)
         trainer.reset(values, config.optimizer.learning_rate)
-        n_train, batch = len(self.dataset.x_train), config.batch_size
+        rows = batching.epoch_batches(len(self.dataset.x_train), config.batch_size, config.seed, 0)
+        return self._timed_calls(trainer, config, rows, steps)[0]
+
+    def _timed_calls(self, trainer: Any, config: TrainConfig, epoch_rows: np.ndarray,
+                     steps: int) -> tuple[Callable[[], None], int]:
+        """A callable that runs whole calls of ``config.fused_steps`` (``steps`` or a few more)
+        of ``trainer`` on ``epoch_rows``, compiled first, and waits for them; the steps it runs."""
         fused = loop.steps_per_call(trainer, config.fused_steps)
-        rows = trainer.put_epoch(batching.epoch_batches(n_train, batch, config.seed, 0))
-        per_epoch = batching.steps_per_epoch(n_train, batch)
+        rows = trainer.put_epoch(epoch_rows)
+        per_epoch = batching.steps_per_epoch(len(self.dataset.x_train), config.batch_size)
         trainer.compile(fused, rows)
         # Consecutive calls through the epoch, wrapping before a call would run past its end.
         starts = [(index * fused) % (per_epoch - fused + 1) for index in range(-(-steps // fused))]
 
         def run() -> None:
-            handles = [trainer.run(rows, first, fused) for first in starts]
-            for handle in handles:
+            for handle in [trainer.run(rows, first, fused) for first in starts]:
                 trainer.fetch(handle)
 
-        return run
+        return run, len(starts) * fused
 
 
 def model_values(model: Any) -> tuple[list[np.ndarray], list[np.ndarray]]:

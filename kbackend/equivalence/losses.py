@@ -49,10 +49,6 @@ LOSS_CLASS: dict[str, str] = {name: cls for cls, names in LOSS_NAMES.items()
                               for name in (cls, *names)}
 
 
-def _logits_names() -> list[str]:
-    return sorted(LOSS_NAMES[cls][0] for cls in FROM_LOGITS)
-
-
 def check_loss(name: str, *, from_logits: bool = False, flag: str = "--loss") -> Any:
     """The loss identifier a worker compiles with for ``name``, or a one-line ``ConfigError``.
 
@@ -69,7 +65,7 @@ def check_loss(name: str, *, from_logits: bool = False, flag: str = "--loss") ->
     cls = LOSS_CLASS.get(name)
     if cls not in FROM_LOGITS:
         raise ConfigError(f"Invalid {flag} with --from-logits. Expected a cross-entropy loss that "
-                          f"takes logits: one of {', '.join(_logits_names())} (or its class "
-                          "name, or bce). "
-                          f"Received: {name!r}.")
+                          "takes logits: one of "
+                          f"{', '.join(sorted(LOSS_NAMES[c][0] for c in FROM_LOGITS))} (or its "
+                          f"class name, or bce). Received: {name!r}.")
     return {"class_name": cls, "config": {"from_logits": True}}

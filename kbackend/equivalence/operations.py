@@ -111,10 +111,6 @@ def _inputs(model: Any, x: list[np.ndarray]) -> Any:
     return x if len(model.inputs) > 1 else x[0]
 
 
-def _targets(model: Any, y: list[np.ndarray]) -> Any:
-    return y if len(model.outputs) > 1 else y[0]
-
-
 def forward(model: Any, x: list[np.ndarray]) -> list[np.ndarray]:
     """Inference-mode outputs of ``model`` on ``x``, one array per output."""
     keras = import_keras()
@@ -239,13 +235,14 @@ def evaluate(source: dict[str, Any], weights: list[np.ndarray], x: list[np.ndarr
                               "weight_names": weight_names(model)}
     if save_path is not None:
         atomic_write(save_path, lambda tmp: model.save(tmp))
+    xs = _inputs(model, x)
     result["outputs"] = forward(model, x)
-    result["misrouted_adds"] = impl().bias_add_misroutes(model, _inputs(model, x))
+    result["misrouted_adds"] = impl().bias_add_misroutes(model, xs)
     if y is None:
         return result
     result["inert"] = inert_stochastic_layers(model)
-    result["batchnorm_spread"] = batchnorm_input_spread(model, _inputs(model, x))
-    xs, ys = _inputs(model, x), _targets(model, y)
+    result["batchnorm_spread"] = batchnorm_input_spread(model, xs)
+    ys = y if len(model.outputs) > 1 else y[0]
     _compile(model, loss)
     trainable_ids = {id(v) for v in model.trainable_variables}
     result["trainable_names"] = [

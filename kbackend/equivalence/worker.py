@@ -41,12 +41,6 @@ def _sleep(seconds: float) -> dict[str, Any]:
     return {"slept": seconds}
 
 
-def _operations() -> dict[str, Any]:
-    return {"ping": _ping, "sleep": _sleep, "describe": operations.describe,
-            "evaluate": operations.evaluate, "predict_saved": operations.predict_saved,
-            "engine_run": operations.engine_run}
-
-
 def _die_with_parent() -> None:
     """On Linux, have the kernel kill this worker when the harness process dies, so a crashed or
     killed caller never leaves workers behind (elsewhere they exit at their next request)."""
@@ -63,7 +57,10 @@ def main() -> int:
     sys.stdout = sys.stderr
     use_backend()
     backend = active_backend()
-    handlers = _operations()
+    handlers: dict[str, Any] = {
+        "ping": _ping, "sleep": _sleep, "describe": operations.describe,
+        "evaluate": operations.evaluate, "predict_saved": operations.predict_saved,
+        "engine_run": operations.engine_run}
     send(replies, {"ready": True, "backend": backend, "pid": os.getpid()})
     requests = sys.stdin.fileno()
     while True:

@@ -211,12 +211,9 @@ def export_model(model_path: str | os.PathLike, fmt: str, out_dir: str | os.Path
     sample_file = out / SAMPLE_FILE
     atomic_write(sample_file, lambda tmp: _save_npz(tmp, x, reference))
     here = active_backend()
-    checks = []
-    for backend in check_backends:
-        if backend == here:
-            checks.append(check_artifact(target, fmt, sample_file, atol))
-        else:
-            checks.append(check_under(backend, target, fmt, sample_file, atol))
+    checks = [check_artifact(target, fmt, sample_file, atol) if backend == here
+              else check_under(backend, target, fmt, sample_file, atol)
+              for backend in check_backends]
     manifest = {
         "source": str(model_path), "format": fmt, "artifact": str(target), "source_backend": here,
         "fingerprint": model_fingerprint(model), "sample_rows": len(x), "atol": atol,

@@ -66,6 +66,12 @@ def _describe_shape(shape: tuple[int | None, ...]) -> str:
     return "(N, " + ", ".join("?" if d is None else str(d) for d in shape) + ")"
 
 
+def _has_rows_of(array: np.ndarray, row_shape: tuple[int | None, ...]) -> bool:
+    """Whether ``array`` is a batch of rows of ``row_shape`` (a None dimension: any size)."""
+    return array.ndim == len(row_shape) + 1 and all(
+        want is None or got == want for got, want in zip(array.shape[1:], row_shape, strict=False))
+
+
 def host_front(model: Any) -> HostFront | None:
     """The string front of ``model`` (``kbackend.host_front``) that serving runs on the host;
     None if it has none, or one kbackend cannot split off (Keras runs such a model whole, as
@@ -89,9 +95,7 @@ def _validate_strings(x: Any, row_shape: tuple[int | None, ...], name: str) -> n
     array = text_array(x, DataError, f"Invalid {name}: the model takes strings; the input")
     if array.ndim == 1 and tuple(row_shape) == (1,):
         array = array.reshape(len(array), 1)
-    if array.ndim != len(row_shape) + 1 or any(
-            want is not None and got != want
-            for got, want in zip(array.shape[1:], row_shape, strict=False)):
+    if not _has_rows_of(array, row_shape):
         raise DataError(f"Invalid {name}: expected strings of shape {_describe_shape(row_shape)}"
                         f", received {array.shape}.")
     if array.shape[0] == 0:
@@ -114,10 +118,7 @@ def validate_inputs(x: Any, row_shape: tuple[int | None, ...], name: str = "inpu
             f"Invalid {name}: expected numbers (int or float), received dtype {array.dtype}."
         )
     expected = _describe_shape(row_shape)
-    if array.ndim != len(row_shape) + 1 or any(
-        want is not None and got != want
-        for got, want in zip(array.shape[1:], row_shape, strict=False)
-    ):
+    if not _has_rows_of(array, row_shape):
         features = f" ({row_shape[0]} features per row)" if len(row_shape) == 1 else ""
         raise DataError(
             f"Invalid {name}: expected shape {expected}{features}, received {array.shape}.")

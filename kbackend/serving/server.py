@@ -30,6 +30,7 @@ import errno
 import io
 import ipaddress
 import json
+import math
 import queue
 import re
 import socket
@@ -97,10 +98,7 @@ def check_batching_options(max_batch: int, max_wait_ms: float, max_request_rows:
 
 def _values_per_row(row_shape: tuple[int | None, ...]) -> int | None:
     """Numbers in one row (None where a dimension is not fixed)."""
-    fixed = [d for d in row_shape if d is not None]
-    if len(fixed) < len(row_shape):
-        return None
-    return int(np.prod(fixed, dtype=np.int64)) if fixed else 1
+    return None if None in row_shape else math.prod(int(d) for d in row_shape if d is not None)
 
 
 def _lists_per_row(row_shape: tuple[int | None, ...]) -> int | None:
@@ -401,19 +399,16 @@ def _reject_constant(name: str) -> float:
     return float(name.lower().replace("infinity", "inf"))
 
 
-def _parse_int(text: str) -> int | float:
-    if len(text) > MAX_NUMBER_CHARS:
-        raise _NumberTooLong(
-            f"a number of {len(text)} characters; expected at most {MAX_NUMBER_CHARS}")
-    # Beyond int64, numpy would make an object array; as a float it is a number (or inf: 422).
-    return int(text) if len(text) <= 18 else float(text)
-
-
 def _parse_float(text: str) -> float:
     if len(text) > MAX_NUMBER_CHARS:
         raise _NumberTooLong(
             f"a number of {len(text)} characters; expected at most {MAX_NUMBER_CHARS}")
     return float(text)
+
+
+def _parse_int(text: str) -> int | float:
+    # Beyond int64, numpy would make an object array; as a float it is a number (or inf: 422).
+    return int(text) if len(text) <= 18 else _parse_float(text)
 
 
 def parse_json_body(body: bytes) -> Any:

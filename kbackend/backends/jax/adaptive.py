@@ -19,7 +19,6 @@ the squared norm of their mean, the two inputs of ``kbackend.adaptive.NoiseScale
 
 from __future__ import annotations
 
-import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -31,7 +30,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from kbackend.adaptive import DEFAULT_MEASURE_EVERY, micro_batches_for
-from kbackend.backends.compile_ahead import AheadCompiler
+from kbackend.backends.compile_ahead import MeasuredCalls, SizedCalls
 from kbackend.backends.jax.data_parallel import DataParallelTrainer
 from kbackend.backends.jax.native import NativeTrainer, make_evaluator
 from kbackend.backends.jax.step import (
@@ -122,7 +121,7 @@ def micro_batched_gradients(model: Any, x: Any, y: Any, micro_batches: int = 0, 
             float(norms.batch))
 
 
-class AdaptiveTrainer(NativeTrainer):
+class AdaptiveTrainer(MeasuredCalls, NativeTrainer):
     """The native trainer with micro-batched steps at whichever batch size an epoch's rows have.
 
     One ``TrainState`` (weights, BatchNorm statistics, optimizer slots and count) runs through
@@ -144,22 +143,7 @@ class AdaptiveTrainer(NativeTrainer):
     def __init__(self, model: Any, spec: Any, dataset: Any, jit_compile: bool = True,
                  task: Task = CLASSIFICATION, measure_every: int = DEFAULT_MEASURE_EVERY) -> None:
         super().__init__(model, spec, dataset, jit_compile, task)
-        self.measure_every = measure_every
-        self._sized: dict[tuple[int, int], Any] = {}
-        self.trace_counts_by_size: dict[tuple[int, int], int] = {}
-        self._norms: list[tuple[int, np.ndarray, np.ndarray]] = []
-        self._calls = 0
-        self._lock = threading.Lock()
-        self.ahead = AheadCompiler()
-
-    @property
-    def ahead_record(self) -> dict[str, Any]:
-        """Calls compiled ahead (``AheadCompiler.record``)."""
-        return self.ahead.record
-
-    def calls_between(self, length: int) -> int:
-        """Calls of ``length`` steps from one measured step to the next."""
-        return max(1, round(self.measure_every / length))
+        self._start_measured(measure_every)
 
     def reset(self, values: Any, learning_rate: float) -> None:
         """A new run on the compiled programs, measured from its first call as a fresh
@@ -183,9 +167,7 @@ class AdaptiveTrainer(NativeTrainer):
             return state, (metrics.loss, unmeasured)
 
         def run(state, x_all, y_all, epoch_rows, start, measure):
-            key = (batch, length)
-            self.trace_counts_by_size[key] = self.trace_counts_by_size.get(key, 0) + 1
-            self.trace_counts[length] = self.trace_counts.get(length, 0) + 1
+            self._count_trace((batch, length))
             rows = jax.lax.dynamic_slice_in_dim(epoch_rows, start, length)
             if self.measure_every <= 1:  # every step measured
                 return scan_steps(lambda s, row: with_norms(s, (x_all[row], y_all[row])),
@@ -238,9 +220,7 @@ class AdaptiveTrainer(NativeTrainer):
 
     def run(self, epoch_rows: Any, start: int, length: int) -> Any:
         batch = int(epoch_rows.shape[-1])
-        measure = self._calls % self.calls_between(length) == 0
-        self._calls += 1
-        self.ahead.start_pending()
+        measure = self._next_call_measures(length)
         self.state, (losses, norms) = self._sized[batch, length](
             self.state, self.x_train, self.y_train, epoch_rows, np.int32(start),
             np.bool_(measure))
@@ -250,13 +230,8 @@ class AdaptiveTrainer(NativeTrainer):
         """A call's losses on the host; its noise norms kept for ``take_noise_norms``."""
         batch, losses, norms = handle
         losses, micro, big = jax.device_get(jax.block_until_ready((losses, *norms)))
-        self._norms.append((batch, np.asarray(micro, np.float64), np.asarray(big, np.float64)))
+        self._keep_norms(batch, micro, big)
         return np.asarray(losses)
-
-    def take_noise_norms(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
-        """``(batch, micro (K, M), batch (K,))`` of each call fetched since the last take."""
-        taken, self._norms = self._norms, []
-        return taken
 
     def set_learning_rate(self, learning_rate: float) -> None:
         """The base rate of the next steps (optimizer state: nothing is compiled again)."""
@@ -287,7 +262,7 @@ def device_noise_norms(shard_grads: Any, mean_grads: Any) -> NoiseNorms:
 DEVICE_NORMS_SPEC = NoiseNorms(PartitionSpec(None, AXIS), PartitionSpec())
 
 
-class DataParallelAdaptiveTrainer(DataParallelTrainer):
+class DataParallelAdaptiveTrainer(SizedCalls, DataParallelTrainer):
     """``--batch-size auto`` on the data-parallel engine (one process, ``devices`` devices).
 
     The plain data-parallel step (``step.make_step`` under ``shard_map`` / ``pmap``) with
@@ -305,10 +280,7 @@ class DataParallelAdaptiveTrainer(DataParallelTrainer):
         super().__init__(model, spec, dataset, devices=devices, batch_size=batch_size,
                          dp_impl=dp_impl, task=task)
         self.dataset, self.task = dataset, task
-        self._sized: dict[tuple[int, int], Any] = {}
-        self.trace_counts_by_size: dict[tuple[int, int], int] = {}
-        self._norms: list[tuple[int, np.ndarray, np.ndarray]] = []
-        self._evaluate_test: Any = None
+        self._start_sized()
 
     def _make_step(self, model: Any, tx: Any, dp_impl: str, task: Task) -> Any:
         return make_train_step(model, tx, self.mesh, dp_impl, self.unroll, task,
@@ -320,8 +292,7 @@ class DataParallelAdaptiveTrainer(DataParallelTrainer):
         if key in self._sized:
             return 0.0
         started = time.perf_counter()
-        self.trace_counts_by_size[key] = self.trace_counts_by_size.get(key, 0) + 1
-        self.trace_counts[length] = self.trace_counts.get(length, 0) + 1
+        self._count_trace(key)
         self._sized[key] = self.step.lower(self.state,
                                            self._batches(epoch_rows, 0, length)).compile()
         return time.perf_counter() - started
@@ -338,14 +309,8 @@ class DataParallelAdaptiveTrainer(DataParallelTrainer):
         losses, micro, big = jax.device_get(jax.block_until_ready((losses, *norms)))
         if self.pmap:  # (devices, K, ...): device d's values; micro (devices, K, 1)
             losses, big, micro = losses[0], big[0], np.moveaxis(micro[..., 0], 0, 1)
-        self._norms.append((batch, np.asarray(micro, np.float64), np.asarray(big, np.float64)))
+        self._keep_norms(batch, micro, big)
         return np.asarray(losses)
-
-    def take_noise_norms(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
-        """``(batch, per-device (K, devices), mean (K,))`` of each call fetched since the last
-        take."""
-        taken, self._norms = self._norms, []
-        return taken
 
     def set_learning_rate(self, learning_rate: float) -> None:
         """The base rate of the next steps (optimizer state: nothing is compiled again)."""
@@ -363,7 +328,6 @@ class DataParallelAdaptiveTrainer(DataParallelTrainer):
 
     def evaluate_test(self) -> tuple[float, float]:
         """Test loss and metric on this process's copy of the parameters."""
-        if self._evaluate_test is None:
-            self._evaluate_test = make_evaluator(self.model, self.dataset, "test", task=self.task)
         current = self._host_state()
-        return self._evaluate_test(current.trainable, current.non_trainable)
+        evaluate_test = make_evaluator(self.model, self.dataset, "test", task=self.task)
+        return evaluate_test(current.trainable, current.non_trainable)

@@ -34,7 +34,7 @@ from kbackend.backends.jax.step import (
     split_for_pmap,
     to_host,
     unrolls_its_loop,
-    write_optimizer_state,
+    write_state,
 )
 from kbackend.errors import ConfigError
 from kbackend.history import RunRecord
@@ -130,13 +130,9 @@ class DataParallelTrainer:
                                                      non_trainable=non_trainable))
 
     def finish(self) -> None:
-        """Write the trained values back into the Keras model (save/evaluate/predict use them)."""
-        current = self._host_state()
-        pairs = [*zip(self.model.trainable_variables, current.trainable, strict=True),
-                 *zip(self.model.non_trainable_variables, current.non_trainable, strict=True)]
-        for variable, value in pairs:
-            variable.assign(value)
-        write_optimizer_state(self.model, current.opt_state)  # a saved model resumes
+        """Write the trained values back into the Keras model (save/evaluate/predict use them)
+        and its optimizer state (a saved model resumes)."""
+        write_state(self.model, self._host_state())
 
 
 @contextmanager

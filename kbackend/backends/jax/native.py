@@ -14,14 +14,13 @@ Reached through ``kbackend.backends.ops()`` (the dispatch point); ``data_paralle
 from __future__ import annotations
 
 import time
-import weakref
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kbackend.backends import device_copy_once
+from kbackend.backends import device_copy_once, kept_while_alive
 from kbackend.backends.jax.optimizers import to_optax
 from kbackend.backends.jax.step import (
     TrainState,
@@ -30,7 +29,7 @@ from kbackend.backends.jax.step import (
     make_step,
     scan_steps,
     unrolls_its_loop,
-    write_optimizer_state,
+    write_state,
 )
 from kbackend.data.batching import pad_to_chunks
 from kbackend.history import RunRecord
@@ -47,12 +46,9 @@ def make_evaluator(model: Any, dataset: Any, split: str = "val", members: bool =
     """``build_evaluator``'s evaluator, built (and so compiled) once per model, dataset, split
     and kind while model and dataset live: a study's cells share one model, so their trainers
     share its evaluators instead of compiling one each."""
-    key = (id(model), id(dataset), split, members, task)
-    if key not in _EVALUATORS:
-        _EVALUATORS[key] = build_evaluator(model, dataset, split, members, task)
-        for owner in (model, dataset):
-            weakref.finalize(owner, _EVALUATORS.pop, key, None)
-    return _EVALUATORS[key]
+    return kept_while_alive(_EVALUATORS, (id(model), id(dataset), split, members, task),
+                            (model, dataset),
+                            lambda: build_evaluator(model, dataset, split, members, task))
 
 
 def build_evaluator(model: Any, dataset: Any, split: str = "val", members: bool = False,
@@ -115,12 +111,32 @@ class CompiledCalls:
     donated. Shared by ``NativeTrainer`` and ``population.PopulationTrainer``."""
 
     state: Any
-    x_train: Any
-    y_train: Any
-    _compiled: dict[int, Any]
+
+    def __init__(self, model: Any, spec: Any, dataset: Any, task: Task) -> None:
+        self.model, self.dataset, self.task = model, dataset, task
+        self.spec, self.tx = spec, to_optax(spec)
+        self.train_step = make_step(model, self.tx, task=task)
+        # The training split goes to the device once (shared by every trainer of this
+        # dataset); steps gather their batches there.
+        self.x_train = device_copy_once(dataset.x_train, jax.device_put)
+        self.y_train = device_copy_once(dataset.y_train, jax.device_put)
+        self._compiled: dict[int, Any] = {}
+        self.trace_counts: dict[int, int] = {}
+        self.unroll = unrolls_its_loop(model)
 
     def _run_fn(self, length: int) -> Any:
-        raise NotImplementedError
+        """One run's call: ``length`` steps from row ``start`` of ``epoch_rows``."""
+        def run(state, x_all, y_all, epoch_rows, start):
+            self.trace_counts[length] = self.trace_counts.get(length, 0) + 1
+            rows = jax.lax.dynamic_slice_in_dim(epoch_rows, start, length)
+
+            def body(state, row):
+                state, metrics = self.train_step(state, (x_all[row], y_all[row]))
+                return state, metrics.loss
+
+            return scan_steps(body, state, rows, self.unroll)
+
+        return run
 
     def put_epoch(self, rows: np.ndarray) -> Any:
         """Move an epoch's index matrix to the device, ahead of its steps."""
@@ -152,37 +168,10 @@ class NativeTrainer(CompiledCalls):
 
     def __init__(self, model: Any, spec: Any, dataset: Any, jit_compile: bool = True,
                  task: Task = CLASSIFICATION) -> None:
-        # ``jit_compile`` changes nothing here (``native_loop_uses_xla``).
-        self.model, self.task = model, task
-        self.spec, self.tx = spec, to_optax(spec)
-        self.train_step = make_step(model, self.tx, task=task)
+        super().__init__(model, spec, dataset, task)  # ``jit_compile`` changes nothing here
         self.state = initial_state(model, self.tx, spec)
-        self.dataset = dataset
-        # The training split goes to the device once (shared by every trainer of this
-        # dataset); steps gather their batches there.
-        self.x_train = device_copy_once(dataset.x_train, jax.device_put)
-        self.y_train = device_copy_once(dataset.y_train, jax.device_put)
-        self._compiled: dict[int, Any] = {}
-        self.trace_counts: dict[int, int] = {}
         self._evaluate = make_evaluator(model, dataset, task=task)
-        self._evaluate_test: Any = None  # built on first use
-        self.unroll = unrolls_its_loop(model)
         self.run_record = RunRecord(unrolled_loop=self.unroll, xla=True)
-
-    # -- training -------------------------------------------------------------------------
-    def _run_fn(self, length: int) -> Any:
-        def run(state, x_all, y_all, epoch_rows, start):
-            self.trace_counts[length] = self.trace_counts.get(length, 0) + 1
-            rows = jax.lax.dynamic_slice_in_dim(epoch_rows, start, length)
-
-            def body(state, row):
-                state, metrics = self.train_step(state, (x_all[row], y_all[row]))
-                return state, metrics.loss
-
-            return scan_steps(body, state, rows, self.unroll)
-
-        return run
-
 
     # -- evaluation -----------------------------------------------------------------------
     def evaluate(self) -> tuple[float, float]:
@@ -191,9 +180,8 @@ class NativeTrainer(CompiledCalls):
 
     def evaluate_test(self) -> tuple[float, float]:
         """Test loss and metric, computed like ``evaluate`` (on the device)."""
-        if self._evaluate_test is None:
-            self._evaluate_test = make_evaluator(self.model, self.dataset, "test", task=self.task)
-        return self._evaluate_test(self.state.trainable, self.state.non_trainable)
+        evaluate_test = make_evaluator(self.model, self.dataset, "test", task=self.task)
+        return evaluate_test(self.state.trainable, self.state.non_trainable)
 
     # -- model values ---------------------------------------------------------------------
     def reset(self, values: Any, learning_rate: float) -> None:
@@ -215,9 +203,6 @@ class NativeTrainer(CompiledCalls):
         self.state = self.state._replace(trainable=trainable, non_trainable=non_trainable)
 
     def finish(self) -> None:
-        """Write the trained values back into the Keras model (save/evaluate/predict use them)."""
-        pairs = [*zip(self.model.trainable_variables, self.state.trainable, strict=True),
-                 *zip(self.model.non_trainable_variables, self.state.non_trainable, strict=True)]
-        for variable, value in pairs:
-            variable.assign(value)
-        write_optimizer_state(self.model, self.state.opt_state)  # a saved model resumes
+        """Write the trained values back into the Keras model (save/evaluate/predict use them)
+        and its optimizer state (a saved model resumes)."""
+        write_state(self.model, self.state)

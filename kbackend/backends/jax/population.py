@@ -21,16 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kbackend.backends import device_copy_once
 from kbackend.backends.jax.native import CompiledCalls, make_evaluator
-from kbackend.backends.jax.optimizers import to_optax
-from kbackend.backends.jax.step import (
-    TrainState,
-    fresh_opt_state,
-    make_step,
-    scan_steps,
-    unrolls_its_loop,
-)
+from kbackend.backends.jax.step import TrainState, fresh_opt_state
 from kbackend.errors import InternalError
 from kbackend.task import CLASSIFICATION, Task
 
@@ -41,34 +33,14 @@ class PopulationTrainer(CompiledCalls):
 
     def __init__(self, model: Any, spec: Any, dataset: Any, members: int,
                  task: Task = CLASSIFICATION) -> None:
-        self.model, self.dataset, self.members, self.task = model, dataset, members, task
-        self.spec, self.tx = spec, to_optax(spec)
-        self.train_step = make_step(model, self.tx, task=task)
-        self.x_train = device_copy_once(dataset.x_train, jax.device_put)
-        self.y_train = device_copy_once(dataset.y_train, jax.device_put)
+        super().__init__(model, spec, dataset, task)
+        self.members = members
         self.state: TrainState | None = None
         self.frozen: Any = None  # each member's values where it stopped (see ``freeze``)
-        self._compiled: dict[int, Any] = {}
-        self.trace_counts: dict[int, int] = {}
-        self._evaluators: dict[str, Any] = {}
-        self.unroll = unrolls_its_loop(model)
 
     def _run_fn(self, length: int) -> Any:
-        def member(state, x_all, y_all, member_rows, start):
-            rows = jax.lax.dynamic_slice_in_dim(member_rows, start, length)
-
-            def body(state, row):
-                state, metrics = self.train_step(state, (x_all[row], y_all[row]))
-                return state, metrics.loss
-
-            return scan_steps(body, state, rows, self.unroll)
-
-        def run(states, x_all, y_all, epoch_rows, start):
-            self.trace_counts[length] = self.trace_counts.get(length, 0) + 1
-            return jax.vmap(member, in_axes=(0, None, None, 0, None))(
-                states, x_all, y_all, epoch_rows, start)
-
-        return run
+        """Every member's run (``CompiledCalls._run_fn``) on its own rows, vmapped."""
+        return jax.vmap(super()._run_fn(length), in_axes=(0, None, None, 0, None))
 
     def reset(self, values: list[Any], learning_rates: list[float]) -> None:
         """Start the members' runs: member m from ``values[m]`` (``(trainable,
@@ -105,10 +77,8 @@ class PopulationTrainer(CompiledCalls):
         return self.state.trainable, self.state.non_trainable
 
     def _evaluate(self, split: str, values: Any) -> tuple[np.ndarray, np.ndarray]:
-        if split not in self._evaluators:
-            self._evaluators[split] = make_evaluator(self.model, self.dataset, split, members=True,
-                                                     task=self.task)
-        return self._evaluators[split](*values)
+        evaluate = make_evaluator(self.model, self.dataset, split, members=True, task=self.task)
+        return evaluate(*values)
 
     def evaluate(self) -> tuple[np.ndarray, np.ndarray]:
         """Every member's validation loss and metric now, shape ``(M,)`` each."""

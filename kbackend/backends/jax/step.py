@@ -352,11 +352,17 @@ def to_host(value: Any) -> Any:
 _KERAS_SLOTS = {"momentum": ("momentums", "_momentums"), "velocity": ("_velocities",)}
 
 
-def write_optimizer_state(model: Any, opt_state: Any) -> None:
-    """The run's optimizer state into the Keras model's optimizer (``spec.to_keras()``, which
+def write_state(model: Any, state: TrainState) -> None:
+    """A run's ``state`` (host or device) into the Keras ``model``: its variables, and the
+    optimizer state into the model's optimizer (``spec.to_keras()``, which
     ``engines.keras_fit.compile_model`` gave it), as Keras's own ``fit`` leaves it:
     ``iterations`` the updates applied, each slot (velocity, Adam's moments) per variable. A
     model saved after a native run then resumes training where the run stopped."""
+    pairs = [*zip(model.trainable_variables, state.trainable, strict=True),
+             *zip(model.non_trainable_variables, state.non_trainable, strict=True)]
+    for variable, value in pairs:
+        variable.assign(value)
+    opt_state = state.opt_state
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None or not isinstance(opt_state, KerasOptState):
         return

@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from kbackend.adaptive import DEFAULT_MEASURE_EVERY, micro_batches_for
-from kbackend.backends.compile_ahead import AheadCompiler
+from kbackend.backends.compile_ahead import MeasuredCalls, SizedCalls
 from kbackend.backends.tensorflow.data_parallel import DataParallelTrainer
 from kbackend.backends.tensorflow.native import NativeTrainer
 from kbackend.backends.tensorflow.ops import counted_loop, jit_function, note_program
@@ -114,7 +114,7 @@ def micro_batched_gradients(model: Any, x: Any, y: Any, micro_batches: int = 0, 
             float(batch_norm))
 
 
-class AdaptiveTrainer(NativeTrainer):
+class AdaptiveTrainer(MeasuredCalls, NativeTrainer):
     """The native trainer with micro-batched steps at whichever batch size an epoch's rows have.
 
     The model's and the optimizer's variables are the state and every batch size's program
@@ -146,36 +146,21 @@ class AdaptiveTrainer(NativeTrainer):
     def __init__(self, model: Any, spec: Any, dataset: Any, jit_compile: bool = True,
                  task: Task = CLASSIFICATION, measure_every: int = DEFAULT_MEASURE_EVERY) -> None:
         super().__init__(model, spec, dataset, jit_compile, task)
-        self.task, self.measure_every = task, measure_every
-        # (batch, length) -> the compiled call that runs it and that call's length
-        self._sized: dict[tuple[int, int], tuple[Any, int]] = {}
+        self.task = task
+        self._start_measured(measure_every)  # _sized values: (compiled call, its length)
         # (micro-batches, length[, batch where not relaxed]) -> the traced function
         self._functions: dict[tuple[int, ...], Any] = {}
         self._shapes: set[tuple[int, tuple[int, ...]]] = set()  # (function id, rows shape)
         self.relaxed = True
         self._steps: dict[int, Any] = {}
-        self.trace_counts_by_size: dict[tuple[int, int], int] = {}
         self.traces = 0
-        self._norms: list[tuple[int, np.ndarray, np.ndarray]] = []
-        self._calls = 0
-        self._lock = threading.Lock()  # one trace at a time (the model's layers are shared)
         self._count_lock = threading.Lock()
-        self.ahead = AheadCompiler()
-
-    @property
-    def ahead_record(self) -> dict[str, Any]:
-        """Calls compiled ahead (``AheadCompiler.record``)."""
-        return self.ahead.record
 
     def _adaptive_step(self, count: int) -> Any:
         if count not in self._steps:
             self._steps[count] = make_adaptive_train_step(self.model, self.optimizer, count,
                                                           self.task)
         return self._steps[count]
-
-    def calls_between(self, length: int) -> int:
-        """Calls of ``length`` steps from one measured step to the next."""
-        return max(1, round(self.measure_every / length))
 
     def reset(self, values: Any, learning_rate: float) -> None:
         """A new run on the compiled programs, measured from its first call as a fresh
@@ -291,8 +276,7 @@ class AdaptiveTrainer(NativeTrainer):
             self._shapes.add((id(fn), shape))
             if traced:
                 note_program(fn)
-            self.trace_counts_by_size[key] = self.trace_counts_by_size.get(key, 0) + 1
-            self.trace_counts[key[1]] = self.trace_counts.get(key[1], 0) + 1
+            self._count_trace(key)
 
     def put_epoch(self, rows: np.ndarray) -> tf.Tensor:
         """The epoch's index matrix on the device as int32, the dtype the traced calls take."""
@@ -324,10 +308,9 @@ class AdaptiveTrainer(NativeTrainer):
         if longer is not None:
             self._sized[key] = longer
         elif self.writes_out(length):
-            saved = [np.array(v.numpy()) for v in self._all_variables()]
+            saved = self.state_copy()
             self._sized[key] = (self._program(key, epoch_rows, length), length)
-            for variable, value in zip(self._all_variables(), saved, strict=True):
-                variable.assign(value)
+            self._put_state(saved)
         else:
             self._sized[key] = (self._program(key, epoch_rows, 0), length)
         return time.perf_counter() - start
@@ -345,9 +328,7 @@ class AdaptiveTrainer(NativeTrainer):
 
     def run(self, epoch_rows: Any, start: int, length: int) -> Any:
         batch = int(epoch_rows.shape[-1])
-        measure = self._calls % self.calls_between(length) == 0
-        self._calls += 1
-        self.ahead.start_pending()
+        measure = self._next_call_measures(length)
         call, program_length = self._sized[batch, length]
         outputs = call(self.x_train, self.y_train, epoch_rows, tf.constant(start),
                        tf.constant(length), tf.constant(measure))
@@ -363,31 +344,21 @@ class AdaptiveTrainer(NativeTrainer):
         micro, big = np.asarray(micro, np.float64), np.asarray(big, np.float64)
         if self.measure_every <= 1:  # one row per step
             micro, big = micro[:length], big[:length]
-        self._norms.append((batch, micro, big))
+        self._keep_norms(batch, micro, big)
         return losses.numpy()[:length]
-
-    def take_noise_norms(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
-        """``(batch, micro (K, M), batch (K,))`` of each call fetched since the last take."""
-        taken, self._norms = self._norms, []
-        return taken
 
     def set_learning_rate(self, learning_rate: float) -> None:
         """The rate of the next steps: a Keras variable the compiled programs read."""
         self.optimizer.learning_rate = learning_rate
 
-    def state_copy(self) -> list[np.ndarray]:
-        """A host copy of everything a step changes (model and optimizer variables)."""
-        return [np.array(v.numpy()) for v in self._all_variables()]
-
     def restore_state(self, copy: list[np.ndarray]) -> None:
         """Put back a ``state_copy`` (the knee probe trains; the run starts where it was, its
         first call measured)."""
-        for variable, value in zip(self._all_variables(), copy, strict=True):
-            variable.assign(value)
+        self._put_state(copy)
         self._calls = 0
 
 
-class DataParallelAdaptiveTrainer(DataParallelTrainer):
+class DataParallelAdaptiveTrainer(SizedCalls, DataParallelTrainer):
     """``--batch-size auto`` on the data-parallel engine (``MirroredStrategy``, one process).
 
     The replicas' shards are the micro-batches (McCandlish et al. 2018, appendix A), as on JAX
@@ -412,9 +383,7 @@ class DataParallelAdaptiveTrainer(DataParallelTrainer):
                  dp_impl: str = "", task: Task = CLASSIFICATION) -> None:
         super().__init__(model, spec, dataset, devices=devices, batch_size=batch_size,
                          dp_impl=dp_impl, task=task)
-        self._sized: dict[tuple[int, int], Any] = {}
-        self.trace_counts_by_size: dict[tuple[int, int], int] = {}
-        self._norms: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self._start_sized()
         if not hasattr(self.optimizer, "_all_reduce_sum_gradients"):
             raise ConfigError("--batch-size auto with data parallelism needs Keras's TF "
                               "optimizer to sum replica gradients in _all_reduce_sum_gradients, "
@@ -435,9 +404,7 @@ class DataParallelAdaptiveTrainer(DataParallelTrainer):
             return loss, (share * _squared_norm(grads))[None], _squared_norm(summed)
 
         def run(xs: Any, ys: Any, n_steps: tf.Tensor) -> tuple[tf.Tensor, ...]:
-            key = (batch, length)
-            self.trace_counts_by_size[key] = self.trace_counts_by_size.get(key, 0) + 1
-            self.trace_counts[length] = self.trace_counts.get(length, 0) + 1
+            self._count_trace((batch, length))
             losses = tf.TensorArray(tf.float32, size=n_steps)
             micros = tf.TensorArray(tf.float32, size=n_steps)
             bigs = tf.TensorArray(tf.float32, size=n_steps)
@@ -471,14 +438,8 @@ class DataParallelAdaptiveTrainer(DataParallelTrainer):
     def fetch(self, handle: Any) -> np.ndarray:
         """A call's global-batch losses on the host; its noise norms kept."""
         batch, (losses, micro, big) = handle
-        self._norms.append((batch, np.asarray(micro, np.float64), np.asarray(big, np.float64)))
+        self._keep_norms(batch, micro, big)
         return losses.numpy()
-
-    def take_noise_norms(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
-        """``(batch, per-replica (K, replicas), mean (K,))`` of each call fetched since the last
-        take."""
-        taken, self._norms = self._norms, []
-        return taken
 
     def set_learning_rate(self, learning_rate: float) -> None:
         """The rate of the next steps: a mirrored variable the traced calls read."""

@@ -26,13 +26,12 @@ Reached only through ``kbackend.backends.ops()`` (the dispatch point).
 from __future__ import annotations
 
 import time
-import weakref
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from kbackend.backends import capabilities, device_copy_once
+from kbackend.backends import capabilities, device_copy_once, kept_while_alive
 from kbackend.backends.tensorflow.ops import counted_loop, jit_function, platform
 from kbackend.data.batching import pad_to_chunks
 from kbackend.errors import ConfigError
@@ -108,12 +107,8 @@ _EVALUATORS: dict[tuple[int, int, bool, Task], Evaluator] = {}
 def shared_evaluator(model: Any, dataset: Any, jit_compile: bool = True,
                      task: Task = CLASSIFICATION) -> Evaluator:
     """The ``Evaluator`` of ``model`` on ``dataset`` for ``task``, one while both live."""
-    key = (id(model), id(dataset), jit_compile, task)
-    if key not in _EVALUATORS:
-        _EVALUATORS[key] = Evaluator(model, dataset, jit_compile, task)
-        for owner in (model, dataset):
-            weakref.finalize(owner, _EVALUATORS.pop, key, None)
-    return _EVALUATORS[key]
+    return kept_while_alive(_EVALUATORS, (id(model), id(dataset), jit_compile, task),
+                            (model, dataset), lambda: Evaluator(model, dataset, jit_compile, task))
 
 
 class NativeTrainer:
@@ -181,10 +176,9 @@ class NativeTrainer:
         start = time.perf_counter()
         fn = self._run_fn(length)
         if self.writes_out(length):  # no 0-step call: train ``length`` steps, put values back
-            saved = [np.array(v.numpy()) for v in self._all_variables()]
+            saved = self.state_copy()
             fn(self.x_train, self.y_train, epoch_rows, tf.constant(0), tf.constant(length)).numpy()
-            for variable, value in zip(self._all_variables(), saved, strict=True):
-                variable.assign(value)
+            self._put_state(saved)
         else:
             fn(self.x_train, self.y_train, epoch_rows, tf.constant(0), tf.constant(0)).numpy()
         self._compiled[length] = fn
@@ -214,6 +208,14 @@ class NativeTrainer:
     def _all_variables(self) -> list[Any]:
         """The model's and the optimizer's variables: everything a train step changes."""
         return [*self.model.variables, *self.optimizer.variables]
+
+    def state_copy(self) -> list[np.ndarray]:
+        """A host copy of everything a step changes (model and optimizer variables)."""
+        return [np.array(v.numpy()) for v in self._all_variables()]
+
+    def _put_state(self, copy: list[np.ndarray]) -> None:
+        for variable, value in zip(self._all_variables(), copy, strict=True):
+            variable.assign(value)
 
     def reset(self, values: Any, learning_rate: float) -> None:
         """Start a new run on the compiled programs: the model's ``(trainable,

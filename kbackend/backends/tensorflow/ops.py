@@ -124,10 +124,7 @@ def device_count() -> int:
 
 def local_device_count() -> int:
     """How many devices this process drives."""
-    strategy = job_strategy()
-    if strategy is not None:
-        return strategy.num_replicas_in_sync // process_count()
-    return len(compute_devices())
+    return device_count() // process_count()
 
 
 def platform() -> str:

@@ -6,6 +6,8 @@ No timing thresholds."""
 from __future__ import annotations
 
 import math
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ import pytest
 from kbackend.bench import tuner
 from kbackend.bench.registry import BENCHMARKS
 from kbackend.bench.spec import Settings
+from kbackend.runtime.child import ChildFailed
 from tests.conftest import BACKEND
 
 
@@ -144,3 +147,14 @@ def test_quick_measurement_runs_both_tools_on_the_same_cells():
     assert ours["runs_trained"] >= 2 * cells["seeds"] and ours["time_spent"]["whole_process_s"] > 0
     assert summary["ratio"]["ratio"] == pytest.approx(ours["wall_s"] / theirs["wall_s"])
     assert summary["n_cells"] == 2 and isinstance(summary["same_pick"], bool)
+
+
+def test_a_failed_whole_process_is_one_line_naming_it():
+    """A side that fails raises one line: what ran (a ``-c`` script by its flag, not its text)
+    and its last stderr line."""
+    script = "import sys\nprint('working')\nsys.exit('no such model')"
+    with pytest.raises(ChildFailed, match=r"^-c SCRIPT failed with exit 1: no such model$"):
+        tuner.timed_process([sys.executable, "-c", script, "arg"], dict(os.environ))
+    with pytest.raises(ChildFailed, match=r"^-m json\.tool /no/such/file failed with exit \d+: "):
+        tuner.timed_process([sys.executable, "-m", "json.tool", "/no/such/file"],
+                            dict(os.environ))

@@ -242,7 +242,8 @@ def timed_process(argv: list[str], env: dict[str, str],
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise ChildFailed(f"{' '.join(argv[1:4])} failed with exit {done.returncode}: {tail}")
+        what = "-c SCRIPT" if argv[1] == "-c" else " ".join(argv[1:4])  # a script: one line
+        raise ChildFailed(f"{what} failed with exit {done.returncode}: {tail}")
     return seconds, done.stdout
 
 

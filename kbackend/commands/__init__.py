@@ -120,23 +120,30 @@ def field_flags(args: argparse.Namespace, owner: type) -> dict[str, Any]:
             if hasattr(args, item.name)}
 
 
+def expected_form(expected: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type: ``parse(text)``, any ``ValueError`` of it the one-line message
+    "expected EXPECTED, got 'TEXT'"."""
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    return convert
+
+
 def int_at_least(minimum: int, *, auto: bool = False) -> Callable[[str], int]:
     """An argparse type: an integer >= ``minimum`` (with ``auto``: also the word ``auto``, as 0,
     for the command to decide)."""
     def parse(text: str) -> int:
         if auto and text == "auto":
             return 0
-        try:
-            value = int(text)
-        except ValueError:
-            value = minimum - 1
-        if value < minimum:
-            words = "a positive integer" if minimum == 1 else f"a whole number >= {minimum}"
-            words += " or 'auto'" if auto else ""
-            raise argparse.ArgumentTypeError(f"expected {words}, got {text!r}")
-        return value
-    parse.__name__ = "int"
-    return parse
+        if int(text) < minimum:
+            raise ValueError(text)
+        return int(text)
+    words = "a positive integer" if minimum == 1 else f"a whole number >= {minimum}"
+    convert = expected_form(words + (" or 'auto'" if auto else ""), parse)
+    convert.__name__ = "int"
+    return convert
 
 
 def bounded_int(text: str) -> int:

@@ -13,7 +13,13 @@ from functools import partial
 from pathlib import Path
 
 from kbackend.adaptive import AUTO
-from kbackend.commands import add_reprobe_flag, declared_flag, field_flags, int_at_least
+from kbackend.commands import (
+    add_reprobe_flag,
+    declared_flag,
+    expected_form,
+    field_flags,
+    int_at_least,
+)
 from kbackend.commands.train import add_source_arguments
 from kbackend.commands.train import command_line as train_command_line
 from kbackend.data.named import BUILTIN_TARGETS
@@ -45,48 +51,22 @@ DEFAULT_OUT = "runs/study"
 _default = partial(field_default, StudyConfig)  # a field's default, stated there once
 
 
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(v) for v in _names(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}") from None
-
-
-def _batch_sizes(text: str) -> tuple[int | str, ...]:
-    """``--batch-sizes``: comma-separated integers, optionally with ``auto`` (an adaptive cell
-    per optimizer between the smallest and largest of them)."""
-    sizes: list[int | str] = []
-    for value in _names(text):
-        if value.lower() == AUTO:
-            sizes.append(AUTO)
-            continue
-        try:
-            sizes.append(int(value))
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected comma-separated integers and optionally 'auto', got {text!r}") from None
-    return tuple(sizes)
-
-
 def _names(text: str) -> tuple[str, ...]:
     """The comma-separated items of ``text``, stripped, empty ones left out."""
     return tuple(v.strip() for v in text.split(",") if v.strip())
 
 
+_int_list = expected_form("comma-separated integers",
+                          lambda text: tuple(int(v) for v in _names(text)))
+_batch_sizes = expected_form(
+    "comma-separated integers and optionally 'auto'",
+    lambda text: tuple(AUTO if v.lower() == AUTO else int(v) for v in _names(text)))
+
+
 def _auto_or_number(what: str) -> Callable[[str], float | None]:
     """An argparse type: ``auto`` -> None (the command decides), else a number of ``what``."""
-    def parse(text: str) -> float | None:
-        if text.strip().lower() == "auto":
-            return None
-        try:
-            return float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected auto or {what}, got {text!r}") from None
-
-    parse.__name__ = what  # argparse names the type in its messages
-    return parse
+    return expected_form(f"auto or {what}",
+                         lambda text: None if text.strip().lower() == "auto" else float(text))
 
 
 # --cell-gpus auto: one GPU where the cluster has GPUs; --seed-budget auto: half the first
@@ -95,14 +75,13 @@ _gpus = _auto_or_number("a number of GPUs")
 _budget = _auto_or_number("seconds")
 
 
-def _lr_entry(text: str) -> tuple[str, tuple[float, ...]]:
+def _optimizer_rates(text: str) -> tuple[str, tuple[float, ...]]:
     """``OPT=lr1,lr2`` -> (OPT, (lr1, lr2)); a bare ``lr1,lr2`` applies to every optimizer ('*')."""
     name, _, values = text.rpartition("=")
-    try:
-        return name.strip() or "*", tuple(float(v) for v in _names(values))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected OPTIMIZER=LR,LR,... or LR,LR,..., got {text!r}") from None
+    return name.strip() or "*", tuple(float(v) for v in _names(values))
+
+
+_lr_entry = expected_form("OPTIMIZER=LR,LR,... or LR,LR,...", _optimizer_rates)
 
 
 def register(subparsers: argparse._SubParsersAction, parents: list) -> None:

@@ -16,6 +16,7 @@ from kbackend.commands import (
     add_import_flag,
     add_reprobe_flag,
     declared_flag,
+    expected_form,
     field_flags,
     int_at_least,
 )
@@ -36,13 +37,9 @@ from kbackend.tensorboard_logs import check_logdir
 from kbackend.training import for_task, train, workload_of
 from kbackend.workload import WARNING
 
-
-def _widths(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(w) for w in text.split(","))  # an empty item is an error, not dropped
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}") from None
+# an empty item is an error, not dropped
+_widths = expected_form("comma-separated integers",
+                        lambda text: tuple(int(w) for w in text.split(",")))
 
 
 def _image_size(text: str) -> tuple[int, int]:

@@ -76,9 +76,6 @@ KERAS_HABITS = {
     "monitor": "target_metric=",
     "task": "the model compiled with its loss and metrics",
 }
-# The config fields ``train`` and ``study`` set themselves from their own arguments.
-_SET_BY_TRAIN = ("dataset", "monitor", "task")
-_SET_BY_STUDY = ("dataset",)
 
 
 def _check_options(options: dict[str, Any], owner: type, call: Callable[..., Any],
@@ -146,7 +143,7 @@ def train(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
     files (each evaluation's scalars). ``options``: further ``TrainConfig`` fields
     (``eval_every``, ``max_steps``, ...). ``result.history.history`` is a dict of
     per-evaluation lists, as Keras's ``History.history``."""
-    _check_options(options, TrainConfig, train, _SET_BY_TRAIN)
+    _check_options(options, TrainConfig, train, ("dataset", "monitor", "task"))
     batch_size = _batch_size(batch_size, x, progress)
     # Virtual devices and a multi-process job come before the framework starts (preparing
     # the workload starts it); TrainConfig checks the options first.
@@ -202,7 +199,7 @@ def study(model: Any, x: Any = None, y: Any = None, *, validation_data: Any = No
     by their content (the model by its architecture and compile settings: every run starts from
     fresh weights), so a re-run resumes; a builder given as a function must be importable by
     name (defined in a module, not in ``__main__``'s interactive session)."""
-    _check_options(options, StudyConfig, study, _SET_BY_STUDY)
+    _check_options(options, StudyConfig, study, ("dataset",))
     out_path = Path(out)
     data_source, workload = data, None
     fraction = options.get("validation_fraction", _STUDY("validation_fraction"))

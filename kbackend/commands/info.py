@@ -36,15 +36,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"cpu count:          {env['cpu_count']}")
     xla_env = ", ".join(f"{k}={v}" for k, v in env["env"].items())
     print("XLA-related env:    " + (xla_env or "(none set)"))
-    print_probes(probes)
-    return 0
-
-
-def print_probes(probes: dict[str, dict[str, str]]) -> None:
-    """The stored probes, one line each (``--reprobe`` on train, study, launch measures again)."""
-    for probe in PROBES:
+    for probe in PROBES:  # the stored probes, which --reprobe (train, study, launch) measures again
         entries = probes[probe.name]
         print(f"stored {probe.name + ':':<18}{len(entries)} in "
               f"{measurement_path(probe.file_name)}")
         for key, answer in entries.items():
             print(f"  - {key}: {answer}")
+    return 0

@@ -83,8 +83,8 @@ def add_source_arguments(data: Any, model: Any, *, dataset: str, model_default: 
     add_import_flag(model)
 
 
-def add_training_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags shared by every command that trains (train, and later ones such as study)."""
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every flag of ``kbackend train`` (also parsed by ``kbackend launch`` before it starts)."""
     data = parser.add_argument_group("data (docs/your-model.md)")
     model = parser.add_argument_group("model")
     add_source_arguments(data, model, dataset=field_default(TrainConfig, "dataset"),
@@ -130,7 +130,16 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                        default=_optimizer("weight_decay"))
     _add_run_arguments(parser)
     add_parallel_arguments(parser)
-
+    add_reprobe_flag(parser)
+    parser.add_argument("--save", default=None, metavar="MODEL.keras",
+                        help="save the trained model")
+    parser.add_argument("--history", default=None, metavar="HISTORY.json",
+                        help="write the history as JSON")
+    parser.add_argument("--tensorboard", default=None, metavar="DIR",
+                        help="write TensorBoard event files to DIR: loss, the metric, learning "
+                             "rate, samples/s (and the batch size of --batch-size auto) at each "
+                             "evaluation")
+    parser.add_argument("--quiet", action="store_true", help="no per-epoch lines")
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -247,21 +256,6 @@ def register(subparsers: argparse._SubParsersAction, parents: list) -> None:
                                    help="train a model and report metrics")
     add_train_arguments(parser)
     parser.set_defaults(func=run)
-
-
-def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    """Every flag of ``kbackend train`` (also parsed by ``kbackend launch`` before it starts)."""
-    add_training_arguments(parser)
-    add_reprobe_flag(parser)
-    parser.add_argument("--save", default=None, metavar="MODEL.keras",
-                        help="save the trained model")
-    parser.add_argument("--history", default=None, metavar="HISTORY.json",
-                        help="write the history as JSON")
-    parser.add_argument("--tensorboard", default=None, metavar="DIR",
-                        help="write TensorBoard event files to DIR: loss, the metric, learning "
-                             "rate, samples/s (and the batch size of --batch-size auto) at each "
-                             "evaluation")
-    parser.add_argument("--quiet", action="store_true", help="no per-epoch lines")
 
 
 def command_line(argv: Sequence[str]) -> int:

@@ -137,13 +137,17 @@ def int_at_least(minimum: int, *, auto: bool = False) -> Callable[[str], int]:
     def parse(text: str) -> int:
         if auto and text == "auto":
             return 0
-        if int(text) < minimum:
-            raise ValueError(text)
-        return int(text)
-    words = "a positive integer" if minimum == 1 else f"a whole number >= {minimum}"
-    convert = expected_form(words + (" or 'auto'" if auto else ""), parse)
-    convert.__name__ = "int"
-    return convert
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            words = "a positive integer" if minimum == 1 else f"a whole number >= {minimum}"
+            words += " or 'auto'" if auto else ""
+            raise argparse.ArgumentTypeError(f"expected {words}, got {text!r}")
+        return value
+    parse.__name__ = "int"
+    return parse
 
 
 def bounded_int(text: str) -> int:

@@ -131,14 +131,14 @@ def check_train_args(train_args: list[str], num_processes: int, coordinator: str
     source.check_fits(dataset.info, config.model_options)
 
 
-def _forward(stream: object, prefix: str, sink: object, kept: list[str] | None = None) -> None:
-    """Copy ``stream``'s lines, prefixed, to ``sink``, or into ``kept`` when given."""
+def _forward(stream: object, prefix: str, kept: list[str] | None) -> None:
+    """Copy ``stream``'s lines, prefixed, to stdout, or into ``kept`` when given."""
     for line in iter(stream.readline, ""):  # type: ignore[attr-defined]
         if kept is not None:
             kept.append(f"{prefix}{line}")
             continue
-        sink.write(f"{prefix}{line}")  # type: ignore[attr-defined]
-        sink.flush()  # type: ignore[attr-defined]
+        sys.stdout.write(f"{prefix}{line}")
+        sys.stdout.flush()
 
 
 def _stop(processes: list[subprocess.Popen]) -> None:
@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
     train_args = list(args.train_args)
     if train_args and train_args[0] == "--":
         train_args = train_args[1:]
-    check_num_processes(args.num_processes, getattr(args, "oversubscribe", False))
+    check_num_processes(args.num_processes, args.oversubscribe)
     clashing = [a for a in train_args if a.split("=")[0] in _OWN_FLAGS]
     if clashing:
         raise ConfigError(
@@ -223,10 +223,9 @@ def run(args: argparse.Namespace) -> int:
             process = subprocess.Popen(command, env=own_env, stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, text=True, bufsize=1)
             processes.append(process)
-            live = index == 0 or getattr(args, "all_output", False)
-            thread = threading.Thread(target=_forward, daemon=True,
-                                      args=(process.stdout, f"[{index}] ", sys.stdout,
-                                            None if live else kept[index]))
+            live = index == 0 or args.all_output
+            thread = threading.Thread(target=_forward, daemon=True, args=(
+                process.stdout, f"[{index}] ", None if live else kept[index]))
             thread.start()
             threads.append(thread)
             threading.Thread(target=_wait_for, args=(process, index, ended), daemon=True).start()

@@ -279,15 +279,14 @@ def check_args(args: argparse.Namespace) -> TrainConfig:
     the output paths checked (no data needed): ``--save`` (.keras), ``--history`` (.json) and
     ``--tensorboard`` writable, and none another or an input (the model or data file)."""
     config = config_from_args(args)
-    check_distinct_paths({"--save": args.save, "--history": args.history},
-                         {"--model": config.model, "--data": config.dataset})
-    if args.save is not None:
-        check_output_path(args.save, "--save", suffix=".keras")
-    if args.history is not None:
-        check_output_path(args.history, "--history", suffix=".json")
+    outputs = {"--save": args.save, "--history": args.history}
+    inputs = {"--model": config.model, "--data": config.dataset}
+    check_distinct_paths(outputs, inputs)
+    for (flag, path), suffix in zip(outputs.items(), (".keras", ".json"), strict=True):
+        if path is not None:
+            check_output_path(path, flag, suffix=suffix)
     if args.tensorboard is not None:
-        check_logdir(args.tensorboard, inputs={"--model": config.model, "--data": config.dataset,
-                                               "--save": args.save, "--history": args.history})
+        check_logdir(args.tensorboard, inputs={**inputs, **outputs})
     return config
 
 

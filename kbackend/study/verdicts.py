@@ -55,7 +55,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -491,6 +491,13 @@ def rounding_sd(cells: Sequence[Cell]) -> float:
     anywhere in the e steps before the evaluation that sees it: sd e / S / sqrt(12))."""
     return math.sqrt(sum((c.eval_every / c.steps_to_target) ** 2 / 12.0 for c in cells
                          if c.steps_to_target and c.eval_every))
+
+
+def format_value(value: Any, spec: str = ".3g", missing: str = "-") -> str:
+    """``value`` formatted by ``spec``; ``missing`` for None or a float that is not finite."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return missing
+    return format(value, spec)
 
 
 def span_text(verdict: Verdict, spec: str = ".3g") -> str:

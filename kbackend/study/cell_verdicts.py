@@ -27,6 +27,7 @@ from kbackend.study.verdicts import (
     DEFAULT_MARGIN,
     VERDICT_CONFIDENCE,
     LookLevels,
+    Resolvable,
     Verdict,
     VerdictSettings,
     budget_steps,
@@ -79,7 +80,7 @@ def verdict_settings(study: StudyRecord) -> VerdictSettings:
 
 
 @dataclass(frozen=True)
-class FastestVerdict:
+class FastestVerdict(Resolvable):
     """The fastest cell (``cell``: optimizer, batch size; None where no cell reached), the
     cells it is not shown faster than (``ties``), over ``seeds`` paired seeds, and the
     report's sentence."""
@@ -89,10 +90,6 @@ class FastestVerdict:
     text: str
     cell: tuple[str, int] | None = None
     ties: tuple[str, ...] = ()
-
-    @property
-    def resolved(self) -> bool:
-        return self.outcome != "not_resolved"
 
     def to_json(self) -> JsonObject:
         cell = None if self.cell is None else {"optimizer": self.cell[0],
@@ -219,11 +216,10 @@ def optimizer_comparison(cells: list[Cell], challenger: str, incumbent: str,
                          step_times: StepTimes | None = None) -> OptimizerComparison | None:
     """Per batch size, a three-way verdict on time to target (challenger = A, incumbent = B),
     and the crossover batch size where the resolved verdicts show one."""
-    grouped = by_optimizer(cells)
-    if challenger not in grouped or incumbent not in grouped:
+    a = {c.size: c for c in cells if c.optimizer == challenger}
+    b = {c.size: c for c in cells if c.optimizer == incumbent}
+    if not a or not b:
         return None
-    a = {c.size: c for c in grouped[challenger]}
-    b = {c.size: c for c in grouped[incumbent]}
     per_batch = []
     for size in sorted(set(a) & set(b)):
         verdict = time_verdict(a[size], b[size], settings, step_times)
@@ -397,7 +393,7 @@ def test_metric_verdict(a: Cell, b: Cell, settings: VerdictSettings,
 
 
 @dataclass(frozen=True)
-class GeneralizationVerdict:
+class GeneralizationVerdict(Resolvable):
     """The test metric at the smallest (A) against the largest batch size (B): its verdict
     (None where fewer than two batch sizes have test figures), whether the larger batch
     generalizes ``lower``, ``higher`` or ``equivalent`` (None: not resolved) and the report's
@@ -408,10 +404,6 @@ class GeneralizationVerdict:
     text: str
     larger_batch: str | None = None
     verdict: Verdict | None = None
-
-    @property
-    def resolved(self) -> bool:
-        return self.outcome != "not_resolved"
 
     def to_json(self) -> JsonObject:
         measured = {} if self.verdict is None else {"larger_batch": self.larger_batch,

@@ -289,8 +289,19 @@ def decide(low: float, high: float, margin: float, a_is_better_below: bool) -> s
     return "not_resolved"
 
 
+class Resolvable:
+    """A finding with a three-way ``outcome`` (one of ``OUTCOMES``)."""
+
+    outcome: str
+
+    @property
+    def resolved(self) -> bool:
+        """Whether it is answered: A better, B better or equivalent."""
+        return self.outcome != "not_resolved"
+
+
 @dataclass(frozen=True)
-class Verdict:
+class Verdict(Resolvable):
     """One three-way verdict on paired seeds: the interval [``low``, ``high``] around
     ``estimate`` of the ratio A/B (``kind`` "ratio": times, steps) or the difference A - B
     ("difference": accuracies) over ``seeds`` paired seeds at ``level``, and its ``outcome``
@@ -315,11 +326,6 @@ class Verdict:
     source: str | None = None
     metric: str | None = None
     look: int | None = None
-
-    @property
-    def resolved(self) -> bool:
-        """Whether the verdict is answered: A better, B better or equivalent."""
-        return self.outcome != "not_resolved"
 
     def between(self, *cells: tuple[str, int | str]) -> Verdict:
         """This verdict naming the cells it compares."""

@@ -307,9 +307,9 @@ class CriticalBatch:
     coverage: float
     seeds_without_knee: int
 
-    def span(self, spec: str = ".0f") -> str:
+    def span(self) -> str:
         """``median [low, high]`` of the fits ("-" without any)."""
-        return _median_span(self.median, self.low, self.high, self.n, spec) if self.n else "-"
+        return _median_span(self.median, self.low, self.high, self.n, ".0f") if self.n else "-"
 
     def to_json(self) -> JsonObject:
         return {"median": self.median, "low": self.low, "high": self.high, "n": self.n,
@@ -356,7 +356,7 @@ def noise_agreement(b_crit: CriticalBatch, b_simple: float | None,
     if not b_crit.n:
         return NoiseAgreement(False, "no seed's steps curve has a knee inside the grid")
     low, high = b_simple / 2, b_simple * 2
-    interval = f"B_crit {b_crit.span('.0f')} over {b_crit.n} seed fits"
+    interval = f"B_crit {b_crit.span()} over {b_crit.n} seed fits"
     if b_crit.n >= 2 and b_crit.seeds_without_knee == 0:
         if low <= b_crit.low and b_crit.high <= high:
             return NoiseAgreement(True, f"{interval} lies within 2x of B_simple {b_simple:.0f}",

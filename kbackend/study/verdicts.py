@@ -506,13 +506,13 @@ def format_value(value: Any, spec: str = ".3g", missing: str = "-") -> str:
     return format(value, spec)
 
 
-def span_text(verdict: Verdict, spec: str = ".3g") -> str:
+def span_text(verdict: Verdict) -> str:
     """The verdict's estimate and interval, e.g. ``0.62x [0.48, 0.80]`` or ``+0.8 pt [...]``."""
     if math.isnan(verdict.estimate):
         return "no paired seeds"
 
     def end(value: float) -> str:
-        return "inf" if math.isinf(value) else format(value, spec)
+        return "inf" if math.isinf(value) else format(value, ".3g")
 
     if verdict.kind == "ratio":
         return f"{end(verdict.estimate)}x [{end(verdict.low)}, {end(verdict.high)}]"

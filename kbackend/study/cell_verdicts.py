@@ -27,6 +27,7 @@ from kbackend.study.verdicts import (
     DEFAULT_MARGIN,
     VERDICT_CONFIDENCE,
     LookLevels,
+    Resolvable,
     Verdict,
     VerdictSettings,
     budget_steps,
@@ -79,7 +80,7 @@ def verdict_settings(study: StudyRecord) -> VerdictSettings:
 
 
 @dataclass(frozen=True)
-class FastestVerdict:
+class FastestVerdict(Resolvable):
     """The fastest cell (``cell``: optimizer, batch size; None where no cell reached), the
     cells it is not shown faster than (``ties``), over ``seeds`` paired seeds, and the
     report's sentence."""
@@ -89,10 +90,6 @@ class FastestVerdict:
     text: str
     cell: tuple[str, int] | None = None
     ties: tuple[str, ...] = ()
-
-    @property
-    def resolved(self) -> bool:
-        return self.outcome != "not_resolved"
 
     def to_json(self) -> JsonObject:
         cell = None if self.cell is None else {"optimizer": self.cell[0],
@@ -219,11 +216,10 @@ def optimizer_comparison(cells: list[Cell], challenger: str, incumbent: str,
                          step_times: StepTimes | None = None) -> OptimizerComparison | None:
     """Per batch size, a three-way verdict on time to target (challenger = A, incumbent = B),
     and the crossover batch size where the resolved verdicts show one."""
-    grouped = by_optimizer(cells)
-    if challenger not in grouped or incumbent not in grouped:
+    a = {c.size: c for c in cells if c.optimizer == challenger}
+    b = {c.size: c for c in cells if c.optimizer == incumbent}
+    if not a or not b:
         return None
-    a = {c.size: c for c in grouped[challenger]}
-    b = {c.size: c for c in grouped[incumbent]}
     per_batch = []
     for size in sorted(set(a) & set(b)):
         verdict = time_verdict(a[size], b[size], settings, step_times)
@@ -311,9 +307,9 @@ class CriticalBatch:
     coverage: float
     seeds_without_knee: int
 
-    def span(self, spec: str = ".0f") -> str:
+    def span(self) -> str:
         """``median [low, high]`` of the fits ("-" without any)."""
-        return _median_span(self.median, self.low, self.high, self.n, spec) if self.n else "-"
+        return _median_span(self.median, self.low, self.high, self.n, ".0f") if self.n else "-"
 
     def to_json(self) -> JsonObject:
         return {"median": self.median, "low": self.low, "high": self.high, "n": self.n,
@@ -360,7 +356,7 @@ def noise_agreement(b_crit: CriticalBatch, b_simple: float | None,
     if not b_crit.n:
         return NoiseAgreement(False, "no seed's steps curve has a knee inside the grid")
     low, high = b_simple / 2, b_simple * 2
-    interval = f"B_crit {b_crit.span('.0f')} over {b_crit.n} seed fits"
+    interval = f"B_crit {b_crit.span()} over {b_crit.n} seed fits"
     if b_crit.n >= 2 and b_crit.seeds_without_knee == 0:
         if low <= b_crit.low and b_crit.high <= high:
             return NoiseAgreement(True, f"{interval} lies within 2x of B_simple {b_simple:.0f}",
@@ -397,7 +393,7 @@ def test_metric_verdict(a: Cell, b: Cell, settings: VerdictSettings,
 
 
 @dataclass(frozen=True)
-class GeneralizationVerdict:
+class GeneralizationVerdict(Resolvable):
     """The test metric at the smallest (A) against the largest batch size (B): its verdict
     (None where fewer than two batch sizes have test figures), whether the larger batch
     generalizes ``lower``, ``higher`` or ``equivalent`` (None: not resolved) and the report's
@@ -408,10 +404,6 @@ class GeneralizationVerdict:
     text: str
     larger_batch: str | None = None
     verdict: Verdict | None = None
-
-    @property
-    def resolved(self) -> bool:
-        return self.outcome != "not_resolved"
 
     def to_json(self) -> JsonObject:
         measured = {} if self.verdict is None else {"larger_batch": self.larger_batch,

@@ -35,7 +35,7 @@ from kbackend.study.auto_verdicts import auto_label, auto_verdict, best_fixed
 from kbackend.study.cell_verdicts import fastest_verdict, verdict_settings
 from kbackend.study.study_record import Cell, StudyRecord
 from kbackend.study.summaries import cell_seconds_per_step, ranges_time
-from kbackend.study.verdicts import Verdict, outcome_text
+from kbackend.study.verdicts import Verdict, format_value, outcome_text
 
 # A step time outside these bounds is no measurement of a train step (a nanosecond is a few
 # cycles; a day per step trains nothing): refused when the profile is read, so that the
@@ -250,12 +250,6 @@ def predict(study: StudyRecord, profile: DeviceProfile) -> dict[str, Any]:
             "cells": cells, "auto_cells": autos, "fastest": fastest.to_json(), "adaptive": adaptive}
 
 
-def _fmt(value: Any, spec: str) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    return format(value, spec)
-
-
 def conclusion_lines(study: StudyRecord) -> list[str]:
     """The predictions' findings (terminal and report): the fastest cell there and here, the
     adaptive cells against the best fixed batch size there and here."""
@@ -273,12 +267,13 @@ def conclusion_lines(study: StudyRecord) -> list[str]:
         if x.get("best_fixed") is None:
             lines.append(f"Predicted on {device}: {x['text']}.")
             continue
-        best = f"batch {x['best_fixed']}"
+        ratio, ratio_here = (format_value(x[k], ".2f") for k in ("ratio", "ratio_here"))
+        paired = outcome_text(Verdict.from_json(x["time"]), "auto", f"batch {x['best_fixed']}",
+                              "faster")
         lines.append(
             f"Predicted on {device}, {x['optimizer']}: {x['label']} / the best fixed batch size "
-            f"there ({x['best_fixed']}): time {_fmt(x['ratio'], '.2f')}x (here: "
-            f"{_fmt(x['ratio_here'], '.2f')}x vs batch {x['best_fixed_here']}); paired seeds: "
-            f"{outcome_text(Verdict.from_json(x['time']), 'auto', best, 'faster')}.")
+            f"there ({x['best_fixed']}): time {ratio}x (here: {ratio_here}x vs batch "
+            f"{x['best_fixed_here']}); paired seeds: {paired}.")
     return lines
 
 
@@ -292,22 +287,19 @@ def report_section(study: StudyRecord) -> list[str]:
     curve = ", ".join(f"{b}: {1e3 * t:.3g}" for b, t in profile["step_time_s"].items())
     header = ["optimizer", "batch", "steps", "ms/step here", "time here (s)",
               f"ms/step on {device}", f"time on {device} (s)"]
-    rows = []
-    for c in predicted["cells"]:
-        interval = c["interval"]
-        there = (f"{_fmt(c['time_to_target'], '.3g')} [{_fmt(interval.get('low'), '.3g')}, "
-                 f"{_fmt(interval.get('high'), '.3g')}]" if c["reached"] else "not reached")
-        rows.append([c["optimizer"], str(c["batch_size"]), _fmt(c["steps_to_target"], ".0f"),
-                     _fmt(c["seconds_per_step_here"] and 1e3 * c["seconds_per_step_here"],
-                          ".3g"),
-                     _fmt(c["time_to_target_here"], ".3g"), _fmt(1e3 * c["seconds_per_step"],
-                                                                 ".3g"), there])
-    for c in predicted["auto_cells"]:
-        interval = c["interval"]
-        there = (f"{_fmt(c['time_to_target'], '.3g')} [{_fmt(interval.get('low'), '.3g')}, "
-                 f"{_fmt(interval.get('high'), '.3g')}]" if c["reached"] else "not reached")
-        rows.append([c["optimizer"], c["label"], _fmt(c["steps_to_target"], ".0f"),
-                     "by range", _fmt(c["time_to_target_here"], ".3g"), "by range", there])
+
+    def there(c: JsonObject) -> str:
+        low, high = (format_value(c["interval"].get(end)) for end in ("low", "high"))
+        return f"{format_value(c['time_to_target'])} [{low}, {high}]" if c["reached"] \
+            else "not reached"
+
+    rows = [[c["optimizer"], str(c["batch_size"]), format_value(c["steps_to_target"], ".0f"),
+             format_value(c["seconds_per_step_here"] and 1e3 * c["seconds_per_step_here"]),
+             format_value(c["time_to_target_here"]), format_value(1e3 * c["seconds_per_step"]),
+             there(c)] for c in predicted["cells"]]
+    rows += [[c["optimizer"], c["label"], format_value(c["steps_to_target"], ".0f"), "by range",
+              format_value(c["time_to_target_here"]), "by range", there(c)]
+             for c in predicted["auto_cells"]]
     lines = ["", f"## Predicted on {device}", "",
              f"Time to target predicted from a step-time curve measured on {device} "
              f"(--device-profile {markdown_text(profile['source'])}, {profile['format']} format; "

@@ -277,17 +277,17 @@ class StudyRunner:
                 cell, cell_runs = self.run_cell(optimizer, batch_size)
                 runs.extend(cell_runs)
                 cells.append(cell)
-        start, setup_before = time.perf_counter(), self.time_spent.setup
+        elapsed = self.time_spent.clock()
         step_times = self.measure_step_times(cells)
-        self.time_spent.step_times += self.time_spent.seconds_since(start, setup_before)
+        self.time_spent.step_times += elapsed()
         added = extend_seeds(self, cells, runs, step_times)
         cells = apply_time_model(cells, step_times)
         # The auto cells after the fixed grid (their time model reads its step times)
         auto_cells = [run_auto_cell(self, optimizer)
                       for optimizer in (self.config.optimizers if self.config.adaptive else ())]
-        start, setup_before = time.perf_counter(), self.time_spent.setup
+        elapsed = self.time_spent.clock()
         noise = self.run_noise(cells)
-        self.time_spent.noise += self.time_spent.seconds_since(start, setup_before)
+        self.time_spent.noise += elapsed()
         return self._study(cells, runs, step_times, noise, added, auto_cells)
 
     def _run_on_ray(self) -> StudyRecord:
@@ -362,9 +362,9 @@ class StudyRunner:
         if stored is not None:
             return stored
         self.on_event(StudyEvent("start", plan=plan))
-        start, setup_before = time.perf_counter(), self.time_spent.setup
+        elapsed = self.time_spent.clock()
         history = self.execute(plan)
-        self.time_spent.add([history], self.time_spent.seconds_since(start, setup_before))
+        self.time_spent.add([history], elapsed())
         return self.store_run(plan, history)
 
     def store_run(self, plan: RunPlan, history: History) -> StoredRun:

@@ -81,12 +81,12 @@ def frontier_run(runner: MeasureRunner, cell: Cell, seed: int) -> JsonObject:
         train_config = runner.train_config(plan, target=False)
         runs = runner.native_runs()
         reporter = BestCheckpoint(runs.trainer(train_config), metric)
-        start, setup_before = time.perf_counter(), runner.time_spent.setup
+        elapsed = runner.time_spent.clock()
         history = runs.train(train_config, runner.initial_values(seed), reporter=reporter)
         # the test evaluations at each new best are evaluation, not training
         history.timing["train_time"] = (history.timing.get("train_time") or 0.0) - reporter.seconds
         history.timing["eval_time"] = (history.timing.get("eval_time") or 0.0) + reporter.seconds
-        runner.time_spent.add([history], runner.time_spent.seconds_since(start, setup_before))
+        runner.time_spent.add([history], elapsed())
         runner.time_spent.frontier_runs += 1
         return {"seed": seed, "epochs": config.frontier_epochs, "steps_run": history.steps_run,
                 "wall_time": history.timing.get("wall_time"),

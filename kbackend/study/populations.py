@@ -7,7 +7,6 @@ that stops members whose rate can no longer win.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -116,10 +115,9 @@ class Populations:
             configs = [runner.train_config(plans[i]) for i in missing]
             values = [runner.initial_values(plans[i].seed) for i in missing]
             censor = self.pruner(plans, missing, records) if runner.config.prune else None
-            start, setup_before = time.perf_counter(), runner.time_spent.setup
+            elapsed = runner.time_spent.clock()
             histories = runner.native_runs().train_population(configs, values, censor)
-            runner.time_spent.add(histories,
-                                  runner.time_spent.seconds_since(start, setup_before))
+            runner.time_spent.add(histories, elapsed())
             for index, history in zip(missing, histories, strict=True):
                 plan = plans[index]
                 censored_at = history.record.censored_at

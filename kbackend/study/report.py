@@ -20,13 +20,13 @@ from kbackend.study.plots import PLOTS, write_plots
 from kbackend.study.report_sections import (
     caveats_section,
     conclusions,
-    format_value,
     frontier_section,
     sources_section,
     table_rows,
     tested_metric,
 )
 from kbackend.study.study_record import StudyRecord
+from kbackend.study.verdicts import format_value
 from kbackend.task import metric_direction
 
 CONSOLE_WIDTH = 100

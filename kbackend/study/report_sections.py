@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 from kbackend.hardware.knee import DEFAULT_MIN_GAIN
 from kbackend.reports import markdown_rows
@@ -15,14 +14,13 @@ from kbackend.study.cell_verdicts import RegionVerdict
 from kbackend.study.device_profile import conclusion_lines as profile_conclusions
 from kbackend.study.plots import pareto_cells
 from kbackend.study.study_record import Cell, NoisePoint, StudyRecord
-from kbackend.study.verdicts import VERDICT_CONFIDENCE, VerdictSettings, outcome_text
+from kbackend.study.verdicts import (
+    VERDICT_CONFIDENCE,
+    VerdictSettings,
+    format_value,
+    outcome_text,
+)
 from kbackend.task import metric_direction
-
-
-def format_value(value: Any, spec: str = ".3g", missing: str = "-") -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return missing
-    return format(value, spec)
 
 
 def _interval(cell: Cell, name: str, spec: str) -> str:

@@ -180,11 +180,10 @@ class Crossover:
 def crossover(cells: list[Cell], challenger: str, incumbent: str) -> Crossover | None:
     """The smallest batch size from which ``challenger`` reaches the target in less training time
     than ``incumbent`` at that and every larger studied batch size (None if both are absent)."""
-    grouped = by_optimizer(cells)
-    if challenger not in grouped or incumbent not in grouped:
+    a = {c.size: c for c in cells if c.optimizer == challenger}
+    b = {c.size: c for c in cells if c.optimizer == incumbent}
+    if not a or not b:
         return None
-    a = {c.size: c for c in grouped[challenger]}
-    b = {c.size: c for c in grouped[incumbent]}
     sizes = sorted(s for s in set(a) & set(b)
                    if math.isfinite(a[s].seconds) or math.isfinite(b[s].seconds))
     wins = [a[s].seconds < b[s].seconds for s in sizes]

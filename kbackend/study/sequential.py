@@ -19,7 +19,6 @@ so a re-run reuses them. The frontier runs (``frontier``) follow the seeds each 
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from typing import Any
 
@@ -136,8 +135,7 @@ def extend_seeds(runner: CellRunner, cells: list[Cell], runs: list[StoredRun],
     schedule = seed_schedule(config.seeds, settings.max_seeds)
     frontier = why_no_frontier(config) is None
     budget = seed_budget_seconds(config, runs) if len(schedule) > 1 or frontier else 0.0
-    start = time.perf_counter()
-    setup_before = runner.time_spent.setup
+    elapsed = runner.time_spent.clock()
     seeds = _SeedRounds(runner, cells, runs, budget)
     rounds: list[SeedRound] = []
     stopped = "max_seeds reached" if len(schedule) == 1 else "no open verdict could still resolve"
@@ -158,7 +156,7 @@ def extend_seeds(runner: CellRunner, cells: list[Cell], runs: list[StoredRun],
         if len(schedule) > 1:
             stopped = "max_seeds reached"
     frontier_seconds = _frontiers(runner, cells) if frontier else 0.0
-    seconds = runner.time_spent.seconds_since(start, setup_before)
+    seconds = elapsed()
     runner.time_spent.added_seeds += seconds
     return AddedSeeds(tuple(schedule), settings.max_seeds, tuple(rounds), seconds, seeds.spent,
                       frontier_seconds, budget or None, stopped,

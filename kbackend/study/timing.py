@@ -1,7 +1,7 @@
 """Where a study's time goes, and the time model's arithmetic.
 
-- ``TimeSpent``: this process's study time by phase; ``seconds_since`` is the one clock of a
-  phase (wall seconds less the set-up built meanwhile, which is counted as set-up).
+- ``TimeSpent``: this process's study time by phase; ``clock`` is the one clock of a phase
+  (wall seconds less the set-up built meanwhile, which is counted as set-up).
 - ``apply_time_model``: each cell's time to target from its steps and its measured seconds per
   step (``step_times.StepTimeModel`` measures them).
 """
@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from kbackend.history import History
@@ -76,10 +77,11 @@ class TimeSpent:
         self.startup += max(startup_seconds(h)[0] for h in histories)
         self.evaluation += max(h.timing.get("eval_time") or 0.0 for h in histories)
 
-    def seconds_since(self, start: float, setup_before: float) -> float:
-        """Wall seconds since ``start`` (a ``time.perf_counter()``) less the set-up built
-        meanwhile (``setup_before``: ``self.setup`` at ``start``), which counts as set-up."""
-        return time.perf_counter() - start - (self.setup - setup_before)
+    def clock(self) -> Callable[[], float]:
+        """A phase's clock started now: called, its wall seconds so far less the set-up built
+        meanwhile (which counts as set-up)."""
+        start, setup_before = time.perf_counter(), self.setup
+        return lambda: time.perf_counter() - start - (self.setup - setup_before)
 
     @property
     def steady_training(self) -> float:

@@ -55,7 +55,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -289,8 +289,19 @@ def decide(low: float, high: float, margin: float, a_is_better_below: bool) -> s
     return "not_resolved"
 
 
+class Resolvable:
+    """A finding with a three-way ``outcome`` (one of ``OUTCOMES``)."""
+
+    outcome: str
+
+    @property
+    def resolved(self) -> bool:
+        """Whether it is answered: A better, B better or equivalent."""
+        return self.outcome != "not_resolved"
+
+
 @dataclass(frozen=True)
-class Verdict:
+class Verdict(Resolvable):
     """One three-way verdict on paired seeds: the interval [``low``, ``high``] around
     ``estimate`` of the ratio A/B (``kind`` "ratio": times, steps) or the difference A - B
     ("difference": accuracies) over ``seeds`` paired seeds at ``level``, and its ``outcome``
@@ -315,11 +326,6 @@ class Verdict:
     source: str | None = None
     metric: str | None = None
     look: int | None = None
-
-    @property
-    def resolved(self) -> bool:
-        """Whether the verdict is answered: A better, B better or equivalent."""
-        return self.outcome != "not_resolved"
 
     def between(self, *cells: tuple[str, int | str]) -> Verdict:
         """This verdict naming the cells it compares."""
@@ -493,13 +499,20 @@ def rounding_sd(cells: Sequence[Cell]) -> float:
                          if c.steps_to_target and c.eval_every))
 
 
-def span_text(verdict: Verdict, spec: str = ".3g") -> str:
+def format_value(value: Any, spec: str = ".3g", missing: str = "-") -> str:
+    """``value`` formatted by ``spec``; ``missing`` for None or a float that is not finite."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return missing
+    return format(value, spec)
+
+
+def span_text(verdict: Verdict) -> str:
     """The verdict's estimate and interval, e.g. ``0.62x [0.48, 0.80]`` or ``+0.8 pt [...]``."""
     if math.isnan(verdict.estimate):
         return "no paired seeds"
 
     def end(value: float) -> str:
-        return "inf" if math.isinf(value) else format(value, spec)
+        return "inf" if math.isinf(value) else format(value, ".3g")
 
     if verdict.kind == "ratio":
         return f"{end(verdict.estimate)}x [{end(verdict.low)}, {end(verdict.high)}]"

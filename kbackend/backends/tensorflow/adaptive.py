@@ -341,7 +341,6 @@ class AdaptiveTrainer(MeasuredCalls, NativeTrainer):
         """A call's losses on the host (its first ``length``: a longer call's program may have
         run it); its noise norms kept for ``take_noise_norms``."""
         batch, length, (losses, micro, big) = handle
-        micro, big = np.asarray(micro, np.float64), np.asarray(big, np.float64)
         if self.measure_every <= 1:  # one row per step
             micro, big = micro[:length], big[:length]
         self._keep_norms(batch, micro, big)

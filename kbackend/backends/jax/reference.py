@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from kbackend.backends.jax.step import scan_steps
 from kbackend.backends.reference_parts import (
     BN_EPSILON,
     BN_MOMENTUM,
@@ -131,8 +132,6 @@ def _conv1d_call(transform: Any, unroll: bool) -> Callable[..., Any]:
     optimizer state; donated), in a ``lax.scan`` or, with ``unroll``, written out."""
     import jax  # deferred: importing JAX is heavy
     import optax  # deferred with JAX
-
-    from kbackend.backends.jax.step import scan_steps  # deferred with JAX
 
     def step(carry, batch):
         trainable, stats, opt_state = carry

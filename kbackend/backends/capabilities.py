@@ -33,28 +33,19 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def cpu_accelerates(policy: str) -> bool:
-    """Whether this CPU has instructions that make ``policy`` faster than float32."""
-    return any(flag in cpu_flags() for flag in _CPU_FLAGS.get(policy, ()))
-
-
-def gpu_accelerates(policy: str, capability: Any) -> bool:
-    """Whether an NVIDIA GPU of compute ``capability`` (``"8.0"`` or ``(8, 0)``) has tensor cores
-    for ``policy``."""
-    if capability is None or policy not in _GPU_CAPABILITY:
-        return False
-    if isinstance(capability, str):
-        capability = tuple(int(p) for p in capability.split(".")[:2])
-    return tuple(capability) >= _GPU_CAPABILITY[policy]
-
-
 def precision_accelerated(policy: str, platform: str, capability: Any = None) -> bool:
-    """Whether a device of ``platform`` (cpu, gpu, tpu) computes ``policy`` faster than float32."""
+    """Whether a device of ``platform`` (cpu, gpu, tpu) computes ``policy`` faster than float32
+    (a GPU: an NVIDIA one of compute ``capability``, ``"8.0"`` or ``(8, 0)``, with tensor cores
+    for it; a CPU: one with instructions for it)."""
     if platform == "gpu":
-        return gpu_accelerates(policy, capability)
+        if capability is None or policy not in _GPU_CAPABILITY:
+            return False
+        if isinstance(capability, str):
+            capability = tuple(int(p) for p in capability.split(".")[:2])
+        return tuple(capability) >= _GPU_CAPABILITY[policy]
     if platform == "tpu":
         return policy == "mixed_bfloat16"
-    return platform == "cpu" and cpu_accelerates(policy)
+    return platform == "cpu" and any(flag in cpu_flags() for flag in _CPU_FLAGS.get(policy, ()))
 
 
 # Most steps written out in one unrolled call (see ``unrolls_its_loop``): the compiled program

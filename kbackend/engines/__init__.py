@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kbackend import distributed
 from kbackend.config import TrainConfig, check_run
 from kbackend.engine_facts import FACTS, EngineFacts, engine_facts
 from kbackend.engines import data_parallel, keras_data_parallel, keras_fit, native
@@ -29,7 +30,10 @@ class Engine:
     facts: EngineFacts
 
     def __call__(self, *args: Any, **kwargs: Any) -> History:
-        """Train: ``train(model, dataset, plan, config, reporter)``."""
+        """Train: ``train(model, dataset, plan, config, reporter)``; a data-parallel engine's
+        under ``distributed.run_guarded`` (a lost peer ends a multi-process job clearly)."""
+        if self.facts.parallel:
+            return distributed.run_guarded(self.train, *args, **kwargs)
         return self.train(*args, **kwargs)
 
     def plan(self, config: TrainConfig, n_train: int, devices: int = 1, *,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from kbackend import distributed
 from kbackend.backends import impl
 from kbackend.config import TrainConfig
 from kbackend.engines import loop
@@ -22,11 +21,6 @@ from kbackend.history import History
 def train(model: Any, dataset: Any, plan: TrainPlan, config: TrainConfig,
           reporter: Any = None) -> History:
     """Train ``model`` data parallel over ``plan.devices`` devices; return the history."""
-    return distributed.run_guarded(_train, model, dataset, plan, config, reporter)
-
-
-def _train(model: Any, dataset: Any, plan: TrainPlan, config: TrainConfig,
-           reporter: Any = None) -> History:
     if plan.fused_steps == 0:
         # The probe measures one device, and each process would pick its own K: the processes'
         # compiled programs (and their collectives) must match.

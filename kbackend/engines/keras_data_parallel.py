@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from kbackend import distributed
 from kbackend.backend_choice import keras as import_keras
 from kbackend.backends import impl
 from kbackend.config import TrainConfig
@@ -34,11 +33,6 @@ def whole_batches(dataset: Any, batch_size: int) -> Any:
 def train(model: Any, dataset: Any, plan: TrainPlan, config: TrainConfig,
           reporter: Any = None) -> History:
     """Train ``model`` with ``fit`` data parallel over ``plan.devices`` devices."""
-    return distributed.run_guarded(_train, model, dataset, plan, config, reporter)
-
-
-def _train(model: Any, dataset: Any, plan: TrainPlan, config: TrainConfig,
-           reporter: Any = None) -> History:
     keras = import_keras()
     backend = impl()
     count = plan.devices

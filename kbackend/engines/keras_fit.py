@@ -14,6 +14,7 @@ from typing import Any
 from kbackend.backend_choice import keras as import_keras
 from kbackend.backends import impl
 from kbackend.config import TrainConfig
+from kbackend.data.batching import call_lengths
 from kbackend.engines.plan import TrainPlan
 from kbackend.hardware.inputs import monitored_batches
 from kbackend.hardware.monitor import StepMonitor, keras_callback
@@ -177,9 +178,7 @@ def train(model: Any, dataset: Any, plan: TrainPlan, config: TrainConfig,
     of each epoch partial) and return the history in kbackend's format."""
     keras = import_keras()
     batch = plan.batch_size
-    batch_sizes = [batch] * (plan.n_train // batch)
-    if plan.n_train % batch:
-        batch_sizes.append(plan.n_train % batch)
+    batch_sizes = call_lengths(plan.n_train, batch)  # the last batch of an epoch partial
     compile_model(model, plan.optimizer, config)
     history = History()
     # fit stops at max_steps (its epochs cannot): the plan's budget

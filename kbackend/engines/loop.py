@@ -276,13 +276,6 @@ class _Loop:
             self.active.discard(m)
 
     # -- the loop ------------------------------------------------------------------------------
-    def crosses_evaluation(self, step_before: int) -> bool:
-        """Whether the call from ``step_before`` reached an evaluation point (a multiple of
-        ``eval_every`` steps since the current plan took over) or the end of the budget."""
-        every, origin = self.plan.eval_every, self.plan_start
-        return ((self.step - origin) // every > (step_before - origin) // every
-                or self.step >= self.plan.total_steps)
-
     def regrow(self) -> tuple[Any, list[int]] | None:
         """At an evaluation point: the policy's new plan, if any, from the next call on; the
         rest of the epoch's rows (on the device; None if none are left) and their call
@@ -314,7 +307,7 @@ class _Loop:
                 start += length
                 if self.halted:
                     break
-                if self.crosses_evaluation(step_before):
+                if self.plan.crosses_evaluation(step_before, self.step, self.plan_start):
                     self.evaluate()
                     grown = self.regrow()
                     if grown is not None:

@@ -89,8 +89,10 @@ class TrainPlan:
         """One epoch's fused calls: K steps each, the last shorter when K does not divide."""
         return batching.call_lengths(self.steps_per_epoch, self.fused_steps)
 
-    def crosses_evaluation(self, step_before: int, step: int) -> bool:
+    def crosses_evaluation(self, step_before: int, step: int, origin: int = 0) -> bool:
         """Whether a call from ``step_before`` to ``step`` reaches an evaluation point (a
-        multiple of ``eval_every``) or the end of the budget."""
-        return (step // self.eval_every > step_before // self.eval_every
+        multiple of ``eval_every`` steps after ``origin``, where this plan took over) or the
+        end of the budget."""
+        every = self.eval_every
+        return ((step - origin) // every > (step_before - origin) // every
                 or step >= self.total_steps)

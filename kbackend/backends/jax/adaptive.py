@@ -20,7 +20,6 @@ the squared norm of their mean, the two inputs of ``kbackend.adaptive.NoiseScale
 from __future__ import annotations
 
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -30,6 +29,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from kbackend.adaptive import DEFAULT_MEASURE_EVERY, micro_batches_for
+from kbackend.backends import kept_while_alive
 from kbackend.backends.compile_ahead import MeasuredCalls, SizedCalls
 from kbackend.backends.jax.data_parallel import DataParallelTrainer
 from kbackend.backends.jax.native import NativeTrainer, make_evaluator
@@ -98,8 +98,8 @@ def micro_batched_value_and_grad(model: Any, micro_batches: int,
     return value_and_grad
 
 
-# model -> {(micro-batches, task) -> jitted micro-batched gradient}; dies with its model.
-_FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# (model, micro-batches, task) -> jitted micro-batched gradient; dies with its model.
+_FUNCTIONS: dict[tuple[int, int, Task], Any] = {}
 
 
 def micro_batched_gradients(model: Any, x: Any, y: Any, micro_batches: int = 0, *,
@@ -110,13 +110,11 @@ def micro_batched_gradients(model: Any, x: Any, y: Any, micro_batches: int = 0, 
     at the model's current values, which are not changed. ``grads`` is the mean of the
     micro-batch gradients in ``model.trainable_variables`` order, as NumPy arrays."""
     count = micro_batches or micro_batches_for(len(y))
-    functions = _FUNCTIONS.setdefault(model, {})
-    if (count, task) not in functions:
-        functions[count, task] = jax.jit(micro_batched_value_and_grad(model, count, task))
+    function = kept_while_alive(_FUNCTIONS, (id(model), count, task), (model,),
+                                lambda: jax.jit(micro_batched_value_and_grad(model, count, task)))
     trainable = [v.value for v in model.trainable_variables]
     non_trainable = [v.value for v in model.non_trainable_variables]
-    (loss, _), grads, norms = functions[count, task](trainable, non_trainable,
-                                                     jnp.asarray(x), jnp.asarray(y))
+    (loss, _), grads, norms = function(trainable, non_trainable, jnp.asarray(x), jnp.asarray(y))
     return (float(loss), [np.asarray(g) for g in grads], np.asarray(norms.micro, np.float64),
             float(norms.batch))
 

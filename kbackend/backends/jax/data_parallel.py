@@ -47,17 +47,15 @@ class DataParallelTrainer:
 
     def __init__(self, model: Any, spec: Any, dataset: Any, *, devices: int, batch_size: int,
                  dp_impl: str, task: Task = CLASSIFICATION) -> None:
-        count = devices
         if dp_impl == "pmap" and jax.process_count() > 1:
             raise ConfigError("--dp-impl pmap runs in one process; use --dp-impl shard_map for "
                               "multi-process jobs.")
-        self.model, self.pmap, self.count = model, dp_impl == "pmap", count
-        self.mesh = make_mesh(jax.devices()[:count])
+        self.model, self.pmap, self.count = model, dp_impl == "pmap", devices
+        self.mesh = make_mesh(jax.devices()[:devices])
         tx = to_optax(spec)
         self.unroll = unrolls_its_loop(model)
         self.step = self._make_step(model, tx, dp_impl, task)
-        start = initial_state(model, tx, spec)
-        self.state = self._place_state(start)
+        self.state = self._place_state(initial_state(model, tx, spec))
         self.batch_size = batch_size  # global; each epoch's rows may have another (put_epoch)
         self.x_train, self.y_train = dataset.x_train, dataset.y_train
         self._evaluate = make_evaluator(model, dataset, task=task)

@@ -3,36 +3,34 @@
 from __future__ import annotations
 
 import functools
-import weakref
 from typing import Any
 
 import jax
 import numpy as np
 
-# model -> {training flag -> jitted value-and-grad}; entries live and die with their model.
-_GRADIENT_FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+from kbackend.backends import kept_while_alive
+
+# (model, training flag, task) -> jitted value-and-grad; entries live and die with their model.
+_GRADIENT_FUNCTIONS: dict[tuple[int, bool, Any], Any] = {}
 
 
 def _gradient_function(model: Any, training: bool, task: Any = None) -> Any:
-    functions = _GRADIENT_FUNCTIONS.setdefault(model, {})
-    key = (training, None if training else task)
-    if key not in functions:
+    def build() -> Any:
         if training:
             loss_fn = functools.partial(model.compute_loss_and_updates, training=True)
-            functions[key] = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))
-        else:
-            import keras  # deferred: Keras is imported once the backend is chosen
+            return jax.jit(jax.value_and_grad(loss_fn, has_aux=True))
+        import keras  # deferred: Keras is imported once the backend is chosen
 
-            def mean_loss(trainable, non_trainable, inputs, labels):
-                outputs, _ = model.stateless_call(trainable, non_trainable, inputs,
-                                                  training=False)
-                if task is not None:  # the task's loss (a multi-output task's weighted sum)
-                    return jax.numpy.mean(task.per_sample_loss(labels, outputs))
-                return jax.numpy.mean(
-                    keras.losses.sparse_categorical_crossentropy(labels, outputs))
+        def mean_loss(trainable, non_trainable, inputs, labels):
+            outputs, _ = model.stateless_call(trainable, non_trainable, inputs, training=False)
+            if task is not None:  # the task's loss (a multi-output task's weighted sum)
+                return jax.numpy.mean(task.per_sample_loss(labels, outputs))
+            return jax.numpy.mean(keras.losses.sparse_categorical_crossentropy(labels, outputs))
 
-            functions[key] = jax.jit(jax.value_and_grad(mean_loss))
-    return functions[key]
+        return jax.jit(jax.value_and_grad(mean_loss))
+
+    key = (id(model), training, None if training else task)
+    return kept_while_alive(_GRADIENT_FUNCTIONS, key, (model,), build)
 
 
 def gradients(model: Any, x: Any, y: Any, *, training: bool = True,

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from kbackend.backends.jax.step import scan_steps
 from kbackend.backends.reference_parts import (
     BN_EPSILON,
     BN_MOMENTUM,
@@ -130,7 +131,6 @@ def _conv1d_call(transform: Any, unroll: bool) -> Callable[..., Any]:
     ``len(xs)`` SGD steps (``transform``) from ``carry`` (trainable values, moving statistics,
     optimizer state; donated), in a ``lax.scan`` or, with ``unroll``, written out."""
     import jax  # deferred: importing JAX is heavy
-    import jax.numpy as jnp
     import optax  # deferred with JAX
 
     def step(carry, batch):
@@ -141,13 +141,7 @@ def _conv1d_call(transform: Any, unroll: bool) -> Callable[..., Any]:
         return (optax.apply_updates(trainable, updates), stats, opt_state), loss
 
     def steps(carry, xs, ys):
-        if not unroll:
-            return jax.lax.scan(step, carry, (xs, ys))
-        losses = []
-        for i in range(xs.shape[0]):  # written out: no while loop in the program
-            carry, loss = step(carry, (xs[i], ys[i]))
-            losses.append(loss)
-        return carry, jnp.stack(losses)
+        return scan_steps(step, carry, (xs, ys), unroll)
 
     return jax.jit(steps, donate_argnums=0)
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import threading
 import time
-import weakref
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from kbackend.adaptive import DEFAULT_MEASURE_EVERY, micro_batches_for
+from kbackend.backends import kept_while_alive
 from kbackend.backends.compile_ahead import MeasuredCalls, SizedCalls
 from kbackend.backends.tensorflow.data_parallel import DataParallelTrainer
 from kbackend.backends.tensorflow.native import NativeTrainer
@@ -92,8 +92,8 @@ def make_adaptive_train_step(model: Any, optimizer: Any, micro_batches: int,
     return train_step
 
 
-# model -> {(micro-batches, task) -> XLA-compiled micro-batched gradient}; dies with its model.
-_FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# (model, micro-batches, task) -> XLA-compiled micro-batched gradient; dies with its model.
+_FUNCTIONS: dict[tuple[int, int, Task], Any] = {}
 
 
 def micro_batched_gradients(model: Any, x: Any, y: Any, micro_batches: int = 0, *,
@@ -105,11 +105,11 @@ def micro_batched_gradients(model: Any, x: Any, y: Any, micro_batches: int = 0, 
     ``model.trainable_variables`` order, as NumPy arrays. The model's weights are not changed
     (BatchNormalization's moving statistics are, as in a train step)."""
     count = micro_batches or micro_batches_for(len(y))
-    functions = _FUNCTIONS.setdefault(model, {})
-    if (count, task) not in functions:
-        functions[count, task] = jit_function(micro_batched_value_and_grad(model, count, task))
-    loss, grads, micro_norms, batch_norm = functions[count, task](
-        tf.convert_to_tensor(x), tf.convert_to_tensor(y))
+    function = kept_while_alive(
+        _FUNCTIONS, (id(model), count, task), (model,),
+        lambda: jit_function(micro_batched_value_and_grad(model, count, task)))
+    loss, grads, micro_norms, batch_norm = function(tf.convert_to_tensor(x),
+                                                    tf.convert_to_tensor(y))
     return (float(loss), [np.asarray(g) for g in grads], np.asarray(micro_norms, np.float64),
             float(batch_norm))
 
@@ -341,7 +341,6 @@ class AdaptiveTrainer(MeasuredCalls, NativeTrainer):
         """A call's losses on the host (its first ``length``: a longer call's program may have
         run it); its noise norms kept for ``take_noise_norms``."""
         batch, length, (losses, micro, big) = handle
-        micro, big = np.asarray(micro, np.float64), np.asarray(big, np.float64)
         if self.measure_every <= 1:  # one row per step
             micro, big = micro[:length], big[:length]
         self._keep_norms(batch, micro, big)

@@ -46,13 +46,6 @@ from kbackend.history import RunRecord
 from kbackend.task import CLASSIFICATION, Task
 
 
-def _has_batch_norm(model: Any) -> bool:
-    import keras  # deferred: Keras is imported once the backend is chosen
-
-    return any(isinstance(layer, keras.layers.BatchNormalization)
-               for layer in model._flatten_layers(include_self=False))
-
-
 def local_strategy(count: int) -> Any:
     """``MirroredStrategy`` over this process's first ``count`` compute devices."""
     return tf.distribute.MirroredStrategy(
@@ -83,7 +76,8 @@ class DataParallelTrainer:
             self.replica_model.set_weights(model.get_weights())
             self.optimizer = spec.to_keras()
             self.optimizer.build(self.replica_model.trainable_variables)
-        self.xla = not _has_batch_norm(model)
+        self.xla = not any(isinstance(layer, keras.layers.BatchNormalization)
+                           for layer in model._flatten_layers(include_self=False))
         # The K steps stay a TF loop around the replica's XLA pass: no XLA while loop to avoid
         # (measured: the Fashion-MNIST CNN on 2 devices trains as fast at K = 4 as at K = 1).
         self.unroll = False

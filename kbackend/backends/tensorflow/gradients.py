@@ -3,19 +3,19 @@ cross-entropy)."""
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-# model -> {task -> jitted inference-mode gradient}; entries live and die with their model.
-_INFERENCE_GRADIENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+from kbackend.backends import kept_while_alive
+
+# (model, task) -> jitted inference-mode gradient; entries live and die with their model.
+_INFERENCE_GRADIENTS: dict[tuple[int, Any], Any] = {}
 
 
 def _inference_gradient(model: Any, task: Any = None) -> Any:
-    functions = _INFERENCE_GRADIENTS.setdefault(model, {})
-    if task not in functions:
+    def build() -> Any:
         import keras  # deferred: Keras is imported once the backend is chosen
 
         @tf.function(jit_compile=True)
@@ -29,8 +29,9 @@ def _inference_gradient(model: Any, task: Any = None) -> Any:
                 loss = tf.reduce_mean(losses)
             return loss, tape.gradient(loss, model.trainable_variables)
 
-        functions[task] = value_and_gradient
-    return functions[task]
+        return value_and_gradient
+
+    return kept_while_alive(_INFERENCE_GRADIENTS, (id(model), task), (model,), build)
 
 
 def gradients(model: Any, x: Any, y: Any, *, training: bool = True,

@@ -550,11 +550,10 @@ def check_classes(task: Task, y: np.ndarray, name: str) -> None:
 
 
 def _held_out(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    count = max(1, round(n * fraction))
-    if count >= n:
+    """(kept rows, held-out test rows): ``data.validation_indices``'s draw."""
+    if max(1, round(n * fraction)) >= n:
         raise DataError(f"Too little data to hold out a split: {n} samples.")
-    order = np.random.default_rng(seed).permutation(n)
-    return np.sort(order[count:]), np.sort(order[:count])
+    return data_module.validation_indices(n, fraction, seed)
 
 
 def dataset_of(name: str, kind: str, splits: dict[str, tuple[np.ndarray, np.ndarray]],

@@ -29,7 +29,6 @@ import time
 import zipfile
 import zlib
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -328,15 +327,10 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
-def _path_errors(path: str | os.PathLike, flag: str) -> AbstractContextManager[None]:
-    """A path the system cannot even look at (a name too long, a NUL byte) as a ``ConfigError``."""
-    return path_errors(path, f"{flag} path")
-
-
 def check_output_folder(path: str | os.PathLike, flag: str) -> Path:
     """``path`` if it is (or can become) a writable folder, else a one-line ``ConfigError``;
     stale temp files in it are removed (as ``check_output_path`` does)."""
-    with _path_errors(path, flag):
+    with path_errors(path, f"{flag} path"):
         target = Path(path)
         existing = _nearest_existing(target)
         if not existing.is_dir():
@@ -373,12 +367,12 @@ def check_distinct_paths(outputs: dict[str, Any], inputs: dict[str, Any] | None 
             text = str(value)
             if ":" in text and not Path(text).exists():
                 text = text.rsplit(":", 1)[0]
-            with _path_errors(text, flag):
+            with path_errors(text, f"{flag} path"):
                 seen.setdefault(Path(text).resolve(), flag)
     for flag, value in outputs.items():
         if value is None:
             continue
-        with _path_errors(value, flag):
+        with path_errors(value, f"{flag} path"):
             resolved = Path(value).resolve()
         if resolved in seen:
             raise ConfigError(f"Invalid {flag} path {str(value)!r}: it is also {seen[resolved]}; "
@@ -394,7 +388,7 @@ def check_output_path(path: str | os.PathLike, flag: str, suffix: str | None = N
     Temp files a killed earlier run left in the folder are removed (``io.remove_stale_temp_files``:
     only those whose process is gone), so they disappear at the next start, not at the next write.
     """
-    with _path_errors(path, flag):
+    with path_errors(path, f"{flag} path"):
         target = Path(path)
         shown = str(path)
         if suffix is not None and target.suffix != suffix:

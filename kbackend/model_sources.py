@@ -93,7 +93,8 @@ class ModelError(ConfigError):
     train or serve."""
 
 
-def _shape(shape: tuple[int | None, ...]) -> str:
+def shape_text(shape: tuple[int | None, ...]) -> str:
+    """A batch of samples of ``shape`` for messages: ``(N, 28, ?)`` (``?``: any size)."""
     return "(N, " + ", ".join("?" if d is None else str(d) for d in shape) + ")"
 
 
@@ -681,12 +682,13 @@ def check_model_matches(model: Any, info: DatasetInfo, name: str = "model") -> N
         _check_named_inputs(model, info.input_shape, name)
         return
     shape = tuple(info.input_shape)
-    data = f"the data ({info.name}) has {_shape(shape)}"
+    shown = shape_text(shape)
+    data = f"the data ({info.name}) has {shown}"
     if isinstance(model, keras.Sequential) and not model.built:
         try:
             model.build((None, *shape))
         except Exception as error:
-            raise ModelError(f"Model {name!r} does not build for inputs of shape {_shape(shape)} "
+            raise ModelError(f"Model {name!r} does not build for inputs of shape {shown} "
                              f"({info.name}): {error_text(error, 200)}") from None
     if is_graph_model(model):
         inputs = len(model.inputs)
@@ -694,8 +696,8 @@ def check_model_matches(model: Any, info: DatasetInfo, name: str = "model") -> N
             raise ModelError(f"Model {name!r} has {inputs} inputs: kbackend trains a model with "
                              "several inputs on data given as a dict keyed by input name.")
         got = tuple(model.inputs[0].shape[1:])
-        if not _takes_shape(got, shape):
-            raise ModelError(f"Model {name!r} takes inputs of shape {_shape(got)}, {data}: "
+        if not takes_shape(got, shape):
+            raise ModelError(f"Model {name!r} takes inputs of shape {shape_text(got)}, {data}: "
                              "expected a model whose input matches the data (a Reshape layer "
                              "adapts one).")
         return
@@ -703,7 +705,7 @@ def check_model_matches(model: Any, info: DatasetInfo, name: str = "model") -> N
     try:
         output = model(keras.KerasTensor((None, *shape)))
     except Exception as error:
-        raise ModelError(f"Model {name!r} does not take inputs of shape {_shape(shape)} "
+        raise ModelError(f"Model {name!r} does not take inputs of shape {shown} "
                          f"({info.name}): {error_text(error, 200)}") from None
     outputs = len(keras.tree.flatten(output))
     if outputs != 1:
@@ -724,12 +726,12 @@ def _check_named_inputs(model: Any, shapes: dict[str, tuple[int, ...]], name: st
         raise ModelError(f"Model {name!r} takes inputs named {sorted(got)}; the data's dict has "
                          f"{sorted(wanted)}: name the keras.Input layers as the data's keys.")
     for key, shape in wanted.items():
-        if not _takes_shape(got[key], shape):
-            raise ModelError(f"Model {name!r} takes input {key!r} of shape {_shape(got[key])}, "
-                             f"the data's {key!r} has {_shape(shape)}.")
+        if not takes_shape(got[key], shape):
+            raise ModelError(f"Model {name!r} takes input {key!r} of shape {shape_text(got[key])}, "
+                             f"the data's {key!r} has {shape_text(shape)}.")
 
 
-def _takes_shape(got: tuple[int | None, ...], shape: tuple[int, ...]) -> bool:
+def takes_shape(got: tuple[int | None, ...], shape: tuple[int | None, ...]) -> bool:
     """Whether a model input of sample shape ``got`` takes data of ``shape`` (an open
     dimension matches any)."""
     return len(got) == len(shape) and all(g is None or g == w

@@ -27,7 +27,7 @@ from kbackend.backend_choice import keras as import_keras
 from kbackend.data import user as user_data
 from kbackend.errors import ConfigError, DataError
 from kbackend.host_front import HostFront
-from kbackend.model_sources import ModelError, ModelSource, parse_model_source
+from kbackend.model_sources import ModelError, ModelSource, parse_model_source, takes_shape
 from kbackend.models import ModelOptions
 from kbackend.task import (
     CLASSIFICATION,
@@ -524,7 +524,7 @@ def check_output_shape(model: Any, task: Task, y: np.ndarray, name: str, index: 
         return
     got = tuple(outputs[index].shape[1:])
     want = (got[-1] if got else None,) if task.sparse_labels else tuple(y.shape[1:])
-    if len(got) == len(want) and all(g is None or g == w for g, w in zip(got, want, strict=True)):
+    if takes_shape(got, want):
         return
     labels = "class indices, one per sample" if task.sparse_labels else \
         f"labels of shape (N, {', '.join(map(str, want))})"
@@ -550,11 +550,10 @@ def check_classes(task: Task, y: np.ndarray, name: str) -> None:
 
 
 def _held_out(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    count = max(1, round(n * fraction))
-    if count >= n:
+    """(kept rows, held-out test rows): ``data.validation_indices``'s draw."""
+    if max(1, round(n * fraction)) >= n:
         raise DataError(f"Too little data to hold out a split: {n} samples.")
-    order = np.random.default_rng(seed).permutation(n)
-    return np.sort(order[count:]), np.sort(order[:count])
+    return data_module.validation_indices(n, fraction, seed)
 
 
 def dataset_of(name: str, kind: str, splits: dict[str, tuple[np.ndarray, np.ndarray]],

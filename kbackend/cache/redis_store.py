@@ -16,7 +16,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 from kbackend.cache.store import CacheError, NamespaceInfo
 
-DEFAULT_PREFIX = "kbackend"
+PREFIX = "kbackend"
+MODELS_KEY = f"{PREFIX}:models"
+SOCKET_TIMEOUT_S = 10.0
+
+
+def _key(kind: str, namespace: str) -> str:
+    return f"{PREFIX}:{kind}:{namespace}"
 
 
 def _redact(url: str) -> str:
@@ -32,8 +38,7 @@ def _redact(url: str) -> str:
 class RedisStore:
     """A ``CacheStore`` in a Redis server, reached through ``url`` (``redis://host:port/db``)."""
 
-    def __init__(self, url: str, *, prefix: str = DEFAULT_PREFIX,
-                 socket_timeout_s: float = 10.0) -> None:
+    def __init__(self, url: str) -> None:
         try:
             import redis  # deferred: an optional extra, needed only for Redis stores
         except ImportError:
@@ -42,23 +47,16 @@ class RedisStore:
                 "(or redis>=5)."
             ) from None
         self.url = url
-        self.prefix = prefix
         self._errors = (redis.RedisError, OSError)
         try:
             self._client = redis.Redis.from_url(
-                url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s
+                url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S
             )
             self._client.ping()
         except self._errors as error:
             raise CacheError(f"Cannot reach the Redis cache at {_redact(url)}: {error}.") from None
         except ValueError as error:
             raise CacheError(f"Invalid Redis URL {_redact(url)!r}: {error}.") from None
-
-    def _pred_key(self, namespace: str) -> str:
-        return f"{self.prefix}:pred:{namespace}"
-
-    def _counter_key(self, namespace: str) -> str:
-        return f"{self.prefix}:counters:{namespace}"
 
     def _call(self, what: str, action: Any) -> Any:
         try:
@@ -71,7 +69,7 @@ class RedisStore:
     def get_many(self, namespace: str, keys: Sequence[bytes]) -> list[bytes | None]:
         if not keys:
             return []
-        key = self._pred_key(namespace)
+        key = _key("pred", namespace)
         return self._call("read", lambda: list(self._client.hmget(key, list(keys))))
 
     def put_many(self, namespace: str, items: Sequence[tuple[bytes, bytes]]) -> int:
@@ -81,14 +79,14 @@ class RedisStore:
         def action() -> int:
             pipe = self._client.pipeline(transaction=True)  # MULTI/EXEC: all or nothing
             for key, value in items:
-                pipe.hsetnx(self._pred_key(namespace), key, value)
+                pipe.hsetnx(_key("pred", namespace), key, value)
             return int(sum(pipe.execute()))
 
         return self._call("write", action)
 
     def register_model(self, namespace: str, description: dict[str, Any]) -> None:
         text = json.dumps(description, sort_keys=True)
-        self._call("write", lambda: self._client.hset(f"{self.prefix}:models", namespace, text))
+        self._call("write", lambda: self._client.hset(MODELS_KEY, namespace, text))
 
     def add_counters(self, namespace: str, hits: int, misses: int) -> None:
         if not hits and not misses:
@@ -96,27 +94,27 @@ class RedisStore:
 
         def action() -> None:
             pipe = self._client.pipeline(transaction=True)
-            pipe.hincrby(self._counter_key(namespace), "hits", int(hits))
-            pipe.hincrby(self._counter_key(namespace), "misses", int(misses))
+            pipe.hincrby(_key("counters", namespace), "hits", int(hits))
+            pipe.hincrby(_key("counters", namespace), "misses", int(misses))
             pipe.execute()
 
         self._call("write", action)
 
     def _known_namespaces(self) -> set[str]:
-        keys = self._client.hkeys(f"{self.prefix}:models")
+        keys = self._client.hkeys(MODELS_KEY)
         names = {k.decode() if isinstance(k, bytes) else k for k in keys}
-        for pattern in (f"{self.prefix}:pred:*", f"{self.prefix}:counters:*"):
-            for key in self._client.scan_iter(match=pattern, count=1000):
+        for kind in ("pred", "counters"):
+            for key in self._client.scan_iter(match=_key(kind, "*"), count=1000):
                 names.add(key.decode().rsplit(":", 1)[1])
         return names
 
     def namespaces(self) -> list[NamespaceInfo]:
         def action() -> list[NamespaceInfo]:
             result = []
-            descriptions = self._client.hgetall(f"{self.prefix}:models")
+            descriptions = self._client.hgetall(MODELS_KEY)
             for name in sorted(self._known_namespaces()):
-                entries = int(self._client.hlen(self._pred_key(name)))
-                counters = self._client.hgetall(self._counter_key(name))
+                entries = int(self._client.hlen(_key("pred", name)))
+                counters = self._client.hgetall(_key("counters", name))
                 hits, misses = int(counters.get(b"hits", 0)), int(counters.get(b"misses", 0))
                 if entries or hits or misses:
                     description = json.loads(descriptions.get(name.encode(), b"{}"))
@@ -131,8 +129,8 @@ class RedisStore:
             deleted = 0
             for name in names:
                 pipe = self._client.pipeline(transaction=True)
-                pipe.hlen(self._pred_key(name))
-                pipe.delete(self._pred_key(name), self._counter_key(name))
+                pipe.hlen(_key("pred", name))
+                pipe.delete(_key("pred", name), _key("counters", name))
                 deleted += int(pipe.execute()[0])
             return deleted
 

@@ -98,8 +98,7 @@ def check_sqlite_cache(path: str | os.PathLike) -> None:
     """
     with path_errors(path, "--cache path", CacheError):
         path = Path(path)
-    _check_location(path, create=True)
-    with path_errors(path, "--cache path", CacheError):
+        _check_location(path, create=True)
         existing = path.exists() and path.stat().st_size > 0
     if existing:
         SQLiteStore(path, create=False).close()
@@ -320,13 +319,13 @@ class SQLiteStore:
                     deleted = conn.total_changes - before
                     conn.execute("UPDATE models SET hits = 0, misses = 0")
                 else:
-                    row = conn.execute("SELECT id FROM models WHERE fingerprint = ?",
-                                       (namespace,)).fetchone()
-                    if row is None:
+                    model_id = self._model_id(conn, namespace, create=False)
+                    if model_id is None:
                         return 0
-                    conn.execute("DELETE FROM predictions WHERE model_id = ?", (row[0],))
+                    conn.execute("DELETE FROM predictions WHERE model_id = ?", (model_id,))
                     deleted = conn.total_changes - before
-                    conn.execute("UPDATE models SET hits = 0, misses = 0 WHERE id = ?", (row[0],))
+                    conn.execute("UPDATE models SET hits = 0, misses = 0 WHERE id = ?",
+                                 (model_id,))
                 return deleted
 
         return self._run(action)

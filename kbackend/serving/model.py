@@ -23,7 +23,13 @@ from kbackend.backend_choice import keras as import_keras
 from kbackend.data.user import text_array
 from kbackend.errors import DataError
 from kbackend.host_front import HostFront
-from kbackend.model_sources import ModelError, check_model_file, check_servable  # shared
+from kbackend.model_sources import (  # shared
+    ModelError,
+    check_model_file,
+    check_servable,
+    shape_text,
+    takes_shape,
+)
 
 __all__ = ["BatchPredictor", "ModelError", "bucket_size", "check_model_file", "check_servable",
            "input_shape", "model_fingerprint", "output_shape", "takes_strings",
@@ -62,14 +68,9 @@ def output_shape(model: Any) -> tuple[int | None, ...]:
     return tuple(model.outputs[0].shape[1:])
 
 
-def _describe_shape(shape: tuple[int | None, ...]) -> str:
-    return "(N, " + ", ".join("?" if d is None else str(d) for d in shape) + ")"
-
-
 def _has_rows_of(array: np.ndarray, row_shape: tuple[int | None, ...]) -> bool:
     """Whether ``array`` is a batch of rows of ``row_shape`` (a None dimension: any size)."""
-    return array.ndim == len(row_shape) + 1 and all(
-        want is None or got == want for got, want in zip(array.shape[1:], row_shape, strict=False))
+    return array.ndim >= 1 and takes_shape(row_shape, array.shape[1:])
 
 
 def host_front(model: Any) -> HostFront | None:
@@ -96,7 +97,7 @@ def _validate_strings(x: Any, row_shape: tuple[int | None, ...], name: str) -> n
     if array.ndim == 1 and tuple(row_shape) == (1,):
         array = array.reshape(len(array), 1)
     if not _has_rows_of(array, row_shape):
-        raise DataError(f"Invalid {name}: expected strings of shape {_describe_shape(row_shape)}"
+        raise DataError(f"Invalid {name}: expected strings of shape {shape_text(row_shape)}"
                         f", received {array.shape}.")
     if array.shape[0] == 0:
         raise DataError(f"Invalid {name}: expected at least one string, received 0 rows.")
@@ -117,7 +118,7 @@ def validate_inputs(x: Any, row_shape: tuple[int | None, ...], name: str = "inpu
         raise DataError(
             f"Invalid {name}: expected numbers (int or float), received dtype {array.dtype}."
         )
-    expected = _describe_shape(row_shape)
+    expected = shape_text(row_shape)
     if not _has_rows_of(array, row_shape):
         features = f" ({row_shape[0]} features per row)" if len(row_shape) == 1 else ""
         raise DataError(

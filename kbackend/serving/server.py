@@ -29,8 +29,10 @@ from __future__ import annotations
 import errno
 import io
 import ipaddress
+import itertools
 import json
 import math
+import operator
 import queue
 import re
 import socket
@@ -96,32 +98,24 @@ def check_batching_options(max_batch: int, max_wait_ms: float, max_request_rows:
                           f"Received: {max_request_rows!r}.")
 
 
-def _values_per_row(row_shape: tuple[int | None, ...]) -> int | None:
-    """Numbers in one row (None where a dimension is not fixed)."""
-    return None if None in row_shape else math.prod(int(d) for d in row_shape if d is not None)
-
-
-def _lists_per_row(row_shape: tuple[int | None, ...]) -> int | None:
-    """JSON lists one row is written with: itself and every inner list (None if not fixed)."""
-    fixed = [d for d in row_shape if d is not None]
+def _row_counts(row_shape: tuple[int | None, ...]) -> tuple[int, int] | None:
+    """(JSON lists one row is written with: itself and every inner list; numbers in it), or
+    None where a dimension is not fixed."""
+    fixed = [int(d) for d in row_shape if d is not None]
     if len(fixed) < len(row_shape):
         return None
-    lists, width = 1, 1
-    for dimension in fixed[:-1]:
-        width *= int(dimension)
-        lists += width
-    return lists
+    return 1 + sum(itertools.accumulate(fixed[:-1], operator.mul)), math.prod(fixed)
 
 
 def body_limit(row_shape: tuple[int | None, ...], max_request_rows: int,
                max_body_bytes: int = MAX_BODY_BYTES) -> int:
     """The most bytes a request body may have: what ``max_request_rows`` rows of the model's
     input take as JSON (``BYTES_PER_VALUE`` a number), at most ``max_body_bytes``."""
-    values = _values_per_row(row_shape)
-    if values is None:
+    counts = _row_counts(row_shape)
+    if counts is None:
         return max_body_bytes
-    derived = BODY_OVERHEAD_BYTES + max_request_rows * (values * BYTES_PER_VALUE + BYTES_PER_ROW)
-    return min(max_body_bytes, derived)
+    row_bytes = counts[1] * BYTES_PER_VALUE + BYTES_PER_ROW
+    return min(max_body_bytes, BODY_OVERHEAD_BYTES + max_request_rows * row_bytes)
 
 
 def check_port(host: str, port: int) -> int:
@@ -612,14 +606,14 @@ class _Handler(BaseHTTPRequestHandler):
     def _check_counts(self, body: bytes) -> None:
         """A large body's lists and numbers counted (no parsing) against what the row limit
         holds: a body of many tiny rows is refused before it becomes millions of objects."""
-        if len(body) <= PRESCAN_BYTES or self.server.strings:  # commas inside strings
-            return
         rows, shape = self.server.max_request_rows, self.server.row_shape
-        lists, values = _lists_per_row(shape), _values_per_row(shape)
-        counted = {"lists": (body.count(b"["), None if lists is None else 1 + rows * lists),
-                   "numbers": (body.count(b",") + 1, None if values is None else rows * values)}
+        counts = _row_counts(shape)
+        if len(body) <= PRESCAN_BYTES or self.server.strings or counts is None:  # strings: commas
+            return
+        counted = {"lists": (body.count(b"["), 1 + rows * counts[0]),
+                   "numbers": (body.count(b",") + 1, rows * counts[1])}
         for what, (found, most) in counted.items():
-            if most is not None and found > most + COUNT_SLACK:
+            if found > most + COUNT_SLACK:
                 raise _RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                                     f"body holds {found} {what}: more than {rows} rows of shape "
                                     f"{tuple(shape)} can (the limit is {rows} rows per request)")

@@ -5,7 +5,8 @@ checks every split ends with, string labels as class indices, and the ``Splits``
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +70,18 @@ def _check_limit(where: Where, nbytes: int, max_bytes: int, what: str) -> None:
             f"{what} would take {nbytes:,} bytes in memory, more than the {max_bytes:,} allowed "
             "(max_bytes; by default half the available memory). Use a smaller subset, or train "
             "from it in a script with your own input pipeline.")
+
+
+@contextmanager
+def reading(where: Where, what: str, errors: tuple[type[BaseException], ...]) -> Iterator[None]:
+    """``errors`` raised inside as a one-line error, ``what (reason).``; a ``DataError`` (a
+    check's own) passes as it is."""
+    try:
+        yield
+    except DataError:
+        raise
+    except errors as error:
+        raise where.error(f"{what} ({error_text(error)}).") from None
 
 
 # --- the checks every source ends with ---------------------------------------------------

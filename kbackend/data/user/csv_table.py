@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from kbackend.data.user.common import Reader, Splits, Where, _check_limit
-from kbackend.errors import DataError, error_text
+from kbackend.data.user.common import Reader, Splits, Where, _check_limit, reading
+from kbackend.errors import DataError
 
 
 def _csv_dialect(sample: str) -> type[csv.Dialect] | csv.Dialect:
@@ -124,41 +124,39 @@ def _load_csv(where: Where, path: Path, label: str | None, max_bytes: int
               ) -> tuple[np.ndarray, np.ndarray]:
     """Features as float32 (N, F) and the label column, parsed straight into arrays sized from
     the file's line count (checked against ``max_bytes`` before they are made)."""
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as handle:
-            dialect = _csv_dialect(handle.read(64 * 1024))
-            handle.seek(0)
-            reader = csv.reader(handle, dialect)
-            header, label_index, features = _csv_columns(where, reader, label)
-            lines = _count_lines(path)
-            # float32 features, the label as a float64 number and an int32 text id
-            _check_limit(where, lines * (4 * len(features) + 12), max_bytes, "its values")
-            x = np.empty((lines, len(features)), dtype=np.float32)
-            labels = _LabelColumn(lines)
-            rows = 0
-            for row in reader:
-                if not any(cell.strip() for cell in row):
-                    continue  # a blank line
-                line = reader.line_num
-                if len(row) != len(header):
-                    raise where.error(f"line {line} has {len(row)} values but the header has "
-                                      f"{len(header)} columns.")
-                try:
-                    with np.errstate(over="ignore"):  # past float32: inf, refused as non-finite
-                        x[rows] = [float(row[i]) for i in features]
-                except ValueError:
-                    raise _bad_feature(where, header, row, features, line) from None
-                cell = row[label_index].strip()
-                if not cell:
-                    raise where.error(f"missing label in column {label!r} at line {line}.")
-                if not labels.add(rows, cell):
-                    raise where.error(f"label column {label!r} mixes numbers and text (value "
-                                      f"{cell[:40]!r} at line {line}) among more than "
-                                      f"{MAX_LABEL_TEXTS:,} distinct values: use numbers or "
-                                      "class names throughout.")
-                rows += 1
-    except (OSError, UnicodeDecodeError, csv.Error) as error:
-        raise where.error(f"not a readable CSV file ({error_text(error)}).") from None
+    with (reading(where, "not a readable CSV file", (OSError, UnicodeDecodeError, csv.Error)),
+          open(path, newline="", encoding="utf-8-sig") as handle):
+        dialect = _csv_dialect(handle.read(64 * 1024))
+        handle.seek(0)
+        reader = csv.reader(handle, dialect)
+        header, label_index, features = _csv_columns(where, reader, label)
+        lines = _count_lines(path)
+        # float32 features, the label as a float64 number and an int32 text id
+        _check_limit(where, lines * (4 * len(features) + 12), max_bytes, "its values")
+        x = np.empty((lines, len(features)), dtype=np.float32)
+        labels = _LabelColumn(lines)
+        rows = 0
+        for row in reader:
+            if not any(cell.strip() for cell in row):
+                continue  # a blank line
+            line = reader.line_num
+            if len(row) != len(header):
+                raise where.error(f"line {line} has {len(row)} values but the header has "
+                                  f"{len(header)} columns.")
+            try:
+                with np.errstate(over="ignore"):  # past float32: inf, refused as non-finite
+                    x[rows] = [float(row[i]) for i in features]
+            except ValueError:
+                raise _bad_feature(where, header, row, features, line) from None
+            cell = row[label_index].strip()
+            if not cell:
+                raise where.error(f"missing label in column {label!r} at line {line}.")
+            if not labels.add(rows, cell):
+                raise where.error(f"label column {label!r} mixes numbers and text (value "
+                                  f"{cell[:40]!r} at line {line}) among more than "
+                                  f"{MAX_LABEL_TEXTS:,} distinct values: use numbers or "
+                                  "class names throughout.")
+            rows += 1
     if not rows:
         raise where.error("the file has a header but no data rows.")
     return x[:rows], labels.array(rows)

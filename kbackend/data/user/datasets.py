@@ -17,6 +17,7 @@ from kbackend.data.user.common import (
     Where,
     _check_limit,
     _check_split,
+    reading,
 )
 from kbackend.errors import DataError, error_text
 
@@ -183,7 +184,8 @@ def _read_tf_dataset(where: Where, dataset: Any, split: str, max_bytes: int,
         rows = rows if rows is not None else cardinality if cardinality > 0 else None
         dataset = dataset.batch(READ_BATCH)
     batches, total = _Batches(where, split, rows, shuffle_seed), 0
-    try:
+    with reading(where, f"reading the {split} dataset failed",
+                 (tf.errors.OpError, ValueError, TypeError)):
         for x, y in dataset.as_numpy_iterator():
             x, y = np.asarray(x), np.asarray(y)
             if x.ndim == 0 or y.ndim == 0:
@@ -192,10 +194,6 @@ def _read_tf_dataset(where: Where, dataset: Any, split: str, max_bytes: int,
             total += x.nbytes + y.nbytes
             _check_limit(where, total, max_bytes, f"the {split} dataset (or it is infinite)")
             batches.add(x, y)
-    except (tf.errors.OpError, ValueError, TypeError) as error:
-        if isinstance(error, DataError):
-            raise
-        raise where.error(f"reading the {split} dataset failed ({error_text(error)}).") from None
     return batches.arrays()
 
 

@@ -19,9 +19,10 @@ from kbackend.data.user.common import (
     Splits,
     Where,
     _check_limit,
+    reading,
 )
 from kbackend.data.user.datasets import _read_tf_dataset, _tensorflow
-from kbackend.errors import DataError, error_text
+from kbackend.errors import DataError
 
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")  # what Keras's image reader takes
 TEXT_EXTENSIONS = (".txt",)
@@ -239,7 +240,7 @@ def _load_folder(where: Where, folder: Path, *, seed: int, max_bytes: int,
     options = {"labels": "inferred", "label_mode": "int", "batch_size": READ_BATCH,
                "shuffle": False, "verbose": False}
     notes: list[str] = []
-    try:
+    with reading(where, "reading the folder failed", (tf.errors.OpError, ValueError, OSError)):
         if kind == "images":
             datasets = {split: keras.utils.image_dataset_from_directory(
                 path, color_mode=mode, image_size=(height, width), interpolation="bilinear",
@@ -254,10 +255,6 @@ def _load_folder(where: Where, folder: Path, *, seed: int, max_bytes: int,
                          f"{count:,} text files")
             datasets = {split: keras.utils.text_dataset_from_directory(path, **options)
                         for split, path in split_folders.items()}
-    except (tf.errors.OpError, ValueError, OSError) as error:
-        if isinstance(error, DataError):
-            raise
-        raise where.error(f"reading the folder failed ({error_text(error)}).") from None
     class_names = tuple(datasets["train"].class_names)
     for split, dataset in datasets.items():
         if tuple(dataset.class_names) != class_names:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from kbackend.data.sources import READ_ERRORS
-from kbackend.data.user.common import NPZ_PAIRS, Reader, Splits, Where, _check_limit
+from kbackend.data.user.common import NPZ_PAIRS, Reader, Splits, Where, _check_limit, reading
 from kbackend.errors import DataError, error_text
 
 # An .npz member is read in chunks of this many bytes into its preallocated array.
@@ -176,7 +176,7 @@ class NpzFile(Reader):
 
 
 def _load_npz(where: Where, path: Path, max_bytes: int) -> dict[str, tuple]:
-    try:
+    with reading(where, "not a readable .npz archive", READ_ERRORS):
         if not zipfile.is_zipfile(path):
             raise where.error(f"not a .npz archive ({path.stat().st_size:,} bytes that are not "
                               "a zip file): expected arrays saved with numpy.savez.")
@@ -199,7 +199,3 @@ def _load_npz(where: Where, path: Path, max_bytes: int) -> dict[str, tuple]:
                                                  y_key.items()} if isinstance(y_key, dict)
                             else read(y_key, split))
                     for split, x_key, y_key in pairs}
-    except READ_ERRORS as error:
-        if isinstance(error, DataError):
-            raise
-        raise where.error(f"not a readable .npz archive ({error_text(error)}).") from None

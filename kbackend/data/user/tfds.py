@@ -8,10 +8,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from kbackend.data.user.common import READ_BATCH, SPLIT_NAMES, Reader, Splits, Where
+from kbackend.data.user.common import READ_BATCH, SPLIT_NAMES, Reader, Splits, Where, reading
 from kbackend.data.user.datasets import _read_tf_dataset, _tensorflow
 from kbackend.data.user.folder import _class_folders
-from kbackend.errors import DataError, error_text, path_errors
+from kbackend.errors import DataError, path_errors
 
 TFDS_PREFIX = "tfds:"
 TFDS_DATA_DIR_ENV = "TFDS_DATA_DIR"
@@ -91,7 +91,8 @@ def _load_tfds(where: Where, spec: str, max_bytes: int) -> tuple[dict, tuple | N
                           "pip install tensorflow-datasets (or kbackend[tfds]).") from None
     folder = _tfds_folder(where, name, config)
     tf = _tensorflow()
-    try:
+    with reading(where, f"reading the TFDS dataset in {str(folder)!r} failed",
+                 (tf.errors.OpError, ValueError, OSError, KeyError)):
         builder = tfds.builder_from_directory(str(folder))
         info = builder.info
         keys = info.supervised_keys
@@ -118,9 +119,4 @@ def _load_tfds(where: Where, spec: str, max_bytes: int) -> tuple[dict, tuple | N
         splits = {split: _read_tf_dataset(where, dataset.batch(READ_BATCH) if text else dataset,
                                           split, max_bytes, batched=text)
                   for split, dataset in datasets.items()}
-    except (tf.errors.OpError, ValueError, OSError, KeyError) as error:
-        if isinstance(error, DataError):
-            raise
-        raise where.error(f"reading the TFDS dataset in {str(folder)!r} failed "
-                          f"({error_text(error)}).") from None
     return splits, class_names, tuple(notes)

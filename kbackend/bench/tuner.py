@@ -356,8 +356,8 @@ def tuner_summary(rows: list[dict[str, Any]], cells: dict[str, Any],
             "same_pick": bool(picks["kbackend"]) and all(
                 _same(a, b) for a, b in zip(picks["kbackend"], picks["keras_tuner"], strict=False)),
             "kbackend_time_spent_median": {
-                k: float(np.median([s[k] for s in spent if s.get(k) is not None]))
-                for k in (spent[0] if spent else {}) if any(s.get(k) is not None for s in spent)},
+                k: median for k in (spent[0] if spent else {})
+                if (median := median_of(spent, k)) is not None},
             "load": os.getloadavg()}
 
 

@@ -139,10 +139,6 @@ class Task:
         config = _loss_identifier(self.loss)
         return bool(isinstance(config, dict) and (config.get("config") or {}).get("from_logits"))
 
-    @property
-    def label_dtype(self) -> type:
-        return np.int32 if self.sparse_labels else np.float32
-
     def loss_object(self) -> Any:
         """The Keras ``Loss`` (a function loss wrapped as ``compile`` wraps it)."""
         return self.loss_instance if self.loss_instance is not None else _loss_object(self.loss)

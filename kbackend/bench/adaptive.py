@@ -64,7 +64,9 @@ from kbackend.bench.spec import (
     Rows,
     Settings,
     WorkerSpec,
+    float_list,
     int_list,
+    name_list,
     one_per_backend,
     say,
     spread,
@@ -105,16 +107,6 @@ def _part(text: str) -> str:
     if text not in PARTS:
         raise argparse.ArgumentTypeError(f"expected one of {', '.join(PARTS)}, got {text!r}")
     return text
-
-
-def float_list(text: str) -> list[float]:
-    """``'1e-3,3e-3'`` -> ``[0.001, 0.003]`` (an option parser)."""
-    return [float(part) for part in text.split(",") if part.strip()]
-
-
-def name_list(text: str) -> list[str]:
-    """``'sqrt,linear'`` -> ``['sqrt', 'linear']`` (an option parser)."""
-    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def _jit(text: str) -> bool:

@@ -58,7 +58,7 @@ from typing import Any
 
 from kbackend.adaptive import AutoBatchSize
 from kbackend.backend_choice import active_backend
-from kbackend.bench.spec import say, spread, spread_text
+from kbackend.bench.spec import geometric_interval, say, spread, spread_text
 from kbackend.data.sources import cache_dir
 from kbackend.errors import ConfigError, DataError
 from kbackend.models import ModelOptions
@@ -68,7 +68,6 @@ from kbackend.runtime.child import run_in_child
 from kbackend.study.pipeline import load_summaries
 from kbackend.study.recommend import ranked_cells
 from kbackend.study.study_record import StudyRecord
-from kbackend.study.verdicts import mean_interval
 from kbackend.training import Target, TrainConfig, train, workload_of
 
 LEVEL = 0.95
@@ -270,10 +269,7 @@ def goal_verdict(auto: dict[int, dict[str, Any]], other: dict[int, dict[str, Any
     if not logs:
         return {**record, "ratio": None, "low": None, "high": None, "met": False,
                 "resolved": False}
-    estimate, low, high = mean_interval(logs, LEVEL)
-    ratio = math.exp(estimate)
-    low_r = math.exp(low) if math.isfinite(low) else None
-    high_r = math.exp(high) if math.isfinite(high) else None
+    ratio, low_r, high_r = geometric_interval(logs, LEVEL)
     met = ratio <= bound and not auto_missed
     if met:  # a comparator's miss only makes the ratio larger than it is: met stands
         resolved = high_r is not None and high_r <= bound

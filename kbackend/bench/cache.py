@@ -57,11 +57,6 @@ def _timed(methods: dict[str, Callable[[], Any]], repeats: int) -> dict[str, flo
     return {name: float(np.median(values)) for name, values in times.items()}
 
 
-def _predict_shifted(cache: PredictionCache, x: np.ndarray, offsets: Iterator[int]) -> Any:
-    """``cache``'s prediction of ``x`` shifted by the next of ``offsets`` (rows never seen)."""
-    return cache.predict(x + np.float32(next(offsets)))
-
-
 def _train_model(quick: bool, folder: Path) -> tuple[Any, Any, float]:
     keras = import_keras()
     data = load("digits", layout="flat")
@@ -133,9 +128,8 @@ def _lookup_methods(model: Any, predictor: BatchPredictor, x: np.ndarray, folder
         methods[f"cache hit ({name})"] = functools.partial(cache.predict, x)
     miss_cache = PredictionCache(model, open_store(str(folder / f"miss{batch}.db")),
                                  predictor=predictor)
-    # a new offset each call: every row is new
-    methods["cache miss (sqlite)"] = functools.partial(
-        _predict_shifted, miss_cache, x, iter(range(1, 10_000)))
+    offsets = iter(range(1, 10_000))  # a new offset each call: every row is new
+    methods["cache miss (sqlite)"] = lambda: miss_cache.predict(x + np.float32(next(offsets)))
     return methods, [store for _, store in stores] + [miss_cache.store]
 
 

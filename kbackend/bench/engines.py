@@ -45,7 +45,6 @@ BATCH_SIZES = (8, 32, 128, 1024)
 LAYER_SIZES = (784, 786, 256, 160, 10)
 LEARNING_RATE = 0.01
 VAL_SAMPLES = 256
-CONFIGS = ("fit spe=1", "fit spe=32", "native K=1", "native K=32", "native K=epoch", "reference")
 
 
 def steps_per_epoch(batch_size: int, quick: bool) -> int:

@@ -111,11 +111,9 @@ def run(bench: Benchmark, argv: Sequence[str] | None = None, *, in_process: bool
 def _checked_backends(bench: Benchmark, args: argparse.Namespace) -> list[str] | None:
     """The backends of ``--backends``, after checking every option before any worker starts
     (a bad ``--out`` fails now, not after the run); None, the error printed, if one is bad."""
-    if args.repeats is not None and args.repeats < 1:
-        print(f"{bench.name}: error: Invalid --repeats {args.repeats}: expected an integer >= 1.",
-              file=sys.stderr)
-        return None
     try:
+        if args.repeats is not None and args.repeats < 1:
+            raise KBackendError(f"Invalid --repeats {args.repeats}: expected an integer >= 1.")
         backends = [validate_backend(b) for b in args.backends.split(",") if b.strip()]
         Path(args.out).mkdir(parents=True, exist_ok=True)
     except (KBackendError, OSError) as error:

@@ -11,7 +11,10 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from kbackend.backend_choice import active_backend
+from kbackend.study.verdicts import mean_interval
 
 Rows = tuple[list[dict[str, Any]], dict[str, Any]]
 DEFAULT_NOTE = ("medians over repeated steps; first (compiling) call excluded and reported as "
@@ -81,14 +84,41 @@ class WorkerSpec:
     virtual_devices: int | None = None
 
 
+def median_of(rows: Sequence[dict[str, Any]], field: str = "wall_s",
+              **match: Any) -> float | None:
+    """The median ``field`` of the ``rows`` matching every ``match`` (None where none has it)."""
+    values = [r[field] for r in rows if r.get(field) is not None
+              and all(r.get(k) == v for k, v in match.items())]
+    return float(np.median(values)) if values else None
+
+
+def geometric_interval(logs: Sequence[float],
+                       level: float) -> tuple[float, float | None, float | None]:
+    """The geometric mean of paired ratios given as ``logs``, with its ``level`` t-interval
+    (``verdicts.mean_interval`` on the logs; an unbounded end is None)."""
+    estimate, low, high = mean_interval(logs, level)
+    return (math.exp(estimate), math.exp(low) if math.isfinite(low) else None,
+            math.exp(high) if math.isfinite(high) else None)
+
+
 def one_per_backend(settings: Settings, backends: Sequence[str]) -> list[WorkerSpec]:
     """The default: one worker per requested backend, side by side."""
     return [WorkerSpec(backend, backend) for backend in backends]
 
 
+def name_list(text: str) -> list[str]:
+    """``'sqrt, linear'`` -> ``['sqrt', 'linear']`` (an option parser)."""
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
 def int_list(text: str) -> list[int]:
     """``'8,32,128'`` -> ``[8, 32, 128]`` (an option parser)."""
-    return [int(part) for part in text.split(",") if part.strip()]
+    return [int(part) for part in name_list(text)]
+
+
+def float_list(text: str) -> list[float]:
+    """``'1e-3,3e-3'`` -> ``[0.001, 0.003]`` (an option parser)."""
+    return [float(part) for part in name_list(text)]
 
 
 def positive_int(text: str) -> int:
@@ -106,7 +136,7 @@ def subset_of(allowed: Sequence[str]) -> Callable[[str], list[str]]:
     """An option parser of a comma-separated, non-empty subset of ``allowed``."""
 
     def parse(text: str) -> list[str]:
-        names = [part.strip() for part in text.split(",") if part.strip()]
+        names = name_list(text)
         if not names or any(name not in allowed for name in names):
             raise argparse.ArgumentTypeError(
                 f"expected a comma-separated subset of {', '.join(allowed)}, got {text!r}")

@@ -68,19 +68,14 @@ def cells_equal(local: StudyRecord, other: StudyRecord) -> tuple[int, int, float
     return equal, len(ours), worst
 
 
-def _ray_or_none() -> Any:
-    try:
-        import ray  # deferred: Ray is an optional extra (kbackend[ray])
-    except ImportError:
-        return None
-    return ray
-
-
 def measure_study_ray(settings: Settings) -> Rows:
     """Wall time of the same study per executor, and the Ray studies' per-cell equality."""
     config = QUICK_STUDY if settings.quick else STUDY
     repeats = settings.rounds(1, 2)
-    ray = _ray_or_none()
+    try:
+        import ray  # deferred: Ray is an optional extra (kbackend[ray])
+    except ImportError:
+        ray = None
     configurations = [c for c in CONFIGURATIONS if c[0] == "local" or ray is not None]
     walls: dict[str, list[float]] = {_label(*c): [] for c in configurations}
     starts: dict[str, list[float]] = {_label(*c): [] for c in configurations}

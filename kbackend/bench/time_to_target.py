@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from kbackend.backend_choice import selected_backend
-from kbackend.bench.spec import Benchmark, Rows, Settings
+from kbackend.bench.spec import Benchmark, Rows, Settings, median_of
 from kbackend.bench.tuner import process_env, timed_process
 from kbackend.data import load
 from kbackend.errors import DataError
@@ -191,24 +191,17 @@ def measure_time_to_target(settings: Settings) -> Rows:
     return rows, _summary(rows, dataset_name, target, recipe)
 
 
-def _median(rows: list[dict[str, Any]], side: str, cache: str,
-            field: str = "wall_s") -> float | None:
-    values = [r[field] for r in rows if r["side"] == side and r["cache"] == cache
-              and r.get(field) is not None]
-    return float(np.median(values)) if values else None
-
-
 def _summary(rows: list[dict[str, Any]], dataset_name: str, target: float,
              recipe: dict[str, Any]) -> dict[str, Any]:
-    script = _median(rows, "keras_script", "-")
+    script = median_of(rows, side="keras_script", cache="-")
     summary: dict[str, Any] = {"dataset": dataset_name, "target": target, "recipe": recipe,
                                "keras_script_wall_s": script}
     for cache in ("cold", "warm"):
-        ours = _median(rows, "kbackend", cache)
+        ours = median_of(rows, side="kbackend", cache=cache)
         summary[f"kbackend_{cache}_wall_s"] = ours
         summary[f"ratio_{cache}"] = ours / script if ours and script else None
     for name in QUICK_COMMANDS:
-        summary[f"{name}_wall_s"] = _median(rows, name, "-")
+        summary[f"{name}_wall_s"] = median_of(rows, side=name, cache="-")
     spread = [r["wall_s"] for r in rows if r["side"] == "keras_script"]
     summary["keras_script_spread"] = max(spread) / min(spread) if spread else None
     return summary
@@ -236,7 +229,7 @@ def time_to_target_table(payload: dict[str, Any]) -> str:
             if ours:
                 table.append({"side": side, "compile cache": cache, "runs": len(ours),
                               "reached": sum(bool(r.get("reached")) for r in ours),
-                              **{k: _median(rows, side, cache, k) for k in BREAKDOWN}})
+                              **{k: median_of(rows, k, side=side, cache=cache) for k in BREAKDOWN}})
         lines.append(markdown_table(table,
                                     ["side", "compile cache", "runs", "reached", *BREAKDOWN]))
         for cache in ("cold", "warm"):

@@ -57,11 +57,18 @@ from typing import Any
 
 import numpy as np
 
-from kbackend.bench.spec import Benchmark, Option, Rows, Settings, say
+from kbackend.bench.spec import (
+    Benchmark,
+    Option,
+    Rows,
+    Settings,
+    geometric_interval,
+    median_of,
+    say,
+)
 from kbackend.bench.user_model import EXAMPLES, make_sequences
 from kbackend.reports import format_value, markdown_rows
 from kbackend.runtime.child import ChildFailed
-from kbackend.study.verdicts import mean_interval
 
 OPTIMIZERS = ("sgd", "adam")
 # The study's centre rate at batch 32 (kbackend.study.config.CENTRE_LR) and sqrt(10) either side.
@@ -325,17 +332,8 @@ def ratio_interval(rows: list[dict[str, Any]]) -> dict[str, Any]:
         walls.setdefault(row["repeat"], {})[row["side"]] = row["wall_s"]
     logs = [math.log(w["kbackend"] / w["keras_tuner"]) for w in walls.values()
             if "kbackend" in w and "keras_tuner" in w]
-    if not logs:
-        return {"ratio": None, "low": None, "high": None, "pairs": 0, "level": LEVEL}
-    estimate, low, high = mean_interval(logs, LEVEL)
-    return {"ratio": math.exp(estimate), "low": math.exp(low) if math.isfinite(low) else None,
-            "high": math.exp(high) if math.isfinite(high) else None, "pairs": len(logs),
-            "level": LEVEL}
-
-
-def _median(rows: list[dict[str, Any]], side: str) -> float | None:
-    values = [r["wall_s"] for r in rows if r["side"] == side]
-    return float(np.median(values)) if values else None
+    ratio, low, high = geometric_interval(logs, LEVEL) if logs else (None, None, None)
+    return {"ratio": ratio, "low": low, "high": high, "pairs": len(logs), "level": LEVEL}
 
 
 def tuner_summary(rows: list[dict[str, Any]], cells: dict[str, Any],
@@ -348,8 +346,8 @@ def tuner_summary(rows: list[dict[str, Any]], cells: dict[str, Any],
              for r in rows if r["side"] == "kbackend" and r.get("time_spent")]
     return {"cells": cells, "n_cells": len(cells["batch_sizes"]) * sum(
                 len(r) for r in cells["rates"].values()),
-            "repeats": repeats, "kbackend_wall_s": _median(rows, "kbackend"),
-            "keras_tuner_wall_s": _median(rows, "keras_tuner"), "ratio": ratio,
+            "repeats": repeats, "kbackend_wall_s": median_of(rows, side="kbackend"),
+            "keras_tuner_wall_s": median_of(rows, side="keras_tuner"), "ratio": ratio,
             # the goal: kbackend (3 seeds, confirmation included) at most 1.0x the tuner
             "goal_met": ratio["ratio"] is not None and ratio["ratio"] <= 1.0,
             "goal_resolved": ratio["high"] is not None and (ratio["high"] <= 1.0
@@ -358,8 +356,8 @@ def tuner_summary(rows: list[dict[str, Any]], cells: dict[str, Any],
             "same_pick": bool(picks["kbackend"]) and all(
                 _same(a, b) for a, b in zip(picks["kbackend"], picks["keras_tuner"], strict=False)),
             "kbackend_time_spent_median": {
-                k: float(np.median([s[k] for s in spent if s.get(k) is not None]))
-                for k in (spent[0] if spent else {}) if any(s.get(k) is not None for s in spent)},
+                k: median for k in (spent[0] if spent else {})
+                if (median := median_of(spent, k)) is not None},
             "load": os.getloadavg()}
 
 

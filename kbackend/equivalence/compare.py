@@ -75,14 +75,6 @@ class Report:
     def known_divergences(self) -> list[str]:
         return sorted({r.known for r in self.failures if r.known})
 
-    def largest(self) -> dict[str, Row]:
-        """The row with the largest relative difference, per quantity."""
-        worst: dict[str, Row] = {}
-        for row in self.rows:
-            if row.quantity not in worst or _order(row) > _order(worst[row.quantity]):
-                worst[row.quantity] = row
-        return worst
-
     def table(self, only_failures: bool = False) -> str:
         """A plain-text table: quantity, name, max abs, max rel, tolerance, pass/fail."""
         header = (f"{'quantity':<12} {'name':<52} {'max abs':>10} {'max rel':>10} {'rtol':>8}  "
@@ -109,10 +101,6 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         return {"reference": self.reference, "others": list(self.others), "passed": self.passed,
                 "rows": [r.to_dict() for r in self.rows], "notes": self.notes}
-
-
-def _order(row: Row) -> float:
-    return math.inf if not math.isfinite(row.max_rel) else row.max_rel
 
 
 def difference(a: Any, b: Any) -> tuple[float, float]:

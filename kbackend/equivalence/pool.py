@@ -106,10 +106,6 @@ class Worker:
             raise EquivalenceError(f"Worker started on backend {hello.get('backend')!r}, "
                                    f"expected {self.backend!r}.")
 
-    def start(self) -> None:
-        self.launch()
-        self.wait_ready()
-
     def submit(self, op: str, args: dict[str, Any]) -> None:
         """Send one request; raises ``WorkerCrashed`` if the worker is gone."""
         if not self.alive():

@@ -67,14 +67,11 @@ def monitored_batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, monitor:
                 self._rows = (epoch, rows)
             return rows[index]
 
-        def _batch(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            labels = y[rows] if label_transform is None else label_transform(y[rows])
-            return (transform(x[rows]) if transform is not None else x[rows]), labels
-
         def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
             rows = self.rows(index)
             with monitor.input_wait() if monitor is not None else nullcontext():
-                return self._batch(rows)
+                labels = y[rows] if label_transform is None else label_transform(y[rows])
+                return (transform(x[rows]) if transform is not None else x[rows]), labels
 
         def epoch_callback(self) -> Any:
             """A Keras callback that points this source at each epoch as ``fit`` begins it."""

@@ -61,7 +61,6 @@ class StepMonitor:
         self._lock = threading.Lock()
         self._pending_wait = 0.0
         self._foreign_wait = False
-        self._wait_start: dict[int, float] = {}
         self._last_end: float | None = None
         self._sampler: UtilizationSampler | None = None
         self._train_thread: int | None = None
@@ -89,25 +88,18 @@ class StepMonitor:
         return self.summary(utilization)
 
     # --- input wait ------------------------------------------------------------------------
-    def input_wait_begin(self) -> None:
-        self._wait_start[threading.get_ident()] = time.perf_counter()
-
-    def input_wait_end(self) -> None:
-        thread = threading.get_ident()
-        elapsed = time.perf_counter() - self._wait_start.pop(thread)
-        with self._lock:
-            self._pending_wait += elapsed
-            if self._train_thread is not None and thread != self._train_thread:
-                self._foreign_wait = True
-
     @contextmanager
     def input_wait(self) -> Iterator[None]:
         """Time spent inside this block counts as waiting for input."""
-        self.input_wait_begin()
+        thread, start = threading.get_ident(), time.perf_counter()
         try:
             yield
         finally:
-            self.input_wait_end()
+            elapsed = time.perf_counter() - start
+            with self._lock:
+                self._pending_wait += elapsed
+                if self._train_thread is not None and thread != self._train_thread:
+                    self._foreign_wait = True
 
     def timed(self, source: Iterable[Any]) -> Iterator[Any]:
         """Iterate ``source``, counting the time each ``next()`` takes as input wait."""

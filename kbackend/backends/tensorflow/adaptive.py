@@ -341,6 +341,7 @@ class AdaptiveTrainer(MeasuredCalls, NativeTrainer):
         """A call's losses on the host (its first ``length``: a longer call's program may have
         run it); its noise norms kept for ``take_noise_norms``."""
         batch, length, (losses, micro, big) = handle
+        micro, big = micro.numpy(), big.numpy()  # sliced on the host, not by eager TF ops
         if self.measure_every <= 1:  # one row per step
             micro, big = micro[:length], big[:length]
         self._keep_norms(batch, micro, big)
